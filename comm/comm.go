@@ -1,0 +1,609 @@
+package comm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+type commState uint8
+
+const (
+	stateActive  commState = iota
+	stateFailed            // aborted, timed out or a peer failed: refuses collectives
+	stateRevoked           // revoked here or at a peer: refuses collectives
+	stateClosed            // closed, or replaced by the comm Shrink or Grow returned
+)
+
+func (s commState) String() string {
+	return [...]string{"active", "failed", "revoked", "closed"}[s]
+}
+
+// Comm is one rank's communicator: a Backend wrapped with issue-order
+// execution, per-op deadlines, revocation, validation, a flight recorder,
+// metrics and logs.
+//
+// All methods are safe for concurrent use. Ops run one at a time in the
+// order they were issued (the order their calls took c's lock); a sync op
+// issued while the comm is idle runs on the caller's goroutine, anything
+// else on the comm's worker goroutine, which starts with the first queued op
+// and exits in Close.
+type Comm struct {
+	b       Backend
+	opts    Options // with defaults; Rank/Size/Epoch track b
+	log     *zap.Logger
+	metrics Metrics
+	rec     *flightRecorder
+
+	mu       sync.Mutex
+	idle     *sync.Cond // signalled when busy becomes false
+	state    commState
+	refusal  error // why ops are refused, when state != stateActive
+	seq      uint64
+	busy     bool    // an op is executing or the worker owns the queue
+	queue    []*Work // FIFO of ops waiting for the executor
+	cur      *Work   // the op executing now
+	deadline time.Time
+	timer    *time.Timer // fires onDeadline; armed while an op executes
+	worker   bool        // the worker goroutine is running
+	wake     chan struct{}
+	quit     chan struct{}
+	wg       sync.WaitGroup
+}
+
+func wrap(b Backend, opts Options) *Comm {
+	opts.Rank, opts.Size, opts.Epoch = b.Rank(), b.Size(), b.Epoch()
+	c := &Comm{
+		b:       b,
+		opts:    opts,
+		metrics: opts.Metrics,
+		rec:     newFlightRecorder(opts.FlightRecorder),
+		wake:    make(chan struct{}, 1),
+		quit:    make(chan struct{}),
+	}
+	c.log = opts.Logger.With(zap.String("comm", opts.Name), zap.String("backend", b.Name()),
+		zap.Int("rank", opts.Rank), zap.Int("size", opts.Size), zap.Uint64("epoch", opts.Epoch))
+	c.idle = sync.NewCond(&c.mu)
+	c.timer = time.AfterFunc(time.Hour, c.onDeadline)
+	c.timer.Stop()
+	return c
+}
+
+// Rank is this process's rank in the comm.
+func (c *Comm) Rank() int { return c.opts.Rank }
+
+// Size is the number of ranks.
+func (c *Comm) Size() int { return c.opts.Size }
+
+// Epoch is the membership generation the comm was formed in.
+func (c *Comm) Epoch() uint64 { return c.opts.Epoch }
+
+// Name is the comm's name from Options.
+func (c *Comm) Name() string { return c.opts.Name }
+
+// Backend returns the wrapped backend, for probing optional capabilities.
+// Calling its ops directly bypasses ordering and deadlines.
+func (c *Comm) Backend() Backend { return c.b }
+
+// Err returns nil while the comm accepts ops, else the error it refuses
+// them with (wrapping ErrAborted, ErrTimeout, ErrRevoked or ErrClosed).
+func (c *Comm) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.refusal
+}
+
+// Work is the handle of an async op.
+type Work struct {
+	c    *Comm
+	seq  uint64
+	d    opDesc
+	ctx  context.Context
+	done chan struct{}
+	err  error
+	t0   time.Time
+}
+
+// Wait blocks until the op has completed and returns its error, or returns
+// ctx's error if ctx ends first. Returning early does not cancel the op: it
+// stays bounded by the ctx it was issued with and the comm's timeout, and its
+// buffers stay in use until Done is closed.
+func (w *Work) Wait(ctx context.Context) error {
+	select {
+	case <-w.done:
+		return w.err
+	case <-ctx.Done():
+		return fmt.Errorf("comm: wait for %s #%d: %w", w.d.kind, w.seq, context.Cause(ctx))
+	}
+}
+
+// Done is closed when the op has completed, successfully or not.
+func (w *Work) Done() <-chan struct{} { return w.done }
+
+// Err is the op's error once Done is closed; nil before.
+func (w *Work) Err() error {
+	select {
+	case <-w.done:
+		return w.err
+	default:
+		return nil
+	}
+}
+
+// Seq is the op's sequence number in its comm (1, 2, …); 0 if it was
+// refused before it got one.
+func (w *Work) Seq() uint64 { return w.seq }
+
+var workPool = sync.Pool{New: func() any { return new(Work) }}
+
+// do runs d synchronously and returns its error.
+func (c *Comm) do(ctx context.Context, d opDesc) (Backend, error) {
+	if err := validate(&d, c.opts.Rank, c.opts.Size, c.b.Memory()); err != nil {
+		return nil, c.wrapErr(&d, 0, err)
+	}
+	w := workPool.Get().(*Work)
+	*w = Work{c: c, d: d, ctx: ctx}
+	c.mu.Lock()
+	if c.state == stateClosed {
+		c.mu.Unlock()
+		workPool.Put(w)
+		return nil, c.wrapErr(&d, 0, ErrClosed)
+	}
+	c.enqueueLocked(w)
+	if !c.busy && len(c.queue) == 0 {
+		c.busy = true
+		c.mu.Unlock()
+		c.execute(w)
+		c.mu.Lock()
+		c.releaseLocked()
+		c.mu.Unlock()
+	} else {
+		w.done = make(chan struct{})
+		c.pushLocked(w)
+		c.mu.Unlock()
+		<-w.done // bounded: every op ahead has a deadline, and so does this one
+	}
+	nb, err := w.d.newComm, w.err
+	*w = Work{}
+	workPool.Put(w)
+	return nb, err
+}
+
+// start queues d and returns its Work.
+func (c *Comm) start(ctx context.Context, d opDesc) *Work {
+	w := &Work{c: c, d: d, ctx: ctx, done: make(chan struct{})}
+	if err := validate(&w.d, c.opts.Rank, c.opts.Size, c.b.Memory()); err != nil {
+		w.err = c.wrapErr(&w.d, 0, err)
+		close(w.done)
+		return w
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state == stateClosed {
+		w.err = c.wrapErr(&w.d, 0, ErrClosed)
+		close(w.done)
+		return w
+	}
+	c.enqueueLocked(w)
+	c.pushLocked(w)
+	return w
+}
+
+func (c *Comm) enqueueLocked(w *Work) {
+	c.seq++
+	w.seq = c.seq
+	c.rec.enqueue(w.seq, &w.d, time.Now())
+}
+
+// pushLocked appends w to the queue and makes sure someone will run it.
+func (c *Comm) pushLocked(w *Work) {
+	c.queue = append(c.queue, w)
+	if !c.busy {
+		c.busy = true
+		c.kickLocked()
+	}
+}
+
+// releaseLocked is called by an inline executor when its op is done: hand
+// the queue to the worker, or go idle.
+func (c *Comm) releaseLocked() {
+	if len(c.queue) > 0 {
+		c.kickLocked()
+		return
+	}
+	c.busy = false
+	c.idle.Broadcast()
+}
+
+func (c *Comm) kickLocked() {
+	if !c.worker {
+		c.worker = true
+		c.wg.Add(1)
+		go c.work()
+	}
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// work is the worker goroutine: it drains the queue whenever kicked and
+// exits when the comm is closed.
+func (c *Comm) work() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.wake:
+		case <-c.quit:
+			return
+		}
+		for {
+			c.mu.Lock()
+			if len(c.queue) == 0 {
+				c.busy = false
+				c.idle.Broadcast()
+				c.mu.Unlock()
+				break
+			}
+			w := c.queue[0]
+			c.queue[0] = nil
+			c.queue = c.queue[1:]
+			c.mu.Unlock()
+			c.execute(w)
+			close(w.done)
+		}
+	}
+}
+
+// execute runs one op on the backend under its deadline. The caller owns the
+// executor (busy is set).
+func (c *Comm) execute(w *Work) {
+	c.mu.Lock()
+	if err := c.refuseLocked(&w.d); err != nil {
+		c.mu.Unlock()
+		c.finish(w, err)
+		return
+	}
+	if err := w.ctx.Err(); err != nil { // gave up while queued: nothing was sent
+		c.mu.Unlock()
+		c.finish(w, fmt.Errorf("not started: %w", context.Cause(w.ctx)))
+		return
+	}
+	now := time.Now()
+	w.t0 = now
+	c.deadline = time.Time{}
+	if c.opts.Timeout > 0 {
+		c.deadline = now.Add(c.opts.Timeout)
+	}
+	if d, ok := w.ctx.Deadline(); ok && (c.deadline.IsZero() || d.Before(c.deadline)) {
+		c.deadline = d
+	}
+	if !c.deadline.IsZero() {
+		c.timer.Reset(c.deadline.Sub(now))
+	}
+	c.cur = w
+	wasActive := c.state == stateActive
+	c.rec.start(w.seq, now)
+	c.mu.Unlock()
+
+	var stop func() bool
+	if w.ctx.Done() != nil {
+		stop = context.AfterFunc(w.ctx, func() { c.onCtxDone(w) })
+	}
+	err := c.dispatch(w)
+	if stop != nil {
+		stop()
+	}
+
+	c.mu.Lock()
+	c.timer.Stop()
+	c.cur = nil
+	err = c.classifyLocked(w, err, wasActive)
+	c.mu.Unlock()
+	c.finish(w, err)
+}
+
+// refuseLocked returns why d cannot run now, or nil.
+func (c *Comm) refuseLocked(d *opDesc) error {
+	switch {
+	case c.state == stateActive:
+		return nil
+	case c.state == stateClosed:
+		return c.refusal
+	case d.reconfig:
+		return nil // Shrink and Grow are how a broken comm is repaired
+	}
+	return c.refusal
+}
+
+// classifyLocked turns a backend error into the op's error and moves the
+// comm to the state the error implies.
+func (c *Comm) classifyLocked(w *Work, err error, wasActive bool) error {
+	if err == nil {
+		return nil
+	}
+	if (wasActive && c.state != stateActive) || c.state == stateClosed {
+		// Aborted, revoked or closed while running: that is the cause.
+		return fmt.Errorf("%w (backend: %v)", c.refusal, err)
+	}
+	switch {
+	case !wasActive:
+		// a failed Shrink or Grow leaves the broken comm as it was
+	case errors.Is(err, ErrInvalidArgument):
+		// found before anything was sent; the comm is still good
+	case errors.Is(err, ErrRevoked):
+		c.breakLocked(stateRevoked, err)
+	default:
+		c.breakLocked(stateFailed, fmt.Errorf("%w after %s #%d failed: %w", ErrAborted, w.d.kind, w.seq, err))
+	}
+	return err
+}
+
+// breakLocked moves the comm out of stateActive (or from failed to revoked).
+func (c *Comm) breakLocked(s commState, refusal error) {
+	if c.state == stateClosed || (c.state == stateRevoked && s == stateFailed) {
+		return
+	}
+	if c.state == stateActive {
+		c.log.Warn("comm refuses further collectives", zap.String("state", s.String()), zap.Error(refusal))
+	}
+	c.state, c.refusal = s, refusal
+}
+
+func (c *Comm) finish(w *Work, err error) {
+	now := time.Now()
+	if err != nil {
+		err = c.wrapErr(&w.d, w.seq, err)
+	}
+	w.err = err
+	c.rec.finish(w.seq, now, err)
+	if c.metrics != nil && !w.t0.IsZero() {
+		c.metrics.ObserveOp(c.opts.Name, w.d.kind, w.d.count()*w.d.dtype().Size(), now.Sub(w.t0), err)
+	}
+}
+
+func (c *Comm) wrapErr(d *opDesc, seq uint64, err error) error {
+	if seq == 0 {
+		return fmt.Errorf("comm %s rank %d: %s: %w", c.opts.Name, c.opts.Rank, d.kind, err)
+	}
+	return fmt.Errorf("comm %s rank %d epoch %d: %s #%d: %w", c.opts.Name, c.opts.Rank, c.opts.Epoch, d.kind, seq, err)
+}
+
+// onDeadline runs on the timer's goroutine when the executing op's deadline
+// may have passed.
+func (c *Comm) onDeadline() {
+	c.mu.Lock()
+	w := c.cur
+	if w == nil || c.deadline.IsZero() || time.Now().Before(c.deadline) || c.state != stateActive {
+		c.mu.Unlock() // a stale firing for an op that already finished
+		return
+	}
+	cause := fmt.Errorf("%w: %s #%d still running at its deadline (%s after start)",
+		ErrTimeout, w.d.kind, w.seq, c.deadline.Sub(w.t0).Round(time.Millisecond))
+	c.breakLocked(stateFailed, fmt.Errorf("%w after %w", ErrAborted, cause))
+	c.mu.Unlock()
+	c.log.Error("op timed out; aborting the comm", zap.Uint64("seq", w.seq), zap.Stringer("op", w.d.kind),
+		zap.ByteString("flight_recorder", c.Dump()))
+	c.b.Abort(cause)
+}
+
+// onCtxDone runs when the ctx of the executing op w ends: the op cannot be
+// abandoned half-way, so the comm is aborted.
+func (c *Comm) onCtxDone(w *Work) {
+	c.mu.Lock()
+	if c.cur != w || c.state != stateActive {
+		c.mu.Unlock()
+		return
+	}
+	var cause error
+	if errors.Is(w.ctx.Err(), context.DeadlineExceeded) {
+		cause = fmt.Errorf("%w: %s #%d: caller's deadline passed: %w", ErrTimeout, w.d.kind, w.seq, context.Cause(w.ctx))
+		c.breakLocked(stateFailed, fmt.Errorf("%w after %w", ErrAborted, cause))
+	} else {
+		cause = fmt.Errorf("%w: %s #%d: caller's ctx ended: %w", ErrAborted, w.d.kind, w.seq, context.Cause(w.ctx))
+		c.breakLocked(stateFailed, cause)
+	}
+	c.mu.Unlock()
+	c.log.Warn("ctx of a running op ended; aborting the comm", zap.Uint64("seq", w.seq), zap.Error(cause))
+	c.b.Abort(cause)
+}
+
+func (c *Comm) dispatch(w *Work) error {
+	d, ctx, b := &w.d, w.ctx, c.b
+	switch d.kind {
+	case OpAllReduce:
+		return b.AllReduce(ctx, d.t, d.op)
+	case OpReduceScatter:
+		return b.ReduceScatter(ctx, d.t, d.in, d.op)
+	case OpAllGather:
+		return b.AllGather(ctx, d.t, d.in)
+	case OpAllGatherV:
+		return b.AllGatherV(ctx, d.t, d.in, d.counts)
+	case OpBroadcast:
+		return b.Broadcast(ctx, d.t, d.root)
+	case OpReduce:
+		return b.Reduce(ctx, d.t, d.op, d.root)
+	case OpScatter:
+		return b.Scatter(ctx, d.t, d.in, d.root)
+	case OpGather:
+		return b.Gather(ctx, d.t, d.in, d.root)
+	case OpAllToAll:
+		return b.AllToAll(ctx, d.t, d.in)
+	case OpAllToAllV:
+		return b.AllToAllV(ctx, d.t, d.counts, d.in, d.inCounts)
+	case OpBarrier:
+		return b.Barrier(ctx)
+	case OpSend:
+		return b.Send(ctx, d.t, d.peer)
+	case OpRecv:
+		return b.Recv(ctx, d.t, d.peer)
+	case OpBatchP2P:
+		return b.BatchP2P(ctx, d.p2p)
+	case OpShrink:
+		s, ok := b.(Shrinker)
+		if !ok {
+			return fmt.Errorf("%w: backend %s cannot shrink", ErrBackendUnavailable, b.Name())
+		}
+		nb, err := s.Shrink(ctx, d.exclude, d.epoch)
+		d.newComm = nb
+		return err
+	case OpGrow:
+		g, ok := b.(Grower)
+		if !ok {
+			return fmt.Errorf("%w: backend %s cannot grow", ErrBackendUnavailable, b.Name())
+		}
+		nb, err := g.Grow(ctx, d.size, d.epoch)
+		d.newComm = nb
+		return err
+	case OpSplit:
+		s, ok := b.(Splitter)
+		if !ok {
+			return fmt.Errorf("%w: backend %s cannot split", ErrBackendUnavailable, b.Name())
+		}
+		nb, err := s.Split(ctx, d.color, d.key)
+		d.newComm = nb
+		return err
+	}
+	return invalidf("unknown op %s", d.kind)
+}
+
+// Abort aborts the comm: the executing op fails at once, and the comm
+// refuses further collectives (ErrAborted wrapping cause) until it is shrunk,
+// grown or closed. Non-collective; safe from any goroutine, any number of times.
+func (c *Comm) Abort(cause error) {
+	if cause == nil {
+		cause = errors.New("abort requested")
+	}
+	c.mu.Lock()
+	c.breakLocked(stateFailed, fmt.Errorf("%w: %w", ErrAborted, cause))
+	closed := c.state == stateClosed
+	c.mu.Unlock()
+	if !closed {
+		c.b.Abort(cause)
+	}
+}
+
+// Revoke revokes the comm (MPI ULFM semantics): non-collective; the
+// executing op and every later op fail with ErrRevoked, here at once and at
+// the peers once the revocation reaches them (backends that implement
+// Revoker tell their peers; others are aborted). Shrink and Close still
+// work. Revoking twice is harmless.
+func (c *Comm) Revoke(cause error) {
+	if cause == nil {
+		cause = errors.New("revoke requested")
+	}
+	c.mu.Lock()
+	if c.state == stateClosed || c.state == stateRevoked {
+		c.mu.Unlock()
+		return
+	}
+	c.breakLocked(stateRevoked, fmt.Errorf("%w: %w", ErrRevoked, cause))
+	c.mu.Unlock()
+	if r, ok := c.b.(Revoker); ok {
+		r.Revoke(cause)
+	} else {
+		c.b.Abort(fmt.Errorf("%w: %w", ErrRevoked, cause))
+	}
+}
+
+// Close aborts any executing op, fails queued ops with ErrClosed, waits for
+// the executor to go idle, stops the worker and closes the backend. Safe to
+// call twice; the second call returns nil.
+func (c *Comm) Close() error {
+	c.mu.Lock()
+	if c.state == stateClosed {
+		c.mu.Unlock()
+		return nil
+	}
+	running := c.cur != nil
+	c.state, c.refusal = stateClosed, ErrClosed
+	c.mu.Unlock()
+	if running {
+		c.b.Abort(ErrClosed)
+	}
+	return c.shutdown()
+}
+
+// shutdown waits for the executor to drain (every queued op is refused now),
+// stops the worker and closes the backend.
+func (c *Comm) shutdown() error {
+	c.mu.Lock()
+	for c.busy {
+		c.idle.Wait()
+	}
+	c.mu.Unlock()
+	close(c.quit)
+	c.wg.Wait()
+	c.timer.Stop()
+	return c.b.Close()
+}
+
+// Shrink forms a new comm of the ranks not in exclude, renumbered
+// contiguously in old-rank order, at the given epoch (which must be larger
+// than this comm's). Every survivor calls it with the same exclude and
+// epoch; excluded ranks do not call it. It works on a failed or revoked comm
+// (that is its purpose). On success the old comm is closed and must not be
+// used; on failure it is left as it was.
+func (c *Comm) Shrink(ctx context.Context, exclude []int, epoch uint64) (*Comm, error) {
+	if epoch <= c.opts.Epoch {
+		return nil, c.wrapErr(&opDesc{kind: OpShrink}, 0, invalidf("shrink: epoch %d is not after the comm's %d", epoch, c.opts.Epoch))
+	}
+	return c.reconfigure(ctx, opDesc{kind: OpShrink, exclude: exclude, epoch: epoch, reconfig: true}, true)
+}
+
+// Grow forms a comm of size ranks at the given epoch: this comm's ranks keep
+// their numbers, and size-Size() joiners, which call New with the same
+// backend, Store, Prefix, epoch and the new size, take the ranks above. Every
+// existing rank calls it. It works on a failed or revoked comm too, as long
+// as no rank is missing. On success the old comm is closed.
+func (c *Comm) Grow(ctx context.Context, size int, epoch uint64) (*Comm, error) {
+	if epoch <= c.opts.Epoch {
+		return nil, c.wrapErr(&opDesc{kind: OpGrow}, 0, invalidf("grow: epoch %d is not after the comm's %d", epoch, c.opts.Epoch))
+	}
+	return c.reconfigure(ctx, opDesc{kind: OpGrow, size: size, epoch: epoch, reconfig: true}, true)
+}
+
+// Split forms new comms like MPI_Comm_split: every rank calls it; ranks with
+// the same color form one comm, ordered by (key, old rank). A rank passing
+// NoColor gets (nil, nil). The parent comm stays usable.
+func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
+	return c.reconfigure(ctx, opDesc{kind: OpSplit, color: color, key: key}, false)
+}
+
+func (c *Comm) reconfigure(ctx context.Context, d opDesc, replace bool) (*Comm, error) {
+	nb, err := c.do(ctx, d)
+	if err != nil || nb == nil {
+		return nil, err
+	}
+	opts := c.opts
+	opts.Rank, opts.Size, opts.Epoch = nb.Rank(), nb.Size(), nb.Epoch()
+	if d.kind == OpSplit {
+		opts.Name = fmt.Sprintf("%s.split%d", c.opts.Name, d.color)
+	}
+	nc := wrap(nb, opts)
+	if replace {
+		c.mu.Lock()
+		c.state, c.refusal = stateClosed, fmt.Errorf("%w: replaced by %s to epoch %d", ErrClosed, d.kind, d.epoch)
+		c.mu.Unlock()
+		if err := c.shutdown(); err != nil {
+			c.log.Warn("closing the replaced backend", zap.Error(err))
+		}
+	}
+	return nc, nil
+}
+
+// FlightRecord returns the last ops this comm ran, oldest first.
+func (c *Comm) FlightRecord() FlightDump {
+	c.mu.Lock()
+	st := c.state
+	c.mu.Unlock()
+	return FlightDump{Comm: c.opts.Name, Rank: c.opts.Rank, Size: c.opts.Size, Epoch: c.opts.Epoch,
+		State: st.String(), Ops: c.rec.entries()}
+}
+
+// Dump returns FlightRecord as JSON.
+func (c *Comm) Dump() []byte { return c.FlightRecord().json() }

@@ -1,0 +1,77 @@
+package comm
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Errors callers branch on with errors.Is. Backends wrap them; the Comm
+// wrapper adds the op and sequence number.
+var (
+	// ErrTimeout: an op passed its deadline; the comm was aborted.
+	ErrTimeout = errors.New("comm: timeout")
+	// ErrAborted: the comm was aborted (by Abort, by a timeout, by a peer
+	// failure or by the caller's ctx) and refuses collectives until it is
+	// shrunk, grown or closed.
+	ErrAborted = errors.New("comm: aborted")
+	// ErrRevoked: the comm was revoked, here or at a peer.
+	ErrRevoked = errors.New("comm: revoked")
+	// ErrPeerFailed: a peer died or its connection broke. Found inside a
+	// *RankError that names the rank.
+	ErrPeerFailed = errors.New("comm: peer failed")
+	// ErrMismatch: ranks disagree on an op's kind, dtype, count or root.
+	ErrMismatch = errors.New("comm: ranks disagree on the op")
+	// ErrInvalidArgument: a caller error found before anything was sent;
+	// the comm stays usable.
+	ErrInvalidArgument = errors.New("comm: invalid argument")
+	// ErrBackendUnavailable: the backend cannot run here (no library, no
+	// device, unknown name, missing capability).
+	ErrBackendUnavailable = errors.New("comm: backend unavailable")
+	// ErrClosed: the comm was closed.
+	ErrClosed = errors.New("comm: closed")
+)
+
+// RankError ties a failure to the rank it concerns.
+type RankError struct {
+	Rank  int    // the peer's rank in the comm's numbering at the time
+	Op    OpType // the op that saw the failure (OpNone outside an op)
+	Epoch uint64 // the comm's epoch
+	Err   error  // usually wraps ErrPeerFailed or ErrMismatch
+}
+
+func (e *RankError) Error() string {
+	return fmt.Sprintf("rank %d (%s, epoch %d): %v", e.Rank, e.Op, e.Epoch, e.Err)
+}
+
+func (e *RankError) Unwrap() error { return e.Err }
+
+// FailedRanks lists the ranks named by every *RankError inside err
+// (following errors.Join and wrapping), without duplicates, in order found.
+func FailedRanks(err error) []int {
+	var out []int
+	seen := map[int]bool{}
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil {
+			return
+		}
+		if re, ok := e.(*RankError); ok && !seen[re.Rank] {
+			seen[re.Rank] = true
+			out = append(out, re.Rank)
+		}
+		switch u := e.(type) {
+		case interface{ Unwrap() []error }:
+			for _, x := range u.Unwrap() {
+				walk(x)
+			}
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		}
+	}
+	walk(err)
+	return out
+}
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+}

@@ -1,0 +1,128 @@
+// Package reduce holds the elementwise reduction kernels that CPU backends
+// share: dst[i] = op(dst[i], src[i]) over raw bytes of any comm.DType.
+// Float16 and BFloat16 are computed in float32 and rounded back (ties to
+// even). The kernels allocate nothing and are safe for concurrent use on
+// disjoint buffers.
+package reduce
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+type number interface {
+	~float32 | ~float64 | ~int8 | ~uint8 | ~int32 | ~int64
+}
+
+func view[T any](b []byte) []T {
+	if len(b) == 0 {
+		return nil
+	}
+	var z T
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/int(unsafe.Sizeof(z)))
+}
+
+// Into sets dst[i] = op(dst[i], src[i]) for every element. Avg reduces as Sum;
+// the caller divides once at the end with Divide. dst and src must have the
+// same length, a multiple of dt.Size(); Into panics otherwise (backends call
+// it with validated sizes).
+func Into(dt comm.DType, op comm.ReduceOp, dst, src []byte) {
+	if len(dst) != len(src) || len(dst)%dt.Size() != 0 {
+		panic(fmt.Sprintf("reduce: Into with %d and %d bytes of %s", len(dst), len(src), dt))
+	}
+	switch dt {
+	case comm.Float32:
+		apply(op, view[float32](dst), view[float32](src))
+	case comm.Float64:
+		apply(op, view[float64](dst), view[float64](src))
+	case comm.Int8:
+		apply(op, view[int8](dst), view[int8](src))
+	case comm.Uint8:
+		apply(op, view[uint8](dst), view[uint8](src))
+	case comm.Int32:
+		apply(op, view[int32](dst), view[int32](src))
+	case comm.Int64:
+		apply(op, view[int64](dst), view[int64](src))
+	case comm.Float16:
+		half(op, view[comm.F16](dst), view[comm.F16](src), comm.F16.Float32, comm.NewF16)
+	case comm.BFloat16:
+		half(op, view[comm.BF16](dst), view[comm.BF16](src), comm.BF16.Float32, comm.NewBF16)
+	default:
+		panic("reduce: invalid dtype " + dt.String())
+	}
+}
+
+func apply[T number](op comm.ReduceOp, d, s []T) {
+	s = s[:len(d)]
+	switch op {
+	case comm.Sum, comm.Avg:
+		for i := range d {
+			d[i] += s[i]
+		}
+	case comm.Prod:
+		for i := range d {
+			d[i] *= s[i]
+		}
+	case comm.Min:
+		for i := range d {
+			d[i] = min(d[i], s[i])
+		}
+	case comm.Max:
+		for i := range d {
+			d[i] = max(d[i], s[i])
+		}
+	default:
+		panic("reduce: invalid op " + op.String())
+	}
+}
+
+func half[H ~uint16](op comm.ReduceOp, d, s []H, toF func(H) float32, fromF func(float32) H) {
+	s = s[:len(d)]
+	for i := range d {
+		a, b := toF(d[i]), toF(s[i])
+		var r float32
+		switch op {
+		case comm.Sum, comm.Avg:
+			r = a + b
+		case comm.Prod:
+			r = a * b
+		case comm.Min:
+			r = min(a, b)
+		case comm.Max:
+			r = max(a, b)
+		default:
+			panic("reduce: invalid op " + op.String())
+		}
+		d[i] = fromF(r)
+	}
+}
+
+// Divide divides every element of buf by n (the last step of Avg). Integer
+// types are not divided: Avg is defined for floating-point types only.
+func Divide(dt comm.DType, buf []byte, n int) {
+	f := float64(n)
+	switch dt {
+	case comm.Float32:
+		b := view[float32](buf)
+		for i := range b {
+			b[i] /= float32(f)
+		}
+	case comm.Float64:
+		b := view[float64](buf)
+		for i := range b {
+			b[i] /= f
+		}
+	case comm.Float16:
+		b := view[comm.F16](buf)
+		for i := range b {
+			b[i] = comm.NewF16(b[i].Float32() / float32(f))
+		}
+	case comm.BFloat16:
+		b := view[comm.BF16](buf)
+		for i := range b {
+			b[i] = comm.NewBF16(b[i].Float32() / float32(f))
+		}
+	}
+}
