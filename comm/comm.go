@@ -292,7 +292,8 @@ func (c *Comm) execute(w *Work) {
 
 	var stop func() bool
 	if w.ctx.Done() != nil {
-		stop = context.AfterFunc(w.ctx, func() { c.onCtxDone(w) })
+		seq := w.seq // w may be recycled before a late callback runs: match by seq
+		stop = context.AfterFunc(w.ctx, func() { c.onCtxDone(seq) })
 	}
 	err := c.dispatch(w)
 	if stop != nil {
@@ -302,8 +303,16 @@ func (c *Comm) execute(w *Work) {
 	c.mu.Lock()
 	c.timer.Stop()
 	c.cur = nil
+	var abort error
+	if err != nil && wasActive && c.state == stateActive && w.ctx.Err() != nil {
+		// The backend saw the ctx end before onCtxDone did.
+		abort = c.ctxBreakLocked(w)
+	}
 	err = c.classifyLocked(w, err, wasActive)
 	c.mu.Unlock()
+	if abort != nil {
+		c.b.Abort(abort)
+	}
 	c.finish(w, err)
 }
 
@@ -385,31 +394,39 @@ func (c *Comm) onDeadline() {
 	cause := fmt.Errorf("%w: %s #%d still running at its deadline (%s after start)",
 		ErrTimeout, w.d.kind, w.seq, c.deadline.Sub(w.t0).Round(time.Millisecond))
 	c.breakLocked(stateFailed, fmt.Errorf("%w after %w", ErrAborted, cause))
+	seq, kind := w.seq, w.d.kind
 	c.mu.Unlock()
-	c.log.Error("op timed out; aborting the comm", zap.Uint64("seq", w.seq), zap.Stringer("op", w.d.kind),
+	c.log.Error("op timed out; aborting the comm", zap.Uint64("seq", seq), zap.Stringer("op", kind),
 		zap.ByteString("flight_recorder", c.Dump()))
 	c.b.Abort(cause)
 }
 
 // onCtxDone runs when the ctx of the executing op w ends: the op cannot be
 // abandoned half-way, so the comm is aborted.
-func (c *Comm) onCtxDone(w *Work) {
+func (c *Comm) onCtxDone(seq uint64) {
 	c.mu.Lock()
-	if c.cur != w || c.state != stateActive {
+	w := c.cur
+	if w == nil || w.seq != seq || c.state != stateActive {
 		c.mu.Unlock()
 		return
 	}
-	var cause error
-	if errors.Is(w.ctx.Err(), context.DeadlineExceeded) {
-		cause = fmt.Errorf("%w: %s #%d: caller's deadline passed: %w", ErrTimeout, w.d.kind, w.seq, context.Cause(w.ctx))
-		c.breakLocked(stateFailed, fmt.Errorf("%w after %w", ErrAborted, cause))
-	} else {
-		cause = fmt.Errorf("%w: %s #%d: caller's ctx ended: %w", ErrAborted, w.d.kind, w.seq, context.Cause(w.ctx))
-		c.breakLocked(stateFailed, cause)
-	}
+	cause := c.ctxBreakLocked(w)
 	c.mu.Unlock()
-	c.log.Warn("ctx of a running op ended; aborting the comm", zap.Uint64("seq", w.seq), zap.Error(cause))
+	c.log.Warn("ctx of a running op ended; aborting the comm", zap.Uint64("seq", seq), zap.Error(cause))
 	c.b.Abort(cause)
+}
+
+// ctxBreakLocked breaks the comm because w's ctx ended while it ran and
+// returns the cause to abort the backend with.
+func (c *Comm) ctxBreakLocked(w *Work) error {
+	if errors.Is(w.ctx.Err(), context.DeadlineExceeded) {
+		cause := fmt.Errorf("%w: %s #%d: caller's deadline passed: %w", ErrTimeout, w.d.kind, w.seq, context.Cause(w.ctx))
+		c.breakLocked(stateFailed, fmt.Errorf("%w after %w", ErrAborted, cause))
+		return cause
+	}
+	cause := fmt.Errorf("%w: %s #%d: caller's ctx ended: %w", ErrAborted, w.d.kind, w.seq, context.Cause(w.ctx))
+	c.breakLocked(stateFailed, cause)
+	return cause
 }
 
 func (c *Comm) dispatch(w *Work) error {

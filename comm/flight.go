@@ -34,6 +34,17 @@ func (s OpState) String() string {
 // MarshalText makes OpState read as its name in JSON.
 func (s OpState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
+// UnmarshalText parses the names MarshalText writes.
+func (s *OpState) UnmarshalText(b []byte) error {
+	for v := OpEnqueued; v <= OpFailed; v++ {
+		if v.String() == string(b) {
+			*s = v
+			return nil
+		}
+	}
+	return invalidf("unknown op state %q", b)
+}
+
 // FlightEntry is one op as the flight recorder saw it.
 type FlightEntry struct {
 	Seq      uint64    `json:"seq"`

@@ -1,14 +1,3 @@
-// Package inproc is a comm.Backend whose ranks are goroutines of one
-// process, exchanging buffers through shared memory. It is the reference
-// implementation the network backends are checked against (every
-// collective is computed the obvious way, from all ranks' inputs) and a
-// fast backend for tests of the layers above comm.
-//
-// Ranks find each other through a Cluster, passed as
-// comm.Options.BackendConfig: ranks of the same Cluster, Prefix and Epoch
-// form one comm. Fail simulates a rank's death; Abort and Revoke behave as
-// in the network backends (Revoke reaches every rank of the comm).
-// A Cluster is safe for concurrent use; separate Clusters share nothing.
 package inproc
 
 import (

@@ -1,0 +1,75 @@
+// Package comm is the backend-agnostic core of ftcomm: the types of a
+// collective (DType, ReduceOp, Tensor), the Backend interface a transport
+// implements, the Store ranks rendezvous through, and Comm, the wrapper that
+// gives every backend the same fault-tolerant behaviour.
+//
+// # Lifecycle
+//
+// Import a backend for its side effect and create one Comm per rank:
+//
+//	import _ "github.com/ftcomm/ftcomm/backends/gloo"
+//
+//	c, err := comm.New(ctx, "gloo", comm.Options{Rank: r, Size: n, Epoch: e, Store: store})
+//	defer c.Close()
+//	err = c.AllReduce(ctx, comm.Float32s(grads), comm.Avg)
+//
+// New blocks until the rank is connected to its peers (or ctx ends). A comm
+// then runs ops until it breaks or is closed. It breaks when an op passes its
+// deadline (ErrTimeout), when a peer fails (a *RankError wrapping
+// ErrPeerFailed), when ranks disagree on an op (ErrMismatch), when the
+// caller's ctx ends during an op, on Abort, and on Revoke (here or at a
+// peer: ErrRevoked). A broken comm refuses further collectives with the
+// error that broke it (Err reports it) and is repaired by Shrink (survivors
+// form a smaller comm at a new epoch) or Grow (joiners are admitted), each
+// of which returns a new Comm and closes the old; or it is simply closed.
+// Split makes sub-communicators and leaves the parent as it was.
+//
+// # Caller duties
+//
+//   - Every rank issues the same collectives in the same order with
+//     matching dtype, count, reduce op and root; backends detect a mismatch
+//     and fail the op on every rank rather than hang or corrupt memory.
+//   - A Tensor is a view of the caller's memory: keep it alive and untouched
+//     until the op completes (for Async ops, until its Work is done — even
+//     if Wait returned early because its ctx ended).
+//   - All survivors pass Shrink the same exclude set and epoch (they come
+//     from the membership quorum); excluded ranks do not call it.
+//   - Close every Comm, including one that broke.
+//
+// # Deadlines
+//
+// Every op runs under a deadline: Options.Timeout from when it starts
+// executing (default DefaultTimeout), tightened by the caller's ctx. At the
+// deadline the backend is aborted, the op fails with ErrTimeout, the flight
+// recorder is written to the log, and the comm is broken. If the caller's ctx
+// is cancelled while the op runs, the comm is aborted too: a collective cannot
+// be abandoned half-way without leaving peers in an unknown state. An op whose
+// ctx ends while it is still queued fails without touching the comm.
+//
+// # Concurrency
+//
+// A Comm is safe for concurrent use. Ops execute one at a time in issue
+// order; concurrency between point-to-point ops is expressed with BatchP2P.
+// A sync op issued on an idle comm runs on the caller's goroutine; queued ops
+// run on the comm's one worker goroutine, which starts with the first queued
+// op and exits in Close. Each comm also owns one timer for deadlines. Abort,
+// Revoke and Close may be called from any goroutine at any time, including
+// while another goroutine is blocked in an op; each wakes it at once.
+// Separate Comms share nothing (the backend registry is written only by
+// backends' init functions).
+//
+// # Errors
+//
+// Errors wrap the sentinels ErrTimeout, ErrAborted, ErrRevoked,
+// ErrPeerFailed, ErrMismatch, ErrInvalidArgument, ErrBackendUnavailable and
+// ErrClosed, for errors.Is; failures tied to a rank are *RankError, for
+// errors.As, and FailedRanks lists them. ErrInvalidArgument is returned
+// before anything reaches the backend and leaves the comm usable.
+//
+// # Observability
+//
+// Options.Logger (zap) receives state changes and timeout dumps;
+// Options.Metrics (see PrometheusMetrics) sees every finished op; the
+// flight recorder keeps the last Options.FlightRecorder ops (FlightRecord,
+// Dump) so a hang can be traced to the rank that stopped advancing.
+package comm
