@@ -1,0 +1,342 @@
+package recovery
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// ErrStepGone: a source no longer serves the step asked for (it moved on).
+var ErrStepGone = errors.New("recovery: step no longer served")
+
+// FetchConfig configures Fetch.
+type FetchConfig struct {
+	Job       string
+	Secret    []byte
+	ChunkSize int // bytes per request; default 4 MiB
+	Streams   int // concurrent requests per source; default 2
+	// MaxFailures is how many failed chunks in a row drop a source; default 3.
+	MaxFailures int
+	// Retry is the backoff between attempts to reach a source that is not
+	// serving yet or failed transiently; default: exponential from 5 ms,
+	// capped at 200 ms, bounded by ctx.
+	Retry  func() backoff.BackOff
+	Logger *zap.Logger
+}
+
+// DefaultFetchConfig returns the defaults for job and secret.
+func DefaultFetchConfig(job string, secret []byte) FetchConfig {
+	return FetchConfig{Job: job, Secret: secret, ChunkSize: 4 << 20, Streams: 2, MaxFailures: 3}
+}
+
+// Validate reports what is wrong with c, or nil.
+func (c *FetchConfig) Validate() error {
+	switch {
+	case c.Job == "":
+		return fmt.Errorf("%w: recovery: fetch config: empty job", comm.ErrInvalidArgument)
+	case len(c.Secret) == 0:
+		return fmt.Errorf("%w: recovery: fetch config: empty secret", comm.ErrInvalidArgument)
+	case c.ChunkSize < 0 || c.Streams < 0 || c.MaxFailures < 0:
+		return fmt.Errorf("%w: recovery: fetch config: negative chunk size, streams or max failures", comm.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func (c FetchConfig) withDefaults() FetchConfig {
+	d := DefaultFetchConfig(c.Job, c.Secret)
+	if c.ChunkSize == 0 {
+		c.ChunkSize = d.ChunkSize
+	}
+	if c.Streams == 0 {
+		c.Streams = d.Streams
+	}
+	if c.MaxFailures == 0 {
+		c.MaxFailures = d.MaxFailures
+	}
+	if c.Retry == nil {
+		c.Retry = func() backoff.BackOff {
+			b := backoff.NewExponentialBackOff()
+			b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 5*time.Millisecond, 200*time.Millisecond, 0
+			return b
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return c
+}
+
+// Stats describes a finished fetch.
+type Stats struct {
+	Bytes     int64
+	Duration  time.Duration
+	PerSource map[string]int64 // bytes delivered by each source address
+	Retries   int              // chunks fetched again after a failure
+	Dropped   []string         // sources that failed and were dropped
+}
+
+// Throughput is Bytes per second.
+func (s Stats) Throughput() float64 {
+	if s.Duration <= 0 {
+		return 0
+	}
+	return float64(s.Bytes) / s.Duration.Seconds()
+}
+
+// Fetch fills dst with the committed state of step served by sources
+// (host:port of their Servers), striping chunks across every source in
+// parallel, checking each chunk's CRC-32C, and moving a failed source's
+// chunks to the others. It waits (with backoff) for sources that have not
+// offered the state yet, and returns when every byte is in place, when every
+// source has failed, or when ctx ends. dst names must match what the
+// sources serve, with the same sizes (else comm.ErrMismatch).
+//
+// On error dst may hold a mix of old and new bytes: heal again before use.
+func Fetch(ctx context.Context, cfg FetchConfig, step int64, sources []string, dst []Blob) (Stats, error) {
+	if err := cfg.Validate(); err != nil {
+		return Stats{}, err
+	}
+	if len(sources) == 0 {
+		return Stats{}, fmt.Errorf("%w: recovery: fetch with no sources", comm.ErrInvalidArgument)
+	}
+	cfg = cfg.withDefaults()
+	f := &fetcher{cfg: cfg, step: step, sources: sources, dst: dst, start: time.Now(),
+		stats: Stats{PerSource: map[string]int64{}}}
+	transport := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: cfg.Streams,
+		MaxConnsPerHost:     cfg.Streams,
+		ReadBufferSize:      256 << 10,
+		WriteBufferSize:     4 << 10,
+		DisableCompression:  true,
+	}
+	defer transport.CloseIdleConnections()
+	f.client = &http.Client{Transport: transport}
+
+	// Every source must serve the same blobs at the step.
+	sizes := make([]int, len(dst))
+	for i, b := range dst {
+		sizes[i] = len(b.Data)
+	}
+	ok := make([]bool, len(sources))
+	var wg sync.WaitGroup
+	errs := make([]error, len(sources))
+	for i := range sources {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f.checkManifest(ctx, i)
+			ok[i] = errs[i] == nil
+		}()
+	}
+	wg.Wait()
+	f.chunks = plan(sizes, cfg.ChunkSize)
+	f.sched = newSchedule(len(f.chunks), len(sources), cfg.MaxFailures)
+	for i, good := range ok {
+		if !good {
+			f.sched.drop(i)
+			f.stats.Dropped = append(f.stats.Dropped, sources[i])
+			cfg.Logger.Warn("healing source dropped", zap.String("source", sources[i]), zap.Error(errs[i]))
+		}
+	}
+	if f.sched.live == 0 {
+		return f.stats, fmt.Errorf("recovery: no usable source for step %d: %w", step, errors.Join(errs...))
+	}
+	if ctx.Err() != nil {
+		return f.stats, fmt.Errorf("recovery: fetch step %d: %w", step, context.Cause(ctx))
+	}
+	for _, e := range errs {
+		if errors.Is(e, comm.ErrMismatch) { // one source disagreeing with our layout is a bug, not a flake
+			return f.stats, e
+		}
+	}
+
+	f.cond = sync.NewCond(&f.mu)
+	stop := context.AfterFunc(ctx, func() {
+		f.mu.Lock()
+		f.cond.Broadcast()
+		f.mu.Unlock()
+	})
+	defer stop()
+	for src := range sources {
+		for range cfg.Streams {
+			wg.Add(1)
+			go func() { defer wg.Done(); f.worker(ctx, src) }()
+		}
+	}
+	wg.Wait()
+	f.stats.Duration = time.Since(f.start)
+	if !f.sched.finished() {
+		if err := ctx.Err(); err != nil {
+			return f.stats, fmt.Errorf("recovery: fetch step %d: %w", step, context.Cause(ctx))
+		}
+		return f.stats, fmt.Errorf("recovery: fetch step %d: %w (last error: %v)", step, f.sched.stuck(), f.lastErr)
+	}
+	return f.stats, nil
+}
+
+type fetcher struct {
+	cfg     FetchConfig
+	client  *http.Client
+	step    int64
+	sources []string
+	dst     []Blob
+	chunks  []chunk
+	start   time.Time
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	sched   *schedule
+	stats   Stats
+	lastErr error
+}
+
+func (f *fetcher) get(ctx context.Context, src int, path string, q url.Values) (*http.Response, error) {
+	u := url.URL{Scheme: "http", Host: f.sources[src], Path: path, RawQuery: q.Encode()}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set(authHeader, sign(f.cfg.Secret, f.cfg.Job, http.MethodGet, req.URL.RequestURI(), time.Now()))
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode == http.StatusOK {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Error string `json:"error"`
+	}
+	json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&body)
+	err = fmt.Errorf("recovery: %s answered %d: %s", f.sources[src], resp.StatusCode, body.Error)
+	switch resp.StatusCode {
+	case http.StatusConflict: // not offering yet: worth waiting for
+		return nil, err
+	case http.StatusGone:
+		return nil, backoff.Permanent(fmt.Errorf("%w: %w", ErrStepGone, err))
+	}
+	return nil, backoff.Permanent(err)
+}
+
+// checkManifest waits until source src serves step and checks its layout.
+func (f *fetcher) checkManifest(ctx context.Context, src int) error {
+	var m manifest
+	var last error
+	err := backoff.Retry(func() error {
+		resp, err := f.get(ctx, src, manifestPath, nil)
+		if err != nil {
+			last = err
+			return err
+		}
+		defer resp.Body.Close()
+		if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&m); err != nil {
+			return backoff.Permanent(fmt.Errorf("recovery: manifest from %s: %w", f.sources[src], err))
+		}
+		if m.Step != f.step {
+			if m.Step < f.step {
+				last = fmt.Errorf("recovery: %s serves step %d, waiting for %d", f.sources[src], m.Step, f.step)
+				return last
+			}
+			return backoff.Permanent(fmt.Errorf("%w: %s serves step %d, not %d", ErrStepGone, f.sources[src], m.Step, f.step))
+		}
+		return nil
+	}, backoff.WithContext(f.cfg.Retry(), ctx))
+	if err != nil && ctx.Err() != nil && last != nil {
+		return fmt.Errorf("%w (last answer: %v)", err, last)
+	}
+	if err != nil {
+		return err
+	}
+	if m.Job != f.cfg.Job || len(m.Blobs) != len(f.dst) {
+		return fmt.Errorf("%w: recovery: %s serves %d blobs of job %q, want %d of %q", comm.ErrMismatch, f.sources[src], len(m.Blobs), m.Job, len(f.dst), f.cfg.Job)
+	}
+	for i, b := range m.Blobs {
+		if b.Name != f.dst[i].Name || b.Size != len(f.dst[i].Data) {
+			return fmt.Errorf("%w: recovery: %s serves blob %d as %q of %d bytes, want %q of %d",
+				comm.ErrMismatch, f.sources[src], i, b.Name, b.Size, f.dst[i].Name, len(f.dst[i].Data))
+		}
+	}
+	return nil
+}
+
+// worker fetches chunks from one source until none are left for it.
+func (f *fetcher) worker(ctx context.Context, src int) {
+	for {
+		f.mu.Lock()
+		var c int
+		for {
+			if f.sched.finished() || f.sched.dropped[src] || ctx.Err() != nil || f.sched.stuck() != nil {
+				f.cond.Broadcast()
+				f.mu.Unlock()
+				return
+			}
+			var ok bool
+			if c, ok = f.sched.next(src); ok {
+				break
+			}
+			f.cond.Wait() // chunks are in flight elsewhere; one may come back
+		}
+		f.mu.Unlock()
+
+		err := backoff.Retry(func() error { return f.fetchChunk(ctx, src, f.chunks[c]) },
+			backoff.WithContext(backoff.WithMaxRetries(f.cfg.Retry(), 2), ctx))
+
+		f.mu.Lock()
+		if err == nil {
+			f.sched.succeeded(src, c)
+			f.stats.Bytes += int64(f.chunks[c].len)
+			f.stats.PerSource[f.sources[src]] += int64(f.chunks[c].len)
+		} else {
+			f.lastErr = err
+			f.stats.Retries++
+			if f.sched.failed(src, c) {
+				f.stats.Dropped = append(f.stats.Dropped, f.sources[src])
+				f.cfg.Logger.Warn("healing source dropped", zap.String("source", f.sources[src]), zap.Error(err))
+			}
+		}
+		f.cond.Broadcast()
+		f.mu.Unlock()
+	}
+}
+
+func (f *fetcher) fetchChunk(ctx context.Context, src int, c chunk) error {
+	q := url.Values{}
+	q.Set("step", strconv.FormatInt(f.step, 10))
+	q.Set("blob", f.dst[c.blob].Name)
+	q.Set("off", strconv.Itoa(c.off))
+	q.Set("len", strconv.Itoa(c.len))
+	resp, err := f.get(ctx, src, chunkPath, q)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	want, err := strconv.ParseUint(resp.Header.Get(crcHeader), 10, 32)
+	if err != nil {
+		return backoff.Permanent(fmt.Errorf("recovery: chunk from %s without a checksum", f.sources[src]))
+	}
+	buf := f.dst[c.blob].Data[c.off : c.off+c.len]
+	if _, err := io.ReadFull(resp.Body, buf); err != nil {
+		return fmt.Errorf("recovery: read chunk from %s: %w", f.sources[src], err)
+	}
+	if got := crc32.Checksum(buf, castagnoli); got != uint32(want) {
+		return fmt.Errorf("recovery: chunk %s[%d:%d] from %s: crc32c %08x, want %08x",
+			f.dst[c.blob].Name, c.off, c.off+c.len, f.sources[src], got, want)
+	}
+	return nil
+}

@@ -1,0 +1,363 @@
+package recovery_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/recovery"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const job = "llama"
+
+var secret = []byte("s3cret")
+
+func randomBlobs(seed uint64, sizes ...int) []recovery.Blob {
+	r := rand.New(rand.NewPCG(seed, 7))
+	var bs []recovery.Blob
+	for i, n := range sizes {
+		d := make([]byte, n)
+		for j := range d {
+			d[j] = byte(r.Uint32())
+		}
+		bs = append(bs, recovery.Blob{Name: fmt.Sprintf("blob%d", i), Data: d})
+	}
+	return bs
+}
+
+func emptyLike(bs []recovery.Blob) []recovery.Blob {
+	var out []recovery.Blob
+	for _, b := range bs {
+		out = append(out, recovery.Blob{Name: b.Name, Data: make([]byte, len(b.Data))})
+	}
+	return out
+}
+
+func servers(t *testing.T, n int, step int64, state []recovery.Blob) []*recovery.Server {
+	t.Helper()
+	var ss []*recovery.Server
+	for range n {
+		s, err := recovery.NewServer(recovery.ServerConfig{Job: job, Secret: secret})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		if state != nil {
+			s.Offer(step, state)
+		}
+		ss = append(ss, s)
+	}
+	return ss
+}
+
+func addrs(ss []*recovery.Server) []string {
+	var out []string
+	for _, s := range ss {
+		out = append(out, s.Addr())
+	}
+	return out
+}
+
+func fetchCfg() recovery.FetchConfig {
+	c := recovery.DefaultFetchConfig(job, secret)
+	c.ChunkSize = 64 << 10
+	return c
+}
+
+func ctx10s(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func sameBlobs(t *testing.T, got, want []recovery.Blob) {
+	t.Helper()
+	for i := range want {
+		if !bytes.Equal(got[i].Data, want[i].Data) {
+			t.Fatalf("blob %s differs", want[i].Name)
+		}
+	}
+}
+
+func TestFetchStripesAcrossSources(t *testing.T) {
+	state := randomBlobs(1, 1<<20+3, 0, 300<<10)
+	ss := servers(t, 3, 42, state)
+	dst := emptyLike(state)
+	st, err := recovery.Fetch(ctx10s(t), fetchCfg(), 42, addrs(ss), dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameBlobs(t, dst, state)
+	if st.Bytes != int64(1<<20+3+300<<10) {
+		t.Fatalf("stats bytes %d", st.Bytes)
+	}
+	for _, s := range ss {
+		if st.PerSource[s.Addr()] == 0 || s.Served() == 0 {
+			t.Fatalf("source %s delivered nothing: %v", s.Addr(), st.PerSource)
+		}
+	}
+}
+
+// proxy forwards TCP to target and, after passing limit bytes back to the
+// client, cuts every connection and stops accepting: a source dying mid-
+// transfer, as seen from the healer.
+type proxy struct {
+	ln      net.Listener
+	target  string
+	limit   int64
+	corrupt bool // flip one byte in the body instead of cutting
+	sent    atomic.Int64
+	mu      sync.Mutex
+	conns   []net.Conn
+	cut     chan struct{}
+	once    sync.Once
+	wg      sync.WaitGroup
+}
+
+func newProxy(t *testing.T, target string, limit int64, corrupt bool) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target, limit: limit, corrupt: corrupt, cut: make(chan struct{})}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, up)
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go func() { defer p.wg.Done(); io.Copy(up, c); up.Close() }()
+		go func() { defer p.wg.Done(); p.down(c, up); c.Close() }()
+	}
+}
+
+func (p *proxy) down(c, up net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := up.Read(buf)
+		if n > 0 {
+			total := p.sent.Add(int64(n))
+			if total > p.limit {
+				if !p.corrupt {
+					p.kill()
+					return
+				}
+				buf[n-1] ^= 0xff // once past the limit, corrupt the tail of every read
+			}
+			if _, werr := c.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *proxy) kill() {
+	p.once.Do(func() {
+		close(p.cut)
+		p.ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+	})
+}
+
+func (p *proxy) close() { p.kill(); p.wg.Wait() }
+
+func TestSourceDiesMidTransfer(t *testing.T) {
+	state := randomBlobs(2, 2<<20)
+	ss := servers(t, 3, 7, state)
+	dying := newProxy(t, ss[0].Addr(), 300<<10, false)
+	srcs := []string{dying.ln.Addr().String(), ss[1].Addr(), ss[2].Addr()}
+	dst := emptyLike(state)
+	st, err := recovery.Fetch(ctx10s(t), fetchCfg(), 7, srcs, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-dying.cut:
+	default:
+		t.Fatal("the proxy never cut the source off")
+	}
+	sameBlobs(t, dst, state)
+	if st.Retries == 0 || st.PerSource[srcs[0]] == 0 || st.PerSource[srcs[0]] >= 2<<20 {
+		t.Fatalf("expected the dying source to deliver part and fail: %+v", st)
+	}
+}
+
+func TestCorruptChunksAreRefetched(t *testing.T) {
+	state := randomBlobs(3, 1<<20)
+	ss := servers(t, 2, 1, state)
+	bad := newProxy(t, ss[0].Addr(), 100<<10, true)
+	srcs := []string{bad.ln.Addr().String(), ss[1].Addr()}
+	dst := emptyLike(state)
+	st, err := recovery.Fetch(ctx10s(t), fetchCfg(), 1, srcs, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameBlobs(t, dst, state)
+	if st.Retries == 0 {
+		t.Fatal("corruption went unnoticed")
+	}
+}
+
+func TestEverySourceFails(t *testing.T) {
+	state := randomBlobs(4, 1<<20)
+	ss := servers(t, 1, 1, state)
+	p := newProxy(t, ss[0].Addr(), 100<<10, false)
+	_, err := recovery.Fetch(ctx10s(t), fetchCfg(), 1, []string{p.ln.Addr().String()}, emptyLike(state))
+	if err == nil || !strings.Contains(err.Error(), "every source failed") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestFetchWaitsForOffer(t *testing.T) {
+	state := randomBlobs(5, 100<<10)
+	ss := servers(t, 1, 0, nil) // not offering yet
+	ss[0].Offer(3, state)       // an old step first: the healer keeps waiting for 4
+	done := make(chan error)
+	dst := emptyLike(state)
+	go func() {
+		_, err := recovery.Fetch(ctx10s(t), fetchCfg(), 4, addrs(ss), dst)
+		done <- err
+	}()
+	ss[0].Offer(4, state)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	sameBlobs(t, dst, state)
+}
+
+func TestStaleStepAndLayoutMismatch(t *testing.T) {
+	state := randomBlobs(6, 1000, 2000)
+	ss := servers(t, 1, 9, state)
+	_, err := recovery.Fetch(ctx10s(t), fetchCfg(), 8, addrs(ss), emptyLike(state))
+	if !errors.Is(err, recovery.ErrStepGone) {
+		t.Fatalf("asking for an older step: %v", err)
+	}
+	wrong := emptyLike(state)
+	wrong[1].Data = make([]byte, 1999)
+	_, err = recovery.Fetch(ctx10s(t), fetchCfg(), 9, addrs(ss), wrong)
+	if !errors.Is(err, comm.ErrMismatch) || !strings.Contains(err.Error(), `"blob1" of 2000 bytes, want "blob1" of 1999`) {
+		t.Fatalf("layout mismatch: %v", err)
+	}
+}
+
+func TestAuthentication(t *testing.T) {
+	state := randomBlobs(7, 1000)
+	ss := servers(t, 1, 1, state)
+	cfg := fetchCfg()
+	cfg.Secret = []byte("wrong")
+	_, err := recovery.Fetch(ctx10s(t), cfg, 1, addrs(ss), emptyLike(state))
+	if err == nil || !strings.Contains(err.Error(), "401") || !strings.Contains(err.Error(), "bad signature") {
+		t.Fatalf("wrong secret: %v", err)
+	}
+	for _, path := range []string{"/v1/manifest", "/v1/chunk?step=1&blob=blob0&off=0&len=10"} {
+		resp, err := http.Get("http://" + ss[0].Addr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(body), `"error"`) {
+			t.Fatalf("unsigned %s: %d %s", path, resp.StatusCode, body)
+		}
+	}
+	if ss[0].Served() != 0 {
+		t.Fatal("state leaked to an unauthenticated client")
+	}
+}
+
+func TestWithdrawStopsServing(t *testing.T) {
+	state := randomBlobs(8, 1000)
+	ss := servers(t, 1, 1, state)
+	if err := ss[0].Withdraw(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := recovery.Fetch(ctx, fetchCfg(), 1, addrs(ss), emptyLike(state))
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no committed state offered") {
+		t.Fatalf("fetch from a withdrawn source: %v", err)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	if _, err := recovery.NewServer(recovery.ServerConfig{Job: job}); !errors.Is(err, comm.ErrInvalidArgument) {
+		t.Fatalf("server without secret: %v", err)
+	}
+	if _, err := recovery.Fetch(context.Background(), recovery.FetchConfig{Job: job, Secret: secret, Streams: -1}, 1, []string{"x"}, nil); !errors.Is(err, comm.ErrInvalidArgument) {
+		t.Fatalf("negative streams: %v", err)
+	}
+	if _, err := recovery.Fetch(context.Background(), fetchCfg(), 1, nil, nil); !errors.Is(err, comm.ErrInvalidArgument) {
+		t.Fatalf("no sources: %v", err)
+	}
+}
+
+// BenchmarkHeal compares healing 256 MiB from 1 and from 3 sources in the
+// same run (go test -bench Heal ./recovery/).
+func BenchmarkHeal(b *testing.B) {
+	state := []recovery.Blob{{Name: "params", Data: make([]byte, 256<<20)}}
+	for i := range state[0].Data {
+		state[0].Data[i] = byte(i * 7)
+	}
+	dst := emptyLike(state)
+	for _, c := range []struct{ sources, streams int }{{1, 1}, {3, 1}, {1, 2}, {3, 2}} {
+		n := c.sources
+		b.Run(fmt.Sprintf("sources=%d/streams=%d", n, c.streams), func(b *testing.B) {
+			var ss []string
+			for range n {
+				s, err := recovery.NewServer(recovery.ServerConfig{Job: job, Secret: secret})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer s.Close()
+				s.Offer(1, state)
+				ss = append(ss, s.Addr())
+			}
+			cfg := recovery.DefaultFetchConfig(job, secret)
+			cfg.Streams = c.streams
+			b.SetBytes(int64(len(state[0].Data)))
+			for b.Loop() {
+				if _, err := recovery.Fetch(context.Background(), cfg, 1, ss, dst); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
