@@ -29,5 +29,5 @@ func Example() {
 		panic(err)
 	}
 	fmt.Printf("%s (%d bytes)\n", mine[0].Data, st.Bytes)
-	// Output: the weights after step 120 (27 bytes)
+	// Output: the weights after step 120 (26 bytes)
 }
