@@ -210,17 +210,17 @@ func (k Keys) root() string {
 	return strings.TrimSuffix(k.Root, "/")
 }
 
-func (k Keys) Job(job string) string            { return k.root() + "/" + job + "/" }
-func (k Keys) Members(job string) string        { return k.Job(job) + "members/" }
-func (k Keys) Member(job, id string) string     { return k.Members(job) + id }
-func (k Keys) EpochPrefix(job string) string    { return k.Job(job) + "epoch/" }
-func (k Keys) Quorum(job string) string         { return k.EpochPrefix(job) + "quorum" }
-func (k Keys) Revocations(job string) string    { return k.EpochPrefix(job) + "revoked/" }
-func (k Keys) History(job string) string        { return k.Job(job) + "history/" }
-func (k Keys) Rendezvous(job string) string     { return k.Job(job) + "rdzv/" }
-func (k Keys) Coordinator() string              { return k.root() + "/_coordinator/" }
-func (k Keys) Election() string                 { return k.Coordinator() + "election" }
-func (k Keys) CoordinatorGossip() string        { return k.Coordinator() + "gossip/" }
+func (k Keys) Job(job string) string         { return k.root() + "/" + job + "/" }
+func (k Keys) Members(job string) string     { return k.Job(job) + "members/" }
+func (k Keys) Member(job, id string) string  { return k.Members(job) + id }
+func (k Keys) EpochPrefix(job string) string { return k.Job(job) + "epoch/" }
+func (k Keys) Quorum(job string) string      { return k.EpochPrefix(job) + "quorum" }
+func (k Keys) Revocations(job string) string { return k.EpochPrefix(job) + "revoked/" }
+func (k Keys) History(job string) string     { return k.Job(job) + "history/" }
+func (k Keys) Rendezvous(job string) string  { return k.Job(job) + "rdzv/" }
+func (k Keys) Coordinator() string           { return k.root() + "/_coordinator/" }
+func (k Keys) Election() string              { return k.Coordinator() + "election" }
+func (k Keys) CoordinatorGossip() string     { return k.Coordinator() + "gossip/" }
 func (k Keys) Revocation(job string, e uint64) string {
 	return k.Revocations(job) + epochKey(e)
 }
