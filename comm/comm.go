@@ -138,6 +138,15 @@ func (w *Work) Err() error {
 // refused before it got one.
 func (w *Work) Seq() uint64 { return w.seq }
 
+// FailedWork returns a Work that is already done with err: for layers above
+// a Comm that must hand back a Work without issuing an op (no comm exists
+// at the moment, say).
+func FailedWork(err error) *Work {
+	w := &Work{done: make(chan struct{}), err: err}
+	close(w.done)
+	return w
+}
+
 var workPool = sync.Pool{New: func() any { return new(Work) }}
 
 // do runs d synchronously and returns its error.

@@ -107,29 +107,26 @@ func (v view) includes(id string, incarnation int64) bool {
 type reconfig int
 
 const (
-	keepComm  reconfig = iota // same members and the comm is healthy
-	shrinkTo                  // drop the excluded ranks
+	shrinkTo  reconfig = iota // drop the excluded ranks
 	growTo                    // existing ranks keep theirs; joiners follow
 	freshComm                 // everyone creates a new comm
 )
 
 func (r reconfig) String() string {
-	return [...]string{"keep", "shrink", "grow", "fresh"}[r]
+	return [...]string{"shrink", "grow", "fresh"}[r]
 }
 
 // plan decides how to move from the members of the current comm (nil if
-// there is none) to next. healthy says whether the current comm still
-// accepts collectives. For shrinkTo, exclude lists the current ranks to drop.
-func plan(cur, next []participant, healthy bool) (how reconfig, exclude []int) {
+// there is none) to next. It depends only on what every rank knows alike —
+// the two member lists — never on local state such as whether this rank's
+// comm still works, so all ranks choose the same. Shrink and Grow work on a
+// broken comm too; unchanged members at a new epoch mean the old epoch
+// failed, so they get a fresh comm. For shrinkTo, exclude lists the current
+// ranks to drop.
+func plan(cur, next []participant) (how reconfig, exclude []int) {
 	same := func(a, b participant) bool { return a.ID == b.ID && a.Incarnation == b.Incarnation }
-	if cur == nil {
+	if cur == nil || slices.EqualFunc(cur, next, same) {
 		return freshComm, nil
-	}
-	if slices.EqualFunc(cur, next, same) {
-		if healthy {
-			return keepComm, nil
-		}
-		return freshComm, nil // same members but a broken comm: nothing to shrink away
 	}
 	// Shrink: next is cur minus some ranks, in the same relative order.
 	j := 0
@@ -143,8 +140,8 @@ func plan(cur, next []participant, healthy bool) (how reconfig, exclude []int) {
 	if j == len(next) && len(next) > 0 {
 		return shrinkTo, exclude
 	}
-	// Grow: cur is a prefix of next, and the comm can still run a collective.
-	if healthy && len(next) > len(cur) && slices.EqualFunc(cur, next[:len(cur)], same) {
+	// Grow: cur is a prefix of next.
+	if len(next) > len(cur) && slices.EqualFunc(cur, next[:len(cur)], same) {
 		return growTo, nil
 	}
 	return freshComm, nil

@@ -70,29 +70,27 @@ func TestDeriveView(t *testing.T) {
 func TestPlan(t *testing.T) {
 	for _, tc := range []struct {
 		cur, next string
-		healthy   bool
 		how       reconfig
 		exclude   []int
 	}{
-		{"", "a.0 b.0", true, freshComm, nil},
-		{"a.0 b.0 c.0", "a.0 b.0 c.0", true, keepComm, nil},
-		{"a.0 b.0 c.0", "a.0 b.0 c.0", false, freshComm, nil},
-		{"a.0 b.0 c.0 d.0", "a.0 c.0", false, shrinkTo, []int{1, 3}},
-		{"a.0 b.0 c.0", "b.0 c.0", true, shrinkTo, []int{0}},
-		{"a.0 b.0", "a.0 b.0 c.0 d.0", true, growTo, nil},
-		{"a.0 b.0", "a.0 b.0 c.0", false, freshComm, nil},        // a broken comm cannot grow
-		{"a.0 b.0 c.0", "a.0 c.0 d.0", true, freshComm, nil},     // shrink and grow at once
-		{"a.0 b.0@1", "a.0 b.0@2", true, freshComm, nil},         // b restarted: a new incarnation
-		{"a.0 b.0@1 c.0", "a.0 c.0 b.0@2", true, freshComm, nil}, // likewise, rejoining at the end
-		{"a.0 b.0", "b.0 a.0", true, freshComm, nil},             // reordered (never by membership)
+		{"", "a.0 b.0", freshComm, nil},
+		{"a.0 b.0 c.0", "a.0 b.0 c.0", freshComm, nil}, // the epoch failed: start over
+		{"a.0 b.0 c.0 d.0", "a.0 c.0", shrinkTo, []int{1, 3}},
+		{"a.0 b.0 c.0", "b.0 c.0", shrinkTo, []int{0}},
+		{"a.0 b.0", "a.0 b.0 c.0 d.0", growTo, nil},
+		{"a.0 b.0 c.0", "a.0 c.0 d.0", freshComm, nil},     // shrink and grow at once
+		{"a.0 b.0@1", "a.0 b.0@2", freshComm, nil},         // b restarted: a new incarnation
+		{"a.0 b.0@1 c.0", "a.0 c.0 b.0@2", freshComm, nil}, // likewise, rejoining at the end
+		{"a.0 b.0", "b.0 a.0", freshComm, nil},             // reordered (membership never does this)
+		{"a.0 b.0", "c.0", freshComm, nil},                 // nobody survives
 	} {
 		var cur []participant
 		if tc.cur != "" {
 			cur = ps(tc.cur)
 		}
-		how, ex := plan(cur, ps(tc.next), tc.healthy)
+		how, ex := plan(cur, ps(tc.next))
 		if how != tc.how || !slices.Equal(ex, tc.exclude) {
-			t.Errorf("%q → %q (healthy %v): %s %v, want %s %v", tc.cur, tc.next, tc.healthy, how, ex, tc.how, tc.exclude)
+			t.Errorf("%q → %q: %s %v, want %s %v", tc.cur, tc.next, how, ex, tc.how, tc.exclude)
 		}
 	}
 }

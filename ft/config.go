@@ -1,0 +1,153 @@
+package ft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/recovery"
+)
+
+// Errors callers branch on with errors.Is.
+var (
+	// ErrNotParticipating: this rank is not in the current quorum's FT comm
+	// (its replica group is incomplete, or it has not been admitted yet).
+	ErrNotParticipating = errors.New("ft: not participating in the current epoch")
+	// ErrTooManyCommitFailures: Config.MaxCommitFailures commits in a row failed.
+	ErrTooManyCommitFailures = errors.New("ft: too many consecutive commit failures")
+	// ErrClosed: the Comm was closed.
+	ErrClosed = errors.New("ft: closed")
+)
+
+// Membership is what ft.Comm needs of the membership service: a registered
+// member's view of its job. membership.Member provides it; tests may
+// provide another.
+type Membership interface {
+	// ID and Incarnation identify this member's registration.
+	ID() string
+	Incarnation() int64
+	// Quorums delivers published quorums, newest last; Revocations delivers
+	// revocation records. Both are closed when the member is closed.
+	Quorums() <-chan membership.Quorum
+	Revocations() <-chan membership.Revocation
+	// SetStep records the member's committed step; it is carried to the
+	// coordinator by the next heartbeat, not sent now.
+	SetStep(step int64)
+	// ReportCommitFailure tells the coordinator that epoch failed here.
+	ReportCommitFailure(ctx context.Context, epoch uint64, reason string) error
+	// Store is the job's rendezvous store.
+	Store() comm.Store
+	// Close leaves the job (gracefully when possible) and releases the member.
+	Close() error
+}
+
+// Config configures a Comm. Job, Group and Secret are required, and either
+// Coordinator or Membership.
+type Config struct {
+	Job   string // the training job
+	Group string // this replica group's id ("g3")
+	// GroupRank and GroupSize place this process in its replica group (the
+	// shard dimension of HSDP); 0 and 1 for plain data parallelism.
+	GroupRank, GroupSize int
+
+	// Coordinator lists the etcd endpoints of the ftcoord cluster.
+	Coordinator []string
+	// Member configures the membership registration made from Coordinator
+	// (lease TTL, gossip); ft fills in the job, id, group and address.
+	// Member membership.MemberConfig
+	// Membership, if set, is used instead of registering through
+	// Coordinator; ft closes it in Close.
+	Membership Membership
+
+	Backend       string // comm backend name; default "gloo"
+	BackendConfig any
+	// MinReplicas is the fewest replica groups a step may commit with; default 1.
+	MinReplicas int
+	// Timeout bounds each collective (comm.Options.Timeout); default 30 s.
+	Timeout time.Duration
+	// MaxCommitFailures is how many commits in a row may fail before
+	// Commit returns ErrTooManyCommitFailures; default 10.
+	MaxCommitFailures int
+	// Secret authenticates the job's peers (backend handshakes and state
+	// transfer).
+	Secret []byte
+	// RecoveryAddr is where this replica serves its committed state to
+	// healing peers; default "127.0.0.1:0". Use a routable address across hosts.
+	RecoveryAddr string
+	// Heal tunes state transfer (chunk size, parallel streams per source).
+	HealChunkSize, HealStreams int
+
+	Logger     *zap.Logger
+	Registerer prometheus.Registerer // default: none
+}
+
+// Validate reports what is wrong with c, or nil.
+func (c *Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: ft: config: "+format, append([]any{comm.ErrInvalidArgument}, args...)...)
+	}
+	switch {
+	case !membership.ValidName(c.Job):
+		return bad("job %q: want 1–128 of [A-Za-z0-9._-]", c.Job)
+	case !membership.ValidName(c.Group):
+		return bad("group %q: want 1–128 of [A-Za-z0-9._-]", c.Group)
+	case c.GroupSize < 0 || c.GroupRank < 0 || (c.GroupSize > 0 && c.GroupRank >= c.GroupSize) || (c.GroupSize == 0 && c.GroupRank > 0):
+		return bad("group rank %d outside [0, %d)", c.GroupRank, max(c.GroupSize, 1))
+	case c.Membership == nil && len(c.Coordinator) == 0:
+		return bad("neither Coordinator endpoints nor a Membership")
+	case len(c.Secret) == 0:
+		return bad("empty Secret (peers and state transfer must be authenticated)")
+	case c.MinReplicas < 0:
+		return bad("negative MinReplicas %d", c.MinReplicas)
+	case c.Timeout < 0:
+		return bad("negative Timeout %v", c.Timeout)
+	case c.MaxCommitFailures < 0:
+		return bad("negative MaxCommitFailures %d", c.MaxCommitFailures)
+	case c.HealChunkSize < 0 || c.HealStreams < 0:
+		return bad("negative heal chunk size or streams")
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.GroupSize == 0 {
+		c.GroupSize = 1
+	}
+	if c.Backend == "" {
+		c.Backend = "gloo"
+	}
+	if c.MinReplicas == 0 {
+		c.MinReplicas = 1
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 30 * time.Second
+	}
+	if c.MaxCommitFailures == 0 {
+		c.MaxCommitFailures = 10
+	}
+	if c.RecoveryAddr == "" {
+		c.RecoveryAddr = "127.0.0.1:0"
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return c
+}
+
+func (c Config) fetchConfig() recovery.FetchConfig {
+	f := recovery.DefaultFetchConfig(c.Job, c.Secret)
+	if c.HealChunkSize > 0 {
+		f.ChunkSize = c.HealChunkSize
+	}
+	if c.HealStreams > 0 {
+		f.Streams = c.HealStreams
+	}
+	f.Logger = c.Logger
+	return f
+}

@@ -1,0 +1,162 @@
+package ft
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/comm/memstore"
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// fakeCoord runs membership's real quorum machine in process, without etcd
+// or gossip: members join, report and leave through method calls, and every
+// decision is pushed to every member's channels. Tests use it to exercise
+// ft's step protocol quickly and deterministically; the etcd-backed path is
+// tested separately.
+type fakeCoord struct {
+	mu      sync.Mutex
+	m       *membership.Machine
+	members map[string]*fakeMember
+	inc     int64
+	store   *memstore.Store
+	wake    *time.Timer
+	history []membership.Quorum
+}
+
+func newFakeCoord(job string, cfg membership.QuorumConfig) *fakeCoord {
+	return &fakeCoord{m: membership.NewMachine(job, cfg, nil), members: map[string]*fakeMember{}, store: memstore.New()}
+}
+
+type fakeMember struct {
+	c       *fakeCoord
+	id      string
+	inc     int64
+	quorums chan membership.Quorum
+	revs    chan membership.Revocation
+	mu      sync.Mutex
+	step    int64
+	closed  bool
+}
+
+// join registers id as a new incarnation asking for a quorum.
+func (c *fakeCoord) join(id string) *fakeMember {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.inc++
+	m := &fakeMember{c: c, id: id, inc: c.inc, quorums: make(chan membership.Quorum, 1000), revs: make(chan membership.Revocation, 1000)}
+	c.members[id] = m
+	g, _, _ := parseMemberID(id)
+	c.m.Upsert(time.Now(), membership.MemberRecord{ID: id, Group: g, Incarnation: m.inc, WantQuorum: true, Joined: time.Now()})
+	if len(c.history) > 0 { // a late joiner learns the current quorum, as from etcd
+		m.quorums <- c.history[len(c.history)-1]
+	}
+	c.advanceLocked()
+	return m
+}
+
+// kill removes id as gossip would after a death.
+func (c *fakeCoord) kill(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m, ok := c.members[id]; ok {
+		c.m.Remove(time.Now(), id, m.inc, "killed")
+		delete(c.members, id)
+		m.closeLocked()
+	}
+	c.advanceLocked()
+}
+
+func (c *fakeCoord) advanceLocked() {
+	now := time.Now()
+	d := c.m.Advance(now)
+	if d.Revocation != nil {
+		for _, m := range c.members {
+			m.revs <- *d.Revocation
+		}
+	}
+	if d.Quorum != nil {
+		c.m.Published(*d.Quorum)
+		c.history = append(c.history, *d.Quorum)
+		for _, m := range c.members {
+			m.quorums <- *d.Quorum
+		}
+	}
+	if !d.WakeAt.IsZero() {
+		if c.wake != nil {
+			c.wake.Stop()
+		}
+		c.wake = time.AfterFunc(d.WakeAt.Sub(now), func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.advanceLocked()
+		})
+	}
+}
+
+func (c *fakeCoord) latest() membership.Quorum {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.history) == 0 {
+		return membership.Quorum{}
+	}
+	return c.history[len(c.history)-1]
+}
+
+func (c *fakeCoord) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.wake != nil {
+		c.wake.Stop()
+	}
+}
+
+func (m *fakeMember) ID() string                                { return m.id }
+func (m *fakeMember) Incarnation() int64                        { return m.inc }
+func (m *fakeMember) Quorums() <-chan membership.Quorum         { return m.quorums }
+func (m *fakeMember) Revocations() <-chan membership.Revocation { return m.revs }
+func (m *fakeMember) Store() comm.Store                         { return m.c.store }
+
+func (m *fakeMember) SetStep(step int64) {
+	m.mu.Lock()
+	m.step = step
+	m.mu.Unlock()
+}
+
+func (m *fakeMember) ReportCommitFailure(ctx context.Context, epoch uint64, reason string) error {
+	c := m.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rec, ok := c.m.Member(m.id)
+	if !ok || rec.Incarnation != m.inc {
+		return nil
+	}
+	rec.CommitFailed = epoch
+	c.m.Upsert(time.Now(), rec)
+	c.advanceLocked()
+	return nil
+}
+
+func (m *fakeMember) Close() error {
+	c := m.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cur, ok := c.members[m.id]; ok && cur == m {
+		c.m.Remove(time.Now(), m.id, m.inc, "left")
+		delete(c.members, m.id)
+		c.advanceLocked()
+	}
+	m.closeLocked()
+	return nil
+}
+
+func (m *fakeMember) closeLocked() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.closed {
+		m.closed = true
+		close(m.quorums)
+		close(m.revs)
+	}
+}

@@ -1,0 +1,365 @@
+package ft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/comm/inproc"
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// A toy training job: every replica holds the same parameters; each step
+// they average a gradient that depends on the step and the replica, and
+// apply it. Replicas that commit a step must end it with identical state.
+
+const nParams = 4096
+
+type ledger struct {
+	mu     sync.Mutex
+	hashes map[int64]uint64 // committed step → state hash
+	errs   []error
+}
+
+func (l *ledger) commit(who string, step int64, params []float32) {
+	h := fnv.New64a()
+	for _, p := range params {
+		var b [4]byte
+		u := math.Float32bits(p)
+		b[0], b[1], b[2], b[3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+		h.Write(b[:])
+	}
+	sum := h.Sum64()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if prev, ok := l.hashes[step]; ok && prev != sum {
+		l.errs = append(l.errs, fmt.Errorf("%s committed step %d with state %x, another replica with %x", who, step, sum, prev))
+	}
+	l.hashes[step] = sum
+}
+
+type replica struct {
+	t       *testing.T
+	id      string
+	c       *Comm
+	params  []float32
+	m       *fakeMember
+	cancel  context.CancelFunc
+	done    chan struct{}
+	commits []commitRecord
+	mu       sync.Mutex
+	err      error
+	progress chan struct{} // signalled after every commit
+}
+
+type commitRecord struct {
+	step         int64
+	participants int
+	epoch        uint64
+}
+
+type job struct {
+	t       *testing.T
+	coord   *fakeCoord
+	cluster *inproc.Cluster
+	ledger  *ledger
+	cfg     Config
+}
+
+func newJob(t *testing.T, qc membership.QuorumConfig, minReplicas int) *job {
+	j := &job{t: t, coord: newFakeCoord("toy", qc), cluster: inproc.NewCluster(), ledger: &ledger{hashes: map[int64]uint64{}}}
+	j.cfg = Config{Job: "toy", Backend: "inproc", BackendConfig: j.cluster, Secret: []byte("k"),
+		MinReplicas: minReplicas, Timeout: 10 * time.Second, HealChunkSize: 4096}
+	t.Cleanup(j.coord.close)
+	return j
+}
+
+// start launches replica group (rank groupRank of groupSize) training until
+// it has committed `until` steps or is killed.
+func (j *job) start(group string, groupRank, groupSize int, until int64) *replica {
+	cfg := j.cfg
+	cfg.Group, cfg.GroupRank, cfg.GroupSize = group, groupRank, groupSize
+	cfg.Logger = zaptest.NewLogger(j.t).Named(memberID(group, groupRank))
+	m := j.coord.join(memberID(group, groupRank))
+	cfg.Membership = m
+	c, err := New(context.Background(), cfg)
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	r := &replica{t: j.t, id: memberID(group, groupRank), c: c, m: m, params: make([]float32, nParams), done: make(chan struct{}), progress: make(chan struct{}, 1)}
+	for i := range r.params {
+		r.params[i] = 1
+	}
+	if err := c.Register("params", comm.Float32s(r.params)); err != nil {
+		j.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go r.train(ctx, j.ledger, until)
+	return r
+}
+
+func (r *replica) train(ctx context.Context, l *ledger, until int64) {
+	defer close(r.done)
+	grads := make([]float32, nParams)
+	for r.c.CommittedStep() < until {
+		if err := r.c.Step(ctx); err != nil {
+			r.setErr(err)
+			return
+		}
+		step := r.c.CommittedStep()
+		for i := range grads { // depends on the step and the replica; the average does not depend on who computed it
+			grads[i] = float32((int(step)*7+i)%13) / 8
+		}
+		r.c.AllReduce(ctx, comm.Float32s(grads), comm.Avg)
+		ok, err := r.c.Commit(ctx)
+		if err != nil {
+			r.setErr(err)
+			return
+		}
+		if ok {
+			for i := range r.params {
+				r.params[i] -= 0.01 * grads[i]
+			}
+			l.commit(r.id, r.c.CommittedStep(), r.params)
+			r.mu.Lock()
+			r.commits = append(r.commits, commitRecord{r.c.CommittedStep(), r.c.Participants(), r.c.Epoch()})
+			r.mu.Unlock()
+			select {
+			case r.progress <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+func (r *replica) setErr(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err == nil {
+		r.err = err
+	}
+}
+
+// wait waits for the replica's loop to end and returns its error.
+func (r *replica) wait() error {
+	select {
+	case <-r.done:
+	case <-time.After(60 * time.Second):
+		r.t.Fatalf("%s did not finish", r.id)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+// kill simulates the death of the process: its training stops mid-flight,
+// its peers see it fail, and the coordinator learns of it as from gossip.
+func (j *job) kill(r *replica) {
+	r.c.mu.Lock()
+	ft := r.c.ft
+	r.c.mu.Unlock()
+	if ft != nil {
+		ft.Backend().(*inproc.Backend).Fail()
+	}
+	r.cancel()
+	j.coord.kill(r.id)
+	<-r.done
+	r.c.server.Close() // its state endpoint dies with it
+}
+
+// waitStep blocks until r has committed step s.
+func (r *replica) waitStep(s int64) {
+	deadline := time.After(60 * time.Second)
+	for r.c.CommittedStep() < s {
+		select {
+		case <-r.progress:
+		case <-r.done:
+			r.t.Fatalf("%s stopped at step %d before %d: %v", r.id, r.c.CommittedStep(), s, r.err)
+		case <-deadline:
+			r.t.Fatalf("%s stuck at step %d", r.id, r.c.CommittedStep())
+		}
+	}
+}
+
+func (r *replica) records() []commitRecord {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]commitRecord(nil), r.commits...)
+}
+
+func (j *job) check(rs ...*replica) {
+	j.t.Helper()
+	j.ledger.mu.Lock()
+	defer j.ledger.mu.Unlock()
+	for _, err := range j.ledger.errs {
+		j.t.Error(err)
+	}
+	for _, r := range rs {
+		var last int64
+		for _, c := range r.records() {
+			if c.step <= last {
+				j.t.Errorf("%s: committed step %d after %d", r.id, c.step, last)
+			}
+			last = c.step
+		}
+	}
+}
+
+func quick() membership.QuorumConfig {
+	return membership.QuorumConfig{MinReplicas: 1, JoinTimeout: 200 * time.Millisecond}
+}
+
+func TestKillOneThenRejoin(t *testing.T) {
+	j := newJob(t, quick(), 2)
+	var rs []*replica
+	for _, g := range []string{"a", "b", "c", "d"} {
+		rs = append(rs, j.start(g, 0, 1, 30))
+	}
+	rs[0].waitStep(5)
+	j.kill(rs[3])
+	killedAt := rs[0].c.CommittedStep()
+	rs[0].waitStep(killedAt + 5)
+	// The survivors kept committing with 3 participants, without restarting.
+	for _, r := range rs[:3] {
+		n3 := 0
+		for _, c := range r.records() {
+			if c.step > killedAt+1 && c.participants == 3 {
+				n3++
+			}
+		}
+		if n3 < 3 {
+			t.Fatalf("%s committed %d steps with 3 participants after the kill: %+v", r.id, n3, r.records())
+		}
+	}
+	// d restarts as a new incarnation, heals from its peers and rejoins.
+	d := j.start("d", 0, 1, 30)
+	for _, r := range append(rs[:3], d) {
+		if err := r.wait(); err != nil {
+			t.Fatalf("%s: %v", r.id, err)
+		}
+	}
+	recs := d.records()
+	if len(recs) == 0 || recs[0].step <= killedAt || recs[len(recs)-1].participants != 4 {
+		t.Fatalf("the restarted replica did not heal and rejoin: %+v", recs)
+	}
+	if d.c.metrics == nil {
+		t.Fatal("no metrics")
+	}
+	j.check(append(rs[:3], d)...)
+	for _, r := range append(rs[:3], d) {
+		r.c.Close()
+	}
+}
+
+func TestLateJoinerHeals(t *testing.T) {
+	j := newJob(t, quick(), 1)
+	a := j.start("a", 0, 1, 20)
+	b := j.start("b", 0, 1, 20)
+	a.waitStep(8)
+	c := j.start("c", 0, 1, 20)
+	for _, r := range []*replica{a, b, c} {
+		if err := r.wait(); err != nil {
+			t.Fatalf("%s: %v", r.id, err)
+		}
+	}
+	recs := c.records()
+	if recs[0].step < 9 || recs[0].participants != 3 {
+		t.Fatalf("late joiner's first commit: %+v", recs[0])
+	}
+	j.check(a, b, c)
+	for _, r := range []*replica{a, b, c} {
+		r.c.Close()
+	}
+}
+
+// One replica's step fails (an op error it records): its commit fails, the
+// epoch is bumped, and it heals the step it missed from the others.
+func TestFailedCommitForcesNextEpoch(t *testing.T) {
+	j := newJob(t, quick(), 1)
+	a := j.start("a", 0, 1, 12)
+	b := j.start("b", 0, 1, 12)
+	a.waitStep(4)
+	e0 := a.c.Epoch()
+	// Break b's FT comm under it, as a flaky link would.
+	b.c.mu.Lock()
+	b.c.ft.Abort(errors.New("injected link failure"))
+	b.c.mu.Unlock()
+	for _, r := range []*replica{a, b} {
+		if err := r.wait(); err != nil {
+			t.Fatalf("%s: %v", r.id, err)
+		}
+	}
+	if a.c.Epoch() <= e0 {
+		t.Fatalf("epoch did not advance after a failed commit: %d", a.c.Epoch())
+	}
+	j.check(a, b)
+	a.c.Close()
+	b.c.Close()
+}
+
+func TestMinReplicasBlocksCommit(t *testing.T) {
+	j := newJob(t, quick(), 2)
+	cfg := j.cfg
+	cfg.Group, cfg.Membership, cfg.MaxCommitFailures = "solo", j.coord.join("solo.0"), 3
+	c, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var last error
+	for i := 0; i < 3; i++ {
+		if err := c.Step(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ok, err := c.Commit(ctx)
+		if ok {
+			t.Fatal("committed with 1 of 2 replicas")
+		}
+		last = err
+	}
+	if !errors.Is(last, ErrTooManyCommitFailures) {
+		t.Fatalf("after 3 failed commits: %v", last)
+	}
+}
+
+// HSDP: two groups of two ranks. Rank 1 of group b dies: group b leaves as a
+// whole, group a keeps training alone; b restarts its rank and rejoins whole.
+func TestReplicaGroups(t *testing.T) {
+	j := newJob(t, quick(), 1)
+	a0, a1 := j.start("a", 0, 2, 25), j.start("a", 1, 2, 25)
+	b0, b1 := j.start("b", 0, 2, 25), j.start("b", 1, 2, 25)
+	a0.waitStep(4)
+	j.kill(b1)
+	at := a0.c.CommittedStep()
+	a0.waitStep(at + 4)
+	if p := a0.c.Participants(); p != 1 {
+		t.Fatalf("group a's FT comm has %d groups after b lost a rank", p)
+	}
+	if b0.c.Participants() != 0 {
+		t.Fatal("b0 still takes part without its group")
+	}
+	b1 = j.start("b", 1, 2, 25)
+	for _, r := range []*replica{a0, a1, b0, b1} {
+		if err := r.wait(); err != nil {
+			t.Fatalf("%s: %v", r.id, err)
+		}
+	}
+	if last := b0.records(); len(last) == 0 || last[len(last)-1].participants != 2 {
+		t.Fatalf("group b did not rejoin whole: %+v", last)
+	}
+	j.check(a0, a1, b0, b1)
+	for _, r := range []*replica{a0, a1, b0, b1} {
+		r.c.Close()
+	}
+}

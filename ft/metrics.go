@@ -1,0 +1,71 @@
+package ft
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are one Comm's Prometheus collectors, labelled by job and member.
+type metrics struct {
+	reg             prometheus.Registerer
+	collectors      []prometheus.Collector
+	epochSeen       prometheus.Gauge
+	step            prometheus.Gauge
+	commits         *prometheus.CounterVec
+	reconfigs       *prometheus.CounterVec
+	reconfigSeconds prometheus.Observer
+	recoverySeconds prometheus.Observer
+	stepSeconds     prometheus.Observer
+	detectSeconds   prometheus.Observer
+	healSeconds     prometheus.Observer
+	healedBytes     prometheus.Counter
+	healThroughput  prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer, job, member string) (*metrics, error) {
+	labels := prometheus.Labels{"job": job, "member": member}
+	secs := prometheus.ExponentialBuckets(0.001, 2, 18) // 1 ms … 131 s
+	m := &metrics{reg: reg}
+	gauge := func(name, help string) prometheus.Gauge {
+		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels})
+		m.collectors = append(m.collectors, g)
+		return g
+	}
+	hist := func(name, help string) prometheus.Observer {
+		h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: labels, Buckets: secs})
+		m.collectors = append(m.collectors, h)
+		return h
+	}
+	m.epochSeen = gauge("ftcomm_ft_epoch", "Newest quorum epoch seen.")
+	m.step = gauge("ftcomm_ft_committed_step", "Steps committed (or healed to).")
+	m.healThroughput = gauge("ftcomm_ft_heal_bytes_per_second", "Throughput of the last heal.")
+	m.commits = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_ft_commits_total",
+		Help: "Commit votes, by result (ok, failed).", ConstLabels: labels}, []string{"result"})
+	m.reconfigs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_ft_reconfigurations_total",
+		Help: "Moves to a new epoch, by kind (shrink, grow, fresh).", ConstLabels: labels}, []string{"how"})
+	m.healedBytes = prometheus.NewCounter(prometheus.CounterOpts{Name: "ftcomm_ft_healed_bytes_total",
+		Help: "State bytes received from peers while healing.", ConstLabels: labels})
+	m.collectors = append(m.collectors, m.commits, m.reconfigs, m.healedBytes)
+	m.reconfigSeconds = hist("ftcomm_ft_reconfiguration_seconds", "Time to move to a new epoch once its quorum is known, healing included.")
+	m.recoverySeconds = hist("ftcomm_ft_failure_to_commit_seconds", "From the first failure seen (op error, failed commit or reconfiguration) to the next committed step.")
+	m.detectSeconds = hist("ftcomm_ft_detection_seconds", "From the first failure this rank saw to its learning of the epoch that resolves it.")
+	m.stepSeconds = hist("ftcomm_ft_step_seconds", "From Step to a successful Commit.")
+	m.healSeconds = hist("ftcomm_ft_heal_seconds", "Duration of each heal.")
+	if reg != nil {
+		for _, c := range m.collectors {
+			if err := reg.Register(c); err != nil {
+				m.unregister()
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) unregister() {
+	if m.reg == nil {
+		return
+	}
+	for _, c := range m.collectors {
+		m.reg.Unregister(c)
+	}
+}
