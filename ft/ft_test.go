@@ -47,14 +47,14 @@ func (l *ledger) commit(who string, step int64, params []float32) {
 }
 
 type replica struct {
-	t       *testing.T
-	id      string
-	c       *Comm
-	params  []float32
-	m       *fakeMember
-	cancel  context.CancelFunc
-	done    chan struct{}
-	commits []commitRecord
+	t        *testing.T
+	id       string
+	c        *Comm
+	params   []float32
+	m        *fakeMember
+	cancel   context.CancelFunc
+	done     chan struct{}
+	commits  []commitRecord
 	mu       sync.Mutex
 	err      error
 	progress chan struct{} // signalled after every commit
