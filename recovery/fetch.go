@@ -127,66 +127,66 @@ func Fetch(ctx context.Context, cfg FetchConfig, step int64, sources []string, d
 	defer transport.CloseIdleConnections()
 	f.client = &http.Client{Transport: transport}
 
-	// Every source must serve the same blobs at the step.
 	sizes := make([]int, len(dst))
 	for i, b := range dst {
 		sizes[i] = len(b.Data)
 	}
-	ok := make([]bool, len(sources))
-	var wg sync.WaitGroup
-	errs := make([]error, len(sources))
-	for i := range sources {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = f.checkManifest(ctx, i)
-			ok[i] = errs[i] == nil
-		}()
-	}
-	wg.Wait()
 	f.chunks = plan(sizes, cfg.ChunkSize)
 	f.sched = newSchedule(len(f.chunks), len(sources), cfg.MaxFailures)
-	for i, good := range ok {
-		if !good {
-			f.sched.drop(i)
-			f.stats.Dropped = append(f.stats.Dropped, sources[i])
-			cfg.Logger.Warn("healing source dropped", zap.String("source", sources[i]), zap.Error(errs[i]))
-		}
-	}
-	if f.sched.live == 0 {
-		return f.stats, fmt.Errorf("recovery: no usable source for step %d: %w", step, errors.Join(errs...))
-	}
-	if ctx.Err() != nil {
-		return f.stats, fmt.Errorf("recovery: fetch step %d: %w", step, context.Cause(ctx))
-	}
-	for _, e := range errs {
-		if errors.Is(e, comm.ErrMismatch) { // one source disagreeing with our layout is a bug, not a flake
-			return f.stats, e
-		}
-	}
-
 	f.cond = sync.NewCond(&f.mu)
-	stop := context.AfterFunc(ctx, func() {
+
+	// Each source is checked on its own and starts serving chunks as soon as
+	// it offers the step with our layout; a dead or wrong source is dropped
+	// without holding up the others. fctx ends the stragglers once done.
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(fctx, func() {
 		f.mu.Lock()
 		f.cond.Broadcast()
 		f.mu.Unlock()
 	})
 	defer stop()
+	var wg sync.WaitGroup
 	for src := range sources {
-		for range cfg.Streams {
-			wg.Add(1)
-			go func() { defer wg.Done(); f.worker(ctx, src) }()
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f.checkManifest(fctx, src); err != nil {
+				f.mu.Lock()
+				if fctx.Err() == nil || !f.sched.finished() {
+					f.dropLocked(src, err)
+				}
+				f.cond.Broadcast()
+				f.mu.Unlock()
+				return
+			}
+			var sw sync.WaitGroup
+			for range cfg.Streams {
+				sw.Add(1)
+				go func() { defer sw.Done(); f.worker(fctx, src) }()
+			}
+			sw.Wait()
+		}()
 	}
+	// Wait until every chunk is in, every source is gone, or ctx ends.
+	f.mu.Lock()
+	for !f.sched.finished() && f.sched.stuck() == nil && ctx.Err() == nil {
+		f.cond.Wait()
+	}
+	f.mu.Unlock()
+	cancel()
 	wg.Wait()
 	f.stats.Duration = time.Since(f.start)
-	if !f.sched.finished() {
-		if err := ctx.Err(); err != nil {
-			return f.stats, fmt.Errorf("recovery: fetch step %d: %w", step, context.Cause(ctx))
-		}
-		return f.stats, fmt.Errorf("recovery: fetch step %d: %w (last error: %v)", step, f.sched.stuck(), f.lastErr)
+	if f.sched.finished() {
+		return f.stats, nil
 	}
-	return f.stats, nil
+	if err := ctx.Err(); err != nil {
+		return f.stats, fmt.Errorf("recovery: fetch step %d: %w (last error: %v)", step, context.Cause(ctx), f.lastErr)
+	}
+	if errors.Is(f.lastErr, comm.ErrMismatch) { // our layout disagrees with the sources': a bug, not a flake
+		return f.stats, f.lastErr
+	}
+	return f.stats, fmt.Errorf("recovery: fetch step %d: %w (last error: %w)", step, f.sched.stuck(), f.lastErr)
 }
 
 type fetcher struct {
@@ -203,6 +203,16 @@ type fetcher struct {
 	sched   *schedule
 	stats   Stats
 	lastErr error
+}
+
+func (f *fetcher) dropLocked(src int, err error) {
+	if f.sched.dropped[src] {
+		return
+	}
+	f.sched.drop(src)
+	f.lastErr = err
+	f.stats.Dropped = append(f.stats.Dropped, f.sources[src])
+	f.cfg.Logger.Warn("healing source dropped", zap.String("source", f.sources[src]), zap.Error(err))
 }
 
 func (f *fetcher) get(ctx context.Context, src int, path string, q url.Values) (*http.Response, error) {
@@ -224,7 +234,7 @@ func (f *fetcher) get(ctx context.Context, src int, path string, q url.Values) (
 		Error string `json:"error"`
 	}
 	json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&body)
-	err = fmt.Errorf("recovery: %s answered %d: %s", f.sources[src], resp.StatusCode, body.Error)
+	err = &httpStatusError{fmt.Sprintf("recovery: %s answered %d: %s", f.sources[src], resp.StatusCode, body.Error)}
 	switch resp.StatusCode {
 	case http.StatusConflict: // not offering yet: worth waiting for
 		return nil, err
@@ -234,12 +244,27 @@ func (f *fetcher) get(ctx context.Context, src int, path string, q url.Values) (
 	return nil, backoff.Permanent(err)
 }
 
+// httpStatusError is an error answer from a source (as opposed to no answer).
+type httpStatusError struct{ msg string }
+
+func (e *httpStatusError) Error() string { return e.msg }
+
 // checkManifest waits until source src serves step and checks its layout.
 func (f *fetcher) checkManifest(ctx context.Context, src int) error {
 	var m manifest
 	var last error
+	unreachable := 0
 	err := backoff.Retry(func() error {
 		resp, err := f.get(ctx, src, manifestPath, nil)
+		var he *httpStatusError
+		if err != nil && !errors.As(err, &he) && ctx.Err() == nil {
+			// Not answering at all (refused, reset): a dead source. Give up
+			// on it after MaxFailures tries; one that answers "not yet" is
+			// waited for as long as ctx allows.
+			if unreachable++; unreachable >= f.cfg.MaxFailures {
+				return backoff.Permanent(err)
+			}
+		}
 		if err != nil {
 			last = err
 			return err
@@ -306,8 +331,7 @@ func (f *fetcher) worker(ctx context.Context, src int) {
 			f.lastErr = err
 			f.stats.Retries++
 			if f.sched.failed(src, c) {
-				f.stats.Dropped = append(f.stats.Dropped, f.sources[src])
-				f.cfg.Logger.Warn("healing source dropped", zap.String("source", f.sources[src]), zap.Error(err))
+				f.dropLocked(src, err)
 			}
 		}
 		f.cond.Broadcast()

@@ -67,17 +67,13 @@ func (s *schedule) succeeded(src, c int) {
 }
 
 // failed records that src could not deliver chunk c; c goes back to the
-// front of the queue. It reports whether src was dropped by this failure.
-func (s *schedule) failed(src, c int) (dropped bool) {
+// front of the queue. It reports whether src has now failed maxFailures
+// times in a row and should be dropped.
+func (s *schedule) failed(src, c int) (exhausted bool) {
 	s.inflight--
 	s.pending = append([]int{c}, s.pending...)
 	s.failures[src]++
-	if !s.dropped[src] && s.failures[src] >= s.maxFailures {
-		s.dropped[src] = true
-		s.live--
-		return true
-	}
-	return false
+	return !s.dropped[src] && s.failures[src] >= s.maxFailures
 }
 
 // drop removes src (its manifest was wrong, or it left).

@@ -43,8 +43,9 @@ func TestScheduleMovesChunksOffAFailedSource(t *testing.T) {
 		t.Fatalf("requeued chunk %d, want %d first", b2, b)
 	}
 	if !s.failed(1, b2) {
-		t.Fatal("not dropped after two failures in a row")
+		t.Fatal("not exhausted after two failures in a row")
 	}
+	s.drop(1)
 	if _, ok := s.next(1); ok {
 		t.Fatal("a dropped source got work")
 	}
@@ -71,11 +72,15 @@ func TestScheduleStuckWhenEverySourceFails(t *testing.T) {
 	s := newSchedule(3, 2, 1)
 	c0, _ := s.next(0)
 	c1, _ := s.next(1)
-	s.failed(0, c0)
+	if s.failed(0, c0) {
+		s.drop(0)
+	}
 	if s.stuck() != nil {
 		t.Fatal("stuck with a live source")
 	}
-	s.failed(1, c1)
+	if s.failed(1, c1) {
+		s.drop(1)
+	}
 	if err := s.stuck(); err == nil || !strings.Contains(err.Error(), "3 of 3 chunks left") {
 		t.Fatalf("stuck() = %v", err)
 	}
@@ -89,6 +94,6 @@ func TestSuccessResetsFailureCount(t *testing.T) {
 	s.succeeded(0, c)
 	c, _ = s.next(0)
 	if s.failed(0, c) {
-		t.Fatal("failures were not consecutive, yet the source was dropped")
+		t.Fatal("failures were not consecutive, yet the source was exhausted")
 	}
 }

@@ -361,3 +361,26 @@ func BenchmarkHeal(b *testing.B) {
 		})
 	}
 }
+
+// A dead source (nothing listening) and one that never offers the step do
+// not hold up the fetch: the good source serves everything.
+func TestDeadAndSilentSourcesDoNotBlock(t *testing.T) {
+	state := randomBlobs(9, 512<<10)
+	good := servers(t, 1, 5, state)
+	silent := servers(t, 1, 0, nil) // alive, never offers
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close() // connections to it are refused
+	dst := emptyLike(state)
+	st, err := recovery.Fetch(ctx10s(t), fetchCfg(), 5, []string{dead, silent[0].Addr(), good[0].Addr()}, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameBlobs(t, dst, state)
+	if st.PerSource[good[0].Addr()] != int64(len(state[0].Data)) {
+		t.Fatalf("stats: %+v", st)
+	}
+}
