@@ -53,6 +53,7 @@ type Comm struct {
 	errs          []error
 	failedCommits int
 	failedAt      time.Time // first failure since the last commit
+	healed        recovery.Progress
 	stepStarted   time.Time
 
 	stop chan struct{}
@@ -394,7 +395,9 @@ const stepRecordSize = 8 + 120
 
 // agreeAndHeal exchanges steps over the new FT comm and, if this replica
 // is behind the most advanced one, fetches that state from every replica at
-// that step.
+// that step. Both end with the epoch (ctx): once a newer one exists the
+// sources may stop serving. A heal cut short keeps its progress, and the
+// next epoch's heal of the same step fetches only the rest.
 func (c *Comm) agreeAndHeal(ctx context.Context, epoch uint64) error {
 	c.mu.Lock()
 	ft := c.ft
@@ -429,7 +432,9 @@ func (c *Comm) agreeAndHeal(ctx context.Context, epoch uint64) error {
 		}
 	}
 	c.log.Info("healing", zap.Int64("from_step", c.step), zap.Int64("to_step", maxStep), zap.Strings("sources", sources))
-	st, err := recovery.Fetch(ctx, c.cfg.fetchConfig(), maxStep, sources, c.blobs)
+	fc := c.cfg.fetchConfig()
+	fc.Progress = &c.healed
+	st, err := recovery.Fetch(ctx, fc, maxStep, sources, c.blobs)
 	c.metrics.healedBytes.Add(float64(st.Bytes))
 	if err != nil {
 		return fmt.Errorf("ft: heal to step %d: %w", maxStep, err)

@@ -21,7 +21,7 @@ import (
 // they average a gradient that depends on the step and the replica, and
 // apply it. Replicas that commit a step must end it with identical state.
 
-const nParams = 4096
+const defaultParams = 4096
 
 type ledger struct {
 	mu     sync.Mutex
@@ -72,10 +72,11 @@ type job struct {
 	cluster *inproc.Cluster
 	ledger  *ledger
 	cfg     Config
+	nParams int
 }
 
 func newJob(t *testing.T, qc membership.QuorumConfig, minReplicas int) *job {
-	j := &job{t: t, coord: newFakeCoord("toy", qc), cluster: inproc.NewCluster(), ledger: &ledger{hashes: map[int64]uint64{}}}
+	j := &job{t: t, coord: newFakeCoord("toy", qc), cluster: inproc.NewCluster(), ledger: &ledger{hashes: map[int64]uint64{}}, nParams: defaultParams}
 	j.cfg = Config{Job: "toy", Backend: "inproc", BackendConfig: j.cluster, Secret: []byte("k"),
 		MinReplicas: minReplicas, Timeout: 10 * time.Second, HealChunkSize: 4096}
 	t.Cleanup(j.coord.close)
@@ -94,7 +95,7 @@ func (j *job) start(group string, groupRank, groupSize int, until int64) *replic
 	if err != nil {
 		j.t.Fatal(err)
 	}
-	r := &replica{t: j.t, id: memberID(group, groupRank), c: c, m: m, params: make([]float32, nParams), done: make(chan struct{}), progress: make(chan struct{}, 1)}
+	r := &replica{t: j.t, id: memberID(group, groupRank), c: c, m: m, params: make([]float32, j.nParams), done: make(chan struct{}), progress: make(chan struct{}, 1)}
 	for i := range r.params {
 		r.params[i] = 1
 	}
@@ -109,7 +110,7 @@ func (j *job) start(group string, groupRank, groupSize int, until int64) *replic
 
 func (r *replica) train(ctx context.Context, l *ledger, until int64) {
 	defer close(r.done)
-	grads := make([]float32, nParams)
+	grads := make([]float32, len(r.params))
 	for r.c.CommittedStep() < until {
 		if err := r.c.Step(ctx); err != nil {
 			r.setErr(err)
@@ -360,6 +361,37 @@ func TestReplicaGroups(t *testing.T) {
 	}
 	j.check(a0, a1, b0, b1)
 	for _, r := range []*replica{a0, a1, b0, b1} {
+		r.c.Close()
+	}
+}
+
+// A replica heals from three sources and one of them dies mid-transfer:
+// the healer finishes from the others (in this epoch or, resuming, in the
+// next) and every replica's state stays identical.
+func TestHealingSourceDiesMidTransfer(t *testing.T) {
+	j := newJob(t, quick(), 1)
+	j.nParams = 1 << 20 // 4 MiB of state
+	j.cfg.HealChunkSize = 64 << 10
+	a, b, c := j.start("a", 0, 1, 14), j.start("b", 0, 1, 14), j.start("c", 0, 1, 14)
+	a.waitStep(4)
+	cut := a.c.server.ServedAtLeast(64 << 10)
+	d := j.start("d", 0, 1, 14)
+	select {
+	case <-cut:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the healer never fetched from a")
+	}
+	j.kill(a)
+	for _, r := range []*replica{b, c, d} {
+		if err := r.wait(); err != nil {
+			t.Fatalf("%s: %v", r.id, err)
+		}
+	}
+	if recs := d.records(); len(recs) == 0 || recs[0].step <= 4 {
+		t.Fatalf("the healer's commits: %+v", recs)
+	}
+	j.check(b, c, d)
+	for _, r := range []*replica{b, c, d} {
 		r.c.Close()
 	}
 }

@@ -34,8 +34,11 @@ type FetchConfig struct {
 	// Retry is the backoff between attempts to reach a source that is not
 	// serving yet or failed transiently; default: exponential from 5 ms,
 	// capped at 200 ms, bounded by ctx.
-	Retry  func() backoff.BackOff
-	Logger *zap.Logger
+	Retry func() backoff.BackOff
+	// Progress, if set, lets a fetch of the same step and layout resume
+	// where an earlier one stopped.
+	Progress *Progress
+	Logger   *zap.Logger
 }
 
 // DefaultFetchConfig returns the defaults for job and secret.
@@ -132,7 +135,12 @@ func Fetch(ctx context.Context, cfg FetchConfig, step int64, sources []string, d
 		sizes[i] = len(b.Data)
 	}
 	f.chunks = plan(sizes, cfg.ChunkSize)
-	f.sched = newSchedule(len(f.chunks), len(sources), cfg.MaxFailures)
+	var held []bool
+	if f.progress = cfg.Progress; f.progress != nil {
+		f.progress.reset(step, sizes, cfg.ChunkSize, len(f.chunks))
+		held = f.progress.done
+	}
+	f.sched = newSchedule(len(f.chunks), len(sources), cfg.MaxFailures, held)
 	f.cond = sync.NewCond(&f.mu)
 
 	// Each source is checked on its own and starts serving chunks as soon as
@@ -190,13 +198,14 @@ func Fetch(ctx context.Context, cfg FetchConfig, step int64, sources []string, d
 }
 
 type fetcher struct {
-	cfg     FetchConfig
-	client  *http.Client
-	step    int64
-	sources []string
-	dst     []Blob
-	chunks  []chunk
-	start   time.Time
+	cfg      FetchConfig
+	client   *http.Client
+	step     int64
+	sources  []string
+	dst      []Blob
+	chunks   []chunk
+	start    time.Time
+	progress *Progress
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -325,6 +334,9 @@ func (f *fetcher) worker(ctx context.Context, src int) {
 		f.mu.Lock()
 		if err == nil {
 			f.sched.succeeded(src, c)
+			if f.progress != nil {
+				f.progress.done[c] = true
+			}
 			f.stats.Bytes += int64(f.chunks[c].len)
 			f.stats.PerSource[f.sources[src]] += int64(f.chunks[c].len)
 		} else {

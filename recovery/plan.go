@@ -38,11 +38,15 @@ type schedule struct {
 	maxFailures int
 }
 
-func newSchedule(chunks, sources, maxFailures int) *schedule {
+// newSchedule schedules chunks 0..chunks-1 except those already done.
+func newSchedule(chunks, sources, maxFailures int, done []bool) *schedule {
 	s := &schedule{total: chunks, failures: make([]int, sources), dropped: make([]bool, sources), live: sources, maxFailures: maxFailures}
-	s.pending = make([]int, chunks)
-	for i := range s.pending {
-		s.pending[i] = i
+	for i := range chunks {
+		if i < len(done) && done[i] {
+			s.done++
+			continue
+		}
+		s.pending = append(s.pending, i)
 	}
 	return s
 }
@@ -92,4 +96,48 @@ func (s *schedule) stuck() error {
 		return fmt.Errorf("every source failed with %d of %d chunks left", s.total-s.done, s.total)
 	}
 	return nil
+}
+
+// Progress remembers which chunks of a step a healer already holds, so a
+// fetch cut short (its epoch ended, every source it had died) resumes where
+// it stopped instead of starting over. The zero value is empty. A Progress
+// is used by one Fetch at a time.
+type Progress struct {
+	step   int64
+	layout []int // blob sizes
+	chunk  int
+	done   []bool
+}
+
+// reset starts over unless the Progress is for the same step and layout.
+func (p *Progress) reset(step int64, sizes []int, chunkSize, chunks int) {
+	if p.step == step && p.chunk == chunkSize && slicesEqual(p.layout, sizes) && len(p.done) == chunks {
+		return
+	}
+	p.step, p.layout, p.chunk = step, append([]int(nil), sizes...), chunkSize
+	p.done = make([]bool, chunks)
+}
+
+// Done reports how many bytes of the step are held.
+func (p *Progress) Done(sizes []int) int64 {
+	var n int64
+	cs := plan(sizes, p.chunk)
+	for i, d := range p.done {
+		if d && i < len(cs) {
+			n += int64(cs[i].len)
+		}
+	}
+	return n
+}
+
+func slicesEqual(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }

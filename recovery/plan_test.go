@@ -21,7 +21,7 @@ func TestPlanSplitsBlobs(t *testing.T) {
 // A scripted fetch: three sources pull chunks; source 1 fails twice in a
 // row and is dropped; its chunks go to the others; every chunk is done once.
 func TestScheduleMovesChunksOffAFailedSource(t *testing.T) {
-	s := newSchedule(6, 3, 2)
+	s := newSchedule(6, 3, 2, nil)
 	got := map[int]int{} // chunk → times delivered
 	take := func(src int) int {
 		c, ok := s.next(src)
@@ -69,7 +69,7 @@ func TestScheduleMovesChunksOffAFailedSource(t *testing.T) {
 }
 
 func TestScheduleStuckWhenEverySourceFails(t *testing.T) {
-	s := newSchedule(3, 2, 1)
+	s := newSchedule(3, 2, 1, nil)
 	c0, _ := s.next(0)
 	c1, _ := s.next(1)
 	if s.failed(0, c0) {
@@ -87,7 +87,7 @@ func TestScheduleStuckWhenEverySourceFails(t *testing.T) {
 }
 
 func TestSuccessResetsFailureCount(t *testing.T) {
-	s := newSchedule(4, 1, 2)
+	s := newSchedule(4, 1, 2, nil)
 	c, _ := s.next(0)
 	s.failed(0, c)
 	c, _ = s.next(0)
@@ -95,5 +95,21 @@ func TestSuccessResetsFailureCount(t *testing.T) {
 	c, _ = s.next(0)
 	if s.failed(0, c) {
 		t.Fatal("failures were not consecutive, yet the source was exhausted")
+	}
+}
+
+func TestScheduleSkipsChunksAlreadyHeld(t *testing.T) {
+	s := newSchedule(4, 1, 1, []bool{true, false, true, false})
+	var got []int
+	for {
+		c, ok := s.next(0)
+		if !ok {
+			break
+		}
+		got = append(got, c)
+		s.succeeded(0, c)
+	}
+	if len(got) != 2 || got[0] != 1 || got[1] != 3 || !s.finished() {
+		t.Fatalf("fetched %v, finished %v", got, s.finished())
 	}
 }

@@ -131,7 +131,13 @@ type Server struct {
 	order    []manifestBlob
 	inflight int
 	served   int64 // bytes, for metrics and tests
+	watchers []servedWatcher
 	done     chan struct{}
+}
+
+type servedWatcher struct {
+	n  int64
+	ch chan struct{}
 }
 
 // NewServer listens on cfg.ListenAddr and starts serving (nothing is offered
@@ -215,6 +221,20 @@ func (s *Server) Served() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.served
+}
+
+// ServedAtLeast returns a channel closed once the server has sent n bytes of
+// state (for tests and tools that act at a point of a transfer).
+func (s *Server) ServedAtLeast(n int64) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := make(chan struct{})
+	if s.served >= n {
+		close(ch)
+		return ch
+	}
+	s.watchers = append(s.watchers, servedWatcher{n, ch})
+	return ch
 }
 
 // Close stops the server and its goroutines. Safe to call twice.
@@ -311,5 +331,14 @@ func (s *Server) handleChunk(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	s.served += int64(n)
+	kept := s.watchers[:0]
+	for _, w := range s.watchers {
+		if s.served >= w.n {
+			close(w.ch)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	s.watchers = kept
 	s.mu.Unlock()
 }
