@@ -288,12 +288,23 @@ func TestFailedCommitForcesNextEpoch(t *testing.T) {
 	j := newJob(t, quick(), 1)
 	a := j.start("a", 0, 1, 12)
 	b := j.start("b", 0, 1, 12)
-	a.waitStep(4)
+	b.waitStep(4)
 	e0 := a.c.Epoch()
 	// Break b's FT comm under it, as a flaky link would.
-	b.c.mu.Lock()
-	b.c.ft.Abort(errors.New("injected link failure"))
-	b.c.mu.Unlock()
+	for {
+		b.c.mu.Lock()
+		ft := b.c.ft
+		b.c.mu.Unlock()
+		if ft != nil {
+			ft.Abort(errors.New("injected link failure"))
+			break
+		}
+		select { // b is between epochs: try again after its next commit
+		case <-b.progress:
+		case <-b.done:
+			t.Fatal("b stopped")
+		}
+	}
 	for _, r := range []*replica{a, b} {
 		if err := r.wait(); err != nil {
 			t.Fatalf("%s: %v", r.id, err)
