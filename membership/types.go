@@ -166,9 +166,13 @@ type MemberRecord struct {
 	// MinReplicas the member's job needs (0: the coordinator's default).
 	MinReplicas int `json:"minReplicas,omitempty"`
 	// CommitFailed is the last epoch in which this member's commit failed.
-	CommitFailed uint64    `json:"commitFailed,omitempty"`
-	Joined       time.Time `json:"joined"`
-	Updated      time.Time `json:"updated"`
+	CommitFailed uint64 `json:"commitFailed,omitempty"`
+	// Leaving: the member is leaving gracefully (its key goes next).
+	Leaving bool `json:"leaving,omitempty"`
+	// Evicted says who evicted the member (its key goes next).
+	Evicted string    `json:"evicted,omitempty"`
+	Joined  time.Time `json:"joined"`
+	Updated time.Time `json:"updated"`
 	// Incarnation is the etcd create revision of the record; filled when
 	// read, not stored.
 	Incarnation int64 `json:"-"`

@@ -1,0 +1,236 @@
+package membership
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// Admin reads and manages jobs through etcd directly, for operators and
+// any coordinator instance (leader or not). Safe for concurrent use.
+type Admin struct {
+	cli  *clientv3.Client
+	keys Keys
+}
+
+// NewAdmin returns an Admin over the keys under root ("" : DefaultRoot).
+func NewAdmin(cli *clientv3.Client, root string) *Admin {
+	return &Admin{cli: cli, keys: Keys{Root: root}}
+}
+
+// JobSummary is one line of Jobs.
+type JobSummary struct {
+	Job          string    `json:"job"`
+	Members      int       `json:"members"`
+	Epoch        uint64    `json:"epoch"`
+	Participants int       `json:"participants"`
+	Updated      time.Time `json:"updated"` // when the current quorum formed
+}
+
+// MemberView is a member as the dashboard shows it.
+type MemberView struct {
+	MemberRecord
+	Incarnation int64 `json:"incarnation"`
+	// Rank in the current quorum, -1 when not a participant.
+	Rank int `json:"rank"`
+	// Healing: a participant whose reported step is behind the quorum's
+	// max step (it is catching up from its peers).
+	Healing bool `json:"healing"`
+}
+
+// JobView is a job's current state.
+type JobView struct {
+	Job         string       `json:"job"`
+	Quorum      *Quorum      `json:"quorum,omitempty"`
+	Members     []MemberView `json:"members"`
+	Revocations []Revocation `json:"revocations,omitempty"` // newest first
+}
+
+// Jobs lists the jobs that have members or a quorum.
+func (a *Admin) Jobs(ctx context.Context) ([]JobSummary, error) {
+	resp, err := a.cli.Get(ctx, a.keys.root()+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, fmt.Errorf("membership: list jobs: %w", ctxErr(ctx, err))
+	}
+	byJob := map[string]*JobSummary{}
+	var names []string
+	for _, kv := range resp.Kvs {
+		job, kind, rest, ok := a.keys.parseKey(string(kv.Key))
+		if !ok || !(kind == "members" || kind == "epoch" && rest == "quorum") {
+			continue
+		}
+		s, ok := byJob[job]
+		if !ok {
+			s = &JobSummary{Job: job}
+			byJob[job] = s
+			names = append(names, job)
+		}
+		if kind == "members" {
+			s.Members++
+		}
+	}
+	sort.Strings(names)
+	out := make([]JobSummary, 0, len(names))
+	for _, name := range names {
+		s := byJob[name]
+		if q, err := a.Quorum(ctx, name); err == nil {
+			s.Epoch, s.Participants, s.Updated = q.Epoch, len(q.Participants), q.Created
+		}
+		out = append(out, *s)
+	}
+	return out, nil
+}
+
+// Quorum returns a job's current quorum (ErrNoQuorum when none).
+func (a *Admin) Quorum(ctx context.Context, job string) (Quorum, error) {
+	if err := checkName("job", job); err != nil {
+		return Quorum{}, err
+	}
+	resp, err := a.cli.Get(ctx, a.keys.Quorum(job))
+	if err != nil {
+		return Quorum{}, fmt.Errorf("membership: read quorum of %s: %w", job, ctxErr(ctx, err))
+	}
+	if len(resp.Kvs) == 0 {
+		return Quorum{}, fmt.Errorf("%w for job %q", ErrNoQuorum, job)
+	}
+	var q Quorum
+	if err := json.Unmarshal(resp.Kvs[0].Value, &q); err != nil {
+		return Quorum{}, fmt.Errorf("membership: quorum record of %s: %w", job, err)
+	}
+	return q, nil
+}
+
+// Job returns a job's members, quorum and recent revocations
+// (ErrNotFound for a job with neither members nor quorum).
+func (a *Admin) Job(ctx context.Context, job string) (JobView, error) {
+	if err := checkName("job", job); err != nil {
+		return JobView{}, err
+	}
+	resp, err := a.cli.Txn(ctx).Then(
+		clientv3.OpGet(a.keys.Members(job), clientv3.WithPrefix()),
+		clientv3.OpGet(a.keys.EpochPrefix(job), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return JobView{}, fmt.Errorf("membership: read job %s: %w", job, ctxErr(ctx, err))
+	}
+	v := JobView{Job: job, Members: []MemberView{}}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		if string(kv.Key) == a.keys.Quorum(job) {
+			var q Quorum
+			if json.Unmarshal(kv.Value, &q) == nil {
+				v.Quorum = &q
+			}
+			continue
+		}
+		var r Revocation
+		if json.Unmarshal(kv.Value, &r) == nil {
+			v.Revocations = append(v.Revocations, r)
+		}
+	}
+	sort.Slice(v.Revocations, func(i, j int) bool { return v.Revocations[i].Epoch > v.Revocations[j].Epoch })
+	if len(v.Revocations) > 20 {
+		v.Revocations = v.Revocations[:20]
+	}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		var r MemberRecord
+		if json.Unmarshal(kv.Value, &r) != nil {
+			continue
+		}
+		mv := MemberView{MemberRecord: r, Incarnation: kv.CreateRevision, Rank: -1}
+		mv.MemberRecord.Incarnation = kv.CreateRevision
+		if v.Quorum != nil && v.Quorum.Includes(r.ID, kv.CreateRevision) {
+			mv.Rank = v.Quorum.Rank(r.ID)
+			mv.Healing = r.Step < v.Quorum.MaxStep
+		}
+		v.Members = append(v.Members, mv)
+	}
+	if len(v.Members) == 0 && v.Quorum == nil {
+		return v, fmt.Errorf("%w: job %q", ErrNotFound, job)
+	}
+	return v, nil
+}
+
+// History returns up to limit past quorums of a job, newest first.
+func (a *Admin) History(ctx context.Context, job string, limit int) ([]Quorum, error) {
+	if err := checkName("job", job); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		return nil, fmt.Errorf("%w: membership: history limit %d", comm.ErrInvalidArgument, limit)
+	}
+	resp, err := a.cli.Get(ctx, a.keys.History(job), clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(limit)))
+	if err != nil {
+		return nil, fmt.Errorf("membership: read history of %s: %w", job, ctxErr(ctx, err))
+	}
+	out := make([]Quorum, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var q Quorum
+		if json.Unmarshal(kv.Value, &q) == nil {
+			out = append(out, q)
+		}
+	}
+	return out, nil
+}
+
+// Evict removes a member: its record is marked evicted (so the coordinator
+// tells the cause), then deleted and its lease revoked. The member's
+// Done fires with ErrEvicted. ErrNotFound when no such member is live.
+func (a *Admin) Evict(ctx context.Context, job, id, by string) error {
+	if err := checkName("job", job); err != nil {
+		return err
+	}
+	if err := checkName("member id", id); err != nil {
+		return err
+	}
+	key := a.keys.Member(job, id)
+	resp, err := a.cli.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("membership: evict %s/%s: %w", job, id, ctxErr(ctx, err))
+	}
+	if len(resp.Kvs) == 0 {
+		return fmt.Errorf("%w: member %q of job %q", ErrNotFound, id, job)
+	}
+	kv := resp.Kvs[0]
+	var r MemberRecord
+	if err := json.Unmarshal(kv.Value, &r); err != nil {
+		return fmt.Errorf("membership: evict %s/%s: unreadable record: %w", job, id, err)
+	}
+	if by == "" {
+		by = "operator"
+	}
+	r.Evicted = by
+	val, _ := json.Marshal(r)
+	same := clientv3.Compare(clientv3.CreateRevision(key), "=", kv.CreateRevision)
+	if _, err := a.cli.Txn(ctx).If(same).Then(clientv3.OpPut(key, string(val), clientv3.WithIgnoreLease())).Commit(); err != nil {
+		return fmt.Errorf("membership: evict %s/%s: %w", job, id, ctxErr(ctx, err))
+	}
+	if _, err := a.cli.Txn(ctx).If(same).Then(clientv3.OpDelete(key)).Commit(); err != nil {
+		return fmt.Errorf("membership: evict %s/%s: %w", job, id, ctxErr(ctx, err))
+	}
+	if r.Lease != 0 {
+		if _, err := a.cli.Revoke(ctx, clientv3.LeaseID(r.Lease)); err != nil && ctx.Err() != nil {
+			return fmt.Errorf("membership: evict %s/%s: %w", job, id, ctxErr(ctx, err))
+		}
+	}
+	return nil
+}
+
+// Leader returns the name of the leading coordinator (ErrNotFound when
+// none leads).
+func (a *Admin) Leader(ctx context.Context) (string, error) {
+	resp, err := a.cli.Get(ctx, a.keys.Election()+"/", clientv3.WithFirstCreate()...)
+	if err != nil {
+		return "", fmt.Errorf("membership: read leader: %w", ctxErr(ctx, err))
+	}
+	if len(resp.Kvs) == 0 {
+		return "", fmt.Errorf("%w: no coordinator leads", ErrNotFound)
+	}
+	return string(resp.Kvs[0].Value), nil
+}

@@ -1,0 +1,779 @@
+package membership
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// CoordinatorConfig configures a Coordinator.
+type CoordinatorConfig struct {
+	// Client is the etcd client (required; the caller closes it).
+	Client *clientv3.Client
+	// Root is the key prefix (default DefaultRoot).
+	Root string
+	// Name tells coordinator instances apart (default host-pid).
+	Name string
+	// Quorum holds the rules for every job; members may raise
+	// MinReplicas for theirs.
+	Quorum QuorumConfig
+	// SessionTTL is the lease of the leader's election key: a killed
+	// leader is replaced about this long after it stops (min 2 s,
+	// default 3 s).
+	SessionTTL time.Duration
+	// Gossip makes the coordinator a gossip node, so it learns of a
+	// member's death directly (nil: off; lease expiry then detects it).
+	Gossip *GossipConfig
+	// HistoryLimit is how many past quorums (and revocations) each job
+	// keeps in etcd (default 100).
+	HistoryLimit int
+	// Logger (nil: none).
+	Logger *zap.Logger
+	// Registerer receives the coordinator's metrics (nil: none).
+	Registerer prometheus.Registerer
+}
+
+// DefaultCoordinatorConfig returns the defaults; fill Client.
+func DefaultCoordinatorConfig() CoordinatorConfig {
+	host, _ := os.Hostname()
+	return CoordinatorConfig{
+		Root:         DefaultRoot,
+		Name:         fmt.Sprintf("%s-%d", host, os.Getpid()),
+		Quorum:       DefaultQuorumConfig(),
+		SessionTTL:   3 * time.Second,
+		HistoryLimit: 100,
+	}
+}
+
+// Validate says what is wrong with the configuration, if anything.
+func (c CoordinatorConfig) Validate() error {
+	if c.Client == nil {
+		return fmt.Errorf("%w: membership: coordinator needs an etcd Client", comm.ErrInvalidArgument)
+	}
+	if err := checkName("coordinator name", c.Name); err != nil {
+		return err
+	}
+	if err := c.Quorum.Validate(); err != nil {
+		return err
+	}
+	if c.SessionTTL < 2*time.Second {
+		return fmt.Errorf("%w: membership: SessionTTL %v is below etcd's minimum of 2s", comm.ErrInvalidArgument, c.SessionTTL)
+	}
+	if c.HistoryLimit < 1 {
+		return fmt.Errorf("%w: membership: HistoryLimit %d must be at least 1", comm.ErrInvalidArgument, c.HistoryLimit)
+	}
+	if c.Gossip != nil {
+		return c.Gossip.Validate()
+	}
+	return nil
+}
+
+// Coordinator forms and publishes the quorums of every job under its
+// root. Several may run; one leads (etcd election) and only its writes
+// pass the fence. Create with NewCoordinator, then Run.
+type Coordinator struct {
+	cfg     CoordinatorConfig
+	cli     *clientv3.Client
+	keys    Keys
+	lg      *zap.Logger
+	metrics *coordMetrics
+	gsp     *Gossip
+
+	leader atomic.Bool
+	leadCh chan struct{} // closed while leading
+
+	mu       sync.Mutex
+	status   map[string]JobStatus // leader's view, for the API
+	deadSeen map[string]time.Time // gossip deaths seen, by node name
+	running  bool
+}
+
+// JobStatus is the leader's live view of a job.
+type JobStatus struct {
+	Job     string    `json:"job"`
+	Members int       `json:"members"`
+	Quorum  *Quorum   `json:"quorum,omitempty"`
+	Waiting string    `json:"waiting,omitempty"` // why no quorum forms, if one is needed
+	Updated time.Time `json:"updated"`
+}
+
+// NewCoordinator checks the configuration and prepares a coordinator.
+func NewCoordinator(cfg CoordinatorConfig) (*Coordinator, error) {
+	d := DefaultCoordinatorConfig()
+	if cfg.Root == "" {
+		cfg.Root = d.Root
+	}
+	if cfg.Name == "" {
+		cfg.Name = d.Name
+	}
+	if cfg.Quorum == (QuorumConfig{}) {
+		cfg.Quorum = d.Quorum
+	}
+	if cfg.SessionTTL == 0 {
+		cfg.SessionTTL = d.SessionTTL
+	}
+	if cfg.HistoryLimit == 0 {
+		cfg.HistoryLimit = d.HistoryLimit
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Coordinator{
+		cfg:      cfg,
+		cli:      cfg.Client,
+		keys:     Keys{Root: cfg.Root},
+		lg:       cfg.Logger,
+		status:   map[string]JobStatus{},
+		leadCh:   make(chan struct{}),
+		deadSeen: map[string]time.Time{},
+	}
+	if c.lg == nil {
+		c.lg = zap.NewNop()
+	}
+	c.lg = c.lg.With(zap.String("coordinator", cfg.Name))
+	m, err := newCoordMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	c.metrics = m
+	return c, nil
+}
+
+// Name returns the instance's name.
+func (c *Coordinator) Name() string { return c.cfg.Name }
+
+// IsLeader reports whether this instance leads now.
+func (c *Coordinator) IsLeader() bool { return c.leader.Load() }
+
+// GossipAddr returns the coordinator's gossip address once Run started it
+// ("" without gossip).
+func (c *Coordinator) GossipAddr() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gsp == nil {
+		return ""
+	}
+	return c.gsp.Addr()
+}
+
+// Status returns the leader's view of a job (ok false on a follower or
+// for an unknown job).
+func (c *Coordinator) Status(job string) (JobStatus, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, ok := c.status[job]
+	return s, ok && c.leader.Load()
+}
+
+// Evict removes a member of a job (see Admin.Evict); it works on any
+// instance: the leader sees the eviction through etcd.
+func (c *Coordinator) Evict(ctx context.Context, job, id, by string) error {
+	return NewAdmin(c.cli, c.cfg.Root).Evict(ctx, job, id, by)
+}
+
+// Run campaigns for leadership and, while leading, forms and publishes
+// quorums, until ctx ends. It starts the coordinator's gossip node first
+// when configured. Run returns ctx's error; call it once.
+func (c *Coordinator) Run(ctx context.Context) error {
+	c.mu.Lock()
+	if c.running {
+		c.mu.Unlock()
+		return fmt.Errorf("%w: membership: coordinator %s is already running", comm.ErrInvalidArgument, c.cfg.Name)
+	}
+	c.running = true
+	c.mu.Unlock()
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	gossipEvents := make(chan GossipEvent, 64)
+	if c.cfg.Gossip != nil {
+		g, err := StartGossip("_coordinator/"+c.cfg.Name, *c.cfg.Gossip)
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.gsp = g
+		c.mu.Unlock()
+		defer g.Close()
+		defer g.Leave(context.Background())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.pumpGossip(ctx, g, gossipEvents)
+		}()
+	}
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 100*time.Millisecond, 3*time.Second, 0
+	for ctx.Err() == nil {
+		err := c.campaignAndLead(ctx, gossipEvents)
+		c.setLeader(false)
+		if ctx.Err() != nil {
+			break
+		}
+		c.lg.Warn("leadership ended", zap.Error(err))
+		select {
+		case <-time.After(bo.NextBackOff()):
+		case <-ctx.Done():
+		}
+	}
+	return ctx.Err()
+}
+
+func (c *Coordinator) setLeader(on bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.leader.Load() == on {
+		return
+	}
+	c.leader.Store(on)
+	if on {
+		close(c.leadCh)
+		c.metrics.leader.Set(1)
+	} else {
+		c.leadCh = make(chan struct{})
+		c.metrics.leader.Set(0)
+	}
+}
+
+// Leading returns a channel that is closed while this instance leads (a
+// new one after leadership is lost).
+func (c *Coordinator) Leading() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leadCh
+}
+
+// pumpGossip remembers deaths (for a leadership that starts later) and
+// passes events on; it joins the coordinator's gossip node to the others
+// and re-joins when it finds itself alone.
+func (c *Coordinator) pumpGossip(ctx context.Context, g *Gossip, out chan<- GossipEvent) {
+	for {
+		select {
+		case ev := <-g.Events():
+			c.metrics.gossipAlive.Set(float64(g.NumAlive()))
+			if ev.Kind == GossipDead {
+				c.mu.Lock()
+				c.deadSeen[ev.Name] = ev.At
+				for n, at := range c.deadSeen {
+					if time.Since(at) > time.Minute {
+						delete(c.deadSeen, n)
+					}
+				}
+				c.mu.Unlock()
+			}
+			select {
+			case out <- ev:
+			default: // the leader loop is busy or absent: deadSeen has it
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// joinGossipPeers joins the other coordinators and a few members of
+// every job (after a restart, members are the only ones left to ask).
+func (c *Coordinator) joinGossipPeers(ctx context.Context) {
+	c.mu.Lock()
+	g := c.gsp
+	c.mu.Unlock()
+	if g == nil {
+		return
+	}
+	var seeds []string
+	resp, err := c.cli.Get(ctx, c.keys.CoordinatorGossip(), clientv3.WithPrefix())
+	if err == nil {
+		for _, kv := range resp.Kvs {
+			if string(kv.Value) != g.Addr() {
+				seeds = append(seeds, string(kv.Value))
+			}
+		}
+	}
+	if len(seeds) == 0 && g.NumAlive() <= 1 {
+		resp, err := c.cli.Get(ctx, c.keys.root()+"/", clientv3.WithPrefix())
+		if err == nil {
+			for _, kv := range resp.Kvs {
+				if _, kind, _, ok := c.keys.parseKey(string(kv.Key)); ok && kind == "members" && len(seeds) < 16 {
+					var r MemberRecord
+					if json.Unmarshal(kv.Value, &r) == nil && r.Gossip != "" {
+						seeds = append(seeds, r.Gossip)
+					}
+				}
+			}
+		}
+	}
+	if _, err := g.Join(ctx, seeds); err != nil {
+		c.lg.Info("gossip join", zap.Error(err))
+	}
+}
+
+func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan GossipEvent) error {
+	sess, err := concurrency.NewSession(c.cli, concurrency.WithTTL(int((c.cfg.SessionTTL+time.Second-1)/time.Second)), concurrency.WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("membership: coordinator session: %w", err)
+	}
+	defer sess.Close()
+	if addr := c.GossipAddr(); addr != "" {
+		if _, err := c.cli.Put(ctx, c.keys.CoordinatorGossip()+c.cfg.Name, addr, clientv3.WithLease(sess.Lease())); err != nil {
+			return fmt.Errorf("membership: publish gossip address: %w", err)
+		}
+		c.joinGossipPeers(ctx)
+	}
+	el := concurrency.NewElection(sess, c.keys.Election())
+	if err := el.Campaign(ctx, c.cfg.Name); err != nil {
+		return fmt.Errorf("membership: campaign: %w", err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		el.Resign(rctx)
+		cancel()
+	}()
+	c.lg.Info("leading", zap.String("key", el.Key()), zap.Int64("rev", el.Rev()))
+	c.setLeader(true)
+	l := &leadership{c: c, sess: sess, fenceKey: el.Key(), fenceRev: el.Rev(), jobs: map[string]*jobState{}}
+	return l.run(ctx, gossipEvents)
+}
+
+// leadership is one term of leading.
+type leadership struct {
+	c        *Coordinator
+	sess     *concurrency.Session
+	fenceKey string
+	fenceRev int64
+	jobs     map[string]*jobState
+	byNode   map[string]memberRef // gossip node name → member
+}
+
+type memberRef struct {
+	job, id string
+	inc     int64
+}
+
+type jobState struct {
+	m          *Machine
+	quorumRev  int64 // mod revision of the quorum key we last wrote or read
+	dirty      bool
+	wakeAt     time.Time
+	waiting    string
+	statusSent string
+}
+
+func (l *leadership) job(name string) *jobState {
+	j, ok := l.jobs[name]
+	if !ok {
+		j = &jobState{m: NewMachine(name, l.c.cfg.Quorum, nil)}
+		l.jobs[name] = j
+	}
+	return j
+}
+
+// load reads every job's state and returns the revision read at.
+func (l *leadership) load(ctx context.Context) (int64, error) {
+	resp, err := l.c.cli.Get(ctx, l.c.keys.root()+"/", clientv3.WithPrefix())
+	if err != nil {
+		return 0, fmt.Errorf("membership: load state: %w", err)
+	}
+	l.jobs = map[string]*jobState{}
+	l.byNode = map[string]memberRef{}
+	type pending struct {
+		job string
+		rec MemberRecord
+	}
+	var recs []pending
+	var revs []Revocation
+	var revJobs []string
+	for _, kv := range resp.Kvs {
+		job, kind, rest, ok := l.c.keys.parseKey(string(kv.Key))
+		if !ok {
+			continue
+		}
+		switch {
+		case kind == "members":
+			var r MemberRecord
+			if json.Unmarshal(kv.Value, &r) != nil {
+				continue
+			}
+			r.Incarnation = kv.CreateRevision
+			recs = append(recs, pending{job, r})
+		case kind == "epoch" && rest == "quorum":
+			var q Quorum
+			if json.Unmarshal(kv.Value, &q) != nil {
+				continue
+			}
+			l.jobs[job] = &jobState{m: NewMachine(job, l.c.cfg.Quorum, &q), quorumRev: kv.ModRevision}
+		case kind == "epoch" && strings.HasPrefix(rest, "revoked/"):
+			var r Revocation
+			if json.Unmarshal(kv.Value, &r) == nil {
+				revs = append(revs, r)
+				revJobs = append(revJobs, job)
+			}
+		}
+	}
+	now := time.Now()
+	for _, p := range recs {
+		l.upsert(now, p.job, p.rec)
+	}
+	for i, r := range revs {
+		l.job(revJobs[i]).m.Revoke(now, r)
+	}
+	for _, j := range l.jobs {
+		j.dirty = true
+	}
+	// Deaths gossip reported before this term.
+	l.c.mu.Lock()
+	dead := make(map[string]time.Time, len(l.c.deadSeen))
+	for n, at := range l.c.deadSeen {
+		dead[n] = at
+	}
+	l.c.mu.Unlock()
+	for n := range dead {
+		l.gossipDeath(ctx, now, n)
+	}
+	return resp.Header.Revision, nil
+}
+
+func gossipName(job, id string, lease int64) string {
+	return job + "/" + id + "/" + strconv.FormatInt(lease, 16)
+}
+
+// upsert applies a member record (or its eviction or leave).
+func (l *leadership) upsert(now time.Time, job string, r MemberRecord) {
+	j := l.job(job)
+	switch {
+	case r.Evicted != "":
+		l.remove(now, job, r.ID, r.Incarnation, "evicted by "+r.Evicted, "evicted")
+		return
+	case r.Leaving:
+		l.remove(now, job, r.ID, r.Incarnation, "left", "left")
+		return
+	}
+	if old, ok := j.m.Member(r.ID); !ok || old.Incarnation != r.Incarnation {
+		if ok {
+			delete(l.byNode, gossipName(job, old.ID, old.Lease))
+		}
+		l.c.metrics.joins.WithLabelValues(job).Inc()
+	} else if old.Health == r.Health && old.WantQuorum == r.WantQuorum && old.ShrinkOnly == r.ShrinkOnly &&
+		old.CommitFailed == r.CommitFailed && old.MinReplicas == r.MinReplicas {
+		// A heartbeat: the decision cannot change.
+		j.m.Upsert(now, r)
+		return
+	}
+	if r.Gossip != "" {
+		l.byNode[gossipName(job, r.ID, r.Lease)] = memberRef{job, r.ID, r.Incarnation}
+	}
+	j.m.Upsert(now, r)
+	j.dirty = true
+}
+
+func (l *leadership) remove(now time.Time, job, id string, inc int64, why, metric string) {
+	j := l.job(job)
+	old, ok := j.m.Member(id)
+	if !ok || inc != 0 && old.Incarnation != inc {
+		return
+	}
+	delete(l.byNode, gossipName(job, id, old.Lease))
+	j.m.Remove(now, id, old.Incarnation, why)
+	j.dirty = true
+	l.c.metrics.removals.WithLabelValues(job, metric).Inc()
+	l.c.lg.Info("member removed", zap.String("job", job), zap.String("member", id), zap.String("why", why))
+}
+
+// gossipDeath removes the member behind a dead gossip node and deletes
+// its registration (fenced), so a restarted process may register again.
+func (l *leadership) gossipDeath(ctx context.Context, now time.Time, node string) {
+	ref, ok := l.byNode[node]
+	if !ok {
+		return
+	}
+	j := l.job(ref.job)
+	rec, ok := j.m.Member(ref.id)
+	if !ok || rec.Incarnation != ref.inc {
+		return
+	}
+	l.remove(now, ref.job, ref.id, ref.inc, "died (gossip)", "gossip")
+	l.deleteMember(ctx, ref.job, rec)
+}
+
+// deleteMember deletes a member's key if this leader still leads and the
+// incarnation still holds it, then revokes its lease.
+func (l *leadership) deleteMember(ctx context.Context, job string, rec MemberRecord) {
+	key := l.c.keys.Member(job, rec.ID)
+	tr, err := l.c.cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.CreateRevision(l.fenceKey), "=", l.fenceRev),
+		clientv3.Compare(clientv3.CreateRevision(key), "=", rec.Incarnation),
+	).Then(clientv3.OpDelete(key)).Commit()
+	if err != nil || !tr.Succeeded {
+		return
+	}
+	if rec.Lease != 0 {
+		l.c.cli.Revoke(ctx, clientv3.LeaseID(rec.Lease))
+	}
+}
+
+func (l *leadership) run(ctx context.Context, gossipEvents <-chan GossipEvent) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer func() {
+		l.c.mu.Lock()
+		clear(l.c.status)
+		l.c.mu.Unlock()
+	}()
+	rev, err := l.load(ctx)
+	if err != nil {
+		return err
+	}
+	if err := l.decide(ctx); err != nil {
+		return err
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		if err := l.follow(ctx, rev, timer, gossipEvents); err != nil {
+			return err
+		}
+		// The watch broke (compaction, lost etcd leader): rebuild from a
+		// fresh read.
+		if rev, err = l.load(ctx); err != nil {
+			return err
+		}
+		if err := l.decide(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// follow applies watch events from rev+1, gossip deaths and timers until
+// the watch breaks (nil) or leadership ends (an error).
+func (l *leadership) follow(ctx context.Context, rev int64, timer *time.Timer, gossipEvents <-chan GossipEvent) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wch := l.c.cli.Watch(clientv3.WithRequireLeader(wctx), l.c.keys.root()+"/", clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
+	for {
+		l.armTimer(timer)
+		select {
+		case wr, ok := <-wch:
+			if !ok || wr.Err() != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				l.c.lg.Info("watch broke; reloading", zap.Error(wr.Err()))
+				return nil
+			}
+			now := time.Now()
+			for _, ev := range wr.Events {
+				l.apply(now, ev)
+			}
+		case ev := <-gossipEvents:
+			if ev.Kind == GossipDead {
+				l.gossipDeath(ctx, time.Now(), ev.Name)
+			}
+		case <-timer.C:
+		case <-l.sess.Done():
+			return fmt.Errorf("%w: session expired", ErrNotLeader)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if err := l.decide(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+func (l *leadership) armTimer(t *time.Timer) {
+	var next time.Time
+	for _, j := range l.jobs {
+		if !j.wakeAt.IsZero() && (next.IsZero() || j.wakeAt.Before(next)) {
+			next = j.wakeAt
+		}
+	}
+	d := time.Hour
+	if !next.IsZero() {
+		d = max(time.Until(next), 0)
+	}
+	t.Reset(d)
+}
+
+func (l *leadership) apply(now time.Time, ev *clientv3.Event) {
+	job, kind, rest, ok := l.c.keys.parseKey(string(ev.Kv.Key))
+	if !ok {
+		return
+	}
+	switch {
+	case kind == "members" && ev.Type == mvccpb.PUT:
+		var r MemberRecord
+		if json.Unmarshal(ev.Kv.Value, &r) != nil {
+			return
+		}
+		r.Incarnation = ev.Kv.CreateRevision
+		l.upsert(now, job, r)
+	case kind == "members" && ev.Type == mvccpb.DELETE:
+		var inc int64
+		if ev.PrevKv != nil {
+			inc = ev.PrevKv.CreateRevision
+		}
+		l.remove(now, job, rest, inc, "lease expired", "lease")
+	case kind == "epoch" && strings.HasPrefix(rest, "revoked/") && ev.Type == mvccpb.PUT:
+		var r Revocation
+		if json.Unmarshal(ev.Kv.Value, &r) == nil {
+			j := l.job(job)
+			j.m.Revoke(now, r)
+			j.dirty = true
+		}
+	case kind == "epoch" && rest == "quorum" && ev.Type == mvccpb.PUT:
+		j := l.job(job)
+		if ev.Kv.ModRevision != j.quorumRev {
+			// Not our write: another leader raced us. The fence makes
+			// our next write fail and we reload then.
+			l.c.lg.Warn("quorum written by someone else", zap.String("job", job))
+		}
+	}
+}
+
+// decide runs Advance for the jobs that need it and publishes.
+func (l *leadership) decide(ctx context.Context) error {
+	now := time.Now()
+	names := make([]string, 0, len(l.jobs))
+	for name := range l.jobs {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		j := l.jobs[name]
+		if !j.dirty && (j.wakeAt.IsZero() || now.Before(j.wakeAt)) {
+			continue
+		}
+		j.dirty = false
+		d := j.m.Advance(now)
+		j.wakeAt, j.waiting = d.WakeAt, d.Waiting
+		if d.Quorum != nil || d.Revocation != nil {
+			if err := l.publish(ctx, name, j, d); err != nil {
+				return err
+			}
+		}
+		l.report(name, j)
+	}
+	return nil
+}
+
+func (l *leadership) report(name string, j *jobState) {
+	st := JobStatus{Job: name, Members: j.m.Len(), Waiting: j.waiting, Updated: time.Now()}
+	if q, ok := j.m.Current(); ok {
+		st.Quorum = &q
+		l.c.metrics.epoch.WithLabelValues(name).Set(float64(q.Epoch))
+		l.c.metrics.participants.WithLabelValues(name).Set(float64(len(q.Participants)))
+	}
+	l.c.metrics.members.WithLabelValues(name).Set(float64(j.m.Len()))
+	l.c.mu.Lock()
+	l.c.status[name] = st
+	l.c.metrics.jobs.Set(float64(len(l.c.status)))
+	l.c.mu.Unlock()
+}
+
+// publish writes a decision in one Txn fenced by the leader key and the
+// quorum key's revision.
+func (l *leadership) publish(ctx context.Context, job string, j *jobState, d Decision) error {
+	k := l.c.keys
+	qk := k.Quorum(job)
+	var ops []clientv3.Op
+	if r := d.Revocation; r != nil {
+		r.By = "coordinator " + l.c.cfg.Name
+		val, _ := json.Marshal(r)
+		rk := k.Revocation(job, r.Epoch)
+		ops = append(ops, clientv3.OpTxn(
+			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(rk), "=", 0)},
+			[]clientv3.Op{clientv3.OpPut(rk, string(val))}, nil))
+	}
+	if q := d.Quorum; q != nil {
+		q.PublishedBy = l.c.cfg.Name
+		val, _ := json.Marshal(q)
+		ops = append(ops, clientv3.OpPut(qk, string(val)), clientv3.OpPut(k.HistoryEntry(job, q.Epoch), string(val)))
+		if lim := uint64(l.c.cfg.HistoryLimit); q.Epoch > lim {
+			ops = append(ops,
+				clientv3.OpDelete(k.HistoryEntry(job, 0), clientv3.WithRange(k.HistoryEntry(job, q.Epoch-lim))),
+				clientv3.OpDelete(k.Revocation(job, 0), clientv3.WithRange(k.Revocation(job, q.Epoch-lim))))
+		}
+		if q.Epoch > 2 {
+			// Rendezvous keys of epochs before the previous one are done.
+			ops = append(ops, clientv3.OpDelete(k.RendezvousPrefix(job, 0), clientv3.WithRange(k.RendezvousPrefix(job, q.Epoch-1))))
+		}
+	}
+	start := time.Now()
+	tr, err := l.c.cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.CreateRevision(l.fenceKey), "=", l.fenceRev),
+		clientv3.Compare(clientv3.ModRevision(qk), "=", j.quorumRev),
+	).Then(ops...).Commit()
+	if err != nil {
+		j.dirty = true // try again at the next event
+		l.c.lg.Warn("publish failed", zap.String("job", job), zap.Error(err))
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return nil
+	}
+	l.c.metrics.publishSeconds.Observe(time.Since(start).Seconds())
+	if !tr.Succeeded {
+		return fmt.Errorf("%w: fenced write of job %s refused", ErrNotLeader, job)
+	}
+	if d.Quorum != nil {
+		j.quorumRev = tr.Header.Revision
+		j.m.Published(*d.Quorum)
+		l.c.metrics.quorums.WithLabelValues(job).Inc()
+		l.c.lg.Info("quorum published", zap.String("job", job), zap.Uint64("epoch", d.Quorum.Epoch),
+			zap.Int("participants", len(d.Quorum.Participants)), zap.String("reason", d.Quorum.Reason))
+	} else {
+		j.m.Revoke(time.Now(), *d.Revocation)
+		l.c.lg.Info("epoch revoked", zap.String("job", job), zap.Uint64("epoch", d.Revocation.Epoch), zap.String("reason", d.Revocation.Reason))
+	}
+	return nil
+}
+
+// coordMetrics are the coordinator's Prometheus metrics.
+type coordMetrics struct {
+	leader, jobs, gossipAlive    prometheus.Gauge
+	members, epoch, participants *prometheus.GaugeVec
+	quorums, joins, removals     *prometheus.CounterVec
+	publishSeconds               prometheus.Histogram
+}
+
+func newCoordMetrics(reg prometheus.Registerer) (*coordMetrics, error) {
+	m := &coordMetrics{
+		leader:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "ftcomm_coordinator_leader", Help: "1 while this instance leads."}),
+		jobs:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "ftcomm_coordinator_jobs", Help: "Jobs the leader serves."}),
+		gossipAlive:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "ftcomm_coordinator_gossip_alive", Help: "Gossip nodes this instance believes alive."}),
+		members:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_members", Help: "Live members per job."}, []string{"job"}),
+		epoch:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_epoch", Help: "Current epoch per job."}, []string{"job"}),
+		participants: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_participants", Help: "Participants of the current quorum per job."}, []string{"job"}),
+		quorums:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_quorums_total", Help: "Quorums published per job."}, []string{"job"}),
+		joins:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_joins_total", Help: "Member incarnations seen per job."}, []string{"job"}),
+		removals:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_removals_total", Help: "Members removed per job and cause (left, evicted, gossip, lease)."}, []string{"job", "cause"}),
+		publishSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ftcomm_coordinator_publish_seconds", Help: "Latency of fenced quorum writes.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, col := range []prometheus.Collector{m.leader, m.jobs, m.gossipAlive, m.members, m.epoch, m.participants, m.quorums, m.joins, m.removals, m.publishSeconds} {
+		if err := reg.Register(col); err != nil {
+			return nil, fmt.Errorf("membership: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}

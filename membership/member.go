@@ -1,0 +1,785 @@
+package membership
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// MemberConfig configures a member: one replica group's leader of a job.
+type MemberConfig struct {
+	// Client is the etcd client the member uses (required); the caller
+	// owns it and closes it after the member.
+	Client *clientv3.Client
+	// Root is the key prefix (default DefaultRoot).
+	Root string
+	// Job and ID name the member (ValidName); ID is unique within the job
+	// while its holder lives.
+	Job, ID string
+	// Addr is where the member serves its peers (rendezvous, state
+	// transfer); it appears in the quorum. Required.
+	Addr string
+	// Group is the replica group's name (informational).
+	Group string
+	// LeaseTTL: the member's registration expires this long after its
+	// process stops renewing it (etcd's minimum is 2 s; default 5 s).
+	// Without gossip this is how long a dead member goes unnoticed.
+	LeaseTTL time.Duration
+	// HeartbeatInterval: how often the member writes its step and health
+	// to etcd when they changed (0: only when asked, by Heartbeat,
+	// RequestQuorum or SetHealth). Each write is one etcd put and one
+	// event at the coordinator; steps are for the dashboard and the
+	// quorum's MaxStep. Default 10 s.
+	HeartbeatInterval time.Duration
+	// MinReplicas the job needs (0: the coordinator's default).
+	MinReplicas int
+	// WantQuorum asks to take part right away (as RequestQuorum would).
+	WantQuorum bool
+	// Step is the step the member starts at.
+	Step int64
+	// Gossip enables failure detection by gossip with the coordinators
+	// and other members (nil: off; lease expiry alone detects death).
+	Gossip *GossipConfig
+	// WaitForDuplicate makes Join wait, while ctx lasts, for a previous
+	// incarnation of the same id to go (its lease to expire or be
+	// revoked) instead of failing with ErrDuplicateMember.
+	WaitForDuplicate bool
+	// Logger (nil: none).
+	Logger *zap.Logger
+}
+
+// DefaultMemberConfig returns the defaults of the optional fields; fill
+// Client, Job, ID and Addr.
+func DefaultMemberConfig() MemberConfig {
+	return MemberConfig{Root: DefaultRoot, LeaseTTL: 5 * time.Second, HeartbeatInterval: 10 * time.Second}
+}
+
+// Validate says what is wrong with the configuration, if anything.
+func (c MemberConfig) Validate() error {
+	if c.Client == nil {
+		return fmt.Errorf("%w: membership: member needs an etcd Client", comm.ErrInvalidArgument)
+	}
+	if err := checkName("job", c.Job); err != nil {
+		return err
+	}
+	if err := checkName("member id", c.ID); err != nil {
+		return err
+	}
+	if c.Addr == "" {
+		return fmt.Errorf("%w: membership: member %q needs an Addr", comm.ErrInvalidArgument, c.ID)
+	}
+	if c.LeaseTTL < 2*time.Second {
+		return fmt.Errorf("%w: membership: LeaseTTL %v is below etcd's minimum of 2s", comm.ErrInvalidArgument, c.LeaseTTL)
+	}
+	if c.HeartbeatInterval < 0 || c.MinReplicas < 0 {
+		return fmt.Errorf("%w: membership: HeartbeatInterval %v and MinReplicas %d must not be negative", comm.ErrInvalidArgument, c.HeartbeatInterval, c.MinReplicas)
+	}
+	if c.Gossip != nil {
+		return c.Gossip.Validate()
+	}
+	return nil
+}
+
+// Member is a registered member of a job. See the package documentation
+// for its lifecycle. Its methods are safe for concurrent use.
+type Member struct {
+	cfg   MemberConfig
+	cli   *clientv3.Client
+	keys  Keys
+	key   string
+	lease clientv3.LeaseID
+	inc   int64
+	lg    *zap.Logger
+	gsp   *Gossip
+
+	life   context.Context // ends at Leave, Close or loss
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+	writeM sync.Mutex // orders record writes
+
+	mu          sync.Mutex
+	rec         MemberRecord
+	dirty       bool
+	quorum      *Quorum
+	revocations map[uint64]Revocation
+	changed     chan struct{}
+	revokedCh   map[uint64]chan struct{}
+	err         error // why the membership ended
+	done        chan struct{}
+	closeOnce   sync.Once
+}
+
+// Join registers a member bound to a fresh lease and starts its
+// goroutines: lease renewal, the quorum watch, heartbeats and gossip.
+// A live holder of the same id makes it fail with a *DuplicateMemberError
+// (errors.Is ErrDuplicateMember) unless cfg.WaitForDuplicate.
+func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
+	d := DefaultMemberConfig()
+	if cfg.Root == "" {
+		cfg.Root = d.Root
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = d.LeaseTTL
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m := &Member{
+		cfg:         cfg,
+		cli:         cfg.Client,
+		keys:        Keys{Root: cfg.Root},
+		lg:          cfg.Logger,
+		revocations: map[uint64]Revocation{},
+		changed:     make(chan struct{}),
+		revokedCh:   map[uint64]chan struct{}{},
+		done:        make(chan struct{}),
+	}
+	if m.lg == nil {
+		m.lg = zap.NewNop()
+	}
+	m.lg = m.lg.With(zap.String("job", cfg.Job), zap.String("member", cfg.ID))
+	m.key = m.keys.Member(cfg.Job, cfg.ID)
+	ok := false
+	defer func() {
+		if !ok {
+			m.release()
+		}
+	}()
+
+	lr, err := m.cli.Grant(ctx, int64((cfg.LeaseTTL+time.Second-1)/time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("membership: join %s/%s: grant lease: %w", cfg.Job, cfg.ID, ctxErr(ctx, err))
+	}
+	m.lease = lr.ID
+	if cfg.Gossip != nil {
+		name := cfg.Job + "/" + cfg.ID + "/" + strconv.FormatInt(int64(lr.ID), 16)
+		if m.gsp, err = StartGossip(name, *cfg.Gossip); err != nil {
+			return nil, err
+		}
+	}
+	now := time.Now()
+	m.rec = MemberRecord{
+		Job: cfg.Job, ID: cfg.ID, Addr: cfg.Addr, Group: cfg.Group, Lease: int64(lr.ID),
+		Step: cfg.Step, WantQuorum: cfg.WantQuorum, MinReplicas: cfg.MinReplicas, Joined: now, Updated: now,
+	}
+	if m.gsp != nil {
+		m.rec.Gossip = m.gsp.Addr()
+	}
+	if err := m.register(ctx); err != nil {
+		return nil, err
+	}
+	m.life, m.stop = context.WithCancel(context.Background())
+
+	// Read the epoch state before the member counts as joined, so Quorum()
+	// is current when Join returns.
+	rev, err := m.loadEpochs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if m.gsp != nil {
+		if err := m.joinGossip(ctx); err != nil {
+			m.lg.Warn("gossip join failed; lease expiry remains the failure detector", zap.Error(err))
+		}
+	}
+	ka, err := m.cli.KeepAlive(m.life, m.lease)
+	if err != nil {
+		return nil, fmt.Errorf("membership: join %s/%s: keepalive: %w", cfg.Job, cfg.ID, err)
+	}
+	ok = true
+	m.spawn(func() { m.renew(ka) })
+	m.spawn(func() { m.watchEpochs(rev) })
+	m.spawn(m.watchSelf)
+	if cfg.HeartbeatInterval > 0 {
+		m.spawn(m.heartbeats)
+	}
+	if m.gsp != nil {
+		m.spawn(m.drainGossip)
+	}
+	m.lg.Info("joined", zap.Int64("incarnation", m.inc), zap.String("addr", cfg.Addr))
+	return m, nil
+}
+
+func (m *Member) spawn(f func()) {
+	m.wg.Add(1)
+	go func() { defer m.wg.Done(); f() }()
+}
+
+// register creates the member key if no other incarnation holds it.
+func (m *Member) register(ctx context.Context) error {
+	for {
+		val, _ := json.Marshal(m.rec)
+		tr, err := m.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0)).
+			Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(m.lease))).
+			Else(clientv3.OpGet(m.key)).Commit()
+		if err != nil {
+			return fmt.Errorf("membership: join %s/%s: %w", m.cfg.Job, m.cfg.ID, ctxErr(ctx, err))
+		}
+		if tr.Succeeded {
+			m.inc = tr.Header.Revision
+			m.rec.Incarnation = m.inc
+			return nil
+		}
+		kvs := tr.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			continue // gone in between
+		}
+		var holder MemberRecord
+		_ = json.Unmarshal(kvs[0].Value, &holder)
+		dup := &DuplicateMemberError{Job: m.cfg.Job, ID: m.cfg.ID, Incarnation: kvs[0].CreateRevision, Addr: holder.Addr}
+		if !m.cfg.WaitForDuplicate {
+			return dup
+		}
+		m.lg.Info("waiting for the previous incarnation to go", zap.Int64("holder", dup.Incarnation))
+		if err := m.waitDeleted(ctx, tr.Header.Revision+1); err != nil {
+			return fmt.Errorf("%w (waited: %v)", dup, err)
+		}
+	}
+}
+
+// waitDeleted watches the member key from rev until it is deleted.
+func (m *Member) waitDeleted(ctx context.Context, rev int64) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for wr := range m.cli.Watch(wctx, m.key, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
+		if err := wr.Err(); err != nil {
+			return nil // compacted or similar: the caller reads again
+		}
+		if len(wr.Events) > 0 {
+			return nil
+		}
+	}
+	return context.Cause(ctx)
+}
+
+// joinGossip contacts the coordinators and a few members of the job.
+func (m *Member) joinGossip(ctx context.Context) error {
+	var seeds []string
+	resp, err := m.cli.Get(ctx, m.keys.CoordinatorGossip(), clientv3.WithPrefix())
+	if err != nil {
+		return err
+	}
+	for _, kv := range resp.Kvs {
+		seeds = append(seeds, string(kv.Value))
+	}
+	resp, err = m.cli.Get(ctx, m.keys.Members(m.cfg.Job), clientv3.WithPrefix(), clientv3.WithLimit(8))
+	if err != nil {
+		return err
+	}
+	for _, kv := range resp.Kvs {
+		var r MemberRecord
+		if json.Unmarshal(kv.Value, &r) == nil && r.Gossip != "" && r.ID != m.cfg.ID {
+			seeds = append(seeds, r.Gossip)
+		}
+	}
+	rand.Shuffle(len(seeds), func(i, j int) { seeds[i], seeds[j] = seeds[j], seeds[i] })
+	_, err = m.gsp.Join(ctx, seeds)
+	return err
+}
+
+// Job returns the member's job.
+func (m *Member) Job() string { return m.cfg.Job }
+
+// ID returns the member's id.
+func (m *Member) ID() string { return m.cfg.ID }
+
+// Incarnation returns the etcd revision of this registration: a restarted
+// member has a larger one.
+func (m *Member) Incarnation() int64 { return m.inc }
+
+// Lease returns the etcd lease the registration is bound to.
+func (m *Member) Lease() clientv3.LeaseID { return m.lease }
+
+// GossipAddr returns the member's gossip address ("" without gossip).
+func (m *Member) GossipAddr() string { return m.rec.Gossip }
+
+// Record returns the member's record as it will next be written.
+func (m *Member) Record() MemberRecord {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rec
+}
+
+// Client returns the etcd client.
+func (m *Member) Client() *clientv3.Client { return m.cli }
+
+// Store returns the rendezvous store of an epoch of the member's job.
+func (m *Member) Store(epoch uint64) *Store {
+	return NewStore(m.cli, m.keys.RendezvousPrefix(m.cfg.Job, epoch))
+}
+
+// SetStep records the member's step locally (no I/O); it travels with the
+// next heartbeat, RequestQuorum or SetHealth.
+func (m *Member) SetStep(step int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.rec.Step != step {
+		m.rec.Step = step
+		m.dirty = true
+	}
+}
+
+// SetHealth reports the member's health at once when it changed. A
+// Critical member is excluded from the next quorum (the current epoch is
+// revoked) until it reports Healthy or Degraded again.
+func (m *Member) SetHealth(ctx context.Context, h Health, reason string) error {
+	if h < Healthy || h > Critical {
+		return fmt.Errorf("%w: membership: health %d", comm.ErrInvalidArgument, int(h))
+	}
+	m.mu.Lock()
+	changed := m.rec.Health != h || m.rec.HealthReason != reason
+	m.rec.Health, m.rec.HealthReason = h, reason
+	m.mu.Unlock()
+	if !changed {
+		return nil
+	}
+	return m.write(ctx, "health")
+}
+
+// Heartbeat writes the member's step and health now.
+func (m *Member) Heartbeat(ctx context.Context) error { return m.write(ctx, "heartbeat") }
+
+// RequestQuorum asks to take part in the next quorum (a joiner, or a
+// member dropped from the last one). It returns once the request is
+// stored; wait for the quorum with NextQuorum or Changed. shrinkOnly
+// (from a participant) keeps joiners out of quorums until it calls
+// RequestQuorum(ctx, false).
+func (m *Member) RequestQuorum(ctx context.Context, shrinkOnly bool) error {
+	m.mu.Lock()
+	m.rec.WantQuorum, m.rec.ShrinkOnly = true, shrinkOnly
+	m.mu.Unlock()
+	return m.write(ctx, "request")
+}
+
+// ReportCommitFailure tells the coordinator that this member's commit of
+// the given epoch failed: the next epoch follows (with the same
+// participants when all are alive).
+func (m *Member) ReportCommitFailure(ctx context.Context, epoch uint64) error {
+	m.mu.Lock()
+	if epoch <= m.rec.CommitFailed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.rec.CommitFailed = epoch
+	m.mu.Unlock()
+	return m.write(ctx, "commit failure")
+}
+
+// write stores the record if this incarnation still holds the key.
+func (m *Member) write(ctx context.Context, why string) error {
+	if err := m.Err(); err != nil {
+		return err
+	}
+	m.writeM.Lock()
+	defer m.writeM.Unlock()
+	m.mu.Lock()
+	m.rec.Updated = time.Now()
+	val, _ := json.Marshal(m.rec)
+	m.dirty = false
+	m.mu.Unlock()
+	tr, err := m.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc)).
+		Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(m.lease))).Commit()
+	if err != nil {
+		m.mu.Lock()
+		m.dirty = true
+		m.mu.Unlock()
+		return fmt.Errorf("membership: %s/%s %s: %w", m.cfg.Job, m.cfg.ID, why, ctxErr(ctx, err))
+	}
+	if !tr.Succeeded {
+		m.lost(fmt.Errorf("%w: %s/%s: registration gone", ErrEvicted, m.cfg.Job, m.cfg.ID))
+		return m.Err()
+	}
+	return nil
+}
+
+// Revoke records that an epoch must stop (e.g. a peer failed in a
+// collective), so every member's Revoked(epoch) fires. The first record of
+// an epoch wins; revoking again is a no-op. The coordinator then forms the
+// next epoch.
+func (m *Member) Revoke(ctx context.Context, epoch uint64, reason string, failed ...string) error {
+	r := Revocation{Epoch: epoch, Reason: reason, Failed: failed, By: m.cfg.ID, At: time.Now()}
+	val, _ := json.Marshal(r)
+	k := m.keys.Revocation(m.cfg.Job, epoch)
+	_, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(clientv3.OpPut(k, string(val))).Commit()
+	if err != nil {
+		return fmt.Errorf("membership: revoke epoch %d: %w", epoch, ctxErr(ctx, err))
+	}
+	return nil
+}
+
+// Quorum returns the latest published quorum of the job (no I/O).
+func (m *Member) Quorum() (Quorum, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.quorum == nil {
+		return Quorum{}, false
+	}
+	return *m.quorum, true
+}
+
+// Changed returns a channel closed at the next change of the published
+// quorum or of the revocations; call again for the one after.
+func (m *Member) Changed() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.changed
+}
+
+// NextQuorum waits for a quorum with an epoch above after (after 0: any
+// quorum) and returns it, or fails when ctx ends or the membership does.
+func (m *Member) NextQuorum(ctx context.Context, after uint64) (Quorum, error) {
+	for {
+		m.mu.Lock()
+		q, ch := m.quorum, m.changed
+		m.mu.Unlock()
+		if q != nil && q.Epoch > after {
+			return *q, nil
+		}
+		select {
+		case <-ch:
+		case <-m.done:
+			return Quorum{}, m.Err()
+		case <-ctx.Done():
+			return Quorum{}, fmt.Errorf("membership: waiting for a quorum after epoch %d: %w", after, context.Cause(ctx))
+		}
+	}
+}
+
+// Revoked returns a channel closed once the epoch is revoked: a
+// revocation record exists or a later quorum was published.
+func (m *Member) Revoked(epoch uint64) <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.revokedLocked(epoch) {
+		ch := make(chan struct{})
+		close(ch)
+		return ch
+	}
+	ch, ok := m.revokedCh[epoch]
+	if !ok {
+		ch = make(chan struct{})
+		m.revokedCh[epoch] = ch
+	}
+	return ch
+}
+
+// Revocation returns the revocation record of an epoch, if one was seen.
+func (m *Member) Revocation(epoch uint64) (Revocation, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.revocations[epoch]
+	return r, ok
+}
+
+func (m *Member) revokedLocked(epoch uint64) bool {
+	if _, ok := m.revocations[epoch]; ok {
+		return true
+	}
+	return m.quorum != nil && m.quorum.Epoch > epoch
+}
+
+// notifyLocked wakes Changed waiters and closes the Revoked channels of
+// revoked epochs.
+func (m *Member) notifyLocked() {
+	close(m.changed)
+	m.changed = make(chan struct{})
+	for e, ch := range m.revokedCh {
+		if m.revokedLocked(e) {
+			close(ch)
+			delete(m.revokedCh, e)
+		}
+	}
+	// Keep the last 64 revocations.
+	if m.quorum != nil {
+		for e := range m.revocations {
+			if e+64 < m.quorum.Epoch {
+				delete(m.revocations, e)
+			}
+		}
+	}
+}
+
+// apply takes one key-value of the epoch prefix. Called with mu held.
+func (m *Member) applyLocked(kv *mvccpb.KeyValue) bool {
+	k := string(kv.Key)
+	if k == m.keys.Quorum(m.cfg.Job) {
+		var q Quorum
+		if err := json.Unmarshal(kv.Value, &q); err != nil {
+			m.lg.Warn("unreadable quorum record", zap.Error(err))
+			return false
+		}
+		if m.quorum == nil || q.Epoch > m.quorum.Epoch {
+			m.quorum = &q
+			return true
+		}
+		return false
+	}
+	var r Revocation
+	if err := json.Unmarshal(kv.Value, &r); err != nil {
+		m.lg.Warn("unreadable revocation record", zap.String("key", k), zap.Error(err))
+		return false
+	}
+	if _, ok := m.revocations[r.Epoch]; ok {
+		return false
+	}
+	m.revocations[r.Epoch] = r
+	return true
+}
+
+// loadEpochs reads the quorum and revocations and returns the revision
+// read at.
+func (m *Member) loadEpochs(ctx context.Context) (int64, error) {
+	resp, err := m.cli.Get(ctx, m.keys.EpochPrefix(m.cfg.Job), clientv3.WithPrefix())
+	if err != nil {
+		return 0, fmt.Errorf("membership: read quorum of %s: %w", m.cfg.Job, ctxErr(ctx, err))
+	}
+	m.mu.Lock()
+	changed := false
+	for _, kv := range resp.Kvs {
+		changed = m.applyLocked(kv) || changed
+	}
+	if changed {
+		m.notifyLocked()
+	}
+	m.mu.Unlock()
+	return resp.Header.Revision, nil
+}
+
+// watchEpochs follows the quorum and the revocations from rev+1 until the
+// membership ends, re-reading after a compaction or a broken watch.
+func (m *Member) watchEpochs(rev int64) {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
+	for m.life.Err() == nil {
+		wch := m.cli.Watch(clientv3.WithRequireLeader(m.life), m.keys.EpochPrefix(m.cfg.Job), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		for wr := range wch {
+			if err := wr.Err(); err != nil {
+				m.lg.Info("quorum watch broke; reading again", zap.Error(err))
+				break
+			}
+			bo.Reset()
+			m.mu.Lock()
+			changed := false
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.PUT {
+					changed = m.applyLocked(ev.Kv) || changed
+				}
+			}
+			if changed {
+				m.notifyLocked()
+			}
+			m.mu.Unlock()
+			rev = wr.Header.Revision
+		}
+		if m.life.Err() != nil {
+			return
+		}
+		for m.life.Err() == nil {
+			r, err := m.loadEpochs(m.life)
+			if err == nil {
+				rev = r
+				break
+			}
+			select {
+			case <-time.After(bo.NextBackOff()):
+			case <-m.life.Done():
+			}
+		}
+	}
+}
+
+// watchSelf ends the membership when the member key is deleted (eviction,
+// lease expiry, a coordinator's verdict of death).
+func (m *Member) watchSelf() {
+	rev := m.inc + 1
+	for m.life.Err() == nil {
+		for wr := range m.cli.Watch(m.life, m.key, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
+			if wr.Err() != nil {
+				break
+			}
+			if len(wr.Events) > 0 {
+				m.lost(fmt.Errorf("%w: %s/%s: registration deleted", ErrEvicted, m.cfg.Job, m.cfg.ID))
+				return
+			}
+			rev = wr.Header.Revision + 1
+		}
+		if m.life.Err() != nil {
+			return
+		}
+		// Compacted past our revision: look at the key itself.
+		resp, err := m.cli.Get(m.life, m.key)
+		if err != nil {
+			continue
+		}
+		if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != m.inc {
+			m.lost(fmt.Errorf("%w: %s/%s: registration gone", ErrEvicted, m.cfg.Job, m.cfg.ID))
+			return
+		}
+		rev = resp.Header.Revision + 1
+	}
+}
+
+// renew drains lease keepalive responses; the channel closes when the
+// lease is gone (expired, revoked) or the membership ends.
+func (m *Member) renew(ka <-chan *clientv3.LeaseKeepAliveResponse) {
+	for range ka {
+	}
+	if m.life.Err() == nil {
+		m.lost(fmt.Errorf("%w: %s/%s: lease %x expired or revoked", ErrEvicted, m.cfg.Job, m.cfg.ID, int64(m.lease)))
+	}
+}
+
+func (m *Member) heartbeats() {
+	t := time.NewTicker(m.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			m.mu.Lock()
+			dirty := m.dirty
+			m.mu.Unlock()
+			if dirty {
+				ctx, cancel := context.WithTimeout(m.life, m.cfg.HeartbeatInterval)
+				if err := m.write(ctx, "heartbeat"); err != nil && !errors.Is(err, ErrEvicted) && m.life.Err() == nil {
+					m.lg.Warn("heartbeat failed", zap.Error(err))
+				}
+				cancel()
+			}
+		case <-m.life.Done():
+			return
+		}
+	}
+}
+
+func (m *Member) drainGossip() {
+	for {
+		select {
+		case ev := <-m.gsp.Events():
+			if ev.Kind != GossipJoin {
+				m.lg.Debug("gossip", zap.Stringer("event", ev.Kind), zap.String("node", ev.Name))
+			}
+		case <-m.life.Done():
+			return
+		}
+	}
+}
+
+// Done is closed when the membership ends: Leave, Close, or loss of the
+// registration (Err then wraps ErrEvicted).
+func (m *Member) Done() <-chan struct{} { return m.done }
+
+// Err says why the membership ended (nil while it lasts).
+func (m *Member) Err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.err
+}
+
+// lost ends the membership because the registration is gone.
+func (m *Member) lost(err error) {
+	m.lg.Warn("membership lost", zap.Error(err))
+	m.finish(err)
+}
+
+// finish records why the membership ended and stops the goroutines
+// (without waiting for them: it may run on one of them).
+func (m *Member) finish(err error) {
+	m.mu.Lock()
+	if m.err == nil {
+		m.err = err
+		close(m.done)
+		for e, ch := range m.revokedCh {
+			close(ch)
+			delete(m.revokedCh, e)
+		}
+	}
+	m.mu.Unlock()
+	if m.stop != nil {
+		m.stop()
+	}
+}
+
+// release frees what Join acquired, for a Join that failed.
+func (m *Member) release() {
+	if m.gsp != nil {
+		m.gsp.Close()
+	}
+	if m.lease != 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		m.cli.Revoke(ctx, m.lease)
+		cancel()
+	}
+	if m.stop != nil {
+		m.stop()
+	}
+}
+
+// Leave deregisters the member gracefully: its key and lease go at once,
+// gossip peers see a leave (not a death), the coordinator forms the next
+// quorum without it. It then releases everything, as Close.
+func (m *Member) Leave(ctx context.Context) error {
+	var err error
+	m.closeOnce.Do(func() {
+		alive := m.Err() == nil
+		m.finish(fmt.Errorf("%w: member left", comm.ErrClosed))
+		if alive {
+			// Say "leaving" first so the coordinator tells a leave from
+			// a lease expiry, then drop the lease (and with it the key).
+			m.mu.Lock()
+			m.rec.Leaving = true
+			val, _ := json.Marshal(m.rec)
+			m.mu.Unlock()
+			_, e1 := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc)).
+				Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(m.lease))).Commit()
+			_, e2 := m.cli.Revoke(ctx, m.lease)
+			if e1 != nil || e2 != nil {
+				err = fmt.Errorf("membership: leave %s/%s: %w", m.cfg.Job, m.cfg.ID, ctxErr(ctx, errors.Join(e1, e2)))
+			}
+			if m.gsp != nil {
+				if e := m.gsp.Leave(ctx); e != nil {
+					m.lg.Info("gossip leave", zap.Error(e))
+				}
+			}
+		}
+		if m.gsp != nil {
+			m.gsp.Close()
+		}
+		m.wg.Wait()
+	})
+	return err
+}
+
+// Close leaves (bounded to 2 s) if the member has not yet, and waits for
+// its goroutines. Safe to call twice.
+func (m *Member) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	m.Leave(ctx)
+	return nil
+}
+
+// crash stops the member as a killed process would: no key deletion, no
+// lease revocation, no gossip leave (for tests).
+func (m *Member) crash() {
+	m.closeOnce.Do(func() {
+		m.finish(fmt.Errorf("%w: member crashed", comm.ErrClosed))
+		if m.gsp != nil {
+			m.gsp.Close()
+		}
+		m.wg.Wait()
+	})
+}
