@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
@@ -34,6 +35,9 @@ type Comm struct {
 	id      string
 
 	mu       sync.Mutex
+	own      bool               // m was made from Config.Coordinator, so ft may re-register
+	lost     error              // the membership ended for good
+	revoked  uint64             // newest epoch whose revocation record was acted on
 	latest   *membership.Quorum // newest quorum seen
 	changed  chan struct{}      // closed and replaced when latest changes
 	epoch    uint64             // the epoch of the current configuration
@@ -72,8 +76,8 @@ func New(ctx context.Context, cfg Config) (*Comm, error) {
 		return nil, err
 	}
 	id := memberID(cfg.Group, cfg.GroupRank)
-	m := cfg.Membership
-	if m == nil {
+	m, own := cfg.Membership, cfg.Membership == nil
+	if own {
 		m, err = joinCoordinator(ctx, cfg, id, server.Addr())
 		if err != nil {
 			server.Close()
@@ -87,7 +91,7 @@ func New(ctx context.Context, cfg Config) (*Comm, error) {
 		return nil, err
 	}
 	c := &Comm{
-		cfg: cfg, m: m, store: m.Store(), server: server, metrics: met, id: id,
+		cfg: cfg, m: m, own: own, store: m.Store(), server: server, metrics: met, id: id,
 		log:     cfg.Logger.With(zap.String("job", cfg.Job), zap.String("member", id)),
 		changed: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -111,30 +115,102 @@ func (c *Comm) Register(name string, t comm.Tensor) error {
 	return nil
 }
 
+// member returns the current registration (it changes on re-registration).
+func (c *Comm) member() Membership {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m
+}
+
 // follow is the one goroutine of a Comm: it tracks the newest quorum and
-// revokes the FT comm the moment a quorum or revocation shows that a peer
-// of the current epoch is gone. It exits when stop closes or the
-// membership's channels close.
+// revokes the FT comm the moment a quorum or revocation record shows that
+// a peer of the current epoch is gone. If the registration ends (evicted,
+// or its lease lost in a long pause) it registers again as a new
+// incarnation, which the coordinator admits like a restarted replica. It
+// exits when the Comm closes.
 func (c *Comm) follow() {
 	defer close(c.done)
-	qs, rs := c.m.Quorums(), c.m.Revocations()
-	for qs != nil || rs != nil {
+	for {
+		m := c.member()
+		changed, done := m.Changed(), m.Done() // before reading, so no change is missed
+		if q, ok := m.Quorum(); ok {
+			c.onQuorum(q)
+		}
+		c.checkRevocation(m)
 		select {
 		case <-c.stop:
 			return
-		case q, ok := <-qs:
-			if !ok {
-				qs = nil
-				continue
+		case <-changed:
+		case <-done:
+			if !c.reregister(m) {
+				return
 			}
-			c.onQuorum(q)
-		case r, ok := <-rs:
-			if !ok {
-				rs = nil
-				continue
-			}
-			c.onRevocation(r)
 		}
+	}
+}
+
+// reregister replaces a registration that ended. It reports false when
+// there is nothing more to follow.
+func (c *Comm) reregister(old Membership) bool {
+	cause := old.Err()
+	em, ok := old.(*etcdMember)
+	if !c.own || !ok {
+		c.mu.Lock()
+		c.lost = fmt.Errorf("%w: %v", ErrMembershipLost, cause)
+		close(c.changed)
+		c.changed = make(chan struct{})
+		c.mu.Unlock()
+		c.log.Error("membership ended", zap.Error(cause))
+		return false
+	}
+	c.log.Warn("registration lost; registering again", zap.Error(cause))
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 100*time.Millisecond, 5*time.Second, 0
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { // ends the retries when the Comm closes; exits with this function
+		select {
+		case <-c.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var nm *etcdMember
+	err := backoff.Retry(func() error {
+		var err error
+		nm, err = register(ctx, c.cfg, em.cli, c.id, c.server.Addr())
+		if err != nil {
+			c.log.Warn("registering again", zap.Error(err))
+		}
+		return err
+	}, backoff.WithContext(b, ctx))
+	if err != nil {
+		return false // closing
+	}
+	nm.cli, em.cli = em.cli, nil // the client moves to the new registration
+	em.Close()
+	c.mu.Lock()
+	c.m = nm
+	c.mu.Unlock()
+	c.log.Info("registered again", zap.Int64("incarnation", nm.Incarnation()))
+	return true
+}
+
+func (c *Comm) checkRevocation(m Membership) {
+	c.mu.Lock()
+	epoch, ft := c.epoch, c.ft
+	if ft == nil || epoch <= c.revoked {
+		c.mu.Unlock()
+		return
+	}
+	r, ok := m.Revocation(epoch)
+	if ok {
+		c.revoked = epoch
+	}
+	c.mu.Unlock()
+	if ok {
+		ft.Revoke(fmt.Errorf("ft: epoch %d revoked by %s: %s", r.Epoch, r.By, r.Reason))
+		c.log.Info("revoked the comm by record", zap.Uint64("epoch", r.Epoch), zap.String("reason", r.Reason))
 	}
 }
 
@@ -172,19 +248,6 @@ func (c *Comm) onQuorum(q membership.Quorum) {
 	}
 	if len(revoke) > 0 {
 		c.log.Info("revoked the comm: a peer left the quorum", zap.Uint64("epoch", q.Epoch), zap.String("reason", q.Reason))
-	}
-}
-
-func (c *Comm) onRevocation(r membership.Revocation) {
-	c.mu.Lock()
-	ft := c.ft
-	if r.Epoch != c.epoch {
-		ft = nil
-	}
-	c.mu.Unlock()
-	if ft != nil {
-		ft.Revoke(fmt.Errorf("ft: epoch %d revoked by %s: %s", r.Epoch, r.By, r.Reason))
-		c.log.Info("revoked the comm by record", zap.Uint64("epoch", r.Epoch), zap.String("reason", r.Reason))
 	}
 }
 
@@ -236,7 +299,7 @@ func (c *Comm) reconfigure(ctx context.Context) error {
 		c.noteFailure()
 		c.log.Warn("reconfiguration failed; waiting for the next epoch", zap.Uint64("epoch", q.Epoch), zap.Error(err))
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		if rerr := c.m.ReportCommitFailure(rctx, q.Epoch, "reconfiguration failed: "+err.Error()); rerr != nil {
+		if rerr := c.member().ReportCommitFailure(rctx, q.Epoch); rerr != nil {
 			c.log.Warn("reporting the failed epoch", zap.Error(rerr))
 		}
 		cancel()
@@ -250,17 +313,21 @@ func (c *Comm) reconfigure(ctx context.Context) error {
 func (c *Comm) awaitQuorum(ctx context.Context) (membership.Quorum, view, error) {
 	for {
 		c.mu.Lock()
-		q, changed := c.latest, c.changed
+		q, changed, m := c.latest, c.changed, c.m
 		if c.closed {
 			c.mu.Unlock()
 			return membership.Quorum{}, view{}, ErrClosed
+		}
+		if c.lost != nil {
+			c.mu.Unlock()
+			return membership.Quorum{}, view{}, c.lost
 		}
 		var usable bool
 		var v view
 		var verr error
 		if q != nil && (q.Epoch > c.epoch || (c.ft == nil && q.Epoch == c.epoch && c.epoch == 0)) {
 			v, verr = deriveView(q.Epoch, participantsOf(*q), c.cfg.Group, c.cfg.GroupRank, c.cfg.GroupSize)
-			usable = verr == nil && v.complete && v.includes(c.id, c.m.Incarnation())
+			usable = verr == nil && v.complete && v.includes(c.id, m.Incarnation())
 		}
 		var leave []*comm.Comm
 		if q != nil && q.Epoch > c.epoch && !usable {
@@ -376,10 +443,25 @@ func (c *Comm) apply(ctx context.Context, q membership.Quorum, v view) error {
 	c.ft, c.group, c.groupOf = ft, group, v.group
 	c.mu.Unlock()
 	c.metrics.reconfigs.WithLabelValues(how.String()).Inc()
+	c.forgetRendezvous(ctx, oldFT, v.ftRank == 0, "ft-"+strconv.Itoa(c.cfg.GroupRank))
+	c.forgetRendezvous(ctx, oldGroup, c.cfg.GroupRank == 0, "group-"+c.cfg.Group)
 	c.log.Info("reconfigured", zap.Uint64("epoch", q.Epoch), zap.Stringer("how", how), zap.Ints("exclude", exclude),
 		zap.Int("rank", v.ftRank), zap.Int("size", len(v.ft)), zap.Int("groups", v.groups))
 
 	return c.agreeAndHeal(ectx, q.Epoch)
+}
+
+// forgetRendezvous deletes the rendezvous keys of a replaced comm's epoch
+// (backends keep them under <prefix>/epoch/<epoch>/); one rank does it.
+func (c *Comm) forgetRendezvous(ctx context.Context, old *comm.Comm, mine bool, prefix string) {
+	if old == nil || !mine {
+		return
+	}
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.store.DeletePrefix(dctx, fmt.Sprintf("%s/epoch/%d/", prefix, old.Epoch())); err != nil {
+		c.log.Warn("deleting old rendezvous keys", zap.Error(err))
+	}
 }
 
 func oldMembersOrNil(ft *comm.Comm, members []participant) []participant {
@@ -461,7 +543,7 @@ func (c *Comm) setStep(s int64) {
 	c.mu.Lock()
 	c.stepNow = s
 	c.mu.Unlock()
-	c.m.SetStep(s)
+	c.member().SetStep(s)
 	c.metrics.step.Set(float64(s))
 }
 
@@ -542,7 +624,7 @@ func (c *Comm) Commit(ctx context.Context) (bool, error) {
 	c.log.Warn("commit failed", zap.Int64("step", c.step), zap.Uint64("epoch", epoch), zap.String("reason", reason),
 		zap.Int("in_a_row", c.failedCommits))
 	if ft != nil {
-		if err := c.m.ReportCommitFailure(ctx, epoch, reason); err != nil {
+		if err := c.member().ReportCommitFailure(ctx, epoch); err != nil {
 			c.log.Warn("reporting the commit failure", zap.Error(err))
 		}
 	}
@@ -650,7 +732,10 @@ func (c *Comm) Close() error {
 	close(c.stop)
 	<-c.done
 	closeAll(ft, group)
-	err := errors.Join(c.m.Close(), c.server.Close())
+	m := c.member()
+	lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := errors.Join(m.Leave(lctx), m.Close(), c.server.Close())
 	c.metrics.unregister()
 	return err
 }

@@ -2,6 +2,7 @@ package ft
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -23,27 +24,37 @@ var (
 	ErrTooManyCommitFailures = errors.New("ft: too many consecutive commit failures")
 	// ErrClosed: the Comm was closed.
 	ErrClosed = errors.New("ft: closed")
+	// ErrMembershipLost: the registration ended and could not be renewed
+	// (a Membership supplied in Config is not re-created).
+	ErrMembershipLost = errors.New("ft: membership lost")
 )
 
-// Membership is what ft.Comm needs of the membership service: a registered
-// member's view of its job. membership.Member provides it; tests may
-// provide another.
+// Membership is what ft.Comm needs of the membership service: one
+// registered member's view of its job. *membership.Member provides it
+// (through a thin adapter for Store); tests may provide another.
 type Membership interface {
-	// ID and Incarnation identify this member's registration.
+	// ID and Incarnation identify this registration.
 	ID() string
 	Incarnation() int64
-	// Quorums delivers published quorums, newest last; Revocations delivers
-	// revocation records. Both are closed when the member is closed.
-	Quorums() <-chan membership.Quorum
-	Revocations() <-chan membership.Revocation
-	// SetStep records the member's committed step; it is carried to the
-	// coordinator by the next heartbeat, not sent now.
+	// Quorum is the latest published quorum; Revocation an epoch's
+	// revocation record. Changed is closed at the next change of either.
+	Quorum() (membership.Quorum, bool)
+	Revocation(epoch uint64) (membership.Revocation, bool)
+	Changed() <-chan struct{}
+	// Done is closed when the registration ends (left, evicted, lost);
+	// Err says why.
+	Done() <-chan struct{}
+	Err() error
+	// SetStep records the committed step; it reaches the coordinator with
+	// the next heartbeat, not now.
 	SetStep(step int64)
 	// ReportCommitFailure tells the coordinator that epoch failed here.
-	ReportCommitFailure(ctx context.Context, epoch uint64, reason string) error
-	// Store is the job's rendezvous store.
+	ReportCommitFailure(ctx context.Context, epoch uint64) error
+	// Store is the job's rendezvous store (shared by all epochs: a grow's
+	// joiners and existing ranks must meet under the same keys).
 	Store() comm.Store
-	// Close leaves the job (gracefully when possible) and releases the member.
+	// Leave deregisters gracefully; Close releases what is left.
+	Leave(ctx context.Context) error
 	Close() error
 }
 
@@ -58,9 +69,13 @@ type Config struct {
 
 	// Coordinator lists the etcd endpoints of the ftcoord cluster.
 	Coordinator []string
-	// Member configures the membership registration made from Coordinator
-	// (lease TTL, gossip); ft fills in the job, id, group and address.
-	// Member membership.MemberConfig
+	// Member configures the registration made through Coordinator (lease
+	// TTL, heartbeat interval, gossip, etcd root); ft fills in the client,
+	// job, id, group, address and min replicas.
+	Member membership.MemberConfig
+	// EtcdTLS and EtcdUsername/EtcdPassword reach a secured etcd.
+	EtcdTLS                    *tls.Config
+	EtcdUsername, EtcdPassword string
 	// Membership, if set, is used instead of registering through
 	// Coordinator; ft closes it in Close.
 	Membership Membership

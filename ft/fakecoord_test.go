@@ -2,6 +2,7 @@ package ft
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -33,9 +34,11 @@ type fakeMember struct {
 	c       *fakeCoord
 	id      string
 	inc     int64
-	quorums chan membership.Quorum
-	revs    chan membership.Revocation
 	mu      sync.Mutex
+	quorum  *membership.Quorum
+	revs    map[uint64]membership.Revocation
+	changed chan struct{}
+	done    chan struct{}
 	step    int64
 	closed  bool
 }
@@ -45,12 +48,12 @@ func (c *fakeCoord) join(id string) *fakeMember {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.inc++
-	m := &fakeMember{c: c, id: id, inc: c.inc, quorums: make(chan membership.Quorum, 1000), revs: make(chan membership.Revocation, 1000)}
+	m := &fakeMember{c: c, id: id, inc: c.inc, revs: map[uint64]membership.Revocation{}, changed: make(chan struct{}), done: make(chan struct{})}
 	c.members[id] = m
 	g, _, _ := parseMemberID(id)
 	c.m.Upsert(time.Now(), membership.MemberRecord{ID: id, Group: g, Incarnation: m.inc, WantQuorum: true, Joined: time.Now()})
 	if len(c.history) > 0 { // a late joiner learns the current quorum, as from etcd
-		m.quorums <- c.history[len(c.history)-1]
+		m.setQuorum(c.history[len(c.history)-1])
 	}
 	c.advanceLocked()
 	return m
@@ -73,14 +76,14 @@ func (c *fakeCoord) advanceLocked() {
 	d := c.m.Advance(now)
 	if d.Revocation != nil {
 		for _, m := range c.members {
-			m.revs <- *d.Revocation
+			m.setRevocation(*d.Revocation)
 		}
 	}
 	if d.Quorum != nil {
 		c.m.Published(*d.Quorum)
 		c.history = append(c.history, *d.Quorum)
 		for _, m := range c.members {
-			m.quorums <- *d.Quorum
+			m.setQuorum(*d.Quorum)
 		}
 	}
 	if !d.WakeAt.IsZero() {
@@ -112,11 +115,51 @@ func (c *fakeCoord) close() {
 	}
 }
 
-func (m *fakeMember) ID() string                                { return m.id }
-func (m *fakeMember) Incarnation() int64                        { return m.inc }
-func (m *fakeMember) Quorums() <-chan membership.Quorum         { return m.quorums }
-func (m *fakeMember) Revocations() <-chan membership.Revocation { return m.revs }
-func (m *fakeMember) Store() comm.Store                         { return m.c.store }
+func (m *fakeMember) ID() string            { return m.id }
+func (m *fakeMember) Incarnation() int64    { return m.inc }
+func (m *fakeMember) Store() comm.Store     { return m.c.store }
+func (m *fakeMember) Done() <-chan struct{} { return m.done }
+func (m *fakeMember) Err() error            { return errors.New("fake member gone") }
+
+func (m *fakeMember) Quorum() (membership.Quorum, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.quorum == nil {
+		return membership.Quorum{}, false
+	}
+	return *m.quorum, true
+}
+
+func (m *fakeMember) Revocation(epoch uint64) (membership.Revocation, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.revs[epoch]
+	return r, ok
+}
+
+func (m *fakeMember) Changed() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.changed
+}
+
+func (m *fakeMember) setQuorum(q membership.Quorum) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.quorum = &q
+	close(m.changed)
+	m.changed = make(chan struct{})
+}
+
+func (m *fakeMember) setRevocation(r membership.Revocation) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.revs[r.Epoch] = r
+	close(m.changed)
+	m.changed = make(chan struct{})
+}
+
+func (m *fakeMember) Leave(ctx context.Context) error { return m.Close() }
 
 func (m *fakeMember) SetStep(step int64) {
 	m.mu.Lock()
@@ -124,7 +167,7 @@ func (m *fakeMember) SetStep(step int64) {
 	m.mu.Unlock()
 }
 
-func (m *fakeMember) ReportCommitFailure(ctx context.Context, epoch uint64, reason string) error {
+func (m *fakeMember) ReportCommitFailure(ctx context.Context, epoch uint64) error {
 	c := m.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -156,7 +199,6 @@ func (m *fakeMember) closeLocked() {
 	defer m.mu.Unlock()
 	if !m.closed {
 		m.closed = true
-		close(m.quorums)
-		close(m.revs)
+		close(m.done)
 	}
 }

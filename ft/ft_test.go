@@ -197,18 +197,22 @@ func (r *replica) records() []commitRecord {
 	return append([]commitRecord(nil), r.commits...)
 }
 
-func (j *job) check(rs ...*replica) {
-	j.t.Helper()
-	j.ledger.mu.Lock()
-	defer j.ledger.mu.Unlock()
-	for _, err := range j.ledger.errs {
-		j.t.Error(err)
+func (j *job) check(rs ...*replica) { j.t.Helper(); j.ledger.check(j.t, rs...) }
+
+// check asserts that every committed step's state was the same on every
+// replica that committed it, and that each replica's steps only grew.
+func (l *ledger) check(t *testing.T, rs ...*replica) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, err := range l.errs {
+		t.Error(err)
 	}
 	for _, r := range rs {
 		var last int64
 		for _, c := range r.records() {
 			if c.step <= last {
-				j.t.Errorf("%s: committed step %d after %d", r.id, c.step, last)
+				t.Errorf("%s: committed step %d after %d", r.id, c.step, last)
 			}
 			last = c.step
 		}

@@ -1,0 +1,157 @@
+package ft
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/comm/inproc"
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// etcdJob runs replicas registered through a real embedded etcd with a real
+// Coordinator, in one process.
+type etcdJob struct {
+	t       *testing.T
+	etcd    *membership.Embedded
+	coord   *membership.Coordinator
+	stopC   context.CancelFunc
+	coordWG sync.WaitGroup
+	ledger  *ledger
+	cfg     Config
+}
+
+func newEtcdJob(t *testing.T, backend string, backendConfig any) *etcdJob {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	j := &etcdJob{t: t, etcd: e, ledger: &ledger{hashes: map[int64]uint64{}}}
+	mc := membership.DefaultMemberConfig()
+	mc.LeaseTTL = 2 * time.Second
+	j.cfg = Config{Job: "toy", Coordinator: e.Endpoints(), Member: mc, Backend: backend, BackendConfig: backendConfig,
+		Secret: []byte("k"), MinReplicas: 1, Timeout: 10 * time.Second, HealChunkSize: 4096}
+	j.startCoordinator()
+	t.Cleanup(j.stopCoordinator)
+	return j
+}
+
+func (j *etcdJob) startCoordinator() {
+	cli, err := j.etcd.NewClient(nil)
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	cfg := membership.DefaultCoordinatorConfig()
+	cfg.Client, cfg.Quorum.JoinTimeout, cfg.SessionTTL = cli, 300*time.Millisecond, 2*time.Second
+	cfg.Logger = zaptest.NewLogger(j.t).Named("coordinator")
+	c, err := membership.NewCoordinator(cfg)
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	j.coord, j.stopC = c, cancel
+	j.coordWG.Add(1)
+	go func() {
+		defer j.coordWG.Done()
+		defer cli.Close()
+		if err := c.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			j.t.Errorf("coordinator: %v", err)
+		}
+	}()
+}
+
+func (j *etcdJob) stopCoordinator() {
+	if j.stopC != nil {
+		j.stopC()
+		j.coordWG.Wait()
+		j.stopC = nil
+	}
+}
+
+func (j *etcdJob) start(group string, until int64, params int) *replica {
+	cfg := j.cfg
+	cfg.Group = group
+	cfg.Logger = zaptest.NewLogger(j.t).Named(group)
+	c, err := New(context.Background(), cfg)
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	r := &replica{t: j.t, id: memberID(group, 0), c: c, params: make([]float32, params), done: make(chan struct{}), progress: make(chan struct{}, 1)}
+	for i := range r.params {
+		r.params[i] = 1
+	}
+	if err := c.Register("params", comm.Float32s(r.params)); err != nil {
+		j.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go r.train(ctx, j.ledger, until)
+	return r
+}
+
+// Training goes on while the coordinator is down (steady state needs no
+// coordinator), and a late joiner is admitted once a coordinator is back.
+func TestEtcdCoordinatorRestartAndLateJoiner(t *testing.T) {
+	j := newEtcdJob(t, "inproc", inproc.NewCluster())
+	const forever = 1 << 40
+	a, b := j.start("a", forever, 256), j.start("b", forever, 256)
+	a.waitStep(5)
+	j.stopCoordinator()
+	at := a.c.CommittedStep()
+	a.waitStep(at + 20) // no coordinator, no change: steps still commit
+	if got := a.c.Participants(); got != 2 {
+		t.Fatalf("participants %d while the coordinator is down", got)
+	}
+	j.startCoordinator()
+	c := j.start("c", forever, 256)
+	c.waitStep(a.c.CommittedStep() + 5)
+	for _, r := range []*replica{a, b, c} {
+		r.cancel()
+		if err := r.wait(); err != nil && !errors.Is(err, context.Canceled) {
+			t.Fatalf("%s: %v", r.id, err)
+		}
+	}
+	recs := c.records()
+	if len(recs) == 0 || recs[0].step <= at+20 || recs[len(recs)-1].participants != 3 {
+		t.Fatalf("late joiner: %+v", recs)
+	}
+	j.ledger.check(t, a, b, c)
+	for _, r := range []*replica{a, b, c} {
+		if err := r.c.Close(); err != nil {
+			t.Errorf("close %s: %v", r.id, err)
+		}
+	}
+}
+
+// A replica that leaves gracefully is dropped at once (no lease expiry
+// wait); the others shrink and go on.
+func TestEtcdGracefulLeave(t *testing.T) {
+	j := newEtcdJob(t, "inproc", inproc.NewCluster())
+	a, b, c := j.start("a", 1<<40, 256), j.start("b", 1<<40, 256), j.start("c", 1<<40, 256)
+	a.waitStep(3)
+	c.cancel()
+	<-c.done
+	if err := c.c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	at := a.c.CommittedStep()
+	a.waitStep(at + 3)
+	b.waitStep(at + 3)
+	if p := a.c.Participants(); p != 2 {
+		t.Fatalf("participants after c left: %d", p)
+	}
+	for _, r := range []*replica{a, b} {
+		r.cancel()
+		<-r.done
+		r.c.Close()
+	}
+	j.ledger.check(t, a, b)
+}
