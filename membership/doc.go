@@ -1,18 +1,116 @@
-// Package membership is ftcomm's membership service: an etcd-backed
-// comm.Store for rendezvous, and an etcd server embedded in the process for
-// tests, tools and the default ftcoord.
+// Package membership is ftcomm's membership service: who takes part in
+// each epoch of a job, decided by a coordinator and kept in etcd.
 //
-// # Store
+// # Pieces
 //
-// NewStore(cli, prefix) keeps comm.Store keys under prefix in etcd. Get
-// waits on a watch started at the revision after its first read (it never
-// polls and never misses a write in between); Add is a compare-and-swap
-// Txn loop storing decimal text. The caller owns the client.
+//   - Store: an etcd comm.Store for rendezvous (NewStore; Member.Store
+//     gives one per epoch).
+//   - Embedded, EmbeddedCluster: etcd inside the process on free loopback
+//     ports, for tests, tools and the default ftcoord.
+//   - Machine: the quorum state machine, pure (no I/O, time as input).
+//   - Member: one member of a job (for ft.Comm, one replica group's leader).
+//   - Coordinator: forms and publishes the quorums of every job; several
+//     instances elect one leader through etcd.
+//   - Gossip: SWIM failure detection (hashicorp/memberlist) among members
+//     and coordinators.
+//   - Admin: read and manage jobs through etcd (the ftcoord API uses it).
 //
-// # Embedded etcd
+// # Keys
 //
-// StartEmbedded runs one etcd member on free loopback ports (asked of the
-// OS; never fixed), with etcd's logs silenced unless a logger is given.
-// StartEmbeddedCluster runs several members forming one cluster. Close
-// stops a member and removes its temporary data directory.
+// Everything lives under a root (default "/ftcomm"); see Keys:
+// <root>/<job>/members/<id> (bound to the member's lease),
+// <root>/<job>/epoch/quorum, <root>/<job>/epoch/revoked/<epoch>,
+// <root>/<job>/history/<epoch>, <root>/<job>/rdzv/<epoch>/….
+//
+// # Member lifecycle (what ft.Comm does)
+//
+//	m, err := membership.Join(ctx, cfg)        // lease, record, watches, gossip
+//	m.RequestQuorum(ctx, false)                // once: "I want in"
+//	q, err := m.NextQuorum(ctx, 0)             // blocks until a quorum with me… or without
+//	for each step {
+//	    // No I/O here while the epoch holds: q is current until m.Changed()
+//	    // fires. Select on m.Revoked(q.Epoch) beside long collectives and
+//	    // revoke the communicator when it fires.
+//	    m.SetStep(step)                        // local; travels with the next write
+//	    if commit failed { m.ReportCommitFailure(ctx, q.Epoch) }
+//	}
+//	m.Leave(ctx)                               // or Close
+//
+// Steady state costs the coordinator nothing: a member learns a new epoch
+// from its watch on <root>/<job>/epoch/ (pushed by etcd), not by asking. What
+// reaches the coordinator is what changes a decision: joins
+// (RequestQuorum), deaths (gossip, lease expiry), leaves, evictions, health
+// changes (SetHealth) and commit failures (ReportCommitFailure). The
+// optional periodic heartbeat (HeartbeatInterval, default 10 s, 0 = off)
+// writes the member's step and health to etcd only when they changed: it
+// feeds the dashboard and the quorum's MaxStep, and costs one etcd write
+// per member per interval.
+//
+// A quorum is {Epoch, ordered Participants, MaxStep, Created, Reason}.
+// Participant i is rank i. Survivors keep their relative order and joiners
+// follow, so the ft layer can Shrink (a subset), Grow (survivors then
+// joiners) or re-initialise (anything else). MaxStep is the highest step
+// reported when the quorum formed; steps are reported on heartbeats, so
+// agree on the exact step inside the job (an all-reduce of max) before
+// healing.
+//
+// Epochs end by revocation. When a participant dies, leaves, is evicted or
+// turns Critical, or a commit fails, the coordinator writes a revocation
+// record for the current epoch at once — before the next quorum if that
+// must wait for stragglers or min replicas — and Revoked(epoch) fires at
+// every member. A member that sees a collective fail may also Revoke the
+// epoch itself; the first record wins, and the coordinator then forms the
+// next epoch (the same participants if all are alive).
+//
+// A member whose registration disappears (evicted, declared dead by
+// gossip, lease expired) is over: Done closes, Err wraps ErrEvicted, and
+// every method that writes fails with it. Join again for a new
+// incarnation; a restarted process is always a new incarnation, and Join
+// fails with *DuplicateMemberError while the old one is alive (or waits
+// with WaitForDuplicate). Health Critical (e.g. a GPU XID fault reported
+// by the NCCL backend through the app) excludes the member from the next
+// quorum until it reports Healthy or Degraded; it stays registered.
+//
+// # Quorum rules (Machine)
+//
+// After torchft's lighthouse: fast quorum when every member of the
+// previous quorum is still live and fit; otherwise at least MinReplicas
+// candidates and a strict majority of live members taking part (no split
+// brain), waiting up to JoinTimeout for stragglers (live members that
+// have not asked); ShrinkOnly keeps joiners out while a participant holds
+// it; the epoch grows by one at every quorum, which is published only when
+// the participants change or the epoch failed.
+//
+// # Coordinator
+//
+// Run campaigns in an etcd election (concurrency.Election). The leader
+// reads every job under the root, then follows one watch on the root
+// (resuming from its revision; a compaction or broken watch makes it read
+// again) plus its gossip node's deaths, feeds the per-job Machines and
+// publishes each Decision in one Txn whose compares are the leader key's
+// create revision and the quorum key's mod revision: a deposed leader's
+// write fails (ErrNotLeader) and it campaigns again. On a gossip death the
+// leader also deletes the member's registration (fenced), so a restarted
+// process can register at once.
+//
+// # Failure detection
+//
+// Layered: TCP errors inside a collective (ft's business, instant); gossip
+// (Gossip, about 1 s with DefaultGossipConfig for a killed or stopped
+// process, the coordinator being a gossip node itself); lease expiry
+// (LeaseTTL, ≥ 2 s) as the backstop. Whichever fires first ends the
+// epoch.
+//
+// # Concurrency and goroutines
+//
+// Store, Admin, Member and Coordinator are safe for concurrent use;
+// Machine is not (the coordinator drives it from one goroutine). A Member
+// runs goroutines for lease renewal, the epoch watch, the watch of its own
+// key, heartbeats and gossip; they exit at Leave or Close, or soon after
+// the membership is lost (Close waits for them). Coordinator.Run's
+// goroutines exit before it returns. Gossip runs one event-forwarding
+// goroutine until Close. Embedded's etcd stops at Close. Every call that
+// can block takes a ctx and ends at its deadline. The caller owns the etcd
+// clients it passes in and closes them after the members and
+// coordinators that use them.
 package membership
