@@ -670,6 +670,18 @@ func (c *Comm) Broadcast(ctx context.Context, t comm.Tensor, root int) *comm.Wor
 	return c.forward(func(x *comm.Comm) *comm.Work { return x.BroadcastAsync(ctx, t, root) })
 }
 
+// ReportHealth tells the coordinator this replica's health. A device monitor
+// calls it with membership.Critical on a fatal fault (a GPU XID, say) so the
+// replica leaves the quorum before it hangs its peers' collectives; the
+// replica sits out until it reports Healthy again. Safe from any goroutine.
+func (c *Comm) ReportHealth(ctx context.Context, h membership.Health, reason string) error {
+	if err := c.member().SetHealth(ctx, h, reason); err != nil {
+		return fmt.Errorf("ft: report health: %w", err)
+	}
+	c.log.Info("reported health", zap.Stringer("health", h), zap.String("reason", reason))
+	return nil
+}
+
 // Group returns the replica group's comm (the shard dimension of HSDP), or
 // nil when GroupSize is 1 or the group is not formed. Ops on it are not
 // recorded for Commit; check their errors.

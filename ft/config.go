@@ -50,6 +50,9 @@ type Membership interface {
 	SetStep(step int64)
 	// ReportCommitFailure tells the coordinator that epoch failed here.
 	ReportCommitFailure(ctx context.Context, epoch uint64) error
+	// SetHealth reports this member's health now; Critical takes it out
+	// of the next quorum.
+	SetHealth(ctx context.Context, h membership.Health, reason string) error
 	// Store is the job's rendezvous store (shared by all epochs: a grow's
 	// joiners and existing ranks must meet under the same keys).
 	Store() comm.Store

@@ -161,6 +161,20 @@ func (m *fakeMember) setRevocation(r membership.Revocation) {
 
 func (m *fakeMember) Leave(ctx context.Context) error { return m.Close() }
 
+func (m *fakeMember) SetHealth(ctx context.Context, h membership.Health, reason string) error {
+	c := m.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rec, ok := c.m.Member(m.id)
+	if !ok || rec.Incarnation != m.inc {
+		return nil
+	}
+	rec.Health, rec.HealthReason = h, reason
+	c.m.Upsert(time.Now(), rec)
+	c.advanceLocked()
+	return nil
+}
+
 func (m *fakeMember) SetStep(step int64) {
 	m.mu.Lock()
 	m.step = step

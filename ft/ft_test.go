@@ -410,3 +410,34 @@ func TestHealingSourceDiesMidTransfer(t *testing.T) {
 		r.c.Close()
 	}
 }
+
+// A replica whose device turns critical leaves the quorum at once; the
+// others shrink and go on; when it is healthy again it rejoins and heals.
+func TestCriticalHealthSitsOut(t *testing.T) {
+	j := newJob(t, quick(), 1)
+	a, b, c := j.start("a", 0, 1, 1<<40), j.start("b", 0, 1, 1<<40), j.start("c", 0, 1, 1<<40)
+	a.waitStep(3)
+	if err := c.c.ReportHealth(context.Background(), membership.Critical, "XID 79: GPU fell off the bus"); err != nil {
+		t.Fatal(err)
+	}
+	at := a.c.CommittedStep()
+	a.waitStep(at + 3)
+	if p := a.c.Participants(); p != 2 {
+		t.Fatalf("participants with c critical: %d", p)
+	}
+	if err := c.c.ReportHealth(context.Background(), membership.Healthy, ""); err != nil {
+		t.Fatal(err)
+	}
+	c.waitStep(a.c.CommittedStep() + 2)
+	for _, r := range []*replica{a, b, c} {
+		r.cancel()
+		<-r.done
+	}
+	if recs := c.records(); recs[len(recs)-1].participants != 3 {
+		t.Fatalf("c did not rejoin: %+v", recs[len(recs)-1])
+	}
+	j.check(a, b, c)
+	for _, r := range []*replica{a, b, c} {
+		r.c.Close()
+	}
+}
