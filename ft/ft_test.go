@@ -126,6 +126,7 @@ func (r *replica) train(ctx context.Context, l *ledger, until int64) {
 			r.setErr(err)
 			return
 		}
+		r.checkDeadlines()
 		if ok {
 			for i := range r.params {
 				r.params[i] -= 0.01 * grads[i]
@@ -138,6 +139,22 @@ func (r *replica) train(ctx context.Context, l *ledger, until int64) {
 			case r.progress <- struct{}{}:
 			default:
 			}
+		}
+	}
+}
+
+// checkDeadlines asserts that no op of the current FT comm ran past the
+// comm's deadline (with a little room for the scheduler on a loaded machine).
+func (r *replica) checkDeadlines() {
+	r.c.mu.Lock()
+	ft := r.c.ft
+	r.c.mu.Unlock()
+	if ft == nil {
+		return
+	}
+	for _, op := range ft.FlightRecord().Ops {
+		if !op.Finished.IsZero() && !op.Started.IsZero() && op.Finished.Sub(op.Started) > r.c.cfg.Timeout+2*time.Second {
+			r.setErr(fmt.Errorf("%s #%d ran %v, past its %v deadline", op.Op, op.Seq, op.Finished.Sub(op.Started), r.c.cfg.Timeout))
 		}
 	}
 }
@@ -191,6 +208,23 @@ func (r *replica) waitStep(s int64) {
 	}
 }
 
+// waitParticipants blocks until r commits a step with n participants.
+func (r *replica) waitParticipants(n int) {
+	deadline := time.After(60 * time.Second)
+	for {
+		if recs := r.records(); len(recs) > 0 && recs[len(recs)-1].participants == n {
+			return
+		}
+		select {
+		case <-r.progress:
+		case <-r.done:
+			r.t.Fatalf("%s stopped before committing with %d participants: %v", r.id, n, r.err)
+		case <-deadline:
+			r.t.Fatalf("%s never committed with %d participants", r.id, n)
+		}
+	}
+}
+
 func (r *replica) records() []commitRecord {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -223,13 +257,41 @@ func quick() membership.QuorumConfig {
 	return membership.QuorumConfig{MinReplicas: 1, JoinTimeout: 200 * time.Millisecond}
 }
 
+// forever makes a replica train until it is stopped.
+const forever = 1 << 40
+
+// stopAll stops replicas' training, fails the test on any error but the
+// cancellation, checks the ledger and closes them.
+func (j *job) stopAll(rs ...*replica) {
+	j.t.Helper()
+	stopAll(j.t, j.ledger, rs...)
+}
+
+func stopAll(t *testing.T, l *ledger, rs ...*replica) {
+	t.Helper()
+	for _, r := range rs {
+		r.cancel()
+	}
+	for _, r := range rs {
+		if err := r.wait(); err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("%s: %v", r.id, err)
+		}
+	}
+	l.check(t, rs...)
+	for _, r := range rs {
+		if err := r.c.Close(); err != nil {
+			t.Errorf("close %s: %v", r.id, err)
+		}
+	}
+}
+
 func TestKillOneThenRejoin(t *testing.T) {
 	j := newJob(t, quick(), 2)
 	var rs []*replica
 	for _, g := range []string{"a", "b", "c", "d"} {
-		rs = append(rs, j.start(g, 0, 1, 30))
+		rs = append(rs, j.start(g, 0, 1, forever))
 	}
-	rs[0].waitStep(5)
+	rs[0].waitParticipants(4)
 	j.kill(rs[3])
 	killedAt := rs[0].c.CommittedStep()
 	rs[0].waitStep(killedAt + 5)
@@ -246,53 +308,33 @@ func TestKillOneThenRejoin(t *testing.T) {
 		}
 	}
 	// d restarts as a new incarnation, heals from its peers and rejoins.
-	d := j.start("d", 0, 1, 30)
-	for _, r := range append(rs[:3], d) {
-		if err := r.wait(); err != nil {
-			t.Fatalf("%s: %v", r.id, err)
-		}
+	d := j.start("d", 0, 1, forever)
+	d.waitParticipants(4)
+	if recs := d.records(); recs[0].step <= killedAt+5 {
+		t.Fatalf("the restarted replica's first commit was step %d: it did not heal", recs[0].step)
 	}
-	recs := d.records()
-	if len(recs) == 0 || recs[0].step <= killedAt || recs[len(recs)-1].participants != 4 {
-		t.Fatalf("the restarted replica did not heal and rejoin: %+v", recs)
-	}
-	if d.c.metrics == nil {
-		t.Fatal("no metrics")
-	}
-	j.check(append(rs[:3], d)...)
-	for _, r := range append(rs[:3], d) {
-		r.c.Close()
-	}
+	j.stopAll(append(rs[:3], d)...)
 }
 
 func TestLateJoinerHeals(t *testing.T) {
 	j := newJob(t, quick(), 1)
-	a := j.start("a", 0, 1, 20)
-	b := j.start("b", 0, 1, 20)
-	a.waitStep(8)
-	c := j.start("c", 0, 1, 20)
-	for _, r := range []*replica{a, b, c} {
-		if err := r.wait(); err != nil {
-			t.Fatalf("%s: %v", r.id, err)
-		}
-	}
-	recs := c.records()
-	if recs[0].step < 9 || recs[0].participants != 3 {
+	a, b := j.start("a", 0, 1, forever), j.start("b", 0, 1, forever)
+	a.waitParticipants(2)
+	a.waitStep(a.c.CommittedStep() + 5)
+	c := j.start("c", 0, 1, forever)
+	c.waitParticipants(3)
+	if recs := c.records(); recs[0].step < 7 || recs[0].participants != 3 {
 		t.Fatalf("late joiner's first commit: %+v", recs[0])
 	}
-	j.check(a, b, c)
-	for _, r := range []*replica{a, b, c} {
-		r.c.Close()
-	}
+	j.stopAll(a, b, c)
 }
 
 // One replica's step fails (an op error it records): its commit fails, the
 // epoch is bumped, and it heals the step it missed from the others.
 func TestFailedCommitForcesNextEpoch(t *testing.T) {
 	j := newJob(t, quick(), 1)
-	a := j.start("a", 0, 1, 12)
-	b := j.start("b", 0, 1, 12)
-	b.waitStep(4)
+	a, b := j.start("a", 0, 1, forever), j.start("b", 0, 1, forever)
+	b.waitParticipants(2)
 	e0 := a.c.Epoch()
 	// Break b's FT comm under it, as a flaky link would.
 	for {
@@ -309,17 +351,12 @@ func TestFailedCommitForcesNextEpoch(t *testing.T) {
 			t.Fatal("b stopped")
 		}
 	}
-	for _, r := range []*replica{a, b} {
-		if err := r.wait(); err != nil {
-			t.Fatalf("%s: %v", r.id, err)
-		}
-	}
+	at := b.c.CommittedStep()
+	b.waitStep(at + 3)
 	if a.c.Epoch() <= e0 {
 		t.Fatalf("epoch did not advance after a failed commit: %d", a.c.Epoch())
 	}
-	j.check(a, b)
-	a.c.Close()
-	b.c.Close()
+	j.stopAll(a, b)
 }
 
 func TestMinReplicasBlocksCommit(t *testing.T) {
@@ -353,31 +390,19 @@ func TestMinReplicasBlocksCommit(t *testing.T) {
 // whole, group a keeps training alone; b restarts its rank and rejoins whole.
 func TestReplicaGroups(t *testing.T) {
 	j := newJob(t, quick(), 1)
-	a0, a1 := j.start("a", 0, 2, 25), j.start("a", 1, 2, 25)
-	b0, b1 := j.start("b", 0, 2, 25), j.start("b", 1, 2, 25)
-	a0.waitStep(4)
+	a0, a1 := j.start("a", 0, 2, forever), j.start("a", 1, 2, forever)
+	b0, b1 := j.start("b", 0, 2, forever), j.start("b", 1, 2, forever)
+	a0.waitParticipants(2)
 	j.kill(b1)
-	at := a0.c.CommittedStep()
-	a0.waitStep(at + 4)
-	if p := a0.c.Participants(); p != 1 {
-		t.Fatalf("group a's FT comm has %d groups after b lost a rank", p)
-	}
+	a0.waitParticipants(1)
+	a0.waitStep(a0.c.CommittedStep() + 3)
 	if b0.c.Participants() != 0 {
 		t.Fatal("b0 still takes part without its group")
 	}
-	b1 = j.start("b", 1, 2, 25)
-	for _, r := range []*replica{a0, a1, b0, b1} {
-		if err := r.wait(); err != nil {
-			t.Fatalf("%s: %v", r.id, err)
-		}
-	}
-	if last := b0.records(); len(last) == 0 || last[len(last)-1].participants != 2 {
-		t.Fatalf("group b did not rejoin whole: %+v", last)
-	}
-	j.check(a0, a1, b0, b1)
-	for _, r := range []*replica{a0, a1, b0, b1} {
-		r.c.Close()
-	}
+	b1 = j.start("b", 1, 2, forever)
+	b0.waitParticipants(2)
+	b1.waitParticipants(2)
+	j.stopAll(a0, a1, b0, b1)
 }
 
 // A replica heals from three sources and one of them dies mid-transfer:
@@ -387,36 +412,27 @@ func TestHealingSourceDiesMidTransfer(t *testing.T) {
 	j := newJob(t, quick(), 1)
 	j.nParams = 1 << 20 // 4 MiB of state
 	j.cfg.HealChunkSize = 64 << 10
-	a, b, c := j.start("a", 0, 1, 14), j.start("b", 0, 1, 14), j.start("c", 0, 1, 14)
-	a.waitStep(4)
+	a, b, c := j.start("a", 0, 1, forever), j.start("b", 0, 1, forever), j.start("c", 0, 1, forever)
+	a.waitParticipants(3)
 	cut := a.c.server.ServedAtLeast(64 << 10)
-	d := j.start("d", 0, 1, 14)
+	d := j.start("d", 0, 1, forever)
 	select {
 	case <-cut:
 	case <-time.After(60 * time.Second):
 		t.Fatal("the healer never fetched from a")
 	}
 	j.kill(a)
-	for _, r := range []*replica{b, c, d} {
-		if err := r.wait(); err != nil {
-			t.Fatalf("%s: %v", r.id, err)
-		}
-	}
-	if recs := d.records(); len(recs) == 0 || recs[0].step <= 4 {
+	d.waitParticipants(3)
+	if recs := d.records(); recs[0].step <= 1 {
 		t.Fatalf("the healer's commits: %+v", recs)
 	}
-	j.check(b, c, d)
-	for _, r := range []*replica{b, c, d} {
-		r.c.Close()
-	}
+	j.stopAll(b, c, d)
 }
 
-// A replica whose device turns critical leaves the quorum at once; the
-// others shrink and go on; when it is healthy again it rejoins and heals.
 func TestCriticalHealthSitsOut(t *testing.T) {
 	j := newJob(t, quick(), 1)
-	a, b, c := j.start("a", 0, 1, 1<<40), j.start("b", 0, 1, 1<<40), j.start("c", 0, 1, 1<<40)
-	a.waitStep(3)
+	a, b, c := j.start("a", 0, 1, forever), j.start("b", 0, 1, forever), j.start("c", 0, 1, forever)
+	a.waitParticipants(3)
 	if err := c.c.ReportHealth(context.Background(), membership.Critical, "XID 79: GPU fell off the bus"); err != nil {
 		t.Fatal(err)
 	}
@@ -428,16 +444,6 @@ func TestCriticalHealthSitsOut(t *testing.T) {
 	if err := c.c.ReportHealth(context.Background(), membership.Healthy, ""); err != nil {
 		t.Fatal(err)
 	}
-	c.waitStep(a.c.CommittedStep() + 2)
-	for _, r := range []*replica{a, b, c} {
-		r.cancel()
-		<-r.done
-	}
-	if recs := c.records(); recs[len(recs)-1].participants != 3 {
-		t.Fatalf("c did not rejoin: %+v", recs[len(recs)-1])
-	}
-	j.check(a, b, c)
-	for _, r := range []*replica{a, b, c} {
-		r.c.Close()
-	}
+	c.waitParticipants(3)
+	j.stopAll(a, b, c)
 }
