@@ -159,7 +159,9 @@ type cudaError struct {
 	Msg  string
 }
 
-func (e *cudaError) Error() string { return fmt.Sprintf("nccl: %s: cuda error %d: %s", e.Op, e.Code, e.Msg) }
+func (e *cudaError) Error() string {
+	return fmt.Sprintf("nccl: %s: cuda error %d: %s", e.Op, e.Code, e.Msg)
+}
 
 // ---- device memory ----
 
