@@ -1,0 +1,400 @@
+package membership
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// EmbeddedConfig configures an etcd server run inside this process.
+type EmbeddedConfig struct {
+	// Dir is the data directory. Empty: a fresh temporary directory that
+	// Close removes.
+	Dir string
+	// Name is the etcd member name (default "ftcomm").
+	Name string
+	// Logger receives etcd's logs at EtcdLogLevel and above. nil: etcd
+	// logs nothing.
+	Logger *zap.Logger
+	// EtcdLogLevel is the lowest level of etcd's own logs passed on to
+	// Logger (default Warn: etcd is chatty at Info).
+	EtcdLogLevel zapcore.Level
+	// ClientAddr and PeerAddr are host:port to listen on. Empty: a free
+	// loopback port chosen by the OS.
+	ClientAddr, PeerAddr string
+	// InitialCluster ("name=http://host:port,…") and ClusterState ("new"
+	// or "existing") form a multi-member cluster; empty: a single-member
+	// cluster of this server alone. StartEmbeddedCluster fills them.
+	InitialCluster string
+	ClusterState   string
+	// ClusterToken tells clusters apart (default "ftcomm").
+	ClusterToken string
+	// TickMs and ElectionMs are raft's heartbeat and election timeout
+	// (defaults 100 and 1000, etcd's).
+	TickMs, ElectionMs uint
+	// CompactionRetention keeps this much history for watchers that
+	// resume from a revision (periodic compaction; default 1h; negative:
+	// never compact).
+	CompactionRetention time.Duration
+	// QuotaBackendBytes caps the database size (0: etcd's default, 2 GiB).
+	QuotaBackendBytes int64
+	// UnsafeNoFsync skips fsync: for tests and throwaway clusters only.
+	UnsafeNoFsync bool
+}
+
+// DefaultEmbeddedConfig returns a single-member configuration on free
+// loopback ports with a temporary data directory and silent logs.
+func DefaultEmbeddedConfig() EmbeddedConfig {
+	return EmbeddedConfig{
+		Name:                "ftcomm",
+		EtcdLogLevel:        zapcore.WarnLevel,
+		ClusterToken:        "ftcomm",
+		TickMs:              100,
+		ElectionMs:          1000,
+		CompactionRetention: time.Hour,
+	}
+}
+
+func (c *EmbeddedConfig) fillDefaults() {
+	d := DefaultEmbeddedConfig()
+	if c.Name == "" {
+		c.Name = d.Name
+	}
+	if c.ClusterToken == "" {
+		c.ClusterToken = d.ClusterToken
+	}
+	if c.TickMs == 0 {
+		c.TickMs = d.TickMs
+	}
+	if c.ElectionMs == 0 {
+		c.ElectionMs = d.ElectionMs
+	}
+	if c.CompactionRetention == 0 {
+		c.CompactionRetention = d.CompactionRetention
+	}
+	if c.ClusterState == "" {
+		c.ClusterState = embed.ClusterStateFlagNew
+	}
+}
+
+// Validate says what is wrong with the configuration, if anything. Zero
+// fields are valid: they take their defaults.
+func (c EmbeddedConfig) Validate() error {
+	for _, a := range []struct{ name, v string }{{"ClientAddr", c.ClientAddr}, {"PeerAddr", c.PeerAddr}} {
+		if a.v == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a.v); err != nil {
+			return fmt.Errorf("%w: membership: embedded etcd %s %q is not host:port: %v", comm.ErrInvalidArgument, a.name, a.v, err)
+		}
+	}
+	if c.ClusterState != "" && c.ClusterState != embed.ClusterStateFlagNew && c.ClusterState != embed.ClusterStateFlagExisting {
+		return fmt.Errorf("%w: membership: embedded etcd ClusterState %q: want %q or %q", comm.ErrInvalidArgument, c.ClusterState, embed.ClusterStateFlagNew, embed.ClusterStateFlagExisting)
+	}
+	if c.TickMs != 0 && c.ElectionMs != 0 && c.ElectionMs < 5*c.TickMs {
+		return fmt.Errorf("%w: membership: embedded etcd ElectionMs %d must be at least 5×TickMs (%d)", comm.ErrInvalidArgument, c.ElectionMs, c.TickMs)
+	}
+	if c.QuotaBackendBytes < 0 {
+		return fmt.Errorf("%w: membership: embedded etcd QuotaBackendBytes %d is negative", comm.ErrInvalidArgument, c.QuotaBackendBytes)
+	}
+	return nil
+}
+
+// Embedded is an etcd server running in this process.
+type Embedded struct {
+	etcd      *embed.Etcd
+	cfg       EmbeddedConfig
+	tempDir   string
+	endpoints []string
+	peerURL   string
+
+	clientOnce sync.Once
+	cli        *clientv3.Client
+	cliErr     error
+	closeOnce  sync.Once
+	closeErr   error
+}
+
+// StartEmbedded starts an etcd server and waits until it serves clients or
+// ctx ends. A single-member server is ready at once; a member of a new
+// multi-member cluster is ready when a quorum of its peers is up, so start
+// them concurrently (StartEmbeddedCluster does).
+func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.fillDefaults()
+	// Ports we chose ourselves may be taken between our probe and etcd's
+	// bind; choose again in that case.
+	for attempt := 0; ; attempt++ {
+		e, err := startEmbeddedOnce(ctx, cfg)
+		if err == nil || attempt >= 4 || !errors.Is(err, syscall.EADDRINUSE) || cfg.ClientAddr != "" && cfg.PeerAddr != "" {
+			return e, err
+		}
+	}
+}
+
+func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
+	m := &Embedded{cfg: cfg}
+	clientAddr, peerAddr := cfg.ClientAddr, cfg.PeerAddr
+	var err error
+	if clientAddr == "" {
+		if clientAddr, err = freeLoopbackAddr(); err != nil {
+			return nil, err
+		}
+	}
+	if peerAddr == "" {
+		if peerAddr, err = freeLoopbackAddr(); err != nil {
+			return nil, err
+		}
+	}
+	ec := embed.NewConfig()
+	ec.Name = cfg.Name
+	if cfg.Dir == "" {
+		if m.tempDir, err = os.MkdirTemp("", "ftcomm-etcd-"); err != nil {
+			return nil, fmt.Errorf("membership: embedded etcd: %w", err)
+		}
+		ec.Dir = m.tempDir
+	} else {
+		ec.Dir = cfg.Dir
+	}
+	cu := url.URL{Scheme: "http", Host: clientAddr}
+	pu := url.URL{Scheme: "http", Host: peerAddr}
+	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
+	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
+	if cfg.InitialCluster != "" {
+		ec.InitialCluster = cfg.InitialCluster
+	} else {
+		ec.InitialCluster = ec.InitialClusterFromName(cfg.Name)
+	}
+	ec.ClusterState = cfg.ClusterState
+	ec.InitialClusterToken = cfg.ClusterToken
+	ec.TickMs, ec.ElectionMs = cfg.TickMs, cfg.ElectionMs
+	if cfg.CompactionRetention > 0 {
+		ec.AutoCompactionMode = embed.CompactorModePeriodic
+		ec.AutoCompactionRetention = cfg.CompactionRetention.String()
+	}
+	ec.QuotaBackendBytes = cfg.QuotaBackendBytes
+	ec.UnsafeNoFsync = cfg.UnsafeNoFsync
+	lg := zap.NewNop()
+	if cfg.Logger != nil {
+		lg = cfg.Logger.WithOptions(zap.IncreaseLevel(cfg.EtcdLogLevel)).Named("etcd")
+	}
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
+	ec.Logger = "zap"
+
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		m.removeTemp()
+		return nil, fmt.Errorf("membership: start embedded etcd %s: %w", cfg.Name, err)
+	}
+	m.etcd = e
+	m.endpoints = []string{cu.Host}
+	m.peerURL = pu.String()
+	select {
+	case <-e.Server.ReadyNotify():
+		return m, nil
+	case err := <-e.Err():
+		m.Close()
+		return nil, fmt.Errorf("membership: embedded etcd %s failed while starting: %w", cfg.Name, err)
+	case <-ctx.Done():
+		m.Close()
+		return nil, fmt.Errorf("membership: embedded etcd %s not ready: %w", cfg.Name, context.Cause(ctx))
+	}
+}
+
+func (m *Embedded) removeTemp() {
+	if m.tempDir != "" {
+		os.RemoveAll(m.tempDir)
+	}
+}
+
+// freeLoopbackAddr asks the OS for a free loopback TCP port.
+func freeLoopbackAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("membership: find a free port: %w", err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr, nil
+}
+
+// Endpoints returns the client endpoints (host:port) of this server.
+func (m *Embedded) Endpoints() []string { return append([]string(nil), m.endpoints...) }
+
+// PeerURL returns the URL other members of the cluster reach this one at.
+func (m *Embedded) PeerURL() string { return m.peerURL }
+
+// Name returns the etcd member name.
+func (m *Embedded) Name() string { return m.cfg.Name }
+
+// Dir returns the data directory.
+func (m *Embedded) Dir() string { return m.etcd.Config().Dir }
+
+// Client returns a client of this server, created at the first call and
+// closed by Close. It logs nothing.
+func (m *Embedded) Client() (*clientv3.Client, error) {
+	m.clientOnce.Do(func() { m.cli, m.cliErr = m.NewClient(nil) })
+	return m.cli, m.cliErr
+}
+
+// NewClient returns a new client of this server; the caller closes it.
+func (m *Embedded) NewClient(lg *zap.Logger) (*clientv3.Client, error) {
+	return NewClient(m.endpoints, lg)
+}
+
+// NewClient connects to the etcd endpoints (host:port) with the settings
+// ftcomm uses everywhere: a 5 s dial timeout and keepalives that notice a
+// dead server within seconds. lg nil: the client logs nothing.
+func NewClient(endpoints []string, lg *zap.Logger) (*clientv3.Client, error) {
+	return clientv3.New(ClientConfig(endpoints, lg))
+}
+
+// ClientConfig is the clientv3.Config NewClient uses; add TLS or
+// credentials to it for a secured cluster.
+func ClientConfig(endpoints []string, lg *zap.Logger) clientv3.Config {
+	if lg == nil {
+		lg = zap.NewNop()
+	}
+	return clientv3.Config{
+		Endpoints:            endpoints,
+		DialTimeout:          5 * time.Second,
+		DialKeepAliveTime:    2 * time.Second,
+		DialKeepAliveTimeout: 2 * time.Second,
+		Logger:               lg,
+	}
+}
+
+// Close stops the server (closing the client Client returned) and removes
+// a temporary data directory. Safe to call twice.
+func (m *Embedded) Close() error {
+	m.closeOnce.Do(func() {
+		if m.cli != nil {
+			m.cli.Close()
+		}
+		m.etcd.Close()
+		m.removeTemp()
+	})
+	return m.closeErr
+}
+
+// EmbeddedCluster is a multi-member etcd cluster running in this process
+// (for tests and tools: each member can be stopped on its own).
+type EmbeddedCluster struct {
+	Members []*Embedded
+}
+
+// StartEmbeddedCluster starts n members named <cfg.Name>-0…<n-1> on free
+// loopback ports, each with its own data directory (under cfg.Dir when
+// set, else temporary), and waits until all serve clients.
+func StartEmbeddedCluster(ctx context.Context, cfg EmbeddedConfig, n int) (*EmbeddedCluster, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("%w: membership: embedded cluster of %d members", comm.ErrInvalidArgument, n)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.ClientAddr != "" || cfg.PeerAddr != "" || cfg.InitialCluster != "" {
+		return nil, fmt.Errorf("%w: membership: embedded cluster chooses its own addresses; leave ClientAddr, PeerAddr and InitialCluster empty", comm.ErrInvalidArgument)
+	}
+	cfg.fillDefaults()
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		c, err := startClusterOnce(ctx, cfg, n)
+		if err == nil {
+			return c, nil
+		}
+		lastErr = err
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+	}
+	return nil, lastErr
+}
+
+func startClusterOnce(ctx context.Context, cfg EmbeddedConfig, n int) (*EmbeddedCluster, error) {
+	cfgs := make([]EmbeddedConfig, n)
+	var initial []string
+	for i := range cfgs {
+		c := cfg
+		c.Name = fmt.Sprintf("%s-%d", cfg.Name, i)
+		var err error
+		if c.ClientAddr, err = freeLoopbackAddr(); err != nil {
+			return nil, err
+		}
+		if c.PeerAddr, err = freeLoopbackAddr(); err != nil {
+			return nil, err
+		}
+		if cfg.Dir != "" {
+			c.Dir = cfg.Dir + "/" + c.Name
+		}
+		cfgs[i] = c
+		initial = append(initial, c.Name+"=http://"+c.PeerAddr)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	members := make([]*Embedded, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range cfgs {
+		cfgs[i].InitialCluster = strings.Join(initial, ",")
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			members[i], errs[i] = startEmbeddedOnce(ctx, cfgs[i])
+			if errs[i] != nil {
+				cancel() // the others would wait for a quorum forever
+			}
+		}(i)
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, m := range members {
+			if m != nil {
+				m.Close()
+			}
+		}
+		return nil, err
+	}
+	return &EmbeddedCluster{Members: members}, nil
+}
+
+// Endpoints returns the client endpoints of every member.
+func (c *EmbeddedCluster) Endpoints() []string {
+	var out []string
+	for _, m := range c.Members {
+		out = append(out, m.endpoints...)
+	}
+	return out
+}
+
+// NewClient returns a client of the whole cluster; the caller closes it.
+func (c *EmbeddedCluster) NewClient(lg *zap.Logger) (*clientv3.Client, error) {
+	return NewClient(c.Endpoints(), lg)
+}
+
+// Close stops every member. Safe to call twice.
+func (c *EmbeddedCluster) Close() error {
+	var wg sync.WaitGroup
+	for _, m := range c.Members {
+		wg.Add(1)
+		go func() { defer wg.Done(); m.Close() }()
+	}
+	wg.Wait()
+	return nil
+}

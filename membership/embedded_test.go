@@ -1,0 +1,136 @@
+package membership
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+func TestEmbeddedRestartKeepsData(t *testing.T) {
+	dir := t.TempDir()
+	ctx := testCtx(t, 60*time.Second)
+	cfg := DefaultEmbeddedConfig()
+	cfg.Dir = dir
+	cfg.UnsafeNoFsync = true
+	e, err := StartEmbedded(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(e.Endpoints()) != 1 || e.Dir() != dir {
+		t.Fatalf("endpoints %v dir %q", e.Endpoints(), e.Dir())
+	}
+	cli, err := e.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, "/k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+	// Restarted on the same directory (on new free ports), the data is there.
+	e2, err := StartEmbedded(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e2.Close()
+	cli2, err := e2.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli2.Get(ctx, "/k")
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v" {
+		t.Fatalf("after restart: %v, %v", resp, err)
+	}
+}
+
+func TestEmbeddedTwoInstancesApart(t *testing.T) {
+	a, b := startEtcd(t), startEtcd(t)
+	if a.Endpoints()[0] == b.Endpoints()[0] {
+		t.Fatalf("both on %v", a.Endpoints())
+	}
+	ctx := testCtx(t, 20*time.Second)
+	if _, err := newClient(t, a).Put(ctx, "/only-a", "1"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := newClient(t, b).Get(ctx, "/only-a")
+	if err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("b sees a's key: %v, %v", resp, err)
+	}
+}
+
+func TestEmbeddedConfigValidate(t *testing.T) {
+	for _, c := range []EmbeddedConfig{
+		{ClientAddr: "nonsense"},
+		{PeerAddr: "1.2.3.4"},
+		{ClusterState: "sideways"},
+		{TickMs: 100, ElectionMs: 200},
+		{QuotaBackendBytes: -1},
+	} {
+		if err := c.Validate(); !errors.Is(err, comm.ErrInvalidArgument) {
+			t.Errorf("Validate(%+v) = %v, want ErrInvalidArgument", c, err)
+		}
+		if _, err := StartEmbedded(context.Background(), c); !errors.Is(err, comm.ErrInvalidArgument) {
+			t.Errorf("StartEmbedded(%+v) = %v, want ErrInvalidArgument", c, err)
+		}
+	}
+	if err := DefaultEmbeddedConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := StartEmbeddedCluster(context.Background(), DefaultEmbeddedConfig(), 0); !errors.Is(err, comm.ErrInvalidArgument) {
+		t.Fatalf("cluster of 0 = %v", err)
+	}
+}
+
+// A 3-member cluster keeps serving, with a Store on it, when one member
+// stops.
+func TestEmbeddedClusterSurvivesOneMember(t *testing.T) {
+	ctx := testCtx(t, 90*time.Second)
+	cfg := DefaultEmbeddedConfig()
+	cfg.UnsafeNoFsync = true
+	c, err := StartEmbeddedCluster(ctx, cfg, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if n := len(c.Endpoints()); n != 3 {
+		t.Fatalf("%d endpoints", n)
+	}
+	cli, err := c.NewClient(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ml, err := cli.MemberList(ctx)
+	if err != nil || len(ml.Members) != 3 {
+		t.Fatalf("member list %v, %v", ml, err)
+	}
+	s := NewStore(cli, "/ftcomm/j/rdzv/1")
+	if _, err := s.Add(ctx, "n", 1); err != nil {
+		t.Fatal(err)
+	}
+	// Stop the member that leads raft: the worst case.
+	var leader *Embedded
+	for _, m := range c.Members {
+		if m.etcd.Server.Leader() == m.etcd.Server.MemberID() {
+			leader = m
+		}
+	}
+	if leader == nil {
+		t.Fatal("no member leads")
+	}
+	leader.Close()
+	if n, err := s.Add(ctx, "n", 1); err != nil || n != 2 {
+		t.Fatalf("add after leader stop = %d, %v", n, err)
+	}
+	if v, err := s.Get(ctx, "n"); err != nil || string(v) != "2" {
+		t.Fatalf("get = %q, %v", v, err)
+	}
+}

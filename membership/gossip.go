@@ -1,0 +1,412 @@
+package membership
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// GossipConfig configures SWIM failure detection (hashicorp/memberlist,
+// with Lifeguard) among the members of jobs and the coordinators.
+//
+// The defaults are tuned for a LAN: a SIGKILLed or SIGSTOPped process is
+// declared dead in about 1 s (memberlist's LAN profile takes 5–25 s),
+// with Lifeguard's awareness stretching a loaded node's own timeouts so
+// that a busy machine does not suspect healthy peers. See DESIGN §7 and
+// the soak test (go test -run TestGossipSoak -gossip.soak=10m).
+type GossipConfig struct {
+	// BindAddr is host:port to listen on (TCP and UDP). Default
+	// "127.0.0.1:0": a free loopback port.
+	BindAddr string
+	// AdvertiseAddr is host:port peers reach this node at (default: the
+	// bound address).
+	AdvertiseAddr string
+	// ProbeInterval is how often each node probes a random peer.
+	ProbeInterval time.Duration
+	// ProbeTimeout is how long a probe waits for an ack before asking
+	// IndirectChecks other nodes to probe.
+	ProbeTimeout   time.Duration
+	IndirectChecks int
+	// SuspicionMult scales the time a suspect has to refute before it is
+	// declared dead: SuspicionMult × max(1, log10(n)) × ProbeInterval, up
+	// to SuspicionMaxTimeoutMult times that without confirmations.
+	SuspicionMult           int
+	SuspicionMaxTimeoutMult int
+	// AwarenessMaxMultiplier bounds how far Lifeguard stretches a node's
+	// probe timeouts while it is itself slow.
+	AwarenessMaxMultiplier int
+	// GossipInterval and GossipNodes set how fast news spreads.
+	GossipInterval time.Duration
+	GossipNodes    int
+	// PushPullInterval is the period of full state syncs.
+	PushPullInterval time.Duration
+	// TCPTimeout bounds push/pull and TCP-fallback probes.
+	TCPTimeout time.Duration
+	// SecretKey (16, 24 or 32 bytes) encrypts and authenticates gossip;
+	// nil: plain text.
+	SecretKey []byte
+	// Logger receives memberlist's logs (nil: none).
+	Logger *zap.Logger
+}
+
+// DefaultGossipConfig returns the fast LAN profile measured in this
+// package's soak test.
+func DefaultGossipConfig() GossipConfig {
+	return GossipConfig{
+		BindAddr:                "127.0.0.1:0",
+		ProbeInterval:           200 * time.Millisecond,
+		ProbeTimeout:            100 * time.Millisecond,
+		IndirectChecks:          3,
+		SuspicionMult:           2,
+		SuspicionMaxTimeoutMult: 2,
+		AwarenessMaxMultiplier:  8,
+		GossipInterval:          50 * time.Millisecond,
+		GossipNodes:             3,
+		PushPullInterval:        15 * time.Second,
+		TCPTimeout:              2 * time.Second,
+	}
+}
+
+// Validate says what is wrong with the configuration, if anything.
+func (c GossipConfig) Validate() error {
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("%w: membership: gossip: "+f, append([]any{comm.ErrInvalidArgument}, a...)...)
+	}
+	if _, _, err := net.SplitHostPort(c.BindAddr); err != nil {
+		return bad("BindAddr %q is not host:port: %v", c.BindAddr, err)
+	}
+	if c.AdvertiseAddr != "" {
+		if _, _, err := net.SplitHostPort(c.AdvertiseAddr); err != nil {
+			return bad("AdvertiseAddr %q is not host:port: %v", c.AdvertiseAddr, err)
+		}
+	}
+	switch {
+	case c.ProbeInterval <= 0:
+		return bad("ProbeInterval %v must be positive", c.ProbeInterval)
+	case c.ProbeTimeout <= 0 || c.ProbeTimeout >= c.ProbeInterval:
+		return bad("ProbeTimeout %v must be positive and below ProbeInterval %v", c.ProbeTimeout, c.ProbeInterval)
+	case c.SuspicionMult < 1 || c.SuspicionMaxTimeoutMult < 1:
+		return bad("SuspicionMult %d and SuspicionMaxTimeoutMult %d must be at least 1", c.SuspicionMult, c.SuspicionMaxTimeoutMult)
+	case c.GossipInterval <= 0 || c.GossipNodes < 1:
+		return bad("GossipInterval %v must be positive and GossipNodes %d at least 1", c.GossipInterval, c.GossipNodes)
+	case c.IndirectChecks < 0 || c.AwarenessMaxMultiplier < 1:
+		return bad("IndirectChecks %d must not be negative, AwarenessMaxMultiplier %d at least 1", c.IndirectChecks, c.AwarenessMaxMultiplier)
+	case c.PushPullInterval <= 0 || c.TCPTimeout <= 0:
+		return bad("PushPullInterval %v and TCPTimeout %v must be positive", c.PushPullInterval, c.TCPTimeout)
+	}
+	switch len(c.SecretKey) {
+	case 0, 16, 24, 32:
+	default:
+		return bad("SecretKey has %d bytes; want 16, 24 or 32", len(c.SecretKey))
+	}
+	return nil
+}
+
+// GossipEventKind says what happened to a node.
+type GossipEventKind int
+
+const (
+	// GossipJoin: a node appeared (or came back under the same name).
+	GossipJoin GossipEventKind = iota
+	// GossipLeave: a node left gracefully.
+	GossipLeave
+	// GossipDead: a node stopped answering and was declared dead.
+	GossipDead
+)
+
+func (k GossipEventKind) String() string {
+	switch k {
+	case GossipJoin:
+		return "join"
+	case GossipLeave:
+		return "leave"
+	case GossipDead:
+		return "dead"
+	}
+	return "?"
+}
+
+// GossipEvent is one change seen by this node.
+type GossipEvent struct {
+	Kind GossipEventKind
+	Name string // the node's name
+	Addr string // host:port
+	At   time.Time
+}
+
+// GossipStats counts what a node saw since it started.
+type GossipStats struct {
+	// Suspicions: times this node suspected a peer (no ack in time).
+	Suspicions int64
+	// Refutations: times this node was suspected or declared dead by a
+	// peer and refuted it (a false suspicion of this node).
+	Refutations int64
+	// Deaths: peers this node saw declared dead.
+	Deaths int64
+}
+
+// Gossip is one node of a memberlist cluster. Its events arrive in order
+// on Events, through an unbounded queue, so a slow reader never stalls
+// failure detection. One goroutine forwards them; it exits at Close.
+type Gossip struct {
+	ml   *memberlist.Memberlist
+	name string
+	lg   *zap.Logger
+
+	mu      sync.Mutex
+	queue   []GossipEvent
+	wake    chan struct{}
+	events  chan GossipEvent
+	closed  chan struct{}
+	done    chan struct{}
+	once    sync.Once
+	leaving atomic.Bool
+	suspect atomic.Int64
+	refute  atomic.Int64
+	deaths  atomic.Int64
+}
+
+// StartGossip starts a node named name (unique in the cluster; ftcomm uses
+// "<job>/<member>/<incarnation>" and "_coordinator/<name>"). Join it to
+// others with Join.
+func StartGossip(name string, cfg GossipConfig) (*Gossip, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	host, portS, _ := net.SplitHostPort(cfg.BindAddr)
+	port, err := strconv.Atoi(portS)
+	if err != nil {
+		return nil, fmt.Errorf("%w: membership: gossip BindAddr port %q", comm.ErrInvalidArgument, portS)
+	}
+	g := &Gossip{
+		name:   name,
+		lg:     cfg.Logger,
+		wake:   make(chan struct{}, 1),
+		events: make(chan GossipEvent),
+		closed: make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	if g.lg == nil {
+		g.lg = zap.NewNop()
+	}
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = name
+	mc.BindAddr, mc.BindPort = host, port
+	if cfg.AdvertiseAddr != "" {
+		ah, ap, _ := net.SplitHostPort(cfg.AdvertiseAddr)
+		mc.AdvertiseAddr = ah
+		mc.AdvertisePort, _ = strconv.Atoi(ap)
+	}
+	mc.ProbeInterval, mc.ProbeTimeout = cfg.ProbeInterval, cfg.ProbeTimeout
+	mc.IndirectChecks = cfg.IndirectChecks
+	mc.SuspicionMult, mc.SuspicionMaxTimeoutMult = cfg.SuspicionMult, cfg.SuspicionMaxTimeoutMult
+	mc.AwarenessMaxMultiplier = cfg.AwarenessMaxMultiplier
+	mc.GossipInterval, mc.GossipNodes = cfg.GossipInterval, cfg.GossipNodes
+	mc.PushPullInterval, mc.TCPTimeout = cfg.PushPullInterval, cfg.TCPTimeout
+	mc.GossipToTheDeadTime = 2 * time.Second
+	mc.SecretKey = cfg.SecretKey
+	mc.Events = (*gossipEvents)(g)
+	mc.Delegate = (*gossipMeta)(g)
+	mc.Logger = log.New(&memberlistLog{g: g}, "", 0)
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("membership: start gossip %s on %s: %w", name, cfg.BindAddr, err)
+	}
+	g.ml = ml
+	go g.forward()
+	return g, nil
+}
+
+// Name returns this node's name.
+func (g *Gossip) Name() string { return g.name }
+
+// Addr returns the host:port peers reach this node at.
+func (g *Gossip) Addr() string { return g.ml.LocalNode().Address() }
+
+// Join contacts the seeds (host:port) and merges their view; it returns
+// how many it reached. Joining an empty list is a no-op.
+func (g *Gossip) Join(ctx context.Context, seeds []string) (int, error) {
+	if len(seeds) == 0 {
+		return 0, nil
+	}
+	type res struct {
+		n   int
+		err error
+	}
+	ch := make(chan res, 1)
+	// memberlist.Join takes no ctx; each seed is bounded by TCPTimeout.
+	go func() { n, err := g.ml.Join(seeds); ch <- res{n, err} }()
+	select {
+	case r := <-ch:
+		if r.err != nil && r.n == 0 {
+			return 0, fmt.Errorf("membership: gossip join %v: %w", seeds, r.err)
+		}
+		return r.n, nil
+	case <-ctx.Done():
+		return 0, fmt.Errorf("membership: gossip join: %w", context.Cause(ctx))
+	}
+}
+
+// Events delivers what this node sees about others, in order.
+func (g *Gossip) Events() <-chan GossipEvent { return g.events }
+
+// Alive returns the names of the nodes this node believes alive,
+// itself included.
+func (g *Gossip) Alive() []string {
+	var out []string
+	for _, n := range g.ml.Members() {
+		out = append(out, n.Name)
+	}
+	return out
+}
+
+// NumAlive returns how many nodes this node believes alive.
+func (g *Gossip) NumAlive() int { return g.ml.NumMembers() }
+
+// Health returns Lifeguard's awareness score (0: healthy; higher: this
+// node has been slow to answer and stretches its timeouts).
+func (g *Gossip) Health() int { return g.ml.GetHealthScore() }
+
+// Stats returns what this node counted.
+func (g *Gossip) Stats() GossipStats {
+	return GossipStats{Suspicions: g.suspect.Load(), Refutations: g.refute.Load(), Deaths: g.deaths.Load()}
+}
+
+// Leave tells the others this node is going (they see GossipLeave, not
+// GossipDead), waiting until ctx ends at most.
+func (g *Gossip) Leave(ctx context.Context) error {
+	timeout := 2 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	// memberlist (v0.7) reports a leave like a death to the others, so
+	// say so in this node's metadata first.
+	g.leaving.Store(true)
+	if err := g.ml.UpdateNode(timeout / 2); err != nil {
+		return fmt.Errorf("membership: gossip leave: %w", err)
+	}
+	if err := g.ml.Leave(timeout / 2); err != nil {
+		return fmt.Errorf("membership: gossip leave: %w", err)
+	}
+	return nil
+}
+
+// Close stops the node without a leave message (peers declare it dead
+// unless Leave ran first) and its event goroutine. Safe to call twice.
+func (g *Gossip) Close() error {
+	var err error
+	g.once.Do(func() {
+		err = g.ml.Shutdown()
+		close(g.closed)
+		<-g.done
+	})
+	return err
+}
+
+func (g *Gossip) push(ev GossipEvent) {
+	g.mu.Lock()
+	g.queue = append(g.queue, ev)
+	g.mu.Unlock()
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (g *Gossip) forward() {
+	defer close(g.done)
+	for {
+		g.mu.Lock()
+		batch := g.queue
+		g.queue = nil
+		g.mu.Unlock()
+		for _, ev := range batch {
+			select {
+			case g.events <- ev:
+			case <-g.closed:
+				return
+			}
+		}
+		select {
+		case <-g.wake:
+		case <-g.closed:
+			return
+		}
+	}
+}
+
+type gossipEvents Gossip
+
+func event(kind GossipEventKind, n *memberlist.Node) GossipEvent {
+	return GossipEvent{Kind: kind, Name: n.Name, Addr: n.Address(), At: time.Now()}
+}
+
+func (e *gossipEvents) NotifyJoin(n *memberlist.Node) {
+	(*Gossip)(e).push(event(GossipJoin, n))
+}
+
+func (e *gossipEvents) NotifyLeave(n *memberlist.Node) {
+	g := (*Gossip)(e)
+	if bytes.Equal(n.Meta, leavingMeta) {
+		g.push(event(GossipLeave, n))
+		return
+	}
+	g.deaths.Add(1)
+	g.push(event(GossipDead, n))
+}
+
+func (e *gossipEvents) NotifyUpdate(*memberlist.Node) {}
+
+var leavingMeta = []byte("leaving")
+
+// gossipMeta is the memberlist.Delegate: it only publishes the node's
+// metadata ("leaving" once Leave began).
+type gossipMeta Gossip
+
+func (d *gossipMeta) NodeMeta(limit int) []byte {
+	if (*Gossip)(d).leaving.Load() {
+		return leavingMeta
+	}
+	return nil
+}
+func (d *gossipMeta) NotifyMsg([]byte)                           {}
+func (d *gossipMeta) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (d *gossipMeta) LocalState(join bool) []byte                { return nil }
+func (d *gossipMeta) MergeRemoteState(buf []byte, join bool)     {}
+
+// memberlistLog turns memberlist's "[LEVEL] memberlist: …" lines into zap
+// records and counts suspicions and refutations.
+type memberlistLog struct{ g *Gossip }
+
+func (w *memberlistLog) Write(p []byte) (int, error) {
+	msg := string(bytes.TrimSpace(p))
+	switch {
+	case bytes.Contains(p, []byte("Suspect ")) && bytes.Contains(p, []byte("no acks received")):
+		w.g.suspect.Add(1)
+	case bytes.Contains(p, []byte("Refuting a suspect")), bytes.Contains(p, []byte("Refuting a dead")):
+		w.g.refute.Add(1)
+	}
+	lg := w.g.lg.With(zap.String("node", w.g.name))
+	switch {
+	case bytes.HasPrefix(p, []byte("[DEBUG]")):
+		lg.Debug(msg)
+	case bytes.HasPrefix(p, []byte("[INFO]")):
+		lg.Info(msg)
+	case bytes.HasPrefix(p, []byte("[WARN]")):
+		lg.Warn(msg)
+	default:
+		lg.Error(msg)
+	}
+	return len(p), nil
+}

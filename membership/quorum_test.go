@@ -1,0 +1,500 @@
+package membership
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// quorumScript drives a Machine with a small command language, in the
+// manner of etcd-io/raft's interaction tests. Lines starting with "> " are
+// commands; the lines after a command are the output it must print.
+//
+//	config min=N timeout=D      (before anything else)
+//	join a b …                  register members (not asking yet)
+//	ask a b … [shrink]          members ask to take part (shrink: ShrinkOnly)
+//	unshrink a …                members drop ShrinkOnly
+//	step a=5 b=7                members report steps
+//	health a critical|degraded|healthy [why]
+//	commitfail a E              a's commit failed in epoch E
+//	revoke E by                 member "by" revokes epoch E
+//	leave|die|evict a …         members go (reason printed in the quorum)
+//	restart a                   a new incarnation of a registers (asking)
+//	tick D                      advance the clock by D, then Advance: prints
+//	                            the quorum (then published), "waiting: …"
+//	                            (with "wake +D" when a timer is due) or "-"
+type quorumScript struct {
+	t   *testing.T
+	m   *Machine
+	now time.Time
+	inc int64
+}
+
+func (s *quorumScript) rec(id string) MemberRecord {
+	r, ok := s.m.Member(id)
+	if !ok {
+		s.t.Fatalf("no live member %q", id)
+	}
+	return r
+}
+
+func (s *quorumScript) run(line string) []string {
+	f := strings.Fields(line)
+	cmd, args := f[0], f[1:]
+	switch cmd {
+	case "config":
+		cfg := DefaultQuorumConfig()
+		for _, a := range args {
+			k, v, _ := strings.Cut(a, "=")
+			switch k {
+			case "min":
+				cfg.MinReplicas, _ = strconv.Atoi(v)
+			case "timeout":
+				cfg.JoinTimeout, _ = time.ParseDuration(v)
+			}
+		}
+		s.m = NewMachine("job", cfg, nil)
+	case "join", "restart":
+		for _, id := range args {
+			s.inc++
+			s.m.Upsert(s.now, MemberRecord{Job: "job", ID: id, Addr: id + ":1", Incarnation: s.inc, WantQuorum: cmd == "restart"})
+		}
+	case "ask":
+		shrink := args[len(args)-1] == "shrink"
+		if shrink {
+			args = args[:len(args)-1]
+		}
+		for _, id := range args {
+			r := s.rec(id)
+			r.WantQuorum, r.ShrinkOnly = true, shrink
+			s.m.Upsert(s.now, r)
+		}
+	case "unshrink":
+		for _, id := range args {
+			r := s.rec(id)
+			r.ShrinkOnly = false
+			s.m.Upsert(s.now, r)
+		}
+	case "step":
+		for _, a := range args {
+			id, v, _ := strings.Cut(a, "=")
+			r := s.rec(id)
+			r.Step, _ = strconv.ParseInt(v, 10, 64)
+			s.m.Upsert(s.now, r)
+		}
+	case "health":
+		r := s.rec(args[0])
+		if err := r.Health.UnmarshalText([]byte(args[1])); err != nil {
+			s.t.Fatal(err)
+		}
+		r.HealthReason = strings.Join(args[2:], " ")
+		s.m.Upsert(s.now, r)
+	case "commitfail":
+		r := s.rec(args[0])
+		e, _ := strconv.ParseUint(args[1], 10, 64)
+		r.CommitFailed = e
+		s.m.Upsert(s.now, r)
+	case "revoke":
+		e, _ := strconv.ParseUint(args[0], 10, 64)
+		s.m.Revoke(s.now, Revocation{Epoch: e, By: args[1], Reason: "peer failed"})
+	case "leave", "die", "evict":
+		why := map[string]string{"leave": "left", "die": "died (gossip)", "evict": "evicted"}[cmd]
+		for _, id := range args {
+			s.m.Remove(s.now, id, 0, why)
+		}
+	case "tick":
+		d, err := time.ParseDuration(args[0])
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		s.now = s.now.Add(d)
+		dec := s.m.Advance(s.now)
+		switch {
+		case dec.Quorum != nil:
+			q := dec.Quorum
+			var ids []string
+			for _, p := range q.Participants {
+				ids = append(ids, fmt.Sprintf("%s#%d", p.ID, p.Incarnation))
+			}
+			out := []string{fmt.Sprintf("epoch %d [%s] maxstep=%d", q.Epoch, strings.Join(ids, " "), q.MaxStep),
+				"  reason: " + q.Reason}
+			if r := dec.Revocation; r != nil {
+				out = append(out, fmt.Sprintf("  revoke %d failed=%v", r.Epoch, r.Failed))
+			}
+			s.m.Published(*q)
+			return out
+		case dec.Waiting != "":
+			w := "waiting: " + dec.Waiting
+			if !dec.WakeAt.IsZero() {
+				w += fmt.Sprintf(" (wake +%v)", dec.WakeAt.Sub(s.now))
+			}
+			out := []string{w}
+			if r := dec.Revocation; r != nil {
+				out = append(out, fmt.Sprintf("  revoke %d failed=%v: %s", r.Epoch, r.Failed, r.Reason))
+				r.By = "coordinator"
+				s.m.Revoke(s.now, *r)
+			}
+			return out
+		default:
+			return []string{"-"}
+		}
+	default:
+		s.t.Fatalf("unknown command %q", line)
+	}
+	return nil
+}
+
+func runQuorumScript(t *testing.T, script string) {
+	t.Helper()
+	s := &quorumScript{t: t, now: time.Unix(1000, 0)}
+	var got, want []string
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(script), "\n") {
+		l = strings.TrimRight(strings.TrimLeft(l, "\t"), " ")
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		lines = append(lines, l)
+	}
+	for _, l := range lines {
+		if cmd, ok := strings.CutPrefix(l, "> "); ok {
+			got = append(got, l)
+			want = append(want, l)
+			got = append(got, s.run(cmd)...)
+		} else {
+			want = append(want, l)
+		}
+	}
+	if g, w := strings.Join(got, "\n"), strings.Join(want, "\n"); g != w {
+		t.Errorf("script output differs\n--- got\n%s\n--- want\n%s", g, w)
+	}
+}
+
+func TestQuorumScripts(t *testing.T) {
+	for name, script := range map[string]string{
+		"initial quorum waits for stragglers, then forms": `
+		> config min=2 timeout=10s
+		> join a b c
+		> ask a b
+		> tick 0s
+		waiting: waiting up to 10s for 1 straggler(s) (wake +10s)
+		> tick 4s
+		waiting: waiting up to 6s for 1 straggler(s) (wake +6s)
+		> tick 6s
+		epoch 1 [a#1 b#2] maxstep=0
+		  reason: initial quorum
+		`,
+		"all ask: no wait": `
+		> config min=2
+		> join a b c
+		> ask c a b
+		> tick 0s
+		epoch 1 [a#1 b#2 c#3] maxstep=0
+		  reason: initial quorum
+		> tick 1h
+		-
+		`,
+		"min replicas": `
+		> config min=3 timeout=1s
+		> join a b
+		> ask a b
+		> tick 5s
+		waiting: 2 of 3 replicas needed (min_replicas)
+		> join c
+		> tick 0s
+		waiting: 2 of 3 replicas needed (min_replicas)
+		> ask c
+		> tick 0s
+		epoch 1 [a#1 b#2 c#3] maxstep=0
+		  reason: initial quorum
+		# after a death, min replicas binds again: 2 survivors are too few.
+		> die b
+		> tick 0s
+		waiting: 2 of 3 replicas needed (min_replicas)
+		  revoke 1 failed=[b]: b died (gossip)
+		> join d
+		> ask d
+		> tick 0s
+		epoch 2 [a#1 c#3 d#4] maxstep=0
+		  reason: b died (gossip); joined d
+		`,
+		"fast quorum when all previous members return, after a commit failure": `
+		> config min=2
+		> join a b c
+		> ask a b c
+		> tick 0s
+		epoch 1 [a#1 b#2 c#3] maxstep=0
+		  reason: initial quorum
+		> step a=10 b=10 c=9
+		> commitfail b 1
+		> tick 0s
+		epoch 2 [a#1 b#2 c#3] maxstep=10
+		  reason: commit failed in epoch 1 (b)
+		  revoke 1 failed=[]
+		# a stale report (epoch 1) does not bump epoch 2.
+		> commitfail c 1
+		> tick 0s
+		-
+		> commitfail a 2
+		> commitfail c 2
+		> tick 0s
+		epoch 3 [a#1 b#2 c#3] maxstep=10
+		  reason: commit failed in epoch 2 (a,c)
+		  revoke 2 failed=[]
+		`,
+		"a revocation of the current epoch forces the next": `
+		> config
+		> join a b
+		> ask a b
+		> tick 0s
+		epoch 1 [a#1 b#2] maxstep=0
+		  reason: initial quorum
+		> revoke 0 a
+		> tick 0s
+		-
+		> revoke 1 a
+		> tick 0s
+		epoch 2 [a#1 b#2] maxstep=0
+		  reason: epoch 1 revoked by a: peer failed
+		`,
+		"strict majority guards against split brain": `
+		> config min=1 timeout=1s
+		> join a b c d
+		> ask a b
+		> tick 10s
+		waiting: 2 of 4 live members take part: not a strict majority
+		> ask c
+		> tick 0s
+		waiting: waiting up to 1s for 1 straggler(s) (wake +1s)
+		> tick 1s
+		epoch 1 [a#1 b#2 c#3] maxstep=0
+		  reason: initial quorum
+		# Two participants die: one survivor beside an idle live member is
+		# not a majority, though min replicas would allow it.
+		> die a b
+		> tick 10s
+		waiting: 1 of 2 live members take part: not a strict majority
+		  revoke 1 failed=[a b]: a died (gossip); b died (gossip)
+		> ask d
+		> tick 0s
+		epoch 2 [c#3 d#4] maxstep=0
+		  reason: a died (gossip); b died (gossip); joined d
+		`,
+		"join timeout for stragglers after a death": `
+		> config min=1 timeout=2s
+		> join a b c
+		> ask a b c
+		> tick 0s
+		epoch 1 [a#1 b#2 c#3] maxstep=0
+		  reason: initial quorum
+		> join d
+		> die c
+		> tick 0s
+		waiting: waiting up to 2s for 1 straggler(s) (wake +2s)
+		  revoke 1 failed=[c]: c died (gossip)
+		> tick 2s
+		epoch 2 [a#1 b#2] maxstep=0
+		  reason: c died (gossip)
+		`,
+		"shrink only keeps joiners out until released": `
+		> config min=2
+		> join a b c
+		> ask a b c
+		> tick 0s
+		epoch 1 [a#1 b#2 c#3] maxstep=0
+		  reason: initial quorum
+		> ask a shrink
+		> join d
+		> ask d
+		> tick 0s
+		-
+		> die b
+		> tick 0s
+		epoch 2 [a#1 c#3] maxstep=0
+		  reason: b died (gossip)
+		  revoke 1 failed=[b]
+		> unshrink a
+		> tick 0s
+		epoch 3 [a#1 c#3 d#4] maxstep=0
+		  reason: joined d
+		  revoke 2 failed=[]
+		`,
+		"late joiner gets in by fast quorum with the step to heal to": `
+		> config min=2
+		> join a b
+		> ask a b
+		> tick 0s
+		epoch 1 [a#1 b#2] maxstep=0
+		  reason: initial quorum
+		> step a=500 b=500
+		> tick 1m
+		-
+		> join c
+		> tick 0s
+		-
+		> ask c
+		> tick 0s
+		epoch 2 [a#1 b#2 c#3] maxstep=500
+		  reason: joined c
+		  revoke 1 failed=[]
+		`,
+		"member restart is a new incarnation": `
+		> config min=2
+		> join a b c
+		> ask a b c
+		> tick 0s
+		epoch 1 [a#1 b#2 c#3] maxstep=0
+		  reason: initial quorum
+		# b restarts before its old lease is gone: the old incarnation is out,
+		# the new one joins in the same epoch.
+		> restart b
+		> tick 0s
+		epoch 2 [a#1 c#3 b#4] maxstep=0
+		  reason: b restarted; joined b
+		  revoke 1 failed=[b]
+		# a stale removal of the old incarnation changes nothing.
+		> tick 0s
+		-
+		`,
+		"critical health excludes a member until it recovers": `
+		> config min=1
+		> join a b c
+		> ask a b c
+		> tick 0s
+		epoch 1 [a#1 b#2 c#3] maxstep=0
+		  reason: initial quorum
+		> health c degraded ecc
+		> tick 0s
+		-
+		> health c critical xid 79
+		> tick 0s
+		epoch 2 [a#1 b#2] maxstep=0
+		  reason: c critical: xid 79
+		  revoke 1 failed=[c]
+		> health c healthy
+		> tick 0s
+		epoch 3 [a#1 b#2 c#3] maxstep=0
+		  reason: joined c
+		  revoke 2 failed=[]
+		`,
+		"leave and evict": `
+		> config min=1
+		> join a b c
+		> ask a b c
+		> tick 0s
+		epoch 1 [a#1 b#2 c#3] maxstep=0
+		  reason: initial quorum
+		> leave a
+		> evict c
+		> tick 0s
+		epoch 2 [b#2] maxstep=0
+		  reason: a left; c evicted
+		  revoke 1 failed=[a c]
+		> leave b
+		> tick 0s
+		waiting: 0 of 1 replicas needed (min_replicas)
+		  revoke 2 failed=[b]: b left
+		# offered once: the script stored it.
+		> tick 1s
+		waiting: 0 of 1 replicas needed (min_replicas)
+		`,
+	} {
+		t.Run(name, func(t *testing.T) { runQuorumScript(t, script) })
+	}
+}
+
+func TestQuorumStaleRemoveAndUpsert(t *testing.T) {
+	m := NewMachine("j", DefaultQuorumConfig(), nil)
+	now := time.Unix(0, 0)
+	m.Upsert(now, MemberRecord{ID: "a", Incarnation: 5, WantQuorum: true})
+	m.Upsert(now, MemberRecord{ID: "a", Incarnation: 3, WantQuorum: true, Step: 99}) // older: ignored
+	if r, _ := m.Member("a"); r.Incarnation != 5 || r.Step != 0 {
+		t.Fatalf("stale upsert applied: %+v", r)
+	}
+	m.Remove(now, "a", 3, "died")
+	if _, ok := m.Member("a"); !ok {
+		t.Fatal("removal of an older incarnation removed the newer")
+	}
+	m.Remove(now, "a", 5, "died")
+	if m.Len() != 0 {
+		t.Fatal("not removed")
+	}
+}
+
+// Many members: 1000 join over time; the quorum forms once when all have
+// asked, then each death and each join is one epoch.
+func TestQuorumManyMembers(t *testing.T) {
+	m := NewMachine("j", QuorumConfig{MinReplicas: 500, JoinTimeout: time.Minute}, nil)
+	now := time.Unix(0, 0)
+	const n = 1000
+	for i := 0; i < n; i++ {
+		m.Upsert(now, MemberRecord{ID: fmt.Sprintf("m%04d", i), Incarnation: int64(i + 1), Step: int64(i % 7)})
+	}
+	for i := 0; i < n; i++ {
+		r, _ := m.Member(fmt.Sprintf("m%04d", i))
+		r.WantQuorum = true
+		m.Upsert(now, r)
+		if i < n-1 {
+			if d := m.Advance(now); d.Quorum != nil || d.Waiting == "" {
+				t.Fatalf("after %d askers: %+v", i+1, d)
+			}
+		}
+	}
+	d := m.Advance(now)
+	if d.Quorum == nil || len(d.Quorum.Participants) != n || d.Quorum.MaxStep != 6 {
+		t.Fatalf("decision %+v", d)
+	}
+	for i, p := range d.Quorum.Participants {
+		if p.ID != fmt.Sprintf("m%04d", i) {
+			t.Fatalf("rank %d is %s", i, p.ID)
+		}
+	}
+	m.Published(*d.Quorum)
+	for i := 0; i < 10; i++ {
+		m.Remove(now, fmt.Sprintf("m%04d", i*100), 0, "died")
+	}
+	d = m.Advance(now)
+	if d.Quorum == nil || d.Quorum.Epoch != 2 || len(d.Quorum.Participants) != n-10 || len(d.Revocation.Failed) != 10 {
+		t.Fatalf("after deaths: %+v", d.Quorum)
+	}
+	// Survivors keep their order: rank 0 is now m0001.
+	if d.Quorum.Participants[0].ID != "m0001" {
+		t.Fatalf("rank 0 is %s", d.Quorum.Participants[0].ID)
+	}
+}
+
+func BenchmarkQuorumAdvance10K(b *testing.B) {
+	const n = 10000
+	now := time.Unix(0, 0)
+	m := NewMachine("j", QuorumConfig{MinReplicas: n / 2, JoinTimeout: time.Minute}, nil)
+	for i := 0; i < n; i++ {
+		m.Upsert(now, MemberRecord{ID: fmt.Sprintf("member-%05d", i), Incarnation: int64(i + 1), WantQuorum: true})
+	}
+	d := m.Advance(now)
+	if d.Quorum == nil {
+		b.Fatal("no initial quorum")
+	}
+	m.Published(*d.Quorum)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		// One death and its replacement per round: each Advance forms a
+		// new quorum over 10K members (the expensive path).
+		id := fmt.Sprintf("member-%05d", i%n)
+		r, _ := m.Member(id)
+		m.Remove(now, id, 0, "died")
+		d := m.Advance(now)
+		if d.Quorum == nil {
+			b.Fatal("no quorum after a death")
+		}
+		m.Published(*d.Quorum)
+		r.Incarnation += n
+		m.Upsert(now, r)
+		if d := m.Advance(now); d.Quorum == nil {
+			b.Fatal("no quorum after a join")
+		} else {
+			m.Published(*d.Quorum)
+		}
+	}
+}

@@ -1,0 +1,169 @@
+package membership
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// Store is a comm.Store kept in etcd under a key prefix. It is safe for
+// concurrent use and holds no goroutines between calls; the caller owns the
+// client and closes it.
+//
+// Get waits on an etcd watch started just after the revision of its first
+// read, so a value written between the read and the watch is never missed
+// and nothing polls. Add is a compare-and-swap loop in a Txn, so concurrent
+// adders never lose an update.
+type Store struct {
+	cli    *clientv3.Client
+	prefix string
+}
+
+var _ comm.Store = (*Store)(nil)
+
+// NewStore returns a Store that keeps every key under prefix + "/" (prefix
+// "" keeps keys as they are). Choose a prefix per job and epoch, e.g.
+// RendezvousPrefix(job, epoch), and DeletePrefix("") it when the epoch is
+// over.
+func NewStore(cli *clientv3.Client, prefix string) *Store {
+	prefix = strings.TrimSuffix(prefix, "/")
+	if prefix != "" {
+		prefix += "/"
+	}
+	return &Store{cli: cli, prefix: prefix}
+}
+
+// Prefix returns the etcd key prefix (with its trailing "/").
+func (s *Store) Prefix() string { return s.prefix }
+
+func (s *Store) wrap(op, key string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if s.cli.Ctx().Err() != nil {
+		return fmt.Errorf("membership: store %s %q: %w", op, key, comm.ErrClosed)
+	}
+	return fmt.Errorf("membership: store %s %q: %w", op, key, err)
+}
+
+// Set implements comm.Store.
+func (s *Store) Set(ctx context.Context, key string, value []byte) error {
+	_, err := s.cli.Put(ctx, s.prefix+key, string(value))
+	return s.wrap("set", key, err)
+}
+
+// Get implements comm.Store: it returns at once when key exists, else
+// waits for its creation on a watch.
+func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
+	full := s.prefix + key
+	for {
+		resp, err := s.cli.Get(ctx, full)
+		if err != nil {
+			return nil, s.wrap("get", key, ctxErr(ctx, err))
+		}
+		if len(resp.Kvs) > 0 {
+			return resp.Kvs[0].Value, nil
+		}
+		v, found, err := s.waitPut(ctx, full, resp.Header.Revision+1)
+		if err != nil {
+			return nil, s.wrap("get", key, ctxErr(ctx, err))
+		}
+		if found {
+			return v, nil
+		}
+		// The watch ended without news (compaction, lost leader, server
+		// restart): read again and watch from the new revision.
+	}
+}
+
+// waitPut watches key from rev and returns the first value put. found is
+// false when the watch ended without one and the caller should re-read.
+func (s *Store) waitPut(ctx context.Context, key string, rev int64) (v []byte, found bool, err error) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	for wr := range s.cli.Watch(wctx, key, clientv3.WithRev(rev)) {
+		if err := wr.Err(); err != nil {
+			if errors.Is(err, rpctypes.ErrCompacted) || errors.Is(err, rpctypes.ErrNoLeader) {
+				return nil, false, nil
+			}
+			return nil, false, err
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == mvccpb.PUT {
+				return ev.Kv.Value, true, nil
+			}
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, false, err
+	}
+	if err := s.cli.Ctx().Err(); err != nil {
+		return nil, false, comm.ErrClosed
+	}
+	return nil, false, nil
+}
+
+// Add implements comm.Store with a compare-and-swap loop: read the value
+// and its revision, write value+delta if the key has not changed since,
+// else read again.
+func (s *Store) Add(ctx context.Context, key string, delta int64) (int64, error) {
+	full := s.prefix + key
+	for {
+		resp, err := s.cli.Get(ctx, full)
+		if err != nil {
+			return 0, s.wrap("add", key, ctxErr(ctx, err))
+		}
+		var cur int64
+		cmp := clientv3.Compare(clientv3.CreateRevision(full), "=", 0)
+		if len(resp.Kvs) > 0 {
+			kv := resp.Kvs[0]
+			cur, err = strconv.ParseInt(string(kv.Value), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("%w: membership: store add to %q: value %.32q is not an integer", comm.ErrInvalidArgument, key, kv.Value)
+			}
+			cmp = clientv3.Compare(clientv3.ModRevision(full), "=", kv.ModRevision)
+		}
+		next := cur + delta
+		tr, err := s.cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(full, strconv.FormatInt(next, 10))).Commit()
+		if err != nil {
+			return 0, s.wrap("add", key, ctxErr(ctx, err))
+		}
+		if tr.Succeeded {
+			return next, nil
+		}
+	}
+}
+
+// Delete implements comm.Store.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	_, err := s.cli.Delete(ctx, s.prefix+key)
+	return s.wrap("delete", key, err)
+}
+
+// DeletePrefix implements comm.Store; DeletePrefix("") removes every key of
+// this Store.
+func (s *Store) DeletePrefix(ctx context.Context, prefix string) error {
+	full := s.prefix + prefix
+	if full == "" {
+		return fmt.Errorf("%w: membership: store delete of the whole keyspace refused", comm.ErrInvalidArgument)
+	}
+	_, err := s.cli.Delete(ctx, full, clientv3.WithPrefix())
+	return s.wrap("delete prefix", prefix, err)
+}
+
+// ctxErr prefers the cause of ctx's end over the client's rendering of it
+// (a gRPC status), so callers can errors.Is(err, context.DeadlineExceeded).
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return err
+}

@@ -1,0 +1,251 @@
+package membership
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// Errors callers branch on with errors.Is.
+var (
+	// ErrDuplicateMember: another live incarnation holds the member id;
+	// found inside a *DuplicateMemberError.
+	ErrDuplicateMember = errors.New("membership: member id already registered")
+	// ErrEvicted: the member's registration is gone (evicted from the
+	// dashboard or API, declared dead by gossip, or its lease expired);
+	// rejoin as a new incarnation.
+	ErrEvicted = errors.New("membership: member evicted")
+	// ErrNotLeader: a coordinator lost (or never had) leadership while
+	// writing; its write was refused by the fence.
+	ErrNotLeader = errors.New("membership: not the coordinator leader")
+	// ErrNoQuorum: no quorum has been published for the job yet.
+	ErrNoQuorum = errors.New("membership: no quorum published")
+	// ErrNotFound: no such job or member.
+	ErrNotFound = errors.New("membership: not found")
+)
+
+// DuplicateMemberError tells who holds a member id that Join wanted.
+type DuplicateMemberError struct {
+	Job, ID     string
+	Incarnation int64  // the holder's incarnation
+	Addr        string // the holder's address
+}
+
+func (e *DuplicateMemberError) Error() string {
+	return fmt.Sprintf("membership: member %q of job %q is already registered (incarnation %d, address %s) and its lease is alive",
+		e.ID, e.Job, e.Incarnation, e.Addr)
+}
+
+func (e *DuplicateMemberError) Unwrap() error { return ErrDuplicateMember }
+
+// Health is what a member says about itself.
+type Health int
+
+const (
+	// Healthy: fit to take part.
+	Healthy Health = iota
+	// Degraded: fit, but worth a look (shown on the dashboard).
+	Degraded
+	// Critical: unfit (e.g. a GPU XID fault); excluded from the next
+	// quorum until it reports Healthy or Degraded again.
+	Critical
+)
+
+func (h Health) String() string {
+	switch h {
+	case Healthy:
+		return "healthy"
+	case Degraded:
+		return "degraded"
+	case Critical:
+		return "critical"
+	}
+	return fmt.Sprintf("health(%d)", int(h))
+}
+
+// MarshalText writes the name, so JSON records read well.
+func (h Health) MarshalText() ([]byte, error) { return []byte(h.String()), nil }
+
+// UnmarshalText reads a name written by MarshalText.
+func (h *Health) UnmarshalText(b []byte) error {
+	switch string(b) {
+	case "healthy", "":
+		*h = Healthy
+	case "degraded":
+		*h = Degraded
+	case "critical":
+		*h = Critical
+	default:
+		return fmt.Errorf("%w: membership: unknown health %q", comm.ErrInvalidArgument, b)
+	}
+	return nil
+}
+
+// Participant is one member of a quorum.
+type Participant struct {
+	ID          string `json:"id"`
+	Addr        string `json:"addr"`
+	Group       string `json:"group,omitempty"`
+	Step        int64  `json:"step"`        // as last reported by the member
+	Incarnation int64  `json:"incarnation"` // etcd revision of its registration
+}
+
+// Quorum is one epoch's decision: who takes part, in rank order.
+type Quorum struct {
+	Job          string        `json:"job"`
+	Epoch        uint64        `json:"epoch"`
+	Participants []Participant `json:"participants"` // rank i is Participants[i]
+	// MaxStep is the highest step any participant had reported when the
+	// quorum was formed. Participants report steps on heartbeats and
+	// requests, not every step, so it may lag; ft.Comm agrees on the exact
+	// step among participants (e.g. an all-reduce of max).
+	MaxStep int64     `json:"maxStep"`
+	Created time.Time `json:"created"`
+	// Why this epoch exists, for people: "initial", "member b died
+	// (gossip)", "commit failed in epoch 4", …
+	Reason string `json:"reason"`
+	// Removed and Added are the member ids that left and joined since the
+	// previous epoch.
+	Removed []string `json:"removed,omitempty"`
+	Added   []string `json:"added,omitempty"`
+	// PublishedBy names the coordinator instance that wrote it.
+	PublishedBy string `json:"publishedBy,omitempty"`
+}
+
+// Rank returns the rank of member id in q, or -1.
+func (q Quorum) Rank(id string) int {
+	for i, p := range q.Participants {
+		if p.ID == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// Includes reports whether the given incarnation of member id takes part.
+func (q Quorum) Includes(id string, incarnation int64) bool {
+	r := q.Rank(id)
+	return r >= 0 && q.Participants[r].Incarnation == incarnation
+}
+
+// Revocation records that an epoch's communicators must stop: written by
+// the coordinator when it publishes the next epoch, or by any member that
+// saw the epoch fail. The first record of an epoch wins; later ones are
+// dropped.
+type Revocation struct {
+	Epoch  uint64    `json:"epoch"`
+	Reason string    `json:"reason"`
+	Failed []string  `json:"failed,omitempty"` // member ids blamed, if known
+	By     string    `json:"by"`               // member id or coordinator name
+	At     time.Time `json:"at"`
+}
+
+// MemberRecord is what a member keeps in etcd under its lease. Members
+// write it; the coordinator reads it.
+type MemberRecord struct {
+	Job   string `json:"job"`
+	ID    string `json:"id"`
+	Addr  string `json:"addr"`
+	Group string `json:"group,omitempty"`
+	// Gossip is the member's memberlist address ("" without gossip).
+	Gossip string `json:"gossip,omitempty"`
+	Lease  int64  `json:"lease"`
+	Step   int64  `json:"step"`
+	Health Health `json:"health"`
+	// HealthReason says why the health is not Healthy.
+	HealthReason string `json:"healthReason,omitempty"`
+	// WantQuorum: the member asks to take part in the next quorum (set by
+	// RequestQuorum and kept).
+	WantQuorum bool `json:"wantQuorum"`
+	// ShrinkOnly: while any participant holds it, no joiner is admitted.
+	ShrinkOnly bool `json:"shrinkOnly,omitempty"`
+	// MinReplicas the member's job needs (0: the coordinator's default).
+	MinReplicas int `json:"minReplicas,omitempty"`
+	// CommitFailed is the last epoch in which this member's commit failed.
+	CommitFailed uint64    `json:"commitFailed,omitempty"`
+	Joined       time.Time `json:"joined"`
+	Updated      time.Time `json:"updated"`
+	// Incarnation is the etcd create revision of the record; filled when
+	// read, not stored.
+	Incarnation int64 `json:"-"`
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// ValidName reports whether s can be a job or member id: 1–128 characters
+// of letters, digits, '.', '_' and '-', starting with a letter or digit.
+func ValidName(s string) bool { return nameRE.MatchString(s) }
+
+func checkName(kind, s string) error {
+	if !ValidName(s) {
+		return fmt.Errorf("%w: membership: %s %q: want 1–128 of [A-Za-z0-9._-], starting with a letter or digit", comm.ErrInvalidArgument, kind, s)
+	}
+	return nil
+}
+
+// Keys is the etcd key layout under a root (default "/ftcomm"):
+//
+//	<root>/<job>/members/<id>            member record, bound to its lease
+//	<root>/<job>/epoch/quorum            the current quorum
+//	<root>/<job>/epoch/revoked/<epoch>   revocation records
+//	<root>/<job>/history/<epoch>         past quorums (bounded)
+//	<root>/<job>/rdzv/<epoch>/…          per-epoch rendezvous (Store)
+//	<root>/_coordinator/election/…       coordinator leader election
+//	<root>/_coordinator/gossip/<name>    coordinators' gossip addresses
+//
+// Epochs in keys are zero-padded to 20 digits so they sort.
+type Keys struct{ Root string }
+
+// DefaultRoot is the key prefix when none is configured.
+const DefaultRoot = "/ftcomm"
+
+func (k Keys) root() string {
+	if k.Root == "" {
+		return DefaultRoot
+	}
+	return strings.TrimSuffix(k.Root, "/")
+}
+
+func (k Keys) Job(job string) string         { return k.root() + "/" + job + "/" }
+func (k Keys) Members(job string) string     { return k.Job(job) + "members/" }
+func (k Keys) Member(job, id string) string  { return k.Members(job) + id }
+func (k Keys) EpochPrefix(job string) string { return k.Job(job) + "epoch/" }
+func (k Keys) Quorum(job string) string      { return k.EpochPrefix(job) + "quorum" }
+func (k Keys) Revocations(job string) string { return k.EpochPrefix(job) + "revoked/" }
+func (k Keys) History(job string) string     { return k.Job(job) + "history/" }
+func (k Keys) Rendezvous(job string) string  { return k.Job(job) + "rdzv/" }
+func (k Keys) Coordinator() string           { return k.root() + "/_coordinator/" }
+func (k Keys) Election() string              { return k.Coordinator() + "election" }
+func (k Keys) CoordinatorGossip() string     { return k.Coordinator() + "gossip/" }
+func (k Keys) Revocation(job string, e uint64) string {
+	return k.Revocations(job) + epochKey(e)
+}
+func (k Keys) HistoryEntry(job string, e uint64) string { return k.History(job) + epochKey(e) }
+
+// RendezvousPrefix is the Store prefix of one epoch of a job.
+func (k Keys) RendezvousPrefix(job string, e uint64) string {
+	return k.Rendezvous(job) + epochKey(e)
+}
+
+func epochKey(e uint64) string { return fmt.Sprintf("%020d", e) }
+
+// parseKey splits a key under the root into job, kind and rest:
+// "/ftcomm/j/members/a" → ("j", "members", "a").
+func (k Keys) parseKey(key string) (job, kind, rest string, ok bool) {
+	r := k.root() + "/"
+	if !strings.HasPrefix(key, r) {
+		return "", "", "", false
+	}
+	parts := strings.SplitN(key[len(r):], "/", 3)
+	if len(parts) < 2 || strings.HasPrefix(parts[0], "_") {
+		return "", "", "", false
+	}
+	if len(parts) == 2 {
+		return parts[0], parts[1], "", true
+	}
+	return parts[0], parts[1], parts[2], true
+}
