@@ -76,20 +76,25 @@ func (b *Backend) rendezvous(ctx context.Context, rank, size int, epoch uint64) 
 	if kind == recGrow {
 		return b.joinGrow(ctx, rank, size, &id)
 	}
+	// The cell (handle and config) lives until init is over: NCCL 2.18+
+	// fills and reads them before returning, older ones from their job.
 	cell := b.lib.newCell()
 	r := b.lib.commInitRank(b.dev, cell, size, &id, rank, commConfig{blocking: false})
 	h := b.lib.loadCell(cell)
-	b.lib.freeCell(cell) // NCCL writes the handle before it returns
 	if r != resSuccess && r != resInProgress {
 		if h != 0 {
 			b.lib.commAbort(h)
 		}
+		b.lib.freeCell(cell)
 		return 0, b.ncclError(0, "ncclCommInitRankConfig", r)
 	}
 	if h == 0 {
+		b.lib.freeCell(cell)
 		return 0, fmt.Errorf("nccl: %w: ncclCommInitRankConfig returned no comm", comm.ErrAborted)
 	}
-	return b.awaitComm(ctx, h, "ncclCommInitRankConfig")
+	h, err := b.awaitComm(ctx, h, "ncclCommInitRankConfig")
+	b.lib.freeCell(cell)
+	return h, err
 }
 
 // awaitComm waits until a new comm has finished initialising. If it fails
