@@ -76,6 +76,35 @@ type Backend struct {
 	relErr    error         // what the release ran into; read after released
 
 	group []collArgs // reused by grouped ops (ops never overlap, by contract)
+
+	stats opStats
+}
+
+// opStats are counters of the op path, read by Stats.
+type opStats struct {
+	ops, inProgress, settlePolls, waitPolls atomic.Int64
+	enqueueNs, settleNs, waitNs             atomic.Int64
+}
+
+// Stats are cumulative counters of a comm's op path, to see where an op's
+// time goes: the NCCL enqueue call, the polling of ncclCommGetAsyncError
+// that a nonblocking comm needs after it, and the wait for the stream.
+type Stats struct {
+	Ops         int64         // NCCL calls or groups issued
+	InProgress  int64         // of them, returned ncclInProgress or left the comm in progress
+	SettlePolls int64         // ncclCommGetAsyncError calls after enqueues
+	WaitPolls   int64         // cudaStreamQuery calls while waiting
+	Enqueue     time.Duration // total time in the enqueue calls
+	Settle      time.Duration // total time polling the async state after them
+	Wait        time.Duration // total time waiting for streams
+}
+
+// Stats returns the comm's op-path counters.
+func (b *Backend) Stats() Stats {
+	s := &b.stats
+	return Stats{Ops: s.ops.Load(), InProgress: s.inProgress.Load(), SettlePolls: s.settlePolls.Load(),
+		WaitPolls: s.waitPolls.Load(), Enqueue: time.Duration(s.enqueueNs.Load()),
+		Settle: time.Duration(s.settleNs.Load()), Wait: time.Duration(s.waitNs.Load())}
 }
 
 // Name implements comm.Backend.
@@ -506,13 +535,20 @@ func (b *Backend) launch(ctx context.Context, what string, a *collArgs, ops []co
 	if h == 0 {
 		return b.failure()
 	}
+	t0 := time.Now()
 	var r result
 	if ops != nil {
 		r = b.lib.group(h, b.stream, ops)
 	} else {
 		r = b.lib.enqueue(h, b.stream, a)
 	}
-	return b.settle(ctx, h, what, r)
+	t1 := time.Now()
+	err := b.settle(ctx, h, what, r)
+	st := &b.stats
+	st.ops.Add(1)
+	st.enqueueNs.Add(int64(t1.Sub(t0)))
+	st.settleNs.Add(int64(time.Since(t1)))
+	return err
 }
 
 // settle checks an NCCL call's result and, as a nonblocking comm
@@ -524,9 +560,16 @@ func (b *Backend) settle(ctx context.Context, h commHandle, what string, r resul
 		b.fail(err)
 		return err
 	}
+	if r == resInProgress {
+		b.stats.inProgress.Add(1)
+	}
 	var start time.Time
 	for i := 0; ; i++ {
 		a, cr := b.lib.commGetAsyncError(h)
+		b.stats.settlePolls.Add(1)
+		if i == 1 && r != resInProgress {
+			b.stats.inProgress.Add(1)
+		}
 		switch {
 		case cr != resSuccess:
 			err := b.ncclError(h, "ncclCommGetAsyncError", cr)
@@ -568,12 +611,19 @@ func (b *Backend) settle(ctx context.Context, h commHandle, what string, r resul
 // PollInterval between polls.
 func (b *Backend) waitStream(ctx context.Context, what string) error {
 	b.opActive.Store(true)
-	defer b.opActive.Store(false)
+	t0 := time.Now()
+	polls := int64(0)
+	defer func() {
+		b.opActive.Store(false)
+		b.stats.waitPolls.Add(polls)
+		b.stats.waitNs.Add(int64(time.Since(t0)))
+	}()
 	done := ctx.Done()
 	var start time.Time
 	var timer *time.Timer
 	for i := 0; ; i++ {
 		ok, err := b.lib.streamQuery(b.dev, b.stream)
+		polls++
 		if err != nil {
 			err = fmt.Errorf("nccl: %w: %s: %w", comm.ErrAborted, what, err)
 			b.fail(err)

@@ -55,6 +55,11 @@ type Config struct {
 	DisableNativeGrow        bool // fresh init with a new unique id
 	DisableNativeCollectives bool // AllToAll, Gather, Scatter as grouped send/recv
 
+	// BlockingComm creates the NCCL comms in blocking mode. Only for
+	// measurements: a blocking comm cannot be aborted safely, so
+	// revocation, deadlines and Shrink after a failure are unreliable.
+	BlockingComm bool
+
 	// Revoke says what Revoke does on the GPU (default RevokeDeferred).
 	Revoke RevokeMode
 

@@ -79,7 +79,7 @@ func (b *Backend) rendezvous(ctx context.Context, rank, size int, epoch uint64) 
 	// The cell (handle and config) lives until init is over: NCCL 2.18+
 	// fills and reads them before returning, older ones from their job.
 	cell := b.lib.newCell()
-	r := b.lib.commInitRank(b.dev, cell, size, &id, rank, commConfig{blocking: false})
+	r := b.lib.commInitRank(b.dev, cell, size, &id, rank, commConfig{blocking: b.cfg.BlockingComm})
 	h := b.lib.loadCell(cell)
 	if r != resSuccess && r != resInProgress {
 		if h != 0 {
@@ -298,7 +298,7 @@ func (b *Backend) nativeGrow(ctx context.Context, size int, epoch uint64) (commH
 // joinGrow is a joiner's side of a native Grow.
 func (b *Backend) joinGrow(ctx context.Context, rank, size int, id *uniqueID) (commHandle, error) {
 	cell := b.lib.newCell()
-	r := b.lib.commGrow(b.dev, 0, size, id, rank, cell, commConfig{blocking: false})
+	r := b.lib.commGrow(b.dev, 0, size, id, rank, cell, commConfig{blocking: b.cfg.BlockingComm})
 	if r != resSuccess && r != resInProgress {
 		b.lib.freeCell(cell)
 		return 0, b.ncclError(0, "ncclCommGrow (joiner)", r)

@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,6 +59,11 @@ type options struct {
 	dtype      comm.DType
 	mode       string
 	timeout    time.Duration
+	blocking   bool
+	lock       bool
+	stats      bool
+	spin       time.Duration
+	yield      time.Duration
 }
 
 func parseSize(s string) (int, error) {
@@ -90,6 +96,11 @@ func run() error {
 	flag.StringVar(&dt, "d", "float32", "dtype")
 	flag.StringVar(&o.mode, "mode", "blocking", "blocking (comm.Comm ops) or stream (enqueue all, wait once; allreduce)")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "deadline of each op")
+	flag.BoolVar(&o.blocking, "blockingcomm", false, "create blocking NCCL comms (measurement only: not abortable)")
+	flag.BoolVar(&o.lock, "lockthread", false, "lock each rank's goroutine to its OS thread")
+	flag.BoolVar(&o.stats, "stats", false, "print where each op's time went (enqueue, async-state polling, stream wait)")
+	flag.DurationVar(&o.spin, "spin", 0, "nccl.Config.SpinWait (0: default)")
+	flag.DurationVar(&o.yield, "yield", 0, "nccl.Config.YieldWait (0: default)")
 	flag.Parse()
 	var err error
 	if o.minB, err = parseSize(b); err != nil {
@@ -112,7 +123,7 @@ func run() error {
 		return err
 	}
 	ctx := context.Background()
-	ranks, err := startRanks(ctx, L, o.gpus)
+	ranks, err := startRanks(ctx, L, o)
 	if err != nil {
 		return err
 	}
@@ -122,8 +133,8 @@ func run() error {
 		}
 	}()
 	info := L.Info()
-	fmt.Printf("# ncclbench: NCCL %s (%s), CUDA runtime %d; %d ranks on GPUs 0..%d in one process; op %s, mode %s\n",
-		info.NCCL, info.NCCLPath, info.CUDARuntime, o.gpus, o.gpus-1, o.op, o.mode)
+	fmt.Printf("# ncclbench: NCCL %s (%s), CUDA runtime %d; %d ranks on GPUs 0..%d in one process; op %s, mode %s; blocking comm %v, locked threads %v\n",
+		info.NCCL, info.NCCLPath, info.CUDARuntime, o.gpus, o.gpus-1, o.op, o.mode, o.blocking, o.lock)
 	fmt.Printf("# %10s %12s %8s %6s %6s %9s %7s %7s %7s\n", "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong")
 	fmt.Printf("# %10s %12s %8s %6s %6s %9s %7s %7s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "")
 	es := o.dtype.Size()
@@ -135,6 +146,7 @@ func run() error {
 		if count == 0 {
 			continue
 		}
+		before := ranks[0].b.Stats()
 		row, err := measure(ctx, o, ranks, count)
 		if err != nil {
 			return fmt.Errorf("size %d: %w", size, err)
@@ -161,6 +173,14 @@ func run() error {
 		}
 		fmt.Printf("  %10d %12d %8s %6s %6s %9.2f %7.2f %7.2f %7d\n", bytes, count, typeName(o.dtype), redop, root,
 			float64(row.time)/float64(time.Microsecond), algbw, bus, row.wrong)
+		if o.stats {
+			s := ranks[0].b.Stats()
+			ops := float64(s.Ops - before.Ops)
+			us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / ops }
+			fmt.Printf("#   rank 0 per op: enqueue %.2f us, async-state polling %.2f us (%d of %.0f in progress, %.1f polls), stream wait %.2f us (%.1f polls)\n",
+				us(s.Enqueue-before.Enqueue), us(s.Settle-before.Settle), s.InProgress-before.InProgress, ops,
+				float64(s.SettlePolls-before.SettlePolls)/ops, us(s.Wait-before.Wait), float64(s.WaitPolls-before.WaitPolls)/ops)
+		}
 	}
 	return nil
 }
@@ -186,7 +206,8 @@ type rank struct {
 	out *nccl.DeviceBuffer
 }
 
-func startRanks(ctx context.Context, L *nccl.Library, n int) ([]*rank, error) {
+func startRanks(ctx context.Context, L *nccl.Library, o options) ([]*rank, error) {
+	n := o.gpus
 	store := memstore.New()
 	ranks := make([]*rank, n)
 	errs := make([]error, n)
@@ -194,7 +215,7 @@ func startRanks(ctx context.Context, L *nccl.Library, n int) ([]*rank, error) {
 	for r := range n {
 		wg.Go(func() {
 			c, err := comm.New(ctx, "nccl", comm.Options{Name: "bench", Rank: r, Size: n, Store: store, Device: r,
-				BackendConfig: &nccl.Config{Library: L}})
+				BackendConfig: &nccl.Config{Library: L, BlockingComm: o.blocking, SpinWait: o.spin, YieldWait: o.yield}})
 			if err != nil {
 				errs[r] = err
 				return
@@ -235,6 +256,10 @@ func measure(ctx context.Context, o options, ranks []*rank, count int) (result, 
 func input(r, i int) float64 { return float64(i%7 + r) }
 
 func (rk *rank) measure(ctx context.Context, o options, count, n int) (time.Duration, int, error) {
+	if o.lock {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
 	es := o.dtype.Size()
 	inN, outN := count, count
 	switch o.op {
