@@ -538,9 +538,9 @@ func (b *Backend) launch(ctx context.Context, what string, a *collArgs, ops []co
 	t0 := time.Now()
 	var r result
 	if ops != nil {
-		r = b.lib.group(h, b.stream, ops)
+		r = b.lib.group(b.dev, h, b.stream, ops)
 	} else {
-		r = b.lib.enqueue(h, b.stream, a)
+		r = b.lib.enqueue(b.dev, h, b.stream, a)
 	}
 	t1 := time.Now()
 	err := b.settle(ctx, h, what, r)

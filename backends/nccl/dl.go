@@ -265,6 +265,8 @@ static const char* ft_last_error(ft_lib* L, uintptr_t comm) {
 	return L->getLastError((ft_comm)comm);
 }
 
+static int ft_enqueue_on(ft_lib* L, int dev, uintptr_t comm, uintptr_t stream, const ft_gop* a);
+
 static int ft_enqueue(ft_lib* L, uintptr_t comm, uintptr_t stream, const ft_gop* a) {
 	ft_comm c = (ft_comm)comm;
 	ft_stream s = (ft_stream)stream;
@@ -285,10 +287,16 @@ static int ft_enqueue(ft_lib* L, uintptr_t comm, uintptr_t stream, const ft_gop*
 	return 4; // ncclInvalidArgument
 }
 
+static int ft_enqueue_on(ft_lib* L, int dev, uintptr_t comm, uintptr_t stream, const ft_gop* a) {
+	if (ft_use(L, dev) != 0) return 1;
+	return ft_enqueue(L, comm, stream, a);
+}
+
 // ft_group issues ops between ncclGroupStart and ncclGroupEnd on one
 // thread. A failing call ends the group early; ncclGroupEnd still runs so
 // the thread's group state is closed.
-static int ft_group(ft_lib* L, uintptr_t comm, uintptr_t stream, const ft_gop* ops, int n) {
+static int ft_group(ft_lib* L, int dev, uintptr_t comm, uintptr_t stream, const ft_gop* ops, int n) {
+	if (ft_use(L, dev) != 0) return 1;
 	int r = L->groupStart();
 	if (r != 0) return r;
 	int first = 0;
@@ -596,15 +604,15 @@ func (d *dlLibrary) lastError(c commHandle) string {
 	return C.GoString(C.ft_last_error(d.L, C.uintptr_t(c)))
 }
 
-func (d *dlLibrary) enqueue(c commHandle, s streamHandle, a *collArgs) result {
-	return result(C.ft_enqueue(d.L, C.uintptr_t(c), C.uintptr_t(s), (*C.ft_gop)(unsafe.Pointer(a))))
+func (d *dlLibrary) enqueue(dev int, c commHandle, s streamHandle, a *collArgs) result {
+	return result(C.ft_enqueue_on(d.L, C.int(dev), C.uintptr_t(c), C.uintptr_t(s), (*C.ft_gop)(unsafe.Pointer(a))))
 }
 
-func (d *dlLibrary) group(c commHandle, s streamHandle, ops []collArgs) result {
+func (d *dlLibrary) group(dev int, c commHandle, s streamHandle, ops []collArgs) result {
 	if len(ops) == 0 {
 		return resSuccess
 	}
-	return result(C.ft_group(d.L, C.uintptr_t(c), C.uintptr_t(s), (*C.ft_gop)(unsafe.Pointer(&ops[0])), C.int(len(ops))))
+	return result(C.ft_group(d.L, C.int(dev), C.uintptr_t(c), C.uintptr_t(s), (*C.ft_gop)(unsafe.Pointer(&ops[0])), C.int(len(ops))))
 }
 
 func (d *dlLibrary) newCell() cellHandle { return cellHandle(C.ft_cell_new()) }

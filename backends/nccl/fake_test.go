@@ -604,11 +604,11 @@ func (w *fakeWorld) freeCell(cell cellHandle) {
 
 // ---- enqueue ----
 
-func (w *fakeWorld) enqueue(h commHandle, s streamHandle, a *collArgs) result {
-	return w.group(h, s, []collArgs{*a})
+func (w *fakeWorld) enqueue(dev int, h commHandle, s streamHandle, a *collArgs) result {
+	return w.group(dev, h, s, []collArgs{*a})
 }
 
-func (w *fakeWorld) group(h commHandle, s streamHandle, ops []collArgs) result {
+func (w *fakeWorld) group(dev int, h commHandle, s streamHandle, ops []collArgs) result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, a := range ops {
@@ -625,8 +625,8 @@ func (w *fakeWorld) group(h commHandle, s streamHandle, ops []collArgs) result {
 	if c.revoked {
 		return resInvalidUsage
 	}
-	if st.dev != c.dev {
-		w.faultf("enqueue on a stream of device %d for a comm on device %d", st.dev, c.dev)
+	if st.dev != c.dev || dev != c.dev {
+		w.faultf("enqueue on device %d, stream of device %d, for a comm on device %d", dev, st.dev, c.dev)
 		return resInvalidArgument
 	}
 	for _, a := range ops {

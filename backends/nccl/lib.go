@@ -191,8 +191,10 @@ type ncclAPI interface {
 	// enqueue issues one call; group issues several between
 	// ncclGroupStart and ncclGroupEnd in one go (NCCL's group state is
 	// per OS thread, so a group must not span goroutine switches).
-	enqueue(c commHandle, s streamHandle, a *collArgs) result
-	group(c commHandle, s streamHandle, ops []collArgs) result
+	// dev is made current first, in the same C call, so NCCL does not
+	// switch devices back and forth inside.
+	enqueue(dev int, c commHandle, s streamHandle, a *collArgs) result
+	group(dev int, c commHandle, s streamHandle, ops []collArgs) result
 
 	newCell() cellHandle
 	loadCell(cell cellHandle) commHandle

@@ -288,48 +288,31 @@ func (rk *rank) measure(ctx context.Context, o options, count, n int) (time.Dura
 	octx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	// Check once.
-	vals := make([]float64, inN)
-	for i := range vals {
-		vals[i] = input(rk.r, i)
-	}
-	if err := rk.L.CopyToDevice(octx, in, encode(o.dtype, vals)); err != nil {
+	host := make([]byte, in.NumBytes())
+	fill(o.dtype, host, func(i int) float64 { return input(rk.r, i) })
+	if err := rk.L.CopyToDevice(octx, in, host); err != nil {
 		return 0, 0, err
 	}
 	if err := op(octx); err != nil {
 		return 0, 0, err
 	}
-	res, want := in, make([]float64, inN)
+	res := in
+	var want func(i int) float64
 	switch o.op {
 	case "allreduce":
-		for i := range want {
-			want[i] = float64(n*(i%7) + n*(n-1)/2)
-		}
+		want = func(i int) float64 { return float64(n*(i%7) + n*(n-1)/2) }
 	case "broadcast":
-		for i := range want {
-			want[i] = input(0, i)
-		}
+		want = func(i int) float64 { return input(0, i) }
 	case "allgather":
-		res, want = out, make([]float64, outN)
-		for i := range want {
-			want[i] = input(i/count, i%count)
-		}
+		res, want = out, func(i int) float64 { return input(i/count, i%count) }
 	case "reducescatter":
-		res, want = out, make([]float64, outN)
-		for i := range want {
-			j := rk.r*count + i
-			want[i] = float64(n*(j%7) + n*(n-1)/2)
-		}
+		res, want = out, func(i int) float64 { j := rk.r*count + i; return float64(n*(j%7) + n*(n-1)/2) }
 	}
 	got := make([]byte, res.NumBytes())
 	if err := rk.L.CopyFromDevice(octx, got, res); err != nil {
 		return 0, 0, err
 	}
-	bad := 0
-	for i, v := range decode(o.dtype, got) {
-		if v != want[i] {
-			bad++
-		}
-	}
+	bad := countWrong(o.dtype, got, want)
 	// Warm up, line up, time.
 	for range o.warmup {
 		if err := op(octx); err != nil {
@@ -378,47 +361,56 @@ func (rk *rank) ensure(inBytes, outBytes int) error {
 	return grow(&rk.out, outBytes)
 }
 
-func encode(dt comm.DType, vals []float64) []byte {
-	out := make([]byte, len(vals)*dt.Size())
-	for i, v := range vals {
+// fill writes f(i) as element i of buf.
+func fill(dt comm.DType, buf []byte, f func(int) float64) {
+	es := dt.Size()
+	for i := 0; i < len(buf)/es; i++ {
+		v := f(i)
 		switch dt {
 		case comm.Float32:
-			putU32(out[4*i:], math.Float32bits(float32(v)))
+			putU32(buf[4*i:], math.Float32bits(float32(v)))
 		case comm.Int32:
-			putU32(out[4*i:], uint32(int32(v)))
+			putU32(buf[4*i:], uint32(int32(v)))
 		case comm.BFloat16:
-			putU16(out[2*i:], uint16(comm.NewBF16(float32(v))))
+			putU16(buf[2*i:], uint16(comm.NewBF16(float32(v))))
 		case comm.Float16:
-			putU16(out[2*i:], uint16(comm.NewF16(float32(v))))
+			putU16(buf[2*i:], uint16(comm.NewF16(float32(v))))
 		case comm.Float64:
-			putU64(out[8*i:], math.Float64bits(v))
+			putU64(buf[8*i:], math.Float64bits(v))
+		case comm.Int64:
+			putU64(buf[8*i:], uint64(int64(v)))
 		default:
-			out[i*dt.Size()] = byte(v)
+			buf[i] = byte(v)
 		}
 	}
-	return out
 }
 
-func decode(dt comm.DType, b []byte) []float64 {
-	n := len(b) / dt.Size()
-	out := make([]float64, n)
-	for i := range out {
+// countWrong counts the elements of buf that are not want(i).
+func countWrong(dt comm.DType, buf []byte, want func(int) float64) int {
+	es, bad := dt.Size(), 0
+	for i := 0; i < len(buf)/es; i++ {
+		var v float64
 		switch dt {
 		case comm.Float32:
-			out[i] = float64(math.Float32frombits(u32(b[4*i:])))
+			v = float64(math.Float32frombits(u32(buf[4*i:])))
 		case comm.Int32:
-			out[i] = float64(int32(u32(b[4*i:])))
+			v = float64(int32(u32(buf[4*i:])))
 		case comm.BFloat16:
-			out[i] = float64(comm.BF16(u16(b[2*i:])).Float32())
+			v = float64(comm.BF16(u16(buf[2*i:])).Float32())
 		case comm.Float16:
-			out[i] = float64(comm.F16(u16(b[2*i:])).Float32())
+			v = float64(comm.F16(u16(buf[2*i:])).Float32())
 		case comm.Float64:
-			out[i] = math.Float64frombits(u64(b[8*i:]))
+			v = math.Float64frombits(u64(buf[8*i:]))
+		case comm.Int64:
+			v = float64(int64(u64(buf[8*i:])))
 		default:
-			out[i] = float64(b[i*dt.Size()])
+			v = float64(buf[i])
+		}
+		if v != want(i) {
+			bad++
 		}
 	}
-	return out
+	return bad
 }
 
 func putU16(b []byte, v uint16) { b[0], b[1] = byte(v), byte(v>>8) }
