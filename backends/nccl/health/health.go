@@ -324,6 +324,11 @@ func (m *Monitor) emit(e Event) {
 	if firstCrit {
 		close(m.critCh)
 	}
+	if m.cfg.OnEvent != nil {
+		m.emitMu.Lock()
+		m.cfg.OnEvent(e)
+		m.emitMu.Unlock()
+	}
 	select {
 	case m.events <- e:
 	default:
@@ -337,11 +342,6 @@ func (m *Monitor) emit(e Event) {
 			default:
 			}
 		}
-	}
-	if m.cfg.OnEvent != nil {
-		m.emitMu.Lock()
-		m.cfg.OnEvent(e)
-		m.emitMu.Unlock()
 	}
 }
 
