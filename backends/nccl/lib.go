@@ -160,7 +160,6 @@ type collArgs struct {
 // commConfig is what the backend sets in ncclConfig_t.
 type commConfig struct {
 	blocking bool
-	netName  string // "" leaves NCCL's default
 }
 
 // ncclAPI is the part of NCCL the backend uses. Calls that create a
