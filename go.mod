@@ -3,6 +3,7 @@ module github.com/ftcomm/ftcomm
 go 1.26.0
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.0-1
 	github.com/cenkalti/backoff/v4 v4.3.0
 	github.com/hashicorp/memberlist v0.7.0
 	github.com/prometheus/client_golang v1.25.0

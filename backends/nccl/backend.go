@@ -1,0 +1,746 @@
+package nccl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+func init() {
+	comm.Register("nccl", func(ctx context.Context, o comm.Options) (comm.Backend, error) {
+		return New(ctx, o)
+	})
+}
+
+var (
+	_ comm.Backend  = (*Backend)(nil)
+	_ comm.Revoker  = (*Backend)(nil)
+	_ comm.Shrinker = (*Backend)(nil)
+	_ comm.Grower   = (*Backend)(nil)
+	_ comm.Splitter = (*Backend)(nil)
+)
+
+// scratchBytes is the device scratch each comm keeps for Barrier and the
+// warm-up.
+const scratchBytes = 256
+
+// Backend is one rank of an NCCL communicator. See the package doc for the
+// lifecycle and the concurrency rules.
+type Backend struct {
+	L     *Library
+	lib   library
+	cfg   Config
+	log   *zap.Logger
+	opts  comm.Options // as given, for the comms Shrink, Grow and Split make
+	store comm.Store   // opts.Store under opts.Prefix; nil for a lone rank without one
+	rank  int
+	size  int
+	dev   int
+	epoch uint64
+
+	stream  streamHandle // every op of this comm runs on it
+	scratch uintptr      // scratchBytes of device memory
+
+	// hmu serialises every use of the NCCL handle (enqueues, Shrink, Grow,
+	// Split, the watchdog's reads) with its abort.
+	hmu       sync.Mutex
+	handle    commHandle // 0 once aborted
+	quiescent bool       // a native revoke completed: Shrink needs no NCCL_SHRINK_ABORT
+	splits    int        // Split calls so far (they are collective, so every rank counts alike)
+
+	fmu     sync.Mutex
+	failErr error     // the first failure; the comm refuses ops from then on
+	failAt  time.Time // when it happened
+	failed  atomic.Bool
+	wake    chan struct{} // closed at the first failure
+	// dirty: an op was abandoned, so GPU work may still be running on
+	// stream (a kernel waiting for a dead peer, say).
+	dirty    atomic.Bool
+	opActive atomic.Bool
+	// opMu is held while an op uses the stream (launch and wait), so the
+	// release never destroys the stream under a waiting op.
+	opMu sync.Mutex
+
+	revokeReq chan struct{} // to the watchdog: run the native revoke
+	closeOnce sync.Once
+	closing   chan struct{} // closed by Close: the watchdog releases and exits
+	released  chan struct{} // closed when the watchdog has released everything
+	relErr    error         // what the release ran into; read after released
+
+	group []collArgs // reused by grouped ops (ops never overlap, by contract)
+
+	stats opStats
+}
+
+// opStats are counters of the op path, read by Stats.
+type opStats struct {
+	ops, inProgress, settlePolls, waitPolls atomic.Int64
+	enqueueNs, settleNs, waitNs             atomic.Int64
+}
+
+// Stats are cumulative counters of a comm's op path, to see where an op's
+// time goes: the NCCL enqueue call, the polling of ncclCommGetAsyncError
+// that a nonblocking comm needs after it, and the wait for the stream.
+type Stats struct {
+	Ops         int64         // NCCL calls or groups issued
+	InProgress  int64         // of them, returned ncclInProgress or left the comm in progress
+	SettlePolls int64         // ncclCommGetAsyncError calls after enqueues
+	WaitPolls   int64         // cudaStreamQuery calls while waiting
+	Enqueue     time.Duration // total time in the enqueue calls
+	Settle      time.Duration // total time polling the async state after them
+	Wait        time.Duration // total time waiting for streams
+}
+
+// Stats returns the comm's op-path counters.
+func (b *Backend) Stats() Stats {
+	s := &b.stats
+	return Stats{Ops: s.ops.Load(), InProgress: s.inProgress.Load(), SettlePolls: s.settlePolls.Load(),
+		WaitPolls: s.waitPolls.Load(), Enqueue: time.Duration(s.enqueueNs.Load()),
+		Settle: time.Duration(s.settleNs.Load()), Wait: time.Duration(s.waitNs.Load())}
+}
+
+// Name implements comm.Backend.
+func (b *Backend) Name() string { return "nccl" }
+
+// Rank implements comm.Backend.
+func (b *Backend) Rank() int { return b.rank }
+
+// Size implements comm.Backend.
+func (b *Backend) Size() int { return b.size }
+
+// Epoch implements comm.Backend.
+func (b *Backend) Epoch() uint64 { return b.epoch }
+
+// Memory implements comm.Backend: device memory only.
+func (b *Backend) Memory() comm.Memory { return comm.DeviceMemory }
+
+// Device is the CUDA ordinal this rank runs on.
+func (b *Backend) Device() int { return b.dev }
+
+// Library is the loaded NCCL this comm uses.
+func (b *Backend) Library() *Library { return b.L }
+
+// Released is closed once a closed Backend has aborted its NCCL comm and
+// freed its stream and scratch memory (ncclCommAbort took 0.5 s after a
+// peer's death on 2×H200, so Close does not wait for it).
+func (b *Backend) Released() <-chan struct{} { return b.released }
+
+// ReleaseErr is what the release ran into, once Released is closed.
+func (b *Backend) ReleaseErr() error {
+	select {
+	case <-b.released:
+		return b.relErr
+	default:
+		return nil
+	}
+}
+
+// configFrom reads Options.BackendConfig.
+func configFrom(v any) (Config, error) {
+	var cfg Config
+	switch c := v.(type) {
+	case nil:
+		cfg = DefaultConfig()
+	case *Config:
+		if c == nil {
+			cfg = DefaultConfig()
+		} else {
+			cfg = *c
+		}
+	case Config:
+		cfg = c
+	default:
+		return cfg, fmt.Errorf("nccl: %w: Options.BackendConfig is %T, want *nccl.Config", comm.ErrInvalidArgument, v)
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	return cfg.withDefaults(), nil
+}
+
+// New creates this rank's communicator: it rendezvouses through o.Store
+// (rank 0 publishes a fresh NCCL unique id under o.Prefix for o.Epoch),
+// initialises a nonblocking NCCL comm on GPU o.Device and warms it up. It
+// is what comm.New("nccl", …) calls. A joiner of a Grow calls it too, with
+// its new rank, the new size and the Grow's epoch.
+func New(ctx context.Context, o comm.Options) (*Backend, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	cfg, err := configFrom(o.BackendConfig)
+	if err != nil {
+		return nil, err
+	}
+	if o.Name == "" {
+		o.Name = "comm"
+	}
+	if o.Prefix == "" {
+		o.Prefix = "comm/" + o.Name
+	}
+	L := cfg.Library
+	if L == nil {
+		if L, err = Open(cfg.LibraryConfig); err != nil {
+			return nil, err
+		}
+		cfg.Library = L
+	}
+	n, err := L.DeviceCount()
+	if err != nil {
+		return nil, fmt.Errorf("nccl: %w: %w", comm.ErrBackendUnavailable, err)
+	}
+	if o.Device >= n {
+		return nil, fmt.Errorf("nccl: %w: device %d, but %d CUDA devices are visible", comm.ErrInvalidArgument, o.Device, n)
+	}
+	b, err := newBackend(L, cfg, o, o.Rank, o.Size, o.Epoch)
+	if err != nil {
+		return nil, err
+	}
+	h, err := b.rendezvous(ctx, o.Rank, o.Size, o.Epoch)
+	if err == nil {
+		err = b.start(ctx, h)
+	}
+	if err != nil {
+		b.discard()
+		return nil, fmt.Errorf("nccl: init rank %d/%d on device %d, epoch %d: %w", o.Rank, o.Size, o.Device, o.Epoch, err)
+	}
+	return b, nil
+}
+
+// newBackend allocates what a comm needs besides its NCCL handle.
+func newBackend(L *Library, cfg Config, o comm.Options, rank, size int, epoch uint64) (*Backend, error) {
+	log := o.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	b := &Backend{
+		L: L, lib: L.lib, cfg: cfg, opts: o, rank: rank, size: size, dev: o.Device, epoch: epoch,
+		wake: make(chan struct{}), revokeReq: make(chan struct{}, 1),
+		closing: make(chan struct{}), released: make(chan struct{}),
+	}
+	b.log = log.With(zap.String("backend", "nccl"), zap.String("comm", o.Name), zap.Int("rank", rank),
+		zap.Int("size", size), zap.Uint64("epoch", epoch), zap.Int("device", o.Device))
+	if o.Store != nil {
+		b.store = comm.WithPrefix(o.Store, o.Prefix)
+	}
+	var err error
+	if b.stream, err = b.lib.streamCreate(b.dev); err != nil {
+		return nil, fmt.Errorf("nccl: %w: %w", comm.ErrBackendUnavailable, err)
+	}
+	if b.scratch, err = b.lib.malloc(b.dev, scratchBytes); err != nil {
+		_ = b.lib.streamDestroy(b.dev, b.stream)
+		return nil, fmt.Errorf("nccl: %w: %w", comm.ErrBackendUnavailable, err)
+	}
+	return b, nil
+}
+
+// start adopts the NCCL comm h, starts the watchdog and warms the comm up.
+func (b *Backend) start(ctx context.Context, h commHandle) error {
+	b.handle = h
+	go b.watchdog()
+	if b.cfg.NoWarmUp {
+		return nil
+	}
+	t0 := time.Now()
+	if err := b.allReduceScratch(ctx); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	b.log.Debug("comm ready", zap.Duration("warm_up", time.Since(t0)))
+	return nil
+}
+
+// discard releases a Backend that never became usable.
+func (b *Backend) discard() {
+	if b.handle != 0 {
+		b.Close()
+		<-b.released
+		return
+	}
+	_ = b.lib.free(b.dev, b.scratch)
+	_ = b.lib.streamDestroy(b.dev, b.stream)
+	close(b.released)
+}
+
+// ---- failure ----
+
+// fail records the comm's first failure and wakes the running op. It
+// reports whether err was the first.
+func (b *Backend) fail(err error) bool {
+	b.fmu.Lock()
+	defer b.fmu.Unlock()
+	if b.failErr != nil {
+		return false
+	}
+	b.failErr, b.failAt = err, time.Now()
+	b.failed.Store(true)
+	close(b.wake)
+	if b.opActive.Load() {
+		b.dirty.Store(true)
+	}
+	return true
+}
+
+// failure is the error ops fail with once the comm has failed.
+func (b *Backend) failure() error {
+	b.fmu.Lock()
+	defer b.fmu.Unlock()
+	return b.failErr
+}
+
+// Abort implements comm.Backend: the running op fails at once; the NCCL
+// comm is cancelled by the next Shrink, by Close, or by the watchdog after
+// Config.AbortDelay.
+func (b *Backend) Abort(cause error) {
+	if cause == nil {
+		cause = errors.New("abort requested")
+	}
+	if b.fail(fmt.Errorf("nccl: %w: %w", comm.ErrAborted, cause)) {
+		b.log.Info("aborted", zap.Error(cause))
+	}
+}
+
+// Revoke implements comm.Revoker: the running op and every later one fail
+// with comm.ErrRevoked at once. What happens on the GPU follows
+// Config.Revoke. Peers learn of the revocation from the membership layer,
+// not through NCCL (ncclCommRevoke is local).
+func (b *Backend) Revoke(cause error) {
+	if cause == nil {
+		cause = errors.New("revoke requested")
+	}
+	if !b.fail(fmt.Errorf("nccl: %w: %w", comm.ErrRevoked, cause)) {
+		return
+	}
+	b.log.Info("revoked", zap.Error(cause))
+	if b.cfg.Revoke == RevokeNative {
+		select {
+		case b.revokeReq <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Close implements comm.Backend. It fails a running op, and returns at
+// once: the watchdog then aborts the NCCL comm, waits for the stream to
+// drain and frees it (Released is closed when done). Safe to call twice.
+func (b *Backend) Close() error {
+	b.closeOnce.Do(func() {
+		b.fail(fmt.Errorf("nccl: %w", comm.ErrClosed))
+		close(b.closing)
+	})
+	return nil
+}
+
+// ncclError turns a failed NCCL result into an error the comm layer can
+// branch on, with NCCL's own last-error text.
+func (b *Backend) ncclError(h commHandle, what string, r result) error {
+	msg := b.lib.errorString(r)
+	if h != 0 {
+		if last := b.lib.lastError(h); last != "" {
+			msg += ": " + last
+		}
+	}
+	sentinel := comm.ErrAborted
+	switch r {
+	case resRemoteError:
+		sentinel = comm.ErrPeerFailed
+	case resTimeout:
+		sentinel = comm.ErrTimeout
+	}
+	return fmt.Errorf("nccl: %w: %s: %s (%s)", sentinel, what, r, msg)
+}
+
+// ctxError is the error of an op abandoned because ctx ended.
+func ctxError(ctx context.Context, what string) error {
+	cause := context.Cause(ctx)
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("nccl: %w: %s: %w", comm.ErrTimeout, what, cause)
+	}
+	return fmt.Errorf("nccl: %w: %s: %w", comm.ErrAborted, what, cause)
+}
+
+// ---- the watchdog ----
+
+// watchdog runs for the Backend's life: it reads NCCL's async error while
+// an op runs, performs the native revoke, aborts a failed comm after
+// AbortDelay, and on Close releases everything and exits.
+func (b *Backend) watchdog() {
+	defer close(b.released)
+	tick := time.NewTicker(b.cfg.WatchdogInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-b.closing:
+			b.relErr = b.release()
+			return
+		case <-b.revokeReq:
+			b.nativeRevoke()
+		case <-tick.C:
+			if b.opActive.Load() && !b.failed.Load() {
+				b.checkAsync()
+			}
+			if b.cfg.AbortDelay > 0 && b.dirty.Load() {
+				b.fmu.Lock()
+				due := !b.failAt.IsZero() && time.Since(b.failAt) >= b.cfg.AbortDelay
+				b.fmu.Unlock()
+				if due {
+					b.abortHandle("no Shrink or Close within AbortDelay after the failure")
+				}
+			}
+		}
+	}
+}
+
+// checkAsync fails the comm if NCCL reports an asynchronous error.
+func (b *Backend) checkAsync() {
+	if !b.hmu.TryLock() {
+		return // an enqueue is reading it right now
+	}
+	h := b.handle
+	var a, r result
+	if h != 0 {
+		a, r = b.lib.commGetAsyncError(h)
+	}
+	var err error
+	switch {
+	case h == 0:
+	case r != resSuccess:
+		err = b.ncclError(h, "ncclCommGetAsyncError", r)
+	case a != resSuccess && a != resInProgress:
+		err = b.ncclError(h, "asynchronous error", a)
+	}
+	b.hmu.Unlock()
+	if err != nil && b.fail(err) {
+		b.log.Warn("NCCL reported an asynchronous error", zap.Error(err))
+	}
+}
+
+// nativeRevoke runs ncclCommRevoke and waits for the comm to quiesce, or
+// aborts the comm where the library has no revoke.
+func (b *Backend) nativeRevoke() {
+	if !b.L.info.Features.Revoke {
+		b.abortHandle("revoke without ncclCommRevoke")
+		return
+	}
+	b.hmu.Lock()
+	defer b.hmu.Unlock()
+	h := b.handle
+	if h == 0 {
+		return
+	}
+	t0 := time.Now()
+	r := b.lib.commRevoke(h)
+	if r == resSuccess || r == resInProgress {
+		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.ReleaseTimeout)
+		defer cancel()
+		r = b.pollAsync(ctx, h, b.closing)
+	}
+	if r != resSuccess {
+		b.log.Warn("ncclCommRevoke failed", zap.Stringer("result", r), zap.String("nccl", b.lib.lastError(h)))
+		return
+	}
+	b.quiescent = true
+	b.dirty.Store(false)
+	b.log.Info("ncclCommRevoke done", zap.Duration("took", time.Since(t0)))
+}
+
+// pollAsync waits until the comm's async state leaves ncclInProgress and
+// returns it, or ncclInProgress if ctx ended or stop closed first.
+func (b *Backend) pollAsync(ctx context.Context, h commHandle, stop <-chan struct{}) result {
+	state := resInProgress
+	_ = pollDone(ctx, stop, func() (bool, error) {
+		a, r := b.lib.commGetAsyncError(h)
+		if r != resSuccess {
+			state = r
+			return true, nil
+		}
+		state = a
+		return a != resInProgress, nil
+	})
+	return state
+}
+
+// abortHandle calls ncclCommAbort. After it the GPU work of the comm is
+// cancelled.
+func (b *Backend) abortHandle(why string) {
+	b.hmu.Lock()
+	h := b.handle
+	b.handle = 0
+	b.hmu.Unlock()
+	if h == 0 {
+		return
+	}
+	t0 := time.Now()
+	r := b.lib.commAbort(h)
+	b.dirty.Store(false)
+	b.log.Info("ncclCommAbort", zap.String("why", why), zap.Stringer("result", r), zap.Duration("took", time.Since(t0)))
+}
+
+// release aborts the comm, waits for the stream to drain and frees the
+// stream and scratch memory.
+func (b *Backend) release() error {
+	// Close failed the comm, so a running op returns promptly; wait for it
+	// to let go of the stream.
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	b.hmu.Lock()
+	h := b.handle
+	b.handle = 0
+	b.hmu.Unlock()
+	var errs []error
+	if h != 0 {
+		// ncclCommAbort rather than finalize+destroy: it is local and
+		// cannot wait on a peer that is gone.
+		t0 := time.Now()
+		if r := b.lib.commAbort(h); r != resSuccess {
+			errs = append(errs, fmt.Errorf("nccl: ncclCommAbort: %s", r))
+		}
+		b.log.Debug("released NCCL comm", zap.Duration("abort", time.Since(t0)))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.ReleaseTimeout)
+	defer cancel()
+	if err := pollDone(ctx, nil, func() (bool, error) { return b.lib.streamQuery(b.dev, b.stream) }); err != nil {
+		b.log.Error("stream did not drain after abort; leaking it and the scratch memory", zap.Error(err))
+		return errors.Join(append(errs, fmt.Errorf("nccl: stream did not drain: %w", err))...)
+	}
+	errs = append(errs, b.lib.free(b.dev, b.scratch), b.lib.streamDestroy(b.dev, b.stream))
+	return errors.Join(errs...)
+}
+
+// ---- issuing ops ----
+
+// usable returns why no op may run, or nil.
+func (b *Backend) usable() error {
+	if b.failed.Load() {
+		return b.failure()
+	}
+	return nil
+}
+
+// launch issues one NCCL call (a) or a group (ops) on the comm's stream
+// and waits until NCCL has accepted it.
+func (b *Backend) launch(ctx context.Context, what string, a *collArgs, ops []collArgs) error {
+	if err := b.usable(); err != nil {
+		return err
+	}
+	b.hmu.Lock()
+	defer b.hmu.Unlock()
+	h := b.handle
+	if h == 0 {
+		return b.failure()
+	}
+	t0 := time.Now()
+	var r result
+	if ops != nil {
+		r = b.lib.group(b.dev, h, b.stream, ops)
+	} else {
+		r = b.lib.enqueue(b.dev, h, b.stream, a)
+	}
+	t1 := time.Now()
+	err := b.settle(ctx, h, what, r)
+	st := &b.stats
+	st.ops.Add(1)
+	st.enqueueNs.Add(int64(t1.Sub(t0)))
+	st.settleNs.Add(int64(time.Since(t1)))
+	return err
+}
+
+// settle checks an NCCL call's result and, as a nonblocking comm
+// requires after every call, polls ncclCommGetAsyncError until it leaves
+// ncclInProgress. Called with hmu held.
+func (b *Backend) settle(ctx context.Context, h commHandle, what string, r result) error {
+	if r != resSuccess && r != resInProgress {
+		err := b.ncclError(h, what, r)
+		b.fail(err)
+		return err
+	}
+	if r == resInProgress {
+		b.stats.inProgress.Add(1)
+	}
+	var start time.Time
+	for i := 0; ; i++ {
+		a, cr := b.lib.commGetAsyncError(h)
+		b.stats.settlePolls.Add(1)
+		if i == 1 && r != resInProgress {
+			b.stats.inProgress.Add(1)
+		}
+		switch {
+		case cr != resSuccess:
+			err := b.ncclError(h, "ncclCommGetAsyncError", cr)
+			b.fail(err)
+			return err
+		case a == resSuccess:
+			return nil
+		case a != resInProgress:
+			err := b.ncclError(h, what, a)
+			b.fail(err)
+			return err
+		}
+		// Still in progress (connection setup, a large group): wait, but
+		// stay abortable.
+		if b.failed.Load() {
+			b.dirty.Store(true)
+			return b.failure()
+		}
+		if err := ctx.Err(); err != nil {
+			err = ctxError(ctx, what+" still in progress")
+			b.fail(err)
+			b.dirty.Store(true)
+			return err
+		}
+		if i == 0 {
+			start = time.Now()
+		}
+		if el := time.Since(start); el > b.cfg.YieldWait {
+			time.Sleep(b.cfg.PollInterval)
+		} else if el > b.cfg.SpinWait {
+			runtime.Gosched()
+		}
+	}
+}
+
+// waitStream waits until the comm's stream has run everything queued on
+// it, the comm fails (Abort, Revoke, Close, an async error), or ctx ends.
+// It polls busily for SpinWait, then yields until YieldWait, then sleeps
+// PollInterval between polls.
+func (b *Backend) waitStream(ctx context.Context, what string) error {
+	b.opActive.Store(true)
+	t0 := time.Now()
+	polls := int64(0)
+	defer func() {
+		b.opActive.Store(false)
+		b.stats.waitPolls.Add(polls)
+		b.stats.waitNs.Add(int64(time.Since(t0)))
+	}()
+	done := ctx.Done()
+	var start time.Time
+	var timer *time.Timer
+	for i := 0; ; i++ {
+		ok, err := b.lib.streamQuery(b.dev, b.stream)
+		polls++
+		if err != nil {
+			err = fmt.Errorf("nccl: %w: %s: %w", comm.ErrAborted, what, err)
+			b.fail(err)
+			return err
+		}
+		if ok {
+			if timer != nil {
+				timer.Stop()
+			}
+			// A revoke or abort also drains the stream, by killing the
+			// kernels: a comm that failed meanwhile did not run the op.
+			if b.failed.Load() {
+				return b.failure()
+			}
+			return nil
+		}
+		if b.failed.Load() {
+			b.dirty.Store(true)
+			return b.failure()
+		}
+		if done != nil {
+			select {
+			case <-done:
+				err := ctxError(ctx, what)
+				b.fail(err)
+				b.dirty.Store(true)
+				return err
+			default:
+			}
+		}
+		if i == 0 {
+			start = time.Now()
+			continue
+		}
+		el := time.Since(start)
+		if el < b.cfg.SpinWait {
+			continue
+		}
+		if el < b.cfg.YieldWait {
+			runtime.Gosched()
+			continue
+		}
+		if timer == nil {
+			timer = time.NewTimer(b.cfg.PollInterval)
+		} else {
+			timer.Reset(b.cfg.PollInterval)
+		}
+		select {
+		case <-timer.C:
+		case <-b.wake:
+		case <-done:
+		}
+	}
+}
+
+// run issues one call and waits for it.
+func (b *Backend) run(ctx context.Context, what string, a collArgs) error {
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	if err := b.launch(ctx, what, &a, nil); err != nil {
+		return err
+	}
+	return b.waitStream(ctx, what)
+}
+
+// runGroup issues b.group (after an optional device-to-device copy on the
+// stream) and waits for it.
+func (b *Backend) runGroup(ctx context.Context, what string, copyDst, copySrc uintptr, copyBytes int) error {
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	if err := b.usable(); err != nil {
+		return err
+	}
+	if copyBytes > 0 {
+		if err := b.lib.copyDtoD(b.dev, copyDst, copySrc, copyBytes, b.stream); err != nil {
+			err = fmt.Errorf("nccl: %w: %s: %w", comm.ErrAborted, what, err)
+			b.fail(err)
+			return err
+		}
+	}
+	if len(b.group) > 0 {
+		if err := b.launch(ctx, what, nil, b.group); err != nil {
+			return err
+		}
+	}
+	return b.waitStream(ctx, what)
+}
+
+// allReduceScratch sums one int32 of scratch across the comm (warm-up and
+// Barrier).
+func (b *Backend) allReduceScratch(ctx context.Context) error {
+	return b.run(ctx, "barrier", collArgs{kind: kAllReduce, dtype: ncclInt32, redop: ncclSum,
+		send: b.scratch, recv: b.scratch, count: 1})
+}
+
+// EnqueueAllReduce queues an in-place all-reduce of t on the comm's stream
+// and returns as soon as NCCL has accepted it, without waiting for it to
+// complete; Synchronize waits for everything queued. It exists to measure
+// what a stream-ordered (non-blocking) comm contract would gain over the
+// blocking one (see the benchmark); use it only outside a comm.Comm, from
+// one goroutine.
+func (b *Backend) EnqueueAllReduce(ctx context.Context, t comm.Tensor, op comm.ReduceOp) error {
+	a, err := b.allReduceArgs(t, op)
+	if err != nil || a.count == 0 {
+		return err
+	}
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	return b.launch(ctx, "allreduce", &a, nil)
+}
+
+// Synchronize waits until every op queued on the comm's stream is done.
+func (b *Backend) Synchronize(ctx context.Context) error {
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	if err := b.usable(); err != nil {
+		return err
+	}
+	return b.waitStream(ctx, "synchronize")
+}

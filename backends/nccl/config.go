@@ -1,0 +1,146 @@
+package nccl
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// RevokeMode says what Revoke does on the GPU.
+type RevokeMode uint8
+
+const (
+	// RevokeDeferred (the default): Revoke fails the running op and every
+	// later one at once and leaves the NCCL comm as it is; the GPU work is
+	// cancelled by the next Shrink (ncclCommShrink with NCCL_SHRINK_ABORT,
+	// 24–27 ms to a working comm on 2×H200), or by ncclCommAbort in the
+	// background on Close or after Config.AbortDelay. This is the fastest
+	// path from a failure to a working smaller comm.
+	RevokeDeferred RevokeMode = iota
+	// RevokeNative: Revoke also calls ncclCommRevoke in the background
+	// (NCCL 2.28.7+), after which Shrink uses NCCL_SHRINK_DEFAULT; on an
+	// older NCCL it calls ncclCommAbort instead, and Shrink falls back to a
+	// fresh init among the survivors. ncclCommRevoke took 0.51 s on 2×H200.
+	RevokeNative
+)
+
+func (m RevokeMode) String() string {
+	switch m {
+	case RevokeDeferred:
+		return "deferred"
+	case RevokeNative:
+		return "native"
+	}
+	return fmt.Sprintf("revokemode(%d)", uint8(m))
+}
+
+// Config holds the nccl backend's settings; pass a *Config as
+// comm.Options.BackendConfig (nil means DefaultConfig()). Zero durations
+// take their defaults.
+type Config struct {
+	// Library is the loaded NCCL to use, shared between communicators; nil
+	// opens one with LibraryConfig.
+	Library       *Library
+	LibraryConfig LibraryConfig
+
+	// NoWarmUp skips the one-element all-reduce every new communicator
+	// runs before it is returned (NCCL connects lazily: the first
+	// collective on a new comm took 0.15 s on 2×H200).
+	NoWarmUp bool
+
+	// Disable… force the fallback even where the library has the native
+	// call (for tests and comparisons).
+	DisableNativeShrink      bool // fresh init among the survivors
+	DisableNativeGrow        bool // fresh init with a new unique id
+	DisableNativeCollectives bool // AllToAll, Gather, Scatter as grouped send/recv
+
+	// BlockingComm creates the NCCL comms in blocking mode
+	// (ncclConfig_t.blocking = 1). NCCL 2.28 launches every collective of
+	// a nonblocking comm from a helper thread, about 50 µs per op: on
+	// 2×H200 an 8-byte all-reduce through comm.Comm took 71–108 µs
+	// nonblocking and 20–23 µs blocking, and ops enqueued back to back
+	// 12.1 µs (nccl-tests: 12.1). The price: init, Shrink, Grow and Split
+	// block inside NCCL until every rank has come (a ctx cannot interrupt
+	// them), and an op that makes NCCL connect to a dead peer (the first
+	// use of an algorithm; NCCL_RUNTIME_CONNECT=0 connects everything at
+	// init instead) blocks inside NCCL too; an op waiting on the GPU still
+	// fails at Revoke or its deadline, and Shrink still cancels it. Leave
+	// it off where a hang must never happen.
+	BlockingComm bool
+
+	// Revoke says what Revoke does on the GPU (default RevokeDeferred).
+	Revoke RevokeMode
+
+	// AbortDelay: after a failure that left GPU work outstanding, the
+	// watchdog calls ncclCommAbort itself if neither Shrink nor Close has
+	// come within this time. Default 10 s; negative: never (only Shrink
+	// and Close cancel the GPU work).
+	AbortDelay time.Duration
+
+	// Waiting for an op: poll its completion busily for SpinWait, then
+	// yielding the processor until YieldWait, then every PollInterval.
+	// Defaults 200 µs, 20 ms, 100 µs.
+	SpinWait     time.Duration
+	YieldWait    time.Duration
+	PollInterval time.Duration
+
+	// WatchdogInterval is how often the watchdog reads NCCL's asynchronous
+	// error while an op runs. Default 10 ms.
+	WatchdogInterval time.Duration
+
+	// ReleaseTimeout bounds how long the release after an abort waits for
+	// the GPU to drain the comm's stream before it frees the stream and
+	// scratch memory (if it does not drain, they are leaked rather than
+	// freed under a running kernel). Default 10 s.
+	ReleaseTimeout time.Duration
+}
+
+// DefaultConfig returns the default settings.
+func DefaultConfig() Config {
+	return Config{
+		AbortDelay:       10 * time.Second,
+		SpinWait:         200 * time.Microsecond,
+		YieldWait:        20 * time.Millisecond,
+		PollInterval:     100 * time.Microsecond,
+		WatchdogInterval: 10 * time.Millisecond,
+		ReleaseTimeout:   10 * time.Second,
+	}
+}
+
+// withDefaults fills zero durations.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	for _, f := range []struct{ v, def *time.Duration }{
+		{&c.AbortDelay, &d.AbortDelay}, {&c.SpinWait, &d.SpinWait}, {&c.YieldWait, &d.YieldWait},
+		{&c.PollInterval, &d.PollInterval}, {&c.WatchdogInterval, &d.WatchdogInterval},
+		{&c.ReleaseTimeout, &d.ReleaseTimeout},
+	} {
+		if *f.v == 0 {
+			*f.v = *f.def
+		}
+	}
+	return c
+}
+
+// Validate reports what is wrong with c, or nil.
+func (c *Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("nccl: %w: config: "+format, append([]any{comm.ErrInvalidArgument}, args...)...)
+	}
+	switch {
+	case c.Revoke > RevokeNative:
+		return bad("unknown revoke mode %d", c.Revoke)
+	case c.SpinWait < 0 || c.YieldWait < 0:
+		return bad("negative SpinWait %s or YieldWait %s", c.SpinWait, c.YieldWait)
+	case c.YieldWait != 0 && c.SpinWait > c.YieldWait:
+		return bad("SpinWait %s exceeds YieldWait %s", c.SpinWait, c.YieldWait)
+	case c.PollInterval < 0 || c.PollInterval > time.Second:
+		return bad("PollInterval %s outside [0, 1s]", c.PollInterval)
+	case c.WatchdogInterval < 0 || c.WatchdogInterval > 10*time.Second:
+		return bad("WatchdogInterval %s outside [0, 10s]", c.WatchdogInterval)
+	case c.ReleaseTimeout < 0:
+		return bad("negative ReleaseTimeout %s", c.ReleaseTimeout)
+	}
+	return nil
+}

@@ -1,0 +1,19 @@
+//go:build !cgo
+
+package nccl
+
+import (
+	"fmt"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// dlLibrary does not exist without cgo; openLibrary says so.
+type dlLibrary struct {
+	library
+	ncclPath, cudartPath string
+}
+
+func openLibrary(ncclPath, cudartPath string) (*dlLibrary, error) {
+	return nil, fmt.Errorf("nccl: %w: built without cgo (CGO_ENABLED=0), so libnccl cannot be loaded", comm.ErrBackendUnavailable)
+}

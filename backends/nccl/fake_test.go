@@ -1,0 +1,1047 @@
+package nccl
+
+import (
+	"crypto/rand"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"testing"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/comm/reduce"
+)
+
+// fakeWorld is an NCCL + CUDA runtime simulated in Go memory: a machine
+// with nDev GPUs whose "device memory" is Go byte slices at made-up
+// addresses. Each stream is a queue of work items that run in order when
+// someone polls the stream; a collective completes once every rank's
+// stream has reached it. Communicators are nonblocking: every init and
+// enqueue leaves the comm ncclInProgress for a few polls, and a call made
+// while the comm is still in progress is flagged as a fault (NCCL would
+// poison the comm), so the tests check the backend's polling discipline.
+// A "dead" device models a SIGKILLed process: its streams never advance
+// again, so its peers' collectives never complete, as on real hardware.
+//
+// Faults (misuse the real library would punish) are collected and fail
+// the test at cleanup.
+type fakeWorld struct {
+	t    testing.TB
+	mu   sync.Mutex
+	ver  int
+	syms map[string]bool
+	nDev int
+	// inProgressPolls is how many ncclCommGetAsyncError calls report
+	// ncclInProgress after each nonblocking call.
+	inProgressPolls int
+
+	next    uintptr
+	allocs  map[uintptr]*fakeAlloc
+	comms   map[commHandle]*fakeComm
+	streams map[streamHandle]*fakeStream
+	events  map[eventHandle]*fakeEvent
+	cells   map[cellHandle]commHandle
+	inits   map[uniqueID]*fakeRdv
+	growIDs map[uniqueID]*fakeRdv
+	dead    map[int]bool
+	faults  []string
+	calls   map[string]int
+	// growCells are joiners' cells, filled when their grow completes.
+	growCells []growCell
+}
+
+type growCell struct {
+	cell cellHandle
+	rdv  *fakeRdv
+	key  int
+}
+
+type fakeAlloc struct {
+	dev  int
+	base uintptr
+	mem  []byte
+}
+
+type fakeStream struct {
+	dev   int
+	items []fakeItem
+}
+
+type fakeEvent struct {
+	done bool
+}
+
+// fakeClique is one NCCL communicator across its ranks.
+type fakeClique struct {
+	size    int
+	members []*fakeComm
+	rounds  map[uint64]*fakeRound
+	mail    map[[2]int][]fakeMsg
+	reconf  map[uint64]*fakeRdv
+}
+
+type fakeComm struct {
+	h        commHandle
+	cl       *fakeClique
+	rank     int
+	dev      int
+	blocking bool
+	state    result
+	pending  *fakePending
+	seq      uint64 // collectives issued
+	rseq     uint64 // Shrink/Split/Grow calls
+	killed   bool   // its GPU work was terminated (abort, revoke, shrink-abort)
+	revoked  bool
+}
+
+type fakePending struct {
+	polls int
+	ready func() bool
+	done  func() result
+}
+
+// fakeRdv is a rendezvous of several calls (init, shrink, split, grow).
+type fakeRdv struct {
+	want     int
+	arrived  map[int]any // key: rank (joiners: their new rank + 1<<20)
+	complete bool
+	children map[int]*fakeComm
+}
+
+type fakeMsg struct {
+	dtype int32
+	data  []byte
+}
+
+type fakeItem interface {
+	// step advances the item; it reports whether the item is complete.
+	step(w *fakeWorld) bool
+}
+
+func newFakeWorld(t testing.TB, nDev int) *fakeWorld {
+	w := &fakeWorld{
+		t: t, ver: 22803, nDev: nDev, inProgressPolls: 1, next: 0x1000,
+		syms: map[string]bool{"ncclGetLastError": true, "ncclCommSplit": true, "ncclCommShrink": true,
+			"ncclAlltoAll": true, "ncclGather": true, "ncclScatter": true},
+		allocs: map[uintptr]*fakeAlloc{}, comms: map[commHandle]*fakeComm{}, streams: map[streamHandle]*fakeStream{},
+		events: map[eventHandle]*fakeEvent{}, cells: map[cellHandle]commHandle{}, inits: map[uniqueID]*fakeRdv{},
+		growIDs: map[uniqueID]*fakeRdv{}, dead: map[int]bool{}, calls: map[string]int{},
+	}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for _, f := range w.faults {
+			t.Errorf("fake NCCL: %s", f)
+		}
+	})
+	return w
+}
+
+// withVersion sets the version code and the optional symbols present.
+func (w *fakeWorld) withVersion(code int, syms ...string) *fakeWorld {
+	w.ver = code
+	w.syms = map[string]bool{}
+	for _, s := range syms {
+		w.syms[s] = true
+	}
+	return w
+}
+
+func (w *fakeWorld) library() *Library { return newLibrary(w, "fake-libnccl", "fake-libcudart") }
+
+func (w *fakeWorld) faultf(format string, args ...any) {
+	w.faults = append(w.faults, fmt.Sprintf(format, args...))
+}
+
+func (w *fakeWorld) count(name string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.calls[name]
+}
+
+// kill makes device dev's process "die": its streams stop forever.
+func (w *fakeWorld) kill(dev int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.dead[dev] = true
+}
+
+// injectAsyncError makes every live comm on dev report r.
+func (w *fakeWorld) injectAsyncError(dev int, r result) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, c := range w.comms {
+		if c.dev == dev {
+			c.state, c.pending = r, nil
+		}
+	}
+}
+
+func (w *fakeWorld) liveComms() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.comms)
+}
+
+func (w *fakeWorld) handle() uintptr {
+	w.next += 16
+	return w.next
+}
+
+// mem returns the fake device memory [p, p+n), or nil (and a fault).
+func (w *fakeWorld) mem(p uintptr, n int, what string) []byte {
+	if n == 0 {
+		return []byte{}
+	}
+	for _, a := range w.allocs {
+		if p >= a.base && p+uintptr(n) <= a.base+uintptr(len(a.mem)) {
+			off := p - a.base
+			return a.mem[off : off+uintptr(n)]
+		}
+	}
+	w.faultf("%s: illegal address %#x (+%d bytes)", what, p, n)
+	return nil
+}
+
+// ---- ncclAPI ----
+
+func (w *fakeWorld) version() int               { return w.ver }
+func (w *fakeWorld) hasSymbol(name string) bool { return w.syms[name] }
+
+func (w *fakeWorld) getUniqueID(id *uniqueID) result {
+	if _, err := rand.Read(id[:]); err != nil {
+		return resSystemError
+	}
+	return resSuccess
+}
+
+func (w *fakeWorld) newComm(cl *fakeClique, rank, dev int, blocking bool) *fakeComm {
+	c := &fakeComm{h: commHandle(w.handle()), cl: cl, rank: rank, dev: dev, blocking: blocking}
+	w.comms[c.h] = c
+	return c
+}
+
+// begin applies the nonblocking rules to a call on c: a call while the
+// comm is in progress is a fault. It reports whether the call may go on.
+func (w *fakeWorld) begin(c *fakeComm, what string) bool {
+	if c.pending != nil {
+		w.faultf("%s on comm %#x (rank %d) before the previous operation returned ncclSuccess", what, c.h, c.rank)
+		c.state, c.pending = resInvalidUsage, nil
+		return false
+	}
+	if c.state != resSuccess {
+		return false
+	}
+	return true
+}
+
+// settleLater leaves c in progress for inProgressPolls polls, then until
+// ready, then in done's state.
+func (w *fakeWorld) settleLater(c *fakeComm, ready func() bool, done func() result) result {
+	if c.blocking {
+		if ready != nil && !ready() {
+			w.faultf("blocking comm would block")
+		}
+		if done != nil {
+			c.state = done()
+		}
+		return c.state
+	}
+	c.pending = &fakePending{polls: w.inProgressPolls, ready: ready, done: done}
+	return resInProgress
+}
+
+func (w *fakeWorld) commInitRank(dev int, out cellHandle, nranks int, id *uniqueID, rank int, cfg commConfig) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls["ncclCommInitRankConfig"]++
+	if dev < 0 || dev >= w.nDev || rank < 0 || rank >= nranks {
+		return resInvalidArgument
+	}
+	rdv := w.inits[*id]
+	if rdv == nil {
+		rdv = &fakeRdv{want: nranks, arrived: map[int]any{}, children: map[int]*fakeComm{}}
+		w.inits[*id] = rdv
+		rdv.children[-1] = &fakeComm{cl: &fakeClique{size: nranks, members: make([]*fakeComm, nranks),
+			rounds: map[uint64]*fakeRound{}, mail: map[[2]int][]fakeMsg{}, reconf: map[uint64]*fakeRdv{}}}
+	}
+	if rdv.want != nranks {
+		w.faultf("init: rank %d says %d ranks, others %d", rank, nranks, rdv.want)
+		return resInvalidArgument
+	}
+	if _, dup := rdv.arrived[rank]; dup {
+		w.faultf("init: rank %d joined twice", rank)
+		return resInvalidArgument
+	}
+	cl := rdv.children[-1].cl
+	c := w.newComm(cl, rank, dev, cfg.blocking)
+	cl.members[rank] = c
+	rdv.arrived[rank] = nil
+	if len(rdv.arrived) == nranks {
+		rdv.complete = true
+	}
+	w.cells[out] = c.h
+	c.state = resSuccess
+	return w.settleLater(c, func() bool { return rdv.complete }, func() result { return resSuccess })
+}
+
+func (w *fakeWorld) comm(h commHandle, what string) *fakeComm {
+	c := w.comms[h]
+	if c == nil {
+		w.faultf("%s: comm %#x is not a live communicator (aborted or never made)", what, h)
+	}
+	return c
+}
+
+func (w *fakeWorld) commGetAsyncError(h commHandle) (async, r result) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c := w.comm(h, "ncclCommGetAsyncError")
+	if c == nil {
+		return 0, resInvalidArgument
+	}
+	if p := c.pending; p != nil {
+		switch {
+		case p.polls > 0:
+			p.polls--
+			return resInProgress, resSuccess
+		case p.ready != nil && !p.ready():
+			return resInProgress, resSuccess
+		}
+		c.pending = nil
+		if p.done != nil {
+			c.state = p.done()
+		}
+	}
+	return c.state, resSuccess
+}
+
+func (w *fakeWorld) commCount(h commHandle) (int, result) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if c := w.comm(h, "ncclCommCount"); c != nil {
+		return c.cl.size, resSuccess
+	}
+	return 0, resInvalidArgument
+}
+
+func (w *fakeWorld) commUserRank(h commHandle) (int, result) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if c := w.comm(h, "ncclCommUserRank"); c != nil {
+		return c.rank, resSuccess
+	}
+	return 0, resInvalidArgument
+}
+
+// terminate completes every outstanding item of c at once (its kernels
+// were killed).
+func (w *fakeWorld) terminate(c *fakeComm) { c.killed = true }
+
+func (w *fakeWorld) outstanding(c *fakeComm) bool {
+	for _, s := range w.streams {
+		for _, it := range s.items {
+			if ci, ok := it.(*collItem); ok && ci.c == c {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (w *fakeWorld) commAbort(h commHandle) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls["ncclCommAbort"]++
+	c := w.comm(h, "ncclCommAbort")
+	if c == nil {
+		return resInvalidArgument
+	}
+	w.terminate(c)
+	delete(w.comms, h)
+	return resSuccess
+}
+
+func (w *fakeWorld) commRevoke(h commHandle) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls["ncclCommRevoke"]++
+	c := w.comm(h, "ncclCommRevoke")
+	if c == nil || !w.syms["ncclCommRevoke"] {
+		return resInvalidUsage
+	}
+	w.terminate(c)
+	c.revoked = true
+	c.pending = nil
+	return w.settleLater(c, nil, func() result { return resSuccess })
+}
+
+func (w *fakeWorld) reconfRdv(c *fakeComm, want int) *fakeRdv {
+	rdv := c.cl.reconf[c.rseq]
+	if rdv == nil {
+		rdv = &fakeRdv{want: want, arrived: map[int]any{}, children: map[int]*fakeComm{}}
+		c.cl.reconf[c.rseq] = rdv
+	}
+	c.rseq++
+	return rdv
+}
+
+func (w *fakeWorld) commShrink(h commHandle, exclude []int32, out cellHandle, flags int) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	name := "ncclCommShrink"
+	if flags&shrinkAbort != 0 {
+		name = "ncclCommShrink(abort)"
+	}
+	w.calls[name]++
+	c := w.comm(h, name)
+	if c == nil || !w.syms["ncclCommShrink"] {
+		return resInvalidUsage
+	}
+	if c.pending != nil {
+		w.faultf("%s on comm %#x before the previous operation returned ncclSuccess", name, h)
+		return resInvalidUsage
+	}
+	if flags&shrinkAbort != 0 {
+		w.terminate(c)
+	} else if w.outstanding(c) && !c.revoked {
+		w.faultf("ncclCommShrink without NCCL_SHRINK_ABORT while ops are outstanding (rank %d)", c.rank)
+		return resInvalidUsage
+	}
+	ex := map[int]bool{}
+	for _, e := range exclude {
+		ex[int(e)] = true
+	}
+	rdv := w.reconfRdv(c, c.cl.size-len(ex))
+	rdv.arrived[c.rank] = fmt.Sprint(exclude)
+	for r, v := range rdv.arrived {
+		if v != rdv.arrived[c.rank] {
+			w.faultf("shrink: rank %d excludes %v, rank %d %v", c.rank, exclude, r, v)
+		}
+	}
+	if len(rdv.arrived) == rdv.want {
+		var keep []int
+		for r := range c.cl.size {
+			if !ex[r] {
+				keep = append(keep, r)
+			}
+		}
+		ncl := &fakeClique{size: len(keep), members: make([]*fakeComm, len(keep)), rounds: map[uint64]*fakeRound{},
+			mail: map[[2]int][]fakeMsg{}, reconf: map[uint64]*fakeRdv{}}
+		for nr, or := range keep {
+			old := c.cl.members[or]
+			nc := w.newComm(ncl, nr, old.dev, old.blocking)
+			ncl.members[nr] = nc
+			rdv.children[or] = nc
+		}
+		rdv.complete = true
+	}
+	rank := c.rank
+	c.state = resSuccess
+	// The new comm appears only when the parent's job has finished.
+	return w.settleLater(c, func() bool { return rdv.complete }, func() result {
+		w.cells[out] = rdv.children[rank].h
+		return resSuccess
+	})
+}
+
+func (w *fakeWorld) commSplit(h commHandle, color, key int, out cellHandle) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls["ncclCommSplit"]++
+	c := w.comm(h, "ncclCommSplit")
+	if c == nil || !w.begin(c, "ncclCommSplit") {
+		return resInvalidUsage
+	}
+	rdv := w.reconfRdv(c, c.cl.size)
+	rdv.arrived[c.rank] = [2]int{color, key}
+	if len(rdv.arrived) == rdv.want {
+		byColor := map[int][]int{}
+		for r, v := range rdv.arrived {
+			ck := v.([2]int)
+			if ck[0] >= 0 {
+				byColor[ck[0]] = append(byColor[ck[0]], r)
+			}
+		}
+		for _, ranks := range byColor {
+			sort.Slice(ranks, func(i, j int) bool {
+				ki, kj := rdv.arrived[ranks[i]].([2]int)[1], rdv.arrived[ranks[j]].([2]int)[1]
+				if ki != kj {
+					return ki < kj
+				}
+				return ranks[i] < ranks[j]
+			})
+			ncl := &fakeClique{size: len(ranks), members: make([]*fakeComm, len(ranks)), rounds: map[uint64]*fakeRound{},
+				mail: map[[2]int][]fakeMsg{}, reconf: map[uint64]*fakeRdv{}}
+			for nr, or := range ranks {
+				old := c.cl.members[or]
+				nc := w.newComm(ncl, nr, old.dev, old.blocking)
+				ncl.members[nr] = nc
+				rdv.children[or] = nc
+			}
+		}
+		rdv.complete = true
+	}
+	rank := c.rank
+	return w.settleLater(c, func() bool { return rdv.complete }, func() result {
+		if nc := rdv.children[rank]; nc != nil {
+			w.cells[out] = nc.h
+		}
+		return resSuccess
+	})
+}
+
+func (w *fakeWorld) commGetUniqueID(h commHandle, id *uniqueID) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c := w.comm(h, "ncclCommGetUniqueId")
+	if c == nil || !w.syms["ncclCommGetUniqueId"] || !w.begin(c, "ncclCommGetUniqueId") {
+		return resInvalidUsage
+	}
+	if _, err := rand.Read(id[:]); err != nil {
+		return resSystemError
+	}
+	rdv := c.cl.reconf[c.rseq]
+	if rdv == nil {
+		rdv = &fakeRdv{arrived: map[int]any{}, children: map[int]*fakeComm{}}
+		c.cl.reconf[c.rseq] = rdv
+	}
+	w.growIDs[*id] = rdv
+	return resSuccess
+}
+
+func (w *fakeWorld) commGrow(dev int, h commHandle, nranks int, id *uniqueID, rank int, out cellHandle, cfg commConfig) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls["ncclCommGrow"]++
+	if !w.syms["ncclCommGrow"] {
+		return resInvalidUsage
+	}
+	var rdv *fakeRdv
+	var c *fakeComm
+	if h != 0 {
+		if c = w.comm(h, "ncclCommGrow"); c == nil || !w.begin(c, "ncclCommGrow") {
+			return resInvalidUsage
+		}
+		rdv = w.reconfRdv(c, nranks)
+		rdv.want = nranks
+		rdv.arrived[c.rank] = c
+		rdv.children[-2] = &fakeComm{cl: c.cl}
+	} else {
+		if rdv = w.growIDs[*id]; rdv == nil {
+			w.faultf("ncclCommGrow: joiner with an unknown id")
+			return resInvalidArgument
+		}
+		rdv.want = nranks
+		rdv.arrived[rank+1<<20] = dev
+	}
+	complete := func() {
+		if rdv.complete || len(rdv.arrived) != rdv.want || rdv.children[-2] == nil {
+			return
+		}
+		pcl := rdv.children[-2].cl
+		ncl := &fakeClique{size: nranks, members: make([]*fakeComm, nranks), rounds: map[uint64]*fakeRound{},
+			mail: map[[2]int][]fakeMsg{}, reconf: map[uint64]*fakeRdv{}}
+		for k, v := range rdv.arrived {
+			var nc *fakeComm
+			if k >= 1<<20 {
+				nc = w.newComm(ncl, k-1<<20, v.(int), false)
+				rdv.children[k] = nc
+			} else {
+				old := pcl.members[k]
+				nc = w.newComm(ncl, k, old.dev, old.blocking)
+				rdv.children[k] = nc
+			}
+			ncl.members[nc.rank] = nc
+		}
+		rdv.complete = true
+	}
+	complete()
+	if c != nil {
+		rank := c.rank
+		return w.settleLater(c, func() bool { complete(); return rdv.complete }, func() result {
+			w.cells[out] = rdv.children[rank].h
+			return resSuccess
+		})
+	}
+	// A joiner's comm appears in its cell when the grow completes; the test
+	// world resolves that whenever the cell is read.
+	w.growCells = append(w.growCells, growCell{out, rdv, rank + 1<<20})
+	return resInProgress
+}
+
+func (w *fakeWorld) errorString(r result) string { return "fake: " + r.String() }
+func (w *fakeWorld) lastError(c commHandle) string {
+	return ""
+}
+
+func (w *fakeWorld) newCell() cellHandle {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	cell := cellHandle(w.handle())
+	w.cells[cell] = 0
+	return cell
+}
+
+func (w *fakeWorld) loadCell(cell cellHandle) commHandle {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, gc := range w.growCells {
+		if gc.cell == cell && gc.rdv.complete {
+			w.cells[cell] = gc.rdv.children[gc.key].h
+			w.growCells = slices.Delete(w.growCells, i, i+1)
+			break
+		}
+	}
+	return w.cells[cell]
+}
+
+func (w *fakeWorld) freeCell(cell cellHandle) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.cells, cell)
+}
+
+// ---- enqueue ----
+
+func (w *fakeWorld) enqueue(dev int, h commHandle, s streamHandle, a *collArgs) result {
+	return w.group(dev, h, s, []collArgs{*a})
+}
+
+func (w *fakeWorld) group(dev int, h commHandle, s streamHandle, ops []collArgs) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, a := range ops {
+		w.calls[a.kind.String()]++
+	}
+	c := w.comm(h, "enqueue")
+	st := w.streams[s]
+	if c == nil || st == nil {
+		return resInvalidArgument
+	}
+	if !w.begin(c, ops[0].kind.String()) {
+		return c.state
+	}
+	if c.revoked {
+		return resInvalidUsage
+	}
+	if st.dev != c.dev || dev != c.dev {
+		w.faultf("enqueue on device %d, stream of device %d, for a comm on device %d", dev, st.dev, c.dev)
+		return resInvalidArgument
+	}
+	for _, a := range ops {
+		switch a.kind {
+		case kAllToAll, kGather, kScatter:
+			if !w.syms[map[collKind]string{kAllToAll: "ncclAlltoAll", kGather: "ncclGather", kScatter: "ncclScatter"}[a.kind]] {
+				w.faultf("%s called on a library without it", a.kind)
+				return resInvalidUsage
+			}
+		}
+	}
+	it := &collItem{c: c, ops: slices.Clone(ops)}
+	st.items = append(st.items, it)
+	return w.settleLater(c, nil, nil)
+}
+
+// ---- the stream machine ----
+
+// collItem is one NCCL call or group on a stream.
+type collItem struct {
+	c       *fakeComm
+	ops     []collArgs
+	arrived bool
+	rounds  []*fakeRound
+	got     []bool // per op: a receive has its data
+}
+
+// fakeRound is one collective across the ranks of a clique.
+type fakeRound struct {
+	args     []*collArgs
+	in       [][]byte
+	arrived  int
+	complete bool
+}
+
+func (it *collItem) step(w *fakeWorld) bool {
+	c := it.c
+	if c.killed {
+		return true
+	}
+	if !it.arrived {
+		it.arrived = true
+		it.got = make([]bool, len(it.ops))
+		for i := range it.ops {
+			a := &it.ops[i]
+			switch a.kind {
+			case kSend:
+				es := dtypeOf(a.dtype).Size()
+				data := slices.Clone(w.mem(a.send, int(a.count)*es, "ncclSend"))
+				key := [2]int{c.rank, int(a.peer)}
+				c.cl.mail[key] = append(c.cl.mail[key], fakeMsg{dtype: a.dtype, data: data})
+				it.got[i] = true
+			case kRecv:
+			default:
+				it.rounds = append(it.rounds, w.arrive(c, a))
+			}
+		}
+	}
+	done := true
+	for _, r := range it.rounds {
+		done = done && r.complete
+	}
+	for i := range it.ops {
+		a := &it.ops[i]
+		if a.kind != kRecv || it.got[i] {
+			continue
+		}
+		key := [2]int{int(a.peer), c.rank}
+		q := c.cl.mail[key]
+		if len(q) == 0 {
+			done = false
+			continue
+		}
+		m := q[0]
+		c.cl.mail[key] = q[1:]
+		es := dtypeOf(a.dtype).Size()
+		if m.dtype != a.dtype || len(m.data) != int(a.count)*es {
+			w.faultf("recv from %d: %d bytes of type %d, expected %d of type %d", a.peer, len(m.data), m.dtype, int(a.count)*es, a.dtype)
+		}
+		copy(w.mem(a.recv, int(a.count)*es, "ncclRecv"), m.data)
+		it.got[i] = true
+	}
+	return done
+}
+
+func dtypeOf(d int32) comm.DType {
+	for _, dt := range []comm.DType{comm.Float32, comm.Float64, comm.Float16, comm.BFloat16, comm.Int8, comm.Uint8, comm.Int32, comm.Int64} {
+		if n, _ := ncclDType(dt); n == d {
+			return dt
+		}
+	}
+	return 0
+}
+
+func reduceOpOf(o int32) comm.ReduceOp {
+	for _, op := range []comm.ReduceOp{comm.Sum, comm.Prod, comm.Min, comm.Max, comm.Avg} {
+		if n, _ := ncclRedOp(op); n == o {
+			return op
+		}
+	}
+	return 0
+}
+
+// inputBytes is how much of a rank's send buffer a collective reads.
+func inputBytes(a *collArgs, rank, size int) int {
+	n := int(a.count) * dtypeOf(a.dtype).Size()
+	switch a.kind {
+	case kReduceScatter, kAllToAll:
+		return n * size
+	case kScatter:
+		if rank == int(a.peer) {
+			return n * size
+		}
+		return 0
+	case kBroadcast:
+		if rank != int(a.peer) {
+			return 0
+		}
+	}
+	return n
+}
+
+// arrive adds c's part of its next collective to the round and completes
+// the round when every rank is there.
+func (w *fakeWorld) arrive(c *fakeComm, a *collArgs) *fakeRound {
+	seq := c.seq
+	c.seq++
+	r := c.cl.rounds[seq]
+	size := c.cl.size
+	if r == nil {
+		r = &fakeRound{args: make([]*collArgs, size), in: make([][]byte, size)}
+		c.cl.rounds[seq] = r
+	}
+	r.args[c.rank] = a
+	r.in[c.rank] = slices.Clone(w.mem(a.send, inputBytes(a, c.rank, size), a.kind.String()))
+	r.arrived++
+	if r.arrived == size {
+		w.compute(r, size)
+		r.complete = true
+		delete(c.cl.rounds, seq)
+	}
+	return r
+}
+
+func (w *fakeWorld) compute(r *fakeRound, size int) {
+	a0 := r.args[0]
+	for i, a := range r.args {
+		if a.kind != a0.kind || a.count != a0.count || a.dtype != a0.dtype || a.redop != a0.redop || a.peer != a0.peer {
+			w.faultf("ranks disagree on a collective: rank 0 %+v, rank %d %+v", *a0, i, *a)
+			return
+		}
+	}
+	dt, op := dtypeOf(a0.dtype), reduceOpOf(a0.redop)
+	n := int(a0.count) * dt.Size()
+	root := int(a0.peer)
+	sum := func(parts [][]byte) []byte {
+		acc := slices.Clone(parts[0])
+		for _, p := range parts[1:] {
+			reduce.Into(dt, op, acc, p)
+		}
+		if op == comm.Avg {
+			reduce.Divide(dt, acc, size)
+		}
+		return acc
+	}
+	out := func(rank, bytes int) []byte { return w.mem(r.args[rank].recv, bytes, a0.kind.String()) }
+	switch a0.kind {
+	case kAllReduce:
+		res := sum(r.in)
+		for j := range size {
+			copy(out(j, n), res)
+		}
+	case kBroadcast:
+		for j := range size {
+			copy(out(j, n), r.in[root])
+		}
+	case kReduce:
+		copy(out(root, n), sum(r.in))
+	case kAllGather:
+		for j := range size {
+			dst := out(j, n*size)
+			for k := range size {
+				copy(dst[k*n:], r.in[k])
+			}
+		}
+	case kReduceScatter:
+		res := sum(r.in)
+		for j := range size {
+			copy(out(j, n), res[j*n:(j+1)*n])
+		}
+	case kAllToAll:
+		for j := range size {
+			dst := out(j, n*size)
+			for k := range size {
+				copy(dst[k*n:(k+1)*n], r.in[k][j*n:(j+1)*n])
+			}
+		}
+	case kGather:
+		dst := out(root, n*size)
+		for k := range size {
+			copy(dst[k*n:], r.in[k])
+		}
+	case kScatter:
+		for j := range size {
+			copy(out(j, n), r.in[root][j*n:(j+1)*n])
+		}
+	}
+}
+
+type copyItem struct {
+	dst, src uintptr
+	n        int
+}
+
+func (it *copyItem) step(w *fakeWorld) bool {
+	if src := w.mem(it.src, it.n, "memcpy src"); src != nil {
+		copy(w.mem(it.dst, it.n, "memcpy dst"), src)
+	}
+	return true
+}
+
+type eventItem struct{ ev *fakeEvent }
+
+func (it *eventItem) step(*fakeWorld) bool { it.ev.done = true; return true }
+
+func (w *fakeWorld) progress(s *fakeStream) {
+	if w.dead[s.dev] {
+		return
+	}
+	for len(s.items) > 0 && s.items[0].step(w) {
+		s.items = s.items[1:]
+	}
+}
+
+// ---- cudaAPI ----
+
+func (w *fakeWorld) runtimeVersion() int { return 13000 }
+func (w *fakeWorld) driverVersion() int  { return 13000 }
+func (w *fakeWorld) deviceCount() (int, error) {
+	return w.nDev, nil
+}
+
+func (w *fakeWorld) checkDev(dev int) error {
+	if dev < 0 || dev >= w.nDev {
+		return &cudaError{Op: "cudaSetDevice", Code: 101, Msg: "invalid device ordinal"}
+	}
+	return nil
+}
+
+func (w *fakeWorld) malloc(dev int, n int) (uintptr, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.checkDev(dev); err != nil {
+		return 0, err
+	}
+	w.next = (w.next + 4095) &^ 4095
+	base := w.next
+	w.next += uintptr(n) + 4096
+	w.allocs[base] = &fakeAlloc{dev: dev, base: base, mem: make([]byte, n)}
+	return base, nil
+}
+
+func (w *fakeWorld) free(dev int, p uintptr) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if a := w.allocs[p]; a == nil || a.dev != dev {
+		w.faultf("cudaFree(%#x) of memory not allocated on device %d", p, dev)
+		return &cudaError{Op: "cudaFree", Code: 1, Msg: "invalid argument"}
+	}
+	for _, s := range w.streams {
+		for _, it := range s.items {
+			if ci, ok := it.(*collItem); ok && !ci.c.killed {
+				for _, a := range ci.ops {
+					if w.allocs[p].contains(a.send) || w.allocs[p].contains(a.recv) {
+						w.faultf("cudaFree(%#x) while a queued NCCL op still uses it", p)
+					}
+				}
+			}
+		}
+	}
+	delete(w.allocs, p)
+	return nil
+}
+
+func (a *fakeAlloc) contains(p uintptr) bool { return p >= a.base && p < a.base+uintptr(len(a.mem)) }
+
+func (w *fakeWorld) stream(dev int, s streamHandle, what string) (*fakeStream, error) {
+	st := w.streams[s]
+	if st == nil {
+		w.faultf("%s: unknown stream %#x", what, s)
+		return nil, &cudaError{Op: what, Code: 400, Msg: "invalid resource handle"}
+	}
+	return st, nil
+}
+
+func (w *fakeWorld) copyHtoD(dev int, dst uintptr, src []byte, s streamHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, err := w.stream(dev, s, "cudaMemcpyAsync"); err != nil {
+		return err
+	}
+	copy(w.mem(dst, len(src), "cudaMemcpyAsync(HtoD)"), src) // staged at once, as CUDA does for pageable memory
+	return nil
+}
+
+func (w *fakeWorld) copyDtoH(dev int, dst []byte, src uintptr, s streamHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.stream(dev, s, "cudaMemcpyAsync")
+	if err != nil {
+		return err
+	}
+	w.progress(st)
+	if len(st.items) > 0 {
+		w.faultf("copy to host on a busy stream")
+	}
+	copy(dst, w.mem(src, len(dst), "cudaMemcpyAsync(DtoH)"))
+	return nil
+}
+
+func (w *fakeWorld) copyDtoD(dev int, dst, src uintptr, n int, s streamHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.stream(dev, s, "cudaMemcpyAsync")
+	if err != nil {
+		return err
+	}
+	st.items = append(st.items, &copyItem{dst: dst, src: src, n: n})
+	return nil
+}
+
+func (w *fakeWorld) memset(dev int, p uintptr, v byte, n int, s streamHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, err := w.stream(dev, s, "cudaMemsetAsync"); err != nil {
+		return err
+	}
+	m := w.mem(p, n, "cudaMemsetAsync")
+	for i := range m {
+		m[i] = v
+	}
+	return nil
+}
+
+func (w *fakeWorld) streamCreate(dev int) (streamHandle, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.checkDev(dev); err != nil {
+		return 0, err
+	}
+	s := streamHandle(w.handle())
+	w.streams[s] = &fakeStream{dev: dev}
+	return s, nil
+}
+
+func (w *fakeWorld) streamDestroy(dev int, s streamHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.stream(dev, s, "cudaStreamDestroy")
+	if err != nil {
+		return err
+	}
+	if len(st.items) > 0 {
+		w.faultf("cudaStreamDestroy of a stream with %d items still queued", len(st.items))
+	}
+	delete(w.streams, s)
+	return nil
+}
+
+func (w *fakeWorld) streamQuery(dev int, s streamHandle) (bool, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.stream(dev, s, "cudaStreamQuery")
+	if err != nil {
+		return false, err
+	}
+	w.progress(st)
+	return len(st.items) == 0, nil
+}
+
+func (w *fakeWorld) eventCreate(dev int, timing bool) (eventHandle, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ev := eventHandle(w.handle())
+	w.events[ev] = &fakeEvent{}
+	return ev, nil
+}
+
+func (w *fakeWorld) eventDestroy(dev int, ev eventHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.events, ev)
+	return nil
+}
+
+func (w *fakeWorld) eventRecord(dev int, ev eventHandle, s streamHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.stream(dev, s, "cudaEventRecord")
+	if err != nil {
+		return err
+	}
+	e := w.events[ev]
+	e.done = false
+	st.items = append(st.items, &eventItem{ev: e})
+	return nil
+}
+
+func (w *fakeWorld) eventQuery(ev eventHandle) (bool, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, st := range w.streams {
+		w.progress(st)
+	}
+	return w.events[ev].done, nil
+}
+
+func (w *fakeWorld) eventElapsed(start, end eventHandle) (float32, error) { return 0.5, nil }

@@ -1,0 +1,457 @@
+package nccl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// Environment variables that override where the libraries are loaded from.
+const (
+	EnvNCCLLib   = "FTCOMM_NCCL_LIB"   // path or soname of libnccl (default libnccl.so.2)
+	EnvCUDARTLib = "FTCOMM_CUDART_LIB" // path or soname of libcudart (default libcudart.so.13, then .12)
+)
+
+// LibraryConfig says where to load NCCL and the CUDA runtime from. Empty
+// fields fall back to the environment (EnvNCCLLib, EnvCUDARTLib) and then to
+// the default search.
+type LibraryConfig struct {
+	NCCLPath        string
+	CUDARuntimePath string
+}
+
+// Version is an NCCL version.
+type Version struct{ Major, Minor, Patch int }
+
+// versionFromCode decodes NCCL's version code (major*10000+minor*100+patch
+// since 2.9; major*1000+minor*100+patch before).
+func versionFromCode(code int) Version {
+	if code >= 10000 {
+		return Version{code / 10000, code / 100 % 100, code % 100}
+	}
+	return Version{code / 1000, code / 100 % 10, code % 100}
+}
+
+// Code is the version in NCCL's 2.9+ encoding.
+func (v Version) Code() int { return v.Major*10000 + v.Minor*100 + v.Patch }
+
+// AtLeast reports whether v is major.minor.patch or newer.
+func (v Version) AtLeast(major, minor, patch int) bool {
+	return v.Code() >= Version{major, minor, patch}.Code()
+}
+
+func (v Version) String() string { return fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Patch) }
+
+// Features are the native NCCL calls this library offers; where one is
+// missing the backend uses its fallback.
+type Features struct {
+	Split    bool // ncclCommSplit (2.18+)
+	Shrink   bool // ncclCommShrink (2.27.3+), else a fresh init among survivors
+	Revoke   bool // ncclCommRevoke (2.28.7+), else abort
+	Grow     bool // ncclCommGrow + ncclCommGetUniqueId (2.29.2+), else a fresh init with a new id
+	AllToAll bool // ncclAlltoAll (2.28.3+), else grouped send/recv
+	Gather   bool // ncclGather (2.28.3+), else grouped send/recv
+	Scatter  bool // ncclScatter (2.28.3+), else grouped send/recv
+}
+
+// Info describes a loaded library.
+type Info struct {
+	NCCLPath        string
+	CUDARuntimePath string
+	NCCL            Version
+	CUDARuntime     int // cudaRuntimeGetVersion, e.g. 13000
+	CUDADriver      int // cudaDriverGetVersion
+	Symbols         map[string]bool
+	Features        Features
+}
+
+func (i Info) String() string {
+	var present, absent []string
+	for s, ok := range i.Symbols {
+		if ok {
+			present = append(present, s)
+		} else {
+			absent = append(absent, s)
+		}
+	}
+	sort.Strings(present)
+	sort.Strings(absent)
+	return fmt.Sprintf("NCCL %s (%s), CUDA runtime %d (%s), driver %d; optional symbols present %v, absent %v; features %+v",
+		i.NCCL, i.NCCLPath, i.CUDARuntime, i.CUDARuntimePath, i.CUDADriver, present, absent, i.Features)
+}
+
+// Library is a loaded NCCL + CUDA runtime. It is safe for concurrent use
+// and may be shared by any number of communicators (Config.Library). There
+// is no Close: NCCL's threads and atexit handlers must outlive every
+// communicator, so the libraries stay loaded; the streams the copy helpers
+// use are released by Release.
+type Library struct {
+	lib  library
+	info Info
+
+	mu          sync.Mutex
+	copyStreams map[int]streamHandle
+}
+
+// Open loads NCCL and the CUDA runtime with dlopen. Without them (or
+// without cgo) it returns an error wrapping comm.ErrBackendUnavailable and
+// the loader's message.
+func Open(cfg LibraryConfig) (*Library, error) {
+	np, cp := cfg.NCCLPath, cfg.CUDARuntimePath
+	if np == "" {
+		np = os.Getenv(EnvNCCLLib)
+	}
+	if cp == "" {
+		cp = os.Getenv(EnvCUDARTLib)
+	}
+	d, err := openLibrary(np, cp)
+	if err != nil {
+		return nil, err
+	}
+	return newLibrary(d, d.ncclPath, d.cudartPath), nil
+}
+
+func newLibrary(lib library, ncclPath, cudartPath string) *Library {
+	l := &Library{lib: lib, copyStreams: map[int]streamHandle{}}
+	l.info = Info{NCCLPath: ncclPath, CUDARuntimePath: cudartPath, NCCL: versionFromCode(lib.version()),
+		CUDARuntime: lib.runtimeVersion(), CUDADriver: lib.driverVersion(), Symbols: map[string]bool{}}
+	for _, s := range []string{"ncclCommSplit", "ncclCommShrink", "ncclCommRevoke", "ncclCommGrow",
+		"ncclCommGetUniqueId", "ncclAlltoAll", "ncclGather", "ncclScatter", "ncclGetLastError"} {
+		l.info.Symbols[s] = lib.hasSymbol(s)
+	}
+	v, has := l.info.NCCL, l.info.Symbols
+	l.info.Features = Features{
+		Split:    has["ncclCommSplit"] && v.AtLeast(2, 18, 0),
+		Shrink:   has["ncclCommShrink"] && v.AtLeast(2, 27, 3),
+		Revoke:   has["ncclCommRevoke"] && v.AtLeast(2, 28, 7),
+		Grow:     has["ncclCommGrow"] && has["ncclCommGetUniqueId"] && v.AtLeast(2, 29, 2),
+		AllToAll: has["ncclAlltoAll"] && v.AtLeast(2, 28, 3),
+		Gather:   has["ncclGather"] && v.AtLeast(2, 28, 3),
+		Scatter:  has["ncclScatter"] && v.AtLeast(2, 28, 3),
+	}
+	return l
+}
+
+// Info reports the loaded versions, paths, optional symbols and features.
+func (l *Library) Info() Info {
+	i := l.info
+	i.Symbols = make(map[string]bool, len(l.info.Symbols))
+	for k, v := range l.info.Symbols {
+		i.Symbols[k] = v
+	}
+	return i
+}
+
+// DeviceCount is the number of CUDA devices visible to this process.
+func (l *Library) DeviceCount() (int, error) { return l.lib.deviceCount() }
+
+// cudaError is a failed CUDA runtime call.
+type cudaError struct {
+	Op   string
+	Code int
+	Msg  string
+}
+
+func (e *cudaError) Error() string {
+	return fmt.Sprintf("nccl: %s: cuda error %d: %s", e.Op, e.Code, e.Msg)
+}
+
+// ---- device memory ----
+
+// DeviceBuffer is device memory allocated by Library.Alloc. Its methods are
+// safe for concurrent use except Free, which must not race with the others
+// (nor with an op still using the memory).
+type DeviceBuffer struct {
+	l     *Library
+	dev   int
+	ptr   uintptr
+	n     int
+	freed bool
+}
+
+// Alloc allocates n bytes on device dev (cudaMalloc).
+func (l *Library) Alloc(dev, n int) (*DeviceBuffer, error) {
+	if n < 0 || dev < 0 {
+		return nil, fmt.Errorf("nccl: %w: alloc %d bytes on device %d", comm.ErrInvalidArgument, n, dev)
+	}
+	p, err := l.lib.malloc(dev, max(n, 1))
+	if err != nil {
+		return nil, err
+	}
+	return &DeviceBuffer{l: l, dev: dev, ptr: p, n: n}, nil
+}
+
+// Ptr is the device address.
+func (b *DeviceBuffer) Ptr() uintptr { return b.ptr }
+
+// Len is the size in bytes.
+func (b *DeviceBuffer) Len() int { return b.n }
+
+// Device is the CUDA ordinal the memory lives on.
+func (b *DeviceBuffer) Device() int { return b.dev }
+
+// Tensor views the buffer as Len()/dt.Size() elements of dt.
+func (b *DeviceBuffer) Tensor(dt comm.DType) comm.Tensor {
+	n := 0
+	if s := dt.Size(); s > 0 {
+		n = b.n / s
+	}
+	return comm.DeviceTensor(b.ptr, b.dev, n, dt)
+}
+
+// CopyFromHost copies src to the start of the buffer and waits for it.
+func (b *DeviceBuffer) CopyFromHost(ctx context.Context, src []byte) error {
+	if len(src) > b.n {
+		return fmt.Errorf("nccl: %w: copy of %d bytes into a %d-byte buffer", comm.ErrInvalidArgument, len(src), b.n)
+	}
+	return b.l.CopyToDevice(ctx, b.Tensor(comm.Uint8).Slice(0, len(src)), src)
+}
+
+// CopyToHost copies the start of the buffer into dst and waits for it.
+func (b *DeviceBuffer) CopyToHost(ctx context.Context, dst []byte) error {
+	if len(dst) > b.n {
+		return fmt.Errorf("nccl: %w: copy of %d bytes out of a %d-byte buffer", comm.ErrInvalidArgument, len(dst), b.n)
+	}
+	return b.l.CopyFromDevice(ctx, dst, b.Tensor(comm.Uint8).Slice(0, len(dst)))
+}
+
+// Fill sets every byte of the buffer to v and waits for it.
+func (b *DeviceBuffer) Fill(ctx context.Context, v byte) error {
+	return b.l.Memset(ctx, b.Tensor(comm.Uint8), v)
+}
+
+// Free releases the memory (cudaFree). Freeing twice is harmless.
+func (b *DeviceBuffer) Free() error {
+	if b.freed {
+		return nil
+	}
+	b.freed = true
+	return b.l.lib.free(b.dev, b.ptr)
+}
+
+// copyStream returns the private stream the helpers copy on.
+func (l *Library) copyStream(dev int) (streamHandle, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s, ok := l.copyStreams[dev]; ok {
+		return s, nil
+	}
+	s, err := l.lib.streamCreate(dev)
+	if err != nil {
+		return 0, err
+	}
+	l.copyStreams[dev] = s
+	return s, nil
+}
+
+func checkDeviceTensor(t comm.Tensor, name string) error {
+	if !t.IsDevice() {
+		return fmt.Errorf("nccl: %w: %s is %s, not a device tensor", comm.ErrInvalidArgument, name, t)
+	}
+	return nil
+}
+
+// CopyToDevice copies src (its first dst.NumBytes() bytes; it must have at
+// least that many) into the device tensor dst, and waits for it.
+func (l *Library) CopyToDevice(ctx context.Context, dst comm.Tensor, src []byte) error {
+	if err := checkDeviceTensor(dst, "dst"); err != nil {
+		return err
+	}
+	if len(src) < dst.NumBytes() {
+		return fmt.Errorf("nccl: %w: %d host bytes for a %d-byte tensor", comm.ErrInvalidArgument, len(src), dst.NumBytes())
+	}
+	s, err := l.copyStream(dst.Device())
+	if err != nil {
+		return err
+	}
+	if err := l.lib.copyHtoD(dst.Device(), dst.Ptr(), src[:dst.NumBytes()], s); err != nil {
+		return err
+	}
+	return l.syncStream(ctx, dst.Device(), s)
+}
+
+// CopyFromDevice copies the device tensor src into dst (which must hold at
+// least src.NumBytes() bytes) and waits for it.
+func (l *Library) CopyFromDevice(ctx context.Context, dst []byte, src comm.Tensor) error {
+	if err := checkDeviceTensor(src, "src"); err != nil {
+		return err
+	}
+	if len(dst) < src.NumBytes() {
+		return fmt.Errorf("nccl: %w: %d host bytes for a %d-byte tensor", comm.ErrInvalidArgument, len(dst), src.NumBytes())
+	}
+	s, err := l.copyStream(src.Device())
+	if err != nil {
+		return err
+	}
+	if err := l.lib.copyDtoH(src.Device(), dst[:src.NumBytes()], src.Ptr(), s); err != nil {
+		return err
+	}
+	return l.syncStream(ctx, src.Device(), s)
+}
+
+// Memset sets every byte of the device tensor t to v and waits for it.
+func (l *Library) Memset(ctx context.Context, t comm.Tensor, v byte) error {
+	if err := checkDeviceTensor(t, "tensor"); err != nil {
+		return err
+	}
+	s, err := l.copyStream(t.Device())
+	if err != nil {
+		return err
+	}
+	if err := l.lib.memset(t.Device(), t.Ptr(), v, t.NumBytes(), s); err != nil {
+		return err
+	}
+	return l.syncStream(ctx, t.Device(), s)
+}
+
+func (l *Library) syncStream(ctx context.Context, dev int, s streamHandle) error {
+	return pollDone(ctx, nil, func() (bool, error) { return l.lib.streamQuery(dev, s) })
+}
+
+// Release destroys the streams the copy helpers created. The Library stays
+// usable (they are recreated on demand).
+func (l *Library) Release() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var errs []error
+	for dev, s := range l.copyStreams {
+		errs = append(errs, l.lib.streamDestroy(dev, s))
+		delete(l.copyStreams, dev)
+	}
+	return errors.Join(errs...)
+}
+
+// ---- streams and events ----
+
+// Stream is a nonblocking CUDA stream (cudaStreamNonBlocking).
+type Stream struct {
+	l   *Library
+	dev int
+	s   streamHandle
+}
+
+// NewStream creates a stream on device dev.
+func (l *Library) NewStream(dev int) (*Stream, error) {
+	s, err := l.lib.streamCreate(dev)
+	if err != nil {
+		return nil, err
+	}
+	return &Stream{l: l, dev: dev, s: s}, nil
+}
+
+// Handle is the cudaStream_t, for passing to other CUDA code.
+func (s *Stream) Handle() uintptr { return uintptr(s.s) }
+
+// Device is the stream's device.
+func (s *Stream) Device() int { return s.dev }
+
+// Done reports whether all work queued on the stream has completed.
+func (s *Stream) Done() (bool, error) { return s.l.lib.streamQuery(s.dev, s.s) }
+
+// Synchronize waits until the stream's work has completed or ctx is done.
+func (s *Stream) Synchronize(ctx context.Context) error {
+	return s.l.syncStream(ctx, s.dev, s.s)
+}
+
+// CopyToDevice queues a copy of src into dst on the stream (see
+// Library.CopyToDevice for the sizes); src may be reused once this returns.
+func (s *Stream) CopyToDevice(dst comm.Tensor, src []byte) error {
+	if err := checkDeviceTensor(dst, "dst"); err != nil {
+		return err
+	}
+	if len(src) < dst.NumBytes() {
+		return fmt.Errorf("nccl: %w: %d host bytes for a %d-byte tensor", comm.ErrInvalidArgument, len(src), dst.NumBytes())
+	}
+	return s.l.lib.copyHtoD(s.dev, dst.Ptr(), src[:dst.NumBytes()], s.s)
+}
+
+// Close destroys the stream.
+func (s *Stream) Close() error { return s.l.lib.streamDestroy(s.dev, s.s) }
+
+// Event is a CUDA event.
+type Event struct {
+	l   *Library
+	dev int
+	ev  eventHandle
+}
+
+// NewEvent creates an event on device dev; timing events can be passed to
+// Elapsed, others are cheaper to record and query.
+func (l *Library) NewEvent(dev int, timing bool) (*Event, error) {
+	ev, err := l.lib.eventCreate(dev, timing)
+	if err != nil {
+		return nil, err
+	}
+	return &Event{l: l, dev: dev, ev: ev}, nil
+}
+
+// Record captures the work queued on s so far.
+func (e *Event) Record(s *Stream) error { return e.l.lib.eventRecord(e.dev, e.ev, s.s) }
+
+// Done reports whether the captured work has completed.
+func (e *Event) Done() (bool, error) { return e.l.lib.eventQuery(e.ev) }
+
+// Wait waits until the captured work has completed or ctx is done.
+func (e *Event) Wait(ctx context.Context) error {
+	return pollDone(ctx, nil, func() (bool, error) { return e.l.lib.eventQuery(e.ev) })
+}
+
+// Elapsed is the GPU time from start's record to e's (both timing events).
+func (e *Event) Elapsed(start *Event) (time.Duration, error) {
+	ms, err := e.l.lib.eventElapsed(start.ev, e.ev)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(float64(ms) * float64(time.Millisecond)), nil
+}
+
+// Close destroys the event.
+func (e *Event) Close() error { return e.l.lib.eventDestroy(e.dev, e.ev) }
+
+// pollDone calls done until it reports true, fails, ctx ends or wake is
+// closed: busy at first, then yielding, then sleeping in growing steps.
+// Used off the hot path (copies, init); ops use Backend.waitStream.
+func pollDone(ctx context.Context, wake <-chan struct{}, done func() (bool, error)) error {
+	start := time.Now()
+	sleep := 20 * time.Microsecond
+	var timer *time.Timer
+	for {
+		ok, err := done()
+		if err != nil || ok {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return context.Cause(ctx)
+		}
+		switch el := time.Since(start); {
+		case el < 50*time.Microsecond:
+		case el < 2*time.Millisecond:
+			runtime.Gosched()
+		default:
+			if timer == nil {
+				timer = time.NewTimer(sleep)
+				defer timer.Stop()
+			} else {
+				timer.Reset(sleep)
+			}
+			select {
+			case <-timer.C:
+			case <-wake:
+				return errWoken
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+			sleep = min(sleep*2, 5*time.Millisecond)
+		}
+	}
+}
+
+// errWoken is returned by pollDone when its wake channel closed.
+var errWoken = errors.New("nccl: woken")

@@ -1,0 +1,368 @@
+package nccl
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// The rendezvous record rank 0 publishes under <Prefix>/epoch/<e>/nccl-uid:
+// "FTN1", the kind, the comm size (uint32, big endian), the 128-byte id.
+const (
+	recInit byte = 1 // join with ncclCommInitRankConfig
+	recGrow byte = 2 // join with ncclCommGrow (the id came from ncclCommGetUniqueId)
+	recLen       = 4 + 1 + 4 + len(uniqueID{})
+)
+
+func uidKey(epoch uint64) string { return fmt.Sprintf("epoch/%d/nccl-uid", epoch) }
+
+func encodeRecord(kind byte, size int, id *uniqueID) []byte {
+	out := make([]byte, 0, recLen)
+	out = append(out, "FTN1"...)
+	out = append(out, kind)
+	out = binary.BigEndian.AppendUint32(out, uint32(size))
+	return append(out, id[:]...)
+}
+
+func decodeRecord(v []byte) (kind byte, size int, id uniqueID, err error) {
+	if len(v) != recLen || string(v[:4]) != "FTN1" || (v[4] != recInit && v[4] != recGrow) {
+		return 0, 0, id, fmt.Errorf("nccl: %w: the rendezvous key does not hold an ftcomm NCCL id (%d bytes)", comm.ErrMismatch, len(v))
+	}
+	copy(id[:], v[9:])
+	return v[4], int(binary.BigEndian.Uint32(v[5:9])), id, nil
+}
+
+// rendezvous creates the NCCL comm of (rank, size) at epoch: rank 0 makes a
+// unique id and publishes it; the others read it and join, by init or, if
+// the record says so, as joiners of a native Grow.
+func (b *Backend) rendezvous(ctx context.Context, rank, size int, epoch uint64) (commHandle, error) {
+	var id uniqueID
+	kind := recInit
+	if rank == 0 {
+		if r := b.lib.getUniqueID(&id); r != resSuccess {
+			return 0, b.ncclError(0, "ncclGetUniqueId", r)
+		}
+		if size > 1 {
+			if b.store == nil {
+				return 0, fmt.Errorf("nccl: %w: size %d needs a Store", comm.ErrInvalidArgument, size)
+			}
+			if err := b.store.Set(ctx, uidKey(epoch), encodeRecord(recInit, size, &id)); err != nil {
+				return 0, fmt.Errorf("nccl: publish unique id: %w", err)
+			}
+		}
+	} else {
+		if b.store == nil {
+			return 0, fmt.Errorf("nccl: %w: size %d needs a Store", comm.ErrInvalidArgument, size)
+		}
+		v, err := b.store.Get(ctx, uidKey(epoch))
+		if err != nil {
+			return 0, fmt.Errorf("nccl: %w: wait for rank 0's unique id: %w", comm.ErrTimeout, err)
+		}
+		var n int
+		if kind, n, id, err = decodeRecord(v); err != nil {
+			return 0, err
+		}
+		if n != size {
+			return 0, fmt.Errorf("nccl: %w: rank 0 created a comm of %d ranks at epoch %d, this rank expects %d", comm.ErrMismatch, n, epoch, size)
+		}
+	}
+	if kind == recGrow {
+		return b.joinGrow(ctx, rank, size, &id)
+	}
+	// The cell (handle and config) lives until init is over: NCCL 2.18+
+	// fills and reads them before returning, older ones from their job.
+	cell := b.lib.newCell()
+	r := b.lib.commInitRank(b.dev, cell, size, &id, rank, commConfig{blocking: b.cfg.BlockingComm})
+	h := b.lib.loadCell(cell)
+	if r != resSuccess && r != resInProgress {
+		if h != 0 {
+			b.lib.commAbort(h)
+		}
+		b.lib.freeCell(cell)
+		return 0, b.ncclError(0, "ncclCommInitRankConfig", r)
+	}
+	if h == 0 {
+		b.lib.freeCell(cell)
+		return 0, fmt.Errorf("nccl: %w: ncclCommInitRankConfig returned no comm", comm.ErrAborted)
+	}
+	h, err := b.awaitComm(ctx, h, "ncclCommInitRankConfig")
+	b.lib.freeCell(cell)
+	return h, err
+}
+
+// awaitComm waits until a new comm has finished initialising. If it fails
+// or ctx ends first, the comm is aborted.
+func (b *Backend) awaitComm(ctx context.Context, h commHandle, what string) (commHandle, error) {
+	st := b.pollAsync(ctx, h, nil)
+	if st == resSuccess {
+		return h, nil
+	}
+	var err error
+	if st == resInProgress {
+		err = ctxError(ctx, what+" did not finish")
+	} else {
+		err = b.ncclError(h, what, st)
+	}
+	b.lib.commAbort(h)
+	return 0, err
+}
+
+// awaitChild waits for a comm that NCCL creates from the parent h (Shrink,
+// Grow, Split): the new comm appears in cell only when the parent's job
+// has finished, so the parent is polled first. Called with hmu held. If
+// ctx ends while NCCL may still write the cell, the cell is leaked rather
+// than freed under it.
+func (b *Backend) awaitChild(ctx context.Context, h commHandle, cell cellHandle, what string, r result) (commHandle, error) {
+	if r != resSuccess && r != resInProgress {
+		b.lib.freeCell(cell)
+		return 0, b.ncclError(h, what, r)
+	}
+	switch st := b.pollAsync(ctx, h, nil); st {
+	case resSuccess:
+	case resInProgress:
+		return 0, ctxError(ctx, what+" did not finish")
+	default:
+		b.lib.freeCell(cell)
+		return 0, b.ncclError(h, what, st)
+	}
+	nh := b.lib.loadCell(cell)
+	b.lib.freeCell(cell)
+	if nh == 0 {
+		return 0, nil
+	}
+	return b.awaitComm(ctx, nh, what)
+}
+
+// child makes the Backend of a comm created by Shrink, Grow or Split.
+func (b *Backend) child(ctx context.Context, o comm.Options, rank, size int, epoch uint64, h commHandle) (*Backend, error) {
+	nb, err := newBackend(b.L, b.cfg, o, rank, size, epoch)
+	if err != nil {
+		if h != 0 {
+			b.lib.commAbort(h)
+		}
+		return nil, err
+	}
+	if h == 0 {
+		if h, err = nb.rendezvous(ctx, rank, size, epoch); err != nil {
+			nb.discard()
+			return nil, err
+		}
+	}
+	if err := nb.start(ctx, h); err != nil {
+		nb.discard()
+		return nil, err
+	}
+	return nb, nil
+}
+
+// Shrink implements comm.Shrinker. With ncclCommShrink (NCCL 2.27.3+) the
+// survivors shrink the NCCL comm itself, passing NCCL_SHRINK_ABORT when
+// this comm has failed (it cancels the parent's outstanding GPU work);
+// otherwise they initialise a fresh comm with a new unique id published
+// under the new epoch. The new comm is warmed up before it is returned.
+// The old one is released when closed.
+func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm.Backend, error) {
+	if len(exclude) == 0 || !slices.IsSorted(exclude) || exclude[0] < 0 || exclude[len(exclude)-1] >= b.size ||
+		slices.Contains(exclude, b.rank) || len(slices.Compact(slices.Clone(exclude))) != len(exclude) {
+		return nil, fmt.Errorf("nccl: %w: shrink: exclude %v (rank %d of %d)", comm.ErrInvalidArgument, exclude, b.rank, b.size)
+	}
+	newRank := b.rank
+	for _, e := range exclude {
+		if e < b.rank {
+			newRank--
+		}
+	}
+	newSize := b.size - len(exclude)
+	t0 := time.Now()
+	var h commHandle
+	mode := "fresh init"
+	if b.L.info.Features.Shrink && !b.cfg.DisableNativeShrink {
+		var err error
+		h, mode, err = b.nativeShrink(ctx, exclude)
+		if err != nil {
+			return nil, fmt.Errorf("nccl: shrink to %d ranks: %w", newSize, err)
+		}
+	}
+	t1 := time.Now()
+	nb, err := b.child(ctx, b.opts, newRank, newSize, epoch, h)
+	if err != nil {
+		return nil, fmt.Errorf("nccl: shrink to %d ranks (%s): %w", newSize, mode, err)
+	}
+	b.log.Info("shrunk", zap.Ints("exclude", exclude), zap.String("how", mode), zap.Int("new_rank", newRank),
+		zap.Int("new_size", newSize), zap.Duration("shrink", t1.Sub(t0)), zap.Duration("total", time.Since(t0)))
+	return nb, nil
+}
+
+// nativeShrink runs ncclCommShrink on this comm. It returns 0 (and no
+// error) when the comm was already aborted, so the caller falls back to a
+// fresh init.
+func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (commHandle, string, error) {
+	b.hmu.Lock()
+	defer b.hmu.Unlock()
+	h := b.handle
+	if h == 0 {
+		return 0, "fresh init (comm already aborted)", nil
+	}
+	flags, mode := shrinkDefault, "ncclCommShrink"
+	if b.failed.Load() && !b.quiescent {
+		flags, mode = shrinkAbort, "ncclCommShrink(NCCL_SHRINK_ABORT)"
+	}
+	ex := make([]int32, len(exclude))
+	for i, e := range exclude {
+		ex[i] = int32(e)
+	}
+	cell := b.lib.newCell()
+	r := b.lib.commShrink(h, ex, cell, flags)
+	nh, err := b.awaitChild(ctx, h, cell, mode, r)
+	if err != nil {
+		return 0, mode, err
+	}
+	if nh == 0 {
+		return 0, mode, fmt.Errorf("nccl: %w: %s finished without a new comm", comm.ErrAborted, mode)
+	}
+	if flags == shrinkAbort {
+		b.dirty.Store(false) // the parent's kernels were terminated
+	}
+	return nh, mode, nil
+}
+
+// Grow implements comm.Grower. With ncclCommGrow (NCCL 2.29.2+) and a
+// healthy comm, rank 0 publishes an id from ncclCommGetUniqueId and every
+// rank grows the NCCL comm; otherwise rank 0 publishes a fresh unique id
+// and existing ranks and joiners initialise a new comm together. Joiners
+// call New with their rank, the new size and epoch; they learn which way
+// from the published record.
+func (b *Backend) Grow(ctx context.Context, size int, epoch uint64) (comm.Backend, error) {
+	if size <= b.size {
+		return nil, fmt.Errorf("nccl: %w: grow to %d ranks from %d", comm.ErrInvalidArgument, size, b.size)
+	}
+	t0 := time.Now()
+	var h commHandle
+	mode := "fresh init"
+	if b.L.info.Features.Grow && !b.cfg.DisableNativeGrow && !b.failed.Load() {
+		var err error
+		mode = "ncclCommGrow"
+		if h, err = b.nativeGrow(ctx, size, epoch); err != nil {
+			return nil, fmt.Errorf("nccl: grow to %d ranks: %w", size, err)
+		}
+	}
+	nb, err := b.child(ctx, b.opts, b.rank, size, epoch, h)
+	if err != nil {
+		return nil, fmt.Errorf("nccl: grow to %d ranks (%s): %w", size, mode, err)
+	}
+	b.log.Info("grown", zap.Int("new_size", size), zap.String("how", mode), zap.Duration("took", time.Since(t0)))
+	return nb, nil
+}
+
+func (b *Backend) nativeGrow(ctx context.Context, size int, epoch uint64) (commHandle, error) {
+	b.hmu.Lock()
+	defer b.hmu.Unlock()
+	h := b.handle
+	if h == 0 {
+		return 0, b.failure()
+	}
+	var idp *uniqueID
+	if b.rank == 0 {
+		var id uniqueID
+		r := b.lib.commGetUniqueID(h, &id)
+		if r == resSuccess || r == resInProgress {
+			r = b.pollAsync(ctx, h, nil)
+		}
+		if r != resSuccess {
+			return 0, b.ncclError(h, "ncclCommGetUniqueId", r)
+		}
+		if b.store == nil {
+			return 0, fmt.Errorf("nccl: %w: grow needs a Store", comm.ErrInvalidArgument)
+		}
+		if err := b.store.Set(ctx, uidKey(epoch), encodeRecord(recGrow, size, &id)); err != nil {
+			return 0, fmt.Errorf("nccl: publish grow id: %w", err)
+		}
+		idp = &id
+	}
+	cell := b.lib.newCell()
+	r := b.lib.commGrow(b.dev, h, size, idp, -1, cell, commConfig{})
+	nh, err := b.awaitChild(ctx, h, cell, "ncclCommGrow", r)
+	if err == nil && nh == 0 {
+		err = fmt.Errorf("nccl: %w: ncclCommGrow finished without a new comm", comm.ErrAborted)
+	}
+	return nh, err
+}
+
+// joinGrow is a joiner's side of a native Grow.
+func (b *Backend) joinGrow(ctx context.Context, rank, size int, id *uniqueID) (commHandle, error) {
+	cell := b.lib.newCell()
+	r := b.lib.commGrow(b.dev, 0, size, id, rank, cell, commConfig{blocking: b.cfg.BlockingComm})
+	if r != resSuccess && r != resInProgress {
+		b.lib.freeCell(cell)
+		return 0, b.ncclError(0, "ncclCommGrow (joiner)", r)
+	}
+	var h commHandle
+	err := pollDone(ctx, nil, func() (bool, error) {
+		h = b.lib.loadCell(cell)
+		return h != 0, nil
+	})
+	if err != nil {
+		return 0, ctxError(ctx, "ncclCommGrow (joiner) produced no comm") // the cell is leaked: NCCL may still write it
+	}
+	b.lib.freeCell(cell)
+	return b.awaitComm(ctx, h, "ncclCommGrow (joiner)")
+}
+
+// Split implements comm.Splitter with ncclCommSplit. The new comms keep
+// this comm's epoch; their Store keys live under Prefix/split<n>-<color>.
+func (b *Backend) Split(ctx context.Context, color, key int) (comm.Backend, error) {
+	if !b.L.info.Features.Split {
+		return nil, fmt.Errorf("nccl: %w: NCCL %s has no ncclCommSplit", comm.ErrBackendUnavailable, b.L.info.NCCL)
+	}
+	if color < comm.NoColor {
+		return nil, fmt.Errorf("nccl: %w: split color %d", comm.ErrInvalidArgument, color)
+	}
+	if err := b.usable(); err != nil {
+		return nil, err
+	}
+	nh, n, err := b.split(ctx, color, key)
+	if err != nil || nh == 0 {
+		return nil, err
+	}
+	cnt, r := b.lib.commCount(nh)
+	rank, r2 := b.lib.commUserRank(nh)
+	if r != resSuccess || r2 != resSuccess {
+		b.lib.commAbort(nh)
+		return nil, fmt.Errorf("nccl: %w: split: ncclCommCount %s, ncclCommUserRank %s", comm.ErrAborted, r, r2)
+	}
+	o := b.opts
+	o.Prefix = fmt.Sprintf("%s/split%d-%d", b.opts.Prefix, n, color)
+	return b.child(ctx, o, rank, cnt, b.epoch, nh)
+}
+
+func (b *Backend) split(ctx context.Context, color, key int) (commHandle, int, error) {
+	b.hmu.Lock()
+	defer b.hmu.Unlock()
+	h := b.handle
+	if h == 0 {
+		return 0, 0, b.failure()
+	}
+	b.splits++
+	cell := b.lib.newCell()
+	r := b.lib.commSplit(h, color, key, cell)
+	nh, err := b.awaitChild(ctx, h, cell, "ncclCommSplit", r)
+	if err != nil {
+		err = fmt.Errorf("nccl: split (color %d): %w", color, err)
+		if errors.Is(err, comm.ErrTimeout) || b.failed.Load() {
+			b.fail(err)
+		}
+		return 0, 0, err
+	}
+	if color == comm.NoColor && nh != 0 {
+		b.lib.commAbort(nh)
+		nh = 0
+	}
+	return nh, b.splits, nil
+}
