@@ -77,7 +77,9 @@ func (h httpStore) Set(ctx context.Context, k string, v []byte) error {
 	_, err := h.do(ctx, "/set", k, v, "")
 	return err
 }
-func (h httpStore) Get(ctx context.Context, k string) ([]byte, error) { return h.do(ctx, "/get", k, nil, "") }
+func (h httpStore) Get(ctx context.Context, k string) ([]byte, error) {
+	return h.do(ctx, "/get", k, nil, "")
+}
 func (h httpStore) Add(ctx context.Context, k string, d int64) (int64, error) {
 	b, err := h.do(ctx, "/add", k, nil, "&d="+strconv.FormatInt(d, 10))
 	if err != nil {

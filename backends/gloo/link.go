@@ -6,8 +6,8 @@ import (
 	"net"
 	"os"
 	"sync"
-	"syscall"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
