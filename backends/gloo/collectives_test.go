@@ -313,21 +313,31 @@ func runCase(ctx context.Context, cm *comm.Comm, c *mcase, n, r int) error {
 // TestCollectivesMatrix runs every collective × dtype × reduce op over world
 // sizes 1–8 with each algorithm forced and auto, and compares every rank's
 // buffers with a direct computation (reductions in rank order, as
-// comm/inproc does).
+// comm/inproc does). The 18 jobs run at once: each is latency-bound, and
+// t.Parallel would run only GOMAXPROCS of them at a time.
 func TestCollectivesMatrix(t *testing.T) {
+	type jobResult struct {
+		name string
+		err  error
+	}
+	var wg sync.WaitGroup
+	results := make(chan jobResult, 64)
 	for _, n := range []int{1, 2, 3, 4, 7, 8} {
+		cases := matrixCases(n)
 		for _, algo := range algorithms {
-			t.Run(fmt.Sprintf("n=%d/%s", n, algo), func(t *testing.T) {
-				t.Parallel()
-				cases := matrixCases(n)
-				j := newJob(t, n, func(c *Config) {
-					c.Algorithm = algo
-					c.SegmentSize = 4 << 10
-					c.SmallThreshold = 256
-				})
-				ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			name := fmt.Sprintf("n=%d/%s", n, algo)
+			j := newJob(t, n, func(c *Config) {
+				c.Algorithm = algo
+				c.SegmentSize = 4 << 10
+				c.SmallThreshold = 256
+			})
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer j.close()
+				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Second)
 				defer cancel()
-				j.mustRun(func(r int, cm *comm.Comm) error {
+				errs := j.run(func(r int, cm *comm.Comm) error {
 					var failed []string
 					for _, c := range cases {
 						if err := runCase(ctx, cm, c, n, r); err != nil {
@@ -342,7 +352,17 @@ func TestCollectivesMatrix(t *testing.T) {
 					}
 					return nil
 				})
-			})
+				for r, err := range errs {
+					if err != nil {
+						results <- jobResult{fmt.Sprintf("%s rank %d", name, r), err}
+					}
+				}
+			}()
 		}
+	}
+	wg.Wait()
+	close(results)
+	for res := range results {
+		t.Errorf("%s: %v", res.name, res.err)
 	}
 }
