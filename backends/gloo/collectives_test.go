@@ -310,12 +310,12 @@ func runCase(ctx context.Context, cm *comm.Comm, c *mcase, n, r int) error {
 	return nil
 }
 
-// TestCollectivesMatrix runs every collective × dtype × reduce op over world
+// TestCollectivesAgainstReference runs every collective × dtype × reduce op over world
 // sizes 1–8 with each algorithm forced and auto, and compares every rank's
 // buffers with a direct computation (reductions in rank order, as
 // comm/inproc does). The 18 jobs run at once: each is latency-bound, and
 // t.Parallel would run only GOMAXPROCS of them at a time.
-func TestCollectivesMatrix(t *testing.T) {
+func TestCollectivesAgainstReference(t *testing.T) {
 	type jobResult struct {
 		name string
 		err  error

@@ -79,10 +79,10 @@ func reduceScatterOp(count int) mop {
 	}
 }
 
-// TestMismatch: one rank issues a different op, count, dtype, reduce op,
+// TestOpsDisagree: one rank issues a different op, count, dtype, reduce op,
 // root or counts vector. Every rank gets ErrMismatch (no hang) and no
 // rank's buffers are written.
-func TestMismatch(t *testing.T) {
+func TestOpsDisagree(t *testing.T) {
 	const small, large = 16, 100000
 	cases := []struct {
 		name      string
@@ -134,9 +134,9 @@ func TestMismatch(t *testing.T) {
 	}
 }
 
-// TestMismatchPointToPoint: a Recv whose size differs from the Send fails
+// TestPointToPointDisagree: a Recv whose size differs from the Send fails
 // with ErrMismatch and leaves its buffer alone; the sender learns of it.
-func TestMismatchPointToPoint(t *testing.T) {
+func TestPointToPointDisagree(t *testing.T) {
 	j := newJob(t, 2, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -155,9 +155,9 @@ func TestSplit(t *testing.T) {
 	})
 }
 
-// TestMatchesInproc runs the same ops on comm/inproc, the reference, and on
+// TestSameAsInproc runs the same ops on comm/inproc, the reference, and on
 // gloo and compares every output byte.
-func TestMatchesInproc(t *testing.T) {
+func TestSameAsInproc(t *testing.T) {
 	const n = 3
 	j := newJob(t, n, func(c *Config) { c.SegmentSize = 4 << 10; c.SmallThreshold = 1 << 10 })
 	cl := inproc.NewCluster()
