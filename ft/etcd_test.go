@@ -100,8 +100,21 @@ func (j *etcdJob) start(group string, until int64, params int) *replica {
 // Training goes on while the coordinator is down (steady state needs no
 // coordinator), and a late joiner is admitted once a coordinator is back.
 func TestEtcdCoordinatorRestartAndLateJoiner(t *testing.T) {
-	j := newEtcdJob(t, "inproc", inproc.NewCluster())
-	a, b := j.start("a", forever, 256), j.start("b", forever, 256)
+	for _, backend := range []string{"inproc", "gloo"} {
+		t.Run(backend, func(t *testing.T) { testCoordinatorRestartAndLateJoiner(t, backend) })
+	}
+}
+
+func backendConfig(backend string) any {
+	if backend == "inproc" {
+		return inproc.NewCluster()
+	}
+	return nil
+}
+
+func testCoordinatorRestartAndLateJoiner(t *testing.T, backend string) {
+	j := newEtcdJob(t, backend, backendConfig(backend))
+	a, b := j.start("a", forever, 1<<16), j.start("b", forever, 1<<16)
 	a.waitParticipants(2)
 	j.stopCoordinator()
 	at := a.c.CommittedStep()
@@ -110,7 +123,7 @@ func TestEtcdCoordinatorRestartAndLateJoiner(t *testing.T) {
 		t.Fatalf("participants %d while the coordinator is down", got)
 	}
 	j.startCoordinator()
-	c := j.start("c", forever, 256)
+	c := j.start("c", forever, 1<<16)
 	c.waitParticipants(3)
 	if recs := c.records(); recs[0].step <= at+20 {
 		t.Fatalf("late joiner did not heal: %+v", recs[0])
@@ -121,7 +134,13 @@ func TestEtcdCoordinatorRestartAndLateJoiner(t *testing.T) {
 // A replica that leaves gracefully is dropped at once (no lease expiry
 // wait); the others shrink and go on.
 func TestEtcdGracefulLeave(t *testing.T) {
-	j := newEtcdJob(t, "inproc", inproc.NewCluster())
+	for _, backend := range []string{"inproc", "gloo"} {
+		t.Run(backend, func(t *testing.T) { testGracefulLeave(t, backend) })
+	}
+}
+
+func testGracefulLeave(t *testing.T, backend string) {
+	j := newEtcdJob(t, backend, backendConfig(backend))
 	a, b, c := j.start("a", forever, 256), j.start("b", forever, 256), j.start("c", forever, 256)
 	a.waitParticipants(3)
 	c.cancel()

@@ -1,0 +1,330 @@
+package ft
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	_ "github.com/ftcomm/ftcomm/backends/gloo"
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// The test binary doubles as a replica process: with childEnv set, TestMain
+// runs one replica of the toy job (gloo backend, gossip on) instead of the
+// tests, reporting every commit as a JSON line on stdout, until its stdin
+// closes (the parent test ended) or it is killed.
+const childEnv = "FTCOMM_FT_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(runChild())
+	}
+	os.Exit(m.Run())
+}
+
+type childEvent struct {
+	ID           string `json:"id"`
+	Pid          int    `json:"pid"`
+	Step         int64  `json:"step"`
+	Epoch        uint64 `json:"epoch"`
+	Participants int    `json:"participants"`
+	Hash         uint64 `json:"hash"`
+	UnixNano     int64  `json:"t"`
+}
+
+func runChild() int {
+	env := func(k string) string { return os.Getenv("FTCOMM_FT_" + k) }
+	atoi := func(k string) int { n, _ := strconv.Atoi(env(k)); return n }
+	var endpoints []string
+	if err := json.Unmarshal([]byte(env("ENDPOINTS")), &endpoints); err != nil {
+		fmt.Fprintln(os.Stderr, "child: endpoints:", err)
+		return 2
+	}
+	log, _ := zap.NewProduction()
+	gossip := membership.DefaultGossipConfig()
+	mc := membership.DefaultMemberConfig()
+	mc.LeaseTTL, mc.HeartbeatInterval, mc.Gossip = 2*time.Second, time.Second, &gossip
+	ctx := context.Background()
+	c, err := New(ctx, Config{Job: "proc", Group: env("GROUP"), GroupRank: atoi("GROUP_RANK"), GroupSize: atoi("GROUP_SIZE"),
+		Coordinator: endpoints, Member: mc, Backend: "gloo", Secret: []byte("proc-secret"),
+		MinReplicas: 1, Timeout: 5 * time.Second, Logger: log.Named(env("GROUP"))})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child: new:", err)
+		return 2
+	}
+	go func() { // the parent holds our stdin: when it goes, so do we
+		io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}()
+	params := make([]float32, atoi("PARAMS"))
+	for i := range params {
+		params[i] = 1
+	}
+	if err := c.Register("params", comm.Float32s(params)); err != nil {
+		fmt.Fprintln(os.Stderr, "child: register:", err)
+		return 2
+	}
+	out := json.NewEncoder(os.Stdout)
+	grads := make([]float32, len(params))
+	for {
+		if err := c.Step(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "child: step:", err)
+			return 1
+		}
+		step := c.CommittedStep()
+		for i := range grads {
+			grads[i] = float32((int(step)*7+i)%13) / 8
+		}
+		c.AllReduce(ctx, comm.Float32s(grads), comm.Avg)
+		ok, err := c.Commit(ctx)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "child: commit:", err)
+			return 1
+		}
+		if !ok {
+			continue
+		}
+		for i := range params {
+			params[i] -= 0.01 * grads[i]
+		}
+		h := fnv.New64a()
+		for _, p := range params {
+			u := math.Float32bits(p)
+			h.Write([]byte{byte(u), byte(u >> 8), byte(u >> 16), byte(u >> 24)})
+		}
+		out.Encode(childEvent{ID: memberID(env("GROUP"), atoi("GROUP_RANK")), Pid: os.Getpid(), Step: c.CommittedStep(),
+			Epoch: c.Epoch(), Participants: c.Participants(), Hash: h.Sum64(), UnixNano: time.Now().UnixNano()})
+	}
+}
+
+// procJob is a job of replica processes around an embedded etcd and an
+// in-process coordinator with gossip.
+type procJob struct {
+	t         *testing.T
+	endpoints []string
+	events    chan childEvent
+	mu        sync.Mutex
+	procs     map[string]*exec.Cmd
+	stdins    map[string]io.WriteCloser
+	all       []childEvent
+}
+
+func newProcJob(t *testing.T) *procJob {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	cli, err := e.NewClient(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gossip := membership.DefaultGossipConfig()
+	cfg := membership.DefaultCoordinatorConfig()
+	cfg.Client, cfg.Gossip, cfg.Quorum.JoinTimeout, cfg.SessionTTL = cli, &gossip, 500*time.Millisecond, 2*time.Second
+	cfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Named("coordinator")
+	coord, err := membership.NewCoordinator(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		coord.Run(cctx)
+	}()
+	t.Cleanup(func() { stop(); <-done; cli.Close() })
+	j := &procJob{t: t, endpoints: e.Endpoints(), events: make(chan childEvent, 10000),
+		procs: map[string]*exec.Cmd{}, stdins: map[string]io.WriteCloser{}}
+	t.Cleanup(j.stopAll)
+	return j
+}
+
+func (j *procJob) spawn(group string, groupRank, groupSize, params int) {
+	eps, _ := json.Marshal(j.endpoints)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1", "FTCOMM_FT_ENDPOINTS="+string(eps), "FTCOMM_FT_GROUP="+group,
+		"FTCOMM_FT_GROUP_RANK="+strconv.Itoa(groupRank), "FTCOMM_FT_GROUP_SIZE="+strconv.Itoa(groupSize),
+		"FTCOMM_FT_PARAMS="+strconv.Itoa(params))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		j.t.Fatal(err)
+	}
+	id := memberID(group, groupRank)
+	j.mu.Lock()
+	j.procs[id], j.stdins[id] = cmd, stdin
+	j.mu.Unlock()
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var ev childEvent
+			if json.Unmarshal(sc.Bytes(), &ev) == nil {
+				j.events <- ev
+			}
+		}
+	}()
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			if testing.Verbose() {
+				j.t.Logf("%s: %s", id, sc.Text())
+			}
+		}
+	}()
+}
+
+// kill SIGKILLs a replica process and returns when it is gone.
+func (j *procJob) kill(id string) time.Time {
+	j.mu.Lock()
+	cmd := j.procs[id]
+	delete(j.procs, id)
+	delete(j.stdins, id)
+	j.mu.Unlock()
+	t0 := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		j.t.Fatal(err)
+	}
+	cmd.Wait()
+	return t0
+}
+
+func (j *procJob) stopAll() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for id, in := range j.stdins {
+		in.Close()
+		cmd := j.procs[id]
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	}
+	j.procs, j.stdins = map[string]*exec.Cmd{}, map[string]io.WriteCloser{}
+}
+
+// await returns the first event (after those already consumed) that pred
+// accepts, remembering every event for the final checks.
+func (j *procJob) await(what string, pred func(childEvent) bool) childEvent {
+	j.t.Helper()
+	deadline := time.After(90 * time.Second)
+	for {
+		select {
+		case ev := <-j.events:
+			j.all = append(j.all, ev)
+			if pred(ev) {
+				return ev
+			}
+		case <-deadline:
+			j.t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// check asserts equal state at every committed step and monotonic steps
+// per process.
+func (j *procJob) check() {
+	j.t.Helper()
+	for drained := false; !drained; {
+		select {
+		case ev := <-j.events:
+			j.all = append(j.all, ev)
+		default:
+			drained = true
+		}
+	}
+	byStep := map[int64]uint64{}
+	last := map[int]int64{}
+	for _, ev := range j.all {
+		if h, ok := byStep[ev.Step]; ok && h != ev.Hash {
+			j.t.Errorf("step %d committed with different states (%x at %s, %x elsewhere)", ev.Step, ev.Hash, ev.ID, h)
+		}
+		byStep[ev.Step] = ev.Hash
+		if ev.Step <= last[ev.Pid] {
+			j.t.Errorf("%s (pid %d) committed step %d after %d", ev.ID, ev.Pid, ev.Step, last[ev.Pid])
+		}
+		last[ev.Pid] = ev.Step
+	}
+}
+
+// Four replica processes; one is SIGKILLed mid-training. The survivors
+// commit their next step with three participants without restarting (the
+// time from the kill is the figure in the README), and the replica, started
+// again, heals from its peers and rejoins.
+func TestProcessKillAndRejoin(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts replica processes")
+	}
+	j := newProcJob(t)
+	const params = 1 << 16
+	for _, g := range []string{"a", "b", "c", "d"} {
+		j.spawn(g, 0, 1, params)
+	}
+	seen := map[string]bool{}
+	j.await("all four replicas committing together", func(ev childEvent) bool {
+		if ev.Participants == 4 {
+			seen[ev.ID] = true
+		}
+		return len(seen) == 4
+	})
+	t0 := j.kill("d.0")
+	latency := map[string]time.Duration{}
+	j.await("the survivors' next commits with 3 participants", func(ev childEvent) bool {
+		if ev.Participants == 3 && time.Unix(0, ev.UnixNano).After(t0) {
+			if _, ok := latency[ev.ID]; !ok {
+				latency[ev.ID] = time.Unix(0, ev.UnixNano).Sub(t0)
+			}
+		}
+		return len(latency) == 3
+	})
+	var worst time.Duration
+	var ids []string
+	for id, d := range latency {
+		worst = max(worst, d)
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	t.Logf("SIGKILL of a replica → survivors' next committed step: max %v (%v)", worst.Round(time.Millisecond), latency)
+	killedAt := j.all[len(j.all)-1].Step
+	j.spawn("d", 0, 1, params)
+	first := j.await("the restarted replica's first commit", func(ev childEvent) bool { return ev.ID == "d.0" })
+	if first.Step <= killedAt-3 || first.Participants != 4 {
+		t.Fatalf("the restarted replica did not heal and rejoin: %+v (killed near step %d)", first, killedAt)
+	}
+	j.stopAll()
+	j.check()
+}
+
