@@ -327,4 +327,3 @@ func TestProcessKillAndRejoin(t *testing.T) {
 	j.stopAll()
 	j.check()
 }
-
