@@ -293,7 +293,7 @@ func (c *Comm) reconfigure(ctx context.Context) error {
 			c.metrics.reconfigSeconds.Observe(time.Since(t0).Seconds())
 			return nil
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || errors.Is(err, comm.ErrBackendUnavailable) || errors.Is(err, comm.ErrInvalidArgument) {
 			return fmt.Errorf("ft: step: %w", err)
 		}
 		c.noteFailure()
@@ -438,6 +438,11 @@ func (c *Comm) apply(ctx context.Context, q membership.Quorum, v view) error {
 			closeAll(oldFT) // left as it was by the failed Shrink or Grow
 		}
 		return fmt.Errorf("ft: %s the FT comm to epoch %d: %w", how, q.Epoch, err)
+	}
+	if ft.Backend().Memory() != comm.HostMemory {
+		closeAll(ft, group)
+		return fmt.Errorf("%w: ft: backend %s keeps tensors in %s memory; ft's FT and group comms need a host-memory backend (e.g. gloo) for their step agreement and votes",
+			comm.ErrBackendUnavailable, c.cfg.Backend, ft.Backend().Memory())
 	}
 	c.mu.Lock()
 	c.ft, c.group, c.groupOf = ft, group, v.group

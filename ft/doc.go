@@ -56,6 +56,16 @@
 //   - Call Step, the collectives and Commit from one goroutine.
 //   - Close the Comm; it leaves the job gracefully.
 //
+// # Backends
+//
+// The FT and group comms carry ft's own control messages (the step
+// agreement, the group's commit vote) in host memory, so ft needs a
+// host-memory backend such as gloo; a device backend is refused with
+// comm.ErrBackendUnavailable at the first Step. GPU jobs use ft for the
+// fault-tolerant replicate dimension on CPU-resident gradients, or drive
+// backends/nccl directly through comm (with Revoke, Shrink and Grow) from
+// the epochs ft publishes.
+//
 // # Metrics
 //
 // Prometheus (Config.Registerer): ftcomm_ft_failure_to_commit_seconds
