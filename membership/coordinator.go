@@ -326,11 +326,28 @@ func (c *Coordinator) joinGossipPeers(ctx context.Context) {
 }
 
 func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan GossipEvent) error {
-	sess, err := concurrency.NewSession(c.cli, concurrency.WithTTL(int((c.cfg.SessionTTL+time.Second-1)/time.Second)), concurrency.WithContext(ctx))
-	if err != nil {
+	// The session outlives ctx by the few calls of a graceful exit, so
+	// that it can resign and revoke its lease: a standby then takes over
+	// at once instead of after SessionTTL.
+	sessCtx, sessCancel := context.WithCancel(context.Background())
+	defer sessCancel()
+	var sess *concurrency.Session
+	if err := withCtx(ctx, func() error {
+		s, err := concurrency.NewSession(c.cli, concurrency.WithTTL(int((c.cfg.SessionTTL+time.Second-1)/time.Second)), concurrency.WithContext(sessCtx))
+		sess = s
+		return err
+	}); err != nil {
 		return fmt.Errorf("membership: coordinator session: %w", err)
 	}
-	defer sess.Close()
+	defer func() {
+		// Close revokes the lease, bounded by the client's own timeouts.
+		done := make(chan struct{})
+		go func() { sess.Close(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+		}
+	}()
 	if addr := c.GossipAddr(); addr != "" {
 		if _, err := c.cli.Put(ctx, c.keys.CoordinatorGossip()+c.cfg.Name, addr, clientv3.WithLease(sess.Lease())); err != nil {
 			return fmt.Errorf("membership: publish gossip address: %w", err)
@@ -350,6 +367,18 @@ func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan G
 	c.setLeader(true)
 	l := &leadership{c: c, sess: sess, fenceKey: el.Key(), fenceRev: el.Rev(), jobs: map[string]*jobState{}}
 	return l.run(ctx, gossipEvents)
+}
+
+// withCtx runs f (which cannot take ctx) and returns early when ctx ends.
+func withCtx(ctx context.Context, f func() error) error {
+	ch := make(chan error, 1)
+	go func() { ch <- f() }()
+	select {
+	case err := <-ch:
+		return err
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
 // leadership is one term of leading.
