@@ -26,6 +26,12 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
+func newServeFlagSet(cfg *serveConfig) *flag.FlagSet {
+	fs := flag.NewFlagSet("ftcoord serve", flag.ContinueOnError)
+	cfg.flags(fs)
+	return fs
+}
+
 // run executes a command line and returns the process exit code: 0 done,
 // 1 failed, 2 invalid usage or configuration.
 func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -35,10 +41,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	switch args[0] {
 	case "serve":
-		fs := flag.NewFlagSet("ftcoord serve", flag.ContinueOnError)
-		fs.SetOutput(stderr)
 		cfg := defaultServeConfig()
-		cfg.flags(fs)
+		fs := newServeFlagSet(&cfg)
+		fs.SetOutput(stderr)
 		if err := parseFlags(fs, args[1:], getenv); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return 0
