@@ -59,18 +59,23 @@ func memberProcess() int {
 	}
 	fmt.Println("joined", m.Incarnation())
 	term := make(chan os.Signal, 1)
-	signal.Notify(term, syscall.SIGTERM)
-	select {
-	case <-term:
-		if m.gsp != nil {
-			s := m.gsp.Stats()
-			fmt.Printf("stats suspicions=%d refutations=%d deaths=%d\n", s.Suspicions, s.Refutations, s.Deaths)
+	signal.Notify(term, syscall.SIGTERM, syscall.SIGUSR1)
+	for {
+		select {
+		case sig := <-term:
+			if m.gsp != nil {
+				s := m.gsp.Stats()
+				fmt.Printf("stats suspicions=%d refutations=%d deaths=%d\n", s.Suspicions, s.Refutations, s.Deaths)
+			}
+			if sig == syscall.SIGUSR1 {
+				continue
+			}
+			m.Close()
+			return 0
+		case <-m.Done():
+			fmt.Println("lost", m.Err())
+			return 3
 		}
-		m.Close()
-		return 0
-	case <-m.Done():
-		fmt.Println("lost", m.Err())
-		return 3
 	}
 }
 
@@ -81,6 +86,7 @@ type memberProc struct {
 	inc  int64
 	mu   sync.Mutex
 	out  []string
+	more chan struct{} // closed and replaced at every output line
 	done chan struct{}
 }
 
@@ -99,7 +105,7 @@ func startMemberProc(t testing.TB, etcd []string, job, id string, ttl time.Durat
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &memberProc{id: id, cmd: cmd, done: make(chan struct{})}
+	p := &memberProc{id: id, cmd: cmd, done: make(chan struct{}), more: make(chan struct{})}
 	joined := make(chan int64, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -107,6 +113,8 @@ func startMemberProc(t testing.TB, etcd []string, job, id string, ttl time.Durat
 			line := sc.Text()
 			p.mu.Lock()
 			p.out = append(p.out, line)
+			close(p.more)
+			p.more = make(chan struct{})
 			p.mu.Unlock()
 			if v, ok := strings.CutPrefix(line, "joined "); ok {
 				n, _ := strconv.ParseInt(v, 10, 64)
@@ -129,6 +137,44 @@ func startMemberProc(t testing.TB, etcd []string, job, id string, ttl time.Durat
 		t.Fatalf("member %s did not join", id)
 	}
 	return p
+}
+
+// gossipStats asks the process for its gossip counters (SIGUSR1) and
+// waits for the answer.
+func (p *memberProc) gossipStats(t testing.TB) GossipStats {
+	t.Helper()
+	p.mu.Lock()
+	n := len(p.out)
+	p.mu.Unlock()
+	p.cmd.Process.Signal(syscall.SIGUSR1)
+	deadline := time.After(10 * time.Second)
+	for {
+		p.mu.Lock()
+		out, more := p.out[n:], p.more
+		p.mu.Unlock()
+		for _, l := range out {
+			if st, ok := parseStats(l); ok {
+				return st
+			}
+		}
+		select {
+		case <-more:
+		case <-p.done:
+			t.Fatalf("member %s exited", p.id)
+		case <-deadline:
+			t.Fatalf("member %s did not report stats", p.id)
+		}
+	}
+}
+
+func parseStats(l string) (GossipStats, bool) {
+	var st GossipStats
+	s, ok := strings.CutPrefix(l, "stats ")
+	if !ok {
+		return st, false
+	}
+	_, err := fmt.Sscanf(s, "suspicions=%d refutations=%d deaths=%d", &st.Suspicions, &st.Refutations, &st.Deaths)
+	return st, err == nil
 }
 
 func (p *memberProc) lines() []string {

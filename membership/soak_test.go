@@ -1,0 +1,88 @@
+package membership
+
+import (
+	"flag"
+	"os"
+	"os/exec"
+	"runtime"
+	"testing"
+	"time"
+)
+
+var (
+	soakFor     = flag.Duration("membership.soak", 0, "run the gossip soak test this long (0: skip)")
+	soakMembers = flag.Int("membership.soak.members", 8, "member processes in the soak test")
+)
+
+// TestGossipSoak keeps every core busy (one spinning process per core)
+// while member processes and an in-process coordinator gossip, and counts
+// false suspicions and false deaths. Run it with
+//
+//	go test -run TestGossipSoak ./membership -args -membership.soak=10m
+func TestGossipSoak(t *testing.T) {
+	if *soakFor == 0 {
+		t.Skip("soak test: enable with -membership.soak=10m")
+	}
+	tj := startTestJob(t, QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, true)
+	obs := tj.join("observer", nil)
+	var procs []*memberProc
+	for i := 0; i < *soakMembers; i++ {
+		procs = append(procs, startMemberProc(t, tj.etcd.Endpoints(), tj.job, "m"+string(rune('a'+i)), 5*time.Second, true))
+	}
+	want := []string{"observer"}
+	for _, p := range procs {
+		want = append(want, p.id)
+	}
+	q := waitQuorum(t, obs, 0, want...)
+	// Burn every core.
+	for i := 0; i < runtime.NumCPU(); i++ {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "FTCOMM_TEST_BUSY=1")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	}
+	t.Logf("soak: %d member processes + observer + coordinator, %d busy processes, for %v, epoch %d",
+		len(procs), runtime.NumCPU(), *soakFor, q.Epoch)
+	// Count only what happens under load.
+	total := func() GossipStats {
+		var sum GossipStats
+		add := func(s GossipStats) {
+			sum.Suspicions += s.Suspicions
+			sum.Refutations += s.Refutations
+			sum.Deaths += s.Deaths
+		}
+		add(tj.coord.gsp.Stats())
+		add(obs.gsp.Stats())
+		for _, p := range procs {
+			add(p.gossipStats(t))
+		}
+		return sum
+	}
+	before := total()
+	start := time.Now()
+	timer := time.NewTimer(*soakFor)
+	defer timer.Stop()
+	var changes []string
+	for done := false; !done; {
+		select {
+		case <-obs.Changed():
+			if nq, ok := obs.Quorum(); ok && nq.Epoch != q.Epoch {
+				changes = append(changes, time.Since(start).Round(time.Second).String()+": "+nq.Reason)
+				q = nq
+			}
+		case <-timer.C:
+			done = true
+		}
+	}
+	after := total()
+	susp, refute, deaths := after.Suspicions-before.Suspicions, after.Refutations-before.Refutations, after.Deaths-before.Deaths
+	t.Logf("soak over %v: %d epoch changes, gossip suspicions %d, refutations %d, deaths seen %d", *soakFor, len(changes), susp, refute, deaths)
+	for _, c := range changes {
+		t.Logf("  %s", c)
+	}
+	if len(changes) > 0 {
+		t.Errorf("%d false epoch changes under load", len(changes))
+	}
+}
