@@ -20,6 +20,8 @@ type testJob struct {
 	cli   *clientv3.Client
 	job   string
 	gsp   *GossipConfig
+
+	sessionTTL time.Duration
 }
 
 func testGossipConfig() *GossipConfig {
@@ -31,7 +33,13 @@ func testGossipConfig() *GossipConfig {
 // true) and stops both when the test ends.
 func startTestJob(t *testing.T, qc QuorumConfig, gossip bool) *testJob {
 	t.Helper()
-	tj := &testJob{t: t, etcd: startEtcd(t), job: "job1"}
+	return startTestJobTTL(t, qc, gossip, 2*time.Second)
+}
+
+// startTestJobTTL is startTestJob with the coordinator's session TTL.
+func startTestJobTTL(t *testing.T, qc QuorumConfig, gossip bool, sessionTTL time.Duration) *testJob {
+	t.Helper()
+	tj := &testJob{t: t, etcd: startEtcd(t), job: "job1", sessionTTL: sessionTTL}
 	tj.cli = newClient(t, tj.etcd)
 	if gossip {
 		tj.gsp = testGossipConfig()
@@ -48,7 +56,7 @@ func (tj *testJob) startCoordinator(name string, qc QuorumConfig) *Coordinator {
 	cfg.Client = newClient(t, tj.etcd)
 	cfg.Name = name
 	cfg.Quorum = qc
-	cfg.SessionTTL = 2 * time.Second
+	cfg.SessionTTL = tj.sessionTTL
 	cfg.Gossip = tj.gsp
 	cfg.Logger = zaptest.NewLogger(t).Named(name)
 	cfg.Registerer = prometheus.NewRegistry()
@@ -348,5 +356,33 @@ func TestFencedPublish(t *testing.T) {
 	}
 	if _, err := NewAdmin(tj.cli, "").Quorum(testCtx(t, 5*time.Second), tj.job); !errors.Is(err, ErrNoQuorum) {
 		t.Fatalf("a quorum was written: %v", err)
+	}
+}
+
+// One coordinator serves several jobs; their epochs are independent.
+func TestCoordinatorManyJobs(t *testing.T) {
+	tj := startTestJob(t, DefaultQuorumConfig(), false)
+	inJob := func(job string) func(*MemberConfig) { return func(c *MemberConfig) { c.Job = job } }
+	a1, b1 := tj.join("a", inJob("alpha")), tj.join("b", inJob("alpha"))
+	a2, b2 := tj.join("a", inJob("beta")), tj.join("b", inJob("beta"))
+	q1 := waitQuorum(t, a1, 0, "a", "b")
+	q2 := waitQuorum(t, a2, 0, "a", "b")
+	if q1.Job != "alpha" || q2.Job != "beta" {
+		t.Fatalf("jobs %q %q", q1.Job, q2.Job)
+	}
+	if err := b1.Leave(testCtx(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	waitQuorum(t, a1, q1.Epoch, "a")
+	// beta is untouched.
+	if q, _ := b2.Quorum(); q.Epoch != q2.Epoch {
+		t.Fatalf("beta moved to epoch %d", q.Epoch)
+	}
+	jobs, err := NewAdmin(tj.cli, "").Jobs(testCtx(t, 5*time.Second))
+	if err != nil || len(jobs) != 2 || jobs[0].Job != "alpha" || jobs[0].Members != 1 || jobs[1].Members != 2 {
+		t.Fatalf("jobs %+v, %v", jobs, err)
+	}
+	if st, ok := tj.coord.Status("beta"); !ok || st.Members != 2 || st.Quorum == nil {
+		t.Fatalf("status %+v %v", st, ok)
 	}
 }

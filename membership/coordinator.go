@@ -203,7 +203,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	gossipEvents := make(chan GossipEvent, 64)
+	gossipEvents := make(chan GossipEvent, 1024)
 	if c.cfg.Gossip != nil {
 		g, err := StartGossip("_coordinator/"+c.cfg.Name, *c.cfg.Gossip)
 		if err != nil {
@@ -279,9 +279,14 @@ func (c *Coordinator) pumpGossip(ctx context.Context, g *Gossip, out chan<- Goss
 				}
 				c.mu.Unlock()
 			}
+			if ev.Kind != GossipDead {
+				continue
+			}
 			select {
 			case out <- ev:
-			default: // the leader loop is busy or absent: deadSeen has it
+			default:
+				// No leader loop is reading (a follower) and the buffer is
+				// full: deadSeen keeps it for the next leadership's load.
 			}
 		case <-ctx.Done():
 			return

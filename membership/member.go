@@ -303,7 +303,12 @@ func (m *Member) Incarnation() int64 { return m.inc }
 func (m *Member) Lease() clientv3.LeaseID { return m.lease }
 
 // GossipAddr returns the member's gossip address ("" without gossip).
-func (m *Member) GossipAddr() string { return m.rec.Gossip }
+func (m *Member) GossipAddr() string {
+	if m.gsp == nil {
+		return ""
+	}
+	return m.gsp.Addr()
+}
 
 // Record returns the member's record as it will next be written.
 func (m *Member) Record() MemberRecord {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -23,11 +24,12 @@ func TestGossipSoak(t *testing.T) {
 	if *soakFor == 0 {
 		t.Skip("soak test: enable with -membership.soak=10m")
 	}
-	tj := startTestJob(t, QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, true)
-	obs := tj.join("observer", nil)
+	// Production timeouts: leases of 5 s, a leader session of 3 s.
+	tj := startTestJobTTL(t, QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, true, DefaultCoordinatorConfig().SessionTTL)
+	obs := tj.join("observer", func(c *MemberConfig) { c.LeaseTTL = DefaultMemberConfig().LeaseTTL })
 	var procs []*memberProc
 	for i := 0; i < *soakMembers; i++ {
-		procs = append(procs, startMemberProc(t, tj.etcd.Endpoints(), tj.job, "m"+string(rune('a'+i)), 5*time.Second, true))
+		procs = append(procs, startMemberProc(t, tj.etcd.Endpoints(), tj.job, "m"+string(rune('a'+i)), DefaultMemberConfig().LeaseTTL, true))
 	}
 	want := []string{"observer"}
 	for _, p := range procs {
@@ -71,6 +73,11 @@ func TestGossipSoak(t *testing.T) {
 			if nq, ok := obs.Quorum(); ok && nq.Epoch != q.Epoch {
 				changes = append(changes, time.Since(start).Round(time.Second).String()+": "+nq.Reason)
 				q = nq
+				// Who else was using the machine then.
+				if out, err := exec.Command("ps", "-eo", "pcpu,etime,comm", "--sort=-pcpu").Output(); err == nil {
+					lines := strings.SplitN(string(out), "\n", 7)
+					t.Logf("epoch %d at %v; top processes:\n%s", nq.Epoch, time.Since(start).Round(time.Second), strings.Join(lines[:min(6, len(lines))], "\n"))
+				}
 			}
 		case <-timer.C:
 			done = true

@@ -55,24 +55,38 @@ func TestMain(m *testing.M) {
 
 // coordProc is a running `ftcoord serve` process.
 type coordProc struct {
-	name string
-	cmd  *exec.Cmd
-	url  string
-	mu   sync.Mutex
-	logs bytes.Buffer
-	more chan struct{} // closed and replaced at every new log line
-	done chan struct{}
-	err  error
+	name     string
+	cmd      *exec.Cmd
+	url      string
+	addrFile string
+	mu       sync.Mutex
+	logs     bytes.Buffer
+	more     chan struct{} // closed and replaced at every new log line
+	done     chan struct{}
+	err      error
 }
 
 // startFtcoord starts `ftcoord serve` with args and waits until it serves.
 func startFtcoord(t *testing.T, name string, args ...string) *coordProc {
 	t.Helper()
+	p := startFtcoordNoWait(t, name, args...)
+	p.waitLog(t, "\tserving\t", 60*time.Second)
+	b, err := os.ReadFile(p.addrFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.url = strings.TrimSpace(string(b))
+	return p
+}
+
+// startFtcoordNoWait starts `ftcoord serve` with args.
+func startFtcoordNoWait(t *testing.T, name string, args ...string) *coordProc {
+	t.Helper()
 	bin := buildFtcoord(t)
 	dir := t.TempDir()
 	addrFile := filepath.Join(dir, "addr")
 	args = append([]string{"serve", "-name", name, "-listen", "127.0.0.1:0", "-addr-file", addrFile, "-data-dir", filepath.Join(dir, "data")}, args...)
-	p := &coordProc{name: name, cmd: exec.Command(bin, args...), done: make(chan struct{}), more: make(chan struct{})}
+	p := &coordProc{name: name, cmd: exec.Command(bin, args...), done: make(chan struct{}), more: make(chan struct{}), addrFile: addrFile}
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -80,11 +94,9 @@ func startFtcoord(t *testing.T, name string, args ...string) *coordProc {
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	serving := make(chan struct{})
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		once := sync.Once{}
 		for sc.Scan() {
 			line := sc.Text()
 			p.mu.Lock()
@@ -92,9 +104,6 @@ func startFtcoord(t *testing.T, name string, args ...string) *coordProc {
 			close(p.more)
 			p.more = make(chan struct{})
 			p.mu.Unlock()
-			if strings.Contains(line, "\tserving\t") {
-				once.Do(func() { close(serving) })
-			}
 		}
 		p.err = p.cmd.Wait()
 		close(p.done)
@@ -106,18 +115,6 @@ func startFtcoord(t *testing.T, name string, args ...string) *coordProc {
 			t.Logf("logs of %s:\n%s", name, p.output())
 		}
 	})
-	select {
-	case <-serving:
-	case <-p.done:
-		t.Fatalf("%s exited before serving: %v\n%s", name, p.err, p.output())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("%s not serving after 60s:\n%s", name, p.output())
-	}
-	b, err := os.ReadFile(addrFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.url = strings.TrimSpace(string(b))
 	return p
 }
 
