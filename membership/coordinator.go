@@ -394,6 +394,12 @@ type leadership struct {
 	fenceRev int64
 	jobs     map[string]*jobState
 	byNode   map[string]memberRef // gossip node name → member
+	doomed   []doomedMember       // registrations to delete after publishing
+}
+
+type doomedMember struct {
+	job string
+	rec MemberRecord
 }
 
 type memberRef struct {
@@ -543,7 +549,16 @@ func (l *leadership) gossipDeath(ctx context.Context, now time.Time, node string
 		return
 	}
 	l.remove(now, ref.job, ref.id, ref.inc, "died (gossip)", "gossip")
-	l.deleteMember(ctx, ref.job, rec)
+	// Deleted after the next publication, off the critical path.
+	l.doomed = append(l.doomed, doomedMember{ref.job, rec})
+}
+
+// deleteDoomed deletes the registrations of members gossip declared dead.
+func (l *leadership) deleteDoomed(ctx context.Context) {
+	for _, d := range l.doomed {
+		l.deleteMember(ctx, d.job, d.rec)
+	}
+	l.doomed = l.doomed[:0]
 }
 
 // deleteMember deletes a member's key if this leader still leads and the
@@ -577,6 +592,7 @@ func (l *leadership) run(ctx context.Context, gossipEvents <-chan GossipEvent) e
 	if err := l.decide(ctx); err != nil {
 		return err
 	}
+	l.deleteDoomed(ctx)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -591,6 +607,7 @@ func (l *leadership) run(ctx context.Context, gossipEvents <-chan GossipEvent) e
 		if err := l.decide(ctx); err != nil {
 			return err
 		}
+		l.deleteDoomed(ctx)
 	}
 }
 
@@ -628,6 +645,7 @@ func (l *leadership) follow(ctx context.Context, rev int64, timer *time.Timer, g
 		if err := l.decide(ctx); err != nil {
 			return err
 		}
+		l.deleteDoomed(ctx)
 	}
 }
 

@@ -151,6 +151,7 @@ func TestGossipCellDetection(t *testing.T) {
 	}
 	n := *gossipCell
 	cfg := DefaultGossipConfig()
+	cfg.TCPTimeout = 10 * time.Second // n nodes share this machine's cores
 	ctx := testCtx(t, 5*time.Minute)
 	nodes := make([]*Gossip, n)
 	start := time.Now()
@@ -169,10 +170,22 @@ func TestGossipCellDetection(t *testing.T) {
 			}()
 		}
 	}
+	// Join in parallel, each node through node 0 and a random other.
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
 	for i := 1; i < n; i++ {
-		if _, err := nodes[i].Join(ctx, []string{nodes[rand.IntN(i)].Addr()}); err != nil {
-			t.Fatal(err)
-		}
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			if _, err := nodes[i].Join(ctx, []string{nodes[0].Addr(), nodes[rand.IntN(i)].Addr()}); err != nil {
+				errs <- err
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 	joins := waitGossipEvents(t, ctx, nodes[0], GossipJoin, n)
 	t.Logf("cell of %d formed in %v (observer saw %d joins)", n, time.Since(start).Round(time.Millisecond), len(joins))

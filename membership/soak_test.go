@@ -62,6 +62,14 @@ func TestGossipSoak(t *testing.T) {
 		}
 		return sum
 	}
+	perNode := func() map[string]GossipStats {
+		m := map[string]GossipStats{"coordinator": tj.coord.gsp.Stats(), "observer": obs.gsp.Stats()}
+		for _, p := range procs {
+			m[p.id] = p.gossipStats(t)
+		}
+		return m
+	}
+	nodesBefore := perNode()
 	before := total()
 	start := time.Now()
 	timer := time.NewTimer(*soakFor)
@@ -84,6 +92,12 @@ func TestGossipSoak(t *testing.T) {
 		}
 	}
 	after := total()
+	for name, st := range perNode() {
+		b := nodesBefore[name]
+		if d := (GossipStats{st.Suspicions - b.Suspicions, st.Refutations - b.Refutations, st.Deaths - b.Deaths}); d != (GossipStats{}) {
+			t.Logf("  %s: suspected others %d, refuted suspicion of itself %d, deaths seen %d", name, d.Suspicions, d.Refutations, d.Deaths)
+		}
+	}
 	susp, refute, deaths := after.Suspicions-before.Suspicions, after.Refutations-before.Refutations, after.Deaths-before.Deaths
 	t.Logf("soak over %v: %d epoch changes, gossip suspicions %d, refutations %d, deaths seen %d", *soakFor, len(changes), susp, refute, deaths)
 	for _, c := range changes {
