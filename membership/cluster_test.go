@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 )
 
@@ -183,16 +187,32 @@ func TestMemberDuplicateID(t *testing.T) {
 	if !errors.Is(err, ErrDuplicateMember) || !errors.As(err, &dup) || dup.Incarnation != first.Incarnation() {
 		t.Fatalf("second join = %v", err)
 	}
-	// Waiting for the holder: it goes, the new incarnation gets in.
+	// Waiting for the holder: it goes, the new incarnation gets in — even
+	// when the wait outlasts the waiter's own lease TTL.
 	cfg.WaitForDuplicate = true
+	cfg.LeaseTTL = 2 * time.Second
+	waiting := make(chan struct{})
+	var once sync.Once
+	cfg.Logger = zap.New(zapcore.RegisterHooks(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zap.InfoLevel), func(e zapcore.Entry) error {
+		if e.Message == "waiting for the previous incarnation to go" {
+			once.Do(func() { close(waiting) })
+		}
+		return nil
+	}))
 	joined := make(chan *Member, 1)
 	go func() {
-		m, err := Join(testCtx(t, 20*time.Second), cfg)
+		m, err := Join(testCtx(t, 30*time.Second), cfg)
 		if err != nil {
 			t.Error(err)
 		}
 		joined <- m
 	}()
+	select {
+	case <-waiting:
+	case <-testCtx(t, 10*time.Second).Done():
+		t.Fatal("the second join did not wait")
+	}
+	<-time.After(3 * time.Second) // longer than the waiter's lease TTL
 	first.Leave(testCtx(t, 5*time.Second))
 	m := <-joined
 	if m == nil {

@@ -163,6 +163,13 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		return nil, fmt.Errorf("membership: join %s/%s: grant lease: %w", cfg.Job, cfg.ID, ctxErr(ctx, err))
 	}
 	m.lease = lr.ID
+	// Renew from the start: registering may wait for a previous
+	// incarnation (WaitForDuplicate) longer than the TTL.
+	m.life, m.stop = context.WithCancel(context.Background())
+	ka, err := m.cli.KeepAlive(m.life, m.lease)
+	if err != nil {
+		return nil, fmt.Errorf("membership: join %s/%s: keepalive: %w", cfg.Job, cfg.ID, err)
+	}
 	if cfg.Gossip != nil {
 		name := cfg.Job + "/" + cfg.ID + "/" + strconv.FormatInt(int64(lr.ID), 16)
 		if m.gsp, err = StartGossip(name, *cfg.Gossip); err != nil {
@@ -180,7 +187,6 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	if err := m.register(ctx); err != nil {
 		return nil, err
 	}
-	m.life, m.stop = context.WithCancel(context.Background())
 
 	// Read the epoch state before the member counts as joined, so Quorum()
 	// is current when Join returns.
@@ -192,10 +198,6 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		if err := m.joinGossip(ctx); err != nil {
 			m.lg.Warn("gossip join failed; lease expiry remains the failure detector", zap.Error(err))
 		}
-	}
-	ka, err := m.cli.KeepAlive(m.life, m.lease)
-	if err != nil {
-		return nil, fmt.Errorf("membership: join %s/%s: keepalive: %w", cfg.Job, cfg.ID, err)
 	}
 	ok = true
 	m.spawn(func() { m.renew(ka) })
