@@ -408,12 +408,11 @@ type memberRef struct {
 }
 
 type jobState struct {
-	m          *Machine
-	quorumRev  int64 // mod revision of the quorum key we last wrote or read
-	dirty      bool
-	wakeAt     time.Time
-	waiting    string
-	statusSent string
+	m         *Machine
+	quorumRev int64 // mod revision of the quorum key we last wrote or read
+	dirty     bool
+	wakeAt    time.Time
+	waiting   string
 }
 
 func (l *leadership) job(name string) *jobState {

@@ -22,6 +22,7 @@ import (
 func TestMain(m *testing.M) {
 	switch {
 	case os.Getenv("FTCOMM_TEST_BUSY") != "":
+		//lint:ignore SA5002 burning a core is the point
 		for {
 		}
 	case os.Getenv("FTCOMM_TEST_MEMBER") != "":
