@@ -269,6 +269,9 @@ func TestMemberRevokeEpoch(t *testing.T) {
 	if r, ok := b.Revocation(q.Epoch); !ok || r.By != "a" || r.Reason != "peer b timed out" {
 		t.Fatalf("revocation %+v", r)
 	}
+	if rs := b.Revocations(); len(rs) != 1 || rs[0].Epoch != q.Epoch {
+		t.Fatalf("revocations %+v", rs)
+	}
 	// The coordinator follows with the next epoch (same participants).
 	q2 := waitQuorum(t, b, q.Epoch, "a", "b")
 	if q2.Epoch != q.Epoch+1 {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -490,6 +491,19 @@ func (m *Member) Revocation(epoch uint64) (Revocation, bool) {
 	defer m.mu.Unlock()
 	r, ok := m.revocations[epoch]
 	return r, ok
+}
+
+// Revocations returns the revocation records seen (the last 64 epochs'),
+// oldest first.
+func (m *Member) Revocations() []Revocation {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Revocation, 0, len(m.revocations))
+	for _, r := range m.revocations {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Epoch < out[j].Epoch })
+	return out
 }
 
 func (m *Member) revokedLocked(epoch uint64) bool {
