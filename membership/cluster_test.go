@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 )
 
@@ -20,6 +24,8 @@ type testJob struct {
 	cli   *clientv3.Client
 	job   string
 	gsp   *GossipConfig
+
+	sessionTTL time.Duration
 }
 
 func testGossipConfig() *GossipConfig {
@@ -31,7 +37,13 @@ func testGossipConfig() *GossipConfig {
 // true) and stops both when the test ends.
 func startTestJob(t *testing.T, qc QuorumConfig, gossip bool) *testJob {
 	t.Helper()
-	tj := &testJob{t: t, etcd: startEtcd(t), job: "job1"}
+	return startTestJobTTL(t, qc, gossip, 2*time.Second)
+}
+
+// startTestJobTTL is startTestJob with the coordinator's session TTL.
+func startTestJobTTL(t *testing.T, qc QuorumConfig, gossip bool, sessionTTL time.Duration) *testJob {
+	t.Helper()
+	tj := &testJob{t: t, etcd: startEtcd(t), job: "job1", sessionTTL: sessionTTL}
 	tj.cli = newClient(t, tj.etcd)
 	if gossip {
 		tj.gsp = testGossipConfig()
@@ -48,7 +60,7 @@ func (tj *testJob) startCoordinator(name string, qc QuorumConfig) *Coordinator {
 	cfg.Client = newClient(t, tj.etcd)
 	cfg.Name = name
 	cfg.Quorum = qc
-	cfg.SessionTTL = 2 * time.Second
+	cfg.SessionTTL = tj.sessionTTL
 	cfg.Gossip = tj.gsp
 	cfg.Logger = zaptest.NewLogger(t).Named(name)
 	cfg.Registerer = prometheus.NewRegistry()
@@ -175,16 +187,32 @@ func TestMemberDuplicateID(t *testing.T) {
 	if !errors.Is(err, ErrDuplicateMember) || !errors.As(err, &dup) || dup.Incarnation != first.Incarnation() {
 		t.Fatalf("second join = %v", err)
 	}
-	// Waiting for the holder: it goes, the new incarnation gets in.
+	// Waiting for the holder: it goes, the new incarnation gets in — even
+	// when the wait outlasts the waiter's own lease TTL.
 	cfg.WaitForDuplicate = true
+	cfg.LeaseTTL = 2 * time.Second
+	waiting := make(chan struct{})
+	var once sync.Once
+	cfg.Logger = zap.New(zapcore.RegisterHooks(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zap.InfoLevel), func(e zapcore.Entry) error {
+		if e.Message == "waiting for the previous incarnation to go" {
+			once.Do(func() { close(waiting) })
+		}
+		return nil
+	}))
 	joined := make(chan *Member, 1)
 	go func() {
-		m, err := Join(testCtx(t, 20*time.Second), cfg)
+		m, err := Join(testCtx(t, 30*time.Second), cfg)
 		if err != nil {
 			t.Error(err)
 		}
 		joined <- m
 	}()
+	select {
+	case <-waiting:
+	case <-testCtx(t, 10*time.Second).Done():
+		t.Fatal("the second join did not wait")
+	}
+	<-time.After(3 * time.Second) // longer than the waiter's lease TTL
 	first.Leave(testCtx(t, 5*time.Second))
 	m := <-joined
 	if m == nil {
@@ -240,6 +268,9 @@ func TestMemberRevokeEpoch(t *testing.T) {
 	}
 	if r, ok := b.Revocation(q.Epoch); !ok || r.By != "a" || r.Reason != "peer b timed out" {
 		t.Fatalf("revocation %+v", r)
+	}
+	if rs := b.Revocations(); len(rs) == 0 || rs[len(rs)-1].Epoch != q.Epoch || rs[len(rs)-1].By != "a" {
+		t.Fatalf("revocations %+v", rs)
 	}
 	// The coordinator follows with the next epoch (same participants).
 	q2 := waitQuorum(t, b, q.Epoch, "a", "b")
@@ -348,5 +379,33 @@ func TestFencedPublish(t *testing.T) {
 	}
 	if _, err := NewAdmin(tj.cli, "").Quorum(testCtx(t, 5*time.Second), tj.job); !errors.Is(err, ErrNoQuorum) {
 		t.Fatalf("a quorum was written: %v", err)
+	}
+}
+
+// One coordinator serves several jobs; their epochs are independent.
+func TestCoordinatorManyJobs(t *testing.T) {
+	tj := startTestJob(t, DefaultQuorumConfig(), false)
+	inJob := func(job string) func(*MemberConfig) { return func(c *MemberConfig) { c.Job = job } }
+	a1, b1 := tj.join("a", inJob("alpha")), tj.join("b", inJob("alpha"))
+	a2, b2 := tj.join("a", inJob("beta")), tj.join("b", inJob("beta"))
+	q1 := waitQuorum(t, a1, 0, "a", "b")
+	q2 := waitQuorum(t, a2, 0, "a", "b")
+	if q1.Job != "alpha" || q2.Job != "beta" {
+		t.Fatalf("jobs %q %q", q1.Job, q2.Job)
+	}
+	if err := b1.Leave(testCtx(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	waitQuorum(t, a1, q1.Epoch, "a")
+	// beta is untouched.
+	if q, _ := b2.Quorum(); q.Epoch != q2.Epoch {
+		t.Fatalf("beta moved to epoch %d", q.Epoch)
+	}
+	jobs, err := NewAdmin(tj.cli, "").Jobs(testCtx(t, 5*time.Second))
+	if err != nil || len(jobs) != 2 || jobs[0].Job != "alpha" || jobs[0].Members != 1 || jobs[1].Members != 2 {
+		t.Fatalf("jobs %+v, %v", jobs, err)
+	}
+	if st, ok := tj.coord.Status("beta"); !ok || st.Members != 2 || st.Quorum == nil {
+		t.Fatalf("status %+v %v", st, ok)
 	}
 }

@@ -203,7 +203,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	gossipEvents := make(chan GossipEvent, 64)
+	gossipEvents := make(chan GossipEvent, 1024)
 	if c.cfg.Gossip != nil {
 		g, err := StartGossip("_coordinator/"+c.cfg.Name, *c.cfg.Gossip)
 		if err != nil {
@@ -279,9 +279,14 @@ func (c *Coordinator) pumpGossip(ctx context.Context, g *Gossip, out chan<- Goss
 				}
 				c.mu.Unlock()
 			}
+			if ev.Kind != GossipDead {
+				continue
+			}
 			select {
 			case out <- ev:
-			default: // the leader loop is busy or absent: deadSeen has it
+			default:
+				// No leader loop is reading (a follower) and the buffer is
+				// full: deadSeen keeps it for the next leadership's load.
 			}
 		case <-ctx.Done():
 			return
@@ -326,11 +331,28 @@ func (c *Coordinator) joinGossipPeers(ctx context.Context) {
 }
 
 func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan GossipEvent) error {
-	sess, err := concurrency.NewSession(c.cli, concurrency.WithTTL(int((c.cfg.SessionTTL+time.Second-1)/time.Second)), concurrency.WithContext(ctx))
-	if err != nil {
+	// The session outlives ctx by the few calls of a graceful exit, so
+	// that it can resign and revoke its lease: a standby then takes over
+	// at once instead of after SessionTTL.
+	sessCtx, sessCancel := context.WithCancel(context.Background())
+	defer sessCancel()
+	var sess *concurrency.Session
+	if err := withCtx(ctx, func() error {
+		s, err := concurrency.NewSession(c.cli, concurrency.WithTTL(int((c.cfg.SessionTTL+time.Second-1)/time.Second)), concurrency.WithContext(sessCtx))
+		sess = s
+		return err
+	}); err != nil {
 		return fmt.Errorf("membership: coordinator session: %w", err)
 	}
-	defer sess.Close()
+	defer func() {
+		// Close revokes the lease, bounded by the client's own timeouts.
+		done := make(chan struct{})
+		go func() { sess.Close(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+		}
+	}()
 	if addr := c.GossipAddr(); addr != "" {
 		if _, err := c.cli.Put(ctx, c.keys.CoordinatorGossip()+c.cfg.Name, addr, clientv3.WithLease(sess.Lease())); err != nil {
 			return fmt.Errorf("membership: publish gossip address: %w", err)
@@ -352,6 +374,18 @@ func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan G
 	return l.run(ctx, gossipEvents)
 }
 
+// withCtx runs f (which cannot take ctx) and returns early when ctx ends.
+func withCtx(ctx context.Context, f func() error) error {
+	ch := make(chan error, 1)
+	go func() { ch <- f() }()
+	select {
+	case err := <-ch:
+		return err
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
 // leadership is one term of leading.
 type leadership struct {
 	c        *Coordinator
@@ -360,6 +394,12 @@ type leadership struct {
 	fenceRev int64
 	jobs     map[string]*jobState
 	byNode   map[string]memberRef // gossip node name → member
+	doomed   []doomedMember       // registrations to delete after publishing
+}
+
+type doomedMember struct {
+	job string
+	rec MemberRecord
 }
 
 type memberRef struct {
@@ -368,12 +408,11 @@ type memberRef struct {
 }
 
 type jobState struct {
-	m          *Machine
-	quorumRev  int64 // mod revision of the quorum key we last wrote or read
-	dirty      bool
-	wakeAt     time.Time
-	waiting    string
-	statusSent string
+	m         *Machine
+	quorumRev int64 // mod revision of the quorum key we last wrote or read
+	dirty     bool
+	wakeAt    time.Time
+	waiting   string
 }
 
 func (l *leadership) job(name string) *jobState {
@@ -509,7 +548,16 @@ func (l *leadership) gossipDeath(ctx context.Context, now time.Time, node string
 		return
 	}
 	l.remove(now, ref.job, ref.id, ref.inc, "died (gossip)", "gossip")
-	l.deleteMember(ctx, ref.job, rec)
+	// Deleted after the next publication, off the critical path.
+	l.doomed = append(l.doomed, doomedMember{ref.job, rec})
+}
+
+// deleteDoomed deletes the registrations of members gossip declared dead.
+func (l *leadership) deleteDoomed(ctx context.Context) {
+	for _, d := range l.doomed {
+		l.deleteMember(ctx, d.job, d.rec)
+	}
+	l.doomed = l.doomed[:0]
 }
 
 // deleteMember deletes a member's key if this leader still leads and the
@@ -543,6 +591,7 @@ func (l *leadership) run(ctx context.Context, gossipEvents <-chan GossipEvent) e
 	if err := l.decide(ctx); err != nil {
 		return err
 	}
+	l.deleteDoomed(ctx)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -557,6 +606,7 @@ func (l *leadership) run(ctx context.Context, gossipEvents <-chan GossipEvent) e
 		if err := l.decide(ctx); err != nil {
 			return err
 		}
+		l.deleteDoomed(ctx)
 	}
 }
 
@@ -594,6 +644,7 @@ func (l *leadership) follow(ctx context.Context, rev int64, timer *time.Timer, g
 		if err := l.decide(ctx); err != nil {
 			return err
 		}
+		l.deleteDoomed(ctx)
 	}
 }
 

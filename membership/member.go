@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -163,6 +164,13 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		return nil, fmt.Errorf("membership: join %s/%s: grant lease: %w", cfg.Job, cfg.ID, ctxErr(ctx, err))
 	}
 	m.lease = lr.ID
+	// Renew from the start: registering may wait for a previous
+	// incarnation (WaitForDuplicate) longer than the TTL.
+	m.life, m.stop = context.WithCancel(context.Background())
+	ka, err := m.cli.KeepAlive(m.life, m.lease)
+	if err != nil {
+		return nil, fmt.Errorf("membership: join %s/%s: keepalive: %w", cfg.Job, cfg.ID, err)
+	}
 	if cfg.Gossip != nil {
 		name := cfg.Job + "/" + cfg.ID + "/" + strconv.FormatInt(int64(lr.ID), 16)
 		if m.gsp, err = StartGossip(name, *cfg.Gossip); err != nil {
@@ -180,7 +188,6 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	if err := m.register(ctx); err != nil {
 		return nil, err
 	}
-	m.life, m.stop = context.WithCancel(context.Background())
 
 	// Read the epoch state before the member counts as joined, so Quorum()
 	// is current when Join returns.
@@ -192,10 +199,6 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		if err := m.joinGossip(ctx); err != nil {
 			m.lg.Warn("gossip join failed; lease expiry remains the failure detector", zap.Error(err))
 		}
-	}
-	ka, err := m.cli.KeepAlive(m.life, m.lease)
-	if err != nil {
-		return nil, fmt.Errorf("membership: join %s/%s: keepalive: %w", cfg.Job, cfg.ID, err)
 	}
 	ok = true
 	m.spawn(func() { m.renew(ka) })
@@ -303,7 +306,12 @@ func (m *Member) Incarnation() int64 { return m.inc }
 func (m *Member) Lease() clientv3.LeaseID { return m.lease }
 
 // GossipAddr returns the member's gossip address ("" without gossip).
-func (m *Member) GossipAddr() string { return m.rec.Gossip }
+func (m *Member) GossipAddr() string {
+	if m.gsp == nil {
+		return ""
+	}
+	return m.gsp.Addr()
+}
 
 // Record returns the member's record as it will next be written.
 func (m *Member) Record() MemberRecord {
@@ -483,6 +491,19 @@ func (m *Member) Revocation(epoch uint64) (Revocation, bool) {
 	defer m.mu.Unlock()
 	r, ok := m.revocations[epoch]
 	return r, ok
+}
+
+// Revocations returns the revocation records seen (the last 64 epochs'),
+// oldest first.
+func (m *Member) Revocations() []Revocation {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Revocation, 0, len(m.revocations))
+	for _, r := range m.revocations {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Epoch < out[j].Epoch })
+	return out
 }
 
 func (m *Member) revokedLocked(epoch uint64) bool {

@@ -497,4 +497,27 @@ func BenchmarkQuorumAdvance10K(b *testing.B) {
 			m.Published(*d.Quorum)
 		}
 	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(2*b.N)/1e6, "ms/decision")
+}
+
+// The first quorum of 10K members that all asked: one decision.
+func BenchmarkQuorumForm10K(b *testing.B) {
+	const n = 10000
+	now := time.Unix(0, 0)
+	recs := make([]MemberRecord, n)
+	for i := range recs {
+		recs[i] = MemberRecord{ID: fmt.Sprintf("member-%05d", i), Incarnation: int64(i + 1), WantQuorum: true, Step: int64(i)}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		m := NewMachine("j", QuorumConfig{MinReplicas: n / 2, JoinTimeout: time.Minute}, nil)
+		for _, r := range recs {
+			m.Upsert(now, r)
+		}
+		b.StartTimer()
+		if d := m.Advance(now); d.Quorum == nil || len(d.Quorum.Participants) != n {
+			b.Fatal("no quorum")
+		}
+	}
 }

@@ -1,0 +1,260 @@
+package main
+
+import (
+	"context"
+	"crypto/subtle"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+//go:embed dashboard/index.html
+var dashboardHTML []byte
+
+// api serves the JSON API, the dashboard, /metrics and /healthz of one
+// coordinator instance. Any instance answers from etcd; the leader adds
+// its live view (why a quorum waits).
+type api struct {
+	admin    *membership.Admin
+	coord    *membership.Coordinator
+	cli      *clientv3.Client
+	token    string
+	gatherer prometheus.Gatherer
+	lg       *zap.Logger
+}
+
+type apiError struct {
+	Error string `json:"error"`
+}
+
+func (a *api) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", a.dashboard)
+	mux.HandleFunc("GET /healthz", a.healthz)
+	mux.Handle("GET /metrics", a.auth(promhttp.HandlerFor(a.gatherer, promhttp.HandlerOpts{})))
+	mux.Handle("GET /api/v1/coordinator", a.auth(http.HandlerFunc(a.coordinator)))
+	mux.Handle("GET /api/v1/jobs", a.auth(http.HandlerFunc(a.jobs)))
+	mux.Handle("GET /api/v1/jobs/{job}", a.auth(http.HandlerFunc(a.job)))
+	mux.Handle("GET /api/v1/jobs/{job}/members", a.auth(http.HandlerFunc(a.members)))
+	mux.Handle("GET /api/v1/jobs/{job}/quorum", a.auth(http.HandlerFunc(a.quorum)))
+	mux.Handle("GET /api/v1/jobs/{job}/history", a.auth(http.HandlerFunc(a.history)))
+	mux.Handle("POST /api/v1/jobs/{job}/members/{id}/evict", a.auth(http.HandlerFunc(a.evict)))
+	mux.Handle("/api/", a.auth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Errorf("no API endpoint %s %s", r.Method, r.URL.Path))
+	})))
+	return mux
+}
+
+// auth demands the bearer token when one is configured.
+func (a *api) auth(h http.Handler) http.Handler {
+	if a.token == "" {
+		return h
+	}
+	want := []byte("Bearer " + a.token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="ftcoord"`)
+			writeError(w, http.StatusUnauthorized, errors.New("missing or wrong bearer token"))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, err error) {
+	writeJSON(w, status, apiError{Error: err.Error()})
+}
+
+// fail maps membership errors to HTTP statuses.
+func (a *api) fail(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, comm.ErrInvalidArgument):
+		writeError(w, http.StatusBadRequest, err)
+	case errors.Is(err, membership.ErrNotFound), errors.Is(err, membership.ErrNoQuorum):
+		writeError(w, http.StatusNotFound, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		writeError(w, http.StatusGatewayTimeout, err)
+	default:
+		a.lg.Warn("api", zap.Error(err))
+		writeError(w, http.StatusServiceUnavailable, err)
+	}
+}
+
+func reqCtx(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), 5*time.Second)
+}
+
+func (a *api) dashboard(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Write(dashboardHTML)
+}
+
+func (a *api) healthz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if _, err := a.cli.Get(ctx, "health", clientv3.WithCountOnly()); err != nil {
+		writeError(w, http.StatusServiceUnavailable, fmt.Errorf("etcd: %v", err))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "leader": a.coord.IsLeader()})
+}
+
+type coordinatorInfo struct {
+	Name       string   `json:"name"`
+	Leader     string   `json:"leader"`
+	IsLeader   bool     `json:"isLeader"`
+	GossipAddr string   `json:"gossipAddr,omitempty"`
+	Etcd       []string `json:"etcd"`
+}
+
+func (a *api) coordinator(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	leader, err := a.admin.Leader(ctx)
+	if err != nil && !errors.Is(err, membership.ErrNotFound) {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, coordinatorInfo{Name: a.coord.Name(), Leader: leader, IsLeader: a.coord.IsLeader(),
+		GossipAddr: a.coord.GossipAddr(), Etcd: a.cli.Endpoints()})
+}
+
+func (a *api) jobs(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	jobs, err := a.admin.Jobs(ctx)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, jobs)
+}
+
+// jobDetail is GET /api/v1/jobs/{job}.
+type jobDetail struct {
+	membership.JobView
+	// Waiting is why no quorum forms (leader only; "" elsewhere or when
+	// none is needed).
+	Waiting string `json:"waiting,omitempty"`
+	Leader  string `json:"leader,omitempty"`
+}
+
+func (a *api) job(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	v, err := a.admin.Job(ctx, r.PathValue("job"))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	d := jobDetail{JobView: v}
+	if st, ok := a.coord.Status(v.Job); ok {
+		d.Waiting = st.Waiting
+	}
+	d.Leader, _ = a.admin.Leader(ctx)
+	writeJSON(w, http.StatusOK, d)
+}
+
+func (a *api) members(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	v, err := a.admin.Job(ctx, r.PathValue("job"))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v.Members)
+}
+
+func (a *api) quorum(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	q, err := a.admin.Quorum(ctx, r.PathValue("job"))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, q)
+}
+
+func (a *api) history(w http.ResponseWriter, r *http.Request) {
+	limit := 50
+	if s := r.URL.Query().Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 10000 {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("limit %q: want an integer from 1 to 10000", s))
+			return
+		}
+		limit = n
+	}
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	h, err := a.admin.History(ctx, r.PathValue("job"), limit)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, h)
+}
+
+type evictRequest struct {
+	By     string `json:"by"`
+	Reason string `json:"reason"`
+}
+
+func (a *api) evict(w http.ResponseWriter, r *http.Request) {
+	var req evictRequest
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<16))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("reading body: %v", err))
+		return
+	}
+	if len(strings.TrimSpace(string(body))) > 0 {
+		dec := json.NewDecoder(strings.NewReader(string(body)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("body: want {\"by\": …, \"reason\": …}: %v", err))
+			return
+		}
+	}
+	by := "api"
+	if req.By != "" {
+		by = req.By
+	}
+	if req.Reason != "" {
+		by += " (" + req.Reason + ")"
+	}
+	job, id := r.PathValue("job"), r.PathValue("id")
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	if err := a.coord.Evict(ctx, job, id, by); err != nil {
+		a.fail(w, err)
+		return
+	}
+	a.lg.Info("evicted", zap.String("job", job), zap.String("member", id), zap.String("by", by))
+	writeJSON(w, http.StatusOK, map[string]string{"evicted": id, "job": job})
+}

@@ -1,0 +1,244 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+func stringsReader(s string) io.Reader {
+	if s == "" {
+		return nil
+	}
+	return strings.NewReader(s)
+}
+
+func decode[T any](t *testing.T, resp *http.Response, wantStatus int) T {
+	t.Helper()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != wantStatus {
+		t.Fatalf("%s %s: status %d, want %d: %s", resp.Request.Method, resp.Request.URL.Path, resp.StatusCode, wantStatus, body)
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+		t.Fatalf("content type %q", ct)
+	}
+	var v T
+	if err := json.Unmarshal(body, &v); err != nil {
+		t.Fatalf("decoding %s: %v", body, err)
+	}
+	return v
+}
+
+func TestAPI(t *testing.T) {
+	lc := startLiveCoordinator(t, "", false)
+	a, b := lc.join(t, "llama", "a"), lc.join(t, "llama", "b")
+	ctx := testCtx(t, 20*time.Second)
+	q, err := a.NextQuorum(ctx, 0)
+	for err == nil && len(q.Participants) < 2 {
+		q, err = a.NextQuorum(ctx, q.Epoch)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.SetStep(17)
+	if err := a.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	jobs := decode[[]membership.JobSummary](t, lc.request(t, "GET", "/api/v1/jobs", "", false), 200)
+	if len(jobs) != 1 || jobs[0].Job != "llama" || jobs[0].Members != 2 || jobs[0].Epoch != q.Epoch {
+		t.Fatalf("jobs %+v", jobs)
+	}
+	d := decode[jobDetail](t, lc.request(t, "GET", "/api/v1/jobs/llama", "", false), 200)
+	if d.Leader != "coord-a" || d.Quorum == nil || d.Quorum.Epoch != q.Epoch || len(d.Members) != 2 {
+		t.Fatalf("job %+v", d)
+	}
+	var sawA bool
+	for _, m := range d.Members {
+		if m.ID == "a" {
+			sawA = m.Step == 17 && m.Rank == q.Rank("a") && m.Group == "g-a"
+		}
+	}
+	if !sawA {
+		t.Fatalf("member a not shown right: %+v", d.Members)
+	}
+	ms := decode[[]membership.MemberView](t, lc.request(t, "GET", "/api/v1/jobs/llama/members", "", false), 200)
+	if len(ms) != 2 {
+		t.Fatalf("members %+v", ms)
+	}
+	gq := decode[membership.Quorum](t, lc.request(t, "GET", "/api/v1/jobs/llama/quorum", "", false), 200)
+	if gq.Epoch != q.Epoch {
+		t.Fatalf("quorum %+v", gq)
+	}
+	info := decode[coordinatorInfo](t, lc.request(t, "GET", "/api/v1/coordinator", "", false), 200)
+	if !info.IsLeader || info.Leader != "coord-a" {
+		t.Fatalf("coordinator %+v", info)
+	}
+
+	// Evict b through the API: b learns it, the quorum goes on without it.
+	ev := decode[map[string]string](t, lc.request(t, "POST", "/api/v1/jobs/llama/members/b/evict", `{"by":"test","reason":"flaky nic"}`, false), 200)
+	if ev["evicted"] != "b" {
+		t.Fatalf("evict answer %v", ev)
+	}
+	select {
+	case <-b.Done():
+	case <-ctx.Done():
+		t.Fatal("b not evicted")
+	}
+	q2, err := a.NextQuorum(ctx, q.Epoch)
+	if err != nil || len(q2.Participants) != 1 || q2.Reason != "b evicted by test (flaky nic)" {
+		t.Fatalf("after evict %+v, %v", q2, err)
+	}
+	h := decode[[]membership.Quorum](t, lc.request(t, "GET", "/api/v1/jobs/llama/history?limit=1", "", false), 200)
+	if len(h) != 1 || h[0].Epoch != q2.Epoch {
+		t.Fatalf("history %+v", h)
+	}
+
+	// Metrics and health.
+	resp := lc.request(t, "GET", "/metrics", "", false)
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`ftcomm_coordinator_epoch{job="llama"}`)) ||
+		!bytes.Contains(body, []byte(`ftcomm_coordinator_removals_total{cause="evicted",job="llama"} 1`)) {
+		t.Fatalf("metrics %d:\n%s", resp.StatusCode, body)
+	}
+	hz := decode[map[string]any](t, lc.request(t, "GET", "/healthz", "", false), 200)
+	if hz["ok"] != true {
+		t.Fatalf("healthz %v", hz)
+	}
+	resp = lc.request(t, "GET", "/", "", false)
+	page, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !bytes.Contains(page, []byte("<title>ftcoord</title>")) {
+		t.Fatalf("dashboard %d", resp.StatusCode)
+	}
+}
+
+func TestAPIBadInput(t *testing.T) {
+	lc := startLiveCoordinator(t, "", false)
+	lc.join(t, "llama", "a")
+	for _, c := range []struct {
+		method, path, body string
+		status             int
+		want               string
+	}{
+		{"GET", "/api/v1/jobs/no-such-job", "", 404, "not found"},
+		{"GET", "/api/v1/jobs/bad%20name", "", 400, "invalid argument"},
+		{"GET", "/api/v1/jobs/llama/history?limit=abc", "", 400, "limit"},
+		{"GET", "/api/v1/jobs/llama/history?limit=0", "", 400, "limit"},
+		{"GET", "/api/v1/jobs/no-quorum-yet/quorum", "", 404, "no quorum"},
+		{"POST", "/api/v1/jobs/llama/members/zz/evict", "", 404, "not found"},
+		{"POST", "/api/v1/jobs/llama/members/a/evict", "{not json", 400, "body"},
+		{"POST", "/api/v1/jobs/llama/members/a/evict", `{"by":"x","extra":1}`, 400, "unknown field"},
+		{"POST", "/api/v1/jobs/llama/members/..%2F..%2Fx/evict", "", 400, "invalid argument"},
+		{"DELETE", "/api/v1/jobs", "", 404, "no API endpoint"},
+		{"GET", "/api/v2/nothing", "", 404, "no API endpoint"},
+	} {
+		resp := lc.request(t, c.method, c.path, c.body, false)
+		e := decode[apiError](t, resp, c.status)
+		if !strings.Contains(e.Error, c.want) {
+			t.Errorf("%s %s: error %q, want it to mention %q", c.method, c.path, e.Error, c.want)
+		}
+	}
+	// Nothing was evicted by the bad requests.
+	ms := decode[[]membership.MemberView](t, lc.request(t, "GET", "/api/v1/jobs/llama/members", "", false), 200)
+	if len(ms) != 1 {
+		t.Fatalf("members %+v", ms)
+	}
+}
+
+func TestAPIToken(t *testing.T) {
+	lc := startLiveCoordinator(t, "s3cret", false)
+	lc.join(t, "llama", "a")
+	for _, p := range []string{"/api/v1/jobs", "/api/v1/jobs/llama", "/metrics", "/api/v1/nothing"} {
+		resp := lc.request(t, "GET", p, "", false)
+		e := decode[apiError](t, resp, http.StatusUnauthorized)
+		if !strings.Contains(e.Error, "token") || resp.Header.Get("WWW-Authenticate") == "" {
+			t.Errorf("%s without token: %+v", p, e)
+		}
+	}
+	req, _ := http.NewRequest("GET", lc.srv.URL+"/api/v1/jobs", nil)
+	req.Header.Set("Authorization", "Bearer wrong")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Fatalf("wrong token: %d", resp.StatusCode)
+	}
+	resp = lc.request(t, "POST", "/api/v1/jobs/llama/members/a/evict", "", false)
+	decode[apiError](t, resp, 401)
+	decode[[]membership.JobSummary](t, lc.request(t, "GET", "/api/v1/jobs", "", true), 200)
+	// The page and the health check stay open (the page asks for the token).
+	for _, p := range []string{"/", "/healthz"} {
+		if resp := lc.request(t, "GET", p, "", false); resp.StatusCode != 200 {
+			t.Errorf("%s: %d", p, resp.StatusCode)
+		}
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	env := map[string]string{}
+	getenv := func(k string) string { return env[k] }
+	var out, errb bytes.Buffer
+	run1 := func(args ...string) int {
+		out.Reset()
+		errb.Reset()
+		return run(args, getenv, &out, &errb)
+	}
+	if code := run1(); code != 2 || !strings.Contains(errb.String(), "Usage") {
+		t.Fatalf("no args: %d %q", code, errb.String())
+	}
+	if code := run1("frobnicate"); code != 2 || !strings.Contains(errb.String(), `unknown command "frobnicate"`) {
+		t.Fatalf("unknown: %d %q", code, errb.String())
+	}
+	code := run1("serve", "-listen", "nope", "-session-ttl", "1s", "-tls-cert", "c.pem", "-etcd-password", "pw", "-root", "x", "-log-level", "loud")
+	msg := errb.String()
+	if code != 2 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{`-listen "nope"`, "-session-ttl 1s", "-tls-cert and -tls-key", "-etcd-password needs -etcd-user", `-root "x"`, `-log-level "loud"`} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("message lacks %q:\n%s", want, msg)
+		}
+	}
+	if code := run1("serve", "-min-replicas", "many"); code != 2 || !strings.Contains(errb.String(), "invalid value") {
+		t.Fatalf("bad int: %d %q", code, errb.String())
+	}
+	// Environment variables set flags; the command line wins.
+	env["FTCOORD_MIN_REPLICAS"] = "0"
+	env["FTCOORD_GOSSIP_KEY"] = "abcd"
+	if code := run1("serve"); code != 2 || !strings.Contains(errb.String(), "-min-replicas 0") || !strings.Contains(errb.String(), "SecretKey has 2 bytes") {
+		t.Fatalf("env: %d %q", code, errb.String())
+	}
+	env["FTCOORD_MIN_REPLICAS"] = "x"
+	if code := run1("serve"); code != 2 || !strings.Contains(errb.String(), `FTCOORD_MIN_REPLICAS="x"`) {
+		t.Fatalf("bad env: %d %q", code, errb.String())
+	}
+	delete(env, "FTCOORD_MIN_REPLICAS")
+	delete(env, "FTCOORD_GOSSIP_KEY")
+	cfg := defaultServeConfig()
+	env["FTCOORD_JOIN_TIMEOUT"] = "3s"
+	fsCfg := cfg
+	fs := newServeFlagSet(&fsCfg)
+	if err := parseFlags(fs, []string{"-join-timeout", "5s"}, getenv); err != nil || fsCfg.JoinTimeout != 5*time.Second {
+		t.Fatalf("flag should win over env: %v %v", err, fsCfg.JoinTimeout)
+	}
+	fsCfg = cfg
+	fs = newServeFlagSet(&fsCfg)
+	if err := parseFlags(fs, nil, getenv); err != nil || fsCfg.JoinTimeout != 3*time.Second {
+		t.Fatalf("env not applied: %v %v", err, fsCfg.JoinTimeout)
+	}
+	if code := run1("status", "-addr", "ftp://x"); code != 2 || !strings.Contains(errb.String(), "-addr") {
+		t.Fatalf("status: %d %q", code, errb.String())
+	}
+	if def := defaultServeConfig(); def.validate() != nil {
+		err := def.validate()
+		t.Fatalf("defaults invalid: %v", err)
+	}
+}

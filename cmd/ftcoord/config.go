@@ -1,0 +1,252 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// serveConfig is everything `ftcoord serve` takes.
+type serveConfig struct {
+	Listen    string // HTTP listen address
+	AddrFile  string // write the bound HTTP URL here (for scripts and tests)
+	TLSCert   string
+	TLSKey    string
+	Token     string
+	TokenFile string
+
+	DataDir        string
+	Etcd           string // external endpoints, comma-separated; empty: embedded
+	EtcdClientAddr string
+	EtcdPeerAddr   string
+	EtcdCACert     string
+	EtcdCert       string
+	EtcdKey        string
+	EtcdUser       string
+	EtcdPassword   string
+
+	Root               string
+	Name               string
+	MinReplicas        int
+	JoinTimeout        time.Duration
+	SessionTTL         time.Duration
+	History            int
+	Gossip             bool
+	GossipAddr         string
+	GossipAdvertise    string
+	GossipKey          string
+	GossipProbe        time.Duration
+	GossipProbeTimeout time.Duration
+	GossipSuspicion    int
+
+	LogLevel        string
+	ShutdownTimeout time.Duration
+}
+
+func defaultServeConfig() serveConfig {
+	cc := membership.DefaultCoordinatorConfig()
+	gc := membership.DefaultGossipConfig()
+	return serveConfig{
+		Listen:             "127.0.0.1:8080",
+		DataDir:            "./ftcoord-data",
+		EtcdClientAddr:     "127.0.0.1:0",
+		EtcdPeerAddr:       "127.0.0.1:0",
+		Root:               membership.DefaultRoot,
+		Name:               cc.Name,
+		MinReplicas:        cc.Quorum.MinReplicas,
+		JoinTimeout:        cc.Quorum.JoinTimeout,
+		SessionTTL:         cc.SessionTTL,
+		History:            cc.HistoryLimit,
+		Gossip:             true,
+		GossipAddr:         gc.BindAddr,
+		GossipProbe:        gc.ProbeInterval,
+		GossipProbeTimeout: gc.ProbeTimeout,
+		GossipSuspicion:    gc.SuspicionMult,
+		LogLevel:           "info",
+		ShutdownTimeout:    10 * time.Second,
+	}
+}
+
+func (c *serveConfig) flags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Listen, "listen", c.Listen, "HTTP `host:port` of the API, dashboard and metrics (port 0: a free one)")
+	fs.StringVar(&c.AddrFile, "addr-file", c.AddrFile, "write the API's base URL to this `file` once listening")
+	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "serve HTTPS with this certificate `file` (with -tls-key)")
+	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "private key `file` for -tls-cert")
+	fs.StringVar(&c.Token, "token", c.Token, "bearer `token` required by the API and /metrics (prefer -token-file or FTCOORD_TOKEN)")
+	fs.StringVar(&c.TokenFile, "token-file", c.TokenFile, "read the bearer token from this `file`")
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "data `dir`ectory of the embedded etcd")
+	fs.StringVar(&c.Etcd, "etcd", c.Etcd, "external etcd `endpoints` (host:port,…); empty: run an embedded single-node etcd")
+	fs.StringVar(&c.EtcdClientAddr, "etcd-client-addr", c.EtcdClientAddr, "embedded etcd client `host:port` (port 0: a free one)")
+	fs.StringVar(&c.EtcdPeerAddr, "etcd-peer-addr", c.EtcdPeerAddr, "embedded etcd peer `host:port` (port 0: a free one)")
+	fs.StringVar(&c.EtcdCACert, "etcd-cacert", c.EtcdCACert, "CA `file` to verify external etcd servers")
+	fs.StringVar(&c.EtcdCert, "etcd-cert", c.EtcdCert, "client certificate `file` for external etcd")
+	fs.StringVar(&c.EtcdKey, "etcd-key", c.EtcdKey, "client key `file` for external etcd")
+	fs.StringVar(&c.EtcdUser, "etcd-user", c.EtcdUser, "etcd `user` name (auth)")
+	fs.StringVar(&c.EtcdPassword, "etcd-password", c.EtcdPassword, "etcd `password` (prefer FTCOORD_ETCD_PASSWORD)")
+	fs.StringVar(&c.Root, "root", c.Root, "etcd key `prefix` of all jobs")
+	fs.StringVar(&c.Name, "name", c.Name, "this instance's `name` (unique among coordinators)")
+	fs.IntVar(&c.MinReplicas, "min-replicas", c.MinReplicas, "default min replicas of a quorum (members may ask for more)")
+	fs.DurationVar(&c.JoinTimeout, "join-timeout", c.JoinTimeout, "how long a quorum waits for stragglers")
+	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "leader election lease TTL (≥ 2s): a dead leader is replaced after about this long")
+	fs.IntVar(&c.History, "history", c.History, "past quorums kept per job")
+	fs.BoolVar(&c.Gossip, "gossip", c.Gossip, "join members' gossip to learn of deaths directly")
+	fs.StringVar(&c.GossipAddr, "gossip-addr", c.GossipAddr, "gossip `host:port` (port 0: a free one)")
+	fs.StringVar(&c.GossipAdvertise, "gossip-advertise", c.GossipAdvertise, "gossip `host:port` others reach this instance at")
+	fs.StringVar(&c.GossipKey, "gossip-key", c.GossipKey, "gossip encryption `key`, 16/24/32 bytes in hex or base64 (prefer FTCOORD_GOSSIP_KEY)")
+	fs.DurationVar(&c.GossipProbe, "gossip-probe-interval", c.GossipProbe, "gossip probe interval")
+	fs.DurationVar(&c.GossipProbeTimeout, "gossip-probe-timeout", c.GossipProbeTimeout, "gossip probe timeout")
+	fs.IntVar(&c.GossipSuspicion, "gossip-suspicion-mult", c.GossipSuspicion, "gossip suspicion multiplier")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log `level`: debug, info, warn, error")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown may take")
+}
+
+// envName is the environment variable that sets a flag: FTCOORD_<FLAG>,
+// upper case, '-' as '_'.
+func envName(flagName string) string {
+	return "FTCOORD_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parseFlags parses args, then fills every flag not given on the command
+// line from its environment variable.
+func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] || err != nil {
+			return
+		}
+		if v := getenv(envName(f.Name)); v != "" {
+			if e := f.Value.Set(v); e != nil {
+				err = fmt.Errorf("%s=%q: %v", envName(f.Name), v, e)
+			}
+		}
+	})
+	return err
+}
+
+// validate says what is wrong, all at once.
+func (c *serveConfig) validate() error {
+	var probs []string
+	bad := func(f string, a ...any) { probs = append(probs, fmt.Sprintf(f, a...)) }
+	hostPort := func(flagName, v string) {
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			bad("-%s %q is not host:port", flagName, v)
+		}
+	}
+	hostPort("listen", c.Listen)
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		bad("-tls-cert and -tls-key go together")
+	}
+	if c.Token != "" && c.TokenFile != "" {
+		bad("give -token or -token-file, not both")
+	}
+	if c.Etcd == "" {
+		if c.DataDir == "" {
+			bad("-data-dir must not be empty with the embedded etcd")
+		}
+		hostPort("etcd-client-addr", c.EtcdClientAddr)
+		hostPort("etcd-peer-addr", c.EtcdPeerAddr)
+		if c.EtcdCACert != "" || c.EtcdCert != "" || c.EtcdUser != "" {
+			bad("-etcd-cacert, -etcd-cert and -etcd-user apply to an external etcd (-etcd)")
+		}
+	} else {
+		for _, ep := range strings.Split(c.Etcd, ",") {
+			hostPort("etcd", strings.TrimPrefix(strings.TrimPrefix(strings.TrimSpace(ep), "http://"), "https://"))
+		}
+	}
+	if (c.EtcdCert == "") != (c.EtcdKey == "") {
+		bad("-etcd-cert and -etcd-key go together")
+	}
+	if c.EtcdPassword != "" && c.EtcdUser == "" {
+		bad("-etcd-password needs -etcd-user")
+	}
+	if !strings.HasPrefix(c.Root, "/") {
+		bad("-root %q must start with /", c.Root)
+	}
+	if !membership.ValidName(c.Name) {
+		bad("-name %q: want 1–128 of [A-Za-z0-9._-]", c.Name)
+	}
+	if c.MinReplicas < 1 {
+		bad("-min-replicas %d must be at least 1", c.MinReplicas)
+	}
+	if c.JoinTimeout < 0 {
+		bad("-join-timeout %v is negative", c.JoinTimeout)
+	}
+	if c.SessionTTL < 2*time.Second {
+		bad("-session-ttl %v is below etcd's minimum of 2s", c.SessionTTL)
+	}
+	if c.History < 1 {
+		bad("-history %d must be at least 1", c.History)
+	}
+	if c.Gossip {
+		if _, err := c.gossipConfig(); err != nil {
+			bad("%v", err)
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("-log-level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	if c.ShutdownTimeout <= 0 {
+		bad("-shutdown-timeout %v must be positive", c.ShutdownTimeout)
+	}
+	if len(probs) > 0 {
+		return fmt.Errorf("invalid configuration:\n  %s", strings.Join(probs, "\n  "))
+	}
+	return nil
+}
+
+func (c *serveConfig) gossipConfig() (membership.GossipConfig, error) {
+	g := membership.DefaultGossipConfig()
+	g.BindAddr, g.AdvertiseAddr = c.GossipAddr, c.GossipAdvertise
+	g.ProbeInterval, g.ProbeTimeout, g.SuspicionMult = c.GossipProbe, c.GossipProbeTimeout, c.GossipSuspicion
+	if c.GossipKey != "" {
+		key, err := decodeKey(c.GossipKey)
+		if err != nil {
+			return g, fmt.Errorf("-gossip-key: %v", err)
+		}
+		g.SecretKey = key
+	}
+	if err := g.Validate(); err != nil {
+		return g, err
+	}
+	return g, nil
+}
+
+func decodeKey(s string) ([]byte, error) {
+	if b, err := hex.DecodeString(s); err == nil {
+		return b, nil
+	}
+	if b, err := base64.StdEncoding.DecodeString(s); err == nil {
+		return b, nil
+	}
+	return nil, fmt.Errorf("not hex or base64")
+}
+
+// token returns the bearer token from -token or -token-file.
+func (c *serveConfig) token() (string, error) {
+	if c.TokenFile == "" {
+		return c.Token, nil
+	}
+	b, err := os.ReadFile(c.TokenFile)
+	if err != nil {
+		return "", err
+	}
+	t := strings.TrimSpace(string(b))
+	if t == "" {
+		return "", fmt.Errorf("token file %s is empty", c.TokenFile)
+	}
+	return t, nil
+}

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+type statusConfig struct {
+	Addr     string
+	Job      string
+	Token    string
+	CACert   string
+	Insecure bool
+	Timeout  time.Duration
+}
+
+func (c *statusConfig) flags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Addr, "addr", "http://127.0.0.1:8080", "ftcoord API base `URL`")
+	fs.StringVar(&c.Job, "job", "", "show this `job` in detail (default: list jobs)")
+	fs.StringVar(&c.Token, "token", "", "bearer `token` (prefer FTCOORD_TOKEN)")
+	fs.StringVar(&c.CACert, "cacert", "", "CA `file` to verify an HTTPS ftcoord")
+	fs.BoolVar(&c.Insecure, "insecure", false, "do not verify the server's certificate")
+	fs.DurationVar(&c.Timeout, "timeout", 10*time.Second, "give up after this long")
+}
+
+func (c *statusConfig) validate() error {
+	u, err := url.Parse(c.Addr)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("invalid configuration:\n  -addr %q: want http(s)://host:port", c.Addr)
+	}
+	if c.Job != "" && !membership.ValidName(c.Job) {
+		return fmt.Errorf("invalid configuration:\n  -job %q: want 1–128 of [A-Za-z0-9._-]", c.Job)
+	}
+	if c.Timeout <= 0 {
+		return fmt.Errorf("invalid configuration:\n  -timeout %v must be positive", c.Timeout)
+	}
+	return nil
+}
+
+func (c *statusConfig) client() (*http.Client, error) {
+	tc := &tls.Config{InsecureSkipVerify: c.Insecure}
+	if c.CACert != "" {
+		pem, err := os.ReadFile(c.CACert)
+		if err != nil {
+			return nil, err
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("no certificate in %s", c.CACert)
+		}
+		tc.RootCAs = pool
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}, nil
+}
+
+func (c *statusConfig) get(ctx context.Context, hc *http.Client, path string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(c.Addr, "/")+path, nil)
+	if err != nil {
+		return err
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if resp.StatusCode != http.StatusOK {
+		var e apiError
+		if json.Unmarshal(body, &e) == nil && e.Error != "" {
+			return fmt.Errorf("%s: %s", resp.Status, e.Error)
+		}
+		return fmt.Errorf("%s", resp.Status)
+	}
+	return json.Unmarshal(body, out)
+}
+
+// status prints the jobs, or one job, as tables.
+func status(ctx context.Context, c statusConfig, w io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	hc, err := c.client()
+	if err != nil {
+		return err
+	}
+	var info coordinatorInfo
+	if err := c.get(ctx, hc, "/api/v1/coordinator", &info); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "coordinator %s, leader %s\n\n", info.Name, orNone(info.Leader))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	defer tw.Flush()
+	if c.Job == "" {
+		var jobs []membership.JobSummary
+		if err := c.get(ctx, hc, "/api/v1/jobs", &jobs); err != nil {
+			return err
+		}
+		fmt.Fprintln(tw, "JOB\tEPOCH\tPARTICIPANTS\tMEMBERS\tSINCE")
+		for _, j := range jobs {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", j.Job, j.Epoch, j.Participants, j.Members, since(j.Updated))
+		}
+		return nil
+	}
+	var d jobDetail
+	if err := c.get(ctx, hc, "/api/v1/jobs/"+url.PathEscape(c.Job), &d); err != nil {
+		return err
+	}
+	if q := d.Quorum; q != nil {
+		fmt.Fprintf(tw, "epoch %d\t%d participant(s), max step %d, %s: %s\n", q.Epoch, len(q.Participants), q.MaxStep, since(q.Created), q.Reason)
+	} else {
+		fmt.Fprintln(tw, "no quorum yet")
+	}
+	if d.Waiting != "" {
+		fmt.Fprintf(tw, "waiting\t%s\n", d.Waiting)
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "MEMBER\tRANK\tSTATE\tHEALTH\tSTEP\tGROUP\tADDR\tINCARNATION")
+	for _, m := range d.Members {
+		rank, state := "-", "idle"
+		if m.WantQuorum {
+			state = "joining"
+		}
+		if m.Rank >= 0 {
+			rank, state = fmt.Sprint(m.Rank), "participant"
+			if m.Healing {
+				state = "healing"
+			}
+		}
+		health := m.Health.String()
+		if m.HealthReason != "" {
+			health += " (" + m.HealthReason + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\n", m.ID, rank, state, health, m.Step, m.Group, m.Addr, m.Incarnation)
+	}
+	return nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
+
+func since(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return time.Since(t).Round(time.Second).String() + " ago"
+}

@@ -1,0 +1,242 @@
+package membership
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The test binary doubles as a member process (FTCOMM_TEST_MEMBER) and as a
+// CPU burner (FTCOMM_TEST_BUSY) for the process-level tests.
+func TestMain(m *testing.M) {
+	switch {
+	case os.Getenv("FTCOMM_TEST_BUSY") != "":
+		//lint:ignore SA5002 burning a core is the point
+		for {
+		}
+	case os.Getenv("FTCOMM_TEST_MEMBER") != "":
+		os.Exit(memberProcess())
+	}
+	os.Exit(m.Run())
+}
+
+// memberProcess joins as the member described by the environment, prints
+// "joined <incarnation>", and stays until SIGTERM (then prints its gossip
+// stats and leaves) or until its membership is lost (exit 3).
+func memberProcess() int {
+	env := os.Getenv
+	cli, err := NewClient(strings.Split(env("FTCOMM_TEST_ETCD"), ","), nil)
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	defer cli.Close()
+	cfg := DefaultMemberConfig()
+	cfg.Client, cfg.Job, cfg.ID = cli, env("FTCOMM_TEST_JOB"), env("FTCOMM_TEST_MEMBER")
+	cfg.Addr = cfg.ID + ":1"
+	cfg.WantQuorum = true
+	cfg.LeaseTTL, _ = time.ParseDuration(env("FTCOMM_TEST_TTL"))
+	if env("FTCOMM_TEST_GOSSIP") != "" {
+		g := DefaultGossipConfig()
+		cfg.Gossip = &g
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	m, err := Join(ctx, cfg)
+	cancel()
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	fmt.Println("joined", m.Incarnation())
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM, syscall.SIGUSR1)
+	for {
+		select {
+		case sig := <-term:
+			if m.gsp != nil {
+				s := m.gsp.Stats()
+				fmt.Printf("stats suspicions=%d refutations=%d deaths=%d\n", s.Suspicions, s.Refutations, s.Deaths)
+			}
+			if sig == syscall.SIGUSR1 {
+				continue
+			}
+			m.Close()
+			return 0
+		case <-m.Done():
+			fmt.Println("lost", m.Err())
+			return 3
+		}
+	}
+}
+
+// memberProc is a member running in its own process.
+type memberProc struct {
+	id   string
+	cmd  *exec.Cmd
+	inc  int64
+	mu   sync.Mutex
+	out  []string
+	more chan struct{} // closed and replaced at every output line
+	done chan struct{}
+}
+
+func startMemberProc(t testing.TB, etcd []string, job, id string, ttl time.Duration, gossip bool) *memberProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "FTCOMM_TEST_MEMBER="+id, "FTCOMM_TEST_JOB="+job,
+		"FTCOMM_TEST_ETCD="+strings.Join(etcd, ","), "FTCOMM_TEST_TTL="+ttl.String())
+	if gossip {
+		cmd.Env = append(cmd.Env, "FTCOMM_TEST_GOSSIP=1")
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &memberProc{id: id, cmd: cmd, done: make(chan struct{}), more: make(chan struct{})}
+	joined := make(chan int64, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line := sc.Text()
+			p.mu.Lock()
+			p.out = append(p.out, line)
+			close(p.more)
+			p.more = make(chan struct{})
+			p.mu.Unlock()
+			if v, ok := strings.CutPrefix(line, "joined "); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				joined <- n
+			}
+		}
+		cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGCONT)
+		cmd.Process.Kill()
+		<-p.done
+	})
+	select {
+	case p.inc = <-joined:
+	case <-p.done:
+		t.Fatalf("member %s exited: %v", id, p.lines())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("member %s did not join", id)
+	}
+	return p
+}
+
+// gossipStats asks the process for its gossip counters (SIGUSR1) and
+// waits for the answer.
+func (p *memberProc) gossipStats(t testing.TB) GossipStats {
+	t.Helper()
+	p.mu.Lock()
+	n := len(p.out)
+	p.mu.Unlock()
+	p.cmd.Process.Signal(syscall.SIGUSR1)
+	deadline := time.After(10 * time.Second)
+	for {
+		p.mu.Lock()
+		out, more := p.out[n:], p.more
+		p.mu.Unlock()
+		for _, l := range out {
+			if st, ok := parseStats(l); ok {
+				return st
+			}
+		}
+		select {
+		case <-more:
+		case <-p.done:
+			t.Fatalf("member %s exited", p.id)
+		case <-deadline:
+			t.Fatalf("member %s did not report stats", p.id)
+		}
+	}
+}
+
+func parseStats(l string) (GossipStats, bool) {
+	var st GossipStats
+	s, ok := strings.CutPrefix(l, "stats ")
+	if !ok {
+		return st, false
+	}
+	_, err := fmt.Sscanf(s, "suspicions=%d refutations=%d deaths=%d", &st.Suspicions, &st.Refutations, &st.Deaths)
+	return st, err == nil
+}
+
+func (p *memberProc) lines() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.out...)
+}
+
+var detectRounds = flag.Int("membership.detect.rounds", 1, "rounds of the SIGKILL/SIGSTOP detection measurement")
+
+// Member processes are SIGKILLed and SIGSTOPped; the in-process
+// coordinator (a gossip node) publishes an epoch without them. The times
+// are reported, not asserted (targets: 1.5 s and 2 s).
+func TestProcessDeathDetection(t *testing.T) {
+	tj := startTestJob(t, QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, true)
+	long := func(c *MemberConfig) { c.LeaseTTL = 30 * time.Second } // gossip, not the lease, must find them
+	obs := tj.join("observer", long)
+	var kills, stops []time.Duration
+	for round := 0; round < *detectRounds; round++ {
+		cur, _ := obs.Quorum()
+		b := startMemberProc(t, tj.etcd.Endpoints(), tj.job, "b", 30*time.Second, true)
+		c := startMemberProc(t, tj.etcd.Endpoints(), tj.job, "c", 30*time.Second, true)
+		q := waitQuorum(t, obs, cur.Epoch, "observer", "b", "c")
+
+		start := time.Now()
+		c.cmd.Process.Signal(syscall.SIGKILL)
+		q = waitQuorum(t, obs, q.Epoch, "observer", "b")
+		kills = append(kills, time.Since(start))
+		if q.Reason != "c died (gossip)" {
+			t.Fatalf("reason %q", q.Reason)
+		}
+
+		start = time.Now()
+		b.cmd.Process.Signal(syscall.SIGSTOP)
+		q = waitQuorum(t, obs, q.Epoch, "observer")
+		stops = append(stops, time.Since(start))
+		if q.Reason != "b died (gossip)" {
+			t.Fatalf("reason %q", q.Reason)
+		}
+		// Resumed, b finds its registration gone and says so.
+		b.cmd.Process.Signal(syscall.SIGCONT)
+		select {
+		case <-b.done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("resumed member did not notice its eviction")
+		}
+		if code := b.cmd.ProcessState.ExitCode(); code != 3 {
+			t.Fatalf("resumed member exited %d: %v", code, b.lines())
+		}
+		<-c.done
+	}
+	t.Logf("SIGKILL → epoch without it: %s", durations(kills))
+	t.Logf("SIGSTOP → epoch without it: %s", durations(stops))
+}
+
+func durations(ds []time.Duration) string {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	if len(s) == 1 {
+		return s[0].Round(time.Millisecond).String()
+	}
+	return fmt.Sprintf("n=%d min %v median %v max %v", len(s), s[0].Round(time.Millisecond),
+		s[len(s)/2].Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
+}
