@@ -280,15 +280,14 @@ func (m *Machine) Advance(now time.Time) Decision {
 		}
 	}
 	// Revoke a broken epoch at once, even when its successor must wait:
-	// members stop their collectives instead of waiting out a timeout.
+	// members stop their collectives instead of waiting out a timeout. An
+	// epoch that only gains joiners is not broken: its step in flight may
+	// finish, and members grow at their next step.
 	var rev *Revocation
-	if m.prev != nil && m.revokedBy == nil {
+	if m.prev != nil && m.revokedBy == nil && len(lost)+len(failedBy) > 0 {
 		rev = &Revocation{Epoch: m.prev.Epoch, Reason: strings.Join(why, "; "), Failed: lost, At: now}
 	}
 	wait := func(w string, wake time.Time) Decision {
-		if rev != nil && len(lost)+len(failedBy) == 0 {
-			rev = nil // only joiners wait: the epoch still works
-		}
 		return Decision{Waiting: w, WakeAt: wake, Revocation: rev}
 	}
 

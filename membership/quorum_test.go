@@ -319,7 +319,6 @@ func TestQuorumScripts(t *testing.T) {
 		> tick 0s
 		epoch 3 [a#1 c#3 d#4] maxstep=0
 		  reason: joined d
-		  revoke 2 failed=[]
 		`,
 		"late joiner gets in by fast quorum with the step to heal to": `
 		> config min=2
@@ -338,7 +337,6 @@ func TestQuorumScripts(t *testing.T) {
 		> tick 0s
 		epoch 2 [a#1 b#2 c#3] maxstep=500
 		  reason: joined c
-		  revoke 1 failed=[]
 		`,
 		"member restart is a new incarnation": `
 		> config min=2
@@ -377,7 +375,6 @@ func TestQuorumScripts(t *testing.T) {
 		> tick 0s
 		epoch 3 [a#1 b#2 c#3] maxstep=0
 		  reason: joined c
-		  revoke 2 failed=[]
 		`,
 		"leave and evict": `
 		> config min=1
