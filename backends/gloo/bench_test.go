@@ -34,21 +34,21 @@ func sizeName(n int) string {
 	return fmt.Sprintf("%dB", n)
 }
 
-// benchJob runs op on every rank b.N times in lockstep and reports bytes/s
-// (of the buffer) and, via busbw, the nccl-tests bus bandwidth.
+// benchCollective runs an op on every rank b.N times in lockstep. setup
+// returns rank r's op (its buffers allocated once, outside the loop). It
+// reports bytes/s of size, µs/op, busbw (nccl-tests: algbw × busFactor) and
+// the CPU time the whole process (all ranks) spent per op.
 func benchCollective(b *testing.B, ranks, size int, mut func(*Config), busFactor float64,
-	op func(ctx context.Context, c *comm.Comm, r int, buf []float32) error) {
+	setup func(r, n int) func(ctx context.Context, c *comm.Comm) error) {
 	j := newJob(b, ranks, mut)
-	bufs := make([][]float32, ranks)
-	for r := range bufs {
-		bufs[r] = make([]float32, size/4)
-		for i := range bufs[r] {
-			bufs[r][i] = 1
-		}
+	ops := make([]func(context.Context, *comm.Comm) error, ranks)
+	for r := range ranks {
+		ops[r] = setup(r, ranks)
 	}
 	ctx := context.Background()
-	// warm up: scratch buffers, socket buffers
-	j.mustRun(func(r int, c *comm.Comm) error { return op(ctx, c, r, bufs[r]) })
+	for range 2 { // warm up: scratch buffers, socket buffers, receive queues
+		j.mustRun(func(r int, c *comm.Comm) error { return ops[r](ctx, c) })
+	}
 	b.SetBytes(int64(size))
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -60,39 +60,88 @@ func benchCollective(b *testing.B, ranks, size int, mut func(*Config), busFactor
 		go func() {
 			defer wg.Done()
 			for i := 0; i < b.N && errs[r] == nil; i++ {
-				errs[r] = op(ctx, j.comms[r], r, bufs[r])
+				errs[r] = ops[r](ctx, j.comms[r])
 			}
 		}()
 	}
 	for i := 0; i < b.N && errs[0] == nil; i++ {
-		errs[0] = op(ctx, j.comms[0], 0, bufs[0])
+		errs[0] = ops[0](ctx, j.comms[0])
 	}
 	wg.Wait()
 	el, cpu := time.Since(start), cpuTime()-cpu0
 	b.StopTimer()
-	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
 	for r, err := range errs {
 		if err != nil {
 			b.Fatalf("rank %d: %v", r, err)
 		}
 	}
 	per := el / time.Duration(b.N)
-	b.ReportMetric(float64(per.Microseconds()), "µs/op")
+	b.ReportMetric(float64(per.Nanoseconds())/1e3, "µs/op")
 	b.ReportMetric(float64(size)/per.Seconds()/1e9*busFactor, "busGB/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
 	j.close()
 }
 
-func BenchmarkAllReduce(b *testing.B) {
+func ones(n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = 1
+	}
+	return x
+}
+
+// benchEach runs a benchmark per rank count and size.
+func benchEach(b *testing.B, busFactor func(n int) float64,
+	setup func(size, r, n int) func(ctx context.Context, c *comm.Comm) error) {
 	for _, ranks := range []int{2, 4} {
 		for _, size := range benchSizes {
 			b.Run(fmt.Sprintf("ranks=%d/size=%s", ranks, sizeName(size)), func(b *testing.B) {
-				benchCollective(b, ranks, size, nil, 2*float64(ranks-1)/float64(ranks),
-					func(ctx context.Context, c *comm.Comm, r int, buf []float32) error {
-						return c.AllReduce(ctx, comm.Float32s(buf), comm.Sum)
-					})
+				benchCollective(b, ranks, size, nil, busFactor(ranks), func(r, n int) func(context.Context, *comm.Comm) error {
+					return setup(size, r, n)
+				})
 			})
 		}
 	}
+}
+
+func allReduceBus(n int) float64 { return 2 * float64(n-1) / float64(n) }
+func gatherBus(n int) float64    { return float64(n-1) / float64(n) }
+
+func BenchmarkAllReduce(b *testing.B) {
+	benchEach(b, allReduceBus, func(size, r, n int) func(context.Context, *comm.Comm) error {
+		t := comm.Float32s(ones(size / 4))
+		return func(ctx context.Context, c *comm.Comm) error { return c.AllReduce(ctx, t, comm.Sum) }
+	})
+}
+
+// BenchmarkReduceScatter: size is the input (n blocks).
+func BenchmarkReduceScatter(b *testing.B) {
+	benchEach(b, gatherBus, func(size, r, n int) func(context.Context, *comm.Comm) error {
+		in, out := comm.Float32s(ones(size/4/n*n)), comm.Float32s(ones(size/4/n))
+		return func(ctx context.Context, c *comm.Comm) error { return c.ReduceScatter(ctx, out, in, comm.Sum) }
+	})
+}
+
+// BenchmarkAllGather: size is the output (n blocks).
+func BenchmarkAllGather(b *testing.B) {
+	benchEach(b, gatherBus, func(size, r, n int) func(context.Context, *comm.Comm) error {
+		in, out := comm.Float32s(ones(size/4/n)), comm.Float32s(ones(size/4/n*n))
+		return func(ctx context.Context, c *comm.Comm) error { return c.AllGather(ctx, out, in) }
+	})
+}
+
+func BenchmarkBroadcast(b *testing.B) {
+	benchEach(b, func(int) float64 { return 1 }, func(size, r, n int) func(context.Context, *comm.Comm) error {
+		t := comm.Float32s(ones(size / 4))
+		return func(ctx context.Context, c *comm.Comm) error { return c.Broadcast(ctx, t, 0) }
+	})
+}
+
+func BenchmarkAllToAll(b *testing.B) {
+	benchEach(b, gatherBus, func(size, r, n int) func(context.Context, *comm.Comm) error {
+		in, out := comm.Float32s(ones(size/4/n*n)), comm.Float32s(ones(size/4/n*n))
+		return func(ctx context.Context, c *comm.Comm) error { return c.AllToAll(ctx, out, in) }
+	})
 }
 
 // BenchmarkTCPRing is the yardstick: the same bytes an n-rank ring

@@ -393,7 +393,14 @@ func (l *link) dispatch(h *header) error {
 			return nil
 		}
 		if h.typ == frameResync {
-			// The peer reconfigured before this end did: hold the frame.
+			// The peer reconfigured before this end did: hold the frame
+			// for this end's Shrink or Grow. Any op of this comm that
+			// needs the peer can no longer complete.
+			if b, peer, epoch := l.owner, l.peer, l.epoch; b != nil && h.seq > epoch && !b.isBroken() {
+				l.mu.Unlock()
+				b.peerLeft(peer, h.seq)
+				l.mu.Lock()
+			}
 			if !l.stallLocked() {
 				return errLocal
 			}
@@ -724,7 +731,7 @@ func (l *link) heartbeat(b *Backend, interval time.Duration) {
 	}
 	h := header{typ: frameHeartbeat}
 	if err := l.writeBounded(&h, nil, interval); err != nil && !isTimeout(err) {
-		go l.fail(err) // fail takes l.mu and calls the owner; never under wmu
+		l.fail(err) // takes l.mu after wmu, the usual order; the owner never takes wmu
 	}
 }
 
@@ -739,7 +746,7 @@ func (l *link) sendNotice(b *Backend, nt *notice, d time.Duration) bool {
 	h := header{typ: frameNotice, seq: b.epoch}
 	err := l.writeBounded(&h, l.ctlTx[headerSize:headerSize+n], d)
 	if err != nil && !isTimeout(err) {
-		go l.fail(err)
+		l.fail(err)
 		return true
 	}
 	return err == nil
@@ -803,23 +810,13 @@ func (l *link) sendResync(info resyncInfo, deadline time.Time) error {
 	return l.writeLocked(&h, p[:])
 }
 
-// closeGraceful sends a bye (bounded) and closes the link.
+// closeGraceful sends a bye (bounded by d) and closes the link. Writers
+// holding wmu finish promptly: the owner was broken first, which set their
+// write deadlines in the past, and control writes are bounded.
 func (l *link) closeGraceful(d time.Duration) {
-	if l.wmu.TryLock() || l.lockWithin(d) {
-		h := header{typ: frameBye}
-		l.writeBounded(&h, nil, d)
-		l.wmu.Unlock()
-	}
+	l.wmu.Lock()
+	h := header{typ: frameBye}
+	l.writeBounded(&h, nil, d)
+	l.wmu.Unlock()
 	l.fail(errLocal)
-}
-
-func (l *link) lockWithin(d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if l.wmu.TryLock() {
-			return true
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return false
 }
