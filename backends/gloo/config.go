@@ -87,7 +87,9 @@ type Config struct {
 	// bytes use the latency-optimal algorithms.
 	SmallThreshold int
 	// SegmentSize is the pipelining unit of the ring and chain algorithms
-	// and the largest frame this rank sends, in bytes.
+	// and the largest frame this rank sends, in bytes. Default 1 MiB: at
+	// 64 MiB, 512 KiB segments cost ~10–15% more CPU per op (more handoffs
+	// between the connection's reader and the op), 2 MiB was no better.
 	SegmentSize int
 	// MaxPendingHandshakes bounds concurrent inbound handshakes; excess
 	// connections are refused at once.
@@ -105,7 +107,7 @@ func DefaultConfig() *Config {
 		PeerTimeout:          800 * time.Millisecond,
 		Algorithm:            AlgorithmAuto,
 		SmallThreshold:       64 << 10,
-		SegmentSize:          512 << 10,
+		SegmentSize:          1 << 20,
 		MaxPendingHandshakes: 64,
 	}
 }
