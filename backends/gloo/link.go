@@ -118,6 +118,7 @@ type link struct {
 	owedPay    int // filler bytes still to send
 	owedTrail  bool
 	wdl        atomic.Bool // a write deadline may be set
+	abandoned  atomic.Int64 // frames finished with filler (for tests and debugging)
 	lastSend   atomic.Int64
 	p2pTx      uint64 // next point-to-point message number sent (op goroutine)
 	p2pRx      uint64 // next expected (op goroutine)
@@ -661,6 +662,9 @@ func (l *link) writeLocked(h *header, payload []byte) error {
 	if err != nil {
 		if total <= len(l.small) {
 			copy(l.hdr[:], l.small[:headerSize])
+		}
+		if n > 0 {
+			l.abandoned.Add(1) // this frame will be finished as abandoned
 		}
 		switch {
 		case n < headerSize:
