@@ -117,7 +117,7 @@ type link struct {
 	owedHdr    int // header bytes of an interrupted frame still to send
 	owedPay    int // filler bytes still to send
 	owedTrail  bool
-	wdl        atomic.Bool // a write deadline may be set
+	wdl        atomic.Bool  // a write deadline may be set
 	abandoned  atomic.Int64 // frames finished with filler (for tests and debugging)
 	lastSend   atomic.Int64
 	p2pTx      uint64 // next point-to-point message number sent (op goroutine)
