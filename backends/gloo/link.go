@@ -203,8 +203,10 @@ func (l *link) run() {
 func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
 
 // read reads into p, absorbing read-deadline interruptions unless the
-// reader was asked to drop its entry (cancellable reads only).
-func (l *link) read(p []byte, cancellable bool) (int, error) {
+// reader was asked to drop its entry. The cancel flag is only ever set
+// while the reader holds an entry (l.active), so reads between frames
+// never see it.
+func (l *link) read(p []byte) (int, error) {
 	for {
 		l.rstate.Store(rsReading)
 		n, err := l.conn.Read(p)
@@ -220,7 +222,7 @@ func (l *link) read(p []byte, cancellable bool) (int, error) {
 			return 0, err
 		}
 		l.conn.SetReadDeadline(time.Time{})
-		if cancellable && l.cancel.Load() {
+		if l.cancel.Load() {
 			return 0, errCancelled
 		}
 	}
@@ -236,7 +238,7 @@ func (l *link) fill(n int) error {
 			l.rend = copy(l.rbuf, l.rbuf[l.rpos:l.rend])
 			l.rpos = 0
 		}
-		k, err := l.read(l.rbuf[l.rend:], false)
+		k, err := l.read(l.rbuf[l.rend:])
 		l.rend += k
 		if err != nil {
 			return err
@@ -475,6 +477,10 @@ func (l *link) deliver(h *header, e *entry) error {
 		return err
 	}
 	t, err := l.trailer()
+	if err == errCancelled {
+		l.dropEntry()
+		return l.skip(1)
+	}
 	if err != nil {
 		return err
 	}
@@ -534,7 +540,7 @@ func (l *link) readInto(dst []byte) (int, error) {
 		if l.cancel.Load() {
 			return len(dst), errCancelled
 		}
-		k, err := l.read(dst, true)
+		k, err := l.read(dst)
 		dst = dst[k:]
 		if err != nil {
 			return len(dst), err
@@ -567,7 +573,7 @@ func (l *link) reduceInto(e *entry, n int) (int, error) {
 			l.rpos += k
 		} else {
 			var err error
-			k, err = l.read(l.bounce[carry:carry+want], true)
+			k, err = l.read(l.bounce[carry:carry+want])
 			if err != nil {
 				return left, err
 			}
