@@ -256,6 +256,9 @@ func (b *Backend) form(ctx context.Context, reuse []*link) error {
 			defer wg.Done()
 			deadline, _ := ctx.Deadline()
 			err := l.sendResync(resyncInfo{epoch: b.epoch, size: uint32(n), rank: uint32(r), members: members}, deadline)
+			if err != nil && ctx.Err() == nil {
+				l.fail(err) // the connection is broken: reconnect below
+			}
 			if err == nil {
 				select {
 				case err = <-l.syncCh:
