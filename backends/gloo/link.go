@@ -573,7 +573,7 @@ func (l *link) reduceInto(e *entry, n int) (int, error) {
 			l.rpos += k
 		} else {
 			var err error
-			k, err = l.read(l.bounce[carry:carry+want])
+			k, err = l.read(l.bounce[carry : carry+want])
 			if err != nil {
 				return left, err
 			}
