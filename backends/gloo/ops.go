@@ -19,12 +19,6 @@ const (
 
 func mod(x, n int) int { return ((x % n) + n) % n }
 
-// span is the byte range of chunk i when count elements are cut into n
-// nearly equal chunks.
-func span(count, n, i, es int) (int, int) {
-	return i * count / n * es, (i + 1) * count / n * es
-}
-
 func (b *Backend) poke() {
 	select {
 	case b.notify <- struct{}{}:
