@@ -130,9 +130,15 @@ func (b *Backend) start() {
 	b.formed = true
 	links := b.links
 	b.mu.Unlock()
-	// A connection that broke while the mesh was forming was not reported.
 	for p, l := range links {
-		if l != nil && l.isClosed() {
+		if l == nil {
+			continue
+		}
+		// Nobody heartbeats a connection while its comm forms (a reused
+		// one may have waited for a slow survivor): silence counts from now.
+		l.lastRecv.Store(l.now())
+		// A connection that broke while the mesh was forming was not reported.
+		if l.isClosed() {
 			l.mu.Lock()
 			err := l.err
 			l.mu.Unlock()

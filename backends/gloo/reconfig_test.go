@@ -290,3 +290,33 @@ func TestShrinkReconnectsBrokenLink(t *testing.T) {
 		return sumCheck(ctx, c, 100000)
 	})
 }
+
+// TestSlowSurvivorNotDeclaredFailed: two survivors resynchronise at once,
+// the third calls Shrink well after PeerTimeout; nobody heartbeats the
+// first two's connection meanwhile, yet none of them is declared failed.
+func TestSlowSurvivorNotDeclaredFailed(t *testing.T) {
+	j := newJob(t, 4, func(c *Config) { c.HeartbeatInterval = 50 * time.Millisecond; c.PeerTimeout = 300 * time.Millisecond })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	j.comms[3].Close()
+	j.comms[3] = nil
+	j.mustRun(func(r int, c *comm.Comm) error {
+		if c == nil {
+			return nil
+		}
+		if r == 2 {
+			time.Sleep(time.Second) // the scenario: a survivor 3 × PeerTimeout late
+		}
+		nc, err := c.Shrink(ctx, []int{3}, 1)
+		if err != nil {
+			return err
+		}
+		j.comms[r] = nc
+		if r == 0 {
+			// Let rank 0's liveness check look at the 0-1 link (silent since
+			// its resync a second ago) while rank 0 waits in an op.
+			time.Sleep(2 * 300 * time.Millisecond)
+		}
+		return sumCheck(ctx, nc, 1000)
+	})
+}
