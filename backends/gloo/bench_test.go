@@ -144,87 +144,119 @@ func BenchmarkAllToAll(b *testing.B) {
 	})
 }
 
-// BenchmarkTCPRing is the yardstick: the same bytes an n-rank ring
-// all-reduce moves (2(n-1)/n of the buffer per rank), streamed over plain
-// loopback connections in a ring with no framing and no reduction.
+// BenchmarkTCPRing is the yardstick: the bytes an n-rank ring all-reduce
+// moves (2(n-1)/n of the buffer per rank), streamed over plain loopback
+// connections around a ring, with no framing and no reduction. With 3 or
+// more ranks each connection carries one direction, as in the backend's
+// ring. With 2, "pair=shared" uses one connection both ways, the
+// backend's topology (exactly one connection per pair); "pair=split" uses
+// one per direction. Linux serialises a socket's send and receive copies,
+// so the shared form is the fair yardstick for 2 ranks.
 func BenchmarkTCPRing(b *testing.B) {
 	for _, ranks := range []int{2, 4} {
-		for _, size := range benchSizes[1:] {
-			b.Run(fmt.Sprintf("ranks=%d/size=%s", ranks, sizeName(size)), func(b *testing.B) {
-				conns := make([][2]net.Conn, ranks) // [i][0]: i writes to i+1; [i][1]: i+1 reads
-				for i := range conns {
-					ln, err := net.Listen("tcp", "127.0.0.1:0")
-					if err != nil {
-						b.Fatal(err)
-					}
-					acc := make(chan net.Conn, 1)
-					go func() { c, _ := ln.Accept(); acc <- c }()
-					w, err := net.Dial("tcp", ln.Addr().String())
-					if err != nil {
-						b.Fatal(err)
-					}
-					rd := <-acc
-					ln.Close()
-					cfg := DefaultConfig()
-					tune(w.(*net.TCPConn), cfg)
-					tune(rd.(*net.TCPConn), cfg)
-					conns[i] = [2]net.Conn{w, rd}
+		for _, split := range []bool{false, true} {
+			if split && ranks != 2 {
+				continue
+			}
+			pair := ""
+			if ranks == 2 {
+				pair = "/pair=shared"
+				if split {
+					pair = "/pair=split"
 				}
-				defer func() {
-					for _, c := range conns {
-						c[0].Close()
-						c[1].Close()
-					}
-				}()
-				per := size * 2 * (ranks - 1) / ranks
-				seg := 512 << 10
-				bufs := make([][]byte, 2*ranks)
-				for i := range bufs {
-					bufs[i] = make([]byte, size)
-				}
-				b.SetBytes(int64(size))
-				b.ResetTimer()
-				start, cpu0 := time.Now(), cpuTime()
-				var wg sync.WaitGroup
-				for i := range ranks {
-					wg.Add(2)
-					go func() {
-						defer wg.Done()
-						src := bufs[2*i]
-						for range b.N {
-							for off := 0; off < per; off += seg {
-								k := min(seg, per-off)
-								o := off % size
-								if o+k > size {
-									o = 0
-								}
-								conns[i][0].Write(src[o : o+k])
-							}
-						}
-					}()
-					go func() {
-						defer wg.Done()
-						dst := bufs[2*i+1]
-						rd := conns[(i+ranks-1)%ranks][1]
-						for range b.N {
-							for got := 0; got < per; {
-								k := min(len(dst), per-got)
-								n, err := io.ReadFull(rd, dst[:k])
-								got += n
-								if err != nil {
-									b.Error(err)
-									return
-								}
-							}
-						}
-					}()
-				}
-				wg.Wait()
-				b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
-				el := time.Since(start) / time.Duration(b.N)
-				b.ReportMetric(float64(el.Microseconds()), "µs/op")
-				b.ReportMetric(float64(size)/el.Seconds()/1e9*2*float64(ranks-1)/float64(ranks), "busGB/s")
-			})
+			}
+			for _, size := range benchSizes[1:] {
+				b.Run(fmt.Sprintf("ranks=%d%s/size=%s", ranks, pair, sizeName(size)), func(b *testing.B) {
+					benchTCPRing(b, ranks, size, ranks == 2 && !split)
+				})
+			}
 		}
 	}
+}
+
+func loopbackPair(b *testing.B) (net.Conn, net.Conn) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() { c, _ := ln.Accept(); acc <- c }()
+	w, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	rd := <-acc
+	cfg := DefaultConfig()
+	tune(w.(*net.TCPConn), cfg)
+	tune(rd.(*net.TCPConn), cfg)
+	return w, rd
+}
+
+func benchTCPRing(b *testing.B, ranks, size int, shared bool) {
+	// out[i] is where rank i writes (to rank i+1), in[i] where it reads (from i-1).
+	out, in := make([]net.Conn, ranks), make([]net.Conn, ranks)
+	if shared {
+		x, y := loopbackPair(b)
+		out[0], in[1], out[1], in[0] = x, y, y, x
+	} else {
+		for i := range ranks {
+			out[i], in[(i+1)%ranks] = loopbackPair(b)
+		}
+	}
+	defer func() {
+		for i := range ranks {
+			out[i].Close()
+			in[i].Close()
+		}
+	}()
+	per := size * 2 * (ranks - 1) / ranks
+	seg := DefaultConfig().SegmentSize
+	bufs := make([][]byte, 2*ranks)
+	for i := range bufs {
+		bufs[i] = make([]byte, size)
+	}
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	start, cpu0 := time.Now(), cpuTime()
+	var wg sync.WaitGroup
+	for i := range ranks {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			src := bufs[2*i]
+			for range b.N {
+				for off := 0; off < per; off += seg {
+					k := min(seg, per-off)
+					o := off % size
+					if o+k > size {
+						o = 0
+					}
+					if _, err := out[i].Write(src[o : o+k]); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			dst := bufs[2*i+1]
+			for range b.N {
+				for got := 0; got < per; {
+					n, err := io.ReadFull(in[i], dst[:min(len(dst), per-got)])
+					got += n
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
+	el := time.Since(start) / time.Duration(b.N)
+	b.ReportMetric(float64(el.Nanoseconds())/1e3, "µs/op")
+	b.ReportMetric(float64(size)/el.Seconds()/1e9*2*float64(ranks-1)/float64(ranks), "busGB/s")
 }
