@@ -2,23 +2,22 @@ package comm
 
 // opDesc is one op with its arguments, as queued and dispatched.
 type opDesc struct {
-	kind      OpType
-	t         Tensor // the tensor of single-buffer ops; out of two-buffer ops
-	in        Tensor
-	op        ReduceOp
-	root      int
-	peer      int
-	counts    []int // AllGatherV counts; AllToAllV outCounts
-	inCounts  []int // AllToAllV inCounts
-	p2p       []P2POp
-	exclude   []int  // Shrink
-	size      int    // Grow
-	epoch     uint64 // Shrink, Grow
-	color     int    // Split
-	key       int    // Split
-	reconfig  bool   // Shrink/Grow: allowed on a broken comm
-	newComm   Backend
-	byteCount int
+	kind     OpType
+	t        Tensor // the tensor of single-buffer ops; out of two-buffer ops
+	in       Tensor
+	op       ReduceOp
+	root     int
+	peer     int
+	counts   []int // AllGatherV counts; AllToAllV outCounts
+	inCounts []int // AllToAllV inCounts
+	p2p      []P2POp
+	exclude  []int  // Shrink
+	size     int    // Grow
+	epoch    uint64 // Shrink, Grow
+	color    int    // Split
+	key      int    // Split
+	reconfig bool   // Shrink/Grow: allowed on a broken comm
+	newComm  Backend
 }
 
 func (d *opDesc) dtype() DType {

@@ -94,7 +94,6 @@ type hub struct {
 	revoked error
 	rounds  map[uint64]*round
 	boxes   map[[2]int]*mailbox
-	splits  uint64
 }
 
 func (h *hub) broadcastLocked() {
