@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// workerEnv carries a workerSpec (JSON) to a worker process; its presence
+// is what makes the binary a worker.
+const workerEnv = "FTBENCH_WORKER"
+
+// workerSpec is everything a worker needs, from the launcher.
+type workerSpec struct {
+	Config    Config   `json:"config"`
+	Rank      int      `json:"rank"`
+	Endpoints []string `json:"endpoints"` // etcd client endpoints
+	RunID     string   `json:"run_id"`    // job id and store prefix of this run
+	Secret    []byte   `json:"secret"`    // authenticates the ranks to each other
+}
+
+// workerMsg is one JSON line a worker writes to its stdout for the launcher.
+type workerMsg struct {
+	Kind string   `json:"kind"` // "alive", "row", "error" or "done"
+	Row  *rankRow `json:"row,omitempty"`
+	Err  string   `json:"err,omitempty"`
+}
+
+// aliveEvery is how often a busy worker tells the launcher it advances.
+const aliveEvery = 500 * time.Millisecond
+
+// emitter writes workerMsgs; safe for concurrent use.
+type emitter struct {
+	mu        sync.Mutex
+	w         io.Writer
+	lastAlive time.Time
+}
+
+func (e *emitter) send(m workerMsg) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, err = e.w.Write(append(b, '\n'))
+	return err
+}
+
+// alive sends a heartbeat unless one went out less than aliveEvery ago.
+func (e *emitter) alive() {
+	e.mu.Lock()
+	now := time.Now()
+	due := now.Sub(e.lastAlive) >= aliveEvery
+	if due {
+		e.lastAlive = now
+	}
+	e.mu.Unlock()
+	if due {
+		e.send(workerMsg{Kind: "alive"}) // a broken stdout shows up at the next row
+	}
+}
+
+func newWorkerLogger(w io.Writer, rank int, verbose bool) *zap.Logger {
+	level := zapcore.WarnLevel
+	if verbose {
+		level = zapcore.DebugLevel
+	}
+	enc := zap.NewDevelopmentEncoderConfig()
+	core := zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.Lock(zapcore.AddSync(w)), level)
+	return zap.New(core).With(zap.Int("rank", rank))
+}
+
+// workerMain is a worker process: it runs spec's rank until done, writing
+// workerMsgs to stdout and logs to stderr, and returns the exit code. It
+// stops when ctx ends (the launcher went away or sent a signal).
+func workerMain(ctx context.Context, spec workerSpec, stdout, stderr io.Writer) int {
+	em := &emitter{w: stdout}
+	log := newWorkerLogger(stderr, spec.Rank, spec.Config.Verbose)
+	defer log.Sync()
+	err := runWorker(ctx, spec, em, log)
+	if err != nil {
+		log.Error("worker failed", zap.Error(err))
+		em.send(workerMsg{Kind: "error", Err: err.Error()})
+		return 1
+	}
+	if err := em.send(workerMsg{Kind: "done"}); err != nil {
+		return 1
+	}
+	return 0
+}
+
+func runWorker(ctx context.Context, spec workerSpec, em *emitter, log *zap.Logger) (err error) {
+	cfg := spec.Config
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if spec.Rank < 0 || spec.Rank >= cfg.NP {
+		return fmt.Errorf("ftbench: worker rank %d outside [0, %d)", spec.Rank, cfg.NP)
+	}
+	em.send(workerMsg{Kind: "alive"})
+	if cfg.CPUProf != "" {
+		path := cfg.CPUProf + ".rank" + strconv.Itoa(spec.Rank)
+		f, err := os.Create(path)
+		if err != nil {
+			return fmt.Errorf("ftbench: rank %d: cpu profile: %w", spec.Rank, err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return fmt.Errorf("ftbench: rank %d: cpu profile: %w", spec.Rank, err)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			if cerr := f.Close(); cerr != nil && err == nil {
+				err = fmt.Errorf("ftbench: rank %d: cpu profile: %w", spec.Rank, cerr)
+			}
+		}()
+	}
+
+	cli, err := membership.NewClient(spec.Endpoints, nil)
+	if err != nil {
+		return fmt.Errorf("ftbench: rank %d: etcd client: %w", spec.Rank, err)
+	}
+	defer cli.Close()
+	store := membership.NewStore(cli, "ftbench/"+spec.RunID)
+
+	timeout := time.Duration(cfg.Timeout)
+	setupCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c, err := comm.New(setupCtx, cfg.Backend, comm.Options{
+		Name: "ftbench", Rank: spec.Rank, Size: cfg.NP, Epoch: 1, JobID: spec.RunID, Secret: spec.Secret,
+		Store: store, Prefix: "comm", Timeout: timeout, Device: spec.Rank, Logger: log,
+	})
+	if err != nil {
+		return fmt.Errorf("ftbench: rank %d: create %s communicator: %w", spec.Rank, cfg.Backend, err)
+	}
+	defer c.Close()
+	b := &bench{cfg: cfg, c: c, alive: em.alive, emit: func(r rankRow) error {
+		return em.send(workerMsg{Kind: "row", Row: &r})
+	}}
+	if c.Backend().Memory() == comm.DeviceMemory {
+		if b.dev, err = deviceMemoryFor(c.Backend(), spec.Rank); err != nil {
+			return err
+		}
+	}
+	if cfg.Raw {
+		raw, err := newRawRing(setupCtx, store, spec.Rank, cfg.NP, spec.Secret, cfg.RawBuf, timeout)
+		if err != nil {
+			return fmt.Errorf("ftbench: rank %d: %w", spec.Rank, err)
+		}
+		defer raw.Close()
+		b.raw = raw
+	}
+	cancel()
+	log.Debug("connected", zap.String("backend", cfg.Backend), zap.Int("np", cfg.NP))
+	if err := b.run(ctx); err != nil {
+		return err
+	}
+	// Nobody closes a connection a peer still reads from.
+	if err := c.Barrier(ctx); err != nil {
+		return fmt.Errorf("ftbench: rank %d: final barrier: %w", spec.Rank, err)
+	}
+	return errors.Join(c.Close())
+}
