@@ -77,7 +77,7 @@ func runInProcess(t *testing.T, cfg Config, wrap func(comm.Backend) comm.Backend
 			}
 			rs[r] = perRank[r][i]
 		}
-		row, err := combine(rs)
+		row, err := combine(rs, cfg.Average)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -35,6 +35,7 @@ type Config struct {
 	Root    int      `json:"root"`       // root of broadcast and reduce
 	Warmup  int      `json:"warmup"`     // untimed iterations per row
 	Iters   int      `json:"iters"`      // timed iterations per row
+	Average int      `json:"average"`    // time per row: 0 rank 0, 1 mean, 2 min, 3 max over ranks (nccl-tests -a)
 	Raw     bool     `json:"raw"`        // also run the raw TCP ring baseline
 	RawBuf  int64    `json:"raw_buf"`    // SO_SNDBUF/SO_RCVBUF of the baseline's sockets; 0: kernel autotuning
 	Timeout Duration `json:"timeout"`    // deadline of each op (and of connection setup)
@@ -71,6 +72,7 @@ func DefaultConfig() Config {
 		RedOps:  []string{"sum"},
 		Warmup:  5,
 		Iters:   20,
+		Average: 3,
 		Raw:     true,
 		RawBuf:  0,
 		Timeout: Duration(60 * time.Second),
@@ -99,6 +101,8 @@ func (c *Config) Validate() error {
 		return usagef("-w %d is negative", c.Warmup)
 	case c.Iters < 1:
 		return usagef("-n %d: need at least one timed iteration", c.Iters)
+	case c.Average < 0 || c.Average > 3:
+		return usagef("-a %d: want 0 (rank 0), 1 (mean), 2 (min) or 3 (max over ranks)", c.Average)
 	case c.Root < 0 || c.Root >= c.NP:
 		return usagef("-r %d outside [0, %d)", c.Root, c.NP)
 	case c.RawBuf < 0:
@@ -313,6 +317,7 @@ func parseFlags(args []string) (Config, error) {
 	fs.IntVar(&c.Root, "r", c.Root, "root rank of broadcast and reduce")
 	fs.IntVar(&c.Warmup, "w", c.Warmup, "warm-up iterations per size")
 	fs.IntVar(&c.Iters, "n", c.Iters, "timed iterations per size")
+	fs.IntVar(&c.Average, "a", c.Average, "time reported per row: 0 rank 0's, 1 mean, 2 min, 3 max over ranks (nccl-tests' default is 1)")
 	fs.BoolVar(&c.Raw, "raw", c.Raw, "also run the raw TCP ring baseline at every size")
 	fs.Var(sizeFlag{&c.RawBuf}, "rawbuf", "socket buffer size of the raw baseline (0: kernel autotuning)")
 	fs.Var(durationFlag{&c.Timeout}, "timeout", "deadline of each op and of connection setup")

@@ -84,7 +84,7 @@ func TestParseFlags(t *testing.T) {
 	bad := [][]string{
 		{"-np", "1"}, {"-np", "1000"}, {"-b", "64M", "-e", "8"}, {"-b", "0"}, {"-f", "1"}, {"-n", "0"}, {"-w", "-1"},
 		{"-op", "allreduce,bogus"}, {"-d", "float128"}, {"-o", "xor"}, {"-r", "2"}, {"-timeout", "0s"},
-		{"-d", "int32", "-o", "avg"}, {"-e", "nonsense"}, {"extra"}, {"-b", "1", "-e", "1G", "-i", "1"},
+		{"-d", "int32", "-o", "avg"}, {"-a", "4"}, {"-e", "nonsense"}, {"extra"}, {"-b", "1", "-e", "1G", "-i", "1"},
 	}
 	for _, args := range bad {
 		if _, err := parseFlags(args); !errors.Is(err, errUsage) {

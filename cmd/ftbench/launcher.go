@@ -121,6 +121,11 @@ func (l *launcher) run(ctx context.Context) (Summary, error) {
 		}
 		procs[r] = w
 		started++
+		if l.cfg.Verbose {
+			diagMu.Lock()
+			fmt.Fprintf(l.diag, "ftbench: rank %d: pid %d\n", r, w.cmd.Process.Pid)
+			diagMu.Unlock()
+		}
 		wg.Add(1)
 		go func() { // exits when the worker has exited and its output is drained
 			defer wg.Done()
@@ -173,7 +178,7 @@ func (l *launcher) run(ctx context.Context) (Summary, error) {
 				rows[rr.Index][ev.rank] = rr
 				got[rr.Index]++
 				for got[next] == l.cfg.NP && runErr == nil {
-					row, err := combine(rows[next])
+					row, err := combine(rows[next], l.cfg.Average)
 					if err == nil {
 						err = p.row(row)
 					}

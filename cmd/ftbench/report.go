@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 )
@@ -31,9 +32,11 @@ type Row struct {
 	RankUsec []float64 `json:"rank_time_us"`
 }
 
-// combine merges the ranks' measurements of one row. Ranks that disagree on
-// what the row is point at a bug; that is an error, not a row.
-func combine(rs []rankRow) (Row, error) {
+// combine merges the ranks' measurements of one row: #wrong summed, the
+// time chosen by average as nccl-tests' -a does (0 rank 0's, 1 the mean,
+// 2 the fastest, 3 the slowest rank's). Ranks that disagree on what the row
+// is point at a bug; that is an error, not a row.
+func combine(rs []rankRow, average int) (Row, error) {
 	if len(rs) == 0 {
 		return Row{}, fmt.Errorf("ftbench: combine: no ranks")
 	}
@@ -46,8 +49,19 @@ func combine(rs []rankRow) (Row, error) {
 			return Row{}, fmt.Errorf("ftbench: ranks 0 and %d disagree on row %d: %+v vs %+v", r, f.Index, f, x)
 		}
 		row.RankUsec[r] = x.Usec
-		row.Usec = math.Max(row.Usec, x.Usec)
 		row.Wrong += x.Wrong
+	}
+	switch average {
+	case 0:
+		row.Usec = row.RankUsec[0]
+	case 1:
+		for _, u := range row.RankUsec {
+			row.Usec += u / float64(len(rs))
+		}
+	case 2:
+		row.Usec = slices.Min(row.RankUsec)
+	default:
+		row.Usec = slices.Max(row.RankUsec)
 	}
 	factor := rawBusFactor(len(rs))
 	if row.Op != rawOp {
@@ -200,11 +214,12 @@ func (p *printer) meta(m Meta) error {
 	}
 	_, err := fmt.Fprintf(p.w, "# ftbench: backend %s, %d ranks, host %s, %d cores, %s %s, commit %s\n"+
 		"#  ops %s, dtypes %s, redops %s, sizes %s..%s %s, warmup %d, iters %d, op timeout %s\n"+
-		"#  time: mean per iteration of the slowest rank; GB/s = 1e9 B/s; busbw as nccl-tests\n"+
+		"#  time: mean per iteration, %s; GB/s = 1e9 B/s; busbw as nccl-tests\n"+
 		"#  raw TCP baseline: %s\n#\n%s\n%s\n",
 		m.Backend, m.NP, m.Host, m.Cores, m.GoVersion, m.OSArch, m.Commit,
 		strings.Join(c.Ops, ","), strings.Join(c.DTypes, ","), strings.Join(c.RedOps, ","),
-		formatSize(c.MinSize), formatSize(c.MaxSize), sweep, c.Warmup, c.Iters, time.Duration(c.Timeout), raw,
+		formatSize(c.MinSize), formatSize(c.MaxSize), sweep, c.Warmup, c.Iters, time.Duration(c.Timeout),
+		[]string{"of rank 0", "averaged over ranks", "of the fastest rank", "of the slowest rank"}[c.Average], raw,
 		tableHead1, tableHead2)
 	return err
 }

@@ -109,16 +109,22 @@ func TestCombine(t *testing.T) {
 		{Index: 3, Op: "allgather", DType: "float32", RedOp: "none", Root: -1, Bytes: 4000, Count: 500, Usec: 20, Wrong: 2},
 		{Index: 3, Op: "allgather", DType: "float32", RedOp: "none", Root: -1, Bytes: 4000, Count: 500, Usec: 30, Wrong: 0},
 	}
-	row, err := combine(rs)
+	row, err := combine(rs, 3)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for avg, want := range []float64{10, 25, 10, 40} {
+		r, err := combine(rs, avg)
+		if err != nil || r.Usec != want {
+			t.Errorf("-a %d: time %v, %v; want %v", avg, r.Usec, err, want)
+		}
 	}
 	// slowest rank: 40 µs; 4000 B / 40 µs = 0.1 GB/s; busbw × 3/4.
 	if row.Usec != 40 || row.Wrong != 3 || math.Abs(row.AlgBW-0.1) > 1e-12 || math.Abs(row.BusBW-0.075) > 1e-12 || row.NP != 4 {
 		t.Errorf("combine = %+v", row)
 	}
 	rs[2].Bytes = 8000
-	if _, err := combine(rs); err == nil {
+	if _, err := combine(rs, 3); err == nil {
 		t.Error("ranks disagreeing on the size: no error")
 	}
 }
