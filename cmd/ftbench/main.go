@@ -9,8 +9,12 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ftcomm/ftcomm/comm"
 )
 
 func main() { os.Exit(realMain()) }
@@ -25,6 +29,10 @@ func realMain() int {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	if !slices.Contains(comm.Backends(), cfg.Backend) {
+		fmt.Fprintf(os.Stderr, "ftbench: unknown backend %q (this build has: %s)\n", cfg.Backend, strings.Join(comm.Backends(), ", "))
 		return 2
 	}
 	exe, err := os.Executable()

@@ -266,7 +266,7 @@ func (p *printer) summary(failure error) (Summary, error) {
 		return s, p.writeJSON(s)
 	}
 	verdict := "OK"
-	if p.wrong > 0 {
+	if !s.OK {
 		verdict = "FAILED"
 	}
 	_, err := fmt.Fprintf(p.w, "# Out of bounds values : %d %s\n# Avg bus bandwidth    : %g\n", p.wrong, verdict, roundTo3(s.AvgBusBW))

@@ -93,7 +93,6 @@ func workerMain(ctx context.Context, spec workerSpec, stdout, stderr io.Writer) 
 	defer log.Sync()
 	err := runWorker(ctx, spec, em, log)
 	if err != nil {
-		log.Error("worker failed", zap.Error(err))
 		em.send(workerMsg{Kind: "error", Err: err.Error()})
 		return 1
 	}
