@@ -54,6 +54,82 @@ func Into(dt comm.DType, op comm.ReduceOp, dst, src []byte) {
 	}
 }
 
+// Into3 sets dst[i] = op(a[i], b[i]) for every element: the fused form of
+// copy(dst, a) followed by Into(dst, b), one pass over memory. dst may
+// alias a or b exactly (not partially). Avg reduces as Sum. The three
+// slices must have the same length, a multiple of dt.Size(); Into3 panics
+// otherwise.
+func Into3(dt comm.DType, op comm.ReduceOp, dst, a, b []byte) {
+	if len(dst) != len(a) || len(dst) != len(b) || len(dst)%dt.Size() != 0 {
+		panic(fmt.Sprintf("reduce: Into3 with %d, %d and %d bytes of %s", len(dst), len(a), len(b), dt))
+	}
+	switch dt {
+	case comm.Float32:
+		apply3(op, view[float32](dst), view[float32](a), view[float32](b))
+	case comm.Float64:
+		apply3(op, view[float64](dst), view[float64](a), view[float64](b))
+	case comm.Int8:
+		apply3(op, view[int8](dst), view[int8](a), view[int8](b))
+	case comm.Uint8:
+		apply3(op, view[uint8](dst), view[uint8](a), view[uint8](b))
+	case comm.Int32:
+		apply3(op, view[int32](dst), view[int32](a), view[int32](b))
+	case comm.Int64:
+		apply3(op, view[int64](dst), view[int64](a), view[int64](b))
+	case comm.Float16:
+		half3(op, view[comm.F16](dst), view[comm.F16](a), view[comm.F16](b), comm.F16.Float32, comm.NewF16)
+	case comm.BFloat16:
+		half3(op, view[comm.BF16](dst), view[comm.BF16](a), view[comm.BF16](b), comm.BF16.Float32, comm.NewBF16)
+	default:
+		panic("reduce: invalid dtype " + dt.String())
+	}
+}
+
+func apply3[T number](op comm.ReduceOp, d, a, b []T) {
+	a, b = a[:len(d)], b[:len(d)]
+	switch op {
+	case comm.Sum, comm.Avg:
+		for i := range d {
+			d[i] = a[i] + b[i]
+		}
+	case comm.Prod:
+		for i := range d {
+			d[i] = a[i] * b[i]
+		}
+	case comm.Min:
+		for i := range d {
+			d[i] = min(a[i], b[i])
+		}
+	case comm.Max:
+		for i := range d {
+			d[i] = max(a[i], b[i])
+		}
+	default:
+		panic("reduce: invalid op " + op.String())
+	}
+}
+
+func half3[H ~uint16](op comm.ReduceOp, d, a, b []H, toF func(H) float32, fromF func(float32) H) {
+	a, b = a[:len(d)], b[:len(d)]
+	for i := range d {
+		x, y := toF(a[i]), toF(b[i])
+		var r float32
+		switch op {
+		case comm.Sum, comm.Avg:
+			r = x + y
+		case comm.Prod:
+			r = x * y
+		case comm.Min:
+			r = min(x, y)
+		case comm.Max:
+			r = max(x, y)
+		default:
+			panic("reduce: invalid op " + op.String())
+		}
+		d[i] = fromF(r)
+	}
+}
+
 func apply[T number](op comm.ReduceOp, d, s []T) {
 	s = s[:len(d)]
 	switch op {

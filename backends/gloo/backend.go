@@ -1,0 +1,578 @@
+package gloo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+func init() {
+	comm.Register("gloo", factory)
+}
+
+func factory(ctx context.Context, o comm.Options) (comm.Backend, error) {
+	cfg := DefaultConfig()
+	if o.BackendConfig != nil {
+		c, ok := o.BackendConfig.(*Config)
+		if !ok {
+			return nil, fmt.Errorf("%w: gloo: Options.BackendConfig is %T, want *gloo.Config", comm.ErrInvalidArgument, o.BackendConfig)
+		}
+		if c != nil {
+			cp := *c
+			cfg = &cp
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", comm.ErrInvalidArgument, err)
+	}
+	log := o.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	log = log.Named("gloo")
+	if len(o.JobID) > maxJobLen || len(o.Prefix) > maxPrefixLen-64 {
+		return nil, fmt.Errorf("%w: gloo: job id or prefix too long", comm.ErrInvalidArgument)
+	}
+	nd, err := newNode(cfg, log, o.JobID, o.Secret)
+	if err != nil {
+		return nil, err
+	}
+	b := newBackend(nd, o.Store, o.Prefix, o.Epoch, o.Rank, o.Size)
+	if err := b.form(ctx, nil); err != nil {
+		nd.release()
+		return nil, err
+	}
+	b.start()
+	return b, nil
+}
+
+// Backend is one rank of a gloo comm. See the package documentation.
+type Backend struct {
+	cfg    Config
+	log    *zap.Logger
+	node   *node
+	store  comm.Store
+	prefix string
+	rank   int
+	size   int
+	epoch  uint64
+	links  []*link // by rank; nil at this rank. Written once, under mu, by form.
+
+	// op state, owned by the op goroutine (Comm runs one op at a time)
+	collSeq uint64
+	curColl atomic.Uint64 // sequence number of the collective in progress, 0 if none
+	curOp   atomic.Uint32
+	curD    desc
+	curDMu  sync.Mutex
+	active  atomic.Bool // an op is pending (the liveness check runs only then)
+	notify  chan struct{}
+	exp     []rxMark // per link: what the entries posted so far will have delivered
+	want    []int    // per link: entries planned for the op being set up
+	scratch [][]byte
+	marks   []int64
+	ints    []int
+	members uint64 // membership hash the resync frames of a Shrink or Grow carry
+	ctxStop func() bool
+
+	mu      sync.Mutex
+	fault   *faultInfo // the first failure
+	revoke  *faultInfo // a revocation (local or remote), if any
+	broken  chan struct{}
+	closed  bool
+	formed  bool
+	monWake chan struct{}
+	quit    chan struct{}
+	wg      sync.WaitGroup
+}
+
+var (
+	_ comm.Backend  = (*Backend)(nil)
+	_ comm.Revoker  = (*Backend)(nil)
+	_ comm.Shrinker = (*Backend)(nil)
+	_ comm.Grower   = (*Backend)(nil)
+	_ comm.Splitter = (*Backend)(nil)
+)
+
+type rxMark struct{ bytes, done int64 }
+
+// faultInfo is why a Backend stopped running collectives.
+type faultInfo struct {
+	nt    notice // what peers are told (nothing if nt.kind is 0)
+	err   error  // what ops return
+	quiet bool   // an orderly event (close, revoke): log at info level
+}
+
+func newBackend(nd *node, store comm.Store, prefix string, epoch uint64, rank, size int) *Backend {
+	return &Backend{
+		cfg: nd.cfg, node: nd, store: store, prefix: prefix, epoch: epoch, rank: rank, size: size,
+		log:    nd.log.With(zap.String("prefix", prefix), zap.Int("rank", rank), zap.Int("size", size), zap.Uint64("epoch", epoch)),
+		notify: make(chan struct{}, 1), exp: make([]rxMark, size), want: make([]int, size),
+		broken: make(chan struct{}), monWake: make(chan struct{}, 1), quit: make(chan struct{}),
+	}
+}
+
+// derive makes the Backend of a comm formed from b's (sharing b's node).
+func (b *Backend) derive(prefix string, epoch uint64, rank, size int) *Backend {
+	b.node.ref()
+	return newBackend(b.node, b.store, prefix, epoch, rank, size)
+}
+
+func (b *Backend) start() {
+	b.mu.Lock()
+	b.formed = true
+	b.mu.Unlock()
+	b.wg.Add(1)
+	go b.monitor()
+}
+
+// Name implements comm.Backend.
+func (b *Backend) Name() string { return "gloo" }
+
+// Rank implements comm.Backend.
+func (b *Backend) Rank() int { return b.rank }
+
+// Size implements comm.Backend.
+func (b *Backend) Size() int { return b.size }
+
+// Epoch implements comm.Backend.
+func (b *Backend) Epoch() uint64 { return b.epoch }
+
+// Memory implements comm.Backend.
+func (b *Backend) Memory() comm.Memory { return comm.HostMemory }
+
+// Addr is the address this rank's node listens on (shared by the comms
+// derived from it).
+func (b *Backend) Addr() string { return b.node.addr }
+
+func (b *Backend) addrKey(prefix string, epoch uint64, rank int) string {
+	return prefix + "/epoch/" + strconv.FormatUint(epoch, 10) + "/addr/" + strconv.Itoa(rank)
+}
+
+// ---- forming the mesh ----
+
+// form connects b to every peer: links in reuse (by new rank) are
+// resynchronised to b's epoch, the others are dialed (peers of lower rank)
+// or accepted (higher rank) after a rendezvous through the Store. A reused
+// link that breaks during the resync is replaced by a new connection.
+func (b *Backend) form(ctx context.Context, reuse []*link) error {
+	n, r := b.size, b.rank
+	links := make([]*link, n)
+	if n == 1 {
+		b.setLinks(links)
+		return nil
+	}
+	if b.store == nil {
+		return fmt.Errorf("%w: gloo: size %d needs a Store", comm.ErrInvalidArgument, n)
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.ConnectTimeout)
+	defer cancel()
+	reused := func(p int) *link {
+		if reuse == nil {
+			return nil
+		}
+		return reuse[p]
+	}
+	wantFrom := make([]bool, n)
+	accepts := 0
+	for p := r + 1; p < n; p++ {
+		if reused(p) == nil {
+			wantFrom[p] = true
+			accepts++
+		}
+	}
+	reg, err := b.node.register(b.prefix, b.epoch, r, n, wantFrom)
+	if err != nil {
+		return err
+	}
+	defer b.node.unregister(reg)
+	if err := b.store.Set(ctx, b.addrKey(b.prefix, b.epoch, r), []byte(b.node.addr)); err != nil {
+		return fmt.Errorf("gloo: publish address: %w", err)
+	}
+
+	type result struct {
+		peer   int
+		l      *link
+		reused bool
+		err    error
+	}
+	results := make(chan result, 2*n)
+	var wg sync.WaitGroup
+	members := uint64(0)
+	if reuse != nil {
+		members = b.members
+	}
+	dial := func(p int) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			addr, err := b.store.Get(ctx, b.addrKey(b.prefix, b.epoch, p))
+			if err != nil {
+				results <- result{peer: p, err: fmt.Errorf("gloo: rendezvous with rank %d: %w", p, err)}
+				return
+			}
+			c, err := b.node.dial(ctx, string(addr), hello{job: b.node.job, prefix: b.prefix, epoch: b.epoch,
+				from: int32(r), to: int32(p), size: int32(n)})
+			if err != nil {
+				results <- result{peer: p, err: err}
+				return
+			}
+			results <- result{peer: p, l: newLink(c, b, p)}
+		}()
+	}
+	stopDeadlines := context.AfterFunc(ctx, func() {
+		for _, l := range reuse {
+			if l != nil {
+				l.conn.SetWriteDeadline(aLongTimeAgo)
+			}
+		}
+	})
+	defer stopDeadlines()
+	pending := 0
+	for p, l := range reuse {
+		if l == nil {
+			continue
+		}
+		pending++
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			deadline, _ := ctx.Deadline()
+			err := l.sendResync(resyncInfo{epoch: b.epoch, size: uint32(n), rank: uint32(r), members: members}, deadline)
+			if err == nil {
+				select {
+				case err = <-l.syncCh:
+				case <-ctx.Done():
+					err = context.Cause(ctx)
+				}
+			}
+			results <- result{peer: p, l: l, reused: true, err: err}
+		}()
+	}
+	for p := 0; p < r; p++ {
+		if reused(p) == nil {
+			pending++
+			dial(p)
+		}
+	}
+	var ferr error
+	for pending+accepts > 0 && ferr == nil {
+		select {
+		case res := <-results:
+			pending--
+			switch {
+			case res.err == nil:
+				links[res.peer] = res.l
+			case res.reused && !errors.Is(res.err, comm.ErrMismatch) && res.l.isClosed() && ctx.Err() == nil:
+				// The reused connection broke: connect afresh.
+				b.log.Info("gloo: reused connection broke during resync; reconnecting", zap.Int("peer", res.peer), zap.Error(res.err))
+				if res.peer < r {
+					pending++
+					dial(res.peer)
+				} else {
+					b.node.expect(reg, res.peer)
+					accepts++
+				}
+			default:
+				ferr = res.err
+			}
+		case in := <-reg.ch:
+			accepts--
+			links[in.from] = newLink(in.conn, b, in.from)
+		case <-ctx.Done():
+			ferr = fmt.Errorf("gloo: forming %s epoch %d rank %d/%d: %w (connected to %d of %d peers)",
+				b.prefix, b.epoch, r, n, context.Cause(ctx), count(links), n-1)
+		}
+	}
+	if ferr != nil {
+		cancel()
+		wg.Wait()
+		close(results)
+		for res := range results {
+			if res.err == nil && !res.reused {
+				res.l.fail(errLocal)
+			}
+		}
+		for p, l := range links {
+			if l != nil && (reuse == nil || reuse[p] != l) {
+				l.fail(errLocal)
+				<-l.readerDone
+			}
+		}
+		if errors.Is(ferr, comm.ErrMismatch) {
+			return ferr
+		}
+		return fmt.Errorf("gloo: %w", ferr)
+	}
+	wg.Wait()
+	b.setLinks(links)
+	return nil
+}
+
+func count(ls []*link) int {
+	k := 0
+	for _, l := range ls {
+		if l != nil {
+			k++
+		}
+	}
+	return k
+}
+
+func (b *Backend) setLinks(ls []*link) {
+	b.mu.Lock()
+	b.links = ls
+	b.mu.Unlock()
+}
+
+func (b *Backend) linkList() []*link {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.links
+}
+
+// ---- failure ----
+
+func (b *Backend) isBroken() bool {
+	select {
+	case <-b.broken:
+		return true
+	default:
+		return false
+	}
+}
+
+// err is the error ops fail with once b is broken.
+func (b *Backend) err() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.revoke != nil {
+		return b.revoke.err
+	}
+	if b.fault != nil {
+		return b.fault.err
+	}
+	return nil
+}
+
+// breakWith records the first failure, wakes every waiter, interrupts
+// blocked writes, and has the monitor tell the peers.
+func (b *Backend) breakWith(f faultInfo) {
+	b.mu.Lock()
+	first := b.fault == nil && b.revoke == nil
+	if f.nt.kind == noticeRevoke {
+		if b.revoke != nil {
+			b.mu.Unlock()
+			return
+		}
+		b.revoke = &f
+	} else {
+		if b.fault != nil {
+			b.mu.Unlock()
+			return
+		}
+		b.fault = &f
+	}
+	if first {
+		close(b.broken)
+	}
+	links := b.links
+	closed := b.closed
+	b.mu.Unlock()
+	if first {
+		for _, l := range links {
+			if l != nil && l.ownedBy(b) {
+				l.wdl.Store(true)
+				l.conn.SetWriteDeadline(aLongTimeAgo)
+			}
+		}
+	}
+	if !closed {
+		lvl := b.log.Warn
+		if f.quiet {
+			lvl = b.log.Info
+		}
+		lvl("gloo: comm stops running collectives", zap.Error(f.err))
+	}
+	select {
+	case b.monWake <- struct{}{}:
+	default:
+	}
+}
+
+func (b *Backend) opType() comm.OpType { return comm.OpType(b.curOp.Load()) }
+
+func (b *Backend) curOpDesc() desc {
+	b.curDMu.Lock()
+	defer b.curDMu.Unlock()
+	return b.curD
+}
+
+// linkFailed is called when the connection to peer closed (reader error,
+// write error, bye, or closed here).
+func (b *Backend) linkFailed(l *link, peer int, err error) {
+	b.mu.Lock()
+	formed := b.formed
+	b.mu.Unlock()
+	if !formed || errors.Is(err, errLocal) {
+		return
+	}
+	why, bye := err, errors.Is(err, errPeerBye)
+	if bye {
+		why = fmt.Errorf("rank %d closed its communicator", peer)
+	}
+	b.breakWith(faultInfo{
+		nt:    notice{kind: noticePeerFailed, op: b.opType(), origin: int32(b.rank), subject: int32(peer), cause: why.Error()},
+		err:   &comm.RankError{Rank: peer, Op: b.opType(), Epoch: b.epoch, Err: fmt.Errorf("gloo: %w: %w", comm.ErrPeerFailed, why)},
+		quiet: bye && !b.active.Load(),
+	})
+}
+
+// mismatch fails b because peer runs a different op than this rank.
+func (b *Backend) mismatch(peer int, epoch uint64, why error) {
+	if epoch != b.epoch {
+		return
+	}
+	b.breakWith(faultInfo{
+		nt:  notice{kind: noticeMismatch, op: b.opType(), origin: int32(b.rank), subject: int32(peer), cause: why.Error()},
+		err: &comm.RankError{Rank: peer, Op: b.opType(), Epoch: b.epoch, Err: fmt.Errorf("gloo: %w: %w", comm.ErrMismatch, why)},
+	})
+}
+
+// remoteFault handles a notice from peer.
+func (b *Backend) remoteFault(peer int, nt notice) {
+	op := b.opType()
+	var err error
+	switch nt.kind {
+	case noticeRevoke:
+		err = fmt.Errorf("gloo: %w by rank %d: %s", comm.ErrRevoked, nt.origin, nt.cause)
+	case noticeAbort:
+		err = fmt.Errorf("gloo: %w: rank %d aborted: %s", comm.ErrAborted, nt.origin, nt.cause)
+	case noticePeerFailed:
+		err = &comm.RankError{Rank: int(nt.subject), Op: op, Epoch: b.epoch,
+			Err: fmt.Errorf("gloo: %w (reported by rank %d): %s", comm.ErrPeerFailed, nt.origin, nt.cause)}
+	case noticeMismatch:
+		err = &comm.RankError{Rank: int(nt.subject), Op: op, Epoch: b.epoch,
+			Err: fmt.Errorf("gloo: %w (reported by rank %d): %s", comm.ErrMismatch, nt.origin, nt.cause)}
+	default:
+		return
+	}
+	b.breakWith(faultInfo{nt: nt, err: err})
+}
+
+// Abort implements comm.Backend: every blocked op fails at once with
+// comm.ErrAborted; the peers are told, so their pending ops fail too.
+// Connections stay open for Shrink.
+func (b *Backend) Abort(cause error) {
+	if cause == nil {
+		cause = errors.New("abort requested")
+	}
+	b.breakWith(faultInfo{
+		nt:  notice{kind: noticeAbort, op: b.opType(), origin: int32(b.rank), subject: int32(b.rank), cause: cause.Error()},
+		err: fmt.Errorf("gloo: %w: %w", comm.ErrAborted, cause),
+	})
+}
+
+// Revoke implements comm.Revoker: pending and later ops fail with
+// comm.ErrRevoked here and, once the revoke frame reaches them, at every
+// peer (each forwards it). Connections stay open for Shrink.
+func (b *Backend) Revoke(cause error) {
+	if cause == nil {
+		cause = errors.New("revoke requested")
+	}
+	b.breakWith(faultInfo{
+		nt:    notice{kind: noticeRevoke, op: b.opType(), origin: int32(b.rank), subject: -1, cause: cause.Error()},
+		err:   fmt.Errorf("gloo: %w: %w", comm.ErrRevoked, cause),
+		quiet: true,
+	})
+}
+
+// Close implements comm.Backend: it fails a pending op, says goodbye to the
+// peers on the connections it still owns (not those a comm formed by Shrink
+// or Grow took over), closes them and waits for its goroutines.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	b.mu.Unlock()
+	b.breakWith(faultInfo{err: fmt.Errorf("gloo: %w", comm.ErrClosed), quiet: true}) // peers learn from the bye
+	close(b.quit)
+	b.wg.Wait()
+	var mine []*link
+	for _, l := range b.linkList() {
+		if l != nil && l.ownedBy(b) {
+			mine = append(mine, l)
+		}
+	}
+	for _, l := range mine {
+		l.closeGraceful(b.cfg.HeartbeatInterval)
+	}
+	for _, l := range mine {
+		<-l.readerDone
+	}
+	b.node.release()
+	return nil
+}
+
+// monitor sends heartbeats on idle connections, declares silent peers
+// failed while an op is pending, and tells peers about a failure. It exits
+// when b is closed.
+func (b *Backend) monitor() {
+	defer b.wg.Done()
+	iv := b.cfg.HeartbeatInterval
+	t := time.NewTicker(iv)
+	defer t.Stop()
+	last := time.Now()
+	var sentFault, sentRevoke []bool
+	for {
+		select {
+		case <-t.C:
+		case <-b.monWake:
+		case <-b.quit:
+			return
+		}
+		now := time.Now()
+		// If this goroutine itself was starved, silence proves nothing.
+		healthy := now.Sub(last) < 3*iv
+		last = now
+		b.mu.Lock()
+		fault, revoke, links := b.fault, b.revoke, b.links
+		b.mu.Unlock()
+		if sentFault == nil {
+			sentFault, sentRevoke = make([]bool, len(links)), make([]bool, len(links))
+		}
+		for p, l := range links {
+			if l == nil || l.isClosed() {
+				continue
+			}
+			if revoke != nil && !sentRevoke[p] {
+				sentRevoke[p] = l.sendNotice(b, &revoke.nt, iv)
+			}
+			if fault != nil && !sentFault[p] {
+				sentFault[p] = fault.nt.kind == 0 || l.sendNotice(b, &fault.nt, iv)
+			}
+			l.heartbeat(b, iv)
+			if fault == nil && revoke == nil && healthy && b.active.Load() && l.rstate.Load() == rsReading {
+				silent := time.Duration(l.now() - l.lastRecv.Load())
+				if silent > b.cfg.PeerTimeout && l.inq() == 0 && l.ownedBy(b) {
+					why := fmt.Errorf("no data or heartbeat for %v (peer timeout %v)", silent.Round(time.Millisecond), b.cfg.PeerTimeout)
+					b.breakWith(faultInfo{
+						nt:  notice{kind: noticePeerFailed, op: b.opType(), origin: int32(b.rank), subject: int32(p), cause: why.Error()},
+						err: &comm.RankError{Rank: p, Op: b.opType(), Epoch: b.epoch, Err: fmt.Errorf("gloo: %w: %w", comm.ErrPeerFailed, why)},
+					})
+					l.fail(fmt.Errorf("declared failed: %w", why))
+				}
+			}
+		}
+	}
+}

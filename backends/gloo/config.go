@@ -1,0 +1,136 @@
+package gloo
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"time"
+)
+
+// Algorithm selects the collective algorithms a Backend uses. All ranks of a
+// comm must use the same setting: it is part of every collective's
+// descriptor, so ranks that disagree fail with comm.ErrMismatch.
+type Algorithm uint8
+
+// The algorithm families.
+const (
+	// AlgorithmAuto picks by message size: latency-optimal algorithms at or
+	// below Config.SmallThreshold bytes, bandwidth-optimal ones above.
+	AlgorithmAuto Algorithm = iota
+	// AlgorithmRing forces the bandwidth-optimal family: pipelined ring
+	// all-reduce and reduce-scatter, pipelined chain broadcast and reduce.
+	AlgorithmRing
+	// AlgorithmRecursiveDoubling forces the latency-optimal family:
+	// recursive-doubling all-reduce (and reduce-scatter through it),
+	// binomial-tree broadcast and reduce.
+	AlgorithmRecursiveDoubling
+	numAlgorithms
+)
+
+var algorithmNames = [numAlgorithms]string{"auto", "ring", "recursive-doubling"}
+
+func (a Algorithm) String() string {
+	if a >= numAlgorithms {
+		return fmt.Sprintf("algorithm(%d)", uint8(a))
+	}
+	return algorithmNames[a]
+}
+
+// ParseAlgorithm accepts "auto", "ring" and "recursive-doubling" (also "rd",
+// "tree").
+func ParseAlgorithm(s string) (Algorithm, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "auto":
+		return AlgorithmAuto, nil
+	case "ring", "chain":
+		return AlgorithmRing, nil
+	case "recursive-doubling", "rd", "tree", "recursivedoubling":
+		return AlgorithmRecursiveDoubling, nil
+	}
+	return 0, fmt.Errorf("gloo: unknown algorithm %q (want auto, ring or recursive-doubling)", s)
+}
+
+// Config holds the gloo-specific settings, passed as
+// comm.Options.BackendConfig (nil means DefaultConfig()).
+type Config struct {
+	// ListenAddr is where this rank accepts peer connections. Default
+	// "127.0.0.1:0" (loopback, a port chosen by the OS).
+	ListenAddr string
+	// AdvertiseHost, if set, replaces the listener's host in the address
+	// published through the Store (for listeners on 0.0.0.0).
+	AdvertiseHost string
+	// SocketBuffer sets SO_SNDBUF and SO_RCVBUF of every connection in bytes;
+	// 0 keeps the OS default. Default 4 MiB.
+	SocketBuffer int
+	// ConnectTimeout bounds forming the mesh (rendezvous, dials with
+	// retries, handshakes, resynchronisation), tightened by the caller's ctx.
+	ConnectTimeout time.Duration
+	// HandshakeTimeout bounds one handshake; a peer that stalls longer is
+	// dropped.
+	HandshakeTimeout time.Duration
+	// HeartbeatInterval: a connection that has sent nothing for this long
+	// sends a heartbeat frame.
+	HeartbeatInterval time.Duration
+	// PeerTimeout: while an op is pending, a peer from which nothing (data or
+	// heartbeat) has arrived for this long is declared failed. Must be at
+	// least 3 × HeartbeatInterval.
+	PeerTimeout time.Duration
+	// Algorithm forces an algorithm family (tests, benchmarks).
+	Algorithm Algorithm
+	// SmallThreshold: with AlgorithmAuto, messages of at most this many
+	// bytes use the latency-optimal algorithms.
+	SmallThreshold int
+	// SegmentSize is the pipelining unit of the ring and chain algorithms
+	// and the largest frame this rank sends, in bytes.
+	SegmentSize int
+	// MaxPendingHandshakes bounds concurrent inbound handshakes; excess
+	// connections are refused at once.
+	MaxPendingHandshakes int
+}
+
+// DefaultConfig returns the default settings.
+func DefaultConfig() *Config {
+	return &Config{
+		ListenAddr:           "127.0.0.1:0",
+		SocketBuffer:         4 << 20,
+		ConnectTimeout:       60 * time.Second,
+		HandshakeTimeout:     5 * time.Second,
+		HeartbeatInterval:    100 * time.Millisecond,
+		PeerTimeout:          800 * time.Millisecond,
+		Algorithm:            AlgorithmAuto,
+		SmallThreshold:       64 << 10,
+		SegmentSize:          512 << 10,
+		MaxPendingHandshakes: 64,
+	}
+}
+
+// Validate reports what is wrong with c, or nil.
+func (c *Config) Validate() error {
+	if c == nil {
+		return fmt.Errorf("gloo: nil Config")
+	}
+	if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
+		return fmt.Errorf("gloo: config: ListenAddr %q: %v", c.ListenAddr, err)
+	}
+	switch {
+	case c.SocketBuffer < 0 || c.SocketBuffer > 1<<30:
+		return fmt.Errorf("gloo: config: SocketBuffer %d outside [0, 1 GiB]", c.SocketBuffer)
+	case c.ConnectTimeout <= 0:
+		return fmt.Errorf("gloo: config: ConnectTimeout %v must be positive", c.ConnectTimeout)
+	case c.HandshakeTimeout <= 0:
+		return fmt.Errorf("gloo: config: HandshakeTimeout %v must be positive", c.HandshakeTimeout)
+	case c.HeartbeatInterval <= 0:
+		return fmt.Errorf("gloo: config: HeartbeatInterval %v must be positive", c.HeartbeatInterval)
+	case c.PeerTimeout < 3*c.HeartbeatInterval:
+		return fmt.Errorf("gloo: config: PeerTimeout %v must be at least 3 × HeartbeatInterval (%v)", c.PeerTimeout, 3*c.HeartbeatInterval)
+	case c.Algorithm >= numAlgorithms:
+		return fmt.Errorf("gloo: config: unknown Algorithm %d", c.Algorithm)
+	case c.SmallThreshold < 0:
+		return fmt.Errorf("gloo: config: SmallThreshold %d is negative", c.SmallThreshold)
+	case c.SegmentSize < 4<<10 || c.SegmentSize > 64<<20:
+		return fmt.Errorf("gloo: config: SegmentSize %d outside [4 KiB, 64 MiB]", c.SegmentSize)
+	case c.MaxPendingHandshakes < 1:
+		return fmt.Errorf("gloo: config: MaxPendingHandshakes %d must be at least 1", c.MaxPendingHandshakes)
+	}
+	return nil
+}

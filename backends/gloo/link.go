@@ -1,0 +1,818 @@
+package gloo
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/comm/reduce"
+)
+
+// entryMode says what the reader does with the payload of a posted entry.
+type entryMode uint8
+
+const (
+	modeCopy   entryMode = iota + 1 // dst = payload
+	modeReduce                      // dst = src ⊕ payload (src nil: dst ⊕= payload)
+)
+
+// entry is a receive posted by the op goroutine: the frames that fill it
+// must carry exactly this descriptor, sequence number and tag.
+type entry struct {
+	seq  uint64
+	tag  uint32
+	d    desc
+	mode entryMode
+	dst  []byte
+	src  []byte
+	done int // bytes filled so far
+}
+
+type rxMode uint8
+
+const (
+	rxNormal rxMode = iota
+	rxSync          // discarding old frames until the peer's resync for want
+)
+
+// Reader states, for the liveness check: only a reader blocked on the
+// socket can observe that a peer went silent.
+const (
+	rsBusy    int32 = 0
+	rsReading int32 = 1
+	rsStalled int32 = 2
+)
+
+var (
+	errCancelled = errors.New("gloo: receive cancelled")
+	errPeerBye   = errors.New("peer closed its communicator")
+	errLocal     = errors.New("connection closed locally")
+	aLongTimeAgo = time.Unix(1, 0)
+)
+
+const (
+	rbufSize   = 64 << 10
+	bounceSize = 256 << 10
+	smallFrame = 16 << 10 // frames up to this size are coalesced into one write
+)
+
+// zeros is filler for the rest of an abandoned frame. Never written.
+var zeros [64 << 10]byte
+
+// link is the connection to one peer. It outlives the comm that created
+// it when Shrink or Grow takes it over. One goroutine reads it (run), and
+// exits when the connection closes; writes are serialised by wmu.
+type link struct {
+	conn   *net.TCPConn
+	remote string
+	log    *zap.Logger
+	born   time.Time
+
+	mu       sync.Mutex
+	owner    *Backend
+	peer     int    // the peer's rank in owner's numbering
+	epoch    uint64 // owner's epoch
+	posts    []entry
+	phead    int
+	planSeq  uint64
+	planLeft int
+	active   bool // the reader is writing into posts[phead].dst
+	mode     rxMode
+	want     resyncInfo
+	syncCh   chan error // result of a resync (cap 1)
+	err      error      // why the link closed
+
+	wake   chan struct{} // posts or mode changed (cap 1)
+	cancel atomic.Bool
+	ack    chan struct{} // the reader dropped its entry (cap 1)
+
+	rxBytes  atomic.Int64 // payload bytes delivered into completed frames
+	rxDone   atomic.Int64 // entries completed
+	lastRecv atomic.Int64 // ns since born
+	rstate   atomic.Int32
+
+	// reader-private
+	rbuf       []byte
+	rpos, rend int
+	bounce     []byte
+	poisoned   bool // the last op frame was abandoned; a notice or resync must follow
+
+	// writer state (wmu)
+	wmu        sync.Mutex
+	hdr        [headerSize]byte
+	trailOK    [1]byte
+	iov        [3][]byte
+	bufs       net.Buffers
+	small      []byte
+	ctlTx      []byte
+	owedHdr    int // header bytes of an interrupted frame still to send
+	owedPay    int // filler bytes still to send
+	owedTrail  bool
+	wdl        atomic.Bool // a write deadline may be set
+	lastSend   atomic.Int64
+	p2pTx      uint64 // next point-to-point message number sent (op goroutine)
+	p2pRx      uint64 // next expected (op goroutine)
+	closed     chan struct{}
+	closeOnce  sync.Once
+	readerDone chan struct{}
+}
+
+func newLink(conn *net.TCPConn, owner *Backend, peer int) *link {
+	l := &link{
+		conn: conn, remote: conn.RemoteAddr().String(), log: owner.log, born: time.Now(),
+		owner: owner, peer: peer, epoch: owner.epoch,
+		syncCh: make(chan error, 1), wake: make(chan struct{}, 1), ack: make(chan struct{}, 1),
+		rbuf: make([]byte, rbufSize), small: make([]byte, smallFrame), ctlTx: make([]byte, headerSize+maxNoticeLen+1),
+		closed: make(chan struct{}), readerDone: make(chan struct{}),
+	}
+	l.trailOK[0] = trailerOK
+	now := l.now()
+	l.lastRecv.Store(now)
+	l.lastSend.Store(now)
+	go l.run()
+	return l
+}
+
+func (l *link) now() int64 { return int64(time.Since(l.born)) }
+
+func (l *link) poke() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (l *link) isClosed() bool {
+	select {
+	case <-l.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+func (l *link) ownedBy(b *Backend) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.owner == b
+}
+
+// fail closes the link for good and tells its owner. Safe from any
+// goroutine, any number of times.
+func (l *link) fail(err error) {
+	l.closeOnce.Do(func() {
+		l.mu.Lock()
+		l.err = err
+		b, peer, syncing := l.owner, l.peer, l.mode == rxSync
+		l.mu.Unlock()
+		close(l.closed)
+		l.conn.Close()
+		if syncing {
+			select {
+			case l.syncCh <- fmt.Errorf("connection to rank %d broke: %w", peer, err):
+			default:
+			}
+		}
+		if b != nil {
+			b.linkFailed(l, peer, err)
+		}
+	})
+}
+
+// ---- reader ----
+
+func (l *link) run() {
+	defer close(l.readerDone)
+	err := l.readLoop()
+	if errors.Is(err, errMalformed) {
+		l.log.Warn("gloo: dropping connection after a malformed frame", zap.String("remote", l.remote), zap.Error(err))
+	}
+	l.fail(err)
+}
+
+func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
+
+// read reads into p, absorbing read-deadline interruptions unless the
+// reader was asked to drop its entry (cancellable reads only).
+func (l *link) read(p []byte, cancellable bool) (int, error) {
+	for {
+		l.rstate.Store(rsReading)
+		n, err := l.conn.Read(p)
+		l.rstate.Store(rsBusy)
+		if n > 0 {
+			l.lastRecv.Store(l.now())
+			return n, nil
+		}
+		if err == nil {
+			continue
+		}
+		if !isTimeout(err) {
+			return 0, err
+		}
+		l.conn.SetReadDeadline(time.Time{})
+		if cancellable && l.cancel.Load() {
+			return 0, errCancelled
+		}
+	}
+}
+
+// fill makes at least n bytes available in rbuf[rpos:rend].
+func (l *link) fill(n int) error {
+	if l.rpos == l.rend {
+		l.rpos, l.rend = 0, 0
+	}
+	for l.rend-l.rpos < n {
+		if len(l.rbuf)-l.rpos < n {
+			l.rend = copy(l.rbuf, l.rbuf[l.rpos:l.rend])
+			l.rpos = 0
+		}
+		k, err := l.read(l.rbuf[l.rend:], false)
+		l.rend += k
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l *link) skip(n int) error {
+	for n > 0 {
+		if l.rend > l.rpos {
+			k := min(n, l.rend-l.rpos)
+			l.rpos += k
+			n -= k
+			continue
+		}
+		if err := l.fill(1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l *link) trailer() (byte, error) {
+	if err := l.fill(1); err != nil {
+		return 0, err
+	}
+	t := l.rbuf[l.rpos]
+	l.rpos++
+	if t != trailerOK && t != trailerAbandon {
+		return t, fmt.Errorf("%w: trailer %#02x", errMalformed, t)
+	}
+	return t, nil
+}
+
+func (l *link) readLoop() error {
+	for {
+		if err := l.fill(headerSize); err != nil {
+			return err
+		}
+		h, err := decodeHeader(l.rbuf[l.rpos : l.rpos+headerSize])
+		if err != nil {
+			return err
+		}
+		l.rpos += headerSize
+		switch h.typ {
+		case frameHeartbeat:
+			if _, err := l.trailer(); err != nil {
+				return err
+			}
+		case frameBye:
+			if _, err := l.trailer(); err != nil {
+				return err
+			}
+			return errPeerBye
+		case frameNotice:
+			if err := l.fill(int(h.length) + 1); err != nil {
+				return err
+			}
+			payload := l.rbuf[l.rpos : l.rpos+int(h.length)]
+			l.rpos += int(h.length)
+			t, err := l.trailer()
+			if err != nil {
+				return err
+			}
+			if t == trailerOK {
+				nt, err := decodeNotice(payload)
+				if err != nil {
+					return err
+				}
+				l.poisoned = false
+				l.onNotice(h.seq, nt)
+			}
+		case frameResync, frameOp:
+			if h.typ == frameOp && l.poisoned {
+				return fmt.Errorf("%w: op frame after an abandoned frame without a notice", errMalformed)
+			}
+			if err := l.dispatch(&h); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (l *link) onNotice(epoch uint64, nt notice) {
+	l.mu.Lock()
+	b, peer, ok := l.owner, l.peer, l.mode == rxNormal && l.epoch == epoch
+	l.mu.Unlock()
+	if ok && b != nil {
+		b.remoteFault(peer, nt)
+	}
+}
+
+// stallLocked waits (l.mu held on entry, released on return) until posts or
+// mode change. It returns false if the link closed.
+func (l *link) stallLocked() bool {
+	l.rstate.Store(rsStalled)
+	l.mu.Unlock()
+	select {
+	case <-l.wake:
+	case <-l.closed:
+		return false
+	}
+	l.lastRecv.Store(l.now())
+	l.rstate.Store(rsBusy)
+	return true
+}
+
+// dispatch decides what to do with an op or resync frame whose header was
+// read: deliver it into the posted entry, hold it until the op goroutine
+// posts one, discard it (resynchronising), or report that the peer is
+// running a different op.
+func (l *link) dispatch(h *header) error {
+	for {
+		l.mu.Lock()
+		if l.mode == rxSync {
+			if h.typ == frameOp {
+				l.mu.Unlock()
+				return l.skip(int(h.length) + 1)
+			}
+			want := l.want
+			l.mu.Unlock()
+			if err := l.fill(resyncLen + 1); err != nil {
+				return err
+			}
+			info, err := decodeResync(h.seq, l.rbuf[l.rpos:l.rpos+resyncLen])
+			l.rpos += resyncLen
+			if err != nil {
+				return err
+			}
+			t, err := l.trailer()
+			if err != nil {
+				return err
+			}
+			l.poisoned = false
+			if t != trailerOK || info.epoch < want.epoch {
+				return nil // an interrupted or older resync: keep looking
+			}
+			var res error
+			if info != want {
+				res = fmt.Errorf("%w: rank %d resynchronised to epoch %d as rank %d of %d (members %#x), expected epoch %d rank %d of %d (members %#x)",
+					comm.ErrMismatch, want.rank, info.epoch, info.rank, info.size, info.members, want.epoch, want.rank, want.size, want.members)
+			}
+			l.mu.Lock()
+			if l.mode == rxSync && l.want == want {
+				if res == nil {
+					l.mode = rxNormal
+				}
+				select {
+				case l.syncCh <- res:
+				default:
+				}
+			}
+			l.mu.Unlock()
+			return nil
+		}
+		if h.typ == frameResync {
+			// The peer reconfigured before this end did: hold the frame.
+			if !l.stallLocked() {
+				return errLocal
+			}
+			continue
+		}
+		b := l.owner
+		if l.phead < len(l.posts) {
+			e := l.posts[l.phead]
+			if err := matchFrame(h, &e); err != nil {
+				peer, epoch := l.peer, l.epoch
+				l.mu.Unlock()
+				b.mismatch(peer, epoch, err)
+				l.mu.Lock()
+				if !l.stallLocked() { // hold the frame; nothing of it was written
+					return errLocal
+				}
+				continue
+			}
+			l.active = true
+			l.mu.Unlock()
+			return l.deliver(h, &e)
+		}
+		if b != nil && h.d.op != comm.OpSend && !b.isBroken() && h.seq == b.curColl.Load() &&
+			(l.planSeq != h.seq || l.planLeft == 0) {
+			peer, epoch := l.peer, l.epoch
+			l.mu.Unlock()
+			b.mismatch(peer, epoch, fmt.Errorf("rank %d sent %s step %d, which this rank does not expect in its %s", peer, h.d, h.tag, b.curOpDesc()))
+			l.mu.Lock()
+		}
+		if !l.stallLocked() {
+			return errLocal
+		}
+	}
+}
+
+// matchFrame checks a frame against the entry it would fill.
+func matchFrame(h *header, e *entry) error {
+	switch {
+	case h.d != e.d:
+		return fmt.Errorf("peer issued %s, this rank issued %s", h.d, e.d)
+	case h.seq != e.seq:
+		return fmt.Errorf("peer is at %s #%d, this rank at #%d", h.d.op, h.seq, e.seq)
+	case h.tag != e.tag:
+		return fmt.Errorf("peer sent step %d of %s, this rank expects step %d", h.tag, h.d, e.tag)
+	case len(e.dst) == 0 && h.length != 0:
+		return fmt.Errorf("peer sent %d bytes for %s step %d, this rank expects none", h.length, h.d, h.tag)
+	case len(e.dst) > 0 && (h.length == 0 || int(h.length) > len(e.dst)-e.done):
+		return fmt.Errorf("peer sent %d bytes for %s step %d, this rank expects %d more", h.length, h.d, h.tag, len(e.dst)-e.done)
+	}
+	return nil
+}
+
+// deliver reads the payload of a matched frame into its entry. l.active is
+// set; it is cleared here (or by the cancel handshake).
+func (l *link) deliver(h *header, e *entry) error {
+	n := int(h.length)
+	var left int
+	var err error
+	switch {
+	case n == 0:
+	case e.mode == modeCopy:
+		left, err = l.readInto(e.dst[e.done : e.done+n])
+	default:
+		left, err = l.reduceInto(e, n)
+	}
+	if err == errCancelled {
+		l.dropEntry()
+		return l.skip(left + 1)
+	}
+	if err != nil {
+		return err
+	}
+	t, err := l.trailer()
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.active = false
+	if l.cancel.Load() {
+		l.mu.Unlock()
+		l.dropEntry()
+		return nil
+	}
+	if t != trailerOK {
+		l.poisoned = true // the peer abandoned the frame; its notice follows
+		l.mu.Unlock()
+		return nil
+	}
+	p := &l.posts[l.phead]
+	p.done += n
+	complete := p.done == len(p.dst)
+	if complete {
+		*p = entry{}
+		l.phead++
+		if l.phead == len(l.posts) {
+			l.posts, l.phead = l.posts[:0], 0
+		}
+	}
+	b := l.owner
+	l.mu.Unlock()
+	l.rxBytes.Add(int64(n))
+	if complete {
+		l.rxDone.Add(1)
+	}
+	b.poke()
+	return nil
+}
+
+// dropEntry acknowledges a cancel: the reader no longer touches the entry.
+func (l *link) dropEntry() {
+	l.mu.Lock()
+	l.active = false
+	l.cancel.Store(false)
+	l.mu.Unlock()
+	select {
+	case l.ack <- struct{}{}:
+	default:
+	}
+}
+
+// readInto reads exactly len(dst) payload bytes into dst; on error it
+// returns how many were not read.
+func (l *link) readInto(dst []byte) (int, error) {
+	if l.rend > l.rpos {
+		k := copy(dst, l.rbuf[l.rpos:l.rend])
+		l.rpos += k
+		dst = dst[k:]
+	}
+	for len(dst) > 0 {
+		if l.cancel.Load() {
+			return len(dst), errCancelled
+		}
+		k, err := l.read(dst, true)
+		dst = dst[k:]
+		if err != nil {
+			return len(dst), err
+		}
+	}
+	return 0, nil
+}
+
+// reduceInto reads n payload bytes through the bounce buffer and reduces
+// them into e.dst[e.done:] as they arrive.
+func (l *link) reduceInto(e *entry, n int) (int, error) {
+	if l.bounce == nil {
+		l.bounce = make([]byte, bounceSize)
+	}
+	es := e.d.dtype.Size()
+	dst := e.dst[e.done : e.done+n]
+	var src []byte
+	if e.src != nil {
+		src = e.src[e.done : e.done+n]
+	}
+	left, done, carry := n, 0, 0
+	for done < n {
+		if l.cancel.Load() {
+			return left, errCancelled
+		}
+		want := min(len(l.bounce)-carry, left)
+		var k int
+		if l.rend > l.rpos {
+			k = copy(l.bounce[carry:carry+want], l.rbuf[l.rpos:l.rend])
+			l.rpos += k
+		} else {
+			var err error
+			k, err = l.read(l.bounce[carry:carry+want], true)
+			if err != nil {
+				return left, err
+			}
+		}
+		left -= k
+		avail := carry + k
+		use := avail - avail%es
+		if use > 0 {
+			if src == nil {
+				reduce.Into(e.d.dtype, e.d.redop, dst[done:done+use], l.bounce[:use])
+			} else {
+				reduce.Into3(e.d.dtype, e.d.redop, dst[done:done+use], src[done:done+use], l.bounce[:use])
+			}
+			done += use
+		}
+		carry = avail - use
+		if carry > 0 {
+			copy(l.bounce, l.bounce[use:avail])
+		}
+	}
+	return 0, nil
+}
+
+// ---- posting (op goroutine) ----
+
+func (l *link) plan(seq uint64, n int) {
+	l.mu.Lock()
+	l.planSeq, l.planLeft = seq, n
+	l.mu.Unlock()
+}
+
+func (l *link) post(e entry) {
+	l.mu.Lock()
+	if l.phead > 0 && len(l.posts) == cap(l.posts) {
+		k := copy(l.posts, l.posts[l.phead:])
+		clear(l.posts[k:])
+		l.posts, l.phead = l.posts[:k], 0
+	}
+	l.posts = append(l.posts, e)
+	l.planLeft--
+	l.mu.Unlock()
+	l.poke()
+}
+
+// cancelPosts drops every posted entry and returns once the reader is no
+// longer writing into any of them.
+func (l *link) cancelPosts() {
+	l.mu.Lock()
+	clear(l.posts)
+	l.posts, l.phead, l.planLeft = l.posts[:0], 0, 0
+	if !l.active {
+		l.mu.Unlock()
+		return
+	}
+	l.cancel.Store(true)
+	l.mu.Unlock()
+	l.conn.SetReadDeadline(aLongTimeAgo)
+	select {
+	case <-l.ack:
+	case <-l.readerDone:
+	}
+}
+
+// ---- writer ----
+
+// writeLocked sends one frame (wmu held), first completing any frame an
+// earlier write left unfinished.
+func (l *link) writeLocked(h *header, payload []byte) error {
+	if l.owedHdr > 0 || l.owedPay > 0 || l.owedTrail {
+		if err := l.flushLocked(); err != nil {
+			return err
+		}
+	}
+	h.length = uint32(len(payload))
+	total := headerSize + len(payload) + 1
+	var n int
+	var err error
+	if total <= len(l.small) {
+		h.encode(l.small)
+		copy(l.small[headerSize:], payload)
+		l.small[total-1] = trailerOK
+		n, err = l.conn.Write(l.small[:total])
+	} else {
+		h.encode(l.hdr[:])
+		l.iov[0], l.iov[1], l.iov[2] = l.hdr[:], payload, l.trailOK[:]
+		l.bufs = l.iov[:]
+		var n64 int64
+		n64, err = l.bufs.WriteTo(l.conn)
+		n = int(n64)
+		l.iov[1] = nil
+	}
+	if err != nil {
+		if total <= len(l.small) {
+			copy(l.hdr[:], l.small[:headerSize])
+		}
+		switch {
+		case n < headerSize:
+			l.owedHdr, l.owedPay, l.owedTrail = headerSize-n, len(payload), true
+		case n < headerSize+len(payload):
+			l.owedPay, l.owedTrail = headerSize+len(payload)-n, true
+		case n < total:
+			l.owedTrail = true
+		}
+		return err
+	}
+	l.lastSend.Store(l.now())
+	return nil
+}
+
+// flushLocked completes an interrupted frame: the rest of its header, then
+// filler for the payload and an "abandoned" trailer, so the peer can skip it.
+func (l *link) flushLocked() error {
+	for l.owedHdr > 0 {
+		k, err := l.conn.Write(l.hdr[headerSize-l.owedHdr:])
+		l.owedHdr -= k
+		if err != nil {
+			return err
+		}
+	}
+	for l.owedPay > 0 {
+		k, err := l.conn.Write(zeros[:min(l.owedPay, len(zeros))])
+		l.owedPay -= k
+		if err != nil {
+			return err
+		}
+	}
+	if l.owedTrail {
+		if _, err := l.conn.Write([]byte{trailerAbandon}); err != nil {
+			return err
+		}
+		l.owedTrail = false
+	}
+	return nil
+}
+
+// writeBounded sends a control frame with a write deadline, for the
+// monitor and for Close: it never blocks longer than d.
+func (l *link) writeBounded(h *header, payload []byte, d time.Duration) error {
+	l.wdl.Store(true)
+	l.conn.SetWriteDeadline(time.Now().Add(d))
+	return l.writeLocked(h, payload)
+}
+
+// clearDeadline removes a write deadline left by a bounded write or an
+// abort before an op writes (wmu held).
+func (l *link) clearDeadline() {
+	if l.wdl.Load() {
+		l.wdl.Store(false)
+		l.conn.SetWriteDeadline(time.Time{})
+	}
+}
+
+// heartbeat sends a heartbeat if nothing was sent for interval and no op
+// is writing (monitor goroutine).
+func (l *link) heartbeat(b *Backend, interval time.Duration) {
+	if time.Duration(l.now()-l.lastSend.Load()) < interval || !l.wmu.TryLock() {
+		return
+	}
+	defer l.wmu.Unlock()
+	if !l.ownedBy(b) {
+		return
+	}
+	h := header{typ: frameHeartbeat}
+	if err := l.writeBounded(&h, nil, interval); err != nil && !isTimeout(err) {
+		go l.fail(err) // fail takes l.mu and calls the owner; never under wmu
+	}
+}
+
+// sendNotice tells the peer why b failed; false if it must be retried.
+func (l *link) sendNotice(b *Backend, nt *notice, d time.Duration) bool {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if !l.ownedBy(b) {
+		return true
+	}
+	n := nt.encode(l.ctlTx[headerSize:])
+	h := header{typ: frameNotice, seq: b.epoch}
+	err := l.writeBounded(&h, l.ctlTx[headerSize:headerSize+n], d)
+	if err != nil && !isTimeout(err) {
+		go l.fail(err)
+		return true
+	}
+	return err == nil
+}
+
+// inq returns the bytes waiting unread in the socket (SIOCINQ), or -1.
+func (l *link) inq() int {
+	rc, err := l.conn.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	n := -1
+	rc.Control(func(fd uintptr) {
+		if v, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ); err == nil {
+			n = v
+		}
+	})
+	return n
+}
+
+// takeover hands the link to nb, which will use it at epoch want.epoch,
+// where the peer has rank peer; the reader discards everything until the
+// peer's matching resync frame.
+func (l *link) takeover(nb *Backend, peer int, want resyncInfo) {
+	l.mu.Lock()
+	l.owner, l.peer, l.epoch = nb, peer, want.epoch
+	l.mode, l.want = rxSync, want
+	clear(l.posts)
+	l.posts, l.phead, l.planLeft = l.posts[:0], 0, 0
+	select {
+	case <-l.syncCh:
+	default:
+	}
+	l.mu.Unlock()
+	l.poke()
+}
+
+// giveBack returns a link to b after a failed reconfiguration.
+func (l *link) giveBack(b *Backend, peer int) {
+	l.mu.Lock()
+	l.owner, l.peer, l.epoch = b, peer, b.epoch
+	l.mu.Unlock()
+}
+
+// sendResync writes this end's resync frame (after any unfinished frame)
+// with a deadline.
+func (l *link) sendResync(info resyncInfo, deadline time.Time) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	l.wdl.Store(true)
+	l.conn.SetWriteDeadline(deadline)
+	var p [resyncLen]byte
+	info.encode(p[:])
+	h := header{typ: frameResync, seq: info.epoch}
+	return l.writeLocked(&h, p[:])
+}
+
+// closeGraceful sends a bye (bounded) and closes the link.
+func (l *link) closeGraceful(d time.Duration) {
+	if l.wmu.TryLock() || l.lockWithin(d) {
+		h := header{typ: frameBye}
+		l.writeBounded(&h, nil, d)
+		l.wmu.Unlock()
+	}
+	l.fail(errLocal)
+}
+
+func (l *link) lockWithin(d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if l.wmu.TryLock() {
+			return true
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return false
+}

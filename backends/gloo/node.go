@@ -1,0 +1,324 @@
+package gloo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"go.uber.org/zap"
+)
+
+// node is one process's endpoint for a family of comms: the listener, its
+// accept loop and the registrations of comms waiting for inbound
+// connections. A comm made by New owns a node; the comms Shrink, Grow and
+// Split derive from it share it (reference counted), so a process listens
+// on one port however often it reconfigures.
+type node struct {
+	cfg    Config
+	log    *zap.Logger
+	job    string
+	secret []byte
+	ln     *net.TCPListener
+	addr   string // published address
+
+	mu     sync.Mutex
+	refs   int
+	regs   map[regKey]*registration
+	live   map[net.Conn]struct{} // connections in handshake
+	closed bool
+	wg     sync.WaitGroup
+	sem    chan struct{}
+
+	accepted atomic.Int64 // handshakes that produced a connection
+	refused  atomic.Int64 // inbound connections refused
+}
+
+type regKey struct {
+	prefix string
+	epoch  uint64
+	rank   int
+}
+
+// registration is a comm (prefix, epoch, rank) waiting for peers to dial it.
+type registration struct {
+	key  regKey
+	size int
+	want []bool // ranks still expected to dial (guarded by node.mu)
+	ch   chan inbound
+}
+
+type inbound struct {
+	conn *net.TCPConn
+	from int
+}
+
+func newNode(cfg *Config, log *zap.Logger, job string, secret []byte) (*node, error) {
+	l, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		return nil, fmt.Errorf("gloo: listen on %s: %w", cfg.ListenAddr, err)
+	}
+	ln := l.(*net.TCPListener)
+	addr := ln.Addr().(*net.TCPAddr)
+	host := addr.IP.String()
+	if cfg.AdvertiseHost != "" {
+		host = cfg.AdvertiseHost
+	}
+	n := &node{
+		cfg: *cfg, log: log, job: job, secret: secret, ln: ln,
+		addr: net.JoinHostPort(host, strconv.Itoa(addr.Port)),
+		refs: 1, regs: map[regKey]*registration{}, live: map[net.Conn]struct{}{},
+		sem: make(chan struct{}, cfg.MaxPendingHandshakes),
+	}
+	n.wg.Add(1)
+	go n.acceptLoop()
+	return n, nil
+}
+
+func (n *node) ref() {
+	n.mu.Lock()
+	n.refs++
+	n.mu.Unlock()
+}
+
+// release drops a reference; the last one closes the listener and waits
+// for the accept loop and every handshake goroutine to exit.
+func (n *node) release() {
+	n.mu.Lock()
+	n.refs--
+	if n.refs > 0 || n.closed {
+		n.mu.Unlock()
+		return
+	}
+	n.closed = true
+	for c := range n.live {
+		c.Close()
+	}
+	n.mu.Unlock()
+	n.ln.Close()
+	n.wg.Wait()
+}
+
+func (n *node) register(prefix string, epoch uint64, rank, size int, want []bool) (*registration, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	k := regKey{prefix, epoch, rank}
+	if _, dup := n.regs[k]; dup {
+		return nil, fmt.Errorf("gloo: rank %d of %s epoch %d is already forming here", rank, prefix, epoch)
+	}
+	r := &registration{key: k, size: size, want: want, ch: make(chan inbound, size)}
+	n.regs[k] = r
+	return r, nil
+}
+
+// expect lets rank from dial reg again (its reused connection broke).
+func (n *node) expect(reg *registration, from int) {
+	n.mu.Lock()
+	reg.want[from] = true
+	n.mu.Unlock()
+}
+
+// unregister removes reg and closes connections delivered to it but not taken.
+func (n *node) unregister(reg *registration) {
+	n.mu.Lock()
+	if n.regs[reg.key] == reg {
+		delete(n.regs, reg.key)
+	}
+	n.mu.Unlock()
+	for {
+		select {
+		case in := <-reg.ch:
+			in.conn.Close()
+		default:
+			return
+		}
+	}
+}
+
+func (n *node) acceptLoop() {
+	defer n.wg.Done()
+	var delay time.Duration
+	for {
+		c, err := n.ln.AcceptTCP()
+		if err != nil {
+			n.mu.Lock()
+			closed := n.closed
+			n.mu.Unlock()
+			if closed || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors or similar: back off briefly, keep serving.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			n.log.Warn("gloo: accept failed", zap.Error(err), zap.Duration("retry_in", delay))
+			t := time.NewTimer(delay)
+			<-t.C
+			continue
+		}
+		delay = 0
+		n.mu.Lock()
+		if n.closed {
+			n.mu.Unlock()
+			c.Close()
+			return
+		}
+		select {
+		case n.sem <- struct{}{}:
+		default:
+			n.mu.Unlock()
+			n.refused.Add(1)
+			n.log.Warn("gloo: refused inbound connection", zap.String("remote", c.RemoteAddr().String()),
+				zap.String("reason", "too many handshakes in progress"))
+			writeRefusal(c, refuseBusy, "too many handshakes in progress")
+			c.Close()
+			continue
+		}
+		n.live[c] = struct{}{}
+		n.wg.Add(1)
+		n.mu.Unlock()
+		go n.serve(c)
+	}
+}
+
+func (n *node) refuse(c *net.TCPConn, code refusal, reason string, fields ...zap.Field) {
+	n.refused.Add(1)
+	n.log.Warn("gloo: refused inbound connection", append([]zap.Field{zap.String("remote", c.RemoteAddr().String()),
+		zap.Stringer("code", code), zap.String("reason", reason)}, fields...)...)
+	writeRefusal(c, code, reason)
+}
+
+// serve runs the listener's side of one handshake. It exits within
+// HandshakeTimeout, or at once when the node closes.
+func (n *node) serve(c *net.TCPConn) {
+	handed := false
+	defer func() {
+		n.mu.Lock()
+		delete(n.live, c)
+		n.mu.Unlock()
+		if !handed {
+			c.Close()
+		}
+		<-n.sem
+		n.wg.Done()
+	}()
+	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	h, raw, code, err := readHello(c)
+	if err != nil {
+		n.refuse(c, code, err.Error())
+		return
+	}
+	fields := []zap.Field{zap.String("job", h.job), zap.String("prefix", h.prefix), zap.Uint64("epoch", h.epoch),
+		zap.Int32("from", h.from), zap.Int32("to", h.to)}
+	if h.job != n.job {
+		n.refuse(c, refuseJob, fmt.Sprintf("job %q is not this node's job", h.job), fields...)
+		return
+	}
+	n.mu.Lock()
+	reg := n.regs[regKey{h.prefix, h.epoch, int(h.to)}]
+	var known []uint64
+	if reg == nil {
+		for k := range n.regs {
+			if k.prefix == h.prefix {
+				known = append(known, k.epoch)
+			}
+		}
+	}
+	n.mu.Unlock()
+	if reg == nil {
+		why := "no comm of that prefix and rank is forming here"
+		if len(known) > 0 {
+			why = fmt.Sprintf("epoch %d is not forming here (forming: %v)", h.epoch, known)
+			if h.epoch < minU64(known) {
+				why = fmt.Sprintf("stale epoch %d (forming: %v)", h.epoch, known)
+			}
+		}
+		n.refuse(c, refuseEpoch, why, fields...)
+		return
+	}
+	if int(h.size) != reg.size || h.from <= h.to || int(h.from) >= reg.size {
+		n.refuse(c, refuseRank, fmt.Sprintf("rank %d of size %d may not dial rank %d of size %d", h.from, h.size, h.to, reg.size), fields...)
+		return
+	}
+	if err := serverChallenge(c, n.secret, raw); err != nil {
+		n.refused.Add(1)
+		n.log.Warn("gloo: refused inbound connection", append([]zap.Field{zap.String("remote", c.RemoteAddr().String()), zap.Error(err)}, fields...)...)
+		return
+	}
+	n.mu.Lock()
+	if n.regs[reg.key] != reg || !reg.want[h.from] {
+		n.mu.Unlock()
+		n.refuse(c, refuseRank, fmt.Sprintf("rank %d is already connected", h.from), fields...)
+		return
+	}
+	reg.want[h.from] = false
+	n.mu.Unlock()
+	if _, err := c.Write([]byte{0}); err != nil {
+		n.expect(reg, int(h.from))
+		n.log.Warn("gloo: inbound handshake failed", append([]zap.Field{zap.Error(err)}, fields...)...)
+		return
+	}
+	c.SetDeadline(time.Time{})
+	tune(c, &n.cfg)
+	n.accepted.Add(1)
+	handed = true
+	reg.ch <- inbound{conn: c, from: int(h.from)} // capacity size: never blocks
+}
+
+func minU64(v []uint64) uint64 {
+	m := v[0]
+	for _, x := range v[1:] {
+		m = min(m, x)
+	}
+	return m
+}
+
+func tune(c *net.TCPConn, cfg *Config) {
+	c.SetNoDelay(true)
+	if cfg.SocketBuffer > 0 {
+		c.SetReadBuffer(cfg.SocketBuffer)
+		c.SetWriteBuffer(cfg.SocketBuffer)
+	}
+	c.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: time.Second, Count: 5})
+}
+
+// dial connects to addr and runs the dialer's handshake, retrying with
+// exponential backoff while the peer is not ready, until ctx ends.
+func (n *node) dial(ctx context.Context, addr string, h hello) (*net.TCPConn, error) {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 10 * time.Millisecond
+	bo.MaxInterval = 500 * time.Millisecond
+	bo.MaxElapsedTime = 0 // bounded by ctx
+	d := net.Dialer{Timeout: n.cfg.HandshakeTimeout}
+	attempt := func() (*net.TCPConn, error) {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		tc := c.(*net.TCPConn)
+		stop := context.AfterFunc(ctx, func() { tc.SetDeadline(time.Unix(1, 0)) })
+		err = clientHandshake(tc, n.secret, h, n.cfg.HandshakeTimeout)
+		stop()
+		if err != nil {
+			tc.Close()
+			var r *errRefused
+			if errors.As(err, &r) && !r.retryable() {
+				return nil, backoff.Permanent(err)
+			}
+			return nil, err
+		}
+		tune(tc, &n.cfg)
+		return tc, nil
+	}
+	c, err := backoff.RetryWithData(attempt, backoff.WithContext(bo, ctx))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("gloo: connect to rank %d at %s: %w (last attempt: %v)", h.to, addr, context.Cause(ctx), err)
+		}
+		return nil, fmt.Errorf("gloo: connect to rank %d at %s: %w", h.to, addr, err)
+	}
+	return c, nil
+}
