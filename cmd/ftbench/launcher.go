@@ -195,6 +195,11 @@ func (l *launcher) run(ctx context.Context) (Summary, error) {
 				w.errMsg = ev.msg.Err
 			case ev.msg.Kind == "done":
 				w.done = true
+				if allDone(procs) { // release the workers: they close and exit
+					for _, w := range procs {
+						w.stdin.Close()
+					}
+				}
 			}
 		case <-tick.C:
 			for _, w := range procs {
@@ -232,6 +237,15 @@ func (l *launcher) run(ctx context.Context) (Summary, error) {
 		return fail(err)
 	}
 	return p.summary(nil)
+}
+
+func allDone(procs []*workerProc) bool {
+	for _, w := range procs {
+		if w == nil || !w.done {
+			return false
+		}
+	}
+	return true
 }
 
 // exitReason explains a worker's unexpected exit: its own error message if

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -86,7 +85,8 @@ func newWorkerLogger(w io.Writer, rank int, verbose bool) *zap.Logger {
 
 // workerMain is a worker process: it runs spec's rank until done, writing
 // workerMsgs to stdout and logs to stderr, and returns the exit code. It
-// stops when ctx ends (the launcher went away or sent a signal).
+// stops when ctx ends (the launcher went away or sent a signal); after
+// reporting done, the end of ctx is the launcher's release.
 func workerMain(ctx context.Context, spec workerSpec, stdout, stderr io.Writer) int {
 	em := &emitter{w: stdout}
 	log := newWorkerLogger(stderr, spec.Rank, spec.Config.Verbose)
@@ -94,9 +94,6 @@ func workerMain(ctx context.Context, spec workerSpec, stdout, stderr io.Writer) 
 	err := runWorker(ctx, spec, em, log)
 	if err != nil {
 		em.send(workerMsg{Kind: "error", Err: err.Error()})
-		return 1
-	}
-	if err := em.send(workerMsg{Kind: "done"}); err != nil {
 		return 1
 	}
 	return 0
@@ -168,9 +165,17 @@ func runWorker(ctx context.Context, spec workerSpec, em *emitter, log *zap.Logge
 	if err := b.run(ctx); err != nil {
 		return err
 	}
-	// Nobody closes a connection a peer still reads from.
-	if err := c.Barrier(ctx); err != nil {
-		return fmt.Errorf("ftbench: rank %d: final barrier: %w", spec.Rank, err)
+	// Done here, but a peer may still be finishing its last op, and a
+	// communicator closed under it would fail that op. The launcher
+	// releases the workers (EOF on stdin, which ends ctx) once every rank
+	// has reported done.
+	if err := em.send(workerMsg{Kind: "done"}); err != nil {
+		return err
 	}
-	return errors.Join(c.Close())
+	select {
+	case <-ctx.Done():
+	case <-time.After(timeout):
+		log.Warn("not released by the launcher; closing anyway", zap.Duration("after", timeout))
+	}
+	return c.Close()
 }
