@@ -9,8 +9,9 @@
 //
 // The launcher (the command as you run it) starts an embedded etcd
 // (membership.StartEmbedded, on free loopback ports, in a temporary
-// directory) and -np worker processes: the same binary again, told by the
-// FTBENCH_WORKER environment variable which rank it is and where etcd is.
+// directory) and -np worker processes: the same binary again (marked by
+// FTBENCH_WORKER=1 in its environment), told on the first line of its
+// stdin which rank it is, where etcd is and the run's secret.
 // Workers rendezvous through membership's Store and create a comm.Comm on
 // -backend (a device backend such as nccl gets GPU = local rank). Each
 // worker prints its measurements as JSON lines on stdout and its logs on

@@ -271,7 +271,7 @@ func (l *launcher) start(r int, spec []byte, events chan<- event, diagMu *sync.M
 		return nil, err
 	}
 	cmd := exec.Command(l.exe)
-	cmd.Env = append(os.Environ(), workerEnv+"="+string(spec))
+	cmd.Env = append(os.Environ(), workerEnv+"=1")
 	cmd.Stdin = stdinR
 	w := &workerProc{rank: r, cmd: cmd, stdin: stdinW, tail: &tailWriter{max: 20}, lastSeen: time.Now()}
 	cmd.Stdout = &lineWriter{fn: func(line string) {
@@ -292,6 +292,13 @@ func (l *launcher) start(r int, spec []byte, events chan<- event, diagMu *sync.M
 	cmd.WaitDelay = 5 * time.Second
 	err = cmd.Start()
 	stdinR.Close()
+	if err == nil {
+		_, err = stdinW.Write(append(spec, '\n')) // far below the pipe's buffer: never blocks
+		if err != nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	}
 	if err != nil {
 		stdinW.Close()
 		return nil, err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,8 +21,8 @@ import (
 func main() { os.Exit(realMain()) }
 
 func realMain() int {
-	if spec, ok := os.LookupEnv(workerEnv); ok {
-		return workerProcess(spec)
+	if _, ok := os.LookupEnv(workerEnv); ok {
+		return workerProcess(os.Stdin)
 	}
 	cfg, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
@@ -56,13 +57,19 @@ func realMain() int {
 	return 0
 }
 
-// workerProcess is the entry of a worker process. It stops when its stdin
-// (a pipe from the launcher) reaches EOF or on SIGTERM/SIGINT, and exits
-// at the latest 5 s after that even if an op is stuck.
-func workerProcess(specJSON string) int {
+// workerProcess is the entry of a worker process. It reads its workerSpec
+// from the first line of stdin (a pipe from the launcher), stops when
+// stdin reaches EOF or on SIGTERM/SIGINT, and exits at the latest 5 s
+// after that even if an op is stuck.
+func workerProcess(stdin io.Reader) int {
+	br := bufio.NewReader(stdin)
+	line, err := br.ReadBytes('\n')
 	var spec workerSpec
-	if err := json.Unmarshal([]byte(specJSON), &spec); err != nil {
-		fmt.Fprintf(os.Stderr, "ftbench: worker: bad %s: %v\n", workerEnv, err)
+	if err == nil {
+		err = json.Unmarshal(line, &spec)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "ftbench: worker: no valid spec on stdin (run ftbench without %s): %v\n", workerEnv, err)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -70,7 +77,7 @@ func workerProcess(specJSON string) int {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	go func() { // exits with the process; its read ends at the launcher's exit at the latest
-		io.Copy(io.Discard, os.Stdin)
+		io.Copy(io.Discard, br)
 		cancel(errors.New("ftbench: the launcher went away"))
 	}()
 	context.AfterFunc(ctx, func() {

@@ -18,8 +18,9 @@ import (
 	"github.com/ftcomm/ftcomm/membership"
 )
 
-// workerEnv carries a workerSpec (JSON) to a worker process; its presence
-// is what makes the binary a worker.
+// workerEnv makes the binary a worker ("1"). Its workerSpec arrives as the
+// first line of its stdin (not in the environment: it holds the job
+// secret); the rest of stdin is its lifeline to the launcher.
 const workerEnv = "FTBENCH_WORKER"
 
 // workerSpec is everything a worker needs, from the launcher.
