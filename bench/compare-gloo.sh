@@ -57,6 +57,7 @@ go build -o "$OUT/ftbench" ./cmd/ftbench || die "build cmd/ftbench"
 echo "# compare-gloo: $(date -u +%FT%TZ), host $(hostname), $(nproc) cores, $(go version | cut -d' ' -f3), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo -dirty)"
 echo "# libgloo $(dpkg-query -W -f='${Version}' libgloo-dev 2>/dev/null || echo '?'); rounds $ROUNDS; ranks $RANKS; outputs in $OUT"
 echo "# small: ${SMALL_ARGS[*]}; large: ${LARGE_ARGS[*]}"
+echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg) (other work on this machine adds noise to every figure)"
 
 # run TOOL NP SET ROUND: runs one benchmark, keeps its output, prints its
 # table, and appends "tool np size time busbw" lines to $OUT/results.
@@ -122,6 +123,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
 ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a >= b) }'; }
 
 echo
+echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# ===== medians over $ROUNDS rounds (time us, busbw GB/s) ====="
 printf "# %5s %10s | %10s %8s | %10s %8s | %10s %8s | %8s | %8s %8s %8s\n" ranks size \
   "ring us" busbw "legacy us" busbw "ftbench us" busbw "raw bw" "ft/ring" "ft/leg" "ft/raw"
