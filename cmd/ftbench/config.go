@@ -41,6 +41,7 @@ type Config struct {
 	Timeout Duration `json:"timeout"`    // deadline of each op (and of connection setup)
 	JSON    bool     `json:"json"`       // machine output instead of the table
 	CPUProf string   `json:"cpuprofile"` // worker CPU profile path; ".rank<r>" is appended
+	Trace   string   `json:"trace"`      // worker execution trace path; ".rank<r>" is appended
 	Verbose bool     `json:"verbose"`    // worker logs at debug level
 }
 
@@ -323,6 +324,7 @@ func parseFlags(args []string) (Config, error) {
 	fs.Var(durationFlag{&c.Timeout}, "timeout", "deadline of each op and of connection setup")
 	fs.BoolVar(&c.JSON, "json", c.JSON, "print JSON lines (metadata, then one object per row) instead of the table")
 	fs.StringVar(&c.CPUProf, "cpuprofile", c.CPUProf, "write each worker's CPU profile to this path + \".rank<r>\"")
+	fs.StringVar(&c.Trace, "trace", c.Trace, "write each worker's execution trace (go tool trace) to this path + \".rank<r>\"")
 	fs.BoolVar(&c.Verbose, "v", c.Verbose, "verbose worker logs on stderr")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -47,5 +47,6 @@
 // rawtcp; in JSON its op is "rawtcp".
 //
 // -cpuprofile p writes each worker's CPU profile to p.rank<r> (go tool
-// pprof p.rank0).
+// pprof p.rank0); -trace p its execution trace (go tool trace p.rank0, or
+// go tool trace -pprof=net p.rank0 for where it waited on the network).
 package main

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"sync"
 	"time"
@@ -123,6 +124,24 @@ func runWorker(ctx context.Context, spec workerSpec, em *emitter, log *zap.Logge
 			pprof.StopCPUProfile()
 			if cerr := f.Close(); cerr != nil && err == nil {
 				err = fmt.Errorf("ftbench: rank %d: cpu profile: %w", spec.Rank, cerr)
+			}
+		}()
+	}
+
+	if cfg.Trace != "" {
+		path := cfg.Trace + ".rank" + strconv.Itoa(spec.Rank)
+		f, err := os.Create(path)
+		if err != nil {
+			return fmt.Errorf("ftbench: rank %d: trace: %w", spec.Rank, err)
+		}
+		if err := trace.Start(f); err != nil {
+			f.Close()
+			return fmt.Errorf("ftbench: rank %d: trace: %w", spec.Rank, err)
+		}
+		defer func() {
+			trace.Stop()
+			if cerr := f.Close(); cerr != nil && err == nil {
+				err = fmt.Errorf("ftbench: rank %d: trace: %w", spec.Rank, cerr)
 			}
 		}()
 	}
