@@ -172,7 +172,7 @@ fi
 echo
 if [ "$missed" -gt 0 ]; then
   echo "# compare-gloo: all runs correct; $missed TARGET(S) MISSED"
-  [ "$STRICT" = 1 ] && exit 1
+  if [ "$STRICT" = 1 ]; then exit 1; fi
 else
   echo "# compare-gloo: all runs correct; all targets met"
 fi
