@@ -110,38 +110,24 @@ func runWorker(ctx context.Context, spec workerSpec, em *emitter, log *zap.Logge
 		return fmt.Errorf("ftbench: worker rank %d outside [0, %d)", spec.Rank, cfg.NP)
 	}
 	em.send(workerMsg{Kind: "alive"})
-	if cfg.CPUProf != "" {
-		path := cfg.CPUProf + ".rank" + strconv.Itoa(spec.Rank)
-		f, err := os.Create(path)
-		if err != nil {
-			return fmt.Errorf("ftbench: rank %d: cpu profile: %w", spec.Rank, err)
+	for _, p := range []struct {
+		name, path string
+		start      func(io.Writer) error
+		stop       func()
+	}{
+		{"cpu profile", cfg.CPUProf, pprof.StartCPUProfile, pprof.StopCPUProfile},
+		{"trace", cfg.Trace, trace.Start, trace.Stop},
+	} {
+		if p.path == "" {
+			continue
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			f.Close()
-			return fmt.Errorf("ftbench: rank %d: cpu profile: %w", spec.Rank, err)
+		stop, err := record(p.path+".rank"+strconv.Itoa(spec.Rank), p.start, p.stop)
+		if err != nil {
+			return fmt.Errorf("ftbench: rank %d: %s: %w", spec.Rank, p.name, err)
 		}
 		defer func() {
-			pprof.StopCPUProfile()
-			if cerr := f.Close(); cerr != nil && err == nil {
-				err = fmt.Errorf("ftbench: rank %d: cpu profile: %w", spec.Rank, cerr)
-			}
-		}()
-	}
-
-	if cfg.Trace != "" {
-		path := cfg.Trace + ".rank" + strconv.Itoa(spec.Rank)
-		f, err := os.Create(path)
-		if err != nil {
-			return fmt.Errorf("ftbench: rank %d: trace: %w", spec.Rank, err)
-		}
-		if err := trace.Start(f); err != nil {
-			f.Close()
-			return fmt.Errorf("ftbench: rank %d: trace: %w", spec.Rank, err)
-		}
-		defer func() {
-			trace.Stop()
-			if cerr := f.Close(); cerr != nil && err == nil {
-				err = fmt.Errorf("ftbench: rank %d: trace: %w", spec.Rank, cerr)
+			if serr := stop(); serr != nil && err == nil {
+				err = fmt.Errorf("ftbench: rank %d: %s: %w", spec.Rank, p.name, serr)
 			}
 		}()
 	}
@@ -198,4 +184,21 @@ func runWorker(ctx context.Context, spec workerSpec, em *emitter, log *zap.Logge
 		log.Warn("not released by the launcher; closing anyway", zap.Duration("after", timeout))
 	}
 	return c.Close()
+}
+
+// record starts a profile or trace written to path; the returned function
+// stops it and closes the file.
+func record(path string, start func(io.Writer) error, stop func()) (func() error, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := start(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() error {
+		stop()
+		return f.Close()
+	}, nil
 }
