@@ -564,7 +564,7 @@ func (b *Backend) monitor() {
 			l.heartbeat(b, iv)
 			if fault == nil && revoke == nil && healthy && b.active.Load() && l.rstate.Load() == rsReading {
 				silent := time.Duration(l.now() - l.lastRecv.Load())
-				if silent > b.cfg.PeerTimeout && l.inq() == 0 && l.ownedBy(b) {
+				if silent > b.cfg.PeerTimeout && l.inq() <= 0 && l.ownedBy(b) {
 					why := fmt.Errorf("no data or heartbeat for %v (peer timeout %v)", silent.Round(time.Millisecond), b.cfg.PeerTimeout)
 					b.breakWith(faultInfo{
 						nt:  notice{kind: noticePeerFailed, op: b.opType(), origin: int32(b.rank), subject: int32(p), cause: why.Error()},

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -71,7 +72,7 @@ var zeros [64 << 10]byte
 // it when Shrink or Grow takes it over. One goroutine reads it (run), and
 // exits when the connection closes; writes are serialised by wmu.
 type link struct {
-	conn   *net.TCPConn
+	conn   net.Conn // a *net.TCPConn, except in fuzz tests
 	remote string
 	log    *zap.Logger
 	born   time.Time
@@ -125,7 +126,7 @@ type link struct {
 	readerDone chan struct{}
 }
 
-func newLink(conn *net.TCPConn, owner *Backend, peer int) *link {
+func newLink(conn net.Conn, owner *Backend, peer int) *link {
 	l := &link{
 		conn: conn, remote: conn.RemoteAddr().String(), log: owner.log, born: time.Now(),
 		owner: owner, peer: peer, epoch: owner.epoch,
@@ -746,7 +747,13 @@ func (l *link) sendNotice(b *Backend, nt *notice, d time.Duration) bool {
 
 // inq returns the bytes waiting unread in the socket (SIOCINQ), or -1.
 func (l *link) inq() int {
-	rc, err := l.conn.SyscallConn()
+	sc, ok := l.conn.(interface {
+		SyscallConn() (syscall.RawConn, error)
+	})
+	if !ok {
+		return -1
+	}
+	rc, err := sc.SyscallConn()
 	if err != nil {
 		return -1
 	}

@@ -858,8 +858,8 @@ func (b *Backend) AllToAllV(ctx context.Context, out comm.Tensor, outCounts []in
 
 func (b *Backend) allToAll(ctx context.Context, d desc, out, in []byte, oo, io []int, outCounts, inCounts []int) error {
 	n, r := b.size, b.rank
-	copy(out[oo[r]:oo[r+1]], in[io[r]:io[r+1]])
 	if n == 1 {
+		copy(out, in)
 		return nil
 	}
 	v := outCounts != nil
@@ -896,6 +896,7 @@ func (b *Backend) allToAll(ctx context.Context, d desc, out, in []byte, oo, io [
 	if err := b.agree(ctx, seq, d); err != nil {
 		return err
 	}
+	copy(out[oo[r]:oo[r+1]], in[io[r]:io[r+1]])
 	for p := range n {
 		if p != r {
 			b.post(p, entry{seq: seq, d: d, mode: modeCopy, dst: out[oo[p]:oo[p+1]]})

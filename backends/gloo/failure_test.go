@@ -1,0 +1,368 @@
+package gloo
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/comm/memstore"
+)
+
+// waitFor polls cond (an observable event, not a timer) until it holds.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func backendOf(c *comm.Comm) *Backend { return c.Backend().(*Backend) }
+
+// inOp reports whether c's backend has an op pending.
+func inOp(c *comm.Comm) bool { return backendOf(c).active.Load() }
+
+func rankOf(err error) int {
+	var re *comm.RankError
+	if errors.As(err, &re) {
+		return re.Rank
+	}
+	return -1
+}
+
+// child is a rank running in another process (childMain).
+type child struct {
+	cmd    *exec.Cmd
+	out    bytes.Buffer
+	done   chan struct{}
+	exited error
+}
+
+func startChild(t *testing.T, storeURL string, rank, size, count int, peerTimeout time.Duration) *child {
+	t.Helper()
+	c := &child{done: make(chan struct{})}
+	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	c.cmd.Env = append(os.Environ(), childEnv+"="+strconv.Itoa(rank), "GLOO_TEST_SIZE="+strconv.Itoa(size),
+		"GLOO_TEST_COUNT="+strconv.Itoa(count), "GLOO_TEST_STORE="+storeURL, "GLOO_TEST_PEER_TIMEOUT="+peerTimeout.String())
+	c.cmd.Stdout, c.cmd.Stderr = &c.out, &c.out
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { c.exited = c.cmd.Wait(); close(c.done) }()
+	t.Cleanup(func() {
+		c.cmd.Process.Signal(syscall.SIGCONT)
+		c.cmd.Process.Kill()
+		<-c.done
+	})
+	return c
+}
+
+// processJob is a job whose rank childRank runs in a child process.
+func processJob(t *testing.T, n, childRank, count int, peerTimeout time.Duration) (*child, []*comm.Comm, *memstore.Store) {
+	store := memstore.New()
+	srv := storeServer(store)
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { store.Close() })
+	ch := startChild(t, srv.URL, childRank, n, count, peerTimeout)
+	cfg := testConfig()
+	cfg.PeerTimeout = peerTimeout
+	comms := make([]*comm.Comm, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for r := range n {
+		if r == childRank {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := testOptions(store, cfg, nil)
+			o.Rank, o.Size, o.Timeout = r, n, 30*time.Second
+			comms[r], errs[r] = comm.New(ctx, "gloo", o)
+		}()
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for _, c := range comms {
+			if c != nil {
+				c.Close()
+			}
+		}
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v (child output: %s)", r, err, ch.out.String())
+		}
+	}
+	return ch, comms, store
+}
+
+// loopUntilError all-reduces on every in-process rank until each fails;
+// started is closed once every rank has completed two ops.
+func loopUntilError(comms []*comm.Comm, count int, started chan struct{}) []error {
+	errs := make([]error, len(comms))
+	var wg sync.WaitGroup
+	var ready atomic.Int32
+	want := int32(0)
+	for _, c := range comms {
+		if c != nil {
+			want++
+		}
+	}
+	for r, c := range comms {
+		if c == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]float32, count)
+			for i := 0; ; i++ {
+				if err := c.AllReduce(context.Background(), comm.Float32s(buf), comm.Sum); err != nil {
+					errs[r] = err
+					return
+				}
+				if i == 1 && ready.Add(1) == want {
+					close(started)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+func shrinkAndCheck(t *testing.T, comms []*comm.Comm, exclude []int, epoch uint64) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, len(comms))
+	next := make([]*comm.Comm, len(comms))
+	for r, c := range comms {
+		if c == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			nc, err := c.Shrink(ctx, exclude, epoch)
+			if err != nil {
+				errs[r] = fmt.Errorf("shrink: %w", err)
+				return
+			}
+			next[r] = nc
+			x := []float32{float32(nc.Rank() + 1), 2}
+			if err := nc.AllReduce(ctx, comm.Float32s(x), comm.Sum); err != nil {
+				errs[r] = fmt.Errorf("allreduce after shrink: %w", err)
+				return
+			}
+			m := nc.Size()
+			if x[0] != float32(m*(m+1)/2) || x[1] != float32(2*m) {
+				errs[r] = fmt.Errorf("allreduce after shrink: got %v", x)
+			}
+		}()
+	}
+	wg.Wait()
+	for r, c := range next {
+		if c != nil {
+			comms[r] = c // the old comm was closed by Shrink
+		}
+	}
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// TestPeerKilledMidAllReduce SIGKILLs a rank running in another process
+// while the job all-reduces: every survivor's pending op fails with
+// ErrPeerFailed naming it (from the connection reset, not the timeout),
+// and the survivors shrink and go on.
+func TestPeerKilledMidAllReduce(t *testing.T) {
+	const n, victim, count = 3, 1, 1 << 18
+	ch, comms, _ := processJob(t, n, victim, count, 3*time.Second)
+	started := make(chan struct{})
+	go func() {
+		<-started
+		ch.cmd.Process.Signal(syscall.SIGKILL)
+	}()
+	errs := loopUntilError(comms, count, started)
+	for r, err := range errs {
+		if r == victim {
+			continue
+		}
+		if !errors.Is(err, comm.ErrPeerFailed) || rankOf(err) != victim || errors.Is(err, comm.ErrTimeout) {
+			t.Errorf("rank %d: got %v, want ErrPeerFailed naming rank %d", r, err, victim)
+		}
+	}
+	<-ch.done
+	shrinkAndCheck(t, comms, []int{victim}, 1)
+}
+
+// TestFrozenPeerDetected SIGSTOPs a rank mid-op: the survivors' heartbeat
+// check declares it failed after PeerTimeout, long before the op timeout.
+func TestFrozenPeerDetected(t *testing.T) {
+	const n, victim, count = 3, 2, 1 << 16
+	ch, comms, _ := processJob(t, n, victim, count, time.Second)
+	started := make(chan struct{})
+	go func() {
+		<-started
+		ch.cmd.Process.Signal(syscall.SIGSTOP)
+	}()
+	errs := loopUntilError(comms, count, started)
+	for r, err := range errs {
+		if r == victim {
+			continue
+		}
+		if !errors.Is(err, comm.ErrPeerFailed) || rankOf(err) != victim || errors.Is(err, comm.ErrTimeout) {
+			t.Errorf("rank %d: got %v, want ErrPeerFailed naming rank %d", r, err, victim)
+		}
+	}
+	shrinkAndCheck(t, comms, []int{victim}, 1)
+}
+
+// TestLatePeerNotDeclaredFailed: a live rank that starts its op well after
+// PeerTimeout is not a failure (its idle heartbeats keep it alive).
+func TestLatePeerNotDeclaredFailed(t *testing.T) {
+	j := newJob(t, 3, func(c *Config) { c.HeartbeatInterval = 50 * time.Millisecond; c.PeerTimeout = 300 * time.Millisecond })
+	j.mustRun(func(r int, c *comm.Comm) error {
+		if r == 1 {
+			time.Sleep(1200 * time.Millisecond) // the scenario: 4 × PeerTimeout late
+		}
+		x := []float32{1}
+		if err := c.AllReduce(context.Background(), comm.Float32s(x), comm.Sum); err != nil {
+			return err
+		}
+		if x[0] != 3 {
+			return fmt.Errorf("got %v", x)
+		}
+		return nil
+	})
+}
+
+// TestPeerClosedMidOp: a rank that closes its comm while the others wait
+// for it fails their op with ErrPeerFailed naming it.
+func TestPeerClosedMidOp(t *testing.T) {
+	j := newJob(t, 4, nil)
+	errs := j.run(func(r int, c *comm.Comm) error {
+		if r == 3 {
+			for _, o := range j.comms[:3] {
+				waitFor(t, "ops pending", func() bool { return inOp(o) })
+			}
+			return c.Close()
+		}
+		return c.AllReduce(context.Background(), comm.Float32s(make([]float32, 1<<16)), comm.Sum)
+	})
+	for r, err := range errs[:3] {
+		if !errors.Is(err, comm.ErrPeerFailed) || rankOf(err) != 3 {
+			t.Errorf("rank %d: got %v, want ErrPeerFailed naming rank 3", r, err)
+		}
+	}
+	j.comms[3] = nil
+	shrinkAndCheck(t, j.comms[:3], []int{3}, 1)
+}
+
+// TestAbortWakesBlockedOp aborts a rank blocked in an op (its peer never
+// joins): the op returns ErrAborted at once, and the peers learn of it.
+func TestAbortWakesBlockedOp(t *testing.T) {
+	j := newJob(t, 3, nil)
+	errs := j.run(func(r int, c *comm.Comm) error {
+		switch r {
+		case 0:
+			return c.AllReduce(context.Background(), comm.Float32s(make([]float32, 1000)), comm.Sum)
+		case 1:
+			waitFor(t, "rank 0 blocked", func() bool { return inOp(j.comms[0]) })
+			err := c.AllReduce(context.Background(), comm.Float32s(make([]float32, 1000)), comm.Sum)
+			return err
+		default:
+			waitFor(t, "ranks 0 and 1 blocked", func() bool { return inOp(j.comms[0]) && inOp(j.comms[1]) })
+			j.comms[0].Abort(errors.New("operator said so"))
+			// This rank now learns of the abort too: its op fails fast.
+			waitFor(t, "the abort notice", func() bool { return backendOf(c).isBroken() })
+			return c.AllReduce(context.Background(), comm.Float32s(make([]float32, 1000)), comm.Sum)
+		}
+	})
+	for r, err := range errs {
+		if !errors.Is(err, comm.ErrAborted) || errors.Is(err, comm.ErrTimeout) {
+			t.Errorf("rank %d: got %v, want ErrAborted", r, err)
+		}
+	}
+}
+
+// TestRevokeInBand revokes at one rank while two others are blocked and the
+// last is idle: every rank's pending or next op fails with ErrRevoked, and
+// Shrink then reuses the live connections (no new handshakes).
+func TestRevokeInBand(t *testing.T) {
+	j := newJob(t, 4, nil)
+	accepted := func() int64 {
+		var s int64
+		for _, c := range j.comms {
+			if c != nil {
+				s += backendOf(c).node.accepted.Load()
+			}
+		}
+		return s
+	}
+	before := accepted()
+	errs := j.run(func(r int, c *comm.Comm) error {
+		switch r {
+		case 0, 1:
+			return c.AllReduce(context.Background(), comm.Float32s(make([]float32, 1<<15)), comm.Sum)
+		case 2:
+			waitFor(t, "ranks 0 and 1 blocked", func() bool { return inOp(j.comms[0]) && inOp(j.comms[1]) })
+			c.Revoke(errors.New("new quorum"))
+			return c.Barrier(context.Background())
+		default:
+			waitFor(t, "the revocation", func() bool { return backendOf(c).isBroken() })
+			return c.AllReduce(context.Background(), comm.Float32s(make([]float32, 4)), comm.Sum)
+		}
+	})
+	for r, err := range errs {
+		if !errors.Is(err, comm.ErrRevoked) {
+			t.Errorf("rank %d: got %v, want ErrRevoked", r, err)
+		}
+	}
+	// Shrink away rank 3 (say the quorum dropped it); 0-2 reuse their links.
+	j.comms[3].Close()
+	j.comms[3] = nil
+	shrinkAndCheck(t, j.comms[:3], []int{3}, 7)
+	if got := accepted(); got != before {
+		t.Errorf("shrink made %d new connections, want 0 (reuse)", got-before)
+	}
+	j.mustRun(func(r int, c *comm.Comm) error {
+		if c == nil {
+			return nil
+		}
+		if c.Epoch() != 7 || c.Size() != 3 {
+			return fmt.Errorf("after shrink: epoch %d size %d", c.Epoch(), c.Size())
+		}
+		x := make([]float32, 100000) // a multi-segment op over the resynchronised links
+		for i := range x {
+			x[i] = float32(r)
+		}
+		if err := c.AllReduce(context.Background(), comm.Float32s(x), comm.Sum); err != nil {
+			return err
+		}
+		if x[0] != 3 || x[len(x)-1] != 3 {
+			return fmt.Errorf("got %v", x[0])
+		}
+		return nil
+	})
+}
