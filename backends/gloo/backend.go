@@ -128,7 +128,23 @@ func (b *Backend) derive(prefix string, epoch uint64, rank, size int) *Backend {
 func (b *Backend) start() {
 	b.mu.Lock()
 	b.formed = true
+	links := b.links
 	b.mu.Unlock()
+	for p, l := range links {
+		if l == nil {
+			continue
+		}
+		// Nobody heartbeats a connection while its comm forms (a reused
+		// one may have waited for a slow survivor): silence counts from now.
+		l.lastRecv.Store(l.now())
+		// A connection that broke while the mesh was forming was not reported.
+		if l.isClosed() {
+			l.mu.Lock()
+			err := l.err
+			l.mu.Unlock()
+			b.linkFailed(l, p, err)
+		}
+	}
 	b.wg.Add(1)
 	go b.monitor()
 }
@@ -246,6 +262,9 @@ func (b *Backend) form(ctx context.Context, reuse []*link) error {
 			defer wg.Done()
 			deadline, _ := ctx.Deadline()
 			err := l.sendResync(resyncInfo{epoch: b.epoch, size: uint32(n), rank: uint32(r), members: members}, deadline)
+			if err != nil && ctx.Err() == nil {
+				l.fail(err) // the connection is broken: reconnect below
+			}
 			if err == nil {
 				select {
 				case err = <-l.syncCh:
@@ -432,6 +451,16 @@ func (b *Backend) linkFailed(l *link, peer int, err error) {
 		nt:    notice{kind: noticePeerFailed, op: b.opType(), origin: int32(b.rank), subject: int32(peer), cause: why.Error()},
 		err:   &comm.RankError{Rank: peer, Op: b.opType(), Epoch: b.epoch, Err: fmt.Errorf("gloo: %w: %w", comm.ErrPeerFailed, why)},
 		quiet: bye && !b.active.Load(),
+	})
+}
+
+// peerLeft fails b because peer resynchronised its connection to a later
+// epoch: it has left this comm, so ops that need it cannot complete.
+func (b *Backend) peerLeft(peer int, epoch uint64) {
+	why := fmt.Sprintf("rank %d moved on to epoch %d", peer, epoch)
+	b.breakWith(faultInfo{
+		nt:  notice{kind: noticeAbort, op: b.opType(), origin: int32(b.rank), subject: int32(peer), cause: why},
+		err: fmt.Errorf("gloo: %w: %s", comm.ErrAborted, why),
 	})
 }
 

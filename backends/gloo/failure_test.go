@@ -366,3 +366,129 @@ func TestRevokeInBand(t *testing.T) {
 		return nil
 	})
 }
+
+// TestRevokeMidTransferThenShrink revokes while four ranks stream large
+// all-reduces, so writes are interrupted mid-frame; the survivors then
+// shrink over the same connections (the unfinished frames are completed
+// as abandoned and skipped by the resync) and get correct results.
+func TestRevokeMidTransferThenShrink(t *testing.T) {
+	for _, how := range []string{"revoke", "abort"} {
+		t.Run(how, func(t *testing.T) {
+			j := newJob(t, 4, func(c *Config) { c.SegmentSize = 256 << 10 })
+			const count = 1 << 20 // 4 MiB of float32: many frames in flight
+			var ops atomic.Int32
+			errs := j.run(func(r int, c *comm.Comm) error {
+				x := make([]float32, count)
+				for {
+					if r == 0 && ops.Load() >= 4 {
+						// Everyone is mid-stream in some op now.
+						if how == "revoke" {
+							c.Revoke(errors.New("test revokes mid-transfer"))
+						} else {
+							c.Abort(errors.New("test aborts mid-transfer"))
+						}
+					}
+					if err := c.AllReduce(context.Background(), comm.Float32s(x), comm.Sum); err != nil {
+						return err
+					}
+					ops.Add(1)
+				}
+			})
+			for r, err := range errs {
+				want := comm.ErrRevoked
+				if how == "abort" {
+					want = comm.ErrAborted
+				}
+				if !errors.Is(err, want) {
+					t.Errorf("rank %d: got %v, want %v", r, err, want)
+				}
+			}
+			accepted := func() (n int64) {
+				for _, c := range j.comms[:3] {
+					n += backendOf(c).node.accepted.Load()
+				}
+				return n
+			}
+			before := accepted()
+			j.comms[3].Close()
+			j.comms[3] = nil
+			shrinkAndCheck(t, j.comms[:3], []int{3}, 1)
+			if got := accepted() - before; got != 0 {
+				t.Errorf("shrink made %d new connections, want 0 (reuse)", got)
+			}
+			// (Whether a write was cut mid-frame here depends on timing;
+			// TestAbortCutsFrameThenShrink makes sure it is.)
+			j.mustRun(func(r int, c *comm.Comm) error {
+				if c == nil {
+					return nil
+				}
+				x := make([]float32, count)
+				for i := range x {
+					x[i] = float32(r + i%7)
+				}
+				if err := c.AllReduce(context.Background(), comm.Float32s(x), comm.Sum); err != nil {
+					return err
+				}
+				for i := range x {
+					if want := float32(3 + 3*(i%7)); x[i] != want {
+						return fmt.Errorf("x[%d] = %v, want %v", i, x[i], want)
+					}
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// TestAbortCutsFrameThenShrink: rank 0 sends one 16 MiB frame to rank 1,
+// which has not posted its receive, so the write blocks mid-frame; rank 0 is
+// aborted. Its Send returns at once; the unfinished frame is completed with
+// filler and marked abandoned, so rank 1's late Recv fails (it never
+// returns the partial data), rank 2 hears of the abort, and the three shrink
+// over the same connections and compute correctly.
+func TestAbortCutsFrameThenShrink(t *testing.T) {
+	const count = 4 << 20 // 16 MiB of float32 in one frame: more than any socket buffer holds
+	j := newJob(t, 4, func(c *Config) { c.SegmentSize = 16 << 20 })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	l01 := backendOf(j.comms[1]).links[0]
+	errs := j.run(func(r int, c *comm.Comm) error {
+		switch r {
+		case 0:
+			return c.Send(ctx, comm.Float32s(make([]float32, count)), 1)
+		case 1:
+			// Wait until rank 0's frame is piling up unread here (the frame is
+			// larger than any socket buffer, so its write is blocked mid-frame).
+			waitFor(t, "rank 0 blocked mid-frame", func() bool { return inOp(j.comms[0]) && l01.inq() > 16<<10 })
+			j.comms[0].Abort(errors.New("test aborts a blocked send"))
+			waitFor(t, "rank 0's send to return", func() bool { return !inOp(j.comms[0]) })
+			buf := make([]float32, count)
+			err := c.Recv(ctx, comm.Float32s(buf), 0)
+			if err == nil {
+				return errors.New("recv of an abandoned frame succeeded")
+			}
+			return err
+		case 2:
+			waitFor(t, "the abort notice", func() bool { return backendOf(c).isBroken() })
+			return c.Barrier(ctx)
+		}
+		return nil
+	})
+	for r, err := range errs[:3] {
+		if !errors.Is(err, comm.ErrAborted) {
+			t.Errorf("rank %d: got %v, want ErrAborted", r, err)
+		}
+	}
+	if n := backendOf(j.comms[0]).links[1].abandoned.Load(); n != 1 {
+		t.Errorf("%d frames completed as abandoned on rank 0's link to rank 1, want 1", n)
+	}
+	j.comms[3].Close()
+	j.comms[3] = nil
+	shrinkAndCheck(t, j.comms[:3], []int{3}, 1)
+	j.mustRun(func(r int, c *comm.Comm) error {
+		if c == nil {
+			return nil
+		}
+		return sumCheck(ctx, c, 1<<20)
+	})
+}

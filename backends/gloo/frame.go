@@ -260,20 +260,8 @@ func decodeResync(epoch uint64, b []byte) (resyncInfo, error) {
 	}, nil
 }
 
-// fnv64 hashes ints (membership lists, counts vectors) without allocating.
-func fnv64(vals ...int) uint64 {
-	h := uint64(14695981039346656037)
-	for _, v := range vals {
-		u := uint64(v)
-		for i := 0; i < 8; i++ {
-			h ^= u & 0xff
-			h *= 1099511628211
-			u >>= 8
-		}
-	}
-	return h
-}
-
+// hashInts hashes ints (membership lists, counts vectors), FNV-1a over
+// their little-endian bytes, without allocating.
 func hashInts(vals []int) uint64 {
 	h := uint64(14695981039346656037)
 	for _, v := range vals {

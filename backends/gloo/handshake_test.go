@@ -210,6 +210,14 @@ func TestHandshakeRefusals(t *testing.T) {
 	h = goodHello()
 	h.epoch = testEpoch - 1
 	wantRefused(t, "stale epoch while running", attack(addr, h, "s3cret"), refuseEpoch)
+	h = goodHello()
+	h.job = "job2"
+	wantRefused(t, "wrong job while running", attack(addr, h, "s3cret"), refuseJob)
+	// No comm is forming now, so a wrong secret is refused before the
+	// challenge (the forming phase above tested the proof check itself).
+	if err := forgeProof(addr, goodHello()); err == nil {
+		t.Error("forged proof while running: accepted")
+	}
 	close(stop)
 	wg.Wait()
 	for r, err := range loopErr {
@@ -217,8 +225,8 @@ func TestHandshakeRefusals(t *testing.T) {
 			t.Errorf("rank %d stopped: %v", r, err)
 		}
 	}
-	if got := backendOf(c0).node.refused.Load() - refusedBefore; got != 3 {
-		t.Errorf("%d refusals while running, want 3", got)
+	if got := backendOf(c0).node.refused.Load() - refusedBefore; got != 5 {
+		t.Errorf("%d refusals while running, want 5", got)
 	}
 	refusals := logs.FilterMessage("gloo: refused inbound connection").All()
 	if len(refusals) < 14 {

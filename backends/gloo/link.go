@@ -117,7 +117,8 @@ type link struct {
 	owedHdr    int // header bytes of an interrupted frame still to send
 	owedPay    int // filler bytes still to send
 	owedTrail  bool
-	wdl        atomic.Bool // a write deadline may be set
+	wdl        atomic.Bool  // a write deadline may be set
+	abandoned  atomic.Int64 // frames finished with filler (for tests and debugging)
 	lastSend   atomic.Int64
 	p2pTx      uint64 // next point-to-point message number sent (op goroutine)
 	p2pRx      uint64 // next expected (op goroutine)
@@ -202,8 +203,10 @@ func (l *link) run() {
 func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
 
 // read reads into p, absorbing read-deadline interruptions unless the
-// reader was asked to drop its entry (cancellable reads only).
-func (l *link) read(p []byte, cancellable bool) (int, error) {
+// reader was asked to drop its entry. The cancel flag is only ever set
+// while the reader holds an entry (l.active), so reads between frames
+// never see it.
+func (l *link) read(p []byte) (int, error) {
 	for {
 		l.rstate.Store(rsReading)
 		n, err := l.conn.Read(p)
@@ -219,7 +222,7 @@ func (l *link) read(p []byte, cancellable bool) (int, error) {
 			return 0, err
 		}
 		l.conn.SetReadDeadline(time.Time{})
-		if cancellable && l.cancel.Load() {
+		if l.cancel.Load() {
 			return 0, errCancelled
 		}
 	}
@@ -235,7 +238,7 @@ func (l *link) fill(n int) error {
 			l.rend = copy(l.rbuf, l.rbuf[l.rpos:l.rend])
 			l.rpos = 0
 		}
-		k, err := l.read(l.rbuf[l.rend:], false)
+		k, err := l.read(l.rbuf[l.rend:])
 		l.rend += k
 		if err != nil {
 			return err
@@ -393,7 +396,14 @@ func (l *link) dispatch(h *header) error {
 			return nil
 		}
 		if h.typ == frameResync {
-			// The peer reconfigured before this end did: hold the frame.
+			// The peer reconfigured before this end did: hold the frame
+			// for this end's Shrink or Grow. Any op of this comm that
+			// needs the peer can no longer complete.
+			if b, peer, epoch := l.owner, l.peer, l.epoch; b != nil && h.seq > epoch && !b.isBroken() {
+				l.mu.Unlock()
+				b.peerLeft(peer, h.seq)
+				l.mu.Lock()
+			}
 			if !l.stallLocked() {
 				return errLocal
 			}
@@ -467,6 +477,10 @@ func (l *link) deliver(h *header, e *entry) error {
 		return err
 	}
 	t, err := l.trailer()
+	if err == errCancelled {
+		l.dropEntry()
+		return l.skip(1)
+	}
 	if err != nil {
 		return err
 	}
@@ -526,7 +540,7 @@ func (l *link) readInto(dst []byte) (int, error) {
 		if l.cancel.Load() {
 			return len(dst), errCancelled
 		}
-		k, err := l.read(dst, true)
+		k, err := l.read(dst)
 		dst = dst[k:]
 		if err != nil {
 			return len(dst), err
@@ -559,7 +573,7 @@ func (l *link) reduceInto(e *entry, n int) (int, error) {
 			l.rpos += k
 		} else {
 			var err error
-			k, err = l.read(l.bounce[carry:carry+want], true)
+			k, err = l.read(l.bounce[carry : carry+want])
 			if err != nil {
 				return left, err
 			}
@@ -655,6 +669,9 @@ func (l *link) writeLocked(h *header, payload []byte) error {
 		if total <= len(l.small) {
 			copy(l.hdr[:], l.small[:headerSize])
 		}
+		if n > 0 {
+			l.abandoned.Add(1) // this frame will be finished as abandoned
+		}
 		switch {
 		case n < headerSize:
 			l.owedHdr, l.owedPay, l.owedTrail = headerSize-n, len(payload), true
@@ -724,7 +741,7 @@ func (l *link) heartbeat(b *Backend, interval time.Duration) {
 	}
 	h := header{typ: frameHeartbeat}
 	if err := l.writeBounded(&h, nil, interval); err != nil && !isTimeout(err) {
-		go l.fail(err) // fail takes l.mu and calls the owner; never under wmu
+		l.fail(err) // takes l.mu after wmu, the usual order; the owner never takes wmu
 	}
 }
 
@@ -739,7 +756,7 @@ func (l *link) sendNotice(b *Backend, nt *notice, d time.Duration) bool {
 	h := header{typ: frameNotice, seq: b.epoch}
 	err := l.writeBounded(&h, l.ctlTx[headerSize:headerSize+n], d)
 	if err != nil && !isTimeout(err) {
-		go l.fail(err)
+		l.fail(err)
 		return true
 	}
 	return err == nil
@@ -803,23 +820,13 @@ func (l *link) sendResync(info resyncInfo, deadline time.Time) error {
 	return l.writeLocked(&h, p[:])
 }
 
-// closeGraceful sends a bye (bounded) and closes the link.
+// closeGraceful sends a bye (bounded by d) and closes the link. Writers
+// holding wmu finish promptly: the owner was broken first, which set their
+// write deadlines in the past, and control writes are bounded.
 func (l *link) closeGraceful(d time.Duration) {
-	if l.wmu.TryLock() || l.lockWithin(d) {
-		h := header{typ: frameBye}
-		l.writeBounded(&h, nil, d)
-		l.wmu.Unlock()
-	}
+	l.wmu.Lock()
+	h := header{typ: frameBye}
+	l.writeBounded(&h, nil, d)
+	l.wmu.Unlock()
 	l.fail(errLocal)
-}
-
-func (l *link) lockWithin(d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if l.wmu.TryLock() {
-			return true
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return false
 }

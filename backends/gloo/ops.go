@@ -19,12 +19,6 @@ const (
 
 func mod(x, n int) int { return ((x % n) + n) % n }
 
-// span is the byte range of chunk i when count elements are cut into n
-// nearly equal chunks.
-func span(count, n, i, es int) (int, int) {
-	return i * count / n * es, (i + 1) * count / n * es
-}
-
 func (b *Backend) poke() {
 	select {
 	case b.notify <- struct{}{}:
@@ -382,52 +376,70 @@ func (b *Backend) allReduceRD(ctx context.Context, d desc, t []byte) error {
 	return nil
 }
 
-// allReduceRing is the pipelined ring: a reduce-scatter then an
-// all-gather, n-1 steps each, over chunks of t. Every receive is posted up
-// front: the left link's reader reduces incoming segments straight into t
-// (or copies them, in the all-gather) while this goroutine forwards each
-// segment to the right as soon as it is complete.
+// allReduceRing is a pipelined ring: a reduce-scatter then an all-gather,
+// n-1 steps each. The buffer is cut into pieces of about n segments, each
+// with its own ring, and the (piece, step) blocks go out as a wavefront:
+// diagonal by diagonal (piece + step), lower steps first. A block reduced
+// on arrival is forwarded about one diagonal later, while it is still in
+// cache, instead of after a whole step over the entire buffer (which at
+// 64 MiB meant reading it back from memory). Every rank uses the same
+// order, so the blocks on each link arrive in the order their receives
+// were posted, and each send waits only for a block of the previous
+// diagonal. The left link's reader reduces incoming blocks straight into
+// t (or copies them, in the all-gather half).
 func (b *Backend) allReduceRing(ctx context.Context, d desc, t []byte) error {
 	n, r := b.size, b.rank
 	left, right := mod(r-1, n), mod(r+1, n)
 	es, count := d.dtype.Size(), int(d.count)
-	b.want[left] += 2 * (n - 1)
+	steps := 2 * (n - 1)
+	per := max(b.cfg.SegmentSize/es, 1) * n
+	pieces := max(1, (count+per-1)/per)
+	b.want[left] += pieces * steps
 	seq := b.collective(d, true)
 	if err := b.agree(ctx, seq, d); err != nil {
 		return err
 	}
-	marks := b.markBuf(2 * (n - 1))
-	for s := 0; s < n-1; s++ {
-		lo, hi := span(count, n, mod(r-s-1, n), es)
-		marks[s], _ = b.post(left, entry{seq: seq, tag: uint32(s), d: d, mode: modeReduce, dst: t[lo:hi]})
+	// chunk returns block c (mod n) of piece p.
+	chunk := func(p, c int) []byte {
+		lo, hi := p*count/pieces, (p+1)*count/pieces
+		pc := hi - lo
+		c = mod(c, n)
+		return t[(lo+c*pc/n)*es : (lo+(c+1)*pc/n)*es]
 	}
-	for s := 0; s < n-1; s++ {
-		lo, hi := span(count, n, mod(r-s, n), es)
-		marks[n-1+s], _ = b.post(left, entry{seq: seq, tag: uint32(n - 1 + s), d: d, mode: modeCopy, dst: t[lo:hi]})
-	}
-	for s := 0; s < n-1; s++ {
-		lo, hi := span(count, n, mod(r-s, n), es)
-		var err error
-		if s == 0 {
-			err = b.sendData(right, opHeader(d, seq, s), t[lo:hi])
-		} else {
-			err = b.forward(ctx, left, marks[s-1], right, opHeader(d, seq, s), t[lo:hi], 0)
+	// Step s receives chunk r-s-1 (reduce-scatter, s < n-1) or r-s+n-1
+	// (all-gather), and sends what it received at step s-1.
+	recvChunk := func(s int) int {
+		if s < n-1 {
+			return r - s - 1
 		}
-		if err != nil {
-			return err
-		}
+		return r - s + n - 1
 	}
-	for s := 0; s < n-1; s++ {
-		lo, hi := span(count, n, mod(r+1-s, n), es)
-		src, avg := marks[n-1+s-1], 0
-		if s == 0 {
-			src = marks[n-2]
-			if d.redop == comm.Avg {
-				avg = n
+	done := b.markBuf(pieces * steps)
+	for dg := 0; dg < pieces+steps-1; dg++ {
+		for s := max(0, dg-pieces+1); s <= min(dg, steps-1); s++ {
+			p, mode := dg-s, modeCopy
+			if s < n-1 {
+				mode = modeReduce
 			}
+			_, done[p*steps+s] = b.post(left, entry{seq: seq, tag: uint32(s), d: d, mode: mode, dst: chunk(p, recvChunk(s))})
 		}
-		if err := b.forward(ctx, left, src, right, opHeader(d, seq, n-1+s), t[lo:hi], avg); err != nil {
-			return err
+	}
+	for dg := 0; dg < pieces+steps-1; dg++ {
+		for s := max(0, dg-pieces+1); s <= min(dg, steps-1); s++ {
+			p, c := dg-s, r
+			if s > 0 {
+				c = recvChunk(s - 1)
+				if err := b.waitRx(ctx, left, 0, done[p*steps+s-1]); err != nil {
+					return err
+				}
+			}
+			data := chunk(p, c)
+			if s == n-1 && d.redop == comm.Avg {
+				reduce.Divide(d.dtype, data, n) // this rank's reduced block
+			}
+			if err := b.sendData(right, opHeader(d, seq, s), data); err != nil {
+				return err
+			}
 		}
 	}
 	return b.waitAll(ctx)
