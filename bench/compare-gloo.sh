@@ -2,11 +2,12 @@
 # compare-gloo.sh — ftcomm's gloo backend (via cmd/ftbench) against Debian's
 # libgloo ring allreduce, side by side in one run on this machine.
 #
-# For every round, rank count and size set it runs libgloo's AllreduceOptions
-# ring ("ring"), libgloo's older AllreduceRing ("legacy") and ftbench (with its
-# raw TCP ring baseline), alternating which goes first so that noise hits all
-# of them. It prints every table, then the medians over the rounds and the
-# ratios the project's targets are stated in:
+# For every round, rank count and size it runs libgloo's AllreduceOptions ring
+# ("ring"), libgloo's older AllreduceRing ("legacy") and ftbench (with its raw
+# TCP ring baseline at the large sizes) one after the other, alternating which
+# goes first, so that the machine's noise hits all of them alike. It prints
+# every table, then the medians over the rounds and the ratios the project's
+# targets are stated in:
 #   - ftbench busbw / libgloo busbw at 16 MiB and 64 MiB, 2 and 4 ranks (>= 1.5)
 #   - libgloo time / ftbench time at 4 KiB (>= 10)
 #   - ftbench busbw / raw TCP busbw at 64 MiB (>= 0.8)
@@ -26,8 +27,8 @@ ROUNDS=${ROUNDS:-3}
 RANKS=${RANKS:-"2 4"}
 STRICT=${STRICT:-0}
 PROFILE=${PROFILE:-0}
-SMALL_ARGS=(-b 4K -e 4K -w 20 -n 300)
-LARGE_ARGS=(-b 1M -e 64M -f 4 -w 3 -n 20)
+# size:warmup:iters — the timed part of each run lasts about a second.
+PLAN="4096:20:300 1048576:5:50 4194304:3:20 16777216:2:10 67108864:2:10"
 LARGE_SIZES="1048576 4194304 16777216 67108864"
 SMALL_SIZE=4096
 
@@ -56,25 +57,31 @@ go build -o "$OUT/ftbench" ./cmd/ftbench || die "build cmd/ftbench"
 
 echo "# compare-gloo: $(date -u +%FT%TZ), host $(hostname), $(nproc) cores, $(go version | cut -d' ' -f3), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo -dirty)"
 echo "# libgloo $(dpkg-query -W -f='${Version}' libgloo-dev 2>/dev/null || echo '?'); rounds $ROUNDS; ranks $RANKS; outputs in $OUT"
-echo "# small: ${SMALL_ARGS[*]}; large: ${LARGE_ARGS[*]}"
+echo "# per size (bytes:warmup:iters): $PLAN; ftbench runs its raw TCP ring baseline at every size"
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg) (other work on this machine adds noise to every figure)"
 
-# run TOOL NP SET ROUND: runs one benchmark, keeps its output, prints its
-# table, and appends "tool np size time busbw" lines to $OUT/results.
+# run TOOL NP SIZE WARMUP ITERS ROUND: runs one benchmark of one size, keeps
+# its output, prints its table, and appends "tool np size time busbw" lines to
+# $OUT/results.
 run() {
-  local tool=$1 np=$2 set=$3 round=$4 log args rc=0
-  log="$OUT/$tool-np$np-$set-r$round.txt"
-  if [ "$set" = small ]; then args=("${SMALL_ARGS[@]}"); else args=("${LARGE_ARGS[@]}"); fi
+  local tool=$1 np=$2 size=$3 warm=$4 iters=$5 round=$6 log rc=0
+  local args=(-b "$size" -e "$size" -w "$warm" -n "$iters")
+  log="$OUT/$tool-np$np-$size-r$round.txt"
   case $tool in
     gloo-ring)   timeout 600 "$OUT/gloo_allreduce" -np "$np" "${args[@]}" -algo ring   >"$log" 2>"$log.err" || rc=$? ;;
     gloo-legacy) timeout 600 "$OUT/gloo_allreduce" -np "$np" "${args[@]}" -algo legacy >"$log" 2>"$log.err" || rc=$? ;;
-    ftbench)     timeout 600 "$OUT/ftbench" -np "$np" "${args[@]}" -raw="$([ "$set" = large ] && echo true || echo false)" >"$log" 2>"$log.err" || rc=$? ;;
+    ftbench)     timeout 600 "$OUT/ftbench" -np "$np" "${args[@]}" >"$log" 2>"$log.err" || rc=$? ;;
   esac
-  echo "## $tool, $np ranks, $set sizes, round $round"
-  grep -v '^#$' "$log" || true
+  # Every row, prefixed with who measured it (headers stay in $log).
+  awk -v tool="$tool" -v np="$np" -v round="$round" '
+    {
+      t = tool
+      if (substr($0, 1, 1) == "#") { if ($0 !~ / rawtcp /) next; sub(/^#/, " "); t = "rawtcp" }
+      printf "%-11s %2d %5d%s\n", t, np, round, $0
+    }' "$log"
   if [ $rc -ne 0 ]; then
     sed 's/^/    stderr: /' "$log.err" | tail -20
-    die "$tool -np $np ($set, round $round) exited with status $rc"
+    die "$tool -np $np at $size bytes (round $round) exited with status $rc"
   fi
   # Rows: size count type redop root time algbw busbw wrong. Baseline rows
   # are comments whose type is rawtcp.
@@ -87,15 +94,21 @@ run() {
       print t, np, $1, $6, $8; n++
     }
     END { if (bad) exit 2; if (n == 0) exit 3 }
-' "$log" >>"$OUT/results" || die "$tool -np $np ($set, round $round): wrong results or no rows (see $log)"
+' "$log" >>"$OUT/results" || die "$tool -np $np at $size bytes (round $round): wrong results or no rows (see $log)"
 }
 
 : >"$OUT/results"
+echo
+echo "# tool       np round        size         count      type   redop    root     time   algbw   busbw  #wrong"
+echo "#                                (B)    (elements)                               (us)  (GB/s)  (GB/s)"
+turn=0
 for round in $(seq 1 "$ROUNDS"); do
   for np in $RANKS; do
-    for set in small large; do
-      if [ $((round % 2)) -eq 1 ]; then order="gloo-ring gloo-legacy ftbench"; else order="ftbench gloo-legacy gloo-ring"; fi
-      for tool in $order; do run "$tool" "$np" "$set" "$round"; done
+    for step in $PLAN; do
+      IFS=: read -r size warm iters <<<"$step"
+      turn=$((turn + 1))
+      if [ $((turn % 2)) -eq 1 ]; then order="gloo-ring gloo-legacy ftbench"; else order="ftbench gloo-legacy gloo-ring"; fi
+      for tool in $order; do run "$tool" "$np" "$size" "$warm" "$iters" "$round"; done
     done
   done
 done
@@ -108,7 +121,7 @@ for np in $RANKS; do
       [ "$c" -eq "$ROUNDS" ] || die "$tool -np $np size $size: $c rows for $ROUNDS rounds"
     done
   done
-  for size in $LARGE_SIZES; do
+  for size in $SMALL_SIZE $LARGE_SIZES; do
     c=$(awk -v n="$np" -v s="$size" '$1=="rawtcp" && $2==n && $3==s' "$OUT/results" | wc -l)
     [ "$c" -eq "$ROUNDS" ] || die "raw baseline -np $np size $size: $c rows for $ROUNDS rounds"
   done
@@ -125,24 +138,24 @@ ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a >= b) }'; }
 echo
 echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# ===== medians over $ROUNDS rounds (time us, busbw GB/s) ====="
-printf "# %5s %10s | %10s %8s | %10s %8s | %10s %8s | %8s | %8s %8s %8s\n" ranks size \
-  "ring us" busbw "legacy us" busbw "ftbench us" busbw "raw bw" "ft/ring" "ft/leg" "ft/raw"
+printf "# %5s %10s | %10s %8s | %10s %8s | %10s %8s | %10s %8s | %8s %8s %8s\n" ranks size \
+  "ring us" busbw "legacy us" busbw "ftbench us" busbw "raw us" busbw "ft/ring" "ft/leg" "ft/raw"
 for np in $RANKS; do
   for size in $SMALL_SIZE $LARGE_SIZES; do
     rt=$(median gloo-ring "$np" "$size" 4); rb=$(median gloo-ring "$np" "$size" 5)
     lt=$(median gloo-legacy "$np" "$size" 4); lb=$(median gloo-legacy "$np" "$size" 5)
     ft=$(median ftbench "$np" "$size" 4); fb=$(median ftbench "$np" "$size" 5)
-    if [ "$size" = $SMALL_SIZE ]; then
-      raw="-"; fr="-"
-      a=$(ratio "$rt" "$ft"); b=$(ratio "$lt" "$ft")  # latency: libgloo time / ftbench time
-    else
-      raw=$(median rawtcp "$np" "$size" 5); fr=$(ratio "$fb" "$raw")
-      a=$(ratio "$fb" "$rb"); b=$(ratio "$fb" "$lb")
+    wt=$(median rawtcp "$np" "$size" 4); wb=$(median rawtcp "$np" "$size" 5)
+    if [ "$size" = $SMALL_SIZE ]; then  # latency: libgloo (or raw) time / ftbench time
+      a=$(ratio "$rt" "$ft"); b=$(ratio "$lt" "$ft"); fr=$(ratio "$wt" "$ft")
+    else                               # bandwidth: ftbench busbw / libgloo (or raw) busbw
+      a=$(ratio "$fb" "$rb"); b=$(ratio "$fb" "$lb"); fr=$(ratio "$fb" "$wb")
     fi
-    printf "  %5s %10s | %10s %8s | %10s %8s | %10s %8s | %8s | %8s %8s %8s\n" "$np" "$size" "$rt" "$rb" "$lt" "$lb" "$ft" "$fb" "$raw" "$a" "$b" "$fr"
+    printf "  %5s %10s | %10s %8s | %10s %8s | %10s %8s | %10s %8s | %8s %8s %8s\n" "$np" "$size" "$rt" "$rb" "$lt" "$lb" "$ft" "$fb" "$wt" "$wb" "$a" "$b" "$fr"
   done
 done
-echo "# ft/ring, ft/leg: busbw ratio ftbench / libgloo (at 4096 B: time ratio libgloo / ftbench); ft/raw: ftbench / raw TCP ring busbw"
+echo "# ft/ring, ft/leg, ft/raw: busbw ratio ftbench / libgloo ring, legacy, raw TCP ring; at 4096 B time ratio libgloo (or raw) / ftbench"
+echo "# (the raw ring's 4096 B time is one hop to the right neighbour: the floor under any allreduce over TCP here)"
 
 echo
 echo "# ===== targets (against the better libgloo algorithm) ====="

@@ -24,11 +24,13 @@ import (
 //
 // Iterations follow each other as a ring's steps do: the next starts when
 // this rank has finished sending and receiving the previous one. At large
-// sizes that is a stream; at small sizes its time is one hop, a floor that
-// no ring collective (2(n-1) dependent hops) can reach.
+// sizes that is a stream; at small sizes its time is one exchange with the
+// neighbours (a write, then a read woken by the network poller), about what
+// a 2-rank allreduce needs at least; a ring of n ranks needs 2(n-1) such
+// dependent hops.
 //
-// A rawRing is used by one goroutine; run starts one sender goroutine per
-// iteration and waits for it before returning.
+// A rawRing is used by one goroutine; above syncWriteMax bytes, run starts
+// one sender goroutine per iteration and waits for it before returning.
 type rawRing struct {
 	rank, n     int
 	left, right *net.TCPConn
@@ -198,6 +200,12 @@ func (r *rawRing) run(ctx context.Context, size int64, warmup, iters int, barrie
 	return usec, wrong, nil
 }
 
+// syncWriteMax is the largest iteration written before reading, on one
+// goroutine: it fits the sockets' initial buffers (net.ipv4.tcp_wmem and
+// tcp_rmem defaults 16 KiB and 128 KiB), so the write never waits for the
+// peer to read. Larger iterations send and receive concurrently.
+const syncWriteMax = 16 << 10
+
 // iteration sends nb bytes right while receiving nb bytes from the left.
 func (r *rawRing) iteration(ctx context.Context, nb int64) error {
 	if err := ctx.Err(); err != nil {
@@ -206,6 +214,15 @@ func (r *rawRing) iteration(ctx context.Context, nb int64) error {
 	deadline := time.Now().Add(r.timeout)
 	r.right.SetWriteDeadline(deadline)
 	r.left.SetReadDeadline(deadline)
+	if nb <= syncWriteMax {
+		if _, err := r.right.Write(r.send[:nb]); err != nil {
+			return fmt.Errorf("ftbench: raw baseline: send to rank %d: %w", (r.rank+1)%r.n, err)
+		}
+		if _, err := io.ReadFull(r.left, r.recv[:nb]); err != nil {
+			return fmt.Errorf("ftbench: raw baseline: receive from rank %d: %w", (r.rank+r.n-1)%r.n, err)
+		}
+		return nil
+	}
 	go func() { // exits when the write completes or fails (deadline at the latest)
 		_, err := r.right.Write(r.send[:nb])
 		r.sendDone <- err
