@@ -155,7 +155,7 @@ for np in $RANKS; do
   done
 done
 echo "# ft/ring, ft/leg, ft/raw: busbw ratio ftbench / libgloo ring, legacy, raw TCP ring; at 4096 B time ratio libgloo (or raw) / ftbench"
-echo "# (the raw ring's 4096 B time is one hop to the right neighbour: the floor under any allreduce over TCP here)"
+echo "# (the raw ring's 4096 B time is one exchange with the neighbours over plain TCP: about the least a 2-rank allreduce can take here)"
 
 echo
 echo "# ===== targets (against the better libgloo algorithm) ====="
