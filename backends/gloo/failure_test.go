@@ -241,10 +241,10 @@ func TestFrozenPeerDetected(t *testing.T) {
 // TestLatePeerNotDeclaredFailed: a live rank that starts its op well after
 // PeerTimeout is not a failure (its idle heartbeats keep it alive).
 func TestLatePeerNotDeclaredFailed(t *testing.T) {
-	j := newJob(t, 3, func(c *Config) { c.HeartbeatInterval = 50 * time.Millisecond; c.PeerTimeout = 300 * time.Millisecond })
+	j := newJob(t, 3, func(c *Config) { c.HeartbeatInterval = 50 * time.Millisecond; c.PeerTimeout = 500 * time.Millisecond })
 	j.mustRun(func(r int, c *comm.Comm) error {
 		if r == 1 {
-			time.Sleep(1200 * time.Millisecond) // the scenario: 4 × PeerTimeout late
+			time.Sleep(1500 * time.Millisecond) // the scenario: 3 × PeerTimeout late
 		}
 		x := []float32{1}
 		if err := c.AllReduce(context.Background(), comm.Float32s(x), comm.Sum); err != nil {

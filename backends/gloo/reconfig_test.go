@@ -295,7 +295,7 @@ func TestShrinkReconnectsBrokenLink(t *testing.T) {
 // the third calls Shrink well after PeerTimeout; nobody heartbeats the
 // first two's connection meanwhile, yet none of them is declared failed.
 func TestSlowSurvivorNotDeclaredFailed(t *testing.T) {
-	j := newJob(t, 4, func(c *Config) { c.HeartbeatInterval = 50 * time.Millisecond; c.PeerTimeout = 300 * time.Millisecond })
+	j := newJob(t, 4, func(c *Config) { c.HeartbeatInterval = 50 * time.Millisecond; c.PeerTimeout = 500 * time.Millisecond })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	j.comms[3].Close()
@@ -305,7 +305,7 @@ func TestSlowSurvivorNotDeclaredFailed(t *testing.T) {
 			return nil
 		}
 		if r == 2 {
-			time.Sleep(time.Second) // the scenario: a survivor 3 × PeerTimeout late
+			time.Sleep(1500 * time.Millisecond) // the scenario: a survivor 3 × PeerTimeout late
 		}
 		nc, err := c.Shrink(ctx, []int{3}, 1)
 		if err != nil {
@@ -315,7 +315,7 @@ func TestSlowSurvivorNotDeclaredFailed(t *testing.T) {
 		if r == 0 {
 			// Let rank 0's liveness check look at the 0-1 link (silent since
 			// its resync a second ago) while rank 0 waits in an op.
-			time.Sleep(2 * 300 * time.Millisecond)
+			time.Sleep(2 * 500 * time.Millisecond)
 		}
 		return sumCheck(ctx, nc, 1000)
 	})
