@@ -397,7 +397,11 @@ func gpuKillTest(t *testing.T, scenario string) {
 // ---- the rank processes ----
 
 func runRole(role string) int {
-	if err := rankMain(role); err != nil {
+	run := rankMain
+	if strings.HasPrefix(role, "cycle-") {
+		run = cycleMain
+	}
+	if err := run(role); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", role, err)
 		return 1
 	}

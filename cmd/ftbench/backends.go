@@ -3,4 +3,15 @@ package main
 // The backends ftbench can run (-backend); each registers itself with comm.
 import (
 	_ "github.com/ftcomm/ftcomm/backends/gloo"
+	"github.com/ftcomm/ftcomm/backends/nccl"
 )
+
+// backendConfig is the comm.Options.BackendConfig of cfg's backend.
+func backendConfig(cfg *Config) any {
+	if cfg.Backend == "nccl" {
+		c := nccl.DefaultConfig()
+		c.BlockingComm = cfg.NCCLBlocking
+		return &c
+	}
+	return nil
+}

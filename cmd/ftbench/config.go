@@ -43,6 +43,8 @@ type Config struct {
 	CPUProf string   `json:"cpuprofile"` // worker CPU profile path; ".rank<r>" is appended
 	Trace   string   `json:"trace"`      // worker execution trace path; ".rank<r>" is appended
 	Verbose bool     `json:"verbose"`    // worker logs at debug level
+	// NCCLBlocking creates NCCL comms in blocking mode (nccl.Config.BlockingComm).
+	NCCLBlocking bool `json:"nccl_blocking"`
 }
 
 // Duration is a time.Duration that marshals as its string form.
@@ -326,6 +328,7 @@ func parseFlags(args []string) (Config, error) {
 	fs.StringVar(&c.CPUProf, "cpuprofile", c.CPUProf, "write each worker's CPU profile to this path + \".rank<r>\"")
 	fs.StringVar(&c.Trace, "trace", c.Trace, "write each worker's execution trace (go tool trace) to this path + \".rank<r>\"")
 	fs.BoolVar(&c.Verbose, "v", c.Verbose, "verbose worker logs on stderr")
+	fs.BoolVar(&c.NCCLBlocking, "nccl-blocking", c.NCCLBlocking, "nccl: blocking communicators (lower latency; init and shrink cannot be aborted)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return c, err

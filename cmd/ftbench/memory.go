@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"unsafe"
 
+	"github.com/ftcomm/ftcomm/backends/nccl"
 	"github.com/ftcomm/ftcomm/comm"
 )
 
@@ -19,11 +21,46 @@ type deviceMemory interface {
 }
 
 // deviceMemoryFor returns the device memory helpers of backend b for GPU
-// device. Device backends plug in here when their package provides the
-// helpers; until then a device backend is refused with a clear error.
+// device; a device backend without helpers here is refused with a clear error.
 func deviceMemoryFor(b comm.Backend, device int) (deviceMemory, error) {
-	return nil, fmt.Errorf("%w: ftbench: backend %s keeps tensors in device memory (GPU %d), and no device memory helpers are wired into ftbench for it yet",
+	if nb, ok := b.(*nccl.Backend); ok {
+		return &ncclMemory{l: nb.Library(), dev: device, bufs: map[uintptr]*nccl.DeviceBuffer{}}, nil
+	}
+	return nil, fmt.Errorf("%w: ftbench: backend %s keeps tensors in device memory (GPU %d), and no device memory helpers are wired into ftbench for it",
 		comm.ErrBackendUnavailable, b.Name(), device)
+}
+
+// ncclMemory is deviceMemory on the NCCL backend's CUDA helpers.
+type ncclMemory struct {
+	l    *nccl.Library
+	dev  int
+	bufs map[uintptr]*nccl.DeviceBuffer
+}
+
+func (m *ncclMemory) Alloc(n int) (uintptr, error) {
+	b, err := m.l.Alloc(m.dev, n)
+	if err != nil {
+		return 0, err
+	}
+	m.bufs[b.Ptr()] = b
+	return b.Ptr(), nil
+}
+
+func (m *ncclMemory) Free(ptr uintptr) error {
+	b, ok := m.bufs[ptr]
+	if !ok {
+		return fmt.Errorf("%w: ftbench: free of unknown device pointer %#x", comm.ErrInvalidArgument, ptr)
+	}
+	delete(m.bufs, ptr)
+	return b.Free()
+}
+
+func (m *ncclMemory) CopyToDevice(dst uintptr, src []byte) error {
+	return m.l.CopyToDevice(context.Background(), comm.DeviceTensor(dst, m.dev, len(src), comm.Uint8), src)
+}
+
+func (m *ncclMemory) CopyToHost(dst []byte, src uintptr) error {
+	return m.l.CopyFromDevice(context.Background(), dst, comm.DeviceTensor(src, m.dev, len(dst), comm.Uint8))
 }
 
 // buffer is one benchmark buffer of up to cap bytes: host bytes the data

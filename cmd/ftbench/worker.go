@@ -144,7 +144,7 @@ func runWorker(ctx context.Context, spec workerSpec, em *emitter, log *zap.Logge
 	defer cancel()
 	c, err := comm.New(setupCtx, cfg.Backend, comm.Options{
 		Name: "ftbench", Rank: spec.Rank, Size: cfg.NP, Epoch: 1, JobID: spec.RunID, Secret: spec.Secret,
-		Store: store, Prefix: "comm", Timeout: timeout, Device: spec.Rank, Logger: log,
+		Store: store, Prefix: "comm", Timeout: timeout, Device: spec.Rank, Logger: log, BackendConfig: backendConfig(&cfg),
 	})
 	if err != nil {
 		return fmt.Errorf("ftbench: rank %d: create %s communicator: %w", spec.Rank, cfg.Backend, err)
