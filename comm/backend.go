@@ -170,6 +170,44 @@ type Splitter interface {
 	Split(ctx context.Context, color, key int) (Backend, error)
 }
 
+// Enqueuer is a backend whose ops run in order on a device queue (a CUDA
+// stream), so an op may be started before the previous one has completed:
+// Comm then enqueues async ops back to back and waits for their
+// completions in order, each under its own deadline, instead of running
+// them one at a time. Sync ops issued on an idle comm still use the
+// blocking methods.
+//
+// Comm calls CanStart and Start from one goroutine, never while a blocking
+// op of the backend runs; Abort and Revoke must wake every pending
+// Completion.
+type Enqueuer interface {
+	// CanStart reports whether ops of this kind can be started.
+	CanStart(kind OpType) bool
+	// Start enqueues op and returns once the backend has accepted it.
+	Start(ctx context.Context, op Op) (Completion, error)
+}
+
+// Completion is an op started by an Enqueuer.
+type Completion interface {
+	// Wait blocks until the op has completed (nil), failed, been woken by
+	// Abort or Revoke, or ctx ends. It is called once.
+	Wait(ctx context.Context) error
+}
+
+// Op is an op with its arguments, as an Enqueuer receives it: the fields
+// the Backend method of the same kind takes (Out holds the tensor of
+// single-buffer ops).
+type Op struct {
+	Kind     OpType
+	Out, In  Tensor
+	ReduceOp ReduceOp
+	Root     int
+	Peer     int
+	Counts   []int // AllGatherV counts, AllToAllV outCounts
+	InCounts []int // AllToAllV inCounts
+	P2P      []P2POp
+}
+
 // NoColor is the Split color of a rank that joins no new comm.
 const NoColor = -1
 

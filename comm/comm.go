@@ -50,10 +50,17 @@ type Comm struct {
 	deadline time.Time
 	timer    *time.Timer // fires onDeadline; armed while an op executes
 	worker   bool        // the worker goroutine is running
+	enq      Enqueuer    // b, when it can start ops before earlier ones complete
+	pending  int         // ops started on enq and not yet completed
+	inflight chan *Work  // started ops, in order, to the completer goroutine
 	wake     chan struct{}
 	quit     chan struct{}
 	wg       sync.WaitGroup
 }
+
+// pipelineDepth bounds how many started ops an Enqueuer backend may have
+// outstanding.
+const pipelineDepth = 64
 
 func wrap(b Backend, opts Options) *Comm {
 	opts.Rank, opts.Size, opts.Epoch = b.Rank(), b.Size(), b.Epoch()
@@ -68,6 +75,10 @@ func wrap(b Backend, opts Options) *Comm {
 	c.log = opts.Logger.With(zap.String("comm", opts.Name), zap.String("backend", b.Name()),
 		zap.Int("rank", opts.Rank), zap.Int("size", opts.Size), zap.Uint64("epoch", opts.Epoch))
 	c.idle = sync.NewCond(&c.mu)
+	if e, ok := b.(Enqueuer); ok {
+		c.enq = e
+		c.inflight = make(chan *Work, pipelineDepth)
+	}
 	c.timer = time.AfterFunc(time.Hour, c.onDeadline)
 	c.timer.Stop()
 	return c
@@ -106,6 +117,12 @@ type Work struct {
 	done chan struct{}
 	err  error
 	t0   time.Time
+
+	// Started on an Enqueuer: its completion, deadline and whether the comm
+	// was active when it started.
+	cpl       Completion
+	deadline  time.Time
+	wasActive bool
 }
 
 // Wait blocks until the op has completed and returns its error, or returns
@@ -215,6 +232,7 @@ func (c *Comm) pushLocked(w *Work) {
 		c.busy = true
 		c.kickLocked()
 	}
+	c.idle.Broadcast() // a worker waiting for started ops to complete takes new work at once
 }
 
 // releaseLocked is called by an inline executor when its op is done: hand
@@ -233,6 +251,10 @@ func (c *Comm) kickLocked() {
 		c.worker = true
 		c.wg.Add(1)
 		go c.work()
+		if c.enq != nil {
+			c.wg.Add(1)
+			go c.complete()
+		}
 	}
 	select {
 	case c.wake <- struct{}{}:
@@ -241,7 +263,9 @@ func (c *Comm) kickLocked() {
 }
 
 // work is the worker goroutine: it drains the queue whenever kicked and
-// exits when the comm is closed.
+// exits when the comm is closed. On an Enqueuer it starts the ops it can
+// without waiting for them (the completer goroutine finishes them) and runs
+// any other op only once those have completed; it stays busy until then.
 func (c *Comm) work() {
 	defer c.wg.Done()
 	for {
@@ -252,6 +276,9 @@ func (c *Comm) work() {
 		}
 		for {
 			c.mu.Lock()
+			for len(c.queue) == 0 && c.pending > 0 {
+				c.idle.Wait()
+			}
 			if len(c.queue) == 0 {
 				c.busy = false
 				c.idle.Broadcast()
@@ -261,10 +288,101 @@ func (c *Comm) work() {
 			w := c.queue[0]
 			c.queue[0] = nil
 			c.queue = c.queue[1:]
+			if c.enq != nil && c.enq.CanStart(w.d.kind) {
+				c.mu.Unlock()
+				c.startOn(w)
+				continue
+			}
+			for c.pending > 0 {
+				c.idle.Wait()
+			}
 			c.mu.Unlock()
 			c.execute(w)
 			close(w.done)
 		}
+	}
+}
+
+// startOn starts w on the Enqueuer and hands it to the completer.
+func (c *Comm) startOn(w *Work) {
+	c.mu.Lock()
+	if err := c.refuseLocked(&w.d); err != nil {
+		c.mu.Unlock()
+		c.finish(w, err)
+		close(w.done)
+		return
+	}
+	if err := w.ctx.Err(); err != nil {
+		c.mu.Unlock()
+		c.finish(w, fmt.Errorf("not started: %w", context.Cause(w.ctx)))
+		close(w.done)
+		return
+	}
+	now := time.Now()
+	w.t0, w.wasActive = now, c.state == stateActive
+	if c.opts.Timeout > 0 {
+		w.deadline = now.Add(c.opts.Timeout)
+	}
+	if d, ok := w.ctx.Deadline(); ok && (w.deadline.IsZero() || d.Before(w.deadline)) {
+		w.deadline = d
+	}
+	c.rec.start(w.seq, now)
+	c.pending++
+	c.mu.Unlock()
+	d := &w.d
+	cpl, err := c.enq.Start(w.ctx, Op{Kind: d.kind, Out: d.t, In: d.in, ReduceOp: d.op, Root: d.root, Peer: d.peer,
+		Counts: d.counts, InCounts: d.inCounts, P2P: d.p2p})
+	if err != nil {
+		c.mu.Lock()
+		c.pending--
+		c.idle.Broadcast()
+		err = c.classifyLocked(w, err, w.wasActive)
+		c.mu.Unlock()
+		c.finish(w, err)
+		close(w.done)
+		return
+	}
+	w.cpl = cpl
+	c.inflight <- w
+}
+
+// complete is the completer goroutine of an Enqueuer comm: it waits for the
+// started ops in order, each under its deadline, and finishes them. It exits
+// when the comm is closed, after the worker.
+func (c *Comm) complete() {
+	defer c.wg.Done()
+	for w := range c.inflight {
+		wctx, cancel := w.ctx, context.CancelFunc(func() {})
+		if !w.deadline.IsZero() {
+			wctx, cancel = context.WithDeadline(w.ctx, w.deadline)
+		}
+		err := w.cpl.Wait(wctx)
+		cancel()
+		c.mu.Lock()
+		var abort error
+		if err != nil && w.wasActive && c.state == stateActive {
+			switch {
+			case w.ctx.Err() != nil:
+				abort = c.ctxBreakLocked(w)
+			case wctx.Err() != nil: // our deadline
+				abort = fmt.Errorf("%w: %s #%d still running at its deadline (%s after start)",
+					ErrTimeout, w.d.kind, w.seq, w.deadline.Sub(w.t0).Round(time.Millisecond))
+				c.breakLocked(stateFailed, fmt.Errorf("%w after %w", ErrAborted, abort))
+			}
+		}
+		err = c.classifyLocked(w, err, w.wasActive)
+		c.pending--
+		c.idle.Broadcast()
+		c.mu.Unlock()
+		if abort != nil {
+			if errors.Is(abort, ErrTimeout) {
+				c.log.Error("op timed out; aborting the comm", zap.Uint64("seq", w.seq), zap.Stringer("op", w.d.kind),
+					zap.ByteString("flight_recorder", c.Dump()))
+			}
+			c.b.Abort(abort)
+		}
+		c.finish(w, err)
+		close(w.done)
 	}
 }
 
@@ -545,7 +663,7 @@ func (c *Comm) Close() error {
 		c.mu.Unlock()
 		return nil
 	}
-	running := c.cur != nil
+	running := c.cur != nil || c.pending > 0
 	c.state, c.refusal = stateClosed, ErrClosed
 	c.mu.Unlock()
 	if running {
@@ -563,6 +681,9 @@ func (c *Comm) shutdown() error {
 	}
 	c.mu.Unlock()
 	close(c.quit)
+	if c.inflight != nil {
+		close(c.inflight) // after busy went false the worker sends no more
+	}
 	c.wg.Wait()
 	c.timer.Stop()
 	return c.b.Close()
