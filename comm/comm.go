@@ -357,6 +357,7 @@ func (c *Comm) complete() {
 			wctx, cancel = context.WithDeadline(w.ctx, w.deadline)
 		}
 		err := w.cpl.Wait(wctx)
+		expired := wctx.Err() != nil // before cancel, which would set it
 		cancel()
 		c.mu.Lock()
 		var abort error
@@ -364,7 +365,7 @@ func (c *Comm) complete() {
 			switch {
 			case w.ctx.Err() != nil:
 				abort = c.ctxBreakLocked(w)
-			case wctx.Err() != nil: // our deadline
+			case expired: // our deadline
 				abort = fmt.Errorf("%w: %s #%d still running at its deadline (%s after start)",
 					ErrTimeout, w.d.kind, w.seq, w.deadline.Sub(w.t0).Round(time.Millisecond))
 				c.breakLocked(stateFailed, fmt.Errorf("%w after %w", ErrAborted, abort))

@@ -166,3 +166,20 @@ func TestEnqueuerRevokeAndClose(t *testing.T) {
 	}
 	c.Close()
 }
+
+// A started op that fails in the backend fails with the backend's error
+// (a peer's failure), not as a timeout.
+func TestEnqueuerBackendFailure(t *testing.T) {
+	s := newStreamFake()
+	c := newComm(t, s, comm.Options{Timeout: time.Hour})
+	w := c.AllReduceAsync(context.Background(), comm.Float32s(make([]float32, 1)), comm.Sum)
+	<-s.startedC
+	s.Abort(&comm.RankError{Rank: 1, Op: comm.OpAllReduce, Err: comm.ErrPeerFailed})
+	err := waitDone(t, w)
+	if !errors.Is(err, comm.ErrPeerFailed) || errors.Is(err, comm.ErrTimeout) {
+		t.Fatalf("err = %v, want ErrPeerFailed and not ErrTimeout", err)
+	}
+	if got := comm.FailedRanks(c.Err()); len(got) != 1 || got[0] != 1 {
+		t.Fatalf("FailedRanks(c.Err()) = %v", got)
+	}
+}

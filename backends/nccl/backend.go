@@ -21,6 +21,7 @@ func init() {
 }
 
 var (
+	_ comm.Enqueuer = (*Backend)(nil)
 	_ comm.Backend  = (*Backend)(nil)
 	_ comm.Revoker  = (*Backend)(nil)
 	_ comm.Shrinker = (*Backend)(nil)
@@ -65,6 +66,11 @@ type Backend struct {
 	// stream (a kernel waiting for a dead peer, say).
 	dirty    atomic.Bool
 	opActive atomic.Bool
+	// evMu guards the pool of completion events of started ops.
+	evMu     sync.Mutex
+	events   []eventHandle
+	evClosed bool
+
 	// opMu is held while an op uses the stream (launch and wait), so the
 	// release never destroys the stream under a waiting op.
 	opMu sync.Mutex
@@ -509,6 +515,12 @@ func (b *Backend) release() error {
 		b.log.Error("stream did not drain after abort; leaking it and the scratch memory", zap.Error(err))
 		return errors.Join(append(errs, fmt.Errorf("nccl: stream did not drain: %w", err))...)
 	}
+	b.evMu.Lock()
+	for _, ev := range b.events {
+		errs = append(errs, b.lib.eventDestroy(b.dev, ev))
+	}
+	b.events, b.evClosed = nil, true
+	b.evMu.Unlock()
 	errs = append(errs, b.lib.free(b.dev, b.scratch), b.lib.streamDestroy(b.dev, b.stream))
 	return errors.Join(errs...)
 }
@@ -609,7 +621,10 @@ func (b *Backend) settle(ctx context.Context, h commHandle, what string, r resul
 // it, the comm fails (Abort, Revoke, Close, an async error), or ctx ends.
 // It polls busily for SpinWait, then yields until YieldWait, then sleeps
 // PollInterval between polls.
-func (b *Backend) waitStream(ctx context.Context, what string) error {
+func (b *Backend) waitStream(ctx context.Context, what string) error { return b.waitFor(ctx, what, 0) }
+
+// waitFor is waitStream for the work before event ev (0: the whole stream).
+func (b *Backend) waitFor(ctx context.Context, what string, ev eventHandle) error {
 	b.opActive.Store(true)
 	t0 := time.Now()
 	polls := int64(0)
@@ -622,7 +637,13 @@ func (b *Backend) waitStream(ctx context.Context, what string) error {
 	var start time.Time
 	var timer *time.Timer
 	for i := 0; ; i++ {
-		ok, err := b.lib.streamQuery(b.dev, b.stream)
+		var ok bool
+		var err error
+		if ev != 0 {
+			ok, err = b.lib.eventQuery(ev)
+		} else {
+			ok, err = b.lib.streamQuery(b.dev, b.stream)
+		}
 		polls++
 		if err != nil {
 			err = fmt.Errorf("nccl: %w: %s: %w", comm.ErrAborted, what, err)
@@ -717,6 +738,105 @@ func (b *Backend) runGroup(ctx context.Context, what string, copyDst, copySrc ui
 func (b *Backend) allReduceScratch(ctx context.Context) error {
 	return b.run(ctx, "barrier", collArgs{kind: kAllReduce, dtype: ncclInt32, redop: ncclSum,
 		send: b.scratch, recv: b.scratch, count: 1})
+}
+
+// CanStart implements comm.Enqueuer: the collectives that are one NCCL call
+// can be started without waiting for the ones before them.
+func (b *Backend) CanStart(kind comm.OpType) bool {
+	switch kind {
+	case comm.OpAllReduce, comm.OpReduceScatter, comm.OpAllGather, comm.OpBroadcast, comm.OpReduce:
+		return true
+	}
+	return false
+}
+
+// Start implements comm.Enqueuer: it enqueues op on the comm's stream,
+// records an event behind it and returns a completion that waits for the
+// event, so comm.Comm can keep the stream full (nccl-tests' pipelined
+// latency instead of one op's round trip).
+func (b *Backend) Start(ctx context.Context, op comm.Op) (comm.Completion, error) {
+	var a collArgs
+	var err error
+	what := op.Kind.String()
+	switch op.Kind {
+	case comm.OpAllReduce:
+		a, err = b.allReduceArgs(op.Out, op.ReduceOp)
+	case comm.OpReduceScatter:
+		a, err = b.reduceScatterArgs(op.Out, op.In, op.ReduceOp)
+	case comm.OpAllGather:
+		a, err = b.allGatherArgs(op.Out, op.In)
+	case comm.OpBroadcast:
+		a, err = b.broadcastArgs(op.Out, op.Root)
+	case comm.OpReduce:
+		a, err = b.reduceArgs(op.Out, op.ReduceOp, op.Root)
+	default:
+		return nil, fmt.Errorf("nccl: %w: %s cannot be started without waiting", comm.ErrInvalidArgument, op.Kind)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if a.count == 0 {
+		return doneCompletion{}, nil
+	}
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
+	if err := b.launch(ctx, what, &a, nil); err != nil {
+		return nil, err
+	}
+	ev, err := b.event()
+	if err == nil {
+		err = b.lib.eventRecord(b.dev, ev, b.stream)
+		if err != nil {
+			b.putEvent(ev)
+		}
+	}
+	if err != nil {
+		err = fmt.Errorf("nccl: %w: %s: record completion event: %w", comm.ErrAborted, what, err)
+		b.fail(err)
+		return nil, err
+	}
+	return &started{b: b, ev: ev, what: what}, nil
+}
+
+// started is an op enqueued by Start.
+type started struct {
+	b    *Backend
+	ev   eventHandle
+	what string
+}
+
+// Wait implements comm.Completion.
+func (s *started) Wait(ctx context.Context) error {
+	defer s.b.putEvent(s.ev)
+	return s.b.waitFor(ctx, s.what, s.ev)
+}
+
+type doneCompletion struct{}
+
+func (doneCompletion) Wait(context.Context) error { return nil }
+
+// event takes a completion event from the pool (or makes one).
+func (b *Backend) event() (eventHandle, error) {
+	b.evMu.Lock()
+	if n := len(b.events); n > 0 {
+		ev := b.events[n-1]
+		b.events = b.events[:n-1]
+		b.evMu.Unlock()
+		return ev, nil
+	}
+	b.evMu.Unlock()
+	return b.lib.eventCreate(b.dev, false)
+}
+
+// putEvent returns ev to the pool, or destroys it once the comm is released.
+func (b *Backend) putEvent(ev eventHandle) {
+	b.evMu.Lock()
+	defer b.evMu.Unlock()
+	if b.evClosed {
+		b.lib.eventDestroy(b.dev, ev)
+		return
+	}
+	b.events = append(b.events, ev)
 }
 
 // EnqueueAllReduce queues an in-place all-reduce of t on the comm's stream

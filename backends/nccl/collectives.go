@@ -72,39 +72,48 @@ func (b *Backend) AllReduce(ctx context.Context, t comm.Tensor, op comm.ReduceOp
 	return b.run(ctx, "allreduce", a)
 }
 
-// ReduceScatter implements comm.Backend.
-func (b *Backend) ReduceScatter(ctx context.Context, out, in comm.Tensor, op comm.ReduceOp) error {
+func (b *Backend) reduceScatterArgs(out, in comm.Tensor, op comm.ReduceOp) (collArgs, error) {
 	dt, err := b.checkPair(out, in)
 	if err != nil {
-		return err
+		return collArgs{}, err
 	}
 	rop, err := redOp(op, out.DType())
 	if err != nil {
-		return err
+		return collArgs{}, err
 	}
 	if in.Count() != out.Count()*b.size {
-		return fmt.Errorf("nccl: %w: reducescatter: in has %d elements, want %d", comm.ErrInvalidArgument, in.Count(), out.Count()*b.size)
+		return collArgs{}, fmt.Errorf("nccl: %w: reducescatter: in has %d elements, want %d", comm.ErrInvalidArgument, in.Count(), out.Count()*b.size)
 	}
-	if out.Count() == 0 {
-		return nil
+	return collArgs{kind: kReduceScatter, dtype: dt, redop: rop, send: in.Ptr(), recv: out.Ptr(), count: uint64(out.Count())}, nil
+}
+
+// ReduceScatter implements comm.Backend.
+func (b *Backend) ReduceScatter(ctx context.Context, out, in comm.Tensor, op comm.ReduceOp) error {
+	a, err := b.reduceScatterArgs(out, in, op)
+	if err != nil || a.count == 0 {
+		return err
 	}
-	return b.run(ctx, "reducescatter", collArgs{kind: kReduceScatter, dtype: dt, redop: rop,
-		send: in.Ptr(), recv: out.Ptr(), count: uint64(out.Count())})
+	return b.run(ctx, "reducescatter", a)
+}
+
+func (b *Backend) allGatherArgs(out, in comm.Tensor) (collArgs, error) {
+	dt, err := b.checkPair(out, in)
+	if err != nil {
+		return collArgs{}, err
+	}
+	if out.Count() != in.Count()*b.size {
+		return collArgs{}, fmt.Errorf("nccl: %w: allgather: out has %d elements, want %d", comm.ErrInvalidArgument, out.Count(), in.Count()*b.size)
+	}
+	return collArgs{kind: kAllGather, dtype: dt, send: in.Ptr(), recv: out.Ptr(), count: uint64(in.Count())}, nil
 }
 
 // AllGather implements comm.Backend.
 func (b *Backend) AllGather(ctx context.Context, out, in comm.Tensor) error {
-	dt, err := b.checkPair(out, in)
-	if err != nil {
+	a, err := b.allGatherArgs(out, in)
+	if err != nil || a.count == 0 {
 		return err
 	}
-	if out.Count() != in.Count()*b.size {
-		return fmt.Errorf("nccl: %w: allgather: out has %d elements, want %d", comm.ErrInvalidArgument, out.Count(), in.Count()*b.size)
-	}
-	if in.Count() == 0 {
-		return nil
-	}
-	return b.run(ctx, "allgather", collArgs{kind: kAllGather, dtype: dt, send: in.Ptr(), recv: out.Ptr(), count: uint64(in.Count())})
+	return b.run(ctx, "allgather", a)
 }
 
 // AllGatherV implements comm.Backend as one group of broadcasts, one per
@@ -137,32 +146,49 @@ func (b *Backend) AllGatherV(ctx context.Context, out, in comm.Tensor, counts []
 	return b.runGroup(ctx, "allgatherv", 0, 0, 0)
 }
 
-// Broadcast implements comm.Backend.
-func (b *Backend) Broadcast(ctx context.Context, t comm.Tensor, root int) error {
-	dt, err := b.checkTensor(t, "tensor")
-	if err != nil || t.Count() == 0 {
-		return err
-	}
-	return b.run(ctx, "broadcast", collArgs{kind: kBroadcast, dtype: dt, peer: int32(root), send: t.Ptr(), recv: t.Ptr(), count: uint64(t.Count())})
-}
-
-// Reduce implements comm.Backend. Off root the receive buffer is NULL
-// (nccl.h: "recvbuff may be NULL on all calls except for root"), so NCCL
-// only reads t there and non-root buffers stay unchanged.
-func (b *Backend) Reduce(ctx context.Context, t comm.Tensor, op comm.ReduceOp, root int) error {
+func (b *Backend) broadcastArgs(t comm.Tensor, root int) (collArgs, error) {
 	dt, err := b.checkTensor(t, "tensor")
 	if err != nil {
+		return collArgs{}, err
+	}
+	return collArgs{kind: kBroadcast, dtype: dt, peer: int32(root), send: t.Ptr(), recv: t.Ptr(), count: uint64(t.Count())}, nil
+}
+
+// Broadcast implements comm.Backend.
+func (b *Backend) Broadcast(ctx context.Context, t comm.Tensor, root int) error {
+	a, err := b.broadcastArgs(t, root)
+	if err != nil || a.count == 0 {
 		return err
 	}
+	return b.run(ctx, "broadcast", a)
+}
+
+// reduceArgs: off root the receive buffer is NULL (nccl.h: "recvbuff may
+// be NULL on all calls except for root"), so NCCL only reads t there and
+// non-root buffers stay unchanged.
+func (b *Backend) reduceArgs(t comm.Tensor, op comm.ReduceOp, root int) (collArgs, error) {
+	dt, err := b.checkTensor(t, "tensor")
+	if err != nil {
+		return collArgs{}, err
+	}
 	rop, err := redOp(op, t.DType())
-	if err != nil || t.Count() == 0 {
-		return err
+	if err != nil {
+		return collArgs{}, err
 	}
 	var recv uintptr
 	if b.rank == root {
 		recv = t.Ptr()
 	}
-	return b.run(ctx, "reduce", collArgs{kind: kReduce, dtype: dt, redop: rop, peer: int32(root), send: t.Ptr(), recv: recv, count: uint64(t.Count())})
+	return collArgs{kind: kReduce, dtype: dt, redop: rop, peer: int32(root), send: t.Ptr(), recv: recv, count: uint64(t.Count())}, nil
+}
+
+// Reduce implements comm.Backend; non-root buffers stay unchanged.
+func (b *Backend) Reduce(ctx context.Context, t comm.Tensor, op comm.ReduceOp, root int) error {
+	a, err := b.reduceArgs(t, op, root)
+	if err != nil || a.count == 0 {
+		return err
+	}
+	return b.run(ctx, "reduce", a)
 }
 
 func (b *Backend) native(f bool) bool { return f && !b.cfg.DisableNativeCollectives }

@@ -208,6 +208,51 @@ func (b *bench) row(ctx context.Context, s combo, g geometry, sb seriesBufs) (ra
 			return b.c.BatchP2P(ctx, p2p)
 		}
 	}
+	// runAsync issues the op without waiting for it (-async).
+	runAsync := func() *comm.Work {
+		switch s.Op.name {
+		case "allreduce":
+			return b.c.AllReduceAsync(ctx, out, s.Red)
+		case "reduce":
+			return b.c.ReduceAsync(ctx, out, s.Red, root)
+		case "broadcast":
+			return b.c.BroadcastAsync(ctx, out, root)
+		case "allgather":
+			return b.c.AllGatherAsync(ctx, out, in)
+		case "reducescatter":
+			return b.c.ReduceScatterAsync(ctx, out, in, s.Red)
+		case "alltoall":
+			return b.c.AllToAllAsync(ctx, out, in)
+		default: // sendrecv
+			return b.c.BatchP2PAsync(ctx, p2p)
+		}
+	}
+	// repeat runs the op k times: one after another, or, with -async, all
+	// issued back to back and then waited for (as nccl-tests times them).
+	works := make([]*comm.Work, 0, max(b.cfg.Iters, b.cfg.Warmup))
+	repeat := func(k int) error {
+		if !b.cfg.Async {
+			for range k {
+				if err := runOp(); err != nil {
+					return err
+				}
+				b.alive()
+			}
+			return nil
+		}
+		works = works[:0]
+		for range k {
+			works = append(works, runAsync())
+		}
+		var first error
+		for _, w := range works {
+			if err := w.Wait(ctx); err != nil && first == nil {
+				first = err
+			}
+		}
+		b.alive()
+		return first
+	}
 	fail := func(phase string, err error) (rankRow, error) {
 		return row, fmt.Errorf("ftbench: rank %d: %s %s %s %d bytes (%s): %w", rank, s.Op.name, dt, row.RedOp, g.Bytes, phase, err)
 	}
@@ -237,21 +282,15 @@ func (b *bench) row(ctx context.Context, s combo, g geometry, sb seriesBufs) (ra
 	// Warm-up and timed iterations. In-place ops keep reducing their own
 	// output; the values may grow (to Inf, or wrap) but never become
 	// subnormal, so the time does not depend on them.
-	for range b.cfg.Warmup {
-		if err := runOp(); err != nil {
-			return fail("warm-up", err)
-		}
-		b.alive()
+	if err := repeat(b.cfg.Warmup); err != nil {
+		return fail("warm-up", err)
 	}
 	if err := b.c.Barrier(ctx); err != nil {
 		return fail("barrier", err)
 	}
 	t0 := time.Now()
-	for range b.cfg.Iters {
-		if err := runOp(); err != nil {
-			return fail("timed op", err)
-		}
-		b.alive()
+	if err := repeat(b.cfg.Iters); err != nil {
+		return fail("timed op", err)
 	}
 	row.Usec = float64(time.Since(t0).Nanoseconds()) / 1e3 / float64(b.cfg.Iters)
 	return row, nil

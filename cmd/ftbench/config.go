@@ -45,6 +45,10 @@ type Config struct {
 	Verbose bool     `json:"verbose"`    // worker logs at debug level
 	// NCCLBlocking creates NCCL comms in blocking mode (nccl.Config.BlockingComm).
 	NCCLBlocking bool `json:"nccl_blocking"`
+	// Async issues the timed iterations as async ops back to back and then
+	// waits for them all (nccl-tests' method; a device backend pipelines
+	// them on its stream); off, each op is waited for before the next.
+	Async bool `json:"async"`
 }
 
 // Duration is a time.Duration that marshals as its string form.
@@ -328,6 +332,7 @@ func parseFlags(args []string) (Config, error) {
 	fs.StringVar(&c.CPUProf, "cpuprofile", c.CPUProf, "write each worker's CPU profile to this path + \".rank<r>\"")
 	fs.StringVar(&c.Trace, "trace", c.Trace, "write each worker's execution trace (go tool trace) to this path + \".rank<r>\"")
 	fs.BoolVar(&c.Verbose, "v", c.Verbose, "verbose worker logs on stderr")
+	fs.BoolVar(&c.Async, "async", c.Async, "issue each size's iterations back to back as async ops, then wait (nccl-tests' method)")
 	fs.BoolVar(&c.NCCLBlocking, "nccl-blocking", c.NCCLBlocking, "nccl: blocking communicators (lower latency; init and shrink cannot be aborted)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
