@@ -333,7 +333,12 @@ func (n *node) dial(ctx context.Context, addr string, h hello) (*net.TCPConn, er
 		tc := c.(*net.TCPConn)
 		stop := context.AfterFunc(ctx, func() { tc.SetDeadline(time.Unix(1, 0)) })
 		err = clientHandshake(tc, n.secret, h, n.cfg.HandshakeTimeout)
-		stop()
+		if !stop() && err == nil {
+			// The ctx ended as the handshake finished: its deadline may land
+			// after the one the handshake cleared, leaving a connection whose
+			// every read and write times out.
+			err = fmt.Errorf("gloo: handshake: %w", context.Cause(ctx))
+		}
 		if err != nil {
 			tc.Close()
 			var r *errRefused
