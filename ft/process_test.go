@@ -211,6 +211,7 @@ func (j *procJob) kill(id string) time.Time {
 	delete(j.stdins, id)
 	j.mu.Unlock()
 	t0 := time.Now()
+	j.t.Logf("test: SIGKILL %s (ts %.6f): its peers' pending ops fail now", id, float64(t0.UnixNano())/1e9)
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		j.t.Fatal(err)
 	}
@@ -222,6 +223,8 @@ func (j *procJob) stopAll() {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	for id, in := range j.stdins {
+		// The replica exits mid-step: the others' pending ops fail now.
+		j.t.Logf("test: stopping %s (ts %.6f)", id, float64(time.Now().UnixNano())/1e9)
 		in.Close()
 		cmd := j.procs[id]
 		done := make(chan struct{})

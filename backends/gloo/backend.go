@@ -243,14 +243,30 @@ func (b *Backend) form(ctx context.Context, reuse []*link) error {
 			results <- result{peer: p, l: newLink(c, b, p)}
 		}()
 	}
+	deadlinesSet := make(chan struct{})
 	stopDeadlines := context.AfterFunc(ctx, func() {
+		defer close(deadlinesSet)
 		for _, l := range reuse {
 			if l != nil {
 				l.conn.SetWriteDeadline(aLongTimeAgo)
 			}
 		}
 	})
-	defer stopDeadlines()
+	// stop returns false once the func has started: wait for it, so that no
+	// deadline of this formation lands on a link after it returns (on the
+	// comm it formed, or on the next Shrink or Grow's resync).
+	stopped := false
+	stopAndWait := func() bool {
+		if !stopped {
+			stopped = true
+			if !stopDeadlines() {
+				<-deadlinesSet
+				return false
+			}
+		}
+		return true
+	}
+	defer stopAndWait()
 	pending := 0
 	for p, l := range reuse {
 		if l == nil {
@@ -310,8 +326,19 @@ func (b *Backend) form(ctx context.Context, reuse []*link) error {
 				b.prefix, b.epoch, r, n, context.Cause(ctx), count(links), n-1)
 		}
 	}
+	if ferr == nil {
+		wg.Wait()
+		// The ctx may have ended just as the last connection came in, and
+		// its deadlines may have reached a connection after the handshake or
+		// resync that cleared them: fail like any formation the ctx ended.
+		if !stopAndWait() || ctx.Err() != nil {
+			ferr = fmt.Errorf("forming %s epoch %d rank %d/%d: %w (connected to all %d peers)",
+				b.prefix, b.epoch, r, n, context.Cause(ctx), n-1)
+		}
+	}
 	if ferr != nil {
 		cancel()
+		stopAndWait()
 		wg.Wait()
 		close(results)
 		for res := range results {
@@ -330,7 +357,6 @@ func (b *Backend) form(ctx context.Context, reuse []*link) error {
 		}
 		return fmt.Errorf("gloo: %w", ferr)
 	}
-	wg.Wait()
 	b.setLinks(links)
 	return nil
 }

@@ -51,12 +51,15 @@ type child struct {
 	exited error
 }
 
-func startChild(t *testing.T, storeURL string, rank, size, count int, peerTimeout time.Duration) *child {
+func startChild(t *testing.T, storeURL string, rank, size, count int, peerTimeout time.Duration, env ...string) *child {
 	t.Helper()
 	c := &child{done: make(chan struct{})}
 	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
 	c.cmd.Env = append(os.Environ(), childEnv+"="+strconv.Itoa(rank), "GLOO_TEST_SIZE="+strconv.Itoa(size),
 		"GLOO_TEST_COUNT="+strconv.Itoa(count), "GLOO_TEST_STORE="+storeURL, "GLOO_TEST_PEER_TIMEOUT="+peerTimeout.String())
+	// A -race child would sleep a second at exit (atexit_sleep_ms).
+	c.cmd.Env = append(c.cmd.Env, "GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
+	c.cmd.Env = append(c.cmd.Env, env...)
 	c.cmd.Stdout, c.cmd.Stderr = &c.out, &c.out
 	if err := c.cmd.Start(); err != nil {
 		t.Fatal(err)

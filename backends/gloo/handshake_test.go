@@ -293,3 +293,62 @@ func (c teeConn) Write(b []byte) (int, error) {
 	c.w.Write(b)
 	return c.Conn.Write(b)
 }
+
+// TestHandshakeFinishingAfterFormationGaveUp: rank 1's handshake with rank
+// 0 completes just as rank 0 gives up forming (its ctx ends, as when ft
+// abandons a superseded epoch). Rank 0 must close that connection then,
+// not leave it queued on the dropped registration, where nothing would
+// take or close it until a GC finalizer did, at some random later moment:
+// rank 1 learns at once that rank 0 is gone.
+func TestHandshakeFinishingAfterFormationGaveUp(t *testing.T) {
+	store := memstore.New()
+	defer store.Close()
+	cfg := testConfig()
+	nd, err := newNode(cfg, zap.NewNop(), "job1", []byte("s3cret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nd.release()
+	handing := make(chan *net.TCPConn, 1)
+	release := make(chan struct{})
+	nd.beforeHandoff = func(c *net.TCPConn) { handing <- c; <-release }
+	b0 := newBackend(nd, store, "jobs/job1/comm", 0, 0, 2)
+	ctx0, cancel0 := context.WithCancel(context.Background())
+	defer cancel0()
+	formed := make(chan error, 1)
+	go func() { formed <- b0.form(ctx0, nil) }()
+
+	var c1 *comm.Comm
+	var err1 error
+	joined := make(chan struct{})
+	go func() {
+		defer close(joined)
+		o := testOptions(store, cfg, nil)
+		o.Rank, o.Size = 1, 2
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c1, err1 = comm.New(ctx, "gloo", o)
+	}()
+	conn := <-handing // rank 1 has been told it is connected
+	cancel0()
+	if err := <-formed; !errors.Is(err, context.Canceled) {
+		t.Fatalf("rank 0's formation: got %v, want it cancelled", err)
+	}
+	close(release)
+	waitFor(t, "rank 0 to close the connection that came too late", func() bool {
+		return conn.SetReadDeadline(time.Time{}) != nil // fails once closed
+	})
+	if n := nd.late.Load(); n != 1 {
+		t.Errorf("%d late connections counted, want 1", n)
+	}
+	<-joined
+	if err1 != nil {
+		t.Fatalf("rank 1: %v", err1)
+	}
+	defer c1.Close()
+	b1 := backendOf(c1)
+	waitFor(t, "rank 1 to learn that rank 0 is gone", b1.isBroken)
+	if err := b1.err(); !errors.Is(err, comm.ErrPeerFailed) || rankOf(err) != 0 {
+		t.Errorf("rank 1: got %v, want ErrPeerFailed naming rank 0", err)
+	}
+}

@@ -37,6 +37,11 @@ type node struct {
 
 	accepted atomic.Int64 // handshakes that produced a connection
 	refused  atomic.Int64 // inbound connections refused
+	late     atomic.Int64 // handshakes that completed after their comm stopped forming
+
+	// beforeHandoff, if set (tests only), runs in serve after the dialer
+	// was told it is connected and before the connection is handed over.
+	beforeHandoff func(*net.TCPConn)
 }
 
 type regKey struct {
@@ -123,7 +128,9 @@ func (n *node) expect(reg *registration, from int) {
 	n.mu.Unlock()
 }
 
-// unregister removes reg and closes connections delivered to it but not taken.
+// unregister removes reg and closes connections delivered to it but not
+// taken. Connections are delivered only under n.mu while reg is registered
+// (see serve), so none can arrive after it returns.
 func (n *node) unregister(reg *registration) {
 	n.mu.Lock()
 	if n.regs[reg.key] == reg {
@@ -249,7 +256,13 @@ func (n *node) serve(c *net.TCPConn) {
 		return
 	}
 	n.mu.Lock()
-	if n.regs[reg.key] != reg || !reg.want[h.from] {
+	if n.regs[reg.key] != reg {
+		// The comm gave up forming (its ctx ended) during the handshake.
+		n.mu.Unlock()
+		n.refuse(c, refuseEpoch, fmt.Sprintf("epoch %d stopped forming here", h.epoch), fields...)
+		return
+	}
+	if !reg.want[h.from] {
 		n.mu.Unlock()
 		n.refuse(c, refuseRank, fmt.Sprintf("rank %d is already connected", h.from), fields...)
 		return
@@ -263,9 +276,28 @@ func (n *node) serve(c *net.TCPConn) {
 	}
 	c.SetDeadline(time.Time{})
 	tune(c, &n.cfg)
+	if n.beforeHandoff != nil {
+		n.beforeHandoff(c)
+	}
+	// Hand over only while the comm still forms: a connection queued on a
+	// registration that unregister has already drained would never be
+	// taken or closed (until a GC finalizer closed it, at some random later
+	// moment, under the dialer's feet).
+	n.mu.Lock()
+	if n.regs[reg.key] == reg {
+		select {
+		case reg.ch <- inbound{conn: c, from: int(h.from)}: // capacity size: always room
+			handed = true
+		default:
+		}
+	}
+	n.mu.Unlock()
+	if !handed {
+		n.late.Add(1)
+		n.log.Info("gloo: closing an inbound connection whose comm stopped forming during its handshake", fields...)
+		return
+	}
 	n.accepted.Add(1)
-	handed = true
-	reg.ch <- inbound{conn: c, from: int(h.from)} // capacity size: never blocks
 }
 
 func minU64(v []uint64) uint64 {
@@ -301,7 +333,12 @@ func (n *node) dial(ctx context.Context, addr string, h hello) (*net.TCPConn, er
 		tc := c.(*net.TCPConn)
 		stop := context.AfterFunc(ctx, func() { tc.SetDeadline(time.Unix(1, 0)) })
 		err = clientHandshake(tc, n.secret, h, n.cfg.HandshakeTimeout)
-		stop()
+		if !stop() && err == nil {
+			// The ctx ended as the handshake finished: its deadline may land
+			// after the one the handshake cleared, leaving a connection whose
+			// every read and write times out.
+			err = fmt.Errorf("gloo: handshake: %w", context.Cause(ctx))
+		}
 		if err != nil {
 			tc.Close()
 			var r *errRefused

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -73,6 +74,65 @@ func TestGrow(t *testing.T) {
 		if c != nil && (c.Rank() != r || c.Size() != 4 || c.Epoch() != 1) {
 			t.Errorf("rank %d: now rank %d of %d at epoch %d", r, c.Rank(), c.Size(), c.Epoch())
 		}
+	}
+}
+
+// TestGrowJoinerProcess grows a comm whose existing ranks run in this
+// process to one whose joiners are other processes (each with its own node,
+// which first abandons a New at the epoch before, as ft may), then every
+// rank runs 50 checked all-reduces of 256 KiB on the grown comm.
+func TestGrowJoinerProcess(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		old, size int
+	}{
+		{"3to4", 3, 4},
+		{"1to4", 1, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const count, iters = 64 << 10, 50 // 256 KiB of float32
+			j := newJob(t, tc.old, nil)
+			srv := storeServer(j.store)
+			t.Cleanup(srv.Close)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			j.mustRun(func(r int, c *comm.Comm) error { return checkedAllReduce(ctx, c, count, 0) })
+			var joiners []*child
+			for r := tc.old; r < tc.size; r++ {
+				joiners = append(joiners, startChild(t, srv.URL, r, tc.size, count, 0, "GLOO_TEST_EPOCH=1", "GLOO_TEST_ITERS="+strconv.Itoa(iters)))
+			}
+			next := make([]*comm.Comm, tc.old)
+			errs := j.run(func(r int, c *comm.Comm) error {
+				nc, err := c.Grow(ctx, tc.size, 1)
+				if err != nil {
+					return fmt.Errorf("grow: %w", err)
+				}
+				next[r] = nc
+				for i := range iters {
+					if err := checkedAllReduce(ctx, nc, count, i); err != nil {
+						return err
+					}
+				}
+				return allFinished(ctx, j.store, nc)
+			})
+			j.comms = next
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+			if t.Failed() { // the joiners would wait for this process's ranks to finish
+				for _, ch := range joiners {
+					ch.cmd.Process.Kill()
+				}
+			}
+			for i, ch := range joiners {
+				<-ch.done
+				if ch.exited != nil {
+					t.Errorf("joiner rank %d: %v: %s", tc.old+i, ch.exited, ch.out.String())
+				}
+			}
+		})
 	}
 }
 
