@@ -531,6 +531,13 @@ func (c *Comm) agreeAndHeal(ctx context.Context, epoch uint64) error {
 	c.log.Info("healed", zap.Int64("step", maxStep), zap.Int64("bytes", st.Bytes), zap.Duration("took", st.Duration),
 		zap.Float64("bytes_per_s", st.Throughput()), zap.Int("retries", st.Retries))
 	c.setStep(maxStep)
+	// Tell the coordinator now rather than at the next heartbeat, so its
+	// dashboard stops showing this replica as healing.
+	if hb, ok := c.member().(interface{ Heartbeat(context.Context) error }); ok {
+		if err := hb.Heartbeat(ctx); err != nil {
+			c.log.Warn("reporting the healed step", zap.Error(err))
+		}
+	}
 	return nil
 }
 
