@@ -127,6 +127,9 @@ type Embedded struct {
 	cliErr     error
 	closeOnce  sync.Once
 	closeErr   error
+	// logLevel gates etcd's logs; Close silences them, since stopping its
+	// listeners makes etcd log errors that are only the shutdown itself.
+	logLevel zap.AtomicLevel
 }
 
 // StartEmbedded starts an etcd server and waits until it serves clients or
@@ -191,8 +194,9 @@ func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, erro
 	ec.QuotaBackendBytes = cfg.QuotaBackendBytes
 	ec.UnsafeNoFsync = cfg.UnsafeNoFsync
 	lg := zap.NewNop()
+	m.logLevel = zap.NewAtomicLevelAt(cfg.EtcdLogLevel)
 	if cfg.Logger != nil {
-		lg = cfg.Logger.WithOptions(zap.IncreaseLevel(cfg.EtcdLogLevel)).Named("etcd")
+		lg = cfg.Logger.WithOptions(zap.IncreaseLevel(m.logLevel)).Named("etcd")
 	}
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
 	ec.Logger = "zap"
@@ -287,6 +291,7 @@ func (m *Embedded) Close() error {
 		if m.cli != nil {
 			m.cli.Close()
 		}
+		m.logLevel.SetLevel(zapcore.FatalLevel)
 		m.etcd.Close()
 		m.removeTemp()
 	})
