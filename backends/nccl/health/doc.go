@@ -4,7 +4,7 @@
 //
 // What is watched, per GPU:
 //   - driver events: Xid errors and double-bit ECC errors (nvmlEventSetWait);
-//     an Xid in Config.CriticalXIDs (DefaultCriticalXIDs) is critical;
+//     an Xid in Config.CriticalXIDs (DefaultCriticalXIDs()) is critical;
 //   - polled every Config.PollInterval: the volatile count of uncorrected
 //     ECC errors (any increase is critical), the state of every NVLink that
 //     was up at Start (one going down is critical), and whether the GPU still

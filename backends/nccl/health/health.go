@@ -67,7 +67,7 @@ func (e Event) String() string {
 // off the bus, 95 uncontained ECC error, 119/120 GSP errors, 140
 // unrecovered ECC. Application-level Xids (13, 31, 43, 45, …) are reported
 // but not critical.
-var DefaultCriticalXIDs = []uint64{48, 62, 64, 74, 79, 95, 119, 120, 140}
+func DefaultCriticalXIDs() []uint64 { return []uint64{48, 62, 64, 74, 79, 95, 119, 120, 140} }
 
 // Config configures a Monitor.
 type Config struct {
@@ -79,7 +79,7 @@ type Config struct {
 	// EventWait bounds one wait for driver events (and so how long Close
 	// may take). Default 200 ms.
 	EventWait time.Duration
-	// CriticalXIDs: nil means DefaultCriticalXIDs.
+	// CriticalXIDs: nil means DefaultCriticalXIDs().
 	CriticalXIDs []uint64
 	// OnEvent, if set, is called for every event from the monitor's
 	// goroutines (never concurrently); it must return quickly.
@@ -174,7 +174,7 @@ func Start(ctx context.Context, lib nvml.Interface, cfg Config) (*Monitor, error
 		cfg.EventWait = d.EventWait
 	}
 	if cfg.CriticalXIDs == nil {
-		cfg.CriticalXIDs = DefaultCriticalXIDs
+		cfg.CriticalXIDs = DefaultCriticalXIDs()
 	}
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("health: %w: nvmlInit: %s", comm.ErrBackendUnavailable, errString(lib, ret))
