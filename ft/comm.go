@@ -636,6 +636,14 @@ func (c *Comm) Commit(ctx context.Context) (bool, error) {
 	c.log.Warn("commit failed", zap.Int64("step", c.step), zap.Uint64("epoch", epoch), zap.String("reason", reason),
 		zap.Int("in_a_row", c.failedCommits))
 	if ft != nil {
+		// Blame the peers our collectives saw fail (a reset connection:
+		// their process is likely gone); the coordinator checks and removes
+		// them without waiting for gossip.
+		if failed := c.failedMembers(); len(failed) > 0 {
+			if err := c.member().Revoke(ctx, epoch, reason, failed...); err != nil {
+				c.log.Warn("reporting failed peers", zap.Error(err))
+			}
+		}
 		if err := c.member().ReportCommitFailure(ctx, epoch); err != nil {
 			c.log.Warn("reporting the commit failure", zap.Error(err))
 		}
@@ -644,6 +652,26 @@ func (c *Comm) Commit(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("%w: %d in a row, last: %s", ErrTooManyCommitFailures, c.failedCommits, reason)
 	}
 	return false, nil
+}
+
+// failedMembers maps the ranks named by this step's peer failures to their
+// member ids.
+func (c *Comm) failedMembers() []string {
+	c.mu.Lock()
+	members := c.view.ft
+	c.mu.Unlock()
+	var ids []string
+	for _, err := range c.errs {
+		if !errors.Is(err, comm.ErrPeerFailed) {
+			continue
+		}
+		for _, r := range comm.FailedRanks(err) {
+			if r >= 0 && r < len(members) && !slices.Contains(ids, members[r].ID) {
+				ids = append(ids, members[r].ID)
+			}
+		}
+	}
+	return ids
 }
 
 // forward issues an op on the FT comm and remembers its Work so Commit can

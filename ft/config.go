@@ -50,6 +50,10 @@ type Membership interface {
 	SetStep(step int64)
 	// ReportCommitFailure tells the coordinator that epoch failed here.
 	ReportCommitFailure(ctx context.Context, epoch uint64) error
+	// Revoke records that epoch must stop, blaming the members whose
+	// connections failed; the coordinator removes a blamed member at once
+	// when its address no longer accepts connections.
+	Revoke(ctx context.Context, epoch uint64, reason string, failed ...string) error
 	// SetHealth reports this member's health now; Critical takes it out
 	// of the next quorum.
 	SetHealth(ctx context.Context, h membership.Health, reason string) error

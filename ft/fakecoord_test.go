@@ -161,6 +161,17 @@ func (m *fakeMember) setRevocation(r membership.Revocation) {
 
 func (m *fakeMember) Leave(ctx context.Context) error { return m.Close() }
 
+// Revoke records a revocation of epoch; the fake trusts no blame (it has no
+// addresses to check), so the blamed stay until killed.
+func (m *fakeMember) Revoke(ctx context.Context, epoch uint64, reason string, failed ...string) error {
+	c := m.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.m.Revoke(time.Now(), membership.Revocation{Epoch: epoch, Reason: reason, Failed: failed, By: m.id, At: time.Now()})
+	c.advanceLocked()
+	return nil
+}
+
 func (m *fakeMember) SetHealth(ctx context.Context, h membership.Health, reason string) error {
 	c := m.c
 	c.mu.Lock()

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -407,5 +409,35 @@ func TestCoordinatorManyJobs(t *testing.T) {
 	}
 	if st, ok := tj.coord.Status("beta"); !ok || st.Members != 2 || st.Quorum == nil {
 		t.Fatalf("status %+v %v", st, ok)
+	}
+}
+
+// A member a peer reports dead is removed at once when its address refuses
+// connections (its process is gone), and kept when something still listens
+// there (the peer's link broke, not the member).
+func TestReportedDeathVerified(t *testing.T) {
+	tj := startTestJob(t, DefaultQuorumConfig(), false) // no gossip, long enough leases: only the report can remove c
+	alive, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alive.Close()
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	goneAddr := gone.Addr().String()
+	gone.Close() // nothing listens there any more: a SIGKILLed process's port
+	lease := func(c *MemberConfig) { c.LeaseTTL = time.Minute }
+	a := tj.join("a", lease)
+	tj.join("b", func(c *MemberConfig) { lease(c); c.Addr = alive.Addr().String() })
+	tj.join("c", func(c *MemberConfig) { lease(c); c.Addr = goneAddr })
+	q := waitQuorum(t, a, 0, "a", "b", "c")
+	if err := a.Revoke(testCtx(t, 5*time.Second), q.Epoch, "connection reset by peer", "b", "c"); err != nil {
+		t.Fatal(err)
+	}
+	q2 := waitQuorum(t, a, q.Epoch, "a", "b")
+	if !strings.Contains(q2.Reason, "reported by a peer") {
+		t.Fatalf("reason %q", q2.Reason)
 	}
 }

@@ -3,13 +3,16 @@ package membership
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -370,7 +373,8 @@ func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan G
 	}()
 	c.lg.Info("leading", zap.String("key", el.Key()), zap.Int64("rev", el.Rev()))
 	c.setLeader(true)
-	l := &leadership{c: c, sess: sess, fenceKey: el.Key(), fenceRev: el.Rev(), jobs: map[string]*jobState{}}
+	l := &leadership{c: c, sess: sess, fenceKey: el.Key(), fenceRev: el.Rev(), jobs: map[string]*jobState{},
+		verified: make(chan memberRef, 64)}
 	return l.run(ctx, gossipEvents)
 }
 
@@ -395,6 +399,10 @@ type leadership struct {
 	jobs     map[string]*jobState
 	byNode   map[string]memberRef // gossip node name → member
 	doomed   []doomedMember       // registrations to delete after publishing
+	// verified receives members reported failed by a peer whose address
+	// refused a connection: their process is gone (see verifyReported).
+	verified chan memberRef
+	ctx      context.Context // the leadership's, for the verifying dials
 }
 
 type doomedMember struct {
@@ -552,6 +560,54 @@ func (l *leadership) gossipDeath(ctx context.Context, now time.Time, node string
 	l.doomed = append(l.doomed, doomedMember{ref.job, rec})
 }
 
+// verifyReported checks the members a revocation blames (a peer saw its
+// connection to them reset): a member whose advertised address refuses a
+// TCP connection has no process listening there any more, so it is removed
+// at once instead of after gossip's suspicion timeout. A member that
+// answers, or cannot be reached at all (a partition), is left to gossip and
+// its lease. Each check is one dial of at most verifyTimeout.
+func (l *leadership) verifyReported(job string, r Revocation) {
+	j := l.job(job)
+	for _, id := range r.Failed {
+		rec, ok := j.m.Member(id)
+		if !ok || rec.Addr == "" {
+			continue
+		}
+		ref := memberRef{job: job, id: id, inc: rec.Incarnation}
+		addr, ctx := rec.Addr, l.ctx
+		go func() {
+			d := net.Dialer{Timeout: verifyTimeout}
+			c, err := d.DialContext(ctx, "tcp", addr)
+			if err == nil {
+				c.Close()
+				return
+			}
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				return
+			}
+			select {
+			case l.verified <- ref:
+			case <-ctx.Done():
+			}
+		}()
+	}
+}
+
+// verifyTimeout bounds the dial that confirms a reported death.
+const verifyTimeout = 500 * time.Millisecond
+
+// verifiedDeath removes a member whose reported death the coordinator
+// confirmed, like a gossip death.
+func (l *leadership) verifiedDeath(now time.Time, ref memberRef) {
+	j := l.job(ref.job)
+	rec, ok := j.m.Member(ref.id)
+	if !ok || rec.Incarnation != ref.inc {
+		return
+	}
+	l.remove(now, ref.job, ref.id, ref.inc, "died (reported by a peer, port closed)", "reported")
+	l.doomed = append(l.doomed, doomedMember{ref.job, rec})
+}
+
 // deleteDoomed deletes the registrations of members gossip declared dead.
 func (l *leadership) deleteDoomed(ctx context.Context) {
 	for _, d := range l.doomed {
@@ -579,6 +635,7 @@ func (l *leadership) deleteMember(ctx context.Context, job string, rec MemberRec
 func (l *leadership) run(ctx context.Context, gossipEvents <-chan GossipEvent) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	l.ctx = ctx
 	defer func() {
 		l.c.mu.Lock()
 		clear(l.c.status)
@@ -635,6 +692,8 @@ func (l *leadership) follow(ctx context.Context, rev int64, timer *time.Timer, g
 			if ev.Kind == GossipDead {
 				l.gossipDeath(ctx, time.Now(), ev.Name)
 			}
+		case ref := <-l.verified:
+			l.verifiedDeath(time.Now(), ref)
 		case <-timer.C:
 		case <-l.sess.Done():
 			return fmt.Errorf("%w: session expired", ErrNotLeader)
@@ -687,6 +746,7 @@ func (l *leadership) apply(now time.Time, ev *clientv3.Event) {
 			j := l.job(job)
 			j.m.Revoke(now, r)
 			j.dirty = true
+			l.verifyReported(job, r)
 		}
 	case kind == "epoch" && rest == "quorum" && ev.Type == mvccpb.PUT:
 		j := l.job(job)
@@ -814,7 +874,7 @@ func newCoordMetrics(reg prometheus.Registerer) (*coordMetrics, error) {
 		participants: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_participants", Help: "Participants of the current quorum per job."}, []string{"job"}),
 		quorums:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_quorums_total", Help: "Quorums published per job."}, []string{"job"}),
 		joins:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_joins_total", Help: "Member incarnations seen per job."}, []string{"job"}),
-		removals:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_removals_total", Help: "Members removed per job and cause (left, evicted, gossip, lease)."}, []string{"job", "cause"}),
+		removals:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_removals_total", Help: "Members removed per job and cause (left, evicted, gossip, reported, lease)."}, []string{"job", "cause"}),
 		publishSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ftcomm_coordinator_publish_seconds", Help: "Latency of fenced quorum writes.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 	}

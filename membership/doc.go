@@ -95,11 +95,15 @@
 //
 // # Failure detection
 //
-// Layered: TCP errors inside a collective (ft's business, instant); gossip
-// (Gossip, about 1 s with DefaultGossipConfig for a killed or stopped
-// process, the coordinator being a gossip node itself); lease expiry
-// (LeaseTTL, ≥ 2 s) as the backstop. Whichever fires first ends the
-// epoch.
+// Layered: TCP errors inside a collective, which a member reports by
+// revoking the epoch with the peers it blames (Revoke's failed list) — the
+// coordinator dials each blamed member's Addr and removes it at once if
+// the port refuses connections (its process is gone; an answer or an
+// unreachable host leaves it to the other layers), which takes tens of
+// milliseconds after a SIGKILL; gossip (Gossip, about 1 s with
+// DefaultGossipConfig for a killed or stopped process, the coordinator
+// being a gossip node itself); lease expiry (LeaseTTL, ≥ 2 s) as the
+// backstop. Whichever fires first ends the epoch.
 //
 // # Concurrency and goroutines
 //
