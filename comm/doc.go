@@ -52,7 +52,13 @@
 // order; concurrency between point-to-point ops is expressed with BatchP2P.
 // A sync op issued on an idle comm runs on the caller's goroutine; queued ops
 // run on the comm's one worker goroutine, which starts with the first queued
-// op and exits in Close. Each comm also owns one timer for deadlines. Abort,
+// op and exits in Close. Each comm also owns one timer for deadlines. On a
+// backend whose ops run in order on a device queue (an Enqueuer, such as
+// nccl), the worker starts queued ops without waiting for the ones before
+// them, and a completer goroutine (also exiting in Close) waits for their
+// completions in order, each under its own deadline: async ops then keep
+// the device busy, as nccl-tests does, while ordering, deadlines, Revoke and
+// Close behave as for any other backend. Abort,
 // Revoke and Close may be called from any goroutine at any time, including
 // while another goroutine is blocked in an op; each wakes it at once.
 // Separate Comms share nothing (the backend registry is written only by
