@@ -78,6 +78,23 @@ func TestEndToEndEveryCollectiveThreeRanks(t *testing.T) {
 	}
 }
 
+// -async issues each size's iterations back to back as async ops; every
+// collective must still run to the end and check out.
+func TestEndToEndAsync(t *testing.T) {
+	l := startLauncher(t, 3, "-np", "3", "-op", "all", "-async", "-b", "64", "-e", "64K", "-f", "32", "-w", "2", "-n", "5",
+		"-raw=false", "-json", "-timeout", "30s")
+	if err := l.wait(t, 3*time.Minute); err != nil {
+		t.Fatalf("ftbench -async failed: %v\nstdout:\n%s\nstderr:\n%s", err, l.outText(), l.errText())
+	}
+	meta, rows, sum := jsonLines(t, l.outText())
+	if !sum.OK || len(rows) != len(opNames())*3 { // 64 B, 2 KiB, 64 KiB
+		t.Fatalf("summary %+v, %d rows", sum, len(rows))
+	}
+	if !meta.Config.Async {
+		t.Errorf("metadata does not record -async: %+v", meta.Config)
+	}
+}
+
 // longRun is a sweep that runs for seconds after its first row.
 var longRun = []string{"-b", "4K", "-e", "64M", "-f", "2", "-w", "0", "-n", "2000", "-raw=false", "-json", "-v"}
 
