@@ -234,13 +234,13 @@ func (b *Backend) form(ctx context.Context, reuse []*link) error {
 				results <- result{peer: p, err: fmt.Errorf("gloo: rendezvous with rank %d: %w", p, err)}
 				return
 			}
-			c, err := b.node.dial(ctx, string(addr), hello{job: b.node.job, prefix: b.prefix, epoch: b.epoch,
+			c, id, err := b.node.dial(ctx, string(addr), hello{job: b.node.job, prefix: b.prefix, epoch: b.epoch,
 				from: int32(r), to: int32(p), size: int32(n)})
 			if err != nil {
 				results <- result{peer: p, err: err}
 				return
 			}
-			results <- result{peer: p, l: newLink(c, b, p)}
+			results <- result{peer: p, l: newLink(c, b, p, id)}
 		}()
 	}
 	deadlinesSet := make(chan struct{})
@@ -320,7 +320,7 @@ func (b *Backend) form(ctx context.Context, reuse []*link) error {
 			}
 		case in := <-reg.ch:
 			accepts--
-			links[in.from] = newLink(in.conn, b, in.from)
+			links[in.from] = newLink(in.conn, b, in.from, in.id)
 		case <-ctx.Done():
 			ferr = fmt.Errorf("gloo: forming %s epoch %d rank %d/%d: %w (connected to %d of %d peers)",
 				b.prefix, b.epoch, r, n, context.Cause(ctx), count(links), n-1)
@@ -474,9 +474,11 @@ func (b *Backend) linkFailed(l *link, peer int, err error) {
 		why = fmt.Errorf("rank %d closed its communicator", peer)
 	}
 	b.breakWith(faultInfo{
-		nt:    notice{kind: noticePeerFailed, op: b.opType(), origin: int32(b.rank), subject: int32(peer), cause: why.Error()},
-		err:   &comm.RankError{Rank: peer, Op: b.opType(), Epoch: b.epoch, Err: fmt.Errorf("gloo: %w: %w", comm.ErrPeerFailed, why)},
-		quiet: bye && !b.active.Load(),
+		nt:  notice{kind: noticePeerFailed, op: b.opType(), origin: int32(b.rank), subject: int32(peer), cause: why.Error()},
+		err: &comm.RankError{Rank: peer, Op: b.opType(), Epoch: b.epoch, Err: fmt.Errorf("gloo: %w: %w", comm.ErrPeerFailed, why)},
+		// A peer that closed its comm left in order: whoever still needed it
+		// gets the error from its op; the log says it at info level.
+		quiet: bye,
 	})
 }
 
@@ -580,31 +582,39 @@ func (b *Backend) Close() error {
 }
 
 // monitor sends heartbeats on idle connections, declares silent peers
-// failed while an op is pending, and tells peers about a failure. It exits
-// when b is closed.
+// failed while an op is pending (see liveness.go), and tells peers about a
+// failure. It exits when b is closed.
 func (b *Backend) monitor() {
 	defer b.wg.Done()
 	iv := b.cfg.HeartbeatInterval
 	t := time.NewTicker(iv)
 	defer t.Stop()
 	last := time.Now()
-	var sentFault, sentRevoke []bool
+	var sentFault, sentRevoke, starved []bool
+	var blockedSince []time.Time
+	var health localHealth
 	for {
+		woken := false
 		select {
 		case <-t.C:
 		case <-b.monWake:
+			woken = true
 		case <-b.quit:
 			return
 		}
 		now := time.Now()
 		// If this goroutine itself was starved, silence proves nothing.
 		healthy := now.Sub(last) < 3*iv
+		if !woken {
+			health.tick(now.Sub(last)-iv, iv)
+		}
 		last = now
 		b.mu.Lock()
 		fault, revoke, links := b.fault, b.revoke, b.links
 		b.mu.Unlock()
 		if sentFault == nil {
-			sentFault, sentRevoke = make([]bool, len(links)), make([]bool, len(links))
+			sentFault, sentRevoke, starved = make([]bool, len(links)), make([]bool, len(links)), make([]bool, len(links))
+			blockedSince = make([]time.Time, len(links))
 		}
 		for p, l := range links {
 			if l == nil || l.isClosed() {
@@ -617,16 +627,45 @@ func (b *Backend) monitor() {
 				sentFault[p] = fault.nt.kind == 0 || l.sendNotice(b, &fault.nt, iv)
 			}
 			l.heartbeat(b, iv)
+			if !woken {
+				l.decayGap()
+			}
+			if !healthy {
+				blockedSince[p] = time.Time{} // looks were missed: start over
+			}
 			if fault == nil && revoke == nil && healthy && b.active.Load() && l.rstate.Load() == rsReading {
 				silent := time.Duration(l.now() - l.lastRecv.Load())
-				if silent > b.cfg.PeerTimeout && l.inq() <= 0 && l.ownedBy(b) {
-					why := fmt.Errorf("no data or heartbeat for %v (peer timeout %v)", silent.Round(time.Millisecond), b.cfg.PeerTimeout)
-					b.breakWith(faultInfo{
-						nt:  notice{kind: noticePeerFailed, op: b.opType(), origin: int32(b.rank), subject: int32(p), cause: why.Error()},
-						err: &comm.RankError{Rank: p, Op: b.opType(), Epoch: b.epoch, Err: fmt.Errorf("gloo: %w: %w", comm.ErrPeerFailed, why)},
-					})
-					l.fail(fmt.Errorf("declared failed: %w", why))
+				if silent <= b.cfg.PeerTimeout {
+					starved[p], blockedSince[p] = false, time.Time{}
+					continue
 				}
+				if l.inq() > 0 || !l.ownedBy(b) {
+					continue
+				}
+				proc := procOf(&b.node.self, &l.peerID)
+				var blocked time.Duration
+				if proc != procBlocked {
+					blockedSince[p] = time.Time{}
+				} else if blockedSince[p].IsZero() {
+					blockedSince[p] = now
+				} else {
+					blocked = now.Sub(blockedSince[p])
+				}
+				dead, cause := silenceVerdict(silent, b.cfg.PeerTimeout, time.Duration(l.maxGap.Load()), health.score, proc, blocked)
+				if !dead {
+					if proc == procRunnable && !starved[p] {
+						starved[p] = true
+						b.log.Debug("gloo: peer silent, but its process is runnable: starved, not failed",
+							zap.Int("peer", p), zap.Duration("silent", silent))
+					}
+					continue
+				}
+				why := errors.New(cause)
+				b.breakWith(faultInfo{
+					nt:  notice{kind: noticePeerFailed, op: b.opType(), origin: int32(b.rank), subject: int32(p), cause: why.Error()},
+					err: &comm.RankError{Rank: p, Op: b.opType(), Epoch: b.epoch, Err: fmt.Errorf("gloo: %w: %w", comm.ErrPeerFailed, why)},
+				})
+				l.fail(fmt.Errorf("declared failed: %w", why))
 			}
 		}
 	}

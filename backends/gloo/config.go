@@ -78,8 +78,12 @@ type Config struct {
 	// sends a heartbeat frame.
 	HeartbeatInterval time.Duration
 	// PeerTimeout: while an op is pending, a peer from which nothing (data or
-	// heartbeat) has arrived for this long is declared failed. Must be at
-	// least 3 × HeartbeatInterval.
+	// heartbeat) has arrived for this long is suspected: declared failed if
+	// it is on this host and stopped or gone (or without a runnable thread
+	// for another PeerTimeout), never if it is on this host and runnable
+	// (starved), and if it is elsewhere, once the silence outlasts this
+	// timeout stretched by load (up to 10×). See the package documentation.
+	// Must be at least 3 × HeartbeatInterval.
 	PeerTimeout time.Duration
 	// Algorithm forces an algorithm family (tests, benchmarks).
 	Algorithm Algorithm

@@ -110,12 +110,20 @@
 //
 // A peer whose connection resets or closes fails the pending op on every
 // survivor at once with a *comm.RankError naming it and wrapping
-// comm.ErrPeerFailed (survivors also tell each other). While an op is
-// pending, a peer from which nothing (data or heartbeat) has arrived for
-// Config.PeerTimeout is declared failed the same way: every connection idle
-// for Config.HeartbeatInterval sends a heartbeat, so a live peer that merely
-// starts its op late is never declared failed — that case is the deadline's
-// (the Comm wrapper aborts the backend when an op's deadline passes).
+// comm.ErrPeerFailed (survivors also tell each other). Every connection
+// idle for Config.HeartbeatInterval sends a heartbeat, so a live peer that
+// merely starts its op late is not silent — that case is the deadline's
+// (the Comm wrapper aborts the backend when an op's deadline passes). While
+// an op is pending, a peer from which nothing has arrived for
+// Config.PeerTimeout is looked at more closely before it is declared failed
+// the same way, because on a loaded machine a live process can go seconds
+// without being scheduled: a peer on the same host (the handshake tells:
+// same kernel boot and pid namespace) is declared failed only if /proc says
+// its process is stopped (SIGSTOP), gone, or has had no runnable thread for
+// another PeerTimeout (frozen by a cgroup, hung in the kernel); one with a
+// runnable thread is starved and never declared failed for its silence.
+// For a peer elsewhere the timeout stretches with this process's own
+// scheduling delays and the peer's recent gaps, up to 10 × PeerTimeout.
 //
 // Abort wakes every waiter at once with comm.ErrAborted and tells the peers,
 // whose pending ops fail too. Revoke does the same with comm.ErrRevoked, and
@@ -135,6 +143,6 @@
 // within Config.HandshakeTimeout; per connection one reader, which delivers
 // frames into the receives the op posted and exits when the connection
 // closes; per backend one monitor (heartbeats, the liveness check, failure
-// notices), exiting in Close. Forming a comm starts short-lived goroutines
+// notices, the liveness check), exiting in Close. Forming a comm starts short-lived goroutines
 // (dials, resyncs) that exit before it returns. Ops start no goroutines.
 package gloo

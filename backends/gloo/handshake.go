@@ -15,19 +15,22 @@ import (
 // Handshake (dialer = client, the higher rank; listener = server):
 //
 //	C→S hello:     "FTGLOOHS" version:u16 jobLen:u16 job prefixLen:u16 prefix
-//	               epoch:u64 from:i32 to:i32 size:i32 clientNonce[32]
-//	S→C challenge: status:u8=0 serverNonce[32] HMAC(secret, "gloo-server"‖hello‖serverNonce)
+//	               epoch:u64 from:i32 to:i32 size:i32 clientNonce[32] clientIdentity[40]
+//	S→C challenge: status:u8=0 serverNonce[32] serverIdentity[40]
+//	               HMAC(secret, "gloo-server"‖hello‖serverNonce‖serverIdentity)
 //	   or refusal: status:u8=code reasonLen:u16 reason
-//	C→S proof:     HMAC(secret, "gloo-client"‖hello‖serverNonce)
+//	C→S proof:     HMAC(secret, "gloo-client"‖hello‖serverNonce‖serverIdentity)
 //	S→C verdict:   status:u8=0, or a refusal as above
 //
 // Both sides prove knowledge of the job secret over nonces chosen by the
 // other, so a recorded handshake cannot be replayed. The server checks the
 // job, the comm (prefix, epoch) and the ranks before it issues a challenge,
-// and refuses anything unexpected without disturbing the comm.
+// and refuses anything unexpected without disturbing the comm. The
+// identities (see identity) tell each end which kernel, pid namespace and
+// process the other is; the MACs cover them.
 const (
 	handshakeMagic   = "FTGLOOHS"
-	protocolVersion  = 1
+	protocolVersion  = 2
 	nonceLen         = 32
 	macLen           = sha256.Size
 	maxJobLen        = 256
@@ -36,7 +39,7 @@ const (
 	serverLabel      = "gloo-server"
 	clientLabel      = "gloo-client"
 	helloFixedPrefix = 8 + 2 + 2 // magic, version, jobLen
-	helloFixedTail   = 8 + 4 + 4 + 4 + nonceLen
+	helloFixedTail   = 8 + 4 + 4 + 4 + nonceLen + identityLen
 )
 
 type refusal uint8
@@ -95,6 +98,7 @@ type hello struct {
 	to      int32
 	size    int32
 	nonce   [nonceLen]byte
+	id      identity // the dialer's
 }
 
 func (h *hello) encode() []byte {
@@ -109,7 +113,10 @@ func (h *hello) encode() []byte {
 	b = binary.LittleEndian.AppendUint32(b, uint32(h.from))
 	b = binary.LittleEndian.AppendUint32(b, uint32(h.to))
 	b = binary.LittleEndian.AppendUint32(b, uint32(h.size))
-	return append(b, h.nonce[:]...)
+	b = append(b, h.nonce[:]...)
+	var id [identityLen]byte
+	h.id.encode(id[:])
+	return append(b, id[:]...)
 }
 
 // readHello reads and parses a hello from r, returning the raw bytes too
@@ -151,16 +158,18 @@ func readHello(r io.Reader) (hello, []byte, refusal, error) {
 	h.to = int32(binary.LittleEndian.Uint32(t[12:]))
 	h.size = int32(binary.LittleEndian.Uint32(t[16:]))
 	copy(h.nonce[:], t[20:])
+	h.id = decodeIdentity(t[20+nonceLen:])
 	raw := make([]byte, 0, len(fixed)+len(rest)+len(tail))
 	raw = append(append(append(raw, fixed...), rest...), tail...)
 	return h, raw, 0, nil
 }
 
-func handshakeMAC(secret []byte, label string, helloRaw, serverNonce []byte) []byte {
+func handshakeMAC(secret []byte, label string, helloRaw, serverNonce, serverID []byte) []byte {
 	m := hmac.New(sha256.New, secret)
 	m.Write([]byte(label))
 	m.Write(helloRaw)
 	m.Write(serverNonce)
+	m.Write(serverID)
 	return m.Sum(nil)
 }
 
@@ -199,49 +208,56 @@ func readStatus(r io.Reader) error {
 	return &errRefused{code: refusal(st[0]), reason: string(reason)}
 }
 
-// clientHandshake runs the dialer's side on conn within timeout.
-func clientHandshake(conn net.Conn, secret []byte, h hello, timeout time.Duration) error {
+// clientHandshake runs the dialer's side on conn within timeout and
+// returns the listener's identity.
+func clientHandshake(conn net.Conn, secret []byte, h hello, timeout time.Duration) (identity, error) {
 	if err := conn.SetDeadline(time.Now().Add(timeout)); err != nil {
-		return err
+		return identity{}, err
 	}
 	defer conn.SetDeadline(time.Time{})
 	if _, err := rand.Read(h.nonce[:]); err != nil {
-		return fmt.Errorf("gloo: handshake nonce: %w", err)
+		return identity{}, fmt.Errorf("gloo: handshake nonce: %w", err)
 	}
 	h.version = protocolVersion
 	raw := h.encode()
 	if _, err := conn.Write(raw); err != nil {
-		return fmt.Errorf("gloo: handshake: send hello: %w", err)
+		return identity{}, fmt.Errorf("gloo: handshake: send hello: %w", err)
 	}
 	if err := readStatus(conn); err != nil {
-		return err
+		return identity{}, err
 	}
-	var ch [nonceLen + macLen]byte
+	var ch [nonceLen + identityLen + macLen]byte
 	if _, err := io.ReadFull(conn, ch[:]); err != nil {
-		return fmt.Errorf("gloo: handshake: read challenge: %w", err)
+		return identity{}, fmt.Errorf("gloo: handshake: read challenge: %w", err)
 	}
-	serverNonce := ch[:nonceLen]
-	if !hmac.Equal(ch[nonceLen:], handshakeMAC(secret, serverLabel, raw, serverNonce)) {
-		return &errRefused{code: refuseAuth, reason: "the listener does not know the job secret"}
+	serverNonce, serverID := ch[:nonceLen], ch[nonceLen:nonceLen+identityLen]
+	if !hmac.Equal(ch[nonceLen+identityLen:], handshakeMAC(secret, serverLabel, raw, serverNonce, serverID)) {
+		return identity{}, &errRefused{code: refuseAuth, reason: "the listener does not know the job secret"}
 	}
-	if _, err := conn.Write(handshakeMAC(secret, clientLabel, raw, serverNonce)); err != nil {
-		return fmt.Errorf("gloo: handshake: send proof: %w", err)
+	if _, err := conn.Write(handshakeMAC(secret, clientLabel, raw, serverNonce, serverID)); err != nil {
+		return identity{}, fmt.Errorf("gloo: handshake: send proof: %w", err)
 	}
-	return readStatus(conn)
+	if err := readStatus(conn); err != nil {
+		return identity{}, err
+	}
+	return decodeIdentity(serverID), nil
 }
 
 // errHandshake wraps a server-side refusal for logging.
 var errHandshake = errors.New("gloo: inbound handshake refused")
 
-// serverChallenge issues the challenge for a parsed hello and verifies the
-// proof. The caller has already checked the hello against its registrations.
-func serverChallenge(conn net.Conn, secret []byte, raw []byte) error {
-	var msg [1 + nonceLen + macLen]byte
+// serverChallenge issues the challenge for a parsed hello, with this end's
+// identity, and verifies the proof. The caller has already checked the
+// hello against its registrations.
+func serverChallenge(conn net.Conn, secret []byte, raw []byte, self identity) error {
+	var msg [1 + nonceLen + identityLen + macLen]byte
 	serverNonce := msg[1 : 1+nonceLen]
 	if _, err := rand.Read(serverNonce); err != nil {
 		return err
 	}
-	copy(msg[1+nonceLen:], handshakeMAC(secret, serverLabel, raw, serverNonce))
+	serverID := msg[1+nonceLen : 1+nonceLen+identityLen]
+	self.encode(serverID)
+	copy(msg[1+nonceLen+identityLen:], handshakeMAC(secret, serverLabel, raw, serverNonce, serverID))
 	if _, err := conn.Write(msg[:]); err != nil {
 		return fmt.Errorf("gloo: handshake: send challenge: %w", err)
 	}
@@ -249,7 +265,7 @@ func serverChallenge(conn net.Conn, secret []byte, raw []byte) error {
 	if _, err := io.ReadFull(conn, proof[:]); err != nil {
 		return fmt.Errorf("gloo: handshake: read proof: %w", err)
 	}
-	if !hmac.Equal(proof[:], handshakeMAC(secret, clientLabel, raw, serverNonce)) {
+	if !hmac.Equal(proof[:], handshakeMAC(secret, clientLabel, raw, serverNonce, serverID)) {
 		writeRefusal(conn, refuseAuth, "authentication failed")
 		return fmt.Errorf("%w: %s: bad proof (wrong secret or replayed handshake)", errHandshake, refuseAuth)
 	}

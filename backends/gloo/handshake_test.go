@@ -58,7 +58,8 @@ func attack(addr string, h hello, secret string) error {
 		return err
 	}
 	defer c.Close()
-	return clientHandshake(c, []byte(secret), h, 5*time.Second)
+	_, err = clientHandshake(c, []byte(secret), h, 5*time.Second)
+	return err
 }
 
 // forgeProof is a dialer that does not check the listener's proof and
@@ -76,11 +77,11 @@ func forgeProof(addr string, h hello) error {
 	if err := readStatus(c); err != nil {
 		return err
 	}
-	var ch [nonceLen + macLen]byte
+	var ch [nonceLen + identityLen + macLen]byte
 	if _, err := io.ReadFull(c, ch[:]); err != nil {
 		return err
 	}
-	c.Write(handshakeMAC([]byte("guess"), clientLabel, raw, ch[:nonceLen]))
+	c.Write(handshakeMAC([]byte("guess"), clientLabel, raw, ch[:nonceLen], ch[nonceLen:nonceLen+identityLen]))
 	return readStatus(c)
 }
 
@@ -253,7 +254,7 @@ func TestHandshakeReplay(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if err := serverChallenge(c, secret, raw); err != nil {
+		if err := serverChallenge(c, secret, raw, identity{}); err != nil {
 			return err
 		}
 		_, err = c.Write([]byte{0})
@@ -264,7 +265,7 @@ func TestHandshakeReplay(t *testing.T) {
 	var rec bytes.Buffer
 	errc := make(chan error, 1)
 	go func() { errc <- serve(srv) }()
-	if err := clientHandshake(teeConn{cli, &rec}, secret, goodHello(), 5*time.Second); err != nil {
+	if _, err := clientHandshake(teeConn{cli, &rec}, secret, goodHello(), 5*time.Second); err != nil {
 		t.Fatalf("legitimate handshake: %v", err)
 	}
 	if err := <-errc; err != nil {

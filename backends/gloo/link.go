@@ -73,6 +73,7 @@ var zeros [64 << 10]byte
 // exits when the connection closes; writes are serialised by wmu.
 type link struct {
 	conn   net.Conn // a *net.TCPConn, except in fuzz tests
+	peerID identity // the peer's, from the handshake
 	remote string
 	log    *zap.Logger
 	born   time.Time
@@ -98,6 +99,7 @@ type link struct {
 	rxBytes  atomic.Int64 // payload bytes delivered into completed frames
 	rxDone   atomic.Int64 // entries completed
 	lastRecv atomic.Int64 // ns since born
+	maxGap   atomic.Int64 // longest recent gap between arrivals, ns (decays; see decayGap)
 	rstate   atomic.Int32
 
 	// reader-private
@@ -127,9 +129,9 @@ type link struct {
 	readerDone chan struct{}
 }
 
-func newLink(conn net.Conn, owner *Backend, peer int) *link {
+func newLink(conn net.Conn, owner *Backend, peer int, peerID identity) *link {
 	l := &link{
-		conn: conn, remote: conn.RemoteAddr().String(), log: owner.log, born: time.Now(),
+		conn: conn, peerID: peerID, remote: conn.RemoteAddr().String(), log: owner.log, born: time.Now(),
 		owner: owner, peer: peer, epoch: owner.epoch,
 		syncCh: make(chan error, 1), wake: make(chan struct{}, 1), ack: make(chan struct{}, 1),
 		rbuf: make([]byte, rbufSize), small: make([]byte, smallFrame), ctlTx: make([]byte, headerSize+maxNoticeLen+1),
@@ -144,6 +146,22 @@ func newLink(conn net.Conn, owner *Backend, peer int) *link {
 }
 
 func (l *link) now() int64 { return int64(time.Since(l.born)) }
+
+// heard records that something arrived from the peer (reader goroutine).
+func (l *link) heard() {
+	now := l.now()
+	if gap := now - l.lastRecv.Swap(now); gap > l.maxGap.Load() {
+		l.maxGap.Store(gap)
+	}
+}
+
+// decayGap lets the longest recent gap fade (monitor, once per heartbeat
+// interval: half-life about 44 intervals).
+func (l *link) decayGap() {
+	if g := l.maxGap.Load(); g > 0 {
+		l.maxGap.CompareAndSwap(g, g-g/64-1)
+	}
+}
 
 func (l *link) poke() {
 	select {
@@ -212,7 +230,7 @@ func (l *link) read(p []byte) (int, error) {
 		n, err := l.conn.Read(p)
 		l.rstate.Store(rsBusy)
 		if n > 0 {
-			l.lastRecv.Store(l.now())
+			l.heard()
 			return n, nil
 		}
 		if err == nil {

@@ -57,7 +57,7 @@ func TestMalformedFrames(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			if err := clientHandshake(c, []byte("s3cret"), goodHello(), 5*time.Second); err != nil {
+			if _, err := clientHandshake(c, []byte("s3cret"), goodHello(), 5*time.Second); err != nil {
 				t.Fatal(err)
 			}
 			c0, err := wait()

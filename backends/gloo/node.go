@@ -25,7 +25,8 @@ type node struct {
 	job    string
 	secret []byte
 	ln     *net.TCPListener
-	addr   string // published address
+	addr   string   // published address
+	self   identity // this process, as told to peers in handshakes
 
 	mu     sync.Mutex
 	refs   int
@@ -61,6 +62,7 @@ type registration struct {
 type inbound struct {
 	conn *net.TCPConn
 	from int
+	id   identity // the dialer's
 }
 
 func newNode(cfg *Config, log *zap.Logger, job string, secret []byte) (*node, error) {
@@ -78,7 +80,8 @@ func newNode(cfg *Config, log *zap.Logger, job string, secret []byte) (*node, er
 		cfg: *cfg, log: log, job: job, secret: secret, ln: ln,
 		addr: net.JoinHostPort(host, strconv.Itoa(addr.Port)),
 		refs: 1, regs: map[regKey]*registration{}, live: map[net.Conn]struct{}{},
-		sem: make(chan struct{}, cfg.MaxPendingHandshakes),
+		sem:  make(chan struct{}, cfg.MaxPendingHandshakes),
+		self: localIdentity(),
 	}
 	n.wg.Add(1)
 	go n.acceptLoop()
@@ -250,7 +253,7 @@ func (n *node) serve(c *net.TCPConn) {
 		n.refuse(c, refuseRank, fmt.Sprintf("rank %d of size %d may not dial rank %d of size %d", h.from, h.size, h.to, reg.size), fields...)
 		return
 	}
-	if err := serverChallenge(c, n.secret, raw); err != nil {
+	if err := serverChallenge(c, n.secret, raw, n.self); err != nil {
 		n.refused.Add(1)
 		n.log.Warn("gloo: refused inbound connection", append([]zap.Field{zap.String("remote", c.RemoteAddr().String()), zap.Error(err)}, fields...)...)
 		return
@@ -286,7 +289,7 @@ func (n *node) serve(c *net.TCPConn) {
 	n.mu.Lock()
 	if n.regs[reg.key] == reg {
 		select {
-		case reg.ch <- inbound{conn: c, from: int(h.from)}: // capacity size: always room
+		case reg.ch <- inbound{conn: c, from: int(h.from), id: h.id}: // capacity size: always room
 			handed = true
 		default:
 		}
@@ -318,13 +321,16 @@ func tune(c *net.TCPConn, cfg *Config) {
 }
 
 // dial connects to addr and runs the dialer's handshake, retrying with
-// exponential backoff while the peer is not ready, until ctx ends.
-func (n *node) dial(ctx context.Context, addr string, h hello) (*net.TCPConn, error) {
+// exponential backoff while the peer is not ready, until ctx ends. It
+// returns the connection and the listener's identity.
+func (n *node) dial(ctx context.Context, addr string, h hello) (*net.TCPConn, identity, error) {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval = 10 * time.Millisecond
 	bo.MaxInterval = 500 * time.Millisecond
 	bo.MaxElapsedTime = 0 // bounded by ctx
 	d := net.Dialer{Timeout: n.cfg.HandshakeTimeout}
+	h.id = n.self
+	var peerID identity
 	attempt := func() (*net.TCPConn, error) {
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {
@@ -332,7 +338,7 @@ func (n *node) dial(ctx context.Context, addr string, h hello) (*net.TCPConn, er
 		}
 		tc := c.(*net.TCPConn)
 		stop := context.AfterFunc(ctx, func() { tc.SetDeadline(time.Unix(1, 0)) })
-		err = clientHandshake(tc, n.secret, h, n.cfg.HandshakeTimeout)
+		peerID, err = clientHandshake(tc, n.secret, h, n.cfg.HandshakeTimeout)
 		if !stop() && err == nil {
 			// The ctx ended as the handshake finished: its deadline may land
 			// after the one the handshake cleared, leaving a connection whose
@@ -353,9 +359,9 @@ func (n *node) dial(ctx context.Context, addr string, h hello) (*net.TCPConn, er
 	c, err := backoff.RetryWithData(attempt, backoff.WithContext(bo, ctx))
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("gloo: connect to rank %d at %s: %w (last attempt: %v)", h.to, addr, context.Cause(ctx), err)
+			return nil, identity{}, fmt.Errorf("gloo: connect to rank %d at %s: %w (last attempt: %v)", h.to, addr, context.Cause(ctx), err)
 		}
-		return nil, fmt.Errorf("gloo: connect to rank %d at %s: %w", h.to, addr, err)
+		return nil, identity{}, fmt.Errorf("gloo: connect to rank %d at %s: %w", h.to, addr, err)
 	}
-	return c, nil
+	return c, peerID, nil
 }
