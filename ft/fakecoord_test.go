@@ -43,15 +43,18 @@ type fakeMember struct {
 	closed  bool
 }
 
-// join registers id as a new incarnation asking for a quorum.
-func (c *fakeCoord) join(id string) *fakeMember {
+// join registers id as a new incarnation asking for a quorum, with the
+// fewest participants its job needs (minReplicas, as ft's register passes
+// MinReplicas × GroupSize to the real coordinator; 0: the coordinator's
+// default).
+func (c *fakeCoord) join(id string, minReplicas int) *fakeMember {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.inc++
 	m := &fakeMember{c: c, id: id, inc: c.inc, revs: map[uint64]membership.Revocation{}, changed: make(chan struct{}), done: make(chan struct{})}
 	c.members[id] = m
 	g, _, _ := parseMemberID(id)
-	c.m.Upsert(time.Now(), membership.MemberRecord{ID: id, Group: g, Incarnation: m.inc, WantQuorum: true, Joined: time.Now()})
+	c.m.Upsert(time.Now(), membership.MemberRecord{ID: id, Group: g, Incarnation: m.inc, WantQuorum: true, MinReplicas: minReplicas, Joined: time.Now()})
 	if len(c.history) > 0 { // a late joiner learns the current quorum, as from etcd
 		m.setQuorum(c.history[len(c.history)-1])
 	}

@@ -89,7 +89,7 @@ func (j *job) start(group string, groupRank, groupSize int, until int64) *replic
 	cfg := j.cfg
 	cfg.Group, cfg.GroupRank, cfg.GroupSize = group, groupRank, groupSize
 	cfg.Logger = zaptest.NewLogger(j.t).Named(memberID(group, groupRank))
-	m := j.coord.join(memberID(group, groupRank))
+	m := j.coord.join(memberID(group, groupRank), cfg.MinReplicas*groupSize)
 	cfg.Membership = m
 	c, err := New(context.Background(), cfg)
 	if err != nil {
@@ -362,7 +362,10 @@ func TestFailedCommitForcesNextEpoch(t *testing.T) {
 func TestMinReplicasBlocksCommit(t *testing.T) {
 	j := newJob(t, quick(), 2)
 	cfg := j.cfg
-	cfg.Group, cfg.Membership, cfg.MaxCommitFailures = "solo", j.coord.join("solo.0"), 3
+	// The member does not tell the coordinator the job's minimum (as with a
+	// coordinator configured apart from the job), so a quorum of one forms:
+	// ft's own check must refuse to commit with it.
+	cfg.Group, cfg.Membership, cfg.MaxCommitFailures = "solo", j.coord.join("solo.0", 0), 3
 	c, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -124,7 +124,10 @@ func TestKilledRankFailsTheRunClearly(t *testing.T) {
 	}
 }
 
-func TestStoppedRankTimesOut(t *testing.T) {
+// A SIGSTOPped rank ends the run: gloo sees from /proc that its silent peer
+// on this host is stopped and fails the op naming it (within PeerTimeout),
+// or, if the check is late on a loaded machine, the 3 s deadline does.
+func TestStoppedRankFailsTheRun(t *testing.T) {
 	l := startLauncher(t, 2, append([]string{"-np", "2", "-timeout", "3s"}, longRun...)...)
 	pids := l.workerPids(t, time.Minute)
 	l.waitLine(t, time.Minute, firstRow)
@@ -135,8 +138,10 @@ func TestStoppedRankTimesOut(t *testing.T) {
 	if code := exitCode(err); code != 1 {
 		t.Errorf("exit code %d (%v), want 1", code, err)
 	}
-	if stderr := l.errText(); !strings.Contains(stderr, "rank 0 failed") || !strings.Contains(stderr, "timeout") {
-		t.Errorf("stderr does not report rank 0's timeout:\n%s", stderr)
+	stderr := l.errText()
+	stopped := strings.Contains(stderr, "rank 1") && strings.Contains(stderr, "process is stopped")
+	if !strings.Contains(stderr, "rank 0 failed") || !stopped && !strings.Contains(stderr, "timeout") {
+		t.Errorf("stderr does not report that rank 0 failed on rank 1 being stopped or on its deadline:\n%s", stderr)
 	}
 	for _, p := range pids {
 		waitGone(t, p, 10*time.Second) // the stopped worker was killed too
