@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -32,6 +33,9 @@ func factory(ctx context.Context, o comm.Options) (comm.Backend, error) {
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", comm.ErrInvalidArgument, err)
+	}
+	if sharedMemoryDisabledByEnv() {
+		cfg.SharedMemory = false
 	}
 	log := o.Logger
 	if log == nil {
@@ -130,9 +134,18 @@ func (b *Backend) start() {
 	b.formed = true
 	links := b.links
 	b.mu.Unlock()
+	onHost := 1
+	for _, l := range links {
+		if l != nil && l.shm != nil {
+			onHost++
+		}
+	}
 	for p, l := range links {
 		if l == nil {
 			continue
+		}
+		if l.shm != nil {
+			l.shm.crowded.Store(onHost > runtime.NumCPU())
 		}
 		// Nobody heartbeats a connection while its comm forms (a reused
 		// one may have waited for a slow survivor): silence counts from now.
@@ -234,13 +247,13 @@ func (b *Backend) form(ctx context.Context, reuse []*link) error {
 				results <- result{peer: p, err: fmt.Errorf("gloo: rendezvous with rank %d: %w", p, err)}
 				return
 			}
-			c, id, err := b.node.dial(ctx, string(addr), hello{job: b.node.job, prefix: b.prefix, epoch: b.epoch,
+			c, id, seg, err := b.node.dial(ctx, string(addr), hello{job: b.node.job, prefix: b.prefix, epoch: b.epoch,
 				from: int32(r), to: int32(p), size: int32(n)})
 			if err != nil {
 				results <- result{peer: p, err: err}
 				return
 			}
-			results <- result{peer: p, l: newLink(c, b, p, id)}
+			results <- result{peer: p, l: newLink(c, b, p, id, seg)}
 		}()
 	}
 	deadlinesSet := make(chan struct{})
@@ -320,7 +333,7 @@ func (b *Backend) form(ctx context.Context, reuse []*link) error {
 			}
 		case in := <-reg.ch:
 			accepts--
-			links[in.from] = newLink(in.conn, b, in.from, in.id)
+			links[in.from] = newLink(in.conn, b, in.from, in.id, in.shm)
 		case <-ctx.Done():
 			ferr = fmt.Errorf("gloo: forming %s epoch %d rank %d/%d: %w (connected to %d of %d peers)",
 				b.prefix, b.epoch, r, n, context.Cause(ctx), count(links), n-1)
@@ -436,6 +449,9 @@ func (b *Backend) breakWith(f faultInfo) {
 			if l != nil && l.ownedBy(b) {
 				l.wdl.Store(true)
 				l.conn.SetWriteDeadline(aLongTimeAgo)
+				if l.shm != nil {
+					l.interruptTx()
+				}
 			}
 		}
 	}
@@ -474,10 +490,11 @@ func (b *Backend) linkFailed(l *link, peer int, err error) {
 		why = fmt.Errorf("rank %d closed its communicator", peer)
 	}
 	b.breakWith(faultInfo{
-		nt:  notice{kind: noticePeerFailed, op: b.opType(), origin: int32(b.rank), subject: int32(peer), cause: why.Error()},
+		nt:  notice{kind: noticePeerFailed, op: b.opType(), orderly: bye, origin: int32(b.rank), subject: int32(peer), cause: why.Error()},
 		err: &comm.RankError{Rank: peer, Op: b.opType(), Epoch: b.epoch, Err: fmt.Errorf("gloo: %w: %w", comm.ErrPeerFailed, why)},
 		// A peer that closed its comm left in order: whoever still needed it
-		// gets the error from its op; the log says it at info level.
+		// gets the error from its op; the logs (here and at the peers told
+		// of it) say it at info level.
 		quiet: bye,
 	})
 }
@@ -521,7 +538,7 @@ func (b *Backend) remoteFault(peer int, nt notice) {
 	default:
 		return
 	}
-	b.breakWith(faultInfo{nt: nt, err: err})
+	b.breakWith(faultInfo{nt: nt, err: err, quiet: nt.orderly})
 }
 
 // Abort implements comm.Backend: every blocked op fails at once with
@@ -639,7 +656,7 @@ func (b *Backend) monitor() {
 					starved[p], blockedSince[p] = false, time.Time{}
 					continue
 				}
-				if l.inq() > 0 || !l.ownedBy(b) {
+				if l.inq() > 0 || l.shm != nil && l.shmPending() || !l.ownedBy(b) {
 					continue
 				}
 				proc := procOf(&b.node.self, &l.peerID)

@@ -315,6 +315,23 @@ func runCase(ctx context.Context, cm *comm.Comm, c *mcase, n, r int) error {
 // buffers with a direct computation (reductions in rank order, as
 // comm/inproc does). The 18 jobs run at once: each is latency-bound, and
 // t.Parallel would run only GOMAXPROCS of them at a time.
+// matrixJobs is every algorithm over both transports (shared memory and
+// TCP; the same-host default is shared memory).
+func matrixJobs() (jobs []struct {
+	algo Algorithm
+	shm  bool
+}) {
+	for _, algo := range algorithms {
+		for _, shm := range []bool{true, false} {
+			jobs = append(jobs, struct {
+				algo Algorithm
+				shm  bool
+			}{algo, shm})
+		}
+	}
+	return jobs
+}
+
 func TestCollectivesAgainstReference(t *testing.T) {
 	type jobResult struct {
 		name string
@@ -324,12 +341,14 @@ func TestCollectivesAgainstReference(t *testing.T) {
 	results := make(chan jobResult, 64)
 	for _, n := range []int{1, 2, 3, 4, 7, 8} {
 		cases := matrixCases(n)
-		for _, algo := range algorithms {
-			name := fmt.Sprintf("n=%d/%s", n, algo)
+		for _, job := range matrixJobs() {
+			algo, shm := job.algo, job.shm
+			name := fmt.Sprintf("n=%d/%s/%s", n, algo, transportName(shm))
 			j := newJob(t, n, func(c *Config) {
 				c.Algorithm = algo
 				c.SegmentSize = 4 << 10
 				c.SmallThreshold = 256
+				c.SharedMemory = shm
 			})
 			wg.Add(1)
 			go func() {

@@ -3,6 +3,7 @@ package gloo
 import (
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"time"
 )
@@ -98,6 +99,31 @@ type Config struct {
 	// MaxPendingHandshakes bounds concurrent inbound handshakes; excess
 	// connections are refused at once.
 	MaxPendingHandshakes int
+	// SharedMemory lets a link to a peer on the same host (same kernel and
+	// pid namespace, as the handshake tells) carry its op data through a
+	// shared-memory segment instead of the socket; the TCP connection still
+	// carries the handshake, heartbeats, notices, resync and bye, and still
+	// tells of a peer's death. Used only where both ends enable it, and
+	// turned off for the whole process by the environment variable
+	// FTCOMM_GLOO_SHM=0 (or "off", "false"). A link whose segment cannot be
+	// set up (e.g. /proc/<pid>/fd not accessible) uses TCP, logged at info.
+	SharedMemory bool
+	// SharedMemoryRing is the size in bytes of each direction's ring of a
+	// shared-memory link (a power of two, 64 KiB – 64 MiB); a link maps
+	// twice this plus 4 KiB. The listener's setting is used.
+	SharedMemoryRing int
+}
+
+// EnvSharedMemory, set to 0, off or false, disables Config.SharedMemory
+// in every comm the process creates afterwards.
+const EnvSharedMemory = "FTCOMM_GLOO_SHM"
+
+func sharedMemoryDisabledByEnv() bool {
+	switch strings.ToLower(strings.TrimSpace(os.Getenv(EnvSharedMemory))) {
+	case "0", "off", "false", "no":
+		return true
+	}
+	return false
 }
 
 // DefaultConfig returns the default settings.
@@ -113,6 +139,8 @@ func DefaultConfig() *Config {
 		SmallThreshold:       64 << 10,
 		SegmentSize:          1 << 20,
 		MaxPendingHandshakes: 64,
+		SharedMemory:         true,
+		SharedMemoryRing:     2 << 20,
 	}
 }
 
@@ -143,6 +171,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("gloo: config: SegmentSize %d outside [4 KiB, 64 MiB]", c.SegmentSize)
 	case c.MaxPendingHandshakes < 1:
 		return fmt.Errorf("gloo: config: MaxPendingHandshakes %d must be at least 1", c.MaxPendingHandshakes)
+	case c.SharedMemory && !validRingSize(c.SharedMemoryRing):
+		return fmt.Errorf("gloo: config: SharedMemoryRing %d is not a power of two in [64 KiB, 64 MiB]", c.SharedMemoryRing)
 	}
 	return nil
 }

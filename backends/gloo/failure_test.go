@@ -444,54 +444,86 @@ func TestRevokeMidTransferThenShrink(t *testing.T) {
 }
 
 // TestAbortCutsFrameThenShrink: rank 0 sends one 16 MiB frame to rank 1,
-// which has not posted its receive, so the write blocks mid-frame; rank 0 is
-// aborted. Its Send returns at once; the unfinished frame is completed with
-// filler and marked abandoned, so rank 1's late Recv fails (it never
-// returns the partial data), rank 2 hears of the abort, and the three shrink
-// over the same connections and compute correctly.
+// which has not posted its receive, so the write blocks mid-frame (the
+// frame is larger than any socket buffer and than the shared-memory ring);
+// rank 0 is aborted. Its Send returns at once; rank 1's late Recv fails (it
+// never returns the partial data), rank 2 hears of the abort, and the three
+// shrink over the same connections and compute correctly. Over TCP the
+// unfinished frame is completed with filler and marked abandoned; over
+// shared memory the resync tells rank 1 where the new epoch's data starts.
 func TestAbortCutsFrameThenShrink(t *testing.T) {
-	const count = 4 << 20 // 16 MiB of float32 in one frame: more than any socket buffer holds
-	j := newJob(t, 4, func(c *Config) { c.SegmentSize = 16 << 20 })
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	l01 := backendOf(j.comms[1]).links[0]
-	errs := j.run(func(r int, c *comm.Comm) error {
-		switch r {
-		case 0:
-			return c.Send(ctx, comm.Float32s(make([]float32, count)), 1)
-		case 1:
-			// Wait until rank 0's frame is piling up unread here (the frame is
-			// larger than any socket buffer, so its write is blocked mid-frame).
-			waitFor(t, "rank 0 blocked mid-frame", func() bool { return inOp(j.comms[0]) && l01.inq() > 16<<10 })
-			j.comms[0].Abort(errors.New("test aborts a blocked send"))
-			waitFor(t, "rank 0's send to return", func() bool { return !inOp(j.comms[0]) })
-			buf := make([]float32, count)
-			err := c.Recv(ctx, comm.Float32s(buf), 0)
-			if err == nil {
-				return errors.New("recv of an abandoned frame succeeded")
+	for _, shm := range []bool{false, true} {
+		t.Run(transportName(shm), func(t *testing.T) {
+			if shm {
+				skipWithoutShm(t)
 			}
-			return err
-		case 2:
-			waitFor(t, "the abort notice", func() bool { return backendOf(c).isBroken() })
-			return c.Barrier(ctx)
-		}
-		return nil
-	})
-	for r, err := range errs[:3] {
-		if !errors.Is(err, comm.ErrAborted) {
-			t.Errorf("rank %d: got %v, want ErrAborted", r, err)
-		}
+			const count = 4 << 20 // 16 MiB of float32 in one frame
+			j := newJob(t, 4, func(c *Config) { c.SegmentSize = 16 << 20; c.SharedMemory = shm })
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			l01 := backendOf(j.comms[1]).links[0]
+			if (l01.shm != nil) != shm {
+				t.Fatalf("link uses shared memory: %v, want %v", l01.shm != nil, shm)
+			}
+			errs := j.run(func(r int, c *comm.Comm) error {
+				switch r {
+				case 0:
+					return c.Send(ctx, comm.Float32s(make([]float32, count)), 1)
+				case 1:
+					// Wait until rank 0's frame is piling up unread here.
+					waitFor(t, "rank 0 blocked mid-frame", func() bool { return inOp(j.comms[0]) && pendingBytes(l01) > 16<<10 })
+					j.comms[0].Abort(errors.New("test aborts a blocked send"))
+					waitFor(t, "rank 0's send to return", func() bool { return !inOp(j.comms[0]) })
+					buf := make([]float32, count)
+					err := c.Recv(ctx, comm.Float32s(buf), 0)
+					if err == nil {
+						return errors.New("recv of an abandoned frame succeeded")
+					}
+					return err
+				case 2:
+					waitFor(t, "the abort notice", func() bool { return backendOf(c).isBroken() })
+					return c.Barrier(ctx)
+				}
+				return nil
+			})
+			for r, err := range errs[:3] {
+				if !errors.Is(err, comm.ErrAborted) {
+					t.Errorf("rank %d: got %v, want ErrAborted", r, err)
+				}
+			}
+			if n := backendOf(j.comms[0]).links[1].abandoned.Load(); !shm && n != 1 {
+				t.Errorf("%d frames completed as abandoned on rank 0's link to rank 1, want 1", n)
+			}
+			j.comms[3].Close()
+			j.comms[3] = nil
+			shrinkAndCheck(t, j.comms[:3], []int{3}, 1)
+			j.mustRun(func(r int, c *comm.Comm) error {
+				if c == nil {
+					return nil
+				}
+				return sumCheck(ctx, c, 1<<20)
+			})
+		})
 	}
-	if n := backendOf(j.comms[0]).links[1].abandoned.Load(); n != 1 {
-		t.Errorf("%d frames completed as abandoned on rank 0's link to rank 1, want 1", n)
+}
+
+func transportName(shm bool) string {
+	if shm {
+		return "shm"
 	}
-	j.comms[3].Close()
-	j.comms[3] = nil
-	shrinkAndCheck(t, j.comms[:3], []int{3}, 1)
-	j.mustRun(func(r int, c *comm.Comm) error {
-		if c == nil {
-			return nil
-		}
-		return sumCheck(ctx, c, 1<<20)
-	})
+	return "tcp"
+}
+
+// pendingBytes is how much the peer has sent that l has not read yet.
+func pendingBytes(l *link) int {
+	if l.shm == nil {
+		return l.inq()
+	}
+	s := l.shm
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if !s.live {
+		return 0
+	}
+	return int(s.rx.head.Load() - s.rx.tail.Load())
 }

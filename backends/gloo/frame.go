@@ -190,10 +190,11 @@ const (
 
 // notice is the payload of a frameNotice (epoch in the header's seq):
 //
-//	0 kind u8, 1 op u8, 2 reserved u16, 4 origin i32, 8 subject i32, 12 cause (UTF-8, rest)
+//	0 kind u8, 1 op u8, 2 flags u8, 3 reserved u8, 4 origin i32, 8 subject i32, 12 cause (UTF-8, rest)
 type notice struct {
 	kind    noticeKind
 	op      comm.OpType
+	orderly bool  // flag 1: an orderly event (a peer closed its comm): log it at info level
 	origin  int32 // the rank whose comm failed first
 	subject int32 // the rank the failure concerns, or -1
 	cause   string
@@ -205,6 +206,9 @@ func (n *notice) encode(b []byte) int {
 	b[0] = byte(n.kind)
 	b[1] = byte(n.op)
 	b[2], b[3] = 0, 0
+	if n.orderly {
+		b[2] = 1
+	}
 	binary.LittleEndian.PutUint32(b[4:], uint32(n.origin))
 	binary.LittleEndian.PutUint32(b[8:], uint32(n.subject))
 	c := n.cause
@@ -221,6 +225,7 @@ func decodeNotice(b []byte) (notice, error) {
 	}
 	n.kind = noticeKind(b[0])
 	n.op = comm.OpType(b[1])
+	n.orderly = b[2]&1 != 0
 	if n.kind < noticeAbort || n.kind > noticeMismatch {
 		return n, fmt.Errorf("%w: notice kind %d", errMalformed, b[0])
 	}
@@ -231,21 +236,23 @@ func decodeNotice(b []byte) (notice, error) {
 }
 
 // resyncInfo is what both ends of a reused connection must agree on to
-// enter a new epoch (epoch in the header's seq):
+// enter a new epoch (epoch in the header's seq), plus where the sender's
+// new-epoch data starts in its shared-memory ring (0 for TCP links):
 //
-//	0 size u32, 4 sender rank u32, 8 members hash u64, 16 reserved u64
+//	0 size u32, 4 sender rank u32, 8 members hash u64, 16 shm tx position u64
 type resyncInfo struct {
 	epoch   uint64
 	size    uint32
 	rank    uint32 // the sender's rank in the new epoch
 	members uint64 // hash of the new comm's membership
+	txPos   uint64 // not part of the agreement
 }
 
 func (r *resyncInfo) encode(b []byte) {
 	binary.LittleEndian.PutUint32(b[0:], r.size)
 	binary.LittleEndian.PutUint32(b[4:], r.rank)
 	binary.LittleEndian.PutUint64(b[8:], r.members)
-	binary.LittleEndian.PutUint64(b[16:], 0)
+	binary.LittleEndian.PutUint64(b[16:], r.txPos)
 }
 
 func decodeResync(epoch uint64, b []byte) (resyncInfo, error) {
@@ -257,6 +264,7 @@ func decodeResync(epoch uint64, b []byte) (resyncInfo, error) {
 		size:    binary.LittleEndian.Uint32(b[0:]),
 		rank:    binary.LittleEndian.Uint32(b[4:]),
 		members: binary.LittleEndian.Uint64(b[8:]),
+		txPos:   binary.LittleEndian.Uint64(b[16:]),
 	}, nil
 }
 

@@ -86,7 +86,7 @@ func FuzzLinkReader(f *testing.F) {
 		nd := &node{cfg: *DefaultConfig(), log: zap.NewNop()}
 		b := newBackend(nd, nil, "fuzz", 0, 0, 2)
 		mine, theirs := net.Pipe()
-		l := newLink(mine, b, 1, identity{})
+		l := newLink(mine, b, 1, identity{}, nil)
 		b.setLinks([]*link{nil, l})
 		b.start()
 		d := desc{op: comm.OpAllReduce, dtype: comm.Float32, redop: comm.Sum, algo: AlgorithmRing, root: -1, count: 16}

@@ -27,6 +27,11 @@ type identity struct {
 
 const identityLen = 16 + 8 + 8 + 4 + 4
 
+// Capability bits of identity.flags.
+const (
+	idFlagShm = 1 << iota // this end sets up shared memory with peers on its host
+)
+
 func (id *identity) encode(b []byte) {
 	_ = b[identityLen-1]
 	copy(b, id.bootID[:])

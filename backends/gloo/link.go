@@ -126,10 +126,16 @@ type link struct {
 	p2pRx      uint64 // next expected (op goroutine)
 	closed     chan struct{}
 	closeOnce  sync.Once
-	readerDone chan struct{}
+	readerDone chan struct{} // closed when the reader(s) exited (and the shared memory is unmapped)
+
+	// shared-memory data path, nil for TCP-only links (see shmlink.go)
+	shm *shmState
+	smu sync.Mutex // serialises writers of the shm tx ring
 }
 
-func newLink(conn net.Conn, owner *Backend, peer int, peerID identity) *link {
+// newLink starts the reader(s) of conn, whose op frames go through seg
+// when it is not nil.
+func newLink(conn net.Conn, owner *Backend, peer int, peerID identity, seg *shmSeg) *link {
 	l := &link{
 		conn: conn, peerID: peerID, remote: conn.RemoteAddr().String(), log: owner.log, born: time.Now(),
 		owner: owner, peer: peer, epoch: owner.epoch,
@@ -141,6 +147,10 @@ func newLink(conn net.Conn, owner *Backend, peer int, peerID identity) *link {
 	now := l.now()
 	l.lastRecv.Store(now)
 	l.lastSend.Store(now)
+	if seg != nil {
+		l.shm = newShmState(seg)
+		go l.shmRun()
+	}
 	go l.run()
 	return l
 }
@@ -167,6 +177,9 @@ func (l *link) poke() {
 	select {
 	case l.wake <- struct{}{}:
 	default:
+	}
+	if l.shm != nil {
+		l.pokeShm()
 	}
 }
 
@@ -195,6 +208,9 @@ func (l *link) fail(err error) {
 		l.mu.Unlock()
 		close(l.closed)
 		l.conn.Close()
+		if l.shm != nil {
+			l.shmWakeAll()
+		}
 		if syncing {
 			select {
 			case l.syncCh <- fmt.Errorf("connection to rank %d broke: %w", peer, err):
@@ -215,7 +231,12 @@ func (l *link) run() {
 	if errors.Is(err, errMalformed) {
 		l.log.Warn("gloo: dropping connection after a malformed frame", zap.String("remote", l.remote), zap.Error(err))
 	}
-	l.fail(err)
+	if err != errByeDeferred {
+		l.fail(err)
+	}
+	if l.shm != nil {
+		<-l.shm.done
+	}
 }
 
 func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
@@ -311,6 +332,13 @@ func (l *link) readLoop() error {
 			if _, err := l.trailer(); err != nil {
 				return err
 			}
+			if l.shm != nil {
+				// What the peer wrote before its bye is still delivered;
+				// the shm reader closes the link when it runs out.
+				l.shm.byeSeen.Store(true)
+				l.wakeReader(true)
+				return errByeDeferred
+			}
 			return errPeerBye
 		case frameNotice:
 			if err := l.fill(int(h.length) + 1); err != nil {
@@ -333,6 +361,9 @@ func (l *link) readLoop() error {
 		case frameResync, frameOp:
 			if h.typ == frameOp && l.poisoned {
 				return fmt.Errorf("%w: op frame after an abandoned frame without a notice", errMalformed)
+			}
+			if h.typ == frameOp && l.shm != nil {
+				return fmt.Errorf("%w: op frame on the socket of a shared-memory link", errMalformed)
 			}
 			if err := l.dispatch(&h); err != nil {
 				return err
@@ -395,6 +426,8 @@ func (l *link) dispatch(h *header) error {
 			if t != trailerOK || info.epoch < want.epoch {
 				return nil // an interrupted or older resync: keep looking
 			}
+			txPos := info.txPos
+			info.txPos = 0
 			var res error
 			if info != want {
 				res = fmt.Errorf("%w: rank %d resynchronised to epoch %d as rank %d of %d (members %#x), expected epoch %d rank %d of %d (members %#x)",
@@ -404,6 +437,10 @@ func (l *link) dispatch(h *header) error {
 			if l.mode == rxSync && l.want == want {
 				if res == nil {
 					l.mode = rxNormal
+					if l.shm != nil {
+						// The shm reader drops the peer's data before txPos.
+						l.shm.skipTo, l.shm.skipSet = txPos, true
+					}
 				}
 				select {
 				case l.syncCh <- res:
@@ -411,6 +448,9 @@ func (l *link) dispatch(h *header) error {
 				}
 			}
 			l.mu.Unlock()
+			if res == nil && l.shm != nil {
+				l.pokeShm()
+			}
 			return nil
 		}
 		if h.typ == frameResync {
@@ -427,34 +467,42 @@ func (l *link) dispatch(h *header) error {
 			}
 			continue
 		}
-		b := l.owner
-		if l.phead < len(l.posts) {
-			e := l.posts[l.phead]
-			if err := matchFrame(h, &e); err != nil {
-				peer, epoch := l.peer, l.epoch
-				l.mu.Unlock()
-				b.mismatch(peer, epoch, err)
-				l.mu.Lock()
-				if !l.stallLocked() { // hold the frame; nothing of it was written
-					return errLocal
-				}
-				continue
-			}
-			l.active = true
+		e, ok, mis := l.admitLocked(h)
+		if ok {
 			l.mu.Unlock()
 			return l.deliver(h, &e)
 		}
-		if b != nil && h.d.op != comm.OpSend && !b.isBroken() && h.seq == b.curColl.Load() &&
-			(l.planSeq != h.seq || l.planLeft == 0) {
-			peer, epoch := l.peer, l.epoch
+		if mis != nil {
+			b, peer, epoch := l.owner, l.peer, l.epoch
 			l.mu.Unlock()
-			b.mismatch(peer, epoch, fmt.Errorf("rank %d sent %s step %d, which this rank does not expect in its %s", peer, h.d, h.tag, b.curOpDesc()))
+			b.mismatch(peer, epoch, mis)
 			l.mu.Lock()
 		}
-		if !l.stallLocked() {
+		if !l.stallLocked() { // hold the frame; nothing of it was written
 			return errLocal
 		}
 	}
+}
+
+// admitLocked (l.mu held) matches op frame h against the next posted
+// receive. ok: deliver it into e (l.active is set). Otherwise the frame is
+// held until the posts change; mis, if not nil, says why it proves that the
+// peer runs another op than this rank.
+func (l *link) admitLocked(h *header) (e entry, ok bool, mis error) {
+	b := l.owner
+	if l.phead < len(l.posts) {
+		e = l.posts[l.phead]
+		if err := matchFrame(h, &e); err != nil {
+			return entry{}, false, err
+		}
+		l.active = true
+		return e, true, nil
+	}
+	if b != nil && h.d.op != comm.OpSend && !b.isBroken() && h.seq == b.curColl.Load() &&
+		(l.planSeq != h.seq || l.planLeft == 0) {
+		return entry{}, false, fmt.Errorf("rank %d sent %s step %d, which this rank does not expect in its %s", l.peer, h.d, h.tag, b.curOpDesc())
+	}
+	return entry{}, false, nil
 }
 
 // matchFrame checks a frame against the entry it would fill.
@@ -514,6 +562,14 @@ func (l *link) deliver(h *header, e *entry) error {
 		l.mu.Unlock()
 		return nil
 	}
+	l.finishLocked(n)
+	return nil
+}
+
+// finishLocked (l.mu held, released on return) records that the reader
+// delivered n more bytes into the entry at the head of the posts, and
+// tells the op goroutine.
+func (l *link) finishLocked(n int) {
 	p := &l.posts[l.phead]
 	p.done += n
 	complete := p.done == len(p.dst)
@@ -531,7 +587,6 @@ func (l *link) deliver(h *header, e *entry) error {
 		l.rxDone.Add(1)
 	}
 	b.poke()
-	return nil
 }
 
 // dropEntry acknowledges a cancel: the reader no longer touches the entry.
@@ -648,7 +703,11 @@ func (l *link) cancelPosts() {
 	}
 	l.cancel.Store(true)
 	l.mu.Unlock()
-	l.conn.SetReadDeadline(aLongTimeAgo)
+	if l.shm != nil {
+		l.wakeReader(true)
+	} else {
+		l.conn.SetReadDeadline(aLongTimeAgo)
+	}
 	select {
 	case <-l.ack:
 	case <-l.readerDone:
@@ -750,7 +809,7 @@ func (l *link) clearDeadline() {
 // heartbeat sends a heartbeat if nothing was sent for interval and no op
 // is writing (monitor goroutine).
 func (l *link) heartbeat(b *Backend, interval time.Duration) {
-	if time.Duration(l.now()-l.lastSend.Load()) < interval || !l.wmu.TryLock() {
+	if time.Duration(l.now()-l.lastSend.Load()) < interval || l.byeSeen() || !l.wmu.TryLock() {
 		return
 	}
 	defer l.wmu.Unlock()
@@ -765,6 +824,9 @@ func (l *link) heartbeat(b *Backend, interval time.Duration) {
 
 // sendNotice tells the peer why b failed; false if it must be retried.
 func (l *link) sendNotice(b *Backend, nt *notice, d time.Duration) bool {
+	if l.byeSeen() {
+		return true // the peer is gone; its socket is closed
+	}
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	if !l.ownedBy(b) {
@@ -801,6 +863,10 @@ func (l *link) inq() int {
 	return n
 }
 
+// byeSeen reports whether a shared-memory link's peer said goodbye (its
+// socket is then closed, while its data is still being read).
+func (l *link) byeSeen() bool { return l.shm != nil && l.shm.byeSeen.Load() }
+
 // takeover hands the link to nb, which will use it at epoch want.epoch,
 // where the peer has rank peer; the reader discards everything until the
 // peer's matching resync frame.
@@ -828,6 +894,13 @@ func (l *link) giveBack(b *Backend, peer int) {
 // sendResync writes this end's resync frame (after any unfinished frame)
 // with a deadline.
 func (l *link) sendResync(info resyncInfo, deadline time.Time) error {
+	if l.shm != nil {
+		// No op writes now: everything before this position is the old
+		// epoch's, and the peer drops it.
+		l.smu.Lock()
+		info.txPos = l.shm.txPos
+		l.smu.Unlock()
+	}
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	l.wdl.Store(true)

@@ -2,8 +2,10 @@ package gloo
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"sync"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 )
 
 // node is one process's endpoint for a family of comms: the listener, its
@@ -63,6 +66,7 @@ type inbound struct {
 	conn *net.TCPConn
 	from int
 	id   identity // the dialer's
+	shm  *shmSeg  // the link's shared memory, or nil
 }
 
 func newNode(cfg *Config, log *zap.Logger, job string, secret []byte) (*node, error) {
@@ -82,6 +86,9 @@ func newNode(cfg *Config, log *zap.Logger, job string, secret []byte) (*node, er
 		refs: 1, regs: map[regKey]*registration{}, live: map[net.Conn]struct{}{},
 		sem:  make(chan struct{}, cfg.MaxPendingHandshakes),
 		self: localIdentity(),
+	}
+	if cfg.SharedMemory {
+		n.self.flags |= idFlagShm
 	}
 	n.wg.Add(1)
 	go n.acceptLoop()
@@ -144,6 +151,7 @@ func (n *node) unregister(reg *registration) {
 		select {
 		case in := <-reg.ch:
 			in.conn.Close()
+			in.shm.unmap()
 		default:
 			return
 		}
@@ -205,12 +213,14 @@ func (n *node) refuse(c *net.TCPConn, code refusal, reason string, fields ...zap
 // HandshakeTimeout, or at once when the node closes.
 func (n *node) serve(c *net.TCPConn) {
 	handed := false
+	var seg *shmSeg
 	defer func() {
 		n.mu.Lock()
 		delete(n.live, c)
 		n.mu.Unlock()
 		if !handed {
 			c.Close()
+			seg.unmap()
 		}
 		<-n.sem
 		n.wg.Done()
@@ -272,7 +282,11 @@ func (n *node) serve(c *net.TCPConn) {
 	}
 	reg.want[h.from] = false
 	n.mu.Unlock()
-	if _, err := c.Write([]byte{0}); err != nil {
+	_, err = c.Write([]byte{0})
+	if err == nil {
+		seg, err = n.serverShm(c, &h.id, fields)
+	}
+	if err != nil {
 		n.expect(reg, int(h.from))
 		n.log.Warn("gloo: inbound handshake failed", append([]zap.Field{zap.Error(err)}, fields...)...)
 		return
@@ -289,7 +303,7 @@ func (n *node) serve(c *net.TCPConn) {
 	n.mu.Lock()
 	if n.regs[reg.key] == reg {
 		select {
-		case reg.ch <- inbound{conn: c, from: int(h.from), id: h.id}: // capacity size: always room
+		case reg.ch <- inbound{conn: c, from: int(h.from), id: h.id, shm: seg}: // capacity size: always room
 			handed = true
 		default:
 		}
@@ -323,7 +337,7 @@ func tune(c *net.TCPConn, cfg *Config) {
 // dial connects to addr and runs the dialer's handshake, retrying with
 // exponential backoff while the peer is not ready, until ctx ends. It
 // returns the connection and the listener's identity.
-func (n *node) dial(ctx context.Context, addr string, h hello) (*net.TCPConn, identity, error) {
+func (n *node) dial(ctx context.Context, addr string, h hello) (*net.TCPConn, identity, *shmSeg, error) {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval = 10 * time.Millisecond
 	bo.MaxInterval = 500 * time.Millisecond
@@ -331,6 +345,7 @@ func (n *node) dial(ctx context.Context, addr string, h hello) (*net.TCPConn, id
 	d := net.Dialer{Timeout: n.cfg.HandshakeTimeout}
 	h.id = n.self
 	var peerID identity
+	var seg *shmSeg
 	attempt := func() (*net.TCPConn, error) {
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {
@@ -339,6 +354,9 @@ func (n *node) dial(ctx context.Context, addr string, h hello) (*net.TCPConn, id
 		tc := c.(*net.TCPConn)
 		stop := context.AfterFunc(ctx, func() { tc.SetDeadline(time.Unix(1, 0)) })
 		peerID, err = clientHandshake(tc, n.secret, h, n.cfg.HandshakeTimeout)
+		if err == nil {
+			seg, err = n.clientShm(tc, &peerID, h.to)
+		}
 		if !stop() && err == nil {
 			// The ctx ended as the handshake finished: its deadline may land
 			// after the one the handshake cleared, leaving a connection whose
@@ -347,6 +365,8 @@ func (n *node) dial(ctx context.Context, addr string, h hello) (*net.TCPConn, id
 		}
 		if err != nil {
 			tc.Close()
+			seg.unmap()
+			seg = nil
 			var r *errRefused
 			if errors.As(err, &r) && !r.retryable() {
 				return nil, backoff.Permanent(err)
@@ -359,9 +379,85 @@ func (n *node) dial(ctx context.Context, addr string, h hello) (*net.TCPConn, id
 	c, err := backoff.RetryWithData(attempt, backoff.WithContext(bo, ctx))
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, identity{}, fmt.Errorf("gloo: connect to rank %d at %s: %w (last attempt: %v)", h.to, addr, context.Cause(ctx), err)
+			return nil, identity{}, nil, fmt.Errorf("gloo: connect to rank %d at %s: %w (last attempt: %v)", h.to, addr, context.Cause(ctx), err)
 		}
-		return nil, identity{}, fmt.Errorf("gloo: connect to rank %d at %s: %w", h.to, addr, err)
+		return nil, identity{}, nil, fmt.Errorf("gloo: connect to rank %d at %s: %w", h.to, addr, err)
 	}
-	return c, peerID, nil
+	return c, peerID, seg, nil
+}
+
+// Shared-memory setup, after a successful handshake, when both ends want
+// it and run on one kernel in one pid namespace (see shm.go):
+//
+//	S→C offer:  status:u8 (0 offer, 1 none) fd:u32 ringSize:u32 token[16]
+//	C→S answer: status:u8 (0 mapped, 1 not)
+//
+// The link uses the segment if the listener offered it and the dialer
+// mapped it; otherwise TCP. Both ends decide alike, from both identities.
+const shmOfferLen = 1 + 4 + 4 + shmTokenLen
+
+// shmWith reports whether a link with peer sets up shared memory.
+func (n *node) shmWith(peer *identity) bool {
+	return n.self.flags&idFlagShm != 0 && peer.flags&idFlagShm != 0 && n.self.sameProcessSpace(peer)
+}
+
+// serverShm runs the listener's side of the setup: the segment the link
+// will use, nil for TCP, or an error if the connection broke.
+func (n *node) serverShm(c net.Conn, peer *identity, fields []zap.Field) (*shmSeg, error) {
+	if !n.shmWith(peer) {
+		return nil, nil
+	}
+	var offer [shmOfferLen]byte
+	seg, fd, token, err := createShm(n.cfg.SharedMemoryRing)
+	if err != nil {
+		n.log.Info("gloo: no shared memory for a link to this host; it uses TCP", append([]zap.Field{zap.Error(err)}, fields...)...)
+		offer[0] = 1
+		_, err = c.Write(offer[:])
+		return nil, err
+	}
+	defer unix.Close(fd) // the peer has opened it (or never will) once the answer is in
+	binary.LittleEndian.PutUint32(offer[1:], uint32(fd))
+	binary.LittleEndian.PutUint32(offer[5:], uint32(seg.ringSize))
+	copy(offer[9:], token[:])
+	var ans [1]byte
+	if _, err = c.Write(offer[:]); err == nil {
+		_, err = io.ReadFull(c, ans[:])
+	}
+	if err != nil || ans[0] != 0 {
+		seg.unmap()
+		if err == nil {
+			n.log.Info("gloo: the peer could not map the link's shared memory; it uses TCP", fields...)
+		}
+		return nil, err
+	}
+	return seg, nil
+}
+
+// clientShm runs the dialer's side of the setup with the listener, rank to.
+func (n *node) clientShm(c net.Conn, peer *identity, to int32) (*shmSeg, error) {
+	if !n.shmWith(peer) {
+		return nil, nil
+	}
+	c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	defer c.SetDeadline(time.Time{})
+	var offer [shmOfferLen]byte
+	if _, err := io.ReadFull(c, offer[:]); err != nil {
+		return nil, fmt.Errorf("gloo: shared-memory offer: %w", err)
+	}
+	if offer[0] != 0 {
+		return nil, nil
+	}
+	var token [shmTokenLen]byte
+	copy(token[:], offer[9:])
+	seg, err := openShm(peer.pid, int(binary.LittleEndian.Uint32(offer[1:])), int(binary.LittleEndian.Uint32(offer[5:])), token)
+	ans := []byte{0}
+	if err != nil {
+		n.log.Info("gloo: cannot map the shared memory of a link; it uses TCP", zap.Int32("to", to), zap.Error(err))
+		ans[0] = 1
+	}
+	if _, werr := c.Write(ans); werr != nil {
+		seg.unmap()
+		return nil, fmt.Errorf("gloo: shared-memory answer: %w", werr)
+	}
+	return seg, nil
 }

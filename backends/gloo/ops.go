@@ -181,14 +181,26 @@ func (b *Backend) waitAll(ctx context.Context) error {
 
 func (b *Backend) sendFrame(p int, h *header, payload []byte) error {
 	l := b.links[p]
-	l.wmu.Lock()
-	l.clearDeadline()
-	if b.isBroken() {
+	var err error
+	if l.shm != nil {
+		l.smu.Lock()
+		l.shm.txIntr.Store(false) // an interruption left by an earlier failure
+		if b.isBroken() {
+			l.smu.Unlock()
+			return b.err()
+		}
+		err = l.shmWriteLocked(h, payload)
+		l.smu.Unlock()
+	} else {
+		l.wmu.Lock()
+		l.clearDeadline()
+		if b.isBroken() {
+			l.wmu.Unlock()
+			return b.err()
+		}
+		err = l.writeLocked(h, payload)
 		l.wmu.Unlock()
-		return b.err()
 	}
-	err := l.writeLocked(h, payload)
-	l.wmu.Unlock()
 	if err == nil {
 		return nil
 	}
