@@ -118,19 +118,19 @@
 // # Performance notes
 //
 // Over shared memory the work is one copy into the ring and one copy (or
-// reduction) out of it, and wakeups; see the README for figures against
-// libgloo. Over TCP, on loopback the work is the kernel's socket copies (about 40% of CPU in
-// profiles), the reduction (about 10%, comm/reduce's unrolled kernels) and
-// thread wakeups. Measured on the 2-core development machine, in one run,
-// one process per rank: all-reduce busbw at 16–64 MiB 1.4–3.8× Debian's
-// libgloo with 2 ranks and 2.5–5× with 4; 4 KiB all-reduce 30–70 µs with 2
-// ranks. With 2 ranks the single connection of the pair carries both
-// directions at once, and Linux serialises a socket's send and receive
-// copies: a raw stream over one shared connection moves 25–35% less than
-// over one connection per direction, and so does the 2-rank ring. (With 3
-// or more ranks each ring connection carries one direction.) Kernel
-// autotuning of socket buffers (Config.SocketBuffer 0) works better than a
-// fixed size here; see Config. BenchmarkTCPRing is the raw yardstick.
+// reduction) out of it, and wakeups. Over TCP loopback it is the kernel's
+// socket copies (about 40% of CPU in profiles), the reduction (about 10%,
+// comm/reduce's unrolled kernels) and thread wakeups; there the backend
+// runs at the loopback ceiling, level with libgloo's newer ring, and shared
+// memory is what takes it past (figures, against libgloo in the same run:
+// README, bench/compare-gloo.sh). With 2 ranks the single connection of
+// the pair carries both directions at once, and Linux serialises a
+// socket's send and receive copies: a raw stream over one shared
+// connection moves 25–35% less than over one connection per direction,
+// and so does the 2-rank ring over TCP. (With 3 or more ranks each ring
+// connection carries one direction.) Kernel autotuning of socket buffers
+// (Config.SocketBuffer 0) works better than a fixed size here; see Config.
+// BenchmarkTCPRing is the raw yardstick.
 //
 // # Failure semantics
 //
