@@ -395,11 +395,18 @@ func TestCoordinatorManyJobs(t *testing.T) {
 	if q1.Job != "alpha" || q2.Job != "beta" {
 		t.Fatalf("jobs %q %q", q1.Job, q2.Job)
 	}
+	// b2's view arrives by its own watch: wait for it before comparing.
+	if qb := waitQuorum(t, b2, 0, "a", "b"); qb.Epoch != q2.Epoch {
+		t.Fatalf("beta's members disagree: epoch %d and %d", q2.Epoch, qb.Epoch)
+	}
 	if err := b1.Leave(testCtx(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	waitQuorum(t, a1, q1.Epoch, "a")
-	// beta is untouched.
+	// beta is untouched, in etcd and in its members' views.
+	if q, err := NewAdmin(tj.cli, "").Quorum(testCtx(t, 5*time.Second), "beta"); err != nil || q.Epoch != q2.Epoch {
+		t.Fatalf("beta's stored quorum: epoch %d (%v), want %d", q.Epoch, err, q2.Epoch)
+	}
 	if q, _ := b2.Quorum(); q.Epoch != q2.Epoch {
 		t.Fatalf("beta moved to epoch %d", q.Epoch)
 	}
