@@ -76,7 +76,8 @@ type Backend struct {
 	curOp   atomic.Uint32
 	curD    desc
 	curDMu  sync.Mutex
-	active  atomic.Bool // an op is pending (the liveness check runs only then)
+	active  atomic.Bool  // an op is pending (the liveness check runs only then)
+	left    atomic.Int64 // 1 + a peer that closed its comm while an op no longer needed it; the op's end breaks b
 	notify  chan struct{}
 	exp     []rxMark // per link: what the entries posted so far will have delivered
 	want    []int    // per link: entries planned for the op being set up
@@ -485,18 +486,55 @@ func (b *Backend) linkFailed(l *link, peer int, err error) {
 	if !formed || errors.Is(err, errLocal) {
 		return
 	}
-	why, bye := err, errors.Is(err, errPeerBye)
-	if bye {
-		why = fmt.Errorf("rank %d closed its communicator", peer)
+	if errors.Is(err, errPeerBye) {
+		b.peerClosed(l, peer)
+		return
 	}
 	b.breakWith(faultInfo{
-		nt:  notice{kind: noticePeerFailed, op: b.opType(), orderly: bye, origin: int32(b.rank), subject: int32(peer), cause: why.Error()},
-		err: &comm.RankError{Rank: peer, Op: b.opType(), Epoch: b.epoch, Err: fmt.Errorf("gloo: %w: %w", comm.ErrPeerFailed, why)},
-		// A peer that closed its comm left in order: whoever still needed it
-		// gets the error from its op; the logs (here and at the peers told
-		// of it) say it at info level.
-		quiet: bye,
+		nt:  notice{kind: noticePeerFailed, op: b.opType(), origin: int32(b.rank), subject: int32(peer), cause: err.Error()},
+		err: &comm.RankError{Rank: peer, Op: b.opType(), Epoch: b.epoch, Err: fmt.Errorf("gloo: %w: %w", comm.ErrPeerFailed, err)},
 	})
+}
+
+// peerClosed handles a peer's goodbye. Everything the peer sent before it
+// has been delivered (the bye follows its data on the connection, and a
+// shared-memory link's reader drains the ring first), so a peer that
+// finished the op in progress and closed its comm at once — the usual end
+// of a program — must not fail that op here. The op fails now (and the
+// other ranks are told, as of any failed op) only if it still expects data
+// from the peer; otherwise b breaks when the op ends, and a later receive
+// from or send to the peer fails the op that tries. A break with no op in
+// need of the peer tells nobody: the peer said goodbye to every rank.
+func (b *Backend) peerClosed(l *link, peer int) {
+	l.mu.Lock()
+	l.departed.Store(true)
+	needed := l.phead < len(l.posts) || l.planLeft > 0
+	l.mu.Unlock()
+	if needed {
+		b.peerGone(peer, true)
+		return
+	}
+	if b.active.Load() {
+		b.left.Store(int64(peer) + 1)
+		if b.active.Load() {
+			return // end() breaks b (it stores active, then loads left)
+		}
+	}
+	b.peerGone(peer, false)
+}
+
+// peerGone breaks b because peer closed its comm: a member has left. The
+// other ranks are told if the op in progress failed for it (notify).
+func (b *Backend) peerGone(peer int, notify bool) {
+	why := fmt.Sprintf("rank %d closed its communicator", peer)
+	f := faultInfo{
+		err:   &comm.RankError{Rank: peer, Op: b.opType(), Epoch: b.epoch, Err: fmt.Errorf("gloo: %w: %s", comm.ErrPeerFailed, why)},
+		quiet: true, // an orderly exit: logged at info level
+	}
+	if notify {
+		f.nt = notice{kind: noticePeerFailed, op: b.opType(), origin: int32(b.rank), subject: int32(peer), cause: why}
+	}
+	b.breakWith(f)
 }
 
 // peerLeft fails b because peer resynchronised its connection to a later
@@ -538,7 +576,7 @@ func (b *Backend) remoteFault(peer int, nt notice) {
 	default:
 		return
 	}
-	b.breakWith(faultInfo{nt: nt, err: err, quiet: nt.orderly})
+	b.breakWith(faultInfo{nt: nt, err: err})
 }
 
 // Abort implements comm.Backend: every blocked op fails at once with

@@ -48,7 +48,12 @@
 // Close fails a pending op, sends a goodbye on the connections the backend
 // still owns (not those a newer comm took over), closes them, waits for its
 // goroutines and releases the listener when the last comm sharing it is
-// closed. Close is safe to call twice.
+// closed. Close is safe to call twice. A peer that receives the goodbye
+// has by then received everything sent before it, so a rank may close
+// right after its last collective: a slower peer still finishing that
+// collective completes it, and only its next op (or a receive from, or a
+// send to, the rank that left) fails, with comm.ErrPeerFailed naming it.
+// An op that still expected data from the closing rank fails at once.
 //
 // # Wire protocol
 //

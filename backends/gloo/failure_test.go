@@ -527,3 +527,85 @@ func pendingBytes(l *link) int {
 	}
 	return int(s.rx.head.Load() - s.rx.tail.Load())
 }
+
+// TestCloseAfterLastOpKeepsSlowerPeers: ranks close their comm right after
+// their last collective, as programs do. A rank that still finishes that
+// collective when a faster one's goodbye arrives completes it with correct
+// data; its next op fails at once with ErrPeerFailed naming a rank that
+// left. Repeated, since which rank finishes first is up to the scheduler.
+func TestCloseAfterLastOpKeepsSlowerPeers(t *testing.T) {
+	for _, shm := range []bool{true, false} {
+		t.Run(transportName(shm), func(t *testing.T) {
+			for round := range 15 {
+				j := newJob(t, 3, func(c *Config) { c.SharedMemory = shm })
+				const count = 1 << 16
+				errs := j.run(func(r int, c *comm.Comm) error {
+					x := make([]float32, count)
+					for i := range x {
+						x[i] = float32(r + 1)
+					}
+					if err := c.AllReduce(context.Background(), comm.Float32s(x), comm.Sum); err != nil {
+						return fmt.Errorf("last all-reduce: %w", err)
+					}
+					for i, v := range x {
+						if v != 6 {
+							return fmt.Errorf("x[%d] = %v, want 6", i, v)
+						}
+					}
+					if r == 0 {
+						return c.Close()
+					}
+					return nil
+				})
+				for r, err := range errs {
+					if err != nil {
+						t.Fatalf("round %d rank %d: %v", round, r, err)
+					}
+				}
+				for r, c := range j.comms[1:] {
+					waitFor(t, "rank 0's goodbye", func() bool { return backendOf(c).links[0].isClosed() })
+					err := c.Barrier(context.Background())
+					if !errors.Is(err, comm.ErrPeerFailed) || rankOf(err) != 0 {
+						t.Fatalf("round %d rank %d: barrier after rank 0 left: %v, want ErrPeerFailed naming rank 0", round, r+1, err)
+					}
+				}
+				j.comms[0] = nil
+				j.close()
+			}
+		})
+	}
+}
+
+// TestRecvAfterSenderClosed: rank 0 sends and closes its comm before rank 1
+// posts the receive: the data is delivered. A second receive, which rank 0
+// will never serve, fails at once instead of waiting for the deadline.
+func TestRecvAfterSenderClosed(t *testing.T) {
+	for _, shm := range []bool{true, false} {
+		t.Run(transportName(shm), func(t *testing.T) {
+			j := newJob(t, 2, func(c *Config) { c.SharedMemory = shm })
+			ctx := context.Background()
+			msg := []int32{7, 8, 9}
+			if err := j.comms[0].Send(ctx, comm.Int32s(msg), 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := j.comms[0].Close(); err != nil {
+				t.Fatal(err)
+			}
+			j.comms[0] = nil
+			got := make([]int32, 3)
+			if err := j.comms[1].Recv(ctx, comm.Int32s(got), 0); err != nil {
+				t.Fatalf("recv of data sent before the goodbye: %v", err)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(msg) {
+				t.Fatalf("got %v, want %v", got, msg)
+			}
+			waitFor(t, "rank 0's goodbye", func() bool { return backendOf(j.comms[1]).links[0].isClosed() })
+			ctx2, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			err := j.comms[1].Recv(ctx2, comm.Int32s(got), 0)
+			if !errors.Is(err, comm.ErrPeerFailed) || rankOf(err) != 0 {
+				t.Fatalf("recv from a rank that left: %v, want ErrPeerFailed naming rank 0", err)
+			}
+		})
+	}
+}

@@ -190,11 +190,10 @@ const (
 
 // notice is the payload of a frameNotice (epoch in the header's seq):
 //
-//	0 kind u8, 1 op u8, 2 flags u8, 3 reserved u8, 4 origin i32, 8 subject i32, 12 cause (UTF-8, rest)
+//	0 kind u8, 1 op u8, 2 reserved u16, 4 origin i32, 8 subject i32, 12 cause (UTF-8, rest)
 type notice struct {
 	kind    noticeKind
 	op      comm.OpType
-	orderly bool  // flag 1: an orderly event (a peer closed its comm): log it at info level
 	origin  int32 // the rank whose comm failed first
 	subject int32 // the rank the failure concerns, or -1
 	cause   string
@@ -206,9 +205,6 @@ func (n *notice) encode(b []byte) int {
 	b[0] = byte(n.kind)
 	b[1] = byte(n.op)
 	b[2], b[3] = 0, 0
-	if n.orderly {
-		b[2] = 1
-	}
 	binary.LittleEndian.PutUint32(b[4:], uint32(n.origin))
 	binary.LittleEndian.PutUint32(b[8:], uint32(n.subject))
 	c := n.cause
@@ -225,7 +221,6 @@ func decodeNotice(b []byte) (notice, error) {
 	}
 	n.kind = noticeKind(b[0])
 	n.op = comm.OpType(b[1])
-	n.orderly = b[2]&1 != 0
 	if n.kind < noticeAbort || n.kind > noticeMismatch {
 		return n, fmt.Errorf("%w: notice kind %d", errMalformed, b[0])
 	}

@@ -101,6 +101,7 @@ type link struct {
 	lastRecv atomic.Int64 // ns since born
 	maxGap   atomic.Int64 // longest recent gap between arrivals, ns (decays; see decayGap)
 	rstate   atomic.Int32
+	departed atomic.Bool // the peer closed its comm, and everything it sent was delivered (set under mu)
 
 	// reader-private
 	rbuf       []byte
@@ -678,7 +679,9 @@ func (l *link) plan(seq uint64, n int) {
 	l.mu.Unlock()
 }
 
-func (l *link) post(e entry) {
+// post queues e for the reader; false if the peer has closed its comm
+// (the entry can never be filled).
+func (l *link) post(e entry) bool {
 	l.mu.Lock()
 	if l.phead > 0 && len(l.posts) == cap(l.posts) {
 		k := copy(l.posts, l.posts[l.phead:])
@@ -687,8 +690,10 @@ func (l *link) post(e entry) {
 	}
 	l.posts = append(l.posts, e)
 	l.planLeft--
+	departed := l.departed.Load() // under mu: peerClosed sees this entry, or this sees its mark
 	l.mu.Unlock()
 	l.poke()
+	return !departed
 }
 
 // cancelPosts drops every posted entry and returns once the reader is no

@@ -112,6 +112,9 @@ func (b *Backend) end(err error) error {
 		err = b.err()
 	}
 	b.active.Store(false)
+	if peer := b.left.Load(); peer > 0 {
+		b.peerGone(int(peer-1), false) // see peerClosed
+	}
 	return err
 }
 
@@ -147,7 +150,9 @@ func (b *Backend) post(p int, e entry) (int64, int64) {
 	start := m.bytes
 	m.bytes += int64(len(e.dst))
 	m.done++
-	b.links[p].post(e)
+	if !b.links[p].post(e) {
+		b.peerGone(p, true) // the wait for this entry ends at once
+	}
 	return start, m.done
 }
 
@@ -181,6 +186,10 @@ func (b *Backend) waitAll(ctx context.Context) error {
 
 func (b *Backend) sendFrame(p int, h *header, payload []byte) error {
 	l := b.links[p]
+	if l.departed.Load() {
+		b.peerGone(p, true)
+		return b.err()
+	}
 	var err error
 	if l.shm != nil {
 		l.smu.Lock()
