@@ -118,6 +118,11 @@ type Config struct {
 // in every comm the process creates afterwards.
 const EnvSharedMemory = "FTCOMM_GLOO_SHM"
 
+// SharedMemoryAllowed reports whether comms this process creates may use
+// shared memory (Config.SharedMemory), i.e. whether EnvSharedMemory leaves
+// it on.
+func SharedMemoryAllowed() bool { return !sharedMemoryDisabledByEnv() }
+
 func sharedMemoryDisabledByEnv() bool {
 	switch strings.ToLower(strings.TrimSpace(os.Getenv(EnvSharedMemory))) {
 	case "0", "off", "false", "no":

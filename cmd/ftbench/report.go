@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/ftcomm/ftcomm/backends/gloo"
 )
 
 // Row is one result line: every rank's measurement of one size combined as
@@ -85,6 +87,7 @@ type Meta struct {
 	OSArch    string    `json:"os_arch"`
 	Commit    string    `json:"commit"`
 	Backend   string    `json:"backend"`
+	Transport string    `json:"transport,omitempty"` // how the ranks' data moves, where the backend has a choice
 	NP        int       `json:"np"`
 	Args      []string  `json:"args"`
 	Started   time.Time `json:"started"`
@@ -95,7 +98,18 @@ func newMeta(cfg Config, args []string) Meta {
 	host, _ := os.Hostname()
 	return Meta{Type: "meta", Tool: "ftbench", Host: host, Cores: runtime.NumCPU(), GoVersion: runtime.Version(),
 		OSArch: runtime.GOOS + "/" + runtime.GOARCH, Commit: commit(), Backend: cfg.Backend, NP: cfg.NP,
-		Args: args, Started: time.Now().UTC().Truncate(time.Second), Config: cfg}
+		Args: args, Started: time.Now().UTC().Truncate(time.Second), Config: cfg, Transport: transport(cfg.Backend)}
+}
+
+// transport says how the gloo backend's ranks, all on this host, move data.
+func transport(backend string) string {
+	if backend != "gloo" {
+		return ""
+	}
+	if gloo.SharedMemoryAllowed() {
+		return "shared memory between the ranks (TCP for control and liveness; " + gloo.EnvSharedMemory + "=0 for TCP only)"
+	}
+	return "TCP loopback (" + gloo.EnvSharedMemory + "=0)"
 }
 
 // commit is the VCS revision the binary was built from (with "-dirty" for
@@ -215,13 +229,20 @@ func (p *printer) meta(m Meta) error {
 	_, err := fmt.Fprintf(p.w, "# ftbench: backend %s, %d ranks, host %s, %d cores, %s %s, commit %s\n"+
 		"#  ops %s, dtypes %s, redops %s, sizes %s..%s %s, warmup %d, iters %d, op timeout %s\n"+
 		"#  time: mean per iteration, %s; GB/s = 1e9 B/s; busbw as nccl-tests\n"+
-		"#  raw TCP baseline: %s\n#\n%s\n%s\n",
+		"#  raw TCP baseline: %s\n%s#\n%s\n%s\n",
 		m.Backend, m.NP, m.Host, m.Cores, m.GoVersion, m.OSArch, m.Commit,
 		strings.Join(c.Ops, ","), strings.Join(c.DTypes, ","), strings.Join(c.RedOps, ","),
 		formatSize(c.MinSize), formatSize(c.MaxSize), sweep, c.Warmup, c.Iters, time.Duration(c.Timeout),
 		[]string{"of rank 0", "averaged over ranks", "of the fastest rank", "of the slowest rank"}[c.Average], raw,
-		tableHead1, tableHead2)
+		transportLine(m.Transport), tableHead1, tableHead2)
 	return err
+}
+
+func transportLine(t string) string {
+	if t == "" {
+		return ""
+	}
+	return "#  transport: " + t + "\n"
 }
 
 func (p *printer) row(r Row) error {

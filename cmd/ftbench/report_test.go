@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ftcomm/ftcomm/backends/gloo"
 	"github.com/ftcomm/ftcomm/comm"
 )
 
@@ -172,9 +173,20 @@ func TestPrinterTable(t *testing.T) {
 		tableHead1, "\n# allreduce\n", "     1048576        262144     float     sum      -1   1000.0    1.05    1.05       0\n",
 		"\n#    1048576       1048576    rawtcp", "# Out of bounds values : 0 OK\n",
 		"# allreduce at 1M: busbw 1.05 GB/s = 50% of the raw TCP ring's 2.10 GB/s\n",
+		"#  transport: shared memory between the ranks",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+func TestTransportFollowsTheEnvironment(t *testing.T) {
+	t.Setenv(gloo.EnvSharedMemory, "0")
+	if got := transport("gloo"); got != "TCP loopback (FTCOMM_GLOO_SHM=0)" {
+		t.Errorf("gloo with shared memory off: %q", got)
+	}
+	if got := transport("nccl"); got != "" {
+		t.Errorf("nccl: %q, want none", got)
 	}
 }
