@@ -71,6 +71,26 @@ func FuzzReadHello(f *testing.F) {
 	})
 }
 
+// fuzzDesc is the collective whose receives fuzzLink posts.
+var fuzzDesc = desc{op: comm.OpAllReduce, dtype: comm.Float32, redop: comm.Sum, algo: AlgorithmRing, root: -1, count: 16}
+
+// fuzzLink starts rank 0 of a 2-rank backend whose link to rank 1 reads
+// conn (and seg, for shared memory), with two receives of collective #1
+// posted: step 0 copying 64 bytes, step 1 reducing 32.
+func fuzzLink(conn net.Conn, seg *shmSeg) (*Backend, *link) {
+	nd := &node{cfg: *DefaultConfig(), log: zap.NewNop()}
+	b := newBackend(nd, nil, "fuzz", 0, 0, 2)
+	l := newLink(conn, b, 1, identity{}, seg)
+	b.setLinks([]*link{nil, l})
+	b.start()
+	b.collSeq = 1
+	b.curColl.Store(1)
+	l.plan(1, 2)
+	l.post(entry{seq: 1, tag: 0, d: fuzzDesc, mode: modeCopy, dst: make([]byte, 64)})
+	l.post(entry{seq: 1, tag: 1, d: fuzzDesc, mode: modeReduce, dst: make([]byte, 32)})
+	return b, l
+}
+
 // FuzzLinkReader feeds an arbitrary byte stream to a connection's reader
 // with receives posted (one copying, one reducing): it must fail the link
 // cleanly or deliver, never panic, and never write a posted buffer from a
@@ -83,20 +103,8 @@ func FuzzLinkReader(f *testing.F) {
 	}
 	f.Add(all)
 	f.Fuzz(func(t *testing.T, stream []byte) {
-		nd := &node{cfg: *DefaultConfig(), log: zap.NewNop()}
-		b := newBackend(nd, nil, "fuzz", 0, 0, 2)
 		mine, theirs := net.Pipe()
-		l := newLink(mine, b, 1, identity{}, nil)
-		b.setLinks([]*link{nil, l})
-		b.start()
-		d := desc{op: comm.OpAllReduce, dtype: comm.Float32, redop: comm.Sum, algo: AlgorithmRing, root: -1, count: 16}
-		b.collSeq = 1
-		b.curColl.Store(1)
-		l.plan(1, 2)
-		copyDst := make([]byte, 64)
-		redDst := make([]byte, 32)
-		l.post(entry{seq: 1, tag: 0, d: d, mode: modeCopy, dst: copyDst})
-		l.post(entry{seq: 1, tag: 1, d: d, mode: modeReduce, dst: redDst})
+		b, l := fuzzLink(mine, nil)
 		wrote := make(chan struct{})
 		go func() {
 			theirs.Write(stream) // net.Pipe: returns once the reader has taken every byte

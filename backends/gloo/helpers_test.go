@@ -42,12 +42,23 @@ func newJob(t testing.TB, n int, mut func(*Config)) *job {
 	if mut != nil {
 		mut(cfg)
 	}
+	return newJobPerRank(t, n, func(int) *Config { return cfg })
+}
+
+// newJobPerRank forms a comm of n ranks where rank r uses cfgOf(r); j.cfg
+// and j.opts are rank 0's.
+func newJobPerRank(t testing.TB, n int, cfgOf func(r int) *Config) *job {
+	t.Helper()
 	var log *zap.Logger
 	if tt, ok := t.(*testing.T); ok && testing.Verbose() {
 		log = zaptest.NewLogger(tt, zaptest.Level(zap.WarnLevel))
 	}
-	j := &job{t: t, store: memstore.New(), cfg: cfg}
-	j.opts = testOptions(j.store, cfg, log)
+	cfgs := make([]*Config, n)
+	for r := range n {
+		cfgs[r] = cfgOf(r)
+	}
+	j := &job{t: t, store: memstore.New(), cfg: cfgs[0]}
+	j.opts = testOptions(j.store, cfgs[0], log)
 	j.comms = make([]*comm.Comm, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -58,7 +69,7 @@ func newJob(t testing.TB, n int, mut func(*Config)) *job {
 		go func() {
 			defer wg.Done()
 			o := j.opts
-			o.Rank, o.Size = r, n
+			o.Rank, o.Size, o.BackendConfig = r, n, cfgs[r]
 			j.comms[r], errs[r] = comm.New(ctx, "gloo", o)
 		}()
 	}

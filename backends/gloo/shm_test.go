@@ -9,52 +9,15 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/ftcomm/ftcomm/comm"
-	"github.com/ftcomm/ftcomm/comm/memstore"
 )
 
 func skipWithoutShm(t testing.TB) {
 	if sharedMemoryDisabledByEnv() {
 		t.Skipf("%s disables shared memory", EnvSharedMemory)
 	}
-}
-
-// formMixed forms an n-rank comm where rank r uses cfgs[r].
-func formMixed(t *testing.T, cfgs []*Config) []*comm.Comm {
-	t.Helper()
-	store := memstore.New()
-	n := len(cfgs)
-	comms := make([]*comm.Comm, n)
-	errs := make([]error, n)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			o := testOptions(store, cfgs[r], nil)
-			o.Rank, o.Size = r, n
-			comms[r], errs[r] = comm.New(ctx, "gloo", o)
-		}()
-	}
-	wg.Wait()
-	t.Cleanup(func() {
-		for _, c := range comms {
-			if c != nil {
-				c.Close()
-			}
-		}
-	})
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
-		}
-	}
-	return comms
 }
 
 // TestSharedMemoryNegotiation: a link carries its data through shared
@@ -71,12 +34,11 @@ func TestSharedMemoryNegotiation(t *testing.T) {
 		{"rank1-off", []bool{true, false, true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfgs := make([]*Config, len(tc.on))
-			for r, on := range tc.on {
-				cfgs[r] = testConfig()
-				cfgs[r].SharedMemory = on
-			}
-			comms := formMixed(t, cfgs)
+			comms := newJobPerRank(t, len(tc.on), func(r int) *Config {
+				c := testConfig()
+				c.SharedMemory = tc.on[r]
+				return c
+			}).comms
 			for r, c := range comms {
 				for p, l := range backendOf(c).links {
 					if l == nil {
@@ -169,7 +131,7 @@ func FuzzShmReader(f *testing.F) {
 	if sharedMemoryDisabledByEnv() {
 		f.Skip()
 	}
-	d := desc{op: comm.OpAllReduce, dtype: comm.Float32, redop: comm.Sum, algo: AlgorithmRing, root: -1, count: 16}
+	d := fuzzDesc
 	shmFrame := func(h header, payload []byte) []byte {
 		h.length = uint32(len(payload))
 		b := make([]byte, headerSize, headerSize+pad8(len(payload)))
@@ -198,20 +160,9 @@ func FuzzShmReader(f *testing.F) {
 			t.Skip(err)
 		}
 		defer peer.unmap()
-		nd := &node{cfg: *DefaultConfig(), log: zap.NewNop()}
-		b := newBackend(nd, nil, "fuzz", 0, 0, 2)
 		mine, theirs := net.Pipe()
 		defer theirs.Close()
-		l := newLink(mine, b, 1, identity{}, seg)
-		b.setLinks([]*link{nil, l})
-		b.start()
-		b.collSeq = 1
-		b.curColl.Store(1)
-		l.plan(1, 2)
-		copyDst := make([]byte, 64)
-		redDst := make([]byte, 32)
-		l.post(entry{seq: 1, tag: 0, d: d, mode: modeCopy, dst: copyDst})
-		l.post(entry{seq: 1, tag: 1, d: d, mode: modeReduce, dst: redDst})
+		b, l := fuzzLink(mine, seg)
 		tx := peer.tx()
 		copy(tx.data, data)
 		tx.head.Store(head)
