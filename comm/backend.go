@@ -187,6 +187,47 @@ type Enqueuer interface {
 	Start(ctx context.Context, op Op) (Completion, error)
 }
 
+// HostCopier is a device backend that copies between its device tensors
+// and host memory outside the op order. ft serves and receives a replica's
+// device state through it when a peer heals: chunk by chunk, from the live
+// state, with no copy per step.
+//
+// Its methods are safe for concurrent use, with each other and with the
+// backend's ops, and keep working after the backend that returned it is
+// aborted or closed (they use the device, not the communicator). Each
+// blocks until its copy is done or ctx ends; a copy that fails leaves the
+// target's bytes unspecified but touches nothing else.
+type HostCopier interface {
+	// PinnedHost returns n bytes of page-locked host memory, the fastest
+	// source and target of device copies, and the function that frees it
+	// (call it once, after the last copy that uses the bytes).
+	PinnedHost(n int) (buf []byte, free func(), err error)
+	// CopyToHost copies len(dst) bytes of device tensor src, starting at
+	// byte offset off, into dst.
+	CopyToHost(ctx context.Context, dst []byte, src Tensor, off int) error
+	// CopyFromHost copies src into device tensor dst at byte offset off.
+	CopyFromHost(ctx context.Context, dst Tensor, off int, src []byte) error
+}
+
+// HealthEvent is a change of a device's health, as a HealthWatcher reports it.
+type HealthEvent struct {
+	Device   int
+	Critical bool   // the device is unfit: its collectives may hang or corrupt data
+	Reason   string // e.g. "XID 79 (GPU has fallen off the bus)"
+}
+
+// HealthWatcher is a device backend that can watch the health of the
+// device it runs on (on GPUs: XID events, uncorrectable ECC errors, lost
+// NVLinks), so that a replica can leave the job before a fault hangs its
+// peers. ft watches through it by default.
+type HealthWatcher interface {
+	// WatchHealth calls report from one goroutine of its own with every
+	// change of the device's health, until ctx ends; it returns once
+	// watching has started (an error if it cannot), and the goroutine exits
+	// when ctx ends. It keeps working after the backend is closed.
+	WatchHealth(ctx context.Context, report func(HealthEvent)) error
+}
+
 // Completion is an op started by an Enqueuer.
 type Completion interface {
 	// Wait blocks until the op has completed (nil), failed, been woken by
