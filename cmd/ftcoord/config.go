@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ftcomm/ftcomm/cmd/ftcoord/server"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -233,6 +234,38 @@ func decodeKey(s string) ([]byte, error) {
 		return b, nil
 	}
 	return nil, fmt.Errorf("not hex or base64")
+}
+
+// serverConfig turns the flags into the server's configuration.
+func (c *serveConfig) serverConfig() (server.Config, error) {
+	sc := server.DefaultConfig()
+	token, err := c.token()
+	if err != nil {
+		return sc, err
+	}
+	sc.Listen, sc.TLSCert, sc.TLSKey, sc.Token = c.Listen, c.TLSCert, c.TLSKey, token
+	sc.Etcd = nil
+	if c.Etcd != "" {
+		for _, ep := range strings.Split(c.Etcd, ",") {
+			sc.Etcd = append(sc.Etcd, strings.TrimSpace(ep))
+		}
+	}
+	sc.DataDir, sc.EtcdClientAddr, sc.EtcdPeerAddr = c.DataDir, c.EtcdClientAddr, c.EtcdPeerAddr
+	sc.EtcdCACert, sc.EtcdCert, sc.EtcdKey = c.EtcdCACert, c.EtcdCert, c.EtcdKey
+	sc.EtcdUser, sc.EtcdPassword = c.EtcdUser, c.EtcdPassword
+	sc.Root, sc.Name = c.Root, c.Name
+	sc.Quorum = membership.QuorumConfig{MinReplicas: c.MinReplicas, JoinTimeout: c.JoinTimeout}
+	sc.SessionTTL, sc.HistoryLimit = c.SessionTTL, c.History
+	sc.Gossip = nil
+	if c.Gossip {
+		g, err := c.gossipConfig()
+		if err != nil {
+			return sc, err
+		}
+		sc.Gossip = &g
+	}
+	sc.ShutdownTimeout = c.ShutdownTimeout
+	return sc, nil
 }
 
 // token returns the bearer token from -token or -token-file.

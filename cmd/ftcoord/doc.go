@@ -25,6 +25,10 @@
 //	GET  /api/v1/jobs/{job}/history?limit=N      past quorums, newest first
 //	POST /api/v1/jobs/{job}/members/{id}/evict   body optional: {"by": …, "reason": …}
 //
+// The service itself is package server (cmd/ftcoord/server), so that
+// another program can run an embedded ftcoord with its dashboard in
+// process; this command adds flags, signals and the status CLI.
+//
 // Errors are {"error": "…"} with 400 (bad input), 401 (token), 404 (no such
 // job, member or endpoint) or 503 (etcd unavailable). Every flag can be set
 // by an environment variable FTCOORD_<FLAG>; invalid configuration makes

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -43,6 +44,12 @@ func buildFtcoord(t *testing.T) string {
 		t.Fatal(ftcoordBin.err)
 	}
 	return ftcoordBin.path
+}
+
+func testCtx(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 func TestMain(m *testing.M) {

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -37,7 +37,8 @@ type api struct {
 	lg       *zap.Logger
 }
 
-type apiError struct {
+// APIError is the body of every error answer.
+type APIError struct {
 	Error string `json:"error"`
 }
 
@@ -86,7 +87,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, err error) {
-	writeJSON(w, status, apiError{Error: err.Error()})
+	writeJSON(w, status, APIError{Error: err.Error()})
 }
 
 // fail maps membership errors to HTTP statuses.
@@ -123,7 +124,8 @@ func (a *api) healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "leader": a.coord.IsLeader()})
 }
 
-type coordinatorInfo struct {
+// CoordinatorInfo is GET /api/v1/coordinator.
+type CoordinatorInfo struct {
 	Name       string   `json:"name"`
 	Leader     string   `json:"leader"`
 	IsLeader   bool     `json:"isLeader"`
@@ -139,7 +141,7 @@ func (a *api) coordinator(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, coordinatorInfo{Name: a.coord.Name(), Leader: leader, IsLeader: a.coord.IsLeader(),
+	writeJSON(w, http.StatusOK, CoordinatorInfo{Name: a.coord.Name(), Leader: leader, IsLeader: a.coord.IsLeader(),
 		GossipAddr: a.coord.GossipAddr(), Etcd: a.cli.Endpoints()})
 }
 
@@ -154,8 +156,8 @@ func (a *api) jobs(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, jobs)
 }
 
-// jobDetail is GET /api/v1/jobs/{job}.
-type jobDetail struct {
+// JobDetail is GET /api/v1/jobs/{job}.
+type JobDetail struct {
 	membership.JobView
 	// Waiting is why no quorum forms (leader only; "" elsewhere or when
 	// none is needed).
@@ -171,7 +173,7 @@ func (a *api) job(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, err)
 		return
 	}
-	d := jobDetail{JobView: v}
+	d := JobDetail{JobView: v}
 	if st, ok := a.coord.Status(v.Job); ok {
 		d.Waiting = st.Waiting
 	}

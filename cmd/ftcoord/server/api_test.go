@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"bytes"
@@ -55,7 +55,7 @@ func TestAPI(t *testing.T) {
 	if len(jobs) != 1 || jobs[0].Job != "llama" || jobs[0].Members != 2 || jobs[0].Epoch != q.Epoch {
 		t.Fatalf("jobs %+v", jobs)
 	}
-	d := decode[jobDetail](t, lc.request(t, "GET", "/api/v1/jobs/llama", "", false), 200)
+	d := decode[JobDetail](t, lc.request(t, "GET", "/api/v1/jobs/llama", "", false), 200)
 	if d.Leader != "coord-a" || d.Quorum == nil || d.Quorum.Epoch != q.Epoch || len(d.Members) != 2 {
 		t.Fatalf("job %+v", d)
 	}
@@ -76,7 +76,7 @@ func TestAPI(t *testing.T) {
 	if gq.Epoch != q.Epoch {
 		t.Fatalf("quorum %+v", gq)
 	}
-	info := decode[coordinatorInfo](t, lc.request(t, "GET", "/api/v1/coordinator", "", false), 200)
+	info := decode[CoordinatorInfo](t, lc.request(t, "GET", "/api/v1/coordinator", "", false), 200)
 	if !info.IsLeader || info.Leader != "coord-a" {
 		t.Fatalf("coordinator %+v", info)
 	}
@@ -139,7 +139,7 @@ func TestAPIBadInput(t *testing.T) {
 		{"GET", "/api/v2/nothing", "", 404, "no API endpoint"},
 	} {
 		resp := lc.request(t, c.method, c.path, c.body, false)
-		e := decode[apiError](t, resp, c.status)
+		e := decode[APIError](t, resp, c.status)
 		if !strings.Contains(e.Error, c.want) {
 			t.Errorf("%s %s: error %q, want it to mention %q", c.method, c.path, e.Error, c.want)
 		}
@@ -156,7 +156,7 @@ func TestAPIToken(t *testing.T) {
 	lc.join(t, "llama", "a")
 	for _, p := range []string{"/api/v1/jobs", "/api/v1/jobs/llama", "/metrics", "/api/v1/nothing"} {
 		resp := lc.request(t, "GET", p, "", false)
-		e := decode[apiError](t, resp, http.StatusUnauthorized)
+		e := decode[APIError](t, resp, http.StatusUnauthorized)
 		if !strings.Contains(e.Error, "token") || resp.Header.Get("WWW-Authenticate") == "" {
 			t.Errorf("%s without token: %+v", p, e)
 		}
@@ -172,73 +172,12 @@ func TestAPIToken(t *testing.T) {
 		t.Fatalf("wrong token: %d", resp.StatusCode)
 	}
 	resp = lc.request(t, "POST", "/api/v1/jobs/llama/members/a/evict", "", false)
-	decode[apiError](t, resp, 401)
+	decode[APIError](t, resp, 401)
 	decode[[]membership.JobSummary](t, lc.request(t, "GET", "/api/v1/jobs", "", true), 200)
 	// The page and the health check stay open (the page asks for the token).
 	for _, p := range []string{"/", "/healthz"} {
 		if resp := lc.request(t, "GET", p, "", false); resp.StatusCode != 200 {
 			t.Errorf("%s: %d", p, resp.StatusCode)
 		}
-	}
-}
-
-func TestConfigErrors(t *testing.T) {
-	env := map[string]string{}
-	getenv := func(k string) string { return env[k] }
-	var out, errb bytes.Buffer
-	run1 := func(args ...string) int {
-		out.Reset()
-		errb.Reset()
-		return run(args, getenv, &out, &errb)
-	}
-	if code := run1(); code != 2 || !strings.Contains(errb.String(), "Usage") {
-		t.Fatalf("no args: %d %q", code, errb.String())
-	}
-	if code := run1("frobnicate"); code != 2 || !strings.Contains(errb.String(), `unknown command "frobnicate"`) {
-		t.Fatalf("unknown: %d %q", code, errb.String())
-	}
-	code := run1("serve", "-listen", "nope", "-session-ttl", "1s", "-tls-cert", "c.pem", "-etcd-password", "pw", "-root", "x", "-log-level", "loud")
-	msg := errb.String()
-	if code != 2 {
-		t.Fatalf("exit %d", code)
-	}
-	for _, want := range []string{`-listen "nope"`, "-session-ttl 1s", "-tls-cert and -tls-key", "-etcd-password needs -etcd-user", `-root "x"`, `-log-level "loud"`} {
-		if !strings.Contains(msg, want) {
-			t.Errorf("message lacks %q:\n%s", want, msg)
-		}
-	}
-	if code := run1("serve", "-min-replicas", "many"); code != 2 || !strings.Contains(errb.String(), "invalid value") {
-		t.Fatalf("bad int: %d %q", code, errb.String())
-	}
-	// Environment variables set flags; the command line wins.
-	env["FTCOORD_MIN_REPLICAS"] = "0"
-	env["FTCOORD_GOSSIP_KEY"] = "abcd"
-	if code := run1("serve"); code != 2 || !strings.Contains(errb.String(), "-min-replicas 0") || !strings.Contains(errb.String(), "SecretKey has 2 bytes") {
-		t.Fatalf("env: %d %q", code, errb.String())
-	}
-	env["FTCOORD_MIN_REPLICAS"] = "x"
-	if code := run1("serve"); code != 2 || !strings.Contains(errb.String(), `FTCOORD_MIN_REPLICAS="x"`) {
-		t.Fatalf("bad env: %d %q", code, errb.String())
-	}
-	delete(env, "FTCOORD_MIN_REPLICAS")
-	delete(env, "FTCOORD_GOSSIP_KEY")
-	cfg := defaultServeConfig()
-	env["FTCOORD_JOIN_TIMEOUT"] = "3s"
-	fsCfg := cfg
-	fs := newServeFlagSet(&fsCfg)
-	if err := parseFlags(fs, []string{"-join-timeout", "5s"}, getenv); err != nil || fsCfg.JoinTimeout != 5*time.Second {
-		t.Fatalf("flag should win over env: %v %v", err, fsCfg.JoinTimeout)
-	}
-	fsCfg = cfg
-	fs = newServeFlagSet(&fsCfg)
-	if err := parseFlags(fs, nil, getenv); err != nil || fsCfg.JoinTimeout != 3*time.Second {
-		t.Fatalf("env not applied: %v %v", err, fsCfg.JoinTimeout)
-	}
-	if code := run1("status", "-addr", "ftp://x"); code != 2 || !strings.Contains(errb.String(), "-addr") {
-		t.Fatalf("status: %d %q", code, errb.String())
-	}
-	if def := defaultServeConfig(); def.validate() != nil {
-		err := def.validate()
-		t.Fatalf("defaults invalid: %v", err)
 	}
 }

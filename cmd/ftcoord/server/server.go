@@ -1,0 +1,377 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// Config configures a coordinator service. Start from DefaultConfig: its
+// zero value turns gossip off and has no data directory.
+type Config struct {
+	// Listen is the HTTP host:port of the API, dashboard and metrics
+	// (port 0: a free one).
+	Listen string
+	// TLSCert and TLSKey are PEM files: the API is served over HTTPS.
+	TLSCert, TLSKey string
+	// Token, when set, is the bearer token the API and /metrics demand.
+	Token string
+
+	// Etcd lists the endpoints (host:port) of an external etcd cluster;
+	// empty: an embedded single-node etcd keeps its data in DataDir.
+	Etcd []string
+	// DataDir is the embedded etcd's data directory.
+	DataDir string
+	// EtcdClientAddr and EtcdPeerAddr are where the embedded etcd listens
+	// (port 0: a free one).
+	EtcdClientAddr, EtcdPeerAddr string
+	// EtcdCACert, EtcdCert and EtcdKey (files) and EtcdUser and
+	// EtcdPassword reach a secured external etcd.
+	EtcdCACert, EtcdCert, EtcdKey string
+	EtcdUser, EtcdPassword        string
+	// UnsafeNoFsync skips the embedded etcd's fsyncs: for tests and demos
+	// whose data may be lost.
+	UnsafeNoFsync bool
+
+	// Root is the etcd key prefix of every job.
+	Root string
+	// Name tells coordinator instances apart.
+	Name string
+	// Quorum holds the default rules of every job.
+	Quorum membership.QuorumConfig
+	// SessionTTL: a dead leader is replaced about this long after it
+	// stops (≥ 2 s).
+	SessionTTL time.Duration
+	// HistoryLimit is how many past quorums each job keeps.
+	HistoryLimit int
+	// Gossip makes the coordinator a gossip node (nil: off).
+	Gossip *membership.GossipConfig
+
+	// ShutdownTimeout bounds a graceful shutdown.
+	ShutdownTimeout time.Duration
+	// Logger (nil: none).
+	Logger *zap.Logger
+}
+
+// DefaultConfig returns what `ftcoord serve` runs with no flags: the API
+// on 127.0.0.1:8080, an embedded etcd in ./ftcoord-data on free loopback
+// ports, gossip on.
+func DefaultConfig() Config {
+	cc := membership.DefaultCoordinatorConfig()
+	g := membership.DefaultGossipConfig()
+	return Config{
+		Listen:          "127.0.0.1:8080",
+		DataDir:         "./ftcoord-data",
+		EtcdClientAddr:  "127.0.0.1:0",
+		EtcdPeerAddr:    "127.0.0.1:0",
+		Root:            cc.Root,
+		Name:            cc.Name,
+		Quorum:          cc.Quorum,
+		SessionTTL:      cc.SessionTTL,
+		HistoryLimit:    cc.HistoryLimit,
+		Gossip:          &g,
+		ShutdownTimeout: 10 * time.Second,
+	}
+}
+
+// Validate says what is wrong with the configuration, all at once.
+func (c Config) Validate() error {
+	var probs []string
+	bad := func(f string, a ...any) { probs = append(probs, fmt.Sprintf(f, a...)) }
+	hostPort := func(what, v string) {
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			bad("%s %q is not host:port", what, v)
+		}
+	}
+	hostPort("listen address", c.Listen)
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		bad("the TLS certificate and key go together")
+	}
+	if len(c.Etcd) == 0 {
+		if c.DataDir == "" {
+			bad("the embedded etcd needs a data directory")
+		}
+		hostPort("embedded etcd client address", c.EtcdClientAddr)
+		hostPort("embedded etcd peer address", c.EtcdPeerAddr)
+		if c.EtcdCACert != "" || c.EtcdCert != "" || c.EtcdUser != "" {
+			bad("the etcd CA, certificate and user apply to an external etcd")
+		}
+	} else {
+		for _, ep := range c.Etcd {
+			hostPort("etcd endpoint", strings.TrimPrefix(strings.TrimPrefix(ep, "http://"), "https://"))
+		}
+	}
+	if (c.EtcdCert == "") != (c.EtcdKey == "") {
+		bad("the etcd client certificate and key go together")
+	}
+	if c.EtcdPassword != "" && c.EtcdUser == "" {
+		bad("an etcd password needs an etcd user")
+	}
+	if !strings.HasPrefix(c.Root, "/") {
+		bad("root %q must start with /", c.Root)
+	}
+	if !membership.ValidName(c.Name) {
+		bad("name %q: want 1–128 of [A-Za-z0-9._-]", c.Name)
+	}
+	if err := c.Quorum.Validate(); err != nil {
+		bad("%v", err)
+	}
+	if c.SessionTTL < 2*time.Second {
+		bad("session TTL %v is below etcd's minimum of 2s", c.SessionTTL)
+	}
+	if c.HistoryLimit < 1 {
+		bad("history limit %d must be at least 1", c.HistoryLimit)
+	}
+	if c.Gossip != nil {
+		if err := c.Gossip.Validate(); err != nil {
+			bad("%v", err)
+		}
+	}
+	if c.ShutdownTimeout <= 0 {
+		bad("shutdown timeout %v must be positive", c.ShutdownTimeout)
+	}
+	if len(probs) > 0 {
+		return fmt.Errorf("%w: ftcoord: invalid configuration:\n  %s", comm.ErrInvalidArgument, strings.Join(probs, "\n  "))
+	}
+	return nil
+}
+
+// Server is a running coordinator service: etcd (embedded or a client of
+// an external one), a membership.Coordinator, and the HTTP API,
+// dashboard and metrics. Create with New, run with Serve.
+type Server struct {
+	cfg      Config
+	lg       *zap.Logger
+	embedded *membership.Embedded
+	cli      *clientv3.Client
+	coord    *membership.Coordinator
+	reg      *prometheus.Registry
+	ln       net.Listener
+	srv      *http.Server
+	url      string
+
+	serveOnce sync.Once
+	stop      context.CancelFunc // ends Serve
+	stopCtx   context.Context
+	served    chan struct{} // closed when Serve returned
+	closeOnce sync.Once
+}
+
+// New starts etcd (when embedded), connects to it, prepares the
+// coordinator and binds the HTTP listener; Serve runs them. On error
+// everything New started is stopped.
+func New(ctx context.Context, cfg Config) (s *Server, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	lg := cfg.Logger
+	if lg == nil {
+		lg = zap.NewNop()
+	}
+	s = &Server{cfg: cfg, lg: lg, served: make(chan struct{})}
+	s.stopCtx, s.stop = context.WithCancel(context.Background())
+	defer func() {
+		if err != nil {
+			s.release()
+		}
+	}()
+
+	var endpoints []string
+	if len(cfg.Etcd) == 0 {
+		ec := membership.DefaultEmbeddedConfig()
+		ec.Dir, ec.Name, ec.Logger = cfg.DataDir, cfg.Name, lg
+		ec.UnsafeNoFsync = cfg.UnsafeNoFsync
+		if !strings.HasSuffix(cfg.EtcdClientAddr, ":0") {
+			ec.ClientAddr = cfg.EtcdClientAddr
+		}
+		if !strings.HasSuffix(cfg.EtcdPeerAddr, ":0") {
+			ec.PeerAddr = cfg.EtcdPeerAddr
+		}
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		s.embedded, err = membership.StartEmbedded(sctx, ec)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		endpoints = s.embedded.Endpoints()
+		lg.Info("embedded etcd running", zap.Strings("endpoints", endpoints), zap.String("data-dir", cfg.DataDir))
+	} else {
+		for _, ep := range cfg.Etcd {
+			endpoints = append(endpoints, strings.TrimSpace(ep))
+		}
+	}
+	ccfg := membership.ClientConfig(endpoints, lg.Named("etcd-client").WithOptions(zap.IncreaseLevel(zapcore.WarnLevel)))
+	if cfg.EtcdCACert != "" || cfg.EtcdCert != "" {
+		ti := transport.TLSInfo{CertFile: cfg.EtcdCert, KeyFile: cfg.EtcdKey, TrustedCAFile: cfg.EtcdCACert}
+		tc, err := ti.ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("ftcoord: etcd TLS: %w", err)
+		}
+		ccfg.TLS = tc
+	}
+	ccfg.Username, ccfg.Password = cfg.EtcdUser, cfg.EtcdPassword
+	if s.cli, err = clientv3.New(ccfg); err != nil {
+		return nil, fmt.Errorf("ftcoord: etcd client: %w", err)
+	}
+
+	s.reg = prometheus.NewRegistry()
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cc := membership.DefaultCoordinatorConfig()
+	cc.Client, cc.Root, cc.Name = s.cli, cfg.Root, cfg.Name
+	cc.Quorum, cc.SessionTTL, cc.HistoryLimit = cfg.Quorum, cfg.SessionTTL, cfg.HistoryLimit
+	cc.Logger, cc.Registerer = lg, s.reg
+	if cfg.Gossip != nil {
+		g := *cfg.Gossip
+		if g.Logger == nil {
+			g.Logger = lg.Named("gossip").WithOptions(zap.IncreaseLevel(zapcore.WarnLevel))
+		}
+		cc.Gossip = &g
+	}
+	if s.coord, err = membership.NewCoordinator(cc); err != nil {
+		return nil, err
+	}
+
+	if s.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("ftcoord: listen %s: %w", cfg.Listen, err)
+	}
+	scheme := "http"
+	a := &api{admin: membership.NewAdmin(s.cli, cfg.Root), coord: s.coord, cli: s.cli, token: cfg.Token, gatherer: s.reg, lg: lg}
+	s.srv = &http.Server{
+		Handler:           a.handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          zap.NewStdLog(lg.Named("http")),
+	}
+	if cfg.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("ftcoord: TLS certificate: %w", err)
+		}
+		s.srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		s.ln = tls.NewListener(s.ln, s.srv.TLSConfig)
+		scheme = "https"
+	}
+	s.url = fmt.Sprintf("%s://%s", scheme, s.ln.Addr())
+	return s, nil
+}
+
+// URL returns the base URL of the API (http(s)://host:port).
+func (s *Server) URL() string { return s.url }
+
+// DashboardURL returns the dashboard's URL.
+func (s *Server) DashboardURL() string { return s.url + "/" }
+
+// Endpoints returns the etcd client endpoints members connect to.
+func (s *Server) Endpoints() []string {
+	if s.embedded != nil {
+		return s.embedded.Endpoints()
+	}
+	return append([]string(nil), s.cfg.Etcd...)
+}
+
+// Coordinator returns the membership coordinator this server runs.
+func (s *Server) Coordinator() *membership.Coordinator { return s.coord }
+
+// Client returns the server's etcd client (closed by Serve's end or Close).
+func (s *Server) Client() *clientv3.Client { return s.cli }
+
+// Serve runs the coordinator and the HTTP server until ctx ends or Close
+// is called (then returns nil), or one of them fails; it then shuts down
+// gracefully within ShutdownTimeout: resigns leadership so that a standby
+// takes over at once, finishes HTTP requests, and stops the embedded etcd.
+// Call it once.
+func (s *Server) Serve(ctx context.Context) error {
+	err := fmt.Errorf("%w: ftcoord: Serve called twice", comm.ErrInvalidArgument)
+	s.serveOnce.Do(func() {
+		defer close(s.served)
+		err = s.serve(ctx)
+	})
+	return err
+}
+
+func (s *Server) serve(ctx context.Context) error {
+	defer s.release()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stopWatch := context.AfterFunc(s.stopCtx, cancel)
+	defer stopWatch()
+	if s.stopCtx.Err() != nil {
+		return nil
+	}
+	s.lg.Info("serving", zap.String("url", s.url), zap.Bool("token", s.cfg.Token != ""), zap.Bool("gossip", s.cfg.Gossip != nil))
+
+	runCtx, stopCoord := context.WithCancel(ctx)
+	defer stopCoord()
+	coordDone := make(chan error, 1)
+	go func() { coordDone <- s.coord.Run(runCtx) }()
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- s.srv.Serve(s.ln) }()
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		s.lg.Info("shutting down")
+	case err := <-httpDone:
+		runErr = fmt.Errorf("ftcoord: http server: %w", err)
+	case err := <-coordDone:
+		runErr = fmt.Errorf("ftcoord: coordinator: %w", err)
+		coordDone <- err
+	}
+	sctx, cancelShutdown := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancelShutdown()
+	stopCoord() // resigns leadership so a standby takes over at once
+	select {
+	case <-coordDone:
+	case <-sctx.Done():
+		s.lg.Warn("coordinator did not stop in time")
+	}
+	if err := s.srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		s.lg.Warn("http shutdown", zap.Error(err))
+	}
+	s.lg.Info("stopped")
+	return runErr
+}
+
+// release closes what New opened: the listener, the etcd client and the
+// embedded etcd.
+func (s *Server) release() {
+	s.closeOnce.Do(func() {
+		if s.ln != nil {
+			s.ln.Close()
+		}
+		if s.cli != nil {
+			s.cli.Close()
+		}
+		if s.embedded != nil {
+			s.embedded.Close()
+		}
+	})
+}
+
+// Close stops a running Serve and waits for it to return, or releases
+// what New opened when Serve was never called. Safe to call twice.
+func (s *Server) Close() error {
+	s.stop()
+	started := true
+	s.serveOnce.Do(func() { started = false; close(s.served) })
+	if started {
+		<-s.served
+	}
+	s.release()
+	return nil
+}
