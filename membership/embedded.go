@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,6 +19,11 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ftcomm/ftcomm/comm"
 )
@@ -130,6 +138,11 @@ type Embedded struct {
 	// logLevel gates etcd's logs; Close silences them, since stopping its
 	// listeners makes etcd log errors that are only the shutdown itself.
 	logLevel zap.AtomicLevel
+	// lock is the data directory's lock file, held until Close.
+	lock *os.File
+	// streams ends the client streams (watches, lease keepalives) at
+	// Close, so that etcd's graceful stop need not wait for them.
+	streams *streamCutter
 }
 
 // StartEmbedded starts an etcd server and waits until it serves clients or
@@ -175,6 +188,14 @@ func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, erro
 	} else {
 		ec.Dir = cfg.Dir
 	}
+	// Another process using the directory would make etcd wait forever
+	// for bbolt's file lock, deaf to signals: refuse at once instead.
+	if m.lock, err = lockDataDir(ec.Dir); err != nil {
+		m.removeTemp()
+		return nil, err
+	}
+	m.streams = newStreamCutter()
+	ec.GRPCAdditionalServerOptions = append(ec.GRPCAdditionalServerOptions, grpc.ChainStreamInterceptor(m.streams.intercept))
 	cu := url.URL{Scheme: "http", Host: clientAddr}
 	pu := url.URL{Scheme: "http", Host: peerAddr}
 	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
@@ -203,6 +224,7 @@ func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, erro
 
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
+		m.unlock()
 		m.removeTemp()
 		return nil, fmt.Errorf("membership: start embedded etcd %s: %w", cfg.Name, err)
 	}
@@ -270,7 +292,15 @@ func NewClient(endpoints []string, lg *zap.Logger) (*clientv3.Client, error) {
 }
 
 // ClientConfig is the clientv3.Config NewClient uses; add TLS or
-// credentials to it for a secured cluster.
+// credentials to it for a secured cluster (Credentials.ClientConfig
+// does).
+//
+// Its connection backoff is short: gRPC's default grows to two minutes
+// between attempts (15 s after a few), so a member started before its
+// coordinator would join many seconds after etcd came up. Here attempts
+// are at most ReconnectMaxDelay apart, so a client connects within about
+// that long of etcd becoming reachable, and reconnects as fast after an
+// etcd restart.
 func ClientConfig(endpoints []string, lg *zap.Logger) clientv3.Config {
 	if lg == nil {
 		lg = zap.NewNop()
@@ -280,23 +310,134 @@ func ClientConfig(endpoints []string, lg *zap.Logger) clientv3.Config {
 		DialTimeout:          5 * time.Second,
 		DialKeepAliveTime:    2 * time.Second,
 		DialKeepAliveTimeout: 2 * time.Second,
-		Logger:               lg,
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: grpcbackoff.Config{
+				BaseDelay:  100 * time.Millisecond,
+				Multiplier: 1.6,
+				Jitter:     0.2,
+				MaxDelay:   ReconnectMaxDelay,
+			},
+			MinConnectTimeout: 2 * time.Second,
+		})},
+		Logger: lg,
 	}
 }
 
+// ReconnectMaxDelay is the longest wait between two connection attempts
+// of a client made by ClientConfig.
+const ReconnectMaxDelay = 500 * time.Millisecond
+
 // Close stops the server (closing the client Client returned) and removes
 // a temporary data directory. Safe to call twice.
+//
+// Clients' streams (watches, lease keepalives) are ended first and new
+// ones refused, so Close does not wait out etcd's graceful-stop timeout
+// (5 s plus two election timeouts) while members or an etcdctl watch are
+// attached; the clients see the server go away and reconnect, to this
+// server when it restarts on the same address.
 func (m *Embedded) Close() error {
 	m.closeOnce.Do(func() {
 		if m.cli != nil {
 			m.cli.Close()
 		}
 		m.logLevel.SetLevel(zapcore.FatalLevel)
+		m.streams.cut()
 		m.etcd.Close()
+		m.unlock()
 		m.removeTemp()
 	})
 	return m.closeErr
 }
+
+func (m *Embedded) unlock() {
+	if m.lock != nil {
+		m.lock.Close() // releases the flock
+		m.lock = nil
+	}
+}
+
+// ErrDataDirInUse: another process holds the embedded etcd's data
+// directory.
+var ErrDataDirInUse = errors.New("membership: etcd data directory in use")
+
+// lockDataDir takes an exclusive lock on dir/ftcomm.lock (creating dir)
+// and checks that no other process has etcd's database open (an etcd or
+// older ftcomm that does not know this lock). The lock file holds the
+// owner's pid, for the error message.
+func lockDataDir(dir string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("membership: embedded etcd data directory: %w", err)
+	}
+	path := filepath.Join(dir, "ftcomm.lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("membership: embedded etcd data directory: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		owner, _ := io.ReadAll(io.LimitReader(f, 64))
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s is used by process %s (it holds %s): stop it, or give this one another data directory",
+				ErrDataDirInUse, dir, strings.TrimSpace(string(owner)), path)
+		}
+		return nil, fmt.Errorf("membership: lock %s: %w", path, err)
+	}
+	f.Truncate(0)
+	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	db := filepath.Join(dir, "member", "snap", "db")
+	if g, err := os.Open(db); err == nil {
+		err := unix.Flock(int(g.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+		g.Close() // releases the probe's lock
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("%w: etcd's database %s is open in another process: stop it, or give this one another data directory",
+				ErrDataDirInUse, db)
+		}
+	}
+	return f, nil
+}
+
+// streamCutter is a gRPC stream interceptor that can end every client
+// stream of a server at once and refuse new ones.
+type streamCutter struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newStreamCutter() *streamCutter {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &streamCutter{ctx: ctx, cancel: cancel}
+}
+
+func (c *streamCutter) intercept(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if c.ctx.Err() != nil {
+		return status.Error(codes.Unavailable, "etcd server is stopping")
+	}
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	stop := context.AfterFunc(c.ctx, cancel)
+	defer stop()
+	err := handler(srv, &cutStream{ServerStream: ss, ctx: ctx})
+	if c.ctx.Err() != nil && ss.Context().Err() == nil {
+		// Unavailable, not Canceled: clients retry (on this server once
+		// it restarts) instead of failing their watches.
+		return status.Error(codes.Unavailable, "etcd server is stopping")
+	}
+	return err
+}
+
+func (c *streamCutter) cut() {
+	if c != nil {
+		c.cancel()
+	}
+}
+
+type cutStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *cutStream) Context() context.Context { return s.ctx }
 
 // EmbeddedCluster is a multi-member etcd cluster running in this process
 // (for tests and tools: each member can be stopped on its own).

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"net/url"
 	"sort"
 	"strconv"
 	"sync"
@@ -159,7 +161,11 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		}
 	}()
 
+	// The first call to etcd waits for a connection (a member may start
+	// before its coordinator): say what it waits for while it does.
+	stopNotice := waitNotice(m.cli, m.lg, "grant a lease")
 	lr, err := m.cli.Grant(ctx, int64((cfg.LeaseTTL+time.Second-1)/time.Second))
+	stopNotice()
 	if err != nil {
 		return nil, fmt.Errorf("membership: join %s/%s: grant lease: %w", cfg.Job, cfg.ID, ctxErr(ctx, err))
 	}
@@ -879,4 +885,57 @@ func (m *Member) crash() {
 		}
 		m.wg.Wait()
 	})
+}
+
+// waitNoticeAfter is how long an etcd call may wait before waitNotice
+// says what it waits for; waitNoticeEvery how often it says it again.
+const (
+	waitNoticeAfter = time.Second
+	waitNoticeEvery = 5 * time.Second
+)
+
+// waitNotice logs, while the call it was started for has not returned,
+// that it waits for etcd, where, and what is in the way (the port refuses
+// connections, or answers but the client cannot connect: TLS or
+// credentials). The returned func stops it and waits for its goroutine.
+func waitNotice(cli *clientv3.Client, lg *zap.Logger, what string) (stop func()) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTimer(waitNoticeAfter)
+		defer t.Stop()
+		start := time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			eps := cli.Endpoints()
+			fields := []zap.Field{zap.Strings("endpoints", eps), zap.Duration("waited", time.Since(start).Round(time.Millisecond))}
+			if cc := cli.ActiveConnection(); cc != nil {
+				fields = append(fields, zap.Stringer("connection", cc.GetState()))
+			}
+			var probs []string
+			for _, ep := range eps {
+				host := ep
+				if u, err := url.Parse(ep); err == nil && u.Host != "" {
+					host = u.Host
+				}
+				c, err := net.DialTimeout("tcp", host, 500*time.Millisecond)
+				if err != nil {
+					probs = append(probs, err.Error())
+					continue
+				}
+				c.Close()
+				probs = append(probs, host+" accepts connections but the client is not connected (TLS or credentials?)")
+			}
+			fields = append(fields, zap.Strings("why", probs))
+			lg.Warn("waiting for the coordinator's etcd to "+what+" (is ftcoord running and reachable?)", fields...)
+			t.Reset(waitNoticeEvery)
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(done); <-exited }) }
 }

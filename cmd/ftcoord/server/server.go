@@ -166,17 +166,18 @@ type Server struct {
 	srv      *http.Server
 	url      string
 
-	serveOnce sync.Once
-	stop      context.CancelFunc // ends Serve
-	stopCtx   context.Context
-	served    chan struct{} // closed when Serve returned
-	closeOnce sync.Once
+	serveOnce   sync.Once
+	stop        context.CancelFunc // ends Serve
+	stopCtx     context.Context
+	served      chan struct{} // closed when Serve returned
+	releaseOnce sync.Once
+	released    chan struct{} // closed when release is done
 }
 
 // New starts etcd (when embedded), connects to it, prepares the
 // coordinator and binds the HTTP listener; Serve runs them. On error
 // everything New started is stopped.
-func New(ctx context.Context, cfg Config) (s *Server, err error) {
+func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -184,11 +185,11 @@ func New(ctx context.Context, cfg Config) (s *Server, err error) {
 	if lg == nil {
 		lg = zap.NewNop()
 	}
-	s = &Server{cfg: cfg, lg: lg, served: make(chan struct{})}
+	s := &Server{cfg: cfg, lg: lg, served: make(chan struct{}), released: make(chan struct{})}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
-			s.release()
+			<-s.releaseAsync()
 		}
 	}()
 
@@ -305,12 +306,12 @@ func (s *Server) Serve(ctx context.Context) error {
 }
 
 func (s *Server) serve(ctx context.Context) error {
-	defer s.release()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stopWatch := context.AfterFunc(s.stopCtx, cancel)
 	defer stopWatch()
 	if s.stopCtx.Err() != nil {
+		<-s.releaseAsync()
 		return nil
 	}
 	s.lg.Info("serving", zap.String("url", s.url), zap.Bool("token", s.cfg.Token != ""), zap.Bool("gossip", s.cfg.Gossip != nil))
@@ -342,36 +343,50 @@ func (s *Server) serve(ctx context.Context) error {
 	}
 	if err := s.srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		s.lg.Warn("http shutdown", zap.Error(err))
+		s.srv.Close()
 	}
-	s.lg.Info("stopped")
+	select {
+	case <-s.releaseAsync():
+		s.lg.Info("stopped")
+	case <-sctx.Done():
+		// Only a process exit is left to do: etcd's data is safe on disk.
+		s.lg.Warn("etcd did not stop within the shutdown timeout; leaving it")
+	}
 	return runErr
 }
 
-// release closes what New opened: the listener, the etcd client and the
-// embedded etcd.
-func (s *Server) release() {
-	s.closeOnce.Do(func() {
-		if s.ln != nil {
-			s.ln.Close()
-		}
-		if s.cli != nil {
-			s.cli.Close()
-		}
-		if s.embedded != nil {
-			s.embedded.Close()
-		}
+// releaseAsync closes, once and in a goroutine, what New opened: the
+// listener, the etcd client and the embedded etcd. The channel is closed
+// when that is done.
+func (s *Server) releaseAsync() <-chan struct{} {
+	s.releaseOnce.Do(func() {
+		go func() {
+			defer close(s.released)
+			if s.ln != nil {
+				s.ln.Close()
+			}
+			if s.cli != nil {
+				s.cli.Close()
+			}
+			if s.embedded != nil {
+				s.embedded.Close()
+			}
+		}()
 	})
+	return s.released
 }
 
-// Close stops a running Serve and waits for it to return, or releases
-// what New opened when Serve was never called. Safe to call twice.
+// Close stops a running Serve and waits for it to return (Serve bounds
+// its shutdown by ShutdownTimeout), or releases what New opened when
+// Serve was never called. Safe to call twice.
 func (s *Server) Close() error {
 	s.stop()
 	started := true
 	s.serveOnce.Do(func() { started = false; close(s.served) })
 	if started {
 		<-s.served
+	} else {
+		<-s.releaseAsync()
 	}
-	s.release()
 	return nil
 }
