@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -83,6 +84,12 @@ type Config struct {
 	// EtcdTLS and EtcdUsername/EtcdPassword reach a secured etcd.
 	EtcdTLS                    *tls.Config
 	EtcdUsername, EtcdPassword string
+	// Credentials is the path of a trainer credentials file
+	// (membership.LoadCredentials; `ftcoord serve` writes one); default
+	// $FTCOMM_CREDENTIALS. It gives the etcd endpoints when Coordinator
+	// is empty, TLS and identity unless EtcdTLS or EtcdUsername are set,
+	// the coordinators' quorum-verification keys and the gossip key.
+	Credentials string
 	// Membership, if set, is used instead of registering through
 	// Coordinator; ft closes it in Close.
 	Membership Membership
@@ -121,8 +128,8 @@ func (c *Config) Validate() error {
 		return bad("group %q: want 1–128 of [A-Za-z0-9._-]", c.Group)
 	case c.GroupSize < 0 || c.GroupRank < 0 || (c.GroupSize > 0 && c.GroupRank >= c.GroupSize) || (c.GroupSize == 0 && c.GroupRank > 0):
 		return bad("group rank %d outside [0, %d)", c.GroupRank, max(c.GroupSize, 1))
-	case c.Membership == nil && len(c.Coordinator) == 0:
-		return bad("neither Coordinator endpoints nor a Membership")
+	case c.Membership == nil && len(c.Coordinator) == 0 && c.Credentials == "" && os.Getenv(membership.CredentialsEnv) == "":
+		return bad("neither Coordinator endpoints, Credentials nor a Membership")
 	case len(c.Secret) == 0:
 		return bad("empty Secret (peers and state transfer must be authenticated)")
 	case c.MinReplicas < 0:

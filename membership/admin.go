@@ -61,8 +61,8 @@ func (a *Admin) Jobs(ctx context.Context) ([]JobSummary, error) {
 	byJob := map[string]*JobSummary{}
 	var names []string
 	for _, kv := range resp.Kvs {
-		job, kind, rest, ok := a.keys.parseKey(string(kv.Key))
-		if !ok || !(kind == "members" || kind == "epoch" && rest == "quorum") {
+		job, kind, _, ok := a.keys.parseKey(string(kv.Key))
+		if !ok || !(kind == "members" || kind == "_quorum") {
 			continue
 		}
 		s, ok := byJob[job]
@@ -114,20 +114,20 @@ func (a *Admin) Job(ctx context.Context, job string) (JobView, error) {
 	}
 	resp, err := a.cli.Txn(ctx).Then(
 		clientv3.OpGet(a.keys.Members(job), clientv3.WithPrefix()),
-		clientv3.OpGet(a.keys.EpochPrefix(job), clientv3.WithPrefix()),
+		clientv3.OpGet(a.keys.Revocations(job), clientv3.WithPrefix()),
+		clientv3.OpGet(a.keys.Quorum(job)),
 	).Commit()
 	if err != nil {
 		return JobView{}, fmt.Errorf("membership: read job %s: %w", job, ctxErr(ctx, err))
 	}
 	v := JobView{Job: job, Members: []MemberView{}}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		if string(kv.Key) == a.keys.Quorum(job) {
-			var q Quorum
-			if json.Unmarshal(kv.Value, &q) == nil {
-				v.Quorum = &q
-			}
-			continue
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		var q Quorum
+		if json.Unmarshal(kv.Value, &q) == nil {
+			v.Quorum = &q
 		}
+	}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 		var r Revocation
 		if json.Unmarshal(kv.Value, &r) == nil {
 			v.Revocations = append(v.Revocations, r)

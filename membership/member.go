@@ -55,6 +55,12 @@ type MemberConfig struct {
 	// Gossip enables failure detection by gossip with the coordinators
 	// and other members (nil: off; lease expiry alone detects death).
 	Gossip *GossipConfig
+	// QuorumVerifier, when set, makes the member act only on quorums
+	// signed by a trusted coordinator key: an unsigned or badly signed
+	// quorum record is logged and ignored (Credentials.ApplyMember sets
+	// it). nil: quorums are taken as read, as from an insecure
+	// coordinator.
+	QuorumVerifier *QuorumVerifier
 	// WaitForDuplicate makes Join wait, while ctx lasts, for a previous
 	// incarnation of the same id to go (its lease to expire or be
 	// revoked) instead of failing with ErrDuplicateMember.
@@ -616,13 +622,14 @@ func (m *Member) notifyLocked() {
 	}
 }
 
-// apply takes one key-value of the epoch prefix. Called with mu held.
+// applyLocked takes the quorum record or a revocation record. Called
+// with mu held.
 func (m *Member) applyLocked(kv *mvccpb.KeyValue) bool {
 	k := string(kv.Key)
 	if k == m.keys.Quorum(m.cfg.Job) {
-		var q Quorum
-		if err := json.Unmarshal(kv.Value, &q); err != nil {
-			m.lg.Warn("unreadable quorum record", zap.Error(err))
+		q, err := m.readQuorum(kv.Value)
+		if err != nil {
+			m.lg.Warn("ignored a quorum record", zap.Int64("revision", kv.ModRevision), zap.Error(err))
 			return false
 		}
 		if m.quorum == nil || q.Epoch > m.quorum.Epoch {
@@ -643,17 +650,40 @@ func (m *Member) applyLocked(kv *mvccpb.KeyValue) bool {
 	return true
 }
 
+// readQuorum decodes a quorum record of the member's job, verifying its
+// signature when the member has a verifier.
+func (m *Member) readQuorum(raw []byte) (Quorum, error) {
+	var q Quorum
+	if v := m.cfg.QuorumVerifier; v != nil {
+		var err error
+		if q, err = v.Verify(raw); err != nil {
+			return Quorum{}, err
+		}
+	} else if err := json.Unmarshal(raw, &q); err != nil {
+		return Quorum{}, fmt.Errorf("membership: unreadable quorum record: %w", err)
+	}
+	if q.Job != m.cfg.Job {
+		return Quorum{}, fmt.Errorf("%w: the record is of job %q", ErrForgedQuorum, q.Job)
+	}
+	return q, nil
+}
+
 // loadEpochs reads the quorum and revocations and returns the revision
 // read at.
 func (m *Member) loadEpochs(ctx context.Context) (int64, error) {
-	resp, err := m.cli.Get(ctx, m.keys.EpochPrefix(m.cfg.Job), clientv3.WithPrefix())
+	resp, err := m.cli.Txn(ctx).Then(
+		clientv3.OpGet(m.keys.Quorum(m.cfg.Job)),
+		clientv3.OpGet(m.keys.Revocations(m.cfg.Job), clientv3.WithPrefix()),
+	).Commit()
 	if err != nil {
 		return 0, fmt.Errorf("membership: read quorum of %s: %w", m.cfg.Job, ctxErr(ctx, err))
 	}
 	m.mu.Lock()
 	changed := false
-	for _, kv := range resp.Kvs {
-		changed = m.applyLocked(kv) || changed
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			changed = m.applyLocked(kv) || changed
+		}
 	}
 	if changed {
 		m.notifyLocked()
@@ -662,16 +692,28 @@ func (m *Member) loadEpochs(ctx context.Context) (int64, error) {
 	return resp.Header.Revision, nil
 }
 
-// watchEpochs follows the quorum and the revocations from rev+1 until the
-// membership ends, re-reading after a compaction or a broken watch.
+// watchEpochs follows the quorum record and the revocations (two watches:
+// only coordinators write the one, members the others) from rev+1 until
+// the membership ends, re-reading both after a compaction or a broken
+// watch.
 func (m *Member) watchEpochs(rev int64) {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
 	for m.life.Err() == nil {
-		wch := m.cli.Watch(clientv3.WithRequireLeader(m.life), m.keys.EpochPrefix(m.cfg.Job), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-		for wr := range wch {
-			if err := wr.Err(); err != nil {
-				m.lg.Info("quorum watch broke; reading again", zap.Error(err))
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(m.life))
+		quorum := m.cli.Watch(wctx, m.keys.Quorum(m.cfg.Job), clientv3.WithRev(rev+1))
+		revoked := m.cli.Watch(wctx, m.keys.Revocations(m.cfg.Job), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		for {
+			var wr clientv3.WatchResponse
+			var ok bool
+			select {
+			case wr, ok = <-quorum:
+			case wr, ok = <-revoked:
+			}
+			if !ok || wr.Err() != nil {
+				if m.life.Err() == nil {
+					m.lg.Info("quorum watch broke; reading again", zap.Error(wr.Err()))
+				}
 				break
 			}
 			bo.Reset()
@@ -686,8 +728,8 @@ func (m *Member) watchEpochs(rev int64) {
 				m.notifyLocked()
 			}
 			m.mu.Unlock()
-			rev = wr.Header.Revision
 		}
+		cancel()
 		if m.life.Err() != nil {
 			return
 		}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"net"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -31,10 +30,27 @@ func (p *coordProc) etcdEndpoint(t *testing.T) string {
 	return m[1]
 }
 
-// etcdClient connects to the process's etcd as a trainer would.
+// credentialsPath is where the process writes the trainers' credentials.
+func (p *coordProc) credentialsPath() string {
+	return filepath.Join(p.dataDir, "trainer-credentials.json")
+}
+
+// credentials reads the trainers' credentials the process wrote.
+func (p *coordProc) credentials(t *testing.T) *membership.Credentials {
+	t.Helper()
+	p.waitLog(t, "trainer credentials written", 60*time.Second)
+	c, err := membership.LoadCredentials(p.credentialsPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// etcdClient connects to the process's etcd as a trainer would: with
+// the credentials file it wrote.
 func (p *coordProc) etcdClient(t *testing.T) *clientv3.Client {
 	t.Helper()
-	cli, err := membership.NewClient([]string{p.etcdEndpoint(t)}, nil)
+	cli, err := p.credentials(t).NewClient(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,14 +58,15 @@ func (p *coordProc) etcdClient(t *testing.T) *clientv3.Client {
 	return cli
 }
 
-// joinMember registers a member of job through cli, with gossip, as
-// ft.Comm does.
-func joinMember(t *testing.T, cli *clientv3.Client, job, id string, lg *zap.Logger) *membership.Member {
+// joinMember registers a member of job through cli, with gossip and the
+// trainers' credentials (nil: none), as ft.Comm does.
+func joinMember(t *testing.T, cli *clientv3.Client, creds *membership.Credentials, job, id string, lg *zap.Logger) *membership.Member {
 	t.Helper()
 	mc := membership.DefaultMemberConfig()
 	mc.Client, mc.Job, mc.ID, mc.Addr, mc.WantQuorum = cli, job, id, id+".host:1", true
 	g := membership.DefaultGossipConfig()
 	mc.Gossip, mc.Logger = &g, lg
+	creds.ApplyMember(&mc)
 	m, err := membership.Join(testCtx(t, 30*time.Second), mc)
 	if err != nil {
 		t.Fatal(err)
@@ -101,8 +118,8 @@ func TestServeProcessRestartKeepsEpoch(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	p := startFtcoord(t, "restart", "-data-dir", dir, "-shutdown-timeout", "1s")
 	ep := p.etcdEndpoint(t)
-	cli := p.etcdClient(t)
-	a, b := joinMember(t, cli, "job", "a", nil), joinMember(t, cli, "job", "b", nil)
+	cli, creds := p.etcdClient(t), p.credentials(t)
+	a, b := joinMember(t, cli, creds, "job", "a", nil), joinMember(t, cli, creds, "job", "b", nil)
 	q := waitParticipants(t, a, 2)
 	// An etcdctl-like watch on everything stays attached too.
 	cli.Watch(testCtx(t, time.Minute), "/", clientv3.WithPrefix())
@@ -120,7 +137,7 @@ func TestServeProcessRestartKeepsEpoch(t *testing.T) {
 	p2.waitLog(t, "\tleading\t", 30*time.Second)
 	// A joiner after the restart gets the very next epoch: the restart
 	// itself published none, and a and b are the same incarnations.
-	c := joinMember(t, cli, "job", "c", nil)
+	c := joinMember(t, cli, creds, "job", "c", nil)
 	q2 := waitParticipants(t, c, 3)
 	if q2.Epoch != q.Epoch+1 || q2.Reason != "joined c" || len(q2.Removed) != 0 {
 		t.Fatalf("after the restart: epoch %d (%q), before it %d", q2.Epoch, q2.Reason, q.Epoch)
@@ -137,13 +154,17 @@ func TestServeProcessRestartKeepsEpoch(t *testing.T) {
 // reconnect backoff). Now it says what it waits for and joins within
 // about membership.ReconnectMaxDelay of etcd being up.
 func TestMemberStartedBeforeFtcoord(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	// A first run makes the trainers' credentials (as after any earlier
+	// run of the service); the member starts while ftcoord is down.
+	dir := filepath.Join(t.TempDir(), "data")
+	first := startFtcoord(t, "late", "-data-dir", dir)
+	creds := first.credentials(t)
+	addr := first.etcdEndpoint(t)
+	first.cmd.Process.Signal(syscall.SIGTERM)
+	if code := first.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("first run exited %d", code)
 	}
-	addr := l.Addr().String()
-	l.Close()
-	cli, err := membership.NewClient([]string{addr}, nil)
+	cli, err := creds.NewClient(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,6 +182,7 @@ func TestMemberStartedBeforeFtcoord(t *testing.T) {
 	go func() {
 		mc := membership.DefaultMemberConfig()
 		mc.Client, mc.Job, mc.ID, mc.Addr, mc.WantQuorum, mc.Logger = cli, "job", "early", "early:1", true, lg
+		creds.ApplyMember(&mc)
 		m, err := membership.Join(testCtx(t, 60*time.Second), mc)
 		if err != nil {
 			t.Error(err)
@@ -178,7 +200,7 @@ func TestMemberStartedBeforeFtcoord(t *testing.T) {
 		t.Fatalf("waiting notice %v", w.ContextMap())
 	}
 
-	p := startFtcoordNoWait(t, "late", "-etcd-client-addr", addr)
+	p := startFtcoordNoWait(t, "late", "-data-dir", dir, "-etcd-client-addr", addr)
 	p.waitLog(t, "embedded etcd running", 60*time.Second)
 	up := time.Now()
 	m := <-joined

@@ -66,6 +66,7 @@ type coordProc struct {
 	cmd      *exec.Cmd
 	url      string
 	addrFile string
+	dataDir  string
 	mu       sync.Mutex
 	logs     bytes.Buffer
 	more     chan struct{} // closed and replaced at every new log line
@@ -94,6 +95,11 @@ func startFtcoordNoWait(t *testing.T, name string, args ...string) *coordProc {
 	addrFile := filepath.Join(dir, "addr")
 	args = append([]string{"serve", "-name", name, "-listen", "127.0.0.1:0", "-addr-file", addrFile, "-data-dir", filepath.Join(dir, "data")}, args...)
 	p := &coordProc{name: name, cmd: exec.Command(bin, args...), done: make(chan struct{}), more: make(chan struct{}), addrFile: addrFile}
+	for i, a := range args {
+		if a == "-data-dir" && i+1 < len(args) {
+			p.dataDir = args[i+1]
+		}
+	}
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -224,10 +230,12 @@ func TestLeaderKillAmongThree(t *testing.T) {
 	defer cluster.Close()
 	eps := strings.Join(cluster.Endpoints(), ",")
 	procs := map[string]*coordProc{}
+	secrets := filepath.Join(t.TempDir(), "secrets.json") // one key for all three
 	for i := 0; i < 3; i++ {
 		name := fmt.Sprintf("coord-%d", i)
-		procs[name] = startFtcoord(t, name, "-etcd", eps, "-session-ttl", "2s", "-join-timeout", "2s")
+		procs[name] = startFtcoord(t, name, "-etcd", eps, "-session-ttl", "2s", "-join-timeout", "2s", "-secrets-file", secrets)
 	}
+	creds := procs["coord-0"].credentials(t)
 	cli, err := cluster.NewClient(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -239,6 +247,7 @@ func TestLeaderKillAmongThree(t *testing.T) {
 		mc.Client, mc.Job, mc.ID, mc.Addr, mc.WantQuorum = cli, "job", id, id+":1", true
 		g := membership.DefaultGossipConfig()
 		mc.Gossip = &g
+		creds.ApplyMember(&mc) // quorum verification, gossip key
 		m, err := membership.Join(ctx, mc)
 		if err != nil {
 			t.Fatal(err)

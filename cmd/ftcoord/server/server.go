@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -36,18 +38,49 @@ type Config struct {
 	// Etcd lists the endpoints (host:port) of an external etcd cluster;
 	// empty: an embedded single-node etcd keeps its data in DataDir.
 	Etcd []string
-	// DataDir is the embedded etcd's data directory.
+	// DataDir holds the embedded etcd's data and its certificates (pki/),
+	// the coordinator's secrets and the trainers' credentials file. With
+	// an external etcd it holds the last two.
 	DataDir string
 	// EtcdClientAddr and EtcdPeerAddr are where the embedded etcd listens
 	// (port 0: a free one).
 	EtcdClientAddr, EtcdPeerAddr string
+	// EtcdAdvertiseAddr is the host:port trainers reach the embedded etcd
+	// at, written into their credentials (default: EtcdClientAddr, or
+	// this host's name when that listens on all addresses).
+	EtcdAdvertiseAddr string
+	// EtcdCertHosts are more names and addresses the embedded etcd's
+	// server certificate covers (trainers may connect through them).
+	EtcdCertHosts []string
 	// EtcdCACert, EtcdCert and EtcdKey (files) and EtcdUser and
 	// EtcdPassword reach a secured external etcd.
 	EtcdCACert, EtcdCert, EtcdKey string
 	EtcdUser, EtcdPassword        string
+	// TrainerEtcdCert, TrainerEtcdKey (files), TrainerEtcdUser and
+	// TrainerEtcdPassword are the trainers' identity on an external etcd,
+	// written into their credentials file with EtcdCACert.
+	TrainerEtcdCert, TrainerEtcdKey      string
+	TrainerEtcdUser, TrainerEtcdPassword string
 	// UnsafeNoFsync skips the embedded etcd's fsyncs: for tests and demos
 	// whose data may be lost.
 	UnsafeNoFsync bool
+
+	// Insecure turns the protection of the jobs off: the embedded etcd
+	// serves plain TCP without authentication, quorums are not signed,
+	// and gossip is not encrypted unless Gossip.SecretKey is set. Anyone
+	// who reaches etcd's port can then rewrite every job: for local
+	// experiments only. Off (the default), the embedded etcd serves TLS
+	// with client certificates and etcd's roles, quorums are signed, and
+	// gossip is encrypted; trainers get what they need in one file
+	// (CredentialsPath).
+	Insecure bool
+	// SecretsFile holds the coordinator's quorum-signing and gossip keys
+	// (created on first start; default <DataDir>/coordinator-secrets.json).
+	// Coordinators of one root must share it.
+	SecretsFile string
+	// CredentialsFile is where the trainers' credentials are written
+	// (default <DataDir>/trainer-credentials.json).
+	CredentialsFile string
 
 	// Root is the etcd key prefix of every job.
 	Root string
@@ -109,10 +142,19 @@ func (c Config) Validate() error {
 		}
 		hostPort("embedded etcd client address", c.EtcdClientAddr)
 		hostPort("embedded etcd peer address", c.EtcdPeerAddr)
-		if c.EtcdCACert != "" || c.EtcdCert != "" || c.EtcdUser != "" {
-			bad("the etcd CA, certificate and user apply to an external etcd")
+		if c.EtcdAdvertiseAddr != "" {
+			hostPort("embedded etcd advertised address", c.EtcdAdvertiseAddr)
+		}
+		if c.EtcdCACert != "" || c.EtcdCert != "" || c.EtcdUser != "" || c.TrainerEtcdCert != "" || c.TrainerEtcdUser != "" {
+			bad("the etcd CA, certificates and users apply to an external etcd")
 		}
 	} else {
+		if c.DataDir == "" && !c.Insecure && (c.SecretsFile == "" || c.CredentialsFile == "") {
+			bad("a data directory (or the secrets and credentials files) is needed for the coordinator's keys")
+		}
+		if c.EtcdAdvertiseAddr != "" || len(c.EtcdCertHosts) > 0 {
+			bad("the advertised address and certificate hosts apply to the embedded etcd")
+		}
 		for _, ep := range c.Etcd {
 			hostPort("etcd endpoint", strings.TrimPrefix(strings.TrimPrefix(ep, "http://"), "https://"))
 		}
@@ -122,6 +164,12 @@ func (c Config) Validate() error {
 	}
 	if c.EtcdPassword != "" && c.EtcdUser == "" {
 		bad("an etcd password needs an etcd user")
+	}
+	if (c.TrainerEtcdCert == "") != (c.TrainerEtcdKey == "") {
+		bad("the trainers' etcd certificate and key go together")
+	}
+	if c.TrainerEtcdPassword != "" && c.TrainerEtcdUser == "" {
+		bad("the trainers' etcd password needs a user")
 	}
 	if !strings.HasPrefix(c.Root, "/") {
 		bad("root %q must start with /", c.Root)
@@ -165,6 +213,7 @@ type Server struct {
 	ln       net.Listener
 	srv      *http.Server
 	url      string
+	creds    string // the trainers' credentials file
 
 	serveOnce   sync.Once
 	stop        context.CancelFunc // ends Serve
@@ -193,42 +242,105 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		}
 	}()
 
-	var endpoints []string
+	secure := !cfg.Insecure
+	if cfg.DataDir != "" {
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("ftcoord: data directory: %w", err)
+		}
+	}
+	var signer *membership.QuorumSigner
+	var gossipKey []byte
+	if secure {
+		path := cfg.SecretsFile
+		if path == "" {
+			path = filepath.Join(cfg.DataDir, "coordinator-secrets.json")
+		}
+		secrets, created, err := membership.LoadOrCreateCoordinatorSecrets(path)
+		if err != nil {
+			return nil, err
+		}
+		if signer, err = secrets.Signer(); err != nil {
+			return nil, err
+		}
+		gossipKey = secrets.GossipKey
+		lg.Info("coordinator secrets", zap.String("file", path), zap.Bool("created", created), zap.String("quorum key", signer.KeyID()))
+	} else {
+		lg.Warn("INSECURE: -insecure is set: etcd serves plain TCP without authentication, quorums are not signed" +
+			" and gossip is not encrypted unless -gossip-key is given; anyone who reaches etcd's port can rewrite every job." +
+			" Use it for local experiments only.")
+	}
+	if cfg.Gossip != nil && len(cfg.Gossip.SecretKey) > 0 {
+		gossipKey = cfg.Gossip.SecretKey
+	}
+
+	var ccfg clientv3.Config
+	clientLog := lg.Named("etcd-client").WithOptions(zap.IncreaseLevel(zapcore.WarnLevel))
+	var trainer *membership.Credentials
 	if len(cfg.Etcd) == 0 {
 		ec := membership.DefaultEmbeddedConfig()
 		ec.Dir, ec.Name, ec.Logger = cfg.DataDir, cfg.Name, lg
 		ec.UnsafeNoFsync = cfg.UnsafeNoFsync
-		if !strings.HasSuffix(cfg.EtcdClientAddr, ":0") {
-			ec.ClientAddr = cfg.EtcdClientAddr
-		}
-		if !strings.HasSuffix(cfg.EtcdPeerAddr, ":0") {
-			ec.PeerAddr = cfg.EtcdPeerAddr
-		}
+		ec.Secure, ec.CertHosts, ec.AdvertiseClientAddr, ec.Root = secure, cfg.EtcdCertHosts, cfg.EtcdAdvertiseAddr, cfg.Root
+		ec.ClientAddr, ec.PeerAddr = cfg.EtcdClientAddr, cfg.EtcdPeerAddr
 		sctx, cancel := context.WithTimeout(ctx, time.Minute)
 		s.embedded, err = membership.StartEmbedded(sctx, ec)
 		cancel()
 		if err != nil {
 			return nil, err
 		}
-		endpoints = s.embedded.Endpoints()
-		lg.Info("embedded etcd running", zap.Strings("endpoints", endpoints), zap.String("data-dir", cfg.DataDir))
+		lg.Info("embedded etcd running", zap.Strings("endpoints", s.embedded.Endpoints()), zap.String("data-dir", cfg.DataDir),
+			zap.Bool("tls", s.embedded.Secure()))
+		own, err := s.embedded.Credentials(membership.EtcdUserCoordinator)
+		if err != nil {
+			return nil, err
+		}
+		if ccfg, err = own.ClientConfig(nil, clientLog); err != nil {
+			return nil, err
+		}
+		if trainer, err = s.embedded.Credentials(membership.EtcdUserTrainer); err != nil {
+			return nil, err
+		}
 	} else {
+		var endpoints []string
 		for _, ep := range cfg.Etcd {
 			endpoints = append(endpoints, strings.TrimSpace(ep))
 		}
-	}
-	ccfg := membership.ClientConfig(endpoints, lg.Named("etcd-client").WithOptions(zap.IncreaseLevel(zapcore.WarnLevel)))
-	if cfg.EtcdCACert != "" || cfg.EtcdCert != "" {
-		ti := transport.TLSInfo{CertFile: cfg.EtcdCert, KeyFile: cfg.EtcdKey, TrustedCAFile: cfg.EtcdCACert}
-		tc, err := ti.ClientConfig()
-		if err != nil {
-			return nil, fmt.Errorf("ftcoord: etcd TLS: %w", err)
+		ccfg = membership.ClientConfig(endpoints, clientLog)
+		if cfg.EtcdCACert != "" || cfg.EtcdCert != "" {
+			ti := transport.TLSInfo{CertFile: cfg.EtcdCert, KeyFile: cfg.EtcdKey, TrustedCAFile: cfg.EtcdCACert}
+			tc, err := ti.ClientConfig()
+			if err != nil {
+				return nil, fmt.Errorf("ftcoord: etcd TLS: %w", err)
+			}
+			ccfg.TLS = tc
 		}
-		ccfg.TLS = tc
+		ccfg.Username, ccfg.Password = cfg.EtcdUser, cfg.EtcdPassword
+		if trainer, err = externalTrainerCredentials(cfg, endpoints); err != nil {
+			return nil, err
+		}
+		if secure && ccfg.TLS == nil && ccfg.Username == "" {
+			lg.Warn("the external etcd is reached without TLS or credentials: if its port is reachable, anyone can rewrite every job" +
+				" (members still ignore quorums not signed by this coordinator's key)")
+		}
 	}
-	ccfg.Username, ccfg.Password = cfg.EtcdUser, cfg.EtcdPassword
 	if s.cli, err = clientv3.New(ccfg); err != nil {
 		return nil, fmt.Errorf("ftcoord: etcd client: %w", err)
+	}
+	if cfg.DataDir != "" || cfg.CredentialsFile != "" {
+		s.creds = cfg.CredentialsFile
+		if s.creds == "" {
+			s.creds = filepath.Join(cfg.DataDir, "trainer-credentials.json")
+		}
+		if signer != nil {
+			trainer.QuorumKeys = []membership.QuorumKey{signer.PublicKey()}
+		}
+		trainer.GossipKey = gossipKey
+		if err := trainer.Write(s.creds); err != nil {
+			return nil, err
+		}
+		lg.Info("trainer credentials written: give trainers this file ("+membership.CredentialsEnv+"=<file>, or ft.Config.Credentials)",
+			zap.String("file", s.creds), zap.Strings("endpoints", trainer.Endpoints), zap.Bool("tls", trainer.CACert != ""),
+			zap.Bool("signed quorums", signer != nil), zap.Bool("gossip key", len(gossipKey) > 0))
 	}
 
 	s.reg = prometheus.NewRegistry()
@@ -237,11 +349,13 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	cc.Client, cc.Root, cc.Name = s.cli, cfg.Root, cfg.Name
 	cc.Quorum, cc.SessionTTL, cc.HistoryLimit = cfg.Quorum, cfg.SessionTTL, cfg.HistoryLimit
 	cc.Logger, cc.Registerer = lg, s.reg
+	cc.QuorumSigner = signer
 	if cfg.Gossip != nil {
 		g := *cfg.Gossip
 		if g.Logger == nil {
 			g.Logger = lg.Named("gossip").WithOptions(zap.IncreaseLevel(zapcore.WarnLevel))
 		}
+		g.SecretKey = gossipKey
 		cc.Gossip = &g
 	}
 	if s.coord, err = membership.NewCoordinator(cc); err != nil {
@@ -270,6 +384,34 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.url = fmt.Sprintf("%s://%s", scheme, s.ln.Addr())
 	return s, nil
 }
+
+// externalTrainerCredentials are the trainers' credentials for an
+// external etcd: its endpoints and CA, and the trainers' identity given
+// in the configuration.
+func externalTrainerCredentials(cfg Config, endpoints []string) (*membership.Credentials, error) {
+	c := &membership.Credentials{Version: membership.CredentialsVersion, Endpoints: endpoints, Root: cfg.Root,
+		User: cfg.TrainerEtcdUser, Password: cfg.TrainerEtcdPassword}
+	for _, f := range []struct {
+		path string
+		to   *string
+	}{{cfg.EtcdCACert, &c.CACert}, {cfg.TrainerEtcdCert, &c.Cert}, {cfg.TrainerEtcdKey, &c.Key}} {
+		if f.path == "" {
+			continue
+		}
+		b, err := os.ReadFile(f.path)
+		if err != nil {
+			return nil, fmt.Errorf("ftcoord: trainers' credentials: %w", err)
+		}
+		*f.to = string(b)
+	}
+	return c, c.Validate()
+}
+
+// CredentialsPath returns the file New wrote the trainers' credentials
+// to: the etcd endpoints, and when secure the CA, the trainers' client
+// certificate, the quorum-verification key and the gossip key. Give it
+// to trainers (membership.CredentialsEnv, ft.Config.Credentials).
+func (s *Server) CredentialsPath() string { return s.creds }
 
 // URL returns the base URL of the API (http(s)://host:port).
 func (s *Server) URL() string { return s.url }

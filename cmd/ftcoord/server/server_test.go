@@ -53,6 +53,45 @@ func TestServerInProcess(t *testing.T) {
 		t.Fatalf("dashboard: %d", resp.StatusCode)
 	}
 	ctx := testCtx(t, 30*time.Second)
+	// Members connect with the credentials file it wrote (TLS, a client
+	// certificate, the quorum-verification and gossip keys).
+	creds, err := membership.LoadCredentials(s.CredentialsPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if creds.CACert == "" || len(creds.QuorumKeys) == 0 || creds.Endpoints[0] != s.Endpoints()[0] {
+		t.Fatalf("credentials %+v", creds)
+	}
+	cli, err := creds.NewClient(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	mc := membership.DefaultMemberConfig()
+	mc.Client, mc.Job, mc.ID, mc.Addr, mc.WantQuorum = cli, "demo", "a", "a:1", true
+	creds.ApplyMember(&mc)
+	m, err := membership.Join(ctx, mc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	q, err := m.NextQuorum(ctx, 0)
+	if err != nil || q.PublishedBy != "inproc" || q.Signature == nil {
+		t.Fatalf("quorum %+v, %v", q, err)
+	}
+}
+
+// Insecure: plain etcd, unsigned quorums; the credentials file still
+// names the endpoints.
+func TestServerInsecure(t *testing.T) {
+	s := startServer(t, func(c *Config) { c.Insecure = true })
+	creds, err := membership.LoadCredentials(s.CredentialsPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if creds.CACert != "" || len(creds.QuorumKeys) != 0 {
+		t.Fatalf("insecure credentials %+v", creds)
+	}
 	cli, err := membership.NewClient(s.Endpoints(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -60,13 +99,12 @@ func TestServerInProcess(t *testing.T) {
 	defer cli.Close()
 	mc := membership.DefaultMemberConfig()
 	mc.Client, mc.Job, mc.ID, mc.Addr, mc.WantQuorum = cli, "demo", "a", "a:1", true
-	m, err := membership.Join(ctx, mc)
+	m, err := membership.Join(testCtx(t, 30*time.Second), mc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	q, err := m.NextQuorum(ctx, 0)
-	if err != nil || q.PublishedBy != "inproc" {
+	if q, err := m.NextQuorum(testCtx(t, 30*time.Second), 0); err != nil || q.Signature != nil {
 		t.Fatalf("quorum %+v, %v", q, err)
 	}
 }
