@@ -465,7 +465,8 @@ type memberRef struct {
 
 type jobState struct {
 	m         *Machine
-	quorumRev int64  // mod revision of the quorum key we last wrote or read
+	quorumRev int64  // mod revision of the quorum key we last wrote or read (0: no key)
+	ownRev    int64  // revision of our last write of the key, a deletion included
 	lastValue []byte // the record we last wrote (or loaded and trusted)
 	// inflight is a record whose write failed without an answer: seeing
 	// it in the watch means it was stored after all.
@@ -896,12 +897,12 @@ func (l *leadership) apply(now time.Time, ev *clientv3.Event) {
 // not a coordinator: an operator, or an intruder.
 func (l *leadership) applyQuorumEvent(job string, ev *clientv3.Event) {
 	j := l.job(job)
-	if ev.Kv.ModRevision <= j.quorumRev {
+	if ev.Kv.ModRevision <= max(j.quorumRev, j.ownRev) {
 		return // ours, or older than ours
 	}
 	if ev.Type == mvccpb.PUT && j.inflight != nil && bytes.Equal(ev.Kv.Value, j.inflight) {
 		// Ours after all: a write whose answer was lost.
-		j.quorumRev, j.lastValue, j.inflight = ev.Kv.ModRevision, j.inflight, nil
+		j.quorumRev, j.ownRev, j.lastValue, j.inflight = ev.Kv.ModRevision, ev.Kv.ModRevision, j.inflight, nil
 		j.m.Published(j.inflightQ)
 		return
 	}
@@ -953,9 +954,9 @@ func (l *leadership) repair(ctx context.Context, job string, j *jobState) error 
 	if !tr.Succeeded {
 		return fmt.Errorf("%w: fenced repair of job %s refused", ErrNotLeader, job)
 	}
-	j.quorumRev = tr.Header.Revision
+	j.quorumRev, j.ownRev = tr.Header.Revision, tr.Header.Revision
 	if j.lastValue == nil {
-		j.quorumRev = 0
+		j.quorumRev = 0 // deleted: the next publication creates the key
 	}
 	l.c.lg.Info(what, zap.String("job", job), zap.Uint64("epoch", cur.Epoch))
 	return nil
@@ -1063,7 +1064,7 @@ func (l *leadership) publish(ctx context.Context, job string, j *jobState, d Dec
 		return fmt.Errorf("%w: fenced write of job %s refused", ErrNotLeader, job)
 	}
 	if d.Quorum != nil {
-		j.quorumRev, j.lastValue, j.inflight = tr.Header.Revision, val, nil
+		j.quorumRev, j.ownRev, j.lastValue, j.inflight = tr.Header.Revision, tr.Header.Revision, val, nil
 		j.m.Published(*d.Quorum)
 		l.c.metrics.quorums.WithLabelValues(job).Inc()
 		l.c.lg.Info("quorum published", zap.String("job", job), zap.Uint64("epoch", d.Quorum.Epoch),

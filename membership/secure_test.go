@@ -307,6 +307,38 @@ func TestForgedQuorumIgnoredAndRepaired(t *testing.T) {
 	}
 }
 
+// A quorum record forged for a job the leader has none of is deleted, and
+// the deletion (the leader's own) raises no second alarm.
+func TestForgedQuorumOfUnknownJobDeleted(t *testing.T) {
+	sj := startSecureJob(t)
+	rootCreds, err := sj.etcd.Credentials(EtcdUserRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := rootCreds.NewClient(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	ctx := testCtx(t, 20*time.Second)
+	k := Keys{}.Quorum("ghost")
+	put, err := root.Put(ctx, k, `{"job":"ghost","epoch":9}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ev := range root.Watch(ctx, k, clientv3.WithRev(put.Header.Revision+1)) {
+		if len(ev.Events) > 0 && ev.Events[0].Type == mvccpb.DELETE {
+			break
+		}
+	}
+	// Something after the deletion, so its event has been handled.
+	sj.join("a")
+	waitQuorum(t, sj.join("b"), 0, "a", "b")
+	if n := sj.logs.FilterMessageSnippet("written by someone else").Len(); n != 1 {
+		t.Fatalf("%d foreign-write warnings, want 1: %v", n, sj.logs.All())
+	}
+}
+
 // Without signatures (an insecure coordinator, members without a
 // verifier), members cannot tell a forged record and obey it; the leader
 // then republishes its participants above the forged epoch at once, so
