@@ -48,6 +48,10 @@ type CoordinatorConfig struct {
 	// HistoryLimit is how many past quorums (and revocations) each job
 	// keeps in etcd (default 100).
 	HistoryLimit int
+	// EvictKeepOut is how long a member evicted through Evict may not
+	// register again (default DefaultEvictKeepOut; negative: not at
+	// all).
+	EvictKeepOut time.Duration
 	// QuorumSigner, when set, signs every quorum the coordinator
 	// publishes (members with the matching QuorumVerifier act on no
 	// other), and lets the leader tell its own quorum records from
@@ -70,6 +74,7 @@ func DefaultCoordinatorConfig() CoordinatorConfig {
 		Quorum:       DefaultQuorumConfig(),
 		SessionTTL:   3 * time.Second,
 		HistoryLimit: 100,
+		EvictKeepOut: DefaultEvictKeepOut,
 	}
 }
 
@@ -143,6 +148,9 @@ func NewCoordinator(cfg CoordinatorConfig) (*Coordinator, error) {
 	if cfg.HistoryLimit == 0 {
 		cfg.HistoryLimit = d.HistoryLimit
 	}
+	if cfg.EvictKeepOut == 0 {
+		cfg.EvictKeepOut = d.EvictKeepOut
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -193,10 +201,18 @@ func (c *Coordinator) Status(job string) (JobStatus, bool) {
 	return s, ok && c.leader.Load()
 }
 
-// Evict removes a member of a job (see Admin.Evict); it works on any
-// instance: the leader sees the eviction through etcd.
+// Evict removes a member of a job and keeps it out for EvictKeepOut
+// (see Admin.EvictFor); it works on any instance: the leader sees the
+// eviction through etcd.
 func (c *Coordinator) Evict(ctx context.Context, job, id, by string) error {
-	return NewAdmin(c.cli, c.cfg.Root).Evict(ctx, job, id, by)
+	_, err := c.EvictFor(ctx, job, id, by, c.cfg.EvictKeepOut)
+	return err
+}
+
+// EvictFor is Evict with its own keep-out time (0 or less: none); it
+// returns the end of the keep-out.
+func (c *Coordinator) EvictFor(ctx context.Context, job, id, by string, keepOut time.Duration) (keptOutUntil time.Time, err error) {
+	return NewAdmin(c.cli, c.cfg.Root).EvictFor(ctx, job, id, by, keepOut)
 }
 
 // Run campaigns for leadership and, while leading, forms and publishes
@@ -652,7 +668,7 @@ func (l *leadership) upsert(now time.Time, job string, r MemberRecord) {
 	}
 	if old, ok := j.m.Member(r.ID); !ok || old.Incarnation != r.Incarnation {
 		if ok {
-			delete(l.byNode, gossipName(job, old.ID, old.Lease))
+			delete(l.byNode, gossipName(job, old.ID, int64(old.Lease)))
 		}
 		l.c.metrics.joins.WithLabelValues(job).Inc()
 	} else if old.Health == r.Health && old.WantQuorum == r.WantQuorum && old.ShrinkOnly == r.ShrinkOnly &&
@@ -662,7 +678,7 @@ func (l *leadership) upsert(now time.Time, job string, r MemberRecord) {
 		return
 	}
 	if r.Gossip != "" {
-		l.byNode[gossipName(job, r.ID, r.Lease)] = memberRef{job, r.ID, r.Incarnation}
+		l.byNode[gossipName(job, r.ID, int64(r.Lease))] = memberRef{job, r.ID, r.Incarnation}
 	}
 	j.m.Upsert(now, r)
 	j.dirty = true
@@ -674,7 +690,7 @@ func (l *leadership) remove(now time.Time, job, id string, inc int64, why, metri
 	if !ok || inc != 0 && old.Incarnation != inc {
 		return
 	}
-	delete(l.byNode, gossipName(job, id, old.Lease))
+	delete(l.byNode, gossipName(job, id, int64(old.Lease)))
 	j.m.Remove(now, id, old.Incarnation, why)
 	j.dirty = true
 	l.c.metrics.removals.WithLabelValues(job, metric).Inc()
@@ -1076,6 +1092,11 @@ func (l *leadership) publish(ctx context.Context, job string, j *jobState, d Dec
 	return nil
 }
 
+// jobLabel is the label naming a job in the coordinator's metrics. Not
+// "job": Prometheus sets that one to the scrape job's name and renames a
+// target's own to "exported_job".
+const jobLabel = "ftcomm_job"
+
 // coordMetrics are the coordinator's Prometheus metrics.
 type coordMetrics struct {
 	leader, jobs, gossipAlive    prometheus.Gauge
@@ -1090,13 +1111,13 @@ func newCoordMetrics(reg prometheus.Registerer) (*coordMetrics, error) {
 		leader:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "ftcomm_coordinator_leader", Help: "1 while this instance leads."}),
 		jobs:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "ftcomm_coordinator_jobs", Help: "Jobs the leader serves."}),
 		gossipAlive:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "ftcomm_coordinator_gossip_alive", Help: "Gossip nodes this instance believes alive."}),
-		members:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_members", Help: "Live members per job."}, []string{"job"}),
-		epoch:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_epoch", Help: "Current epoch per job."}, []string{"job"}),
-		participants: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_participants", Help: "Participants of the current quorum per job."}, []string{"job"}),
-		quorums:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_quorums_total", Help: "Quorums published per job."}, []string{"job"}),
-		joins:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_joins_total", Help: "Member incarnations seen per job."}, []string{"job"}),
-		removals:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_removals_total", Help: "Members removed per job and cause (left, evicted, gossip, reported, lease)."}, []string{"job", "cause"}),
-		foreign:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_foreign_quorum_writes_total", Help: "Writes of a job's quorum record by someone other than a coordinator (repaired at once)."}, []string{"job"}),
+		members:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_members", Help: "Live members per job."}, []string{jobLabel}),
+		epoch:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_epoch", Help: "Current epoch per job."}, []string{jobLabel}),
+		participants: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_participants", Help: "Participants of the current quorum per job."}, []string{jobLabel}),
+		quorums:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_quorums_total", Help: "Quorums published per job."}, []string{jobLabel}),
+		joins:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_joins_total", Help: "Member incarnations seen per job."}, []string{jobLabel}),
+		removals:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_removals_total", Help: "Members removed per job and cause (left, evicted, gossip, reported, lease)."}, []string{jobLabel, "cause"}),
+		foreign:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_foreign_quorum_writes_total", Help: "Writes of a job's quorum record by someone other than a coordinator (repaired at once)."}, []string{jobLabel}),
 		publishSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ftcomm_coordinator_publish_seconds", Help: "Latency of fenced quorum writes.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 	}

@@ -191,7 +191,7 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	}
 	now := time.Now()
 	m.rec = MemberRecord{
-		Job: cfg.Job, ID: cfg.ID, Addr: cfg.Addr, Group: cfg.Group, Lease: int64(lr.ID),
+		Job: cfg.Job, ID: cfg.ID, Addr: cfg.Addr, Group: cfg.Group, Lease: LeaseID(lr.ID),
 		Step: cfg.Step, WantQuorum: cfg.WantQuorum, MinReplicas: cfg.MinReplicas, Joined: now, Updated: now,
 	}
 	if m.gsp != nil {
@@ -235,10 +235,11 @@ func (m *Member) spawn(f func()) {
 func (m *Member) register(ctx context.Context) error {
 	for {
 		val, _ := json.Marshal(m.rec)
+		keepOut := m.keys.Evicted(m.cfg.Job, m.cfg.ID)
 		tr, err := m.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0)).
+			If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0), clientv3.Compare(clientv3.CreateRevision(keepOut), "=", 0)).
 			Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(m.lease))).
-			Else(clientv3.OpGet(m.key)).Commit()
+			Else(clientv3.OpGet(m.key), clientv3.OpGet(keepOut)).Commit()
 		if err != nil {
 			return fmt.Errorf("membership: join %s/%s: %w", m.cfg.Job, m.cfg.ID, ctxErr(ctx, err))
 		}
@@ -246,6 +247,11 @@ func (m *Member) register(ctx context.Context) error {
 			m.inc = tr.Header.Revision
 			m.rec.Incarnation = m.inc
 			return nil
+		}
+		if kos := tr.Responses[1].GetResponseRange().Kvs; len(kos) > 0 {
+			var ko KeepOut
+			_ = json.Unmarshal(kos[0].Value, &ko)
+			return &KeptOutError{Job: m.cfg.Job, ID: m.cfg.ID, By: ko.By, Until: ko.Until}
 		}
 		kvs := tr.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
@@ -705,9 +711,10 @@ func (m *Member) watchEpochs(rev int64) {
 		revoked := m.cli.Watch(wctx, m.keys.Revocations(m.cfg.Job), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 		for {
 			var wr clientv3.WatchResponse
-			var ok bool
+			var ok, isQuorum bool
 			select {
 			case wr, ok = <-quorum:
+				isQuorum = true
 			case wr, ok = <-revoked:
 			}
 			if !ok || wr.Err() != nil {
@@ -717,6 +724,13 @@ func (m *Member) watchEpochs(rev int64) {
 				break
 			}
 			bo.Reset()
+			if isQuorum {
+				// The two watches are not ordered with each other: read
+				// the revocations a new quorum may have overtaken, so
+				// that Revoked never fires before Revocation has its
+				// record.
+				m.catchUpRevocations(wctx, wr.Header.Revision)
+			}
 			m.mu.Lock()
 			changed := false
 			for _, ev := range wr.Events {
@@ -745,6 +759,33 @@ func (m *Member) watchEpochs(rev int64) {
 			}
 		}
 	}
+}
+
+// catchUpRevocations reads the revocation records of the current epoch
+// and later ones, as of revision rev, and takes them in.
+func (m *Member) catchUpRevocations(ctx context.Context, rev int64) {
+	m.mu.Lock()
+	var from uint64
+	if m.quorum != nil {
+		from = m.quorum.Epoch
+	}
+	m.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := m.cli.Get(ctx, m.keys.Revocation(m.cfg.Job, from),
+		clientv3.WithRange(clientv3.GetPrefixRangeEnd(m.keys.Revocations(m.cfg.Job))), clientv3.WithRev(rev))
+	if err != nil {
+		return // the watch delivers them anyway, later
+	}
+	m.mu.Lock()
+	changed := false
+	for _, kv := range resp.Kvs {
+		changed = m.applyLocked(kv) || changed
+	}
+	if changed {
+		m.notifyLocked()
+	}
+	m.mu.Unlock()
 }
 
 // watchSelf ends the membership when the member key is deleted (eviction,

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,6 +27,9 @@ var (
 	ErrNoQuorum = errors.New("membership: no quorum published")
 	// ErrNotFound: no such job or member.
 	ErrNotFound = errors.New("membership: not found")
+	// ErrKeptOut: the member id was evicted and may not register again
+	// yet; found inside a *KeptOutError.
+	ErrKeptOut = errors.New("membership: evicted member kept out")
 	// ErrKeyMismatch: coordinators of one root sign quorums with
 	// different keys (or some sign and some do not).
 	ErrKeyMismatch = errors.New("membership: coordinators sign quorums with different keys")
@@ -44,6 +48,20 @@ func (e *DuplicateMemberError) Error() string {
 }
 
 func (e *DuplicateMemberError) Unwrap() error { return ErrDuplicateMember }
+
+// KeptOutError tells who evicted a member id that Join wanted, and until
+// when it is kept out.
+type KeptOutError struct {
+	Job, ID, By string
+	Until       time.Time
+}
+
+func (e *KeptOutError) Error() string {
+	return fmt.Sprintf("membership: member %q of job %q was evicted by %s and is kept out until %s (%v from now)",
+		e.ID, e.Job, e.By, e.Until.Format(time.RFC3339), time.Until(e.Until).Round(time.Second))
+}
+
+func (e *KeptOutError) Unwrap() error { return ErrKeptOut }
 
 // Health is what a member says about itself.
 type Health int
@@ -168,10 +186,10 @@ type MemberRecord struct {
 	Addr  string `json:"addr"`
 	Group string `json:"group,omitempty"`
 	// Gossip is the member's memberlist address ("" without gossip).
-	Gossip string `json:"gossip,omitempty"`
-	Lease  int64  `json:"lease"`
-	Step   int64  `json:"step"`
-	Health Health `json:"health"`
+	Gossip string  `json:"gossip,omitempty"`
+	Lease  LeaseID `json:"lease"`
+	Step   int64   `json:"step"`
+	Health Health  `json:"health"`
 	// HealthReason says why the health is not Healthy.
 	HealthReason string `json:"healthReason,omitempty"`
 	// WantQuorum: the member asks to take part in the next quorum (set by
@@ -195,6 +213,30 @@ type MemberRecord struct {
 	// Incarnation is the etcd create revision of the record; filled when
 	// read, not stored.
 	Incarnation int64 `json:"-"`
+}
+
+// LeaseID is an etcd lease id. JSON carries it as a decimal string:
+// lease ids are often above 2^53, where JSON parsers that read numbers as
+// doubles lose digits. It reads a number too (records of older versions).
+type LeaseID int64
+
+// MarshalJSON writes the id as a string.
+func (l LeaseID) MarshalJSON() ([]byte, error) {
+	return []byte(`"` + strconv.FormatInt(int64(l), 10) + `"`), nil
+}
+
+// UnmarshalJSON reads a string or a number.
+func (l *LeaseID) UnmarshalJSON(b []byte) error {
+	s := strings.Trim(string(b), `"`)
+	if s == "null" {
+		return nil
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return fmt.Errorf("%w: membership: lease id %s", comm.ErrInvalidArgument, b)
+	}
+	*l = LeaseID(v)
+	return nil
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)

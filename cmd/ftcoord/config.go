@@ -56,6 +56,8 @@ type serveConfig struct {
 	GossipProbeTimeout time.Duration
 	GossipSuspicion    int
 
+	EvictKeepOut time.Duration
+
 	LogLevel        string
 	ShutdownTimeout time.Duration
 }
@@ -79,6 +81,7 @@ func defaultServeConfig() serveConfig {
 		GossipProbe:        gc.ProbeInterval,
 		GossipProbeTimeout: gc.ProbeTimeout,
 		GossipSuspicion:    gc.SuspicionMult,
+		EvictKeepOut:       cc.EvictKeepOut,
 		LogLevel:           "info",
 		ShutdownTimeout:    10 * time.Second,
 	}
@@ -122,6 +125,7 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.GossipProbe, "gossip-probe-interval", c.GossipProbe, "gossip probe interval")
 	fs.DurationVar(&c.GossipProbeTimeout, "gossip-probe-timeout", c.GossipProbeTimeout, "gossip probe timeout")
 	fs.IntVar(&c.GossipSuspicion, "gossip-suspicion-mult", c.GossipSuspicion, "gossip suspicion multiplier")
+	fs.DurationVar(&c.EvictKeepOut, "evict-keep-out", c.EvictKeepOut, "how long an evicted member may not register again (0: not at all; an eviction request may say otherwise)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log `level`: debug, info, warn, error")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown may take")
 }
@@ -233,6 +237,9 @@ func (c *serveConfig) validate() error {
 	if c.ShutdownTimeout <= 0 {
 		bad("-shutdown-timeout %v must be positive", c.ShutdownTimeout)
 	}
+	if c.EvictKeepOut < 0 {
+		bad("-evict-keep-out %v is negative", c.EvictKeepOut)
+	}
 	if len(probs) > 0 {
 		return fmt.Errorf("invalid configuration:\n  %s", strings.Join(probs, "\n  "))
 	}
@@ -305,6 +312,10 @@ func (c *serveConfig) serverConfig() (server.Config, error) {
 		sc.Gossip = &g
 	}
 	sc.ShutdownTimeout = c.ShutdownTimeout
+	sc.EvictKeepOut = c.EvictKeepOut
+	if c.EvictKeepOut == 0 {
+		sc.EvictKeepOut = -1 // not at all
+	}
 	return sc, nil
 }
 

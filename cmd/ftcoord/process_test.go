@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -216,6 +217,10 @@ func TestServeProcessBadConfig(t *testing.T) {
 	}
 }
 
+// sessionTTL is the -session-ttl of TestLeaderKillAmongThree: the
+// failover time it logs is about this long (the README's figures name it).
+var sessionTTL = flag.Duration("ftcoord.session-ttl", 2*time.Second, "-session-ttl of the leader-kill test")
+
 // Three ftcoord processes on a 3-node etcd cluster; the leader is
 // SIGKILLed while a commit failure waits for the next epoch: another
 // instance must publish it.
@@ -233,7 +238,7 @@ func TestLeaderKillAmongThree(t *testing.T) {
 	secrets := filepath.Join(t.TempDir(), "secrets.json") // one key for all three
 	for i := 0; i < 3; i++ {
 		name := fmt.Sprintf("coord-%d", i)
-		procs[name] = startFtcoord(t, name, "-etcd", eps, "-session-ttl", "2s", "-join-timeout", "2s", "-secrets-file", secrets)
+		procs[name] = startFtcoord(t, name, "-etcd", eps, "-session-ttl", sessionTTL.String(), "-join-timeout", "2s", "-secrets-file", secrets)
 	}
 	creds := procs["coord-0"].credentials(t)
 	cli, err := cluster.NewClient(nil)
@@ -285,7 +290,7 @@ func TestLeaderKillAmongThree(t *testing.T) {
 	if q2.PublishedBy == leader || q2.PublishedBy == "" || len(q2.Participants) != 3 {
 		t.Fatalf("after the leader's death: %+v", q2)
 	}
-	t.Logf("leader %s SIGKILLed: %s published epoch %d after %v", leader, q2.PublishedBy, q2.Epoch, took)
+	t.Logf("leader %s SIGKILLed: %s published epoch %d after %v (-session-ttl %v)", leader, q2.PublishedBy, q2.Epoch, took, *sessionTTL)
 
 	// The new leader stops gracefully (SIGTERM): it resigns, and the third
 	// instance takes over without waiting out the session TTL.

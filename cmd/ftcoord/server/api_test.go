@@ -3,8 +3,10 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +74,15 @@ func TestAPI(t *testing.T) {
 	if len(ms) != 2 {
 		t.Fatalf("members %+v", ms)
 	}
+	// Issue 14 item 8: lease ids pass 2^53; JSON carries them as strings.
+	resp := lc.request(t, "GET", "/api/v1/jobs/llama/members", "", false)
+	var raw []map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&raw); err != nil {
+		t.Fatal(err)
+	}
+	if l, ok := raw[0]["lease"].(string); !ok || l != strconv.FormatInt(int64(a.Lease()), 10) && l != strconv.FormatInt(int64(b.Lease()), 10) {
+		t.Fatalf("lease %#v (%T)", raw[0]["lease"], raw[0]["lease"])
+	}
 	gq := decode[membership.Quorum](t, lc.request(t, "GET", "/api/v1/jobs/llama/quorum", "", false), 200)
 	if gq.Epoch != q.Epoch {
 		t.Fatalf("quorum %+v", gq)
@@ -82,9 +93,10 @@ func TestAPI(t *testing.T) {
 	}
 
 	// Evict b through the API: b learns it, the quorum goes on without it.
-	ev := decode[map[string]string](t, lc.request(t, "POST", "/api/v1/jobs/llama/members/b/evict", `{"by":"test","reason":"flaky nic"}`, false), 200)
-	if ev["evicted"] != "b" {
-		t.Fatalf("evict answer %v", ev)
+	evicted := time.Now()
+	ev := decode[EvictAnswer](t, lc.request(t, "POST", "/api/v1/jobs/llama/members/b/evict", `{"by":"test","reason":"flaky nic"}`, false), 200)
+	if ev.Evicted != "b" || ev.KeptOutUntil == nil || ev.KeptOutUntil.Before(evicted.Add(membership.DefaultEvictKeepOut)) {
+		t.Fatalf("evict answer %+v", ev)
 	}
 	select {
 	case <-b.Done():
@@ -95,16 +107,26 @@ func TestAPI(t *testing.T) {
 	if err != nil || len(q2.Participants) != 1 || q2.Reason != "b evicted by test (flaky nic)" {
 		t.Fatalf("after evict %+v, %v", q2, err)
 	}
+	// Issue 14 item 8: an evicted member used to register again within
+	// 50 ms. It is kept out, and told until when.
+	var kept *membership.KeptOutError
+	mc := membership.DefaultMemberConfig()
+	mc.Client, mc.Job, mc.ID, mc.Addr = lc.cli, "llama", "b", "b:1"
+	if _, err := membership.Join(ctx, mc); !errors.As(err, &kept) || !kept.Until.Equal(*ev.KeptOutUntil) || kept.By != "test (flaky nic)" {
+		t.Fatalf("rejoin after eviction: %v", err)
+	}
 	h := decode[[]membership.Quorum](t, lc.request(t, "GET", "/api/v1/jobs/llama/history?limit=1", "", false), 200)
 	if len(h) != 1 || h[0].Epoch != q2.Epoch {
 		t.Fatalf("history %+v", h)
 	}
 
 	// Metrics and health.
-	resp := lc.request(t, "GET", "/metrics", "", false)
+	resp = lc.request(t, "GET", "/metrics", "", false)
 	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`ftcomm_coordinator_epoch{job="llama"}`)) ||
-		!bytes.Contains(body, []byte(`ftcomm_coordinator_removals_total{cause="evicted",job="llama"} 1`)) {
+	// Issue 14 item 8: not "job", which Prometheus renames exported_job.
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`ftcomm_coordinator_epoch{ftcomm_job="llama"}`)) ||
+		!bytes.Contains(body, []byte(`ftcomm_coordinator_removals_total{cause="evicted",ftcomm_job="llama"} 1`)) ||
+		bytes.Contains(body, []byte(`{job=`)) {
 		t.Fatalf("metrics %d:\n%s", resp.StatusCode, body)
 	}
 	hz := decode[map[string]any](t, lc.request(t, "GET", "/healthz", "", false), 200)
@@ -135,13 +157,20 @@ func TestAPIBadInput(t *testing.T) {
 		{"POST", "/api/v1/jobs/llama/members/a/evict", "{not json", 400, "body"},
 		{"POST", "/api/v1/jobs/llama/members/a/evict", `{"by":"x","extra":1}`, 400, "unknown field"},
 		{"POST", "/api/v1/jobs/llama/members/..%2F..%2Fx/evict", "", 400, "invalid argument"},
-		{"DELETE", "/api/v1/jobs", "", 404, "no API endpoint"},
+		{"DELETE", "/api/v1/jobs", "", 405, "not allowed"},
+		{"GET", "/api/v1/jobs/llama/members/a/evict", "", 405, "not allowed"},
+		{"POST", "/api/v1/jobs/llama/members/a/evict", strings.Repeat("x", 10<<20), 413, "larger than"},
+		{"POST", "/api/v1/jobs/llama/members/a/evict", `{"keepOut":"soon"}`, 400, "keepOut"},
+		{"DELETE", "/api/v1/nothing", "", 404, "no API endpoint"},
 		{"GET", "/api/v2/nothing", "", 404, "no API endpoint"},
 	} {
 		resp := lc.request(t, c.method, c.path, c.body, false)
 		e := decode[APIError](t, resp, c.status)
 		if !strings.Contains(e.Error, c.want) {
 			t.Errorf("%s %s: error %q, want it to mention %q", c.method, c.path, e.Error, c.want)
+		}
+		if c.status == 405 && resp.Header.Get("Allow") == "" {
+			t.Errorf("%s %s: 405 without Allow", c.method, c.path)
 		}
 	}
 	// Nothing was evicted by the bad requests.

@@ -9,12 +9,17 @@
 //
 //	cfg := server.DefaultConfig()
 //	cfg.DataDir, cfg.Listen = dir, "127.0.0.1:0"
-//	s, err := server.New(ctx, cfg)   // etcd up, listener bound
-//	fmt.Println(s.DashboardURL())     // members connect to s.Endpoints()
+//	s, err := server.New(ctx, cfg)   // etcd up, listener bound, credentials written
+//	fmt.Println(s.DashboardURL())
+//	// trainers: ft.Config{Credentials: s.CredentialsPath(), …} (or FTCOMM_CREDENTIALS)
 //	err = s.Serve(ctx)                // until ctx ends or Close; then a graceful stop
 //
-// New starts etcd and binds the HTTP listener, so URL, DashboardURL and
-// Endpoints are known before Serve. Serve runs the coordinator (campaign,
+// New starts etcd and binds the HTTP listener, so URL, DashboardURL,
+// Endpoints and CredentialsPath are known before Serve. DefaultConfig is
+// secure, as `ftcoord serve` (see its documentation): the embedded etcd
+// wants TLS client certificates and etcd roles, quorums are signed, gossip
+// is encrypted, and CredentialsPath is the one file trainers need.
+// Config.Insecure turns that off for experiments. Serve runs the coordinator (campaign,
 // lead, publish) and the HTTP server until ctx ends or Close is called,
 // then shuts down within Config.ShutdownTimeout: it resigns leadership
 // (a standby takes over at once), finishes HTTP requests, closes its etcd

@@ -95,6 +95,16 @@ type Config struct {
 	HistoryLimit int
 	// Gossip makes the coordinator a gossip node (nil: off).
 	Gossip *membership.GossipConfig
+	// EvictKeepOut is how long an evicted member may not register again
+	// (an eviction request may say otherwise; zero: the default; negative:
+	// not at all).
+	EvictKeepOut time.Duration
+
+	// ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout bound
+	// each HTTP connection (http.Server's fields of those names), so that
+	// slow or idle clients cannot hold the server's goroutines; zero:
+	// DefaultConfig's.
+	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 
 	// ShutdownTimeout bounds a graceful shutdown.
 	ShutdownTimeout time.Duration
@@ -119,7 +129,13 @@ func DefaultConfig() Config {
 		SessionTTL:      cc.SessionTTL,
 		HistoryLimit:    cc.HistoryLimit,
 		Gossip:          &g,
+		EvictKeepOut:    cc.EvictKeepOut,
 		ShutdownTimeout: 10 * time.Second,
+
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
 	}
 }
 
@@ -193,6 +209,9 @@ func (c Config) Validate() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		bad("shutdown timeout %v must be positive", c.ShutdownTimeout)
+	}
+	if c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0 {
+		bad("HTTP timeouts must not be negative")
 	}
 	if len(probs) > 0 {
 		return fmt.Errorf("%w: ftcoord: invalid configuration:\n  %s", comm.ErrInvalidArgument, strings.Join(probs, "\n  "))
@@ -349,7 +368,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	cc.Client, cc.Root, cc.Name = s.cli, cfg.Root, cfg.Name
 	cc.Quorum, cc.SessionTTL, cc.HistoryLimit = cfg.Quorum, cfg.SessionTTL, cfg.HistoryLimit
 	cc.Logger, cc.Registerer = lg, s.reg
-	cc.QuorumSigner = signer
+	cc.QuorumSigner, cc.EvictKeepOut = signer, cfg.EvictKeepOut
 	if cfg.Gossip != nil {
 		g := *cfg.Gossip
 		if g.Logger == nil {
@@ -366,10 +385,26 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, fmt.Errorf("ftcoord: listen %s: %w", cfg.Listen, err)
 	}
 	scheme := "http"
-	a := &api{admin: membership.NewAdmin(s.cli, cfg.Root), coord: s.coord, cli: s.cli, token: cfg.Token, gatherer: s.reg, lg: lg}
+	keepOut := cfg.EvictKeepOut
+	if keepOut == 0 {
+		keepOut = membership.DefaultEvictKeepOut
+	}
+	a := &api{admin: membership.NewAdmin(s.cli, cfg.Root), coord: s.coord, cli: s.cli, token: cfg.Token, gatherer: s.reg, lg: lg,
+		keepOut: max(keepOut, 0)}
+	d := DefaultConfig()
+	or := func(v, def time.Duration) time.Duration {
+		if v > 0 {
+			return v
+		}
+		return def
+	}
 	s.srv = &http.Server{
 		Handler:           a.handler(),
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: or(cfg.ReadHeaderTimeout, d.ReadHeaderTimeout),
+		ReadTimeout:       or(cfg.ReadTimeout, d.ReadTimeout),
+		WriteTimeout:      or(cfg.WriteTimeout, d.WriteTimeout),
+		IdleTimeout:       or(cfg.IdleTimeout, d.IdleTimeout),
+		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          zap.NewStdLog(lg.Named("http")),
 	}
 	if cfg.TLSCert != "" {

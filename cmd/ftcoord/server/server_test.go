@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -123,5 +124,38 @@ func TestServerCloseWithoutServe(t *testing.T) {
 	}
 	if _, err := New(context.Background(), Config{}); err == nil || !strings.Contains(err.Error(), "invalid configuration") {
 		t.Fatalf("zero config: %v", err)
+	}
+}
+
+// Issue 14 item 8: the HTTP server had no read or idle timeouts, so slow
+// or idle clients held a goroutine each for as long as they liked. A
+// client that sends its headers or body too slowly, or idles between
+// requests, is now cut off.
+func TestServerCutsSlowAndIdleClients(t *testing.T) {
+	s := startServer(t, func(c *Config) {
+		c.Insecure = true
+		c.ReadHeaderTimeout, c.ReadTimeout, c.IdleTimeout = 300*time.Millisecond, 600*time.Millisecond, 600*time.Millisecond
+	})
+	addr := strings.TrimPrefix(s.URL(), "http://")
+	for _, c := range []struct{ what, send string }{
+		{"slow headers", "GET /healthz HTTP/1.1\r\nHost: x\r\n"},
+		{"slow body", "POST /api/v1/jobs/j/members/a/evict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"},
+		{"idle after a request", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"},
+	} {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Write([]byte(c.send)); err != nil {
+			t.Fatal(err)
+		}
+		// The server must close the connection; the bound is far above
+		// the timeouts (a loaded machine), far below "never".
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err = io.Copy(io.Discard, conn)
+		conn.Close()
+		if err != nil {
+			t.Errorf("%s: the server kept the connection: %v", c.what, err)
+		}
 	}
 }
