@@ -24,11 +24,11 @@ var (
 	_ comm.Enqueuer      = (*Backend)(nil)
 	_ comm.HostCopier    = (*Backend)(nil)
 	_ comm.HealthWatcher = (*Backend)(nil)
-	_ comm.Backend  = (*Backend)(nil)
-	_ comm.Revoker  = (*Backend)(nil)
-	_ comm.Shrinker = (*Backend)(nil)
-	_ comm.Grower   = (*Backend)(nil)
-	_ comm.Splitter = (*Backend)(nil)
+	_ comm.Backend       = (*Backend)(nil)
+	_ comm.Revoker       = (*Backend)(nil)
+	_ comm.Shrinker      = (*Backend)(nil)
+	_ comm.Grower        = (*Backend)(nil)
+	_ comm.Splitter      = (*Backend)(nil)
 )
 
 // scratchBytes is the device scratch each comm keeps for Barrier and the
@@ -88,7 +88,7 @@ type Backend struct {
 	opMu sync.Mutex
 
 	revokeReq chan struct{} // to the watchdog: run the native revoke
-	started   bool // the watchdog runs (start was called)
+	started   bool          // the watchdog runs (start was called)
 	closeOnce sync.Once
 	closing   chan struct{} // closed by Close: the watchdog releases and exits
 	released  chan struct{} // closed when the watchdog has released everything

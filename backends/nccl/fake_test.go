@@ -45,22 +45,22 @@ type fakeWorld struct {
 
 	cond *sync.Cond // on mu: broadcast when a rendezvous gains an arrival
 
-	next    uintptr
-	allocs  map[uintptr]*fakeAlloc
-	pinned  map[*byte]*fakePinned
+	next   uintptr
+	allocs map[uintptr]*fakeAlloc
+	pinned map[*byte]*fakePinned
 	// stallCopies holds copies of page-locked memory on their streams.
 	stallCopies bool
 	hostAllocs  int // live page-locked allocations
-	comms   map[commHandle]*fakeComm
-	streams map[streamHandle]*fakeStream
-	events  map[eventHandle]*fakeEvent
-	cells   map[cellHandle]commHandle
-	inits   map[uniqueID]*fakeRdv
-	growIDs map[uniqueID]*fakeRdv
-	dead    map[int]bool
-	killOn  map[string]int // call name → device (+1) whose process dies as it makes the call
-	faults  []string
-	calls   map[string]int
+	comms       map[commHandle]*fakeComm
+	streams     map[streamHandle]*fakeStream
+	events      map[eventHandle]*fakeEvent
+	cells       map[cellHandle]commHandle
+	inits       map[uniqueID]*fakeRdv
+	growIDs     map[uniqueID]*fakeRdv
+	dead        map[int]bool
+	killOn      map[string]int // call name → device (+1) whose process dies as it makes the call
+	faults      []string
+	calls       map[string]int
 	// growCells are joiners' cells, filled when their grow completes.
 	growCells []growCell
 }
