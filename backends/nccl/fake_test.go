@@ -241,6 +241,18 @@ func (w *fakeWorld) injectAsyncError(dev int, r result) {
 	}
 }
 
+// streamIdle reports whether s has nothing queued (or was destroyed).
+func (w *fakeWorld) streamIdle(s streamHandle) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := w.streams[s]
+	if st == nil {
+		return true
+	}
+	w.progress(st)
+	return len(st.items) == 0
+}
+
 func (w *fakeWorld) liveComms() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()

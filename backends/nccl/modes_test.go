@@ -66,6 +66,28 @@ func TestModes(t *testing.T) {
 	}
 }
 
+func TestCommBlockingEnvRefused(t *testing.T) {
+	w := newFakeWorld(t, 1)
+	for _, tc := range []struct {
+		env  string
+		mode Mode
+		ok   bool
+	}{
+		{"1", ModeBlockingData, false}, {"0", ModeBlockingData, false}, {"1", ModeNonblocking, false},
+		{"0", ModeNonblocking, true}, {"1", ModeBlocking, true}, {"", ModeBlockingData, true},
+	} {
+		t.Setenv(envCommBlocking, tc.env)
+		c, err := New(testCtx(t), comm.Options{Rank: 0, Size: 1, BackendConfig: &Config{Library: w.library(), Mode: tc.mode}})
+		if ok := err == nil; ok != tc.ok || (!ok && !errors.Is(err, comm.ErrInvalidArgument)) {
+			t.Errorf("%s=%q, mode %s: %v", envCommBlocking, tc.env, tc.mode, err)
+		}
+		if c != nil {
+			c.Close()
+			<-c.Released()
+		}
+	}
+}
+
 // TestBlockingDataFailureShrink: a collective stuck on the blocking data
 // comm fails at Revoke; Shrink hands the data comm to the watchdog, which
 // aborts it (its kernels end) while the control comm shrinks with
@@ -92,7 +114,7 @@ func TestBlockingDataFailureShrink(t *testing.T) {
 		t.Errorf("ncclCommShrink with NCCL_SHRINK_ABORT called %d times, want 1", n)
 	}
 	eventually(t, "the old data comm to be aborted", func() bool { return w.count("ncclCommAbort") > aborts })
-	eventually(t, "the old comm's stream to drain", func() bool { ok, _ := w.streamQuery(0, old.stream); return ok })
+	eventually(t, "the old comm's stream to drain", func() bool { return w.streamIdle(old.stream) })
 	if err := nc.Barrier(ctx); err != nil {
 		t.Fatal(err)
 	}
