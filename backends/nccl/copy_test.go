@@ -344,3 +344,50 @@ func BenchmarkHostCopy(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkHostCopyRaw is one copier's floor: cudaMemcpyAsync on a stream
+// of its own and a busy poll of cudaStreamQuery, no pool, no ctx
+// (FTCOMM_NCCL_GPU=1; skipped on the fake).
+func BenchmarkHostCopyRaw(b *testing.B) {
+	if os.Getenv(gpuEnv) == "" {
+		b.Skip(gpuSkip)
+	}
+	L, err := Open(LibraryConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	devBuf, err := L.Alloc(0, 64<<20)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer devBuf.Free()
+	pin, free, err := L.PinnedHost(0, 64<<20)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer free()
+	s, err := L.lib.streamCreate(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer L.lib.streamDestroy(0, s)
+	for _, chunk := range []int{4 << 20, 16 << 20, 32 << 20, 64 << 20} {
+		b.Run(fmt.Sprintf("d2h/chunk=%dMiB", chunk>>20), func(b *testing.B) {
+			b.SetBytes(int64(chunk))
+			for range b.N {
+				if err := L.lib.copyDtoH(0, pin[:chunk], devBuf.Ptr(), s); err != nil {
+					b.Fatal(err)
+				}
+				for {
+					ok, err := L.lib.streamQuery(0, s)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if ok {
+						break
+					}
+				}
+			}
+		})
+	}
+}

@@ -22,6 +22,8 @@ var allModes = []Mode{ModeBlockingData, ModeNonblocking, ModeBlocking}
 // mode, then a Split, and reports the time to a ready comm.
 func TestGPUOneRank(t *testing.T) {
 	L := gpuLib(t, 1)
+	// The process's first comm also initialises CUDA and NCCL: not timed.
+	closeJob(t, startJob(t, testCtx(t), L, []int{0}, 1, "gpu-one-first", nil))
 	for _, mode := range allModes {
 		t.Run(mode.String(), func(t *testing.T) {
 			ctx := testCtx(t)

@@ -93,7 +93,7 @@ run1)
 	echo "rc=$?"
 	grep -E '^(--- |FAIL|ok|PASS)|FIGURE|deadline|free of|watching|    [a-z_0-9]+\.go:[0-9]+:' "$OUT/copier.log" | cut -c1-300
 	echo "== host copy throughput (pinned chunks; 8 copy streams)"
-	timeout 150 ./nccl.test -test.run '^$' -test.bench HostCopy -test.benchtime 20x 2>&1 | tee "$OUT/bench.log" | grep -E 'Benchmark|ok|FAIL' |
+	timeout 150 ./nccl.test -test.run '^$' -test.bench 'HostCopy' -test.benchtime 20x 2>&1 | tee "$OUT/bench.log" | grep -E 'Benchmark|ok|FAIL' |
 		awk '{printf "%-48s %10s MB/s\n", $1, $(NF-1)}'
 	;;
 *)
