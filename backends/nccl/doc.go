@@ -63,15 +63,18 @@
 // abortable, ~50 µs per op) and ModeBlocking (one blocking comm: init,
 // Shrink, Grow and Split cannot be interrupted) are kept for comparison.
 //
-// Why (measured on one H100, kind nvidia-h100-x1, 2026-11-23, NCCL 2.28.3
-// and PyTorch's 2.28.9; TestGPULaunchCost): an 8-byte send to self plus
-// receive from self, grouped (a one-rank collective bypasses NCCL's group
-// launch, a self send/recv does not), costs 48 µs to enqueue on a
-// nonblocking comm (45 µs with 2.28.9) and 6–10 µs on a blocking one (the
-// data comm of ModeBlockingData included); back to back 56 / 42 µs per op
-// against 6–9 µs. The 2×H200 figures before this mode (README): 8-byte
-// all-reduce 99 µs nonblocking against nccl-tests' 12.1 µs, 13.1 µs
-// blocking.
+// Why (measured on one H100, kind nvidia-h100-x1, 2026-11-23, three
+// machines, NCCL 2.28.3 and PyTorch's 2.28.9; TestGPULaunchCost): an 8-byte
+// send to self plus receive from self, grouped (a one-rank collective
+// bypasses NCCL's group launch, a self send/recv does not), costs 45–90 µs
+// to enqueue on a nonblocking comm with either library and 6–11 µs on a
+// blocking one (the data comm of ModeBlockingData included); back to back
+// 42–87 µs per op against 6–12 µs. The 2×H200 figures before this mode
+// (README): 8-byte all-reduce 99 µs nonblocking against nccl-tests'
+// 12.1 µs, 13.1 µs blocking. What it costs instead: a second comm per rank
+// (its memory, and its creation inside every New, Shrink, Grow and Split:
+// 95–123 ms against 40–70 ms for a one-rank comm; more with peers, since
+// both comms connect every algorithm when made).
 //
 // # Facts relied on
 //
@@ -171,9 +174,10 @@
 // owns (LibraryConfig.CopyStreams, default 4), never the comm's stream, so
 // copies run beside collectives and go on after the comm is closed. A copy
 // abandoned by its ctx keeps its stream and blocks PinnedHost's free until
-// the copy engine is done. On one H100 (PCIe): 47–55 GB/s each way with
-// 1–64 MiB pinned chunks and 2–8 copiers, 32–53 GB/s with one (see
-// BenchmarkHostCopy). It is a comm.HealthWatcher: WatchHealth watches the
+// the copy engine is done. On one H100 (PCIe 5): 44–55 GB/s each way with
+// 1–64 MiB pinned chunks and 2–8 copiers, 32 (1 MiB) to 53 GB/s (16–64
+// MiB) with one; one cudaMemcpyAsync polled busily: 49–55 GB/s
+// (BenchmarkHostCopy, BenchmarkHostCopyRaw). It is a comm.HealthWatcher: WatchHealth watches the
 // comm's GPU through NVML (subpackage health; found by PCI address) for
 // Xids, uncorrected ECC errors, lost NVLinks and a lost GPU.
 //
