@@ -204,15 +204,18 @@
 // three for TestGPUShrinkSecondDeath). gpurun.sh builds and runs them:
 //
 //	backends/nccl/gpurun.sh build /work/main     # nccl.test, ncclbench, ftbench into /work/main/.gpu/nccl
-//	bash .gpu/nccl/gpurun.sh run1                # one GPU (nvidia-h100-x1)
-//	bash .gpu/nccl/gpurun.sh run                 # 2-8 GPUs (nvidia-h200-x2/-x4/-x8), carry [".gpu/nccl"]
+//	bash .gpu/nccl/gpurun.sh run1                # one GPU (nvidia-h100-x1), carry [".gpu/nccl"]
+//	bash .gpu/nccl/gpurun.sh run-tests           # 2-8 GPUs (nvidia-h200-x2/-x4/-x8), carry [".gpu/nccl"],
+//	bash .gpu/nccl/gpurun.sh run-torch           #   one device call each (< 10 minutes)
+//	bash .gpu/nccl/gpurun.sh run-bench
 //
-// run runs every GPU test (collectives against host references, revoke,
-// SIGKILL + shrink + grow across processes, a second death during shrink
-// and grow, the kill-shrink-grow soak on all GPUs), then with PyTorch's
-// NCCL the fault tests, ncclbench in each mode (waited-for and
-// stream-ordered ops), ftbench's nccl-tests table of the default mode with
-// -async, and PyTorch's all_reduce. By hand, on n GPUs:
+// run-tests runs every GPU test (collectives against host references,
+// revoke, SIGKILL + shrink + grow across processes, a second death during
+// shrink and grow, the kill-shrink-grow soak on all GPUs); run-torch the
+// fault tests and the launch cost with PyTorch's NCCL, and PyTorch's
+// all_reduce; run-bench ncclbench in each mode (waited-for and
+// stream-ordered ops) and ftbench's nccl-tests table of the default mode
+// with -async. By hand, on n GPUs:
 //
 //	FTCOMM_NCCL_GPU=1 NCCL_NVLS_ENABLE=0 ./nccl.test -test.run GPU -test.v
 //	FTCOMM_NCCL_GPU=1 NCCL_NVLS_ENABLE=0 FTCOMM_NCCL_RANKS=n ./nccl.test -test.run GPUKillCycles -test.v

@@ -3,16 +3,19 @@
 # runs them (on the device machine, from the checkout root):
 #
 #   backends/nccl/gpurun.sh build /work/main     # here: binaries + scripts into /work/main/.gpu/nccl
-#   bash .gpu/nccl/gpurun.sh run                 # there, 2-8 GPUs (device tool, carry [".gpu/nccl"],
-#                                                #   kind nvidia-h200-x2, -x4 or -x8)
+#   bash .gpu/nccl/gpurun.sh run-tests           # there, 2-8 GPUs (device tool, carry [".gpu/nccl"],
+#   bash .gpu/nccl/gpurun.sh run-torch           #   kind nvidia-h200-x2, -x4 or -x8): three calls,
+#   bash .gpu/nccl/gpurun.sh run-bench           #   each under the tool's 10-minute limit
 #   bash .gpu/nccl/gpurun.sh run1                # there, one GPU (kind nvidia-h100-x1)
 #
-# run: every GPU test (collectives vs host references, peer that never
-# posts, revoke modes, SIGKILL + shrink + grow across processes, a second
-# death during shrink (3+ GPUs) and grow, deadline, the kill-shrink-grow
-# soak on every GPU, the NVML watch), ncclbench sweeps (sync and
-# stream-ordered, each comm mode), ftbench's nccl-tests table for the
-# default mode, and PyTorch's all_reduce over the same sizes.
+# run-tests: every GPU test with the system NCCL (collectives vs host
+# references, peer that never posts, revoke modes, SIGKILL + shrink + grow
+# across processes, a second death during shrink (3+ GPUs) and grow,
+# deadline, the kill-shrink-grow soak on every GPU, the NVML watch).
+# run-torch: the fault tests with PyTorch's NCCL (2.28.9: ncclCommRevoke),
+# and PyTorch's all_reduce over ncclbench's sizes. run-bench: ncclbench
+# sweeps (waited-for and stream-ordered ops, each comm mode) and ftbench's
+# nccl-tests table for the default mode with -async (nccl-tests' method).
 # run1: what one GPU can show: single-rank comms in every mode, the launch
 # cost of each mode with the system NCCL and with PyTorch's, the host
 # copier and its throughput, the NVML watch (run1 needs nccl.test only).
@@ -44,32 +47,43 @@ build)
 		CGO_ENABLED=1 go build -ldflags="-s -w" -o "$dst/ftbench" ./cmd/ftbench &&
 		cp backends/nccl/cmd/ncclbench/ref/latency.c bench/torch_allreduce.py backends/nccl/gpurun.sh "$dst/"
 	;;
-run)
+run-tests)
 	cd "$(dirname "$0")" || exit 1
 	OUT="${OUT:-/tmp}"
 	n=$(nvidia-smi -L | wc -l)
-	echo "== $n GPUs; $(nproc) cores; $(date -u +%FT%TZ)"
-	echo "== tests (default mode)"
-	FTCOMM_NCCL_RANKS=$n FTCOMM_NCCL_CYCLES=10 timeout 480 ./nccl.test -test.run GPU -test.v -test.timeout 470s >"$OUT/tests.log" 2>&1
+	echo "== $n GPUs; $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
+	echo "== tests (default mode, system NCCL)"
+	FTCOMM_NCCL_RANKS=$n FTCOMM_NCCL_CYCLES=10 timeout 560 ./nccl.test -test.run GPU -test.v -test.timeout 550s >"$OUT/tests.log" 2>&1
 	echo "rc=$?"
 	grep -E '^(--- |FAIL|ok|PASS)|FIGURE|per op|    [a-z_0-9]+\.go:[0-9]+:' "$OUT/tests.log" | grep -v -- '--- PASS: .*/'
+	;;
+run-torch)
+	cd "$(dirname "$0")" || exit 1
+	OUT="${OUT:-/tmp}"
+	n=$(nvidia-smi -L | wc -l)
 	lib="$(torch_nccl)"
+	echo "== tests with PyTorch's NCCL (${lib:-none found}): revoke, kill, second death"
 	if [ -n "$lib" ]; then
-		echo "== tests with PyTorch's NCCL ($lib): revoke, kill, second death"
-		FTCOMM_NCCL_LIB="$lib" timeout 300 ./nccl.test -test.run 'GPURevoke|GPUKill(ShrinkGrow|Deadline)|SecondDeath|JoinerDies' -test.v >"$OUT/tests-torch.log" 2>&1
+		FTCOMM_NCCL_LIB="$lib" timeout 300 ./nccl.test -test.run 'GPURevoke|GPUKill(ShrinkGrow|Deadline)|SecondDeath|JoinerDies|GPULaunchCost' -test.v >"$OUT/tests-torch.log" 2>&1
 		echo "rc=$?"
 		grep -E '^(--- |FAIL|ok|PASS)|FIGURE|    [a-z_0-9]+\.go:[0-9]+:' "$OUT/tests-torch.log" | grep -v -- '--- PASS: .*/'
 	fi
+	echo "== PyTorch"
+	timeout 200 python3 torch_allreduce.py -g "$n" -b 8 -e 1G -f 8 2>&1 | grep -v Warning | tee "$OUT/torch.log"
+	;;
+run-bench)
+	cd "$(dirname "$0")" || exit 1
+	OUT="${OUT:-/tmp}"
+	n=$(nvidia-smi -L | wc -l)
+	echo "== $n GPUs; $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
 	echo "== ncclbench 8 B .. 1 GiB, $n GPUs"
 	for cm in blocking-data nonblocking blocking; do
 		for m in blocking stream; do
-			timeout 120 ./ncclbench -g "$n" -b 8 -e 1G -f 8 -n 50 -mode $m -commmode $cm 2>&1 | tee -a "$OUT/sweeps.log"
+			timeout 80 ./ncclbench -g "$n" -b 8 -e 1G -f 8 -n 50 -mode $m -commmode $cm 2>&1 | tee -a "$OUT/sweeps.log"
 		done
 	done
 	echo "== ftbench (nccl-tests table; default mode, async = nccl-tests' method)"
-	timeout 200 ./ftbench -backend nccl -np "$n" -b 8 -e 1G -f 8 -n 50 -async 2>&1 | tee "$OUT/ftbench.log"
-	echo "== PyTorch"
-	timeout 150 python3 torch_allreduce.py -g "$n" -b 8 -e 1G -f 8 2>&1 | grep -v Warning | tee "$OUT/torch.log"
+	timeout 100 ./ftbench -backend nccl -np "$n" -b 8 -e 1G -f 8 -n 50 -async 2>&1 | tee "$OUT/ftbench.log"
 	;;
 run1)
 	cd "$(dirname "$0")" || exit 1
@@ -97,7 +111,7 @@ run1)
 		awk '{printf "%-48s %10s MB/s\n", $1, $(NF-1)}'
 	;;
 *)
-	echo "usage: $0 build MAIN_CHECKOUT | run | run1" >&2
+	echo "usage: $0 build MAIN_CHECKOUT | run-tests | run-torch | run-bench | run1" >&2
 	exit 2
 	;;
 esac
