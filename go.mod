@@ -15,6 +15,7 @@ require (
 	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.28.0
 	golang.org/x/sys v0.49.0
+	gonum.org/v1/gonum v0.17.0
 )
 
 require (
