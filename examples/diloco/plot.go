@@ -43,6 +43,21 @@ func (d *demo) plot(path string) error {
 	if math.IsInf(lo, 0) {
 		lo, hi = 0, 1
 	}
+	// The first syncs fall steeply from ln 98; show the part where the runs
+	// can differ: from the loss a tenth into the run down.
+	top := hi
+	for _, j := range d.jobs {
+		for _, c := range j.curve {
+			if c.Step >= d.cfg.Syncs()/10 {
+				top = min(top, c.Loss)
+				break
+			}
+		}
+	}
+	if top > lo {
+		hi = top + 0.1*(top-lo)
+	}
+	p.Y.Min, p.Y.Max = lo-0.02*(hi-lo), hi
 	marker := func(x float64, c color.Color, dashes []vg.Length, label string) error {
 		l, err := plotter.NewLine(plotter.XYs{{X: x, Y: lo}, {X: x, Y: hi}})
 		if err != nil {
@@ -69,5 +84,6 @@ func (d *demo) plot(path string) error {
 	p.Legend.XOffs, p.Legend.YOffs = -vg.Points(5), -vg.Points(5)
 	p.Legend.TextStyle.Font.Size = vg.Points(9)
 	p.Title.TextStyle.Font.Size = vg.Points(11)
+	p.Title.Padding = vg.Points(8)
 	return p.Save(9*vg.Inch, 5*vg.Inch, path)
 }

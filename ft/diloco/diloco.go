@@ -215,15 +215,11 @@ func (d *DiLoCo) start(ctx context.Context) error {
 	p.frag = Fragment(step, len(d.frags))
 	d.base, d.baseAt = step, d.done
 	s := d.frags[p.frag]
-	d.delta = grow(d.delta, s.len())
-	for i := range d.delta {
-		d.delta[i] = d.global[s.lo+i] - d.local[s.lo+i]
-	}
 	var ef2 []float32
 	if d.how == viaAllToAll && d.ef2Of[p.frag] == (ownerKey{d.c.Rank(), d.c.Participants()}) {
 		ef2 = d.ef2[p.frag]
 	}
-	d.x.begin(ctx, d.c, d.how, d.delta, p.weight, d.ef1[p.frag], ef2)
+	d.x.begin(ctx, d.c, d.how, d.global[s.lo:s.hi], d.local[s.lo:s.hi], p.weight, d.ef1[p.frag], ef2)
 	p.blocked = time.Since(t0)
 	d.sync = p
 	return nil
@@ -261,7 +257,7 @@ func (d *DiLoCo) finish(ctx context.Context) (Outcome, error) {
 	d.stats.Committed++
 	s := d.frags[p.frag]
 	if d.x.wsum > 0 {
-		d.outer.Apply(d.global[s.lo:s.hi], d.momentum[s.lo:s.hi], d.x.avg)
+		d.outer.outerStep(d.global[s.lo:s.hi], d.momentum[s.lo:s.hi], d.local[s.lo:s.hi], d.x.avg, d.x.scale, float32(d.cfg.Alpha))
 		if d.how != viaAllReduce {
 			d.ef1[p.frag] = append(d.ef1[p.frag][:0], d.x.res1...)
 		}
@@ -269,8 +265,9 @@ func (d *DiLoCo) finish(ctx context.Context) (Outcome, error) {
 			d.ef2[p.frag] = append(d.ef2[p.frag][:0], d.x.res2...)
 			d.ef2Of[p.frag] = ownerKey{d.x.rank, d.x.size}
 		}
+	} else {
+		Mix(d.local[s.lo:s.hi], d.global[s.lo:s.hi], float32(d.cfg.Alpha))
 	}
-	Mix(d.local[s.lo:s.hi], d.global[s.lo:s.hi], float32(d.cfg.Alpha))
 	return out, err
 }
 

@@ -56,7 +56,8 @@ type exchange struct {
 	work           *comm.Work
 	phase          int // 1: first collective in flight; 2: second; 3: decoded
 	failed         bool
-	avg            []float32 // the average, n values
+	avg            []float32 // the average is avg × scale, n values
+	scale          float32
 	wsum           float32
 	payload, wire  int64 // bytes handed to the collectives, and sent on the wire
 	chunkSize, ext int   // viaAllToAll: payload bytes per chunk; padded length size·chunk
@@ -71,26 +72,26 @@ func grow[T any](s []T, n int) []T {
 	return s
 }
 
-// begin starts averaging delta (+ ef1, the residual of earlier
-// quantization) with weight w. ef2 is this replica's residual of its
+// begin starts averaging global − local, the outer gradient (+ ef1, the
+// residual of earlier quantization), with weight w. ef2 is this replica's residual of its
 // chunk's average from earlier syncs of this fragment (viaAllToAll), or nil.
-func (x *exchange) begin(ctx context.Context, c Comm, how method, delta []float32, w float32, ef1, ef2 []float32) {
-	x.how, x.n, x.weight, x.phase, x.failed = how, len(delta), w, 1, false
+func (x *exchange) begin(ctx context.Context, c Comm, how method, global, local []float32, w float32, ef1, ef2 []float32) {
+	x.how, x.n, x.weight, x.phase, x.failed, x.scale = how, len(global), w, 1, false, 1
 	x.size, x.rank = max(c.Participants(), 1), max(c.Rank(), 0)
 	x.payload, x.wire = 0, 0
-	x.avg = grow(x.avg, x.n)
 	switch how {
 	case viaAllReduce:
 		x.sum = grow(x.sum, x.n+1)
-		for i, d := range delta {
-			x.sum[i] = w * d
+		local = local[:len(global)]
+		for i, g := range global {
+			x.sum[i] = w * (g - local[i])
 		}
 		x.sum[x.n] = w
 		x.payload = int64(4 * (x.n + 1))
 		x.wire = allReduceWire(x.size, 4*(x.n+1))
 		x.work = c.AllReduce(ctx, comm.Float32s(x.sum), comm.Sum)
 	case viaAllGather:
-		x.quantizeOwn(delta, ef1, x.n)
+		x.quantizeOwn(global, local, ef1, x.n)
 		p := payloadSize(x.n, x.q, x.block)
 		x.mine = grow(x.mine, p)
 		encode(x.mine, x.v, x.dec, w, x.q, x.block)
@@ -103,7 +104,7 @@ func (x *exchange) begin(ctx context.Context, c Comm, how method, delta []float3
 		x.chunk = (x.n + x.size - 1) / x.size
 		x.chunk = (x.chunk + x.block - 1) / x.block * x.block
 		x.ext = x.chunk * x.size
-		x.quantizeOwn(delta, ef1, x.ext)
+		x.quantizeOwn(global, local, ef1, x.ext)
 		x.chunkSize = payloadSize(x.chunk, x.q, x.block)
 		x.mine = grow(x.mine, x.chunkSize*x.size)
 		for j := range x.size {
@@ -112,7 +113,7 @@ func (x *exchange) begin(ctx context.Context, c Comm, how method, delta []float3
 		}
 		x.residual()
 		x.all = grow(x.all, x.chunkSize*x.size)
-		x.payload = int64(2 * x.chunkSize * x.size)
+		x.payload = int64((x.size + 1) * x.chunkSize) // the all-to-all's input, then this replica's chunk
 		x.wire = allToAllWire(x.size, x.chunkSize) + allGatherWire(x.size, x.chunkSize)
 		x.own = grow(x.own, x.chunk)
 		if len(ef2) == x.chunk {
@@ -122,11 +123,14 @@ func (x *exchange) begin(ctx context.Context, c Comm, how method, delta []float3
 	}
 }
 
-// quantizeOwn sets v = delta + ef1, padded with zeros to ext values.
-func (x *exchange) quantizeOwn(delta, ef1 []float32, ext int) {
+// quantizeOwn sets v = global − local + ef1, padded with zeros to ext values.
+func (x *exchange) quantizeOwn(global, local, ef1 []float32, ext int) {
 	x.v, x.dec = grow(x.v, ext), grow(x.dec, ext)
-	copy(x.v, delta)
-	if len(ef1) == len(delta) {
+	local = local[:len(global)]
+	for i, g := range global {
+		x.v[i] = g - local[i]
+	}
+	if len(ef1) == len(global) {
 		for i, e := range ef1 {
 			x.v[i] += e
 		}
@@ -185,8 +189,8 @@ func (x *exchange) second(ctx context.Context, c Comm) {
 	x.work = c.AllGather(ctx, comm.Uint8s(x.all2), comm.Uint8s(x.mine2))
 }
 
-// finish waits for the exchange and decodes the average into x.avg (and
-// the total weight into x.wsum). It reports false if a collective failed:
+// finish waits for the exchange and decodes the average into x.avg ×
+// x.scale (and the total weight into x.wsum). It reports false if a collective failed:
 // the step will not commit, and x.avg means nothing.
 func (x *exchange) finish(ctx context.Context, c Comm) bool {
 	if x.how == viaAllToAll && x.phase == 1 {
@@ -201,16 +205,15 @@ func (x *exchange) finish(ctx context.Context, c Comm) bool {
 	if err != nil {
 		return false
 	}
-	clear(x.avg)
-	switch x.how {
-	case viaAllReduce:
-		x.wsum = x.sum[x.n]
+	if x.how == viaAllReduce { // the sums, scaled by the caller's pass over them
+		x.wsum, x.avg = x.sum[x.n], x.sum[:x.n]
 		if x.wsum > 0 {
-			inv := 1 / x.wsum
-			for i := range x.avg {
-				x.avg[i] = x.sum[i] * inv
-			}
+			x.scale = 1 / x.wsum
 		}
+		return true
+	}
+	x.avg = grow(x.avg, x.n)
+	switch x.how {
 	case viaAllGather:
 		p := len(x.mine)
 		x.wsum = 0

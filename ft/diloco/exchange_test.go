@@ -114,7 +114,7 @@ func TestExchangeAverages(t *testing.T) {
 					go func() {
 						defer wg.Done()
 						c := wrap(cs[i], tc.how)
-						xs[i].begin(ctx, c, tc.how, deltas[i], weights[i], nil, nil)
+						xs[i].begin(ctx, c, tc.how, deltas[i], make([]float32, n), weights[i], nil, nil)
 						xs[i].poll(ctx, c)
 						ok[i] = xs[i].finish(ctx, c)
 					}()
@@ -129,11 +129,12 @@ func TestExchangeAverages(t *testing.T) {
 						t.Fatalf("rank %d: ok %v, total weight %v", i, ok[i], x.wsum)
 					}
 					for k := range want {
-						if x.avg[k] != xs[0].avg[k] {
-							t.Fatalf("rank %d value %d: %v, rank 0 has %v", i, k, x.avg[k], xs[0].avg[k])
+						got := x.avg[k] * x.scale
+						if got != xs[0].avg[k]*xs[0].scale {
+							t.Fatalf("rank %d value %d: %v, rank 0 has %v", i, k, got, xs[0].avg[k]*xs[0].scale)
 						}
-						if e := math.Abs(float64(x.avg[k]) - want[k]); e > bound {
-							t.Fatalf("value %d: %v, want %v ± %v", k, x.avg[k], want[k], bound)
+						if e := math.Abs(float64(got) - want[k]); e > bound {
+							t.Fatalf("value %d: %v, want %v ± %v", k, got, want[k], bound)
 						}
 					}
 				}
@@ -161,7 +162,7 @@ func TestExchangeBytes(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				c := wrap(cs[i], tc.how)
-				xs[i].begin(context.Background(), c, tc.how, make([]float32, n), 1, nil, nil)
+				xs[i].begin(context.Background(), c, tc.how, make([]float32, n), make([]float32, n), 1, nil, nil)
 				xs[i].finish(context.Background(), c)
 			}()
 		}

@@ -25,7 +25,7 @@ import (
 // the same global parameters and momentum.
 
 type job struct {
-	t      *testing.T
+	t      testing.TB
 	etcd   *membership.Embedded
 	cfg    ft.Config
 	dcfg   diloco.Config
@@ -35,7 +35,7 @@ type job struct {
 	errs   []error
 }
 
-func newJob(t *testing.T, dcfg diloco.Config) *job {
+func newJob(t testing.TB, dcfg diloco.Config) *job {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	e, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{})

@@ -37,3 +37,17 @@ func Mix(local, global []float32, alpha float32) {
 		local[i] = alpha*local[i] + (1-alpha)*g
 	}
 }
+
+// outerStep is Nesterov.Apply on grad = avg × scale followed by Mix, in
+// one pass over the fragment (the same arithmetic, element by element).
+func (n Nesterov) outerStep(global, momentum, local, avg []float32, scale, alpha float32) {
+	momentum, local, avg = momentum[:len(global)], local[:len(global)], avg[:len(global)]
+	for i, p := range global {
+		g := avg[i] * scale
+		m := n.Momentum*momentum[i] + g
+		momentum[i] = m
+		p -= n.LR * (g + n.Momentum*m)
+		global[i] = p
+		local[i] = alpha*local[i] + (1-alpha)*p
+	}
+}

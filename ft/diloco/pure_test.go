@@ -313,3 +313,27 @@ func TestWireBytes(t *testing.T) {
 		}
 	}
 }
+
+// The fused outer step is Nesterov.Apply then Mix.
+func TestOuterStepIsApplyThenMix(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const n = 257
+	g1, m1, l1 := randVec(r, n, 1), randVec(r, n, 1), randVec(r, n, 1)
+	sum := randVec(r, n, 3)
+	g2, m2, l2 := append([]float32(nil), g1...), append([]float32(nil), m1...), append([]float32(nil), l1...)
+	o := Nesterov{LR: 0.7, Momentum: 0.9}
+	scale := float32(1) / 3
+	avg := make([]float32, n)
+	for i := range avg {
+		avg[i] = sum[i] * scale
+	}
+	o.Apply(g1, m1, avg)
+	Mix(l1, g1, 0.5)
+	o.outerStep(g2, m2, l2, sum, scale, 0.5)
+	for i := range g1 {
+		close := func(a, b float32) bool { return math.Abs(float64(a-b)) <= 1e-6*(1+math.Abs(float64(a))) } // FMA may fuse differently
+		if !close(g1[i], g2[i]) || !close(m1[i], m2[i]) || !close(l1[i], l2[i]) {
+			t.Fatalf("element %d: %v %v %v, fused %v %v %v", i, g1[i], m1[i], l1[i], g2[i], m2[i], l2[i])
+		}
+	}
+}

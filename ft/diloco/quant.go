@@ -45,8 +45,11 @@ func encode(dst []byte, v, out []float32, weight float32, q Quantization, block 
 		hi := min(lo+block, n)
 		var absmax float32
 		for _, x := range v[lo:hi] {
-			if a := float32(math.Abs(float64(x))); a > absmax { // skips NaN
-				absmax = a
+			if x < 0 {
+				x = -x
+			}
+			if x > absmax { // NaN never is
+				absmax = x
 			}
 		}
 		scale := absmax / levels
@@ -56,11 +59,12 @@ func encode(dst []byte, v, out []float32, weight float32, q Quantization, block 
 			inv = 1 / scale
 		}
 		for i := lo; i < hi; i++ {
-			c := float32(math.RoundToEven(float64(v[i] * inv)))
+			c := v[i] * inv
 			if c != c { // NaN in, or an infinite block: send nothing rather than garbage
 				c = 0
 			}
 			c = max(-levels, min(levels, c))
+			c = (c + roundMagic) - roundMagic // round half to even, exact for |c| < 2²²
 			if q == Int4 {
 				nib := byte(int8(c) + 8)
 				if i%2 == 0 {
@@ -75,6 +79,10 @@ func encode(dst []byte, v, out []float32, weight float32, q Quantization, block 
 		}
 	}
 }
+
+// roundMagic is 1.5·2²³: adding and subtracting it rounds a float32 of
+// magnitude below 2²² to the nearest integer, ties to even.
+const roundMagic float32 = 12582912
 
 // payloadWeight reads a payload's weight.
 func payloadWeight(p []byte) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(p)) }
