@@ -572,7 +572,7 @@ func (d *demo) Run(ctx context.Context) (*Summary, error) {
 	}
 	defer coord.close()
 	eps := coord.endpoints()
-	hint := fmt.Sprintf("go run ./cmd/ftcoord serve -etcd %s -listen 127.0.0.1:8080", strings.Join(trimScheme(eps), ","))
+	hint := fmt.Sprintf("go run ./cmd/ftcoord serve -etcd %s -gossip=false -listen 127.0.0.1:8080, then http://127.0.0.1:8080/", strings.Join(trimScheme(eps), ","))
 	fmt.Fprintf(d.out, "coordinator: embedded etcd at %s (dashboard while it runs: %s)\n", strings.Join(eps, ","), hint)
 	if err := d.prepare(eps); err != nil {
 		return nil, err
