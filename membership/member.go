@@ -385,6 +385,82 @@ func (m *Member) ReportCommitFailure(ctx context.Context, epoch uint64) error {
 	return m.write(ctx, "commit failure")
 }
 
+// ReportFormed tells the coordinator at once that this member formed, and
+// holds, the communicators of epoch: when every continuing participant
+// has, the next quorum's Base lets them shrink or grow those instead of
+// forming new ones.
+func (m *Member) ReportFormed(ctx context.Context, epoch uint64) error {
+	m.mu.Lock()
+	if m.rec.Formed == epoch {
+		m.mu.Unlock()
+		return nil
+	}
+	m.rec.Formed = epoch
+	m.mu.Unlock()
+	return m.write(ctx, "formed")
+}
+
+// CommitRecord is a durable commit record: the epoch whose participants
+// committed a step. One exists per step; the first writer wins.
+type CommitRecord struct {
+	Step  int64     `json:"step"`
+	Epoch uint64    `json:"epoch"`
+	By    string    `json:"by"`
+	At    time.Time `json:"at"`
+}
+
+// keptCommitRecords is how many recent commit records a job keeps; each
+// RecordCommit that creates one deletes the one this many steps older.
+const keptCommitRecords = 1024
+
+// RecordCommit makes this member's commit of step in epoch durable: it
+// creates the step's commit record, or finds one. ok is true when the
+// record names epoch (this member's epoch owns the step); false when
+// another epoch committed the step first (rec says which), and this
+// member must not apply it.
+func (m *Member) RecordCommit(ctx context.Context, step int64, epoch uint64) (rec CommitRecord, ok bool, err error) {
+	k := m.keys.Commit(m.cfg.Job, step)
+	mine := CommitRecord{Step: step, Epoch: epoch, By: m.cfg.ID, At: time.Now()}
+	val, _ := json.Marshal(mine)
+	then := []clientv3.Op{clientv3.OpPut(k, string(val))}
+	if step >= keptCommitRecords {
+		then = append(then, clientv3.OpDelete(m.keys.Commit(m.cfg.Job, step-keptCommitRecords)))
+	}
+	tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(then...).Else(clientv3.OpGet(k)).Commit()
+	if err != nil {
+		return CommitRecord{}, false, fmt.Errorf("membership: record commit of step %d: %w", step, ctxErr(ctx, err))
+	}
+	if tr.Succeeded {
+		return mine, true, nil
+	}
+	kvs := tr.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 { // deleted in between: only records far behind are
+		return CommitRecord{}, false, fmt.Errorf("membership: commit record of step %d vanished", step)
+	}
+	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+		return CommitRecord{}, false, fmt.Errorf("membership: commit record of step %d: %w", step, err)
+	}
+	return rec, rec.Epoch == epoch, nil
+}
+
+// LastCommit returns the job's newest durable commit record (ok false
+// when there is none).
+func (m *Member) LastCommit(ctx context.Context) (rec CommitRecord, ok bool, err error) {
+	resp, err := m.cli.Get(ctx, m.keys.Commits(m.cfg.Job), clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1))
+	if err != nil {
+		return CommitRecord{}, false, fmt.Errorf("membership: read commit records: %w", ctxErr(ctx, err))
+	}
+	if len(resp.Kvs) == 0 {
+		return CommitRecord{}, false, nil
+	}
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		return CommitRecord{}, false, fmt.Errorf("membership: commit record %s: %w", resp.Kvs[0].Key, err)
+	}
+	return rec, true, nil
+}
+
 // write stores the record if this incarnation still holds the key.
 func (m *Member) write(ctx context.Context, why string) error {
 	if err := m.Err(); err != nil {

@@ -114,6 +114,14 @@ type Quorum struct {
 	Added   []string `json:"added,omitempty"`
 	// PublishedBy names the coordinator instance that wrote it.
 	PublishedBy string `json:"publishedBy,omitempty"`
+	// Base is the previous epoch when every participant that continues
+	// from it reported holding that epoch's communicators (MemberRecord.
+	// Formed), so they may shrink or grow them into this epoch's; 0 when
+	// some did not, and every participant forms new ones. A member's own
+	// memory of what it formed can differ from its peers' (a formation can
+	// succeed at some ranks and fail at others), so the choice is made
+	// here, once, from the reports, and every rank follows it.
+	Base uint64 `json:"base,omitempty"`
 }
 
 // Rank returns the rank of member id in q, or -1.
@@ -167,6 +175,9 @@ type MemberRecord struct {
 	MinReplicas int `json:"minReplicas,omitempty"`
 	// CommitFailed is the last epoch in which this member's commit failed.
 	CommitFailed uint64 `json:"commitFailed,omitempty"`
+	// Formed is the epoch whose communicators the member formed and holds
+	// (ReportFormed); the coordinator sets Quorum.Base from it.
+	Formed uint64 `json:"formed,omitempty"`
 	// Leaving: the member is leaving gracefully (its key goes next).
 	Leaving bool `json:"leaving,omitempty"`
 	// Evicted says who evicted the member (its key goes next).
@@ -198,6 +209,7 @@ func checkName(kind, s string) error {
 //	<root>/<job>/epoch/revoked/<epoch>   revocation records
 //	<root>/<job>/history/<epoch>         past quorums (bounded)
 //	<root>/<job>/rdzv/<epoch>/…          per-epoch rendezvous (Store)
+//	<root>/<job>/commits/<step>          durable commit records (RecordCommit)
 //	<root>/_coordinator/election/…       coordinator leader election
 //	<root>/_coordinator/gossip/<name>    coordinators' gossip addresses
 //
@@ -229,6 +241,8 @@ func (k Keys) Revocation(job string, e uint64) string {
 	return k.Revocations(job) + epochKey(e)
 }
 func (k Keys) HistoryEntry(job string, e uint64) string { return k.History(job) + epochKey(e) }
+func (k Keys) Commits(job string) string                { return k.Job(job) + "commits/" }
+func (k Keys) Commit(job string, step int64) string     { return k.Commits(job) + epochKey(uint64(step)) }
 
 // RendezvousPrefix is the Store prefix of one epoch of a job.
 func (k Keys) RendezvousPrefix(job string, e uint64) string {
