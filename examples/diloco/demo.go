@@ -52,6 +52,8 @@ type kill struct {
 	RejoinedStep    int64
 	Rejoined        time.Duration // restart → its first commit (after healing)
 	Healed          bool
+	HealedBytes     int64 // what it fetched from its peers (ft's EventHealed)
+	HealTook        time.Duration
 }
 
 type point struct {
@@ -76,7 +78,7 @@ type jobState struct {
 	trainLoss    map[int64][]float64 // step → the replicas' mean training losses
 	curve        []point             // validation loss of the global parameters
 	done         map[int]event       // replica → its done event
-	rolledBack   map[int64]bool      // steps whose sync failed somewhere
+	failedSyncs  map[int64]bool      // syncs that did not commit at some replica
 	epochs       map[uint64]bool
 	peakPayload  int64
 	wire         int64 // summed over the replicas' syncs
@@ -89,6 +91,7 @@ type jobState struct {
 	errors       []string
 	bar          *mpb.Bar
 	released     bool // its replicas were told to start
+	shownEpoch   uint64
 
 	mu     sync.Mutex // status is read by the progress bar's goroutine
 	status string
@@ -170,7 +173,7 @@ type JobSummary struct {
 	Wall             time.Duration
 	FinalValLoss     float64
 	Kills            []*kill
-	RolledBackSyncs  int
+	FailedSyncs      int // syncs that did not commit at some replica
 	Epochs           int
 	PeakPayloadBytes int64
 	WirePerSync      float64
@@ -251,7 +254,7 @@ func abs(p string) string {
 
 func (d *demo) newJob(name string, faulty bool) *jobState {
 	j := &jobState{name: name, faulty: faulty, procs: make([]*proc, d.cfg.Replicas), trainLoss: map[int64][]float64{},
-		done: map[int]event{}, rolledBack: map[int64]bool{}, epochs: map[uint64]bool{}, finalHashes: map[string]int{},
+		done: map[int]event{}, failedSyncs: map[int64]bool{}, epochs: map[uint64]bool{}, finalHashes: map[string]int{},
 		lastEvent: "starting"}
 	if faulty {
 		j.pending = slices.Clone(d.cfg.Failures)
@@ -428,6 +431,8 @@ func (d *demo) handle(e event) {
 		d.note(j, "r%d: %s", e.Replica, e.Err)
 	case "sync":
 		d.syncEvent(j, e, t)
+	case "ft":
+		d.ftEvent(j, e)
 	case "snapshot":
 		d.evals <- evalReq{job: j, step: e.Step, path: e.Path, n: d.cfg.EvalN}
 	case "done":
@@ -447,9 +452,9 @@ func (d *demo) syncEvent(j *jobState, e event, t time.Time) {
 	j.trainMs += e.TrainMs
 	j.epochs[e.Epoch] = true
 	if !e.Committed {
-		if !j.rolledBack[e.Step+1] {
-			j.rolledBack[e.Step+1] = true
-			d.note(j, "sync %d rolled back (epoch %d): the survivors go on", e.Step+1, e.Epoch)
+		if !j.failedSyncs[e.Step+1] {
+			j.failedSyncs[e.Step+1] = true
+			d.note(j, "sync %d did not commit at r%d (epoch %d): discarded there, training goes on", e.Step+1, e.Replica, e.Epoch)
 		}
 		return
 	}
@@ -481,6 +486,27 @@ func (d *demo) syncEvent(j *jobState, e event, t time.Time) {
 	}
 	j.setStatus()
 	d.maybeKill(j)
+}
+
+// ftEvent shows what ft.Comm reported (Config.OnEvent): heals, rollbacks,
+// failed commits, and each new epoch once.
+func (d *demo) ftEvent(j *jobState, e event) {
+	switch e.Method {
+	case "reconfigured":
+		if e.Epoch <= j.shownEpoch {
+			return
+		}
+		j.shownEpoch = e.Epoch
+	case "healed":
+		for _, k := range j.kills {
+			if k.Replica == e.Replica && k.Restarted && k.HealedBytes == 0 {
+				k.HealedBytes, k.HealTook = e.Payload, time.Duration(e.ElapsedMs*1e6)
+			}
+		}
+	case "commit failed":
+		return // the sync events say it, once per step
+	}
+	d.note(j, "r%d: %s", e.Replica, e.Path)
 }
 
 // maybeKill injects the next failure once the job is far enough.

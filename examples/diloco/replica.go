@@ -49,7 +49,7 @@ type runFile struct {
 
 // event is one JSON line a replica writes to its stdout for the demo.
 type event struct {
-	Kind         string  `json:"kind"` // start, sync, snapshot, done, error
+	Kind         string  `json:"kind"` // start, sync, snapshot, done, error, ft (an ft.Event: Method is its kind, Path its text, Payload healed bytes)
 	Job          string  `json:"job"`
 	Replica      int     `json:"replica"`
 	Pid          int     `json:"pid"`
@@ -153,7 +153,11 @@ func runReplica(spec replicaSpec) int {
 	ctx := context.Background()
 	fcfg := ft.Config{Job: spec.Job, Group: fmt.Sprintf("r%d", spec.Replica), Coordinator: run.Endpoints,
 		Member: mc, Backend: cfg.Backend, MinReplicas: cfg.MinReplicas, Secret: run.Secret,
-		Timeout: 20 * time.Second, MaxCommitFailures: 50, Logger: log}
+		Timeout: 20 * time.Second, MaxCommitFailures: 50, Logger: log,
+		OnEvent: func(e ft.Event) { // on this goroutine, inside Step and Commit
+			emit(event{Kind: "ft", Step: e.Step, Epoch: e.Epoch, Participants: e.Participants, Method: e.Kind.String(),
+				Path: e.String(), Payload: e.Bytes, ElapsedMs: e.Took.Seconds() * 1e3})
+		}}
 	// A replica restarted right after it was killed may find its previous
 	// incarnation still registered until the coordinator removes it (its
 	// peers' blame, or its lease's expiry): retry until then.

@@ -19,7 +19,7 @@ func (d *demo) summarize() (*Summary, error) {
 			d.cfg.Quant, d.cfg.Failures, d.cfg.Model.Context, d.cfg.Model.Embed, d.cfg.Model.Hidden, d.cfg.Model.NumParams())}
 	for _, j := range d.jobs {
 		js := JobSummary{Name: j.name, Faulty: j.faulty, Committed: j.step, Wall: j.finished.Sub(j.started),
-			FinalValLoss: j.finalLoss, Kills: j.kills, RolledBackSyncs: len(j.rolledBack), Epochs: len(j.epochs),
+			FinalValLoss: j.finalLoss, Kills: j.kills, FailedSyncs: len(j.failedSyncs), Epochs: len(j.epochs),
 			PeakPayloadBytes: j.peakPayload, Method: j.method, StatesAgree: len(j.finalHashes) == 1}
 		if j.syncEvents > 0 {
 			js.WirePerSync = float64(j.wire) / float64(j.syncEvents)
@@ -76,7 +76,7 @@ func (s *Summary) write(w io.Writer, cfg Config) {
 	row("wall time", func(j JobSummary) string { return j.Wall.Round(100 * time.Millisecond).String() })
 	row("final validation loss", func(j JobSummary) string { return fmt.Sprintf("%.4f nats/char", j.FinalValLoss) })
 	row("replicas killed", func(j JobSummary) string { return fmt.Sprint(len(j.Kills)) })
-	row("syncs rolled back", func(j JobSummary) string { return fmt.Sprint(j.RolledBackSyncs) })
+	row("syncs that failed somewhere", func(j JobSummary) string { return fmt.Sprint(j.FailedSyncs) })
 	row("epochs", func(j JobSummary) string { return fmt.Sprint(j.Epochs) })
 	row("peak payload per sync", func(j JobSummary) string { return kb(float64(j.PeakPayloadBytes)) })
 	row("sent per sync per replica", func(j JobSummary) string { return kb(j.WirePerSync) + " (" + j.Method + ")" })
@@ -90,12 +90,15 @@ func (s *Summary) write(w io.Writer, cfg Config) {
 	tw.Flush()
 	for _, j := range s.Jobs {
 		for _, k := range j.Kills {
-			fmt.Fprintf(w, "  failure: SIGKILL r%d at sync %d → the survivors committed without it %v later", k.Replica, k.KilledStep, k.SurvivorsCommit.Round(time.Millisecond))
+			fmt.Fprintf(w, "  failure: SIGKILL r%d at sync %d → the survivors committed without it %v later (their inner steps up to the next sync included)", k.Replica, k.KilledStep, k.SurvivorsCommit.Round(time.Millisecond))
 			switch {
 			case k.Rejoined > 0:
 				how := "joined"
 				if k.Healed {
 					how = "healed from its peers and rejoined"
+					if k.HealedBytes > 0 {
+						how = fmt.Sprintf("healed from its peers (%s in %v) and rejoined", kb(float64(k.HealedBytes)), k.HealTook.Round(time.Millisecond))
+					}
 				}
 				fmt.Fprintf(w, "; restarted %v after the kill, it %s at sync %d, %v after its restart\n",
 					k.RestartAt.Sub(k.KilledAt).Round(100*time.Millisecond), how, k.RejoinedStep, k.Rejoined.Round(time.Millisecond))

@@ -2,12 +2,14 @@ package diloco
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/ft"
 )
 
 // Comm is what DiLoCo needs of its fault-tolerant communicator; *ft.Comm
@@ -15,7 +17,9 @@ import (
 type Comm interface {
 	// Register names state a healing replica receives (before the first Step).
 	Register(name string, t comm.Tensor) error
-	// Step starts an ft step: quorum, reconfiguration, healing.
+	// Step starts an ft step: quorum, reconfiguration, healing. An error
+	// wrapping ft.ErrRolledBack means it healed over steps this replica
+	// had committed and started the step as nil would.
 	Step(ctx context.Context) error
 	// AllReduce and AllGather issue collectives whose errors Commit collects.
 	AllReduce(ctx context.Context, t comm.Tensor, op comm.ReduceOp) *comm.Work
@@ -68,14 +72,15 @@ type ownerKey struct{ rank, size int }
 
 // pending is a sync between its start and its finish.
 type pending struct {
-	frag      int
-	startedAt int // d.done at the start
-	healed    bool
-	weight    float32
-	t0        time.Time
-	blocked   time.Duration
-	epoch     uint64
-	parts     int
+	frag       int
+	startedAt  int // d.done at the start
+	healed     bool
+	rolledBack bool
+	weight     float32
+	t0         time.Time
+	blocked    time.Duration
+	epoch      uint64
+	parts      int
 }
 
 // Outcome describes a sync that finished during a Tick.
@@ -84,6 +89,7 @@ type Outcome struct {
 	Fragment     int   // which fragment was exchanged
 	Committed    bool  // the step committed and the outer update was applied
 	Healed       bool  // this replica healed at the sync's start: its parameters were reset to the global ones
+	RolledBack   bool  // the heal replaced steps this replica had committed (ft.RollbackError): rewind what you keep outside (data position)
 	Step         int64 // the committed step after the sync
 	Epoch        uint64
 	Participants int     // replicas in the exchange
@@ -192,12 +198,16 @@ func (d *DiLoCo) Flush(ctx context.Context) (Outcome, error) {
 func (d *DiLoCo) start(ctx context.Context) error {
 	t0 := time.Now()
 	before := d.c.CommittedStep()
-	if err := d.c.Step(ctx); err != nil {
+	err := d.c.Step(ctx)
+	// A rollback (this replica's last commits are not the job's history)
+	// has healed the registered state and started the step like nil does.
+	rolledBack := errors.Is(err, ft.ErrRolledBack)
+	if err != nil && !rolledBack {
 		return fmt.Errorf("diloco: %w", err)
 	}
 	step := d.c.CommittedStep()
-	p := &pending{startedAt: d.done, t0: t0, weight: 1, epoch: d.c.Epoch(), parts: d.c.Participants()}
-	if step != before {
+	p := &pending{startedAt: d.done, t0: t0, weight: 1, epoch: d.c.Epoch(), parts: d.c.Participants(), rolledBack: rolledBack}
+	if step != before || rolledBack {
 		// Healed: the registered global parameters and momentum are the
 		// job's as of step; local progress and residuals belong to a
 		// history that did not commit.
@@ -233,7 +243,7 @@ func (d *DiLoCo) finish(ctx context.Context) (Outcome, error) {
 	ok, err := d.c.Commit(ctx)
 	now := time.Now()
 	p.blocked += now.Sub(t0)
-	out := Outcome{Synced: true, Fragment: p.frag, Committed: ok && exchanged, Healed: p.healed,
+	out := Outcome{Synced: true, Fragment: p.frag, Committed: ok && exchanged, Healed: p.healed, RolledBack: p.rolledBack,
 		Step: d.c.CommittedStep(), Epoch: p.epoch, Participants: d.x.size, Contributors: d.x.wsum,
 		Payload: d.x.payload, Wire: d.x.wire, Blocked: p.blocked, Elapsed: now.Sub(p.t0), Method: d.how.String()}
 	d.stats.Syncs++
