@@ -98,7 +98,7 @@ type Config struct {
 }
 
 func defaultConfig() Config {
-	return Config{Replicas: 4, MinReplicas: 2, Backend: "gloo", Steps: 3000, Batch: 64, LR: 3e-3, Seed: 1,
+	return Config{Replicas: 4, MinReplicas: 2, Backend: "gloo", Steps: 4000, Batch: 64, LR: 3e-3, Seed: 1,
 		Model: charlm.DefaultConfig(), H: 100, F: 4, Tau: 1, Alpha: 0.5, OuterLR: 0.7, OuterMom: 0.9, Quant: "float32",
 		Failures: []Failure{{Replica: 2, At: 0.4, Down: 3 * time.Second}}, Baseline: true,
 		EvalN: 4096, FinalEvalN: 32768, TrainBytes: 4 << 20, ValBytes: 256 << 10,

@@ -627,7 +627,6 @@ func (d *demo) Run(ctx context.Context) (*Summary, error) {
 
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	pendingEvals := 0
 	var runErr error
 loop:
 	for {
@@ -644,9 +643,6 @@ loop:
 		}
 		select {
 		case e := <-d.events:
-			if e.Kind == "snapshot" || (e.Kind == "done" && len(d.job(e.Job).done) == 0) {
-				pendingEvals++
-			}
 			d.handle(e)
 		case p := <-d.exits:
 			p.exited = true
@@ -657,7 +653,6 @@ loop:
 				break loop
 			}
 		case r := <-d.results:
-			pendingEvals--
 			d.evalResult(r)
 		case now := <-tick.C:
 			if err := d.restarts(now); err != nil {

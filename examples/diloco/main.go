@@ -1,15 +1,3 @@
-// Command diloco trains a character-level language model on Go source
-// with Streaming DiLoCo over ft.Comm, kills a replica midway, restarts it,
-// and shows that the job heals and ends where a run without failures ends.
-//
-//	go run ./examples/diloco            # 4 replicas on gloo, about 2 minutes on 2 cores
-//	go run ./examples/diloco -h         # replicas, H, F, τ, α, quantization, failure schedule…
-//
-// It starts an embedded coordinator (etcd + ftcoord's membership
-// coordinator) in this process and the replicas as processes of this
-// same program (re-executed with FTCOMM_DILOCO_REPLICA set), alongside
-// the same job without failures for comparison, and writes a summary and
-// a loss-curve plot into the report folder (diloco-report/).
 package main
 
 import (

@@ -9,6 +9,7 @@
 // such as ft/diloco can treat them as a flat vector; Model's fields are
 // views into it.
 //
-// A Model and a Trainer belong to one goroutine; Loss reads the model only
-// and may run concurrently with other Loss calls.
+// A Model and its Trainers belong to one goroutine (a Trainer's Loss uses
+// its scratch buffers); use one Trainer per goroutine over a model that
+// nobody writes meanwhile.
 package charlm
