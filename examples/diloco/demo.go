@@ -148,7 +148,6 @@ type demo struct {
 	results chan evalRes
 	val     []uint8
 	bars    *mpb.Progress
-	lines   bool
 	wg      sync.WaitGroup // reader goroutines of the replicas' pipes
 }
 
@@ -378,9 +377,8 @@ func (d *demo) note(j *jobState, format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	j.lastEvent = msg
 	j.setStatus()
-	if d.lines {
-		fmt.Fprintf(d.out, "%s  %-17s %s\n", time.Now().Format("15:04:05"), j.name, msg)
-	}
+	// Above the bars (d.out is the progress container then), or as lines.
+	fmt.Fprintf(d.out, "%s  %-17s %s\n", time.Now().Format("15:04:05"), j.name, msg)
 }
 
 func (d *demo) job(name string) *jobState {
@@ -713,8 +711,7 @@ func (d *demo) setupProgress(ctx context.Context) {
 		}
 	}
 	if mode != "bar" {
-		d.lines = true
-		return
+		return // notes go out as lines
 	}
 	d.bars = mpb.NewWithContext(ctx, mpb.WithOutput(d.out), mpb.WithWidth(24), mpb.WithRefreshRate(150*time.Millisecond))
 	total := d.cfg.Syncs()
