@@ -103,7 +103,7 @@ func BenchmarkStepOverhead(b *testing.B) {
 		var cs []*Comm
 		for _, g := range []string{"a", "b"}[:n] {
 			c, err := New(context.Background(), Config{Job: "bench", Group: g, Membership: coord.join(memberID(g, 0), 1),
-				Backend: "inproc", BackendConfig: cl, Secret: []byte("k"), Logger: zap.NewNop()})
+				Backend: "inproc", BackendConfig: cl, Secret: []byte("k"), MinReplicas: n, Logger: zap.NewNop()})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -153,7 +153,7 @@ func BenchmarkDurableCommit(b *testing.B) {
 			var cs []*Comm
 			for _, g := range []string{"a", "b"} {
 				c, err := New(ctx, Config{Job: "bench", Group: g, Coordinator: e.Endpoints(), Backend: "inproc", BackendConfig: cl,
-					Secret: []byte("k"), DurableCommit: durable, Logger: zap.NewNop()})
+					Secret: []byte("k"), DurableCommit: durable, MinReplicas: 2, Logger: zap.NewNop()})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -55,6 +55,7 @@ type Comm struct {
 	// Owned by the training goroutine.
 	step          int64
 	hist          history
+	histBytes     []byte // hist encoded for healers; nil when it changed
 	state         []registered
 	blobs         []recovery.Blob // built at the first formation, when the data memory is known
 	split         bool            // data and control run on different backends
@@ -386,7 +387,10 @@ func (c *Comm) Step(ctx context.Context) error {
 			rollback = err
 		}
 	}
-	c.server.OfferWithMeta(c.step, c.hist.encode(), c.blobs)
+	if c.histBytes == nil {
+		c.histBytes = c.hist.encode()
+	}
+	c.server.OfferWithMeta(c.step, c.histBytes, c.blobs)
 	return rollback
 }
 
@@ -740,7 +744,7 @@ func (c *Comm) agreeAndHeal(ctx context.Context, epoch uint64) error {
 	c.log.Info("healed", zap.Int64("step", a.Step), zap.Int64("bytes", st.Bytes), zap.Duration("took", st.Duration),
 		zap.Float64("bytes_per_s", st.Throughput()), zap.Int("retries", st.Retries))
 	lostFrom, lostTo, rolledBack := diverged(c.hist, c.step, theirs)
-	c.hist = theirs
+	c.hist, c.histBytes = theirs, nil
 	c.setStep(a.Step)
 	c.emit(Event{Kind: EventHealed, Epoch: epoch, FromStep: from, Bytes: st.Bytes, Took: st.Duration})
 	// Tell the coordinator now rather than at the next heartbeat, so its
@@ -837,7 +841,9 @@ func (c *Comm) Commit(ctx context.Context) (bool, error) {
 		vote = false
 	}
 	if vote {
-		c.hist = c.hist.commit(c.step+1, epoch)
+		if h := c.hist.commit(c.step+1, epoch); len(h) != len(c.hist) || h.last() != c.hist.last() {
+			c.hist, c.histBytes = h, nil
+		}
 		c.setStep(c.step + 1)
 		c.failedCommits = 0
 		c.metrics.commits.WithLabelValues("ok").Inc()
@@ -964,7 +970,7 @@ func (c *Comm) AllReduce(ctx context.Context, t comm.Tensor, op comm.ReduceOp) *
 	return c.forward(func(x *comm.Comm) *comm.Work { return x.AllReduceAsync(ctx, t, op) })
 }
 
-// ReduceScatter, AllGather and Broadcast forward likewise.
+// ReduceScatter, AllGather, Broadcast and AllToAll forward likewise.
 func (c *Comm) ReduceScatter(ctx context.Context, out, in comm.Tensor, op comm.ReduceOp) *comm.Work {
 	return c.forward(func(x *comm.Comm) *comm.Work { return x.ReduceScatterAsync(ctx, out, in, op) })
 }
@@ -975,6 +981,13 @@ func (c *Comm) AllGather(ctx context.Context, out, in comm.Tensor) *comm.Work {
 
 func (c *Comm) Broadcast(ctx context.Context, t comm.Tensor, root int) *comm.Work {
 	return c.forward(func(x *comm.Comm) *comm.Work { return x.BroadcastAsync(ctx, t, root) })
+}
+
+// AllToAll sends block r of in to participant r and receives participant
+// r's block into block r of out (ft/diloco averages quantized outer
+// gradients with it).
+func (c *Comm) AllToAll(ctx context.Context, out, in comm.Tensor) *comm.Work {
+	return c.forward(func(x *comm.Comm) *comm.Work { return x.AllToAllAsync(ctx, out, in) })
 }
 
 // ReportHealth tells the coordinator this replica's health. A device monitor
