@@ -2,9 +2,13 @@ package ft
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/membership"
@@ -56,13 +60,45 @@ func joinCoordinator(ctx context.Context, cfg Config, id, addr string) (Membersh
 	if err != nil {
 		return nil, fmt.Errorf("ft: connect to coordinator %v: %w", cfg.Coordinator, err)
 	}
-	m, err := register(ctx, cfg, cli, id, addr)
+	m, err := registerWhenFree(ctx, cfg, cli, id, addr)
 	if err != nil {
 		cli.Close()
 		return nil, err
 	}
 	m.cli = cli
 	return m, nil
+}
+
+// registerWhenFree registers, waiting while a previous incarnation of this
+// member still holds the id: a replica restarted right after its process
+// died finds its old registration alive until the old lease expires. It
+// waits up to three lease TTLs (or ctx); a holder that keeps renewing is
+// another live process with the same id, a configuration error.
+func registerWhenFree(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr string) (*etcdMember, error) {
+	ttl := cfg.Member.LeaseTTL
+	if ttl == 0 {
+		ttl = membership.DefaultMemberConfig().LeaseTTL
+	}
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 100*time.Millisecond, time.Second, 3*ttl
+	var m *etcdMember
+	logged := false
+	err := backoff.Retry(func() error {
+		var err error
+		m, err = register(ctx, cfg, cli, id, addr)
+		var dup *membership.DuplicateMemberError
+		if errors.As(err, &dup) {
+			if !logged {
+				logged = true
+				cfg.Logger.Info("a previous incarnation still holds this member id; waiting for its lease to expire",
+					zap.String("member", id), zap.Int64("incarnation", dup.Incarnation), zap.String("addr", dup.Addr),
+					zap.Duration("up_to", 3*ttl))
+			}
+			return err
+		}
+		return backoff.Permanent(err)
+	}, backoff.WithContext(b, ctx))
+	return m, err
 }
 
 // register makes the membership.Member of this rank on cli.

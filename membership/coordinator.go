@@ -668,7 +668,7 @@ func (l *leadership) upsert(now time.Time, job string, r MemberRecord) {
 	}
 	if old, ok := j.m.Member(r.ID); !ok || old.Incarnation != r.Incarnation {
 		if ok {
-			delete(l.byNode, gossipName(job, old.ID, int64(old.Lease)))
+			delete(l.byNode, gossipName(job, old.ID, old.Lease))
 		}
 		l.c.metrics.joins.WithLabelValues(job).Inc()
 	} else if old.Health == r.Health && old.WantQuorum == r.WantQuorum && old.ShrinkOnly == r.ShrinkOnly &&
@@ -678,7 +678,7 @@ func (l *leadership) upsert(now time.Time, job string, r MemberRecord) {
 		return
 	}
 	if r.Gossip != "" {
-		l.byNode[gossipName(job, r.ID, int64(r.Lease))] = memberRef{job, r.ID, r.Incarnation}
+		l.byNode[gossipName(job, r.ID, r.Lease)] = memberRef{job, r.ID, r.Incarnation}
 	}
 	j.m.Upsert(now, r)
 	j.dirty = true
@@ -690,7 +690,7 @@ func (l *leadership) remove(now time.Time, job, id string, inc int64, why, metri
 	if !ok || inc != 0 && old.Incarnation != inc {
 		return
 	}
-	delete(l.byNode, gossipName(job, id, int64(old.Lease)))
+	delete(l.byNode, gossipName(job, id, old.Lease))
 	j.m.Remove(now, id, old.Incarnation, why)
 	j.dirty = true
 	l.c.metrics.removals.WithLabelValues(job, metric).Inc()

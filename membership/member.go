@@ -191,7 +191,7 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	}
 	now := time.Now()
 	m.rec = MemberRecord{
-		Job: cfg.Job, ID: cfg.ID, Addr: cfg.Addr, Group: cfg.Group, Lease: LeaseID(lr.ID),
+		Job: cfg.Job, ID: cfg.ID, Addr: cfg.Addr, Group: cfg.Group, Lease: int64(lr.ID),
 		Step: cfg.Step, WantQuorum: cfg.WantQuorum, MinReplicas: cfg.MinReplicas, Joined: now, Updated: now,
 	}
 	if m.gsp != nil {

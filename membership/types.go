@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
@@ -186,10 +185,13 @@ type MemberRecord struct {
 	Addr  string `json:"addr"`
 	Group string `json:"group,omitempty"`
 	// Gossip is the member's memberlist address ("" without gossip).
-	Gossip string  `json:"gossip,omitempty"`
-	Lease  LeaseID `json:"lease"`
-	Step   int64   `json:"step"`
-	Health Health  `json:"health"`
+	Gossip string `json:"gossip,omitempty"`
+	// Lease is the etcd lease of the registration. JSON carries it as a
+	// decimal string: lease ids are often above 2^53, where JSON parsers
+	// that read numbers as doubles lose digits.
+	Lease  int64  `json:"lease,string"`
+	Step   int64  `json:"step"`
+	Health Health `json:"health"`
 	// HealthReason says why the health is not Healthy.
 	HealthReason string `json:"healthReason,omitempty"`
 	// WantQuorum: the member asks to take part in the next quorum (set by
@@ -213,30 +215,6 @@ type MemberRecord struct {
 	// Incarnation is the etcd create revision of the record; filled when
 	// read, not stored.
 	Incarnation int64 `json:"-"`
-}
-
-// LeaseID is an etcd lease id. JSON carries it as a decimal string:
-// lease ids are often above 2^53, where JSON parsers that read numbers as
-// doubles lose digits. It reads a number too (records of older versions).
-type LeaseID int64
-
-// MarshalJSON writes the id as a string.
-func (l LeaseID) MarshalJSON() ([]byte, error) {
-	return []byte(`"` + strconv.FormatInt(int64(l), 10) + `"`), nil
-}
-
-// UnmarshalJSON reads a string or a number.
-func (l *LeaseID) UnmarshalJSON(b []byte) error {
-	s := strings.Trim(string(b), `"`)
-	if s == "null" {
-		return nil
-	}
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		return fmt.Errorf("%w: membership: lease id %s", comm.ErrInvalidArgument, b)
-	}
-	*l = LeaseID(v)
-	return nil
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
