@@ -32,6 +32,16 @@ func TestConfigErrors(t *testing.T) {
 			t.Errorf("message lacks %q:\n%s", want, msg)
 		}
 	}
+	code = run1("serve", "-evict-keep-out", "-1s", "-trainer-etcd-password", "pw", "-etcd-advertise-addr", "nohost", "-trainer-etcd-cert", "c.pem")
+	msg = errb.String()
+	for _, want := range []string{"-evict-keep-out -1s", "-trainer-etcd-password needs -trainer-etcd-user", `-etcd-advertise-addr "nohost"`, "-trainer-etcd-* apply to an external etcd", "-trainer-etcd-cert and -trainer-etcd-key"} {
+		if code != 2 || !strings.Contains(msg, want) {
+			t.Errorf("exit %d, message lacks %q:\n%s", code, want, msg)
+		}
+	}
+	if code := run1("serve", "-etcd", "h:1", "-etcd-cert-hosts", "x"); code != 2 || !strings.Contains(errb.String(), "apply to the embedded etcd") {
+		t.Errorf("cert hosts with -etcd: %d %q", code, errb.String())
+	}
 	if code := run1("serve", "-min-replicas", "many"); code != 2 || !strings.Contains(errb.String(), "invalid value") {
 		t.Fatalf("bad int: %d %q", code, errb.String())
 	}

@@ -417,7 +417,20 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		scheme = "https"
 	}
 	s.url = fmt.Sprintf("%s://%s", scheme, s.ln.Addr())
+	if host, _, _ := net.SplitHostPort(cfg.Listen); cfg.Token == "" && !isLoopback(host) {
+		lg.Warn("the API listens beyond this host without a token: anyone who reaches it can evict members (set a token)",
+			zap.String("listen", cfg.Listen))
+	}
 	return s, nil
+}
+
+// isLoopback reports whether host names this machine only.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // externalTrainerCredentials are the trainers' credentials for an
