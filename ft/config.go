@@ -49,8 +49,10 @@ type Membership interface {
 	// SetStep records the committed step; it reaches the coordinator with
 	// the next heartbeat, not now.
 	SetStep(step int64)
-	// ReportCommitFailure tells the coordinator that epoch failed here.
-	ReportCommitFailure(ctx context.Context, epoch uint64) error
+	// ReportCommitFailure tells the coordinator that epoch failed here,
+	// blaming the members whose connections failed; the coordinator checks
+	// those before it forms the next epoch.
+	ReportCommitFailure(ctx context.Context, epoch uint64, blamed ...string) error
 	// Revoke records that epoch must stop, blaming the members whose
 	// connections failed; the coordinator removes a blamed member at once
 	// when its address no longer accepts connections.

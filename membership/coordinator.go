@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -408,7 +409,7 @@ func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan G
 	c.lg.Info("leading", zap.String("key", el.Key()), zap.Int64("rev", el.Rev()))
 	c.setLeader(true)
 	l := &leadership{c: c, sess: sess, fenceKey: el.Key(), fenceRev: el.Rev(), jobs: map[string]*jobState{},
-		verified: make(chan memberRef, 64)}
+		verified: make(chan verdict, 64)}
 	return l.run(ctx, gossipEvents)
 }
 
@@ -463,9 +464,9 @@ type leadership struct {
 	jobs     map[string]*jobState
 	byNode   map[string]memberRef // gossip node name → member
 	doomed   []doomedMember       // registrations to delete after publishing
-	// verified receives members reported failed by a peer whose address
-	// refused a connection: their process is gone (see verifyReported).
-	verified chan memberRef
+	// verified receives the verdicts on members reported failed by a peer
+	// (see verifyReported).
+	verified chan verdict
 	ctx      context.Context // the leadership's, for the verifying dials
 }
 
@@ -477,6 +478,13 @@ type doomedMember struct {
 type memberRef struct {
 	job, id string
 	inc     int64
+}
+
+// verdict is the outcome of checking a reported death: dead when the
+// member's address refused a connection (its process is gone).
+type verdict struct {
+	memberRef
+	dead bool
 }
 
 type jobState struct {
@@ -672,10 +680,15 @@ func (l *leadership) upsert(now time.Time, job string, r MemberRecord) {
 		}
 		l.c.metrics.joins.WithLabelValues(job).Inc()
 	} else if old.Health == r.Health && old.WantQuorum == r.WantQuorum && old.ShrinkOnly == r.ShrinkOnly &&
-		old.CommitFailed == r.CommitFailed && old.MinReplicas == r.MinReplicas {
+		old.CommitFailed == r.CommitFailed && old.MinReplicas == r.MinReplicas && slices.Equal(old.Blamed, r.Blamed) {
 		// A heartbeat: the decision cannot change.
 		j.m.Upsert(now, r)
 		return
+	}
+	if len(r.Blamed) > 0 {
+		if old, ok := j.m.Member(r.ID); !ok || old.CommitFailed != r.CommitFailed || !slices.Equal(old.Blamed, r.Blamed) {
+			defer l.verifyReported(job, Revocation{Epoch: r.CommitFailed, Failed: r.Blamed}) // after the upsert below
+		}
 	}
 	if r.Gossip != "" {
 		l.byNode[gossipName(job, r.ID, r.Lease)] = memberRef{job, r.ID, r.Incarnation}
@@ -722,25 +735,24 @@ func (l *leadership) gossipDeath(ctx context.Context, now time.Time, node string
 // its lease. Each check is one dial of at most verifyTimeout.
 func (l *leadership) verifyReported(job string, r Revocation) {
 	j := l.job(job)
+	now := time.Now()
 	for _, id := range r.Failed {
 		rec, ok := j.m.Member(id)
 		if !ok || rec.Addr == "" {
 			continue
 		}
 		ref := memberRef{job: job, id: id, inc: rec.Incarnation}
+		// The next quorum waits for the verdict (at most the dial's time).
+		j.m.Suspect(now, id, rec.Incarnation, now.Add(verifyTimeout+100*time.Millisecond))
 		addr, ctx := rec.Addr, l.ctx
 		go func() {
 			d := net.Dialer{Timeout: verifyTimeout}
 			c, err := d.DialContext(ctx, "tcp", addr)
 			if err == nil {
 				c.Close()
-				return
-			}
-			if !errors.Is(err, syscall.ECONNREFUSED) {
-				return
 			}
 			select {
-			case l.verified <- ref:
+			case l.verified <- verdict{ref, err != nil && errors.Is(err, syscall.ECONNREFUSED)}:
 			case <-ctx.Done():
 			}
 		}()
@@ -752,10 +764,16 @@ const verifyTimeout = 500 * time.Millisecond
 
 // verifiedDeath removes a member whose reported death the coordinator
 // confirmed, like a gossip death.
-func (l *leadership) verifiedDeath(now time.Time, ref memberRef) {
+func (l *leadership) verifiedDeath(now time.Time, v verdict) {
+	ref := v.memberRef
 	j := l.job(ref.job)
 	rec, ok := j.m.Member(ref.id)
 	if !ok || rec.Incarnation != ref.inc {
+		return
+	}
+	if !v.dead { // answering, or unreachable: left to gossip and the lease
+		j.m.Unsuspect(ref.id, ref.inc)
+		j.dirty = true
 		return
 	}
 	l.remove(now, ref.job, ref.id, ref.inc, "died (reported by a peer, port closed)", "reported")

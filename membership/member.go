@@ -391,14 +391,17 @@ func (m *Member) RequestQuorum(ctx context.Context, shrinkOnly bool) error {
 
 // ReportCommitFailure tells the coordinator that this member's commit of
 // the given epoch failed: the next epoch follows (with the same
-// participants when all are alive).
-func (m *Member) ReportCommitFailure(ctx context.Context, epoch uint64) error {
+// participants when all are alive). blamed names the members whose
+// connections failed in it (a reset: their process is likely gone); the
+// coordinator checks them — a closed port is a death — before it forms the
+// next epoch, so one death costs one epoch.
+func (m *Member) ReportCommitFailure(ctx context.Context, epoch uint64, blamed ...string) error {
 	m.mu.Lock()
-	if epoch <= m.rec.CommitFailed {
+	if epoch < m.rec.CommitFailed || epoch == m.rec.CommitFailed && len(blamed) == 0 {
 		m.mu.Unlock()
 		return nil
 	}
-	m.rec.CommitFailed = epoch
+	m.rec.CommitFailed, m.rec.Blamed = epoch, blamed
 	m.mu.Unlock()
 	return m.write(ctx, "commit failure")
 }

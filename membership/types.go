@@ -203,6 +203,10 @@ type MemberRecord struct {
 	MinReplicas int `json:"minReplicas,omitempty"`
 	// CommitFailed is the last epoch in which this member's commit failed.
 	CommitFailed uint64 `json:"commitFailed,omitempty"`
+	// Blamed are the members whose connections failed in this member's
+	// CommitFailed epoch (a reset: their process is likely gone); the
+	// coordinator checks them before forming the next epoch.
+	Blamed []string `json:"blamed,omitempty"`
 	// Formed is the epoch whose communicators the member formed and holds
 	// (ReportFormed); the coordinator sets Quorum.Base from it.
 	Formed uint64 `json:"formed,omitempty"`
