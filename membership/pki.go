@@ -101,6 +101,20 @@ func ensurePKI(dir string, hosts []string) (*pki, error) {
 	return p, nil
 }
 
+// WriteEtcdPKI makes in dir the certificates a secured external etcd and
+// its clients need, as a Secure embedded etcd keeps them in <Dir>/pki:
+// ca.pem and ca-key.pem (the CA), server.pem and server-key.pem (etcd's
+// server and peer certificate, covering loopback and hosts), and
+// <user>.pem and <user>-key.pem for EtcdUserRoot, EtcdUserCoordinator and
+// EtcdUserTrainer (client certificates whose common name is the user, for
+// etcd's --client-cert-auth). What is there and valid is kept: the CA
+// always, a leaf until it nears expiry, the server's while it covers
+// hosts. Private keys are 0600.
+func WriteEtcdPKI(dir string, hosts []string) error {
+	_, err := ensurePKI(dir, certHosts("", hosts))
+	return err
+}
+
 func (p *pki) certFile(name string) string { return filepath.Join(p.dir, name+".pem") }
 func (p *pki) keyFile(name string) string  { return filepath.Join(p.dir, name+"-key.pem") }
 func (p *pki) caFile() string              { return filepath.Join(p.dir, "ca.pem") }

@@ -16,12 +16,14 @@ import (
 
 // serveConfig is everything `ftcoord serve` takes.
 type serveConfig struct {
-	Listen    string // HTTP listen address
-	AddrFile  string // write the bound HTTP URL here (for scripts and tests)
-	TLSCert   string
-	TLSKey    string
-	Token     string
-	TokenFile string
+	Listen        string // HTTP listen address
+	Advertise     string // the API's host:port as others reach it
+	AdvertiseHost string // default host of every advertised address
+	AddrFile      string // write the API's URL here (for scripts and tests)
+	TLSCert       string
+	TLSKey        string
+	Token         string
+	TokenFile     string
 
 	DataDir             string
 	Etcd                string // external endpoints, comma-separated; empty: embedded
@@ -59,6 +61,7 @@ type serveConfig struct {
 	EvictKeepOut time.Duration
 
 	LogLevel        string
+	LogFormat       string
 	ShutdownTimeout time.Duration
 }
 
@@ -71,7 +74,7 @@ func defaultServeConfig() serveConfig {
 		EtcdClientAddr:     "127.0.0.1:0",
 		EtcdPeerAddr:       "127.0.0.1:0",
 		Root:               membership.DefaultRoot,
-		Name:               cc.Name,
+		Name:               defaultName(os.Hostname),
 		MinReplicas:        cc.Quorum.MinReplicas,
 		JoinTimeout:        cc.Quorum.JoinTimeout,
 		SessionTTL:         cc.SessionTTL,
@@ -83,13 +86,38 @@ func defaultServeConfig() serveConfig {
 		GossipSuspicion:    gc.SuspicionMult,
 		EvictKeepOut:       cc.EvictKeepOut,
 		LogLevel:           "info",
+		LogFormat:          "console",
 		ShutdownTimeout:    10 * time.Second,
 	}
 }
 
+// defaultName is the default -name: the host name, which stays the same
+// across restarts (a StatefulSet's pod name, a VM's name), unlike the
+// host-pid of membership's default. Characters a name may not hold become
+// '-'; no host name gives "ftcoord".
+func defaultName(hostname func() (string, error)) string {
+	h, err := hostname()
+	if err != nil {
+		return "ftcoord"
+	}
+	b := []byte(h)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			b[i] = '-'
+		}
+	}
+	name := strings.TrimLeft(string(b[:min(len(b), 128)]), "._-")
+	if !membership.ValidName(name) {
+		return "ftcoord"
+	}
+	return name
+}
+
 func (c *serveConfig) flags(fs *flag.FlagSet) {
-	fs.StringVar(&c.Listen, "listen", c.Listen, "HTTP `host:port` of the API, dashboard and metrics (port 0: a free one)")
-	fs.StringVar(&c.AddrFile, "addr-file", c.AddrFile, "write the API's base URL to this `file` once listening")
+	fs.StringVar(&c.Listen, "listen", c.Listen, "HTTP `host:port` the API, dashboard and metrics listen on (port 0: a free one)")
+	fs.StringVar(&c.Advertise, "advertise", c.Advertise, "`host:port` others reach the API at, when it differs from -listen (default: -advertise-host with -listen's port)")
+	fs.StringVar(&c.AdvertiseHost, "advertise-host", c.AdvertiseHost, "`host` (name or IP) others reach this instance at: the default host of -advertise, -etcd-advertise-addr and -gossip-advertise, with their listen ports (a pod: its IP or stable DNS name)")
+	fs.StringVar(&c.AddrFile, "addr-file", c.AddrFile, "write the API's base URL (advertised when set) to this `file` once listening")
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "serve HTTPS with this certificate `file` (with -tls-key)")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "private key `file` for -tls-cert")
 	fs.StringVar(&c.Token, "token", c.Token, "bearer `token` required by the API and /metrics (prefer -token-file or FTCOORD_TOKEN)")
@@ -101,7 +129,7 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Etcd, "etcd", c.Etcd, "external etcd `endpoints` (host:port,…); empty: run an embedded single-node etcd")
 	fs.StringVar(&c.EtcdClientAddr, "etcd-client-addr", c.EtcdClientAddr, "embedded etcd client `host:port` (port 0: a free one)")
 	fs.StringVar(&c.EtcdPeerAddr, "etcd-peer-addr", c.EtcdPeerAddr, "embedded etcd peer `host:port` (port 0: a free one)")
-	fs.StringVar(&c.EtcdAdvertiseAddr, "etcd-advertise-addr", c.EtcdAdvertiseAddr, "`host:port` trainers reach the embedded etcd at (default: -etcd-client-addr, or this host's name when it listens on all addresses)")
+	fs.StringVar(&c.EtcdAdvertiseAddr, "etcd-advertise-addr", c.EtcdAdvertiseAddr, "`host:port` trainers reach the embedded etcd at, written into their credentials (default: -advertise-host with -etcd-client-addr's port, or -etcd-client-addr, or this host's name when that listens on all addresses)")
 	fs.StringVar(&c.EtcdCertHosts, "etcd-cert-hosts", c.EtcdCertHosts, "more `names` and addresses (comma-separated) for the embedded etcd's server certificate")
 	fs.StringVar(&c.EtcdCACert, "etcd-cacert", c.EtcdCACert, "CA `file` to verify external etcd servers")
 	fs.StringVar(&c.EtcdCert, "etcd-cert", c.EtcdCert, "client certificate `file` for external etcd")
@@ -113,20 +141,21 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TrainerEtcdUser, "trainer-etcd-user", c.TrainerEtcdUser, "external etcd: the trainers' etcd `user`")
 	fs.StringVar(&c.TrainerEtcdPassword, "trainer-etcd-password", c.TrainerEtcdPassword, "external etcd: the trainers' etcd `password` (prefer FTCOORD_TRAINER_ETCD_PASSWORD)")
 	fs.StringVar(&c.Root, "root", c.Root, "etcd key `prefix` of all jobs")
-	fs.StringVar(&c.Name, "name", c.Name, "this instance's `name` (unique among coordinators)")
+	fs.StringVar(&c.Name, "name", c.Name, "this instance's `name`, unique among the coordinators of a root (default: the host name, stable across restarts; give each instance on one host its own)")
 	fs.IntVar(&c.MinReplicas, "min-replicas", c.MinReplicas, "default min replicas of a quorum (members may ask for more)")
 	fs.DurationVar(&c.JoinTimeout, "join-timeout", c.JoinTimeout, "how long a quorum waits for stragglers")
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "leader election lease TTL (≥ 2s): a dead leader is replaced after about this long")
 	fs.IntVar(&c.History, "history", c.History, "past quorums kept per job")
 	fs.BoolVar(&c.Gossip, "gossip", c.Gossip, "join members' gossip to learn of deaths directly")
-	fs.StringVar(&c.GossipAddr, "gossip-addr", c.GossipAddr, "gossip `host:port` (port 0: a free one)")
-	fs.StringVar(&c.GossipAdvertise, "gossip-advertise", c.GossipAdvertise, "gossip `host:port` others reach this instance at")
+	fs.StringVar(&c.GossipAddr, "gossip-addr", c.GossipAddr, "gossip `host:port`, TCP and UDP (port 0: a free one)")
+	fs.StringVar(&c.GossipAdvertise, "gossip-advertise", c.GossipAdvertise, "gossip `host:port` others reach this instance at (default: -advertise-host with -gossip-addr's port, or the bound address)")
 	fs.StringVar(&c.GossipKey, "gossip-key", c.GossipKey, "gossip encryption `key`, 16/24/32 bytes in hex or base64 (prefer FTCOORD_GOSSIP_KEY)")
 	fs.DurationVar(&c.GossipProbe, "gossip-probe-interval", c.GossipProbe, "gossip probe interval")
 	fs.DurationVar(&c.GossipProbeTimeout, "gossip-probe-timeout", c.GossipProbeTimeout, "gossip probe timeout")
 	fs.IntVar(&c.GossipSuspicion, "gossip-suspicion-mult", c.GossipSuspicion, "gossip suspicion multiplier")
 	fs.DurationVar(&c.EvictKeepOut, "evict-keep-out", c.EvictKeepOut, "how long an evicted member may not register again (0: not at all; an eviction request may say otherwise)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log `level`: debug, info, warn, error")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log `format`: console (tab-separated, for people) or json (one object a line, for log collectors)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown may take")
 }
 
@@ -134,6 +163,12 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 // upper case, '-' as '_'.
 func envName(flagName string) string {
 	return "FTCOORD_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// showEnv appends its environment variable to the usage of every flag of
+// fs, so that -h shows how to set each one in a container's environment.
+func showEnv(fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) { f.Usage += " [$" + envName(f.Name) + "]" })
 }
 
 // parseFlags parses args, then fills every flag not given on the command
@@ -168,6 +203,28 @@ func (c *serveConfig) validate() error {
 		}
 	}
 	hostPort("listen", c.Listen)
+	if c.Advertise != "" {
+		hostPort("advertise", c.Advertise)
+	}
+	if c.AdvertiseHost != "" {
+		if strings.ContainsAny(c.AdvertiseHost, " /") || strings.Count(c.AdvertiseHost, ":") == 1 {
+			bad("-advertise-host %q: want a host name or IP address, without a port", c.AdvertiseHost)
+		}
+		// The addresses it completes take their listen port: a port the
+		// OS picks cannot be advertised in advance.
+		fixed := func(flagName, bind, explicit string) {
+			if _, port, err := net.SplitHostPort(bind); err == nil && port == "0" && explicit == "" {
+				bad("-advertise-host needs a fixed port in -%s (it is %q)", flagName, bind)
+			}
+		}
+		fixed("listen", c.Listen, c.Advertise)
+		if c.Etcd == "" {
+			fixed("etcd-client-addr", c.EtcdClientAddr, c.EtcdAdvertiseAddr)
+		}
+		if c.Gossip {
+			fixed("gossip-addr", c.GossipAddr, c.GossipAdvertise)
+		}
+	}
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		bad("-tls-cert and -tls-key go together")
 	}
@@ -234,6 +291,11 @@ func (c *serveConfig) validate() error {
 	default:
 		bad("-log-level %q: want debug, info, warn or error", c.LogLevel)
 	}
+	switch c.LogFormat {
+	case "console", "json":
+	default:
+		bad("-log-format %q: want console or json", c.LogFormat)
+	}
 	if c.ShutdownTimeout <= 0 {
 		bad("-shutdown-timeout %v must be positive", c.ShutdownTimeout)
 	}
@@ -248,7 +310,7 @@ func (c *serveConfig) validate() error {
 
 func (c *serveConfig) gossipConfig() (membership.GossipConfig, error) {
 	g := membership.DefaultGossipConfig()
-	g.BindAddr, g.AdvertiseAddr = c.GossipAddr, c.GossipAdvertise
+	g.BindAddr, g.AdvertiseAddr = c.GossipAddr, c.advertised(c.GossipAdvertise, c.GossipAddr)
 	g.ProbeInterval, g.ProbeTimeout, g.SuspicionMult = c.GossipProbe, c.GossipProbeTimeout, c.GossipSuspicion
 	if c.GossipKey != "" {
 		key, err := decodeKey(c.GossipKey)
@@ -261,6 +323,17 @@ func (c *serveConfig) gossipConfig() (membership.GossipConfig, error) {
 		return g, err
 	}
 	return g, nil
+}
+
+// advertised is the address others reach a listener at: explicit when
+// set, else -advertise-host with bind's port, else "" (the listener's own
+// address, as the component decides).
+func (c *serveConfig) advertised(explicit, bind string) string {
+	if explicit != "" || c.AdvertiseHost == "" {
+		return explicit
+	}
+	_, port, _ := net.SplitHostPort(bind)
+	return net.JoinHostPort(c.AdvertiseHost, port)
 }
 
 func decodeKey(s string) ([]byte, error) {
@@ -281,6 +354,7 @@ func (c *serveConfig) serverConfig() (server.Config, error) {
 		return sc, err
 	}
 	sc.Listen, sc.TLSCert, sc.TLSKey, sc.Token = c.Listen, c.TLSCert, c.TLSKey, token
+	sc.Advertise = c.advertised(c.Advertise, c.Listen)
 	sc.Etcd = nil
 	if c.Etcd != "" {
 		for _, ep := range strings.Split(c.Etcd, ",") {
@@ -288,7 +362,9 @@ func (c *serveConfig) serverConfig() (server.Config, error) {
 		}
 	}
 	sc.DataDir, sc.EtcdClientAddr, sc.EtcdPeerAddr = c.DataDir, c.EtcdClientAddr, c.EtcdPeerAddr
-	sc.EtcdAdvertiseAddr = c.EtcdAdvertiseAddr
+	if c.Etcd == "" {
+		sc.EtcdAdvertiseAddr = c.advertised(c.EtcdAdvertiseAddr, c.EtcdClientAddr)
+	}
 	sc.EtcdCertHosts = nil
 	for _, h := range strings.Split(c.EtcdCertHosts, ",") {
 		if h = strings.TrimSpace(h); h != "" {

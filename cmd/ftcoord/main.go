@@ -14,22 +14,79 @@ import (
 const usage = `ftcoord: the ftcomm coordinator service.
 
 Usage:
-  ftcoord serve  [flags]   run a coordinator (embedded etcd by default)
-  ftcoord status [flags]   print jobs, or one job with -job, as tables
+  ftcoord serve       [flags]   run a coordinator (embedded etcd by default)
+  ftcoord status      [flags]   print jobs, or one job with -job, as tables
+  ftcoord credentials [flags]   print the trainers' credentials file that serve wrote
+  ftcoord version               print the version (also: ftcoord --version)
+
+Setting up an external etcd (see docs/deploy.md):
+  ftcoord certs       [flags]   make a CA and etcd's server and client certificates
+  ftcoord secrets     [flags]   make the coordinators' shared keys (quorum signing, gossip)
+  ftcoord etcd-init   [flags]   create ftcomm's etcd users and roles and turn auth on (as root)
 
 Every flag can also be set by environment variable: FTCOORD_<FLAG>, upper
 case with '-' as '_' (e.g. FTCOORD_DATA_DIR, FTCOORD_TOKEN). A flag on the
-command line wins. Run "ftcoord serve -h" for the flags of a command.
+command line wins. "ftcoord <command> -h" lists a command's flags with
+their variables.
 `
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
-func newServeFlagSet(cfg *serveConfig) *flag.FlagSet {
-	fs := flag.NewFlagSet("ftcoord serve", flag.ContinueOnError)
-	cfg.flags(fs)
+// newFlagSet makes the flag set of a command: its flags, each usage
+// naming its environment variable, and a usage line.
+func newFlagSet(cmd, args string, register func(*flag.FlagSet)) *flag.FlagSet {
+	fs := flag.NewFlagSet("ftcoord "+cmd, flag.ContinueOnError)
+	register(fs)
+	showEnv(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: ftcoord %s %s\n\nFlags (a flag on the command line wins over its $FTCOORD_… variable):\n", cmd, args)
+		fs.PrintDefaults()
+	}
 	return fs
+}
+
+func newServeFlagSet(cfg *serveConfig) *flag.FlagSet {
+	return newFlagSet("serve", "[flags]", cfg.flags)
+}
+
+// command is one subcommand: its flags, and what it does once they are
+// parsed (ctx ends at SIGTERM or SIGINT).
+type command struct {
+	args  string
+	flags func(*flag.FlagSet)
+	check func() error
+	run   func(ctx context.Context, stdout, stderr io.Writer) error
+}
+
+func commands() map[string]func() command {
+	return map[string]func() command{
+		"serve": func() command {
+			cfg := defaultServeConfig()
+			return command{"[flags]", cfg.flags, cfg.validate, func(ctx context.Context, _, stderr io.Writer) error { return serve(ctx, cfg, stderr) }}
+		},
+		"status": func() command {
+			var cfg statusConfig
+			return command{"[flags]", cfg.flags, cfg.validate, func(ctx context.Context, stdout, _ io.Writer) error { return status(ctx, cfg, stdout) }}
+		},
+		"credentials": func() command {
+			cfg := defaultCredentialsConfig()
+			return command{"[flags]", cfg.flags, cfg.validate, func(_ context.Context, stdout, _ io.Writer) error { return cfg.print(stdout) }}
+		},
+		"certs": func() command {
+			cfg := defaultCertsConfig()
+			return command{"[flags]", cfg.flags, cfg.validate, func(_ context.Context, stdout, _ io.Writer) error { return cfg.make(stdout) }}
+		},
+		"secrets": func() command {
+			cfg := defaultSecretsConfig()
+			return command{"[flags]", cfg.flags, cfg.validate, func(_ context.Context, stdout, _ io.Writer) error { return cfg.make(stdout) }}
+		},
+		"etcd-init": func() command {
+			cfg := defaultEtcdInitConfig()
+			return command{"[flags]", cfg.flags, cfg.validate, func(ctx context.Context, stdout, _ io.Writer) error { return cfg.init(ctx, stdout) }}
+		},
+	}
 }
 
 // run executes a command line and returns the process exit code: 0 done,
@@ -40,58 +97,41 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return 2
 	}
 	switch args[0] {
-	case "serve":
-		cfg := defaultServeConfig()
-		fs := newServeFlagSet(&cfg)
-		fs.SetOutput(stderr)
-		if err := parseFlags(fs, args[1:], getenv); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0
-			}
-			fmt.Fprintf(stderr, "ftcoord serve: %v\n", err)
-			return 2
-		}
-		if fs.NArg() > 0 {
-			fmt.Fprintf(stderr, "ftcoord serve: unexpected arguments %q\n", fs.Args())
-			return 2
-		}
-		if err := cfg.validate(); err != nil {
-			fmt.Fprintf(stderr, "ftcoord serve: %v\n", err)
-			return 2
-		}
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-		defer stop()
-		if err := serve(ctx, cfg, stderr); err != nil {
-			fmt.Fprintf(stderr, "ftcoord serve: %v\n", err)
-			return 1
-		}
-		return 0
-	case "status":
-		fs := flag.NewFlagSet("ftcoord status", flag.ContinueOnError)
-		fs.SetOutput(stderr)
-		var cfg statusConfig
-		cfg.flags(fs)
-		if err := parseFlags(fs, args[1:], getenv); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0
-			}
-			fmt.Fprintf(stderr, "ftcoord status: %v\n", err)
-			return 2
-		}
-		if err := cfg.validate(); err != nil {
-			fmt.Fprintf(stderr, "ftcoord status: %v\n", err)
-			return 2
-		}
-		if err := status(context.Background(), cfg, stdout); err != nil {
-			fmt.Fprintf(stderr, "ftcoord status: %v\n", err)
-			return 1
-		}
-		return 0
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
-	default:
+	case "version", "-version", "--version":
+		fmt.Fprintln(stdout, currentBuild())
+		return 0
+	}
+	mk, ok := commands()[args[0]]
+	if !ok {
 		fmt.Fprintf(stderr, "ftcoord: unknown command %q\n\n%s", args[0], usage)
 		return 2
 	}
+	c := mk()
+	fs := newFlagSet(args[0], c.args, c.flags)
+	fs.SetOutput(stderr)
+	if err := parseFlags(fs, args[1:], getenv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "ftcoord %s: %v\n", args[0], err)
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "ftcoord %s: unexpected arguments %q\n", args[0], fs.Args())
+		return 2
+	}
+	if err := c.check(); err != nil {
+		fmt.Fprintf(stderr, "ftcoord %s: %v\n", args[0], err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := c.run(ctx, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "ftcoord %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
 }

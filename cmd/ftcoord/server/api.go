@@ -36,6 +36,8 @@ type api struct {
 	gatherer prometheus.Gatherer
 	lg       *zap.Logger
 	keepOut  time.Duration // of an eviction, unless the request says
+	url      string        // this instance's API, as others reach it (set before serving)
+	version  string
 }
 
 // APIError is the body of every error answer.
@@ -151,7 +153,11 @@ func (a *api) healthz(w http.ResponseWriter, r *http.Request) {
 
 // CoordinatorInfo is GET /api/v1/coordinator.
 type CoordinatorInfo struct {
-	Name       string   `json:"name"`
+	Name string `json:"name"`
+	// URL is this instance's API as others reach it (Config.Advertise).
+	URL string `json:"url,omitempty"`
+	// Version is the running ftcoord's (Config.Version).
+	Version    string   `json:"version,omitempty"`
 	Leader     string   `json:"leader"`
 	IsLeader   bool     `json:"isLeader"`
 	GossipAddr string   `json:"gossipAddr,omitempty"`
@@ -166,7 +172,7 @@ func (a *api) coordinator(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, CoordinatorInfo{Name: a.coord.Name(), Leader: leader, IsLeader: a.coord.IsLeader(),
+	writeJSON(w, http.StatusOK, CoordinatorInfo{Name: a.coord.Name(), URL: a.url, Version: a.version, Leader: leader, IsLeader: a.coord.IsLeader(),
 		GossipAddr: a.coord.GossipAddr(), Etcd: a.cli.Endpoints()})
 }
 

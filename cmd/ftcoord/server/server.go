@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -30,6 +31,10 @@ type Config struct {
 	// Listen is the HTTP host:port of the API, dashboard and metrics
 	// (port 0: a free one).
 	Listen string
+	// Advertise is the host:port others reach the API at, when it differs
+	// from the listener's (a listener on 0.0.0.0, behind NAT): URL and
+	// GET /api/v1/coordinator give it (port 0: the bound port).
+	Advertise string
 	// TLSCert and TLSKey are PEM files: the API is served over HTTPS.
 	TLSCert, TLSKey string
 	// Token, when set, is the bearer token the API and /metrics demand.
@@ -108,6 +113,9 @@ type Config struct {
 
 	// ShutdownTimeout bounds a graceful shutdown.
 	ShutdownTimeout time.Duration
+	// Version and Revision label the metric ftcomm_coordinator_build_info
+	// (empty: "unknown").
+	Version, Revision string
 	// Logger (nil: none).
 	Logger *zap.Logger
 }
@@ -149,6 +157,9 @@ func (c Config) Validate() error {
 		}
 	}
 	hostPort("listen address", c.Listen)
+	if c.Advertise != "" {
+		hostPort("advertised API address", c.Advertise)
+	}
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		bad("the TLS certificate and key go together")
 	}
@@ -363,7 +374,8 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 
 	s.reg = prometheus.NewRegistry()
-	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewBuildInfoCollector(), buildInfo(cfg.Version, cfg.Revision))
 	cc := membership.DefaultCoordinatorConfig()
 	cc.Client, cc.Root, cc.Name = s.cli, cfg.Root, cfg.Name
 	cc.Quorum, cc.SessionTTL, cc.HistoryLimit = cfg.Quorum, cfg.SessionTTL, cfg.HistoryLimit
@@ -390,7 +402,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		keepOut = membership.DefaultEvictKeepOut
 	}
 	a := &api{admin: membership.NewAdmin(s.cli, cfg.Root), coord: s.coord, cli: s.cli, token: cfg.Token, gatherer: s.reg, lg: lg,
-		keepOut: max(keepOut, 0)}
+		keepOut: max(keepOut, 0), version: cfg.Version}
 	d := DefaultConfig()
 	or := func(v, def time.Duration) time.Duration {
 		if v > 0 {
@@ -416,12 +428,46 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		s.ln = tls.NewListener(s.ln, s.srv.TLSConfig)
 		scheme = "https"
 	}
-	s.url = fmt.Sprintf("%s://%s", scheme, s.ln.Addr())
+	s.url = fmt.Sprintf("%s://%s", scheme, advertisedAddr(cfg.Advertise, s.ln.Addr()))
+	a.url = s.url
 	if host, _, _ := net.SplitHostPort(cfg.Listen); cfg.Token == "" && !isLoopback(host) {
 		lg.Warn("the API listens beyond this host without a token: anyone who reaches it can evict members (set a token)",
 			zap.String("listen", cfg.Listen))
 	}
 	return s, nil
+}
+
+// buildInfo is the constant metric ftcomm_coordinator_build_info: 1,
+// labelled with what runs (Prometheus's build-info convention).
+func buildInfo(version, revision string) prometheus.Collector {
+	or := func(s string) string {
+		if s == "" {
+			return "unknown"
+		}
+		return s
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "ftcomm_coordinator_build_info",
+		Help:        "1, labelled with the version, VCS revision and Go version of the running ftcoord.",
+		ConstLabels: prometheus.Labels{"version": or(version), "revision": or(revision), "goversion": runtime.Version()},
+	})
+	g.Set(1)
+	return g
+}
+
+// advertisedAddr is the API's address as others reach it: advertise
+// (its port 0 replaced by the bound one), or the bound address.
+func advertisedAddr(advertise string, bound net.Addr) string {
+	if advertise == "" {
+		return bound.String()
+	}
+	host, port, _ := net.SplitHostPort(advertise)
+	if port == "0" {
+		if a, ok := bound.(*net.TCPAddr); ok {
+			port = fmt.Sprint(a.Port)
+		}
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // isLoopback reports whether host names this machine only.

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -156,6 +157,42 @@ func TestServerCutsSlowAndIdleClients(t *testing.T) {
 		conn.Close()
 		if err != nil {
 			t.Errorf("%s: the server kept the connection: %v", c.what, err)
+		}
+	}
+}
+
+// What a platform team reads off a running instance: the advertised API
+// address (not the bound one) and the build it runs, in the API and as
+// the build-info metric.
+func TestServerAdvertiseAndBuildInfo(t *testing.T) {
+	s := startServer(t, func(c *Config) {
+		c.Insecure, c.Gossip = true, nil
+		c.Advertise, c.Version, c.Revision = "ftcoord-0.ftcoord.ftcomm.svc:0", "v9.9.9", "abc123"
+	})
+	bound := s.ln.Addr().(*net.TCPAddr)
+	if want := "http://ftcoord-0.ftcoord.ftcomm.svc:" + strings.TrimPrefix(bound.String(), "127.0.0.1:"); s.URL() != want {
+		t.Fatalf("URL %q, want %q", s.URL(), want)
+	}
+	get := func(path string) string {
+		resp, err := http.Get("http://" + bound.String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", path, resp.StatusCode, b)
+		}
+		return string(b)
+	}
+	var info CoordinatorInfo
+	if err := json.Unmarshal([]byte(get("/api/v1/coordinator")), &info); err != nil || info.URL != s.URL() || info.Version != "v9.9.9" {
+		t.Errorf("coordinator info %+v, %v", info, err)
+	}
+	metrics := get("/metrics")
+	for _, want := range []string{`ftcomm_coordinator_build_info{goversion="go`, `revision="abc123",version="v9.9.9"} 1`, "go_build_info{"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s", want)
 		}
 	}
 }
