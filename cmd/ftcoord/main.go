@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -31,7 +32,30 @@ their variables.
 `
 
 func main() {
+	for _, name := range unknownEnv(os.Environ()) {
+		fmt.Fprintf(os.Stderr, "ftcoord: warning: $%s sets no flag of any command (a typo?); ignored\n", name)
+	}
 	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+// unknownEnv returns the FTCOORD_ variables of environ that set no flag
+// of any command: a misspelt variable in a manifest is otherwise silently
+// ignored.
+func unknownEnv(environ []string) []string {
+	known := map[string]bool{}
+	for _, mk := range commands() {
+		fs := flag.NewFlagSet("", flag.ContinueOnError)
+		mk().flags(fs)
+		fs.VisitAll(func(f *flag.Flag) { known[envName(f.Name)] = true })
+	}
+	var out []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "FTCOORD_") && !known[name] {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // newFlagSet makes the flag set of a command: its flags, each usage

@@ -178,3 +178,10 @@ func TestSetupCommands(t *testing.T) {
 		t.Fatalf("etcd-init: %d %q", code, msg)
 	}
 }
+
+func TestUnknownEnv(t *testing.T) {
+	got := unknownEnv([]string{"FTCOORD_DATA_DIR=/d", "FTCOORD_SESION_TTL=3s", "FTCOORD_ADDR=http://x", "HOME=/root", "FTCOORD_HOSTS=a"})
+	if len(got) != 1 || got[0] != "FTCOORD_SESION_TTL" {
+		t.Fatalf("unknown: %q", got)
+	}
+}
