@@ -73,7 +73,11 @@
 // the frame complete or abandoned (a write interrupted by an abort is
 // finished with filler and an "abandoned" trailer, so the reader can skip it
 // and the stream stays in sync). Types: op data, heartbeat, notice (why a
-// comm failed), resync (start of an epoch on a reused connection), bye.
+// comm failed: abort — flagged when it was a timeout —, revoke, peer
+// failed, mismatch; origin and subject ranks, cause text), resync (start of
+// an epoch on a reused connection: the new epoch's size, rank and
+// membership hash, the epoch left, and the ranks a Shrink excluded — up to
+// 1015 listed), bye.
 //
 // Every collective first agrees on its descriptor: a dissemination round
 // (⌈log₂ n⌉ steps of header-only frames, folded into the data exchange of
@@ -141,7 +145,16 @@
 //
 // A peer whose connection resets or closes fails the pending op on every
 // survivor at once with a *comm.RankError naming it and wrapping
-// comm.ErrPeerFailed (survivors also tell each other). Every connection
+// comm.ErrPeerFailed (survivors also tell each other). That holds too for a
+// survivor that hears first from a faster one which has already shrunk the
+// dead rank away: the resync frames of a Shrink carry the ranks it
+// excluded, and a rank still in (or next running) an op of the old comm
+// fails it with a *comm.RankError per excluded rank (errors.Join if
+// several), wrapping comm.ErrPeerFailed ("rank 0 shrank the comm to epoch
+// 1 without it"). So does a rank whose peers shrink a live rank away (the
+// quorum dropped it) while it waits on it: comm.FailedRanks names whom to
+// leave out. Only a peer that grows first leaves a bare comm.ErrAborted
+// ("rank p moved on to epoch e"). Every connection
 // idle for Config.HeartbeatInterval sends a heartbeat, so a live peer that
 // merely starts its op late is not silent — that case is the deadline's
 // (the Comm wrapper aborts the backend when an op's deadline passes). While
@@ -157,7 +170,12 @@
 // scheduling delays and the peer's recent gaps, up to 10 × PeerTimeout.
 //
 // Abort wakes every waiter at once with comm.ErrAborted and tells the peers,
-// whose pending ops fail too. Revoke does the same with comm.ErrRevoked, and
+// whose pending ops fail too. An abort for a timeout (an op past the
+// Comm's deadline or its ctx's) is flagged as one: the peers' errors then
+// match comm.ErrTimeout as well as comm.ErrAborted and say which rank timed
+// out ("rank 1 timed out: …"), so every rank waiting on a rank that never
+// posted the op sees a timeout, whether its own deadline or the notice of
+// a faster one came first. Revoke does the same with comm.ErrRevoked, and
 // every rank forwards the revocation. Ranks that disagree on an op get
 // comm.ErrMismatch (a *comm.RankError naming a disagreeing rank) on every
 // rank, with no buffer written. A malformed frame drops that connection
@@ -174,6 +192,6 @@
 // within Config.HandshakeTimeout; per connection one reader, which delivers
 // frames into the receives the op posted and exits when the connection
 // closes; per backend one monitor (heartbeats, the liveness check, failure
-// notices, the liveness check), exiting in Close. Forming a comm starts short-lived goroutines
+// notices), exiting in Close. Forming a comm starts short-lived goroutines
 // (dials, resyncs) that exit before it returns. Ops start no goroutines.
 package gloo

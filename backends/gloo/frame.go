@@ -1,6 +1,7 @@
 package gloo
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -32,7 +33,10 @@ const (
 	trailerAbandon = 0x5A
 	maxNoticeLen   = 4096
 	maxFrameLen    = 1 << 27 // above any SegmentSize
-	resyncLen      = 24
+	resyncFixed    = 36      // resync payload without the excluded ranks
+	// maxResyncExcluded bounds the excluded ranks a resync frame lists
+	// (a Shrink that excludes more lists the first ones).
+	maxResyncExcluded = (maxNoticeLen - resyncFixed) / 4
 )
 
 type frameType uint8
@@ -169,8 +173,8 @@ func decodeHeader(b []byte) (header, error) {
 			return h, fmt.Errorf("%w: notice of %d bytes", errMalformed, h.length)
 		}
 	case frameResync:
-		if h.length != resyncLen {
-			return h, fmt.Errorf("%w: resync of %d bytes, want %d", errMalformed, h.length, resyncLen)
+		if h.length < resyncFixed || h.length > resyncFixed+4*maxResyncExcluded || (h.length-resyncFixed)%4 != 0 {
+			return h, fmt.Errorf("%w: resync of %d bytes", errMalformed, h.length)
 		}
 	default:
 		return h, fmt.Errorf("%w: unknown frame type %d", errMalformed, uint8(h.typ))
@@ -188,12 +192,21 @@ const (
 	noticeMismatch   noticeKind = 4 // subject rank issued a different op
 )
 
+// Notice flags.
+const (
+	// noticeTimedOut: the origin's op passed its deadline (an abort for a
+	// timeout), so the peers' errors match comm.ErrTimeout as the origin's does.
+	noticeTimedOut uint8 = 1 << 0
+	noticeFlags          = noticeTimedOut // every flag defined
+)
+
 // notice is the payload of a frameNotice (epoch in the header's seq):
 //
-//	0 kind u8, 1 op u8, 2 reserved u16, 4 origin i32, 8 subject i32, 12 cause (UTF-8, rest)
+//	0 kind u8, 1 op u8, 2 flags u8, 3 reserved u8, 4 origin i32, 8 subject i32, 12 cause (UTF-8, rest)
 type notice struct {
 	kind    noticeKind
 	op      comm.OpType
+	flags   uint8
 	origin  int32 // the rank whose comm failed first
 	subject int32 // the rank the failure concerns, or -1
 	cause   string
@@ -201,10 +214,20 @@ type notice struct {
 
 const noticeFixed = 12
 
+// abortNotice is the notice of an abort at rank origin for cause; a cause
+// that is a timeout (the Comm's deadline, or a ctx deadline) is flagged so.
+func abortNotice(op comm.OpType, origin int, cause error) notice {
+	nt := notice{kind: noticeAbort, op: op, origin: int32(origin), subject: int32(origin), cause: cause.Error()}
+	if errors.Is(cause, comm.ErrTimeout) || errors.Is(cause, context.DeadlineExceeded) {
+		nt.flags |= noticeTimedOut
+	}
+	return nt
+}
+
 func (n *notice) encode(b []byte) int {
 	b[0] = byte(n.kind)
 	b[1] = byte(n.op)
-	b[2], b[3] = 0, 0
+	b[2], b[3] = n.flags, 0
 	binary.LittleEndian.PutUint32(b[4:], uint32(n.origin))
 	binary.LittleEndian.PutUint32(b[8:], uint32(n.subject))
 	c := n.cause
@@ -224,6 +247,10 @@ func decodeNotice(b []byte) (notice, error) {
 	if n.kind < noticeAbort || n.kind > noticeMismatch {
 		return n, fmt.Errorf("%w: notice kind %d", errMalformed, b[0])
 	}
+	n.flags = b[2]
+	if n.flags&^noticeFlags != 0 || b[3] != 0 {
+		return n, fmt.Errorf("%w: notice flags %#02x %#02x", errMalformed, b[2], b[3])
+	}
 	n.origin = int32(binary.LittleEndian.Uint32(b[4:]))
 	n.subject = int32(binary.LittleEndian.Uint32(b[8:]))
 	n.cause = string(b[noticeFixed:])
@@ -231,36 +258,72 @@ func decodeNotice(b []byte) (notice, error) {
 }
 
 // resyncInfo is what both ends of a reused connection must agree on to
-// enter a new epoch (epoch in the header's seq), plus where the sender's
-// new-epoch data starts in its shared-memory ring (0 for TCP links):
+// enter a new epoch (epoch in the header's seq); resyncNote is what else
+// the sender's resync says.
 //
-//	0 size u32, 4 sender rank u32, 8 members hash u64, 16 shm tx position u64
+//	0 size u32, 4 sender rank u32, 8 members hash u64,
+//	16 shm tx position u64, 24 previous epoch u64,
+//	32 excluded count u32, 36 excluded ranks u32 × min(count, maxResyncExcluded)
 type resyncInfo struct {
 	epoch   uint64
 	size    uint32
 	rank    uint32 // the sender's rank in the new epoch
 	members uint64 // hash of the new comm's membership
-	txPos   uint64 // not part of the agreement
 }
 
-func (r *resyncInfo) encode(b []byte) {
+// resyncNote is the part of a resync frame that is not agreed on.
+type resyncNote struct {
+	txPos    uint64 // where the sender's new-epoch data starts in its shared-memory ring (0 for TCP)
+	from     uint64 // the epoch the sender left
+	excluded []int  // the ranks of epoch from that a Shrink left out, ascending
+	nexcl    int    // how many it left out (excluded may list fewer)
+}
+
+func resyncLen(nt *resyncNote) int {
+	return resyncFixed + 4*min(len(nt.excluded), maxResyncExcluded)
+}
+
+func encodeResync(b []byte, r *resyncInfo, nt *resyncNote) {
 	binary.LittleEndian.PutUint32(b[0:], r.size)
 	binary.LittleEndian.PutUint32(b[4:], r.rank)
 	binary.LittleEndian.PutUint64(b[8:], r.members)
-	binary.LittleEndian.PutUint64(b[16:], r.txPos)
+	binary.LittleEndian.PutUint64(b[16:], nt.txPos)
+	binary.LittleEndian.PutUint64(b[24:], nt.from)
+	binary.LittleEndian.PutUint32(b[32:], uint32(len(nt.excluded)))
+	for i, x := range nt.excluded[:min(len(nt.excluded), maxResyncExcluded)] {
+		binary.LittleEndian.PutUint32(b[resyncFixed+4*i:], uint32(x))
+	}
 }
 
-func decodeResync(epoch uint64, b []byte) (resyncInfo, error) {
-	if len(b) != resyncLen {
-		return resyncInfo{}, fmt.Errorf("%w: resync of %d bytes", errMalformed, len(b))
+// decodeResync parses a resync payload (its length was checked with the
+// header). The excluded ranks are only decoded when withExcluded is set
+// (they allocate).
+func decodeResync(epoch uint64, b []byte, withExcluded bool) (resyncInfo, resyncNote, error) {
+	if len(b) < resyncFixed || (len(b)-resyncFixed)%4 != 0 {
+		return resyncInfo{}, resyncNote{}, fmt.Errorf("%w: resync of %d bytes", errMalformed, len(b))
 	}
-	return resyncInfo{
+	info := resyncInfo{
 		epoch:   epoch,
 		size:    binary.LittleEndian.Uint32(b[0:]),
 		rank:    binary.LittleEndian.Uint32(b[4:]),
 		members: binary.LittleEndian.Uint64(b[8:]),
-		txPos:   binary.LittleEndian.Uint64(b[16:]),
-	}, nil
+	}
+	nt := resyncNote{
+		txPos: binary.LittleEndian.Uint64(b[16:]),
+		from:  binary.LittleEndian.Uint64(b[24:]),
+		nexcl: int(binary.LittleEndian.Uint32(b[32:])),
+	}
+	listed := (len(b) - resyncFixed) / 4
+	if nt.nexcl < listed {
+		return resyncInfo{}, resyncNote{}, fmt.Errorf("%w: resync lists %d excluded ranks of %d", errMalformed, listed, nt.nexcl)
+	}
+	if withExcluded && listed > 0 {
+		nt.excluded = make([]int, listed)
+		for i := range nt.excluded {
+			nt.excluded[i] = int(binary.LittleEndian.Uint32(b[resyncFixed+4*i:]))
+		}
+	}
+	return info, nt, nil
 }
 
 // hashInts hashes ints (membership lists, counts vectors), FNV-1a over

@@ -411,11 +411,12 @@ func (l *link) dispatch(h *header) error {
 			}
 			want := l.want
 			l.mu.Unlock()
-			if err := l.fill(resyncLen + 1); err != nil {
+			n := int(h.length)
+			if err := l.fill(n + 1); err != nil {
 				return err
 			}
-			info, err := decodeResync(h.seq, l.rbuf[l.rpos:l.rpos+resyncLen])
-			l.rpos += resyncLen
+			info, note, err := decodeResync(h.seq, l.rbuf[l.rpos:l.rpos+n], false)
+			l.rpos += n
 			if err != nil {
 				return err
 			}
@@ -427,8 +428,7 @@ func (l *link) dispatch(h *header) error {
 			if t != trailerOK || info.epoch < want.epoch {
 				return nil // an interrupted or older resync: keep looking
 			}
-			txPos := info.txPos
-			info.txPos = 0
+			txPos := note.txPos
 			var res error
 			if info != want {
 				res = fmt.Errorf("%w: rank %d resynchronised to epoch %d as rank %d of %d (members %#x), expected epoch %d rank %d of %d (members %#x)",
@@ -457,10 +457,21 @@ func (l *link) dispatch(h *header) error {
 		if h.typ == frameResync {
 			// The peer reconfigured before this end did: hold the frame
 			// for this end's Shrink or Grow. Any op of this comm that
-			// needs the peer can no longer complete.
+			// needs the peer can no longer complete; if the peer shrank,
+			// the ranks it left out are why.
 			if b, peer, epoch := l.owner, l.peer, l.epoch; b != nil && h.seq > epoch && !b.isBroken() {
 				l.mu.Unlock()
-				b.peerLeft(peer, h.seq)
+				// Read the payload without consuming it (it stays in rbuf
+				// for the resync proper).
+				n := int(h.length)
+				if err := l.fill(n + 1); err != nil {
+					return err
+				}
+				_, note, err := decodeResync(h.seq, l.rbuf[l.rpos:l.rpos+n], true)
+				if err != nil {
+					return err
+				}
+				b.peerLeft(peer, h.seq, &note)
 				l.mu.Lock()
 			}
 			if !l.stallLocked() {
@@ -898,22 +909,22 @@ func (l *link) giveBack(b *Backend, peer int) {
 
 // sendResync writes this end's resync frame (after any unfinished frame)
 // with a deadline.
-func (l *link) sendResync(info resyncInfo, deadline time.Time) error {
+func (l *link) sendResync(info resyncInfo, note resyncNote, deadline time.Time) error {
 	if l.shm != nil {
 		// No op writes now: everything before this position is the old
 		// epoch's, and the peer drops it.
 		l.smu.Lock()
-		info.txPos = l.shm.txPos
+		note.txPos = l.shm.txPos
 		l.smu.Unlock()
 	}
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	l.wdl.Store(true)
 	l.conn.SetWriteDeadline(deadline)
-	var p [resyncLen]byte
-	info.encode(p[:])
+	p := make([]byte, resyncLen(&note))
+	encodeResync(p, &info, &note)
 	h := header{typ: frameResync, seq: info.epoch}
-	return l.writeLocked(&h, p[:])
+	return l.writeLocked(&h, p)
 }
 
 // closeGraceful sends a bye (bounded by d) and closes the link. Writers

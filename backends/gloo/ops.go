@@ -2,6 +2,7 @@ package gloo
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/bits"
 
@@ -83,9 +84,18 @@ func (b *Backend) begin(ctx context.Context, op comm.OpType) error {
 	}
 	b.active.Store(true)
 	if ctx.Done() != nil {
-		b.ctxStop = context.AfterFunc(ctx, func() { b.Abort(fmt.Errorf("ctx ended: %w", context.Cause(ctx))) })
+		b.ctxStop = context.AfterFunc(ctx, func() { b.Abort(ctxEnded(ctx)) })
 	}
 	return nil
+}
+
+// ctxEnded says why the op's ctx ended: past its deadline is a timeout
+// (comm.ErrTimeout, as the Comm's own deadline is), anything else is not.
+func ctxEnded(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("%w: caller's deadline passed: %w", comm.ErrTimeout, context.Cause(ctx))
+	}
+	return fmt.Errorf("ctx ended: %w", context.Cause(ctx))
 }
 
 // end finishes an op. On failure it makes sure b is broken (so peers learn
@@ -100,7 +110,7 @@ func (b *Backend) end(err error) error {
 	if err != nil {
 		if !b.isBroken() {
 			b.breakWith(faultInfo{
-				nt:  notice{kind: noticeAbort, op: b.opType(), origin: int32(b.rank), subject: int32(b.rank), cause: err.Error()},
+				nt:  abortNotice(b.opType(), b.rank, err),
 				err: fmt.Errorf("gloo: %w: %w", comm.ErrAborted, err),
 			})
 		}
@@ -166,7 +176,7 @@ func (b *Backend) waitRx(ctx context.Context, p int, bytes, done int64) error {
 		case <-b.broken:
 			return b.err()
 		case <-ctx.Done():
-			return fmt.Errorf("gloo: %w: ctx ended: %w", comm.ErrAborted, context.Cause(ctx))
+			return fmt.Errorf("gloo: %w: %w", comm.ErrAborted, ctxEnded(ctx))
 		}
 	}
 	return nil
