@@ -38,6 +38,7 @@ func factory(ctx context.Context, o comm.Options) (comm.Backend, error) {
 	if sharedMemoryDisabledByEnv() {
 		cfg.SharedMemory = false
 	}
+
 	log := o.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -83,6 +84,10 @@ type Backend struct {
 	exp     []rxMark // per link: what the entries posted so far will have delivered
 	want    []int    // per link: entries planned for the op being set up
 	scratch [][]byte
+	srcs    [][]byte
+	flags   []bool
+	one     oneShotWait // the wait of a one-shot all-reduce (kept here: no allocation per op)
+	crowded bool        // more ranks of this comm on this host than CPUs (see spin); set by start
 	marks   []int64
 	ints    []int
 	members uint64     // membership hash the resync frames of a Shrink or Grow carry
@@ -149,6 +154,7 @@ func (b *Backend) start() {
 		}
 		if l.shm != nil {
 			l.shm.crowded.Store(onHost > runtime.NumCPU())
+			b.crowded = onHost > runtime.NumCPU()
 		}
 		// Nobody heartbeats a connection while its comm forms (a reused
 		// one may have waited for a slow survivor): silence counts from now.

@@ -28,10 +28,15 @@ const (
 	numAlgorithms
 )
 
-var algorithmNames = [numAlgorithms]string{"auto", "ring", "recursive-doubling"}
+// algoOneShot marks the one-shot all-reduce in a descriptor: chosen under
+// AlgorithmAuto for small messages (Config.OneShotBytes), never set in a
+// Config.
+const algoOneShot = numAlgorithms
+
+var algorithmNames = [numAlgorithms + 1]string{"auto", "ring", "recursive-doubling", "one-shot"}
 
 func (a Algorithm) String() string {
-	if a >= numAlgorithms {
+	if a > algoOneShot {
 		return fmt.Sprintf("algorithm(%d)", uint8(a))
 	}
 	return algorithmNames[a]
@@ -91,6 +96,15 @@ type Config struct {
 	// SmallThreshold: with AlgorithmAuto, messages of at most this many
 	// bytes use the latency-optimal algorithms.
 	SmallThreshold int
+	// OneShotBytes: with AlgorithmAuto, an all-reduce of at most
+	// SmallThreshold bytes whose size times (ranks − 1) is at most this
+	// many bytes goes one-shot: every rank sends its whole vector to every
+	// other and reduces all of them locally, in rank order — one step
+	// instead of recursive doubling's ⌈log₂ n⌉, which is what the small
+	// control all-reduces of every training step (the commit vote) pay.
+	// 0 turns it off. Like SmallThreshold it matters only through the
+	// choice it makes, which must be the same at every rank.
+	OneShotBytes int
 	// SegmentSize is the pipelining unit of the ring and chain algorithms
 	// and the largest frame this rank sends, in bytes. Default 1 MiB: at
 	// 64 MiB, 512 KiB segments cost ~10–15% more CPU per op (more handoffs
@@ -142,6 +156,7 @@ func DefaultConfig() *Config {
 		PeerTimeout:          800 * time.Millisecond,
 		Algorithm:            AlgorithmAuto,
 		SmallThreshold:       64 << 10,
+		OneShotBytes:         256 << 10,
 		SegmentSize:          1 << 20,
 		MaxPendingHandshakes: 64,
 		SharedMemory:         true,
@@ -172,6 +187,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("gloo: config: unknown Algorithm %d", c.Algorithm)
 	case c.SmallThreshold < 0:
 		return fmt.Errorf("gloo: config: SmallThreshold %d is negative", c.SmallThreshold)
+	case c.OneShotBytes < 0:
+		return fmt.Errorf("gloo: config: OneShotBytes %d is negative", c.OneShotBytes)
 	case c.SegmentSize < 4<<10 || c.SegmentSize > 64<<20:
 		return fmt.Errorf("gloo: config: SegmentSize %d outside [4 KiB, 64 MiB]", c.SegmentSize)
 	case c.MaxPendingHandshakes < 1:

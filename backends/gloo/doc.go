@@ -101,19 +101,28 @@
 // (Config.SharedMemoryRing bytes each): frames are written as on TCP but
 // without the trailer, each side keeps its own position and checks the
 // other's before using it (a corrupt position drops the link as a
-// malformed frame would), and a side with nothing to do spins for 20 µs and
-// then sleeps in a futex that the other side wakes. Each link gets a second
-// reader goroutine that copies or reduces straight from the ring into the
-// destination. The TCP connection stays for everything else — handshake,
-// heartbeats, notices, resync, bye — and for liveness: a peer that dies
-// resets it, which fails the link at once as on TCP. A write interrupted by
-// an abort simply stops; the resync frame of the next epoch carries the
-// writer's ring position, and the reader drops everything before it.
+// malformed frame would). No goroutine reads the rings on its own: the op
+// goroutine writes its frames and, whenever it waits, takes what its rx
+// rings hold and copies or reduces it straight into the posted receives
+// (with the same checks as the socket reader of a TCP link), so a small op
+// costs no handoff between goroutines. A waiter polls for up to 100 µs
+// (yielding each round, to other processes too when the host runs more
+// ranks than it has CPUs), then marks itself asleep in the segment and
+// parks; the other side, after publishing a ring position, sees the mark
+// and sends a wake frame over TCP. The TCP connection stays for everything
+// else — handshake, heartbeats, notices, resync, bye, wake — and for
+// liveness: a peer that dies resets it, which fails the link at once as on
+// TCP. A write interrupted by an abort simply stops; the resync frame of
+// the next epoch carries the writer's ring position, and the consumer
+// drops everything before it.
 //
 // # Algorithms
 //
-// All-reduce: recursive doubling (non-power-of-two sizes fold the extra
-// ranks in and out) for small messages; for large ones a pipelined ring run
+// All-reduce: one-shot for small messages (Config.OneShotBytes: every rank
+// sends its vector to every other and reduces all n in rank order, reading
+// shared-memory rings in place), recursive doubling (non-power-of-two sizes
+// fold the extra ranks in and out) for other small ones; for large ones a
+// pipelined ring run
 // as a wavefront over pieces, whose receiving side reduces segments into
 // the destination as they arrive while the next is on the wire.
 // Reduce-scatter and all-gather: ring (reduce-scatter through recursive

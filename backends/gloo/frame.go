@@ -12,7 +12,7 @@ import (
 // Wire format of a frame (all integers little-endian):
 //
 //	0  magic   u8   0xF7
-//	1  type    u8   frameOp, frameHeartbeat, frameNotice, frameResync, frameBye
+//	1  type    u8   frameOp, frameHeartbeat, frameNotice, frameResync, frameBye, frameWake
 //	2  op      u8   comm.OpType of the collective (OpSend for point-to-point)
 //	3  dtype   u8   comm.DType (0 for ops without a tensor)
 //	4  redop   u8   comm.ReduceOp (0 where none)
@@ -47,6 +47,7 @@ const (
 	frameNotice    frameType = 3 // the sender's comm failed; payload says why
 	frameResync    frameType = 4 // marks the start of a new epoch on a reused connection
 	frameBye       frameType = 5 // the sender closed its end
+	frameWake      frameType = 6 // the sender published shared-memory positions, and the receiver's waiter on lane tag was parked
 )
 
 func (t frameType) String() string {
@@ -61,6 +62,8 @@ func (t frameType) String() string {
 		return "resync"
 	case frameBye:
 		return "bye"
+	case frameWake:
+		return "wake"
 	}
 	return fmt.Sprintf("frame(%d)", uint8(t))
 }
@@ -155,7 +158,7 @@ func decodeHeader(b []byte) (header, error) {
 		if h.d.redop != 0 && !h.d.redop.Valid() {
 			return h, fmt.Errorf("%w: reduce op %d", errMalformed, uint8(h.d.redop))
 		}
-		if h.d.algo >= numAlgorithms {
+		if h.d.algo > algoOneShot {
 			return h, fmt.Errorf("%w: algorithm %d", errMalformed, uint8(h.d.algo))
 		}
 		if h.length > maxFrameLen {
@@ -167,6 +170,10 @@ func decodeHeader(b []byte) (header, error) {
 	case frameHeartbeat, frameBye:
 		if h.length != 0 {
 			return h, fmt.Errorf("%w: %s frame with %d payload bytes", errMalformed, h.typ, h.length)
+		}
+	case frameWake:
+		if h.length != 0 || h.tag >= shmMaxLanes {
+			return h, fmt.Errorf("%w: wake frame with %d payload bytes for lane %d", errMalformed, h.length, h.tag)
 		}
 	case frameNotice:
 		if h.length < noticeFixed || h.length > maxNoticeLen {

@@ -83,10 +83,18 @@ func (b *Backend) begin(ctx context.Context, op comm.OpType) error {
 		}
 	}
 	b.active.Store(true)
-	if ctx.Done() != nil {
+	return nil
+}
+
+// watchCtx has the op's ctx abort b when it ends (once per op, before the
+// op first writes to a socket: a write blocked on a full socket buffer
+// sees only a past write deadline). Waits select on the ctx themselves,
+// and shared-memory writes poll it, so ops over shared memory never pay
+// for this (an allocation and a lock of the ctx).
+func (b *Backend) watchCtx(ctx context.Context) {
+	if b.ctxStop == nil && ctx.Done() != nil {
 		b.ctxStop = context.AfterFunc(ctx, func() { b.Abort(ctxEnded(ctx)) })
 	}
-	return nil
 }
 
 // ctxEnded says why the op's ctx ended: past its deadline is a timeout
@@ -170,6 +178,9 @@ func (b *Backend) post(p int, e entry) (int64, int64) {
 // and completed done entries.
 func (b *Backend) waitRx(ctx context.Context, p int, bytes, done int64) error {
 	l := b.links[p]
+	if l.shm != nil {
+		return b.waitRxShm(ctx, p, bytes, done)
+	}
 	for l.rxBytes.Load() < bytes || l.rxDone.Load() < done {
 		select {
 		case <-b.notify:
@@ -194,7 +205,7 @@ func (b *Backend) waitAll(ctx context.Context) error {
 	return nil
 }
 
-func (b *Backend) sendFrame(p int, h *header, payload []byte) error {
+func (b *Backend) sendFrame(ctx context.Context, p int, h *header, payload []byte) error {
 	l := b.links[p]
 	if l.departed.Load() {
 		b.peerGone(p, true)
@@ -208,9 +219,10 @@ func (b *Backend) sendFrame(p int, h *header, payload []byte) error {
 			l.smu.Unlock()
 			return b.err()
 		}
-		err = l.shmWriteLocked(h, payload)
+		err = l.shmWriteLocked(ctx, b, h, payload)
 		l.smu.Unlock()
 	} else {
+		b.watchCtx(ctx) // a blocked socket write sees only a deadline in the past
 		l.wmu.Lock()
 		l.clearDeadline()
 		if b.isBroken() {
@@ -234,13 +246,13 @@ func (b *Backend) sendFrame(p int, h *header, payload []byte) error {
 
 // sendData sends data to p in frames of at most one segment (one empty
 // frame if data is empty).
-func (b *Backend) sendData(p int, h header, data []byte) error {
+func (b *Backend) sendData(ctx context.Context, p int, h header, data []byte) error {
 	if len(data) == 0 {
-		return b.sendFrame(p, &h, nil)
+		return b.sendFrame(ctx, p, &h, nil)
 	}
 	seg := b.segFor(h.d.dtype)
 	for off := 0; off < len(data); off += seg {
-		if err := b.sendFrame(p, &h, data[off:min(off+seg, len(data))]); err != nil {
+		if err := b.sendFrame(ctx, p, &h, data[off:min(off+seg, len(data))]); err != nil {
 			return err
 		}
 	}
@@ -252,7 +264,7 @@ func (b *Backend) sendData(p int, h header, data []byte) error {
 // start). avg > 0 divides each segment by avg first.
 func (b *Backend) forward(ctx context.Context, from int, start int64, to int, h header, data []byte, avg int) error {
 	if len(data) == 0 {
-		return b.sendFrame(to, &h, nil)
+		return b.sendFrame(ctx, to, &h, nil)
 	}
 	seg := b.segFor(h.d.dtype)
 	for off := 0; off < len(data); off += seg {
@@ -263,7 +275,7 @@ func (b *Backend) forward(ctx context.Context, from int, start int64, to int, h 
 		if avg > 0 {
 			reduce.Divide(h.d.dtype, data[off:end], avg)
 		}
-		if err := b.sendFrame(to, &h, data[off:end]); err != nil {
+		if err := b.sendFrame(ctx, to, &h, data[off:end]); err != nil {
 			return err
 		}
 	}
@@ -281,7 +293,7 @@ func (b *Backend) agree(ctx context.Context, seq uint64, d desc) error {
 	}
 	for k, dist := 0, 1; dist < n; k, dist = k+1, dist<<1 {
 		h := header{typ: frameOp, d: d, tag: tagPreamble + uint32(k), seq: seq}
-		if err := b.sendFrame(mod(r+dist, n), &h, nil); err != nil {
+		if err := b.sendFrame(ctx, mod(r+dist, n), &h, nil); err != nil {
 			return err
 		}
 		// Each link carries at most one preamble entry (the distances are
@@ -310,6 +322,10 @@ func (b *Backend) AllReduce(ctx context.Context, t comm.Tensor, op comm.ReduceOp
 	}
 	buf := t.Bytes()
 	d := desc{op: comm.OpAllReduce, dtype: t.DType(), redop: op, algo: b.pick(len(buf)), root: -1, count: uint64(t.Count())}
+	if d.algo == AlgorithmRecursiveDoubling && b.cfg.Algorithm == AlgorithmAuto && len(buf)*(b.size-1) <= b.cfg.OneShotBytes {
+		d.algo = algoOneShot
+		return b.end(b.allReduceOneShot(ctx, d, buf))
+	}
 	if d.algo == AlgorithmRecursiveDoubling {
 		return b.end(b.allReduceRD(ctx, d, buf))
 	}
@@ -337,7 +353,7 @@ func (b *Backend) allReduceRD(ctx context.Context, d desc, t []byte) error {
 		b.want[r+1] = 1
 		seq := b.collective(d, false)
 		_, done := b.post(r+1, entry{seq: seq, tag: tagRDPost, d: d, mode: modeCopy, dst: t})
-		if err := b.sendData(r+1, opHeader(d, seq, tagRDPre), t); err != nil {
+		if err := b.sendData(ctx, r+1, opHeader(d, seq, tagRDPre), t); err != nil {
 			return err
 		}
 		return b.waitRx(ctx, r+1, 0, done)
@@ -384,7 +400,7 @@ func (b *Backend) allReduceRD(ctx context.Context, d desc, t []byte) error {
 			postRound(k + 1)
 		}
 		q := virt(v ^ (1 << k))
-		if err := b.sendData(q, opHeader(d, seq, k), cur); err != nil {
+		if err := b.sendData(ctx, q, opHeader(d, seq, k), cur); err != nil {
 			return err
 		}
 		if err := b.waitRx(ctx, q, 0, done[k]); err != nil {
@@ -402,7 +418,7 @@ func (b *Backend) allReduceRD(ctx context.Context, d desc, t []byte) error {
 		reduce.Divide(d.dtype, t, n)
 	}
 	if odd {
-		return b.sendData(r-1, opHeader(d, seq, tagRDPost), t)
+		return b.sendData(ctx, r-1, opHeader(d, seq, tagRDPost), t)
 	}
 	return nil
 }
@@ -468,7 +484,7 @@ func (b *Backend) allReduceRing(ctx context.Context, d desc, t []byte) error {
 			if s == n-1 && d.redop == comm.Avg {
 				reduce.Divide(d.dtype, data, n) // this rank's reduced block
 			}
-			if err := b.sendData(right, opHeader(d, seq, s), data); err != nil {
+			if err := b.sendData(ctx, right, opHeader(d, seq, s), data); err != nil {
 				return err
 			}
 		}
@@ -537,7 +553,7 @@ func (b *Backend) reduceScatterRing(ctx context.Context, d desc, out, in []byte)
 		var err error
 		if s == 0 {
 			c := mod(r-1, n)
-			err = b.sendData(right, opHeader(d, seq, s), in[c*B:(c+1)*B])
+			err = b.sendData(ctx, right, opHeader(d, seq, s), in[c*B:(c+1)*B])
 		} else {
 			err = b.forward(ctx, left, marks[s-1], right, opHeader(d, seq, s), dstOf(s-1), 0)
 		}
@@ -608,7 +624,7 @@ func (b *Backend) allGatherRing(ctx context.Context, d desc, out, in []byte, off
 	for s := 0; s < n-1; s++ {
 		var err error
 		if s == 0 {
-			err = b.sendData(right, opHeader(d, seq, s), in)
+			err = b.sendData(ctx, right, opHeader(d, seq, s), in)
 		} else {
 			c := mod(r-s, n)
 			err = b.forward(ctx, left, marks[s-1], right, opHeader(d, seq, s), out[off[c]:off[c+1]], 0)
@@ -650,7 +666,7 @@ func (b *Backend) broadcastChain(ctx context.Context, d desc, t []byte, root int
 		return err
 	}
 	if pos == 0 {
-		return b.sendData(next, opHeader(d, seq, 0), t)
+		return b.sendData(ctx, next, opHeader(d, seq, 0), t)
 	}
 	start, done := b.post(prev, entry{seq: seq, d: d, mode: modeCopy, dst: t})
 	if pos < n-1 {
@@ -687,7 +703,7 @@ func (b *Backend) broadcastTree(ctx context.Context, d desc, t []byte, root int)
 		dist = hb << 1
 	}
 	for ; pos+dist < n; dist <<= 1 {
-		if err := b.sendData(mod(pos+dist+root, n), opHeader(d, seq, bits.Len(uint(dist))-1), t); err != nil {
+		if err := b.sendData(ctx, mod(pos+dist+root, n), opHeader(d, seq, bits.Len(uint(dist))-1), t); err != nil {
 			return err
 		}
 	}
@@ -726,7 +742,7 @@ func (b *Backend) reduceChain(ctx context.Context, d desc, t []byte, root int) e
 	}
 	switch {
 	case pos == n-1:
-		return b.sendData(to, opHeader(d, seq, 0), t)
+		return b.sendData(ctx, to, opHeader(d, seq, 0), t)
 	case pos == 0:
 		_, done := b.post(from, entry{seq: seq, d: d, mode: modeReduce, dst: t})
 		if err := b.waitRx(ctx, from, 0, done); err != nil {
@@ -780,7 +796,7 @@ func (b *Backend) reduceTree(ctx context.Context, d desc, t []byte, root int) er
 	}
 	if pos > 0 {
 		low := pos & -pos
-		return b.sendData(mod(pos-low+root, n), opHeader(d, seq, bits.Len(uint(low))-1), cur)
+		return b.sendData(ctx, mod(pos-low+root, n), opHeader(d, seq, bits.Len(uint(low))-1), cur)
 	}
 	if d.redop == comm.Avg {
 		reduce.Divide(d.dtype, t, n)
@@ -815,7 +831,7 @@ func (b *Backend) Gather(ctx context.Context, out, in comm.Tensor, root int) err
 		return b.end(err)
 	}
 	if r != root {
-		return b.end(b.sendData(root, opHeader(d, seq, 0), ib))
+		return b.end(b.sendData(ctx, root, opHeader(d, seq, 0), ib))
 	}
 	ob, B := out.Bytes(), len(ib)
 	for p := range n {
@@ -854,7 +870,7 @@ func (b *Backend) Scatter(ctx context.Context, out, in comm.Tensor, root int) er
 	copy(ob, ib[r*B:(r+1)*B])
 	for i := 1; i < n; i++ {
 		p := (r + i) % n
-		if err := b.sendData(p, opHeader(d, seq, 0), ib[p*B:(p+1)*B]); err != nil {
+		if err := b.sendData(ctx, p, opHeader(d, seq, 0), ib[p*B:(p+1)*B]); err != nil {
 			return b.end(err)
 		}
 	}
@@ -928,7 +944,7 @@ func (b *Backend) allToAll(ctx context.Context, d desc, out, in []byte, oo, io [
 			cd := d
 			cd.count = uint64(inCounts[p])
 			h := opHeader(cd, seq, tagCounts)
-			if err := b.sendFrame(p, &h, nil); err != nil {
+			if err := b.sendFrame(ctx, p, &h, nil); err != nil {
 				return err
 			}
 		}
@@ -947,7 +963,7 @@ func (b *Backend) allToAll(ctx context.Context, d desc, out, in []byte, oo, io [
 	}
 	for i := 1; i < n; i++ {
 		p := (r + i) % n
-		if err := b.sendData(p, opHeader(d, seq, 0), in[io[p]:io[p+1]]); err != nil {
+		if err := b.sendData(ctx, p, opHeader(d, seq, 0), in[io[p]:io[p+1]]); err != nil {
 			return err
 		}
 	}
@@ -984,7 +1000,7 @@ func (b *Backend) Send(ctx context.Context, t comm.Tensor, peer int) error {
 	l := b.links[peer]
 	seq := l.p2pTx
 	l.p2pTx++
-	return b.end(b.sendData(peer, opHeader(p2pDesc(t), seq, 0), t.Bytes()))
+	return b.end(b.sendData(ctx, peer, opHeader(p2pDesc(t), seq, 0), t.Bytes()))
 }
 
 // Recv implements comm.Backend.
@@ -1017,7 +1033,7 @@ func (b *Backend) BatchP2P(ctx context.Context, ops []comm.P2POp) error {
 			l := b.links[o.Peer]
 			seq := l.p2pTx
 			l.p2pTx++
-			if err := b.sendData(o.Peer, opHeader(p2pDesc(o.Tensor), seq, 0), o.Tensor.Bytes()); err != nil {
+			if err := b.sendData(ctx, o.Peer, opHeader(p2pDesc(o.Tensor), seq, 0), o.Tensor.Bytes()); err != nil {
 				return b.end(err)
 			}
 		}
