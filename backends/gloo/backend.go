@@ -87,12 +87,23 @@ type Backend struct {
 	srcs    [][]byte
 	flags   []bool
 	one     oneShotWait // the wait of a one-shot all-reduce (kept here: no allocation per op)
-	crowded bool        // more ranks of this comm on this host than CPUs (see spin); set by start
-	marks   []int64
-	ints    []int
-	members uint64     // membership hash the resync frames of a Shrink or Grow carry
-	left0   resyncNote // what else they say: the epoch left and the ranks a Shrink excluded
-	ctxStop func() bool
+
+	// lane helpers (lanes.go): the op goroutine starts them (laneHelpers
+	// counts them and publishes their channels) and hands them work
+	// through laneGo and laneDone
+	laneHelpers   atomic.Int32
+	laneGo        [shmMaxLanes]chan struct{}
+	laneWake      [shmMaxLanes]chan struct{}
+	laneDone      chan int
+	laneJobs      [shmMaxLanes]laneJob
+	laneRuns      [shmMaxLanes]laneRun
+	laneDoneFlags [shmMaxLanes][]bool
+	crowded       bool // more ranks of this comm on this host than CPUs (see spin); set by start
+	marks         []int64
+	ints          []int
+	members       uint64     // membership hash the resync frames of a Shrink or Grow carry
+	left0         resyncNote // what else they say: the epoch left and the ranks a Shrink excluded
+	ctxStop       func() bool
 
 	mu      sync.Mutex
 	fault   *faultInfo // the first failure
@@ -126,7 +137,7 @@ func newBackend(nd *node, store comm.Store, prefix string, epoch uint64, rank, s
 	return &Backend{
 		cfg: nd.cfg, node: nd, store: store, prefix: prefix, epoch: epoch, rank: rank, size: size,
 		log:    nd.log.With(zap.String("prefix", prefix), zap.Int("rank", rank), zap.Int("size", size), zap.Uint64("epoch", epoch)),
-		notify: make(chan struct{}, 1), exp: make([]rxMark, size), want: make([]int, size),
+		notify: make(chan struct{}, 1), exp: make([]rxMark, size), want: make([]int, size), laneDone: make(chan int, shmMaxLanes),
 		broken: make(chan struct{}), monWake: make(chan struct{}, 1), quit: make(chan struct{}),
 	}
 }

@@ -124,8 +124,18 @@ type Config struct {
 	SharedMemory bool
 	// SharedMemoryRing is the size in bytes of each direction's ring of a
 	// shared-memory link (a power of two, 64 KiB – 64 MiB); a link maps
-	// twice this plus 4 KiB. The listener's setting is used.
+	// twice this plus 8 KiB, and its extra lanes (SharedMemoryLanes). The
+	// listener's setting is used.
 	SharedMemoryRing int
+	// SharedMemoryLanes bounds how many cores one rank spreads a large
+	// all-reduce over when both of its ring neighbours are shared-memory
+	// links: the op's goroutine and up to SharedMemoryLanes−1 helpers, each
+	// moving one part through its own ring pair of each link (512 KiB each
+	// way, mapped when the link is set up). 0, the default, picks the
+	// host's CPUs divided by the comm's ranks, at most 8 (1 on a 2-core
+	// host with 2 ranks); 1 turns lanes off. An op uses the fewest lanes
+	// any rank can (agreed on per op, one per MiB of message at most).
+	SharedMemoryLanes int
 }
 
 // EnvSharedMemory, set to 0, off or false, disables Config.SharedMemory
@@ -193,6 +203,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("gloo: config: SegmentSize %d outside [4 KiB, 64 MiB]", c.SegmentSize)
 	case c.MaxPendingHandshakes < 1:
 		return fmt.Errorf("gloo: config: MaxPendingHandshakes %d must be at least 1", c.MaxPendingHandshakes)
+	case c.SharedMemoryLanes < 0 || c.SharedMemoryLanes > shmMaxLanes:
+		return fmt.Errorf("gloo: config: SharedMemoryLanes %d outside [0, %d]", c.SharedMemoryLanes, shmMaxLanes)
 	case c.SharedMemory && !validRingSize(c.SharedMemoryRing):
 		return fmt.Errorf("gloo: config: SharedMemoryRing %d is not a power of two in [64 KiB, 64 MiB]", c.SharedMemoryRing)
 	}

@@ -33,10 +33,10 @@ const (
 	trailerAbandon = 0x5A
 	maxNoticeLen   = 4096
 	maxFrameLen    = 1 << 27 // above any SegmentSize
-	resyncFixed    = 36      // resync payload without the excluded ranks
+	resyncFixed    = 32      // resync payload without the lane positions and the excluded ranks
 	// maxResyncExcluded bounds the excluded ranks a resync frame lists
 	// (a Shrink that excludes more lists the first ones).
-	maxResyncExcluded = (maxNoticeLen - resyncFixed) / 4
+	maxResyncExcluded = (maxNoticeLen - resyncFixed - 8*shmMaxLanes) / 4
 )
 
 type frameType uint8
@@ -180,7 +180,7 @@ func decodeHeader(b []byte) (header, error) {
 			return h, fmt.Errorf("%w: notice of %d bytes", errMalformed, h.length)
 		}
 	case frameResync:
-		if h.length < resyncFixed || h.length > resyncFixed+4*maxResyncExcluded || (h.length-resyncFixed)%4 != 0 {
+		if h.length < resyncFixed || h.length > maxNoticeLen || (h.length-resyncFixed)%4 != 0 {
 			return h, fmt.Errorf("%w: resync of %d bytes", errMalformed, h.length)
 		}
 	default:
@@ -268,9 +268,10 @@ func decodeNotice(b []byte) (notice, error) {
 // enter a new epoch (epoch in the header's seq); resyncNote is what else
 // the sender's resync says.
 //
-//	0 size u32, 4 sender rank u32, 8 members hash u64,
-//	16 shm tx position u64, 24 previous epoch u64,
-//	32 excluded count u32, 36 excluded ranks u32 × min(count, maxResyncExcluded)
+//	0 size u32, 4 sender rank u32, 8 members hash u64, 16 previous epoch u64,
+//	24 lanes u32, 28 excluded count u32,
+//	32 shm tx position of each lane u64 × lanes (0 lanes for a TCP link),
+//	then excluded ranks u32 × min(count, maxResyncExcluded)
 type resyncInfo struct {
 	epoch   uint64
 	size    uint32
@@ -280,25 +281,33 @@ type resyncInfo struct {
 
 // resyncNote is the part of a resync frame that is not agreed on.
 type resyncNote struct {
-	txPos    uint64 // where the sender's new-epoch data starts in its shared-memory ring (0 for TCP)
-	from     uint64 // the epoch the sender left
-	excluded []int  // the ranks of epoch from that a Shrink left out, ascending
-	nexcl    int    // how many it left out (excluded may list fewer)
+	lanes    int                 // shared-memory lanes of the link (0: TCP)
+	txPos    [shmMaxLanes]uint64 // where the sender's new-epoch data starts in each lane's ring
+	from     uint64              // the epoch the sender left
+	excluded []int               // the ranks of epoch from that a Shrink left out, ascending
+	nexcl    int                 // how many it left out (excluded may list fewer)
 }
 
 func resyncLen(nt *resyncNote) int {
-	return resyncFixed + 4*min(len(nt.excluded), maxResyncExcluded)
+	return resyncFixed + 8*nt.lanes + 4*min(len(nt.excluded), maxResyncExcluded)
 }
 
 func encodeResync(b []byte, r *resyncInfo, nt *resyncNote) {
-	binary.LittleEndian.PutUint32(b[0:], r.size)
-	binary.LittleEndian.PutUint32(b[4:], r.rank)
-	binary.LittleEndian.PutUint64(b[8:], r.members)
-	binary.LittleEndian.PutUint64(b[16:], nt.txPos)
-	binary.LittleEndian.PutUint64(b[24:], nt.from)
-	binary.LittleEndian.PutUint32(b[32:], uint32(len(nt.excluded)))
-	for i, x := range nt.excluded[:min(len(nt.excluded), maxResyncExcluded)] {
-		binary.LittleEndian.PutUint32(b[resyncFixed+4*i:], uint32(x))
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], r.size)
+	le.PutUint32(b[4:], r.rank)
+	le.PutUint64(b[8:], r.members)
+	le.PutUint64(b[16:], nt.from)
+	le.PutUint32(b[24:], uint32(nt.lanes))
+	le.PutUint32(b[28:], uint32(len(nt.excluded)))
+	off := resyncFixed
+	for i := range nt.lanes {
+		le.PutUint64(b[off:], nt.txPos[i])
+		off += 8
+	}
+	for _, x := range nt.excluded[:min(len(nt.excluded), maxResyncExcluded)] {
+		le.PutUint32(b[off:], uint32(x))
+		off += 4
 	}
 }
 
@@ -306,28 +315,26 @@ func encodeResync(b []byte, r *resyncInfo, nt *resyncNote) {
 // header). The excluded ranks are only decoded when withExcluded is set
 // (they allocate).
 func decodeResync(epoch uint64, b []byte, withExcluded bool) (resyncInfo, resyncNote, error) {
+	le := binary.LittleEndian
 	if len(b) < resyncFixed || (len(b)-resyncFixed)%4 != 0 {
 		return resyncInfo{}, resyncNote{}, fmt.Errorf("%w: resync of %d bytes", errMalformed, len(b))
 	}
-	info := resyncInfo{
-		epoch:   epoch,
-		size:    binary.LittleEndian.Uint32(b[0:]),
-		rank:    binary.LittleEndian.Uint32(b[4:]),
-		members: binary.LittleEndian.Uint64(b[8:]),
+	info := resyncInfo{epoch: epoch, size: le.Uint32(b[0:]), rank: le.Uint32(b[4:]), members: le.Uint64(b[8:])}
+	nt := resyncNote{from: le.Uint64(b[16:]), lanes: int(le.Uint32(b[24:])), nexcl: int(le.Uint32(b[28:]))}
+	rest := len(b) - resyncFixed - 8*nt.lanes
+	if nt.lanes > shmMaxLanes || rest < 0 || rest/4 > nt.nexcl {
+		return resyncInfo{}, resyncNote{}, fmt.Errorf("%w: resync of %d bytes for %d lanes and %d excluded ranks", errMalformed, len(b), nt.lanes, nt.nexcl)
 	}
-	nt := resyncNote{
-		txPos: binary.LittleEndian.Uint64(b[16:]),
-		from:  binary.LittleEndian.Uint64(b[24:]),
-		nexcl: int(binary.LittleEndian.Uint32(b[32:])),
+	off := resyncFixed
+	for i := range nt.lanes {
+		nt.txPos[i] = le.Uint64(b[off:])
+		off += 8
 	}
-	listed := (len(b) - resyncFixed) / 4
-	if nt.nexcl < listed {
-		return resyncInfo{}, resyncNote{}, fmt.Errorf("%w: resync lists %d excluded ranks of %d", errMalformed, listed, nt.nexcl)
-	}
-	if withExcluded && listed > 0 {
-		nt.excluded = make([]int, listed)
+	if withExcluded && rest > 0 {
+		nt.excluded = make([]int, rest/4)
 		for i := range nt.excluded {
-			nt.excluded[i] = int(binary.LittleEndian.Uint32(b[resyncFixed+4*i:]))
+			nt.excluded[i] = int(le.Uint32(b[off:]))
+			off += 4
 		}
 	}
 	return info, nt, nil

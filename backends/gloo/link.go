@@ -213,7 +213,7 @@ func (l *link) fail(err error) {
 		}
 		if b != nil {
 			b.linkFailed(l, peer, err)
-			b.poke() // an op parked on this link's shared memory looks again
+			b.pokeAll() // an op or lane helper parked on this link's shared memory looks again
 		}
 	})
 }
@@ -346,7 +346,9 @@ func (l *link) readLoop() error {
 			if _, err := l.trailer(); err != nil {
 				return err
 			}
-			l.pokeOwner()
+			if b := l.ownerB(); b != nil {
+				b.pokeLane(int(h.tag))
+			}
 		case frameNotice:
 			if err := l.fill(int(h.length) + 1); err != nil {
 				return err
@@ -434,8 +436,10 @@ func (l *link) dispatch(h *header) error {
 			if t != trailerOK || info.epoch < want.epoch {
 				return nil // an interrupted or older resync: keep looking
 			}
-			txPos := note.txPos
 			var res error
+			if l.shm != nil && note.lanes != len(l.shm.lanes) {
+				return fmt.Errorf("%w: resync for %d shared-memory lanes on a link with %d", errMalformed, note.lanes, len(l.shm.lanes))
+			}
 			if info != want {
 				res = fmt.Errorf("%w: rank %d resynchronised to epoch %d as rank %d of %d (members %#x), expected epoch %d rank %d of %d (members %#x)",
 					comm.ErrMismatch, want.rank, info.epoch, info.rank, info.size, info.members, want.epoch, want.rank, want.size, want.members)
@@ -445,9 +449,11 @@ func (l *link) dispatch(h *header) error {
 				if res == nil {
 					l.mode = rxNormal
 					if l.shm != nil {
-						// The consumer drops the peer's data before txPos.
-						l.shm.skipTo = txPos
-						l.shm.skipSet.Store(true)
+						// The consumers drop the peer's data before txPos.
+						for i, z := range l.shm.lanes {
+							z.skipTo = note.txPos[i]
+							z.skipSet.Store(true)
+						}
 					}
 				}
 				select {
@@ -930,10 +936,14 @@ func (l *link) giveBack(b *Backend, peer int) {
 // with a deadline.
 func (l *link) sendResync(info resyncInfo, note resyncNote, deadline time.Time) error {
 	if l.shm != nil {
-		// No op writes now: everything before this position is the old
-		// epoch's, and the peer drops it.
+		// No op writes now: everything before these positions is the old
+		// epoch's, and the peer drops it. (The lane helpers are idle
+		// between ops.)
 		l.smu.Lock()
-		note.txPos = l.shm.txPos
+		note.lanes = len(l.shm.lanes)
+		for i, z := range l.shm.lanes {
+			note.txPos[i] = z.txPos
+		}
 		l.smu.Unlock()
 	}
 	l.wmu.Lock()

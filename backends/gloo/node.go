@@ -284,7 +284,7 @@ func (n *node) serve(c *net.TCPConn) {
 	n.mu.Unlock()
 	_, err = c.Write([]byte{0})
 	if err == nil {
-		seg, err = n.serverShm(c, &h.id, fields)
+		seg, err = n.serverShm(c, &h.id, int(h.size), fields)
 	}
 	if err != nil {
 		n.expect(reg, int(h.from))
@@ -401,18 +401,14 @@ func (n *node) shmWith(peer *identity) bool {
 	return n.self.flags&idFlagShm != 0 && peer.flags&idFlagShm != 0 && n.self.sameProcessSpace(peer)
 }
 
-// shmLanes is the lane count and lane ring size of the segments this node
-// offers (see lanes.go).
-func (n *node) shmLanes() (int, int) { return 1, 0 }
-
 // serverShm runs the listener's side of the setup: the segment the link
 // will use, nil for TCP, or an error if the connection broke.
-func (n *node) serverShm(c net.Conn, peer *identity, fields []zap.Field) (*shmSeg, error) {
+func (n *node) serverShm(c net.Conn, peer *identity, size int, fields []zap.Field) (*shmSeg, error) {
 	if !n.shmWith(peer) {
 		return nil, nil
 	}
 	var offer [shmOfferLen]byte
-	lanes, laneRing := n.shmLanes()
+	lanes, laneRing := n.shmLanes(size)
 	seg, fd, token, err := createShm(n.cfg.SharedMemoryRing, lanes, laneRing)
 	if err != nil {
 		n.log.Info("gloo: no shared memory for a link to this host; it uses TCP", append([]zap.Field{zap.Error(err)}, fields...)...)

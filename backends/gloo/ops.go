@@ -2,6 +2,7 @@ package gloo
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/bits"
@@ -306,6 +307,32 @@ func (b *Backend) agree(ctx context.Context, seq uint64, d desc) error {
 	return nil
 }
 
+// agreeMin is agree that also computes the minimum of v over the ranks:
+// its frames carry what the sender knows so far (8 bytes), and after the
+// ⌈log₂ n⌉ rounds every rank has heard, through the others, from all.
+func (b *Backend) agreeMin(ctx context.Context, seq uint64, d desc, v uint64) (uint64, error) {
+	n, r := b.size, b.rank
+	rounds := bits.Len(uint(n - 1))
+	slots := b.buf(15, 16*rounds)
+	for k, dist := 0, 1; dist < n; k, dist = k+1, dist<<1 {
+		b.post(mod(r-dist, n), entry{seq: seq, tag: tagPreamble + uint32(k), d: d, mode: modeCopy, dst: slots[16*k : 16*k+8]})
+	}
+	for k, dist := 0, 1; dist < n; k, dist = k+1, dist<<1 {
+		out := slots[16*k+8 : 16*k+16]
+		binary.LittleEndian.PutUint64(out, v)
+		h := header{typ: frameOp, d: d, tag: tagPreamble + uint32(k), seq: seq}
+		if err := b.sendFrame(ctx, mod(r+dist, n), &h, out); err != nil {
+			return 0, err
+		}
+		from := mod(r-dist, n)
+		if err := b.waitRx(ctx, from, 0, b.exp[from].done); err != nil {
+			return 0, err
+		}
+		v = min(v, binary.LittleEndian.Uint64(slots[16*k:16*k+8]))
+	}
+	return v, nil
+}
+
 func opHeader(d desc, seq uint64, tag int) header {
 	return header{typ: frameOp, d: d, tag: uint32(tag), seq: seq}
 }
@@ -434,33 +461,44 @@ func (b *Backend) allReduceRD(ctx context.Context, d desc, t []byte) error {
 // were posted, and each send waits only for a block of the previous
 // diagonal. The left link's reader reduces incoming blocks straight into
 // t (or copies them, in the all-gather half).
+//
+// With shared memory to both ring neighbours, a large message is cut into
+// parts run in parallel on lanes (lanes.go); the number of lanes is agreed
+// on in the descriptor agreement.
 func (b *Backend) allReduceRing(ctx context.Context, d desc, t []byte) error {
 	n, r := b.size, b.rank
-	left, right := mod(r-1, n), mod(r+1, n)
+	left := mod(r-1, n)
 	es, count := d.dtype.Size(), int(d.count)
 	steps := 2 * (n - 1)
 	per := max(b.cfg.SegmentSize/es, 1) * n
-	pieces := max(1, (count+per-1)/per)
-	b.want[left] += pieces * steps
+	// Planned before the agreement (a fast neighbour's blocks may come
+	// while it runs), for one lane: no more than any lane count needs.
+	b.want[left] += max(1, (count+per-1)/per) * steps
 	seq := b.collective(d, true)
-	if err := b.agree(ctx, seq, d); err != nil {
+	k, err := b.agreeMin(ctx, seq, d, uint64(b.lanesWanted(len(t))))
+	if err != nil {
 		return err
 	}
-	// chunk returns block c (mod n) of piece p.
-	chunk := func(p, c int) []byte {
-		lo, hi := p*count/pieces, (p+1)*count/pieces
-		pc := hi - lo
-		c = mod(c, n)
-		return t[(lo+c*pc/n)*es : (lo+(c+1)*pc/n)*es]
+	if k > 1 {
+		return b.allReduceLanes(ctx, d, seq, t, int(k))
 	}
-	// Step s receives chunk r-s-1 (reduce-scatter, s < n-1) or r-s+n-1
-	// (all-gather), and sends what it received at step s-1.
-	recvChunk := func(s int) int {
-		if s < n-1 {
-			return r - s - 1
-		}
-		return r - s + n - 1
-	}
+	return b.ringBody(ctx, d, seq, t)
+}
+
+// ringBody runs the pipelined ring on t after the agreement; the left
+// link's reader (or, over shared memory, the op goroutine as it waits)
+// reduces incoming blocks straight into t (or copies them, in the
+// all-gather half).
+func (b *Backend) ringBody(ctx context.Context, d desc, seq uint64, t []byte) error {
+	n, r := b.size, b.rank
+	left, right := mod(r-1, n), mod(r+1, n)
+	es := d.dtype.Size()
+	count := len(t) / es
+	steps := 2 * (n - 1)
+	per := max(b.cfg.SegmentSize/es, 1) * n
+	pieces := max(1, (count+per-1)/per)
+	b.links[left].plan(seq, pieces*steps)
+	g := ringGeom{n: n, r: r, es: es, count: count, pieces: pieces, steps: steps, t: t}
 	done := b.markBuf(pieces * steps)
 	for dg := 0; dg < pieces+steps-1; dg++ {
 		for s := max(0, dg-pieces+1); s <= min(dg, steps-1); s++ {
@@ -468,19 +506,19 @@ func (b *Backend) allReduceRing(ctx context.Context, d desc, t []byte) error {
 			if s < n-1 {
 				mode = modeReduce
 			}
-			_, done[p*steps+s] = b.post(left, entry{seq: seq, tag: uint32(s), d: d, mode: mode, dst: chunk(p, recvChunk(s))})
+			_, done[p*steps+s] = b.post(left, entry{seq: seq, tag: uint32(s), d: d, mode: mode, dst: g.chunk(p, g.recvChunk(s))})
 		}
 	}
 	for dg := 0; dg < pieces+steps-1; dg++ {
 		for s := max(0, dg-pieces+1); s <= min(dg, steps-1); s++ {
 			p, c := dg-s, r
 			if s > 0 {
-				c = recvChunk(s - 1)
+				c = g.recvChunk(s - 1)
 				if err := b.waitRx(ctx, left, 0, done[p*steps+s-1]); err != nil {
 					return err
 				}
 			}
-			data := chunk(p, c)
+			data := g.chunk(p, c)
 			if s == n-1 && d.redop == comm.Avg {
 				reduce.Divide(d.dtype, data, n) // this rank's reduced block
 			}

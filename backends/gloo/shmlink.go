@@ -71,7 +71,8 @@ const shmSpin = 100 * time.Microsecond
 
 var errByeDeferred = errors.New("peer said goodbye; its shared-memory data is still being read")
 
-// shmState is a link's shared-memory side.
+// shmState is a link's shared-memory side. Lane 0 (embedded) carries the
+// frames of every op; lanes[i] for i ≥ 1 belong to lane helper i (lanes.go).
 type shmState struct {
 	seg *shmSeg
 
@@ -80,8 +81,16 @@ type shmState struct {
 
 	byeSeen atomic.Bool // the peer's bye arrived (TCP reader)
 	crowded atomic.Bool // more ranks of the owner's comm on this host than CPUs (see spin)
+	txIntr  atomic.Bool // writers give up waiting for room (a failure)
 
-	myAsleep, peerAsleep *atomic.Uint32 // lane 0's asleep words (in the mapping)
+	shmLane            // lane 0: producer the op goroutine (under link.smu), consumer the op goroutine
+	lanes   []*shmLane // every lane, lanes[0] == &shmLane
+}
+
+// shmLane is one lane of a link: a ring each way, this side's positions
+// in them, and the asleep words of its waiters.
+type shmLane struct {
+	myAsleep, peerAsleep *atomic.Uint32 // the asleep words of this lane (in the mapping)
 
 	// resync position handed from the TCP reader to the consumer (link.mu;
 	// skipSet may also be read without it, as a hint)
@@ -89,18 +98,17 @@ type shmState struct {
 	skipSet atomic.Bool
 	lost    bool // an op failed mid-frame: wait for a resync position (link.mu)
 
-	// producer (link.smu)
-	tx     ring
-	txPos  uint64
-	txPub  uint64 // last published head
-	txIntr atomic.Bool
-	txHdr  [headerSize]byte
+	// producer
+	tx    ring
+	txPos uint64
+	txPub uint64 // last published head
+	txHdr [headerSize]byte
 
-	// consumer (the op goroutine)
+	// consumer
 	rx    ring
 	rxPos uint64
 	rxHdr [headerSize]byte
-	cur   rxFrame // the frame being delivered
+	cur   rxFrame // the frame being delivered (lane 0)
 }
 
 // rxFrame is a frame whose header the consumer has taken and whose payload
@@ -114,8 +122,17 @@ type rxFrame struct {
 }
 
 func newShmState(seg *shmSeg) *shmState {
-	s := &shmState{seg: seg, live: true, tx: seg.tx(0), rx: seg.rx(0)}
-	s.myAsleep, s.peerAsleep = seg.asleep(seg.side(), 0), seg.asleep(1-seg.side(), 0)
+	s := &shmState{seg: seg, live: true}
+	s.lanes = make([]*shmLane, seg.lanes)
+	for i := range s.lanes {
+		z := &s.shmLane
+		if i > 0 {
+			z = new(shmLane)
+		}
+		z.tx, z.rx = seg.tx(i), seg.rx(i)
+		z.myAsleep, z.peerAsleep = seg.asleep(seg.side(), i), seg.asleep(1-seg.side(), i)
+		s.lanes[i] = z
+	}
 	// A new segment's positions are zero on both sides.
 	return s
 }
@@ -211,18 +228,21 @@ func (l *link) shmWriteLocked(ctx context.Context, b *Backend, h *header, payloa
 	return err
 }
 
-// txPublish makes the bytes written so far visible, and wakes the peer if
-// it is parked.
-func (l *link) txPublish() {
-	s := l.shm
-	if s.txPub == s.txPos {
+// txPublish makes the bytes written so far on lane 0 visible, and wakes
+// the peer if it is parked.
+func (l *link) txPublish() { l.publish(&l.shm.shmLane, 0) }
+
+// publish makes the bytes written so far on lane z (number lane) visible,
+// and wakes the peer's waiter on that lane if it is parked.
+func (l *link) publish(z *shmLane, lane int) {
+	if z.txPub == z.txPos {
 		return
 	}
 	raceRelease()
-	s.tx.head.Store(s.txPos)
-	s.txPub = s.txPos
-	if s.peerAsleep.Load() != 0 {
-		l.kick(0)
+	z.tx.head.Store(z.txPos)
+	z.txPub = z.txPos
+	if z.peerAsleep.Load() != 0 {
+		l.kick(lane)
 	}
 }
 
@@ -250,14 +270,14 @@ func (l *link) txPut(ctx context.Context, b *Backend, src []byte) error {
 	return nil
 }
 
-// txFree is how many bytes the tx ring can take now.
-func (s *shmState) txFree() (uint64, error) {
-	used := s.txPos - s.tx.tail.Load()
-	if used > s.tx.size {
+// txFree is how many bytes the lane's tx ring can take now.
+func (z *shmLane) txFree() (uint64, error) {
+	used := z.txPos - z.tx.tail.Load()
+	if used > z.tx.size {
 		return 0, errShmCorrupt
 	}
 	raceAcquire()
-	return s.tx.size - used, nil
+	return z.tx.size - used, nil
 }
 
 // txSpace waits until n bytes are free in the tx ring. Meanwhile it
@@ -298,25 +318,28 @@ func (l *link) txSpace(ctx context.Context, b *Backend, n uint64) error {
 
 // ---- consumer (op goroutine) ----
 
-// rxAvail is how many bytes the peer has published past rxPos.
-func (s *shmState) rxAvail() (uint64, error) {
-	a := s.rx.head.Load() - s.rxPos
-	if a > s.rx.size {
+// rxAvail is how many bytes the peer has published past rxPos on the lane.
+func (z *shmLane) rxAvail() (uint64, error) {
+	a := z.rx.head.Load() - z.rxPos
+	if a > z.rx.size {
 		return 0, errShmCorrupt
 	}
 	raceAcquire()
 	return a, nil
 }
 
-// rxConsume advances past n bytes and tells the producer (waking it if it
-// is parked for space).
-func (l *link) rxConsume(n uint64) {
-	s := l.shm
-	s.rxPos += n
+// rxConsume advances past n bytes of lane 0 and tells the producer (waking
+// it if it is parked for room).
+func (l *link) rxConsume(n uint64) { l.consume(&l.shm.shmLane, 0, n) }
+
+// consume advances past n bytes of lane z (number lane) and tells the
+// producer, waking its waiter on that lane if it is parked.
+func (l *link) consume(z *shmLane, lane int, n uint64) {
+	z.rxPos += n
 	raceRelease()
-	s.rx.tail.Store(s.rxPos)
-	if s.peerAsleep.Load() != 0 {
-		l.kick(0)
+	z.rx.tail.Store(z.rxPos)
+	if z.peerAsleep.Load() != 0 {
+		l.kick(lane)
 	}
 }
 
