@@ -6,6 +6,10 @@ slowest rank's mean; busbw = algbw * 2(n-1)/n; GB = 1e9), so that it can
 stand beside ftcomm, libgloo and Open MPI in bench/compare-cpu.sh.
 
     python3 bench/torch_gloo_allreduce.py -np 4 -b 4K -e 64M -f 4 -w 5 -n 20
+    python3 bench/torch_gloo_allreduce.py -np 4 -plan 4K:500,16M:10,64M:10
+
+-plan SIZE:ITERS,... runs those sizes with their own iteration counts (and
+-w warm-ups each) in one start of the ranks, which costs seconds.
 """
 import argparse
 import os
@@ -29,8 +33,15 @@ def worker(rank, a, port):
     if rank == 0:
         print(f"# torch {torch.__version__} gloo all_reduce, {n} ranks, float32 sum, warmup {a.w}, iters {a.n}\n#")
         print("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s" % ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"), flush=True)
-    size, total = parse_size(a.b), 0
-    while size <= parse_size(a.e):
+    if a.plan:
+        plan = [(parse_size(x.split(":")[0]), int(x.split(":")[1])) for x in a.plan.split(",")]
+    else:
+        plan, size = [], parse_size(a.b)
+        while size <= parse_size(a.e):
+            plan.append((size, a.n))
+            size = int(size * a.f)
+    total = 0
+    for size, iters in plan:
         count = size // 4
         idx = torch.arange(count, dtype=torch.int64)
         buf = ((idx * 7 + rank * 13) % 16).to(torch.float32)
@@ -41,16 +52,15 @@ def worker(rank, a, port):
             dist.all_reduce(buf)
         dist.barrier()
         t0 = time.perf_counter()
-        for _ in range(a.n):
+        for _ in range(iters):
             dist.all_reduce(buf)
-        us = torch.tensor([(time.perf_counter() - t0) * 1e6 / a.n], dtype=torch.float64)
+        us = torch.tensor([(time.perf_counter() - t0) * 1e6 / iters], dtype=torch.float64)
         dist.all_reduce(us, op=dist.ReduceOp.MAX)
         dist.all_reduce(wrong)
         if rank == 0:
             alg = size / (us.item() * 1e-6) / 1e9
             print("  %10d  %12d  %8s  %6s  %6d  %7.2f  %6.2f  %6.2f  %6d" % (size, count, "float", "sum", -1, us.item(), alg, alg * 2 * (n - 1) / n, int(wrong.item())), flush=True)
         total += int(wrong.item())
-        size = int(size * a.f)
     dist.barrier()
     dist.destroy_process_group()
     if total:
@@ -65,6 +75,7 @@ def main():
     p.add_argument("-f", type=float, default=4)
     p.add_argument("-w", type=int, default=5)
     p.add_argument("-n", type=int, default=20)
+    p.add_argument("-plan", default="", help="SIZE:ITERS,... instead of -b/-e/-f/-n")
     a = p.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
