@@ -21,9 +21,11 @@
 // Config (comm.Options.BackendConfig, a *Config) sets the listen address,
 // socket buffers, timeouts, the heartbeat, the pipelining segment and the
 // algorithm (Algorithm forces one family for tests and benchmarks;
-// SmallThreshold switches between them under AlgorithmAuto). All ranks of a
-// comm must use the same Algorithm, SmallThreshold matters only through the
-// choice it makes, and everything else may differ per rank.
+// SmallThreshold and OneShotBytes switch between them under
+// AlgorithmAuto), and the shared-memory rings and lanes. All ranks of a
+// comm must use the same Algorithm, SmallThreshold and OneShotBytes matter
+// only through the choices they make (which must agree), and everything
+// else may differ per rank.
 //
 // # Lifecycle
 //
@@ -113,8 +115,19 @@
 // else — handshake, heartbeats, notices, resync, bye, wake — and for
 // liveness: a peer that dies resets it, which fails the link at once as on
 // TCP. A write interrupted by an abort simply stops; the resync frame of
-// the next epoch carries the writer's ring position, and the consumer
-// drops everything before it.
+// the next epoch carries the writer's ring positions, and the consumer
+// drops everything before them.
+//
+// Lanes: a segment may hold further ring pairs (512 KiB each way), as many
+// as Config.SharedMemoryLanes allows (0: the host's CPUs divided by the
+// comm's ranks, at most 8). A large all-reduce whose two ring neighbours
+// are shared-memory links is cut into as many parts as every rank can
+// take (agreed on in the descriptor agreement; one lane per MiB at most):
+// the op goroutine moves part 0 as usual, and a lane helper goroutine per
+// further part runs its own pipelined ring through its lane, polling and
+// parking as the op goroutine does, so the copies and reductions of one
+// rank run on several cores. A failure stops every helper before the op
+// returns.
 //
 // # Algorithms
 //
@@ -136,7 +149,13 @@
 // # Performance notes
 //
 // Over shared memory the work is one copy into the ring and one copy (or
-// reduction) out of it, and wakeups. Over TCP loopback it is the kernel's
+// reduction) out of it, on as many cores as there are lanes; a small op
+// costs no handoff between goroutines or processes beyond the cache lines
+// of the ring (one-shot all-reduce: one step; figures against Open MPI's
+// shared-memory transport, libgloo and PyTorch gloo, with the host's
+// memcpy bandwidth as the ceiling: README, bench/compare-cpu.sh). Ops over
+// shared memory do not arm a context.AfterFunc (they poll and select on
+// the ctx); one that writes to a socket does, once. Over TCP loopback it is the kernel's
 // socket copies (about 40% of CPU in profiles), the reduction (about 10%,
 // comm/reduce's unrolled kernels) and thread wakeups; there the backend
 // runs at the loopback ceiling, level with libgloo's newer ring, and shared
@@ -202,5 +221,8 @@
 // frames into the receives the op posted and exits when the connection
 // closes; per backend one monitor (heartbeats, the liveness check, failure
 // notices), exiting in Close. Forming a comm starts short-lived goroutines
-// (dials, resyncs) that exit before it returns. Ops start no goroutines.
+// (dials, resyncs) that exit before it returns. The first all-reduce that
+// uses lanes starts the lane helpers it needs (at most
+// Config.SharedMemoryLanes − 1 per backend), which wait for further work
+// and exit in Close; ops start no other goroutines.
 package gloo
