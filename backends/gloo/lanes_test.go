@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -106,4 +107,42 @@ func TestLanesAbortThenShrink(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestAllReduceSameBitsEverywhere: with values whose float32 sums depend
+// on the order of the additions, every rank must still end with the same
+// bits — through the one-shot path (reduced in rank order at every rank),
+// recursive doubling, the ring and the lanes.
+func TestAllReduceSameBitsEverywhere(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		n     int
+		count int
+		mut   func(*Config)
+	}{
+		{"one-shot", 5, 1000, nil},
+		{"recursive-doubling", 5, 1000, func(c *Config) { c.OneShotBytes = 0 }},
+		{"ring", 3, 300000, func(c *Config) { c.SharedMemoryLanes = 1 }},
+		{"lanes", 3, 1 << 20, func(c *Config) { c.SharedMemoryLanes = 3; c.SegmentSize = 128 << 10 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newJob(t, tc.n, tc.mut)
+			out := make([][]float32, tc.n)
+			j.mustRun(func(r int, c *comm.Comm) error {
+				x := make([]float32, tc.count)
+				for i := range x {
+					x[i] = float32(1+r) * (1 + float32(i%977)/3.0) / 7.0 // not exactly representable sums
+				}
+				out[r] = x
+				return c.AllReduce(context.Background(), comm.Float32s(x), comm.Sum)
+			})
+			for r := 1; r < tc.n; r++ {
+				for i := range out[0] {
+					if math.Float32bits(out[r][i]) != math.Float32bits(out[0][i]) {
+						t.Fatalf("rank %d element %d: %v, rank 0 has %v", r, i, out[r][i], out[0][i])
+					}
+				}
+			}
+		})
+	}
 }

@@ -8,6 +8,10 @@ import (
 	"github.com/ftcomm/ftcomm/comm/reduce"
 )
 
+// maxOneShot bounds the vector of a one-shot all-reduce, which travels as
+// one frame to each peer (whatever OneShotBytes and SmallThreshold allow).
+const maxOneShot = 16 << 20
+
 // allReduceOneShot: every rank sends its whole vector to every other rank
 // and reduces the n vectors itself, in rank order (x₀ ⊕ x₁ ⊕ … ⊕ xₙ₋₁, so
 // every rank computes the same bits). One step of latency instead of

@@ -349,7 +349,7 @@ func (b *Backend) AllReduce(ctx context.Context, t comm.Tensor, op comm.ReduceOp
 	}
 	buf := t.Bytes()
 	d := desc{op: comm.OpAllReduce, dtype: t.DType(), redop: op, algo: b.pick(len(buf)), root: -1, count: uint64(t.Count())}
-	if d.algo == AlgorithmRecursiveDoubling && b.cfg.Algorithm == AlgorithmAuto && len(buf)*(b.size-1) <= b.cfg.OneShotBytes {
+	if d.algo == AlgorithmRecursiveDoubling && b.cfg.Algorithm == AlgorithmAuto && len(buf)*(b.size-1) <= b.cfg.OneShotBytes && len(buf) <= maxOneShot {
 		d.algo = algoOneShot
 		return b.end(b.allReduceOneShot(ctx, d, buf))
 	}
