@@ -305,6 +305,9 @@ func (n *node) serve(c *net.TCPConn) {
 		select {
 		case reg.ch <- inbound{conn: c, from: int(h.from), id: h.id, shm: seg}: // capacity size: always room
 			handed = true
+			// Counted before the comm can have formed and run (a count
+			// taken after its first op must include this connection).
+			n.accepted.Add(1)
 		default:
 		}
 	}
@@ -314,7 +317,6 @@ func (n *node) serve(c *net.TCPConn) {
 		n.log.Info("gloo: closing an inbound connection whose comm stopped forming during its handshake", fields...)
 		return
 	}
-	n.accepted.Add(1)
 }
 
 func minU64(v []uint64) uint64 {
