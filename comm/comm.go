@@ -45,6 +45,7 @@ type Comm struct {
 	refusal  error // why ops are refused, when state != stateActive
 	seq      uint64
 	busy     bool    // an op is executing or the worker owns the queue
+	acting   int     // deadline or ctx callbacks logging and aborting now
 	queue    []*Work // FIFO of ops waiting for the executor
 	cur      *Work   // the op executing now
 	deadline time.Time
@@ -523,10 +524,21 @@ func (c *Comm) onDeadline() {
 		ErrTimeout, w.d.kind, w.seq, c.deadline.Sub(w.t0).Round(time.Millisecond))
 	c.breakLocked(stateFailed, fmt.Errorf("%w after %w", ErrAborted, cause))
 	seq, kind := w.seq, w.d.kind
+	c.acting++
 	c.mu.Unlock()
+	defer c.doneActing()
 	c.log.Error("op timed out; aborting the comm", zap.Uint64("seq", seq), zap.Stringer("op", kind),
 		zap.ByteString("flight_recorder", c.Dump()))
 	c.b.Abort(cause)
+}
+
+// doneActing ends a callback's action; shutdown waits for it, so nothing
+// logs or touches the backend after Close returns.
+func (c *Comm) doneActing() {
+	c.mu.Lock()
+	c.acting--
+	c.idle.Broadcast()
+	c.mu.Unlock()
 }
 
 // onCtxDone runs when the ctx of the executing op w ends: the op cannot be
@@ -539,7 +551,9 @@ func (c *Comm) onCtxDone(seq uint64) {
 		return
 	}
 	cause := c.ctxBreakLocked(w)
+	c.acting++
 	c.mu.Unlock()
+	defer c.doneActing()
 	c.log.Warn("ctx of a running op ended; aborting the comm", zap.Uint64("seq", seq), zap.Error(cause))
 	c.b.Abort(cause)
 }
@@ -677,7 +691,7 @@ func (c *Comm) Close() error {
 // stops the worker and closes the backend.
 func (c *Comm) shutdown() error {
 	c.mu.Lock()
-	for c.busy {
+	for c.busy || c.acting > 0 {
 		c.idle.Wait()
 	}
 	c.mu.Unlock()

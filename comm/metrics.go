@@ -52,6 +52,12 @@ func NewPrometheusMetrics(reg prometheus.Registerer) (*PrometheusMetrics, error)
 	return m, nil
 }
 
+// Collectors returns the collectors NewPrometheusMetrics registered, for
+// callers that unregister them when their comms go.
+func (m *PrometheusMetrics) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.ops, m.bytes, m.dur}
+}
+
 // ObserveOp implements Metrics.
 func (m *PrometheusMetrics) ObserveOp(comm string, op OpType, bytes int, d time.Duration, err error) {
 	result := "ok"

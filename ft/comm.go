@@ -2,7 +2,6 @@ package ft
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -22,46 +21,101 @@ import (
 // reconfiguration, commit and live healing (see the package doc).
 //
 // Step, Commit, Register and the collectives are called by the training
-// goroutine, one at a time; Epoch, Participants, Step count and Close are
-// safe from any goroutine. Comm runs one goroutine of its own, which
-// follows the membership's quorums and revocations, and exits in Close.
+// goroutine, one at a time; Epoch, Participants, Rank, CommittedStep, Group,
+// ReportHealth and Close are safe from any goroutine. Comm runs one
+// goroutine of its own, which follows the membership's quorums and
+// revocations, and exits in Close (plus a GPU health watcher with device
+// backends, also stopped by Close).
 type Comm struct {
 	cfg     Config
 	log     *zap.Logger
-	m       Membership
-	store   comm.Store
 	server  *recovery.Server
 	metrics *metrics
 	id      string
 
-	mu       sync.Mutex
-	own      bool               // m was made from Config.Coordinator, so ft may re-register
-	lost     error              // the membership ended for good
-	revoked  uint64             // newest epoch whose revocation record was acted on
-	latest   *membership.Quorum // newest quorum seen
-	changed  chan struct{}      // closed and replaced when latest changes
-	epoch    uint64             // the epoch of the current configuration
+	mu      sync.Mutex
+	m       Membership
+	own     bool               // m was made from Config.Coordinator, so ft may re-register
+	lost    error              // the membership ended for good
+	revoked uint64             // newest epoch whose revocation record was acted on
+	latest  *membership.Quorum // newest quorum seen
+	changed chan struct{}      // closed and replaced when latest changes
+	epoch   uint64             // the epoch of the current configuration
+	// view is the configuration whose comms this rank holds: the quorum's
+	// view once its comms formed, or one with no FT comm (ftRank -1) while
+	// they form, after a formation failed, or while sitting out.
 	view     view
-	ft       *comm.Comm // the fault-tolerant comm; nil while sitting out
-	group    *comm.Comm // the replica group's comm; nil when GroupSize is 1
-	groupOf  []participant
-	cancelEp func(error) // cancels the reconfiguration of pendingEp
+	ft       comms // the fault-tolerant (replicate) dimension; zero while sitting out
+	group    comms // the replica group (shard dimension); zero when GroupSize is 1
+	cancelEp func(error)
 	pendEp   uint64
 	closed   bool
 	stepNow  int64 // mirror of step for readers on other goroutines
 
 	// Owned by the training goroutine.
 	step          int64
-	blobs         []recovery.Blob
+	hist          history
+	histBytes     []byte // hist encoded for healers; nil when it changed
+	state         []registered
+	blobs         []recovery.Blob // built at the first formation, when the data memory is known
+	split         bool            // data and control run on different backends
+	splitKnown    bool
+	copier        comm.HostCopier
+	staging       *stagingPool
 	works         []*comm.Work
-	errs          []error
+	errs          []error // this step's failures on the FT comms
+	groupErrs     []error // and on the group's
 	failedCommits int
 	failedAt      time.Time // first failure since the last commit
 	healed        recovery.Progress
 	stepStarted   time.Time
+	waitingFor    uint64 // durable mode: a committed step no participant holds (log once)
 
-	stop chan struct{}
-	done chan struct{}
+	stopHealth context.CancelFunc
+	stop       chan struct{}
+	done       chan struct{}
+}
+
+// comms are one dimension's communicators at one epoch: data carries the
+// training loop's collectives, ctl ft's own control messages (the step
+// agreement, the group's vote). They are one comm when the data backend
+// keeps host memory.
+type comms struct {
+	ctl, data *comm.Comm
+}
+
+func (x comms) ok() bool { return x.ctl != nil }
+
+func (x comms) all() []*comm.Comm {
+	switch {
+	case x.ctl == nil:
+		return nil
+	case x.data == x.ctl:
+		return []*comm.Comm{x.ctl}
+	}
+	return []*comm.Comm{x.ctl, x.data}
+}
+
+// healthy reports whether neither comm has failed.
+func (x comms) healthy() bool {
+	return x.ok() && !slices.ContainsFunc(x.all(), func(c *comm.Comm) bool { return c.Err() != nil })
+}
+
+func (x comms) revoke(cause error) {
+	for _, c := range x.all() {
+		c.Revoke(cause)
+	}
+}
+
+func (x comms) close() {
+	for _, c := range x.all() {
+		c.Close()
+	}
+}
+
+type registered struct {
+	name string
+	t    comm.Tensor
 }
 
 // New registers this rank with the coordinator (or uses cfg.Membership),
@@ -75,45 +129,99 @@ func New(ctx context.Context, cfg Config) (*Comm, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(server.Addr()) > maxAddrLen {
+		server.Close()
+		return nil, fmt.Errorf("%w: ft: recovery address %q is longer than %d bytes", comm.ErrInvalidArgument, server.Addr(), maxAddrLen)
+	}
 	id := memberID(cfg.Group, cfg.GroupRank)
+	met, err := newMetrics(cfg.Registerer, cfg.Job, id)
+	if err != nil {
+		server.Close()
+		return nil, err
+	}
 	m, own := cfg.Membership, cfg.Membership == nil
 	if own {
 		m, err = joinCoordinator(ctx, cfg, id, server.Addr())
 		if err != nil {
+			met.unregister()
 			server.Close()
 			return nil, err
 		}
 	}
-	met, err := newMetrics(cfg.Registerer, cfg.Job, id)
-	if err != nil {
-		server.Close()
-		m.Close()
-		return nil, err
+	if cfg.DurableCommit {
+		if _, ok := m.(durableCommitter); !ok {
+			met.unregister()
+			server.Close()
+			m.Close()
+			return nil, fmt.Errorf("%w: ft: config: DurableCommit needs a Membership with RecordCommit and LastCommit", comm.ErrInvalidArgument)
+		}
 	}
 	c := &Comm{
-		cfg: cfg, m: m, own: own, store: m.Store(), server: server, metrics: met, id: id,
+		cfg: cfg, m: m, own: own, server: server, metrics: met, id: id,
 		log:     cfg.Logger.With(zap.String("job", cfg.Job), zap.String("member", id)),
+		view:    view{ftRank: -1},
 		changed: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	go c.follow()
 	return c, nil
 }
 
-// Register names host memory that makes up this replica's state: what a
-// healing peer receives (and this replica receives when it heals). Register
+// Register names memory that makes up this replica's state: what a healing
+// peer receives (and this replica receives when it heals). Host tensors
+// always; device tensors when the data backend keeps device memory and can
+// copy it to the host (comm.HostCopier; backends/nccl can). Register
 // everything before the first Step, in the same order on every replica.
 // Between Step and Commit the training loop must not write it; the
 // optimizer writes it after a successful Commit.
 func (c *Comm) Register(name string, t comm.Tensor) error {
-	if t.IsZero() || t.IsDevice() {
-		return fmt.Errorf("%w: ft: register %q: want a host tensor", comm.ErrInvalidArgument, name)
-	}
-	if slices.ContainsFunc(c.blobs, func(b recovery.Blob) bool { return b.Name == name }) {
+	switch {
+	case t.IsZero():
+		return fmt.Errorf("%w: ft: register %q: empty tensor", comm.ErrInvalidArgument, name)
+	case name == "":
+		return fmt.Errorf("%w: ft: register: empty name", comm.ErrInvalidArgument)
+	case slices.ContainsFunc(c.state, func(r registered) bool { return r.name == name }):
 		return fmt.Errorf("%w: ft: %q registered twice", comm.ErrInvalidArgument, name)
+	case c.blobs != nil:
+		return fmt.Errorf("%w: ft: register %q after the first Step", comm.ErrInvalidArgument, name)
 	}
-	c.blobs = append(c.blobs, recovery.Blob{Name: name, Data: t.Bytes()})
+	c.state = append(c.state, registered{name, t})
 	return nil
 }
+
+// prepareState turns the registered tensors into what recovery serves and
+// fills, once the data comm shows which memory the job keeps.
+func (c *Comm) prepareState(data *comm.Comm) error {
+	if c.blobs != nil {
+		return nil
+	}
+	device := data.Backend().Memory() == comm.DeviceMemory
+	blobs := make([]recovery.Blob, 0, len(c.state))
+	for _, r := range c.state {
+		switch {
+		case !r.t.IsDevice():
+			blobs = append(blobs, recovery.Blob{Name: r.name, Data: r.t.Bytes()})
+		case !device:
+			return fmt.Errorf("%w: ft: %q is a device tensor, but backend %s keeps host memory", comm.ErrInvalidArgument, r.name, c.cfg.Backend)
+		default:
+			if c.copier == nil {
+				hc, ok := data.Backend().(comm.HostCopier)
+				if !ok {
+					return fmt.Errorf("%w: ft: backend %s cannot copy device state to the host (comm.HostCopier), so %q cannot heal",
+						comm.ErrBackendUnavailable, c.cfg.Backend, r.name)
+				}
+				c.copier = hc
+				c.staging = newStagingPool(hc, c.cfg.fetchConfig().ChunkSize, stagingBuffers)
+			}
+			blobs = append(blobs, recovery.Blob{Name: r.name, Mem: &deviceState{copier: c.copier, t: r.t, pool: c.staging}})
+		}
+	}
+	c.blobs = blobs
+	return nil
+}
+
+// stagingBuffers bounds the pinned host memory a device job's healing uses:
+// this many chunk-sized buffers, shared by serving and fetching.
+const stagingBuffers = 16
 
 // member returns the current registration (it changes on re-registration).
 func (c *Comm) member() Membership {
@@ -123,11 +231,11 @@ func (c *Comm) member() Membership {
 }
 
 // follow is the one goroutine of a Comm: it tracks the newest quorum and
-// revokes the FT comm the moment a quorum or revocation record shows that
-// a peer of the current epoch is gone. If the registration ends (evicted,
-// or its lease lost in a long pause) it registers again as a new
-// incarnation, which the coordinator admits like a restarted replica. It
-// exits when the Comm closes.
+// revokes the comms the moment a quorum or revocation record shows that a
+// peer of the current epoch is gone. If the registration ends (evicted, or
+// its lease lost in a long pause) it registers again as a new incarnation,
+// which the coordinator admits like a restarted replica. It exits when the
+// Comm closes.
 func (c *Comm) follow() {
 	defer close(c.done)
 	for {
@@ -199,7 +307,7 @@ func (c *Comm) reregister(old Membership) bool {
 func (c *Comm) checkRevocation(m Membership) {
 	c.mu.Lock()
 	epoch, ft := c.epoch, c.ft
-	if ft == nil || epoch <= c.revoked {
+	if !ft.ok() || epoch <= c.revoked {
 		c.mu.Unlock()
 		return
 	}
@@ -209,7 +317,7 @@ func (c *Comm) checkRevocation(m Membership) {
 	}
 	c.mu.Unlock()
 	if ok {
-		ft.Revoke(fmt.Errorf("ft: epoch %d revoked by %s: %s", r.Epoch, r.By, r.Reason))
+		ft.revoke(fmt.Errorf("ft: epoch %d revoked by %s: %s", r.Epoch, r.By, r.Reason))
 		c.log.Info("revoked the comm by record", zap.Uint64("epoch", r.Epoch), zap.String("reason", r.Reason))
 	}
 }
@@ -229,22 +337,21 @@ func (c *Comm) onQuorum(q membership.Quorum) {
 	}
 	// Revoke at once if a member of the current FT or group comm is gone,
 	// so no survivor waits out a collective timeout for it.
-	var revoke []*comm.Comm
+	var revoke []comms
 	gone := func(members []participant) bool {
 		return slices.ContainsFunc(members, func(p participant) bool {
-			r := q.Rank(p.ID)
-			return r < 0 || q.Participants[r].Incarnation != p.Incarnation
+			return p.ID != "" && !q.Includes(p.ID, p.Incarnation)
 		})
 	}
-	if c.ft != nil && q.Epoch > c.epoch && gone(c.view.ft) {
+	if c.ft.ok() && q.Epoch > c.epoch && gone(c.view.ft) {
 		revoke = append(revoke, c.ft)
 	}
-	if c.group != nil && q.Epoch > c.epoch && gone(c.groupOf) {
+	if c.group.ok() && q.Epoch > c.epoch && gone(c.view.group) {
 		revoke = append(revoke, c.group)
 	}
 	c.mu.Unlock()
 	for _, x := range revoke {
-		x.Revoke(fmt.Errorf("ft: epoch %d: %s", q.Epoch, q.Reason))
+		x.revoke(fmt.Errorf("ft: epoch %d: %s", q.Epoch, q.Reason))
 	}
 	if len(revoke) > 0 {
 		c.log.Info("revoked the comm: a peer left the quorum", zap.Uint64("epoch", q.Epoch), zap.String("reason", q.Reason))
@@ -252,28 +359,39 @@ func (c *Comm) onQuorum(q membership.Quorum) {
 }
 
 // Step starts a training step: it makes sure this replica takes part in the
-// newest quorum with a working comm, reconfiguring (shrink, grow or a fresh
-// comm) when the participants changed, and heals this replica from its
-// peers if it is behind. While the epoch is unchanged and the comm healthy
-// it returns at once, with no round trip to the coordinator.
+// newest quorum with working comms, reconfiguring (shrink, grow or new
+// comms) when the participants changed, and heals this replica from its
+// peers if it is behind. While the epoch is unchanged and the comms
+// healthy it returns at once, with no round trip to the coordinator.
+//
+// A *RollbackError (errors.Is ErrRolledBack) means the step has started
+// as after nil, but this replica's last committed steps were replaced by
+// the job's history; see RollbackError.
 func (c *Comm) Step(ctx context.Context) error {
-	c.works, c.errs = c.works[:0], c.errs[:0]
+	c.works, c.errs, c.groupErrs = c.works[:0], c.errs[:0], c.groupErrs[:0]
 	c.stepStarted = time.Now()
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return ErrClosed
 	}
-	fast := c.ft != nil && c.latest != nil && c.latest.Epoch == c.epoch && c.ft.Err() == nil &&
-		(c.group == nil || c.group.Err() == nil)
+	fast := c.ft.ok() && c.latest != nil && c.latest.Epoch == c.epoch && c.ft.healthy() &&
+		(c.cfg.GroupSize == 1 || c.group.healthy())
 	c.mu.Unlock()
+	var rollback error
 	if !fast {
 		if err := c.reconfigure(ctx); err != nil {
-			return err
+			if !errors.Is(err, ErrRolledBack) {
+				return err
+			}
+			rollback = err
 		}
 	}
-	c.server.Offer(c.step, c.blobs)
-	return nil
+	if c.histBytes == nil {
+		c.histBytes = c.hist.encode()
+	}
+	c.server.OfferWithMeta(c.step, c.histBytes, c.blobs)
+	return rollback
 }
 
 // reconfigure waits for a quorum this replica can take part in and moves to
@@ -289,14 +407,17 @@ func (c *Comm) reconfigure(ctx context.Context) error {
 			c.metrics.detectSeconds.Observe(t0.Sub(c.failedAt).Seconds())
 		}
 		err = c.apply(ctx, q, v)
-		if err == nil {
+		if err == nil || errors.Is(err, ErrRolledBack) {
 			c.metrics.reconfigSeconds.Observe(time.Since(t0).Seconds())
-			return nil
+			return err
 		}
 		if ctx.Err() != nil || errors.Is(err, comm.ErrBackendUnavailable) || errors.Is(err, comm.ErrInvalidArgument) {
 			return fmt.Errorf("ft: step: %w", err)
 		}
 		c.noteFailure()
+		if errors.Is(err, errHolderAbsent) {
+			continue // wait for a quorum with a replica that holds the job's step; nothing failed
+		}
 		c.log.Warn("reconfiguration failed; waiting for the next epoch", zap.Uint64("epoch", q.Epoch), zap.Error(err))
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		if rerr := c.member().ReportCommitFailure(rctx, q.Epoch); rerr != nil {
@@ -325,21 +446,29 @@ func (c *Comm) awaitQuorum(ctx context.Context) (membership.Quorum, view, error)
 		var usable bool
 		var v view
 		var verr error
-		if q != nil && (q.Epoch > c.epoch || (c.ft == nil && q.Epoch == c.epoch && c.epoch == 0)) {
+		if q != nil && (q.Epoch > c.epoch || (!c.ft.ok() && q.Epoch == c.epoch && c.epoch == 0)) {
 			v, verr = deriveView(q.Epoch, participantsOf(*q), c.cfg.Group, c.cfg.GroupRank, c.cfg.GroupSize)
 			usable = verr == nil && v.complete && v.includes(c.id, m.Incarnation())
 		}
-		var leave []*comm.Comm
-		if q != nil && q.Epoch > c.epoch && !usable {
-			// Left out of this epoch: stop holding comms the others are leaving.
+		var leave []comms
+		satOut := q != nil && q.Epoch > c.epoch && !usable
+		if satOut {
+			// Left out of this epoch: stop holding comms the others are
+			// leaving, and hold what the epoch asks of this rank: nothing.
 			leave = append(leave, c.ft, c.group)
-			c.ft, c.group, c.view, c.groupOf = nil, nil, view{}, nil
-			c.epoch = q.Epoch
+			c.ft, c.group = comms{}, comms{}
+			c.epoch, c.view = q.Epoch, view{epoch: q.Epoch, ftRank: -1}
 		}
 		c.mu.Unlock()
-		closeAll(leave...)
+		for _, x := range leave {
+			x.close()
+		}
 		if verr != nil {
 			c.log.Error("malformed quorum", zap.Error(verr))
+		}
+		if satOut {
+			c.reportFormed(ctx, q.Epoch)
+			c.emit(Event{Kind: EventSatOut, Epoch: q.Epoch, Reason: q.Reason})
 		}
 		if usable {
 			return *q, v, nil
@@ -358,14 +487,6 @@ func participantsOf(q membership.Quorum) []participant {
 		ps[i] = participant{ID: p.ID, Group: p.Group, Incarnation: p.Incarnation}
 	}
 	return ps
-}
-
-func closeAll(cs ...*comm.Comm) {
-	for _, x := range cs {
-		if x != nil {
-			x.Close()
-		}
-	}
 }
 
 // epochContext returns a ctx that ends when ctx does or when a quorum newer
@@ -387,9 +508,11 @@ func (c *Comm) epochContext(ctx context.Context, epoch uint64) (context.Context,
 	}
 }
 
-// apply moves to quorum q: the group comm, then the FT comm, then the step
+// apply moves to quorum q: the group's comms, then the FT comms (shrunk,
+// grown or made anew as planFor decides from the quorum), then the step
 // agreement and, if behind, healing.
 func (c *Comm) apply(ctx context.Context, q membership.Quorum, v view) error {
+	t0 := time.Now()
 	ectx, done := c.epochContext(ctx, q.Epoch)
 	defer done()
 	// Forming comms is bounded by the op timeout: a rank that chose
@@ -397,140 +520,233 @@ func (c *Comm) apply(ctx context.Context, q membership.Quorum, v view) error {
 	tctx, cancel := context.WithTimeout(ectx, c.cfg.Timeout)
 	defer cancel()
 	c.mu.Lock()
-	oldFT, oldMembers, oldGroup := c.ft, c.view.ft, c.group
-	c.ft, c.group = nil, nil // held here until the new ones are in place
-	c.epoch, c.view = q.Epoch, v
+	held, oldFT, oldGroup := c.view, c.ft, c.group
+	c.ft, c.group = comms{}, comms{} // held here until the new ones are in place
+	c.epoch, c.view = q.Epoch, view{epoch: q.Epoch, ftRank: -1}
+	inc := c.m.Incarnation()
 	c.mu.Unlock()
 
-	opts := func(prefix string, rank, size int) comm.Options {
-		return comm.Options{Name: prefix, Rank: rank, Size: size, Epoch: q.Epoch, JobID: c.cfg.Job, Secret: c.cfg.Secret,
-			Store: c.store, Prefix: prefix, Timeout: c.cfg.Timeout, Logger: c.log, BackendConfig: c.cfg.BackendConfig}
-	}
-
-	// The replica group's own comm is made anew at every epoch, like the
-	// FT comm's fresh case: the decision must not depend on local state.
-	closeAll(oldGroup)
-	var group *comm.Comm
+	// The replica group's comms are made anew at every epoch.
+	oldGroup.close()
+	var group comms
 	if c.cfg.GroupSize > 1 {
 		var err error
-		group, err = comm.New(tctx, c.cfg.Backend, opts("group-"+c.cfg.Group, c.cfg.GroupRank, c.cfg.GroupSize))
+		group, err = c.form(tctx, freshComm, nil, comms{}, "group-"+c.cfg.Group, c.cfg.GroupRank, c.cfg.GroupSize, q.Epoch)
 		if err != nil {
-			closeAll(oldFT)
+			oldFT.close()
 			return fmt.Errorf("ft: group comm for epoch %d: %w", q.Epoch, err)
 		}
 	}
-
-	how, exclude := plan(oldMembersOrNil(oldFT, oldMembers), v.ft)
-	var ft *comm.Comm
-	var err error
-	switch how {
-	case shrinkTo:
-		ft, err = oldFT.Shrink(tctx, exclude, q.Epoch)
-	case growTo:
-		ft, err = oldFT.Grow(tctx, len(v.ft), q.Epoch)
-	case freshComm:
-		closeAll(oldFT)
-		ft, err = comm.New(tctx, c.cfg.Backend, opts("ft-"+strconv.Itoa(c.cfg.GroupRank), v.ftRank, len(v.ft)))
+	how, exclude := planFor(q.Base, held, v, c.id, inc)
+	if how == freshComm {
+		oldFT.close()
 	}
+	ft, err := c.form(tctx, how, exclude, oldFT, "ft-"+strconv.Itoa(c.cfg.GroupRank), v.ftRank, len(v.ft), q.Epoch)
 	if err != nil {
-		closeAll(group)
-		if how != freshComm {
-			closeAll(oldFT) // left as it was by the failed Shrink or Grow
-		}
+		group.close()
+		oldFT.close() // left as it was by a failed Shrink or Grow
 		return fmt.Errorf("ft: %s the FT comm to epoch %d: %w", how, q.Epoch, err)
 	}
-	if ft.Backend().Memory() != comm.HostMemory {
-		closeAll(ft, group)
-		return fmt.Errorf("%w: ft: backend %s keeps tensors in %s memory; ft's FT and group comms need a host-memory backend (e.g. gloo) for their step agreement and votes",
-			comm.ErrBackendUnavailable, c.cfg.Backend, ft.Backend().Memory())
+	if err := c.prepareState(ft.data); err != nil {
+		ft.close()
+		group.close()
+		return err
 	}
 	c.mu.Lock()
-	c.ft, c.group, c.groupOf = ft, group, v.group
+	c.ft, c.group, c.view = ft, group, v
 	c.mu.Unlock()
+	c.reportFormed(ctx, q.Epoch)
+	c.watchHealth(ft.data)
 	c.metrics.reconfigs.WithLabelValues(how.String()).Inc()
 	c.forgetRendezvous(ctx, oldFT, v.ftRank == 0, "ft-"+strconv.Itoa(c.cfg.GroupRank))
 	c.forgetRendezvous(ctx, oldGroup, c.cfg.GroupRank == 0, "group-"+c.cfg.Group)
-	c.log.Info("reconfigured", zap.Uint64("epoch", q.Epoch), zap.Stringer("how", how), zap.Ints("exclude", exclude),
+	c.log.Info("reconfigured", zap.Uint64("epoch", q.Epoch), zap.Uint64("base", q.Base), zap.Stringer("how", how), zap.Ints("exclude", exclude),
 		zap.Int("rank", v.ftRank), zap.Int("size", len(v.ft)), zap.Int("groups", v.groups))
+	c.emit(Event{Kind: EventReconfigured, Epoch: q.Epoch, Participants: v.groups, How: how.String(), Took: time.Since(t0), Reason: q.Reason})
 
 	return c.agreeAndHeal(ectx, q.Epoch)
 }
 
+// form makes one dimension's comms for epoch: shrinks or grows old, or
+// creates new ones under prefix. With a device data backend the control
+// comm runs on the control backend beside it, formed the same way.
+func (c *Comm) form(ctx context.Context, how reconfig, exclude []int, old comms, prefix string, rank, size int, epoch uint64) (comms, error) {
+	opts := func(prefix, backend string, bcfg any) comm.Options {
+		return comm.Options{Name: prefix, Rank: rank, Size: size, Epoch: epoch, JobID: c.cfg.Job, Secret: c.cfg.Secret,
+			Store: c.member().Store(), Prefix: prefix, Timeout: c.cfg.Timeout, Device: c.cfg.Device, Logger: c.log,
+			Metrics: c.metrics.comm, BackendConfig: bcfg}
+	}
+	move := func(x *comm.Comm, prefix, backend string, bcfg any) (*comm.Comm, error) {
+		switch how {
+		case shrinkTo:
+			return x.Shrink(ctx, exclude, epoch)
+		case growTo:
+			return x.Grow(ctx, size, epoch)
+		}
+		return comm.New(ctx, backend, opts(prefix, backend, bcfg))
+	}
+	data, err := move(old.data, prefix, c.cfg.Backend, c.cfg.BackendConfig)
+	if err != nil {
+		return comms{}, err
+	}
+	if !c.splitKnown {
+		// The first formation shows whether the data backend keeps host
+		// memory (one comm serves both) or device memory (control needs a
+		// host comm beside it). Every rank learns the same.
+		c.split = data.Backend().Memory() == comm.DeviceMemory ||
+			(c.cfg.ControlBackend != "" && c.cfg.ControlBackend != c.cfg.Backend)
+		c.splitKnown = true
+	}
+	if !c.split {
+		return comms{ctl: data, data: data}, nil
+	}
+	ctl, err := move(old.ctl, prefix+"-ctl", c.controlBackend(), c.cfg.ControlBackendConfig)
+	if err != nil {
+		data.Close()
+		return comms{}, fmt.Errorf("control comm: %w", err)
+	}
+	if ctl.Backend().Memory() != comm.HostMemory {
+		data.Close()
+		ctl.Close()
+		return comms{}, fmt.Errorf("%w: ft: control backend %s keeps %s memory; control messages need a host-memory backend (gloo)",
+			comm.ErrBackendUnavailable, c.controlBackend(), ctl.Backend().Memory())
+	}
+	return comms{ctl: ctl, data: data}, nil
+}
+
+func (c *Comm) controlBackend() string {
+	if c.cfg.ControlBackend != "" {
+		return c.cfg.ControlBackend
+	}
+	return DefaultControlBackend
+}
+
+// reportFormed tells the coordinator that this rank holds what epoch asks
+// of it, so that the next quorum may let it shrink or grow its comms.
+// Without the report the next epoch forms new comms: slower, never wrong.
+func (c *Comm) reportFormed(ctx context.Context, epoch uint64) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.member().ReportFormed(rctx, epoch); err != nil {
+		c.log.Warn("reporting the formed epoch", zap.Uint64("epoch", epoch), zap.Error(err))
+	}
+}
+
+// watchHealth starts watching the GPU of a device data backend, once: a
+// critical fault takes the replica out of the next quorum.
+func (c *Comm) watchHealth(data *comm.Comm) {
+	if c.stopHealth != nil || c.cfg.DisableHealthWatch || data.Backend().Memory() != comm.DeviceMemory {
+		return
+	}
+	hw, ok := data.Backend().(comm.HealthWatcher)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.stopHealth = cancel
+	err := hw.WatchHealth(ctx, func(e comm.HealthEvent) {
+		h := membership.Healthy
+		if e.Critical {
+			h = membership.Critical
+		}
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := c.ReportHealth(rctx, h, e.Reason); err != nil {
+			c.log.Error("reporting device health", zap.Int("device", e.Device), zap.String("reason", e.Reason), zap.Error(err))
+		}
+	})
+	if err != nil {
+		c.log.Warn("cannot watch the GPU's health; set Config.DisableHealthWatch to silence this", zap.Error(err))
+	}
+}
+
 // forgetRendezvous deletes the rendezvous keys of a replaced comm's epoch
 // (backends keep them under <prefix>/epoch/<epoch>/); one rank does it.
-func (c *Comm) forgetRendezvous(ctx context.Context, old *comm.Comm, mine bool, prefix string) {
-	if old == nil || !mine {
+func (c *Comm) forgetRendezvous(ctx context.Context, old comms, mine bool, prefix string) {
+	if !old.ok() || !mine {
 		return
 	}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := c.store.DeletePrefix(dctx, fmt.Sprintf("%s/epoch/%d/", prefix, old.Epoch())); err != nil {
-		c.log.Warn("deleting old rendezvous keys", zap.Error(err))
-	}
-}
-
-func oldMembersOrNil(ft *comm.Comm, members []participant) []participant {
-	if ft == nil {
-		return nil
-	}
-	return members
-}
-
-// stepRecord is what each rank tells the others after a reconfiguration:
-// its committed step and where it serves its state.
-const stepRecordSize = 8 + 120
-
-// agreeAndHeal exchanges steps over the new FT comm and, if this replica
-// is behind the most advanced one, fetches that state from every replica at
-// that step. Both end with the epoch (ctx): once a newer one exists the
-// sources may stop serving. A heal cut short keeps its progress, and the
-// next epoch's heal of the same step fetches only the rest.
-func (c *Comm) agreeAndHeal(ctx context.Context, epoch uint64) error {
-	c.mu.Lock()
-	ft := c.ft
-	c.mu.Unlock()
-	mine := make([]byte, stepRecordSize)
-	binary.LittleEndian.PutUint64(mine, uint64(c.step))
-	addr := c.server.Addr()
-	if len(addr) > stepRecordSize-8 {
-		return fmt.Errorf("%w: ft: recovery address %q is too long", comm.ErrInvalidArgument, addr)
-	}
-	copy(mine[8:], addr)
-	all := make([]byte, stepRecordSize*ft.Size())
-	if err := ft.AllGather(ctx, comm.Uint8s(all), comm.Uint8s(mine)); err != nil {
-		return fmt.Errorf("ft: step agreement in epoch %d: %w", epoch, err)
-	}
-	var maxStep int64
-	steps := make([]int64, ft.Size())
-	addrs := make([]string, ft.Size())
-	for r := range steps {
-		rec := all[r*stepRecordSize : (r+1)*stepRecordSize]
-		steps[r] = int64(binary.LittleEndian.Uint64(rec))
-		addrs[r] = string(rec[8 : 8+clen(rec[8:])])
-		maxStep = max(maxStep, steps[r])
-	}
-	if c.step >= maxStep {
-		return nil
-	}
-	var sources []string
-	for r, s := range steps {
-		if s == maxStep {
-			sources = append(sources, addrs[r])
+	for _, p := range []string{prefix, prefix + "-ctl"} {
+		if err := c.member().Store().DeletePrefix(dctx, fmt.Sprintf("%s/epoch/%d/", p, old.ctl.Epoch())); err != nil {
+			c.log.Warn("deleting old rendezvous keys", zap.Error(err))
 		}
 	}
-	c.log.Info("healing", zap.Int64("from_step", c.step), zap.Int64("to_step", maxStep), zap.Strings("sources", sources))
+}
+
+// errHolderAbsent: with DurableCommit, the job's newest committed step is
+// held by no participant of this epoch; the rank waits for a quorum that
+// brings one back.
+var errHolderAbsent = errors.New("ft: the job's committed step is held by no participant")
+
+// agreeAndHeal exchanges step records over the control comm, agrees on the
+// state to continue from (agree), and, if this replica holds another,
+// fetches it from every replica that holds it. Both end with the epoch
+// (ctx): once a newer one exists the sources may stop serving. A heal cut
+// short keeps its progress, and the next epoch's heal of the same step
+// fetches only the rest.
+func (c *Comm) agreeAndHeal(ctx context.Context, epoch uint64) error {
+	c.mu.Lock()
+	ctl := c.ft.ctl
+	c.mu.Unlock()
+	mine := make([]byte, stepRecordSize)
+	if err := (stepRecord{Step: c.step, Epoch: c.hist.last(), Addr: c.server.Addr()}).encode(mine); err != nil {
+		return err
+	}
+	all := make([]byte, stepRecordSize*ctl.Size())
+	if err := ctl.AllGather(ctx, comm.Uint8s(all), comm.Uint8s(mine)); err != nil {
+		return fmt.Errorf("ft: step agreement in epoch %d: %w", epoch, err)
+	}
+	recs := make([]stepRecord, ctl.Size())
+	for r := range recs {
+		var err error
+		if recs[r], err = decodeStepRecord(all[r*stepRecordSize:]); err != nil {
+			return fmt.Errorf("ft: step agreement in epoch %d: rank %d: %w", epoch, r, err)
+		}
+	}
+	a := agree(recs)
+	if c.cfg.DurableCommit {
+		last, ok, err := c.member().(durableCommitter).LastCommit(ctx)
+		if err != nil {
+			return fmt.Errorf("ft: step agreement in epoch %d: %w", epoch, err)
+		}
+		if ok && last.Step > a.Step {
+			if c.waitingFor != uint64(last.Step) {
+				c.waitingFor = uint64(last.Step)
+				c.log.Warn("the job committed a step no participant holds; waiting for a quorum with one of its replicas",
+					zap.Int64("step", last.Step), zap.Uint64("committed_in_epoch", last.Epoch), zap.Int64("participants_hold", a.Step))
+				c.emit(Event{Kind: EventWaiting, Epoch: epoch,
+					Reason: fmt.Sprintf("step %d was committed by epoch %d; no participant holds it", last.Step, last.Epoch)})
+			}
+			return errHolderAbsent
+		}
+	}
+	if !a.heals(c.step, c.hist.last()) {
+		return nil
+	}
+	from := c.step
+	c.log.Info("healing", zap.Int64("from_step", c.step), zap.Uint64("from_epoch", c.hist.last()),
+		zap.Int64("to_step", a.Step), zap.Uint64("to_epoch", a.Epoch), zap.Strings("sources", a.Sources))
 	fc := c.cfg.fetchConfig()
 	fc.Progress = &c.healed
-	st, err := recovery.Fetch(ctx, fc, maxStep, sources, c.blobs)
+	st, err := recovery.Fetch(ctx, fc, a.Step, a.Sources, c.blobs)
 	c.metrics.healedBytes.Add(float64(st.Bytes))
 	if err != nil {
-		return fmt.Errorf("ft: heal to step %d: %w", maxStep, err)
+		return fmt.Errorf("ft: heal to step %d: %w", a.Step, err)
+	}
+	theirs, err := decodeHistory(st.Meta)
+	if err != nil {
+		return fmt.Errorf("ft: heal to step %d: the sources' history: %w", a.Step, err)
 	}
 	c.metrics.healSeconds.Observe(st.Duration.Seconds())
 	c.metrics.healThroughput.Set(st.Throughput())
-	c.log.Info("healed", zap.Int64("step", maxStep), zap.Int64("bytes", st.Bytes), zap.Duration("took", st.Duration),
+	c.log.Info("healed", zap.Int64("step", a.Step), zap.Int64("bytes", st.Bytes), zap.Duration("took", st.Duration),
 		zap.Float64("bytes_per_s", st.Throughput()), zap.Int("retries", st.Retries))
-	c.setStep(maxStep)
+	lostFrom, lostTo, rolledBack := diverged(c.hist, c.step, theirs)
+	c.hist, c.histBytes = theirs, nil
+	c.setStep(a.Step)
+	c.emit(Event{Kind: EventHealed, Epoch: epoch, FromStep: from, Bytes: st.Bytes, Took: st.Duration})
 	// Tell the coordinator now rather than at the next heartbeat, so its
 	// dashboard stops showing this replica as healing.
 	if hb, ok := c.member().(interface{ Heartbeat(context.Context) error }); ok {
@@ -538,16 +754,30 @@ func (c *Comm) agreeAndHeal(ctx context.Context, epoch uint64) error {
 			c.log.Warn("reporting the healed step", zap.Error(err))
 		}
 	}
-	return nil
+	if !rolledBack {
+		return nil
+	}
+	c.metrics.rollbacks.Inc()
+	c.metrics.rolledBackSteps.Add(float64(lostTo - lostFrom + 1))
+	c.log.Error("rolled back committed steps: the job's history has them from another epoch",
+		zap.Int64("from_step", lostFrom), zap.Int64("to_step", lostTo), zap.Int64("now_at", a.Step), zap.Uint64("their_epoch", a.Epoch))
+	c.emit(Event{Kind: EventRolledBack, Epoch: epoch, FromStep: lostFrom, ToStep: lostTo})
+	return &RollbackError{FromStep: lostFrom, ToStep: lostTo, Step: a.Step, Epoch: a.Epoch}
 }
 
-func clen(b []byte) int {
-	for i, x := range b {
-		if x == 0 {
-			return i
-		}
+// emit tells the training loop's event hook, from the training goroutine.
+func (c *Comm) emit(e Event) {
+	if c.cfg.OnEvent == nil {
+		return
 	}
-	return len(b)
+	e.Time = time.Now()
+	if e.Step == 0 {
+		e.Step = c.step
+	}
+	if e.Participants == 0 {
+		e.Participants = c.Participants()
+	}
+	c.cfg.OnEvent(e)
 }
 
 func (c *Comm) setStep(s int64) {
@@ -573,10 +803,11 @@ func (c *Comm) record(err error) {
 
 // Commit ends the step: it waits for the step's collectives and votes.
 // The step commits only if none of them failed, at least MinReplicas
-// replica groups took part, and (with GroupSize > 1) every rank of the
-// group voted yes. On true the caller applies its optimizer step; on
-// false it must not (the step is rolled back), and the next Step moves to a
-// new epoch. After MaxCommitFailures failures in a row Commit returns
+// replica groups took part, (with GroupSize > 1) every rank of the group
+// voted yes, and (with DurableCommit) no other epoch recorded the step
+// first. On true the caller applies its optimizer step; on false it must
+// not (the step is rolled back), and the next Step moves to a new epoch.
+// After MaxCommitFailures failures in a row Commit returns
 // ErrTooManyCommitFailures.
 func (c *Comm) Commit(ctx context.Context) (bool, error) {
 	for _, w := range c.works {
@@ -585,19 +816,24 @@ func (c *Comm) Commit(ctx context.Context) (bool, error) {
 		}
 	}
 	c.mu.Lock()
-	ft, group, groups := c.ft, c.group, c.view.groups
+	ft, group, groups, epoch := c.ft, c.group, c.view.groups, c.epoch
 	c.mu.Unlock()
-	vote := len(c.errs) == 0 && ft != nil && groups >= c.cfg.MinReplicas
-	if group != nil {
+	vote := len(c.errs) == 0 && ft.ok() && groups >= c.cfg.MinReplicas
+	if group.ok() {
 		v := []int32{0}
 		if vote {
 			v[0] = 1
 		}
-		if err := group.AllReduce(ctx, comm.Int32s(v), comm.Min); err != nil {
-			c.record(err)
+		if err := group.ctl.AllReduce(ctx, comm.Int32s(v), comm.Min); err != nil {
+			c.groupErrs = append(c.groupErrs, err)
+			c.noteFailure()
 			v[0] = 0
 		}
 		vote = v[0] == 1
+	}
+	var reason string
+	if vote && c.cfg.DurableCommit {
+		vote, reason = c.recordCommit(ctx, epoch)
 	}
 	// The optimizer writes the state next: stop serving it first.
 	if err := c.server.Withdraw(ctx); err != nil {
@@ -605,6 +841,9 @@ func (c *Comm) Commit(ctx context.Context) (bool, error) {
 		vote = false
 	}
 	if vote {
+		if h := c.hist.commit(c.step+1, epoch); len(h) != len(c.hist) || h.last() != c.hist.last() {
+			c.hist, c.histBytes = h, nil
+		}
 		c.setStep(c.step + 1)
 		c.failedCommits = 0
 		c.metrics.commits.WithLabelValues("ok").Inc()
@@ -619,23 +858,26 @@ func (c *Comm) Commit(ctx context.Context) (bool, error) {
 	c.failedCommits++
 	c.metrics.commits.WithLabelValues("failed").Inc()
 	c.noteFailure()
-	reason := "no comm"
-	if ft == nil {
+	switch {
+	case reason != "":
+	case !ft.ok():
 		reason = "not participating"
-	} else if len(c.errs) > 0 {
+	case len(c.errs) > 0:
 		reason = c.errs[0].Error()
-		ft.Revoke(fmt.Errorf("ft: commit failed: %w", c.errs[0]))
-	} else if groups < c.cfg.MinReplicas {
+	case len(c.groupErrs) > 0:
+		reason = "the replica group's vote failed: " + c.groupErrs[0].Error()
+	case groups < c.cfg.MinReplicas:
 		reason = fmt.Sprintf("%d replica groups, %d needed", groups, c.cfg.MinReplicas)
-	} else {
+	default:
 		reason = "a rank of the replica group voted no"
 	}
-	c.mu.Lock()
-	epoch := c.epoch
-	c.mu.Unlock()
+	if ft.ok() {
+		ft.revoke(fmt.Errorf("ft: commit failed: %s", reason))
+	}
 	c.log.Warn("commit failed", zap.Int64("step", c.step), zap.Uint64("epoch", epoch), zap.String("reason", reason),
 		zap.Int("in_a_row", c.failedCommits))
-	if ft != nil {
+	c.emit(Event{Kind: EventCommitFailed, Epoch: epoch, Reason: reason})
+	if ft.ok() {
 		// Blame the peers our collectives saw fail (a reset connection:
 		// their process is likely gone); the coordinator checks and removes
 		// them without waiting for gossip.
@@ -654,37 +896,67 @@ func (c *Comm) Commit(ctx context.Context) (bool, error) {
 	return false, nil
 }
 
+// recordCommit makes the commit of the next step durable (DurableCommit):
+// it votes yes only if this epoch owns the step's record. A transient etcd
+// error is retried within the op timeout; only "another epoch owns it" is
+// final.
+func (c *Comm) recordCommit(ctx context.Context, epoch uint64) (bool, string) {
+	dc := c.member().(durableCommitter)
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval = 10*time.Millisecond, time.Second
+	var rec membership.CommitRecord
+	var ok bool
+	err := backoff.Retry(func() error {
+		var err error
+		rec, ok, err = dc.RecordCommit(rctx, c.step+1, epoch)
+		return err
+	}, backoff.WithContext(b, rctx))
+	switch {
+	case err != nil:
+		return false, fmt.Sprintf("recording the commit of step %d: %v", c.step+1, err)
+	case !ok:
+		return false, fmt.Sprintf("step %d was committed first by epoch %d (%s)", c.step+1, rec.Epoch, rec.By)
+	}
+	return true, ""
+}
+
 // failedMembers maps the ranks named by this step's peer failures to their
 // member ids.
 func (c *Comm) failedMembers() []string {
 	c.mu.Lock()
-	members := c.view.ft
+	ftMembers, groupMembers := c.view.ft, c.view.group
 	c.mu.Unlock()
 	var ids []string
-	for _, err := range c.errs {
-		if !errors.Is(err, comm.ErrPeerFailed) {
-			continue
-		}
-		for _, r := range comm.FailedRanks(err) {
-			if r >= 0 && r < len(members) && !slices.Contains(ids, members[r].ID) {
-				ids = append(ids, members[r].ID)
+	blame := func(errs []error, members []participant) {
+		for _, err := range errs {
+			if !errors.Is(err, comm.ErrPeerFailed) {
+				continue
+			}
+			for _, r := range comm.FailedRanks(err) {
+				if r >= 0 && r < len(members) && members[r].ID != "" && !slices.Contains(ids, members[r].ID) {
+					ids = append(ids, members[r].ID)
+				}
 			}
 		}
 	}
+	blame(c.errs, ftMembers)
+	blame(c.groupErrs, groupMembers)
 	return ids
 }
 
-// forward issues an op on the FT comm and remembers its Work so Commit can
-// collect its error.
+// forward issues an op on the FT data comm and remembers its Work so
+// Commit can collect its error.
 func (c *Comm) forward(issue func(*comm.Comm) *comm.Work) *comm.Work {
 	c.mu.Lock()
-	ft := c.ft
+	data := c.ft.data
 	c.mu.Unlock()
 	var w *comm.Work
-	if ft == nil {
+	if data == nil {
 		w = comm.FailedWork(ErrNotParticipating)
 	} else {
-		w = issue(ft)
+		w = issue(data)
 	}
 	c.works = append(c.works, w)
 	return w
@@ -692,12 +964,13 @@ func (c *Comm) forward(issue func(*comm.Comm) *comm.Work) *comm.Work {
 
 // AllReduce reduces t across the participating replicas (Avg divides by
 // this step's participants). Its error is recorded for Commit, not raised:
-// the training loop may ignore the Work.
+// the training loop may ignore the Work. t is a device tensor on a device
+// data backend (a host tensor there fails with comm.ErrInvalidArgument).
 func (c *Comm) AllReduce(ctx context.Context, t comm.Tensor, op comm.ReduceOp) *comm.Work {
 	return c.forward(func(x *comm.Comm) *comm.Work { return x.AllReduceAsync(ctx, t, op) })
 }
 
-// ReduceScatter, AllGather and Broadcast forward likewise.
+// ReduceScatter, AllGather, Broadcast and AllToAll forward likewise.
 func (c *Comm) ReduceScatter(ctx context.Context, out, in comm.Tensor, op comm.ReduceOp) *comm.Work {
 	return c.forward(func(x *comm.Comm) *comm.Work { return x.ReduceScatterAsync(ctx, out, in, op) })
 }
@@ -710,10 +983,18 @@ func (c *Comm) Broadcast(ctx context.Context, t comm.Tensor, root int) *comm.Wor
 	return c.forward(func(x *comm.Comm) *comm.Work { return x.BroadcastAsync(ctx, t, root) })
 }
 
+// AllToAll sends block r of in to participant r and receives participant
+// r's block into block r of out (ft/diloco averages quantized outer
+// gradients with it).
+func (c *Comm) AllToAll(ctx context.Context, out, in comm.Tensor) *comm.Work {
+	return c.forward(func(x *comm.Comm) *comm.Work { return x.AllToAllAsync(ctx, out, in) })
+}
+
 // ReportHealth tells the coordinator this replica's health. A device monitor
 // calls it with membership.Critical on a fatal fault (a GPU XID, say) so the
 // replica leaves the quorum before it hangs its peers' collectives; the
-// replica sits out until it reports Healthy again. Safe from any goroutine.
+// replica sits out until it reports Healthy again. With a GPU data backend
+// ft does this itself (Config.DisableHealthWatch). Safe from any goroutine.
 func (c *Comm) ReportHealth(ctx context.Context, h membership.Health, reason string) error {
 	if err := c.member().SetHealth(ctx, h, reason); err != nil {
 		return fmt.Errorf("ft: report health: %w", err)
@@ -722,13 +1003,13 @@ func (c *Comm) ReportHealth(ctx context.Context, h membership.Health, reason str
 	return nil
 }
 
-// Group returns the replica group's comm (the shard dimension of HSDP), or
-// nil when GroupSize is 1 or the group is not formed. Ops on it are not
-// recorded for Commit; check their errors.
+// Group returns the replica group's data comm (the shard dimension of
+// HSDP), or nil when GroupSize is 1 or the group is not formed. Ops on it
+// are not recorded for Commit; check their errors.
 func (c *Comm) Group() *comm.Comm {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.group
+	return c.group.data
 }
 
 // Epoch is the epoch of the current configuration.
@@ -743,7 +1024,7 @@ func (c *Comm) Epoch() uint64 {
 func (c *Comm) Participants() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.ft == nil {
+	if !c.ft.ok() {
 		return 0
 	}
 	return len(c.view.ft)
@@ -753,7 +1034,7 @@ func (c *Comm) Participants() int {
 func (c *Comm) Rank() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.ft == nil {
+	if !c.ft.ok() {
 		return -1
 	}
 	return c.view.ftRank
@@ -768,7 +1049,7 @@ func (c *Comm) CommittedStep() int64 {
 }
 
 // Close leaves the job, closes the comms and the recovery server, and stops
-// the Comm's goroutine. Safe to call twice.
+// the Comm's goroutines. Safe to call twice.
 func (c *Comm) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -777,17 +1058,24 @@ func (c *Comm) Close() error {
 	}
 	c.closed = true
 	ft, group := c.ft, c.group
-	c.ft, c.group = nil, nil
+	c.ft, c.group = comms{}, comms{}
 	close(c.changed)
 	c.changed = make(chan struct{})
 	c.mu.Unlock()
 	close(c.stop)
 	<-c.done
-	closeAll(ft, group)
+	if c.stopHealth != nil {
+		c.stopHealth()
+	}
+	ft.close()
+	group.close()
 	m := c.member()
 	lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := errors.Join(m.Leave(lctx), m.Close(), c.server.Close())
+	if c.staging != nil {
+		c.staging.close() // after the server: no chunk is staged any more
+	}
 	c.metrics.unregister()
 	return err
 }

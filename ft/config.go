@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,6 +58,10 @@ type Membership interface {
 	// SetHealth reports this member's health now; Critical takes it out
 	// of the next quorum.
 	SetHealth(ctx context.Context, h membership.Health, reason string) error
+	// ReportFormed tells the coordinator now that this member holds what
+	// epoch asked of it (its comms, or none when it sat out); the next
+	// quorum's Base depends on it (membership.Quorum.Base).
+	ReportFormed(ctx context.Context, epoch uint64) error
 	// Store is the job's rendezvous store (shared by all epochs: a grow's
 	// joiners and existing ranks must meet under the same keys).
 	Store() comm.Store
@@ -64,6 +69,17 @@ type Membership interface {
 	Leave(ctx context.Context) error
 	Close() error
 }
+
+// durableCommitter is what Config.DurableCommit needs of the membership:
+// the job's per-step commit records (*membership.Member has them).
+type durableCommitter interface {
+	RecordCommit(ctx context.Context, step int64, epoch uint64) (membership.CommitRecord, bool, error)
+	LastCommit(ctx context.Context) (membership.CommitRecord, bool, error)
+}
+
+// DefaultControlBackend carries ft's control messages when the data
+// backend keeps device memory.
+const DefaultControlBackend = "gloo"
 
 // Config configures a Comm. Job, Group and Secret are required, and either
 // Coordinator or Membership.
@@ -83,12 +99,29 @@ type Config struct {
 	// EtcdTLS and EtcdUsername/EtcdPassword reach a secured etcd.
 	EtcdTLS                    *tls.Config
 	EtcdUsername, EtcdPassword string
+	// Credentials is the path of a trainer credentials file
+	// (membership.LoadCredentials; `ftcoord serve` writes one); default
+	// $FTCOMM_CREDENTIALS. It gives the etcd endpoints when Coordinator
+	// is empty, TLS and identity unless EtcdTLS or EtcdUsername are set,
+	// the coordinators' quorum-verification keys and the gossip key.
+	Credentials string
 	// Membership, if set, is used instead of registering through
 	// Coordinator; ft closes it in Close.
 	Membership Membership
 
-	Backend       string // comm backend name; default "gloo"
+	// Backend is the data backend: the training loop's collectives run on
+	// it ("gloo", or "nccl" for device tensors; default "gloo"), with
+	// BackendConfig and, on GPUs, Device (the CUDA ordinal).
+	Backend       string
 	BackendConfig any
+	Device        int
+	// ControlBackend carries ft's own control messages (the step
+	// agreement, the group's commit vote) in host memory. Default: the
+	// data backend itself when it keeps host memory, else
+	// DefaultControlBackend; it is formed beside the data comm, at the same
+	// epochs, through the same Store. Import it (e.g. backends/gloo).
+	ControlBackend       string
+	ControlBackendConfig any
 	// MinReplicas is the fewest replica groups a step may commit with; default 1.
 	MinReplicas int
 	// Timeout bounds each collective (comm.Options.Timeout); default 30 s.
@@ -104,6 +137,25 @@ type Config struct {
 	RecoveryAddr string
 	// Heal tunes state transfer (chunk size, parallel streams per source).
 	HealChunkSize, HealStreams int
+
+	// DurableCommit records every committed step in etcd before Commit
+	// returns true (one transaction per rank per step): a step one replica
+	// reports committed is then never redone by another epoch, even across
+	// a partition — replicas that lose such a step wait for one of its
+	// holders instead of redoing it. Without it (the default) that rare
+	// conflict is detected when the replicas meet again and reported as a
+	// rollback (EventRolledBack, *RollbackError, ftcomm_ft_rollbacks_total).
+	DurableCommit bool
+	// OnEvent, if set, is called from the training goroutine (inside Step
+	// and Commit) with each reconfiguration, heal, rollback, sit-out and
+	// failed commit. It must not call the Comm's Step, Commit or
+	// collectives.
+	OnEvent func(Event)
+	// DisableHealthWatch turns off ft's watch of a device data backend's
+	// GPU (comm.HealthWatcher): by default a critical fault (an XID, an
+	// uncorrectable ECC error, a lost NVLink) reports this replica
+	// Critical, which takes it out of the next quorum.
+	DisableHealthWatch bool
 
 	Logger     *zap.Logger
 	Registerer prometheus.Registerer // default: none
@@ -121,8 +173,8 @@ func (c *Config) Validate() error {
 		return bad("group %q: want 1–128 of [A-Za-z0-9._-]", c.Group)
 	case c.GroupSize < 0 || c.GroupRank < 0 || (c.GroupSize > 0 && c.GroupRank >= c.GroupSize) || (c.GroupSize == 0 && c.GroupRank > 0):
 		return bad("group rank %d outside [0, %d)", c.GroupRank, max(c.GroupSize, 1))
-	case c.Membership == nil && len(c.Coordinator) == 0:
-		return bad("neither Coordinator endpoints nor a Membership")
+	case c.Membership == nil && len(c.Coordinator) == 0 && c.Credentials == "" && os.Getenv(membership.CredentialsEnv) == "":
+		return bad("neither Coordinator endpoints, Credentials nor a Membership")
 	case len(c.Secret) == 0:
 		return bad("empty Secret (peers and state transfer must be authenticated)")
 	case c.MinReplicas < 0:
@@ -133,6 +185,8 @@ func (c *Config) Validate() error {
 		return bad("negative MaxCommitFailures %d", c.MaxCommitFailures)
 	case c.HealChunkSize < 0 || c.HealStreams < 0:
 		return bad("negative heal chunk size or streams")
+	case c.Device < 0:
+		return bad("negative Device %d", c.Device)
 	}
 	return nil
 }

@@ -17,26 +17,72 @@
 // Each process registers with the coordinator (membership) as member
 // "<group>.<group rank>". The coordinator publishes quorums (epochs); the
 // Comm follows them by watch, so a step whose epoch is unchanged costs no
-// round trip. Step moves to a new epoch when there is one: it derives from
-// the quorum which replica groups are complete and so take part, then
-// shrinks the fault-tolerant (FT) comm when the participants are a subset of
-// the last ones, grows it when joiners were appended, and creates it afresh
-// otherwise — a choice made from the quorum alone, so every rank makes the
-// same one. It then agrees on steps with one all-gather, and a replica that
-// is behind fetches the committed state of the most advanced step from every
-// replica at that step (package recovery) before Step returns.
+// round trip. Step moves to a new epoch when there is one. Every decision
+// is a pure function of what all ranks of the epoch know alike (protocol.go,
+// tested by driving membership's real quorum machine through random
+// histories), never of what one rank happened to form:
 //
-// The old comm is revoked the moment a quorum or a revocation record shows
-// that one of its members is gone, so a survivor never waits out a
-// collective timeout for a peer the coordinator already knows is dead.
+//  1. Who takes part: from the quorum, the replica groups that are
+//     complete; rank i of each forms FT comm i (view.go).
+//  2. How to get there: a formation can succeed at some ranks and fail at
+//     others (an epoch superseded while forming), so a rank's memory of its
+//     comms is not shared knowledge. Each rank reports to the coordinator
+//     when it holds what an epoch asked of it (its comms, or none when it
+//     sat out); the next quorum's Base is that epoch only if every
+//     continuing participant reported it. With a Base, the ranks of Base's
+//     FT comm shrink it (the new members are a subset, in order) or grow it
+//     (joiners appended), and every other rank joins with a new comm; with
+//     Base 0 everyone creates new comms. A lost or late report costs a new
+//     comm, never a disagreement.
+//  3. Where to continue from: the ranks all-gather (committed step, epoch
+//     that committed it, state address) over the new comm and continue from
+//     the most advanced step, and among equal steps the one committed by
+//     the newest epoch. A rank holding anything else fetches that state
+//     from every rank that holds it (package recovery), before Step returns.
+//
+// The old comms are revoked the moment a quorum or a revocation shows that
+// one of their members is gone, so a survivor never waits out a collective
+// timeout for a peer the coordinator already knows is dead.
+//
+// # What Commit promises
 //
 // Commit votes: the step commits only if none of its collectives failed,
 // at least MinReplicas replica groups took part and, with GroupSize > 1,
 // every rank of the group voted yes (an all-reduce of min over the group's
-// comm). A failed commit rolls the step back (the caller skips its
+// control comm). A failed commit rolls the step back (the caller skips its
 // optimizer step), is reported to the coordinator, which forces the next
 // epoch, and counts toward MaxCommitFailures. Avg divides by the
 // participants of the step.
+//
+// A collective can complete at some ranks and fail at others (a link cut
+// after a rank received its last bytes but before its peers did). Those
+// ranks commit the step; the others fail it, and if the ones that
+// committed are then cut off, the rest form a new epoch and commit the
+// same step again with other participants — other contents. No vote taken
+// over the same links can prevent this (the vote itself can complete at
+// some ranks only), so ft offers two guarantees:
+//
+//   - Default: detection. Every replica keeps the epochs that committed its
+//     steps (its history; it travels with healed state). When replicas
+//     meet again, the agreement continues from the most advanced step, the
+//     newest epoch winning a tie, and a replica whose own committed steps
+//     are not in that history learns it while healing: Step returns a
+//     *RollbackError naming the discarded steps (after healing to the job's
+//     state, with the step started), the Comm reports EventRolledBack, and
+//     ftcomm_ft_rollbacks_total counts it. Never a silent heal over a
+//     committed step. Cost: nothing per step.
+//   - DurableCommit: prevention. Before Commit returns true, each rank
+//     records (step, epoch) in etcd with a transaction that succeeds only
+//     if no other epoch recorded the step first. A replica that reports a
+//     step committed therefore owns it for the job: the step is never
+//     redone, and replicas that lose every holder of the job's newest step
+//     wait (EventWaiting) for a quorum that brings one back instead of
+//     redoing it. Cost: one etcd transaction per rank per step (see the
+//     README for the measured figure), and availability during such a
+//     partition.
+//
+// TestPartitionProcesses cuts four replica processes apart in network
+// namespaces mid-all-reduce, in both modes.
 //
 // # Replica groups (HSDP)
 //
@@ -45,39 +91,64 @@
 // dimension, Group()). When any rank of a group dies, the group is
 // incomplete in the next quorum and all its ranks sit out (ErrNotParticipating
 // on their collectives); when the rank returns the group rejoins whole and
-// its ranks heal shard by shard.
+// its ranks heal shard by shard. The group comms are made anew at every epoch.
 //
 // # Caller duties
 //
-//   - Register the state a healing replica needs (host memory), the same
-//     names in the same order on every replica, before the first Step.
+//   - Register the state a healing replica needs, the same names in the
+//     same order on every replica, before the first Step: host tensors, or
+//     device tensors with a device data backend.
 //   - Between Step and Commit do not write the registered state (it is
 //     being served to healers); write it only after Commit returns true.
 //   - Call Step, the collectives and Commit from one goroutine.
+//   - Treat a *RollbackError from Step as a started step whose registered
+//     state moved to the job's history (rewind the data position).
 //   - Close the Comm; it leaves the job gracefully.
 //
-// # Backends
+// # Backends: data on the GPU, control on the host
 //
-// The FT and group comms carry ft's own control messages (the step
-// agreement, the group's commit vote) in host memory, so ft needs a
-// host-memory backend such as gloo; a device backend is refused with
-// comm.ErrBackendUnavailable at the first Step. GPU jobs use ft for the
-// fault-tolerant replicate dimension on CPU-resident gradients, or drive
-// backends/nccl directly through comm (with Revoke, Shrink and Grow) from
-// the epochs ft publishes.
+// The training loop's collectives run on the data backend (Config.Backend);
+// ft's own control messages — the step agreement and the group's vote —
+// run on a host comm. With a host backend (gloo) one comm does both. With a
+// device backend (nccl) ft forms a control comm on ControlBackend (gloo by
+// default; import it) beside every data comm, at the same epochs, through
+// the same Store, moved the same way (shrink, grow or new), so no control
+// message waits behind GPU work and Commit never needs the GPU; a failure
+// of either fails the step. The collectives then take device tensors (a
+// host tensor fails with comm.ErrInvalidArgument). Registered device
+// tensors heal through the data backend's comm.HostCopier: a source copies
+// each requested chunk of its live device state into a pinned staging
+// buffer and sends it; the healer receives chunks into pinned buffers and
+// copies them into its device tensors — with the same authentication and
+// CRC checks as host state, and no copy per step. With a device data
+// backend that implements comm.HealthWatcher (nccl, through NVML), ft
+// watches the GPU and reports the replica Critical on a fatal fault (XID,
+// uncorrectable ECC, lost NVLink), with the reason shown on the coordinator's
+// dashboard; Config.DisableHealthWatch turns that off.
+//
+// # Events
+//
+// Config.OnEvent receives, on the training goroutine, every
+// reconfiguration (and how), heal, rollback, sit-out, wait and failed
+// commit: what a progress display or a data loader needs to follow.
 //
 // # Metrics
 //
-// Prometheus (Config.Registerer): ftcomm_ft_failure_to_commit_seconds
+// Prometheus (Config.Registerer), labelled ftcomm_job and member:
+// ftcomm_ft_failure_to_commit_seconds
 // (first failure seen → next committed step), ftcomm_ft_detection_seconds
 // (first failure seen → the resolving epoch known), ftcomm_ft_heal_seconds,
 // ftcomm_ft_healed_bytes_total, ftcomm_ft_heal_bytes_per_second,
 // ftcomm_ft_reconfigurations_total{how}, ftcomm_ft_commits_total{result},
-// ftcomm_ft_epoch, ftcomm_ft_committed_step, ftcomm_ft_step_seconds.
+// ftcomm_ft_epoch, ftcomm_ft_committed_step, ftcomm_ft_step_seconds,
+// ftcomm_ft_rollbacks_total, ftcomm_ft_rolled_back_steps_total; and the
+// op metrics of every comm the Comm forms (ftcomm_comm_ops_total,
+// ftcomm_comm_bytes_total, ftcomm_comm_op_duration_seconds, by comm and op).
 //
 // # Concurrency
 //
 // A Comm runs one goroutine, which follows the membership's quorums and
-// revocations and exits in Close; its membership and recovery server run
-// their own, also stopped by Close.
+// revocations and exits in Close; its membership, its recovery server and
+// (with a GPU data backend) the health watcher run their own, also stopped
+// by Close.
 package ft

@@ -2,11 +2,13 @@ package ft
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/ftcomm/ftcomm/comm"
@@ -154,5 +156,31 @@ func testGracefulLeave(t *testing.T, backend string) {
 	if p := a.c.Participants(); p != 2 {
 		t.Fatalf("participants after c left: %d", p)
 	}
+	stopAll(t, j.ledger, a, b)
+}
+
+// A replica restarted while its dead predecessor's lease is still alive
+// waits for the lease to expire instead of failing with a duplicate id.
+func TestEtcdRestartWhileOldLeaseLives(t *testing.T) {
+	j := newEtcdJob(t, "inproc", inproc.NewCluster())
+	cli, err := j.etcd.NewClient(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The dead incarnation: its record under a lease nobody renews.
+	lease, err := cli.Grant(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := json.Marshal(membership.MemberRecord{Job: "toy", ID: "a.0", Group: "a", Addr: "127.0.0.1:1", Lease: int64(lease.ID)})
+	if _, err := cli.Put(ctx, membership.Keys{}.Member("toy", "a.0"), string(rec), clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	a := j.start("a", forever, 256) // New returns once the old lease is gone
+	b := j.start("b", forever, 256)
+	a.waitParticipants(2)
 	stopAll(t, j.ledger, a, b)
 }

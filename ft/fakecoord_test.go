@@ -18,6 +18,7 @@ import (
 // tested separately.
 type fakeCoord struct {
 	mu      sync.Mutex
+	commits map[int64]membership.CommitRecord // durable commit records
 	m       *membership.Machine
 	members map[string]*fakeMember
 	inc     int64
@@ -27,7 +28,8 @@ type fakeCoord struct {
 }
 
 func newFakeCoord(job string, cfg membership.QuorumConfig) *fakeCoord {
-	return &fakeCoord{m: membership.NewMachine(job, cfg, nil), members: map[string]*fakeMember{}, store: memstore.New()}
+	return &fakeCoord{m: membership.NewMachine(job, cfg, nil), members: map[string]*fakeMember{}, store: memstore.New(),
+		commits: map[int64]membership.CommitRecord{}}
 }
 
 type fakeMember struct {
@@ -207,6 +209,47 @@ func (m *fakeMember) ReportCommitFailure(ctx context.Context, epoch uint64) erro
 	c.m.Upsert(time.Now(), rec)
 	c.advanceLocked()
 	return nil
+}
+
+func (m *fakeMember) ReportFormed(ctx context.Context, epoch uint64) error {
+	c := m.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rec, ok := c.m.Member(m.id)
+	if !ok || rec.Incarnation != m.inc {
+		return nil
+	}
+	rec.Formed = epoch
+	c.m.Upsert(time.Now(), rec)
+	c.advanceLocked()
+	return nil
+}
+
+// RecordCommit and LastCommit keep durable commit records as etcd would:
+// the first epoch to record a step owns it.
+func (m *fakeMember) RecordCommit(ctx context.Context, step int64, epoch uint64) (membership.CommitRecord, bool, error) {
+	c := m.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rec, ok := c.commits[step]
+	if !ok {
+		rec = membership.CommitRecord{Step: step, Epoch: epoch, By: m.id, At: time.Now()}
+		c.commits[step] = rec
+	}
+	return rec, rec.Epoch == epoch, nil
+}
+
+func (m *fakeMember) LastCommit(ctx context.Context) (membership.CommitRecord, bool, error) {
+	c := m.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var last membership.CommitRecord
+	for s, r := range c.commits {
+		if s > last.Step {
+			last = r
+		}
+	}
+	return last, last.Step > 0, nil
 }
 
 func (m *fakeMember) Close() error {

@@ -147,7 +147,7 @@ func (r *replica) train(ctx context.Context, l *ledger, until int64) {
 // comm's deadline (with a little room for the scheduler on a loaded machine).
 func (r *replica) checkDeadlines() {
 	r.c.mu.Lock()
-	ft := r.c.ft
+	ft := r.c.ft.data
 	r.c.mu.Unlock()
 	if ft == nil {
 		return
@@ -183,7 +183,7 @@ func (r *replica) wait() error {
 // its peers see it fail, and the coordinator learns of it as from gossip.
 func (j *job) kill(r *replica) {
 	r.c.mu.Lock()
-	ft := r.c.ft
+	ft := r.c.ft.data
 	r.c.mu.Unlock()
 	if ft != nil {
 		ft.Backend().(*inproc.Backend).Fail()
@@ -339,7 +339,7 @@ func TestFailedCommitForcesNextEpoch(t *testing.T) {
 	// Break b's FT comm under it, as a flaky link would.
 	for {
 		b.c.mu.Lock()
-		ft := b.c.ft
+		ft := b.c.ft.data
 		b.c.mu.Unlock()
 		if ft != nil {
 			ft.Abort(errors.New("injected link failure"))

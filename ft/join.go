@@ -2,10 +2,13 @@ package ft
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/membership"
@@ -38,15 +41,26 @@ const rendezvousRoot = "comm/"
 // joinCoordinator connects to the coordinator's etcd and registers this
 // rank as a new incarnation asking to take part.
 func joinCoordinator(ctx context.Context, cfg Config, id, addr string) (Membership, error) {
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: cfg.Coordinator, DialTimeout: 5 * time.Second, Context: context.WithoutCancel(ctx),
-		TLS: cfg.EtcdTLS, Username: cfg.EtcdUsername, Password: cfg.EtcdPassword,
-		Logger: cfg.Logger.Named("etcd-client"),
-	})
+	creds, err := membership.LoadCredentialsOrEnv(cfg.Credentials) // nil: none
+	if err != nil {
+		return nil, fmt.Errorf("ft: %w", err)
+	}
+	ccfg, err := creds.ClientConfig(cfg.Coordinator, cfg.Logger.Named("etcd-client"))
+	if err != nil {
+		return nil, fmt.Errorf("ft: %w", err)
+	}
+	ccfg.Context = context.WithoutCancel(ctx)
+	if cfg.EtcdTLS != nil {
+		ccfg.TLS = cfg.EtcdTLS
+	}
+	if cfg.EtcdUsername != "" {
+		ccfg.Username, ccfg.Password = cfg.EtcdUsername, cfg.EtcdPassword
+	}
+	cli, err := clientv3.New(ccfg)
 	if err != nil {
 		return nil, fmt.Errorf("ft: connect to coordinator %v: %w", cfg.Coordinator, err)
 	}
-	m, err := register(ctx, cfg, cli, id, addr)
+	m, err := registerWhenFree(ctx, cfg, cli, id, addr)
 	if err != nil {
 		cli.Close()
 		return nil, err
@@ -55,10 +69,47 @@ func joinCoordinator(ctx context.Context, cfg Config, id, addr string) (Membersh
 	return m, nil
 }
 
+// registerWhenFree registers, waiting while a previous incarnation of this
+// member still holds the id: a replica restarted right after its process
+// died finds its old registration alive until the old lease expires. It
+// waits up to three lease TTLs (or ctx); a holder that keeps renewing is
+// another live process with the same id, a configuration error.
+func registerWhenFree(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr string) (*etcdMember, error) {
+	ttl := cfg.Member.LeaseTTL
+	if ttl == 0 {
+		ttl = membership.DefaultMemberConfig().LeaseTTL
+	}
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 100*time.Millisecond, time.Second, 3*ttl
+	var m *etcdMember
+	logged := false
+	err := backoff.Retry(func() error {
+		var err error
+		m, err = register(ctx, cfg, cli, id, addr)
+		var dup *membership.DuplicateMemberError
+		if errors.As(err, &dup) {
+			if !logged {
+				logged = true
+				cfg.Logger.Info("a previous incarnation still holds this member id; waiting for its lease to expire",
+					zap.String("member", id), zap.Int64("incarnation", dup.Incarnation), zap.String("addr", dup.Addr),
+					zap.Duration("up_to", 3*ttl))
+			}
+			return err
+		}
+		return backoff.Permanent(err)
+	}, backoff.WithContext(b, ctx))
+	return m, err
+}
+
 // register makes the membership.Member of this rank on cli.
 func register(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr string) (*etcdMember, error) {
 	mc := cfg.Member
 	mc.Client, mc.Job, mc.ID, mc.Addr, mc.Group = cli, cfg.Job, id, addr, cfg.Group
+	creds, err := membership.LoadCredentialsOrEnv(cfg.Credentials)
+	if err != nil {
+		return nil, fmt.Errorf("ft: %w", err)
+	}
+	creds.ApplyMember(&mc) // quorum verification and the gossip key; nil: none
 	mc.WantQuorum = true
 	if mc.MinReplicas == 0 {
 		mc.MinReplicas = cfg.MinReplicas * cfg.GroupSize

@@ -2,12 +2,15 @@ package ft
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ftcomm/ftcomm/comm"
 )
 
-// metrics are one Comm's Prometheus collectors, labelled by job and member.
+// metrics are one Comm's Prometheus collectors, labelled by job and member
+// (ftcomm_job, not job: Prometheus keeps "job" for the scrape target).
 type metrics struct {
-	reg             prometheus.Registerer
 	collectors      []prometheus.Collector
+	registered      []registration
 	epochSeen       prometheus.Gauge
 	step            prometheus.Gauge
 	commits         *prometheus.CounterVec
@@ -19,12 +22,17 @@ type metrics struct {
 	healSeconds     prometheus.Observer
 	healedBytes     prometheus.Counter
 	healThroughput  prometheus.Gauge
+	rollbacks       prometheus.Counter
+	rolledBackSteps prometheus.Counter
+	// comm receives the op metrics of this Comm's communicators
+	// (ftcomm_comm_*); nil without a registerer.
+	comm comm.Metrics
 }
 
 func newMetrics(reg prometheus.Registerer, job, member string) (*metrics, error) {
-	labels := prometheus.Labels{"job": job, "member": member}
+	labels := prometheus.Labels{"ftcomm_job": job, "member": member}
 	secs := prometheus.ExponentialBuckets(0.001, 2, 18) // 1 ms … 131 s
-	m := &metrics{reg: reg}
+	m := &metrics{}
 	gauge := func(name, help string) prometheus.Gauge {
 		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels})
 		m.collectors = append(m.collectors, g)
@@ -44,28 +52,48 @@ func newMetrics(reg prometheus.Registerer, job, member string) (*metrics, error)
 		Help: "Moves to a new epoch, by kind (shrink, grow, fresh).", ConstLabels: labels}, []string{"how"})
 	m.healedBytes = prometheus.NewCounter(prometheus.CounterOpts{Name: "ftcomm_ft_healed_bytes_total",
 		Help: "State bytes received from peers while healing.", ConstLabels: labels})
-	m.collectors = append(m.collectors, m.commits, m.reconfigs, m.healedBytes)
+	m.rollbacks = prometheus.NewCounter(prometheus.CounterOpts{Name: "ftcomm_ft_rollbacks_total",
+		Help: "Times this replica found committed steps of its own outside the job's history and rolled them back.", ConstLabels: labels})
+	m.rolledBackSteps = prometheus.NewCounter(prometheus.CounterOpts{Name: "ftcomm_ft_rolled_back_steps_total",
+		Help: "Committed steps rolled back.", ConstLabels: labels})
+	m.collectors = append(m.collectors, m.commits, m.reconfigs, m.healedBytes, m.rollbacks, m.rolledBackSteps)
 	m.reconfigSeconds = hist("ftcomm_ft_reconfiguration_seconds", "Time to move to a new epoch once its quorum is known, healing included.")
 	m.recoverySeconds = hist("ftcomm_ft_failure_to_commit_seconds", "From the first failure seen (op error, failed commit or reconfiguration) to the next committed step.")
 	m.detectSeconds = hist("ftcomm_ft_detection_seconds", "From the first failure this rank saw to its learning of the epoch that resolves it.")
 	m.stepSeconds = hist("ftcomm_ft_step_seconds", "From Step to a successful Commit.")
 	m.healSeconds = hist("ftcomm_ft_heal_seconds", "Duration of each heal.")
-	if reg != nil {
-		for _, c := range m.collectors {
-			if err := reg.Register(c); err != nil {
-				m.unregister()
-				return nil, err
-			}
-		}
+	if reg == nil {
+		return m, nil
 	}
+	for _, c := range m.collectors {
+		if err := reg.Register(c); err != nil {
+			m.unregister()
+			return nil, err
+		}
+		m.registered = append(m.registered, registration{reg, c})
+	}
+	// The comms' op metrics carry this Comm's labels through the registerer.
+	wrapped := prometheus.WrapRegistererWith(labels, reg)
+	cm, err := comm.NewPrometheusMetrics(wrapped)
+	if err != nil {
+		m.unregister()
+		return nil, err
+	}
+	for _, c := range cm.Collectors() {
+		m.registered = append(m.registered, registration{wrapped, c})
+	}
+	m.comm = cm
 	return m, nil
 }
 
+type registration struct {
+	reg prometheus.Registerer
+	c   prometheus.Collector
+}
+
 func (m *metrics) unregister() {
-	if m.reg == nil {
-		return
+	for _, r := range m.registered {
+		r.reg.Unregister(r.c)
 	}
-	for _, c := range m.collectors {
-		m.reg.Unregister(c)
-	}
+	m.registered = nil
 }

@@ -2,12 +2,15 @@ package ft
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
 	"math"
+	"net"
 	"os"
 	"os/exec"
 	"sort"
@@ -20,7 +23,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	_ "github.com/ftcomm/ftcomm/backends/gloo"
+	"github.com/ftcomm/ftcomm/backends/gloo"
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/membership"
 )
@@ -39,6 +42,9 @@ func TestMain(m *testing.M) {
 }
 
 type childEvent struct {
+	Kind         string `json:"kind,omitempty"` // "" (a commit) or "rollback"
+	From         int64  `json:"from,omitempty"` // rollback: the discarded steps
+	To           int64  `json:"to,omitempty"`
 	ID           string `json:"id"`
 	Pid          int    `json:"pid"`
 	Step         int64  `json:"step"`
@@ -57,12 +63,27 @@ func runChild() int {
 		return 2
 	}
 	log, _ := zap.NewProduction()
-	gossip := membership.DefaultGossipConfig()
 	mc := membership.DefaultMemberConfig()
-	mc.LeaseTTL, mc.HeartbeatInterval, mc.Gossip = 2*time.Second, time.Second, &gossip
+	mc.LeaseTTL, mc.HeartbeatInterval = 2*time.Second, time.Second
+	if env("GOSSIP") != "0" {
+		gossip := membership.DefaultGossipConfig()
+		mc.Gossip = &gossip
+	}
+	// HOST: the address this replica binds (its network namespace's).
+	host := cmp.Or(env("HOST"), "127.0.0.1")
+	gcfg := gloo.DefaultConfig()
+	gcfg.ListenAddr = net.JoinHostPort(host, "0")
 	ctx := context.Background()
-	c, err := New(ctx, Config{Job: "proc", Group: env("GROUP"), GroupRank: atoi("GROUP_RANK"), GroupSize: atoi("GROUP_SIZE"),
-		Coordinator: endpoints, Member: mc, Backend: "gloo", Secret: []byte("proc-secret"),
+	out := json.NewEncoder(os.Stdout)
+	id := memberID(env("GROUP"), atoi("GROUP_RANK"))
+	onEvent := func(e Event) {
+		if e.Kind == EventWaiting {
+			out.Encode(childEvent{Kind: "waiting", ID: id, Pid: os.Getpid(), Step: e.Step, Epoch: e.Epoch, UnixNano: e.Time.UnixNano()})
+		}
+	}
+	c, err := New(ctx, Config{Job: "proc", OnEvent: onEvent, Group: env("GROUP"), GroupRank: atoi("GROUP_RANK"), GroupSize: atoi("GROUP_SIZE"),
+		Coordinator: endpoints, Member: mc, Backend: "gloo", BackendConfig: gcfg, Secret: []byte("proc-secret"),
+		RecoveryAddr: net.JoinHostPort(host, "0"), DurableCommit: env("DURABLE") == "1",
 		MinReplicas: 1, Timeout: 5 * time.Second, Logger: log.Named(env("GROUP"))})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child: new:", err)
@@ -80,16 +101,25 @@ func runChild() int {
 		fmt.Fprintln(os.Stderr, "child: register:", err)
 		return 2
 	}
-	out := json.NewEncoder(os.Stdout)
 	grads := make([]float32, len(params))
+	// REPLICA_GRADS: gradients that depend on the replica, so that a
+	// step's state depends on who took part.
+	own := 0
+	if env("REPLICA_GRADS") == "1" {
+		own = int(env("GROUP")[0])
+	}
 	for {
-		if err := c.Step(ctx); err != nil {
+		var rb *RollbackError
+		if err := c.Step(ctx); errors.As(err, &rb) {
+			out.Encode(childEvent{Kind: "rollback", From: rb.FromStep, To: rb.ToStep, ID: id, Pid: os.Getpid(),
+				Step: rb.Step, Epoch: rb.Epoch, UnixNano: time.Now().UnixNano()})
+		} else if err != nil {
 			fmt.Fprintln(os.Stderr, "child: step:", err)
 			return 1
 		}
 		step := c.CommittedStep()
 		for i := range grads {
-			grads[i] = float32((int(step)*7+i)%13) / 8
+			grads[i] = float32((int(step)*7+i+own)%13) / 8
 		}
 		c.AllReduce(ctx, comm.Float32s(grads), comm.Avg)
 		ok, err := c.Commit(ctx)
@@ -108,7 +138,7 @@ func runChild() int {
 			u := math.Float32bits(p)
 			h.Write([]byte{byte(u), byte(u >> 8), byte(u >> 16), byte(u >> 24)})
 		}
-		out.Encode(childEvent{ID: memberID(env("GROUP"), atoi("GROUP_RANK")), Pid: os.Getpid(), Step: c.CommittedStep(),
+		out.Encode(childEvent{ID: id, Pid: os.Getpid(), Step: c.CommittedStep(),
 			Epoch: c.Epoch(), Participants: c.Participants(), Hash: h.Sum64(), UnixNano: time.Now().UnixNano()})
 	}
 }
@@ -125,10 +155,15 @@ type procJob struct {
 	all       []childEvent
 }
 
-func newProcJob(t *testing.T) *procJob {
+func newProcJob(t *testing.T) *procJob { return newProcJobAt(t, "", true) }
+
+// newProcJobAt starts the job's etcd listening for clients at clientAddr
+// (default: a free loopback port) and its coordinator, with or without
+// gossip.
+func newProcJobAt(t *testing.T, clientAddr string, withGossip bool) *procJob {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{})
+	e, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{ClientAddr: clientAddr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,9 +172,12 @@ func newProcJob(t *testing.T) *procJob {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gossip := membership.DefaultGossipConfig()
 	cfg := membership.DefaultCoordinatorConfig()
-	cfg.Client, cfg.Gossip, cfg.Quorum.JoinTimeout, cfg.SessionTTL = cli, &gossip, 500*time.Millisecond, 2*time.Second
+	cfg.Client, cfg.Quorum.JoinTimeout, cfg.SessionTTL = cli, 500*time.Millisecond, 2*time.Second
+	if withGossip {
+		gossip := membership.DefaultGossipConfig()
+		cfg.Gossip = &gossip
+	}
 	cfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Named("coordinator")
 	coord, err := membership.NewCoordinator(cfg)
 	if err != nil {
@@ -159,11 +197,17 @@ func newProcJob(t *testing.T) *procJob {
 }
 
 func (j *procJob) spawn(group string, groupRank, groupSize, params int) {
+	j.spawnCmd(exec.Command(os.Args[0], "-test.run=^$"), group, groupRank, groupSize, params)
+}
+
+// spawnCmd starts a replica with cmd (the test binary, perhaps inside a
+// network namespace); env adds FTCOMM_FT_* settings.
+func (j *procJob) spawnCmd(cmd *exec.Cmd, group string, groupRank, groupSize, params int, env ...string) {
 	eps, _ := json.Marshal(j.endpoints)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=1", "FTCOMM_FT_ENDPOINTS="+string(eps), "FTCOMM_FT_GROUP="+group,
 		"FTCOMM_FT_GROUP_RANK="+strconv.Itoa(groupRank), "FTCOMM_FT_GROUP_SIZE="+strconv.Itoa(groupSize),
 		"FTCOMM_FT_PARAMS="+strconv.Itoa(params))
+	cmd.Env = append(cmd.Env, env...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		j.t.Fatal(err)

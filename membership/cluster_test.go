@@ -448,3 +448,62 @@ func TestReportedDeathVerified(t *testing.T) {
 		t.Fatalf("reason %q", q2.Reason)
 	}
 }
+
+// Members that report forming an epoch's comms get a next quorum whose Base
+// is that epoch, through the real coordinator.
+func TestQuorumBaseFromFormedReports(t *testing.T) {
+	tj := startTestJob(t, QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, false)
+	a, b := tj.join("a", nil), tj.join("b", nil)
+	q := waitQuorum(t, a, 0, "a", "b")
+	ctx := testCtx(t, 20*time.Second)
+	for _, m := range []*Member{a, b} {
+		if err := m.ReportFormed(ctx, q.Epoch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.ReportCommitFailure(ctx, q.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	q2 := waitQuorum(t, a, q.Epoch, "a", "b")
+	if q2.Base != q.Epoch {
+		t.Fatalf("epoch %d after both formed %d: base %d", q2.Epoch, q.Epoch, q2.Base)
+	}
+	// Only a forms epoch q2: the next one must start afresh.
+	if err := a.ReportFormed(ctx, q2.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ReportCommitFailure(ctx, q2.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	if q3 := waitQuorum(t, b, q2.Epoch, "a", "b"); q3.Base != 0 {
+		t.Fatalf("epoch %d: base %d though b never formed %d", q3.Epoch, q3.Base, q2.Epoch)
+	}
+}
+
+// The first epoch to record a step owns it; others learn who did.
+func TestRecordCommit(t *testing.T) {
+	tj := startTestJob(t, QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, false)
+	a, b := tj.join("a", nil), tj.join("b", nil)
+	ctx := testCtx(t, 20*time.Second)
+	if _, ok, err := a.LastCommit(ctx); err != nil || ok {
+		t.Fatalf("a fresh job has a commit record (%v, %v)", ok, err)
+	}
+	if _, ok, err := a.RecordCommit(ctx, 1, 3); err != nil || !ok {
+		t.Fatalf("first record: ok=%v err=%v", ok, err)
+	}
+	if _, ok, err := b.RecordCommit(ctx, 1, 3); err != nil || !ok {
+		t.Fatalf("same epoch again: ok=%v err=%v", ok, err)
+	}
+	rec, ok, err := b.RecordCommit(ctx, 1, 4)
+	if err != nil || ok || rec.Epoch != 3 || rec.By != "a" {
+		t.Fatalf("another epoch: rec=%+v ok=%v err=%v", rec, ok, err)
+	}
+	for s := int64(2); s <= 3; s++ {
+		if _, ok, err := b.RecordCommit(ctx, s, 4); err != nil || !ok {
+			t.Fatalf("step %d: ok=%v err=%v", s, ok, err)
+		}
+	}
+	if last, ok, err := a.LastCommit(ctx); err != nil || !ok || last.Step != 3 || last.Epoch != 4 {
+		t.Fatalf("last commit %+v ok=%v err=%v", last, ok, err)
+	}
+}

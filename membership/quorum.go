@@ -58,6 +58,8 @@ func (c QuorumConfig) Validate() error {
 //   - While a participant holds ShrinkOnly, joiners are not admitted.
 //   - Ranks: survivors keep their relative order, joiners follow sorted by
 //     id. The epoch grows by one at every published quorum.
+//   - Base: the previous epoch when every survivor reported holding its
+//     communicators (MemberRecord.Formed), else 0 (see Quorum.Base).
 type Machine struct {
 	job     string
 	cfg     QuorumConfig
@@ -314,6 +316,11 @@ func (m *Machine) Advance(now time.Time) Decision {
 	}
 	for _, p := range admitted {
 		q.Added = append(q.Added, p.ID)
+	}
+	if m.prev != nil && len(survivors) > 0 && !slices.ContainsFunc(survivors, func(p Participant) bool {
+		return m.members[p.ID].Formed != m.prev.Epoch
+	}) {
+		q.Base = m.prev.Epoch
 	}
 	if len(q.Added) > 0 && m.prev != nil {
 		why = append(why, "joined "+strings.Join(q.Added, ","))

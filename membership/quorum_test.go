@@ -19,6 +19,7 @@ import (
 //	step a=5 b=7                members report steps
 //	health a critical|degraded|healthy [why]
 //	commitfail a E              a's commit failed in epoch E
+//	formed a b … E              members report holding epoch E's comms
 //	revoke E by                 member "by" revokes epoch E
 //	leave|die|evict a …         members go (reason printed in the quorum)
 //	restart a                   a new incarnation of a registers (asking)
@@ -96,6 +97,13 @@ func (s *quorumScript) run(line string) []string {
 		e, _ := strconv.ParseUint(args[1], 10, 64)
 		r.CommitFailed = e
 		s.m.Upsert(s.now, r)
+	case "formed":
+		e, _ := strconv.ParseUint(args[len(args)-1], 10, 64)
+		for _, id := range args[:len(args)-1] {
+			r := s.rec(id)
+			r.Formed = e
+			s.m.Upsert(s.now, r)
+		}
 	case "revoke":
 		e, _ := strconv.ParseUint(args[0], 10, 64)
 		s.m.Revoke(s.now, Revocation{Epoch: e, By: args[1], Reason: "peer failed"})
@@ -118,8 +126,11 @@ func (s *quorumScript) run(line string) []string {
 			for _, p := range q.Participants {
 				ids = append(ids, fmt.Sprintf("%s#%d", p.ID, p.Incarnation))
 			}
-			out := []string{fmt.Sprintf("epoch %d [%s] maxstep=%d", q.Epoch, strings.Join(ids, " "), q.MaxStep),
-				"  reason: " + q.Reason}
+			head := fmt.Sprintf("epoch %d [%s] maxstep=%d", q.Epoch, strings.Join(ids, " "), q.MaxStep)
+			if q.Base != 0 {
+				head += fmt.Sprintf(" base=%d", q.Base)
+			}
+			out := []string{head, "  reason: " + q.Reason}
 			if r := dec.Revocation; r != nil {
 				out = append(out, fmt.Sprintf("  revoke %d failed=%v", r.Epoch, r.Failed))
 			}
@@ -174,6 +185,39 @@ func runQuorumScript(t *testing.T, script string) {
 
 func TestQuorumScripts(t *testing.T) {
 	for name, script := range map[string]string{
+		"base: the previous epoch only when every survivor formed it": `
+		> config min=1
+		> join a b c
+		> ask a b c
+		> tick 0s
+		epoch 1 [a#1 b#2 c#3] maxstep=0
+		  reason: initial quorum
+		> formed a b c 1
+		> die c
+		> tick 0s
+		epoch 2 [a#1 b#2] maxstep=0 base=1
+		  reason: c died (gossip)
+		  revoke 1 failed=[c]
+		# b formed epoch 2, a did not (its shrink was cut short): everyone forms anew
+		> formed b 2
+		> restart c
+		> tick 0s
+		epoch 3 [a#1 b#2 c#4] maxstep=0
+		  reason: joined c
+		# a stale report of an older epoch never counts
+		> formed a b 3
+		> formed c 2
+		> restart d
+		> tick 0s
+		epoch 4 [a#1 b#2 c#4 d#5] maxstep=0
+		  reason: joined d
+		# joiners need not have formed anything
+		> formed a b c d 4
+		> restart e
+		> tick 0s
+		epoch 5 [a#1 b#2 c#4 d#5 e#6] maxstep=0 base=4
+		  reason: joined e
+		`,
 		"initial quorum waits for stragglers, then forms": `
 		> config min=2 timeout=10s
 		> join a b c

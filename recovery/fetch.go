@@ -90,6 +90,7 @@ type Stats struct {
 	PerSource map[string]int64 // bytes delivered by each source address
 	Retries   int              // chunks fetched again after a failure
 	Dropped   []string         // sources that failed and were dropped
+	Meta      []byte           // the sources' description of the state (Server.OfferWithMeta)
 }
 
 // Throughput is Bytes per second.
@@ -132,7 +133,7 @@ func Fetch(ctx context.Context, cfg FetchConfig, step int64, sources []string, d
 
 	sizes := make([]int, len(dst))
 	for i, b := range dst {
-		sizes[i] = len(b.Data)
+		sizes[i] = b.Len()
 	}
 	f.chunks = plan(sizes, cfg.ChunkSize)
 	var held []bool
@@ -301,11 +302,16 @@ func (f *fetcher) checkManifest(ctx context.Context, src int) error {
 		return fmt.Errorf("%w: recovery: %s serves %d blobs of job %q, want %d of %q", comm.ErrMismatch, f.sources[src], len(m.Blobs), m.Job, len(f.dst), f.cfg.Job)
 	}
 	for i, b := range m.Blobs {
-		if b.Name != f.dst[i].Name || b.Size != len(f.dst[i].Data) {
+		if b.Name != f.dst[i].Name || b.Size != f.dst[i].Len() {
 			return fmt.Errorf("%w: recovery: %s serves blob %d as %q of %d bytes, want %q of %d",
-				comm.ErrMismatch, f.sources[src], i, b.Name, b.Size, f.dst[i].Name, len(f.dst[i].Data))
+				comm.ErrMismatch, f.sources[src], i, b.Name, b.Size, f.dst[i].Name, f.dst[i].Len())
 		}
 	}
+	f.mu.Lock()
+	if f.stats.Meta == nil {
+		f.stats.Meta = m.Meta
+	}
+	f.mu.Unlock()
 	return nil
 }
 
@@ -366,13 +372,29 @@ func (f *fetcher) fetchChunk(ctx context.Context, src int, c chunk) error {
 	if err != nil {
 		return backoff.Permanent(fmt.Errorf("recovery: chunk from %s without a checksum", f.sources[src]))
 	}
-	buf := f.dst[c.blob].Data[c.off : c.off+c.len]
+	dst := f.dst[c.blob]
+	var buf []byte
+	if dst.Mem == nil {
+		buf = dst.Data[c.off : c.off+c.len]
+	} else {
+		b, put, err := dst.Mem.Buffer(ctx, c.len)
+		if err != nil {
+			return fmt.Errorf("recovery: staging buffer: %w", err)
+		}
+		defer put()
+		buf = b[:c.len]
+	}
 	if _, err := io.ReadFull(resp.Body, buf); err != nil {
 		return fmt.Errorf("recovery: read chunk from %s: %w", f.sources[src], err)
 	}
 	if got := crc32.Checksum(buf, castagnoli); got != uint32(want) {
 		return fmt.Errorf("recovery: chunk %s[%d:%d] from %s: crc32c %08x, want %08x",
-			f.dst[c.blob].Name, c.off, c.off+c.len, f.sources[src], got, want)
+			dst.Name, c.off, c.off+c.len, f.sources[src], got, want)
+	}
+	if dst.Mem != nil {
+		if err := dst.Mem.WriteAt(ctx, buf, c.off); err != nil {
+			return fmt.Errorf("recovery: write chunk %s[%d:%d]: %w", dst.Name, c.off, c.off+c.len, err)
+		}
 	}
 	return nil
 }

@@ -411,3 +411,94 @@ func TestFetchResumesWithProgress(t *testing.T) {
 		t.Fatalf("resumed fetch moved %d bytes, want the %d missing", st.Bytes, 1<<20-held)
 	}
 }
+
+// staged is a Memory whose bytes Go code "cannot address": every access goes
+// through ReadAt/WriteAt and a bounded pool of staging buffers, as device
+// memory does.
+type staged struct {
+	mu     sync.Mutex
+	data   []byte
+	pool   chan []byte
+	reads  atomic.Int64
+	writes atomic.Int64
+	failAt int // WriteAt at this offset fails once (-1: never)
+	failed atomic.Bool
+}
+
+func newStaged(data []byte, buffers, size int) *staged {
+	s := &staged{data: data, pool: make(chan []byte, buffers), failAt: -1}
+	for range buffers {
+		s.pool <- make([]byte, size)
+	}
+	return s
+}
+
+func (s *staged) Len() int { return len(s.data) }
+
+func (s *staged) Buffer(ctx context.Context, n int) ([]byte, func(), error) {
+	select {
+	case b := <-s.pool:
+		if len(b) < n {
+			b = make([]byte, n)
+		}
+		return b, func() { s.pool <- b }, nil
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+}
+
+func (s *staged) ReadAt(ctx context.Context, p []byte, off int) error {
+	s.reads.Add(1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	copy(p, s.data[off:off+len(p)])
+	return nil
+}
+
+func (s *staged) WriteAt(ctx context.Context, p []byte, off int) error {
+	if off == s.failAt && !s.failed.Swap(true) {
+		return errors.New("copy engine hiccup")
+	}
+	s.writes.Add(1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	copy(s.data[off:], p)
+	return nil
+}
+
+// State in "device memory" heals chunk by chunk through staging buffers on
+// both sides, with the description of the state delivered alongside, and a
+// failed copy into the target retried.
+func TestFetchThroughStagedMemory(t *testing.T) {
+	state := randomBlobs(5, 1<<20+17, 200<<10)
+	var src []recovery.Blob
+	for _, b := range state {
+		src = append(src, recovery.Blob{Name: b.Name, Mem: newStaged(bytes.Clone(b.Data), 2, 64<<10)})
+	}
+	ss := servers(t, 3, 9, nil)
+	for _, s := range ss {
+		s.OfferWithMeta(9, []byte("history"), src)
+	}
+	targets := []*staged{newStaged(make([]byte, len(state[0].Data)), 4, 64<<10), newStaged(make([]byte, len(state[1].Data)), 4, 64<<10)}
+	targets[0].failAt = 128 << 10
+	dst := []recovery.Blob{{Name: state[0].Name, Mem: targets[0]}, {Name: state[1].Name, Mem: targets[1]}}
+	st, err := recovery.Fetch(ctx10s(t), fetchCfg(), 9, addrs(ss), dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tg := range targets {
+		if !bytes.Equal(tg.data, state[i].Data) {
+			t.Fatalf("blob %d differs after healing through staging buffers", i)
+		}
+	}
+	if string(st.Meta) != "history" {
+		t.Fatalf("meta %q", st.Meta)
+	}
+	if !targets[0].failed.Load() {
+		t.Fatal("the injected copy failure never happened")
+	}
+	wantChunks := int64((len(state[0].Data)+(64<<10)-1)/(64<<10) + (len(state[1].Data)+(64<<10)-1)/(64<<10))
+	if got := targets[0].writes.Load() + targets[1].writes.Load(); got != wantChunks {
+		t.Fatalf("%d chunk copies into the target, want %d", got, wantChunks)
+	}
+}

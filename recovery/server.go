@@ -22,10 +22,36 @@ import (
 )
 
 // Blob is a named region of a replica's state: what a source serves and a
-// healer fills. Data is the caller's memory, never copied by the Server.
+// healer fills. Data is the caller's memory, never copied by the Server;
+// state outside Go memory (a GPU's) is given as Mem instead, and moves
+// through host staging buffers one chunk at a time.
 type Blob struct {
 	Name string
 	Data []byte
+	Mem  Memory // if set, the blob's bytes; Data is ignored
+}
+
+// Len is the blob's size in bytes.
+func (b Blob) Len() int {
+	if b.Mem != nil {
+		return b.Mem.Len()
+	}
+	return len(b.Data)
+}
+
+// Memory is state that Go code cannot address directly, such as device
+// memory, read and written through host buffers. Its methods are called
+// concurrently (one call per chunk in flight).
+type Memory interface {
+	Len() int
+	// Buffer returns a host buffer of at least n bytes suited to this
+	// memory's copies (pinned, for a GPU) and the function that gives it
+	// back; it may block until one is free, or until ctx ends.
+	Buffer(ctx context.Context, n int) ([]byte, func(), error)
+	// ReadAt copies len(p) bytes at offset off into p; WriteAt copies p to
+	// offset off. Both return once the copy is complete.
+	ReadAt(ctx context.Context, p []byte, off int) error
+	WriteAt(ctx context.Context, p []byte, off int) error
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -46,6 +72,8 @@ type manifest struct {
 	Job   string         `json:"job"`
 	Step  int64          `json:"step"`
 	Blobs []manifestBlob `json:"blobs"`
+	// Meta is the caller's description of the state (ft: its history).
+	Meta []byte `json:"meta,omitempty"`
 }
 
 type manifestBlob struct {
@@ -127,7 +155,8 @@ type Server struct {
 	idle     *sync.Cond // signalled when inflight drops to 0
 	offered  bool
 	step     int64
-	blobs    map[string][]byte
+	blobs    map[string]Blob
+	meta     []byte
 	order    []manifestBlob
 	inflight int
 	served   int64 // bytes, for metrics and tests
@@ -178,16 +207,37 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 
 // Offer starts serving blobs as the committed state of step, replacing
 // whatever was offered before (call Withdraw first if reads may be in flight).
-func (s *Server) Offer(step int64, blobs []Blob) {
+func (s *Server) Offer(step int64, blobs []Blob) { s.OfferWithMeta(step, nil, blobs) }
+
+// OfferWithMeta is Offer with a description of the state that healers
+// receive with it (Stats.Meta); it is not copied.
+func (s *Server) OfferWithMeta(step int64, meta []byte, blobs []Blob) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.offered, s.step = true, step
-	s.blobs = make(map[string][]byte, len(blobs))
+	s.offered, s.step, s.meta = true, step, meta
+	if s.sameBlobsLocked(blobs) {
+		return // the same memory as last time: a steady-state step costs no allocation
+	}
+	s.blobs = make(map[string]Blob, len(blobs))
 	s.order = s.order[:0]
 	for _, b := range blobs {
-		s.blobs[b.Name] = b.Data
-		s.order = append(s.order, manifestBlob{Name: b.Name, Size: len(b.Data)})
+		s.blobs[b.Name] = b
+		s.order = append(s.order, manifestBlob{Name: b.Name, Size: b.Len()})
 	}
+}
+
+func (s *Server) sameBlobsLocked(blobs []Blob) bool {
+	if len(blobs) != len(s.order) || s.blobs == nil {
+		return false
+	}
+	for i, b := range blobs {
+		cur, ok := s.blobs[b.Name]
+		if !ok || s.order[i].Name != b.Name || cur.Mem != b.Mem || len(cur.Data) != len(b.Data) ||
+			(len(b.Data) > 0 && &cur.Data[0] != &b.Data[0]) {
+			return false
+		}
+	}
+	return true
 }
 
 // Withdraw stops serving: new requests are refused at once, and Withdraw
@@ -269,7 +319,7 @@ func (s *Server) handleManifest(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusConflict, "recovery: no committed state offered now")
 		return
 	}
-	m := manifest{Job: s.cfg.Job, Step: s.step, Blobs: append([]manifestBlob(nil), s.order...)}
+	m := manifest{Job: s.cfg.Job, Step: s.step, Blobs: append([]manifestBlob(nil), s.order...), Meta: s.meta}
 	s.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(m)
@@ -289,7 +339,7 @@ func (s *Server) handleChunk(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mu.Lock()
-	data, ok := s.blobs[name]
+	blob, ok := s.blobs[name]
 	switch {
 	case !s.offered:
 		s.mu.Unlock()
@@ -304,9 +354,9 @@ func (s *Server) handleChunk(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 		httpError(w, http.StatusNotFound, "recovery: no blob %q", name)
 		return
-	case off+n > len(data):
+	case off+n > blob.Len():
 		s.mu.Unlock()
-		httpError(w, http.StatusBadRequest, "recovery: range [%d, %d) outside blob %q of %d bytes", off, off+n, name, len(data))
+		httpError(w, http.StatusBadRequest, "recovery: range [%d, %d) outside blob %q of %d bytes", off, off+n, name, blob.Len())
 		return
 	}
 	s.inflight++
@@ -319,7 +369,24 @@ func (s *Server) handleChunk(w http.ResponseWriter, r *http.Request) {
 		}
 		s.mu.Unlock()
 	}()
-	part := data[off : off+n]
+	var part []byte
+	if blob.Mem == nil {
+		part = blob.Data[off : off+n]
+	} else {
+		// Stage the chunk from the live state on demand: a copy per chunk
+		// requested, never a copy per step.
+		buf, put, err := blob.Mem.Buffer(r.Context(), n)
+		if err != nil {
+			httpError(w, http.StatusServiceUnavailable, "recovery: no staging buffer: %v", err)
+			return
+		}
+		defer put()
+		part = buf[:n]
+		if err := blob.Mem.ReadAt(r.Context(), part, off); err != nil {
+			httpError(w, http.StatusInternalServerError, "recovery: stage %q[%d:%d]: %v", name, off, off+n, err)
+			return
+		}
+	}
 	h := w.Header()
 	h.Set("Content-Type", "application/octet-stream")
 	h.Set("Content-Length", strconv.Itoa(n))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -21,12 +22,14 @@ func init() {
 }
 
 var (
-	_ comm.Enqueuer = (*Backend)(nil)
-	_ comm.Backend  = (*Backend)(nil)
-	_ comm.Revoker  = (*Backend)(nil)
-	_ comm.Shrinker = (*Backend)(nil)
-	_ comm.Grower   = (*Backend)(nil)
-	_ comm.Splitter = (*Backend)(nil)
+	_ comm.Enqueuer      = (*Backend)(nil)
+	_ comm.HostCopier    = (*Backend)(nil)
+	_ comm.HealthWatcher = (*Backend)(nil)
+	_ comm.Backend       = (*Backend)(nil)
+	_ comm.Revoker       = (*Backend)(nil)
+	_ comm.Shrinker      = (*Backend)(nil)
+	_ comm.Grower        = (*Backend)(nil)
+	_ comm.Splitter      = (*Backend)(nil)
 )
 
 // scratchBytes is the device scratch each comm keeps for Barrier and the
@@ -50,12 +53,22 @@ type Backend struct {
 	stream  streamHandle // every op of this comm runs on it
 	scratch uintptr      // scratchBytes of device memory
 
-	// hmu serialises every use of the NCCL handle (enqueues, Shrink, Grow,
-	// Split, the watchdog's reads) with its abort.
-	hmu       sync.Mutex
-	handle    commHandle // 0 once aborted
-	quiescent bool       // a native revoke completed: Shrink needs no NCCL_SHRINK_ABORT
-	splits    int        // Split calls so far (they are collective, so every rank counts alike)
+	// hmu serialises every use of the NCCL handles (enqueues, Shrink,
+	// Grow, Split, the watchdog's reads) with their abort.
+	hmu sync.Mutex
+	// ctl is the comm that init, Shrink, Grow, Split, the native revoke
+	// and (in ModeBlockingData) the point-to-point ops use; data is where
+	// collectives are enqueued: a blocking comm split from ctl in
+	// ModeBlockingData, ctl itself otherwise. 0 once aborted.
+	ctl, data    commHandle
+	ctlBlocking  bool // ctl was made with blocking = 1 (ModeBlocking)
+	dataBlocking bool // data was made with blocking = 1
+	quiescent    bool // a native revoke completed: Shrink needs no NCCL_SHRINK_ABORT
+	splits       int  // Split calls so far (they are collective, so every rank counts alike)
+	// abortQ hands the watchdog a data comm to abort (Shrink after a
+	// failure takes it out of service at once, then shrinks ctl while
+	// the watchdog aborts it).
+	abortQ chan commHandle
 
 	fmu     sync.Mutex
 	failErr error     // the first failure; the comm refuses ops from then on
@@ -76,6 +89,7 @@ type Backend struct {
 	opMu sync.Mutex
 
 	revokeReq chan struct{} // to the watchdog: run the native revoke
+	started   bool          // the watchdog runs (start was called)
 	closeOnce sync.Once
 	closing   chan struct{} // closed by Close: the watchdog releases and exits
 	released  chan struct{} // closed when the watchdog has released everything
@@ -205,9 +219,16 @@ func New(ctx context.Context, o comm.Options) (*Backend, error) {
 	if o.Device >= n {
 		return nil, fmt.Errorf("nccl: %w: device %d, but %d CUDA devices are visible", comm.ErrInvalidArgument, o.Device, n)
 	}
+	if err := checkEnv(cfg.Mode); err != nil {
+		return nil, err
+	}
 	b, err := newBackend(L, cfg, o, o.Rank, o.Size, o.Epoch)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Mode == ModeBlockingData && !L.info.EagerConnect {
+		b.log.Warn("NCCL connects lazily (" + envRuntimeConnect + " is not 0): the first use of an algorithm on the " +
+			"blocking data comm can wait for peers inside NCCL, past an op's deadline")
 	}
 	h, err := b.rendezvous(ctx, o.Rank, o.Size, o.Epoch)
 	if err == nil {
@@ -220,6 +241,26 @@ func New(ctx context.Context, o comm.Options) (*Backend, error) {
 	return b, nil
 }
 
+// envCommBlocking is NCCL's override of ncclConfig_t.blocking for every
+// comm of the process.
+const envCommBlocking = "NCCL_COMM_BLOCKING"
+
+// checkEnv refuses an NCCL_COMM_BLOCKING that would override mode's
+// blocking settings: a data comm turned nonblocking behind the backend's
+// back would be used without the polling NCCL requires, and a control
+// comm turned blocking could not be abandoned.
+func checkEnv(mode Mode) error {
+	v := os.Getenv(envCommBlocking)
+	if v != "0" && v != "1" {
+		return nil
+	}
+	if (mode == ModeNonblocking && v == "0") || (mode == ModeBlocking && v == "1") {
+		return nil
+	}
+	return fmt.Errorf("nccl: %w: %s=%s overrides the blocking mode of every NCCL comm, which mode %s sets itself; unset it",
+		comm.ErrInvalidArgument, envCommBlocking, v, mode)
+}
+
 // newBackend allocates what a comm needs besides its NCCL handle.
 func newBackend(L *Library, cfg Config, o comm.Options, rank, size int, epoch uint64) (*Backend, error) {
 	log := o.Logger
@@ -228,8 +269,9 @@ func newBackend(L *Library, cfg Config, o comm.Options, rank, size int, epoch ui
 	}
 	b := &Backend{
 		L: L, lib: L.lib, cfg: cfg, opts: o, rank: rank, size: size, dev: o.Device, epoch: epoch,
-		wake: make(chan struct{}), revokeReq: make(chan struct{}, 1),
+		wake: make(chan struct{}), revokeReq: make(chan struct{}, 1), abortQ: make(chan commHandle, 1),
 		closing: make(chan struct{}), released: make(chan struct{}),
+		ctlBlocking: cfg.Mode == ModeBlocking, dataBlocking: cfg.Mode != ModeNonblocking,
 	}
 	b.log = log.With(zap.String("backend", "nccl"), zap.String("comm", o.Name), zap.Int("rank", rank),
 		zap.Int("size", size), zap.Uint64("epoch", epoch), zap.Int("device", o.Device))
@@ -247,24 +289,56 @@ func newBackend(L *Library, cfg Config, o comm.Options, rank, size int, epoch ui
 	return b, nil
 }
 
-// start adopts the NCCL comm h, starts the watchdog and warms the comm up.
+// start adopts the NCCL comm h as the control comm, starts the watchdog,
+// splits the data comm off it (ModeBlockingData) and warms the comm up.
 func (b *Backend) start(ctx context.Context, h commHandle) error {
-	b.handle = h
+	b.ctl = h
+	if b.cfg.Mode != ModeBlockingData {
+		b.data = h
+	}
+	b.started = true
 	go b.watchdog()
-	if b.cfg.NoWarmUp {
-		return nil
-	}
 	t0 := time.Now()
-	if err := b.allReduceScratch(ctx); err != nil {
-		return fmt.Errorf("warm-up: %w", err)
+	if b.cfg.Mode == ModeBlockingData {
+		if err := b.splitData(ctx); err != nil {
+			return err
+		}
 	}
-	b.log.Debug("comm ready", zap.Duration("warm_up", time.Since(t0)))
+	t1 := time.Now()
+	if !b.cfg.NoWarmUp {
+		if err := b.allReduceScratch(ctx); err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	b.log.Debug("comm ready", zap.Stringer("mode", b.cfg.Mode), zap.Duration("data_split", t1.Sub(t0)),
+		zap.Duration("warm_up", time.Since(t1)))
+	return nil
+}
+
+// splitData makes the data comm: ncclCommSplit of the (nonblocking)
+// control comm, every rank in one color in its own order, with a config of
+// its own that says blocking = 1. The split runs as the control comm's
+// job, so it is polled and, should it not finish, abandoned with the
+// control comm (whose abort also stops the child's initialisation).
+func (b *Backend) splitData(ctx context.Context) error {
+	b.hmu.Lock()
+	defer b.hmu.Unlock()
+	cell := b.lib.newCell()
+	r := b.lib.commSplit(b.ctl, 0, b.rank, cell, splitConfig{blocking: true})
+	nh, err := b.awaitChild(ctx, b.ctl, cell, "ncclCommSplit (data comm)", r)
+	if err == nil && nh == 0 {
+		err = fmt.Errorf("nccl: %w: ncclCommSplit (data comm) finished without a new comm", comm.ErrAborted)
+	}
+	if err != nil {
+		return fmt.Errorf("data comm: %w", err)
+	}
+	b.data = nh
 	return nil
 }
 
 // discard releases a Backend that never became usable.
 func (b *Backend) discard() {
-	if b.handle != 0 {
+	if b.started {
 		b.Close()
 		<-b.released
 		return
@@ -387,6 +461,8 @@ func (b *Backend) watchdog() {
 			return
 		case <-b.revokeReq:
 			b.nativeRevoke()
+		case h := <-b.abortQ:
+			b.abortData(h, "the control comm is being shrunk after a failure")
 		case <-tick.C:
 			if b.opActive.Load() && !b.failed.Load() {
 				b.checkAsync()
@@ -396,30 +472,31 @@ func (b *Backend) watchdog() {
 				due := !b.failAt.IsZero() && time.Since(b.failAt) >= b.cfg.AbortDelay
 				b.fmu.Unlock()
 				if due {
-					b.abortHandle("no Shrink or Close within AbortDelay after the failure")
+					b.abortComms("no Shrink or Close within AbortDelay after the failure")
 				}
 			}
 		}
 	}
 }
 
-// checkAsync fails the comm if NCCL reports an asynchronous error.
+// checkAsync fails the comm if NCCL reports an asynchronous error on
+// either of its NCCL comms.
 func (b *Backend) checkAsync() {
 	if !b.hmu.TryLock() {
 		return // an enqueue is reading it right now
 	}
-	h := b.handle
-	var a, r result
-	if h != 0 {
-		a, r = b.lib.commGetAsyncError(h)
-	}
 	var err error
-	switch {
-	case h == 0:
-	case r != resSuccess:
-		err = b.ncclError(h, "ncclCommGetAsyncError", r)
-	case a != resSuccess && a != resInProgress:
-		err = b.ncclError(h, "asynchronous error", a)
+	for _, h := range b.handles() {
+		a, r := b.lib.commGetAsyncError(h)
+		switch {
+		case r != resSuccess:
+			err = b.ncclError(h, "ncclCommGetAsyncError", r)
+		case a != resSuccess && a != resInProgress:
+			err = b.ncclError(h, "asynchronous error", a)
+		}
+		if err != nil {
+			break
+		}
 	}
 	b.hmu.Unlock()
 	if err != nil && b.fail(err) {
@@ -427,17 +504,40 @@ func (b *Backend) checkAsync() {
 	}
 }
 
-// nativeRevoke runs ncclCommRevoke and waits for the comm to quiesce, or
-// aborts the comm where the library has no revoke.
+// handles lists the live NCCL comms, data first. Called with hmu held.
+func (b *Backend) handles() []commHandle {
+	var hs []commHandle
+	if b.data != 0 {
+		hs = append(hs, b.data)
+	}
+	if b.ctl != 0 && b.ctl != b.data {
+		hs = append(hs, b.ctl)
+	}
+	return hs
+}
+
+// nativeRevoke runs ncclCommRevoke on the control comm and waits for it to
+// quiesce (a separate data comm is aborted first: its kernels are its
+// own), or aborts the comms where the library has no revoke.
 func (b *Backend) nativeRevoke() {
 	if !b.L.info.Features.Revoke {
-		b.abortHandle("revoke without ncclCommRevoke")
+		b.abortComms("revoke without ncclCommRevoke")
 		return
 	}
 	b.hmu.Lock()
+	h, d := b.ctl, b.data
+	if d == h {
+		d = 0
+	} else {
+		b.data = 0
+	}
+	b.hmu.Unlock()
+	if d != 0 {
+		b.abortData(d, "revoke")
+	}
+	b.hmu.Lock()
 	defer b.hmu.Unlock()
-	h := b.handle
-	if h == 0 {
+	if h == 0 || b.ctl != h {
 		return
 	}
 	t0 := time.Now()
@@ -472,20 +572,35 @@ func (b *Backend) pollAsync(ctx context.Context, h commHandle, stop <-chan struc
 	return state
 }
 
-// abortHandle calls ncclCommAbort. After it the GPU work of the comm is
-// cancelled.
-func (b *Backend) abortHandle(why string) {
+// abortComms calls ncclCommAbort on every NCCL comm of the Backend. After
+// it their GPU work is cancelled.
+func (b *Backend) abortComms(why string) {
 	b.hmu.Lock()
-	h := b.handle
-	b.handle = 0
+	hs := b.handles()
+	b.ctl, b.data = 0, 0
 	b.hmu.Unlock()
-	if h == 0 {
-		return
+	for _, h := range hs {
+		t0 := time.Now()
+		r := b.lib.commAbort(h)
+		b.log.Info("ncclCommAbort", zap.String("why", why), zap.Stringer("result", r), zap.Duration("took", time.Since(t0)))
 	}
+	b.dirty.Store(false)
+}
+
+// abortData aborts a data comm already taken out of service (b.data no
+// longer names it). ncclCommAbort first raises the comm's abort flag,
+// which its kernels poll, so a kernel stuck on a dead peer exits at once;
+// freeing the comm takes longer (≈0.5 s after a peer's death on 2×H200).
+func (b *Backend) abortData(h commHandle, why string) {
 	t0 := time.Now()
 	r := b.lib.commAbort(h)
-	b.dirty.Store(false)
-	b.log.Info("ncclCommAbort", zap.String("why", why), zap.Stringer("result", r), zap.Duration("took", time.Since(t0)))
+	b.log.Info("ncclCommAbort (data comm)", zap.String("why", why), zap.Stringer("result", r), zap.Duration("took", time.Since(t0)))
+	b.hmu.Lock()
+	shrunk := b.ctl == 0 || b.quiescent
+	b.hmu.Unlock()
+	if shrunk {
+		b.dirty.Store(false)
+	}
 }
 
 // release aborts the comm, waits for the stream to drain and frees the
@@ -496,19 +611,30 @@ func (b *Backend) release() error {
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
 	b.hmu.Lock()
-	h := b.handle
-	b.handle = 0
+	hs := b.handles()
+	b.ctl, b.data = 0, 0
 	b.hmu.Unlock()
-	var errs []error
-	if h != 0 {
-		// ncclCommAbort rather than finalize+destroy: it is local and
-		// cannot wait on a peer that is gone.
-		t0 := time.Now()
-		if r := b.lib.commAbort(h); r != resSuccess {
-			errs = append(errs, fmt.Errorf("nccl: ncclCommAbort: %s", r))
-		}
-		b.log.Debug("released NCCL comm", zap.Duration("abort", time.Since(t0)))
+	select {
+	case h := <-b.abortQ: // handed over by Shrink, not yet aborted
+		hs = append([]commHandle{h}, hs...)
+	default:
 	}
+	// ncclCommAbort rather than finalize+destroy: it is local and cannot
+	// wait on a peer that is gone. The control and data comms share no
+	// resources, so they are aborted at once (each took 0.5 s on an H100
+	// even with one rank).
+	errs := make([]error, len(hs), len(hs)+4)
+	var wg sync.WaitGroup
+	for i, h := range hs {
+		wg.Go(func() {
+			t0 := time.Now()
+			if r := b.lib.commAbort(h); r != resSuccess {
+				errs[i] = fmt.Errorf("nccl: ncclCommAbort: %s", r)
+			}
+			b.log.Debug("released NCCL comm", zap.Duration("abort", time.Since(t0)))
+		})
+	}
+	wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.ReleaseTimeout)
 	defer cancel()
 	if err := pollDone(ctx, nil, func() (bool, error) { return b.lib.streamQuery(b.dev, b.stream) }); err != nil {
@@ -535,15 +661,43 @@ func (b *Backend) usable() error {
 	return nil
 }
 
+// pointToPoint reports whether an NCCL call is built from sends and
+// receives (ncclAlltoAll, ncclGather and ncclScatter are, inside NCCL):
+// their connections are made on first use of each peer, whatever
+// NCCL_RUNTIME_CONNECT says.
+func pointToPoint(k collKind) bool {
+	switch k {
+	case kSend, kRecv, kAllToAll, kGather, kScatter:
+		return true
+	}
+	return false
+}
+
 // launch issues one NCCL call (a) or a group (ops) on the comm's stream
-// and waits until NCCL has accepted it.
+// and waits until NCCL has accepted it. Collectives go to the data comm;
+// in ModeBlockingData point-to-point calls go to the nonblocking control
+// comm, since connecting to a peer on a blocking comm would wait for the
+// peer inside NCCL. Both comms enqueue on the one stream, so their work
+// runs in issue order.
 func (b *Backend) launch(ctx context.Context, what string, a *collArgs, ops []collArgs) error {
 	if err := b.usable(); err != nil {
 		return err
 	}
+	p2p := false
+	if b.cfg.Mode == ModeBlockingData {
+		if a != nil {
+			p2p = pointToPoint(a.kind)
+		}
+		for i := range ops {
+			p2p = p2p || pointToPoint(ops[i].kind)
+		}
+	}
 	b.hmu.Lock()
 	defer b.hmu.Unlock()
-	h := b.handle
+	h, blocking := b.data, b.dataBlocking
+	if p2p {
+		h, blocking = b.ctl, b.ctlBlocking
+	}
 	if h == 0 {
 		return b.failure()
 	}
@@ -555,7 +709,16 @@ func (b *Backend) launch(ctx context.Context, what string, a *collArgs, ops []co
 		r = b.lib.enqueue(b.dev, h, b.stream, a)
 	}
 	t1 := time.Now()
-	err := b.settle(ctx, h, what, r)
+	var err error
+	if blocking {
+		// A blocking comm's call returns its final result.
+		if r != resSuccess {
+			err = b.ncclError(h, what, r)
+			b.fail(err)
+		}
+	} else {
+		err = b.settle(ctx, h, what, r)
+	}
 	st := &b.stats
 	st.ops.Add(1)
 	st.enqueueNs.Add(int64(t1.Sub(t0)))

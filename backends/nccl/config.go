@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/ftcomm/ftcomm/backends/nccl/health"
 	"github.com/ftcomm/ftcomm/comm"
 )
 
@@ -35,6 +38,56 @@ func (m RevokeMode) String() string {
 	return fmt.Sprintf("revokemode(%d)", uint8(m))
 }
 
+// Mode says how a Backend uses NCCL communicators.
+type Mode uint8
+
+const (
+	// ModeBlockingData (the default): two NCCL comms per Backend. The
+	// control comm is nonblocking (ncclConfig_t.blocking = 0): it is made
+	// by ncclCommInitRankConfig and runs every call that waits for peers
+	// (init, Shrink, Grow, Split, revoke, and the point-to-point ops, which
+	// connect lazily), so each can be abandoned at its deadline and
+	// aborted. The data comm is a blocking comm split from it
+	// (ncclCommSplit with blocking = 1; the split call itself follows the
+	// nonblocking parent): the collectives are enqueued on it directly,
+	// with no helper thread per call. With eager connection set-up
+	// (LibraryConfig.LazyConnect false) its calls only enqueue work: they
+	// never wait for a peer, so a dead peer stalls the GPU, not the call,
+	// and the op fails at Revoke or its deadline.
+	ModeBlockingData Mode = iota
+	// ModeNonblocking: one nonblocking comm for everything. Every call is
+	// abortable, but NCCL launches each collective from a new helper
+	// thread: about 50 µs per op on 2×H200 (NCCL 2.28).
+	ModeNonblocking
+	// ModeBlocking: one blocking comm for everything; the lowest launch
+	// cost, but init, Shrink, Grow and Split block inside NCCL until every
+	// rank has come (a dead peer hangs them; a ctx cannot interrupt them).
+	// For measurements only.
+	ModeBlocking
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeBlockingData:
+		return "blocking-data"
+	case ModeNonblocking:
+		return "nonblocking"
+	case ModeBlocking:
+		return "blocking"
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// ParseMode reads a Mode by its String.
+func ParseMode(s string) (Mode, error) {
+	for m := ModeBlockingData; m <= ModeBlocking; m++ {
+		if m.String() == s {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("nccl: %w: mode %q (want blocking-data, nonblocking or blocking)", comm.ErrInvalidArgument, s)
+}
+
 // Config holds the nccl backend's settings; pass a *Config as
 // comm.Options.BackendConfig (nil means DefaultConfig()). Zero durations
 // take their defaults.
@@ -55,19 +108,9 @@ type Config struct {
 	DisableNativeGrow        bool // fresh init with a new unique id
 	DisableNativeCollectives bool // AllToAll, Gather, Scatter as grouped send/recv
 
-	// BlockingComm creates the NCCL comms in blocking mode
-	// (ncclConfig_t.blocking = 1). NCCL 2.28 launches every collective of
-	// a nonblocking comm from a helper thread, about 50 µs per op: on
-	// 2×H200 an 8-byte all-reduce through comm.Comm took 71–108 µs
-	// nonblocking and 20–23 µs blocking, and ops enqueued back to back
-	// 12.1 µs (nccl-tests: 12.1). The price: init, Shrink, Grow and Split
-	// block inside NCCL until every rank has come (a ctx cannot interrupt
-	// them), and an op that makes NCCL connect to a dead peer (the first
-	// use of an algorithm; NCCL_RUNTIME_CONNECT=0 connects everything at
-	// init instead) blocks inside NCCL too; an op waiting on the GPU still
-	// fails at Revoke or its deadline, and Shrink still cancels it. Leave
-	// it off where a hang must never happen.
-	BlockingComm bool
+	// Mode says how NCCL comms are used (default ModeBlockingData; see
+	// the package doc for what each costs and guarantees).
+	Mode Mode
 
 	// Revoke says what Revoke does on the GPU (default RevokeDeferred).
 	Revoke RevokeMode
@@ -88,6 +131,12 @@ type Config struct {
 	// WatchdogInterval is how often the watchdog reads NCCL's asynchronous
 	// error while an op runs. Default 10 ms.
 	WatchdogInterval time.Duration
+
+	// NVML is the NVML WatchHealth reads; nil means the real library
+	// (nvml.New()). Health tunes the watch (PollInterval, EventWait,
+	// CriticalXIDs, Logger); WatchHealth sets its device and OnEvent.
+	NVML   nvml.Interface
+	Health health.Config
 
 	// ReleaseTimeout bounds how long the release after an abort waits for
 	// the GPU to drain the comm's stream before it frees the stream and
@@ -129,6 +178,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("nccl: %w: config: "+format, append([]any{comm.ErrInvalidArgument}, args...)...)
 	}
 	switch {
+	case c.Mode > ModeBlocking:
+		return bad("unknown mode %d", c.Mode)
 	case c.Revoke > RevokeNative:
 		return bad("unknown revoke mode %d", c.Revoke)
 	case c.SpinWait < 0 || c.YieldWait < 0:
@@ -141,6 +192,9 @@ func (c *Config) Validate() error {
 		return bad("WatchdogInterval %s outside [0, 10s]", c.WatchdogInterval)
 	case c.ReleaseTimeout < 0:
 		return bad("negative ReleaseTimeout %s", c.ReleaseTimeout)
+	}
+	if err := c.Health.Validate(); err != nil {
+		return fmt.Errorf("nccl: config: %w", err)
 	}
 	return nil
 }

@@ -105,6 +105,9 @@ typedef struct {
 	int (*free)(void*);
 	int (*memcpyAsync)(void*, const void*, size_t, int, ft_stream);
 	int (*memsetAsync)(void*, int, size_t, ft_stream);
+	int (*hostAlloc)(void**, size_t, unsigned int);
+	int (*freeHost)(void*);
+	int (*deviceGetPCIBusId)(char*, int, int);
 	int (*streamCreateWithFlags)(ft_stream*, unsigned int);
 	int (*streamDestroy)(ft_stream);
 	int (*streamQuery)(ft_stream);
@@ -177,6 +180,9 @@ static void ft_resolve(ft_lib* L, const char** missing) {
 	FT_SYM(c, free, "cudaFree", 1);
 	FT_SYM(c, memcpyAsync, "cudaMemcpyAsync", 1);
 	FT_SYM(c, memsetAsync, "cudaMemsetAsync", 1);
+	FT_SYM(c, hostAlloc, "cudaHostAlloc", 1);
+	FT_SYM(c, freeHost, "cudaFreeHost", 1);
+	FT_SYM(c, deviceGetPCIBusId, "cudaDeviceGetPCIBusId", 1);
 	FT_SYM(c, streamCreateWithFlags, "cudaStreamCreateWithFlags", 1);
 	FT_SYM(c, streamDestroy, "cudaStreamDestroy", 1);
 	FT_SYM(c, streamQuery, "cudaStreamQuery", 1);
@@ -233,9 +239,17 @@ static int ft_comm_grow(ft_lib* L, int dev, uintptr_t comm, int nranks, const vo
 	return L->commGrow((ft_comm)comm, nranks, (const ft_uid*)id, rank, &c->comm, cfg);
 }
 
-static int ft_comm_split(ft_lib* L, uintptr_t comm, int color, int key, uintptr_t cell) {
+// blocking < 0: the child inherits the parent's config (NULL); else it
+// gets a config of its own with that blocking mode, kept in the cell.
+static int ft_comm_split(ft_lib* L, uintptr_t comm, int color, int key, uintptr_t cell, int blocking) {
+	ft_cell* c = (ft_cell*)cell;
 	if (L->commSplit == NULL) return 5;
-	return L->commSplit((ft_comm)comm, color, key, &((ft_cell*)cell)->comm, NULL);
+	ft_config* cfg = NULL;
+	if (blocking >= 0) {
+		ft_config_init(&c->cfg, blocking);
+		cfg = &c->cfg;
+	}
+	return L->commSplit((ft_comm)comm, color, key, &c->comm, cfg);
 }
 
 static int ft_comm_shrink(ft_lib* L, uintptr_t comm, int* exclude, int n, uintptr_t cell, int flags) {
@@ -357,6 +371,19 @@ static int ft_memset(ft_lib* L, int dev, uintptr_t p, int v, size_t n, uintptr_t
 	if (e != 0) return e;
 	return L->memsetAsync((void*)p, v, n, (ft_stream)stream);
 }
+
+// flags: cudaHostAllocPortable (1), so the memory is page-locked for every
+// device's context.
+static int ft_host_alloc(ft_lib* L, int dev, size_t n, void** out) {
+	int e = ft_use(L, dev);
+	if (e != 0) return e;
+	*out = NULL;
+	return L->hostAlloc(out, n, 1);
+}
+
+static int ft_free_host(ft_lib* L, void* p) { return L->freeHost(p); }
+
+static int ft_pci_bus_id(ft_lib* L, int dev, char* buf, int n) { return L->deviceGetPCIBusId(buf, n, dev); }
 
 static int ft_stream_create(ft_lib* L, int dev, uintptr_t* out) {
 	int e = ft_use(L, dev);
@@ -541,8 +568,12 @@ func (d *dlLibrary) commInitRank(dev int, out cellHandle, nranks int, id *unique
 	return result(C.ft_comm_init(d.L, C.int(dev), C.uintptr_t(out), C.int(nranks), unsafe.Pointer(id), C.int(rank), cbool(cfg.blocking)))
 }
 
-func (d *dlLibrary) commSplit(c commHandle, color, key int, out cellHandle) result {
-	return result(C.ft_comm_split(d.L, C.uintptr_t(c), C.int(color), C.int(key), C.uintptr_t(out)))
+func (d *dlLibrary) commSplit(c commHandle, color, key int, out cellHandle, cfg splitConfig) result {
+	blocking := C.int(-1)
+	if !cfg.inherit {
+		blocking = cbool(cfg.blocking)
+	}
+	return result(C.ft_comm_split(d.L, C.uintptr_t(c), C.int(color), C.int(key), C.uintptr_t(out), blocking))
 }
 
 func (d *dlLibrary) commShrink(c commHandle, exclude []int32, out cellHandle, flags int) result {
@@ -693,6 +724,26 @@ func (d *dlLibrary) copyDtoD(dev int, dst, src uintptr, n int, s streamHandle) e
 
 func (d *dlLibrary) memset(dev int, p uintptr, v byte, n int, s streamHandle) error {
 	return d.cudaErr("cudaMemsetAsync", C.ft_memset(d.L, C.int(dev), C.uintptr_t(p), C.int(v), C.size_t(n), C.uintptr_t(s)))
+}
+
+func (d *dlLibrary) hostAlloc(dev int, n int) ([]byte, error) {
+	var p unsafe.Pointer
+	if err := d.cudaErr("cudaHostAlloc", C.ft_host_alloc(d.L, C.int(dev), C.size_t(n), &p)); err != nil {
+		return nil, err
+	}
+	return unsafe.Slice((*byte)(p), n), nil
+}
+
+func (d *dlLibrary) hostFree(buf []byte) error {
+	return d.cudaErr("cudaFreeHost", C.ft_free_host(d.L, unsafe.Pointer(unsafe.SliceData(buf))))
+}
+
+func (d *dlLibrary) pciBusID(dev int) (string, error) {
+	var buf [64]C.char
+	if err := d.cudaErr("cudaDeviceGetPCIBusId", C.ft_pci_bus_id(d.L, C.int(dev), &buf[0], C.int(len(buf)))); err != nil {
+		return "", err
+	}
+	return C.GoString(&buf[0]), nil
 }
 
 func (d *dlLibrary) streamCreate(dev int) (streamHandle, error) {

@@ -7,8 +7,9 @@
 // The first New (or Open) loads libnccl.so.2 and the CUDA runtime
 // (libcudart.so.13, then .12, from the loader's path and the usual CUDA
 // directories) with dlopen. EnvNCCLLib (FTCOMM_NCCL_LIB) and EnvCUDARTLib
-// (FTCOMM_CUDART_LIB), or Config.LibraryConfig, choose other files. The NCCL
-// version is read with ncclGetVersion and optional entry points are probed;
+// (FTCOMM_CUDART_LIB), or Config.LibraryConfig, choose other files (e.g.
+// PyTorch's libnccl under site-packages/nvidia/nccl/lib). The NCCL version
+// is read with ncclGetVersion and optional entry points are probed;
 // Library.Info reports both. Where a native call is missing the backend
 // falls back: ncclCommShrink (2.27.3+) → a fresh init among the survivors,
 // ncclCommRevoke (2.28.7+) → abort, ncclCommGrow (2.29.2+) → a fresh init
@@ -16,6 +17,9 @@
 // grouped send/recv. Without the libraries (or without cgo) every call
 // returns an error wrapping comm.ErrBackendUnavailable and the loader's
 // message. Libraries are never unloaded (NCCL's threads outlive comms).
+// Open sets NCCL_RUNTIME_CONNECT=0 unless the environment sets it or
+// LibraryConfig.LazyConnect is true (see Modes); NCCL reads it once per
+// process.
 //
 // # Use
 //
@@ -31,20 +35,122 @@
 // <Prefix>/epoch/<Epoch>/nccl-uid; the others read it, so Prefix and Epoch
 // must name one comm. Every new comm (New, Shrink, Grow, Split) is
 // initialised eagerly and warmed up with a one-element all-reduce before it
-// is returned, since NCCL connects lazily.
+// is returned.
+//
+// # Modes
+//
+// Config.Mode says how a Backend uses NCCL communicators. The default,
+// ModeBlockingData, keeps two per Backend:
+//
+//   - a nonblocking control comm (ncclConfig_t.blocking = 0), made by
+//     ncclCommInitRankConfig. Everything that waits for peers runs on it:
+//     init, Shrink, Grow, Split, the native revoke, and the point-to-point
+//     ops (Send, Recv, BatchP2P, AllToAll(V), Gather, Scatter), which NCCL
+//     connects on first use of each peer. Its calls return at once while
+//     NCCL works on a thread of its own; the backend polls
+//     ncclCommGetAsyncError under the caller's ctx and, should the peers
+//     not come, abandons the call; the abort on Close joins that thread;
+//   - a blocking data comm (blocking = 1), split off the control comm
+//     (ncclCommSplit with a config of its own). All-reduce, reduce-scatter,
+//     all-gather(v), broadcast, reduce and barrier are enqueued on it
+//     directly. With eager connection set-up (NCCL_RUNTIME_CONNECT=0, the
+//     default Open sets) the comm connected every algorithm while it was
+//     made, so these calls only enqueue work: a dead peer stalls the
+//     GPU, never the call, and the op fails at Revoke or its deadline.
+//
+// Both comms enqueue on the Backend's one CUDA stream, so their work runs
+// in issue order. ModeNonblocking (one nonblocking comm: every call
+// abortable, ~50 µs per op) and ModeBlocking (one blocking comm: init,
+// Shrink, Grow and Split cannot be interrupted) are kept for comparison.
+//
+// Why (measured on one H100, kind nvidia-h100-x1, 2026-11-23, three
+// machines, NCCL 2.28.3 and PyTorch's 2.28.9; TestGPULaunchCost): an 8-byte
+// send to self plus receive from self, grouped (a one-rank collective
+// bypasses NCCL's group launch, a self send/recv does not), costs 45–90 µs
+// to enqueue on a nonblocking comm with either library and 6–11 µs on a
+// blocking one (the data comm of ModeBlockingData included); back to back
+// 42–87 µs per op against 6–12 µs. The 2×H200 figures before this mode
+// (README): 8-byte all-reduce 99 µs nonblocking against nccl-tests'
+// 12.1 µs, 13.1 µs blocking. What it costs instead: a second comm per rank
+// (its memory, and its creation inside every New, Shrink, Grow and Split:
+// 95–123 ms against 40–70 ms for a one-rank comm; more with peers, since
+// both comms connect every algorithm when made).
+//
+// # Facts relied on
+//
+// From NCCL's source (github.com/NVIDIA/nccl, tags v2.28.3-1 and v2.28.9-1
+// unless said) and nccl.h:
+//
+//   - On a nonblocking comm, ncclGroupEndInternal starts a new thread for
+//     every group it launches (pthread_create in src/group.cc; a
+//     std::thread in 2.29–2.30); every collective call is a group of one.
+//     That thread is the per-op cost above; a blocking comm launches on
+//     the caller's thread.
+//   - ncclCommSplit and ncclCommShrink run the child's initialisation as
+//     an async job of the parent (ncclCommInitChildComm → ncclAsyncLaunch
+//     with the parent, src/init.cc), so whether the call blocks follows
+//     the parent; the child gets the config passed (parseCommConfig) or a
+//     copy of the parent's (NULL). While the job runs, the parent's
+//     childAbortFlag points at the child's abort flag: ncclCommAbort of the
+//     parent raises both and joins the job (ncclCommEnsureReady) before
+//     freeing anything.
+//   - Connections: with NCCL_RUNTIME_CONNECT=1 (NCCL's default where cuMem
+//     works) each algorithm (ring, tree, PAT, NVLS, CollNet) is connected
+//     inside the first collective that uses it (ncclPrepareTasks →
+//     ncclCollPreconnect, src/enqueue.cc, src/group.cc); with 0,
+//     initTransportsRank connects them all while the comm is made
+//     (src/init.cc). Point-to-point connections are always made on first
+//     use of a peer (p2pTaskAppend → ncclGroupCommPreconnect), and
+//     ncclAlltoAll, ncclGather and ncclScatter are sends and receives
+//     inside NCCL (taskAppend). Connecting exchanges addresses with peers
+//     over bootstrap sockets whose waits loop until done or until the
+//     comm's abort flag is raised, with no timeout (src/misc/socket.cc):
+//     on a blocking comm, a call that connects waits for a silent peer
+//     forever, on the caller's thread.
+//   - ncclCommAbort raises the abort flags (which kernels and socket loops
+//     poll) and then frees the comm (commReclaim); it does not wait for
+//     another thread's call on the same comm, and NCCL comms are not safe
+//     for concurrent calls. So this backend never aborts a comm while one
+//     of its goroutines is inside an NCCL call on it (every call holds
+//     the Backend's handle lock): a blocking call must not wait for peers,
+//     which is what eager connection and the split of work between the two
+//     comms ensure.
+//   - Once connected, a collective's enqueue on a blocking comm plans the
+//     work, uploads it to the work FIFO and launches the kernel. The FIFO
+//     (NCCL_WORK_FIFO_BYTES, 1 MiB) makes the enqueue spin only when full
+//     (waitWorkFifoAvailable), which the ≤ 64 ops comm.Comm keeps in
+//     flight never fill.
+//   - NCCL_SHRINK_ABORT raises the parent's abort flags, synchronises its
+//     device stream and lowers them before shrinking (ncclCommShrink): it
+//     ends the parent's kernels only. The data comm shares no resources
+//     with the control comm (splitShare 0), so Shrink after a failure
+//     hands the data comm to the watchdog, which aborts it (its kernels
+//     end as ncclCommAbort raises its flag) while the control comm
+//     shrinks.
+//   - ncclCommRevoke (2.28.7+, present in 2.28.9) raises the abort flags,
+//     marks the comm revoked, and in a job synchronises its streams, stops
+//     its proxy and lowers the flags; nccl.h: once the comm is quiescent,
+//     destroy, split and shrink can proceed.
+//   - NCCL_COMM_BLOCKING overrides ncclConfig_t.blocking for every comm of
+//     the process (parseCommConfig); New refuses it where it contradicts
+//     the mode.
+//
+// Seen on 2×H200 (DESIGN §7): a dead peer's survivor sees no async error
+// (its kernel just waits); a nonblocking comm needs ncclCommGetAsyncError
+// polled after every call until it leaves ncclInProgress, or it is
+// poisoned; ncclCommAbort after a peer's death took 0.51 s. On one H100,
+// aborting an idle one-rank comm also took 0.51 s (release aborts the two
+// comms at once).
 //
 // # Ops
 //
-// Each op is enqueued on the comm's own CUDA stream and waited for by
+// Each op is enqueued on the Backend's CUDA stream and waited for by
 // polling the stream (busily for Config.SpinWait, then yielding, then
 // sleeping), as comm.Backend requires: it returns when the op has
-// completed, failed, or been interrupted by Abort, Revoke, Close or its ctx.
-// Communicators are nonblocking (ncclConfig_t.blocking = 0), and after
-// every NCCL call ncclCommGetAsyncError is polled until it leaves
-// ncclInProgress, as NCCL requires before the next call. On NCCL 2.28 that
-// mode launches every collective from a helper thread, which costs about
-// 50 µs per op (measured on 2×H200, the same in C); Config.BlockingComm
-// trades the safety of nonblocking comms for that time (see its doc).
+// completed, failed, or been interrupted by Abort, Revoke, Close or its
+// ctx. On a nonblocking comm, after every NCCL call ncclCommGetAsyncError
+// is polled until it leaves ncclInProgress, as NCCL requires before the
+// next call; a blocking comm's call returns its result.
 //
 // # Faults
 //
@@ -53,29 +159,72 @@
 // (Comm.Revoke: within microseconds), at its deadline (the comm's Timeout
 // or the ctx), or when the watchdog reads an asynchronous NCCL error. The
 // GPU work is cancelled off that path: by the next Shrink
-// (ncclCommShrink with NCCL_SHRINK_ABORT, ~25 ms), or by ncclCommAbort
-// (~0.5 s) on Close or Config.AbortDelay after the failure; with
-// Config.Revoke = RevokeNative, Revoke runs ncclCommRevoke at once.
+// (ncclCommShrink with NCCL_SHRINK_ABORT on the control comm, ncclCommAbort
+// of the data comm), or by ncclCommAbort on Close or Config.AbortDelay
+// after the failure; with Config.Revoke = RevokeNative, Revoke runs
+// ncclCommRevoke at once. A Shrink, Grow, Split or New whose peers do not
+// come (a second rank dies meanwhile) returns at its ctx's deadline; the
+// control comm's job is stopped when the comm is closed.
+//
+// # Host copies and health
+//
+// The Backend is a comm.HostCopier: PinnedHost hands out page-locked
+// memory (cudaHostAlloc), and CopyToHost/CopyFromHost copy chunks of
+// device tensors through a per-device pool of CUDA streams the Library
+// owns (LibraryConfig.CopyStreams, default 4), never the comm's stream, so
+// copies run beside collectives and go on after the comm is closed. A copy
+// abandoned by its ctx keeps its stream and blocks PinnedHost's free until
+// the copy engine is done. On one H100 (PCIe 5): 44–55 GB/s each way with
+// 1–64 MiB pinned chunks and 2–8 copiers, 32 (1 MiB) to 53 GB/s (16–64
+// MiB) with one; one cudaMemcpyAsync polled busily: 49–55 GB/s
+// (BenchmarkHostCopy, BenchmarkHostCopyRaw). It is a comm.HealthWatcher: WatchHealth watches the
+// comm's GPU through NVML (subpackage health; found by PCI address) for
+// Xids, uncorrected ECC errors, lost NVLinks and a lost GPU.
 //
 // # Lifecycle and concurrency
 //
 // A Backend serves one op at a time (comm.Comm guarantees it); Abort,
-// Revoke and Close may come from any goroutine at any time. Each Backend
-// runs one watchdog goroutine, which exits after Close has released
-// everything: Close returns at once and the NCCL comm, stream and scratch
-// memory are released in the background (Released is closed when done),
-// so that replacing a failed comm does not wait for ncclCommAbort.
-// Library values are safe for concurrent use and may be shared between
-// comms (Config.Library); there is no package-global state.
+// Revoke and Close may come from any goroutine at any time; the HostCopier
+// and WatchHealth methods from any goroutine, concurrently with ops. Each
+// Backend runs one watchdog goroutine, which exits after Close has
+// released everything: Close returns at once and the NCCL comms, stream
+// and scratch memory are released in the background (Released is closed
+// when done), so that replacing a failed comm does not wait for
+// ncclCommAbort. A copy abandoned by its ctx leaves one goroutine that
+// exits when the GPU has finished the copy; WatchHealth's goroutine exits
+// when its ctx ends. Library values are safe for concurrent use and may be
+// shared between comms (Config.Library); there is no package-global state
+// (NCCL_RUNTIME_CONNECT, set by Open, is NCCL's process-wide setting).
 //
 // # Tests on GPUs
 //
 // The unit tests run anywhere against a simulation of NCCL and CUDA. The GPU
-// tests (every collective against a host reference, a SIGKILLed rank,
-// shrink, grow, deadlines) skip unless FTCOMM_NCCL_GPU=1:
+// tests skip unless FTCOMM_NCCL_GPU=1, and each skips on a machine with
+// fewer GPUs than it needs (one for the single-rank tests, two for most,
+// three for TestGPUShrinkSecondDeath). gpurun.sh builds and runs them:
 //
-//	CGO_ENABLED=1 go test -c -o nccl.test ./backends/nccl
+//	backends/nccl/gpurun.sh build /work/main     # nccl.test, ncclbench, ftbench into /work/main/.gpu/nccl
+//	bash .gpu/nccl/gpurun.sh run1                # one GPU (nvidia-h100-x1), carry [".gpu/nccl"]
+//	bash .gpu/nccl/gpurun.sh run-tests           # 2-8 GPUs (nvidia-h200-x2/-x4/-x8), carry [".gpu/nccl"],
+//	bash .gpu/nccl/gpurun.sh run-torch           #   one device call each (< 10 minutes)
+//	bash .gpu/nccl/gpurun.sh run-bench
+//
+// run-tests runs every GPU test (collectives against host references,
+// revoke, SIGKILL + shrink + grow across processes, a second death during
+// shrink and grow, the kill-shrink-grow soak on all GPUs); run-torch the
+// fault tests and the launch cost with PyTorch's NCCL, and PyTorch's
+// all_reduce; run-bench ncclbench in each mode (waited-for and
+// stream-ordered ops) and ftbench's nccl-tests table of the default mode
+// with -async. By hand, on n GPUs:
+//
 //	FTCOMM_NCCL_GPU=1 NCCL_NVLS_ENABLE=0 ./nccl.test -test.run GPU -test.v
+//	FTCOMM_NCCL_GPU=1 NCCL_NVLS_ENABLE=0 FTCOMM_NCCL_RANKS=n ./nccl.test -test.run GPUKillCycles -test.v
+//	NCCL_NVLS_ENABLE=0 ./ftbench -backend nccl -np n -b 8 -e 1G -f 8 -n 50 -async
+//	NCCL_NVLS_ENABLE=0 ./ncclbench -g n -b 8 -e 1G -f 8 -n 50 -mode stream -commmode blocking-data
+//
+// The targets (issue 10): 8-byte all-reduce ≤ nccl-tests + 3 µs and busbw
+// ≥ 97 % of nccl-tests at ≥ 16 MiB in the default mode (ftbench -async
+// against reference/ANCHORS.md), no call past its deadline.
 //
 // cmd/ncclbench measures the collectives in nccl-tests' format;
 // subpackage health watches the GPUs through NVML.

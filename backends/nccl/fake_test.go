@@ -7,6 +7,7 @@ import (
 	"sort"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/reduce"
@@ -22,6 +23,13 @@ import (
 // poison the comm), so the tests check the backend's polling discipline.
 // A "dead" device models a SIGKILLed process: its streams never advance
 // again, so its peers' collectives never complete, as on real hardware.
+// Blocking comms block in the calls that wait for peers (init, split,
+// shrink, grow) until the rendezvous completes, as real ones do; a
+// point-to-point call on a blocking data comm (one split off with its
+// own blocking config) is a fault, since NCCL would connect to the peer
+// inside that call. Page-locked host memory (hostAlloc) is copied
+// asynchronously, on a later poll of its stream (never, while
+// stallCopies is set); Go memory synchronously, as CUDA stages it.
 //
 // Faults (misuse the real library would punish) are collected and fail
 // the test at cleanup.
@@ -35,17 +43,24 @@ type fakeWorld struct {
 	// ncclInProgress after each nonblocking call.
 	inProgressPolls int
 
-	next    uintptr
-	allocs  map[uintptr]*fakeAlloc
-	comms   map[commHandle]*fakeComm
-	streams map[streamHandle]*fakeStream
-	events  map[eventHandle]*fakeEvent
-	cells   map[cellHandle]commHandle
-	inits   map[uniqueID]*fakeRdv
-	growIDs map[uniqueID]*fakeRdv
-	dead    map[int]bool
-	faults  []string
-	calls   map[string]int
+	cond *sync.Cond // on mu: broadcast when a rendezvous gains an arrival
+
+	next   uintptr
+	allocs map[uintptr]*fakeAlloc
+	pinned map[*byte]*fakePinned
+	// stallCopies holds copies of page-locked memory on their streams.
+	stallCopies bool
+	hostAllocs  int // live page-locked allocations
+	comms       map[commHandle]*fakeComm
+	streams     map[streamHandle]*fakeStream
+	events      map[eventHandle]*fakeEvent
+	cells       map[cellHandle]commHandle
+	inits       map[uniqueID]*fakeRdv
+	growIDs     map[uniqueID]*fakeRdv
+	dead        map[int]bool
+	killOn      map[string]int // call name → device (+1) whose process dies as it makes the call
+	faults      []string
+	calls       map[string]int
 	// growCells are joiners' cells, filled when their grow completes.
 	growCells []growCell
 }
@@ -60,6 +75,11 @@ type fakeAlloc struct {
 	dev  int
 	base uintptr
 	mem  []byte
+}
+
+type fakePinned struct {
+	buf   []byte
+	freed bool
 }
 
 type fakeStream struct {
@@ -86,6 +106,7 @@ type fakeComm struct {
 	rank     int
 	dev      int
 	blocking bool
+	dataComm bool // split off with a blocking config of its own
 	state    result
 	pending  *fakePending
 	seq      uint64 // collectives issued
@@ -126,7 +147,9 @@ func newFakeWorld(t testing.TB, nDev int) *fakeWorld {
 		allocs: map[uintptr]*fakeAlloc{}, comms: map[commHandle]*fakeComm{}, streams: map[streamHandle]*fakeStream{},
 		events: map[eventHandle]*fakeEvent{}, cells: map[cellHandle]commHandle{}, inits: map[uniqueID]*fakeRdv{},
 		growIDs: map[uniqueID]*fakeRdv{}, dead: map[int]bool{}, calls: map[string]int{},
+		pinned: map[*byte]*fakePinned{}, killOn: map[string]int{},
 	}
+	w.cond = sync.NewCond(&w.mu)
 	t.Cleanup(func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -147,7 +170,27 @@ func (w *fakeWorld) withVersion(code int, syms ...string) *fakeWorld {
 	return w
 }
 
-func (w *fakeWorld) library() *Library { return newLibrary(w, "fake-libnccl", "fake-libcudart") }
+func (w *fakeWorld) library() *Library {
+	return newLibrary(w, "fake-libnccl", "fake-libcudart", 0, true)
+}
+
+// libraryWith makes a library with n copy streams per device.
+func (w *fakeWorld) libraryWith(copyStreams int) *Library {
+	return newLibrary(w, "fake-libnccl", "fake-libcudart", copyStreams, true)
+}
+
+// setStall holds (true) or releases copies of page-locked memory.
+func (w *fakeWorld) setStall(v bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stallCopies = v
+}
+
+func (w *fakeWorld) pinnedLive() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.hostAllocs
+}
 
 func (w *fakeWorld) faultf(format string, args ...any) {
 	w.faults = append(w.faults, fmt.Sprintf(format, args...))
@@ -166,6 +209,27 @@ func (w *fakeWorld) kill(dev int) {
 	w.dead[dev] = true
 }
 
+// killDuring makes device dev's process die as it calls name (e.g.
+// "ncclCommShrink"): the call never arrives at the rendezvous.
+func (w *fakeWorld) killDuring(name string, dev int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.killOn[name] = dev + 1
+}
+
+// dies reports whether a call by c is made by a dead process (dying now
+// if killDuring says so); such a call stays in progress forever.
+func (w *fakeWorld) dies(c *fakeComm, name string) bool {
+	if w.killOn[name] == c.dev+1 {
+		w.dead[c.dev] = true
+	}
+	if !w.dead[c.dev] {
+		return false
+	}
+	c.pending = &fakePending{ready: func() bool { return false }}
+	return true
+}
+
 // injectAsyncError makes every live comm on dev report r.
 func (w *fakeWorld) injectAsyncError(dev int, r result) {
 	w.mu.Lock()
@@ -175,6 +239,18 @@ func (w *fakeWorld) injectAsyncError(dev int, r result) {
 			c.state, c.pending = r, nil
 		}
 	}
+}
+
+// streamIdle reports whether s has nothing queued (or was destroyed).
+func (w *fakeWorld) streamIdle(s streamHandle) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := w.streams[s]
+	if st == nil {
+		return true
+	}
+	w.progress(st)
+	return len(st.items) == 0
 }
 
 func (w *fakeWorld) liveComms() int {
@@ -236,11 +312,12 @@ func (w *fakeWorld) begin(c *fakeComm, what string) bool {
 }
 
 // settleLater leaves c in progress for inProgressPolls polls, then until
-// ready, then in done's state.
+// ready, then in done's state. A blocking comm instead waits in the call
+// until ready (called with mu held).
 func (w *fakeWorld) settleLater(c *fakeComm, ready func() bool, done func() result) result {
 	if c.blocking {
-		if ready != nil && !ready() {
-			w.faultf("blocking comm would block")
+		for ready != nil && !ready() {
+			w.cond.Wait()
 		}
 		if done != nil {
 			c.state = done()
@@ -282,6 +359,7 @@ func (w *fakeWorld) commInitRank(dev int, out cellHandle, nranks int, id *unique
 	}
 	w.cells[out] = c.h
 	c.state = resSuccess
+	w.cond.Broadcast()
 	return w.settleLater(c, func() bool { return rdv.complete }, func() result { return resSuccess })
 }
 
@@ -402,6 +480,9 @@ func (w *fakeWorld) commShrink(h commHandle, exclude []int32, out cellHandle, fl
 		w.faultf("%s on comm %#x before the previous operation returned ncclSuccess", name, h)
 		return resInvalidUsage
 	}
+	if w.dies(c, "ncclCommShrink") {
+		return resInProgress
+	}
 	if flags&shrinkAbort != 0 {
 		w.terminate(c)
 	} else if w.outstanding(c) && !c.revoked {
@@ -438,6 +519,7 @@ func (w *fakeWorld) commShrink(h commHandle, exclude []int32, out cellHandle, fl
 	}
 	rank := c.rank
 	c.state = resSuccess
+	w.cond.Broadcast()
 	// The new comm appears only when the parent's job has finished.
 	return w.settleLater(c, func() bool { return rdv.complete }, func() result {
 		w.cells[out] = rdv.children[rank].h
@@ -445,7 +527,7 @@ func (w *fakeWorld) commShrink(h commHandle, exclude []int32, out cellHandle, fl
 	})
 }
 
-func (w *fakeWorld) commSplit(h commHandle, color, key int, out cellHandle) result {
+func (w *fakeWorld) commSplit(h commHandle, color, key int, out cellHandle, cfg splitConfig) result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["ncclCommSplit"]++
@@ -453,19 +535,29 @@ func (w *fakeWorld) commSplit(h commHandle, color, key int, out cellHandle) resu
 	if c == nil || !w.begin(c, "ncclCommSplit") {
 		return resInvalidUsage
 	}
+	if w.dies(c, "ncclCommSplit") {
+		return resInProgress
+	}
 	rdv := w.reconfRdv(c, c.cl.size)
-	rdv.arrived[c.rank] = [2]int{color, key}
+	child := -1 // inherit
+	if !cfg.inherit {
+		child = 0
+		if cfg.blocking {
+			child = 1
+		}
+	}
+	rdv.arrived[c.rank] = [3]int{color, key, child}
 	if len(rdv.arrived) == rdv.want {
 		byColor := map[int][]int{}
 		for r, v := range rdv.arrived {
-			ck := v.([2]int)
+			ck := v.([3]int)
 			if ck[0] >= 0 {
 				byColor[ck[0]] = append(byColor[ck[0]], r)
 			}
 		}
 		for _, ranks := range byColor {
 			sort.Slice(ranks, func(i, j int) bool {
-				ki, kj := rdv.arrived[ranks[i]].([2]int)[1], rdv.arrived[ranks[j]].([2]int)[1]
+				ki, kj := rdv.arrived[ranks[i]].([3]int)[1], rdv.arrived[ranks[j]].([3]int)[1]
 				if ki != kj {
 					return ki < kj
 				}
@@ -475,7 +567,12 @@ func (w *fakeWorld) commSplit(h commHandle, color, key int, out cellHandle) resu
 				mail: map[[2]int][]fakeMsg{}, reconf: map[uint64]*fakeRdv{}}
 			for nr, or := range ranks {
 				old := c.cl.members[or]
-				nc := w.newComm(ncl, nr, old.dev, old.blocking)
+				blocking := old.blocking
+				if b := rdv.arrived[or].([3]int)[2]; b >= 0 {
+					blocking = b == 1
+				}
+				nc := w.newComm(ncl, nr, old.dev, blocking)
+				nc.dataComm = blocking && rdv.arrived[or].([3]int)[2] == 1
 				ncl.members[nr] = nc
 				rdv.children[or] = nc
 			}
@@ -483,6 +580,7 @@ func (w *fakeWorld) commSplit(h commHandle, color, key int, out cellHandle) resu
 		rdv.complete = true
 	}
 	rank := c.rank
+	w.cond.Broadcast()
 	return w.settleLater(c, func() bool { return rdv.complete }, func() result {
 		if nc := rdv.children[rank]; nc != nil {
 			w.cells[out] = nc.h
@@ -557,6 +655,7 @@ func (w *fakeWorld) commGrow(dev int, h commHandle, nranks int, id *uniqueID, ra
 		rdv.complete = true
 	}
 	complete()
+	w.cond.Broadcast()
 	if c != nil {
 		rank := c.rank
 		return w.settleLater(c, func() bool { complete(); return rdv.complete }, func() result {
@@ -619,6 +718,11 @@ func (w *fakeWorld) group(dev int, h commHandle, s streamHandle, ops []collArgs)
 	if c == nil || st == nil {
 		return resInvalidArgument
 	}
+	if c.blocking {
+		w.calls["enqueue(blocking)"]++
+	} else {
+		w.calls["enqueue(nonblocking)"]++
+	}
 	if !w.begin(c, ops[0].kind.String()) {
 		return c.state
 	}
@@ -628,6 +732,13 @@ func (w *fakeWorld) group(dev int, h commHandle, s streamHandle, ops []collArgs)
 	if st.dev != c.dev || dev != c.dev {
 		w.faultf("enqueue on device %d, stream of device %d, for a comm on device %d", dev, st.dev, c.dev)
 		return resInvalidArgument
+	}
+	if c.dataComm {
+		for _, a := range ops {
+			if pointToPoint(a.kind) {
+				w.faultf("%s on the blocking data comm (rank %d): NCCL would connect to the peer inside the call", a.kind, c.rank)
+			}
+		}
 	}
 	for _, a := range ops {
 		switch a.kind {
@@ -922,11 +1033,63 @@ func (w *fakeWorld) stream(dev int, s streamHandle, what string) (*fakeStream, e
 	return st, nil
 }
 
+// pinnedOf returns the page-locked allocation holding b, or nil.
+func (w *fakeWorld) pinnedOf(b []byte) *fakePinned {
+	if len(b) == 0 {
+		return nil
+	}
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	for _, pa := range w.pinned {
+		base := uintptr(unsafe.Pointer(unsafe.SliceData(pa.buf)))
+		if p >= base && p+uintptr(len(b)) <= base+uintptr(len(pa.buf)) {
+			return pa
+		}
+	}
+	return nil
+}
+
+// hostCopyItem is a copy between page-locked memory and the device, done
+// by the "copy engine" when its stream is polled.
+type hostCopyItem struct {
+	pin    *fakePinned
+	host   []byte
+	dev    uintptr
+	toHost bool
+}
+
+func (it *hostCopyItem) step(w *fakeWorld) bool {
+	if w.stallCopies {
+		return false
+	}
+	if it.pin.freed {
+		w.faultf("copy engine used page-locked memory after cudaFreeHost")
+		return true
+	}
+	m := w.mem(it.dev, len(it.host), "cudaMemcpyAsync")
+	if m == nil {
+		return true
+	}
+	if it.toHost {
+		copy(it.host, m)
+	} else {
+		copy(m, it.host)
+	}
+	return true
+}
+
 func (w *fakeWorld) copyHtoD(dev int, dst uintptr, src []byte, s streamHandle) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, err := w.stream(dev, s, "cudaMemcpyAsync"); err != nil {
+	st, err := w.stream(dev, s, "cudaMemcpyAsync")
+	if err != nil {
 		return err
+	}
+	if w.mem(dst, len(src), "cudaMemcpyAsync(HtoD)") == nil {
+		return &cudaError{Op: "cudaMemcpyAsync", Code: 1, Msg: "invalid argument"}
+	}
+	if pa := w.pinnedOf(src); pa != nil {
+		st.items = append(st.items, &hostCopyItem{pin: pa, host: src, dev: dst})
+		return nil
 	}
 	copy(w.mem(dst, len(src), "cudaMemcpyAsync(HtoD)"), src) // staged at once, as CUDA does for pageable memory
 	return nil
@@ -938,6 +1101,13 @@ func (w *fakeWorld) copyDtoH(dev int, dst []byte, src uintptr, s streamHandle) e
 	st, err := w.stream(dev, s, "cudaMemcpyAsync")
 	if err != nil {
 		return err
+	}
+	if w.mem(src, len(dst), "cudaMemcpyAsync(DtoH)") == nil {
+		return &cudaError{Op: "cudaMemcpyAsync", Code: 1, Msg: "invalid argument"}
+	}
+	if pa := w.pinnedOf(dst); pa != nil {
+		st.items = append(st.items, &hostCopyItem{pin: pa, host: dst, dev: src, toHost: true})
+		return nil
 	}
 	w.progress(st)
 	if len(st.items) > 0 {
@@ -969,6 +1139,49 @@ func (w *fakeWorld) memset(dev int, p uintptr, v byte, n int, s streamHandle) er
 		m[i] = v
 	}
 	return nil
+}
+
+func (w *fakeWorld) hostAlloc(dev int, n int) ([]byte, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.checkDev(dev); err != nil {
+		return nil, err
+	}
+	if n <= 0 {
+		w.faultf("cudaHostAlloc of %d bytes", n)
+	}
+	buf := make([]byte, n)
+	w.pinned[unsafe.SliceData(buf)] = &fakePinned{buf: buf}
+	w.hostAllocs++
+	return buf, nil
+}
+
+func (w *fakeWorld) hostFree(buf []byte) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	pa := w.pinned[unsafe.SliceData(buf)]
+	if pa == nil {
+		w.faultf("cudaFreeHost of memory cudaHostAlloc did not return")
+		return &cudaError{Op: "cudaFreeHost", Code: 1, Msg: "invalid argument"}
+	}
+	for _, st := range w.streams {
+		for _, it := range st.items {
+			if hc, ok := it.(*hostCopyItem); ok && hc.pin == pa {
+				w.faultf("cudaFreeHost of page-locked memory a queued copy still uses")
+			}
+		}
+	}
+	pa.freed = true
+	delete(w.pinned, unsafe.SliceData(buf))
+	w.hostAllocs--
+	return nil
+}
+
+func (w *fakeWorld) pciBusID(dev int) (string, error) {
+	if err := w.checkDev(dev); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("0000:%02x:00.0", 0x18+dev), nil
 }
 
 func (w *fakeWorld) streamCreate(dev int) (streamHandle, error) {

@@ -65,7 +65,7 @@ func cycleCount() int {
 
 func TestGPUKillCycles(t *testing.T) {
 	n := cycleRanks()
-	if have, _ := gpuLib(t).DeviceCount(); have < n {
+	if have, _ := gpuLib(t, n).DeviceCount(); have < n {
 		t.Fatalf("%s=%d but only %d GPUs", cycleRanksEnv, n, have)
 	}
 	cycles := cycleCount()

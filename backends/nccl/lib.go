@@ -162,6 +162,15 @@ type commConfig struct {
 	blocking bool
 }
 
+// splitConfig is the config of a comm made by ncclCommSplit: inherit
+// passes NULL (the child takes the parent's config); otherwise the child
+// gets blocking as given. Whether the split call itself blocks follows the
+// parent.
+type splitConfig struct {
+	inherit  bool
+	blocking bool
+}
+
 // ncclAPI is the part of NCCL the backend uses. Calls that create a
 // communicator write it into a cell (C memory), because a nonblocking NCCL
 // may fill it in after the call returns.
@@ -172,7 +181,7 @@ type ncclAPI interface {
 	hasSymbol(name string) bool
 	getUniqueID(id *uniqueID) result
 	commInitRank(dev int, out cellHandle, nranks int, id *uniqueID, rank int, cfg commConfig) result
-	commSplit(c commHandle, color, key int, out cellHandle) result
+	commSplit(c commHandle, color, key int, out cellHandle, cfg splitConfig) result
 	commShrink(c commHandle, exclude []int32, out cellHandle, flags int) result
 	// commGrow: existing ranks pass c and rank -1 (id only at the root);
 	// joiners pass c == 0, id and their rank.
@@ -208,13 +217,22 @@ type cudaAPI interface {
 	deviceCount() (int, error)
 	malloc(dev int, n int) (uintptr, error)
 	free(dev int, p uintptr) error
-	// copyHtoD and copyDtoH start a copy between Go memory and the device
-	// on s. The Go memory is not referenced after the call returns (CUDA
-	// stages pageable memory); the copy is done when s is.
+	// copyHtoD and copyDtoH start a copy between host memory and the
+	// device on s; the copy is done when s is. Go (pageable) memory is not
+	// referenced after the call returns (CUDA stages it: an HtoD returns
+	// once staged, a DtoH once done); page-locked memory from hostAlloc is
+	// read or written by the copy engine until s is done.
 	copyHtoD(dev int, dst uintptr, src []byte, s streamHandle) error
 	copyDtoH(dev int, dst []byte, src uintptr, s streamHandle) error
 	copyDtoD(dev int, dst, src uintptr, n int, s streamHandle) error
 	memset(dev int, p uintptr, v byte, n int, s streamHandle) error
+	// hostAlloc returns n bytes of page-locked host memory
+	// (cudaHostAlloc, portable to every device); hostFree frees it.
+	hostAlloc(dev int, n int) ([]byte, error)
+	hostFree(buf []byte) error
+	// pciBusID is the device's PCI address as CUDA prints it
+	// ("0000:3b:00.0").
+	pciBusID(dev int) (string, error)
 	streamCreate(dev int) (streamHandle, error)
 	streamDestroy(dev int, s streamHandle) error
 	// streamQuery reports whether all work queued on s has completed.

@@ -19,13 +19,32 @@ const (
 	EnvCUDARTLib = "FTCOMM_CUDART_LIB" // path or soname of libcudart (default libcudart.so.13, then .12)
 )
 
-// LibraryConfig says where to load NCCL and the CUDA runtime from. Empty
-// fields fall back to the environment (EnvNCCLLib, EnvCUDARTLib) and then to
-// the default search.
+// LibraryConfig says where to load NCCL and the CUDA runtime from, and
+// how NCCL sets up connections. Empty paths fall back to the environment
+// (EnvNCCLLib, EnvCUDARTLib) and then to the default search.
 type LibraryConfig struct {
 	NCCLPath        string
 	CUDARuntimePath string
+
+	// LazyConnect leaves NCCL's default of connecting each algorithm on
+	// its first use (NCCL_RUNTIME_CONNECT=1). By default Open sets
+	// NCCL_RUNTIME_CONNECT=0 (unless the environment already sets it), so
+	// every comm connects its rings and trees while it is created, where
+	// the call is nonblocking and abortable: a first use on a blocking
+	// data comm (ModeBlockingData) would otherwise wait for peers inside
+	// NCCL. NCCL reads the variable once per process, when the first
+	// comm is created, so the first Library opened decides.
+	LazyConnect bool
+
+	// CopyStreams is how many CUDA streams per device the host copies
+	// (CopyToHost, CopyFromHost and the helpers) run on, so that that many
+	// copies proceed at once. Default 4.
+	CopyStreams int
 }
+
+// envRuntimeConnect is NCCL's switch between lazy (1, its default) and
+// eager (0) connection set-up.
+const envRuntimeConnect = "NCCL_RUNTIME_CONNECT"
 
 // Version is an NCCL version.
 type Version struct{ Major, Minor, Patch int }
@@ -70,6 +89,9 @@ type Info struct {
 	CUDADriver      int // cudaDriverGetVersion
 	Symbols         map[string]bool
 	Features        Features
+	// EagerConnect: NCCL_RUNTIME_CONNECT was 0 when the library was
+	// opened (see LibraryConfig.LazyConnect).
+	EagerConnect bool
 }
 
 func (i Info) String() string {
@@ -83,8 +105,8 @@ func (i Info) String() string {
 	}
 	sort.Strings(present)
 	sort.Strings(absent)
-	return fmt.Sprintf("NCCL %s (%s), CUDA runtime %d (%s), driver %d; optional symbols present %v, absent %v; features %+v",
-		i.NCCL, i.NCCLPath, i.CUDARuntime, i.CUDARuntimePath, i.CUDADriver, present, absent, i.Features)
+	return fmt.Sprintf("NCCL %s (%s), CUDA runtime %d (%s), driver %d; eager connect %v; optional symbols present %v, absent %v; features %+v",
+		i.NCCL, i.NCCLPath, i.CUDARuntime, i.CUDARuntimePath, i.CUDADriver, i.EagerConnect, present, absent, i.Features)
 }
 
 // Library is a loaded NCCL + CUDA runtime. It is safe for concurrent use
@@ -93,11 +115,17 @@ func (i Info) String() string {
 // communicator, so the libraries stay loaded; the streams the copy helpers
 // use are released by Release.
 type Library struct {
-	lib  library
-	info Info
+	lib     library
+	info    Info
+	nCopies int // streams per device in a copy pool
 
-	mu          sync.Mutex
-	copyStreams map[int]streamHandle
+	mu    sync.Mutex
+	pools map[int]*copyPool
+	// orphans counts copies whose caller's ctx ended before the GPU was
+	// done: the copy engine cannot be stopped, so their streams and the
+	// page-locked memory they use stay reserved until they finish.
+	orphans     int
+	orphansDone *sync.Cond // signalled when orphans drops
 }
 
 // Open loads NCCL and the CUDA runtime with dlopen. Without them (or
@@ -111,17 +139,31 @@ func Open(cfg LibraryConfig) (*Library, error) {
 	if cp == "" {
 		cp = os.Getenv(EnvCUDARTLib)
 	}
+	if cfg.CopyStreams < 0 || cfg.CopyStreams > 64 {
+		return nil, fmt.Errorf("nccl: %w: CopyStreams %d outside [0, 64]", comm.ErrInvalidArgument, cfg.CopyStreams)
+	}
+	if !cfg.LazyConnect && os.Getenv(envRuntimeConnect) == "" {
+		// Before NCCL's first comm, which is when NCCL reads it.
+		if err := os.Setenv(envRuntimeConnect, "0"); err != nil {
+			return nil, fmt.Errorf("nccl: set %s: %w", envRuntimeConnect, err)
+		}
+	}
 	d, err := openLibrary(np, cp)
 	if err != nil {
 		return nil, err
 	}
-	return newLibrary(d, d.ncclPath, d.cudartPath), nil
+	return newLibrary(d, d.ncclPath, d.cudartPath, cfg.CopyStreams, os.Getenv(envRuntimeConnect) == "0"), nil
 }
 
-func newLibrary(lib library, ncclPath, cudartPath string) *Library {
-	l := &Library{lib: lib, copyStreams: map[int]streamHandle{}}
+func newLibrary(lib library, ncclPath, cudartPath string, copyStreams int, eager bool) *Library {
+	if copyStreams == 0 {
+		copyStreams = 4
+	}
+	l := &Library{lib: lib, nCopies: copyStreams, pools: map[int]*copyPool{}}
+	l.orphansDone = sync.NewCond(&l.mu)
 	l.info = Info{NCCLPath: ncclPath, CUDARuntimePath: cudartPath, NCCL: versionFromCode(lib.version()),
-		CUDARuntime: lib.runtimeVersion(), CUDADriver: lib.driverVersion(), Symbols: map[string]bool{}}
+		CUDARuntime: lib.runtimeVersion(), CUDADriver: lib.driverVersion(), Symbols: map[string]bool{},
+		EagerConnect: eager}
 	for _, s := range []string{"ncclCommSplit", "ncclCommShrink", "ncclCommRevoke", "ncclCommGrow",
 		"ncclCommGetUniqueId", "ncclAlltoAll", "ncclGather", "ncclScatter", "ncclGetLastError"} {
 		l.info.Symbols[s] = lib.hasSymbol(s)
@@ -234,98 +276,6 @@ func (b *DeviceBuffer) Free() error {
 	}
 	b.freed = true
 	return b.l.lib.free(b.dev, b.ptr)
-}
-
-// copyStream returns the private stream the helpers copy on.
-func (l *Library) copyStream(dev int) (streamHandle, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if s, ok := l.copyStreams[dev]; ok {
-		return s, nil
-	}
-	s, err := l.lib.streamCreate(dev)
-	if err != nil {
-		return 0, err
-	}
-	l.copyStreams[dev] = s
-	return s, nil
-}
-
-func checkDeviceTensor(t comm.Tensor, name string) error {
-	if !t.IsDevice() {
-		return fmt.Errorf("nccl: %w: %s is %s, not a device tensor", comm.ErrInvalidArgument, name, t)
-	}
-	return nil
-}
-
-// CopyToDevice copies src (its first dst.NumBytes() bytes; it must have at
-// least that many) into the device tensor dst, and waits for it.
-func (l *Library) CopyToDevice(ctx context.Context, dst comm.Tensor, src []byte) error {
-	if err := checkDeviceTensor(dst, "dst"); err != nil {
-		return err
-	}
-	if len(src) < dst.NumBytes() {
-		return fmt.Errorf("nccl: %w: %d host bytes for a %d-byte tensor", comm.ErrInvalidArgument, len(src), dst.NumBytes())
-	}
-	s, err := l.copyStream(dst.Device())
-	if err != nil {
-		return err
-	}
-	if err := l.lib.copyHtoD(dst.Device(), dst.Ptr(), src[:dst.NumBytes()], s); err != nil {
-		return err
-	}
-	return l.syncStream(ctx, dst.Device(), s)
-}
-
-// CopyFromDevice copies the device tensor src into dst (which must hold at
-// least src.NumBytes() bytes) and waits for it.
-func (l *Library) CopyFromDevice(ctx context.Context, dst []byte, src comm.Tensor) error {
-	if err := checkDeviceTensor(src, "src"); err != nil {
-		return err
-	}
-	if len(dst) < src.NumBytes() {
-		return fmt.Errorf("nccl: %w: %d host bytes for a %d-byte tensor", comm.ErrInvalidArgument, len(dst), src.NumBytes())
-	}
-	s, err := l.copyStream(src.Device())
-	if err != nil {
-		return err
-	}
-	if err := l.lib.copyDtoH(src.Device(), dst[:src.NumBytes()], src.Ptr(), s); err != nil {
-		return err
-	}
-	return l.syncStream(ctx, src.Device(), s)
-}
-
-// Memset sets every byte of the device tensor t to v and waits for it.
-func (l *Library) Memset(ctx context.Context, t comm.Tensor, v byte) error {
-	if err := checkDeviceTensor(t, "tensor"); err != nil {
-		return err
-	}
-	s, err := l.copyStream(t.Device())
-	if err != nil {
-		return err
-	}
-	if err := l.lib.memset(t.Device(), t.Ptr(), v, t.NumBytes(), s); err != nil {
-		return err
-	}
-	return l.syncStream(ctx, t.Device(), s)
-}
-
-func (l *Library) syncStream(ctx context.Context, dev int, s streamHandle) error {
-	return pollDone(ctx, nil, func() (bool, error) { return l.lib.streamQuery(dev, s) })
-}
-
-// Release destroys the streams the copy helpers created. The Library stays
-// usable (they are recreated on demand).
-func (l *Library) Release() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var errs []error
-	for dev, s := range l.copyStreams {
-		errs = append(errs, l.lib.streamDestroy(dev, s))
-		delete(l.copyStreams, dev)
-	}
-	return errors.Join(errs...)
 }
 
 // ---- streams and events ----

@@ -79,7 +79,7 @@ func (b *Backend) rendezvous(ctx context.Context, rank, size int, epoch uint64) 
 	// The cell (handle and config) lives until init is over: NCCL 2.18+
 	// fills and reads them before returning, older ones from their job.
 	cell := b.lib.newCell()
-	r := b.lib.commInitRank(b.dev, cell, size, &id, rank, commConfig{blocking: b.cfg.BlockingComm})
+	r := b.lib.commInitRank(b.dev, cell, size, &id, rank, commConfig{blocking: b.ctlBlocking})
 	h := b.lib.loadCell(cell)
 	if r != resSuccess && r != resInProgress {
 		if h != 0 {
@@ -115,18 +115,23 @@ func (b *Backend) awaitComm(ctx context.Context, h commHandle, what string) (com
 }
 
 // awaitChild waits for a comm that NCCL creates from the parent h (Shrink,
-// Grow, Split): the new comm appears in cell only when the parent's job
-// has finished, so the parent is polled first. Called with hmu held. If
-// ctx ends while NCCL may still write the cell, the cell is leaked rather
-// than freed under it.
+// Grow, Split, the data comm): the new comm appears in cell only when the
+// parent's job has finished, so the parent is polled first. Called with
+// hmu held. If ctx ends (or the Backend is closed) while NCCL may still
+// write the cell, the cell is leaked rather than freed under it, and the
+// parent stays in progress until it is aborted (Close does that; the
+// abort also stops the child's initialisation).
 func (b *Backend) awaitChild(ctx context.Context, h commHandle, cell cellHandle, what string, r result) (commHandle, error) {
 	if r != resSuccess && r != resInProgress {
 		b.lib.freeCell(cell)
 		return 0, b.ncclError(h, what, r)
 	}
-	switch st := b.pollAsync(ctx, h, nil); st {
+	switch st := b.pollAsync(ctx, h, b.closing); st {
 	case resSuccess:
 	case resInProgress:
+		if ctx.Err() == nil {
+			return 0, fmt.Errorf("nccl: %w: %s abandoned: the comm was closed", comm.ErrClosed, what)
+		}
 		return 0, ctxError(ctx, what+" did not finish")
 	default:
 		b.lib.freeCell(cell)
@@ -206,13 +211,19 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (commHandle, string, error) {
 	b.hmu.Lock()
 	defer b.hmu.Unlock()
-	h := b.handle
+	h := b.ctl
 	if h == 0 {
 		return 0, "fresh init (comm already aborted)", nil
 	}
 	flags, mode := shrinkDefault, "ncclCommShrink"
 	if b.failed.Load() && !b.quiescent {
 		flags, mode = shrinkAbort, "ncclCommShrink(NCCL_SHRINK_ABORT)"
+		// NCCL_SHRINK_ABORT stops the control comm's kernels; a separate
+		// data comm's are its own: the watchdog aborts it meanwhile.
+		if d := b.data; d != 0 && d != h {
+			b.data = 0
+			b.abortQ <- d // room for one, and there is at most one data comm
+		}
 	}
 	ex := make([]int32, len(exclude))
 	for i, e := range exclude {
@@ -227,7 +238,7 @@ func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (commHandle, 
 	if nh == 0 {
 		return 0, mode, fmt.Errorf("nccl: %w: %s finished without a new comm", comm.ErrAborted, mode)
 	}
-	if flags == shrinkAbort {
+	if flags == shrinkAbort && b.cfg.Mode != ModeBlockingData {
 		b.dirty.Store(false) // the parent's kernels were terminated
 	}
 	return nh, mode, nil
@@ -264,7 +275,7 @@ func (b *Backend) Grow(ctx context.Context, size int, epoch uint64) (comm.Backen
 func (b *Backend) nativeGrow(ctx context.Context, size int, epoch uint64) (commHandle, error) {
 	b.hmu.Lock()
 	defer b.hmu.Unlock()
-	h := b.handle
+	h := b.ctl
 	if h == 0 {
 		return 0, b.failure()
 	}
@@ -298,7 +309,7 @@ func (b *Backend) nativeGrow(ctx context.Context, size int, epoch uint64) (commH
 // joinGrow is a joiner's side of a native Grow.
 func (b *Backend) joinGrow(ctx context.Context, rank, size int, id *uniqueID) (commHandle, error) {
 	cell := b.lib.newCell()
-	r := b.lib.commGrow(b.dev, 0, size, id, rank, cell, commConfig{blocking: b.cfg.BlockingComm})
+	r := b.lib.commGrow(b.dev, 0, size, id, rank, cell, commConfig{blocking: b.ctlBlocking})
 	if r != resSuccess && r != resInProgress {
 		b.lib.freeCell(cell)
 		return 0, b.ncclError(0, "ncclCommGrow (joiner)", r)
@@ -345,13 +356,13 @@ func (b *Backend) Split(ctx context.Context, color, key int) (comm.Backend, erro
 func (b *Backend) split(ctx context.Context, color, key int) (commHandle, int, error) {
 	b.hmu.Lock()
 	defer b.hmu.Unlock()
-	h := b.handle
+	h := b.ctl
 	if h == 0 {
 		return 0, 0, b.failure()
 	}
 	b.splits++
 	cell := b.lib.newCell()
-	r := b.lib.commSplit(h, color, key, cell)
+	r := b.lib.commSplit(h, color, key, cell, splitConfig{inherit: true})
 	nh, err := b.awaitChild(ctx, h, cell, "ncclCommSplit", r)
 	if err != nil {
 		err = fmt.Errorf("nccl: split (color %d): %w", color, err)

@@ -10,7 +10,9 @@ import (
 func backendConfig(cfg *Config) any {
 	if cfg.Backend == "nccl" {
 		c := nccl.DefaultConfig()
-		c.BlockingComm = cfg.NCCLBlocking
+		if cfg.NCCLMode != "" {
+			c.Mode, _ = nccl.ParseMode(cfg.NCCLMode) // Validate checked it
+		}
 		return &c
 	}
 	if cfg.Backend == "gloo" && cfg.GlooLanes != 0 {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ftcomm/ftcomm/backends/nccl"
 	"github.com/ftcomm/ftcomm/comm"
 )
 
@@ -43,8 +44,9 @@ type Config struct {
 	CPUProf string   `json:"cpuprofile"` // worker CPU profile path; ".rank<r>" is appended
 	Trace   string   `json:"trace"`      // worker execution trace path; ".rank<r>" is appended
 	Verbose bool     `json:"verbose"`    // worker logs at debug level
-	// NCCLBlocking creates NCCL comms in blocking mode (nccl.Config.BlockingComm).
-	NCCLBlocking bool `json:"nccl_blocking"`
+	// NCCLMode is how the nccl backend uses NCCL comms (nccl.Config.Mode:
+	// blocking-data, nonblocking or blocking); empty: the backend's default.
+	NCCLMode string `json:"nccl_mode"`
 	// GlooLanes bounds the cores a gloo rank spreads a large all-reduce
 	// over on shared memory (gloo.Config.SharedMemoryLanes; 0 automatic).
 	GlooLanes int `json:"gloo_lanes"`
@@ -123,6 +125,11 @@ func (c *Config) Validate() error {
 		return usagef("-timeout %s must be positive", time.Duration(c.Timeout))
 	case len(c.Ops) == 0 || len(c.DTypes) == 0 || len(c.RedOps) == 0:
 		return usagef("-op, -d and -o each need at least one value")
+	}
+	if c.NCCLMode != "" {
+		if _, err := nccl.ParseMode(c.NCCLMode); err != nil {
+			return usagef("-nccl-mode: %v", err)
+		}
 	}
 	for _, o := range c.Ops {
 		if _, err := lookupOp(o); err != nil {
@@ -338,7 +345,7 @@ func parseFlags(args []string) (Config, error) {
 	fs.StringVar(&c.Trace, "trace", c.Trace, "write each worker's execution trace (go tool trace) to this path + \".rank<r>\"")
 	fs.BoolVar(&c.Verbose, "v", c.Verbose, "verbose worker logs on stderr")
 	fs.BoolVar(&c.Async, "async", c.Async, "issue each size's iterations back to back as async ops, then wait (nccl-tests' method)")
-	fs.BoolVar(&c.NCCLBlocking, "nccl-blocking", c.NCCLBlocking, "nccl: blocking communicators (lower latency; init and shrink cannot be aborted)")
+	fs.StringVar(&c.NCCLMode, "nccl-mode", c.NCCLMode, "nccl: comm mode, blocking-data (default: nonblocking control comm, blocking data comm), nonblocking, or blocking (init and shrink cannot be aborted)")
 	fs.IntVar(&c.GlooLanes, "lanes", c.GlooLanes, "gloo: most cores one rank spreads a large all-reduce over on shared memory (0: CPUs / ranks, at most 8; 1: one)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

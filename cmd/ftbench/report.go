@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/backends/gloo"
+	"github.com/ftcomm/ftcomm/backends/nccl"
 )
 
 // Row is one result line: every rank's measurement of one size combined as
@@ -96,9 +97,17 @@ type Meta struct {
 
 func newMeta(cfg Config, args []string) Meta {
 	host, _ := os.Hostname()
+	tr := transport(cfg.Backend)
+	if cfg.Backend == "nccl" {
+		mode := cfg.NCCLMode
+		if mode == "" {
+			mode = nccl.DefaultConfig().Mode.String()
+		}
+		tr = "NCCL comm mode " + mode + " (-nccl-mode)"
+	}
 	return Meta{Type: "meta", Tool: "ftbench", Host: host, Cores: runtime.NumCPU(), GoVersion: runtime.Version(),
 		OSArch: runtime.GOOS + "/" + runtime.GOARCH, Commit: commit(), Backend: cfg.Backend, NP: cfg.NP,
-		Args: args, Started: time.Now().UTC().Truncate(time.Second), Config: cfg, Transport: transport(cfg.Backend)}
+		Args: args, Started: time.Now().UTC().Truncate(time.Second), Config: cfg, Transport: tr}
 }
 
 // transport says how the gloo backend's ranks, all on this host, move data.

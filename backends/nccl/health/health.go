@@ -69,10 +69,45 @@ func (e Event) String() string {
 // but not critical.
 func DefaultCriticalXIDs() []uint64 { return []uint64{48, 62, 64, 74, 79, 95, 119, 120, 140} }
 
+// XIDDescription names the Xids the catalogue calls out for failing or
+// unreachable hardware ("" for others).
+func XIDDescription(xid uint64) string {
+	switch xid {
+	case 48:
+		return "double-bit ECC error"
+	case 62:
+		return "internal micro-controller halt"
+	case 63:
+		return "ECC page retirement or row remapping recorded"
+	case 64:
+		return "ECC page retirement or row remapping failure"
+	case 74:
+		return "NVLink error"
+	case 79:
+		return "GPU has fallen off the bus"
+	case 92:
+		return "high single-bit ECC error rate"
+	case 94:
+		return "contained ECC error"
+	case 95:
+		return "uncontained ECC error"
+	case 119, 120:
+		return "GSP error"
+	case 140:
+		return "unrecovered ECC error"
+	}
+	return ""
+}
+
 // Config configures a Monitor.
 type Config struct {
-	// Devices are the NVML indexes to watch; nil watches every GPU.
+	// Devices are the NVML indexes to watch; nil (with no BusIDs) watches
+	// every GPU.
 	Devices []int
+	// BusIDs are GPUs to watch by PCI address, as CUDA prints it
+	// (cudaDeviceGetPCIBusId: "0000:3b:00.0"), for a caller that knows
+	// its GPU by CUDA ordinal: NVML's order and CUDA's may differ.
+	BusIDs []string
 	// PollInterval is how often ECC counters, NVLink states and
 	// reachability are read. Default 1 s.
 	PollInterval time.Duration
@@ -210,7 +245,16 @@ func (m *Monitor) setup() error {
 	if ret != nvml.SUCCESS {
 		return fmt.Errorf("health: %w: nvmlDeviceGetCount: %s", comm.ErrBackendUnavailable, errString(m.lib, ret))
 	}
-	idx := m.cfg.Devices
+	idx := slices.Clone(m.cfg.Devices)
+	for _, id := range m.cfg.BusIDs {
+		i, err := m.indexOfBusID(n, id)
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(idx, i) {
+			idx = append(idx, i)
+		}
+	}
 	if idx == nil {
 		for i := range n {
 			idx = append(idx, i)
@@ -266,6 +310,39 @@ func (m *Monitor) setup() error {
 		m.devs = append(m.devs, d)
 	}
 	return nil
+}
+
+// parseBusID reads a PCI address "domain:bus:device.function" (hex; the
+// domain may be missing, as in NVML's legacy form).
+func parseBusID(s string) (domain, bus, dev uint32, err error) {
+	var f uint32
+	if _, err = fmt.Sscanf(s, "%x:%x:%x.%x", &domain, &bus, &dev, &f); err == nil {
+		return domain, bus, dev, nil
+	}
+	domain = 0
+	if _, err = fmt.Sscanf(s, "%x:%x.%x", &bus, &dev, &f); err == nil {
+		return domain, bus, dev, nil
+	}
+	return 0, 0, 0, fmt.Errorf("health: %w: PCI bus id %q", comm.ErrInvalidArgument, s)
+}
+
+// indexOfBusID finds the NVML index of the GPU at PCI address id.
+func (m *Monitor) indexOfBusID(n int, id string) (int, error) {
+	dom, bus, dev, err := parseBusID(id)
+	if err != nil {
+		return 0, err
+	}
+	for i := range n {
+		h, ret := m.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		pci, ret := h.GetPciInfo()
+		if ret == nvml.SUCCESS && pci.Domain == dom && pci.Bus == bus && pci.Device == dev {
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("health: %w: no GPU at PCI address %s among NVML's %d", comm.ErrInvalidArgument, id, n)
 }
 
 // Events delivers every event. It is buffered; when the reader falls
@@ -393,6 +470,9 @@ func (m *Monitor) handleEvent(data nvml.EventData) {
 		e.Kind, e.XID = KindXID, data.EventData
 		e.Critical = m.crit[data.EventData]
 		e.Detail = fmt.Sprintf("Xid %d", data.EventData)
+		if d := XIDDescription(data.EventData); d != "" {
+			e.Detail += " (" + d + ")"
+		}
 	case data.EventType&nvml.EventTypeDoubleBitEccError != 0:
 		e.Kind, e.Critical, e.Detail = KindECC, true, "double-bit ECC error event"
 	default:

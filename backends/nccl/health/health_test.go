@@ -265,3 +265,28 @@ func TestRealNVML(t *testing.T) {
 		t.Errorf("critical GPU fault on a machine under test: %v", e)
 	}
 }
+
+func TestBusIDs(t *testing.T) {
+	f := newFakeGPUs(3)
+	for i, d := range f.devs {
+		d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+			return nvml.PciInfo{Domain: 0, Bus: uint32(0x40 - i), Device: 0}, nvml.SUCCESS
+		}
+	}
+	// CUDA's form and NVML's legacy and long forms all name bus 0x3f.
+	for _, id := range []string{"0000:3f:00.0", "3F:00.0", "00000000:3F:00.0"} {
+		m := start(t, f, Config{BusIDs: []string{id}})
+		if s := m.Snapshot(); len(s) != 1 || s[0].Device != 1 {
+			t.Errorf("bus id %s: watching %+v, want NVML device 1 alone", id, s)
+		}
+	}
+	if _, err := Start(context.Background(), f.lib(), Config{BusIDs: []string{"0000:77:00.0"}}); !errors.Is(err, comm.ErrInvalidArgument) {
+		t.Errorf("a bus id no GPU has: %v", err)
+	}
+	if _, err := Start(context.Background(), f.lib(), Config{BusIDs: []string{"gpu0"}}); !errors.Is(err, comm.ErrInvalidArgument) {
+		t.Errorf("a malformed bus id: %v", err)
+	}
+	if d := XIDDescription(79); d != "GPU has fallen off the bus" || XIDDescription(13) != "" {
+		t.Errorf("XIDDescription: %q", d)
+	}
+}

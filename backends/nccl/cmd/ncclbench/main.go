@@ -21,7 +21,8 @@
 // stream and waits once at the end, as nccl-tests and PyTorch loops do: the
 // difference between the two modes is what the blocking contract costs.
 //
-// -blockingcomm creates blocking NCCL comms (nccl.Config.BlockingComm),
+// -commmode picks how the backend uses NCCL comms (nccl.Config.Mode:
+// blocking-data, the default, nonblocking or blocking),
 // -stats prints where rank 0's time went per op (the NCCL enqueue call,
 // polling the async state of a nonblocking comm, waiting for the stream),
 // -lockthread pins each rank's goroutine to an OS thread. ref/latency.c is
@@ -65,7 +66,7 @@ type options struct {
 	dtype      comm.DType
 	mode       string
 	timeout    time.Duration
-	blocking   bool
+	commMode   nccl.Mode
 	lock       bool
 	stats      bool
 	spin       time.Duration
@@ -91,7 +92,7 @@ func parseSize(s string) (int, error) {
 
 func run() error {
 	var o options
-	var b, e, dt string
+	var b, e, dt, cm string
 	flag.StringVar(&b, "b", "8", "smallest size in bytes (K, M, G suffixes)")
 	flag.StringVar(&e, "e", "1G", "largest size in bytes")
 	flag.IntVar(&o.factor, "f", 8, "size multiplication factor")
@@ -102,7 +103,7 @@ func run() error {
 	flag.StringVar(&dt, "d", "float32", "dtype")
 	flag.StringVar(&o.mode, "mode", "blocking", "blocking (comm.Comm ops) or stream (enqueue all, wait once; allreduce)")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "deadline of each op")
-	flag.BoolVar(&o.blocking, "blockingcomm", false, "create blocking NCCL comms (measurement only: not abortable)")
+	flag.StringVar(&cm, "commmode", nccl.ModeBlockingData.String(), "NCCL comm mode: blocking-data, nonblocking or blocking (measurement only: not abortable)")
 	flag.BoolVar(&o.lock, "lockthread", false, "lock each rank's goroutine to its OS thread")
 	flag.BoolVar(&o.stats, "stats", false, "print where each op's time went (enqueue, async-state polling, stream wait)")
 	flag.DurationVar(&o.spin, "spin", 0, "nccl.Config.SpinWait (0: default)")
@@ -116,6 +117,9 @@ func run() error {
 		return err
 	}
 	if o.dtype, err = comm.ParseDType(dt); err != nil {
+		return err
+	}
+	if o.commMode, err = nccl.ParseMode(cm); err != nil {
 		return err
 	}
 	if o.factor < 2 || o.gpus < 1 || o.iters < 1 || o.minB > o.maxB {
@@ -139,8 +143,8 @@ func run() error {
 		}
 	}()
 	info := L.Info()
-	fmt.Printf("# ncclbench: NCCL %s (%s), CUDA runtime %d; %d ranks on GPUs 0..%d in one process; op %s, mode %s; blocking comm %v, locked threads %v\n",
-		info.NCCL, info.NCCLPath, info.CUDARuntime, o.gpus, o.gpus-1, o.op, o.mode, o.blocking, o.lock)
+	fmt.Printf("# ncclbench: NCCL %s (%s), CUDA runtime %d; %d ranks on GPUs 0..%d in one process; op %s, mode %s; comm mode %s, eager connect %v, locked threads %v\n",
+		info.NCCL, info.NCCLPath, info.CUDARuntime, o.gpus, o.gpus-1, o.op, o.mode, o.commMode, info.EagerConnect, o.lock)
 	fmt.Printf("# %10s %12s %8s %6s %6s %9s %7s %7s %7s\n", "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong")
 	fmt.Printf("# %10s %12s %8s %6s %6s %9s %7s %7s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "")
 	es := o.dtype.Size()
@@ -221,7 +225,7 @@ func startRanks(ctx context.Context, L *nccl.Library, o options) ([]*rank, error
 	for r := range n {
 		wg.Go(func() {
 			c, err := comm.New(ctx, "nccl", comm.Options{Name: "bench", Rank: r, Size: n, Store: store, Device: r,
-				BackendConfig: &nccl.Config{Library: L, BlockingComm: o.blocking, SpinWait: o.spin, YieldWait: o.yield}})
+				BackendConfig: &nccl.Config{Library: L, Mode: o.commMode, SpinWait: o.spin, YieldWait: o.yield}})
 			if err != nil {
 				errs[r] = err
 				return

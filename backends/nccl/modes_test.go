@@ -1,0 +1,257 @@
+package nccl
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/comm/memstore"
+)
+
+// These tests check how each Mode uses NCCL comms, and that no call waits
+// past its deadline when ranks die during a reconfiguration, against the
+// fake library.
+
+func TestModes(t *testing.T) {
+	for _, tc := range []struct {
+		mode              Mode
+		commsPerRank      int
+		blocking, nonbloc bool // collectives enqueued on blocking / nonblocking comms
+	}{
+		{ModeBlockingData, 2, true, true}, // p2p ops go to the control comm
+		{ModeNonblocking, 1, false, true},
+		{ModeBlocking, 1, true, false},
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			w := newFakeWorld(t, 3)
+			w.inProgressPolls = 2
+			ranks := startJob(t, ctx, w.library(), devs(3), 1, "job", func(c *Config, o *comm.Options) { c.Mode = tc.mode })
+			if n := w.liveComms(); n != 3*tc.commsPerRank {
+				t.Errorf("%d NCCL comms for 3 ranks, want %d", n, 3*tc.commsPerRank)
+			}
+			collectiveSuite(t, ctx, ranks, []comm.DType{comm.Float32, comm.Int32}, 5, 7)
+			if got := w.count("enqueue(blocking)") > 0; got != tc.blocking {
+				t.Errorf("ops enqueued on blocking comms: %v, want %v", got, tc.blocking)
+			}
+			if got := w.count("enqueue(nonblocking)") > 0; got != tc.nonbloc {
+				t.Errorf("ops enqueued on nonblocking comms: %v, want %v", got, tc.nonbloc)
+			}
+			// Reconfiguration works in every mode: 3 → 2 → split → grow back.
+			survivors := []*rank{ranks[0], ranks[1]}
+			each(t, survivors, func(rk *rank) error {
+				nc, err := rk.c.Shrink(ctx, []int{2}, 2)
+				rk.c = nc
+				return err
+			})
+			ranks[2].c.Close()
+			collectiveSuite(t, ctx, survivors, []comm.DType{comm.Float32}, 4, 8)
+			closeJob(t, survivors)
+			if n := w.liveComms(); n != 0 {
+				t.Errorf("%d NCCL comms alive after every Close", n)
+			}
+		})
+	}
+	if _, err := ParseMode("blocking-data"); err != nil {
+		t.Error(err)
+	}
+	if _, err := ParseMode("fast"); !errors.Is(err, comm.ErrInvalidArgument) {
+		t.Errorf("ParseMode(fast) = %v", err)
+	}
+	if err := (&Config{Mode: 9}).Validate(); !errors.Is(err, comm.ErrInvalidArgument) {
+		t.Errorf("mode 9: %v", err)
+	}
+}
+
+func TestCommBlockingEnvRefused(t *testing.T) {
+	w := newFakeWorld(t, 1)
+	for _, tc := range []struct {
+		env  string
+		mode Mode
+		ok   bool
+	}{
+		{"1", ModeBlockingData, false}, {"0", ModeBlockingData, false}, {"1", ModeNonblocking, false},
+		{"0", ModeNonblocking, true}, {"1", ModeBlocking, true}, {"", ModeBlockingData, true},
+	} {
+		t.Setenv(envCommBlocking, tc.env)
+		c, err := New(testCtx(t), comm.Options{Rank: 0, Size: 1, BackendConfig: &Config{Library: w.library(), Mode: tc.mode}})
+		if ok := err == nil; ok != tc.ok || (!ok && !errors.Is(err, comm.ErrInvalidArgument)) {
+			t.Errorf("%s=%q, mode %s: %v", envCommBlocking, tc.env, tc.mode, err)
+		}
+		if c != nil {
+			c.Close()
+			<-c.Released()
+		}
+	}
+}
+
+// TestBlockingDataFailureShrink: a collective stuck on the blocking data
+// comm fails at Revoke; Shrink hands the data comm to the watchdog, which
+// aborts it (its kernels end) while the control comm shrinks with
+// NCCL_SHRINK_ABORT; the new comm has a fresh data comm and works.
+func TestBlockingDataFailureShrink(t *testing.T) {
+	ctx := testCtx(t)
+	w := newFakeWorld(t, 2)
+	ranks := startJob(t, ctx, w.library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+		c.ReleaseTimeout = 50 * time.Millisecond
+	})
+	work, _ := stuckAllReduce(t, ctx, w, ranks)
+	ranks[0].c.Revoke(errors.New("membership: rank 1 left"))
+	if err := work.Wait(ctx); !errors.Is(err, comm.ErrRevoked) {
+		t.Fatalf("stuck op after Revoke: %v", err)
+	}
+	old := ranks[0].c.Backend().(*Backend)
+	aborts := w.count("ncclCommAbort")
+	nc, err := ranks[0].c.Shrink(ctx, []int{1}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if n := w.count("ncclCommShrink(abort)"); n != 1 {
+		t.Errorf("ncclCommShrink with NCCL_SHRINK_ABORT called %d times, want 1", n)
+	}
+	eventually(t, "the old data comm to be aborted", func() bool { return w.count("ncclCommAbort") > aborts })
+	eventually(t, "the old comm's stream to drain", func() bool { return w.streamIdle(old.stream) })
+	if err := nc.Barrier(ctx); err != nil {
+		t.Fatal(err)
+	}
+	nb := nc.Backend().(*Backend)
+	if nb.data == 0 || nb.data == nb.ctl {
+		t.Errorf("shrunk comm has data comm %#x, control comm %#x: want a separate data comm", nb.data, nb.ctl)
+	}
+}
+
+// TestNoHangWhenPeersDieDuringReconfiguration: every Shrink, Grow and
+// New returns by its ctx's deadline when a rank dies in the middle of it,
+// and the comms it leaves are released.
+func TestNoHangWhenPeersDieDuringReconfiguration(t *testing.T) {
+	const deadline = 200 * time.Millisecond
+	// run starts fn on the survivor with a ctx of deadline and checks it
+	// fails with ErrTimeout within a generous bound.
+	run := func(t *testing.T, what string, fn func(ctx context.Context) error) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		defer cancel()
+		t0 := time.Now()
+		err := fn(ctx)
+		if !errors.Is(err, comm.ErrTimeout) {
+			t.Fatalf("%s: %v, want ErrTimeout", what, err)
+		}
+		if el := time.Since(t0); el > deadline+5*time.Second {
+			t.Errorf("%s returned %s after its deadline", what, el-deadline)
+		}
+	}
+	for _, tc := range []struct {
+		name, call string // the call in which the second rank dies
+		dev        int
+	}{
+		{"second death in shrink", "ncclCommShrink", 1},
+		{"second death in the data comm's split", "ncclCommSplit", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			w := newFakeWorld(t, 3)
+			ranks := startJob(t, ctx, w.library(), devs(3), 1, "job", func(c *Config, o *comm.Options) {
+				c.ReleaseTimeout = 50 * time.Millisecond
+			})
+			x, err := ranks[0].alloc(comm.Float32, 16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			y, err := ranks[1].alloc(comm.Float32, 16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.kill(2)
+			wx := ranks[0].c.AllReduceAsync(ctx, x.t(), comm.Sum)
+			wy := ranks[1].c.AllReduceAsync(ctx, y.t(), comm.Sum)
+			for _, rk := range ranks[:2] {
+				rk.c.Revoke(errors.New("membership: rank 2 died"))
+			}
+			if err := errors.Join(wx.Wait(ctx), wy.Wait(ctx)); !errors.Is(err, comm.ErrRevoked) {
+				t.Fatalf("ops after Revoke: %v", err)
+			}
+			w.killDuring(tc.call, tc.dev)
+			var wg sync.WaitGroup
+			wg.Go(func() { // rank 1, whose process dies in the call
+				dctx, cancel := context.WithTimeout(ctx, deadline)
+				defer cancel()
+				if nc, err := ranks[1].c.Shrink(dctx, []int{2}, 2); err == nil {
+					nc.Close()
+				}
+			})
+			run(t, "rank 0's Shrink", func(ctx context.Context) error {
+				nc, err := ranks[0].c.Shrink(ctx, []int{2}, 2)
+				if err == nil {
+					nc.Close()
+				}
+				return err
+			})
+			wg.Wait()
+			// Close releases every comm, the stuck data comms included.
+			b0 := ranks[0].c.Backend().(*Backend)
+			ranks[0].c.Close()
+			waitReleased(t, b0)
+			for _, b := range []*DeviceBuffer{x.b, y.b} {
+				b.Free()
+			}
+		})
+	}
+	t.Run("joiner dies in grow", func(t *testing.T) {
+		ctx := testCtx(t)
+		w := newFakeWorld(t, 2)
+		L := w.library()
+		store := memstore.New()
+		defer store.Close()
+		c, err := comm.New(ctx, "nccl", comm.Options{Name: "g", Rank: 0, Size: 1, Epoch: 1, Store: store,
+			BackendConfig: &Config{Library: L}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		// The joiner never comes (its process died before init).
+		inits := w.count("ncclCommInitRankConfig")
+		run(t, "Grow", func(ctx context.Context) error {
+			nc, err := c.Grow(ctx, 2, 2)
+			if err == nil {
+				nc.Close()
+			}
+			return err
+		})
+		if w.count("ncclCommInitRankConfig") != inits+1 {
+			t.Errorf("grow made %d inits, want 1", w.count("ncclCommInitRankConfig")-inits)
+		}
+		// The half-made comm was aborted: only the 1-rank comm's two remain.
+		if n := w.liveComms(); n != 2 {
+			t.Errorf("%d NCCL comms alive, want 2", n)
+		}
+	})
+	t.Run("peer dies during init", func(t *testing.T) {
+		w := newFakeWorld(t, 2)
+		store := memstore.New()
+		defer store.Close()
+		w.killDuring("ncclCommSplit", 1)
+		L := w.library()
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			if c, err := comm.New(ctx, "nccl", comm.Options{Rank: 1, Size: 2, Device: 1, Store: store,
+				BackendConfig: &Config{Library: L}}); err == nil {
+				c.Close()
+			}
+		})
+		run(t, "New", func(ctx context.Context) error {
+			c, err := comm.New(ctx, "nccl", comm.Options{Rank: 0, Size: 2, Store: store, BackendConfig: &Config{Library: L}})
+			if err == nil {
+				c.Close()
+			}
+			return err
+		})
+		wg.Wait()
+		eventually(t, "every comm to be aborted", func() bool { return w.liveComms() == 0 })
+	})
+}

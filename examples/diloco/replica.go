@@ -1,0 +1,258 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"go.uber.org/zap"
+
+	_ "github.com/ftcomm/ftcomm/backends/gloo"
+	"github.com/ftcomm/ftcomm/examples/diloco/charlm"
+	"github.com/ftcomm/ftcomm/ft"
+	"github.com/ftcomm/ftcomm/ft/diloco"
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// replicaEnv, when set (to a replicaSpec in JSON), makes the program run
+// as one replica of a demo job instead of the demo.
+const replicaEnv = "FTCOMM_DILOCO_REPLICA"
+
+// replicaSpec is what the demo tells a replica process.
+type replicaSpec struct {
+	Run     string // run.json
+	Job     string
+	Replica int
+	Restart int // how many times this replica was started before
+}
+
+// runFile is run.json: the demo's config plus what it set up.
+type runFile struct {
+	Config
+	Endpoints []string
+	Secret    []byte
+	Train     string // token files
+	Val       string
+	Snapshots string // folder for the global parameters the demo evaluates
+}
+
+// event is one JSON line a replica writes to its stdout for the demo.
+type event struct {
+	Kind         string  `json:"kind"` // start, sync, snapshot, done, error, ft (an ft.Event: Method is its kind, Path its text, Payload healed bytes)
+	Job          string  `json:"job"`
+	Replica      int     `json:"replica"`
+	Pid          int     `json:"pid"`
+	T            int64   `json:"t"` // unix ns
+	Step         int64   `json:"step,omitempty"`
+	Inner        int64   `json:"inner,omitempty"`
+	Loss         float64 `json:"loss,omitempty"` // mean training loss since the last sync
+	Epoch        uint64  `json:"epoch,omitempty"`
+	Participants int     `json:"participants,omitempty"`
+	Committed    bool    `json:"committed,omitempty"`
+	Healed       bool    `json:"healed,omitempty"`
+	Fragment     int     `json:"fragment,omitempty"`
+	Contributors float32 `json:"contributors,omitempty"`
+	Payload      int64   `json:"payload,omitempty"`
+	Wire         int64   `json:"wire,omitempty"`
+	Method       string  `json:"method,omitempty"`
+	BlockedMs    float64 `json:"blocked_ms,omitempty"`
+	ElapsedMs    float64 `json:"elapsed_ms,omitempty"`
+	TrainMs      float64 `json:"train_ms,omitempty"` // inner steps' time since the last sync
+	Path         string  `json:"path,omitempty"`
+	Hash         string  `json:"hash,omitempty"`
+	Err          string  `json:"err,omitempty"`
+}
+
+func readTokens(path string) ([]uint8, error) { return os.ReadFile(path) }
+
+func hashFloats(s []float32) string {
+	h := fnv.New64a()
+	b := make([]byte, 4)
+	for _, x := range s {
+		binary.LittleEndian.PutUint32(b, math.Float32bits(x))
+		h.Write(b)
+	}
+	return fmt.Sprintf("%016x", h.Sum64())
+}
+
+// writeFloats writes s atomically (a temporary file renamed).
+func writeFloats(path string, s []float32) error {
+	b := make([]byte, 4*len(s))
+	for i, x := range s {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func readFloats(path string) ([]float32, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	s := make([]float32, len(b)/4)
+	for i := range s {
+		s[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return s, nil
+}
+
+// runReplica is a replica process: it trains the model with Streaming
+// DiLoCo on ft.Comm until the job has committed its syncs, reporting on
+// stdout; it exits when its stdin closes (the demo is gone).
+func runReplica(spec replicaSpec) int {
+	out := json.NewEncoder(os.Stdout)
+	emit := func(e event) {
+		e.Job, e.Replica, e.Pid, e.T = spec.Job, spec.Replica, os.Getpid(), time.Now().UnixNano()
+		out.Encode(e)
+	}
+	fail := func(err error) int {
+		emit(event{Kind: "error", Err: err.Error()})
+		fmt.Fprintln(os.Stderr, "replica:", err)
+		return 1
+	}
+	b, err := os.ReadFile(spec.Run)
+	if err != nil {
+		return fail(err)
+	}
+	var run runFile
+	if err := json.Unmarshal(b, &run); err != nil {
+		return fail(err)
+	}
+	cfg := run.Config
+	if err := cfg.validate(); err != nil {
+		return fail(err)
+	}
+	train, err := readTokens(run.Train)
+	if err != nil {
+		return fail(err)
+	}
+
+	log, _ := zap.NewDevelopment()
+	log = log.Named(fmt.Sprintf("%s.r%d", spec.Job, spec.Replica))
+	mc := membership.DefaultMemberConfig()
+	mc.HeartbeatInterval = time.Second
+	if cfg.Gossip {
+		g := membership.DefaultGossipConfig()
+		mc.Gossip = &g
+	}
+	ctx := context.Background()
+	fcfg := ft.Config{Job: spec.Job, Group: fmt.Sprintf("r%d", spec.Replica), Coordinator: run.Endpoints,
+		Member: mc, Backend: cfg.Backend, MinReplicas: cfg.MinReplicas, Secret: run.Secret,
+		Timeout: 20 * time.Second, MaxCommitFailures: 50, Logger: log,
+		OnEvent: func(e ft.Event) { // on this goroutine, inside Step and Commit
+			emit(event{Kind: "ft", Step: e.Step, Epoch: e.Epoch, Participants: e.Participants, Method: e.Kind.String(),
+				Path: e.String(), Payload: e.Bytes, ElapsedMs: e.Took.Seconds() * 1e3})
+		}}
+	// A replica restarted right after it was killed may find its previous
+	// incarnation still registered until the coordinator removes it (its
+	// peers' blame, or its lease's expiry): retry until then.
+	var c *ft.Comm
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 100*time.Millisecond, time.Second, 2*mc.LeaseTTL+10*time.Second
+	err = backoff.Retry(func() error {
+		var err error
+		if c, err = ft.New(ctx, fcfg); errors.Is(err, membership.ErrDuplicateMember) {
+			log.Info("the previous incarnation is still registered; retrying", zap.Error(err))
+			return err
+		}
+		return backoff.Permanent(err)
+	}, bo)
+	if err != nil {
+		return fail(err)
+	}
+	defer c.Close()
+
+	model, err := charlm.New(cfg.Model, cfg.Seed) // the same initial parameters everywhere
+	if err != nil {
+		return fail(err)
+	}
+	tr := charlm.NewTrainer(model, cfg.Batch)
+	opt := charlm.NewAdamW(len(model.Params))
+	dcfg := cfg.DiLoCo
+	dcfg.Logger = log
+	d, err := diloco.New(c, model.Params, dcfg)
+	if err != nil {
+		return fail(err)
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(spec.Replica)<<32|uint64(spec.Restart)))
+	lr := charlm.Schedule{Peak: float32(cfg.LR), Warmup: 100, Total: int64(cfg.Steps), Final: 0.1}
+	pos := make([]int, cfg.Batch)
+	target := cfg.Syncs()
+	// Registered: tell the demo, and wait for its go, so that a job's
+	// first quorum has all its replicas (a restarted one gets it at once).
+	emit(event{Kind: "start", Method: d.Method()})
+	in := bufio.NewReader(os.Stdin)
+	if _, err := in.ReadString('\n'); err != nil {
+		return 0 // the demo is gone
+	}
+	go func() { // the demo holds our stdin: when it goes, so do we
+		io.Copy(io.Discard, in)
+		os.Exit(0)
+	}()
+
+	var lossSum float64
+	var lossN int
+	var trainTime time.Duration
+	for c.CommittedStep() < target {
+		o, err := d.Tick(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		if o.Synced {
+			if o.Healed {
+				opt.Reset() // its moments belong to parameters that are gone
+			}
+			e := event{Kind: "sync", Step: o.Step, Inner: d.InnerStep(), Epoch: o.Epoch, Participants: o.Participants,
+				Committed: o.Committed, Healed: o.Healed, Fragment: o.Fragment, Contributors: o.Contributors,
+				Payload: o.Payload, Wire: o.Wire, Method: o.Method,
+				BlockedMs: o.Blocked.Seconds() * 1e3, ElapsedMs: o.Elapsed.Seconds() * 1e3, TrainMs: trainTime.Seconds() * 1e3}
+			if lossN > 0 {
+				e.Loss = lossSum / float64(lossN)
+			}
+			emit(e)
+			lossSum, lossN, trainTime = 0, 0, 0
+			if o.Committed && c.Rank() == 0 && ((o.Step-1)%int64(cfg.EvalEvery) == 0 || o.Step >= target) {
+				p := filepath.Join(run.Snapshots, fmt.Sprintf("%s-%06d.f32", spec.Job, o.Step))
+				if err := writeFloats(p, d.Global()); err != nil {
+					return fail(err)
+				}
+				emit(event{Kind: "snapshot", Step: o.Step, Path: p})
+			}
+			if c.CommittedStep() >= target {
+				break
+			}
+		}
+		t0 := time.Now()
+		charlm.Sample(rng, train, model.Context, pos)
+		lossSum += float64(tr.Step(train, pos))
+		lossN++
+		opt.Step(model.Params, tr.Grads, lr.At(d.InnerStep()))
+		trainTime += time.Since(t0)
+	}
+	if _, err := d.Flush(ctx); err != nil {
+		return fail(err)
+	}
+	p := filepath.Join(run.Snapshots, fmt.Sprintf("%s-final-r%d.f32", spec.Job, spec.Replica))
+	if err := writeFloats(p, d.Global()); err != nil {
+		return fail(err)
+	}
+	s := d.Stats()
+	emit(event{Kind: "done", Step: c.CommittedStep(), Path: p, Hash: hashFloats(d.Global()) + hashFloats(d.Momentum()),
+		Payload: s.PeakPayload, Wire: s.Wire, BlockedMs: s.Blocked.Seconds() * 1e3})
+	return 0
+}

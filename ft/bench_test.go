@@ -1,0 +1,166 @@
+package ft
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/comm/inproc"
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// benchReplicas runs n replicas of a one-float job in lockstep: every
+// replica does Step, AllReduce, Commit b.N times. Replica 0 runs on the
+// benchmark goroutine.
+func benchSteps(b *testing.B, cs []*Comm) {
+	ctx := context.Background()
+	step := func(c *Comm, v []float32) {
+		if err := c.Step(ctx); err != nil {
+			b.Error(err)
+			return
+		}
+		c.AllReduce(ctx, comm.Float32s(v), comm.Sum)
+		if ok, err := c.Commit(ctx); !ok || err != nil {
+			b.Errorf("commit: %v %v", ok, err)
+		}
+	}
+	// Warm up: the first Step forms the comms.
+	var wg sync.WaitGroup
+	for _, c := range cs {
+		wg.Add(1)
+		go func() { defer wg.Done(); step(c, []float32{1}) }()
+	}
+	wg.Wait()
+	b.ResetTimer()
+	for _, c := range cs[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v := []float32{1}
+			for range b.N {
+				step(c, v)
+			}
+		}()
+	}
+	v := []float32{1}
+	for range b.N {
+		step(cs[0], v)
+	}
+	wg.Wait()
+}
+
+// BenchmarkStepOverhead compares a steady-state ft step (Step + a one-float
+// AllReduce + Commit, epoch unchanged) with the raw all-reduce on the same
+// backend: the difference is ft's own host work per step, and no call
+// reaches the coordinator.
+func BenchmarkStepOverhead(b *testing.B) {
+	const n = 2
+	b.Run("raw-allreduce", func(b *testing.B) {
+		cl := inproc.NewCluster()
+		cs := make([]*comm.Comm, n)
+		var wg sync.WaitGroup
+		for r := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c, err := comm.New(context.Background(), "inproc", comm.Options{Rank: r, Size: n, BackendConfig: cl, Store: noopStore{}})
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				cs[r] = c
+			}()
+		}
+		wg.Wait()
+		b.ResetTimer()
+		for r := 1; r < n; r++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				v := []float32{1}
+				for range b.N {
+					cs[r].AllReduce(context.Background(), comm.Float32s(v), comm.Sum)
+				}
+			}()
+		}
+		v := []float32{1}
+		for range b.N {
+			cs[0].AllReduce(context.Background(), comm.Float32s(v), comm.Sum)
+		}
+		wg.Wait()
+		for _, c := range cs {
+			c.Close()
+		}
+	})
+	b.Run("ft-step", func(b *testing.B) {
+		coord := newFakeCoord("bench", membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second})
+		defer coord.close()
+		cl := inproc.NewCluster()
+		var cs []*Comm
+		for _, g := range []string{"a", "b"}[:n] {
+			c, err := New(context.Background(), Config{Job: "bench", Group: g, Membership: coord.join(memberID(g, 0), 1),
+				Backend: "inproc", BackendConfig: cl, Secret: []byte("k"), MinReplicas: n, Logger: zap.NewNop()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			cs = append(cs, c)
+		}
+		benchSteps(b, cs)
+	})
+}
+
+// noopStore serves inproc comms, which rendezvous through their Cluster.
+type noopStore struct{ comm.Store }
+
+// BenchmarkDurableCommit measures what DurableCommit adds to a step: one
+// etcd transaction per rank, against a real embedded etcd that syncs its
+// log to disk (as a deployment does) and the real coordinator.
+func BenchmarkDurableCommit(b *testing.B) {
+	for _, durable := range []bool{false, true} {
+		name := "default"
+		if durable {
+			name = "durable"
+		}
+		b.Run(name, func(b *testing.B) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			e, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			cli, err := e.NewClient(nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer cli.Close()
+			ccfg := membership.DefaultCoordinatorConfig()
+			ccfg.Client, ccfg.Quorum.JoinTimeout = cli, 200*time.Millisecond
+			coord, err := membership.NewCoordinator(ccfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cctx, stop := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); coord.Run(cctx) }()
+			defer func() { stop(); <-done }()
+			cl := inproc.NewCluster()
+			var cs []*Comm
+			for _, g := range []string{"a", "b"} {
+				c, err := New(ctx, Config{Job: "bench", Group: g, Coordinator: e.Endpoints(), Backend: "inproc", BackendConfig: cl,
+					Secret: []byte("k"), DurableCommit: durable, MinReplicas: 2, Logger: zap.NewNop()})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				cs = append(cs, c)
+			}
+			benchSteps(b, cs)
+		})
+	}
+}

@@ -1,0 +1,109 @@
+package ft
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// EventKind says what happened to a replica.
+type EventKind int
+
+// The events a Comm reports through Config.OnEvent.
+const (
+	// EventReconfigured: the replica moved to a new epoch (How says
+	// whether its comms were shrunk, grown or made anew).
+	EventReconfigured EventKind = iota + 1
+	// EventSatOut: the replica is left out of an epoch (its replica group
+	// is incomplete, or it was not admitted); its collectives fail with
+	// ErrNotParticipating until a later epoch takes it back.
+	EventSatOut
+	// EventHealed: the replica received the committed state of Step from
+	// its peers (FromStep was its own).
+	EventHealed
+	// EventRolledBack: steps FromStep..ToStep that this replica committed
+	// are not part of the job's history (another epoch committed those
+	// steps again, with other contents); its state is now the job's
+	// committed state of Step. Step also returns a *RollbackError.
+	EventRolledBack
+	// EventCommitFailed: a step did not commit (Reason says why).
+	EventCommitFailed
+	// EventWaiting: with DurableCommit, the job's newest committed step
+	// is held by no participant of this epoch; Step waits for a quorum
+	// that brings one of its holders back (Reason says which step).
+	EventWaiting
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventReconfigured:
+		return "reconfigured"
+	case EventSatOut:
+		return "sat out"
+	case EventHealed:
+		return "healed"
+	case EventRolledBack:
+		return "rolled back"
+	case EventCommitFailed:
+		return "commit failed"
+	case EventWaiting:
+		return "waiting"
+	}
+	return fmt.Sprintf("event(%d)", int(k))
+}
+
+// Event is one thing that happened to a replica, for the training loop
+// (progress displays, data-loader rewinds) and tools.
+type Event struct {
+	Kind         EventKind
+	Time         time.Time
+	Epoch        uint64
+	Step         int64 // committed step after the event
+	Participants int   // replica groups of the epoch (0 while sitting out)
+	How          string
+	FromStep     int64
+	ToStep       int64
+	Bytes        int64         // healed: bytes received
+	Took         time.Duration // reconfigured, healed: how long it took
+	Reason       string
+}
+
+func (e Event) String() string {
+	switch e.Kind {
+	case EventReconfigured:
+		return fmt.Sprintf("epoch %d: %s to %d participants in %v", e.Epoch, e.How, e.Participants, e.Took.Round(time.Millisecond))
+	case EventHealed:
+		return fmt.Sprintf("epoch %d: healed %d → %d (%d bytes in %v)", e.Epoch, e.FromStep, e.Step, e.Bytes, e.Took.Round(time.Millisecond))
+	case EventRolledBack:
+		return fmt.Sprintf("epoch %d: rolled back steps %d..%d, now at %d", e.Epoch, e.FromStep, e.ToStep, e.Step)
+	}
+	s := fmt.Sprintf("epoch %d: %s", e.Epoch, e.Kind)
+	if e.Reason != "" {
+		s += ": " + e.Reason
+	}
+	return s
+}
+
+// ErrRolledBack is wrapped by *RollbackError.
+var ErrRolledBack = errors.New("ft: committed steps rolled back")
+
+// RollbackError is what Step returns when this replica's own committed
+// steps FromStep..ToStep turned out not to be part of the job's history (a
+// collective completed here and failed elsewhere, and a newer epoch
+// committed those steps again). The replica has already healed to the
+// job's committed state of Step and the step has started, exactly as
+// after a nil return: the training loop should rewind what it keeps
+// outside the registered state (its data position, say) to Step, then
+// carry on with the collectives and Commit.
+type RollbackError struct {
+	FromStep, ToStep int64
+	Step             int64
+	Epoch            uint64
+}
+
+func (e *RollbackError) Error() string {
+	return fmt.Sprintf("ft: committed steps %d..%d rolled back: the job's history has them from epoch %d; state healed to step %d",
+		e.FromStep, e.ToStep, e.Epoch, e.Step)
+}
+
+func (e *RollbackError) Unwrap() error { return ErrRolledBack }
