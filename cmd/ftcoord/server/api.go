@@ -38,6 +38,9 @@ type api struct {
 	keepOut  time.Duration // of an eviction, unless the request says
 	url      string        // this instance's API, as others reach it (set before serving)
 	version  string
+	// healthKey is read by /healthz: a key under the root, where the
+	// coordinator's etcd role may read when etcd's authentication is on.
+	healthKey string
 }
 
 // APIError is the body of every error answer.
@@ -144,7 +147,7 @@ func (a *api) dashboard(w http.ResponseWriter, r *http.Request) {
 func (a *api) healthz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	if _, err := a.cli.Get(ctx, "health", clientv3.WithCountOnly()); err != nil {
+	if _, err := a.cli.Get(ctx, a.healthKey, clientv3.WithCountOnly()); err != nil {
 		writeError(w, http.StatusServiceUnavailable, fmt.Errorf("etcd: %v", err))
 		return
 	}

@@ -67,7 +67,7 @@ func startLiveCoordinator(t *testing.T, token string, gossip bool) *liveCoordina
 		t.Fatal("coordinator did not lead")
 	}
 	a := &api{admin: membership.NewAdmin(cli, ""), coord: coord, cli: cli, token: token, gatherer: reg, lg: cc.Logger,
-		keepOut: membership.DefaultEvictKeepOut}
+		keepOut: membership.DefaultEvictKeepOut, healthKey: membership.DefaultRoot + "/_health"}
 	srv := httptest.NewServer(a.handler())
 	t.Cleanup(srv.Close)
 	return &liveCoordinator{etcd: e, cli: cli, coord: coord, srv: srv, token: token}

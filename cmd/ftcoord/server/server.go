@@ -402,7 +402,8 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		keepOut = membership.DefaultEvictKeepOut
 	}
 	a := &api{admin: membership.NewAdmin(s.cli, cfg.Root), coord: s.coord, cli: s.cli, token: cfg.Token, gatherer: s.reg, lg: lg,
-		keepOut: max(keepOut, 0), version: cfg.Version}
+		keepOut: max(keepOut, 0), version: cfg.Version,
+		healthKey: strings.TrimSuffix(cfg.Root, "/") + "/_health"}
 	d := DefaultConfig()
 	or := func(v, def time.Duration) time.Duration {
 		if v > 0 {

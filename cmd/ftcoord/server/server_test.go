@@ -54,6 +54,17 @@ func TestServerInProcess(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(string(page), "<title>ftcoord</title>") {
 		t.Fatalf("dashboard: %d", resp.StatusCode)
 	}
+	// The readiness probe: etcd answers the coordinator's role (its
+	// authentication is on), so /healthz says 200.
+	resp, err = http.Get(strings.TrimSuffix(s.DashboardURL(), "/") + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hz, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("healthz: %d %s", resp.StatusCode, hz)
+	}
 	ctx := testCtx(t, 30*time.Second)
 	// Members connect with the credentials file it wrote (TLS, a client
 	// certificate, the quorum-verification and gossip keys).
