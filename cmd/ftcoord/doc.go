@@ -5,6 +5,18 @@
 //	ftcoord serve                          # embedded single-node etcd in ./ftcoord-data, secured
 //	ftcoord serve -etcd h1:2379,h2:2379    # an external etcd cluster; run several for failover
 //	ftcoord status -addr http://host:8080 [-job J]
+//	ftcoord credentials                    # print the trainers' credentials file serve wrote
+//	ftcoord version                        # or --version: version, revision, Go, platform
+//	ftcoord certs | secrets | etcd-init    # set up an external etcd: CA and certificates, shared keys, users/roles/auth
+//
+// docs/deploy.md runs it on Kubernetes (deploy/: images, manifests) and
+// lists its ports: 8080 HTTP (-listen), 7946 TCP+UDP gossip
+// (-gossip-addr), 2379 the embedded etcd's clients (-etcd-client-addr).
+// Each listener has an advertised address for pods and NAT: -advertise,
+// -gossip-advertise, -etcd-advertise-addr, all defaulting to
+// -advertise-host (a pod's IP) with the listen port. -name defaults to
+// the host name (a StatefulSet's pod name: stable across restarts).
+// -log-format json writes one JSON object a line.
 //
 // Several instances on one etcd elect one leader; the others answer the
 // API from etcd and take over when the leader dies (after -session-ttl,
@@ -97,8 +109,9 @@
 // ftcomm_coordinator_{epoch,members,participants}{ftcomm_job},
 // ftcomm_coordinator_{quorums,joins,foreign_quorum_writes}_total{ftcomm_job},
 // ftcomm_coordinator_removals_total{ftcomm_job,cause},
-// ftcomm_coordinator_{leader,jobs,gossip_alive}, and
-// ftcomm_coordinator_publish_seconds.
+// ftcomm_coordinator_{leader,jobs,gossip_alive},
+// ftcomm_coordinator_publish_seconds, and
+// ftcomm_coordinator_build_info{version,revision,goversion} (1).
 //
 // The service itself is package server (cmd/ftcoord/server), so that
 // another program can run an embedded ftcoord with its dashboard in
