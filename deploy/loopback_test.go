@@ -123,7 +123,7 @@ func startTopology(t *testing.T, ctx context.Context) *topology {
 	t.Helper()
 	dir := t.TempDir()
 	began := time.Now()
-	bin := buildBinaries(t, dir, "./cmd/ftcoord", "./deploy/etcd", "./examples/trainer")
+	bin := buildBinaries(t)
 	t.Logf("go build: %v", time.Since(began).Round(time.Millisecond))
 	began = time.Now()
 	pki := filepath.Join(dir, "pki")
@@ -376,17 +376,44 @@ func mapped(t *testing.T, r *strings.Replacer, v string) string {
 	return m
 }
 
-// buildBinaries builds the packages (relative to the module root) into
-// dir and returns a function from a binary's name to its path.
-func buildBinaries(t *testing.T, dir string, pkgs ...string) func(string) string {
+// binaries are the commands the loopback tests run, built once per test
+// process (linking them takes long on a loaded machine) into a directory
+// TestMain removes.
+var binaries struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// buildBinaries builds ftcoord, etcd and the example trainer (once) and
+// returns a function from a binary's name to its path.
+func buildBinaries(t *testing.T) func(string) string {
 	t.Helper()
-	binDir := filepath.Join(dir, "bin")
-	cmd := exec.Command("go", append([]string{"build", "-o", binDir + "/"}, pkgs...)...)
-	cmd.Dir = ".."
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	binaries.once.Do(func() {
+		dir, err := os.MkdirTemp("", "ftcomm-deploy-bin-")
+		if err != nil {
+			binaries.err = err
+			return
+		}
+		binaries.dir = dir
+		cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/ftcoord", "./deploy/etcd", "./examples/trainer")
+		cmd.Dir = ".."
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binaries.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binaries.err != nil {
+		t.Fatal(binaries.err)
 	}
-	return func(name string) string { return filepath.Join(binDir, name) }
+	return func(name string) string { return filepath.Join(binaries.dir, name) }
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binaries.dir != "" {
+		os.RemoveAll(binaries.dir)
+	}
+	os.Exit(code)
 }
 
 // run runs a command to completion and returns its standard output.
