@@ -649,13 +649,16 @@ func (c *Comm) watchHealth(data *comm.Comm) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c.stopHealth = cancel
 	err := hw.WatchHealth(ctx, func(e comm.HealthEvent) {
-		h := membership.Healthy
-		if e.Critical {
-			h = membership.Critical
+		if !e.Critical {
+			// A fault that leaves the device usable (an application's Xid)
+			// is no news of its health, and must not report a GPU that
+			// had a critical fault healthy again.
+			c.log.Info("device event", zap.Int("device", e.Device), zap.String("reason", e.Reason))
+			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if err := c.ReportHealth(rctx, h, e.Reason); err != nil {
+		if err := c.ReportHealth(rctx, membership.Critical, e.Reason); err != nil {
 			c.log.Error("reporting device health", zap.Int("device", e.Device), zap.String("reason", e.Reason), zap.Error(err))
 		}
 	})

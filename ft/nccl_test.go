@@ -973,7 +973,6 @@ func TestNCCLCriticalHealthEvent(t *testing.T) {
 // graphics exception) on the same GPU must not report the replica healthy
 // again: the GPU that fell off the bus is no better for it.
 func TestNCCLHarmlessXidAfterCritical(t *testing.T) {
-	knownBug(t, "a harmless Xid after a critical one reports the replica healthy again")
 	j := newGPUJob(t, 2, 1)
 	rs := j.startAll(gpuRank{"a", 0, 1, 0}, gpuRank{"b", 0, 1, 1})
 	a, b := rs[0], rs[1]
