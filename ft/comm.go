@@ -306,7 +306,7 @@ func (c *Comm) reregister(old Membership) bool {
 
 func (c *Comm) checkRevocation(m Membership) {
 	c.mu.Lock()
-	epoch, ft, group := c.epoch, c.ft, c.group
+	epoch, ft := c.epoch, c.ft
 	if !ft.ok() || epoch <= c.revoked {
 		c.mu.Unlock()
 		return
@@ -317,11 +317,7 @@ func (c *Comm) checkRevocation(m Membership) {
 	}
 	c.mu.Unlock()
 	if ok {
-		// Every comm of the epoch stops, the replica group's too: a group
-		// peer that moved on to the next epoch never posts its part of an
-		// op on the old group comm, and NCCL would wait for it.
 		ft.revoke(fmt.Errorf("ft: epoch %d revoked by %s: %s", r.Epoch, r.By, r.Reason))
-		group.revoke(fmt.Errorf("ft: epoch %d revoked by %s: %s", r.Epoch, r.By, r.Reason))
 		c.log.Info("revoked the comm by record", zap.Uint64("epoch", r.Epoch), zap.String("reason", r.Reason))
 	}
 }
