@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,6 +43,8 @@ type gpuJob struct {
 	nParams int
 	reg     *prometheus.Registry
 
+	log *endingT // the test, for zaptest, quiet once the test ends
+
 	mu      sync.Mutex
 	ledgers map[int]*ledger // by group rank
 	all     []*gpuReplica   // every replica started, for the clean-up of a failed test
@@ -57,21 +60,28 @@ func newGPUJob(t *testing.T, devices, minReplicas int) *gpuJob {
 	j.cfg = Config{Job: "toy", Backend: "nccl", ControlBackend: "gloo", ControlBackendConfig: ctl,
 		Secret: []byte("k"), MinReplicas: minReplicas, Timeout: 10 * time.Second, HealChunkSize: 2048,
 		Registerer: j.reg}
+	j.log = &endingT{TestingT: t}
+	t.Cleanup(j.log.end) // last: comms closed earlier release in the background, and log
 	t.Cleanup(j.coord.close)
 	t.Cleanup(func() {
 		for _, f := range j.sim.Faults() {
 			t.Errorf("simulated NCCL: %s", f)
 		}
 	})
-	t.Cleanup(func() { // a test that failed half-way leaves replicas running
+	t.Cleanup(func() {
+		// A killed replica not restarted, or a test that failed half-way,
+		// leaves replicas behind: their processes end now (a dead one's GPU
+		// work is dropped, so its comms release at once).
 		j.mu.Lock()
 		all := j.all
 		j.mu.Unlock()
-		for _, r := range all {
-			if r.cancel != nil {
-				r.cancel()
+		for d := range j.sim.Devices() {
+			if j.sim.Killed(d) {
+				j.sim.Restart(d)
 			}
-			r.c.Close()
+		}
+		for _, r := range all {
+			r.shutdown()
 		}
 	})
 	return j
@@ -104,6 +114,7 @@ type gpuReplica struct {
 	one       *nccl.DeviceBuffer // for the shard dimension's all-reduce
 	cancel    context.CancelFunc
 	done      chan struct{}
+	closeOnce sync.Once
 
 	mu sync.Mutex
 	// hooks run on the training goroutine at points of a step (setHook),
@@ -200,7 +211,7 @@ func (j *gpuJob) prepare(group string, groupRank, groupSize, dev int, poison boo
 		lib: j.sim.Library(), done: make(chan struct{}), changed: make(chan struct{})}
 	cfg := j.cfg
 	cfg.Group, cfg.GroupRank, cfg.GroupSize, cfg.Device = group, groupRank, groupSize, dev
-	cfg.Logger = zaptest.NewLogger(j.t).Named(id)
+	cfg.Logger = zaptest.NewLogger(j.log).Named(id)
 	cfg.BackendConfig = &nccl.Config{Library: r.lib, NVML: j.sim.NVML(),
 		Health: health.Config{PollInterval: 20 * time.Millisecond, EventWait: 20 * time.Millisecond}}
 	cfg.OnEvent = func(e Event) {
@@ -270,46 +281,39 @@ func (r *gpuReplica) hook(at int, step int64) {
 	}
 }
 
-// hold makes the replica wait before the Commit of step at (after its
-// collectives): held is closed once it waits there, and it goes on when
-// release is called.
-func (r *gpuReplica) hold(at int64) (held <-chan struct{}, release func()) {
-	h, rel := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	r.setHook(beforeCommit, func(r *gpuReplica, step int64) {
-		if step < at {
-			return
-		}
-		once.Do(func() {
-			close(h)
-			<-rel
-		})
-	})
-	return h, func() { close(rel) }
-}
-
-// holdAll holds replicas that train in lockstep (peers in an FT comm or a
-// replica group) before the Commit of one step, two past the furthest's
-// committed step so that every one of them reaches it; it returns when
-// all wait there, with the function that releases them.
+// holdAll holds replicas that train in lockstep (peers in an FT comm or
+// a replica group) before the Commit of one step (after its collectives),
+// the same step for all; it returns when all wait there, with the
+// function that releases them. The step is chosen only once every hook is
+// in place, two past the furthest one's committed step, so that none has
+// passed it already.
 func holdAll(t *testing.T, rs ...*gpuReplica) (release func()) {
 	t.Helper()
-	var at int64
-	for _, r := range rs {
-		at = max(at, r.c.CommittedStep()+2)
-	}
-	var rels []func()
+	var at atomic.Int64
+	at.Store(math.MaxInt64)
+	rel := make(chan struct{})
 	var helds []<-chan struct{}
 	for _, r := range rs {
-		h, rel := r.hold(at)
-		helds, rels = append(helds, h), append(rels, rel)
+		h := make(chan struct{})
+		helds = append(helds, h)
+		var once sync.Once
+		r.setHook(beforeCommit, func(r *gpuReplica, step int64) {
+			if step < at.Load() {
+				return
+			}
+			once.Do(func() {
+				close(h)
+				<-rel
+			})
+		})
 	}
+	var next int64
+	for _, r := range rs {
+		next = max(next, r.c.CommittedStep()+2)
+	}
+	at.Store(next)
 	waitHeld(t, helds...)
-	return func() {
-		for _, rel := range rels {
-			rel()
-		}
-	}
+	return func() { close(rel) }
 }
 
 // waitHeld waits for replicas held by hold to reach their Commit.
@@ -604,17 +608,9 @@ func (j *gpuJob) kill(r *gpuReplica) {
 func (j *gpuJob) restart(r *gpuReplica) *gpuReplica {
 	j.t.Helper()
 	j.sim.Restart(r.dev)
-	r.c.Close() // what the dead process left behind in this test process
-	r.release()
+	r.shutdown() // what the dead process left behind in this test process
 	g, _, _ := parseMemberID(r.id)
 	return j.start(g, r.groupRank, r.groupSize, r.dev, true)
-}
-
-// release frees the replica's device memory once its comms are released.
-func (r *gpuReplica) release() {
-	for _, b := range []*nccl.DeviceBuffer{r.params, r.grads, r.one} {
-		b.Free()
-	}
 }
 
 // stop stops replicas' training, fails the test on any error but the
@@ -651,24 +647,42 @@ func (j *gpuJob) stop(rs ...*gpuReplica) {
 		}
 	}
 	for _, r := range rs {
+		if err := r.shutdown(); err != nil {
+			j.t.Error(err)
+		}
+	}
+}
+
+// shutdown closes the replica's Comm, waits until its NCCL comms have
+// released everything (so nothing of it logs after the test, and no op
+// uses its memory any more) and frees its device memory. Once.
+func (r *gpuReplica) shutdown() error {
+	var err error
+	r.closeOnce.Do(func() {
+		if r.cancel != nil {
+			r.cancel()
+		}
 		r.c.mu.Lock()
 		datas := []*comm.Comm{r.c.ft.data, r.c.group.data}
 		r.c.mu.Unlock()
-		if err := r.c.Close(); err != nil {
-			j.t.Errorf("close %s: %v", r.id, err)
+		if cerr := r.c.Close(); cerr != nil {
+			err = fmt.Errorf("close %s: %w", r.id, cerr)
 		}
-		for _, data := range datas { // free the memory only once no op of the comms can use it
+		for _, data := range datas {
 			if data == nil {
 				continue
 			}
 			select {
 			case <-data.Backend().(*nccl.Backend).Released():
 			case <-time.After(30 * time.Second):
-				j.t.Errorf("%s: NCCL comm not released 30 s after Close", r.id)
+				err = errors.Join(err, fmt.Errorf("%s: NCCL comm not released 30 s after Close", r.id))
 			}
 		}
-		r.release()
-	}
+		for _, b := range []*nccl.DeviceBuffer{r.params, r.grads, r.one} {
+			b.Free()
+		}
+	})
+	return err
 }
 
 // health is what the coordinator records of member id's health.
@@ -1121,4 +1135,28 @@ func knownBug(t *testing.T, what string) {
 	if os.Getenv("FTCOMM_FT_KNOWN_BUGS") != "1" {
 		t.Skipf("known bug, open: %s (FTCOMM_FT_KNOWN_BUGS=1 runs it)", what)
 	}
+}
+
+// endingT is the test as zaptest sees it, dropping what is logged once the
+// test has ended: comms replaced or closed during a test release their
+// NCCL comms in the background and log when done, possibly after the test
+// (testing panics on a Log after the test completed).
+type endingT struct {
+	zaptest.TestingT
+	mu    sync.Mutex
+	ended bool
+}
+
+func (t *endingT) Logf(format string, args ...any) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.ended {
+		t.TestingT.Logf(format, args...)
+	}
+}
+
+func (t *endingT) end() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.ended = true
 }
