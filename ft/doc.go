@@ -115,7 +115,15 @@
 // the same Store, moved the same way (shrink, grow or new), so no control
 // message waits behind GPU work and Commit never needs the GPU; a failure
 // of either fails the step. The collectives then take device tensors (a
-// host tensor fails with comm.ErrInvalidArgument). Registered device
+// host tensor fails with comm.ErrInvalidArgument). NCCL cannot tell that
+// a peer will never post its part of an op (a peer that moved to a new
+// epoch, or whose control link failed, just stops calling), so when a new
+// epoch appears in the middle of a step ft stops that step's device ops
+// (the data comms of the replicate dimension and of the replica group,
+// never the control comms that carry the group's vote): the step fails
+// within milliseconds rather than at the op's Timeout, and the next Step
+// reconfigures. The group's own device ops (Group()) count in its vote: a
+// failed one fails the step at every rank of the group. Registered device
 // tensors heal through the data backend's comm.HostCopier: a source copies
 // each requested chunk of its live device state into a pinned staging
 // buffer and sends it; the healer receives chunks into pinned buffers and

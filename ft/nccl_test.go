@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -894,7 +893,6 @@ func TestNCCLReplicaGroups(t *testing.T) {
 // comm (NCCL) is untouched, so only the control comm's failure can fail
 // the step.
 func TestNCCLControlCommFailure(t *testing.T) {
-	knownBug(t, "a failed control comm does not fail the step's commit; the job waits out a collective Timeout")
 	j := newGPUJob(t, 3, 1)
 	rs := j.startAll(gpuRank{"a", 0, 1, 0}, gpuRank{"b", 0, 1, 1}, gpuRank{"c", 0, 1, 2})
 	a, b, c := rs[0], rs[1], rs[2]
@@ -1046,7 +1044,6 @@ func (m *healthMember) waitReport(t *testing.T, n int) healthReport {
 // Timeout, and the grow with it. The job should reach the new epoch well
 // within the Timeout (here 2 minutes).
 func TestNCCLGrowWhilePeerMidStep(t *testing.T) {
-	knownBug(t, "a peer mid-step in the old epoch waits out its op Timeout while the others grow the comm")
 	j := newGPUJob(t, 3, 1)
 	j.cfg.Timeout = 2 * time.Minute
 	rs := j.startAll(gpuRank{"a", 0, 1, 0}, gpuRank{"b", 0, 1, 1})
@@ -1094,7 +1091,6 @@ func TestNCCLGrowWhilePeerMidStep(t *testing.T) {
 // that must stop a0's group comm too (it belongs to the epoch), else a0
 // waits out the op's Timeout (here 2 minutes) — NCCL sees no peer leave.
 func TestNCCLGroupCommStopsWithItsEpoch(t *testing.T) {
-	knownBug(t, "the coordinator's revocation of an epoch does not stop the replica group's comms of that epoch")
 	j := newGPUJob(t, 4, 1)
 	j.cfg.Timeout = 2 * time.Minute
 	rs := j.startAll(gpuRank{"a", 0, 2, 0}, gpuRank{"a", 1, 2, 1}, gpuRank{"b", 0, 2, 2}, gpuRank{"b", 1, 2, 3})
@@ -1126,15 +1122,6 @@ func TestNCCLGroupCommStopsWithItsEpoch(t *testing.T) {
 			func() bool { return r.commitsWith(1, k) > 0 })
 	}
 	j.stop(a0, a1, b0)
-}
-
-// knownBug skips a test that shows an open bug of ft unless
-// FTCOMM_FT_KNOWN_BUGS=1.
-func knownBug(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv("FTCOMM_FT_KNOWN_BUGS") != "1" {
-		t.Skipf("known bug, open: %s (FTCOMM_FT_KNOWN_BUGS=1 runs it)", what)
-	}
 }
 
 // endingT is the test as zaptest sees it, dropping what is logged once the
