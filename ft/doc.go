@@ -93,6 +93,14 @@
 // on their collectives); when the rank returns the group rejoins whole and
 // its ranks heal shard by shard. The group comms are made anew at every epoch.
 //
+// Known limit: the group's vote is one all-reduce, so like any collective it
+// can complete at one rank and fail at the other (a rank dying or its link
+// cut mid-vote); the group's shards then stand one step apart. Healing
+// repairs it when another replica group holds the lagging shard's step (rank
+// i heals from FT comm i); with no such group the shards stay apart, and
+// nothing yet detects it. DurableCommit does not cover it (it records the
+// step per rank, not per group).
+//
 // # Caller duties
 //
 //   - Register the state a healing replica needs, the same names in the
