@@ -98,8 +98,9 @@
 // cut mid-vote); the group's shards then stand one step apart. Healing
 // repairs it when another replica group holds the lagging shard's step (rank
 // i heals from FT comm i); with no such group the shards stay apart, and
-// nothing yet detects it. DurableCommit does not cover it (it records the
-// step per rank, not per group).
+// nothing yet detects it in the default mode. With DurableCommit the
+// lagging rank sees the job's recorded step above what its FT comm holds
+// and waits (EventWaiting): the group stalls instead of diverging.
 //
 // # Caller duties
 //
