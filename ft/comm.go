@@ -51,6 +51,9 @@ type Comm struct {
 	pendEp   uint64
 	closed   bool
 	stepNow  int64 // mirror of step for readers on other goroutines
+	// midStep is true from a Step that returned until its Commit ended:
+	// the training loop may have device ops in flight on the epoch's comms.
+	midStep bool
 
 	// Owned by the training goroutine.
 	step          int64
@@ -349,12 +352,46 @@ func (c *Comm) onQuorum(q membership.Quorum) {
 	if c.group.ok() && q.Epoch > c.epoch && gone(c.view.group) {
 		revoke = append(revoke, c.group)
 	}
+	stale := c.staleDataLocked(q.Epoch, revoke)
 	c.mu.Unlock()
 	for _, x := range revoke {
 		x.revoke(fmt.Errorf("ft: epoch %d: %s", q.Epoch, q.Reason))
 	}
 	if len(revoke) > 0 {
 		c.log.Info("revoked the comm: a peer left the quorum", zap.Uint64("epoch", q.Epoch), zap.String("reason", q.Reason))
+	}
+	c.stopStale(stale, q.Epoch)
+}
+
+// staleDataLocked returns the device data comms to stop because a quorum
+// newer than the current epoch appeared in the middle of a step. A peer
+// that had not started the step moves to the new epoch (it shrinks, grows
+// or leaves the comm) and never posts its part of the step's ops on the
+// old one; gloo sees that as a mismatch, but NCCL waits for it until the
+// op's Timeout. The step's ops fail instead, the step does not commit, and
+// the next Step moves on. Only the data comms stop: the control comms
+// keep the replica group's vote whole (a vote cut at one rank but not the
+// other would split the group's commit). Comms in skip are revoked whole
+// anyway. c.mu is held.
+func (c *Comm) staleDataLocked(epoch uint64, skip []comms) []*comm.Comm {
+	if !c.midStep || epoch <= c.epoch {
+		return nil
+	}
+	var stale []*comm.Comm
+	for _, x := range []comms{c.ft, c.group} {
+		if x.ok() && x.data != x.ctl && !slices.Contains(skip, x) {
+			stale = append(stale, x.data)
+		}
+	}
+	return stale
+}
+
+func (c *Comm) stopStale(stale []*comm.Comm, epoch uint64) {
+	for _, d := range stale {
+		d.Revoke(fmt.Errorf("ft: epoch %d began mid-step: the old epoch's device ops may wait for peers that moved on", epoch))
+	}
+	if len(stale) > 0 {
+		c.log.Info("stopped the step's device ops: a new epoch began mid-step", zap.Uint64("epoch", epoch))
 	}
 }
 
@@ -391,6 +428,18 @@ func (c *Comm) Step(ctx context.Context) error {
 		c.histBytes = c.hist.encode()
 	}
 	c.server.OfferWithMeta(c.step, c.histBytes, c.blobs)
+	c.mu.Lock()
+	c.midStep = true
+	var stale []*comm.Comm
+	var newest uint64
+	if c.latest != nil {
+		// A quorum that came while this Step reconfigured finds the step
+		// already started.
+		newest = c.latest.Epoch
+		stale = c.staleDataLocked(newest, nil)
+	}
+	c.mu.Unlock()
+	c.stopStale(stale, newest)
 	return rollback
 }
 
@@ -645,13 +694,16 @@ func (c *Comm) watchHealth(data *comm.Comm) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c.stopHealth = cancel
 	err := hw.WatchHealth(ctx, func(e comm.HealthEvent) {
-		h := membership.Healthy
-		if e.Critical {
-			h = membership.Critical
+		if !e.Critical {
+			// A fault that leaves the device usable (an application's Xid)
+			// is no news of its health, and must not report a GPU that
+			// had a critical fault healthy again.
+			c.log.Info("device event", zap.Int("device", e.Device), zap.String("reason", e.Reason))
+			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if err := c.ReportHealth(rctx, h, e.Reason); err != nil {
+		if err := c.ReportHealth(rctx, membership.Critical, e.Reason); err != nil {
 			c.log.Error("reporting device health", zap.Int("device", e.Device), zap.String("reason", e.Reason), zap.Error(err))
 		}
 	})
@@ -817,8 +869,19 @@ func (c *Comm) Commit(ctx context.Context) (bool, error) {
 	}
 	c.mu.Lock()
 	ft, group, groups, epoch := c.ft, c.group, c.view.groups, c.epoch
+	c.midStep = false
 	c.mu.Unlock()
-	vote := len(c.errs) == 0 && ft.ok() && groups >= c.cfg.MinReplicas
+	if ft.ok() && ft.ctl != ft.data && ft.ctl.Err() != nil {
+		// The control comm failed (its host link, say): the step fails
+		// with it, as with a failed data op.
+		c.record(fmt.Errorf("ft: control comm: %w", ft.ctl.Err()))
+	}
+	if group.ok() && group.ctl != group.data && group.data.Err() != nil {
+		// The group's device ops are the loop's own (Group()); a failed
+		// one must not be voted for.
+		c.groupErrs = append(c.groupErrs, fmt.Errorf("ft: group data comm: %w", group.data.Err()))
+	}
+	vote := len(c.errs) == 0 && len(c.groupErrs) == 0 && ft.ok() && groups >= c.cfg.MinReplicas
 	if group.ok() {
 		v := []int32{0}
 		if vote {

@@ -93,6 +93,15 @@
 // on their collectives); when the rank returns the group rejoins whole and
 // its ranks heal shard by shard. The group comms are made anew at every epoch.
 //
+// Known limit: the group's vote is one all-reduce, so like any collective it
+// can complete at one rank and fail at the other (a rank dying or its link
+// cut mid-vote); the group's shards then stand one step apart. Healing
+// repairs it when another replica group holds the lagging shard's step (rank
+// i heals from FT comm i); with no such group the shards stay apart, and
+// nothing yet detects it in the default mode. With DurableCommit the
+// lagging rank sees the job's recorded step above what its FT comm holds
+// and waits (EventWaiting): the group stalls instead of diverging.
+//
 // # Caller duties
 //
 //   - Register the state a healing replica needs, the same names in the
@@ -115,7 +124,15 @@
 // the same Store, moved the same way (shrink, grow or new), so no control
 // message waits behind GPU work and Commit never needs the GPU; a failure
 // of either fails the step. The collectives then take device tensors (a
-// host tensor fails with comm.ErrInvalidArgument). Registered device
+// host tensor fails with comm.ErrInvalidArgument). NCCL cannot tell that
+// a peer will never post its part of an op (a peer that moved to a new
+// epoch, or whose control link failed, just stops calling), so when a new
+// epoch appears in the middle of a step ft stops that step's device ops
+// (the data comms of the replicate dimension and of the replica group,
+// never the control comms that carry the group's vote): the step fails
+// within milliseconds rather than at the op's Timeout, and the next Step
+// reconfigures. The group's own device ops (Group()) count in its vote: a
+// failed one fails the step at every rank of the group. Registered device
 // tensors heal through the data backend's comm.HostCopier: a source copies
 // each requested chunk of its live device state into a pinned staging
 // buffer and sends it; the healer receives chunks into pinned buffers and

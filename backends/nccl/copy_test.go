@@ -13,7 +13,7 @@ import (
 	"github.com/ftcomm/ftcomm/comm"
 )
 
-// The HostCopier tests run against the fake; TestGPUHostCopier and
+// The HostCopier tests run against the Simulation; TestGPUHostCopier and
 // BenchmarkHostCopy (FTCOMM_NCCL_GPU=1) against a GPU.
 
 // copier returns rank 0's backend as a comm.HostCopier, as ft probes it.
@@ -37,7 +37,7 @@ func pattern(n int, seed byte) []byte {
 func TestHostCopier(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.libraryWith(2), devs(2), 1, "job", nil)
+	ranks := startJob(t, ctx, libraryWith(t, w, 2), devs(2), 1, "job", nil)
 	hc := copier(t, ranks[0])
 	dev, err := ranks[0].alloc(comm.Uint8, 1024)
 	if err != nil {
@@ -74,7 +74,7 @@ func TestHostCopier(t *testing.T) {
 	}
 	free()
 	free() // once is enough; twice is harmless
-	if n := w.pinnedLive(); n != 0 {
+	if n := w.PinnedLive(); n != 0 {
 		t.Errorf("%d pinned allocations left", n)
 	}
 	if b, f, err := hc.PinnedHost(0); err != nil || len(b) != 0 {
@@ -87,7 +87,7 @@ func TestHostCopier(t *testing.T) {
 func TestHostCopierInvalid(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.library(), devs(2), 1, "job", nil)
+	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", nil)
 	hc := copier(t, ranks[0])
 	dev, err := ranks[0].alloc(comm.Float32, 16) // 64 bytes
 	if err != nil {
@@ -148,7 +148,7 @@ func TestHostCopierInvalid(t *testing.T) {
 func TestHostCopierConcurrent(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.libraryWith(2), devs(2), 1, "job", nil)
+	ranks := startJob(t, ctx, libraryWith(t, w, 2), devs(2), 1, "job", nil)
 	hc := copier(t, ranks[0])
 	const chunk, chunks = 256, 16
 	dev, err := ranks[0].alloc(comm.Uint8, chunk*chunks)
@@ -227,7 +227,7 @@ func TestHostCopierConcurrent(t *testing.T) {
 func TestHostCopierCancel(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 1)
-	L := w.libraryWith(1)
+	L := libraryWith(t, w, 1)
 	dev, err := L.Alloc(0, 64)
 	if err != nil {
 		t.Fatal(err)
@@ -238,7 +238,7 @@ func TestHostCopierCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	copy(pin, pattern(64, 5))
-	w.setStall(true)
+	w.StallCopies(true)
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
 	defer cancel()
 	if err := L.CopyFromHost(cctx, dev.Tensor(comm.Uint8), 0, pin); !errors.Is(err, comm.ErrTimeout) {
@@ -258,7 +258,7 @@ func TestHostCopierCancel(t *testing.T) {
 		t.Fatal("free returned while a copy from the memory was still running")
 	case <-time.After(20 * time.Millisecond):
 	}
-	w.setStall(false)
+	w.StallCopies(false)
 	select {
 	case <-freed:
 	case <-time.After(10 * time.Second):
@@ -279,7 +279,7 @@ func TestHostCopierCancel(t *testing.T) {
 // BenchmarkHostCopy measures CopyToHost (d2h) and CopyFromHost (h2d)
 // throughput with pinned chunks of 1–64 MiB and 1–8 concurrent copiers,
 // each copying its own chunk-sized region of a device buffer. On a GPU
-// with FTCOMM_NCCL_GPU=1; elsewhere against the fake, with KiB for MiB
+// with FTCOMM_NCCL_GPU=1; elsewhere against the Simulation, with KiB for MiB
 // (which measures nothing but the code path):
 //
 //	FTCOMM_NCCL_GPU=1 ./nccl.test -test.run '^$' -test.bench HostCopy -test.benchtime 20x
@@ -292,7 +292,7 @@ func BenchmarkHostCopy(b *testing.B) {
 			b.Fatal(err)
 		}
 	} else {
-		L = newFakeWorld(b, 1).libraryWith(8)
+		L = libraryWith(b, newFakeWorld(b, 1), 8)
 		unit, unitName = 1<<10, "KiB"
 	}
 	ctx := context.Background()
@@ -347,7 +347,7 @@ func BenchmarkHostCopy(b *testing.B) {
 
 // BenchmarkHostCopyRaw is one copier's floor: cudaMemcpyAsync on a stream
 // of its own and a busy poll of cudaStreamQuery, no pool, no ctx
-// (FTCOMM_NCCL_GPU=1; skipped on the fake).
+// (FTCOMM_NCCL_GPU=1; skipped on the Simulation).
 func BenchmarkHostCopyRaw(b *testing.B) {
 	if os.Getenv(gpuEnv) == "" {
 		b.Skip(gpuSkip)

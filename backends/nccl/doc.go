@@ -196,10 +196,22 @@
 // shared between comms (Config.Library); there is no package-global state
 // (NCCL_RUNTIME_CONNECT, set by Open, is NCCL's process-wide setting).
 //
+// # Simulation
+//
+// NewSimulation returns NCCL and the CUDA runtime simulated in Go memory:
+// a machine with some GPUs, whose Library drives this package's code
+// unchanged, so tests here and in other packages (ft's) run whole jobs of
+// GPU ranks in one process with no GPU. It models streams, nonblocking
+// comms and their polling rules, collectives, shrink, grow and split,
+// pinned copies and NVML (for WatchHealth, through Config.NVML); it
+// injects faults (Kill, Restart, KillDuring, InjectAsyncError,
+// StallCopies, InjectXid, AddECCErrors), reads and writes simulated device
+// memory (ReadDevice, WriteDevice), and collects the misuse the real
+// library would punish (Faults), which a test should fail on.
+//
 // # Tests on GPUs
 //
-// The unit tests run anywhere against a simulation of NCCL and CUDA. The GPU
-// tests skip unless FTCOMM_NCCL_GPU=1, and each skips on a machine with
+// The unit tests run anywhere against the Simulation. The GPU tests skip unless FTCOMM_NCCL_GPU=1, and each skips on a machine with
 // fewer GPUs than it needs (one for the single-rank tests, two for most,
 // three for TestGPUShrinkSecondDeath). gpurun.sh builds and runs them:
 //

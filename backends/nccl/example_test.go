@@ -52,3 +52,42 @@ func ExampleNew() {
 	}
 	wg.Wait()
 }
+
+// The same job on a Simulation, which runs anywhere: each rank (a
+// simulated process) has its own Library on the simulated machine, and the
+// test reads the result straight from simulated device memory.
+func ExampleNewSimulation() {
+	ctx := context.Background()
+	sim := nccl.NewSimulation(2)
+	store := memstore.New()
+	out := make([][]byte, 2)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Go(func() {
+			lib := sim.Library()
+			c, err := comm.New(ctx, "nccl", comm.Options{Rank: r, Size: 2, Device: r, Store: store,
+				BackendConfig: &nccl.Config{Library: lib}})
+			if err != nil {
+				log.Fatal(err)
+			}
+			defer c.Close()
+			buf, err := lib.Alloc(r, 4)
+			if err != nil {
+				log.Fatal(err)
+			}
+			defer buf.Free()
+			if err := buf.CopyFromHost(ctx, []byte{byte(r + 1), 10, 20, 30}); err != nil {
+				log.Fatal(err)
+			}
+			if err := c.AllReduce(ctx, buf.Tensor(comm.Uint8), comm.Sum); err != nil {
+				log.Fatal(err)
+			}
+			if out[r], err = sim.ReadDevice(buf.Tensor(comm.Uint8)); err != nil {
+				log.Fatal(err)
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Println(out[0], out[1], len(sim.Faults()))
+	// Output: [3 20 40 60] [3 20 40 60] 0
+}

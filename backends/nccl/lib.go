@@ -8,8 +8,9 @@ import (
 
 // This file is the seam between the backend and the libraries it drives: a
 // small unexported interface (library) with two implementations, the real
-// one (dl.go: libnccl and libcudart opened with dlopen) and a fake in the
-// tests that simulates NCCL and CUDA in Go memory. Nothing here keeps
+// one (dl.go: libnccl and libcudart opened with dlopen) and Simulation
+// (sim.go), which simulates NCCL and CUDA in Go memory for tests here and
+// in other packages. Nothing here keeps
 // process-global state: each Library value owns its own function table.
 
 // result is an ncclResult_t.
@@ -39,7 +40,7 @@ func (r result) String() string {
 }
 
 // Handles are the C pointers, carried as integers so no Go pointer crosses
-// into C and the fake can number them.
+// into C and the simulation can number them.
 type (
 	commHandle   uintptr // ncclComm_t
 	streamHandle uintptr // cudaStream_t

@@ -13,7 +13,7 @@ import (
 
 // These tests check how each Mode uses NCCL comms, and that no call waits
 // past its deadline when ranks die during a reconfiguration, against the
-// fake library.
+// Simulation.
 
 func TestModes(t *testing.T) {
 	for _, tc := range []struct {
@@ -28,16 +28,16 @@ func TestModes(t *testing.T) {
 		t.Run(tc.mode.String(), func(t *testing.T) {
 			ctx := testCtx(t)
 			w := newFakeWorld(t, 3)
-			w.inProgressPolls = 2
-			ranks := startJob(t, ctx, w.library(), devs(3), 1, "job", func(c *Config, o *comm.Options) { c.Mode = tc.mode })
-			if n := w.liveComms(); n != 3*tc.commsPerRank {
+			w.SetInProgressPolls(2)
+			ranks := startJob(t, ctx, w.Library(), devs(3), 1, "job", func(c *Config, o *comm.Options) { c.Mode = tc.mode })
+			if n := w.LiveComms(); n != 3*tc.commsPerRank {
 				t.Errorf("%d NCCL comms for 3 ranks, want %d", n, 3*tc.commsPerRank)
 			}
 			collectiveSuite(t, ctx, ranks, []comm.DType{comm.Float32, comm.Int32}, 5, 7)
-			if got := w.count("enqueue(blocking)") > 0; got != tc.blocking {
+			if got := w.Calls("enqueue(blocking)") > 0; got != tc.blocking {
 				t.Errorf("ops enqueued on blocking comms: %v, want %v", got, tc.blocking)
 			}
-			if got := w.count("enqueue(nonblocking)") > 0; got != tc.nonbloc {
+			if got := w.Calls("enqueue(nonblocking)") > 0; got != tc.nonbloc {
 				t.Errorf("ops enqueued on nonblocking comms: %v, want %v", got, tc.nonbloc)
 			}
 			// Reconfiguration works in every mode: 3 → 2 → split → grow back.
@@ -50,7 +50,7 @@ func TestModes(t *testing.T) {
 			ranks[2].c.Close()
 			collectiveSuite(t, ctx, survivors, []comm.DType{comm.Float32}, 4, 8)
 			closeJob(t, survivors)
-			if n := w.liveComms(); n != 0 {
+			if n := w.LiveComms(); n != 0 {
 				t.Errorf("%d NCCL comms alive after every Close", n)
 			}
 		})
@@ -77,7 +77,7 @@ func TestCommBlockingEnvRefused(t *testing.T) {
 		{"0", ModeNonblocking, true}, {"1", ModeBlocking, true}, {"", ModeBlockingData, true},
 	} {
 		t.Setenv(envCommBlocking, tc.env)
-		c, err := New(testCtx(t), comm.Options{Rank: 0, Size: 1, BackendConfig: &Config{Library: w.library(), Mode: tc.mode}})
+		c, err := New(testCtx(t), comm.Options{Rank: 0, Size: 1, BackendConfig: &Config{Library: w.Library(), Mode: tc.mode}})
 		if ok := err == nil; ok != tc.ok || (!ok && !errors.Is(err, comm.ErrInvalidArgument)) {
 			t.Errorf("%s=%q, mode %s: %v", envCommBlocking, tc.env, tc.mode, err)
 		}
@@ -95,7 +95,7 @@ func TestCommBlockingEnvRefused(t *testing.T) {
 func TestBlockingDataFailureShrink(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond
 	})
 	work, _ := stuckAllReduce(t, ctx, w, ranks)
@@ -104,16 +104,16 @@ func TestBlockingDataFailureShrink(t *testing.T) {
 		t.Fatalf("stuck op after Revoke: %v", err)
 	}
 	old := ranks[0].c.Backend().(*Backend)
-	aborts := w.count("ncclCommAbort")
+	aborts := w.Calls("ncclCommAbort")
 	nc, err := ranks[0].c.Shrink(ctx, []int{1}, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	if n := w.count("ncclCommShrink(abort)"); n != 1 {
+	if n := w.Calls("ncclCommShrink(abort)"); n != 1 {
 		t.Errorf("ncclCommShrink with NCCL_SHRINK_ABORT called %d times, want 1", n)
 	}
-	eventually(t, "the old data comm to be aborted", func() bool { return w.count("ncclCommAbort") > aborts })
+	eventually(t, "the old data comm to be aborted", func() bool { return w.Calls("ncclCommAbort") > aborts })
 	eventually(t, "the old comm's stream to drain", func() bool { return w.streamIdle(old.stream) })
 	if err := nc.Barrier(ctx); err != nil {
 		t.Fatal(err)
@@ -154,7 +154,7 @@ func TestNoHangWhenPeersDieDuringReconfiguration(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testCtx(t)
 			w := newFakeWorld(t, 3)
-			ranks := startJob(t, ctx, w.library(), devs(3), 1, "job", func(c *Config, o *comm.Options) {
+			ranks := startJob(t, ctx, w.Library(), devs(3), 1, "job", func(c *Config, o *comm.Options) {
 				c.ReleaseTimeout = 50 * time.Millisecond
 			})
 			x, err := ranks[0].alloc(comm.Float32, 16)
@@ -165,7 +165,7 @@ func TestNoHangWhenPeersDieDuringReconfiguration(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			w.kill(2)
+			w.Kill(2)
 			wx := ranks[0].c.AllReduceAsync(ctx, x.t(), comm.Sum)
 			wy := ranks[1].c.AllReduceAsync(ctx, y.t(), comm.Sum)
 			for _, rk := range ranks[:2] {
@@ -174,7 +174,7 @@ func TestNoHangWhenPeersDieDuringReconfiguration(t *testing.T) {
 			if err := errors.Join(wx.Wait(ctx), wy.Wait(ctx)); !errors.Is(err, comm.ErrRevoked) {
 				t.Fatalf("ops after Revoke: %v", err)
 			}
-			w.killDuring(tc.call, tc.dev)
+			w.KillDuring(tc.call, tc.dev)
 			var wg sync.WaitGroup
 			wg.Go(func() { // rank 1, whose process dies in the call
 				dctx, cancel := context.WithTimeout(ctx, deadline)
@@ -203,7 +203,7 @@ func TestNoHangWhenPeersDieDuringReconfiguration(t *testing.T) {
 	t.Run("joiner dies in grow", func(t *testing.T) {
 		ctx := testCtx(t)
 		w := newFakeWorld(t, 2)
-		L := w.library()
+		L := w.Library()
 		store := memstore.New()
 		defer store.Close()
 		c, err := comm.New(ctx, "nccl", comm.Options{Name: "g", Rank: 0, Size: 1, Epoch: 1, Store: store,
@@ -213,7 +213,7 @@ func TestNoHangWhenPeersDieDuringReconfiguration(t *testing.T) {
 		}
 		defer c.Close()
 		// The joiner never comes (its process died before init).
-		inits := w.count("ncclCommInitRankConfig")
+		inits := w.Calls("ncclCommInitRankConfig")
 		run(t, "Grow", func(ctx context.Context) error {
 			nc, err := c.Grow(ctx, 2, 2)
 			if err == nil {
@@ -221,11 +221,11 @@ func TestNoHangWhenPeersDieDuringReconfiguration(t *testing.T) {
 			}
 			return err
 		})
-		if w.count("ncclCommInitRankConfig") != inits+1 {
-			t.Errorf("grow made %d inits, want 1", w.count("ncclCommInitRankConfig")-inits)
+		if w.Calls("ncclCommInitRankConfig") != inits+1 {
+			t.Errorf("grow made %d inits, want 1", w.Calls("ncclCommInitRankConfig")-inits)
 		}
 		// The half-made comm was aborted: only the 1-rank comm's two remain.
-		if n := w.liveComms(); n != 2 {
+		if n := w.LiveComms(); n != 2 {
 			t.Errorf("%d NCCL comms alive, want 2", n)
 		}
 	})
@@ -233,8 +233,8 @@ func TestNoHangWhenPeersDieDuringReconfiguration(t *testing.T) {
 		w := newFakeWorld(t, 2)
 		store := memstore.New()
 		defer store.Close()
-		w.killDuring("ncclCommSplit", 1)
-		L := w.library()
+		w.KillDuring("ncclCommSplit", 1)
+		L := w.Library()
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), deadline)
@@ -252,6 +252,6 @@ func TestNoHangWhenPeersDieDuringReconfiguration(t *testing.T) {
 			return err
 		})
 		wg.Wait()
-		eventually(t, "every comm to be aborted", func() bool { return w.liveComms() == 0 })
+		eventually(t, "every comm to be aborted", func() bool { return w.LiveComms() == 0 })
 	})
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/ftcomm/ftcomm/comm/memstore"
 )
 
-// These tests run everywhere: the library is the fake in fake_test.go.
+// These tests run everywhere: the library is the Simulation (sim.go).
 
 func testCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -101,7 +101,7 @@ func TestVersionFeatures(t *testing.T) {
 		{22902, Features{Split: true, Shrink: true, Revoke: true, Grow: true, AllToAll: true, Gather: true, Scatter: true}},
 		{22605, Features{Split: true}},
 	} {
-		L := newFakeWorld(t, 1).withVersion(tc.code, all...).library()
+		L := newFakeWorld(t, 1).WithVersion(tc.code, all...).Library()
 		if got := L.Info().Features; got != tc.want {
 			t.Errorf("NCCL %d: features %+v, want %+v", tc.code, got, tc.want)
 		}
@@ -113,7 +113,7 @@ func TestVersionFeatures(t *testing.T) {
 		t.Errorf("versionFromCode(2708) = %v", v)
 	}
 	// A library without symbols gets no features whatever its version.
-	L := newFakeWorld(t, 1).withVersion(23000).library()
+	L := newFakeWorld(t, 1).WithVersion(23000).Library()
 	if got := L.Info().Features; got != (Features{}) {
 		t.Errorf("no symbols: %+v", got)
 	}
@@ -139,7 +139,7 @@ func TestRecord(t *testing.T) {
 func TestDeviceMemory(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	L := w.library()
+	L := w.Library()
 	buf, err := L.Alloc(1, 64)
 	if err != nil {
 		t.Fatal(err)
@@ -212,17 +212,17 @@ func TestCollectives(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testCtx(t)
 			w := newFakeWorld(t, tc.size)
-			w.inProgressPolls = 2
+			w.SetInProgressPolls(2)
 			if tc.ver != 0 {
-				w.withVersion(tc.ver, tc.syms...)
+				w.WithVersion(tc.ver, tc.syms...)
 			}
-			ranks := startJob(t, ctx, w.library(), devs(tc.size), 1, "job", func(c *Config, o *comm.Options) {
+			ranks := startJob(t, ctx, w.Library(), devs(tc.size), 1, "job", func(c *Config, o *comm.Options) {
 				c.DisableNativeCollectives = tc.force
 				o.Timeout = 10 * time.Second
 			})
 			collectiveSuite(t, ctx, ranks, []comm.DType{comm.Float32, comm.BFloat16, comm.Float16, comm.Int32, comm.Int8,
 				comm.Uint8, comm.Int64, comm.Float64}, 5, 1)
-			native := w.count("ncclAlltoAll") > 0
+			native := w.Calls("ncclAlltoAll") > 0
 			if wantNative := tc.ver == 0 && !tc.force; native != wantNative {
 				t.Errorf("ncclAlltoAll used: %v, want %v", native, wantNative)
 			}
@@ -233,7 +233,7 @@ func TestCollectives(t *testing.T) {
 func TestInvalidArguments(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.library(), devs(2), 1, "job", nil)
+	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", nil)
 	b := ranks[0].c.Backend().(*Backend)
 	other, err := ranks[1].alloc(comm.Float32, 4)
 	if err != nil {
@@ -273,7 +273,7 @@ func (l *Library) mustScratch(t *testing.T, dev int) comm.Tensor {
 
 // stuckAllReduce starts an all-reduce on rank 0 whose peer (rank 1, on a
 // killed device) never joins, and returns its Work once the op is running.
-func stuckAllReduce(t *testing.T, ctx context.Context, w *fakeWorld, ranks []*rank) (*comm.Work, *devBuf) {
+func stuckAllReduce(t *testing.T, ctx context.Context, w *Simulation, ranks []*rank) (*comm.Work, *devBuf) {
 	x, err := ranks[0].alloc(comm.Float32, 16)
 	if err != nil {
 		t.Fatal(err)
@@ -285,7 +285,7 @@ func stuckAllReduce(t *testing.T, ctx context.Context, w *fakeWorld, ranks []*ra
 		waitReleased(t, b)
 		x.b.Free()
 	})
-	w.kill(ranks[1].dev)
+	w.Kill(ranks[1].dev)
 	work := ranks[0].c.AllReduceAsync(ctx, x.t(), comm.Sum)
 	b := ranks[0].c.Backend().(*Backend)
 	eventually(t, "the op to be running", b.opActive.Load)
@@ -295,7 +295,7 @@ func stuckAllReduce(t *testing.T, ctx context.Context, w *fakeWorld, ranks []*ra
 func TestRevokeThenShrink(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond // the dead rank's stream never drains
 	})
 	work, _ := stuckAllReduce(t, ctx, w, ranks)
@@ -314,7 +314,7 @@ func TestRevokeThenShrink(t *testing.T) {
 	if nc.Size() != 1 || nc.Rank() != 0 || nc.Epoch() != 2 {
 		t.Fatalf("shrunk comm: rank %d size %d epoch %d", nc.Rank(), nc.Size(), nc.Epoch())
 	}
-	if n := w.count("ncclCommShrink(abort)"); n != 1 {
+	if n := w.Calls("ncclCommShrink(abort)"); n != 1 {
 		t.Errorf("ncclCommShrink with NCCL_SHRINK_ABORT called %d times, want 1", n)
 	}
 	ranks[0] = &rank{r: 0, c: nc, L: ranks[0].L, dev: 0}
@@ -324,7 +324,7 @@ func TestRevokeThenShrink(t *testing.T) {
 func TestDeadlineWithoutNotification(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond
 		o.Timeout = 100 * time.Millisecond
 	})
@@ -342,7 +342,7 @@ func TestDeadlineWithoutNotification(t *testing.T) {
 	if err := b.ReleaseErr(); err != nil {
 		t.Errorf("release: %v", err)
 	}
-	if n := w.count("ncclCommAbort"); n < 1 {
+	if n := w.Calls("ncclCommAbort"); n < 1 {
 		t.Errorf("ncclCommAbort called %d times", n)
 	}
 }
@@ -352,7 +352,7 @@ func TestPeerNeverPosts(t *testing.T) {
 	// cleanly, and the devices serve a new comm.
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	L := w.library()
+	L := w.Library()
 	ranks := startJob(t, ctx, L, devs(2), 1, "job", func(c *Config, o *comm.Options) { o.Timeout = 100 * time.Millisecond })
 	x, err := ranks[0].alloc(comm.Float32, 8)
 	if err != nil {
@@ -363,7 +363,7 @@ func TestPeerNeverPosts(t *testing.T) {
 	}
 	closeJob(t, ranks)
 	x.b.Free()
-	if n := w.liveComms(); n != 0 {
+	if n := w.LiveComms(); n != 0 {
 		t.Errorf("%d NCCL comms still alive after Close", n)
 	}
 	again := startJob(t, ctx, L, devs(2), 2, "job", nil)
@@ -373,7 +373,7 @@ func TestPeerNeverPosts(t *testing.T) {
 func TestAsyncErrorFailsOp(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond
 	})
 	work, _ := stuckAllReduce(t, ctx, w, ranks)
@@ -386,7 +386,7 @@ func TestAsyncErrorFailsOp(t *testing.T) {
 func TestAbortDelay(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond
 		c.AbortDelay = 20 * time.Millisecond
 	})
@@ -395,14 +395,14 @@ func TestAbortDelay(t *testing.T) {
 	if err := work.Wait(ctx); !errors.Is(err, comm.ErrAborted) {
 		t.Fatalf("op after Abort: %v", err)
 	}
-	eventually(t, "the watchdog to abort the NCCL comm", func() bool { return w.count("ncclCommAbort") > 0 })
+	eventually(t, "the watchdog to abort the NCCL comm", func() bool { return w.Calls("ncclCommAbort") > 0 })
 	// The NCCL comm is gone, so Shrink falls back to a fresh init.
 	nc, err := ranks[0].c.Shrink(ctx, []int{1}, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	if w.count("ncclCommShrink(abort)")+w.count("ncclCommShrink") != 0 {
+	if w.Calls("ncclCommShrink(abort)")+w.Calls("ncclCommShrink") != 0 {
 		t.Error("ncclCommShrink on an aborted comm")
 	}
 	if err := nc.Barrier(ctx); err != nil {
@@ -412,8 +412,8 @@ func TestAbortDelay(t *testing.T) {
 
 func TestNativeRevoke(t *testing.T) {
 	ctx := testCtx(t)
-	w := newFakeWorld(t, 2).withVersion(22809, "ncclCommSplit", "ncclCommShrink", "ncclCommRevoke", "ncclAlltoAll", "ncclGather", "ncclScatter")
-	ranks := startJob(t, ctx, w.library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	w := newFakeWorld(t, 2).WithVersion(22809, "ncclCommSplit", "ncclCommShrink", "ncclCommRevoke", "ncclAlltoAll", "ncclGather", "ncclScatter")
+	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.Revoke = RevokeNative
 		c.ReleaseTimeout = 50 * time.Millisecond
 	})
@@ -422,15 +422,15 @@ func TestNativeRevoke(t *testing.T) {
 	if err := work.Wait(ctx); !errors.Is(err, comm.ErrRevoked) {
 		t.Fatalf("op after Revoke: %v", err)
 	}
-	eventually(t, "ncclCommRevoke", func() bool { return w.count("ncclCommRevoke") > 0 })
+	eventually(t, "ncclCommRevoke", func() bool { return w.Calls("ncclCommRevoke") > 0 })
 	nc, err := ranks[0].c.Shrink(ctx, []int{1}, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	if w.count("ncclCommShrink") != 1 || w.count("ncclCommShrink(abort)") != 0 {
+	if w.Calls("ncclCommShrink") != 1 || w.Calls("ncclCommShrink(abort)") != 0 {
 		t.Errorf("after a native revoke Shrink should use NCCL_SHRINK_DEFAULT: default %d, abort %d",
-			w.count("ncclCommShrink"), w.count("ncclCommShrink(abort)"))
+			w.Calls("ncclCommShrink"), w.Calls("ncclCommShrink(abort)"))
 	}
 	if err := nc.Barrier(ctx); err != nil {
 		t.Fatal(err)
@@ -440,7 +440,7 @@ func TestNativeRevoke(t *testing.T) {
 func TestNativeRevokeUnavailableAborts(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.Revoke = RevokeNative
 		c.ReleaseTimeout = 50 * time.Millisecond
 	})
@@ -449,7 +449,7 @@ func TestNativeRevokeUnavailableAborts(t *testing.T) {
 	if err := work.Wait(ctx); !errors.Is(err, comm.ErrRevoked) {
 		t.Fatalf("op after Revoke: %v", err)
 	}
-	eventually(t, "ncclCommAbort", func() bool { return w.count("ncclCommAbort") > 0 })
+	eventually(t, "ncclCommAbort", func() bool { return w.Calls("ncclCommAbort") > 0 })
 	nc, err := ranks[0].c.Shrink(ctx, []int{1}, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -465,10 +465,10 @@ func TestShrinkHealthyAndFallback(t *testing.T) {
 		t.Run(map[bool]string{false: "native", true: "fallback"}[fallback], func(t *testing.T) {
 			ctx := testCtx(t)
 			w := newFakeWorld(t, 3)
-			ranks := startJob(t, ctx, w.library(), devs(3), 1, "job", func(c *Config, o *comm.Options) {
+			ranks := startJob(t, ctx, w.Library(), devs(3), 1, "job", func(c *Config, o *comm.Options) {
 				c.DisableNativeShrink = fallback
 			})
-			inits := w.count("ncclCommInitRankConfig")
+			inits := w.Calls("ncclCommInitRankConfig")
 			// Rank 1 leaves; 0 and 2 shrink (no failure: NCCL_SHRINK_DEFAULT).
 			survivors := []*rank{ranks[0], ranks[2]}
 			each(t, survivors, func(rk *rank) error {
@@ -486,11 +486,11 @@ func TestShrinkHealthyAndFallback(t *testing.T) {
 				}
 			}
 			if fallback {
-				if got := w.count("ncclCommInitRankConfig") - inits; got != 2 {
+				if got := w.Calls("ncclCommInitRankConfig") - inits; got != 2 {
 					t.Errorf("fallback made %d fresh inits, want 2", got)
 				}
-			} else if w.count("ncclCommShrink") != 2 {
-				t.Errorf("ncclCommShrink called %d times", w.count("ncclCommShrink"))
+			} else if w.Calls("ncclCommShrink") != 2 {
+				t.Errorf("ncclCommShrink called %d times", w.Calls("ncclCommShrink"))
 			}
 			collectiveSuite(t, ctx, survivors, []comm.DType{comm.Float32}, 4, 4)
 			ranks[1].c.Close()
@@ -506,9 +506,9 @@ func TestGrow(t *testing.T) {
 			ctx := testCtx(t)
 			w := newFakeWorld(t, 3)
 			if native {
-				w.withVersion(22902, grow...)
+				w.WithVersion(22902, grow...)
 			}
-			L := w.library()
+			L := w.Library()
 			store := memstore.New()
 			defer store.Close()
 			opts := func(r, size int, epoch uint64) comm.Options {
@@ -533,7 +533,7 @@ func TestGrow(t *testing.T) {
 				return err
 			})
 			t.Cleanup(func() { closeJob(t, ranks) })
-			if got := w.count("ncclCommGrow"); (got > 0) != native {
+			if got := w.Calls("ncclCommGrow"); (got > 0) != native {
 				t.Errorf("ncclCommGrow called %d times (native %v)", got, native)
 			}
 			collectiveSuite(t, ctx, ranks, []comm.DType{comm.Float32}, 3, 5)
@@ -544,7 +544,7 @@ func TestGrow(t *testing.T) {
 func TestSplit(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 4)
-	ranks := startJob(t, ctx, w.library(), devs(4), 1, "job", nil)
+	ranks := startJob(t, ctx, w.Library(), devs(4), 1, "job", nil)
 	subs := make([]*comm.Comm, 4)
 	each(t, ranks, func(rk *rank) error {
 		color := rk.r % 2
@@ -572,11 +572,11 @@ func TestInitWaitsForRankZero(t *testing.T) {
 	w := newFakeWorld(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	_, err := New(ctx, comm.Options{Rank: 1, Size: 2, Store: memstore.New(), Device: 1, BackendConfig: &Config{Library: w.library()}})
+	_, err := New(ctx, comm.Options{Rank: 1, Size: 2, Store: memstore.New(), Device: 1, BackendConfig: &Config{Library: w.Library()}})
 	if !errors.Is(err, comm.ErrTimeout) {
 		t.Fatalf("init without rank 0: %v, want ErrTimeout", err)
 	}
-	if _, err := New(context.Background(), comm.Options{Rank: 0, Size: 1, Device: 7, BackendConfig: &Config{Library: w.library()}}); !errors.Is(err, comm.ErrInvalidArgument) {
+	if _, err := New(context.Background(), comm.Options{Rank: 0, Size: 1, Device: 7, BackendConfig: &Config{Library: w.Library()}}); !errors.Is(err, comm.ErrInvalidArgument) {
 		t.Errorf("device 7 of 2: %v", err)
 	}
 }
@@ -584,7 +584,7 @@ func TestInitWaitsForRankZero(t *testing.T) {
 func TestConcurrentCloseAndAbort(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond
 	})
 	work, _ := stuckAllReduce(t, ctx, w, ranks)

@@ -15,7 +15,7 @@ import (
 	"github.com/ftcomm/ftcomm/comm/memstore"
 )
 
-// This file holds what the fake tests (CI) and the GPU tests share: making
+// This file holds what the simulated tests (CI) and the GPU tests share: making
 // a job of ranks as goroutines, and a suite that checks every collective
 // against a host reference.
 

@@ -109,7 +109,7 @@ func defaultConfig() Config {
 func (c *Config) flags(fs *flag.FlagSet, failures *string) {
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "replica processes")
 	fs.IntVar(&c.MinReplicas, "min-replicas", c.MinReplicas, "fewest replicas a sync may commit with")
-	fs.StringVar(&c.Backend, "backend", c.Backend, "comm backend of the fault-tolerant dimension (gloo; nccl once ft.Comm takes device tensors)")
+	fs.StringVar(&c.Backend, "backend", c.Backend, "comm backend of the fault-tolerant dimension: gloo (the demo's model lives in host memory, so a device backend such as nccl is refused)")
 	fs.IntVar(&c.Steps, "steps", c.Steps, "inner steps per replica")
 	fs.IntVar(&c.Batch, "batch", c.Batch, "examples per inner step")
 	fs.Float64Var(&c.LR, "lr", c.LR, "peak inner learning rate (AdamW, warm-up and cosine decay)")
@@ -159,6 +159,10 @@ func (c *Config) validate() error {
 		return errors.New("batch and lr must be positive")
 	case c.EvalN < 1 || c.FinalEvalN < 1:
 		return errors.New("eval sizes must be positive")
+	case c.Backend != "gloo":
+		// The model trains with gonum on the CPU: its parameters are host
+		// tensors, which a device backend refuses at the first sync.
+		return fmt.Errorf("backend %q: the demo's model lives in host memory; only gloo carries it", c.Backend)
 	}
 	if err := c.Model.Validate(); err != nil {
 		return err

@@ -108,7 +108,7 @@ func TestParseFailures(t *testing.T) {
 }
 
 func TestBadSettingsAreRefused(t *testing.T) {
-	for _, args := range [][]string{{"-H", "10", "-F", "4"}, {"-tau", "25"}, {"-alpha", "2"}, {"-quant", "int3"}, {"-fail", "9@50%"}} {
+	for _, args := range [][]string{{"-H", "10", "-F", "4"}, {"-tau", "25"}, {"-alpha", "2"}, {"-quant", "int3"}, {"-fail", "9@50%"}, {"-backend", "nccl"}} {
 		err := run(context.Background(), append(args, "-report", t.TempDir()), &bytes.Buffer{}, &bytes.Buffer{})
 		if err == nil {
 			t.Errorf("%v accepted", args)

@@ -1,0 +1,1417 @@
+package nccl
+
+import (
+	"crypto/rand"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"unsafe"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/comm/reduce"
+)
+
+// Simulation is NCCL and the CUDA runtime simulated in Go memory, for
+// tests that run without a GPU (the package's own, and those of packages
+// built on it, such as ft's): a machine with some GPUs whose device memory
+// is Go byte slices at made-up addresses. Library returns a *Library that
+// drives it exactly as Open's drives the real libraries, so every comm,
+// copy and health watch of this package works on it unchanged. In the
+// style of memberlist's MockNetwork and go-nvml's mock package, it is an
+// ordinary exported type, so that other packages can run whole jobs of
+// GPU ranks in one process.
+//
+// What it models:
+//
+//   - Streams are queues of work that run in order when someone polls the
+//     stream (or any event); a collective completes once every rank's
+//     stream has reached it, with the reduction computed on the host.
+//   - Communicators follow NCCL's nonblocking rules: every init and
+//     enqueue leaves the comm ncclInProgress for a few polls
+//     (SetInProgressPolls), and a call made while the comm is still in
+//     progress is a fault (NCCL would poison the comm). Blocking comms
+//     block in the calls that wait for peers (init, split, shrink, grow)
+//     until the rendezvous completes, as real ones do; a point-to-point
+//     call on a blocking data comm (one split off with a blocking config of
+//     its own) is a fault, since NCCL would connect to the peer inside it.
+//   - Page-locked host memory (PinnedHost) is copied asynchronously, on a
+//     later poll of its stream (never, while StallCopies holds them); Go
+//     memory synchronously, as CUDA stages it.
+//   - The NCCL version and its optional entry points (WithVersion): by
+//     default 2.28.3 with ncclCommShrink, ncclCommSplit and the native
+//     all-to-all, gather and scatter, and without ncclCommRevoke and
+//     ncclCommGrow (so Grow takes its fallback), as on the GPU machines.
+//   - NVML, for the health watch: NVML returns a go-nvml Interface whose
+//     devices are the simulation's GPUs, and InjectXid and AddECCErrors
+//     drive it.
+//
+// Faults are injected with Kill (the process on a GPU is SIGKILLed: its
+// streams never advance again, so its peers' collectives never complete,
+// as on real hardware; its calls that wait for peers never return),
+// KillDuring, Restart (a new process on a GPU whose process was killed),
+// InjectAsyncError and StallCopies. Misuse that the real library would
+// punish (a call on a comm still in progress, an illegal address, freeing
+// memory a queued op uses, ranks that disagree on a collective) is
+// collected as a fault: Faults lists them, and a test should fail if any
+// appear.
+//
+// A Simulation is safe for concurrent use; it starts no goroutines (work
+// advances only inside the calls of the libraries it backs). Two
+// Simulations share nothing.
+type Simulation struct {
+	mu   sync.Mutex
+	ver  int
+	syms map[string]bool
+	nDev int
+	// inProgressPolls is how many ncclCommGetAsyncError calls report
+	// ncclInProgress after each nonblocking call.
+	inProgressPolls int
+
+	cond *sync.Cond // on mu: broadcast when a rendezvous gains an arrival
+
+	next   uintptr
+	allocs map[uintptr]*simAlloc
+	pinned map[*byte]*simPinned
+	// stallCopies holds copies of page-locked memory on their streams.
+	stallCopies bool
+	hostAllocs  int // live page-locked allocations
+	comms       map[commHandle]*simComm
+	streams     map[streamHandle]*simStream
+	events      map[eventHandle]*simEvent
+	cells       map[cellHandle]commHandle
+	inits       map[uniqueID]*simRdv
+	growIDs     map[uniqueID]*simRdv
+	dead        map[int]bool
+	killOn      map[string]int // call name → device (+1) whose process dies as it makes the call
+	faults      []string
+	calls       map[string]int
+	// growCells are joiners' cells, filled when their grow completes.
+	growCells []simGrowCell
+
+	nvml *simNVML // made by the first NVML call
+}
+
+var _ library = (*Simulation)(nil)
+
+type simGrowCell struct {
+	cell cellHandle
+	rdv  *simRdv
+	key  int
+}
+
+type simAlloc struct {
+	dev  int
+	base uintptr
+	mem  []byte
+}
+
+type simPinned struct {
+	buf   []byte
+	freed bool
+}
+
+type simStream struct {
+	dev   int
+	items []simItem
+}
+
+type simEvent struct {
+	done bool
+}
+
+// simClique is one NCCL communicator across its ranks.
+type simClique struct {
+	size    int
+	members []*simComm
+	rounds  map[uint64]*simRound
+	mail    map[[2]int][]simMsg
+	reconf  map[uint64]*simRdv
+}
+
+type simComm struct {
+	h        commHandle
+	cl       *simClique
+	rank     int
+	dev      int
+	blocking bool
+	dataComm bool // split off with a blocking config of its own
+	state    result
+	pending  *simPending
+	seq      uint64 // collectives issued
+	rseq     uint64 // Shrink/Split/Grow calls
+	killed   bool   // its GPU work was terminated (abort, revoke, shrink-abort)
+	revoked  bool
+}
+
+type simPending struct {
+	polls int
+	ready func() bool
+	done  func() result
+}
+
+// simRdv is a rendezvous of several calls (init, shrink, split, grow).
+type simRdv struct {
+	want     int
+	arrived  map[int]any // key: rank (joiners: their new rank + 1<<20)
+	complete bool
+	children map[int]*simComm
+}
+
+type simMsg struct {
+	dtype int32
+	data  []byte
+}
+
+type simItem interface {
+	// step advances the item; it reports whether the item is complete.
+	step(w *Simulation) bool
+}
+
+// NewSimulation returns a machine with devices simulated GPUs (CUDA
+// ordinals 0 … devices-1) and NCCL 2.28.3.
+func NewSimulation(devices int) *Simulation {
+	w := &Simulation{
+		ver: 22803, nDev: devices, inProgressPolls: 1, next: 0x1000,
+		syms: map[string]bool{"ncclGetLastError": true, "ncclCommSplit": true, "ncclCommShrink": true,
+			"ncclAlltoAll": true, "ncclGather": true, "ncclScatter": true},
+		allocs: map[uintptr]*simAlloc{}, comms: map[commHandle]*simComm{}, streams: map[streamHandle]*simStream{},
+		events: map[eventHandle]*simEvent{}, cells: map[cellHandle]commHandle{}, inits: map[uniqueID]*simRdv{},
+		growIDs: map[uniqueID]*simRdv{}, dead: map[int]bool{}, calls: map[string]int{},
+		pinned: map[*byte]*simPinned{}, killOn: map[string]int{},
+	}
+	w.cond = sync.NewCond(&w.mu)
+	return w
+}
+
+// WithVersion sets the NCCL version code (major*10000+minor*100+patch) and
+// the optional entry points present (e.g. "ncclCommShrink",
+// "ncclCommRevoke", "ncclCommGrow", "ncclCommGetUniqueId"), replacing the
+// defaults. Call it before making a Library. It returns w.
+func (w *Simulation) WithVersion(code int, symbols ...string) *Simulation {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ver = code
+	w.syms = map[string]bool{}
+	for _, s := range symbols {
+		w.syms[s] = true
+	}
+	return w
+}
+
+// SetInProgressPolls sets how many ncclCommGetAsyncError calls report
+// ncclInProgress after each nonblocking call (default 1).
+func (w *Simulation) SetInProgressPolls(n int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.inProgressPolls = n
+}
+
+// Library returns a new Library on the simulation, as Open returns one on
+// the real libraries (with eager connection set-up and the default copy
+// streams). Give each simulated process its own, as each real process has
+// its own: a Library's copy pools and its wait for abandoned copies are
+// per process.
+func (w *Simulation) Library() *Library {
+	return newLibrary(w, "sim-libnccl", "sim-libcudart", 0, true)
+}
+
+// LibraryWith is Library with cfg's CopyStreams and LazyConnect (paths are
+// ignored).
+func (w *Simulation) LibraryWith(cfg LibraryConfig) (*Library, error) {
+	if cfg.CopyStreams < 0 || cfg.CopyStreams > 64 {
+		return nil, fmt.Errorf("nccl: %w: CopyStreams %d outside [0, 64]", comm.ErrInvalidArgument, cfg.CopyStreams)
+	}
+	return newLibrary(w, "sim-libnccl", "sim-libcudart", cfg.CopyStreams, !cfg.LazyConnect), nil
+}
+
+// Devices is the number of simulated GPUs.
+func (w *Simulation) Devices() int { return w.nDev }
+
+// Faults lists the misuse seen so far, in order: calls the real library
+// would have failed, poisoned a comm for, or crashed on.
+func (w *Simulation) Faults() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.faults)
+}
+
+// Calls is how many times the NCCL call name was made (e.g.
+// "ncclCommShrink", "ncclCommShrink(abort)", "ncclCommAbort",
+// "ncclAllReduce", "ncclCommInitRankConfig", "ncclCommSplit").
+func (w *Simulation) Calls(name string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.calls[name]
+}
+
+// LiveComms is the number of NCCL communicators not yet aborted.
+func (w *Simulation) LiveComms() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.comms)
+}
+
+// PinnedLive is the number of page-locked allocations not yet freed.
+func (w *Simulation) PinnedLive() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.hostAllocs
+}
+
+// StallCopies holds (true) or releases (false) every copy of page-locked
+// memory on its stream, as a busy copy engine would.
+func (w *Simulation) StallCopies(stall bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stallCopies = stall
+}
+
+// Kill makes the process on GPU dev die, as by SIGKILL: its streams never
+// advance again (its peers' collectives never complete), and its calls
+// that wait for peers (shrink, split) never return. What it left behind
+// may still be used by the test (closing its comms, say) without a fault.
+func (w *Simulation) Kill(dev int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.dead[dev] = true
+}
+
+// KillDuring makes the process on GPU dev die as it calls name (e.g.
+// "ncclCommShrink", "ncclCommSplit"): the call never arrives at its
+// rendezvous.
+func (w *Simulation) KillDuring(name string, dev int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.killOn[name] = dev + 1
+}
+
+// Killed reports whether the process on GPU dev is dead.
+func (w *Simulation) Killed(dev int) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.dead[dev]
+}
+
+// Restart starts a new process on GPU dev after Kill: the dead process's
+// GPU work is gone (its comms' work is terminated and everything queued
+// on its streams is dropped, as the driver does when a process exits), and
+// the GPU serves new comms, copies and streams. The dead process's objects
+// (comms, streams, memory) stay valid for the test to close or free.
+func (w *Simulation) Restart(dev int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, c := range w.comms {
+		if c.dev == dev {
+			w.terminate(c)
+			c.pending = nil
+		}
+	}
+	for _, st := range w.streams {
+		if st.dev != dev {
+			continue
+		}
+		for _, it := range st.items {
+			if e, ok := it.(*simEventItem); ok {
+				e.ev.done = true
+			}
+		}
+		st.items = nil
+	}
+	delete(w.dead, dev)
+	for name, d := range w.killOn {
+		if d == dev+1 {
+			delete(w.killOn, name)
+		}
+	}
+}
+
+// InjectAsyncError makes every live comm on GPU dev report the
+// ncclResult_t code (e.g. 6, ncclRemoteError) from ncclCommGetAsyncError.
+func (w *Simulation) InjectAsyncError(dev int, code int) {
+	w.injectAsyncError(dev, result(code))
+}
+
+// ReadDevice returns a copy of the bytes of device tensor t, read directly
+// from the simulated memory (no stream, no copy engine): what a test
+// checks device state with.
+func (w *Simulation) ReadDevice(t comm.Tensor) ([]byte, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	m, err := w.lookup(t)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Clone(m), nil
+}
+
+// WriteDevice writes p into device tensor t from its start, directly into
+// the simulated memory; p must not be longer than t.
+func (w *Simulation) WriteDevice(t comm.Tensor, p []byte) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	m, err := w.lookup(t)
+	if err != nil {
+		return err
+	}
+	if len(p) > len(m) {
+		return fmt.Errorf("nccl: simulation: %w: %d bytes into a %d-byte tensor", comm.ErrInvalidArgument, len(p), len(m))
+	}
+	copy(m, p)
+	return nil
+}
+
+// lookup returns the simulated memory of device tensor t.
+func (w *Simulation) lookup(t comm.Tensor) ([]byte, error) {
+	if !t.IsDevice() {
+		return nil, fmt.Errorf("nccl: simulation: %w: %s is not a device tensor", comm.ErrInvalidArgument, t)
+	}
+	n, p := t.NumBytes(), t.Ptr()
+	for _, a := range w.allocs {
+		if a.dev == t.Device() && p >= a.base && p+uintptr(n) <= a.base+uintptr(len(a.mem)) {
+			off := p - a.base
+			return a.mem[off : off+uintptr(n)], nil
+		}
+	}
+	return nil, fmt.Errorf("nccl: simulation: %w: %s is not allocated memory of device %d", comm.ErrInvalidArgument, t, t.Device())
+}
+
+func (w *Simulation) faultf(format string, args ...any) {
+	w.faults = append(w.faults, fmt.Sprintf(format, args...))
+}
+
+// dies reports whether a call by c is made by a dead process (dying now
+// if KillDuring says so); such a call stays in progress forever.
+func (w *Simulation) dies(c *simComm, name string) bool {
+	if w.killOn[name] == c.dev+1 {
+		w.dead[c.dev] = true
+	}
+	if !w.dead[c.dev] {
+		return false
+	}
+	c.pending = &simPending{ready: func() bool { return false }}
+	return true
+}
+
+// injectAsyncError makes every live comm on dev report r.
+func (w *Simulation) injectAsyncError(dev int, r result) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, c := range w.comms {
+		if c.dev == dev {
+			c.state, c.pending = r, nil
+		}
+	}
+}
+
+// streamIdle reports whether s has nothing queued (or was destroyed).
+func (w *Simulation) streamIdle(s streamHandle) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := w.streams[s]
+	if st == nil {
+		return true
+	}
+	w.progress(st)
+	return len(st.items) == 0
+}
+
+func (w *Simulation) handle() uintptr {
+	w.next += 16
+	return w.next
+}
+
+// mem returns the simulated device memory [p, p+n), or nil (and a fault).
+func (w *Simulation) mem(p uintptr, n int, what string) []byte {
+	if n == 0 {
+		return []byte{}
+	}
+	for _, a := range w.allocs {
+		if p >= a.base && p+uintptr(n) <= a.base+uintptr(len(a.mem)) {
+			off := p - a.base
+			return a.mem[off : off+uintptr(n)]
+		}
+	}
+	w.faultf("%s: illegal address %#x (+%d bytes)", what, p, n)
+	return nil
+}
+
+// ---- ncclAPI ----
+
+func (w *Simulation) version() int               { return w.ver }
+func (w *Simulation) hasSymbol(name string) bool { return w.syms[name] }
+
+func (w *Simulation) getUniqueID(id *uniqueID) result {
+	if _, err := rand.Read(id[:]); err != nil {
+		return resSystemError
+	}
+	return resSuccess
+}
+
+func (w *Simulation) newComm(cl *simClique, rank, dev int, blocking bool) *simComm {
+	c := &simComm{h: commHandle(w.handle()), cl: cl, rank: rank, dev: dev, blocking: blocking}
+	w.comms[c.h] = c
+	return c
+}
+
+// begin applies the nonblocking rules to a call on c: a call while the
+// comm is in progress is a fault. It reports whether the call may go on.
+func (w *Simulation) begin(c *simComm, what string) bool {
+	if c.pending != nil {
+		w.faultf("%s on comm %#x (rank %d) before the previous operation returned ncclSuccess", what, c.h, c.rank)
+		c.state, c.pending = resInvalidUsage, nil
+		return false
+	}
+	if c.state != resSuccess {
+		return false
+	}
+	return true
+}
+
+// settleLater leaves c in progress for inProgressPolls polls, then until
+// ready, then in done's state. A blocking comm instead waits in the call
+// until ready (called with mu held).
+func (w *Simulation) settleLater(c *simComm, ready func() bool, done func() result) result {
+	if c.blocking {
+		for ready != nil && !ready() {
+			w.cond.Wait()
+		}
+		if done != nil {
+			c.state = done()
+		}
+		return c.state
+	}
+	c.pending = &simPending{polls: w.inProgressPolls, ready: ready, done: done}
+	return resInProgress
+}
+
+func (w *Simulation) commInitRank(dev int, out cellHandle, nranks int, id *uniqueID, rank int, cfg commConfig) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls["ncclCommInitRankConfig"]++
+	if dev < 0 || dev >= w.nDev || rank < 0 || rank >= nranks {
+		return resInvalidArgument
+	}
+	rdv := w.inits[*id]
+	if rdv == nil {
+		rdv = &simRdv{want: nranks, arrived: map[int]any{}, children: map[int]*simComm{}}
+		w.inits[*id] = rdv
+		rdv.children[-1] = &simComm{cl: &simClique{size: nranks, members: make([]*simComm, nranks),
+			rounds: map[uint64]*simRound{}, mail: map[[2]int][]simMsg{}, reconf: map[uint64]*simRdv{}}}
+	}
+	if rdv.want != nranks {
+		w.faultf("init: rank %d says %d ranks, others %d", rank, nranks, rdv.want)
+		return resInvalidArgument
+	}
+	if _, dup := rdv.arrived[rank]; dup {
+		w.faultf("init: rank %d joined twice", rank)
+		return resInvalidArgument
+	}
+	cl := rdv.children[-1].cl
+	c := w.newComm(cl, rank, dev, cfg.blocking)
+	cl.members[rank] = c
+	rdv.arrived[rank] = nil
+	if len(rdv.arrived) == nranks {
+		rdv.complete = true
+	}
+	w.cells[out] = c.h
+	c.state = resSuccess
+	w.cond.Broadcast()
+	return w.settleLater(c, func() bool { return rdv.complete }, func() result { return resSuccess })
+}
+
+func (w *Simulation) comm(h commHandle, what string) *simComm {
+	c := w.comms[h]
+	if c == nil {
+		w.faultf("%s: comm %#x is not a live communicator (aborted or never made)", what, h)
+	}
+	return c
+}
+
+func (w *Simulation) commGetAsyncError(h commHandle) (async, r result) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c := w.comm(h, "ncclCommGetAsyncError")
+	if c == nil {
+		return 0, resInvalidArgument
+	}
+	if p := c.pending; p != nil {
+		switch {
+		case p.polls > 0:
+			p.polls--
+			return resInProgress, resSuccess
+		case p.ready != nil && !p.ready():
+			return resInProgress, resSuccess
+		}
+		c.pending = nil
+		if p.done != nil {
+			c.state = p.done()
+		}
+	}
+	return c.state, resSuccess
+}
+
+func (w *Simulation) commCount(h commHandle) (int, result) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if c := w.comm(h, "ncclCommCount"); c != nil {
+		return c.cl.size, resSuccess
+	}
+	return 0, resInvalidArgument
+}
+
+func (w *Simulation) commUserRank(h commHandle) (int, result) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if c := w.comm(h, "ncclCommUserRank"); c != nil {
+		return c.rank, resSuccess
+	}
+	return 0, resInvalidArgument
+}
+
+// terminate completes every outstanding item of c at once (its kernels
+// were killed).
+func (w *Simulation) terminate(c *simComm) { c.killed = true }
+
+func (w *Simulation) outstanding(c *simComm) bool {
+	for _, s := range w.streams {
+		for _, it := range s.items {
+			if ci, ok := it.(*simCollItem); ok && ci.c == c {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (w *Simulation) commAbort(h commHandle) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls["ncclCommAbort"]++
+	c := w.comm(h, "ncclCommAbort")
+	if c == nil {
+		return resInvalidArgument
+	}
+	w.terminate(c)
+	delete(w.comms, h)
+	return resSuccess
+}
+
+func (w *Simulation) commRevoke(h commHandle) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls["ncclCommRevoke"]++
+	c := w.comm(h, "ncclCommRevoke")
+	if c == nil || !w.syms["ncclCommRevoke"] {
+		return resInvalidUsage
+	}
+	w.terminate(c)
+	c.revoked = true
+	c.pending = nil
+	return w.settleLater(c, nil, func() result { return resSuccess })
+}
+
+func (w *Simulation) reconfRdv(c *simComm, want int) *simRdv {
+	rdv := c.cl.reconf[c.rseq]
+	if rdv == nil {
+		rdv = &simRdv{want: want, arrived: map[int]any{}, children: map[int]*simComm{}}
+		c.cl.reconf[c.rseq] = rdv
+	}
+	c.rseq++
+	return rdv
+}
+
+func (w *Simulation) commShrink(h commHandle, exclude []int32, out cellHandle, flags int) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	name := "ncclCommShrink"
+	if flags&shrinkAbort != 0 {
+		name = "ncclCommShrink(abort)"
+	}
+	w.calls[name]++
+	c := w.comm(h, name)
+	if c == nil || !w.syms["ncclCommShrink"] {
+		return resInvalidUsage
+	}
+	if c.pending != nil {
+		w.faultf("%s on comm %#x before the previous operation returned ncclSuccess", name, h)
+		return resInvalidUsage
+	}
+	if w.dies(c, "ncclCommShrink") {
+		return resInProgress
+	}
+	if flags&shrinkAbort != 0 {
+		w.terminate(c)
+	} else if w.outstanding(c) && !c.revoked {
+		w.faultf("ncclCommShrink without NCCL_SHRINK_ABORT while ops are outstanding (rank %d)", c.rank)
+		return resInvalidUsage
+	}
+	ex := map[int]bool{}
+	for _, e := range exclude {
+		ex[int(e)] = true
+	}
+	rdv := w.reconfRdv(c, c.cl.size-len(ex))
+	rdv.arrived[c.rank] = fmt.Sprint(exclude)
+	for r, v := range rdv.arrived {
+		if v != rdv.arrived[c.rank] {
+			w.faultf("shrink: rank %d excludes %v, rank %d %v", c.rank, exclude, r, v)
+		}
+	}
+	if len(rdv.arrived) == rdv.want {
+		var keep []int
+		for r := range c.cl.size {
+			if !ex[r] {
+				keep = append(keep, r)
+			}
+		}
+		ncl := &simClique{size: len(keep), members: make([]*simComm, len(keep)), rounds: map[uint64]*simRound{},
+			mail: map[[2]int][]simMsg{}, reconf: map[uint64]*simRdv{}}
+		for nr, or := range keep {
+			old := c.cl.members[or]
+			nc := w.newComm(ncl, nr, old.dev, old.blocking)
+			ncl.members[nr] = nc
+			rdv.children[or] = nc
+		}
+		rdv.complete = true
+	}
+	rank := c.rank
+	c.state = resSuccess
+	w.cond.Broadcast()
+	// The new comm appears only when the parent's job has finished.
+	return w.settleLater(c, func() bool { return rdv.complete }, func() result {
+		w.cells[out] = rdv.children[rank].h
+		return resSuccess
+	})
+}
+
+func (w *Simulation) commSplit(h commHandle, color, key int, out cellHandle, cfg splitConfig) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls["ncclCommSplit"]++
+	c := w.comm(h, "ncclCommSplit")
+	if c == nil || !w.begin(c, "ncclCommSplit") {
+		return resInvalidUsage
+	}
+	if w.dies(c, "ncclCommSplit") {
+		return resInProgress
+	}
+	rdv := w.reconfRdv(c, c.cl.size)
+	child := -1 // inherit
+	if !cfg.inherit {
+		child = 0
+		if cfg.blocking {
+			child = 1
+		}
+	}
+	rdv.arrived[c.rank] = [3]int{color, key, child}
+	if len(rdv.arrived) == rdv.want {
+		byColor := map[int][]int{}
+		for r, v := range rdv.arrived {
+			ck := v.([3]int)
+			if ck[0] >= 0 {
+				byColor[ck[0]] = append(byColor[ck[0]], r)
+			}
+		}
+		for _, ranks := range byColor {
+			sort.Slice(ranks, func(i, j int) bool {
+				ki, kj := rdv.arrived[ranks[i]].([3]int)[1], rdv.arrived[ranks[j]].([3]int)[1]
+				if ki != kj {
+					return ki < kj
+				}
+				return ranks[i] < ranks[j]
+			})
+			ncl := &simClique{size: len(ranks), members: make([]*simComm, len(ranks)), rounds: map[uint64]*simRound{},
+				mail: map[[2]int][]simMsg{}, reconf: map[uint64]*simRdv{}}
+			for nr, or := range ranks {
+				old := c.cl.members[or]
+				blocking := old.blocking
+				if b := rdv.arrived[or].([3]int)[2]; b >= 0 {
+					blocking = b == 1
+				}
+				nc := w.newComm(ncl, nr, old.dev, blocking)
+				nc.dataComm = blocking && rdv.arrived[or].([3]int)[2] == 1
+				ncl.members[nr] = nc
+				rdv.children[or] = nc
+			}
+		}
+		rdv.complete = true
+	}
+	rank := c.rank
+	w.cond.Broadcast()
+	return w.settleLater(c, func() bool { return rdv.complete }, func() result {
+		if nc := rdv.children[rank]; nc != nil {
+			w.cells[out] = nc.h
+		}
+		return resSuccess
+	})
+}
+
+func (w *Simulation) commGetUniqueID(h commHandle, id *uniqueID) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c := w.comm(h, "ncclCommGetUniqueId")
+	if c == nil || !w.syms["ncclCommGetUniqueId"] || !w.begin(c, "ncclCommGetUniqueId") {
+		return resInvalidUsage
+	}
+	if _, err := rand.Read(id[:]); err != nil {
+		return resSystemError
+	}
+	rdv := c.cl.reconf[c.rseq]
+	if rdv == nil {
+		rdv = &simRdv{arrived: map[int]any{}, children: map[int]*simComm{}}
+		c.cl.reconf[c.rseq] = rdv
+	}
+	w.growIDs[*id] = rdv
+	return resSuccess
+}
+
+func (w *Simulation) commGrow(dev int, h commHandle, nranks int, id *uniqueID, rank int, out cellHandle, cfg commConfig) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls["ncclCommGrow"]++
+	if !w.syms["ncclCommGrow"] {
+		return resInvalidUsage
+	}
+	var rdv *simRdv
+	var c *simComm
+	if h != 0 {
+		if c = w.comm(h, "ncclCommGrow"); c == nil || !w.begin(c, "ncclCommGrow") {
+			return resInvalidUsage
+		}
+		rdv = w.reconfRdv(c, nranks)
+		rdv.want = nranks
+		rdv.arrived[c.rank] = c
+		rdv.children[-2] = &simComm{cl: c.cl}
+	} else {
+		if rdv = w.growIDs[*id]; rdv == nil {
+			w.faultf("ncclCommGrow: joiner with an unknown id")
+			return resInvalidArgument
+		}
+		rdv.want = nranks
+		rdv.arrived[rank+1<<20] = dev
+	}
+	complete := func() {
+		if rdv.complete || len(rdv.arrived) != rdv.want || rdv.children[-2] == nil {
+			return
+		}
+		pcl := rdv.children[-2].cl
+		ncl := &simClique{size: nranks, members: make([]*simComm, nranks), rounds: map[uint64]*simRound{},
+			mail: map[[2]int][]simMsg{}, reconf: map[uint64]*simRdv{}}
+		for k, v := range rdv.arrived {
+			var nc *simComm
+			if k >= 1<<20 {
+				nc = w.newComm(ncl, k-1<<20, v.(int), false)
+				rdv.children[k] = nc
+			} else {
+				old := pcl.members[k]
+				nc = w.newComm(ncl, k, old.dev, old.blocking)
+				rdv.children[k] = nc
+			}
+			ncl.members[nc.rank] = nc
+		}
+		rdv.complete = true
+	}
+	complete()
+	w.cond.Broadcast()
+	if c != nil {
+		rank := c.rank
+		return w.settleLater(c, func() bool { complete(); return rdv.complete }, func() result {
+			w.cells[out] = rdv.children[rank].h
+			return resSuccess
+		})
+	}
+	// A joiner's comm appears in its cell when the grow completes; the test
+	// world resolves that whenever the cell is read.
+	w.growCells = append(w.growCells, simGrowCell{out, rdv, rank + 1<<20})
+	return resInProgress
+}
+
+func (w *Simulation) errorString(r result) string { return "sim: " + r.String() }
+func (w *Simulation) lastError(c commHandle) string {
+	return ""
+}
+
+func (w *Simulation) newCell() cellHandle {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	cell := cellHandle(w.handle())
+	w.cells[cell] = 0
+	return cell
+}
+
+func (w *Simulation) loadCell(cell cellHandle) commHandle {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, gc := range w.growCells {
+		if gc.cell == cell && gc.rdv.complete {
+			w.cells[cell] = gc.rdv.children[gc.key].h
+			w.growCells = slices.Delete(w.growCells, i, i+1)
+			break
+		}
+	}
+	return w.cells[cell]
+}
+
+func (w *Simulation) freeCell(cell cellHandle) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.cells, cell)
+}
+
+// ---- enqueue ----
+
+func (w *Simulation) enqueue(dev int, h commHandle, s streamHandle, a *collArgs) result {
+	return w.group(dev, h, s, []collArgs{*a})
+}
+
+func (w *Simulation) group(dev int, h commHandle, s streamHandle, ops []collArgs) result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, a := range ops {
+		w.calls[a.kind.String()]++
+	}
+	c := w.comm(h, "enqueue")
+	st := w.streams[s]
+	if c == nil || st == nil {
+		return resInvalidArgument
+	}
+	if c.blocking {
+		w.calls["enqueue(blocking)"]++
+	} else {
+		w.calls["enqueue(nonblocking)"]++
+	}
+	if !w.begin(c, ops[0].kind.String()) {
+		return c.state
+	}
+	if c.revoked {
+		return resInvalidUsage
+	}
+	if st.dev != c.dev || dev != c.dev {
+		w.faultf("enqueue on device %d, stream of device %d, for a comm on device %d", dev, st.dev, c.dev)
+		return resInvalidArgument
+	}
+	if c.dataComm {
+		for _, a := range ops {
+			if pointToPoint(a.kind) {
+				w.faultf("%s on the blocking data comm (rank %d): NCCL would connect to the peer inside the call", a.kind, c.rank)
+			}
+		}
+	}
+	for _, a := range ops {
+		switch a.kind {
+		case kAllToAll, kGather, kScatter:
+			if !w.syms[map[collKind]string{kAllToAll: "ncclAlltoAll", kGather: "ncclGather", kScatter: "ncclScatter"}[a.kind]] {
+				w.faultf("%s called on a library without it", a.kind)
+				return resInvalidUsage
+			}
+		}
+	}
+	it := &simCollItem{c: c, ops: slices.Clone(ops)}
+	st.items = append(st.items, it)
+	return w.settleLater(c, nil, nil)
+}
+
+// ---- the stream machine ----
+
+// simCollItem is one NCCL call or group on a stream.
+type simCollItem struct {
+	c       *simComm
+	ops     []collArgs
+	arrived bool
+	rounds  []*simRound
+	got     []bool // per op: a receive has its data
+}
+
+// simRound is one collective across the ranks of a clique.
+type simRound struct {
+	args     []*collArgs
+	in       [][]byte
+	arrived  int
+	complete bool
+}
+
+func (it *simCollItem) step(w *Simulation) bool {
+	c := it.c
+	if c.killed {
+		return true
+	}
+	if !it.arrived {
+		it.arrived = true
+		it.got = make([]bool, len(it.ops))
+		for i := range it.ops {
+			a := &it.ops[i]
+			switch a.kind {
+			case kSend:
+				es := simDType(a.dtype).Size()
+				data := slices.Clone(w.mem(a.send, int(a.count)*es, "ncclSend"))
+				key := [2]int{c.rank, int(a.peer)}
+				c.cl.mail[key] = append(c.cl.mail[key], simMsg{dtype: a.dtype, data: data})
+				it.got[i] = true
+			case kRecv:
+			default:
+				it.rounds = append(it.rounds, w.arrive(c, a))
+			}
+		}
+	}
+	done := true
+	for _, r := range it.rounds {
+		done = done && r.complete
+	}
+	for i := range it.ops {
+		a := &it.ops[i]
+		if a.kind != kRecv || it.got[i] {
+			continue
+		}
+		key := [2]int{int(a.peer), c.rank}
+		q := c.cl.mail[key]
+		if len(q) == 0 {
+			done = false
+			continue
+		}
+		m := q[0]
+		c.cl.mail[key] = q[1:]
+		es := simDType(a.dtype).Size()
+		if m.dtype != a.dtype || len(m.data) != int(a.count)*es {
+			w.faultf("recv from %d: %d bytes of type %d, expected %d of type %d", a.peer, len(m.data), m.dtype, int(a.count)*es, a.dtype)
+		}
+		copy(w.mem(a.recv, int(a.count)*es, "ncclRecv"), m.data)
+		it.got[i] = true
+	}
+	return done
+}
+
+func simDType(d int32) comm.DType {
+	for _, dt := range []comm.DType{comm.Float32, comm.Float64, comm.Float16, comm.BFloat16, comm.Int8, comm.Uint8, comm.Int32, comm.Int64} {
+		if n, _ := ncclDType(dt); n == d {
+			return dt
+		}
+	}
+	return 0
+}
+
+func simRedOp(o int32) comm.ReduceOp {
+	for _, op := range []comm.ReduceOp{comm.Sum, comm.Prod, comm.Min, comm.Max, comm.Avg} {
+		if n, _ := ncclRedOp(op); n == o {
+			return op
+		}
+	}
+	return 0
+}
+
+// simInputBytes is how much of a rank's send buffer a collective reads.
+func simInputBytes(a *collArgs, rank, size int) int {
+	n := int(a.count) * simDType(a.dtype).Size()
+	switch a.kind {
+	case kReduceScatter, kAllToAll:
+		return n * size
+	case kScatter:
+		if rank == int(a.peer) {
+			return n * size
+		}
+		return 0
+	case kBroadcast:
+		if rank != int(a.peer) {
+			return 0
+		}
+	}
+	return n
+}
+
+// arrive adds c's part of its next collective to the round and completes
+// the round when every rank is there.
+func (w *Simulation) arrive(c *simComm, a *collArgs) *simRound {
+	seq := c.seq
+	c.seq++
+	r := c.cl.rounds[seq]
+	size := c.cl.size
+	if r == nil {
+		r = &simRound{args: make([]*collArgs, size), in: make([][]byte, size)}
+		c.cl.rounds[seq] = r
+	}
+	r.args[c.rank] = a
+	r.in[c.rank] = slices.Clone(w.mem(a.send, simInputBytes(a, c.rank, size), a.kind.String()))
+	r.arrived++
+	if r.arrived == size {
+		w.compute(r, size)
+		r.complete = true
+		delete(c.cl.rounds, seq)
+	}
+	return r
+}
+
+func (w *Simulation) compute(r *simRound, size int) {
+	a0 := r.args[0]
+	for i, a := range r.args {
+		if a.kind != a0.kind || a.count != a0.count || a.dtype != a0.dtype || a.redop != a0.redop || a.peer != a0.peer {
+			w.faultf("ranks disagree on a collective: rank 0 %+v, rank %d %+v", *a0, i, *a)
+			return
+		}
+	}
+	dt, op := simDType(a0.dtype), simRedOp(a0.redop)
+	n := int(a0.count) * dt.Size()
+	root := int(a0.peer)
+	sum := func(parts [][]byte) []byte {
+		acc := slices.Clone(parts[0])
+		for _, p := range parts[1:] {
+			reduce.Into(dt, op, acc, p)
+		}
+		if op == comm.Avg {
+			reduce.Divide(dt, acc, size)
+		}
+		return acc
+	}
+	out := func(rank, bytes int) []byte { return w.mem(r.args[rank].recv, bytes, a0.kind.String()) }
+	switch a0.kind {
+	case kAllReduce:
+		res := sum(r.in)
+		for j := range size {
+			copy(out(j, n), res)
+		}
+	case kBroadcast:
+		for j := range size {
+			copy(out(j, n), r.in[root])
+		}
+	case kReduce:
+		copy(out(root, n), sum(r.in))
+	case kAllGather:
+		for j := range size {
+			dst := out(j, n*size)
+			for k := range size {
+				copy(dst[k*n:], r.in[k])
+			}
+		}
+	case kReduceScatter:
+		res := sum(r.in)
+		for j := range size {
+			copy(out(j, n), res[j*n:(j+1)*n])
+		}
+	case kAllToAll:
+		for j := range size {
+			dst := out(j, n*size)
+			for k := range size {
+				copy(dst[k*n:(k+1)*n], r.in[k][j*n:(j+1)*n])
+			}
+		}
+	case kGather:
+		dst := out(root, n*size)
+		for k := range size {
+			copy(dst[k*n:], r.in[k])
+		}
+	case kScatter:
+		for j := range size {
+			copy(out(j, n), r.in[root][j*n:(j+1)*n])
+		}
+	}
+}
+
+type simCopyItem struct {
+	dst, src uintptr
+	n        int
+}
+
+func (it *simCopyItem) step(w *Simulation) bool {
+	if src := w.mem(it.src, it.n, "memcpy src"); src != nil {
+		copy(w.mem(it.dst, it.n, "memcpy dst"), src)
+	}
+	return true
+}
+
+type simEventItem struct{ ev *simEvent }
+
+func (it *simEventItem) step(*Simulation) bool { it.ev.done = true; return true }
+
+func (w *Simulation) progress(s *simStream) {
+	if w.dead[s.dev] {
+		return
+	}
+	for len(s.items) > 0 && s.items[0].step(w) {
+		s.items = s.items[1:]
+	}
+}
+
+// ---- cudaAPI ----
+
+func (w *Simulation) runtimeVersion() int { return 13000 }
+func (w *Simulation) driverVersion() int  { return 13000 }
+func (w *Simulation) deviceCount() (int, error) {
+	return w.nDev, nil
+}
+
+func (w *Simulation) checkDev(dev int) error {
+	if dev < 0 || dev >= w.nDev {
+		return &cudaError{Op: "cudaSetDevice", Code: 101, Msg: "invalid device ordinal"}
+	}
+	return nil
+}
+
+func (w *Simulation) malloc(dev int, n int) (uintptr, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.checkDev(dev); err != nil {
+		return 0, err
+	}
+	w.next = (w.next + 4095) &^ 4095
+	base := w.next
+	w.next += uintptr(n) + 4096
+	w.allocs[base] = &simAlloc{dev: dev, base: base, mem: make([]byte, n)}
+	return base, nil
+}
+
+func (w *Simulation) free(dev int, p uintptr) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if a := w.allocs[p]; a == nil || a.dev != dev {
+		w.faultf("cudaFree(%#x) of memory not allocated on device %d", p, dev)
+		return &cudaError{Op: "cudaFree", Code: 1, Msg: "invalid argument"}
+	}
+	for _, s := range w.streams {
+		for _, it := range s.items {
+			if ci, ok := it.(*simCollItem); ok && !ci.c.killed {
+				for _, a := range ci.ops {
+					if w.allocs[p].contains(a.send) || w.allocs[p].contains(a.recv) {
+						w.faultf("cudaFree(%#x) while a queued NCCL op still uses it", p)
+					}
+				}
+			}
+		}
+	}
+	delete(w.allocs, p)
+	return nil
+}
+
+func (a *simAlloc) contains(p uintptr) bool { return p >= a.base && p < a.base+uintptr(len(a.mem)) }
+
+func (w *Simulation) stream(dev int, s streamHandle, what string) (*simStream, error) {
+	st := w.streams[s]
+	if st == nil {
+		w.faultf("%s: unknown stream %#x", what, s)
+		return nil, &cudaError{Op: what, Code: 400, Msg: "invalid resource handle"}
+	}
+	return st, nil
+}
+
+// pinnedOf returns the page-locked allocation holding b, or nil.
+func (w *Simulation) pinnedOf(b []byte) *simPinned {
+	if len(b) == 0 {
+		return nil
+	}
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	for _, pa := range w.pinned {
+		base := uintptr(unsafe.Pointer(unsafe.SliceData(pa.buf)))
+		if p >= base && p+uintptr(len(b)) <= base+uintptr(len(pa.buf)) {
+			return pa
+		}
+	}
+	return nil
+}
+
+// simHostCopyItem is a copy between page-locked memory and the device, done
+// by the "copy engine" when its stream is polled.
+type simHostCopyItem struct {
+	pin    *simPinned
+	host   []byte
+	dev    uintptr
+	toHost bool
+}
+
+func (it *simHostCopyItem) step(w *Simulation) bool {
+	if w.stallCopies {
+		return false
+	}
+	if it.pin.freed {
+		w.faultf("copy engine used page-locked memory after cudaFreeHost")
+		return true
+	}
+	m := w.mem(it.dev, len(it.host), "cudaMemcpyAsync")
+	if m == nil {
+		return true
+	}
+	if it.toHost {
+		copy(it.host, m)
+	} else {
+		copy(m, it.host)
+	}
+	return true
+}
+
+func (w *Simulation) copyHtoD(dev int, dst uintptr, src []byte, s streamHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.stream(dev, s, "cudaMemcpyAsync")
+	if err != nil {
+		return err
+	}
+	if w.mem(dst, len(src), "cudaMemcpyAsync(HtoD)") == nil {
+		return &cudaError{Op: "cudaMemcpyAsync", Code: 1, Msg: "invalid argument"}
+	}
+	if pa := w.pinnedOf(src); pa != nil {
+		st.items = append(st.items, &simHostCopyItem{pin: pa, host: src, dev: dst})
+		return nil
+	}
+	copy(w.mem(dst, len(src), "cudaMemcpyAsync(HtoD)"), src) // staged at once, as CUDA does for pageable memory
+	return nil
+}
+
+func (w *Simulation) copyDtoH(dev int, dst []byte, src uintptr, s streamHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.stream(dev, s, "cudaMemcpyAsync")
+	if err != nil {
+		return err
+	}
+	if w.mem(src, len(dst), "cudaMemcpyAsync(DtoH)") == nil {
+		return &cudaError{Op: "cudaMemcpyAsync", Code: 1, Msg: "invalid argument"}
+	}
+	if pa := w.pinnedOf(dst); pa != nil {
+		st.items = append(st.items, &simHostCopyItem{pin: pa, host: dst, dev: src, toHost: true})
+		return nil
+	}
+	w.progress(st)
+	if len(st.items) > 0 {
+		w.faultf("copy to host on a busy stream")
+	}
+	copy(dst, w.mem(src, len(dst), "cudaMemcpyAsync(DtoH)"))
+	return nil
+}
+
+func (w *Simulation) copyDtoD(dev int, dst, src uintptr, n int, s streamHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.stream(dev, s, "cudaMemcpyAsync")
+	if err != nil {
+		return err
+	}
+	st.items = append(st.items, &simCopyItem{dst: dst, src: src, n: n})
+	return nil
+}
+
+func (w *Simulation) memset(dev int, p uintptr, v byte, n int, s streamHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, err := w.stream(dev, s, "cudaMemsetAsync"); err != nil {
+		return err
+	}
+	m := w.mem(p, n, "cudaMemsetAsync")
+	for i := range m {
+		m[i] = v
+	}
+	return nil
+}
+
+func (w *Simulation) hostAlloc(dev int, n int) ([]byte, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.checkDev(dev); err != nil {
+		return nil, err
+	}
+	if n <= 0 {
+		w.faultf("cudaHostAlloc of %d bytes", n)
+	}
+	buf := make([]byte, n)
+	w.pinned[unsafe.SliceData(buf)] = &simPinned{buf: buf}
+	w.hostAllocs++
+	return buf, nil
+}
+
+func (w *Simulation) hostFree(buf []byte) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	pa := w.pinned[unsafe.SliceData(buf)]
+	if pa == nil {
+		w.faultf("cudaFreeHost of memory cudaHostAlloc did not return")
+		return &cudaError{Op: "cudaFreeHost", Code: 1, Msg: "invalid argument"}
+	}
+	for _, st := range w.streams {
+		for _, it := range st.items {
+			if hc, ok := it.(*simHostCopyItem); ok && hc.pin == pa {
+				w.faultf("cudaFreeHost of page-locked memory a queued copy still uses")
+			}
+		}
+	}
+	pa.freed = true
+	delete(w.pinned, unsafe.SliceData(buf))
+	w.hostAllocs--
+	return nil
+}
+
+func (w *Simulation) pciBusID(dev int) (string, error) {
+	if err := w.checkDev(dev); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("0000:%02x:00.0", simBus(dev)), nil
+}
+
+func (w *Simulation) streamCreate(dev int) (streamHandle, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.checkDev(dev); err != nil {
+		return 0, err
+	}
+	s := streamHandle(w.handle())
+	w.streams[s] = &simStream{dev: dev}
+	return s, nil
+}
+
+func (w *Simulation) streamDestroy(dev int, s streamHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.stream(dev, s, "cudaStreamDestroy")
+	if err != nil {
+		return err
+	}
+	if len(st.items) > 0 {
+		w.faultf("cudaStreamDestroy of a stream with %d items still queued", len(st.items))
+	}
+	delete(w.streams, s)
+	return nil
+}
+
+func (w *Simulation) streamQuery(dev int, s streamHandle) (bool, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.stream(dev, s, "cudaStreamQuery")
+	if err != nil {
+		return false, err
+	}
+	w.progress(st)
+	return len(st.items) == 0, nil
+}
+
+func (w *Simulation) eventCreate(dev int, timing bool) (eventHandle, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ev := eventHandle(w.handle())
+	w.events[ev] = &simEvent{}
+	return ev, nil
+}
+
+func (w *Simulation) eventDestroy(dev int, ev eventHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.events, ev)
+	return nil
+}
+
+func (w *Simulation) eventRecord(dev int, ev eventHandle, s streamHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.stream(dev, s, "cudaEventRecord")
+	if err != nil {
+		return err
+	}
+	e := w.events[ev]
+	e.done = false
+	st.items = append(st.items, &simEventItem{ev: e})
+	return nil
+}
+
+func (w *Simulation) eventQuery(ev eventHandle) (bool, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, st := range w.streams {
+		w.progress(st)
+	}
+	return w.events[ev].done, nil
+}
+
+func (w *Simulation) eventElapsed(start, end eventHandle) (float32, error) { return 0.5, nil }
