@@ -73,6 +73,7 @@ type Comm struct {
 	healed        recovery.Progress
 	stepStarted   time.Time
 	waitingFor    uint64 // durable mode: a committed step no participant holds (log once)
+	fatal         error  // Step returns it from now on (the group's shards diverged)
 
 	stopHealth context.CancelFunc
 	stop       chan struct{}
@@ -407,6 +408,9 @@ func (c *Comm) stopStale(stale []*comm.Comm, epoch uint64) {
 func (c *Comm) Step(ctx context.Context) error {
 	c.works, c.errs, c.groupErrs = c.works[:0], c.errs[:0], c.groupErrs[:0]
 	c.stepStarted = time.Now()
+	if c.fatal != nil {
+		return c.fatal
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -460,7 +464,8 @@ func (c *Comm) reconfigure(ctx context.Context) error {
 			c.metrics.reconfigSeconds.Observe(time.Since(t0).Seconds())
 			return err
 		}
-		if ctx.Err() != nil || errors.Is(err, comm.ErrBackendUnavailable) || errors.Is(err, comm.ErrInvalidArgument) {
+		if ctx.Err() != nil || errors.Is(err, comm.ErrBackendUnavailable) || errors.Is(err, comm.ErrInvalidArgument) ||
+			errors.Is(err, ErrGroupDiverged) {
 			return fmt.Errorf("ft: step: %w", err)
 		}
 		c.noteFailure()
@@ -613,7 +618,35 @@ func (c *Comm) apply(ctx context.Context, q membership.Quorum, v view) error {
 		zap.Int("rank", v.ftRank), zap.Int("size", len(v.ft)), zap.Int("groups", v.groups))
 	c.emit(Event{Kind: EventReconfigured, Epoch: q.Epoch, Participants: v.groups, How: how.String(), Took: time.Since(t0), Reason: q.Reason})
 
-	return c.agreeAndHeal(ectx, q.Epoch)
+	err = c.agreeAndHeal(ectx, q.Epoch)
+	if err != nil && !errors.Is(err, ErrRolledBack) {
+		return err
+	}
+	if group.ok() {
+		if gerr := c.checkGroupSteps(ectx, group, q.Epoch); gerr != nil {
+			return gerr
+		}
+	}
+	return err
+}
+
+// checkGroupSteps makes sure the replica group's ranks continue from one
+// step. They heal independently (rank i from FT comm i), so they differ
+// only when the group's vote completed at one rank and failed at the
+// other and no other group holds the lagging shard's step: that shard's
+// state is lost, and training on would mix steps silently.
+func (c *Comm) checkGroupSteps(ctx context.Context, group comms, epoch uint64) error {
+	v := []int64{c.step, -c.step}
+	if err := group.ctl.AllReduce(ctx, comm.Int64s(v), comm.Max); err != nil {
+		return fmt.Errorf("ft: the group's step check in epoch %d: %w", epoch, err)
+	}
+	if hi, lo := v[0], -v[1]; hi != lo {
+		c.log.Error("the replica group's ranks stand at different steps; no replica holds the lagging shard's step",
+			zap.Int64("step", c.step), zap.Int64("group_min", lo), zap.Int64("group_max", hi))
+		c.fatal = &GroupDivergedError{Group: c.cfg.Group, Step: c.step, Min: lo, Max: hi}
+		return c.fatal
+	}
+	return nil
 }
 
 // form makes one dimension's comms for epoch: shrinks or grows old, or

@@ -97,10 +97,14 @@
 // can complete at one rank and fail at the other (a rank dying or its link
 // cut mid-vote); the group's shards then stand one step apart. Healing
 // repairs it when another replica group holds the lagging shard's step (rank
-// i heals from FT comm i); with no such group the shards stay apart, and
-// nothing yet detects it in the default mode. With DurableCommit the
-// lagging rank sees the job's recorded step above what its FT comm holds
-// and waits (EventWaiting): the group stalls instead of diverging.
+// i heals from FT comm i). With no such group that shard's step is lost:
+// after every reconfiguration the group's ranks compare their steps (one
+// small all-reduce on the group's control comm), and if they differ Step
+// returns a *GroupDivergedError (ErrGroupDiverged) at every rank of the
+// group, then and at every later call — restore the group from a
+// checkpoint; it never trains on with its shards at different steps. With
+// DurableCommit the lagging rank sees the job's recorded step above what
+// its FT comm holds and waits (EventWaiting) instead.
 //
 // # Caller duties
 //

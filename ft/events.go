@@ -107,3 +107,26 @@ func (e *RollbackError) Error() string {
 }
 
 func (e *RollbackError) Unwrap() error { return ErrRolledBack }
+
+// ErrGroupDiverged is matched by a *GroupDivergedError.
+var ErrGroupDiverged = errors.New("ft: the replica group's shards stand at different steps")
+
+// GroupDivergedError is returned by Step when the ranks of this replica
+// group continue from different committed steps and healing cannot bring
+// them together: the group's vote on a step completed at some of its ranks
+// only, and no other replica group holds that step of the lagging shards.
+// The job's state for those shards at Max is lost; restore the group from a
+// checkpoint. Step keeps returning it (the Comm is not usable for training).
+// See "Replica groups" in the package doc.
+type GroupDivergedError struct {
+	Group    string
+	Step     int64 // this rank's committed step
+	Min, Max int64 // the group's ranks' committed steps
+}
+
+func (e *GroupDivergedError) Error() string {
+	return fmt.Sprintf("ft: replica group %s: its ranks stand at steps %d..%d (this rank %d) and no replica holds the lagging shards' step %d",
+		e.Group, e.Min, e.Max, e.Step, e.Max)
+}
+
+func (e *GroupDivergedError) Unwrap() error { return ErrGroupDiverged }

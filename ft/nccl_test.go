@@ -1147,3 +1147,50 @@ func (t *endingT) end() {
 	defer t.mu.Unlock()
 	t.ended = true
 }
+
+// HSDP: the group's vote on a step completes at one rank and fails at the
+// other (simulated: a1 forgets the step it committed, as if its vote had
+// failed after a0's completed), and the other group loses a rank, so no
+// replica holds a1's shard at that step. The group's ranks would go on
+// from different steps; Step reports it as a *GroupDivergedError at both
+// ranks instead, and keeps reporting it.
+func TestNCCLGroupStepsApartAreReported(t *testing.T) {
+	j := newGPUJob(t, 4, 1)
+	rs := j.startAll(gpuRank{"a", 0, 2, 0}, gpuRank{"a", 1, 2, 1}, gpuRank{"b", 0, 2, 2}, gpuRank{"b", 1, 2, 3})
+	a0, a1, b0, b1 := rs[0], rs[1], rs[2], rs[3]
+	a0.waitCommits(2, 2, 0)
+	held, release := make(chan int64, 1), make(chan struct{})
+	var once sync.Once
+	a1.setHook(afterCommit, func(r *gpuReplica, step int64) {
+		once.Do(func() {
+			r.c.setStep(step - 1)
+			held <- step
+			<-release
+		})
+	})
+	select {
+	case <-held:
+	case <-time.After(60 * time.Second):
+		t.Fatal("a1 did not commit")
+	}
+	j.kill(b1)
+	close(release)
+	for _, r := range []*gpuReplica{a0, a1} {
+		r.waitFor("Step's report that the group's ranks diverged", func() bool {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return r.err != nil
+		})
+		var gd *GroupDivergedError
+		if !errors.As(r.err, &gd) || gd.Max != gd.Min+1 {
+			t.Errorf("%s: %v; want a *GroupDivergedError one step apart", r.id, r.err)
+		}
+		if err := r.c.Step(context.Background()); !errors.Is(err, ErrGroupDiverged) {
+			t.Errorf("%s: the next Step returned %v; want ErrGroupDiverged again", r.id, err)
+		}
+		r.mu.Lock()
+		r.err = nil // expected; stop checks the rest
+		r.mu.Unlock()
+	}
+	j.stop(a0, a1, b0)
+}
