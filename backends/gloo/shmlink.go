@@ -96,7 +96,7 @@ type shmLane struct {
 	// skipSet may also be read without it, as a hint)
 	skipTo  uint64
 	skipSet atomic.Bool
-	lost    bool // an op failed mid-frame: wait for a resync position (link.mu)
+	lost    bool // an op failed mid-frame: wait for a resync position (lane 0: link.mu; lanes ≥ 1: their helper's alone)
 
 	// producer
 	tx    ring
@@ -137,18 +137,31 @@ func newShmState(seg *shmSeg) *shmState {
 	return s
 }
 
-// spin yields once between two polls of a waiter: to this process's
-// goroutines (a TCP reader, the monitor), and, when this host runs more
-// ranks of the comm than it has CPUs, to other processes too
-// (sched_yield), so that polling does not take a CPU from the peer it
-// waits for. Measured on 2 cores, 4 KiB all-reduce, 4 ranks: without the
-// yields 150–480 µs, with them 80–120 µs.
-func spin(crowded bool) {
-	runtime.Gosched()
-	if crowded {
+// spin is what a waiter does between two polls. When this host runs more
+// ranks of the comm than it has CPUs (crowded), it yields every round: to
+// this process's goroutines and to other processes (sched_yield), so that
+// polling does not take a CPU from the peer it waits for. Measured on 2
+// cores, 4 KiB all-reduce, 4 ranks: without the yields 150–480 µs, with
+// them 80–120 µs. Otherwise it yields to this process's goroutines (a TCP
+// reader, the monitor) only every spinYield rounds: runtime.Gosched takes
+// the scheduler's global lock and wakes an idle P's thread to look for
+// work, so yielding every round made the lane helpers of one process
+// contend on that lock and kept extra threads awake, which on a host whose
+// cores the ranks' lanes fill took CPUs from the lanes themselves (one lane
+// descheduled for a time slice stalls the whole all-reduce).
+func spin(crowded bool, round int) {
+	switch {
+	case crowded:
+		runtime.Gosched()
 		syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+	case round%spinYield == 0:
+		runtime.Gosched()
 	}
 }
+
+// spinYield: a waiter on a host that is not crowded yields every this
+// many polls (a few µs).
+const spinYield = 32
 
 // interruptTx makes a writer waiting for ring space give up (Abort,
 // Revoke, failures: as a past write deadline does for TCP). The writer
@@ -736,7 +749,7 @@ func (b *Backend) shmIdle(ctx context.Context, w *shmWait, sp *spinner) error {
 			polling = now.Sub(sp.since) < shmSpin
 		}
 		if polling {
-			spin(b.crowded)
+			spin(b.crowded, sp.rounds)
 			if sp.rounds%spinClock == 0 && ctx.Err() != nil {
 				return fmt.Errorf("gloo: %w: %w", comm.ErrAborted, ctxEnded(ctx))
 			}
