@@ -132,9 +132,8 @@ type Config struct {
 	// links: the op's goroutine and up to SharedMemoryLanes−1 helpers, each
 	// moving one part through its own ring pair of each link (512 KiB each
 	// way, mapped when the link is set up). 0, the default, picks the
-	// host's CPUs less one in eight, divided by the ranks of the comm on
-	// this host, at most 8 and at most GOMAXPROCS (1 on a 2-core host with
-	// 2 ranks, 7 on a 16-core host with 2, 3 with 4, 1 with 8); 1 turns
+	// host's CPUs divided by the ranks of the comm on this host, at most 8
+	// and at most GOMAXPROCS (1 on a 2-core host with 2 ranks); 1 turns
 	// lanes off. An op uses the fewest lanes
 	// any rank can (agreed on per op, one per MiB of message at most).
 	SharedMemoryLanes int

@@ -50,18 +50,14 @@ const (
 )
 
 // autoLanes is how many lanes a rank of a comm of size ranks on this host
-// may use: its share of the CPUs less one in eight of them, no more than
-// this process's GOMAXPROCS, at most autoLanesMax. Every lane keeps a
-// core busy (it polls while it waits), and the ring moves in lockstep: a
-// lane the kernel takes off its core for a time slice stalls every rank's
-// whole all-reduce for milliseconds. With ranks × lanes filling every
-// core (2 ranks × 8 lanes on 16), the host's other threads (TCP readers,
-// the Go runtime's, the kernel's) did just that in some rounds: busbw
-// swung between 15 and 3.6 GB/s at 16 MiB. The spare cores leave them room.
+// may use: its share of the CPUs, no more than this process's GOMAXPROCS
+// (lanes beyond it cannot run at once), at most autoLanesMax. (Leaving one
+// core in eight to the rest of the host was tried on the 16-core host,
+// 2026-11-23: 8 ranks × 1 lane moved 1.6–1.9 GB/s at 16–64 MiB against
+// 2.0–2.8 for 8 × 2, 4 × 3 no better than 4 × 4, and the swings between
+// rounds stayed.)
 func autoLanes(size int) int {
-	cpus := runtime.NumCPU()
-	spare := (cpus + 7) / 8
-	return max(1, min(autoLanesMax, runtime.GOMAXPROCS(0), (cpus-spare)/max(size, 1)))
+	return max(1, min(autoLanesMax, runtime.GOMAXPROCS(0), runtime.NumCPU()/max(size, 1)))
 }
 
 // shmLanes is the lane count and lane ring size of the segments this node
