@@ -98,6 +98,7 @@ type Backend struct {
 	laneJobs      [shmMaxLanes]laneJob
 	laneRuns      [shmMaxLanes]laneRun
 	laneDoneFlags [shmMaxLanes][]bool
+	inLanes       bool // the op goroutine runs lane 0 of a lanes all-reduce: it spins for laneSpin
 	crowded       bool // more ranks of this comm on this host than CPUs (see spin); set by start
 	marks         []int64
 	ints          []int

@@ -47,6 +47,13 @@ const (
 	laneRing = 512 << 10
 	// autoLanesMax bounds the lanes Config.SharedMemoryLanes 0 picks.
 	autoLanesMax = 8
+	// laneSpin is how long a lane helper polls before it parks: longer
+	// than the op goroutine's shmSpin, since a helper waits only inside a
+	// large all-reduce that its partner lane is running too, and every
+	// lane's wake goes through the link's one TCP connection and reader:
+	// parked lanes wait for each other's wakes in turn, which makes the
+	// next waits longer still.
+	laneSpin = time.Millisecond
 )
 
 // autoLanes is how many lanes a rank of a comm of size ranks on this host
@@ -159,7 +166,9 @@ func (b *Backend) allReduceLanes(ctx context.Context, d desc, seq uint64, t []by
 		b.laneJobs[i] = laneJob{d: d, seq: seq, t: part(i)}
 		b.laneGo[i] <- struct{}{}
 	}
+	b.inLanes = true
 	err := b.ringBody(ctx, d, seq, part(0))
+	b.inLanes = false
 	if err != nil && !b.isBroken() {
 		// The helpers must stop too (they watch b, not the ctx).
 		b.breakWith(faultInfo{nt: abortNotice(b.opType(), b.rank, err), err: fmt.Errorf("gloo: %w: %w", comm.ErrAborted, err)})
@@ -448,8 +457,8 @@ func (w *laneRun) takeLocked() (bool, error) {
 }
 
 // idle is one round of waiting with nothing to do, for data on the rx
-// lane or (wantTx > 0) that much room on the tx lane: a yield while the
-// spin lasts, then a park until a wake frame for this lane or a failure,
+// lane or (wantTx > 0) that much room on the tx lane: a poll while the
+// spin (laneSpin) lasts, then a park until a wake frame for this lane or a failure,
 // announced in both links and preceded by one more look.
 func (w *laneRun) idle(wantTx uint64) error {
 	b := w.b
@@ -463,7 +472,7 @@ func (w *laneRun) idle(wantTx uint64) error {
 		if sp.since.IsZero() {
 			sp.since = now
 		}
-		if now.Sub(sp.since) >= shmSpin {
+		if now.Sub(sp.since) >= laneSpin {
 			sp.reset()
 			setLaneAsleep(w.rl, w.rz, 1)
 			setLaneAsleep(w.tl, w.tz, 1)

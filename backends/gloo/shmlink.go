@@ -747,7 +747,11 @@ func (b *Backend) shmIdle(ctx context.Context, w *shmWait, sp *spinner) error {
 			if sp.since.IsZero() {
 				sp.since = now
 			}
-			polling = now.Sub(sp.since) < shmSpin
+			limit := shmSpin
+			if b.inLanes {
+				limit = laneSpin
+			}
+			polling = now.Sub(sp.since) < limit
 		}
 		if polling {
 			spin(b.crowded, sp.rounds)
