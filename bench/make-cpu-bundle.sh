@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make-cpu-bundle.sh DIR — builds bench/compare-cpu.sh's tools into DIR for a
 # host that has no Go, no compiler and no package access (the GPU hosts'
-# CPUs): ftbench (static), the libgloo and MPI timers, memcpy_bw, the
+# CPUs): ftbench, the libgloo and MPI timers, memcpy_bw, the
 # PyTorch script, compare-cpu.sh itself, and Debian's shared libraries and
 # Open MPI tree they need, unpacked from .debs (apt-get download) into
 # DIR/root. Run it there as:  BIN=DIR RANKS="2 4 8" DIR/compare-cpu.sh
@@ -12,7 +12,9 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd)
 cd "$ROOT"
-CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$DIR/ftbench" ./cmd/ftbench
+# ftbench links the nccl backend, which needs cgo (it loads NCCL and CUDA
+# at run time): it uses the host's glibc, as the C tools below do.
+go build -trimpath -ldflags="-s -w" -o "$DIR/ftbench" ./cmd/ftbench
 g++ -O2 -std=c++17 -o "$DIR/gloo_allreduce" bench/gloo/allreduce.cc -lgloo -lpthread
 mpicc -O2 -o "$DIR/mpi_allreduce" bench/mpi/allreduce.c
 gcc -O2 -pthread -o "$DIR/memcpy_bw" bench/memcpy/memcpy_bw.c

@@ -147,6 +147,18 @@ type Revoker interface {
 	Revoke(cause error)
 }
 
+// CtxWatcher is a backend whose ops watch their ctx themselves: an op that
+// is blocked, or polling, when its ctx ends returns promptly with an error
+// (within microseconds, as it would on Abort), from every wait it can be
+// in. Comm then arms nothing on the ctx of each op; without it, Comm
+// registers a callback on every op's cancelable ctx (context.AfterFunc:
+// allocations and a lock of the ctx per op) that aborts the backend. Either
+// way an op whose ctx ends while it runs breaks the comm (see Deadlines in
+// the package doc). WatchesCtx is fixed for the backend's life.
+type CtxWatcher interface {
+	WatchesCtx() bool
+}
+
 // Shrinker is a backend that can form a smaller communicator of the
 // survivors: every rank not in exclude calls Shrink with the same exclude and
 // epoch; survivors are renumbered contiguously in old-rank order. exclude is

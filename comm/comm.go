@@ -52,6 +52,7 @@ type Comm struct {
 	timer    *time.Timer // fires onDeadline; armed while an op executes
 	worker   bool        // the worker goroutine is running
 	enq      Enqueuer    // b, when it can start ops before earlier ones complete
+	ownCtx   bool        // b watches each op's ctx itself (CtxWatcher): no callback per op
 	pending  int         // ops started on enq and not yet completed
 	inflight chan *Work  // started ops, in order, to the completer goroutine
 	wake     chan struct{}
@@ -79,6 +80,9 @@ func wrap(b Backend, opts Options) *Comm {
 	if e, ok := b.(Enqueuer); ok {
 		c.enq = e
 		c.inflight = make(chan *Work, pipelineDepth)
+	}
+	if cw, ok := b.(CtxWatcher); ok {
+		c.ownCtx = cw.WatchesCtx()
 	}
 	c.timer = time.AfterFunc(time.Hour, c.onDeadline)
 	c.timer.Stop()
@@ -419,8 +423,10 @@ func (c *Comm) execute(w *Work) {
 	c.rec.start(w.seq, now)
 	c.mu.Unlock()
 
+	// A backend that watches the ctx itself returns promptly when it ends,
+	// and the check below then breaks the comm: no callback is needed.
 	var stop func() bool
-	if w.ctx.Done() != nil {
+	if !c.ownCtx && w.ctx.Done() != nil {
 		seq := w.seq // w may be recycled before a late callback runs: match by seq
 		stop = context.AfterFunc(w.ctx, func() { c.onCtxDone(seq) })
 	}
@@ -434,7 +440,8 @@ func (c *Comm) execute(w *Work) {
 	c.cur = nil
 	var abort error
 	if err != nil && wasActive && c.state == stateActive && w.ctx.Err() != nil {
-		// The backend saw the ctx end before onCtxDone did.
+		// The backend saw the ctx end (before onCtxDone did, or with no
+		// callback armed: a CtxWatcher).
 		abort = c.ctxBreakLocked(w)
 	}
 	err = c.classifyLocked(w, err, wasActive)

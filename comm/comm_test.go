@@ -208,6 +208,31 @@ func TestCallerCancelAbortsRunningOp(t *testing.T) {
 	}
 }
 
+// On a backend that watches the ctx itself, Comm arms nothing on it, and
+// an op whose ctx ends still breaks the comm and aborts the backend.
+func TestCallerCancelAbortsRunningOpOnCtxWatcher(t *testing.T) {
+	f := newFake(0, 2)
+	f.gate = make(chan struct{})
+	f.started = make(chan comm.OpType, 1)
+	c := newComm(t, watcher{f}, comm.Options{Timeout: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	w := c.BarrierAsync(ctx)
+	<-f.started
+	cancel()
+	err := waitDone(t, w)
+	if !errors.Is(err, comm.ErrAborted) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want ErrAborted wrapping context.Canceled", err)
+	}
+	if !errors.Is(c.Err(), comm.ErrAborted) {
+		t.Fatalf("comm still active after an abandoned op: %v", c.Err())
+	}
+	select {
+	case <-f.abort:
+	default:
+		t.Fatal("backend not aborted")
+	}
+}
+
 func TestQueuedOpGivesUpWithoutAbortingTheComm(t *testing.T) {
 	f := newFake(0, 2)
 	f.gate = make(chan struct{})
@@ -557,6 +582,22 @@ func TestSyncOpAllocatesNothing(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("sync AllReduce allocates %.1f times per op", allocs)
+	}
+}
+
+// A cancelable ctx costs nothing per op on a backend that watches it.
+func TestSyncOpWithCancelableCtxAllocatesNothingOnCtxWatcher(t *testing.T) {
+	c := newComm(t, watcher{newFake(0, 2)}, comm.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	x := comm.Float32s(make([]float32, 16))
+	allocs := testing.AllocsPerRun(1000, func() {
+		if err := c.AllReduce(ctx, x, comm.Sum); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("sync AllReduce with a cancelable ctx allocates %.1f times per op", allocs)
 	}
 }
 

@@ -44,7 +44,11 @@
 // recorder is written to the log, and the comm is broken. If the caller's ctx
 // is cancelled while the op runs, the comm is aborted too: a collective cannot
 // be abandoned half-way without leaving peers in an unknown state. An op whose
-// ctx ends while it is still queued fails without touching the comm.
+// ctx ends while it is still queued fails without touching the comm. A
+// backend that watches each op's ctx itself (a CtxWatcher, such as gloo)
+// returns at once when it ends and Comm then breaks the comm; on any other
+// backend Comm registers a callback on the ctx of each op (a few
+// allocations per op whose ctx can be cancelled) that aborts it.
 //
 // # Concurrency
 //

@@ -147,6 +147,12 @@ func (r revoker) Revoke(cause error) {
 	r.fake.Abort(fmt.Errorf("%w: %w", comm.ErrRevoked, cause))
 }
 
+// watcher is a fake that declares it watches its ops' ctx (it does: a
+// gated op returns when its ctx ends).
+type watcher struct{ *fake }
+
+func (watcher) WatchesCtx() bool { return true }
+
 // shrinker adds Shrink to fake: the new backend is a fresh fake.
 type shrinker struct{ *fake }
 

@@ -98,6 +98,7 @@ type Backend struct {
 	laneJobs      [shmMaxLanes]laneJob
 	laneRuns      [shmMaxLanes]laneRun
 	laneDoneFlags [shmMaxLanes][]bool
+	inLanes       bool // the op goroutine runs lane 0 of a lanes all-reduce: it spins for laneSpin
 	crowded       bool // more ranks of this comm on this host than CPUs (see spin); set by start
 	marks         []int64
 	ints          []int
@@ -117,12 +118,20 @@ type Backend struct {
 }
 
 var (
-	_ comm.Backend  = (*Backend)(nil)
-	_ comm.Revoker  = (*Backend)(nil)
-	_ comm.Shrinker = (*Backend)(nil)
-	_ comm.Grower   = (*Backend)(nil)
-	_ comm.Splitter = (*Backend)(nil)
+	_ comm.Backend    = (*Backend)(nil)
+	_ comm.Revoker    = (*Backend)(nil)
+	_ comm.Shrinker   = (*Backend)(nil)
+	_ comm.Grower     = (*Backend)(nil)
+	_ comm.Splitter   = (*Backend)(nil)
+	_ comm.CtxWatcher = (*Backend)(nil)
 )
+
+// WatchesCtx implements comm.CtxWatcher: every wait of an op selects on
+// its ctx or polls it (shared memory), every frame sent looks at it, and
+// a socket write arms a callback that aborts the backend (watchCtx), so
+// an op returns within microseconds of its ctx's end and the Comm need
+// not arm a callback of its own on every op.
+func (b *Backend) WatchesCtx() bool { return true }
 
 type rxMark struct{ bytes, done int64 }
 

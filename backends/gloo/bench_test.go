@@ -40,12 +40,30 @@ func sizeName(n int) string {
 // the CPU time the whole process (all ranks) spent per op.
 func benchCollective(b *testing.B, ranks, size int, mut func(*Config), busFactor float64,
 	setup func(r, n int) func(ctx context.Context, c *comm.Comm) error) {
+	benchCollectiveCtx(b, ranks, size, mut, busFactor, context.Background(), false, setup)
+}
+
+// benchCollectiveCtx is benchCollective with the caller's ctx given; with
+// callback, each rank's ops go through a Comm that cannot see that the
+// backend watches the ctx itself (comm.CtxWatcher), so it arms a
+// callback on every op's cancelable ctx, as every Comm used to.
+func benchCollectiveCtx(b *testing.B, ranks, size int, mut func(*Config), busFactor float64,
+	ctx context.Context, callback bool, setup func(r, n int) func(ctx context.Context, c *comm.Comm) error) {
 	j := newJob(b, ranks, mut)
+	if callback {
+		for r, c := range j.comms {
+			w, err := comm.Wrap(plainBackend{c.Backend()}, j.opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			j.comms[r] = w // closing it closes the backend; c's Close is then a no-op on it
+			defer c.Close()
+		}
+	}
 	ops := make([]func(context.Context, *comm.Comm) error, ranks)
 	for r := range ranks {
 		ops[r] = setup(r, ranks)
 	}
-	ctx := context.Background()
 	for range 2 { // warm up: scratch buffers, socket buffers, receive queues
 		j.mustRun(func(r int, c *comm.Comm) error { return ops[r](ctx, c) })
 	}
@@ -112,6 +130,35 @@ func BenchmarkAllReduce(b *testing.B) {
 		t := comm.Float32s(ones(size / 4))
 		return func(ctx context.Context, c *comm.Comm) error { return c.AllReduce(ctx, t, comm.Sum) }
 	})
+}
+
+// plainBackend hides every optional interface of the backend it holds.
+type plainBackend struct{ comm.Backend }
+
+// BenchmarkAllReduceCtx is the per-op cost of the caller's ctx, side by
+// side on a 4 KiB all-reduce: ctx=background (nothing to watch),
+// ctx=cancel (a cancelable ctx, as ft and ftbench pass: the backend
+// watches it itself) and ctx=callback (the same through a Comm that arms
+// context.AfterFunc on each op's ctx: the cost before comm.CtxWatcher).
+func BenchmarkAllReduceCtx(b *testing.B) {
+	for _, ranks := range []int{2, 4} {
+		for _, mode := range []string{"background", "cancel", "callback"} {
+			b.Run(fmt.Sprintf("ranks=%d/ctx=%s", ranks, mode), func(b *testing.B) {
+				ctx := context.Background()
+				if mode != "background" {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithCancel(ctx)
+					defer cancel()
+				}
+				size := 4 << 10
+				benchCollectiveCtx(b, ranks, size, nil, allReduceBus(ranks), ctx, mode == "callback",
+					func(r, n int) func(context.Context, *comm.Comm) error {
+						t := comm.Float32s(ones(size / 4))
+						return func(ctx context.Context, c *comm.Comm) error { return c.AllReduce(ctx, t, comm.Sum) }
+					})
+			})
+		}
+	}
 }
 
 // BenchmarkReduceScatter: size is the input (n blocks).

@@ -132,8 +132,9 @@ type Config struct {
 	// links: the op's goroutine and up to SharedMemoryLanes−1 helpers, each
 	// moving one part through its own ring pair of each link (512 KiB each
 	// way, mapped when the link is set up). 0, the default, picks the
-	// host's CPUs divided by the comm's ranks, at most 8 (1 on a 2-core
-	// host with 2 ranks); 1 turns lanes off. An op uses the fewest lanes
+	// host's CPUs divided by the ranks of the comm on this host, at most 8
+	// and at most GOMAXPROCS (1 on a 2-core host with 2 ranks); 1 turns
+	// lanes off. An op uses the fewest lanes
 	// any rank can (agreed on per op, one per MiB of message at most).
 	SharedMemoryLanes int
 }

@@ -155,7 +155,9 @@
 // shared-memory transport, libgloo and PyTorch gloo, with the host's
 // memcpy bandwidth as the ceiling: README, bench/compare-cpu.sh). Ops over
 // shared memory do not arm a context.AfterFunc (they poll and select on
-// the ctx); one that writes to a socket does, once. Over TCP loopback it is the kernel's
+// the ctx, and look at it before each frame); one that writes to a socket
+// does, once. The backend is a comm.CtxWatcher, so the Comm arms none
+// either: a cancelable ctx costs an op nothing. Over TCP loopback it is the kernel's
 // socket copies (about 40% of CPU in profiles), the reduction (about 10%,
 // comm/reduce's unrolled kernels) and thread wakeups; there the backend
 // runs at the loopback ceiling, level with libgloo's newer ring, and shared

@@ -47,12 +47,25 @@ const (
 	laneRing = 512 << 10
 	// autoLanesMax bounds the lanes Config.SharedMemoryLanes 0 picks.
 	autoLanesMax = 8
+	// laneSpin is how long a lane helper polls before it parks: longer
+	// than the op goroutine's shmSpin, since a helper waits only inside a
+	// large all-reduce that its partner lane is running too, and every
+	// lane's wake goes through the link's one TCP connection and reader,
+	// so parked lanes wait for each other's wakes in turn. (Against 100 µs
+	// on the 16-core host, 2 interleaved rounds, 2026-11-23: no difference
+	// beyond the noise; it did not stop the 2-rank swings between rounds.)
+	laneSpin = time.Millisecond
 )
 
 // autoLanes is how many lanes a rank of a comm of size ranks on this host
-// may use: its share of the CPUs, at most autoLanesMax.
+// may use: its share of the CPUs, no more than this process's GOMAXPROCS
+// (lanes beyond it cannot run at once), at most autoLanesMax. (Leaving one
+// core in eight to the rest of the host was tried on the 16-core host,
+// 2026-11-23: 8 ranks × 1 lane moved 1.6–1.9 GB/s at 16–64 MiB against
+// 2.0–2.8 for 8 × 2, 4 × 3 no better than 4 × 4, and the swings between
+// rounds stayed.)
 func autoLanes(size int) int {
-	return max(1, min(autoLanesMax, runtime.NumCPU()/max(size, 1)))
+	return max(1, min(autoLanesMax, runtime.GOMAXPROCS(0), runtime.NumCPU()/max(size, 1)))
 }
 
 // shmLanes is the lane count and lane ring size of the segments this node
@@ -154,7 +167,9 @@ func (b *Backend) allReduceLanes(ctx context.Context, d desc, seq uint64, t []by
 		b.laneJobs[i] = laneJob{d: d, seq: seq, t: part(i)}
 		b.laneGo[i] <- struct{}{}
 	}
+	b.inLanes = true
 	err := b.ringBody(ctx, d, seq, part(0))
+	b.inLanes = false
 	if err != nil && !b.isBroken() {
 		// The helpers must stop too (they watch b, not the ctx).
 		b.breakWith(faultInfo{nt: abortNotice(b.opType(), b.rank, err), err: fmt.Errorf("gloo: %w: %w", comm.ErrAborted, err)})
@@ -369,10 +384,7 @@ func (w *laneRun) takeLocked() (bool, error) {
 					moved = true
 				}
 			}
-			l.mu.Lock()
-			lost := z.lost
-			l.mu.Unlock()
-			if lost {
+			if z.lost { // the helper's own: no lock on the polling path
 				return moved, fmt.Errorf("%w: lane %d lost its place in the stream", errLaneLost, w.i)
 			}
 			avail, err := z.rxAvail()
@@ -398,9 +410,7 @@ func (w *laneRun) takeLocked() (bool, error) {
 			}
 			l.consume(z, w.i, headerSize)
 			w.on, w.p, w.s, w.n, w.need, w.got = true, p, st, uint64(len(blk)), uint64(pad8(len(blk))), 0
-			l.mu.Lock()
 			z.lost = true // until the frame is complete: a failure leaves it half taken
-			l.mu.Unlock()
 			moved = true
 		}
 		avail, err := z.rxAvail()
@@ -438,9 +448,7 @@ func (w *laneRun) takeLocked() (bool, error) {
 		if pad > 0 {
 			l.consume(z, w.i, pad)
 		}
-		l.mu.Lock()
 		z.lost = false
-		l.mu.Unlock()
 		l.heard()
 		w.done[w.p*g.steps+w.s] = true
 		w.on = false
@@ -450,8 +458,8 @@ func (w *laneRun) takeLocked() (bool, error) {
 }
 
 // idle is one round of waiting with nothing to do, for data on the rx
-// lane or (wantTx > 0) that much room on the tx lane: a yield while the
-// spin lasts, then a park until a wake frame for this lane or a failure,
+// lane or (wantTx > 0) that much room on the tx lane: a poll while the
+// spin (laneSpin) lasts, then a park until a wake frame for this lane or a failure,
 // announced in both links and preceded by one more look.
 func (w *laneRun) idle(wantTx uint64) error {
 	b := w.b
@@ -465,7 +473,7 @@ func (w *laneRun) idle(wantTx uint64) error {
 		if sp.since.IsZero() {
 			sp.since = now
 		}
-		if now.Sub(sp.since) >= shmSpin {
+		if now.Sub(sp.since) >= laneSpin {
 			sp.reset()
 			setLaneAsleep(w.rl, w.rz, 1)
 			setLaneAsleep(w.tl, w.tz, 1)
@@ -481,7 +489,7 @@ func (w *laneRun) idle(wantTx uint64) error {
 			return err
 		}
 	}
-	spin(b.crowded)
+	spin(b.crowded, sp.rounds)
 	return nil
 }
 

@@ -90,8 +90,8 @@ func (b *Backend) begin(ctx context.Context, op comm.OpType) error {
 // watchCtx has the op's ctx abort b when it ends (once per op, before the
 // op first writes to a socket: a write blocked on a full socket buffer
 // sees only a past write deadline). Waits select on the ctx themselves,
-// and shared-memory writes poll it, so ops over shared memory never pay
-// for this (an allocation and a lock of the ctx).
+// shared-memory writes poll it and sendFrame looks at it, so ops over
+// shared memory never pay for this (an allocation and a lock of the ctx).
 func (b *Backend) watchCtx(ctx context.Context) {
 	if b.ctxStop == nil && ctx.Done() != nil {
 		b.ctxStop = context.AfterFunc(ctx, func() { b.Abort(ctxEnded(ctx)) })
@@ -207,6 +207,12 @@ func (b *Backend) waitAll(ctx context.Context) error {
 }
 
 func (b *Backend) sendFrame(ctx context.Context, p int, h *header, payload []byte) error {
+	if ctx.Err() != nil {
+		// An op that streams without ever waiting still stops within a
+		// frame of its ctx's end (comm.CtxWatcher; an atomic load).
+		b.Abort(ctxEnded(ctx))
+		return b.err()
+	}
 	l := b.links[p]
 	if l.departed.Load() {
 		b.peerGone(p, true)

@@ -96,7 +96,7 @@ type shmLane struct {
 	// skipSet may also be read without it, as a hint)
 	skipTo  uint64
 	skipSet atomic.Bool
-	lost    bool // an op failed mid-frame: wait for a resync position (link.mu)
+	lost    bool // an op failed mid-frame: wait for a resync position (lane 0: link.mu; lanes ≥ 1: their helper's alone)
 
 	// producer
 	tx    ring
@@ -137,18 +137,32 @@ func newShmState(seg *shmSeg) *shmState {
 	return s
 }
 
-// spin yields once between two polls of a waiter: to this process's
-// goroutines (a TCP reader, the monitor), and, when this host runs more
-// ranks of the comm than it has CPUs, to other processes too
-// (sched_yield), so that polling does not take a CPU from the peer it
-// waits for. Measured on 2 cores, 4 KiB all-reduce, 4 ranks: without the
-// yields 150–480 µs, with them 80–120 µs.
-func spin(crowded bool) {
-	runtime.Gosched()
-	if crowded {
+// spin is what a waiter does between two polls. When this host runs more
+// ranks of the comm than it has CPUs (crowded), it yields every round: to
+// this process's goroutines and to other processes (sched_yield), so that
+// polling does not take a CPU from the peer it waits for. Measured on 2
+// cores, 4 KiB all-reduce, 4 ranks: without the yields 150–480 µs, with
+// them 80–120 µs. Otherwise it yields to this process's goroutines (a TCP
+// reader, the monitor) only every spinYield rounds: runtime.Gosched takes
+// the scheduler's global lock and wakes an idle P's thread to look for
+// work, so yielding every round made the waiters (and lane helpers) of
+// one process contend on that lock and kept extra threads awake on CPUs
+// the other ranks wanted. Measured on the 16-core host (4 KiB all-reduce,
+// 3 interleaved rounds against yielding every round): 2 ranks 4.0 µs
+// against 6.5–7.0, 4 ranks 9.3–15 against 13–20.
+func spin(crowded bool, round int) {
+	switch {
+	case crowded:
+		runtime.Gosched()
 		syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+	case round%spinYield == 0:
+		runtime.Gosched()
 	}
 }
+
+// spinYield: a waiter on a host that is not crowded yields every this
+// many polls (a few µs).
+const spinYield = 32
 
 // interruptTx makes a writer waiting for ring space give up (Abort,
 // Revoke, failures: as a past write deadline does for TCP). The writer
@@ -733,10 +747,14 @@ func (b *Backend) shmIdle(ctx context.Context, w *shmWait, sp *spinner) error {
 			if sp.since.IsZero() {
 				sp.since = now
 			}
-			polling = now.Sub(sp.since) < shmSpin
+			limit := shmSpin
+			if b.inLanes {
+				limit = laneSpin
+			}
+			polling = now.Sub(sp.since) < limit
 		}
 		if polling {
-			spin(b.crowded)
+			spin(b.crowded, sp.rounds)
 			if sp.rounds%spinClock == 0 && ctx.Err() != nil {
 				return fmt.Errorf("gloo: %w: %w", comm.ErrAborted, ctxEnded(ctx))
 			}

@@ -346,7 +346,7 @@ func parseFlags(args []string) (Config, error) {
 	fs.BoolVar(&c.Verbose, "v", c.Verbose, "verbose worker logs on stderr")
 	fs.BoolVar(&c.Async, "async", c.Async, "issue each size's iterations back to back as async ops, then wait (nccl-tests' method)")
 	fs.StringVar(&c.NCCLMode, "nccl-mode", c.NCCLMode, "nccl: comm mode, blocking-data (default: nonblocking control comm, blocking data comm), nonblocking, or blocking (init and shrink cannot be aborted)")
-	fs.IntVar(&c.GlooLanes, "lanes", c.GlooLanes, "gloo: most cores one rank spreads a large all-reduce over on shared memory (0: CPUs / ranks, at most 8; 1: one)")
+	fs.IntVar(&c.GlooLanes, "lanes", c.GlooLanes, "gloo: most cores one rank spreads a large all-reduce over on shared memory (0: automatic, see gloo.Config.SharedMemoryLanes; 1: one)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return c, err
