@@ -359,12 +359,17 @@ func TestCollectivesAgainstReference(t *testing.T) {
 				defer wg.Done()
 				defer func() { <-slots }()
 				defer j.close()
-				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Second)
-				defer cancel()
 				errs := j.run(func(r int, cm *comm.Comm) error {
 					var failed []string
 					for _, c := range cases {
-						if err := runCase(ctx, cm, c, n, r); err != nil {
+						// A deadline per case, not per job: a job's ~700
+						// cases on a loaded 2-core machine under -race can
+						// take minutes in all, while one case taking a
+						// minute is a hang.
+						ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+						err := runCase(ctx, cm, c, n, r)
+						cancel()
+						if err != nil {
 							failed = append(failed, fmt.Sprintf("%s: %v", c.name, err))
 							if len(failed) > 4 || cm.Err() != nil {
 								break
