@@ -28,6 +28,8 @@
 // stops its embedded etcd, ending clients' streams first. Restarted on the
 // same data directory faster than the members' lease TTL, it costs no
 // epoch: leases live in etcd's data, and members reconnect within 0.5 s.
+// At start an instance waits up to 30 s for an external etcd that does not
+// answer yet (logging each retry); wrong credentials fail it at once.
 //
 // # Security (secure by default)
 //

@@ -14,12 +14,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/membership"
@@ -353,7 +357,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 				" (members still ignore quorums not signed by this coordinator's key)")
 		}
 	}
-	if s.cli, err = clientv3.New(ccfg); err != nil {
+	if s.cli, err = connectEtcd(ctx, ccfg, lg); err != nil {
 		return nil, fmt.Errorf("ftcoord: etcd client: %w", err)
 	}
 	if cfg.DataDir != "" || cfg.CredentialsFile != "" {
@@ -626,4 +630,33 @@ func (s *Server) Close() error {
 		<-s.releaseAsync()
 	}
 	return nil
+}
+
+// etcdConnectFor bounds how long New retries its first etcd connection.
+const etcdConnectFor = 30 * time.Second
+
+// connectEtcd makes the etcd client. With a user and password, clientv3.New
+// authenticates within the dial timeout, and a slow etcd (bcrypt on a
+// loaded host, an etcd still starting) fails it: a service waits for its
+// store a while, saying so, rather than exiting at the first slow answer.
+// It gives up after etcdConnectFor, or when ctx ends.
+func connectEtcd(ctx context.Context, ccfg clientv3.Config, lg *zap.Logger) (*clientv3.Client, error) {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 200*time.Millisecond, 2*time.Second, etcdConnectFor
+	var cli *clientv3.Client
+	err := backoff.RetryNotify(func() error {
+		var err error
+		cli, err = clientv3.New(ccfg)
+		switch status.Code(err) {
+		case codes.Unauthenticated, codes.PermissionDenied, codes.InvalidArgument, codes.FailedPrecondition:
+			return backoff.Permanent(err) // wrong credentials or settings: retrying cannot help
+		}
+		if errors.Is(err, rpctypes.ErrAuthFailed) || errors.Is(err, rpctypes.ErrAuthNotEnabled) {
+			return backoff.Permanent(err)
+		}
+		return err
+	}, backoff.WithContext(b, ctx), func(err error, next time.Duration) {
+		lg.Warn("etcd not answering yet; retrying", zap.Strings("endpoints", ccfg.Endpoints), zap.Duration("in", next), zap.Error(err))
+	})
+	return cli, err
 }

@@ -207,3 +207,57 @@ func TestServerAdvertiseAndBuildInfo(t *testing.T) {
 		}
 	}
 }
+
+// The first connection to an external etcd: a wrong password fails New at
+// once with etcd's answer (no retries can help), while an etcd that is not
+// answering yet is waited for (retried, logged) until ctx ends.
+func TestServerExternalEtcdConnect(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	ec := membership.DefaultEmbeddedConfig()
+	ec.UnsafeNoFsync = true
+	e, err := membership.StartEmbedded(ctx, ec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	cli, err := e.NewClient(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.UserAdd(ctx, "root", "rootpw"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.UserGrantRole(ctx, "root", "root"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.AuthEnable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	external := func(endpoint, password string) Config {
+		cfg := DefaultConfig()
+		cfg.Listen, cfg.Name, cfg.Insecure = "127.0.0.1:0", "ext", true
+		cfg.Etcd, cfg.EtcdUser, cfg.EtcdPassword = []string{endpoint}, "root", password
+		return cfg
+	}
+	// A wrong password: etcd's refusal, not a wait of etcdConnectFor.
+	wctx, cancel := context.WithTimeout(ctx, etcdConnectFor)
+	_, err = New(wctx, external(e.Endpoints()[0], "wrong"))
+	waited := wctx.Err()
+	cancel()
+	if err == nil || waited != nil || !strings.Contains(err.Error(), "authentication failed") {
+		t.Fatalf("wrong password: %v (ctx %v); want etcd's authentication failure at once", err, waited)
+	}
+	// Nothing listening: New retries until its ctx ends, and says so.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	silent := l.Addr().String()
+	l.Close()
+	sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if _, err := New(sctx, external(silent, "rootpw")); err == nil || sctx.Err() == nil {
+		t.Fatalf("no etcd: New returned %v before its ctx ended", err)
+	}
+}
