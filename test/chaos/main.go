@@ -17,7 +17,44 @@ func main() {
 	if s := os.Getenv(etcdEnv); s != "" {
 		os.Exit(runEtcd(s))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "show" {
+		os.Exit(show(os.Args[2:]))
+	}
 	os.Exit(soak(os.Args[1:]))
+}
+
+// show prints part of a recorded run's timeline: around a fault, or a
+// time (seconds since the run's first event).
+func show(args []string) int {
+	fs := flag.NewFlagSet("chaos show", flag.ContinueOnError)
+	dir := fs.String("dir", ".", "the run's output directory")
+	fault := fs.Int("fault", 0, "show the timeline around this fault")
+	at := fs.Float64("at", -1, "show the timeline around this time (seconds since the first event)")
+	before := fs.Duration("before", 2*time.Second, "how much before")
+	after := fs.Duration("after", 8*time.Second, "how much after")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	evs, faults, err := loadRun(*dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos show:", err)
+		return 1
+	}
+	if len(evs) == 0 {
+		fmt.Fprintln(os.Stderr, "chaos show: no events")
+		return 1
+	}
+	origin := time.Unix(0, evs[0].T)
+	t := origin.Add(time.Duration(*at * float64(time.Second))).UnixNano()
+	for _, f := range faults {
+		if f.ID == *fault {
+			t = f.Start.UnixNano()
+			fmt.Printf("fault #%d %s %v %s (detection %v, to commit %v, rejoin %v)\n", f.ID, f.Kind, f.Targets, f.Note,
+				f.Detection, f.Recovery, f.Rejoin)
+		}
+	}
+	fmt.Print(timeline(evs, t, *before, *after, origin))
+	return 0
 }
 
 // soak is the command: a chaos run as the flags say, its report printed

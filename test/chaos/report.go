@@ -143,7 +143,9 @@ func measure(evs []Event, faults []*Fault) {
 			}
 			switch e.Kind {
 			case evQuorum:
-				if f.Detection < 0 && replicaFault {
+				// Detected while it lasts (or soon after): a replica
+				// that took no part in the epoch is not removed at all.
+				if f.Detection < 0 && replicaFault && (f.End.IsZero() || e.T <= f.End.Add(10*time.Second).UnixNano()) {
 					for _, m := range e.Removed {
 						if affects[replicaOfMember(m)] {
 							f.Detection = time.Duration(e.T - start)
@@ -337,4 +339,27 @@ func (r *Report) write(dir string, evs []Event, faults []*Fault) error {
 		return err
 	}
 	return plotTimeline(filepath.Join(dir, "timeline.png"), r, evs, faults)
+}
+
+// loadRun reads a run's events.jsonl and faults.json.
+func loadRun(dir string) ([]Event, []*Fault, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "events.jsonl"))
+	if err != nil {
+		return nil, nil, err
+	}
+	var evs []Event
+	for _, line := range strings.Split(string(b), "\n") {
+		var e Event
+		if json.Unmarshal([]byte(line), &e) == nil && e.T != 0 {
+			evs = append(evs, e)
+		}
+	}
+	sort.SliceStable(evs, func(i, j int) bool { return evs[i].T < evs[j].T })
+	var faults []*Fault
+	if b, err := os.ReadFile(filepath.Join(dir, "faults.json")); err == nil {
+		if err := json.Unmarshal(b, &faults); err != nil {
+			return nil, nil, err
+		}
+	}
+	return evs, faults, nil
 }
