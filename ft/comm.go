@@ -885,12 +885,16 @@ func (c *Comm) Commit(ctx context.Context) (bool, error) {
 		// Blame the peers our collectives saw fail (a reset connection:
 		// their process is likely gone); the coordinator checks and removes
 		// them without waiting for gossip.
-		if failed := c.failedMembers(); len(failed) > 0 {
+		failed := c.failedMembers()
+		if len(failed) > 0 {
+			// The record revokes the epoch everywhere at once; the report
+			// carries the blame to the coordinator even when the epoch's
+			// record was written first by someone else.
 			if err := c.member().Revoke(rctx, epoch, reason, failed...); err != nil {
 				c.log.Warn("reporting failed peers", zap.Error(err))
 			}
 		}
-		if err := c.member().ReportCommitFailure(rctx, epoch); err != nil {
+		if err := c.member().ReportCommitFailure(rctx, epoch, failed...); err != nil {
 			c.log.Warn("reporting the commit failure", zap.Error(err))
 		}
 		cancel()

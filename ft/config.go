@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,8 +49,10 @@ type Membership interface {
 	// SetStep records the committed step; it reaches the coordinator with
 	// the next heartbeat, not now.
 	SetStep(step int64)
-	// ReportCommitFailure tells the coordinator that epoch failed here.
-	ReportCommitFailure(ctx context.Context, epoch uint64) error
+	// ReportCommitFailure tells the coordinator that epoch failed here,
+	// blaming the members whose connections failed; the coordinator checks
+	// those before it forms the next epoch.
+	ReportCommitFailure(ctx context.Context, epoch uint64, blamed ...string) error
 	// Revoke records that epoch must stop, blaming the members whose
 	// connections failed; the coordinator removes a blamed member at once
 	// when its address no longer accepts connections.
@@ -98,6 +101,12 @@ type Config struct {
 	// EtcdTLS and EtcdUsername/EtcdPassword reach a secured etcd.
 	EtcdTLS                    *tls.Config
 	EtcdUsername, EtcdPassword string
+	// Credentials is the path of a trainer credentials file
+	// (membership.LoadCredentials; `ftcoord serve` writes one); default
+	// $FTCOMM_CREDENTIALS. It gives the etcd endpoints when Coordinator
+	// is empty, TLS and identity unless EtcdTLS or EtcdUsername are set,
+	// the coordinators' quorum-verification keys and the gossip key.
+	Credentials string
 	// Membership, if set, is used instead of registering through
 	// Coordinator; ft closes it in Close.
 	Membership Membership
@@ -166,8 +175,8 @@ func (c *Config) Validate() error {
 		return bad("group %q: want 1–128 of [A-Za-z0-9._-]", c.Group)
 	case c.GroupSize < 0 || c.GroupRank < 0 || (c.GroupSize > 0 && c.GroupRank >= c.GroupSize) || (c.GroupSize == 0 && c.GroupRank > 0):
 		return bad("group rank %d outside [0, %d)", c.GroupRank, max(c.GroupSize, 1))
-	case c.Membership == nil && len(c.Coordinator) == 0:
-		return bad("neither Coordinator endpoints nor a Membership")
+	case c.Membership == nil && len(c.Coordinator) == 0 && c.Credentials == "" && os.Getenv(membership.CredentialsEnv) == "":
+		return bad("neither Coordinator endpoints, Credentials nor a Membership")
 	case len(c.Secret) == 0:
 		return bad("empty Secret (peers and state transfer must be authenticated)")
 	case c.MinReplicas < 0:

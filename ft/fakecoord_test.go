@@ -197,7 +197,7 @@ func (m *fakeMember) SetStep(step int64) {
 	m.mu.Unlock()
 }
 
-func (m *fakeMember) ReportCommitFailure(ctx context.Context, epoch uint64) error {
+func (m *fakeMember) ReportCommitFailure(ctx context.Context, epoch uint64, blamed ...string) error {
 	c := m.c
 	c.mu.Lock()
 	defer c.mu.Unlock()

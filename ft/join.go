@@ -41,11 +41,22 @@ const rendezvousRoot = "comm/"
 // joinCoordinator connects to the coordinator's etcd and registers this
 // rank as a new incarnation asking to take part.
 func joinCoordinator(ctx context.Context, cfg Config, id, addr string) (Membership, error) {
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: cfg.Coordinator, DialTimeout: 5 * time.Second, Context: context.WithoutCancel(ctx),
-		TLS: cfg.EtcdTLS, Username: cfg.EtcdUsername, Password: cfg.EtcdPassword,
-		Logger: cfg.Logger.Named("etcd-client"),
-	})
+	creds, err := membership.LoadCredentialsOrEnv(cfg.Credentials) // nil: none
+	if err != nil {
+		return nil, fmt.Errorf("ft: %w", err)
+	}
+	ccfg, err := creds.ClientConfig(cfg.Coordinator, cfg.Logger.Named("etcd-client"))
+	if err != nil {
+		return nil, fmt.Errorf("ft: %w", err)
+	}
+	ccfg.Context = context.WithoutCancel(ctx)
+	if cfg.EtcdTLS != nil {
+		ccfg.TLS = cfg.EtcdTLS
+	}
+	if cfg.EtcdUsername != "" {
+		ccfg.Username, ccfg.Password = cfg.EtcdUsername, cfg.EtcdPassword
+	}
+	cli, err := clientv3.New(ccfg)
 	if err != nil {
 		return nil, fmt.Errorf("ft: connect to coordinator %v: %w", cfg.Coordinator, err)
 	}
@@ -94,6 +105,11 @@ func registerWhenFree(ctx context.Context, cfg Config, cli *clientv3.Client, id,
 func register(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr string) (*etcdMember, error) {
 	mc := cfg.Member
 	mc.Client, mc.Job, mc.ID, mc.Addr, mc.Group = cli, cfg.Job, id, addr, cfg.Group
+	creds, err := membership.LoadCredentialsOrEnv(cfg.Credentials)
+	if err != nil {
+		return nil, fmt.Errorf("ft: %w", err)
+	}
+	creds.ApplyMember(&mc) // quorum verification and the gossip key; nil: none
 	mc.WantQuorum = true
 	if mc.MinReplicas == 0 {
 		mc.MinReplicas = cfg.MinReplicas * cfg.GroupSize

@@ -25,12 +25,12 @@ func (m *unreachableMember) Revoke(ctx context.Context, epoch uint64, reason str
 	return m.fakeMember.Revoke(ctx, epoch, reason, failed...)
 }
 
-func (m *unreachableMember) ReportCommitFailure(ctx context.Context, epoch uint64) error {
+func (m *unreachableMember) ReportCommitFailure(ctx context.Context, epoch uint64, blamed ...string) error {
 	if m.cut.Load() {
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	return m.fakeMember.ReportCommitFailure(ctx, epoch)
+	return m.fakeMember.ReportCommitFailure(ctx, epoch, blamed...)
 }
 
 // Found by test/chaos (a replica partitioned from etcd and its peers): a

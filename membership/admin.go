@@ -61,8 +61,8 @@ func (a *Admin) Jobs(ctx context.Context) ([]JobSummary, error) {
 	byJob := map[string]*JobSummary{}
 	var names []string
 	for _, kv := range resp.Kvs {
-		job, kind, rest, ok := a.keys.parseKey(string(kv.Key))
-		if !ok || !(kind == "members" || kind == "epoch" && rest == "quorum") {
+		job, kind, _, ok := a.keys.parseKey(string(kv.Key))
+		if !ok || !(kind == "members" || kind == "_quorum") {
 			continue
 		}
 		s, ok := byJob[job]
@@ -114,20 +114,20 @@ func (a *Admin) Job(ctx context.Context, job string) (JobView, error) {
 	}
 	resp, err := a.cli.Txn(ctx).Then(
 		clientv3.OpGet(a.keys.Members(job), clientv3.WithPrefix()),
-		clientv3.OpGet(a.keys.EpochPrefix(job), clientv3.WithPrefix()),
+		clientv3.OpGet(a.keys.Revocations(job), clientv3.WithPrefix()),
+		clientv3.OpGet(a.keys.Quorum(job)),
 	).Commit()
 	if err != nil {
 		return JobView{}, fmt.Errorf("membership: read job %s: %w", job, ctxErr(ctx, err))
 	}
 	v := JobView{Job: job, Members: []MemberView{}}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		if string(kv.Key) == a.keys.Quorum(job) {
-			var q Quorum
-			if json.Unmarshal(kv.Value, &q) == nil {
-				v.Quorum = &q
-			}
-			continue
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		var q Quorum
+		if json.Unmarshal(kv.Value, &q) == nil {
+			v.Quorum = &q
 		}
+	}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 		var r Revocation
 		if json.Unmarshal(kv.Value, &r) == nil {
 			v.Revocations = append(v.Revocations, r)
@@ -179,47 +179,83 @@ func (a *Admin) History(ctx context.Context, job string, limit int) ([]Quorum, e
 	return out, nil
 }
 
-// Evict removes a member: its record is marked evicted (so the coordinator
-// tells the cause), then deleted and its lease revoked. The member's
-// Done fires with ErrEvicted. ErrNotFound when no such member is live.
+// DefaultEvictKeepOut is how long an evicted member may not register
+// again unless told otherwise (Admin.Evict, CoordinatorConfig).
+const DefaultEvictKeepOut = time.Minute
+
+// KeepOut is the record that keeps an evicted member out (at
+// Keys.Evicted, bound to a lease that ends with it).
+type KeepOut struct {
+	By    string    `json:"by"`
+	Until time.Time `json:"until"`
+}
+
+// Evict is EvictFor with DefaultEvictKeepOut.
 func (a *Admin) Evict(ctx context.Context, job, id, by string) error {
+	_, err := a.EvictFor(ctx, job, id, by, DefaultEvictKeepOut)
+	return err
+}
+
+// EvictFor removes a member and keeps it out for keepOut (0 or less: not
+// at all): a keep-out record is stored, the member's record is marked
+// evicted (so the coordinator tells the cause), then deleted and its
+// lease revoked. The member's Done fires with ErrEvicted, and Join of that
+// id fails with a *KeptOutError until the returned time. ErrNotFound when
+// no such member is live. The keep-out ends at its time even if no
+// coordinator runs (it is bound to an etcd lease; keepOut is rounded up
+// to whole seconds, at least etcd's 2 s minimum).
+func (a *Admin) EvictFor(ctx context.Context, job, id, by string, keepOut time.Duration) (until time.Time, err error) {
 	if err := checkName("job", job); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	if err := checkName("member id", id); err != nil {
-		return err
+		return time.Time{}, err
+	}
+	fail := func(err error) (time.Time, error) {
+		return time.Time{}, fmt.Errorf("membership: evict %s/%s: %w", job, id, ctxErr(ctx, err))
 	}
 	key := a.keys.Member(job, id)
 	resp, err := a.cli.Get(ctx, key)
 	if err != nil {
-		return fmt.Errorf("membership: evict %s/%s: %w", job, id, ctxErr(ctx, err))
+		return fail(err)
 	}
 	if len(resp.Kvs) == 0 {
-		return fmt.Errorf("%w: member %q of job %q", ErrNotFound, id, job)
+		return time.Time{}, fmt.Errorf("%w: member %q of job %q", ErrNotFound, id, job)
 	}
 	kv := resp.Kvs[0]
 	var r MemberRecord
 	if err := json.Unmarshal(kv.Value, &r); err != nil {
-		return fmt.Errorf("membership: evict %s/%s: unreadable record: %w", job, id, err)
+		return time.Time{}, fmt.Errorf("membership: evict %s/%s: unreadable record: %w", job, id, err)
 	}
 	if by == "" {
 		by = "operator"
 	}
 	r.Evicted = by
 	val, _ := json.Marshal(r)
+	ops := []clientv3.Op{clientv3.OpPut(key, string(val), clientv3.WithIgnoreLease())}
+	if keepOut > 0 {
+		secs := max(int64((keepOut+time.Second-1)/time.Second), 2)
+		lease, err := a.cli.Grant(ctx, secs)
+		if err != nil {
+			return fail(err)
+		}
+		until = time.Now().Add(time.Duration(secs) * time.Second)
+		ko, _ := json.Marshal(KeepOut{By: by, Until: until})
+		ops = append(ops, clientv3.OpPut(a.keys.Evicted(job, id), string(ko), clientv3.WithLease(lease.ID)))
+	}
 	same := clientv3.Compare(clientv3.CreateRevision(key), "=", kv.CreateRevision)
-	if _, err := a.cli.Txn(ctx).If(same).Then(clientv3.OpPut(key, string(val), clientv3.WithIgnoreLease())).Commit(); err != nil {
-		return fmt.Errorf("membership: evict %s/%s: %w", job, id, ctxErr(ctx, err))
+	if _, err := a.cli.Txn(ctx).If(same).Then(ops...).Commit(); err != nil {
+		return fail(err)
 	}
 	if _, err := a.cli.Txn(ctx).If(same).Then(clientv3.OpDelete(key)).Commit(); err != nil {
-		return fmt.Errorf("membership: evict %s/%s: %w", job, id, ctxErr(ctx, err))
+		return fail(err)
 	}
 	if r.Lease != 0 {
 		if _, err := a.cli.Revoke(ctx, clientv3.LeaseID(r.Lease)); err != nil && ctx.Err() != nil {
-			return fmt.Errorf("membership: evict %s/%s: %w", job, id, ctxErr(ctx, err))
+			return fail(err)
 		}
 	}
-	return nil
+	return until, nil
 }
 
 // Leader returns the name of the leading coordinator (ErrNotFound when

@@ -1,12 +1,15 @@
 package membership
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -46,6 +49,17 @@ type CoordinatorConfig struct {
 	// HistoryLimit is how many past quorums (and revocations) each job
 	// keeps in etcd (default 100).
 	HistoryLimit int
+	// EvictKeepOut is how long a member evicted through Evict may not
+	// register again (default DefaultEvictKeepOut; negative: not at
+	// all).
+	EvictKeepOut time.Duration
+	// QuorumSigner, when set, signs every quorum the coordinator
+	// publishes (members with the matching QuorumVerifier act on no
+	// other), and lets the leader tell its own quorum records from
+	// foreign ones when it loads them. Coordinators of one root must
+	// share the key: each publishes its key id, and one whose id differs
+	// from a running instance's fails with ErrKeyMismatch.
+	QuorumSigner *QuorumSigner
 	// Logger (nil: none).
 	Logger *zap.Logger
 	// Registerer receives the coordinator's metrics (nil: none).
@@ -61,6 +75,7 @@ func DefaultCoordinatorConfig() CoordinatorConfig {
 		Quorum:       DefaultQuorumConfig(),
 		SessionTTL:   3 * time.Second,
 		HistoryLimit: 100,
+		EvictKeepOut: DefaultEvictKeepOut,
 	}
 }
 
@@ -134,6 +149,9 @@ func NewCoordinator(cfg CoordinatorConfig) (*Coordinator, error) {
 	if cfg.HistoryLimit == 0 {
 		cfg.HistoryLimit = d.HistoryLimit
 	}
+	if cfg.EvictKeepOut == 0 {
+		cfg.EvictKeepOut = d.EvictKeepOut
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -184,15 +202,25 @@ func (c *Coordinator) Status(job string) (JobStatus, bool) {
 	return s, ok && c.leader.Load()
 }
 
-// Evict removes a member of a job (see Admin.Evict); it works on any
-// instance: the leader sees the eviction through etcd.
+// Evict removes a member of a job and keeps it out for EvictKeepOut
+// (see Admin.EvictFor); it works on any instance: the leader sees the
+// eviction through etcd.
 func (c *Coordinator) Evict(ctx context.Context, job, id, by string) error {
-	return NewAdmin(c.cli, c.cfg.Root).Evict(ctx, job, id, by)
+	_, err := c.EvictFor(ctx, job, id, by, c.cfg.EvictKeepOut)
+	return err
+}
+
+// EvictFor is Evict with its own keep-out time (0 or less: none); it
+// returns the end of the keep-out.
+func (c *Coordinator) EvictFor(ctx context.Context, job, id, by string, keepOut time.Duration) (keptOutUntil time.Time, err error) {
+	return NewAdmin(c.cli, c.cfg.Root).EvictFor(ctx, job, id, by, keepOut)
 }
 
 // Run campaigns for leadership and, while leading, forms and publishes
 // quorums, until ctx ends. It starts the coordinator's gossip node first
-// when configured. Run returns ctx's error; call it once.
+// when configured. Run returns ctx's error, or an error wrapping
+// ErrKeyMismatch when another instance signs quorums with another key;
+// call it once.
 func (c *Coordinator) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.running {
@@ -230,6 +258,10 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		c.setLeader(false)
 		if ctx.Err() != nil {
 			break
+		}
+		if errors.Is(err, ErrKeyMismatch) {
+			c.lg.Error("not campaigning", zap.Error(err))
+			return err
 		}
 		c.lg.Warn("leadership ended", zap.Error(err))
 		select {
@@ -356,6 +388,9 @@ func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan G
 		case <-time.After(2 * time.Second):
 		}
 	}()
+	if err := c.publishKeyID(ctx, sess); err != nil {
+		return err
+	}
 	if addr := c.GossipAddr(); addr != "" {
 		if _, err := c.cli.Put(ctx, c.keys.CoordinatorGossip()+c.cfg.Name, addr, clientv3.WithLease(sess.Lease())); err != nil {
 			return fmt.Errorf("membership: publish gossip address: %w", err)
@@ -374,8 +409,38 @@ func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan G
 	c.lg.Info("leading", zap.String("key", el.Key()), zap.Int64("rev", el.Rev()))
 	c.setLeader(true)
 	l := &leadership{c: c, sess: sess, fenceKey: el.Key(), fenceRev: el.Rev(), jobs: map[string]*jobState{},
-		verified: make(chan memberRef, 64)}
+		verified: make(chan verdict, 64)}
 	return l.run(ctx, gossipEvents)
+}
+
+// unsignedKeyID stands for "no signer" among the coordinators' key ids.
+const unsignedKeyID = "unsigned"
+
+// publishKeyID checks that every other live instance signs quorums with
+// this instance's key (members trust only the keys in their credentials,
+// and would ignore the quorums of an instance with another), then
+// publishes this instance's key id under its session.
+func (c *Coordinator) publishKeyID(ctx context.Context, sess *concurrency.Session) error {
+	mine := unsignedKeyID
+	if s := c.cfg.QuorumSigner; s != nil {
+		mine = s.KeyID()
+	}
+	prefix := c.keys.CoordinatorKeys()
+	resp, err := c.cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("membership: read coordinators' keys: %w", ctxErr(ctx, err))
+	}
+	for _, kv := range resp.Kvs {
+		name := strings.TrimPrefix(string(kv.Key), prefix)
+		if name != c.cfg.Name && string(kv.Value) != mine {
+			return fmt.Errorf("%w: coordinator %s signs quorums with key %s, this one (%s) with %s: give every coordinator of root %s the same secrets",
+				ErrKeyMismatch, name, kv.Value, c.cfg.Name, mine, c.keys.root())
+		}
+	}
+	if _, err := c.cli.Put(ctx, prefix+c.cfg.Name, mine, clientv3.WithLease(sess.Lease())); err != nil {
+		return fmt.Errorf("membership: publish key id: %w", ctxErr(ctx, err))
+	}
+	return nil
 }
 
 // withCtx runs f (which cannot take ctx) and returns early when ctx ends.
@@ -399,9 +464,9 @@ type leadership struct {
 	jobs     map[string]*jobState
 	byNode   map[string]memberRef // gossip node name → member
 	doomed   []doomedMember       // registrations to delete after publishing
-	// verified receives members reported failed by a peer whose address
-	// refused a connection: their process is gone (see verifyReported).
-	verified chan memberRef
+	// verified receives the verdicts on members reported failed by a peer
+	// (see verifyReported).
+	verified chan verdict
 	ctx      context.Context // the leadership's, for the verifying dials
 }
 
@@ -415,12 +480,34 @@ type memberRef struct {
 	inc     int64
 }
 
+// verdict is the outcome of checking a reported death: dead when the
+// member's address refused a connection (its process is gone).
+type verdict struct {
+	memberRef
+	dead bool
+}
+
 type jobState struct {
 	m         *Machine
-	quorumRev int64 // mod revision of the quorum key we last wrote or read
-	dirty     bool
-	wakeAt    time.Time
-	waiting   string
+	quorumRev int64  // mod revision of the quorum key we last wrote or read (0: no key)
+	ownRev    int64  // revision of our last write of the key, a deletion included
+	lastValue []byte // the record we last wrote (or loaded and trusted)
+	// inflight is a record whose write failed without an answer: seeing
+	// it in the watch means it was stored after all.
+	inflight  []byte
+	inflightQ Quorum
+	// foreign is a write of the quorum key by someone else, to repair.
+	foreign *foreignWrite
+	dirty   bool
+	wakeAt  time.Time
+	waiting string
+}
+
+// foreignWrite is a write of a job's quorum key that no leader made.
+type foreignWrite struct {
+	rev     int64  // its mod revision (0: the key was deleted)
+	epoch   uint64 // the epoch it claims, if readable
+	deleted bool
 }
 
 func (l *leadership) job(name string) *jobState {
@@ -447,6 +534,8 @@ func (l *leadership) load(ctx context.Context) (int64, error) {
 	var recs []pending
 	var revs []Revocation
 	var revJobs []string
+	quorums := map[string]*mvccpb.KeyValue{}
+	history := map[string][]*mvccpb.KeyValue{}
 	for _, kv := range resp.Kvs {
 		job, kind, rest, ok := l.c.keys.parseKey(string(kv.Key))
 		if !ok {
@@ -460,18 +549,24 @@ func (l *leadership) load(ctx context.Context) (int64, error) {
 			}
 			r.Incarnation = kv.CreateRevision
 			recs = append(recs, pending{job, r})
-		case kind == "epoch" && rest == "quorum":
-			var q Quorum
-			if json.Unmarshal(kv.Value, &q) != nil {
-				continue
-			}
-			l.jobs[job] = &jobState{m: NewMachine(job, l.c.cfg.Quorum, &q), quorumRev: kv.ModRevision}
+		case kind == "_quorum":
+			quorums[job] = kv
+		case kind == "_history":
+			history[job] = append(history[job], kv)
 		case kind == "epoch" && strings.HasPrefix(rest, "revoked/"):
 			var r Revocation
 			if json.Unmarshal(kv.Value, &r) == nil {
 				revs = append(revs, r)
 				revJobs = append(revJobs, job)
 			}
+		}
+	}
+	for job, kv := range quorums {
+		l.jobs[job] = l.loadQuorum(job, kv, history[job])
+	}
+	for job, h := range history {
+		if _, ok := quorums[job]; !ok {
+			l.jobs[job] = l.loadQuorum(job, nil, h) // the key was deleted
 		}
 	}
 	now := time.Now()
@@ -497,6 +592,73 @@ func (l *leadership) load(ctx context.Context) (int64, error) {
 	return resp.Header.Revision, nil
 }
 
+// loadQuorum makes a job's state from its quorum record (nil: none) and
+// its history (sorted by epoch). A record the leader cannot trust — not
+// signed by its key, or (without a signer) not the newest history entry —
+// is foreign: the job starts from the newest trusted history entry, and
+// the record is repaired at the first decision.
+func (l *leadership) loadQuorum(job string, kv *mvccpb.KeyValue, history []*mvccpb.KeyValue) *jobState {
+	trust := func(raw []byte) (Quorum, bool) {
+		var q Quorum
+		if s := l.c.cfg.QuorumSigner; s != nil {
+			var err error
+			q, err = s.Verifier().Verify(raw)
+			return q, err == nil && q.Job == job
+		}
+		return q, json.Unmarshal(raw, &q) == nil && q.Job == job
+	}
+	// The newest trusted history entry, and the highest epoch seen at all.
+	var real *mvccpb.KeyValue
+	var realQ Quorum
+	var floor uint64
+	for i := len(history) - 1; i >= 0; i-- {
+		var q Quorum
+		if json.Unmarshal(history[i].Value, &q) == nil {
+			floor = max(floor, q.Epoch)
+		}
+		if real == nil {
+			if q, ok := trust(history[i].Value); ok {
+				real, realQ = history[i], q
+			}
+		}
+	}
+	if kv != nil {
+		q, ok := trust(kv.Value)
+		if ok && l.c.cfg.QuorumSigner == nil && real != nil {
+			// Unsigned: only the record the history agrees with is ours.
+			ok = bytes.Equal(kv.Value, real.Value)
+		}
+		if ok {
+			return &jobState{m: NewMachine(job, l.c.cfg.Quorum, &q), quorumRev: kv.ModRevision, lastValue: kv.Value}
+		}
+		f := &foreignWrite{rev: kv.ModRevision}
+		var fq Quorum
+		if json.Unmarshal(kv.Value, &fq) == nil {
+			f.epoch = fq.Epoch
+			floor = max(floor, fq.Epoch)
+		}
+		l.c.lg.Warn("quorum record not written by a coordinator; restoring the last trusted one",
+			zap.String("job", job), zap.Int64("revision", kv.ModRevision), zap.Uint64("claimed epoch", f.epoch))
+		j := &jobState{quorumRev: kv.ModRevision, foreign: f}
+		switch {
+		case real != nil:
+			j.m, j.lastValue = NewMachine(job, l.c.cfg.Quorum, &realQ), real.Value
+		case floor > 0:
+			// Nothing trusted to restore; never go back below an epoch
+			// members may have seen.
+			j.m = NewMachine(job, l.c.cfg.Quorum, &Quorum{Job: job, Epoch: floor})
+		default:
+			j.m = NewMachine(job, l.c.cfg.Quorum, nil)
+		}
+		return j
+	}
+	if real == nil {
+		return &jobState{m: NewMachine(job, l.c.cfg.Quorum, nil)}
+	}
+	l.c.lg.Warn("quorum record deleted by someone else; restoring it", zap.String("job", job), zap.Uint64("epoch", realQ.Epoch))
+	return &jobState{m: NewMachine(job, l.c.cfg.Quorum, &realQ), lastValue: real.Value, foreign: &foreignWrite{deleted: true, epoch: realQ.Epoch}}
+}
+
 func gossipName(job, id string, lease int64) string {
 	return job + "/" + id + "/" + strconv.FormatInt(lease, 16)
 }
@@ -518,10 +680,15 @@ func (l *leadership) upsert(now time.Time, job string, r MemberRecord) {
 		}
 		l.c.metrics.joins.WithLabelValues(job).Inc()
 	} else if old.Health == r.Health && old.WantQuorum == r.WantQuorum && old.ShrinkOnly == r.ShrinkOnly &&
-		old.CommitFailed == r.CommitFailed && old.MinReplicas == r.MinReplicas {
+		old.CommitFailed == r.CommitFailed && old.MinReplicas == r.MinReplicas && slices.Equal(old.Blamed, r.Blamed) {
 		// A heartbeat: the decision cannot change.
 		j.m.Upsert(now, r)
 		return
+	}
+	if len(r.Blamed) > 0 {
+		if old, ok := j.m.Member(r.ID); !ok || old.CommitFailed != r.CommitFailed || !slices.Equal(old.Blamed, r.Blamed) {
+			defer l.verifyReported(job, Revocation{Epoch: r.CommitFailed, Failed: r.Blamed}) // after the upsert below
+		}
 	}
 	if r.Gossip != "" {
 		l.byNode[gossipName(job, r.ID, r.Lease)] = memberRef{job, r.ID, r.Incarnation}
@@ -568,25 +735,24 @@ func (l *leadership) gossipDeath(ctx context.Context, now time.Time, node string
 // its lease. Each check is one dial of at most verifyTimeout.
 func (l *leadership) verifyReported(job string, r Revocation) {
 	j := l.job(job)
+	now := time.Now()
 	for _, id := range r.Failed {
 		rec, ok := j.m.Member(id)
 		if !ok || rec.Addr == "" {
 			continue
 		}
 		ref := memberRef{job: job, id: id, inc: rec.Incarnation}
+		// The next quorum waits for the verdict (at most the dial's time).
+		j.m.Suspect(now, id, rec.Incarnation, now.Add(verifyTimeout+100*time.Millisecond))
 		addr, ctx := rec.Addr, l.ctx
 		go func() {
 			d := net.Dialer{Timeout: verifyTimeout}
 			c, err := d.DialContext(ctx, "tcp", addr)
 			if err == nil {
 				c.Close()
-				return
-			}
-			if !errors.Is(err, syscall.ECONNREFUSED) {
-				return
 			}
 			select {
-			case l.verified <- ref:
+			case l.verified <- verdict{ref, err != nil && errors.Is(err, syscall.ECONNREFUSED)}:
 			case <-ctx.Done():
 			}
 		}()
@@ -598,10 +764,16 @@ const verifyTimeout = 500 * time.Millisecond
 
 // verifiedDeath removes a member whose reported death the coordinator
 // confirmed, like a gossip death.
-func (l *leadership) verifiedDeath(now time.Time, ref memberRef) {
+func (l *leadership) verifiedDeath(now time.Time, v verdict) {
+	ref := v.memberRef
 	j := l.job(ref.job)
 	rec, ok := j.m.Member(ref.id)
 	if !ok || rec.Incarnation != ref.inc {
+		return
+	}
+	if !v.dead { // answering, or unreachable: left to gossip and the lease
+		j.m.Unsuspect(ref.id, ref.inc)
+		j.dirty = true
 		return
 	}
 	l.remove(now, ref.job, ref.id, ref.inc, "died (reported by a peer, port closed)", "reported")
@@ -748,14 +920,80 @@ func (l *leadership) apply(now time.Time, ev *clientv3.Event) {
 			j.dirty = true
 			l.verifyReported(job, r)
 		}
-	case kind == "epoch" && rest == "quorum" && ev.Type == mvccpb.PUT:
-		j := l.job(job)
-		if ev.Kv.ModRevision != j.quorumRev {
-			// Not our write: another leader raced us. The fence makes
-			// our next write fail and we reload then.
-			l.c.lg.Warn("quorum written by someone else", zap.String("job", job))
+	case kind == "_quorum":
+		l.applyQuorumEvent(job, ev)
+	}
+}
+
+// applyQuorumEvent tells the leader's own quorum writes, seen in the
+// watch (late, possibly after a newer one), from anyone else's, which it
+// repairs at once. Only a leader passes the fence, so another writer is
+// not a coordinator: an operator, or an intruder.
+func (l *leadership) applyQuorumEvent(job string, ev *clientv3.Event) {
+	j := l.job(job)
+	if ev.Kv.ModRevision <= max(j.quorumRev, j.ownRev) {
+		return // ours, or older than ours
+	}
+	if ev.Type == mvccpb.PUT && j.inflight != nil && bytes.Equal(ev.Kv.Value, j.inflight) {
+		// Ours after all: a write whose answer was lost.
+		j.quorumRev, j.ownRev, j.lastValue, j.inflight = ev.Kv.ModRevision, ev.Kv.ModRevision, j.inflight, nil
+		j.m.Published(j.inflightQ)
+		return
+	}
+	f := &foreignWrite{rev: ev.Kv.ModRevision, deleted: ev.Type == mvccpb.DELETE}
+	if f.deleted {
+		f.rev = 0
+	} else {
+		var q Quorum
+		if json.Unmarshal(ev.Kv.Value, &q) == nil {
+			f.epoch = q.Epoch
 		}
 	}
+	l.c.lg.Warn("quorum record written by someone else; restoring the leader's", zap.String("job", job),
+		zap.Int64("revision", ev.Kv.ModRevision), zap.Bool("deleted", f.deleted), zap.Uint64("claimed epoch", f.epoch))
+	j.foreign, j.dirty = f, true
+	l.c.metrics.foreign.WithLabelValues(job).Inc()
+}
+
+// repair undoes a foreign write of a job's quorum key: it restores the
+// leader's record; without one, it deletes the foreign record. Without a
+// signer, members cannot tell a foreign record from the leader's and may
+// have obeyed it, so a foreign epoch at or above the leader's is answered
+// with the leader's participants republished above it.
+func (l *leadership) repair(ctx context.Context, job string, j *jobState) error {
+	f := j.foreign
+	j.foreign = nil
+	qk := l.c.keys.Quorum(job)
+	cur, have := j.m.Current()
+	if l.c.cfg.QuorumSigner == nil && have && !f.deleted && f.epoch >= cur.Epoch && f.epoch < math.MaxUint64-1 {
+		q := cur
+		q.Epoch, q.Created, q.Base, q.Removed, q.Added = f.epoch+1, time.Now(), 0, nil, nil
+		q.Reason = "the quorum record was overwritten by someone else; republished"
+		j.quorumRev = f.rev
+		return l.publish(ctx, job, j, Decision{Quorum: &q})
+	}
+	op, what := clientv3.OpDelete(qk), "deleted the foreign quorum record"
+	if j.lastValue != nil {
+		op, what = clientv3.OpPut(qk, string(j.lastValue)), "restored the quorum record"
+	}
+	tr, err := l.c.cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.CreateRevision(l.fenceKey), "=", l.fenceRev),
+		clientv3.Compare(clientv3.ModRevision(qk), "=", f.rev),
+	).Then(op).Commit()
+	if err != nil {
+		j.foreign, j.dirty = f, true // try again at the next event
+		l.c.lg.Warn("quorum repair failed", zap.String("job", job), zap.Error(err))
+		return ctx.Err()
+	}
+	if !tr.Succeeded {
+		return fmt.Errorf("%w: fenced repair of job %s refused", ErrNotLeader, job)
+	}
+	j.quorumRev, j.ownRev = tr.Header.Revision, tr.Header.Revision
+	if j.lastValue == nil {
+		j.quorumRev = 0 // deleted: the next publication creates the key
+	}
+	l.c.lg.Info(what, zap.String("job", job), zap.Uint64("epoch", cur.Epoch))
+	return nil
 }
 
 // decide runs Advance for the jobs that need it and publishes.
@@ -772,6 +1010,11 @@ func (l *leadership) decide(ctx context.Context) error {
 			continue
 		}
 		j.dirty = false
+		if j.foreign != nil {
+			if err := l.repair(ctx, name, j); err != nil {
+				return err
+			}
+		}
 		d := j.m.Advance(now)
 		j.wakeAt, j.waiting = d.WakeAt, d.Waiting
 		if d.Quorum != nil || d.Revocation != nil {
@@ -812,9 +1055,19 @@ func (l *leadership) publish(ctx context.Context, job string, j *jobState, d Dec
 			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(rk), "=", 0)},
 			[]clientv3.Op{clientv3.OpPut(rk, string(val))}, nil))
 	}
+	var val []byte
 	if q := d.Quorum; q != nil {
 		q.PublishedBy = l.c.cfg.Name
-		val, _ := json.Marshal(q)
+		var err error
+		if s := l.c.cfg.QuorumSigner; s != nil {
+			val, err = s.Marshal(*q)
+		} else {
+			val, err = json.Marshal(q)
+		}
+		if err != nil {
+			return fmt.Errorf("membership: encode quorum: %w", err)
+		}
+		j.inflight, j.inflightQ = val, *q
 		ops = append(ops, clientv3.OpPut(qk, string(val)), clientv3.OpPut(k.HistoryEntry(job, q.Epoch), string(val)))
 		if lim := uint64(l.c.cfg.HistoryLimit); q.Epoch > lim {
 			ops = append(ops,
@@ -841,10 +1094,11 @@ func (l *leadership) publish(ctx context.Context, job string, j *jobState, d Dec
 	}
 	l.c.metrics.publishSeconds.Observe(time.Since(start).Seconds())
 	if !tr.Succeeded {
+		j.inflight = nil
 		return fmt.Errorf("%w: fenced write of job %s refused", ErrNotLeader, job)
 	}
 	if d.Quorum != nil {
-		j.quorumRev = tr.Header.Revision
+		j.quorumRev, j.ownRev, j.lastValue, j.inflight = tr.Header.Revision, tr.Header.Revision, val, nil
 		j.m.Published(*d.Quorum)
 		l.c.metrics.quorums.WithLabelValues(job).Inc()
 		l.c.lg.Info("quorum published", zap.String("job", job), zap.Uint64("epoch", d.Quorum.Epoch),
@@ -856,11 +1110,17 @@ func (l *leadership) publish(ctx context.Context, job string, j *jobState, d Dec
 	return nil
 }
 
+// jobLabel is the label naming a job in the coordinator's metrics. Not
+// "job": Prometheus sets that one to the scrape job's name and renames a
+// target's own to "exported_job".
+const jobLabel = "ftcomm_job"
+
 // coordMetrics are the coordinator's Prometheus metrics.
 type coordMetrics struct {
 	leader, jobs, gossipAlive    prometheus.Gauge
 	members, epoch, participants *prometheus.GaugeVec
 	quorums, joins, removals     *prometheus.CounterVec
+	foreign                      *prometheus.CounterVec
 	publishSeconds               prometheus.Histogram
 }
 
@@ -869,19 +1129,20 @@ func newCoordMetrics(reg prometheus.Registerer) (*coordMetrics, error) {
 		leader:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "ftcomm_coordinator_leader", Help: "1 while this instance leads."}),
 		jobs:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "ftcomm_coordinator_jobs", Help: "Jobs the leader serves."}),
 		gossipAlive:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "ftcomm_coordinator_gossip_alive", Help: "Gossip nodes this instance believes alive."}),
-		members:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_members", Help: "Live members per job."}, []string{"job"}),
-		epoch:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_epoch", Help: "Current epoch per job."}, []string{"job"}),
-		participants: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_participants", Help: "Participants of the current quorum per job."}, []string{"job"}),
-		quorums:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_quorums_total", Help: "Quorums published per job."}, []string{"job"}),
-		joins:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_joins_total", Help: "Member incarnations seen per job."}, []string{"job"}),
-		removals:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_removals_total", Help: "Members removed per job and cause (left, evicted, gossip, reported, lease)."}, []string{"job", "cause"}),
+		members:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_members", Help: "Live members per job."}, []string{jobLabel}),
+		epoch:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_epoch", Help: "Current epoch per job."}, []string{jobLabel}),
+		participants: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_participants", Help: "Participants of the current quorum per job."}, []string{jobLabel}),
+		quorums:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_quorums_total", Help: "Quorums published per job."}, []string{jobLabel}),
+		joins:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_joins_total", Help: "Member incarnations seen per job."}, []string{jobLabel}),
+		removals:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_removals_total", Help: "Members removed per job and cause (left, evicted, gossip, reported, lease)."}, []string{jobLabel, "cause"}),
+		foreign:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_foreign_quorum_writes_total", Help: "Writes of a job's quorum record by someone other than a coordinator (repaired at once)."}, []string{jobLabel}),
 		publishSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ftcomm_coordinator_publish_seconds", Help: "Latency of fenced quorum writes.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, col := range []prometheus.Collector{m.leader, m.jobs, m.gossipAlive, m.members, m.epoch, m.participants, m.quorums, m.joins, m.removals, m.publishSeconds} {
+	for _, col := range []prometheus.Collector{m.leader, m.jobs, m.gossipAlive, m.members, m.epoch, m.participants, m.quorums, m.joins, m.removals, m.foreign, m.publishSeconds} {
 		if err := reg.Register(col); err != nil {
 			return nil, fmt.Errorf("membership: register metrics: %w", err)
 		}

@@ -14,13 +14,67 @@
 //   - Gossip: SWIM failure detection (hashicorp/memberlist) among members
 //     and coordinators.
 //   - Admin: read and manage jobs through etcd (the ftcoord API uses it).
+//   - Credentials, CoordinatorSecrets, QuorumSigner, QuorumVerifier,
+//     ConfigureAuth: the security of a deployment (below).
 //
 // # Keys
 //
-// Everything lives under a root (default "/ftcomm"); see Keys:
-// <root>/<job>/members/<id> (bound to the member's lease),
-// <root>/<job>/epoch/quorum, <root>/<job>/epoch/revoked/<epoch>,
-// <root>/<job>/history/<epoch>, <root>/<job>/rdzv/<epoch>/….
+// Everything lives under a root (default "/ftcomm"); see Keys. What
+// members write is under <root>/<job>/: members/<id> (bound to the
+// member's lease), epoch/revoked/<epoch>, rdzv/<epoch>/…, commits/<step>.
+// What only coordinators write is under <root>/_coordinator/:
+// jobs/<job>/quorum, jobs/<job>/history/<epoch>, jobs/<job>/evicted/<id>,
+// the election, and the coordinators' gossip addresses and key ids.
+//
+// # Security
+//
+// The library's defaults are open, for tests and experiments: an
+// Embedded etcd serves plain TCP without authentication, quorums are not
+// signed, gossip is not encrypted. Anyone who reaches such an etcd can
+// rewrite a job. A deployment (`ftcoord serve` by default) turns on:
+//
+//   - EmbeddedConfig.Secure: etcd serves TLS and requires a client
+//     certificate of its own CA (made on first start in <dir>/pki, kept
+//     across restarts, leaf certificates renewed before they expire), and
+//     etcd's authentication with two roles (ConfigureAuth, AuthRanges):
+//     coordinators (user "ftcoord") read and write the root; trainers
+//     (user "trainer") read the root and write only under <root>/<job>/ —
+//     never quorums, history, keep-out records or the election. The
+//     certificate's common name is the etcd user. Embedded.Credentials
+//     hands out each user's.
+//   - CoordinatorConfig.QuorumSigner: every quorum carries an ed25519
+//     signature over its canonical bytes (QuorumSigner documents them).
+//     A member with MemberConfig.QuorumVerifier acts on no other record:
+//     an unsigned, altered or foreign-key quorum is logged ("ignored a
+//     quorum record") and ignored. The leader watches the quorum keys: a
+//     write that is not its own (its own are recognised by revision, so
+//     its writes seen late raise no alarm) is logged, counted
+//     (ftcomm_coordinator_foreign_quorum_writes_total) and undone at once
+//     — its record restored, or, without a signer (members cannot tell),
+//     its participants republished above the foreign epoch. A leader that
+//     loads a job trusts only a record signed with its key (without a
+//     signer: the one its history agrees with) and restores the newest
+//     trusted history entry otherwise. Coordinators publish their key ids
+//     and refuse to run beside an instance with another (ErrKeyMismatch).
+//   - GossipConfig.SecretKey: gossip is encrypted and authenticated, so
+//     a node without the key cannot join the cell and report deaths
+//     (a gossip death deletes a registration).
+//
+// Trainers get all they need in one file, Credentials (JSON, 0600):
+// endpoints, root, CA, client certificate and key (or etcd user and
+// password), quorum-verification keys, gossip key. LoadCredentials reads
+// it; the environment variable FTCOMM_CREDENTIALS (CredentialsEnv) names
+// it for ft.Config; Credentials.ClientConfig and ApplyMember configure a
+// client and a member from it. Coordinators keep the private keys in
+// CoordinatorSecrets (LoadOrCreateCoordinatorSecrets), shared by every
+// coordinator of a root.
+//
+// With an external etcd, secure it as etcd documents (TLS, client
+// certificates, authentication), then run ConfigureAuth once as etcd's
+// root for ftcomm's roles (or the etcdctl role and user commands with the
+// ranges of AuthRanges), and give the trainers' identity to ftcoord
+// (-trainer-etcd-cert/-key or -user/-password) so that it writes them
+// into their credentials file with the quorum and gossip keys.
 //
 // # Member lifecycle (what ft.Comm does)
 //
@@ -67,7 +121,19 @@
 // every method that writes fails with it. Join again for a new
 // incarnation; a restarted process is always a new incarnation, and Join
 // fails with *DuplicateMemberError while the old one is alive (or waits
-// with WaitForDuplicate). Health Critical (e.g. a GPU XID fault reported
+// with WaitForDuplicate). An evicted member is kept out for a while
+// (Admin.EvictFor, CoordinatorConfig.EvictKeepOut, default 1 min): Join
+// fails with a *KeptOutError (errors.Is ErrKeptOut) that says by whom and
+// until when; the keep-out record is bound to an etcd lease and goes at
+// that time even without a coordinator.
+//
+// A member started before its coordinator says what it waits for (a
+// warning every few seconds naming the endpoints and why: connection
+// refused, or TLS/credentials) and joins within about ReconnectMaxDelay
+// (0.5 s) of etcd being reachable: ClientConfig caps gRPC's reconnect
+// backoff, which otherwise grows to two minutes. Clients made by
+// ClientConfig reconnect as fast after an etcd restart, so a coordinator
+// restart faster than the members' lease TTL costs no epoch. Health Critical (e.g. a GPU XID fault reported
 // by the NCCL backend through the app) excludes the member from the next
 // quorum until it reports Healthy or Degraded; it stays registered.
 //
@@ -113,7 +179,11 @@
 // key, heartbeats and gossip; they exit at Leave or Close, or soon after
 // the membership is lost (Close waits for them). Coordinator.Run's
 // goroutines exit before it returns. Gossip runs one event-forwarding
-// goroutine until Close. Embedded's etcd stops at Close. Every call that
+// goroutine until Close. Embedded's etcd stops at Close, without waiting
+// for clients' watches and keepalives (they are ended first, as
+// Unavailable, and clients retry); its data directory is locked while it
+// runs, so a second server on it fails at once with ErrDataDirInUse
+// instead of waiting for etcd's database lock. Every call that
 // can block takes a ctx and ends at its deadline. The caller owns the etcd
 // clients it passes in and closes them after the members and
 // coordinators that use them.

@@ -4,18 +4,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ftcomm/ftcomm/comm"
 )
@@ -54,6 +63,27 @@ type EmbeddedConfig struct {
 	QuotaBackendBytes int64
 	// UnsafeNoFsync skips fsync: for tests and throwaway clusters only.
 	UnsafeNoFsync bool
+
+	// Secure serves clients (and peers) over TLS, requires client
+	// certificates, and turns etcd's authentication on with ftcomm's
+	// roles (ConfigureAuth): on first start a CA, a server certificate and
+	// client certificates for the users EtcdUserRoot, EtcdUserCoordinator
+	// and EtcdUserTrainer are made and kept in <Dir>/pki (see Credentials).
+	// Off (the default): plain TCP and no authentication — anyone who
+	// reaches the port can rewrite every job; for tests and experiments.
+	// Single-member servers only.
+	Secure bool
+	// CertHosts are more names and addresses the server certificate must
+	// cover (it always covers loopback, the listen host and the advertised
+	// one; every local address and the host name when listening on all).
+	CertHosts []string
+	// AdvertiseClientAddr is the host:port clients reach this server at
+	// (Endpoints); default ClientAddr, or this host's name with its port
+	// when ClientAddr's host is unspecified (0.0.0.0, ::).
+	AdvertiseClientAddr string
+	// Root is the ftcomm key prefix the roles of a Secure server cover
+	// (default DefaultRoot).
+	Root string
 }
 
 // DefaultEmbeddedConfig returns a single-member configuration on free
@@ -108,6 +138,14 @@ func (c EmbeddedConfig) Validate() error {
 	if c.TickMs != 0 && c.ElectionMs != 0 && c.ElectionMs < 5*c.TickMs {
 		return fmt.Errorf("%w: membership: embedded etcd ElectionMs %d must be at least 5×TickMs (%d)", comm.ErrInvalidArgument, c.ElectionMs, c.TickMs)
 	}
+	if c.AdvertiseClientAddr != "" {
+		if _, _, err := net.SplitHostPort(c.AdvertiseClientAddr); err != nil {
+			return fmt.Errorf("%w: membership: embedded etcd AdvertiseClientAddr %q is not host:port: %v", comm.ErrInvalidArgument, c.AdvertiseClientAddr, err)
+		}
+	}
+	if c.Secure && c.InitialCluster != "" {
+		return fmt.Errorf("%w: membership: a Secure embedded etcd is a single-member server (no InitialCluster)", comm.ErrInvalidArgument)
+	}
 	if c.QuotaBackendBytes < 0 {
 		return fmt.Errorf("%w: membership: embedded etcd QuotaBackendBytes %d is negative", comm.ErrInvalidArgument, c.QuotaBackendBytes)
 	}
@@ -130,6 +168,13 @@ type Embedded struct {
 	// logLevel gates etcd's logs; Close silences them, since stopping its
 	// listeners makes etcd log errors that are only the shutdown itself.
 	logLevel zap.AtomicLevel
+	// lock is the data directory's lock file, held until Close.
+	lock *os.File
+	// streams ends the client streams (watches, lease keepalives) at
+	// Close, so that etcd's graceful stop need not wait for them.
+	streams *streamCutter
+	// pki holds the certificates of a Secure server (nil otherwise).
+	pki *pki
 }
 
 // StartEmbedded starts an etcd server and waits until it serves clients or
@@ -145,7 +190,7 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	// bind; choose again in that case.
 	for attempt := 0; ; attempt++ {
 		e, err := startEmbeddedOnce(ctx, cfg)
-		if err == nil || attempt >= 4 || !errors.Is(err, syscall.EADDRINUSE) || cfg.ClientAddr != "" && cfg.PeerAddr != "" {
+		if err == nil || attempt >= 4 || !errors.Is(err, syscall.EADDRINUSE) || fixedPort(cfg.ClientAddr) && fixedPort(cfg.PeerAddr) {
 			return e, err
 		}
 	}
@@ -155,14 +200,21 @@ func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, erro
 	m := &Embedded{cfg: cfg}
 	clientAddr, peerAddr := cfg.ClientAddr, cfg.PeerAddr
 	var err error
-	if clientAddr == "" {
-		if clientAddr, err = freeLoopbackAddr(); err != nil {
-			return nil, err
-		}
+	if clientAddr, err = freeAddr(clientAddr); err != nil {
+		return nil, err
 	}
-	if peerAddr == "" {
-		if peerAddr, err = freeLoopbackAddr(); err != nil {
-			return nil, err
+	if peerAddr, err = freeAddr(peerAddr); err != nil {
+		return nil, err
+	}
+	advertise := cfg.AdvertiseClientAddr
+	if advertise == "" {
+		advertise = clientAddr
+		if h, port, _ := net.SplitHostPort(clientAddr); net.ParseIP(h) != nil && net.ParseIP(h).IsUnspecified() {
+			name, err := os.Hostname()
+			if err != nil {
+				return nil, fmt.Errorf("membership: embedded etcd: no AdvertiseClientAddr and no host name: %w", err)
+			}
+			advertise = net.JoinHostPort(name, port)
 		}
 	}
 	ec := embed.NewConfig()
@@ -175,9 +227,45 @@ func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, erro
 	} else {
 		ec.Dir = cfg.Dir
 	}
-	cu := url.URL{Scheme: "http", Host: clientAddr}
-	pu := url.URL{Scheme: "http", Host: peerAddr}
-	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
+	// Another process using the directory would make etcd wait forever
+	// for bbolt's file lock, deaf to signals: refuse at once instead.
+	if m.lock, err = lockDataDir(ec.Dir); err != nil {
+		m.removeTemp()
+		return nil, err
+	}
+	m.streams = newStreamCutter()
+	ec.GRPCAdditionalServerOptions = append(ec.GRPCAdditionalServerOptions, grpc.ChainStreamInterceptor(m.streams.intercept))
+	scheme := "http"
+	pkiDir := filepath.Join(ec.Dir, "pki")
+	if cfg.Secure {
+		scheme = "https"
+		var hosts []string
+		for _, a := range []string{clientAddr, advertise, peerAddr} {
+			h, _, _ := net.SplitHostPort(a)
+			hosts = append(hosts, h)
+		}
+		m.pki, err = ensurePKI(pkiDir, certHosts(hosts[0], append(hosts[1:], cfg.CertHosts...)))
+		if err != nil {
+			m.unlock()
+			m.removeTemp()
+			return nil, err
+		}
+		ti := transport.TLSInfo{
+			CertFile: m.pki.certFile("server"), KeyFile: m.pki.keyFile("server"),
+			TrustedCAFile: m.pki.caFile(), ClientCertAuth: true,
+		}
+		ec.ClientTLSInfo, ec.PeerTLSInfo = ti, ti
+		ec.ClientAutoTLS, ec.PeerAutoTLS = false, false
+		ec.EnableGRPCGateway = false
+	} else if _, err := os.Stat(filepath.Join(pkiDir, "ca.pem")); err == nil {
+		m.unlock()
+		return nil, fmt.Errorf("%w: membership: %s holds a secured etcd (%s exists): without Secure nobody could authenticate; use another data directory",
+			comm.ErrInvalidArgument, ec.Dir, pkiDir)
+	}
+	cu := url.URL{Scheme: scheme, Host: clientAddr}
+	au := url.URL{Scheme: scheme, Host: advertise}
+	pu := url.URL{Scheme: scheme, Host: peerAddr}
+	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{cu}, []url.URL{au}
 	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
 	if cfg.InitialCluster != "" {
 		ec.InitialCluster = cfg.InitialCluster
@@ -203,14 +291,21 @@ func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, erro
 
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
+		m.unlock()
 		m.removeTemp()
 		return nil, fmt.Errorf("membership: start embedded etcd %s: %w", cfg.Name, err)
 	}
 	m.etcd = e
-	m.endpoints = []string{cu.Host}
+	m.endpoints = []string{au.Host}
 	m.peerURL = pu.String()
 	select {
 	case <-e.Server.ReadyNotify():
+		if cfg.Secure {
+			if err := m.configureAuth(ctx); err != nil {
+				m.Close()
+				return nil, err
+			}
+		}
 		return m, nil
 	case err := <-e.Err():
 		m.Close()
@@ -227,13 +322,50 @@ func (m *Embedded) removeTemp() {
 	}
 }
 
-// freeLoopbackAddr asks the OS for a free loopback TCP port.
-func freeLoopbackAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// configureAuth sets up ftcomm's roles and users as root, on the
+// listening address (the advertised one may not resolve here).
+func (m *Embedded) configureAuth(ctx context.Context) error {
+	c, err := m.Credentials(EtcdUserRoot)
 	if err != nil {
-		return "", fmt.Errorf("membership: find a free port: %w", err)
+		return err
 	}
-	addr := l.Addr().String()
+	for _, u := range m.etcd.Config().ListenClientUrls {
+		c.Endpoints = []string{u.Host}
+		if ip := net.ParseIP(u.Hostname()); ip != nil && ip.IsUnspecified() {
+			c.Endpoints = []string{net.JoinHostPort("127.0.0.1", u.Port())}
+		}
+	}
+	cli, err := c.NewClient(nil)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	return ConfigureAuth(ctx, cli, m.cfg.Root)
+}
+
+// fixedPort reports whether addr names a port (not empty, not port 0).
+func fixedPort(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	return err == nil && port != "0"
+}
+
+// freeLoopbackAddr asks the OS for a free loopback TCP port.
+func freeLoopbackAddr() (string, error) { return freeAddr("") }
+
+// freeAddr returns addr, or with its port 0 (or addr empty: on loopback)
+// a free port the OS chose.
+func freeAddr(addr string) (string, error) {
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	if _, port, err := net.SplitHostPort(addr); err != nil || port != "0" {
+		return addr, nil
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("membership: find a free port on %s: %w", addr, err)
+	}
+	addr = l.Addr().String()
 	l.Close()
 	return addr, nil
 }
@@ -250,16 +382,48 @@ func (m *Embedded) Name() string { return m.cfg.Name }
 // Dir returns the data directory.
 func (m *Embedded) Dir() string { return m.etcd.Config().Dir }
 
+// Secure reports whether the server requires TLS and authentication.
+func (m *Embedded) Secure() bool { return m.pki != nil }
+
+// Credentials returns what a client needs to act as user
+// (EtcdUserCoordinator, EtcdUserTrainer or EtcdUserRoot) on this server:
+// its endpoints and key root and, when Secure, the CA and the user's
+// client certificate and key. Add the coordinators' quorum keys and the
+// gossip key before handing a trainer's out (ftcoord does).
+func (m *Embedded) Credentials(user string) (*Credentials, error) {
+	c := &Credentials{Version: CredentialsVersion, Endpoints: m.Endpoints(), Root: Keys{Root: m.cfg.Root}.root()}
+	if m.pki == nil {
+		return c, nil
+	}
+	switch user {
+	case EtcdUserRoot, EtcdUserCoordinator, EtcdUserTrainer:
+	default:
+		return nil, fmt.Errorf("%w: membership: no etcd user %q (want %s, %s or %s)", comm.ErrInvalidArgument, user, EtcdUserCoordinator, EtcdUserTrainer, EtcdUserRoot)
+	}
+	cert, key, err := m.pki.clientPEM(user)
+	if err != nil {
+		return nil, err
+	}
+	c.CACert, c.Cert, c.Key = string(m.pki.caPEM), string(cert), string(key)
+	return c, nil
+}
+
 // Client returns a client of this server, created at the first call and
-// closed by Close. It logs nothing.
+// closed by Close. It logs nothing. On a Secure server it acts as
+// EtcdUserCoordinator.
 func (m *Embedded) Client() (*clientv3.Client, error) {
 	m.clientOnce.Do(func() { m.cli, m.cliErr = m.NewClient(nil) })
 	return m.cli, m.cliErr
 }
 
-// NewClient returns a new client of this server; the caller closes it.
+// NewClient returns a new client of this server, as EtcdUserCoordinator
+// on a Secure one; the caller closes it.
 func (m *Embedded) NewClient(lg *zap.Logger) (*clientv3.Client, error) {
-	return NewClient(m.endpoints, lg)
+	c, err := m.Credentials(EtcdUserCoordinator)
+	if err != nil {
+		return nil, err
+	}
+	return c.NewClient(lg)
 }
 
 // NewClient connects to the etcd endpoints (host:port) with the settings
@@ -270,7 +434,15 @@ func NewClient(endpoints []string, lg *zap.Logger) (*clientv3.Client, error) {
 }
 
 // ClientConfig is the clientv3.Config NewClient uses; add TLS or
-// credentials to it for a secured cluster.
+// credentials to it for a secured cluster (Credentials.ClientConfig
+// does).
+//
+// Its connection backoff is short: gRPC's default grows to two minutes
+// between attempts (15 s after a few), so a member started before its
+// coordinator would join many seconds after etcd came up. Here attempts
+// are at most ReconnectMaxDelay apart, so a client connects within about
+// that long of etcd becoming reachable, and reconnects as fast after an
+// etcd restart.
 func ClientConfig(endpoints []string, lg *zap.Logger) clientv3.Config {
 	if lg == nil {
 		lg = zap.NewNop()
@@ -280,23 +452,134 @@ func ClientConfig(endpoints []string, lg *zap.Logger) clientv3.Config {
 		DialTimeout:          5 * time.Second,
 		DialKeepAliveTime:    2 * time.Second,
 		DialKeepAliveTimeout: 2 * time.Second,
-		Logger:               lg,
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: grpcbackoff.Config{
+				BaseDelay:  100 * time.Millisecond,
+				Multiplier: 1.6,
+				Jitter:     0.2,
+				MaxDelay:   ReconnectMaxDelay,
+			},
+			MinConnectTimeout: 2 * time.Second,
+		})},
+		Logger: lg,
 	}
 }
 
+// ReconnectMaxDelay is the longest wait between two connection attempts
+// of a client made by ClientConfig.
+const ReconnectMaxDelay = 500 * time.Millisecond
+
 // Close stops the server (closing the client Client returned) and removes
 // a temporary data directory. Safe to call twice.
+//
+// Clients' streams (watches, lease keepalives) are ended first and new
+// ones refused, so Close does not wait out etcd's graceful-stop timeout
+// (5 s plus two election timeouts) while members or an etcdctl watch are
+// attached; the clients see the server go away and reconnect, to this
+// server when it restarts on the same address.
 func (m *Embedded) Close() error {
 	m.closeOnce.Do(func() {
 		if m.cli != nil {
 			m.cli.Close()
 		}
 		m.logLevel.SetLevel(zapcore.FatalLevel)
+		m.streams.cut()
 		m.etcd.Close()
+		m.unlock()
 		m.removeTemp()
 	})
 	return m.closeErr
 }
+
+func (m *Embedded) unlock() {
+	if m.lock != nil {
+		m.lock.Close() // releases the flock
+		m.lock = nil
+	}
+}
+
+// ErrDataDirInUse: another process holds the embedded etcd's data
+// directory.
+var ErrDataDirInUse = errors.New("membership: etcd data directory in use")
+
+// lockDataDir takes an exclusive lock on dir/ftcomm.lock (creating dir)
+// and checks that no other process has etcd's database open (an etcd or
+// older ftcomm that does not know this lock). The lock file holds the
+// owner's pid, for the error message.
+func lockDataDir(dir string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("membership: embedded etcd data directory: %w", err)
+	}
+	path := filepath.Join(dir, "ftcomm.lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("membership: embedded etcd data directory: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		owner, _ := io.ReadAll(io.LimitReader(f, 64))
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s is used by process %s (it holds %s): stop it, or give this one another data directory",
+				ErrDataDirInUse, dir, strings.TrimSpace(string(owner)), path)
+		}
+		return nil, fmt.Errorf("membership: lock %s: %w", path, err)
+	}
+	f.Truncate(0)
+	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	db := filepath.Join(dir, "member", "snap", "db")
+	if g, err := os.Open(db); err == nil {
+		err := unix.Flock(int(g.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+		g.Close() // releases the probe's lock
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("%w: etcd's database %s is open in another process: stop it, or give this one another data directory",
+				ErrDataDirInUse, db)
+		}
+	}
+	return f, nil
+}
+
+// streamCutter is a gRPC stream interceptor that can end every client
+// stream of a server at once and refuse new ones.
+type streamCutter struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newStreamCutter() *streamCutter {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &streamCutter{ctx: ctx, cancel: cancel}
+}
+
+func (c *streamCutter) intercept(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if c.ctx.Err() != nil {
+		return status.Error(codes.Unavailable, "etcd server is stopping")
+	}
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	stop := context.AfterFunc(c.ctx, cancel)
+	defer stop()
+	err := handler(srv, &cutStream{ServerStream: ss, ctx: ctx})
+	if c.ctx.Err() != nil && ss.Context().Err() == nil {
+		// Unavailable, not Canceled: clients retry (on this server once
+		// it restarts) instead of failing their watches.
+		return status.Error(codes.Unavailable, "etcd server is stopping")
+	}
+	return err
+}
+
+func (c *streamCutter) cut() {
+	if c != nil {
+		c.cancel()
+	}
+}
+
+type cutStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *cutStream) Context() context.Context { return s.ctx }
 
 // EmbeddedCluster is a multi-member etcd cluster running in this process
 // (for tests and tools: each member can be stopped on its own).
@@ -316,6 +599,9 @@ func StartEmbeddedCluster(ctx context.Context, cfg EmbeddedConfig, n int) (*Embe
 	}
 	if cfg.ClientAddr != "" || cfg.PeerAddr != "" || cfg.InitialCluster != "" {
 		return nil, fmt.Errorf("%w: membership: embedded cluster chooses its own addresses; leave ClientAddr, PeerAddr and InitialCluster empty", comm.ErrInvalidArgument)
+	}
+	if cfg.Secure {
+		return nil, fmt.Errorf("%w: membership: a Secure embedded etcd is a single-member server", comm.ErrInvalidArgument)
 	}
 	cfg.fillDefaults()
 	var lastErr error

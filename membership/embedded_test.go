@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/ftcomm/ftcomm/comm"
 )
 
@@ -133,4 +135,44 @@ func TestEmbeddedClusterSurvivesOneMember(t *testing.T) {
 	if v, err := s.Get(ctx, "n"); err != nil || string(v) != "2" {
 		t.Fatalf("get = %q, %v", v, err)
 	}
+}
+
+// A second server on a data directory in use fails at once with
+// ErrDataDirInUse (etcd itself would wait forever for bbolt's lock); the
+// directory is free again after Close. Close does not wait for a watch
+// that stays attached.
+func TestEmbeddedDataDirInUse(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	cfg := DefaultEmbeddedConfig()
+	cfg.Dir, cfg.UnsafeNoFsync = t.TempDir(), true
+	e, err := StartEmbedded(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if _, err := StartEmbedded(ctx, cfg); !errors.Is(err, ErrDataDirInUse) {
+		t.Fatalf("second server on %s: %v", cfg.Dir, err)
+	}
+	cli, err := e.NewClient(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	wch := cli.Watch(ctx, "/", clientv3.WithPrefix())
+	if _, err := cli.Put(ctx, "/x", "1"); err != nil {
+		t.Fatal(err)
+	}
+	<-wch // the watch is attached
+	closed := make(chan struct{})
+	go func() { e.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(4 * time.Second): // etcd's own graceful stop waits 7 s
+		t.Fatal("Close waited for the attached watch")
+	}
+	e2, err := StartEmbedded(ctx, cfg)
+	if err != nil {
+		t.Fatalf("after Close: %v", err)
+	}
+	e2.Close()
 }

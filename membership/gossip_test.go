@@ -115,3 +115,28 @@ func TestGossipEncryptedRejectsStranger(t *testing.T) {
 		t.Fatalf("%d alive", n)
 	}
 }
+
+// With a SecretKey, gossip is encrypted and authenticated: a node without
+// the key (or with another) cannot join the cell, so it cannot report
+// deaths that would delete registrations.
+func TestGossipKeyKeepsStrangersOut(t *testing.T) {
+	cfg := DefaultGossipConfig()
+	cfg.SecretKey = []byte("0123456789abcdef0123456789abcdef")
+	nodes := startGossipCell(t, 2, cfg)
+	ctx := testCtx(t, 20*time.Second)
+	for _, key := range [][]byte{nil, []byte("fedcba9876543210fedcba9876543210")} {
+		sc := DefaultGossipConfig()
+		sc.SecretKey, sc.TCPTimeout = key, time.Second
+		stranger, err := StartGossip(fmt.Sprintf("stranger-%d", len(key)), sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := stranger.Join(ctx, []string{nodes[0].Addr()}); err == nil || n != 0 {
+			t.Errorf("a node with key %q joined (%d, %v)", key, n, err)
+		}
+		if got := nodes[0].NumAlive(); got != 2 {
+			t.Errorf("the cell has %d nodes after a stranger's try", got)
+		}
+		stranger.Close()
+	}
+}

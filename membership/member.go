@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"net/url"
 	"sort"
 	"strconv"
 	"sync"
@@ -53,6 +55,12 @@ type MemberConfig struct {
 	// Gossip enables failure detection by gossip with the coordinators
 	// and other members (nil: off; lease expiry alone detects death).
 	Gossip *GossipConfig
+	// QuorumVerifier, when set, makes the member act only on quorums
+	// signed by a trusted coordinator key: an unsigned or badly signed
+	// quorum record is logged and ignored (Credentials.ApplyMember sets
+	// it). nil: quorums are taken as read, as from an insecure
+	// coordinator.
+	QuorumVerifier *QuorumVerifier
 	// WaitForDuplicate makes Join wait, while ctx lasts, for a previous
 	// incarnation of the same id to go (its lease to expire or be
 	// revoked) instead of failing with ErrDuplicateMember.
@@ -159,7 +167,11 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		}
 	}()
 
+	// The first call to etcd waits for a connection (a member may start
+	// before its coordinator): say what it waits for while it does.
+	stopNotice := waitNotice(m.cli, m.lg, "grant a lease")
 	lr, err := m.cli.Grant(ctx, int64((cfg.LeaseTTL+time.Second-1)/time.Second))
+	stopNotice()
 	if err != nil {
 		return nil, fmt.Errorf("membership: join %s/%s: grant lease: %w", cfg.Job, cfg.ID, ctxErr(ctx, err))
 	}
@@ -223,10 +235,11 @@ func (m *Member) spawn(f func()) {
 func (m *Member) register(ctx context.Context) error {
 	for {
 		val, _ := json.Marshal(m.rec)
+		keepOut := m.keys.Evicted(m.cfg.Job, m.cfg.ID)
 		tr, err := m.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0)).
+			If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0), clientv3.Compare(clientv3.CreateRevision(keepOut), "=", 0)).
 			Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(m.lease))).
-			Else(clientv3.OpGet(m.key)).Commit()
+			Else(clientv3.OpGet(m.key), clientv3.OpGet(keepOut)).Commit()
 		if err != nil {
 			return fmt.Errorf("membership: join %s/%s: %w", m.cfg.Job, m.cfg.ID, ctxErr(ctx, err))
 		}
@@ -234,6 +247,11 @@ func (m *Member) register(ctx context.Context) error {
 			m.inc = tr.Header.Revision
 			m.rec.Incarnation = m.inc
 			return nil
+		}
+		if kos := tr.Responses[1].GetResponseRange().Kvs; len(kos) > 0 {
+			var ko KeepOut
+			_ = json.Unmarshal(kos[0].Value, &ko)
+			return &KeptOutError{Job: m.cfg.Job, ID: m.cfg.ID, By: ko.By, Until: ko.Until}
 		}
 		kvs := tr.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
@@ -373,14 +391,17 @@ func (m *Member) RequestQuorum(ctx context.Context, shrinkOnly bool) error {
 
 // ReportCommitFailure tells the coordinator that this member's commit of
 // the given epoch failed: the next epoch follows (with the same
-// participants when all are alive).
-func (m *Member) ReportCommitFailure(ctx context.Context, epoch uint64) error {
+// participants when all are alive). blamed names the members whose
+// connections failed in it (a reset: their process is likely gone); the
+// coordinator checks them — a closed port is a death — before it forms the
+// next epoch, so one death costs one epoch.
+func (m *Member) ReportCommitFailure(ctx context.Context, epoch uint64, blamed ...string) error {
 	m.mu.Lock()
-	if epoch <= m.rec.CommitFailed {
+	if epoch < m.rec.CommitFailed || epoch == m.rec.CommitFailed && len(blamed) == 0 {
 		m.mu.Unlock()
 		return nil
 	}
-	m.rec.CommitFailed = epoch
+	m.rec.CommitFailed, m.rec.Blamed = epoch, blamed
 	m.mu.Unlock()
 	return m.write(ctx, "commit failure")
 }
@@ -610,13 +631,14 @@ func (m *Member) notifyLocked() {
 	}
 }
 
-// apply takes one key-value of the epoch prefix. Called with mu held.
+// applyLocked takes the quorum record or a revocation record. Called
+// with mu held.
 func (m *Member) applyLocked(kv *mvccpb.KeyValue) bool {
 	k := string(kv.Key)
 	if k == m.keys.Quorum(m.cfg.Job) {
-		var q Quorum
-		if err := json.Unmarshal(kv.Value, &q); err != nil {
-			m.lg.Warn("unreadable quorum record", zap.Error(err))
+		q, err := m.readQuorum(kv.Value)
+		if err != nil {
+			m.lg.Warn("ignored a quorum record", zap.Int64("revision", kv.ModRevision), zap.Error(err))
 			return false
 		}
 		if m.quorum == nil || q.Epoch > m.quorum.Epoch {
@@ -637,17 +659,40 @@ func (m *Member) applyLocked(kv *mvccpb.KeyValue) bool {
 	return true
 }
 
+// readQuorum decodes a quorum record of the member's job, verifying its
+// signature when the member has a verifier.
+func (m *Member) readQuorum(raw []byte) (Quorum, error) {
+	var q Quorum
+	if v := m.cfg.QuorumVerifier; v != nil {
+		var err error
+		if q, err = v.Verify(raw); err != nil {
+			return Quorum{}, err
+		}
+	} else if err := json.Unmarshal(raw, &q); err != nil {
+		return Quorum{}, fmt.Errorf("membership: unreadable quorum record: %w", err)
+	}
+	if q.Job != m.cfg.Job {
+		return Quorum{}, fmt.Errorf("%w: the record is of job %q", ErrForgedQuorum, q.Job)
+	}
+	return q, nil
+}
+
 // loadEpochs reads the quorum and revocations and returns the revision
 // read at.
 func (m *Member) loadEpochs(ctx context.Context) (int64, error) {
-	resp, err := m.cli.Get(ctx, m.keys.EpochPrefix(m.cfg.Job), clientv3.WithPrefix())
+	resp, err := m.cli.Txn(ctx).Then(
+		clientv3.OpGet(m.keys.Quorum(m.cfg.Job)),
+		clientv3.OpGet(m.keys.Revocations(m.cfg.Job), clientv3.WithPrefix()),
+	).Commit()
 	if err != nil {
 		return 0, fmt.Errorf("membership: read quorum of %s: %w", m.cfg.Job, ctxErr(ctx, err))
 	}
 	m.mu.Lock()
 	changed := false
-	for _, kv := range resp.Kvs {
-		changed = m.applyLocked(kv) || changed
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			changed = m.applyLocked(kv) || changed
+		}
 	}
 	if changed {
 		m.notifyLocked()
@@ -656,19 +701,39 @@ func (m *Member) loadEpochs(ctx context.Context) (int64, error) {
 	return resp.Header.Revision, nil
 }
 
-// watchEpochs follows the quorum and the revocations from rev+1 until the
-// membership ends, re-reading after a compaction or a broken watch.
+// watchEpochs follows the quorum record and the revocations (two watches:
+// only coordinators write the one, members the others) from rev+1 until
+// the membership ends, re-reading both after a compaction or a broken
+// watch.
 func (m *Member) watchEpochs(rev int64) {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
 	for m.life.Err() == nil {
-		wch := m.cli.Watch(clientv3.WithRequireLeader(m.life), m.keys.EpochPrefix(m.cfg.Job), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-		for wr := range wch {
-			if err := wr.Err(); err != nil {
-				m.lg.Info("quorum watch broke; reading again", zap.Error(err))
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(m.life))
+		quorum := m.cli.Watch(wctx, m.keys.Quorum(m.cfg.Job), clientv3.WithRev(rev+1))
+		revoked := m.cli.Watch(wctx, m.keys.Revocations(m.cfg.Job), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		for {
+			var wr clientv3.WatchResponse
+			var ok, isQuorum bool
+			select {
+			case wr, ok = <-quorum:
+				isQuorum = true
+			case wr, ok = <-revoked:
+			}
+			if !ok || wr.Err() != nil {
+				if m.life.Err() == nil {
+					m.lg.Info("quorum watch broke; reading again", zap.Error(wr.Err()))
+				}
 				break
 			}
 			bo.Reset()
+			if isQuorum {
+				// The two watches are not ordered with each other: read
+				// the revocations a new quorum may have overtaken, so
+				// that Revoked never fires before Revocation has its
+				// record.
+				m.catchUpRevocations(wctx, wr.Header.Revision)
+			}
 			m.mu.Lock()
 			changed := false
 			for _, ev := range wr.Events {
@@ -680,8 +745,8 @@ func (m *Member) watchEpochs(rev int64) {
 				m.notifyLocked()
 			}
 			m.mu.Unlock()
-			rev = wr.Header.Revision
 		}
+		cancel()
 		if m.life.Err() != nil {
 			return
 		}
@@ -697,6 +762,33 @@ func (m *Member) watchEpochs(rev int64) {
 			}
 		}
 	}
+}
+
+// catchUpRevocations reads the revocation records of the current epoch
+// and later ones, as of revision rev, and takes them in.
+func (m *Member) catchUpRevocations(ctx context.Context, rev int64) {
+	m.mu.Lock()
+	var from uint64
+	if m.quorum != nil {
+		from = m.quorum.Epoch
+	}
+	m.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := m.cli.Get(ctx, m.keys.Revocation(m.cfg.Job, from),
+		clientv3.WithRange(clientv3.GetPrefixRangeEnd(m.keys.Revocations(m.cfg.Job))), clientv3.WithRev(rev))
+	if err != nil {
+		return // the watch delivers them anyway, later
+	}
+	m.mu.Lock()
+	changed := false
+	for _, kv := range resp.Kvs {
+		changed = m.applyLocked(kv) || changed
+	}
+	if changed {
+		m.notifyLocked()
+	}
+	m.mu.Unlock()
 }
 
 // watchSelf ends the membership when the member key is deleted (eviction,
@@ -879,4 +971,57 @@ func (m *Member) crash() {
 		}
 		m.wg.Wait()
 	})
+}
+
+// waitNoticeAfter is how long an etcd call may wait before waitNotice
+// says what it waits for; waitNoticeEvery how often it says it again.
+const (
+	waitNoticeAfter = time.Second
+	waitNoticeEvery = 5 * time.Second
+)
+
+// waitNotice logs, while the call it was started for has not returned,
+// that it waits for etcd, where, and what is in the way (the port refuses
+// connections, or answers but the client cannot connect: TLS or
+// credentials). The returned func stops it and waits for its goroutine.
+func waitNotice(cli *clientv3.Client, lg *zap.Logger, what string) (stop func()) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTimer(waitNoticeAfter)
+		defer t.Stop()
+		start := time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			eps := cli.Endpoints()
+			fields := []zap.Field{zap.Strings("endpoints", eps), zap.Duration("waited", time.Since(start).Round(time.Millisecond))}
+			if cc := cli.ActiveConnection(); cc != nil {
+				fields = append(fields, zap.Stringer("connection", cc.GetState()))
+			}
+			var probs []string
+			for _, ep := range eps {
+				host := ep
+				if u, err := url.Parse(ep); err == nil && u.Host != "" {
+					host = u.Host
+				}
+				c, err := net.DialTimeout("tcp", host, 500*time.Millisecond)
+				if err != nil {
+					probs = append(probs, err.Error())
+					continue
+				}
+				c.Close()
+				probs = append(probs, host+" accepts connections but the client is not connected (TLS or credentials?)")
+			}
+			fields = append(fields, zap.Strings("why", probs))
+			lg.Warn("waiting for the coordinator's etcd to "+what+" (is ftcoord running and reachable?)", fields...)
+			t.Reset(waitNoticeEvery)
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(done); <-exited }) }
 }

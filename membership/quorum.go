@@ -20,17 +20,28 @@ type QuorumConfig struct {
 	// that have not asked to take part yet (stragglers) before it forms
 	// without them. Default 10 s.
 	JoinTimeout time.Duration
+	// FailureSettle is how long an epoch that failed with every
+	// participant still alive (a commit failure, a revocation) waits for
+	// more reports before the next one forms: when a replica dies, its
+	// peers' failures arrive first and the blame naming it (checked by
+	// the coordinator) a moment later, and waiting for it makes one death
+	// cost one epoch, not two. Default 100 ms; 0: none.
+	FailureSettle time.Duration
 }
 
-// DefaultQuorumConfig returns MinReplicas 1 and JoinTimeout 10 s.
+// DefaultQuorumConfig returns MinReplicas 1, JoinTimeout 10 s and
+// FailureSettle 100 ms.
 func DefaultQuorumConfig() QuorumConfig {
-	return QuorumConfig{MinReplicas: 1, JoinTimeout: 10 * time.Second}
+	return QuorumConfig{MinReplicas: 1, JoinTimeout: 10 * time.Second, FailureSettle: 100 * time.Millisecond}
 }
 
 // Validate says what is wrong with the configuration, if anything.
 func (c QuorumConfig) Validate() error {
 	if c.MinReplicas < 1 {
 		return fmt.Errorf("%w: membership: MinReplicas %d must be at least 1", comm.ErrInvalidArgument, c.MinReplicas)
+	}
+	if c.FailureSettle < 0 {
+		return fmt.Errorf("%w: membership: FailureSettle %v is negative", comm.ErrInvalidArgument, c.FailureSettle)
 	}
 	if c.JoinTimeout < 0 {
 		return fmt.Errorf("%w: membership: JoinTimeout %v is negative", comm.ErrInvalidArgument, c.JoinTimeout)
@@ -67,14 +78,21 @@ type Machine struct {
 	prev    *Quorum
 
 	pendingSince time.Time
-	removed      map[string]string // id → why, since the last quorum
-	revokedBy    *Revocation       // a revocation of the current epoch
+	failedSince  time.Time            // when the current epoch's failure was first seen
+	removed      map[string]string    // id → why, since the last quorum
+	suspects     map[string]suspicion // reported dead by a peer, being verified
+	revokedBy    *Revocation          // a revocation of the current epoch
+}
+
+type suspicion struct {
+	inc   int64
+	until time.Time
 }
 
 // NewMachine returns the machine of a job whose last published quorum is
 // prev (nil: none yet).
 func NewMachine(job string, cfg QuorumConfig, prev *Quorum) *Machine {
-	m := &Machine{job: job, cfg: cfg, members: map[string]*MemberRecord{}, removed: map[string]string{}}
+	m := &Machine{job: job, cfg: cfg, members: map[string]*MemberRecord{}, removed: map[string]string{}, suspects: map[string]suspicion{}}
 	if prev != nil {
 		q := *prev
 		m.prev = &q
@@ -109,6 +127,9 @@ func (m *Machine) Upsert(now time.Time, rec MemberRecord) {
 	}
 	r := rec
 	m.members[rec.ID] = &r
+	if s, ok := m.suspects[rec.ID]; ok && s.inc != rec.Incarnation {
+		delete(m.suspects, rec.ID)
+	}
 }
 
 // Remove records that a member is gone: it left, died (gossip, lease
@@ -120,10 +141,29 @@ func (m *Machine) Remove(now time.Time, id string, incarnation int64, why string
 		return
 	}
 	delete(m.members, id)
+	delete(m.suspects, id)
 	if m.prev != nil && m.prev.Rank(id) >= 0 {
 		if _, seen := m.removed[id]; !seen {
 			m.removed[id] = why
 		}
+	}
+}
+
+// Suspect records that a peer reported incarnation inc of member id dead
+// and the coordinator is checking (until at the latest): a quorum that
+// would keep it waits for the verdict rather than form an epoch that the
+// verdict may end at once — one epoch per death instead of two.
+func (m *Machine) Suspect(now time.Time, id string, inc int64, until time.Time) {
+	if r, ok := m.members[id]; ok && r.Incarnation == inc {
+		m.suspects[id] = suspicion{inc, until}
+	}
+}
+
+// Unsuspect records that the check of id found it alive (or could not
+// tell): quorums may keep it again.
+func (m *Machine) Unsuspect(id string, inc int64) {
+	if s, ok := m.suspects[id]; ok && s.inc == inc {
+		delete(m.suspects, id)
 	}
 }
 
@@ -162,7 +202,7 @@ func (m *Machine) Current() (Quorum, bool) {
 func (m *Machine) Published(q Quorum) {
 	qq := q
 	m.prev = &qq
-	m.pendingSince = time.Time{}
+	m.pendingSince, m.failedSince = time.Time{}, time.Time{}
 	clear(m.removed)
 	m.revokedBy = nil
 }
@@ -291,6 +331,32 @@ func (m *Machine) Advance(now time.Time) Decision {
 	}
 	wait := func(w string, wake time.Time) Decision {
 		return Decision{Waiting: w, WakeAt: wake, Revocation: rev}
+	}
+
+	// A failure with everyone alive: more reports (a blame) may follow.
+	if epochFailed && len(lost) == 0 && len(admitted) == 0 && m.cfg.FailureSettle > 0 {
+		if m.failedSince.IsZero() {
+			m.failedSince = now
+		}
+		if settled := m.failedSince.Add(m.cfg.FailureSettle); now.Before(settled) {
+			return wait(fmt.Sprintf("epoch %d failed; waiting %v for more reports", m.prev.Epoch, settled.Sub(now).Round(time.Millisecond)), settled)
+		}
+	}
+	// A survivor a peer reported dead is being checked: wait for the
+	// verdict (bounded) instead of forming an epoch it may end at once.
+	var wakeAt time.Time
+	var checking []string
+	for _, p := range survivors {
+		if s, ok := m.suspects[p.ID]; ok && s.inc == p.Incarnation && now.Before(s.until) {
+			checking = append(checking, p.ID)
+			if wakeAt.IsZero() || s.until.Before(wakeAt) {
+				wakeAt = s.until
+			}
+		}
+	}
+	if len(checking) > 0 {
+		slices.Sort(checking)
+		return wait("verifying the reported death of "+strings.Join(checking, ","), wakeAt)
 	}
 
 	if !fast {

@@ -12,7 +12,7 @@ import (
 // manner of etcd-io/raft's interaction tests. Lines starting with "> " are
 // commands; the lines after a command are the output it must print.
 //
-//	config min=N timeout=D      (before anything else)
+//	config min=N timeout=D settle=D (before anything else)
 //	join a b …                  register members (not asking yet)
 //	ask a b … [shrink]          members ask to take part (shrink: ShrinkOnly)
 //	unshrink a …                members drop ShrinkOnly
@@ -20,6 +20,8 @@ import (
 //	health a critical|degraded|healthy [why]
 //	commitfail a E              a's commit failed in epoch E
 //	formed a b … E              members report holding epoch E's comms
+//	suspect a D                 a peer reported a dead; verdict due within D
+//	unsuspect a                 the check found a alive
 //	revoke E by                 member "by" revokes epoch E
 //	leave|die|evict a …         members go (reason printed in the quorum)
 //	restart a                   a new incarnation of a registers (asking)
@@ -47,6 +49,7 @@ func (s *quorumScript) run(line string) []string {
 	switch cmd {
 	case "config":
 		cfg := DefaultQuorumConfig()
+		cfg.FailureSettle = 0 // scripts that want it say settle=D
 		for _, a := range args {
 			k, v, _ := strings.Cut(a, "=")
 			switch k {
@@ -54,6 +57,8 @@ func (s *quorumScript) run(line string) []string {
 				cfg.MinReplicas, _ = strconv.Atoi(v)
 			case "timeout":
 				cfg.JoinTimeout, _ = time.ParseDuration(v)
+			case "settle":
+				cfg.FailureSettle, _ = time.ParseDuration(v)
 			}
 		}
 		s.m = NewMachine("job", cfg, nil)
@@ -97,6 +102,11 @@ func (s *quorumScript) run(line string) []string {
 		e, _ := strconv.ParseUint(args[1], 10, 64)
 		r.CommitFailed = e
 		s.m.Upsert(s.now, r)
+	case "suspect":
+		d, _ := time.ParseDuration(args[1])
+		s.m.Suspect(s.now, args[0], s.rec(args[0]).Incarnation, s.now.Add(d))
+	case "unsuspect":
+		s.m.Unsuspect(args[0], s.rec(args[0]).Incarnation)
 	case "formed":
 		e, _ := strconv.ParseUint(args[len(args)-1], 10, 64)
 		for _, id := range args[:len(args)-1] {
@@ -185,6 +195,70 @@ func runQuorumScript(t *testing.T, script string) {
 
 func TestQuorumScripts(t *testing.T) {
 	for name, script := range map[string]string{
+		"a failure with everyone alive waits for more reports": `
+		> config min=1 settle=100ms
+		> join a b c
+		> ask a b c
+		> tick 0s
+		epoch 1 [a#1 b#2 c#3] maxstep=0
+		  reason: initial quorum
+		# b's commit fails first (its comm was revoked); a's report, blaming
+		# c, follows 30 ms later and the coordinator checks c
+		> commitfail b 1
+		> tick 0s
+		waiting: epoch 1 failed; waiting 100ms for more reports (wake +100ms)
+		  revoke 1 failed=[]: commit failed in epoch 1 (b)
+		> tick 30ms
+		waiting: epoch 1 failed; waiting 70ms for more reports (wake +70ms)
+		> suspect c 600ms
+		> tick 70ms
+		waiting: verifying the reported death of c (wake +530ms)
+		> die c
+		> tick 5ms
+		epoch 2 [a#1 b#2] maxstep=0
+		  reason: c died (gossip); commit failed in epoch 1 (b)
+		# a plain commit failure forms the next epoch after the settle time
+		> commitfail a 2
+		> tick 0s
+		waiting: epoch 2 failed; waiting 100ms for more reports (wake +100ms)
+		  revoke 2 failed=[]: commit failed in epoch 2 (a)
+		> tick 100ms
+		epoch 3 [a#1 b#2] maxstep=0
+		  reason: commit failed in epoch 2 (a)
+		`,
+		"a reported death is verified before the next epoch forms": `
+		> config min=1
+		> join a b c
+		> ask a b c
+		> tick 0s
+		epoch 1 [a#1 b#2 c#3] maxstep=0
+		  reason: initial quorum
+		# b blames c; the coordinator dials c, and the revocation would force
+		# an epoch with c at once: it waits for the verdict instead
+		> suspect c 600ms
+		> revoke 1 b
+		> tick 0s
+		waiting: verifying the reported death of c (wake +600ms)
+		> die c
+		> tick 100ms
+		epoch 2 [a#1 b#2] maxstep=0
+		  reason: c died (gossip)
+		# alive after all: the epoch forms without waiting out the deadline
+		> suspect a 600ms
+		> revoke 2 b
+		> tick 0s
+		waiting: verifying the reported death of a (wake +600ms)
+		> unsuspect a
+		> tick 10ms
+		epoch 3 [a#1 b#2] maxstep=0
+		  reason: epoch 2 revoked by b: peer failed
+		# no verdict in time: the epoch forms anyway
+		> suspect b 600ms
+		> revoke 3 a
+		> tick 700ms
+		epoch 4 [a#1 b#2] maxstep=0
+		  reason: epoch 3 revoked by a: peer failed
+		`,
 		"base: the previous epoch only when every survivor formed it": `
 		> config min=1
 		> join a b c

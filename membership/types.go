@@ -26,6 +26,12 @@ var (
 	ErrNoQuorum = errors.New("membership: no quorum published")
 	// ErrNotFound: no such job or member.
 	ErrNotFound = errors.New("membership: not found")
+	// ErrKeptOut: the member id was evicted and may not register again
+	// yet; found inside a *KeptOutError.
+	ErrKeptOut = errors.New("membership: evicted member kept out")
+	// ErrKeyMismatch: coordinators of one root sign quorums with
+	// different keys (or some sign and some do not).
+	ErrKeyMismatch = errors.New("membership: coordinators sign quorums with different keys")
 )
 
 // DuplicateMemberError tells who holds a member id that Join wanted.
@@ -41,6 +47,20 @@ func (e *DuplicateMemberError) Error() string {
 }
 
 func (e *DuplicateMemberError) Unwrap() error { return ErrDuplicateMember }
+
+// KeptOutError tells who evicted a member id that Join wanted, and until
+// when it is kept out.
+type KeptOutError struct {
+	Job, ID, By string
+	Until       time.Time
+}
+
+func (e *KeptOutError) Error() string {
+	return fmt.Sprintf("membership: member %q of job %q was evicted by %s and is kept out until %s (%v from now)",
+		e.ID, e.Job, e.By, e.Until.Format(time.RFC3339), time.Until(e.Until).Round(time.Second))
+}
+
+func (e *KeptOutError) Unwrap() error { return ErrKeptOut }
 
 // Health is what a member says about itself.
 type Health int
@@ -122,6 +142,11 @@ type Quorum struct {
 	// succeed at some ranks and fail at others), so the choice is made
 	// here, once, from the reports, and every rank follows it.
 	Base uint64 `json:"base,omitempty"`
+	// Signature, when the coordinator signs its quorums
+	// (CoordinatorConfig.QuorumSigner), proves that a coordinator holding
+	// the key published this record; members with a QuorumVerifier act
+	// on no other.
+	Signature *QuorumSignature `json:"signature,omitempty"`
 }
 
 // Rank returns the rank of member id in q, or -1.
@@ -161,7 +186,10 @@ type MemberRecord struct {
 	Group string `json:"group,omitempty"`
 	// Gossip is the member's memberlist address ("" without gossip).
 	Gossip string `json:"gossip,omitempty"`
-	Lease  int64  `json:"lease"`
+	// Lease is the etcd lease of the registration. JSON carries it as a
+	// decimal string: lease ids are often above 2^53, where JSON parsers
+	// that read numbers as doubles lose digits.
+	Lease  int64  `json:"lease,string"`
 	Step   int64  `json:"step"`
 	Health Health `json:"health"`
 	// HealthReason says why the health is not Healthy.
@@ -175,6 +203,10 @@ type MemberRecord struct {
 	MinReplicas int `json:"minReplicas,omitempty"`
 	// CommitFailed is the last epoch in which this member's commit failed.
 	CommitFailed uint64 `json:"commitFailed,omitempty"`
+	// Blamed are the members whose connections failed in this member's
+	// CommitFailed epoch (a reset: their process is likely gone); the
+	// coordinator checks them before forming the next epoch.
+	Blamed []string `json:"blamed,omitempty"`
 	// Formed is the epoch whose communicators the member formed and holds
 	// (ReportFormed); the coordinator sets Quorum.Base from it.
 	Formed uint64 `json:"formed,omitempty"`
@@ -204,16 +236,22 @@ func checkName(kind, s string) error {
 
 // Keys is the etcd key layout under a root (default "/ftcomm"):
 //
-//	<root>/<job>/members/<id>            member record, bound to its lease
-//	<root>/<job>/epoch/quorum            the current quorum
-//	<root>/<job>/epoch/revoked/<epoch>   revocation records
-//	<root>/<job>/history/<epoch>         past quorums (bounded)
-//	<root>/<job>/rdzv/<epoch>/…          per-epoch rendezvous (Store)
-//	<root>/<job>/commits/<step>          durable commit records (RecordCommit)
-//	<root>/_coordinator/election/…       coordinator leader election
-//	<root>/_coordinator/gossip/<name>    coordinators' gossip addresses
+//	<root>/<job>/members/<id>                        member record, bound to its lease
+//	<root>/<job>/epoch/revoked/<epoch>               revocation records
+//	<root>/<job>/rdzv/<epoch>/…                      per-epoch rendezvous (Store)
+//	<root>/<job>/commits/<step>                      durable commit records (RecordCommit)
+//	<root>/_coordinator/jobs/<job>/quorum            the current quorum
+//	<root>/_coordinator/jobs/<job>/history/<epoch>   past quorums (bounded)
+//	<root>/_coordinator/jobs/<job>/evicted/<id>      keep-out records of evicted members
+//	<root>/_coordinator/election/…                   coordinator leader election
+//	<root>/_coordinator/gossip/<name>                coordinators' gossip addresses
+//	<root>/_coordinator/keys/<name>                  coordinators' quorum-signing key ids
 //
-// Epochs in keys are zero-padded to 20 digits so they sort.
+// What members write lives under <root>/<job>/; what only coordinators
+// write lives under <root>/_coordinator/ (job names cannot start with
+// '_'), so that one pair of key ranges grants it in etcd's role-based
+// access control (see ConfigureAuth). Epochs and steps in keys are
+// zero-padded to 20 digits so they sort.
 type Keys struct{ Root string }
 
 // DefaultRoot is the key prefix when none is configured.
@@ -230,13 +268,20 @@ func (k Keys) Job(job string) string         { return k.root() + "/" + job + "/"
 func (k Keys) Members(job string) string     { return k.Job(job) + "members/" }
 func (k Keys) Member(job, id string) string  { return k.Members(job) + id }
 func (k Keys) EpochPrefix(job string) string { return k.Job(job) + "epoch/" }
-func (k Keys) Quorum(job string) string      { return k.EpochPrefix(job) + "quorum" }
 func (k Keys) Revocations(job string) string { return k.EpochPrefix(job) + "revoked/" }
-func (k Keys) History(job string) string     { return k.Job(job) + "history/" }
 func (k Keys) Rendezvous(job string) string  { return k.Job(job) + "rdzv/" }
 func (k Keys) Coordinator() string           { return k.root() + "/_coordinator/" }
 func (k Keys) Election() string              { return k.Coordinator() + "election" }
 func (k Keys) CoordinatorGossip() string     { return k.Coordinator() + "gossip/" }
+func (k Keys) CoordinatorKeys() string       { return k.Coordinator() + "keys/" }
+func (k Keys) CoordinatorJobs() string       { return k.Coordinator() + "jobs/" }
+func (k Keys) CoordinatorJob(job string) string {
+	return k.CoordinatorJobs() + job + "/"
+}
+func (k Keys) Quorum(job string) string        { return k.CoordinatorJob(job) + "quorum" }
+func (k Keys) History(job string) string       { return k.CoordinatorJob(job) + "history/" }
+func (k Keys) EvictedPrefix(job string) string { return k.CoordinatorJob(job) + "evicted/" }
+func (k Keys) Evicted(job, id string) string   { return k.EvictedPrefix(job) + id }
 func (k Keys) Revocation(job string, e uint64) string {
 	return k.Revocations(job) + epochKey(e)
 }
@@ -252,11 +297,23 @@ func (k Keys) RendezvousPrefix(job string, e uint64) string {
 func epochKey(e uint64) string { return fmt.Sprintf("%020d", e) }
 
 // parseKey splits a key under the root into job, kind and rest:
-// "/ftcomm/j/members/a" → ("j", "members", "a").
+// "/ftcomm/j/members/a" → ("j", "members", "a"); a coordinator's key of a
+// job has its kind prefixed with "_": "/ftcomm/_coordinator/jobs/j/quorum"
+// → ("j", "_quorum", ""), ".../history/<e>" → ("j", "_history", "<e>").
 func (k Keys) parseKey(key string) (job, kind, rest string, ok bool) {
 	r := k.root() + "/"
 	if !strings.HasPrefix(key, r) {
 		return "", "", "", false
+	}
+	if cj := k.CoordinatorJobs(); strings.HasPrefix(key, cj) {
+		parts := strings.SplitN(key[len(cj):], "/", 3)
+		switch {
+		case len(parts) < 2 || parts[0] == "":
+			return "", "", "", false
+		case len(parts) == 2:
+			return parts[0], "_" + parts[1], "", true
+		}
+		return parts[0], "_" + parts[1], parts[2], true
 	}
 	parts := strings.SplitN(key[len(r):], "/", 3)
 	if len(parts) < 2 || strings.HasPrefix(parts[0], "_") {

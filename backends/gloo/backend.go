@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,7 @@ func factory(ctx context.Context, o comm.Options) (comm.Backend, error) {
 	if sharedMemoryDisabledByEnv() {
 		cfg.SharedMemory = false
 	}
+
 	log := o.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -82,10 +84,26 @@ type Backend struct {
 	exp     []rxMark // per link: what the entries posted so far will have delivered
 	want    []int    // per link: entries planned for the op being set up
 	scratch [][]byte
-	marks   []int64
-	ints    []int
-	members uint64 // membership hash the resync frames of a Shrink or Grow carry
-	ctxStop func() bool
+	srcs    [][]byte
+	flags   []bool
+	one     oneShotWait // the wait of a one-shot all-reduce (kept here: no allocation per op)
+
+	// lane helpers (lanes.go): the op goroutine starts them (laneHelpers
+	// counts them and publishes their channels) and hands them work
+	// through laneGo and laneDone
+	laneHelpers   atomic.Int32
+	laneGo        [shmMaxLanes]chan struct{}
+	laneWake      [shmMaxLanes]chan struct{}
+	laneDone      chan int
+	laneJobs      [shmMaxLanes]laneJob
+	laneRuns      [shmMaxLanes]laneRun
+	laneDoneFlags [shmMaxLanes][]bool
+	crowded       bool // more ranks of this comm on this host than CPUs (see spin); set by start
+	marks         []int64
+	ints          []int
+	members       uint64     // membership hash the resync frames of a Shrink or Grow carry
+	left0         resyncNote // what else they say: the epoch left and the ranks a Shrink excluded
+	ctxStop       func() bool
 
 	mu      sync.Mutex
 	fault   *faultInfo // the first failure
@@ -119,7 +137,7 @@ func newBackend(nd *node, store comm.Store, prefix string, epoch uint64, rank, s
 	return &Backend{
 		cfg: nd.cfg, node: nd, store: store, prefix: prefix, epoch: epoch, rank: rank, size: size,
 		log:    nd.log.With(zap.String("prefix", prefix), zap.Int("rank", rank), zap.Int("size", size), zap.Uint64("epoch", epoch)),
-		notify: make(chan struct{}, 1), exp: make([]rxMark, size), want: make([]int, size),
+		notify: make(chan struct{}, 1), exp: make([]rxMark, size), want: make([]int, size), laneDone: make(chan int, shmMaxLanes),
 		broken: make(chan struct{}), monWake: make(chan struct{}, 1), quit: make(chan struct{}),
 	}
 }
@@ -147,6 +165,7 @@ func (b *Backend) start() {
 		}
 		if l.shm != nil {
 			l.shm.crowded.Store(onHost > runtime.NumCPU())
+			b.crowded = onHost > runtime.NumCPU()
 		}
 		// Nobody heartbeats a connection while its comm forms (a reused
 		// one may have waited for a slow survivor): silence counts from now.
@@ -291,7 +310,7 @@ func (b *Backend) form(ctx context.Context, reuse []*link) error {
 		go func() {
 			defer wg.Done()
 			deadline, _ := ctx.Deadline()
-			err := l.sendResync(resyncInfo{epoch: b.epoch, size: uint32(n), rank: uint32(r), members: members}, deadline)
+			err := l.sendResync(resyncInfo{epoch: b.epoch, size: uint32(n), rank: uint32(r), members: members}, b.left0, deadline)
 			if err != nil && ctx.Err() == nil {
 				l.fail(err) // the connection is broken: reconnect below
 			}
@@ -538,12 +557,42 @@ func (b *Backend) peerGone(peer int, notify bool) {
 }
 
 // peerLeft fails b because peer resynchronised its connection to a later
-// epoch: it has left this comm, so ops that need it cannot complete.
-func (b *Backend) peerLeft(peer int, epoch uint64) {
-	why := fmt.Sprintf("rank %d moved on to epoch %d", peer, epoch)
+// epoch: it has left this comm, so ops that need it cannot complete. If
+// the peer shrank this comm, the ranks it excluded (note) are why: the
+// error names each (a *comm.RankError wrapping comm.ErrPeerFailed, joined
+// if several), as their death would have — the peer learned of it first.
+// Otherwise (it grew) the error wraps comm.ErrAborted.
+func (b *Backend) peerLeft(peer int, epoch uint64, note *resyncNote) {
+	op := b.opType()
+	var errs []error
+	first := -1
+	if note.from == b.epoch {
+		for _, x := range note.excluded {
+			if x < 0 || x >= b.size || x == b.rank || x == peer {
+				continue
+			}
+			if first < 0 {
+				first = x
+			}
+			errs = append(errs, &comm.RankError{Rank: x, Op: op, Epoch: b.epoch,
+				Err: fmt.Errorf("gloo: %w: rank %d shrank the comm to epoch %d without it", comm.ErrPeerFailed, peer, epoch)})
+		}
+	}
+	if first < 0 {
+		why := fmt.Sprintf("rank %d moved on to epoch %d", peer, epoch)
+		b.breakWith(faultInfo{
+			nt:  notice{kind: noticeAbort, op: op, origin: int32(b.rank), subject: int32(peer), cause: why},
+			err: fmt.Errorf("gloo: %w: %s", comm.ErrAborted, why),
+		})
+		return
+	}
+	why := fmt.Sprintf("rank %d shrank the comm to epoch %d without rank %d", peer, epoch, first)
+	if more := note.nexcl - 1; more > 0 {
+		why += fmt.Sprintf(" (and %d more)", more)
+	}
 	b.breakWith(faultInfo{
-		nt:  notice{kind: noticeAbort, op: b.opType(), origin: int32(b.rank), subject: int32(peer), cause: why},
-		err: fmt.Errorf("gloo: %w: %s", comm.ErrAborted, why),
+		nt:  notice{kind: noticePeerFailed, op: op, origin: int32(b.rank), subject: int32(first), cause: why},
+		err: errors.Join(errs...),
 	})
 }
 
@@ -566,7 +615,13 @@ func (b *Backend) remoteFault(peer int, nt notice) {
 	case noticeRevoke:
 		err = fmt.Errorf("gloo: %w by rank %d: %s", comm.ErrRevoked, nt.origin, nt.cause)
 	case noticeAbort:
-		err = fmt.Errorf("gloo: %w: rank %d aborted: %s", comm.ErrAborted, nt.origin, nt.cause)
+		if nt.flags&noticeTimedOut != 0 {
+			// As at the origin, the error matches both ErrAborted and ErrTimeout.
+			cause := strings.TrimPrefix(nt.cause, comm.ErrTimeout.Error()+": ")
+			err = fmt.Errorf("gloo: %w: rank %d timed out: %w: %s", comm.ErrAborted, nt.origin, comm.ErrTimeout, cause)
+		} else {
+			err = fmt.Errorf("gloo: %w: rank %d aborted: %s", comm.ErrAborted, nt.origin, nt.cause)
+		}
 	case noticePeerFailed:
 		err = &comm.RankError{Rank: int(nt.subject), Op: op, Epoch: b.epoch,
 			Err: fmt.Errorf("gloo: %w (reported by rank %d): %s", comm.ErrPeerFailed, nt.origin, nt.cause)}
@@ -587,7 +642,7 @@ func (b *Backend) Abort(cause error) {
 		cause = errors.New("abort requested")
 	}
 	b.breakWith(faultInfo{
-		nt:  notice{kind: noticeAbort, op: b.opType(), origin: int32(b.rank), subject: int32(b.rank), cause: cause.Error()},
+		nt:  abortNotice(b.opType(), b.rank, cause),
 		err: fmt.Errorf("gloo: %w: %w", comm.ErrAborted, cause),
 	})
 }

@@ -28,10 +28,15 @@ const (
 	numAlgorithms
 )
 
-var algorithmNames = [numAlgorithms]string{"auto", "ring", "recursive-doubling"}
+// algoOneShot marks the one-shot all-reduce in a descriptor: chosen under
+// AlgorithmAuto for small messages (Config.OneShotBytes), never set in a
+// Config.
+const algoOneShot = numAlgorithms
+
+var algorithmNames = [numAlgorithms + 1]string{"auto", "ring", "recursive-doubling", "one-shot"}
 
 func (a Algorithm) String() string {
-	if a >= numAlgorithms {
+	if a > algoOneShot {
 		return fmt.Sprintf("algorithm(%d)", uint8(a))
 	}
 	return algorithmNames[a]
@@ -91,6 +96,15 @@ type Config struct {
 	// SmallThreshold: with AlgorithmAuto, messages of at most this many
 	// bytes use the latency-optimal algorithms.
 	SmallThreshold int
+	// OneShotBytes: with AlgorithmAuto, an all-reduce of at most
+	// SmallThreshold bytes whose size times (ranks − 1) is at most this
+	// many bytes goes one-shot: every rank sends its whole vector to every
+	// other and reduces all of them locally, in rank order — one step
+	// instead of recursive doubling's ⌈log₂ n⌉, which is what the small
+	// control all-reduces of every training step (the commit vote) pay.
+	// 0 turns it off. Like SmallThreshold it matters only through the
+	// choice it makes, which must be the same at every rank.
+	OneShotBytes int
 	// SegmentSize is the pipelining unit of the ring and chain algorithms
 	// and the largest frame this rank sends, in bytes. Default 1 MiB: at
 	// 64 MiB, 512 KiB segments cost ~10–15% more CPU per op (more handoffs
@@ -110,8 +124,18 @@ type Config struct {
 	SharedMemory bool
 	// SharedMemoryRing is the size in bytes of each direction's ring of a
 	// shared-memory link (a power of two, 64 KiB – 64 MiB); a link maps
-	// twice this plus 4 KiB. The listener's setting is used.
+	// twice this plus 8 KiB, and its extra lanes (SharedMemoryLanes). The
+	// listener's setting is used.
 	SharedMemoryRing int
+	// SharedMemoryLanes bounds how many cores one rank spreads a large
+	// all-reduce over when both of its ring neighbours are shared-memory
+	// links: the op's goroutine and up to SharedMemoryLanes−1 helpers, each
+	// moving one part through its own ring pair of each link (512 KiB each
+	// way, mapped when the link is set up). 0, the default, picks the
+	// host's CPUs divided by the comm's ranks, at most 8 (1 on a 2-core
+	// host with 2 ranks); 1 turns lanes off. An op uses the fewest lanes
+	// any rank can (agreed on per op, one per MiB of message at most).
+	SharedMemoryLanes int
 }
 
 // EnvSharedMemory, set to 0, off or false, disables Config.SharedMemory
@@ -142,6 +166,7 @@ func DefaultConfig() *Config {
 		PeerTimeout:          800 * time.Millisecond,
 		Algorithm:            AlgorithmAuto,
 		SmallThreshold:       64 << 10,
+		OneShotBytes:         256 << 10,
 		SegmentSize:          1 << 20,
 		MaxPendingHandshakes: 64,
 		SharedMemory:         true,
@@ -172,10 +197,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("gloo: config: unknown Algorithm %d", c.Algorithm)
 	case c.SmallThreshold < 0:
 		return fmt.Errorf("gloo: config: SmallThreshold %d is negative", c.SmallThreshold)
+	case c.OneShotBytes < 0:
+		return fmt.Errorf("gloo: config: OneShotBytes %d is negative", c.OneShotBytes)
 	case c.SegmentSize < 4<<10 || c.SegmentSize > 64<<20:
 		return fmt.Errorf("gloo: config: SegmentSize %d outside [4 KiB, 64 MiB]", c.SegmentSize)
 	case c.MaxPendingHandshakes < 1:
 		return fmt.Errorf("gloo: config: MaxPendingHandshakes %d must be at least 1", c.MaxPendingHandshakes)
+	case c.SharedMemoryLanes < 0 || c.SharedMemoryLanes > shmMaxLanes:
+		return fmt.Errorf("gloo: config: SharedMemoryLanes %d outside [0, %d]", c.SharedMemoryLanes, shmMaxLanes)
 	case c.SharedMemory && !validRingSize(c.SharedMemoryRing):
 		return fmt.Errorf("gloo: config: SharedMemoryRing %d is not a power of two in [64 KiB, 64 MiB]", c.SharedMemoryRing)
 	}

@@ -21,9 +21,11 @@
 // Config (comm.Options.BackendConfig, a *Config) sets the listen address,
 // socket buffers, timeouts, the heartbeat, the pipelining segment and the
 // algorithm (Algorithm forces one family for tests and benchmarks;
-// SmallThreshold switches between them under AlgorithmAuto). All ranks of a
-// comm must use the same Algorithm, SmallThreshold matters only through the
-// choice it makes, and everything else may differ per rank.
+// SmallThreshold and OneShotBytes switch between them under
+// AlgorithmAuto), and the shared-memory rings and lanes. All ranks of a
+// comm must use the same Algorithm, SmallThreshold and OneShotBytes matter
+// only through the choices they make (which must agree), and everything
+// else may differ per rank.
 //
 // # Lifecycle
 //
@@ -73,7 +75,11 @@
 // the frame complete or abandoned (a write interrupted by an abort is
 // finished with filler and an "abandoned" trailer, so the reader can skip it
 // and the stream stays in sync). Types: op data, heartbeat, notice (why a
-// comm failed), resync (start of an epoch on a reused connection), bye.
+// comm failed: abort — flagged when it was a timeout —, revoke, peer
+// failed, mismatch; origin and subject ranks, cause text), resync (start of
+// an epoch on a reused connection: the new epoch's size, rank and
+// membership hash, the epoch left, and the ranks a Shrink excluded — up to
+// 1015 listed), bye.
 //
 // Every collective first agrees on its descriptor: a dissemination round
 // (⌈log₂ n⌉ steps of header-only frames, folded into the data exchange of
@@ -97,19 +103,39 @@
 // (Config.SharedMemoryRing bytes each): frames are written as on TCP but
 // without the trailer, each side keeps its own position and checks the
 // other's before using it (a corrupt position drops the link as a
-// malformed frame would), and a side with nothing to do spins for 20 µs and
-// then sleeps in a futex that the other side wakes. Each link gets a second
-// reader goroutine that copies or reduces straight from the ring into the
-// destination. The TCP connection stays for everything else — handshake,
-// heartbeats, notices, resync, bye — and for liveness: a peer that dies
-// resets it, which fails the link at once as on TCP. A write interrupted by
-// an abort simply stops; the resync frame of the next epoch carries the
-// writer's ring position, and the reader drops everything before it.
+// malformed frame would). No goroutine reads the rings on its own: the op
+// goroutine writes its frames and, whenever it waits, takes what its rx
+// rings hold and copies or reduces it straight into the posted receives
+// (with the same checks as the socket reader of a TCP link), so a small op
+// costs no handoff between goroutines. A waiter polls for up to 100 µs
+// (yielding each round, to other processes too when the host runs more
+// ranks than it has CPUs), then marks itself asleep in the segment and
+// parks; the other side, after publishing a ring position, sees the mark
+// and sends a wake frame over TCP. The TCP connection stays for everything
+// else — handshake, heartbeats, notices, resync, bye, wake — and for
+// liveness: a peer that dies resets it, which fails the link at once as on
+// TCP. A write interrupted by an abort simply stops; the resync frame of
+// the next epoch carries the writer's ring positions, and the consumer
+// drops everything before them.
+//
+// Lanes: a segment may hold further ring pairs (512 KiB each way), as many
+// as Config.SharedMemoryLanes allows (0: the host's CPUs divided by the
+// comm's ranks, at most 8). A large all-reduce whose two ring neighbours
+// are shared-memory links is cut into as many parts as every rank can
+// take (agreed on in the descriptor agreement; one lane per MiB at most):
+// the op goroutine moves part 0 as usual, and a lane helper goroutine per
+// further part runs its own pipelined ring through its lane, polling and
+// parking as the op goroutine does, so the copies and reductions of one
+// rank run on several cores. A failure stops every helper before the op
+// returns.
 //
 // # Algorithms
 //
-// All-reduce: recursive doubling (non-power-of-two sizes fold the extra
-// ranks in and out) for small messages; for large ones a pipelined ring run
+// All-reduce: one-shot for small messages (Config.OneShotBytes: every rank
+// sends its vector to every other and reduces all n in rank order, reading
+// shared-memory rings in place), recursive doubling (non-power-of-two sizes
+// fold the extra ranks in and out) for other small ones; for large ones a
+// pipelined ring run
 // as a wavefront over pieces, whose receiving side reduces segments into
 // the destination as they arrive while the next is on the wire.
 // Reduce-scatter and all-gather: ring (reduce-scatter through recursive
@@ -123,7 +149,13 @@
 // # Performance notes
 //
 // Over shared memory the work is one copy into the ring and one copy (or
-// reduction) out of it, and wakeups. Over TCP loopback it is the kernel's
+// reduction) out of it, on as many cores as there are lanes; a small op
+// costs no handoff between goroutines or processes beyond the cache lines
+// of the ring (one-shot all-reduce: one step; figures against Open MPI's
+// shared-memory transport, libgloo and PyTorch gloo, with the host's
+// memcpy bandwidth as the ceiling: README, bench/compare-cpu.sh). Ops over
+// shared memory do not arm a context.AfterFunc (they poll and select on
+// the ctx); one that writes to a socket does, once. Over TCP loopback it is the kernel's
 // socket copies (about 40% of CPU in profiles), the reduction (about 10%,
 // comm/reduce's unrolled kernels) and thread wakeups; there the backend
 // runs at the loopback ceiling, level with libgloo's newer ring, and shared
@@ -141,7 +173,16 @@
 //
 // A peer whose connection resets or closes fails the pending op on every
 // survivor at once with a *comm.RankError naming it and wrapping
-// comm.ErrPeerFailed (survivors also tell each other). Every connection
+// comm.ErrPeerFailed (survivors also tell each other). That holds too for a
+// survivor that hears first from a faster one which has already shrunk the
+// dead rank away: the resync frames of a Shrink carry the ranks it
+// excluded, and a rank still in (or next running) an op of the old comm
+// fails it with a *comm.RankError per excluded rank (errors.Join if
+// several), wrapping comm.ErrPeerFailed ("rank 0 shrank the comm to epoch
+// 1 without it"). So does a rank whose peers shrink a live rank away (the
+// quorum dropped it) while it waits on it: comm.FailedRanks names whom to
+// leave out. Only a peer that grows first leaves a bare comm.ErrAborted
+// ("rank p moved on to epoch e"). Every connection
 // idle for Config.HeartbeatInterval sends a heartbeat, so a live peer that
 // merely starts its op late is not silent — that case is the deadline's
 // (the Comm wrapper aborts the backend when an op's deadline passes). While
@@ -157,7 +198,12 @@
 // scheduling delays and the peer's recent gaps, up to 10 × PeerTimeout.
 //
 // Abort wakes every waiter at once with comm.ErrAborted and tells the peers,
-// whose pending ops fail too. Revoke does the same with comm.ErrRevoked, and
+// whose pending ops fail too. An abort for a timeout (an op past the
+// Comm's deadline or its ctx's) is flagged as one: the peers' errors then
+// match comm.ErrTimeout as well as comm.ErrAborted and say which rank timed
+// out ("rank 1 timed out: …"), so every rank waiting on a rank that never
+// posted the op sees a timeout, whether its own deadline or the notice of
+// a faster one came first. Revoke does the same with comm.ErrRevoked, and
 // every rank forwards the revocation. Ranks that disagree on an op get
 // comm.ErrMismatch (a *comm.RankError naming a disagreeing rank) on every
 // rank, with no buffer written. A malformed frame drops that connection
@@ -174,6 +220,9 @@
 // within Config.HandshakeTimeout; per connection one reader, which delivers
 // frames into the receives the op posted and exits when the connection
 // closes; per backend one monitor (heartbeats, the liveness check, failure
-// notices, the liveness check), exiting in Close. Forming a comm starts short-lived goroutines
-// (dials, resyncs) that exit before it returns. Ops start no goroutines.
+// notices), exiting in Close. Forming a comm starts short-lived goroutines
+// (dials, resyncs) that exit before it returns. The first all-reduce that
+// uses lanes starts the lane helpers it needs (at most
+// Config.SharedMemoryLanes − 1 per backend), which wait for further work
+// and exit in Close; ops start no other goroutines.
 package gloo

@@ -1,6 +1,7 @@
 package gloo
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -11,7 +12,7 @@ import (
 // Wire format of a frame (all integers little-endian):
 //
 //	0  magic   u8   0xF7
-//	1  type    u8   frameOp, frameHeartbeat, frameNotice, frameResync, frameBye
+//	1  type    u8   frameOp, frameHeartbeat, frameNotice, frameResync, frameBye, frameWake
 //	2  op      u8   comm.OpType of the collective (OpSend for point-to-point)
 //	3  dtype   u8   comm.DType (0 for ops without a tensor)
 //	4  redop   u8   comm.ReduceOp (0 where none)
@@ -32,7 +33,10 @@ const (
 	trailerAbandon = 0x5A
 	maxNoticeLen   = 4096
 	maxFrameLen    = 1 << 27 // above any SegmentSize
-	resyncLen      = 24
+	resyncFixed    = 32      // resync payload without the lane positions and the excluded ranks
+	// maxResyncExcluded bounds the excluded ranks a resync frame lists
+	// (a Shrink that excludes more lists the first ones).
+	maxResyncExcluded = (maxNoticeLen - resyncFixed - 8*shmMaxLanes) / 4
 )
 
 type frameType uint8
@@ -43,6 +47,7 @@ const (
 	frameNotice    frameType = 3 // the sender's comm failed; payload says why
 	frameResync    frameType = 4 // marks the start of a new epoch on a reused connection
 	frameBye       frameType = 5 // the sender closed its end
+	frameWake      frameType = 6 // the sender published shared-memory positions, and the receiver's waiter on lane tag was parked
 )
 
 func (t frameType) String() string {
@@ -57,6 +62,8 @@ func (t frameType) String() string {
 		return "resync"
 	case frameBye:
 		return "bye"
+	case frameWake:
+		return "wake"
 	}
 	return fmt.Sprintf("frame(%d)", uint8(t))
 }
@@ -151,7 +158,7 @@ func decodeHeader(b []byte) (header, error) {
 		if h.d.redop != 0 && !h.d.redop.Valid() {
 			return h, fmt.Errorf("%w: reduce op %d", errMalformed, uint8(h.d.redop))
 		}
-		if h.d.algo >= numAlgorithms {
+		if h.d.algo > algoOneShot {
 			return h, fmt.Errorf("%w: algorithm %d", errMalformed, uint8(h.d.algo))
 		}
 		if h.length > maxFrameLen {
@@ -164,13 +171,17 @@ func decodeHeader(b []byte) (header, error) {
 		if h.length != 0 {
 			return h, fmt.Errorf("%w: %s frame with %d payload bytes", errMalformed, h.typ, h.length)
 		}
+	case frameWake:
+		if h.length != 0 || h.tag >= shmMaxLanes {
+			return h, fmt.Errorf("%w: wake frame with %d payload bytes for lane %d", errMalformed, h.length, h.tag)
+		}
 	case frameNotice:
 		if h.length < noticeFixed || h.length > maxNoticeLen {
 			return h, fmt.Errorf("%w: notice of %d bytes", errMalformed, h.length)
 		}
 	case frameResync:
-		if h.length != resyncLen {
-			return h, fmt.Errorf("%w: resync of %d bytes, want %d", errMalformed, h.length, resyncLen)
+		if h.length < resyncFixed || h.length > maxNoticeLen || (h.length-resyncFixed)%4 != 0 {
+			return h, fmt.Errorf("%w: resync of %d bytes", errMalformed, h.length)
 		}
 	default:
 		return h, fmt.Errorf("%w: unknown frame type %d", errMalformed, uint8(h.typ))
@@ -188,12 +199,21 @@ const (
 	noticeMismatch   noticeKind = 4 // subject rank issued a different op
 )
 
+// Notice flags.
+const (
+	// noticeTimedOut: the origin's op passed its deadline (an abort for a
+	// timeout), so the peers' errors match comm.ErrTimeout as the origin's does.
+	noticeTimedOut uint8 = 1 << 0
+	noticeFlags          = noticeTimedOut // every flag defined
+)
+
 // notice is the payload of a frameNotice (epoch in the header's seq):
 //
-//	0 kind u8, 1 op u8, 2 reserved u16, 4 origin i32, 8 subject i32, 12 cause (UTF-8, rest)
+//	0 kind u8, 1 op u8, 2 flags u8, 3 reserved u8, 4 origin i32, 8 subject i32, 12 cause (UTF-8, rest)
 type notice struct {
 	kind    noticeKind
 	op      comm.OpType
+	flags   uint8
 	origin  int32 // the rank whose comm failed first
 	subject int32 // the rank the failure concerns, or -1
 	cause   string
@@ -201,10 +221,20 @@ type notice struct {
 
 const noticeFixed = 12
 
+// abortNotice is the notice of an abort at rank origin for cause; a cause
+// that is a timeout (the Comm's deadline, or a ctx deadline) is flagged so.
+func abortNotice(op comm.OpType, origin int, cause error) notice {
+	nt := notice{kind: noticeAbort, op: op, origin: int32(origin), subject: int32(origin), cause: cause.Error()}
+	if errors.Is(cause, comm.ErrTimeout) || errors.Is(cause, context.DeadlineExceeded) {
+		nt.flags |= noticeTimedOut
+	}
+	return nt
+}
+
 func (n *notice) encode(b []byte) int {
 	b[0] = byte(n.kind)
 	b[1] = byte(n.op)
-	b[2], b[3] = 0, 0
+	b[2], b[3] = n.flags, 0
 	binary.LittleEndian.PutUint32(b[4:], uint32(n.origin))
 	binary.LittleEndian.PutUint32(b[8:], uint32(n.subject))
 	c := n.cause
@@ -224,6 +254,10 @@ func decodeNotice(b []byte) (notice, error) {
 	if n.kind < noticeAbort || n.kind > noticeMismatch {
 		return n, fmt.Errorf("%w: notice kind %d", errMalformed, b[0])
 	}
+	n.flags = b[2]
+	if n.flags&^noticeFlags != 0 || b[3] != 0 {
+		return n, fmt.Errorf("%w: notice flags %#02x %#02x", errMalformed, b[2], b[3])
+	}
 	n.origin = int32(binary.LittleEndian.Uint32(b[4:]))
 	n.subject = int32(binary.LittleEndian.Uint32(b[8:]))
 	n.cause = string(b[noticeFixed:])
@@ -231,36 +265,79 @@ func decodeNotice(b []byte) (notice, error) {
 }
 
 // resyncInfo is what both ends of a reused connection must agree on to
-// enter a new epoch (epoch in the header's seq), plus where the sender's
-// new-epoch data starts in its shared-memory ring (0 for TCP links):
+// enter a new epoch (epoch in the header's seq); resyncNote is what else
+// the sender's resync says.
 //
-//	0 size u32, 4 sender rank u32, 8 members hash u64, 16 shm tx position u64
+//	0 size u32, 4 sender rank u32, 8 members hash u64, 16 previous epoch u64,
+//	24 lanes u32, 28 excluded count u32,
+//	32 shm tx position of each lane u64 × lanes (0 lanes for a TCP link),
+//	then excluded ranks u32 × min(count, maxResyncExcluded)
 type resyncInfo struct {
 	epoch   uint64
 	size    uint32
 	rank    uint32 // the sender's rank in the new epoch
 	members uint64 // hash of the new comm's membership
-	txPos   uint64 // not part of the agreement
 }
 
-func (r *resyncInfo) encode(b []byte) {
-	binary.LittleEndian.PutUint32(b[0:], r.size)
-	binary.LittleEndian.PutUint32(b[4:], r.rank)
-	binary.LittleEndian.PutUint64(b[8:], r.members)
-	binary.LittleEndian.PutUint64(b[16:], r.txPos)
+// resyncNote is the part of a resync frame that is not agreed on.
+type resyncNote struct {
+	lanes    int                 // shared-memory lanes of the link (0: TCP)
+	txPos    [shmMaxLanes]uint64 // where the sender's new-epoch data starts in each lane's ring
+	from     uint64              // the epoch the sender left
+	excluded []int               // the ranks of epoch from that a Shrink left out, ascending
+	nexcl    int                 // how many it left out (excluded may list fewer)
 }
 
-func decodeResync(epoch uint64, b []byte) (resyncInfo, error) {
-	if len(b) != resyncLen {
-		return resyncInfo{}, fmt.Errorf("%w: resync of %d bytes", errMalformed, len(b))
+func resyncLen(nt *resyncNote) int {
+	return resyncFixed + 8*nt.lanes + 4*min(len(nt.excluded), maxResyncExcluded)
+}
+
+func encodeResync(b []byte, r *resyncInfo, nt *resyncNote) {
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], r.size)
+	le.PutUint32(b[4:], r.rank)
+	le.PutUint64(b[8:], r.members)
+	le.PutUint64(b[16:], nt.from)
+	le.PutUint32(b[24:], uint32(nt.lanes))
+	le.PutUint32(b[28:], uint32(len(nt.excluded)))
+	off := resyncFixed
+	for i := range nt.lanes {
+		le.PutUint64(b[off:], nt.txPos[i])
+		off += 8
 	}
-	return resyncInfo{
-		epoch:   epoch,
-		size:    binary.LittleEndian.Uint32(b[0:]),
-		rank:    binary.LittleEndian.Uint32(b[4:]),
-		members: binary.LittleEndian.Uint64(b[8:]),
-		txPos:   binary.LittleEndian.Uint64(b[16:]),
-	}, nil
+	for _, x := range nt.excluded[:min(len(nt.excluded), maxResyncExcluded)] {
+		le.PutUint32(b[off:], uint32(x))
+		off += 4
+	}
+}
+
+// decodeResync parses a resync payload (its length was checked with the
+// header). The excluded ranks are only decoded when withExcluded is set
+// (they allocate).
+func decodeResync(epoch uint64, b []byte, withExcluded bool) (resyncInfo, resyncNote, error) {
+	le := binary.LittleEndian
+	if len(b) < resyncFixed || (len(b)-resyncFixed)%4 != 0 {
+		return resyncInfo{}, resyncNote{}, fmt.Errorf("%w: resync of %d bytes", errMalformed, len(b))
+	}
+	info := resyncInfo{epoch: epoch, size: le.Uint32(b[0:]), rank: le.Uint32(b[4:]), members: le.Uint64(b[8:])}
+	nt := resyncNote{from: le.Uint64(b[16:]), lanes: int(le.Uint32(b[24:])), nexcl: int(le.Uint32(b[28:]))}
+	rest := len(b) - resyncFixed - 8*nt.lanes
+	if nt.lanes > shmMaxLanes || rest < 0 || rest/4 > nt.nexcl {
+		return resyncInfo{}, resyncNote{}, fmt.Errorf("%w: resync of %d bytes for %d lanes and %d excluded ranks", errMalformed, len(b), nt.lanes, nt.nexcl)
+	}
+	off := resyncFixed
+	for i := range nt.lanes {
+		nt.txPos[i] = le.Uint64(b[off:])
+		off += 8
+	}
+	if withExcluded && rest > 0 {
+		nt.excluded = make([]int, rest/4)
+		for i := range nt.excluded {
+			nt.excluded[i] = int(le.Uint32(b[off:]))
+			off += 4
+		}
+	}
+	return info, nt, nil
 }
 
 // hashInts hashes ints (membership lists, counts vectors), FNV-1a over

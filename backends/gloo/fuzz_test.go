@@ -16,8 +16,9 @@ func seedFrames() [][]byte {
 	d := desc{op: comm.OpAllReduce, dtype: comm.Float32, redop: comm.Sum, algo: AlgorithmRing, root: -1, count: 16}
 	var nt [64]byte
 	n := (&notice{kind: noticeRevoke, origin: 1, subject: -1, cause: "quorum"}).encode(nt[:])
-	var rs [resyncLen]byte
-	(&resyncInfo{epoch: 3, size: 2, rank: 1, members: 9}).encode(rs[:])
+	rn := resyncNote{from: 2, excluded: []int{2, 5}}
+	rs := make([]byte, resyncLen(&rn))
+	encodeResync(rs, &resyncInfo{epoch: 3, size: 2, rank: 1, members: 9}, &rn)
 	return [][]byte{
 		frameBytes(header{typ: frameHeartbeat}, nil, trailerOK),
 		frameBytes(header{typ: frameOp, d: d, seq: 1, tag: 0}, make([]byte, 64), trailerOK),

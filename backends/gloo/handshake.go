@@ -30,7 +30,7 @@ import (
 // process the other is; the MACs cover them.
 const (
 	handshakeMagic   = "FTGLOOHS"
-	protocolVersion  = 2
+	protocolVersion  = 3
 	nonceLen         = 32
 	macLen           = sha256.Size
 	maxJobLen        = 256

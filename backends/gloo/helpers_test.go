@@ -49,16 +49,25 @@ func newJob(t testing.TB, n int, mut func(*Config)) *job {
 // and j.opts are rank 0's.
 func newJobPerRank(t testing.TB, n int, cfgOf func(r int) *Config) *job {
 	t.Helper()
+	return newJobWith(t, n, func(r int, o *comm.Options) { o.BackendConfig = cfgOf(r) })
+}
+
+// newJobWith forms a comm of n ranks where rank r's options are the test
+// options changed by optsOf(r, &o); j.cfg and j.opts are rank 0's.
+func newJobWith(t testing.TB, n int, optsOf func(r int, o *comm.Options)) *job {
+	t.Helper()
 	var log *zap.Logger
 	if tt, ok := t.(*testing.T); ok && testing.Verbose() {
 		log = zaptest.NewLogger(tt, zaptest.Level(zap.WarnLevel))
 	}
-	cfgs := make([]*Config, n)
+	j := &job{t: t, store: memstore.New()}
+	opts := make([]comm.Options, n)
 	for r := range n {
-		cfgs[r] = cfgOf(r)
+		opts[r] = testOptions(j.store, testConfig(), log)
+		optsOf(r, &opts[r])
+		opts[r].Rank, opts[r].Size = r, n
 	}
-	j := &job{t: t, store: memstore.New(), cfg: cfgs[0]}
-	j.opts = testOptions(j.store, cfgs[0], log)
+	j.opts, j.cfg = opts[0], opts[0].BackendConfig.(*Config)
 	j.comms = make([]*comm.Comm, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -68,9 +77,7 @@ func newJobPerRank(t testing.TB, n int, cfgOf func(r int) *Config) *job {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o := j.opts
-			o.Rank, o.Size, o.BackendConfig = r, n, cfgs[r]
-			j.comms[r], errs[r] = comm.New(ctx, "gloo", o)
+			j.comms[r], errs[r] = comm.New(ctx, "gloo", opts[r])
 		}()
 	}
 	wg.Wait()

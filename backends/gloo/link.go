@@ -150,7 +150,6 @@ func newLink(conn net.Conn, owner *Backend, peer int, peerID identity, seg *shmS
 	l.lastSend.Store(now)
 	if seg != nil {
 		l.shm = newShmState(seg)
-		go l.shmRun()
 	}
 	go l.run()
 	return l
@@ -179,9 +178,6 @@ func (l *link) poke() {
 	case l.wake <- struct{}{}:
 	default:
 	}
-	if l.shm != nil {
-		l.pokeShm()
-	}
 }
 
 func (l *link) isClosed() bool {
@@ -209,9 +205,6 @@ func (l *link) fail(err error) {
 		l.mu.Unlock()
 		close(l.closed)
 		l.conn.Close()
-		if l.shm != nil {
-			l.shmWakeAll()
-		}
 		if syncing {
 			select {
 			case l.syncCh <- fmt.Errorf("connection to rank %d broke: %w", peer, err):
@@ -220,6 +213,7 @@ func (l *link) fail(err error) {
 		}
 		if b != nil {
 			b.linkFailed(l, peer, err)
+			b.pokeAll() // an op or lane helper parked on this link's shared memory looks again
 		}
 	})
 }
@@ -236,7 +230,10 @@ func (l *link) run() {
 		l.fail(err)
 	}
 	if l.shm != nil {
-		<-l.shm.done
+		// After a deferred bye the op goroutine closes the link once it has
+		// delivered the rest (or Close does); then nobody uses the mapping.
+		<-l.closed
+		l.releaseShm()
 	}
 }
 
@@ -252,6 +249,7 @@ func (l *link) read(p []byte) (int, error) {
 		n, err := l.conn.Read(p)
 		l.rstate.Store(rsBusy)
 		if n > 0 {
+			raceAcquire() // see race.go
 			l.heard()
 			return n, nil
 		}
@@ -334,13 +332,23 @@ func (l *link) readLoop() error {
 				return err
 			}
 			if l.shm != nil {
-				// What the peer wrote before its bye is still delivered;
-				// the shm reader closes the link when it runs out.
+				// What the peer wrote before its bye is still delivered: if
+				// some of it is undelivered, the op goroutine closes the
+				// link once it has delivered it.
 				l.shm.byeSeen.Store(true)
-				l.wakeReader(true)
-				return errByeDeferred
+				if !l.shmIdle() {
+					l.pokeOwner()
+					return errByeDeferred
+				}
 			}
 			return errPeerBye
+		case frameWake:
+			if _, err := l.trailer(); err != nil {
+				return err
+			}
+			if b := l.ownerB(); b != nil {
+				b.pokeLane(int(h.tag))
+			}
 		case frameNotice:
 			if err := l.fill(int(h.length) + 1); err != nil {
 				return err
@@ -411,11 +419,12 @@ func (l *link) dispatch(h *header) error {
 			}
 			want := l.want
 			l.mu.Unlock()
-			if err := l.fill(resyncLen + 1); err != nil {
+			n := int(h.length)
+			if err := l.fill(n + 1); err != nil {
 				return err
 			}
-			info, err := decodeResync(h.seq, l.rbuf[l.rpos:l.rpos+resyncLen])
-			l.rpos += resyncLen
+			info, note, err := decodeResync(h.seq, l.rbuf[l.rpos:l.rpos+n], false)
+			l.rpos += n
 			if err != nil {
 				return err
 			}
@@ -427,9 +436,10 @@ func (l *link) dispatch(h *header) error {
 			if t != trailerOK || info.epoch < want.epoch {
 				return nil // an interrupted or older resync: keep looking
 			}
-			txPos := info.txPos
-			info.txPos = 0
 			var res error
+			if l.shm != nil && note.lanes != len(l.shm.lanes) {
+				return fmt.Errorf("%w: resync for %d shared-memory lanes on a link with %d", errMalformed, note.lanes, len(l.shm.lanes))
+			}
 			if info != want {
 				res = fmt.Errorf("%w: rank %d resynchronised to epoch %d as rank %d of %d (members %#x), expected epoch %d rank %d of %d (members %#x)",
 					comm.ErrMismatch, want.rank, info.epoch, info.rank, info.size, info.members, want.epoch, want.rank, want.size, want.members)
@@ -439,8 +449,11 @@ func (l *link) dispatch(h *header) error {
 				if res == nil {
 					l.mode = rxNormal
 					if l.shm != nil {
-						// The shm reader drops the peer's data before txPos.
-						l.shm.skipTo, l.shm.skipSet = txPos, true
+						// The consumers drop the peer's data before txPos.
+						for i, z := range l.shm.lanes {
+							z.skipTo = note.txPos[i]
+							z.skipSet.Store(true)
+						}
 					}
 				}
 				select {
@@ -449,18 +462,26 @@ func (l *link) dispatch(h *header) error {
 				}
 			}
 			l.mu.Unlock()
-			if res == nil && l.shm != nil {
-				l.pokeShm()
-			}
 			return nil
 		}
 		if h.typ == frameResync {
 			// The peer reconfigured before this end did: hold the frame
 			// for this end's Shrink or Grow. Any op of this comm that
-			// needs the peer can no longer complete.
+			// needs the peer can no longer complete; if the peer shrank,
+			// the ranks it left out are why.
 			if b, peer, epoch := l.owner, l.peer, l.epoch; b != nil && h.seq > epoch && !b.isBroken() {
 				l.mu.Unlock()
-				b.peerLeft(peer, h.seq)
+				// Read the payload without consuming it (it stays in rbuf
+				// for the resync proper).
+				n := int(h.length)
+				if err := l.fill(n + 1); err != nil {
+					return err
+				}
+				_, note, err := decodeResync(h.seq, l.rbuf[l.rpos:l.rpos+n], true)
+				if err != nil {
+					return err
+				}
+				b.peerLeft(peer, h.seq, &note)
 				l.mu.Lock()
 			}
 			if !l.stallLocked() {
@@ -563,14 +584,24 @@ func (l *link) deliver(h *header, e *entry) error {
 		l.mu.Unlock()
 		return nil
 	}
-	l.finishLocked(n)
+	l.finishLocked(n, true)
 	return nil
 }
 
-// finishLocked (l.mu held, released on return) records that the reader
-// delivered n more bytes into the entry at the head of the posts, and
-// tells the op goroutine.
-func (l *link) finishLocked(n int) {
+// pokeOwner wakes the owner's op goroutine if it is parked.
+func (l *link) pokeOwner() {
+	l.mu.Lock()
+	b := l.owner
+	l.mu.Unlock()
+	if b != nil {
+		b.poke()
+	}
+}
+
+// finishLocked (l.mu held, released on return) records that n more bytes
+// were delivered into the entry at the head of the posts, and tells the op
+// goroutine (poke) unless it delivered them itself.
+func (l *link) finishLocked(n int, poke bool) {
 	p := &l.posts[l.phead]
 	p.done += n
 	complete := p.done == len(p.dst)
@@ -587,7 +618,9 @@ func (l *link) finishLocked(n int) {
 	if complete {
 		l.rxDone.Add(1)
 	}
-	b.poke()
+	if poke {
+		b.poke()
+	}
 }
 
 // dropEntry acknowledges a cancel: the reader no longer touches the entry.
@@ -702,17 +735,19 @@ func (l *link) cancelPosts() {
 	l.mu.Lock()
 	clear(l.posts)
 	l.posts, l.phead, l.planLeft = l.posts[:0], 0, 0
+	if l.shm != nil {
+		// The op goroutine is the consumer: nothing else writes the entries.
+		l.shmCancelLocked()
+		l.mu.Unlock()
+		return
+	}
 	if !l.active {
 		l.mu.Unlock()
 		return
 	}
 	l.cancel.Store(true)
 	l.mu.Unlock()
-	if l.shm != nil {
-		l.wakeReader(true)
-	} else {
-		l.conn.SetReadDeadline(aLongTimeAgo)
-	}
+	l.conn.SetReadDeadline(aLongTimeAgo)
 	select {
 	case <-l.ack:
 	case <-l.readerDone:
@@ -733,6 +768,7 @@ func (l *link) writeLocked(h *header, payload []byte) error {
 	total := headerSize + len(payload) + 1
 	var n int
 	var err error
+	raceRelease() // see race.go: a writev carries no edge for the detector
 	if total <= len(l.small) {
 		h.encode(l.small)
 		copy(l.small[headerSize:], payload)
@@ -898,22 +934,26 @@ func (l *link) giveBack(b *Backend, peer int) {
 
 // sendResync writes this end's resync frame (after any unfinished frame)
 // with a deadline.
-func (l *link) sendResync(info resyncInfo, deadline time.Time) error {
+func (l *link) sendResync(info resyncInfo, note resyncNote, deadline time.Time) error {
 	if l.shm != nil {
-		// No op writes now: everything before this position is the old
-		// epoch's, and the peer drops it.
+		// No op writes now: everything before these positions is the old
+		// epoch's, and the peer drops it. (The lane helpers are idle
+		// between ops.)
 		l.smu.Lock()
-		info.txPos = l.shm.txPos
+		note.lanes = len(l.shm.lanes)
+		for i, z := range l.shm.lanes {
+			note.txPos[i] = z.txPos
+		}
 		l.smu.Unlock()
 	}
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	l.wdl.Store(true)
 	l.conn.SetWriteDeadline(deadline)
-	var p [resyncLen]byte
-	info.encode(p[:])
+	p := make([]byte, resyncLen(&note))
+	encodeResync(p, &info, &note)
 	h := header{typ: frameResync, seq: info.epoch}
-	return l.writeLocked(&h, p[:])
+	return l.writeLocked(&h, p)
 }
 
 // closeGraceful sends a bye (bounded by d) and closes the link. Writers

@@ -41,6 +41,9 @@ func childMain() int {
 	o := testOptions(httpStore{os.Getenv("GLOO_TEST_STORE")}, cfg, nil)
 	o.Rank, o.Size, o.Epoch = rank, size, epoch
 	ctx := context.Background()
+	if os.Getenv("GLOO_TEST_MODE") == "shrink" {
+		return shrinkerMain(ctx, o, count)
+	}
 	if iters > 0 {
 		if err := joinAndCheck(ctx, o, count, iters); err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)

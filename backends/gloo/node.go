@@ -284,7 +284,7 @@ func (n *node) serve(c *net.TCPConn) {
 	n.mu.Unlock()
 	_, err = c.Write([]byte{0})
 	if err == nil {
-		seg, err = n.serverShm(c, &h.id, fields)
+		seg, err = n.serverShm(c, &h.id, int(h.size), fields)
 	}
 	if err != nil {
 		n.expect(reg, int(h.from))
@@ -305,6 +305,9 @@ func (n *node) serve(c *net.TCPConn) {
 		select {
 		case reg.ch <- inbound{conn: c, from: int(h.from), id: h.id, shm: seg}: // capacity size: always room
 			handed = true
+			// Counted before the comm can have formed and run (a count
+			// taken after its first op must include this connection).
+			n.accepted.Add(1)
 		default:
 		}
 	}
@@ -314,7 +317,6 @@ func (n *node) serve(c *net.TCPConn) {
 		n.log.Info("gloo: closing an inbound connection whose comm stopped forming during its handshake", fields...)
 		return
 	}
-	n.accepted.Add(1)
 }
 
 func minU64(v []uint64) uint64 {
@@ -389,12 +391,12 @@ func (n *node) dial(ctx context.Context, addr string, h hello) (*net.TCPConn, id
 // Shared-memory setup, after a successful handshake, when both ends want
 // it and run on one kernel in one pid namespace (see shm.go):
 //
-//	S→C offer:  status:u8 (0 offer, 1 none) fd:u32 ringSize:u32 token[16]
+//	S→C offer:  status:u8 (0 offer, 1 none) fd:u32 ringSize:u32 lanes:u32 laneRing:u32 token[16]
 //	C→S answer: status:u8 (0 mapped, 1 not)
 //
 // The link uses the segment if the listener offered it and the dialer
 // mapped it; otherwise TCP. Both ends decide alike, from both identities.
-const shmOfferLen = 1 + 4 + 4 + shmTokenLen
+const shmOfferLen = 1 + 4 + 4 + 4 + 4 + shmTokenLen
 
 // shmWith reports whether a link with peer sets up shared memory.
 func (n *node) shmWith(peer *identity) bool {
@@ -403,12 +405,13 @@ func (n *node) shmWith(peer *identity) bool {
 
 // serverShm runs the listener's side of the setup: the segment the link
 // will use, nil for TCP, or an error if the connection broke.
-func (n *node) serverShm(c net.Conn, peer *identity, fields []zap.Field) (*shmSeg, error) {
+func (n *node) serverShm(c net.Conn, peer *identity, size int, fields []zap.Field) (*shmSeg, error) {
 	if !n.shmWith(peer) {
 		return nil, nil
 	}
 	var offer [shmOfferLen]byte
-	seg, fd, token, err := createShm(n.cfg.SharedMemoryRing)
+	lanes, laneRing := n.shmLanes(size)
+	seg, fd, token, err := createShm(n.cfg.SharedMemoryRing, lanes, laneRing)
 	if err != nil {
 		n.log.Info("gloo: no shared memory for a link to this host; it uses TCP", append([]zap.Field{zap.Error(err)}, fields...)...)
 		offer[0] = 1
@@ -418,7 +421,9 @@ func (n *node) serverShm(c net.Conn, peer *identity, fields []zap.Field) (*shmSe
 	defer unix.Close(fd) // the peer has opened it (or never will) once the answer is in
 	binary.LittleEndian.PutUint32(offer[1:], uint32(fd))
 	binary.LittleEndian.PutUint32(offer[5:], uint32(seg.ringSize))
-	copy(offer[9:], token[:])
+	binary.LittleEndian.PutUint32(offer[9:], uint32(seg.lanes))
+	binary.LittleEndian.PutUint32(offer[13:], uint32(seg.laneRing))
+	copy(offer[17:], token[:])
 	var ans [1]byte
 	if _, err = c.Write(offer[:]); err == nil {
 		_, err = io.ReadFull(c, ans[:])
@@ -448,8 +453,9 @@ func (n *node) clientShm(c net.Conn, peer *identity, to int32) (*shmSeg, error) 
 		return nil, nil
 	}
 	var token [shmTokenLen]byte
-	copy(token[:], offer[9:])
-	seg, err := openShm(peer.pid, int(binary.LittleEndian.Uint32(offer[1:])), int(binary.LittleEndian.Uint32(offer[5:])), token)
+	copy(token[:], offer[17:])
+	le := binary.LittleEndian
+	seg, err := openShm(peer.pid, int(le.Uint32(offer[1:])), int(le.Uint32(offer[5:])), int(le.Uint32(offer[9:])), int(le.Uint32(offer[13:])), token)
 	ans := []byte{0}
 	if err != nil {
 		n.log.Info("gloo: cannot map the shared memory of a link; it uses TCP", zap.Int32("to", to), zap.Error(err))

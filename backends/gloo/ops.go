@@ -2,6 +2,8 @@ package gloo
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/bits"
 
@@ -82,10 +84,27 @@ func (b *Backend) begin(ctx context.Context, op comm.OpType) error {
 		}
 	}
 	b.active.Store(true)
-	if ctx.Done() != nil {
-		b.ctxStop = context.AfterFunc(ctx, func() { b.Abort(fmt.Errorf("ctx ended: %w", context.Cause(ctx))) })
-	}
 	return nil
+}
+
+// watchCtx has the op's ctx abort b when it ends (once per op, before the
+// op first writes to a socket: a write blocked on a full socket buffer
+// sees only a past write deadline). Waits select on the ctx themselves,
+// and shared-memory writes poll it, so ops over shared memory never pay
+// for this (an allocation and a lock of the ctx).
+func (b *Backend) watchCtx(ctx context.Context) {
+	if b.ctxStop == nil && ctx.Done() != nil {
+		b.ctxStop = context.AfterFunc(ctx, func() { b.Abort(ctxEnded(ctx)) })
+	}
+}
+
+// ctxEnded says why the op's ctx ended: past its deadline is a timeout
+// (comm.ErrTimeout, as the Comm's own deadline is), anything else is not.
+func ctxEnded(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("%w: caller's deadline passed: %w", comm.ErrTimeout, context.Cause(ctx))
+	}
+	return fmt.Errorf("ctx ended: %w", context.Cause(ctx))
 }
 
 // end finishes an op. On failure it makes sure b is broken (so peers learn
@@ -100,7 +119,7 @@ func (b *Backend) end(err error) error {
 	if err != nil {
 		if !b.isBroken() {
 			b.breakWith(faultInfo{
-				nt:  notice{kind: noticeAbort, op: b.opType(), origin: int32(b.rank), subject: int32(b.rank), cause: err.Error()},
+				nt:  abortNotice(b.opType(), b.rank, err),
 				err: fmt.Errorf("gloo: %w: %w", comm.ErrAborted, err),
 			})
 		}
@@ -160,13 +179,16 @@ func (b *Backend) post(p int, e entry) (int64, int64) {
 // and completed done entries.
 func (b *Backend) waitRx(ctx context.Context, p int, bytes, done int64) error {
 	l := b.links[p]
+	if l.shm != nil {
+		return b.waitRxShm(ctx, p, bytes, done)
+	}
 	for l.rxBytes.Load() < bytes || l.rxDone.Load() < done {
 		select {
 		case <-b.notify:
 		case <-b.broken:
 			return b.err()
 		case <-ctx.Done():
-			return fmt.Errorf("gloo: %w: ctx ended: %w", comm.ErrAborted, context.Cause(ctx))
+			return fmt.Errorf("gloo: %w: %w", comm.ErrAborted, ctxEnded(ctx))
 		}
 	}
 	return nil
@@ -184,7 +206,7 @@ func (b *Backend) waitAll(ctx context.Context) error {
 	return nil
 }
 
-func (b *Backend) sendFrame(p int, h *header, payload []byte) error {
+func (b *Backend) sendFrame(ctx context.Context, p int, h *header, payload []byte) error {
 	l := b.links[p]
 	if l.departed.Load() {
 		b.peerGone(p, true)
@@ -198,9 +220,10 @@ func (b *Backend) sendFrame(p int, h *header, payload []byte) error {
 			l.smu.Unlock()
 			return b.err()
 		}
-		err = l.shmWriteLocked(h, payload)
+		err = l.shmWriteLocked(ctx, b, h, payload)
 		l.smu.Unlock()
 	} else {
+		b.watchCtx(ctx) // a blocked socket write sees only a deadline in the past
 		l.wmu.Lock()
 		l.clearDeadline()
 		if b.isBroken() {
@@ -224,13 +247,13 @@ func (b *Backend) sendFrame(p int, h *header, payload []byte) error {
 
 // sendData sends data to p in frames of at most one segment (one empty
 // frame if data is empty).
-func (b *Backend) sendData(p int, h header, data []byte) error {
+func (b *Backend) sendData(ctx context.Context, p int, h header, data []byte) error {
 	if len(data) == 0 {
-		return b.sendFrame(p, &h, nil)
+		return b.sendFrame(ctx, p, &h, nil)
 	}
 	seg := b.segFor(h.d.dtype)
 	for off := 0; off < len(data); off += seg {
-		if err := b.sendFrame(p, &h, data[off:min(off+seg, len(data))]); err != nil {
+		if err := b.sendFrame(ctx, p, &h, data[off:min(off+seg, len(data))]); err != nil {
 			return err
 		}
 	}
@@ -242,7 +265,7 @@ func (b *Backend) sendData(p int, h header, data []byte) error {
 // start). avg > 0 divides each segment by avg first.
 func (b *Backend) forward(ctx context.Context, from int, start int64, to int, h header, data []byte, avg int) error {
 	if len(data) == 0 {
-		return b.sendFrame(to, &h, nil)
+		return b.sendFrame(ctx, to, &h, nil)
 	}
 	seg := b.segFor(h.d.dtype)
 	for off := 0; off < len(data); off += seg {
@@ -253,7 +276,7 @@ func (b *Backend) forward(ctx context.Context, from int, start int64, to int, h 
 		if avg > 0 {
 			reduce.Divide(h.d.dtype, data[off:end], avg)
 		}
-		if err := b.sendFrame(to, &h, data[off:end]); err != nil {
+		if err := b.sendFrame(ctx, to, &h, data[off:end]); err != nil {
 			return err
 		}
 	}
@@ -271,7 +294,7 @@ func (b *Backend) agree(ctx context.Context, seq uint64, d desc) error {
 	}
 	for k, dist := 0, 1; dist < n; k, dist = k+1, dist<<1 {
 		h := header{typ: frameOp, d: d, tag: tagPreamble + uint32(k), seq: seq}
-		if err := b.sendFrame(mod(r+dist, n), &h, nil); err != nil {
+		if err := b.sendFrame(ctx, mod(r+dist, n), &h, nil); err != nil {
 			return err
 		}
 		// Each link carries at most one preamble entry (the distances are
@@ -282,6 +305,32 @@ func (b *Backend) agree(ctx context.Context, seq uint64, d desc) error {
 		}
 	}
 	return nil
+}
+
+// agreeMin is agree that also computes the minimum of v over the ranks:
+// its frames carry what the sender knows so far (8 bytes), and after the
+// ⌈log₂ n⌉ rounds every rank has heard, through the others, from all.
+func (b *Backend) agreeMin(ctx context.Context, seq uint64, d desc, v uint64) (uint64, error) {
+	n, r := b.size, b.rank
+	rounds := bits.Len(uint(n - 1))
+	slots := b.buf(15, 16*rounds)
+	for k, dist := 0, 1; dist < n; k, dist = k+1, dist<<1 {
+		b.post(mod(r-dist, n), entry{seq: seq, tag: tagPreamble + uint32(k), d: d, mode: modeCopy, dst: slots[16*k : 16*k+8]})
+	}
+	for k, dist := 0, 1; dist < n; k, dist = k+1, dist<<1 {
+		out := slots[16*k+8 : 16*k+16]
+		binary.LittleEndian.PutUint64(out, v)
+		h := header{typ: frameOp, d: d, tag: tagPreamble + uint32(k), seq: seq}
+		if err := b.sendFrame(ctx, mod(r+dist, n), &h, out); err != nil {
+			return 0, err
+		}
+		from := mod(r-dist, n)
+		if err := b.waitRx(ctx, from, 0, b.exp[from].done); err != nil {
+			return 0, err
+		}
+		v = min(v, binary.LittleEndian.Uint64(slots[16*k:16*k+8]))
+	}
+	return v, nil
 }
 
 func opHeader(d desc, seq uint64, tag int) header {
@@ -300,6 +349,10 @@ func (b *Backend) AllReduce(ctx context.Context, t comm.Tensor, op comm.ReduceOp
 	}
 	buf := t.Bytes()
 	d := desc{op: comm.OpAllReduce, dtype: t.DType(), redop: op, algo: b.pick(len(buf)), root: -1, count: uint64(t.Count())}
+	if d.algo == AlgorithmRecursiveDoubling && b.cfg.Algorithm == AlgorithmAuto && len(buf)*(b.size-1) <= b.cfg.OneShotBytes && len(buf) <= maxOneShot {
+		d.algo = algoOneShot
+		return b.end(b.allReduceOneShot(ctx, d, buf))
+	}
 	if d.algo == AlgorithmRecursiveDoubling {
 		return b.end(b.allReduceRD(ctx, d, buf))
 	}
@@ -327,7 +380,7 @@ func (b *Backend) allReduceRD(ctx context.Context, d desc, t []byte) error {
 		b.want[r+1] = 1
 		seq := b.collective(d, false)
 		_, done := b.post(r+1, entry{seq: seq, tag: tagRDPost, d: d, mode: modeCopy, dst: t})
-		if err := b.sendData(r+1, opHeader(d, seq, tagRDPre), t); err != nil {
+		if err := b.sendData(ctx, r+1, opHeader(d, seq, tagRDPre), t); err != nil {
 			return err
 		}
 		return b.waitRx(ctx, r+1, 0, done)
@@ -374,7 +427,7 @@ func (b *Backend) allReduceRD(ctx context.Context, d desc, t []byte) error {
 			postRound(k + 1)
 		}
 		q := virt(v ^ (1 << k))
-		if err := b.sendData(q, opHeader(d, seq, k), cur); err != nil {
+		if err := b.sendData(ctx, q, opHeader(d, seq, k), cur); err != nil {
 			return err
 		}
 		if err := b.waitRx(ctx, q, 0, done[k]); err != nil {
@@ -392,7 +445,7 @@ func (b *Backend) allReduceRD(ctx context.Context, d desc, t []byte) error {
 		reduce.Divide(d.dtype, t, n)
 	}
 	if odd {
-		return b.sendData(r-1, opHeader(d, seq, tagRDPost), t)
+		return b.sendData(ctx, r-1, opHeader(d, seq, tagRDPost), t)
 	}
 	return nil
 }
@@ -408,33 +461,44 @@ func (b *Backend) allReduceRD(ctx context.Context, d desc, t []byte) error {
 // were posted, and each send waits only for a block of the previous
 // diagonal. The left link's reader reduces incoming blocks straight into
 // t (or copies them, in the all-gather half).
+//
+// With shared memory to both ring neighbours, a large message is cut into
+// parts run in parallel on lanes (lanes.go); the number of lanes is agreed
+// on in the descriptor agreement.
 func (b *Backend) allReduceRing(ctx context.Context, d desc, t []byte) error {
 	n, r := b.size, b.rank
-	left, right := mod(r-1, n), mod(r+1, n)
+	left := mod(r-1, n)
 	es, count := d.dtype.Size(), int(d.count)
 	steps := 2 * (n - 1)
 	per := max(b.cfg.SegmentSize/es, 1) * n
-	pieces := max(1, (count+per-1)/per)
-	b.want[left] += pieces * steps
+	// Planned before the agreement (a fast neighbour's blocks may come
+	// while it runs), for one lane: no more than any lane count needs.
+	b.want[left] += max(1, (count+per-1)/per) * steps
 	seq := b.collective(d, true)
-	if err := b.agree(ctx, seq, d); err != nil {
+	k, err := b.agreeMin(ctx, seq, d, uint64(b.lanesWanted(len(t))))
+	if err != nil {
 		return err
 	}
-	// chunk returns block c (mod n) of piece p.
-	chunk := func(p, c int) []byte {
-		lo, hi := p*count/pieces, (p+1)*count/pieces
-		pc := hi - lo
-		c = mod(c, n)
-		return t[(lo+c*pc/n)*es : (lo+(c+1)*pc/n)*es]
+	if k > 1 {
+		return b.allReduceLanes(ctx, d, seq, t, int(k))
 	}
-	// Step s receives chunk r-s-1 (reduce-scatter, s < n-1) or r-s+n-1
-	// (all-gather), and sends what it received at step s-1.
-	recvChunk := func(s int) int {
-		if s < n-1 {
-			return r - s - 1
-		}
-		return r - s + n - 1
-	}
+	return b.ringBody(ctx, d, seq, t)
+}
+
+// ringBody runs the pipelined ring on t after the agreement; the left
+// link's reader (or, over shared memory, the op goroutine as it waits)
+// reduces incoming blocks straight into t (or copies them, in the
+// all-gather half).
+func (b *Backend) ringBody(ctx context.Context, d desc, seq uint64, t []byte) error {
+	n, r := b.size, b.rank
+	left, right := mod(r-1, n), mod(r+1, n)
+	es := d.dtype.Size()
+	count := len(t) / es
+	steps := 2 * (n - 1)
+	per := max(b.cfg.SegmentSize/es, 1) * n
+	pieces := max(1, (count+per-1)/per)
+	b.links[left].plan(seq, pieces*steps)
+	g := ringGeom{n: n, r: r, es: es, count: count, pieces: pieces, steps: steps, t: t}
 	done := b.markBuf(pieces * steps)
 	for dg := 0; dg < pieces+steps-1; dg++ {
 		for s := max(0, dg-pieces+1); s <= min(dg, steps-1); s++ {
@@ -442,23 +506,23 @@ func (b *Backend) allReduceRing(ctx context.Context, d desc, t []byte) error {
 			if s < n-1 {
 				mode = modeReduce
 			}
-			_, done[p*steps+s] = b.post(left, entry{seq: seq, tag: uint32(s), d: d, mode: mode, dst: chunk(p, recvChunk(s))})
+			_, done[p*steps+s] = b.post(left, entry{seq: seq, tag: uint32(s), d: d, mode: mode, dst: g.chunk(p, g.recvChunk(s))})
 		}
 	}
 	for dg := 0; dg < pieces+steps-1; dg++ {
 		for s := max(0, dg-pieces+1); s <= min(dg, steps-1); s++ {
 			p, c := dg-s, r
 			if s > 0 {
-				c = recvChunk(s - 1)
+				c = g.recvChunk(s - 1)
 				if err := b.waitRx(ctx, left, 0, done[p*steps+s-1]); err != nil {
 					return err
 				}
 			}
-			data := chunk(p, c)
+			data := g.chunk(p, c)
 			if s == n-1 && d.redop == comm.Avg {
 				reduce.Divide(d.dtype, data, n) // this rank's reduced block
 			}
-			if err := b.sendData(right, opHeader(d, seq, s), data); err != nil {
+			if err := b.sendData(ctx, right, opHeader(d, seq, s), data); err != nil {
 				return err
 			}
 		}
@@ -527,7 +591,7 @@ func (b *Backend) reduceScatterRing(ctx context.Context, d desc, out, in []byte)
 		var err error
 		if s == 0 {
 			c := mod(r-1, n)
-			err = b.sendData(right, opHeader(d, seq, s), in[c*B:(c+1)*B])
+			err = b.sendData(ctx, right, opHeader(d, seq, s), in[c*B:(c+1)*B])
 		} else {
 			err = b.forward(ctx, left, marks[s-1], right, opHeader(d, seq, s), dstOf(s-1), 0)
 		}
@@ -598,7 +662,7 @@ func (b *Backend) allGatherRing(ctx context.Context, d desc, out, in []byte, off
 	for s := 0; s < n-1; s++ {
 		var err error
 		if s == 0 {
-			err = b.sendData(right, opHeader(d, seq, s), in)
+			err = b.sendData(ctx, right, opHeader(d, seq, s), in)
 		} else {
 			c := mod(r-s, n)
 			err = b.forward(ctx, left, marks[s-1], right, opHeader(d, seq, s), out[off[c]:off[c+1]], 0)
@@ -640,7 +704,7 @@ func (b *Backend) broadcastChain(ctx context.Context, d desc, t []byte, root int
 		return err
 	}
 	if pos == 0 {
-		return b.sendData(next, opHeader(d, seq, 0), t)
+		return b.sendData(ctx, next, opHeader(d, seq, 0), t)
 	}
 	start, done := b.post(prev, entry{seq: seq, d: d, mode: modeCopy, dst: t})
 	if pos < n-1 {
@@ -677,7 +741,7 @@ func (b *Backend) broadcastTree(ctx context.Context, d desc, t []byte, root int)
 		dist = hb << 1
 	}
 	for ; pos+dist < n; dist <<= 1 {
-		if err := b.sendData(mod(pos+dist+root, n), opHeader(d, seq, bits.Len(uint(dist))-1), t); err != nil {
+		if err := b.sendData(ctx, mod(pos+dist+root, n), opHeader(d, seq, bits.Len(uint(dist))-1), t); err != nil {
 			return err
 		}
 	}
@@ -716,7 +780,7 @@ func (b *Backend) reduceChain(ctx context.Context, d desc, t []byte, root int) e
 	}
 	switch {
 	case pos == n-1:
-		return b.sendData(to, opHeader(d, seq, 0), t)
+		return b.sendData(ctx, to, opHeader(d, seq, 0), t)
 	case pos == 0:
 		_, done := b.post(from, entry{seq: seq, d: d, mode: modeReduce, dst: t})
 		if err := b.waitRx(ctx, from, 0, done); err != nil {
@@ -770,7 +834,7 @@ func (b *Backend) reduceTree(ctx context.Context, d desc, t []byte, root int) er
 	}
 	if pos > 0 {
 		low := pos & -pos
-		return b.sendData(mod(pos-low+root, n), opHeader(d, seq, bits.Len(uint(low))-1), cur)
+		return b.sendData(ctx, mod(pos-low+root, n), opHeader(d, seq, bits.Len(uint(low))-1), cur)
 	}
 	if d.redop == comm.Avg {
 		reduce.Divide(d.dtype, t, n)
@@ -805,7 +869,7 @@ func (b *Backend) Gather(ctx context.Context, out, in comm.Tensor, root int) err
 		return b.end(err)
 	}
 	if r != root {
-		return b.end(b.sendData(root, opHeader(d, seq, 0), ib))
+		return b.end(b.sendData(ctx, root, opHeader(d, seq, 0), ib))
 	}
 	ob, B := out.Bytes(), len(ib)
 	for p := range n {
@@ -844,7 +908,7 @@ func (b *Backend) Scatter(ctx context.Context, out, in comm.Tensor, root int) er
 	copy(ob, ib[r*B:(r+1)*B])
 	for i := 1; i < n; i++ {
 		p := (r + i) % n
-		if err := b.sendData(p, opHeader(d, seq, 0), ib[p*B:(p+1)*B]); err != nil {
+		if err := b.sendData(ctx, p, opHeader(d, seq, 0), ib[p*B:(p+1)*B]); err != nil {
 			return b.end(err)
 		}
 	}
@@ -918,7 +982,7 @@ func (b *Backend) allToAll(ctx context.Context, d desc, out, in []byte, oo, io [
 			cd := d
 			cd.count = uint64(inCounts[p])
 			h := opHeader(cd, seq, tagCounts)
-			if err := b.sendFrame(p, &h, nil); err != nil {
+			if err := b.sendFrame(ctx, p, &h, nil); err != nil {
 				return err
 			}
 		}
@@ -937,7 +1001,7 @@ func (b *Backend) allToAll(ctx context.Context, d desc, out, in []byte, oo, io [
 	}
 	for i := 1; i < n; i++ {
 		p := (r + i) % n
-		if err := b.sendData(p, opHeader(d, seq, 0), in[io[p]:io[p+1]]); err != nil {
+		if err := b.sendData(ctx, p, opHeader(d, seq, 0), in[io[p]:io[p+1]]); err != nil {
 			return err
 		}
 	}
@@ -974,7 +1038,7 @@ func (b *Backend) Send(ctx context.Context, t comm.Tensor, peer int) error {
 	l := b.links[peer]
 	seq := l.p2pTx
 	l.p2pTx++
-	return b.end(b.sendData(peer, opHeader(p2pDesc(t), seq, 0), t.Bytes()))
+	return b.end(b.sendData(ctx, peer, opHeader(p2pDesc(t), seq, 0), t.Bytes()))
 }
 
 // Recv implements comm.Backend.
@@ -1007,7 +1071,7 @@ func (b *Backend) BatchP2P(ctx context.Context, ops []comm.P2POp) error {
 			l := b.links[o.Peer]
 			seq := l.p2pTx
 			l.p2pTx++
-			if err := b.sendData(o.Peer, opHeader(p2pDesc(o.Tensor), seq, 0), o.Tensor.Bytes()); err != nil {
+			if err := b.sendData(ctx, o.Peer, opHeader(p2pDesc(o.Tensor), seq, 0), o.Tensor.Bytes()); err != nil {
 				return b.end(err)
 			}
 		}

@@ -36,6 +36,9 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 	}
 	nb := b.derive(b.prefix, epoch, newRank, len(survivors))
 	nb.members = hashInts(survivors)
+	// The resyncs tell a survivor still in an op of this comm whom the
+	// shrink left out, so its op fails naming them.
+	nb.left0 = resyncNote{from: b.epoch, excluded: exclude}
 	reuse := make([]*link, len(survivors))
 	for i, old := range survivors {
 		if old != b.rank {
@@ -56,6 +59,7 @@ func (b *Backend) Grow(ctx context.Context, size int, epoch uint64) (comm.Backen
 	}
 	nb := b.derive(b.prefix, epoch, b.rank, size)
 	nb.members = hashInts([]int{b.size, size})
+	nb.left0 = resyncNote{from: b.epoch}
 	reuse := make([]*link, size)
 	old := make([]int, size)
 	for p := 0; p < b.size; p++ {

@@ -8,8 +8,6 @@ import (
 	"os"
 	"strconv"
 	"sync/atomic"
-	"syscall"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -27,14 +25,16 @@ import (
 // handshake), checks the seals, the size and the token, maps it and says
 // so; then both close their fds. The pages live as long as either mapping.
 //
-// The segment holds two single-producer single-consumer byte rings, one
-// per direction (ring 0: listener → dialer). Each ring has a control block
-// of four cache lines (head, tail, the consumer's futex word, the
-// producer's futex word) and a data area of a power-of-two size. Positions
-// are free-running byte counts; frames are written as on TCP (the 40-byte
-// header, then the payload) but without the trailer, with the payload
-// padded to 8 bytes so that headers stay 8-byte aligned and no element of
-// any dtype straddles the end of the data area.
+// The segment holds, per lane, two single-producer single-consumer byte
+// rings, one per direction (ring 0: listener → dialer). Lane 0 carries the
+// frames of every op; lanes 1.. (when the listener offers them) carry the
+// slices of a large all-reduce that helper goroutines move in parallel
+// (see lanes.go). Each ring has a control block of two cache lines (head,
+// tail) and a data area of a power-of-two size. Positions are free-running
+// byte counts; frames are written as on TCP (the 40-byte header, then the
+// payload) but without the trailer, with the payload padded to 8 bytes so
+// that headers stay 8-byte aligned and no element of any dtype straddles
+// the end of the data area.
 //
 // Each side keeps its own positions (the producer its head, the consumer
 // its tail) in process memory and only ever publishes them; it reads the
@@ -46,33 +46,30 @@ import (
 // the first op instead of faulting in during the first few hundred small
 // ones (a 4 KiB op touches a new page of a 2 MiB ring each time).
 //
-// Waiting: a side that finds nothing to do spins briefly, then sets its
-// "waiting" word, re-checks, and sleeps in FUTEX_WAIT (on a shared mapping,
-// so without FUTEX_PRIVATE_FLAG) with a timeout; the other side wakes it
-// after publishing a position if the word is set. Events of this process
-// (a receive posted, a cancel, Abort, the link closing) bump the same
-// futex word and wake it too.
+// Nobody blocks on the segment: the goroutine that waits for data or space
+// polls the rings itself (see shmlink.go), and when it gives up polling it
+// sets its side's "asleep" word for its lane and parks on a Go channel; the
+// other side, after publishing a position on that lane, sees the word and
+// sends a wake frame over the TCP connection, whose reader unparks it.
 
 const (
-	shmMagic     = 0x314d48534f4c4746 // "FGLOSHM1", little-endian
-	shmVersion   = 1
-	shmCtlSize   = 4096 // header and the two control blocks; the rings follow
-	shmRingCtl   = 256  // bytes of one ring's control block
-	shmTokenLen  = 16
-	shmMinRing   = 64 << 10
-	shmMaxRing   = 64 << 20
-	shmAlign     = 8
-	shmWaitSlice = 250 * time.Millisecond // longest futex sleep before conditions are looked at again
-)
-
-// Offsets in a ring's control block (each on its own cache line).
-const (
-	offHead     = 0   // u64, written by the producer
-	offTail     = 64  // u64, written by the consumer
-	offConsWait = 128 // u32: the consumer is (about to be) asleep on offDataSeq
-	offDataSeq  = 132 // u32 futex word: bumped when there is something for the consumer
-	offProdWait = 192 // u32: the producer is (about to be) asleep on offSpaceSeq
-	offSpaceSeq = 196 // u32 futex word: bumped when the producer may go on
+	shmMagic    = 0x324d48534f4c4746 // "FGLOSHM2", little-endian
+	shmVersion  = 2
+	shmCtlSize  = 8192 // header, asleep words and the rings' control blocks; the rings follow
+	shmTokenLen = 16
+	shmMinRing  = 64 << 10
+	shmMaxRing  = 64 << 20
+	shmAlign    = 8
+	// shmMaxLanes bounds the lanes of a segment (lane 0 included).
+	shmMaxLanes = 16
+	offAsleep   = 64   // asleep word of (side, lane): offAsleep + (side*shmMaxLanes+lane)*64
+	offRingCtl  = 4096 // control block of (lane, ring): offRingCtl + (lane*2+ring)*shmRingCtl
+	shmRingCtl  = 128  // head on the first cache line, tail on the second
+	// Segment header: magic u64, version u32, lane-0 ring size u32, token
+	// [16], lanes u32, lane ring size u32.
+	offSegToken = 16
+	offSegLanes = 32
+	offSegLane  = 36
 )
 
 var (
@@ -80,28 +77,36 @@ var (
 	errShmInterrupted = fmt.Errorf("gloo: shared-memory write interrupted: %w", os.ErrDeadlineExceeded)
 )
 
-// shmSeg is one mapped segment: both rings of a link.
+// shmSeg is one mapped segment: both rings of every lane of a link.
 type shmSeg struct {
 	mem      []byte
-	ringSize int
-	creator  bool // this side created it (produces on ring 0)
+	ringSize int  // lane 0's rings
+	lanes    int  // lanes, lane 0 included (1 ≤ lanes ≤ shmMaxLanes)
+	laneRing int  // the rings of lanes 1.. (0 if lanes == 1)
+	creator  bool // this side created it (produces on ring 0 of each lane)
 }
 
 func pad8(n int) int { return (n + shmAlign - 1) &^ (shmAlign - 1) }
 
-func shmSegSize(ring int) int { return shmCtlSize + 2*ring }
+func shmSegSize(ring, lanes, laneRing int) int {
+	return shmCtlSize + 2*ring + 2*(lanes-1)*laneRing
+}
 
 func validRingSize(n int) bool {
 	return n >= shmMinRing && n <= shmMaxRing && n&(n-1) == 0
 }
 
+func validLanes(lanes, laneRing int) bool {
+	return lanes == 1 && laneRing == 0 || lanes > 1 && lanes <= shmMaxLanes && validRingSize(laneRing)
+}
+
 // createShm makes, seals and maps a segment with rings of ring bytes.
 // It returns the segment and the fd, which the caller closes once the
 // peer has opened it.
-func createShm(ring int) (*shmSeg, int, [shmTokenLen]byte, error) {
+func createShm(ring, lanes, laneRing int) (*shmSeg, int, [shmTokenLen]byte, error) {
 	var token [shmTokenLen]byte
-	if !validRingSize(ring) {
-		return nil, -1, token, fmt.Errorf("gloo: shared-memory ring size %d", ring)
+	if !validRingSize(ring) || !validLanes(lanes, laneRing) {
+		return nil, -1, token, fmt.Errorf("gloo: shared-memory ring size %d, %d lanes of %d", ring, lanes, laneRing)
 	}
 	if _, err := rand.Read(token[:]); err != nil {
 		return nil, -1, token, err
@@ -110,7 +115,7 @@ func createShm(ring int) (*shmSeg, int, [shmTokenLen]byte, error) {
 	if err != nil {
 		return nil, -1, token, fmt.Errorf("gloo: memfd_create: %w", err)
 	}
-	size := shmSegSize(ring)
+	size := shmSegSize(ring, lanes, laneRing)
 	fail := func(what string, err error) (*shmSeg, int, [shmTokenLen]byte, error) {
 		unix.Close(fd)
 		return nil, -1, token, fmt.Errorf("gloo: shared memory: %s: %w", what, err)
@@ -128,16 +133,18 @@ func createShm(ring int) (*shmSeg, int, [shmTokenLen]byte, error) {
 	binary.LittleEndian.PutUint64(mem[0:], shmMagic)
 	binary.LittleEndian.PutUint32(mem[8:], shmVersion)
 	binary.LittleEndian.PutUint32(mem[12:], uint32(ring))
-	copy(mem[16:16+shmTokenLen], token[:])
-	return &shmSeg{mem: mem, ringSize: ring, creator: true}, fd, token, nil
+	copy(mem[offSegToken:offSegToken+shmTokenLen], token[:])
+	binary.LittleEndian.PutUint32(mem[offSegLanes:], uint32(lanes))
+	binary.LittleEndian.PutUint32(mem[offSegLane:], uint32(laneRing))
+	return &shmSeg{mem: mem, ringSize: ring, lanes: lanes, laneRing: laneRing, creator: true}, fd, token, nil
 }
 
 // openShm maps the segment the peer (process pid) created as its fd fd,
 // after checking that it is sealed, of the announced size, and carries
 // the token. Nothing read from it is trusted beyond that.
-func openShm(pid int32, fd int, ring int, token [shmTokenLen]byte) (*shmSeg, error) {
-	if !validRingSize(ring) || fd < 0 {
-		return nil, fmt.Errorf("gloo: shared memory: offered ring size %d, fd %d", ring, fd)
+func openShm(pid int32, fd int, ring, lanes, laneRing int, token [shmTokenLen]byte) (*shmSeg, error) {
+	if !validRingSize(ring) || !validLanes(lanes, laneRing) || fd < 0 {
+		return nil, fmt.Errorf("gloo: shared memory: offered ring size %d, %d lanes of %d, fd %d", ring, lanes, laneRing, fd)
 	}
 	path := "/proc/" + strconv.Itoa(int(pid)) + "/fd/" + strconv.Itoa(fd)
 	f, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
@@ -145,7 +152,7 @@ func openShm(pid int32, fd int, ring int, token [shmTokenLen]byte) (*shmSeg, err
 		return nil, fmt.Errorf("gloo: shared memory: open %s: %w", path, err)
 	}
 	defer unix.Close(f)
-	size := shmSegSize(ring)
+	size := shmSegSize(ring, lanes, laneRing)
 	var st unix.Stat_t
 	if err := unix.Fstat(f, &st); err != nil {
 		return nil, fmt.Errorf("gloo: shared memory: fstat: %w", err)
@@ -162,11 +169,12 @@ func openShm(pid int32, fd int, ring int, token [shmTokenLen]byte) (*shmSeg, err
 		return nil, fmt.Errorf("gloo: shared memory: mmap: %w", err)
 	}
 	if binary.LittleEndian.Uint64(mem[0:]) != shmMagic || binary.LittleEndian.Uint32(mem[8:]) != shmVersion ||
-		binary.LittleEndian.Uint32(mem[12:]) != uint32(ring) || string(mem[16:16+shmTokenLen]) != string(token[:]) {
+		binary.LittleEndian.Uint32(mem[12:]) != uint32(ring) || string(mem[offSegToken:offSegToken+shmTokenLen]) != string(token[:]) ||
+		binary.LittleEndian.Uint32(mem[offSegLanes:]) != uint32(lanes) || binary.LittleEndian.Uint32(mem[offSegLane:]) != uint32(laneRing) {
 		unix.Munmap(mem)
 		return nil, errors.New("gloo: shared memory: segment header or token does not match the offer")
 	}
-	return &shmSeg{mem: mem, ringSize: ring}, nil
+	return &shmSeg{mem: mem, ringSize: ring, lanes: lanes, laneRing: laneRing}, nil
 }
 
 func (s *shmSeg) unmap() {
@@ -176,73 +184,44 @@ func (s *shmSeg) unmap() {
 	}
 }
 
-// ring returns ring i's view (0: creator → opener).
-func (s *shmSeg) ring(i int) ring {
-	ctl := s.mem[64+i*shmRingCtl : 64+(i+1)*shmRingCtl]
-	data := s.mem[shmCtlSize+i*s.ringSize : shmCtlSize+(i+1)*s.ringSize]
+// ring returns lane's ring i (0: creator → opener).
+func (s *shmSeg) ring(lane, i int) ring {
+	ctl := s.mem[offRingCtl+(lane*2+i)*shmRingCtl:]
+	size, off := s.ringSize, shmCtlSize+i*s.ringSize
+	if lane > 0 {
+		size, off = s.laneRing, shmCtlSize+2*s.ringSize+((lane-1)*2+i)*s.laneRing
+	}
 	return ring{
-		head:     (*atomic.Uint64)(unsafe.Pointer(&ctl[offHead])),
-		tail:     (*atomic.Uint64)(unsafe.Pointer(&ctl[offTail])),
-		consWait: (*atomic.Uint32)(unsafe.Pointer(&ctl[offConsWait])),
-		dataSeq:  (*atomic.Uint32)(unsafe.Pointer(&ctl[offDataSeq])),
-		prodWait: (*atomic.Uint32)(unsafe.Pointer(&ctl[offProdWait])),
-		spaceSeq: (*atomic.Uint32)(unsafe.Pointer(&ctl[offSpaceSeq])),
-		data:     data,
-		size:     uint64(s.ringSize),
-		mask:     uint64(s.ringSize - 1),
+		head: (*atomic.Uint64)(unsafe.Pointer(&ctl[0])),
+		tail: (*atomic.Uint64)(unsafe.Pointer(&ctl[64])),
+		data: s.mem[off : off+size : off+size],
+		size: uint64(size),
+		mask: uint64(size - 1),
 	}
 }
 
-// tx is this side's producing ring, rx its consuming one.
-func (s *shmSeg) tx() ring {
+// side is 0 for the creator, 1 for the opener.
+func (s *shmSeg) side() int {
 	if s.creator {
-		return s.ring(0)
+		return 0
 	}
-	return s.ring(1)
+	return 1
 }
 
-func (s *shmSeg) rx() ring {
-	if s.creator {
-		return s.ring(1)
-	}
-	return s.ring(0)
+// tx is this side's producing ring of lane, rx its consuming one.
+func (s *shmSeg) tx(lane int) ring { return s.ring(lane, s.side()) }
+
+func (s *shmSeg) rx(lane int) ring { return s.ring(lane, 1-s.side()) }
+
+// asleep is the word of side's waiter on lane: non-zero while it is parked
+// (or about to park) and wants a wake frame when the other side publishes.
+func (s *shmSeg) asleep(side, lane int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&s.mem[offAsleep+(side*shmMaxLanes+lane)*64]))
 }
 
-// ring is a view of one direction's control words and data in a mapping.
+// ring is a view of one direction's positions and data in a mapping.
 type ring struct {
-	head, tail         *atomic.Uint64
-	consWait, dataSeq  *atomic.Uint32
-	prodWait, spaceSeq *atomic.Uint32
-	data               []byte
-	size, mask         uint64
-}
-
-// wakeConsumer bumps the consumer's futex word and wakes it.
-func (r *ring) wakeConsumer() {
-	r.dataSeq.Add(1)
-	futexWake(r.dataSeq)
-}
-
-// wakeProducer bumps the producer's futex word and wakes it.
-func (r *ring) wakeProducer() {
-	r.spaceSeq.Add(1)
-	futexWake(r.spaceSeq)
-}
-
-// Futex operations, without FUTEX_PRIVATE_FLAG: the words are in a
-// mapping shared between processes.
-const (
-	futexWaitOp = 0
-	futexWakeOp = 1
-)
-
-// futexWait sleeps while *addr == val, at most *ts. Spurious returns are
-// fine: callers look at their conditions again. (syscall.Syscall6 tells
-// the scheduler this thread may block; the goroutine's P goes elsewhere.)
-func futexWait(addr *atomic.Uint32, val uint32, ts *syscall.Timespec) {
-	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWaitOp, uintptr(val), uintptr(unsafe.Pointer(ts)), 0, 0)
-}
-
-func futexWake(addr *atomic.Uint32) {
-	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeOp, 1, 0, 0, 0)
+	head, tail *atomic.Uint64
+	data       []byte
+	size, mask uint64
 }

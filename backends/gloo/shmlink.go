@@ -1,6 +1,7 @@
 package gloo
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -11,140 +12,151 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/reduce"
 )
 
 // How a link uses its shared-memory segment (see shm.go for the layout).
 //
-// The op goroutine writes op frames into the tx ring (under smu), instead
-// of the socket; a second reader goroutine per link (the shm reader) takes
-// them from the rx ring and delivers them into the posted receives exactly
-// as the socket reader does for TCP links: same descriptor checks, same
-// holding of frames nobody has posted a receive for, same mismatch
-// detection. It copies or reduces straight from the ring into the
-// destination. The TCP connection stays for everything else: handshake,
-// heartbeats, notices (abort, revoke, peer failed, mismatch), resync and
-// bye, and for liveness: a peer that dies resets it, and closing it wakes
-// both readers and any writer waiting on the rings.
+// No goroutine reads the rings on its own. The op goroutine is both
+// producer and consumer: it writes its frames into the tx ring (under
+// smu), and whenever it waits — for a receive to complete, or for room in
+// a tx ring — it takes what the rx rings hold and delivers it into the
+// posted receives itself ("progress"), with the same descriptor checks,
+// the same holding of frames nobody has posted a receive for and the same
+// mismatch detection as the socket reader of a TCP link, copying or
+// reducing straight from the ring into the destination. Handing a frame
+// from a reader goroutine to the op costs several µs (a wakeup and a trip
+// through the scheduler); looking at a ring position costs nanoseconds.
+//
+// Waiting: the op goroutine polls for up to shmSpin (yielding each round,
+// see spin), then parks on its Go channel after setting its side's asleep
+// word in every shared-memory link and looking once more. A side that
+// publishes a position (data written, or space freed) and sees the
+// other's asleep word set sends a wake frame over the TCP connection; the
+// TCP reader, on that frame (and on a bye), pokes the owner's op. A
+// failure, an abort or the ctx closes channels the parked op also waits on.
+//
+// The TCP connection stays for everything else: handshake, heartbeats,
+// notices (abort, revoke, peer failed, mismatch), resync and bye, and for
+// liveness: a peer that dies resets it.
 //
 // Ordering between the two channels, where it matters:
-//   - resync: the frame carries the sender's tx position; the receiver
+//   - resync: the frame carries the sender's tx position; the consumer
 //     drops everything before it (what a failed op left, whole or half
 //     written) and reads the new epoch's frames from there.
-//   - bye: everything the peer wrote before its bye is still delivered
-//     (as over TCP, where the bye follows the data in the stream); the link
-//     closes once the shm reader runs out of data, or at once if it has
-//     lost its place in the stream (an op was cancelled mid-frame).
+//   - bye: everything the peer wrote before its bye is still delivered (as
+//     over TCP, where the bye follows the data in the stream). If the rx
+//     ring holds nothing undelivered when the bye arrives, the TCP reader
+//     closes the link at once; otherwise the op goroutine does once it has
+//     drained the ring (or at the start or end of the next op).
 //   - notices need no order: they fail the comm.
+//
+// The mapping lives until the TCP reader has exited and the link is
+// closed; users of the mapping hold shmState.mu shared (the producer holds
+// smu, which releaseShm also takes), so it is never unmapped under them.
 
 const (
-	shmSpin    = 100 * time.Microsecond // poll this long before sleeping on a futex
-	shmPublish = 64 << 10               // a producer publishes its head at least every this many bytes
+	shmPublish = 64 << 10 // a producer publishes its head at least every this many bytes
 )
 
-// spin polls ready for up to shmSpin before the caller sleeps in a futex
-// (a futex wake and the thread's way back to a P cost tens of µs). Each
-// round yields: to this process's goroutines (the op goroutine the reader
-// has just readied is queued on this P, and would otherwise wait until
-// this thread blocks in the futex and sysmon hands the P over), and, when
-// this host runs more ranks of the comm than it has CPUs, to other
-// processes too (sched_yield), so that polling does not take a CPU from
-// the peer it waits for. Measured on 2 cores, 4 KiB all-reduce: without
-// the yields 2 ranks took 40–90 µs, 4 ranks 150–480 µs; with them 13–20
-// and 80–120 µs. The spin is long enough to cover a peer that answers
-// within one op's work: against 20 µs, 100 µs took the medians of seven
-// interleaved runs from 7.4 to 5.4 µs (2 ranks) and 129 to 94 µs (4 ranks);
-// 250 µs was no better. A link's reader spins only while an op waits on
-// it, so idle links cost nothing.
-func (l *link) spin(ready func() bool) bool {
-	runtime.Gosched()
-	crowded := l.shm.crowded.Load()
-	deadline := time.Now().Add(shmSpin)
-	for time.Now().Before(deadline) {
-		if ready() {
-			return true
-		}
-		runtime.Gosched()
-		if crowded {
-			syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
-		}
-	}
-	return ready()
-}
+// shmSpin is how long a waiter polls before it parks. A wake through the
+// TCP connection costs tens of µs (a write, the peer's reader, the
+// scheduler); a peer that answers within one op's work should be caught
+// polling. Measured on 2 cores, 4 KiB all-reduce, against the spin of the
+// earlier reader goroutines: 100 µs took the medians of seven interleaved
+// runs from 7.4 to 5.4 µs (2 ranks) and 129 to 94 µs (4 ranks) against
+// 20 µs; 250 µs was no better.
+const shmSpin = 100 * time.Microsecond
 
 var errByeDeferred = errors.New("peer said goodbye; its shared-memory data is still being read")
 
-// shmState is a link's shared-memory side.
+// shmState is a link's shared-memory side. Lane 0 (embedded) carries the
+// frames of every op; lanes[i] for i ≥ 1 belong to lane helper i (lanes.go).
 type shmState struct {
 	seg *shmSeg
 
-	mu   sync.RWMutex // guards the mapping: wakers hold it shared, releaseShm exclusively
+	mu   sync.RWMutex // guards the mapping: users hold it shared, releaseShm exclusively
 	live bool         // the mapping is valid (mu)
-	done chan struct{}
 
-	gen     atomic.Uint64 // bumped by events the shm reader must look at (posts, modes, cancels)
-	byeSeen atomic.Bool   // the peer's bye arrived (TCP reader)
-	crowded atomic.Bool   // more ranks of the owner's comm on this host than CPUs (see spin)
+	byeSeen atomic.Bool // the peer's bye arrived (TCP reader)
+	crowded atomic.Bool // more ranks of the owner's comm on this host than CPUs (see spin)
+	txIntr  atomic.Bool // writers give up waiting for room (a failure)
 
-	// resync position handed from the TCP reader to the shm reader (link.mu)
+	shmLane            // lane 0: producer the op goroutine (under link.smu), consumer the op goroutine
+	lanes   []*shmLane // every lane, lanes[0] == &shmLane
+}
+
+// shmLane is one lane of a link: a ring each way, this side's positions
+// in them, and the asleep words of its waiters.
+type shmLane struct {
+	myAsleep, peerAsleep *atomic.Uint32 // the asleep words of this lane (in the mapping)
+
+	// resync position handed from the TCP reader to the consumer (link.mu;
+	// skipSet may also be read without it, as a hint)
 	skipTo  uint64
-	skipSet bool
+	skipSet atomic.Bool
+	lost    bool // an op failed mid-frame: wait for a resync position (link.mu)
 
-	// producer (link.smu)
-	tx      ring
-	txPos   uint64
-	txPub   uint64 // last published head
-	txIntr  atomic.Bool
-	txHdr   [headerSize]byte
-	txSleep syscall.Timespec
+	// producer
+	tx    ring
+	txPos uint64
+	txPub uint64 // last published head
+	txHdr [headerSize]byte
 
-	// consumer (shm reader goroutine)
-	rx      ring
-	rxPos   uint64
-	rxHdr   [headerSize]byte
-	rxSleep syscall.Timespec
-	lost    bool // an op was cancelled mid-frame: wait for a resync position
+	// consumer
+	rx    ring
+	rxPos uint64
+	rxHdr [headerSize]byte
+	cur   rxFrame // the frame being delivered (lane 0)
+}
+
+// rxFrame is a frame whose header the consumer has taken and whose payload
+// it is delivering into e (l.active is set meanwhile).
+type rxFrame struct {
+	on   bool
+	n    uint64 // payload bytes
+	need uint64 // payload and padding
+	done uint64
+	e    entry
 }
 
 func newShmState(seg *shmSeg) *shmState {
-	s := &shmState{seg: seg, live: true, done: make(chan struct{}), tx: seg.tx(), rx: seg.rx()}
-	s.txSleep = syscall.NsecToTimespec(int64(shmWaitSlice))
-	s.rxSleep = s.txSleep
+	s := &shmState{seg: seg, live: true}
+	s.lanes = make([]*shmLane, seg.lanes)
+	for i := range s.lanes {
+		z := &s.shmLane
+		if i > 0 {
+			z = new(shmLane)
+		}
+		z.tx, z.rx = seg.tx(i), seg.rx(i)
+		z.myAsleep, z.peerAsleep = seg.asleep(seg.side(), i), seg.asleep(1-seg.side(), i)
+		s.lanes[i] = z
+	}
 	// A new segment's positions are zero on both sides.
 	return s
 }
 
-// wakeReader wakes the shm reader if it is (about to be) asleep; always
-// for rare events whose waiter may not have announced itself.
-func (l *link) wakeReader(always bool) {
-	s := l.shm
-	s.mu.RLock()
-	if s.live && (always || s.rx.consWait.Load() != 0) {
-		s.rx.wakeConsumer()
+// spin yields once between two polls of a waiter: to this process's
+// goroutines (a TCP reader, the monitor), and, when this host runs more
+// ranks of the comm than it has CPUs, to other processes too
+// (sched_yield), so that polling does not take a CPU from the peer it
+// waits for. Measured on 2 cores, 4 KiB all-reduce, 4 ranks: without the
+// yields 150–480 µs, with them 80–120 µs.
+func spin(crowded bool) {
+	runtime.Gosched()
+	if crowded {
+		syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
 	}
-	s.mu.RUnlock()
 }
 
 // interruptTx makes a writer waiting for ring space give up (Abort,
-// Revoke, failures: as a past write deadline does for TCP).
-func (l *link) interruptTx() {
-	s := l.shm
-	s.txIntr.Store(true)
-	s.mu.RLock()
-	if s.live {
-		s.tx.wakeProducer()
-	}
-	s.mu.RUnlock()
-}
-
-// pokeShm tells the shm reader that posts or modes changed.
-func (l *link) pokeShm() {
-	l.shm.gen.Add(1)
-	l.wakeReader(false)
-}
+// Revoke, failures: as a past write deadline does for TCP). The writer
+// polls the flag, or is parked and woken by the failure itself.
+func (l *link) interruptTx() { l.shm.txIntr.Store(true) }
 
 // shmPending reports whether the peer has written data this side has not
-// read yet (for the liveness check, like SIOCINQ for TCP).
+// consumed yet (for the liveness check, like SIOCINQ for TCP).
 func (l *link) shmPending() bool {
 	s := l.shm
 	s.mu.RLock()
@@ -152,7 +164,19 @@ func (l *link) shmPending() bool {
 	return s.live && s.rx.head.Load() != s.rx.tail.Load()
 }
 
-// releaseShm unmaps the segment once no writer and no waker can touch it.
+// shmIdle reports whether everything the peer wrote has been delivered
+// (TCP reader, on the peer's bye): nothing unconsumed, no frame half
+// delivered, or the stream abandoned until a resync that will not come.
+func (l *link) shmIdle() bool {
+	s := l.shm
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !s.live || !l.active && (s.lost || s.rx.head.Load() == s.rx.tail.Load())
+}
+
+// releaseShm unmaps the segment once no user can touch it.
 func (l *link) releaseShm() {
 	s := l.shm
 	l.smu.Lock()
@@ -165,22 +189,36 @@ func (l *link) releaseShm() {
 	l.smu.Unlock()
 }
 
+// kick sends a wake frame for lane: the peer's waiter on it is parked.
+// It is called by a producer or consumer right after publishing, so it
+// never waits long for wmu (the other writers are bounded control writes);
+// a failed write is left to the TCP reader, which sees the broken
+// connection.
+func (l *link) kick(lane int) {
+	l.wmu.Lock()
+	h := header{typ: frameWake, tag: uint32(lane)}
+	l.writeBounded(&h, nil, kickTimeout)
+	l.wmu.Unlock()
+}
+
+const kickTimeout = 100 * time.Millisecond
+
 // ---- producer (op goroutine, l.smu held) ----
 
 // shmWriteLocked writes one frame into the tx ring: header, payload, padding.
-func (l *link) shmWriteLocked(h *header, payload []byte) error {
+func (l *link) shmWriteLocked(ctx context.Context, b *Backend, h *header, payload []byte) error {
 	s := l.shm
 	if !s.live || l.isClosed() {
 		return errLocal
 	}
 	h.length = uint32(len(payload))
 	h.encode(s.txHdr[:])
-	err := l.txPut(s.txHdr[:])
+	err := l.txPut(ctx, b, s.txHdr[:])
 	if err == nil {
-		err = l.txPut(payload)
+		err = l.txPut(ctx, b, payload)
 	}
 	if pad := uint64(pad8(len(payload)) - len(payload)); err == nil && pad > 0 {
-		if err = l.txSpace(pad); err == nil {
+		if err = l.txSpace(ctx, b, pad); err == nil {
 			s.txPos += pad
 		}
 	}
@@ -190,27 +228,30 @@ func (l *link) shmWriteLocked(h *header, payload []byte) error {
 	return err
 }
 
-// txPublish makes the bytes written so far visible and wakes the consumer
-// if it sleeps.
-func (l *link) txPublish() {
-	s := l.shm
-	if s.txPub == s.txPos {
+// txPublish makes the bytes written so far on lane 0 visible, and wakes
+// the peer if it is parked.
+func (l *link) txPublish() { l.publish(&l.shm.shmLane, 0) }
+
+// publish makes the bytes written so far on lane z (number lane) visible,
+// and wakes the peer's waiter on that lane if it is parked.
+func (l *link) publish(z *shmLane, lane int) {
+	if z.txPub == z.txPos {
 		return
 	}
 	raceRelease()
-	s.tx.head.Store(s.txPos)
-	s.txPub = s.txPos
-	if s.tx.consWait.Load() != 0 {
-		s.tx.wakeConsumer()
+	z.tx.head.Store(z.txPos)
+	z.txPub = z.txPos
+	if z.peerAsleep.Load() != 0 {
+		l.kick(lane)
 	}
 }
 
 // txPut copies src into the ring as space allows, publishing as it goes.
-func (l *link) txPut(src []byte) error {
+func (l *link) txPut(ctx context.Context, b *Backend, src []byte) error {
 	s := l.shm
 	r := &s.tx
 	for len(src) > 0 {
-		if err := l.txSpace(1); err != nil {
+		if err := l.txSpace(ctx, b, 1); err != nil {
 			return err
 		}
 		used := s.txPos - r.tail.Load()
@@ -229,25 +270,31 @@ func (l *link) txPut(src []byte) error {
 	return nil
 }
 
-// txSpace waits until n bytes are free in the tx ring.
-func (l *link) txSpace(n uint64) error {
-	s := l.shm
-	r := &s.tx
-	free := func() (uint64, error) {
-		used := s.txPos - r.tail.Load()
-		if used > r.size {
-			return 0, errShmCorrupt
-		}
-		raceAcquire()
-		return r.size - used, nil
+// txFree is how many bytes the lane's tx ring can take now.
+func (z *shmLane) txFree() (uint64, error) {
+	used := z.txPos - z.tx.tail.Load()
+	if used > z.tx.size {
+		return 0, errShmCorrupt
 	}
-	f, err := free()
+	raceAcquire()
+	return z.tx.size - used, nil
+}
+
+// txSpace waits until n bytes are free in the tx ring. Meanwhile it
+// delivers what this rank receives on its other shared-memory links (and
+// on this one): a peer whose own ring to this rank is full waits for that,
+// and it may be the one this rank waits for.
+func (l *link) txSpace(ctx context.Context, b *Backend, n uint64) error {
+	s := l.shm
+	f, err := s.txFree()
 	if err != nil || f >= n {
 		return err
 	}
 	l.txPublish() // the consumer may be waiting for what this side holds back
+	w := shmWait{tx: l, n: n}
+	var sp spinner
 	for {
-		if f, err = free(); err != nil || f >= n {
+		if f, err = s.txFree(); err != nil || f >= n {
 			return err
 		}
 		if s.txIntr.Load() {
@@ -256,262 +303,479 @@ func (l *link) txSpace(n uint64) error {
 		if l.isClosed() {
 			return errLocal
 		}
-		if l.spin(func() bool { f, err := free(); return err != nil || f >= n || s.txIntr.Load() }) {
+		if b.progressShm() {
+			sp.reset()
 			continue
 		}
-		r.prodWait.Store(1)
-		seq := r.spaceSeq.Load()
-		if f, err = free(); err == nil && f < n && !s.txIntr.Load() && !l.isClosed() {
-			futexWait(r.spaceSeq, seq, &s.txSleep)
+		if err := b.shmIdle(ctx, &w, &sp); err != nil {
+			// As a past write deadline does for TCP: the comm is aborted
+			// and the write gives up.
+			b.Abort(ctxEnded(ctx))
+			return errShmInterrupted
 		}
-		r.prodWait.Store(0)
 	}
 }
 
-// ---- consumer (shm reader goroutine) ----
+// ---- consumer (op goroutine) ----
 
-// rxAvail is how many bytes the peer has published past rxPos.
-func (s *shmState) rxAvail() (uint64, error) {
-	a := s.rx.head.Load() - s.rxPos
-	if a > s.rx.size {
+// rxAvail is how many bytes the peer has published past rxPos on the lane.
+func (z *shmLane) rxAvail() (uint64, error) {
+	a := z.rx.head.Load() - z.rxPos
+	if a > z.rx.size {
 		return 0, errShmCorrupt
 	}
 	raceAcquire()
 	return a, nil
 }
 
-// rxConsume advances past n bytes and tells the producer.
-func (s *shmState) rxConsume(n uint64) {
-	s.rxPos += n
+// rxConsume advances past n bytes of lane 0 and tells the producer (waking
+// it if it is parked for room).
+func (l *link) rxConsume(n uint64) { l.consume(&l.shm.shmLane, 0, n) }
+
+// consume advances past n bytes of lane z (number lane) and tells the
+// producer, waking its waiter on that lane if it is parked.
+func (l *link) consume(z *shmLane, lane int, n uint64) {
+	z.rxPos += n
 	raceRelease()
-	s.rx.tail.Store(s.rxPos)
-	if s.rx.prodWait.Load() != 0 {
-		s.rx.wakeProducer()
+	z.rx.tail.Store(z.rxPos)
+	if z.peerAsleep.Load() != 0 {
+		l.kick(lane)
 	}
 }
 
-// rxBlock waits (spin, then futex) until ready() holds or something may
-// have changed; callers loop.
-func (l *link) rxBlock(ready func() bool) {
+// shmProgress delivers what the rx ring holds into the posted receives, as
+// far as it goes without waiting. It reports whether it consumed anything.
+// A malformed ring fails the link; a frame that proves the peer runs
+// another op fails the comm (ErrMismatch); a peer that said goodbye and
+// whose data is all delivered closes the link.
+func (l *link) shmProgress() bool {
 	s := l.shm
-	if l.spin(ready) {
-		return
+	s.mu.RLock()
+	if !s.live {
+		s.mu.RUnlock()
+		return false
 	}
-	s.rx.consWait.Store(1)
-	seq := s.rx.dataSeq.Load()
-	if !ready() {
-		futexWait(s.rx.dataSeq, seq, &s.rxSleep)
+	moved, mis, err := l.shmProgressLocked()
+	reap := err == nil && s.byeSeen.Load() && !s.cur.on && l.shmDrainedLocked()
+	s.mu.RUnlock()
+	if mis != nil {
+		mis.b.mismatch(mis.peer, mis.epoch, mis.err)
 	}
-	s.rx.consWait.Store(0)
+	switch {
+	case err != nil:
+		if errors.Is(err, errMalformed) {
+			l.log.Warn("gloo: dropping connection after a malformed shared-memory frame", zap.String("remote", l.remote), zap.Error(err))
+		}
+		l.fail(err)
+	case reap:
+		l.fail(errPeerBye)
+	}
+	return moved
 }
 
-func (l *link) shmRun() {
-	err := l.shmLoop()
-	if errors.Is(err, errMalformed) {
-		l.log.Warn("gloo: dropping connection after a malformed shared-memory frame", zap.String("remote", l.remote), zap.Error(err))
-	}
-	if errors.Is(err, errByeDeferred) {
-		err = errPeerBye
-	}
-	l.fail(err)
-	l.releaseShm()
-	close(l.shm.done)
+// shmDrainedLocked (s.mu held shared): nothing more will be delivered.
+func (l *link) shmDrainedLocked() bool {
+	s := l.shm
+	l.mu.Lock()
+	lost := s.lost
+	l.mu.Unlock()
+	return lost || s.rx.head.Load() == s.rxPos
 }
 
-// shmLoop reads frames from the rx ring until the link closes.
-func (l *link) shmLoop() error {
+// rxMismatch is a mismatch found while delivering, reported once the
+// mapping is no longer held.
+type rxMismatch struct {
+	b     *Backend
+	peer  int
+	epoch uint64
+	err   error
+}
+
+func (l *link) shmProgressLocked() (moved bool, mis *rxMismatch, err error) {
 	s := l.shm
 	for {
-		// Between frames: apply a resync position, stop after a bye, wait
-		// while resynchronising or out of step.
-		l.mu.Lock()
-		if s.skipSet && l.mode == rxNormal {
-			pos := s.skipTo
-			s.skipSet = false
-			l.mu.Unlock()
-			head := s.rx.head.Load()
-			if pos-s.rxPos > s.rx.size || head-pos > s.rx.size {
-				return errShmCorrupt
+		if s.cur.on {
+			k, err := l.shmDeliver()
+			if err != nil {
+				return moved, nil, err
 			}
-			s.rxConsume(pos - s.rxPos)
-			s.lost = false
-			continue
-		}
-		waiting := l.mode == rxSync || s.lost
-		l.mu.Unlock()
-		if l.isClosed() {
-			return errLocal
-		}
-		if waiting {
-			if s.byeSeen.Load() {
-				return errByeDeferred // no resync will come now
+			if k == 0 || s.cur.on {
+				return moved || k > 0, nil, nil
 			}
-			gen := s.gen.Load()
-			l.rxBlock(func() bool { return s.gen.Load() != gen || s.byeSeen.Load() || l.isClosed() })
+			moved = true
 			continue
 		}
 		avail, err := s.rxAvail()
 		if err != nil {
-			return err
+			return moved, nil, err
 		}
-		if avail < headerSize {
-			if s.byeSeen.Load() {
-				if avail, err = s.rxAvail(); err != nil || avail < headerSize {
-					return errByeDeferred // all the peer wrote has been read
-				}
-				continue
+		if avail == 0 && !s.skipPending() {
+			return moved, nil, nil
+		}
+		// Between frames: apply a resync position, wait while
+		// resynchronising or out of step.
+		l.mu.Lock()
+		if s.skipSet.Load() && l.mode == rxNormal {
+			pos := s.skipTo
+			s.lost = false
+			s.skipSet.Store(false)
+			l.mu.Unlock()
+			head := s.rx.head.Load()
+			if pos-s.rxPos > s.rx.size || head-pos > s.rx.size {
+				return moved, nil, errShmCorrupt
 			}
-			gen := s.gen.Load()
-			l.rxBlock(func() bool {
-				a, err := s.rxAvail()
-				return err != nil || a >= headerSize || s.gen.Load() != gen || s.byeSeen.Load() || l.isClosed()
-			})
+			if pos != s.rxPos {
+				l.rxConsume(pos - s.rxPos)
+				moved = true
+			}
 			continue
 		}
+		if l.mode == rxSync || s.lost || avail < headerSize {
+			l.mu.Unlock()
+			return moved, nil, nil
+		}
+		l.mu.Unlock()
 		off := s.rxPos & s.rx.mask
 		if n := copy(s.rxHdr[:], s.rx.data[off:]); n < headerSize {
 			copy(s.rxHdr[n:], s.rx.data)
 		}
 		h, err := decodeHeader(s.rxHdr[:])
 		if err != nil {
-			return err
+			return moved, nil, err
 		}
 		if h.typ != frameOp {
-			return fmt.Errorf("%w: %s frame in shared memory", errMalformed, h.typ)
+			return moved, nil, fmt.Errorf("%w: %s frame in shared memory", errMalformed, h.typ)
 		}
-		if err := l.shmDispatch(&h); err != nil {
-			return err
-		}
-	}
-}
-
-// shmDispatch delivers the frame whose header is at rxPos into the posted
-// receive it matches, or holds it (unconsumed) until the posts change.
-func (l *link) shmDispatch(h *header) error {
-	s := l.shm
-	for {
-		gen := s.gen.Load()
 		l.mu.Lock()
-		if l.mode != rxNormal || s.skipSet {
-			// Resynchronising, or just resynchronised: the frame is the old
-			// epoch's, and the skip (applied by shmLoop) drops it before
-			// the new epoch's posts can see it.
+		if l.mode != rxNormal || s.skipSet.Load() {
 			l.mu.Unlock()
-			return nil
+			continue // a resync arrived meanwhile: the frame is the old epoch's
 		}
-		e, ok, mis := l.admitLocked(h)
-		if ok {
+		e, ok, why := l.admitLocked(&h)
+		if !ok {
+			// Hold the frame: nothing of it was written.
+			if why != nil {
+				mis = &rxMismatch{l.owner, l.peer, l.epoch, why}
+			}
 			l.mu.Unlock()
-			s.rxConsume(headerSize)
-			l.heard()
-			return l.shmDeliver(h, &e)
+			return moved, mis, nil
 		}
-		b, peer, epoch := l.owner, l.peer, l.epoch
 		l.mu.Unlock()
-		if mis != nil {
-			b.mismatch(peer, epoch, mis) // hold the frame; nothing of it was written
-		}
-		if l.isClosed() {
-			return errLocal
-		}
-		l.rxBlock(func() bool { return s.gen.Load() != gen || l.isClosed() })
+		l.rxConsume(headerSize)
+		l.heard()
+		n := uint64(h.length)
+		s.cur = rxFrame{on: true, n: n, need: uint64(pad8(int(n))), e: e}
+		moved = true
 	}
 }
 
-// shmDeliver copies or reduces the payload of a matched frame from the
-// ring into its entry, as it arrives. l.active is set; it is cleared here.
-func (l *link) shmDeliver(h *header, e *entry) error {
+// skipPending reports (as a hint; the caller looks again under link.mu)
+// whether a resync position waits to be applied.
+func (s *shmState) skipPending() bool { return s.skipSet.Load() }
+
+// shmDeliver copies or reduces what has arrived of the current frame's
+// payload into its entry; when the frame is complete, the entry is
+// finished. It returns how many bytes it consumed.
+func (l *link) shmDeliver() (uint64, error) {
 	s := l.shm
-	n := uint64(h.length)
+	c := &s.cur
+	e := &c.e
 	es := uint64(max(e.d.dtype.Size(), 1))
-	var dst, src []byte
-	if n > 0 {
-		dst = e.dst[e.done : e.done+int(n)]
-		if e.src != nil {
-			src = e.src[e.done : e.done+int(n)]
-		}
-	}
-	need := uint64(pad8(int(n))) // payload and padding
-	done := uint64(0)
-	for done < need {
+	var took uint64
+	for c.done < c.need {
 		avail, err := s.rxAvail()
 		if err != nil {
-			return err
+			return took, err
 		}
-		want := es
-		if done >= n {
-			want = need - done // the padding, in one piece
-		}
-		if avail < want {
-			if l.cancel.Load() {
-				return l.shmCancelled()
+		if c.done >= c.n { // the padding, in one piece
+			want := c.need - c.done
+			if avail < want {
+				return took, nil
 			}
-			if s.byeSeen.Load() {
-				if avail, err = s.rxAvail(); err == nil && avail < want {
-					return errByeDeferred // the rest of the frame will never come
-				}
-				continue
-			}
-			if l.isClosed() {
-				return errLocal
-			}
-			l.rxBlock(func() bool {
-				a, err := s.rxAvail()
-				return err != nil || a >= want || l.cancel.Load() || s.byeSeen.Load() || l.isClosed()
-			})
-			continue
-		}
-		if done >= n {
-			s.rxConsume(want)
-			done += want
+			l.rxConsume(want)
+			c.done += want
+			took += want
 			break
 		}
 		off := s.rxPos & s.rx.mask
-		k := min(avail, n-done, s.rx.size-off)
+		k := min(avail, c.n-c.done, s.rx.size-off)
 		k -= k % es
+		if k == 0 {
+			return took, nil
+		}
 		chunk := s.rx.data[off : off+k]
-		d := dst[done : done+k]
+		d := e.dst[e.done+int(c.done) : e.done+int(c.done+k)]
 		switch {
 		case e.mode == modeCopy:
 			copy(d, chunk)
-		case src == nil:
+		case e.src == nil:
 			reduce.Into(e.d.dtype, e.d.redop, d, chunk)
 		default:
-			reduce.Into3(e.d.dtype, e.d.redop, d, src[done:done+k], chunk)
+			reduce.Into3(e.d.dtype, e.d.redop, d, e.src[e.done+int(c.done):e.done+int(c.done+k)], chunk)
 		}
-		s.rxConsume(k)
-		done += k
-		l.heard()
-		if done < need && l.cancel.Load() {
-			return l.shmCancelled()
-		}
+		l.rxConsume(k)
+		c.done += k
+		took += k
 	}
+	n := c.n
+	*c = rxFrame{}
+	l.heard()
 	l.mu.Lock()
 	l.active = false
-	if l.cancel.Load() {
-		l.mu.Unlock()
-		l.dropEntry()
-		return nil
+	l.finishLocked(int(n), false)
+	return took, nil
+}
+
+// shmCancel drops a frame half delivered when the op fails (op goroutine,
+// l.mu held): the rest of it stays in the ring, so the consumer has lost
+// its place in the stream until a resync.
+func (l *link) shmCancelLocked() {
+	s := l.shm
+	if s.cur.on {
+		s.cur = rxFrame{}
+		s.lost = true
 	}
-	l.finishLocked(int(n))
-	return nil
+	l.active = false
 }
 
-// shmCancelled acknowledges a cancel in the middle of a frame: the rest of
-// it stays in the ring, so the reader has lost its place until a resync.
-func (l *link) shmCancelled() error {
-	l.dropEntry()
-	l.shm.lost = true
-	return nil
-}
+// Results of shmPeek.
+const (
+	peekNone  = iota // no whole frame for the op yet
+	peekWhole        // the op's whole vector is there, in one frame
+	peekPart         // the next frame carries only part of the vector
+)
 
-// shmWakeAll wakes both sides' waiters of this process (the link closed).
-func (l *link) shmWakeAll() {
+// shmPeek looks at the next frame of the rx ring without consuming it (op
+// goroutine): is it the whole vector t of a one-shot op (seq, d)? A frame
+// that proves the peer runs another op fails the comm (ErrMismatch), a
+// malformed one the link; the error is then returned.
+func (l *link) shmPeek(seq uint64, d *desc, t []byte) (int, error) {
 	s := l.shm
 	s.mu.RLock()
-	if s.live {
-		s.rx.wakeConsumer()
-		s.tx.wakeProducer()
-	}
+	st, mis, err := l.shmPeekLocked(seq, d, t)
 	s.mu.RUnlock()
+	switch {
+	case mis != nil:
+		mis.b.mismatch(mis.peer, mis.epoch, mis.err)
+		return peekNone, mis.b.err()
+	case err != nil:
+		if errors.Is(err, errMalformed) {
+			l.log.Warn("gloo: dropping connection after a malformed shared-memory frame", zap.String("remote", l.remote), zap.Error(err))
+		}
+		l.fail(err)
+		b := l.ownerB()
+		if e := b.err(); e != nil {
+			return peekNone, e
+		}
+		return peekNone, fmt.Errorf("gloo: %w: %w", comm.ErrAborted, err)
+	}
+	return st, nil
+}
+
+func (l *link) ownerB() *Backend {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.owner
+}
+
+func (l *link) shmPeekLocked(seq uint64, d *desc, t []byte) (int, *rxMismatch, error) {
+	s := l.shm
+	if !s.live {
+		return peekNone, nil, errLocal
+	}
+	if s.cur.on || s.skipSet.Load() {
+		return peekNone, nil, nil
+	}
+	l.mu.Lock()
+	waiting := l.mode != rxNormal || s.lost
+	l.mu.Unlock()
+	if waiting {
+		return peekNone, nil, nil
+	}
+	avail, err := s.rxAvail()
+	if err != nil || avail < headerSize {
+		return peekNone, nil, err
+	}
+	off := s.rxPos & s.rx.mask
+	if n := copy(s.rxHdr[:], s.rx.data[off:]); n < headerSize {
+		copy(s.rxHdr[n:], s.rx.data)
+	}
+	h, err := decodeHeader(s.rxHdr[:])
+	if err != nil {
+		return peekNone, nil, err
+	}
+	if h.typ != frameOp {
+		return peekNone, nil, fmt.Errorf("%w: %s frame in shared memory", errMalformed, h.typ)
+	}
+	if h.d.op == comm.OpSend {
+		return peekNone, nil, nil // a message nobody has received yet: held, as by the receive path
+	}
+	e := entry{seq: seq, tag: 0, d: *d, dst: t}
+	if why := matchFrame(&h, &e); why != nil {
+		l.mu.Lock()
+		mis := &rxMismatch{l.owner, l.peer, l.epoch, why}
+		l.mu.Unlock()
+		return peekNone, mis, nil
+	}
+	if int(h.length) < len(t) {
+		return peekPart, nil, nil
+	}
+	if avail < uint64(headerSize+pad8(len(t))) {
+		return peekNone, nil, nil
+	}
+	return peekWhole, nil, nil
+}
+
+// shmPayload returns the payload (n bytes) of the frame at rxPos, in place
+// if it does not wrap around the ring's end, else copied into scratch (op
+// goroutine, s.mu held shared).
+func (l *link) shmPayload(n int, scratch []byte) []byte {
+	s := l.shm
+	start := (s.rxPos + headerSize) & s.rx.mask
+	if start+uint64(n) <= s.rx.size {
+		return s.rx.data[start : start+uint64(n)]
+	}
+	k := copy(scratch, s.rx.data[start:])
+	copy(scratch[k:n], s.rx.data)
+	return scratch[:n]
+}
+
+// shmTake consumes the frame at rxPos, whose payload is n bytes.
+func (l *link) shmTake(n int) {
+	l.rxConsume(uint64(headerSize + pad8(n)))
+	l.heard()
+}
+
+// ---- waiting (op goroutine) ----
+
+// progressShm delivers what every shared-memory link of b holds; it
+// reports whether anything moved.
+func (b *Backend) progressShm() bool {
+	moved := false
+	for _, l := range b.links {
+		if l != nil && l.shm != nil && l.shmProgress() {
+			moved = true
+		}
+	}
+	return moved
+}
+
+// shmWait is what a waiter on shared memory waits for: link rx to have
+// delivered up to byte mark bytes and entry count done, link tx to have n
+// bytes of room, or a one-shot all-reduce's vectors.
+type shmWait struct {
+	rx          *link
+	bytes, done int64
+	tx          *link
+	n           uint64
+	one         *oneShotWait
+}
+
+func (w *shmWait) ready() bool {
+	switch {
+	case w.rx != nil:
+		return w.rx.rxBytes.Load() >= w.bytes && w.rx.rxDone.Load() >= w.done
+	case w.one != nil:
+		ok, err := w.one.check()
+		return ok || err != nil
+	}
+	f, err := w.tx.shm.txFree()
+	return err != nil || f >= w.n || w.tx.shm.txIntr.Load() || w.tx.isClosed()
+}
+
+// spinner paces a waiter: poll for shmSpin, then park. It reads the clock
+// only every spinClock rounds (a read costs about as much as a poll).
+type spinner struct {
+	since  time.Time
+	rounds int
+}
+
+const spinClock = 16
+
+func (sp *spinner) reset() { sp.since, sp.rounds = time.Time{}, 0 }
+
+// waitRxShm waits until shared-memory link p has delivered up to byte mark
+// bytes and completed done entries, delivering meanwhile.
+func (b *Backend) waitRxShm(ctx context.Context, p int, bytes, done int64) error {
+	w := shmWait{rx: b.links[p], bytes: bytes, done: done}
+	var sp spinner
+	for {
+		if w.ready() {
+			return nil
+		}
+		if b.progressShm() {
+			sp.reset()
+			continue
+		}
+		if b.isBroken() {
+			return b.err()
+		}
+		if err := b.shmIdle(ctx, &w, &sp); err != nil {
+			// As a past write deadline does for TCP: the comm is aborted
+			// and the write gives up.
+			b.Abort(ctxEnded(ctx))
+			return errShmInterrupted
+		}
+	}
+}
+
+// shmIdle is one round of waiting with nothing to do: a yield while the
+// spin lasts, then a park until a wake frame, a delivery on a TCP link, a
+// failure or the ctx's end.
+func (b *Backend) shmIdle(ctx context.Context, w *shmWait, sp *spinner) error {
+	// Polling helps only while shared memory may bring what is missing:
+	// TCP deliveries come through the channel.
+	if w.one == nil || w.one.shm {
+		sp.rounds++
+		polling := true
+		if sp.rounds%spinClock == 1 {
+			now := time.Now()
+			if sp.since.IsZero() {
+				sp.since = now
+			}
+			polling = now.Sub(sp.since) < shmSpin
+		}
+		if polling {
+			spin(b.crowded)
+			if sp.rounds%spinClock == 0 && ctx.Err() != nil {
+				return fmt.Errorf("gloo: %w: %w", comm.ErrAborted, ctxEnded(ctx))
+			}
+			return nil
+		}
+	}
+	// Announce, then look once more: a peer that publishes after this
+	// look sees the word and sends a wake frame.
+	b.setAsleep(1)
+	parked := false
+	if !w.ready() && !b.progressShm() && !b.isBroken() {
+		parked = true
+		select {
+		case <-b.notify:
+		case <-b.broken:
+		case <-ctx.Done():
+		}
+	}
+	b.setAsleep(0)
+	if parked {
+		sp.reset()
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("gloo: %w: %w", comm.ErrAborted, ctxEnded(ctx))
+	}
+	return nil
+}
+
+// setAsleep sets this side's lane-0 asleep word in every shared-memory link.
+func (b *Backend) setAsleep(v uint32) {
+	for _, l := range b.links {
+		if l == nil || l.shm == nil {
+			continue
+		}
+		s := l.shm
+		s.mu.RLock()
+		if s.live {
+			s.myAsleep.Store(v)
+		}
+		s.mu.RUnlock()
+	}
 }

@@ -2,7 +2,7 @@ package main
 
 // The backends ftbench can run (-backend); each registers itself with comm.
 import (
-	_ "github.com/ftcomm/ftcomm/backends/gloo"
+	"github.com/ftcomm/ftcomm/backends/gloo"
 	"github.com/ftcomm/ftcomm/backends/nccl"
 )
 
@@ -14,6 +14,11 @@ func backendConfig(cfg *Config) any {
 			c.Mode, _ = nccl.ParseMode(cfg.NCCLMode) // Validate checked it
 		}
 		return &c
+	}
+	if cfg.Backend == "gloo" && cfg.GlooLanes != 0 {
+		c := gloo.DefaultConfig()
+		c.SharedMemoryLanes = cfg.GlooLanes
+		return c
 	}
 	return nil
 }

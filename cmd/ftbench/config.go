@@ -47,6 +47,9 @@ type Config struct {
 	// NCCLMode is how the nccl backend uses NCCL comms (nccl.Config.Mode:
 	// blocking-data, nonblocking or blocking); empty: the backend's default.
 	NCCLMode string `json:"nccl_mode"`
+	// GlooLanes bounds the cores a gloo rank spreads a large all-reduce
+	// over on shared memory (gloo.Config.SharedMemoryLanes; 0 automatic).
+	GlooLanes int `json:"gloo_lanes"`
 	// Async issues the timed iterations as async ops back to back and then
 	// waits for them all (nccl-tests' method; a device backend pipelines
 	// them on its stream); off, each op is waited for before the next.
@@ -114,6 +117,8 @@ func (c *Config) Validate() error {
 		return usagef("-a %d: want 0 (rank 0), 1 (mean), 2 (min) or 3 (max over ranks)", c.Average)
 	case c.Root < 0 || c.Root >= c.NP:
 		return usagef("-r %d outside [0, %d)", c.Root, c.NP)
+	case c.GlooLanes < 0 || c.GlooLanes > 16:
+		return usagef("-lanes %d outside [0, 16]", c.GlooLanes)
 	case c.RawBuf < 0:
 		return usagef("-rawbuf %d is negative", c.RawBuf)
 	case c.Timeout <= 0:
@@ -341,6 +346,7 @@ func parseFlags(args []string) (Config, error) {
 	fs.BoolVar(&c.Verbose, "v", c.Verbose, "verbose worker logs on stderr")
 	fs.BoolVar(&c.Async, "async", c.Async, "issue each size's iterations back to back as async ops, then wait (nccl-tests' method)")
 	fs.StringVar(&c.NCCLMode, "nccl-mode", c.NCCLMode, "nccl: comm mode, blocking-data (default: nonblocking control comm, blocking data comm), nonblocking, or blocking (init and shrink cannot be aborted)")
+	fs.IntVar(&c.GlooLanes, "lanes", c.GlooLanes, "gloo: most cores one rank spreads a large all-reduce over on shared memory (0: CPUs / ranks, at most 8; 1: one)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return c, err

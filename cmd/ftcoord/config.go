@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ftcomm/ftcomm/cmd/ftcoord/server"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -22,15 +23,24 @@ type serveConfig struct {
 	Token     string
 	TokenFile string
 
-	DataDir        string
-	Etcd           string // external endpoints, comma-separated; empty: embedded
-	EtcdClientAddr string
-	EtcdPeerAddr   string
-	EtcdCACert     string
-	EtcdCert       string
-	EtcdKey        string
-	EtcdUser       string
-	EtcdPassword   string
+	DataDir             string
+	Etcd                string // external endpoints, comma-separated; empty: embedded
+	EtcdClientAddr      string
+	EtcdPeerAddr        string
+	EtcdAdvertiseAddr   string
+	EtcdCertHosts       string // comma-separated
+	EtcdCACert          string
+	EtcdCert            string
+	EtcdKey             string
+	EtcdUser            string
+	EtcdPassword        string
+	TrainerEtcdCert     string
+	TrainerEtcdKey      string
+	TrainerEtcdUser     string
+	TrainerEtcdPassword string
+	Insecure            bool
+	SecretsFile         string
+	CredentialsFile     string
 
 	Root               string
 	Name               string
@@ -45,6 +55,8 @@ type serveConfig struct {
 	GossipProbe        time.Duration
 	GossipProbeTimeout time.Duration
 	GossipSuspicion    int
+
+	EvictKeepOut time.Duration
 
 	LogLevel        string
 	ShutdownTimeout time.Duration
@@ -69,6 +81,7 @@ func defaultServeConfig() serveConfig {
 		GossipProbe:        gc.ProbeInterval,
 		GossipProbeTimeout: gc.ProbeTimeout,
 		GossipSuspicion:    gc.SuspicionMult,
+		EvictKeepOut:       cc.EvictKeepOut,
 		LogLevel:           "info",
 		ShutdownTimeout:    10 * time.Second,
 	}
@@ -81,15 +94,24 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "private key `file` for -tls-cert")
 	fs.StringVar(&c.Token, "token", c.Token, "bearer `token` required by the API and /metrics (prefer -token-file or FTCOORD_TOKEN)")
 	fs.StringVar(&c.TokenFile, "token-file", c.TokenFile, "read the bearer token from this `file`")
-	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "data `dir`ectory of the embedded etcd")
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "data `dir`ectory: the embedded etcd's data and certificates, the coordinator's secrets, the trainers' credentials")
+	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "no TLS, no etcd authentication, unsigned quorums, unencrypted gossip: anyone who reaches etcd can rewrite jobs (local experiments only)")
+	fs.StringVar(&c.SecretsFile, "secrets-file", c.SecretsFile, "the coordinator's quorum-signing and gossip keys, created if missing (default <data-dir>/coordinator-secrets.json); coordinators of one root share it")
+	fs.StringVar(&c.CredentialsFile, "credentials-file", c.CredentialsFile, "write the trainers' credentials here (default <data-dir>/trainer-credentials.json)")
 	fs.StringVar(&c.Etcd, "etcd", c.Etcd, "external etcd `endpoints` (host:port,…); empty: run an embedded single-node etcd")
 	fs.StringVar(&c.EtcdClientAddr, "etcd-client-addr", c.EtcdClientAddr, "embedded etcd client `host:port` (port 0: a free one)")
 	fs.StringVar(&c.EtcdPeerAddr, "etcd-peer-addr", c.EtcdPeerAddr, "embedded etcd peer `host:port` (port 0: a free one)")
+	fs.StringVar(&c.EtcdAdvertiseAddr, "etcd-advertise-addr", c.EtcdAdvertiseAddr, "`host:port` trainers reach the embedded etcd at (default: -etcd-client-addr, or this host's name when it listens on all addresses)")
+	fs.StringVar(&c.EtcdCertHosts, "etcd-cert-hosts", c.EtcdCertHosts, "more `names` and addresses (comma-separated) for the embedded etcd's server certificate")
 	fs.StringVar(&c.EtcdCACert, "etcd-cacert", c.EtcdCACert, "CA `file` to verify external etcd servers")
 	fs.StringVar(&c.EtcdCert, "etcd-cert", c.EtcdCert, "client certificate `file` for external etcd")
 	fs.StringVar(&c.EtcdKey, "etcd-key", c.EtcdKey, "client key `file` for external etcd")
 	fs.StringVar(&c.EtcdUser, "etcd-user", c.EtcdUser, "etcd `user` name (auth)")
 	fs.StringVar(&c.EtcdPassword, "etcd-password", c.EtcdPassword, "etcd `password` (prefer FTCOORD_ETCD_PASSWORD)")
+	fs.StringVar(&c.TrainerEtcdCert, "trainer-etcd-cert", c.TrainerEtcdCert, "external etcd: the trainers' client certificate `file`, for their credentials file")
+	fs.StringVar(&c.TrainerEtcdKey, "trainer-etcd-key", c.TrainerEtcdKey, "external etcd: the trainers' client key `file`")
+	fs.StringVar(&c.TrainerEtcdUser, "trainer-etcd-user", c.TrainerEtcdUser, "external etcd: the trainers' etcd `user`")
+	fs.StringVar(&c.TrainerEtcdPassword, "trainer-etcd-password", c.TrainerEtcdPassword, "external etcd: the trainers' etcd `password` (prefer FTCOORD_TRAINER_ETCD_PASSWORD)")
 	fs.StringVar(&c.Root, "root", c.Root, "etcd key `prefix` of all jobs")
 	fs.StringVar(&c.Name, "name", c.Name, "this instance's `name` (unique among coordinators)")
 	fs.IntVar(&c.MinReplicas, "min-replicas", c.MinReplicas, "default min replicas of a quorum (members may ask for more)")
@@ -103,6 +125,7 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.GossipProbe, "gossip-probe-interval", c.GossipProbe, "gossip probe interval")
 	fs.DurationVar(&c.GossipProbeTimeout, "gossip-probe-timeout", c.GossipProbeTimeout, "gossip probe timeout")
 	fs.IntVar(&c.GossipSuspicion, "gossip-suspicion-mult", c.GossipSuspicion, "gossip suspicion multiplier")
+	fs.DurationVar(&c.EvictKeepOut, "evict-keep-out", c.EvictKeepOut, "how long an evicted member may not register again (0: not at all; an eviction request may say otherwise)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log `level`: debug, info, warn, error")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown may take")
 }
@@ -157,8 +180,11 @@ func (c *serveConfig) validate() error {
 		}
 		hostPort("etcd-client-addr", c.EtcdClientAddr)
 		hostPort("etcd-peer-addr", c.EtcdPeerAddr)
-		if c.EtcdCACert != "" || c.EtcdCert != "" || c.EtcdUser != "" {
-			bad("-etcd-cacert, -etcd-cert and -etcd-user apply to an external etcd (-etcd)")
+		if c.EtcdCACert != "" || c.EtcdCert != "" || c.EtcdUser != "" || c.TrainerEtcdCert != "" || c.TrainerEtcdUser != "" {
+			bad("-etcd-cacert, -etcd-cert, -etcd-user and -trainer-etcd-* apply to an external etcd (-etcd)")
+		}
+		if c.EtcdAdvertiseAddr != "" {
+			hostPort("etcd-advertise-addr", c.EtcdAdvertiseAddr)
 		}
 	} else {
 		for _, ep := range strings.Split(c.Etcd, ",") {
@@ -167,6 +193,15 @@ func (c *serveConfig) validate() error {
 	}
 	if (c.EtcdCert == "") != (c.EtcdKey == "") {
 		bad("-etcd-cert and -etcd-key go together")
+	}
+	if (c.TrainerEtcdCert == "") != (c.TrainerEtcdKey == "") {
+		bad("-trainer-etcd-cert and -trainer-etcd-key go together")
+	}
+	if c.TrainerEtcdPassword != "" && c.TrainerEtcdUser == "" {
+		bad("-trainer-etcd-password needs -trainer-etcd-user")
+	}
+	if c.Etcd != "" && (c.EtcdAdvertiseAddr != "" || c.EtcdCertHosts != "") {
+		bad("-etcd-advertise-addr and -etcd-cert-hosts apply to the embedded etcd")
 	}
 	if c.EtcdPassword != "" && c.EtcdUser == "" {
 		bad("-etcd-password needs -etcd-user")
@@ -202,6 +237,9 @@ func (c *serveConfig) validate() error {
 	if c.ShutdownTimeout <= 0 {
 		bad("-shutdown-timeout %v must be positive", c.ShutdownTimeout)
 	}
+	if c.EvictKeepOut < 0 {
+		bad("-evict-keep-out %v is negative", c.EvictKeepOut)
+	}
 	if len(probs) > 0 {
 		return fmt.Errorf("invalid configuration:\n  %s", strings.Join(probs, "\n  "))
 	}
@@ -233,6 +271,52 @@ func decodeKey(s string) ([]byte, error) {
 		return b, nil
 	}
 	return nil, fmt.Errorf("not hex or base64")
+}
+
+// serverConfig turns the flags into the server's configuration.
+func (c *serveConfig) serverConfig() (server.Config, error) {
+	sc := server.DefaultConfig()
+	token, err := c.token()
+	if err != nil {
+		return sc, err
+	}
+	sc.Listen, sc.TLSCert, sc.TLSKey, sc.Token = c.Listen, c.TLSCert, c.TLSKey, token
+	sc.Etcd = nil
+	if c.Etcd != "" {
+		for _, ep := range strings.Split(c.Etcd, ",") {
+			sc.Etcd = append(sc.Etcd, strings.TrimSpace(ep))
+		}
+	}
+	sc.DataDir, sc.EtcdClientAddr, sc.EtcdPeerAddr = c.DataDir, c.EtcdClientAddr, c.EtcdPeerAddr
+	sc.EtcdAdvertiseAddr = c.EtcdAdvertiseAddr
+	sc.EtcdCertHosts = nil
+	for _, h := range strings.Split(c.EtcdCertHosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			sc.EtcdCertHosts = append(sc.EtcdCertHosts, h)
+		}
+	}
+	sc.EtcdCACert, sc.EtcdCert, sc.EtcdKey = c.EtcdCACert, c.EtcdCert, c.EtcdKey
+	sc.EtcdUser, sc.EtcdPassword = c.EtcdUser, c.EtcdPassword
+	sc.TrainerEtcdCert, sc.TrainerEtcdKey = c.TrainerEtcdCert, c.TrainerEtcdKey
+	sc.TrainerEtcdUser, sc.TrainerEtcdPassword = c.TrainerEtcdUser, c.TrainerEtcdPassword
+	sc.Insecure, sc.SecretsFile, sc.CredentialsFile = c.Insecure, c.SecretsFile, c.CredentialsFile
+	sc.Root, sc.Name = c.Root, c.Name
+	sc.Quorum = membership.QuorumConfig{MinReplicas: c.MinReplicas, JoinTimeout: c.JoinTimeout}
+	sc.SessionTTL, sc.HistoryLimit = c.SessionTTL, c.History
+	sc.Gossip = nil
+	if c.Gossip {
+		g, err := c.gossipConfig()
+		if err != nil {
+			return sc, err
+		}
+		sc.Gossip = &g
+	}
+	sc.ShutdownTimeout = c.ShutdownTimeout
+	sc.EvictKeepOut = c.EvictKeepOut
+	if c.EvictKeepOut == 0 {
+		sc.EvictKeepOut = -1 // not at all
+	}
+	return sc, nil
 }
 
 // token returns the bearer token from -token or -token-file.

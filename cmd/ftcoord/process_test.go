@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -45,6 +47,12 @@ func buildFtcoord(t *testing.T) string {
 	return ftcoordBin.path
 }
 
+func testCtx(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if ftcoordBin.path != "" {
@@ -59,6 +67,7 @@ type coordProc struct {
 	cmd      *exec.Cmd
 	url      string
 	addrFile string
+	dataDir  string
 	mu       sync.Mutex
 	logs     bytes.Buffer
 	more     chan struct{} // closed and replaced at every new log line
@@ -87,6 +96,11 @@ func startFtcoordNoWait(t *testing.T, name string, args ...string) *coordProc {
 	addrFile := filepath.Join(dir, "addr")
 	args = append([]string{"serve", "-name", name, "-listen", "127.0.0.1:0", "-addr-file", addrFile, "-data-dir", filepath.Join(dir, "data")}, args...)
 	p := &coordProc{name: name, cmd: exec.Command(bin, args...), done: make(chan struct{}), more: make(chan struct{}), addrFile: addrFile}
+	for i, a := range args {
+		if a == "-data-dir" && i+1 < len(args) {
+			p.dataDir = args[i+1]
+		}
+	}
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -203,6 +217,10 @@ func TestServeProcessBadConfig(t *testing.T) {
 	}
 }
 
+// sessionTTL is the -session-ttl of TestLeaderKillAmongThree: the
+// failover time it logs is about this long (the README's figures name it).
+var sessionTTL = flag.Duration("ftcoord.session-ttl", 2*time.Second, "-session-ttl of the leader-kill test")
+
 // Three ftcoord processes on a 3-node etcd cluster; the leader is
 // SIGKILLed while a commit failure waits for the next epoch: another
 // instance must publish it.
@@ -217,10 +235,12 @@ func TestLeaderKillAmongThree(t *testing.T) {
 	defer cluster.Close()
 	eps := strings.Join(cluster.Endpoints(), ",")
 	procs := map[string]*coordProc{}
+	secrets := filepath.Join(t.TempDir(), "secrets.json") // one key for all three
 	for i := 0; i < 3; i++ {
 		name := fmt.Sprintf("coord-%d", i)
-		procs[name] = startFtcoord(t, name, "-etcd", eps, "-session-ttl", "2s", "-join-timeout", "2s")
+		procs[name] = startFtcoord(t, name, "-etcd", eps, "-session-ttl", sessionTTL.String(), "-join-timeout", "2s", "-secrets-file", secrets)
 	}
+	creds := procs["coord-0"].credentials(t)
 	cli, err := cluster.NewClient(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -232,6 +252,7 @@ func TestLeaderKillAmongThree(t *testing.T) {
 		mc.Client, mc.Job, mc.ID, mc.Addr, mc.WantQuorum = cli, "job", id, id+":1", true
 		g := membership.DefaultGossipConfig()
 		mc.Gossip = &g
+		creds.ApplyMember(&mc) // quorum verification, gossip key
 		m, err := membership.Join(ctx, mc)
 		if err != nil {
 			t.Fatal(err)
@@ -269,7 +290,7 @@ func TestLeaderKillAmongThree(t *testing.T) {
 	if q2.PublishedBy == leader || q2.PublishedBy == "" || len(q2.Participants) != 3 {
 		t.Fatalf("after the leader's death: %+v", q2)
 	}
-	t.Logf("leader %s SIGKILLed: %s published epoch %d after %v", leader, q2.PublishedBy, q2.Epoch, took)
+	t.Logf("leader %s SIGKILLed: %s published epoch %d after %v (-session-ttl %v)", leader, q2.PublishedBy, q2.Epoch, took, *sessionTTL)
 
 	// The new leader stops gracefully (SIGTERM): it resigns, and the third
 	// instance takes over without waiting out the session TTL.

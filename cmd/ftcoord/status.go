@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ftcomm/ftcomm/cmd/ftcoord/server"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -81,7 +82,7 @@ func (c *statusConfig) get(ctx context.Context, hc *http.Client, path string, ou
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if resp.StatusCode != http.StatusOK {
-		var e apiError
+		var e server.APIError
 		if json.Unmarshal(body, &e) == nil && e.Error != "" {
 			return fmt.Errorf("%s: %s", resp.Status, e.Error)
 		}
@@ -98,7 +99,7 @@ func status(ctx context.Context, c statusConfig, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var info coordinatorInfo
+	var info server.CoordinatorInfo
 	if err := c.get(ctx, hc, "/api/v1/coordinator", &info); err != nil {
 		return err
 	}
@@ -116,7 +117,7 @@ func status(ctx context.Context, c statusConfig, w io.Writer) error {
 		}
 		return nil
 	}
-	var d jobDetail
+	var d server.JobDetail
 	if err := c.get(ctx, hc, "/api/v1/jobs/"+url.PathEscape(c.Job), &d); err != nil {
 		return err
 	}

@@ -4,61 +4,61 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/ftcomm/ftcomm/cmd/ftcoord/server"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
-// coordinator is an embedded ftcoord: a single-node etcd and a
-// membership.Coordinator in this process.
+// coordinator is an embedded ftcoord in this process: a secured
+// single-node etcd, the coordinator, and its API and dashboard, as
+// `ftcoord serve` runs them.
 type coordinator struct {
-	etcd *membership.Embedded
-	cli  *clientv3.Client
+	srv  *server.Server
+	dir  string
 	stop context.CancelFunc
 	done chan error
 }
 
-// Its etcd keeps its data in a fresh temporary folder that close removes:
-// every demo starts from an empty store.
+// Its data (etcd's, the certificates and the trainers' credentials) lives
+// in a fresh temporary folder that close removes: every demo starts from
+// an empty store.
 func startCoordinator(ctx context.Context, gossip bool, log *zap.Logger) (*coordinator, error) {
-	sctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	ec := membership.DefaultEmbeddedConfig()
-	ec.Logger = log.Named("etcd")
-	e, err := membership.StartEmbedded(sctx, ec)
+	dir, err := os.MkdirTemp("", "diloco-ftcoord-")
 	if err != nil {
-		return nil, fmt.Errorf("embedded etcd: %w", err)
-	}
-	cli, err := e.NewClient(nil)
-	if err != nil {
-		e.Close()
 		return nil, err
 	}
-	cc := membership.DefaultCoordinatorConfig()
-	cc.Client, cc.Logger = cli, log.Named("coordinator")
-	cc.Quorum.JoinTimeout, cc.SessionTTL = 500*time.Millisecond, 2*time.Second
+	cfg := server.DefaultConfig()
+	cfg.Listen, cfg.DataDir, cfg.UnsafeNoFsync = "127.0.0.1:0", dir, true
+	cfg.Quorum.JoinTimeout, cfg.SessionTTL, cfg.ShutdownTimeout = 500*time.Millisecond, 2*time.Second, 5*time.Second
+	cfg.Logger = log.Named("ftcoord")
 	if gossip {
 		g := membership.DefaultGossipConfig()
-		cc.Gossip = &g
+		cfg.Gossip = &g
+	} else {
+		cfg.Gossip = nil
 	}
-	coord, err := membership.NewCoordinator(cc)
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	srv, err := server.New(sctx, cfg)
 	if err != nil {
-		cli.Close()
-		e.Close()
-		return nil, err
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("embedded ftcoord: %w", err)
 	}
 	rctx, stop := context.WithCancel(context.Background())
-	c := &coordinator{etcd: e, cli: cli, stop: stop, done: make(chan error, 1)}
-	go func() { c.done <- coord.Run(rctx) }() // exits in close
+	c := &coordinator{srv: srv, dir: dir, stop: stop, done: make(chan error, 1)}
+	go func() { c.done <- srv.Serve(rctx) }() // exits in close
 	return c, nil
 }
 
-func (c *coordinator) endpoints() []string { return c.etcd.Endpoints() }
+func (c *coordinator) endpoints() []string { return c.srv.Endpoints() }
+func (c *coordinator) dashboard() string   { return c.srv.DashboardURL() }
+func (c *coordinator) credentials() string { return c.srv.CredentialsPath() }
 
-// close stops the coordinator, then etcd. Safe to call twice.
+// close stops the coordinator, then removes its data. Safe to call twice.
 func (c *coordinator) close() error {
 	if c.stop == nil {
 		return nil
@@ -69,5 +69,5 @@ func (c *coordinator) close() error {
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}
-	return errors.Join(err, c.cli.Close(), c.etcd.Close())
+	return errors.Join(err, c.srv.Close(), os.RemoveAll(c.dir))
 }

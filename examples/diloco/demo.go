@@ -203,7 +203,7 @@ func goSourceDir() (string, error) {
 }
 
 // prepare loads the corpus, writes the token files and run.json.
-func (d *demo) prepare(endpoints []string) error {
+func (d *demo) prepare(endpoints []string, credentials string) error {
 	dir := d.cfg.Report
 	for _, sub := range []string{"data", "snapshots", "logs"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
@@ -235,7 +235,7 @@ func (d *demo) prepare(endpoints []string) error {
 	if _, err := rand.Read(secret); err != nil {
 		return err
 	}
-	d.run = runFile{Config: d.cfg, Endpoints: endpoints, Secret: secret, Train: abs(train), Val: abs(val), Snapshots: abs(filepath.Join(dir, "snapshots"))}
+	d.run = runFile{Config: d.cfg, Endpoints: endpoints, Credentials: credentials, Secret: secret, Train: abs(train), Val: abs(val), Snapshots: abs(filepath.Join(dir, "snapshots"))}
 	b, err := json.MarshalIndent(d.run, "", "  ")
 	if err != nil {
 		return err
@@ -596,9 +596,9 @@ func (d *demo) Run(ctx context.Context) (*Summary, error) {
 	}
 	defer coord.close()
 	eps := coord.endpoints()
-	hint := fmt.Sprintf("go run ./cmd/ftcoord serve -etcd %s -gossip=false -listen 127.0.0.1:8080, then http://127.0.0.1:8080/", strings.Join(trimScheme(eps), ","))
-	fmt.Fprintf(d.out, "coordinator: embedded etcd at %s (dashboard while it runs: %s)\n", strings.Join(eps, ","), hint)
-	if err := d.prepare(eps); err != nil {
+	fmt.Fprintf(d.out, "coordinator: embedded ftcoord, etcd at %s (TLS, client certificates); dashboard while it runs: %s\n",
+		strings.Join(eps, ","), coord.dashboard())
+	if err := d.prepare(eps, coord.credentials()); err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(d.out, "job: %d replicas × %d inner steps of AdamW on a %d-parameter character MLP; Streaming DiLoCo H=%d F=%d τ=%d α=%g, outer Nesterov lr %g momentum %g, %s outer gradients; %d syncs\n",
@@ -677,14 +677,6 @@ loop:
 		return nil, runErr
 	}
 	return d.summarize()
-}
-
-func trimScheme(eps []string) []string {
-	out := make([]string, len(eps))
-	for i, e := range eps {
-		out[i] = strings.TrimPrefix(strings.TrimPrefix(e, "http://"), "https://")
-	}
-	return out
 }
 
 func (d *demo) evalResult(r evalRes) {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -15,7 +14,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"go.uber.org/zap"
 
 	_ "github.com/ftcomm/ftcomm/backends/gloo"
@@ -41,10 +39,13 @@ type replicaSpec struct {
 type runFile struct {
 	Config
 	Endpoints []string
-	Secret    []byte
-	Train     string // token files
-	Val       string
-	Snapshots string // folder for the global parameters the demo evaluates
+	// Credentials is the trainers' credentials file of the embedded ftcoord
+	// (its etcd serves TLS with client certificates).
+	Credentials string
+	Secret      []byte
+	Train       string // token files
+	Val         string
+	Snapshots   string // folder for the global parameters the demo evaluates
 }
 
 // event is one JSON line a replica writes to its stdout for the demo.
@@ -151,7 +152,7 @@ func runReplica(spec replicaSpec) int {
 		mc.Gossip = &g
 	}
 	ctx := context.Background()
-	fcfg := ft.Config{Job: spec.Job, Group: fmt.Sprintf("r%d", spec.Replica), Coordinator: run.Endpoints,
+	fcfg := ft.Config{Job: spec.Job, Group: fmt.Sprintf("r%d", spec.Replica), Coordinator: run.Endpoints, Credentials: run.Credentials,
 		Member: mc, Backend: cfg.Backend, MinReplicas: cfg.MinReplicas, Secret: run.Secret,
 		Timeout: 20 * time.Second, MaxCommitFailures: 50, Logger: log,
 		OnEvent: func(e ft.Event) { // on this goroutine, inside Step and Commit
@@ -159,19 +160,8 @@ func runReplica(spec replicaSpec) int {
 				Path: e.String(), Payload: e.Bytes, ElapsedMs: e.Took.Seconds() * 1e3})
 		}}
 	// A replica restarted right after it was killed may find its previous
-	// incarnation still registered until the coordinator removes it (its
-	// peers' blame, or its lease's expiry): retry until then.
-	var c *ft.Comm
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 100*time.Millisecond, time.Second, 2*mc.LeaseTTL+10*time.Second
-	err = backoff.Retry(func() error {
-		var err error
-		if c, err = ft.New(ctx, fcfg); errors.Is(err, membership.ErrDuplicateMember) {
-			log.Info("the previous incarnation is still registered; retrying", zap.Error(err))
-			return err
-		}
-		return backoff.Permanent(err)
-	}, bo)
+	// incarnation still registered: ft.New waits for its lease to end.
+	c, err := ft.New(ctx, fcfg)
 	if err != nil {
 		return fail(err)
 	}

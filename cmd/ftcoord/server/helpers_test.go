@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -66,7 +66,8 @@ func startLiveCoordinator(t *testing.T, token string, gossip bool) *liveCoordina
 	case <-ctx.Done():
 		t.Fatal("coordinator did not lead")
 	}
-	a := &api{admin: membership.NewAdmin(cli, ""), coord: coord, cli: cli, token: token, gatherer: reg, lg: cc.Logger}
+	a := &api{admin: membership.NewAdmin(cli, ""), coord: coord, cli: cli, token: token, gatherer: reg, lg: cc.Logger,
+		keepOut: membership.DefaultEvictKeepOut}
 	srv := httptest.NewServer(a.handler())
 	t.Cleanup(srv.Close)
 	return &liveCoordinator{etcd: e, cli: cli, coord: coord, srv: srv, token: token}

@@ -1,10 +1,12 @@
-package main
+package server
 
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -55,7 +57,7 @@ func TestAPI(t *testing.T) {
 	if len(jobs) != 1 || jobs[0].Job != "llama" || jobs[0].Members != 2 || jobs[0].Epoch != q.Epoch {
 		t.Fatalf("jobs %+v", jobs)
 	}
-	d := decode[jobDetail](t, lc.request(t, "GET", "/api/v1/jobs/llama", "", false), 200)
+	d := decode[JobDetail](t, lc.request(t, "GET", "/api/v1/jobs/llama", "", false), 200)
 	if d.Leader != "coord-a" || d.Quorum == nil || d.Quorum.Epoch != q.Epoch || len(d.Members) != 2 {
 		t.Fatalf("job %+v", d)
 	}
@@ -72,19 +74,29 @@ func TestAPI(t *testing.T) {
 	if len(ms) != 2 {
 		t.Fatalf("members %+v", ms)
 	}
+	// Issue 14 item 8: lease ids pass 2^53; JSON carries them as strings.
+	resp := lc.request(t, "GET", "/api/v1/jobs/llama/members", "", false)
+	var raw []map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&raw); err != nil {
+		t.Fatal(err)
+	}
+	if l, ok := raw[0]["lease"].(string); !ok || l != strconv.FormatInt(int64(a.Lease()), 10) && l != strconv.FormatInt(int64(b.Lease()), 10) {
+		t.Fatalf("lease %#v (%T)", raw[0]["lease"], raw[0]["lease"])
+	}
 	gq := decode[membership.Quorum](t, lc.request(t, "GET", "/api/v1/jobs/llama/quorum", "", false), 200)
 	if gq.Epoch != q.Epoch {
 		t.Fatalf("quorum %+v", gq)
 	}
-	info := decode[coordinatorInfo](t, lc.request(t, "GET", "/api/v1/coordinator", "", false), 200)
+	info := decode[CoordinatorInfo](t, lc.request(t, "GET", "/api/v1/coordinator", "", false), 200)
 	if !info.IsLeader || info.Leader != "coord-a" {
 		t.Fatalf("coordinator %+v", info)
 	}
 
 	// Evict b through the API: b learns it, the quorum goes on without it.
-	ev := decode[map[string]string](t, lc.request(t, "POST", "/api/v1/jobs/llama/members/b/evict", `{"by":"test","reason":"flaky nic"}`, false), 200)
-	if ev["evicted"] != "b" {
-		t.Fatalf("evict answer %v", ev)
+	evicted := time.Now()
+	ev := decode[EvictAnswer](t, lc.request(t, "POST", "/api/v1/jobs/llama/members/b/evict", `{"by":"test","reason":"flaky nic"}`, false), 200)
+	if ev.Evicted != "b" || ev.KeptOutUntil == nil || ev.KeptOutUntil.Before(evicted.Add(membership.DefaultEvictKeepOut)) {
+		t.Fatalf("evict answer %+v", ev)
 	}
 	select {
 	case <-b.Done():
@@ -95,16 +107,26 @@ func TestAPI(t *testing.T) {
 	if err != nil || len(q2.Participants) != 1 || q2.Reason != "b evicted by test (flaky nic)" {
 		t.Fatalf("after evict %+v, %v", q2, err)
 	}
+	// Issue 14 item 8: an evicted member used to register again within
+	// 50 ms. It is kept out, and told until when.
+	var kept *membership.KeptOutError
+	mc := membership.DefaultMemberConfig()
+	mc.Client, mc.Job, mc.ID, mc.Addr = lc.cli, "llama", "b", "b:1"
+	if _, err := membership.Join(ctx, mc); !errors.As(err, &kept) || !kept.Until.Equal(*ev.KeptOutUntil) || kept.By != "test (flaky nic)" {
+		t.Fatalf("rejoin after eviction: %v", err)
+	}
 	h := decode[[]membership.Quorum](t, lc.request(t, "GET", "/api/v1/jobs/llama/history?limit=1", "", false), 200)
 	if len(h) != 1 || h[0].Epoch != q2.Epoch {
 		t.Fatalf("history %+v", h)
 	}
 
 	// Metrics and health.
-	resp := lc.request(t, "GET", "/metrics", "", false)
+	resp = lc.request(t, "GET", "/metrics", "", false)
 	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`ftcomm_coordinator_epoch{job="llama"}`)) ||
-		!bytes.Contains(body, []byte(`ftcomm_coordinator_removals_total{cause="evicted",job="llama"} 1`)) {
+	// Issue 14 item 8: not "job", which Prometheus renames exported_job.
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`ftcomm_coordinator_epoch{ftcomm_job="llama"}`)) ||
+		!bytes.Contains(body, []byte(`ftcomm_coordinator_removals_total{cause="evicted",ftcomm_job="llama"} 1`)) ||
+		bytes.Contains(body, []byte(`{job=`)) {
 		t.Fatalf("metrics %d:\n%s", resp.StatusCode, body)
 	}
 	hz := decode[map[string]any](t, lc.request(t, "GET", "/healthz", "", false), 200)
@@ -135,13 +157,20 @@ func TestAPIBadInput(t *testing.T) {
 		{"POST", "/api/v1/jobs/llama/members/a/evict", "{not json", 400, "body"},
 		{"POST", "/api/v1/jobs/llama/members/a/evict", `{"by":"x","extra":1}`, 400, "unknown field"},
 		{"POST", "/api/v1/jobs/llama/members/..%2F..%2Fx/evict", "", 400, "invalid argument"},
-		{"DELETE", "/api/v1/jobs", "", 404, "no API endpoint"},
+		{"DELETE", "/api/v1/jobs", "", 405, "not allowed"},
+		{"GET", "/api/v1/jobs/llama/members/a/evict", "", 405, "not allowed"},
+		{"POST", "/api/v1/jobs/llama/members/a/evict", strings.Repeat("x", 10<<20), 413, "larger than"},
+		{"POST", "/api/v1/jobs/llama/members/a/evict", `{"keepOut":"soon"}`, 400, "keepOut"},
+		{"DELETE", "/api/v1/nothing", "", 404, "no API endpoint"},
 		{"GET", "/api/v2/nothing", "", 404, "no API endpoint"},
 	} {
 		resp := lc.request(t, c.method, c.path, c.body, false)
-		e := decode[apiError](t, resp, c.status)
+		e := decode[APIError](t, resp, c.status)
 		if !strings.Contains(e.Error, c.want) {
 			t.Errorf("%s %s: error %q, want it to mention %q", c.method, c.path, e.Error, c.want)
+		}
+		if c.status == 405 && resp.Header.Get("Allow") == "" {
+			t.Errorf("%s %s: 405 without Allow", c.method, c.path)
 		}
 	}
 	// Nothing was evicted by the bad requests.
@@ -156,7 +185,7 @@ func TestAPIToken(t *testing.T) {
 	lc.join(t, "llama", "a")
 	for _, p := range []string{"/api/v1/jobs", "/api/v1/jobs/llama", "/metrics", "/api/v1/nothing"} {
 		resp := lc.request(t, "GET", p, "", false)
-		e := decode[apiError](t, resp, http.StatusUnauthorized)
+		e := decode[APIError](t, resp, http.StatusUnauthorized)
 		if !strings.Contains(e.Error, "token") || resp.Header.Get("WWW-Authenticate") == "" {
 			t.Errorf("%s without token: %+v", p, e)
 		}
@@ -172,73 +201,12 @@ func TestAPIToken(t *testing.T) {
 		t.Fatalf("wrong token: %d", resp.StatusCode)
 	}
 	resp = lc.request(t, "POST", "/api/v1/jobs/llama/members/a/evict", "", false)
-	decode[apiError](t, resp, 401)
+	decode[APIError](t, resp, 401)
 	decode[[]membership.JobSummary](t, lc.request(t, "GET", "/api/v1/jobs", "", true), 200)
 	// The page and the health check stay open (the page asks for the token).
 	for _, p := range []string{"/", "/healthz"} {
 		if resp := lc.request(t, "GET", p, "", false); resp.StatusCode != 200 {
 			t.Errorf("%s: %d", p, resp.StatusCode)
 		}
-	}
-}
-
-func TestConfigErrors(t *testing.T) {
-	env := map[string]string{}
-	getenv := func(k string) string { return env[k] }
-	var out, errb bytes.Buffer
-	run1 := func(args ...string) int {
-		out.Reset()
-		errb.Reset()
-		return run(args, getenv, &out, &errb)
-	}
-	if code := run1(); code != 2 || !strings.Contains(errb.String(), "Usage") {
-		t.Fatalf("no args: %d %q", code, errb.String())
-	}
-	if code := run1("frobnicate"); code != 2 || !strings.Contains(errb.String(), `unknown command "frobnicate"`) {
-		t.Fatalf("unknown: %d %q", code, errb.String())
-	}
-	code := run1("serve", "-listen", "nope", "-session-ttl", "1s", "-tls-cert", "c.pem", "-etcd-password", "pw", "-root", "x", "-log-level", "loud")
-	msg := errb.String()
-	if code != 2 {
-		t.Fatalf("exit %d", code)
-	}
-	for _, want := range []string{`-listen "nope"`, "-session-ttl 1s", "-tls-cert and -tls-key", "-etcd-password needs -etcd-user", `-root "x"`, `-log-level "loud"`} {
-		if !strings.Contains(msg, want) {
-			t.Errorf("message lacks %q:\n%s", want, msg)
-		}
-	}
-	if code := run1("serve", "-min-replicas", "many"); code != 2 || !strings.Contains(errb.String(), "invalid value") {
-		t.Fatalf("bad int: %d %q", code, errb.String())
-	}
-	// Environment variables set flags; the command line wins.
-	env["FTCOORD_MIN_REPLICAS"] = "0"
-	env["FTCOORD_GOSSIP_KEY"] = "abcd"
-	if code := run1("serve"); code != 2 || !strings.Contains(errb.String(), "-min-replicas 0") || !strings.Contains(errb.String(), "SecretKey has 2 bytes") {
-		t.Fatalf("env: %d %q", code, errb.String())
-	}
-	env["FTCOORD_MIN_REPLICAS"] = "x"
-	if code := run1("serve"); code != 2 || !strings.Contains(errb.String(), `FTCOORD_MIN_REPLICAS="x"`) {
-		t.Fatalf("bad env: %d %q", code, errb.String())
-	}
-	delete(env, "FTCOORD_MIN_REPLICAS")
-	delete(env, "FTCOORD_GOSSIP_KEY")
-	cfg := defaultServeConfig()
-	env["FTCOORD_JOIN_TIMEOUT"] = "3s"
-	fsCfg := cfg
-	fs := newServeFlagSet(&fsCfg)
-	if err := parseFlags(fs, []string{"-join-timeout", "5s"}, getenv); err != nil || fsCfg.JoinTimeout != 5*time.Second {
-		t.Fatalf("flag should win over env: %v %v", err, fsCfg.JoinTimeout)
-	}
-	fsCfg = cfg
-	fs = newServeFlagSet(&fsCfg)
-	if err := parseFlags(fs, nil, getenv); err != nil || fsCfg.JoinTimeout != 3*time.Second {
-		t.Fatalf("env not applied: %v %v", err, fsCfg.JoinTimeout)
-	}
-	if code := run1("status", "-addr", "ftp://x"); code != 2 || !strings.Contains(errb.String(), "-addr") {
-		t.Fatalf("status: %d %q", code, errb.String())
-	}
-	if def := defaultServeConfig(); def.validate() != nil {
-		err := def.validate()
-		t.Fatalf("defaults invalid: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -35,9 +35,11 @@ type api struct {
 	token    string
 	gatherer prometheus.Gatherer
 	lg       *zap.Logger
+	keepOut  time.Duration // of an eviction, unless the request says
 }
 
-type apiError struct {
+// APIError is the body of every error answer.
+type APIError struct {
 	Error string `json:"error"`
 }
 
@@ -54,10 +56,34 @@ func (a *api) handler() http.Handler {
 	mux.Handle("GET /api/v1/jobs/{job}/history", a.auth(http.HandlerFunc(a.history)))
 	mux.Handle("POST /api/v1/jobs/{job}/members/{id}/evict", a.auth(http.HandlerFunc(a.evict)))
 	mux.Handle("/api/", a.auth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if allow := allowed(mux, r); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeError(w, http.StatusMethodNotAllowed, fmt.Errorf("%s %s: method not allowed (allowed: %s)", r.Method, r.URL.Path, strings.Join(allow, ", ")))
+			return
+		}
 		writeError(w, http.StatusNotFound, fmt.Errorf("no API endpoint %s %s", r.Method, r.URL.Path))
 	})))
 	return mux
 }
+
+// allowed returns the methods an API path answers to, other than r's.
+func allowed(mux *http.ServeMux, r *http.Request) []string {
+	var out []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		if m == r.Method {
+			continue
+		}
+		r2 := r.Clone(r.Context())
+		r2.Method = m
+		if _, pattern := mux.Handler(r2); pattern != "" && pattern != "/api/" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// maxBody bounds request bodies; a larger one is refused with 413.
+const maxBody = 64 << 10
 
 // auth demands the bearer token when one is configured.
 func (a *api) auth(h http.Handler) http.Handler {
@@ -86,7 +112,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, err error) {
-	writeJSON(w, status, apiError{Error: err.Error()})
+	writeJSON(w, status, APIError{Error: err.Error()})
 }
 
 // fail maps membership errors to HTTP statuses.
@@ -123,7 +149,8 @@ func (a *api) healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "leader": a.coord.IsLeader()})
 }
 
-type coordinatorInfo struct {
+// CoordinatorInfo is GET /api/v1/coordinator.
+type CoordinatorInfo struct {
 	Name       string   `json:"name"`
 	Leader     string   `json:"leader"`
 	IsLeader   bool     `json:"isLeader"`
@@ -139,7 +166,7 @@ func (a *api) coordinator(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, coordinatorInfo{Name: a.coord.Name(), Leader: leader, IsLeader: a.coord.IsLeader(),
+	writeJSON(w, http.StatusOK, CoordinatorInfo{Name: a.coord.Name(), Leader: leader, IsLeader: a.coord.IsLeader(),
 		GossipAddr: a.coord.GossipAddr(), Etcd: a.cli.Endpoints()})
 }
 
@@ -154,8 +181,8 @@ func (a *api) jobs(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, jobs)
 }
 
-// jobDetail is GET /api/v1/jobs/{job}.
-type jobDetail struct {
+// JobDetail is GET /api/v1/jobs/{job}.
+type JobDetail struct {
 	membership.JobView
 	// Waiting is why no quorum forms (leader only; "" elsewhere or when
 	// none is needed).
@@ -171,7 +198,7 @@ func (a *api) job(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, err)
 		return
 	}
-	d := jobDetail{JobView: v}
+	d := JobDetail{JobView: v}
 	if st, ok := a.coord.Status(v.Job); ok {
 		d.Waiting = st.Waiting
 	}
@@ -224,12 +251,30 @@ func (a *api) history(w http.ResponseWriter, r *http.Request) {
 type evictRequest struct {
 	By     string `json:"by"`
 	Reason string `json:"reason"`
+	// KeepOut is how long the member may not register again, as a Go
+	// duration ("90s", "10m"; "0s": not at all); default the
+	// coordinator's (-evict-keep-out).
+	KeepOut string `json:"keepOut"`
+}
+
+// EvictAnswer is the answer to an eviction.
+type EvictAnswer struct {
+	Evicted string `json:"evicted"`
+	Job     string `json:"job"`
+	// KeptOutUntil is when the member may register again (absent: at
+	// once).
+	KeptOutUntil *time.Time `json:"keptOutUntil,omitempty"`
 }
 
 func (a *api) evict(w http.ResponseWriter, r *http.Request) {
 	var req evictRequest
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<16))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Errorf("body larger than %d bytes", tooBig.Limit))
+			return
+		}
 		writeError(w, http.StatusBadRequest, fmt.Errorf("reading body: %v", err))
 		return
 	}
@@ -237,7 +282,14 @@ func (a *api) evict(w http.ResponseWriter, r *http.Request) {
 		dec := json.NewDecoder(strings.NewReader(string(body)))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&req); err != nil {
-			writeError(w, http.StatusBadRequest, fmt.Errorf("body: want {\"by\": …, \"reason\": …}: %v", err))
+			writeError(w, http.StatusBadRequest, fmt.Errorf("body: want {\"by\": …, \"reason\": …, \"keepOut\": \"10m\"}: %v", err))
+			return
+		}
+	}
+	keepOut := a.keepOut
+	if req.KeepOut != "" {
+		if keepOut, err = time.ParseDuration(req.KeepOut); err != nil || keepOut < 0 {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("keepOut %q: want a duration such as \"10m\" (\"0s\": none)", req.KeepOut))
 			return
 		}
 	}
@@ -251,10 +303,15 @@ func (a *api) evict(w http.ResponseWriter, r *http.Request) {
 	job, id := r.PathValue("job"), r.PathValue("id")
 	ctx, cancel := reqCtx(r)
 	defer cancel()
-	if err := a.coord.Evict(ctx, job, id, by); err != nil {
+	until, err := a.coord.EvictFor(ctx, job, id, by, keepOut)
+	if err != nil {
 		a.fail(w, err)
 		return
 	}
-	a.lg.Info("evicted", zap.String("job", job), zap.String("member", id), zap.String("by", by))
-	writeJSON(w, http.StatusOK, map[string]string{"evicted": id, "job": job})
+	ans := EvictAnswer{Evicted: id, Job: job}
+	if !until.IsZero() {
+		ans.KeptOutUntil = &until
+	}
+	a.lg.Info("evicted", zap.String("job", job), zap.String("member", id), zap.String("by", by), zap.Time("kept out until", until))
+	writeJSON(w, http.StatusOK, ans)
 }

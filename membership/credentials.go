@@ -1,0 +1,285 @@
+package membership
+
+import (
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// CredentialsEnv names the environment variable that holds the path of a
+// trainer's credentials file (ft.Config reads it when its Credentials
+// field is empty).
+const CredentialsEnv = "FTCOMM_CREDENTIALS"
+
+// CredentialsVersion is the format version Credentials files carry.
+const CredentialsVersion = 1
+
+// Credentials are what a member (a trainer) needs to take part in the
+// jobs of a secured coordinator, in one JSON file (written 0600 by
+// `ftcoord serve`, by default <data-dir>/trainer-credentials.json):
+//
+//	{"version": 1, "endpoints": ["10.0.0.5:2379"], "root": "/ftcomm",
+//	 "caCert": "-----BEGIN CERTIFICATE-----…", "cert": "…", "key": "…",
+//	 "user": "", "password": "",
+//	 "quorumKeys": [{"id": "…", "ed25519": "<base64>"}],
+//	 "gossipKey": "<base64>"}
+//
+// Every field may be empty: the etcd endpoints and key root; the CA that
+// signs etcd's server certificate; a client certificate and key (etcd's
+// client-cert authentication takes the user from its common name); an
+// etcd user and password (for a cluster that uses passwords instead);
+// the coordinators' quorum-verification keys (members then act only on
+// quorums signed with one of them); and the gossip encryption key.
+type Credentials struct {
+	Version    int         `json:"version"`
+	Endpoints  []string    `json:"endpoints,omitempty"`
+	Root       string      `json:"root,omitempty"`
+	CACert     string      `json:"caCert,omitempty"`
+	Cert       string      `json:"cert,omitempty"`
+	Key        string      `json:"key,omitempty"`
+	User       string      `json:"user,omitempty"`
+	Password   string      `json:"password,omitempty"`
+	QuorumKeys []QuorumKey `json:"quorumKeys,omitempty"`
+	GossipKey  []byte      `json:"gossipKey,omitempty"`
+}
+
+// LoadCredentials reads a credentials file.
+func LoadCredentials(path string) (*Credentials, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("membership: credentials: %w", err)
+	}
+	var c Credentials
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, fmt.Errorf("%w: membership: credentials file %s: %v", comm.ErrInvalidArgument, path, err)
+	}
+	if c.Version != CredentialsVersion {
+		return nil, fmt.Errorf("%w: membership: credentials file %s has version %d; this program reads version %d",
+			comm.ErrInvalidArgument, path, c.Version, CredentialsVersion)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("%w (in %s)", err, path)
+	}
+	return &c, nil
+}
+
+// CredentialsFromEnv loads the file CredentialsEnv names; nil and no
+// error when it is unset.
+func CredentialsFromEnv() (*Credentials, error) {
+	path := os.Getenv(CredentialsEnv)
+	if path == "" {
+		return nil, nil
+	}
+	c, err := LoadCredentials(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", CredentialsEnv, err)
+	}
+	return c, nil
+}
+
+// LoadCredentialsOrEnv loads the file at path, or when path is empty the
+// one CredentialsEnv names; nil and no error when neither is set. The
+// methods of a nil *Credentials add nothing (ClientConfig, ApplyMember).
+func LoadCredentialsOrEnv(path string) (*Credentials, error) {
+	if path == "" {
+		return CredentialsFromEnv()
+	}
+	return LoadCredentials(path)
+}
+
+// Validate says what is wrong with the credentials, if anything.
+func (c *Credentials) Validate() error {
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("%w: membership: credentials: "+f, append([]any{comm.ErrInvalidArgument}, a...)...)
+	}
+	if (c.Cert == "") != (c.Key == "") {
+		return bad("a client certificate and its key go together")
+	}
+	if c.Password != "" && c.User == "" {
+		return bad("a password needs a user")
+	}
+	switch len(c.GossipKey) {
+	case 0, 16, 24, 32:
+	default:
+		return bad("gossip key has %d bytes; want 16, 24 or 32", len(c.GossipKey))
+	}
+	for _, k := range c.QuorumKeys {
+		if len(k.Ed25519) != 32 {
+			return bad("quorum key %q has %d bytes; want 32", k.ID, len(k.Ed25519))
+		}
+	}
+	if _, err := c.TLS(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Write stores the credentials at path, readable by the owner only.
+func (c *Credentials) Write(path string) error {
+	cc := *c
+	cc.Version = CredentialsVersion
+	b, err := json.MarshalIndent(cc, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(path, append(b, '\n'), 0o600)
+}
+
+// TLS returns the client TLS configuration (nil when the credentials
+// hold neither a CA nor a client certificate).
+func (c *Credentials) TLS() (*tls.Config, error) {
+	if c.CACert == "" && c.Cert == "" {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.CACert != "" {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(c.CACert)) {
+			return nil, fmt.Errorf("%w: membership: credentials: caCert holds no PEM certificate", comm.ErrInvalidArgument)
+		}
+		tc.RootCAs = pool
+	}
+	if c.Cert != "" {
+		cert, err := tls.X509KeyPair([]byte(c.Cert), []byte(c.Key))
+		if err != nil {
+			return nil, fmt.Errorf("%w: membership: credentials: client certificate: %v", comm.ErrInvalidArgument, err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+// ClientConfig is ClientConfig (ftcomm's client settings) with these
+// credentials; endpoints nil: the credentials' own. On nil credentials it
+// is ClientConfig(endpoints, lg).
+func (c *Credentials) ClientConfig(endpoints []string, lg *zap.Logger) (clientv3.Config, error) {
+	if c == nil {
+		return ClientConfig(endpoints, lg), nil
+	}
+	if len(endpoints) == 0 {
+		endpoints = c.Endpoints
+	}
+	if len(endpoints) == 0 {
+		return clientv3.Config{}, fmt.Errorf("%w: membership: credentials name no etcd endpoints, and none were given", comm.ErrInvalidArgument)
+	}
+	cfg := ClientConfig(endpoints, lg)
+	tc, err := c.TLS()
+	if err != nil {
+		return cfg, err
+	}
+	cfg.TLS, cfg.Username, cfg.Password = tc, c.User, c.Password
+	return cfg, nil
+}
+
+// NewClient connects with these credentials to their endpoints.
+func (c *Credentials) NewClient(lg *zap.Logger) (*clientv3.Client, error) {
+	cfg, err := c.ClientConfig(nil, lg)
+	if err != nil {
+		return nil, err
+	}
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("membership: connect to %v: %w", cfg.Endpoints, err)
+	}
+	return cli, nil
+}
+
+// Verifier returns the verifier of the quorum keys (nil when there are
+// none: quorums are then taken unverified).
+func (c *Credentials) Verifier() *QuorumVerifier {
+	if len(c.QuorumKeys) == 0 {
+		return nil
+	}
+	return NewQuorumVerifier(c.QuorumKeys...)
+}
+
+// ApplyMember fills what a member configuration leaves empty from the
+// credentials: the key root, the quorum verifier, and the gossip key (when
+// gossip is on; the GossipConfig is copied, not changed in place). On nil
+// credentials it does nothing.
+func (c *Credentials) ApplyMember(mc *MemberConfig) {
+	if c == nil {
+		return
+	}
+	if mc.Root == "" && c.Root != "" {
+		mc.Root = c.Root
+	}
+	if mc.QuorumVerifier == nil {
+		mc.QuorumVerifier = c.Verifier()
+	}
+	if mc.Gossip != nil && len(mc.Gossip.SecretKey) == 0 && len(c.GossipKey) > 0 {
+		g := *mc.Gossip
+		g.SecretKey = slices.Clone(c.GossipKey)
+		mc.Gossip = &g
+	}
+}
+
+// CoordinatorSecrets are the keys coordinators hold and trainers must
+// not: the quorum-signing key and the gossip key (trainers get the gossip
+// key and the public half of the signing key in their Credentials).
+// Coordinators that share a job root must share these; `ftcoord serve`
+// keeps them in <data-dir>/coordinator-secrets.json (0600).
+type CoordinatorSecrets struct {
+	Version int `json:"version"`
+	// QuorumSigningKey is an ed25519 seed (32 bytes).
+	QuorumSigningKey []byte `json:"quorumSigningKey"`
+	// GossipKey encrypts gossip (memberlist's SecretKey, 32 bytes).
+	GossipKey []byte `json:"gossipKey"`
+}
+
+// LoadOrCreateCoordinatorSecrets reads the secrets at path, or creates
+// them with fresh random keys if the file does not exist (created
+// reports which). Two processes creating at once end up with the same
+// keys: the file is created exclusively.
+func LoadOrCreateCoordinatorSecrets(path string) (s *CoordinatorSecrets, created bool, err error) {
+	s = &CoordinatorSecrets{Version: CredentialsVersion, QuorumSigningKey: make([]byte, 32), GossipKey: make([]byte, 32)}
+	if _, err := rand.Read(s.QuorumSigningKey); err != nil {
+		return nil, false, err
+	}
+	if _, err := rand.Read(s.GossipKey); err != nil {
+		return nil, false, err
+	}
+	b, _ := json.MarshalIndent(s, "", "  ")
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	switch {
+	case err == nil:
+		_, err = f.Write(append(b, '\n'))
+		if e := f.Close(); err == nil {
+			err = e
+		}
+		if err != nil {
+			os.Remove(path)
+			return nil, false, fmt.Errorf("membership: write coordinator secrets %s: %w", path, err)
+		}
+		return s, true, nil
+	case !errors.Is(err, os.ErrExist):
+		return nil, false, fmt.Errorf("membership: coordinator secrets: %w", err)
+	}
+	b, err = os.ReadFile(path)
+	if err != nil {
+		return nil, false, fmt.Errorf("membership: coordinator secrets: %w", err)
+	}
+	s = new(CoordinatorSecrets)
+	if err := json.Unmarshal(b, s); err != nil {
+		return nil, false, fmt.Errorf("%w: membership: coordinator secrets %s: %v", comm.ErrInvalidArgument, path, err)
+	}
+	if len(s.QuorumSigningKey) != 32 || len(s.GossipKey) != 32 {
+		return nil, false, fmt.Errorf("%w: membership: coordinator secrets %s: want 32-byte quorumSigningKey and gossipKey", comm.ErrInvalidArgument, path)
+	}
+	return s, false, nil
+}
+
+// Signer returns the quorum signer of the secrets.
+func (s *CoordinatorSecrets) Signer() (*QuorumSigner, error) {
+	return NewQuorumSigner(s.QuorumSigningKey)
+}

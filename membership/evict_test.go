@@ -1,0 +1,63 @@
+package membership
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Issue 14 item 8: an evicted member used to register again at once (ft
+// re-registers within 50 ms). It is kept out for the time asked, told
+// until when, and let back in after.
+func TestEvictKeepsOut(t *testing.T) {
+	tj := startTestJob(t, DefaultQuorumConfig(), false)
+	a, b := tj.join("a", nil), tj.join("b", nil)
+	q := waitQuorum(t, a, 0, "a", "b")
+	ctx := testCtx(t, 30*time.Second)
+	start := time.Now()
+	until, err := tj.coord.EvictFor(ctx, tj.job, "b", "test", 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := until.Sub(start); d < 2*time.Second || d > 3*time.Second {
+		t.Fatalf("kept out until %v after eviction", d)
+	}
+	<-b.Done()
+	waitQuorum(t, a, q.Epoch, "a")
+	_, err = Join(ctx, MemberConfig{Client: tj.cli, Job: tj.job, ID: "b", Addr: "b:1"})
+	var kept *KeptOutError
+	if !errors.As(err, &kept) || !errors.Is(err, ErrKeptOut) || !kept.Until.Equal(until) || kept.By != "test" {
+		t.Fatalf("rejoin: %v", err)
+	}
+	// The record goes with its lease; then b may come back.
+	k := Keys{}.Evicted(tj.job, "b")
+	resp, err := tj.cli.Get(ctx, k)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("keep-out record: %v %v", resp, err)
+	}
+	var ko KeepOut
+	if json.Unmarshal(resp.Kvs[0].Value, &ko) != nil || !ko.Until.Equal(until) {
+		t.Fatalf("keep-out record %s", resp.Kvs[0].Value)
+	}
+	for wr := range tj.cli.Watch(ctx, k, clientv3.WithRev(resp.Header.Revision+1)) {
+		if len(wr.Events) > 0 && wr.Events[0].Type == mvccpb.DELETE {
+			break
+		}
+	}
+	if time.Now().Before(until.Add(-time.Second)) {
+		t.Fatalf("the keep-out ended early")
+	}
+	b2 := tj.join("b", nil)
+	waitQuorum(t, b2, 0, "a", "b")
+
+	// Without a keep-out, nothing is stored and b may come back at once.
+	if until, err := tj.coord.EvictFor(ctx, tj.job, "b", "test", 0); err != nil || !until.IsZero() {
+		t.Fatalf("evict without keep-out: %v %v", until, err)
+	}
+	<-b2.Done()
+	tj.join("b", nil)
+}
