@@ -58,7 +58,7 @@ func runChaos(t *testing.T, cfg Config) *Report {
 // logged, not asserted.
 func TestChaosMix(t *testing.T) {
 	cfg := DefaultConfig()
-	cfg.Duration = 135 * time.Second // 9 faults: one of each kind
+	cfg.Duration = 9*cfg.MTBF + 5*time.Second // 9 faults: one of each kind
 	cfg.Seed = uint64(time.Now().UnixNano())
 	runChaos(t, cfg)
 }

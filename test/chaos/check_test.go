@@ -345,3 +345,32 @@ func TestCheckFalseDeaths(t *testing.T) {
 		t.Fatalf("false deaths %v, outage removals %d, violations %v", a.FalseDeaths, a.OutageRemovals, a.Violations)
 	}
 }
+
+func TestCheckZombieFenced(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		after int // commits in the old epoch after SIGCONT
+		want  []string
+	}{{"finishes its step", 1, nil}, {"keeps going", 2, []string{invFencing}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t)
+			s.start("a#1", "b#1")
+			s.commit(1, 0b11, "a#1", "b#1")
+			f := &Fault{Kind: FaultStop, Targets: []string{"b"}, Affects: []string{"b"}, Silent: true, Start: time.Unix(0, s.tick())}
+			s.faults = append(s.faults, f)
+			f.End = time.Unix(0, s.tick())
+			for range tc.after {
+				s.commit(1, 0b11, "b#1")
+			}
+			var got []string
+			for _, v := range s.check(false, false).Violations {
+				if v.Invariant == invFencing {
+					got = append(got, v.Invariant)
+				}
+			}
+			if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

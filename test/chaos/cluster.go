@@ -81,6 +81,12 @@ func newCluster(topology, ftcoord, self, dir, host string, rec *recorder) (*clus
 // endpoints are what trainers dial.
 func (c *cluster) endpoints() []string { return []string{c.client} }
 
+// credentialsFile is where coordinator i writes the trainers' credentials
+// (the same keys for every instance).
+func (c *cluster) credentialsFile(i int) string {
+	return filepath.Join(c.dir, "trainer-credentials-"+c.coords[i].name+".json")
+}
+
 func (c *cluster) start(ctx context.Context) error {
 	if c.topology == "cluster" {
 		if err := c.startEtcd(); err != nil {
@@ -132,9 +138,12 @@ func (c *cluster) startCoord(i int) error {
 	cp := c.coords[i]
 	addrFile := filepath.Join(c.dir, cp.name+".url")
 	os.Remove(addrFile)
+	// Secured as by default: the instances share one secrets file (the
+	// quorum-signing and gossip keys) and write the trainers' credentials.
 	args := []string{"serve", "-name", cp.name, "-listen", "127.0.0.1:0", "-addr-file", addrFile,
 		"-min-replicas", "1", "-join-timeout", "500ms", "-session-ttl", "2s", "-history", "10000",
-		"-gossip-addr", net.JoinHostPort(c.host, "0"), "-shutdown-timeout", "5s", "-data-dir", cp.dataDir}
+		"-gossip-addr", net.JoinHostPort(c.host, "0"), "-shutdown-timeout", "5s", "-data-dir", cp.dataDir,
+		"-secrets-file", filepath.Join(c.dir, "coordinator-secrets.json"), "-credentials-file", c.credentialsFile(i)}
 	if c.topology == "cluster" {
 		args = append(args, "-etcd", c.client)
 	} else {

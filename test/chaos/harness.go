@@ -249,7 +249,7 @@ func (h *harness) spawn(name string) error {
 	r.launch++
 	launch := r.launch
 	h.mu.Unlock()
-	spec := replicaSpec{Job: job, Name: name, Index: r.index, Endpoints: r.place.endpoints, Host: r.place.host,
+	spec := replicaSpec{Job: job, Name: name, Index: r.index, Credentials: h.cl.credentialsFile(0), Endpoints: r.place.endpoints, Host: r.place.host,
 		GlooListen: r.place.glooListen, GlooAdvertise: r.place.glooAdvertise, Gossip: r.place.gossip,
 		Params: h.cfg.Params, StepTime: h.cfg.StepTime, Timeout: h.cfg.Timeout, LeaseTTL: h.cfg.LeaseTTL,
 		MinReplicas: 1, Durable: h.cfg.Durable, Secret: h.secret, SlowOp: h.cfg.Timeout / 2}

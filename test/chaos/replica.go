@@ -29,10 +29,14 @@ const replicaEnv = "FTCOMM_CHAOS_REPLICA"
 
 // replicaSpec is what the harness tells a replica process.
 type replicaSpec struct {
-	Job       string
-	Name      string // its replica group
-	Index     int    // its slot (0..maxReplicas-1)
-	Endpoints []string
+	Job  string
+	Name string // its replica group
+	// Credentials is the trainer credentials file ftcoord wrote (TLS, the
+	// quorum-verification and gossip keys); Endpoints override its etcd
+	// endpoints (the proxy network's).
+	Credentials string
+	Index       int // its slot (0..maxReplicas-1)
+	Endpoints   []string
 	// Host is the address it binds (its network namespace's); GlooListen
 	// and GlooAdvertise override gloo's listen address and advertised host
 	// (the proxy network).
@@ -156,7 +160,7 @@ func runReplica(specJSON string) int {
 		emit(ev)
 	}
 	ctx := context.Background()
-	c, err := ft.New(ctx, ft.Config{Job: spec.Job, Group: spec.Name, Coordinator: spec.Endpoints, Member: mc,
+	c, err := ft.New(ctx, ft.Config{Job: spec.Job, Group: spec.Name, Coordinator: spec.Endpoints, Credentials: spec.Credentials, Member: mc,
 		Backend: "gloo", BackendConfig: gcfg, Secret: spec.Secret, RecoveryAddr: net.JoinHostPort(spec.Host, "0"),
 		MinReplicas: spec.MinReplicas, Timeout: spec.Timeout, MaxCommitFailures: 1 << 20, DurableCommit: spec.Durable,
 		OnEvent: onEvent, Logger: log})

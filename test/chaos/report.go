@@ -53,7 +53,11 @@ type Report struct {
 	Heals       int   `json:"heals"`
 	HealedBytes int64 `json:"healedBytes"`
 	Rollbacks   int   `json:"rollbacks"`
-	Redone      int   `json:"redoneSteps"` // steps committed by two epochs with different states
+	// RolledBackSteps: steps the rollbacks discarded, MaxRollback the
+	// most one rollback discarded.
+	RolledBackSteps int   `json:"rolledBackSteps"`
+	MaxRollback     int64 `json:"maxRollback"`
+	Redone          int   `json:"redoneSteps"` // steps committed by two epochs with different states
 	// How the survivors' pending ops failed when a peer was SIGKILLed.
 	KillErrors map[string]int `json:"killErrors"`
 	// FalseDeaths: the coordinator removed a replica that no fault
@@ -174,6 +178,7 @@ func buildReport(cfg Config, network string, evs []Event, faults []*Fault, a *an
 			Margin: cfg.Margin.String(), Hog: cfg.Hog, CPUs: hogs()},
 		Network: network, FaultsByKind: map[FaultKind]int{}, ByKind: map[FaultKind]KindStat{},
 		Attempts: a.Attempts, Commits: a.Commits, Lost: a.Lost, FinalStep: a.FinalStep, Rollbacks: a.Rollbacks,
+		RolledBackSteps: a.RolledBack, MaxRollback: a.MaxRollback,
 		Redone: a.Redone, KillErrors: a.KillErrors, Violations: a.Violations, FalseDeaths: a.FalseDeaths,
 		OutageRemovals: a.OutageRemovals,
 		NemesisSeconds: nemesisEnd.Sub(nemesisStart).Seconds(),
@@ -274,8 +279,8 @@ func (r *Report) Table() string {
 		r.Faults, r.NemesisSeconds, r.FaultErrors, r.Epochs, r.FinalStep)
 	fmt.Fprintf(&b, "  step efficiency %.1f%% (%d commits kept of %d attempts, %d lost); steps/s %.1f fault-free, %.1f under faults\n",
 		100*r.Efficiency, r.Commits-r.Lost, r.Attempts, r.Lost, r.StepRateFaultFree, r.StepRateNemesis)
-	fmt.Fprintf(&b, "  healed %d times, %.1f MiB; %d rollbacks; %d steps redone by a newer epoch\n",
-		r.Heals, float64(r.HealedBytes)/(1<<20), r.Rollbacks, r.Redone)
+	fmt.Fprintf(&b, "  healed %d times, %.1f MiB; %d rollbacks discarding %d steps (at most %d at once); %d steps redone by a newer epoch\n",
+		r.Heals, float64(r.HealedBytes)/(1<<20), r.Rollbacks, r.RolledBackSteps, r.MaxRollback, r.Redone)
 	fmt.Fprintf(&b, "  false deaths (a replica no fault touched removed by the coordinator): %d; removals during coordinator outages: %d\n",
 		len(r.FalseDeaths), r.OutageRemovals)
 	for _, v := range r.FalseDeaths {
