@@ -65,7 +65,13 @@ type analysis struct {
 	MaxRollback int64
 	Redone      int   // steps committed by two epochs with different states
 	FinalStep   int64 // the job's final committed step
-	FinalHash   uint64
+	// Forks: epochs that committed a step the job had already committed
+	// in another epoch (a minority's step redone, or replicas behind the
+	// job starting over from their own state); ForkDepth: how far behind
+	// the job's newest step the deepest one started.
+	Forks     int
+	ForkDepth int64
+	FinalHash uint64
 	// FalseDeaths: removals of replicas that no fault touched;
 	// OutageRemovals: those during a coordinator or etcd outage.
 	FalseDeaths    []Violation
@@ -233,6 +239,23 @@ func check(in checkInput) *analysis {
 	parent := map[stepHash]uint64{}
 	var rollbacks = map[string][]Event{}
 	var finals []Event
+
+	var jobMax int64
+	firstEpoch := map[int64]uint64{} // step → the epoch that first committed it
+	forked := map[uint64]bool{}
+	for _, e := range in.Events {
+		if e.Kind == evCommit {
+			if first, ok := firstEpoch[e.Step]; ok && first != e.Epoch && !forked[e.Epoch] && e.Epoch > first {
+				forked[e.Epoch] = true
+				a.Forks++
+				a.ForkDepth = max(a.ForkDepth, jobMax-e.Step+1)
+			}
+			if _, ok := firstEpoch[e.Step]; !ok {
+				firstEpoch[e.Step] = e.Epoch
+			}
+			jobMax = max(jobMax, e.Step)
+		}
+	}
 
 	for _, e := range in.Events {
 		switch e.Kind {

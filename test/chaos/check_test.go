@@ -150,8 +150,8 @@ func TestCheckRedoneStepToldIsKept(t *testing.T) {
 	partialCommit(s, true)
 	a := s.check(false, false)
 	expect(t, a)
-	if a.Lost != 2 || a.Redone != 1 || a.Rollbacks != 2 {
-		t.Fatalf("lost %d, redone %d, rollbacks %d; want 2, 1, 2", a.Lost, a.Redone, a.Rollbacks)
+	if a.Lost != 2 || a.Redone != 1 || a.Rollbacks != 2 || a.Forks != 1 || a.ForkDepth != 1 {
+		t.Fatalf("lost %d, redone %d, rollbacks %d, forks %d (depth %d); want 2, 1, 2, 1 (1)", a.Lost, a.Redone, a.Rollbacks, a.Forks, a.ForkDepth)
 	}
 }
 

@@ -33,6 +33,7 @@ type cluster struct {
 	peer     string // etcd's peer address (fixed: its data names it)
 	rec      *recorder
 	http     *http.Client
+	gossip   GossipTuning
 
 	mu     sync.Mutex
 	etcd   *child
@@ -144,6 +145,10 @@ func (c *cluster) startCoord(i int) error {
 		"-min-replicas", "1", "-join-timeout", "500ms", "-session-ttl", "2s", "-history", "10000",
 		"-gossip-addr", net.JoinHostPort(c.host, "0"), "-shutdown-timeout", "5s", "-data-dir", cp.dataDir,
 		"-secrets-file", filepath.Join(c.dir, "coordinator-secrets.json"), "-credentials-file", c.credentialsFile(i)}
+	if g := c.gossip; g.Probe > 0 {
+		args = append(args, "-gossip-probe-interval", g.Probe.String(), "-gossip-probe-timeout", g.ProbeTimeout.String(),
+			"-gossip-suspicion-mult", fmt.Sprint(g.Suspicion))
+	}
 	if c.topology == "cluster" {
 		args = append(args, "-etcd", c.client)
 	} else {

@@ -34,6 +34,9 @@ type Config struct {
 	Margin time.Duration
 	// Hog starts this many CPU-burning processes beside the run.
 	Hog int
+	// Gossip tunes failure detection by gossip (replicas and
+	// coordinators alike); zero fields keep membership.DefaultGossipConfig.
+	Gossip GossipTuning
 	// StrictDeaths fails the run on a false death (the coordinator
 	// removing a replica no fault touched); otherwise they are counted.
 	StrictDeaths bool
@@ -69,6 +72,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("chaos: lease TTL %v is below etcd's minimum of 2s", c.LeaseTTL)
 	case c.Timeout <= 0 || c.StepTime < 0 || c.Margin < 0 || c.Hog < 0:
 		return fmt.Errorf("chaos: timeout %v, step time %v, margin %v, hog %d", c.Timeout, c.StepTime, c.Margin, c.Hog)
+	case c.Gossip.Probe < 0 || (c.Gossip.Probe > 0 && (c.Gossip.ProbeTimeout <= 0 || c.Gossip.ProbeTimeout >= c.Gossip.Probe || c.Gossip.Suspicion < 1)):
+		return fmt.Errorf("chaos: gossip probe %v, timeout %v, suspicion ×%d: want a timeout below the probe interval and ×1 or more",
+			c.Gossip.Probe, c.Gossip.ProbeTimeout, c.Gossip.Suspicion)
 	case c.Dir == "":
 		return fmt.Errorf("chaos: no output directory")
 	}
@@ -77,3 +83,10 @@ func (c *Config) Validate() error {
 
 // hogs is the default number of CPU hogs: one per core.
 func hogs() int { return runtime.NumCPU() }
+
+// GossipTuning overrides the gossip profile's probe interval, probe
+// timeout and suspicion multiplier.
+type GossipTuning struct {
+	Probe, ProbeTimeout time.Duration
+	Suspicion           int
+}

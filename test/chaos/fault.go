@@ -49,10 +49,14 @@ func (k FaultKind) needsNetwork() bool {
 	return k == FaultPartition || k == FaultIsolate || k == FaultSlow
 }
 
-// ParseFaults parses a comma-separated list of kinds ("all": every one).
+// ParseFaults parses a comma-separated list of kinds ("all": every one,
+// "none": no fault at all).
 func ParseFaults(s string) ([]FaultKind, error) {
 	if s == "" || s == "all" {
 		return append([]FaultKind(nil), AllFaults...), nil
+	}
+	if s == "none" {
+		return nil, nil
 	}
 	var out []FaultKind
 	for _, f := range strings.Split(s, ",") {

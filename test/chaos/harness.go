@@ -124,6 +124,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if h.cl, err = newCluster(cfg.Topology, cfg.Ftcoord, self, cfg.Dir, h.net.serverHost(), h.rec); err != nil {
 		return nil, err
 	}
+	h.cl.gossip = cfg.Gossip
 	defer h.cl.close()
 	if err := h.cl.start(ctx); err != nil {
 		return nil, fmt.Errorf("chaos: starting the coordinators: %w", err)
@@ -250,7 +251,7 @@ func (h *harness) spawn(name string) error {
 	launch := r.launch
 	h.mu.Unlock()
 	spec := replicaSpec{Job: job, Name: name, Index: r.index, Credentials: h.cl.credentialsFile(0), Endpoints: r.place.endpoints, Host: r.place.host,
-		GlooListen: r.place.glooListen, GlooAdvertise: r.place.glooAdvertise, Gossip: r.place.gossip,
+		GlooListen: r.place.glooListen, GlooAdvertise: r.place.glooAdvertise, Gossip: r.place.gossip, GossipTuning: h.cfg.Gossip,
 		Params: h.cfg.Params, StepTime: h.cfg.StepTime, Timeout: h.cfg.Timeout, LeaseTTL: h.cfg.LeaseTTL,
 		MinReplicas: 1, Durable: h.cfg.Durable, Secret: h.secret, SlowOp: h.cfg.Timeout / 2}
 	b, _ := json.Marshal(spec)

@@ -17,10 +17,14 @@ import (
 // (restarted, continued, healed) before the next begins.
 func (h *harness) nemesis(ctx context.Context) {
 	kinds := h.kinds()
-	if len(kinds) == 0 || h.cfg.Duration == 0 {
+	end := time.Now().Add(h.cfg.Duration)
+	if len(kinds) == 0 { // a run without faults (false deaths under load, say)
+		select {
+		case <-ctx.Done():
+		case <-time.After(h.cfg.Duration):
+		}
 		return
 	}
-	end := time.Now().Add(h.cfg.Duration)
 	next := time.Now()
 	var order []FaultKind
 	for id := 1; ; id++ {

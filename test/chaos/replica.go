@@ -44,6 +44,7 @@ type replicaSpec struct {
 	GlooListen    string
 	GlooAdvertise string
 	Gossip        bool
+	GossipTuning  GossipTuning
 	Params        int
 	StepTime      time.Duration
 	Timeout       time.Duration
@@ -126,6 +127,9 @@ func runReplica(specJSON string) int {
 	if spec.Gossip {
 		g := membership.DefaultGossipConfig()
 		g.BindAddr = net.JoinHostPort(spec.Host, "0")
+		if t := spec.GossipTuning; t.Probe > 0 {
+			g.ProbeInterval, g.ProbeTimeout, g.SuspicionMult = t.Probe, t.ProbeTimeout, t.Suspicion
+		}
 		mc.Gossip = &g
 	}
 	gcfg := gloo.DefaultConfig()

@@ -58,6 +58,11 @@ type Report struct {
 	RolledBackSteps int   `json:"rolledBackSteps"`
 	MaxRollback     int64 `json:"maxRollback"`
 	Redone          int   `json:"redoneSteps"` // steps committed by two epochs with different states
+	// Forks: epochs that committed steps the job had already committed in
+	// another epoch; ForkDepth: how far behind the job's newest step the
+	// deepest started.
+	Forks     int   `json:"forks"`
+	ForkDepth int64 `json:"forkDepth"`
 	// How the survivors' pending ops failed when a peer was SIGKILLed.
 	KillErrors map[string]int `json:"killErrors"`
 	// FalseDeaths: the coordinator removed a replica that no fault
@@ -88,6 +93,7 @@ type Settings struct {
 	LeaseTTL string      `json:"leaseTTL"`
 	Margin   string      `json:"margin"`
 	Hog      int         `json:"hog"`
+	Gossip   string      `json:"gossip"`
 	CPUs     int         `json:"cpus"`
 }
 
@@ -175,11 +181,11 @@ func buildReport(cfg Config, network string, evs []Event, faults []*Fault, a *an
 		Settings: Settings{Replicas: cfg.Replicas, Duration: cfg.Duration.String(), MTBF: cfg.MTBF.String(), Random: cfg.Random,
 			Faults: cfg.Faults, Seed: cfg.Seed, Topology: cfg.Topology, Durable: cfg.Durable, Params: cfg.Params,
 			StepTime: cfg.StepTime.String(), Timeout: cfg.Timeout.String(), LeaseTTL: cfg.LeaseTTL.String(),
-			Margin: cfg.Margin.String(), Hog: cfg.Hog, CPUs: hogs()},
+			Margin: cfg.Margin.String(), Hog: cfg.Hog, CPUs: hogs(), Gossip: gossipString(cfg.Gossip)},
 		Network: network, FaultsByKind: map[FaultKind]int{}, ByKind: map[FaultKind]KindStat{},
 		Attempts: a.Attempts, Commits: a.Commits, Lost: a.Lost, FinalStep: a.FinalStep, Rollbacks: a.Rollbacks,
 		RolledBackSteps: a.RolledBack, MaxRollback: a.MaxRollback,
-		Redone: a.Redone, KillErrors: a.KillErrors, Violations: a.Violations, FalseDeaths: a.FalseDeaths,
+		Redone: a.Redone, Forks: a.Forks, ForkDepth: a.ForkDepth, KillErrors: a.KillErrors, Violations: a.Violations, FalseDeaths: a.FalseDeaths,
 		OutageRemovals: a.OutageRemovals,
 		NemesisSeconds: nemesisEnd.Sub(nemesisStart).Seconds(),
 	}
@@ -273,14 +279,15 @@ func (r *Report) Table() string {
 	s := r.Settings
 	fmt.Fprintf(&b, "chaos run: %d replicas, %s topology, %s network, durable %v, faults every %s (random %v) for %s, seed %d\n",
 		s.Replicas, s.Topology, r.Network, s.Durable, s.MTBF, s.Random, s.Duration, s.Seed)
-	fmt.Fprintf(&b, "  state %d float32s, step compute %s, op timeout %s, lease %s, %d CPUs, %d CPU hogs, load %s → %s\n",
-		s.Params, s.StepTime, s.Timeout, s.LeaseTTL, s.CPUs, s.Hog, r.LoadStart, r.LoadEnd)
+	fmt.Fprintf(&b, "  state %d float32s, step compute %s, op timeout %s, lease %s, gossip %s, %d CPUs, %d CPU hogs, load %s → %s\n",
+		s.Params, s.StepTime, s.Timeout, s.LeaseTTL, s.Gossip, s.CPUs, s.Hog, r.LoadStart, r.LoadEnd)
 	fmt.Fprintf(&b, "  %d faults in %.0f s (%d not fully injected or undone); %d epochs; final step %d\n",
 		r.Faults, r.NemesisSeconds, r.FaultErrors, r.Epochs, r.FinalStep)
 	fmt.Fprintf(&b, "  step efficiency %.1f%% (%d commits kept of %d attempts, %d lost); steps/s %.1f fault-free, %.1f under faults\n",
 		100*r.Efficiency, r.Commits-r.Lost, r.Attempts, r.Lost, r.StepRateFaultFree, r.StepRateNemesis)
 	fmt.Fprintf(&b, "  healed %d times, %.1f MiB; %d rollbacks discarding %d steps (at most %d at once); %d steps redone by a newer epoch\n",
 		r.Heals, float64(r.HealedBytes)/(1<<20), r.Rollbacks, r.RolledBackSteps, r.MaxRollback, r.Redone)
+	fmt.Fprintf(&b, "  %d epochs committed steps the job had already committed (the deepest %d steps behind its newest)\n", r.Forks, r.ForkDepth)
 	fmt.Fprintf(&b, "  false deaths (a replica no fault touched removed by the coordinator): %d; removals during coordinator outages: %d\n",
 		len(r.FalseDeaths), r.OutageRemovals)
 	for _, v := range r.FalseDeaths {
@@ -367,4 +374,11 @@ func loadRun(dir string) ([]Event, []*Fault, error) {
 		}
 	}
 	return evs, faults, nil
+}
+
+func gossipString(g GossipTuning) string {
+	if g.Probe == 0 {
+		return "default (probe 200ms, timeout 100ms, suspicion ×2)"
+	}
+	return fmt.Sprintf("probe %v, timeout %v, suspicion ×%d", g.Probe, g.ProbeTimeout, g.Suspicion)
 }
