@@ -529,23 +529,36 @@ func check(in checkInput) *analysis {
 // fault touched, a timeout only where someone was silent.
 func checkErr(in checkInput, e Event, rankOf map[uint64]map[int]string, faulted func(string, int64) bool,
 	silence func(int64, int64) bool, a *analysis, bad func(int64, string, string, ...any)) {
-	// A kill: how the victim's peers in its epoch learned of it.
+	// A kill: how the victim's peers learned of it, in the ops of its
+	// epoch that were pending when it died. Each must fail with
+	// ErrPeerFailed naming it (an op issued later may be refused by the
+	// revocation that followed: its kind is then ErrRevoked, rightly).
 	for _, f := range in.Faults {
-		if f.Kind == FaultKill && f.Epoch == e.Epoch && e.T >= f.Start.UnixNano() && e.T <= f.Start.Add(in.Linger).UnixNano() &&
-			len(f.Targets) == 1 && f.Targets[0] != e.Replica {
-			k := e.ErrKind
-			if k == "peer-failed" {
-				named := false
-				for _, rk := range e.Failed {
-					named = named || rankOf[e.Epoch][rk] == f.Targets[0]
-				}
-				if named {
-					k += "(victim)"
-				} else {
-					k += "(other)"
-				}
+		kill := f.Start.UnixNano()
+		if f.Kind != FaultKill || len(f.Targets) != 1 || f.Targets[0] == e.Replica || e.T-e.Dur > kill || e.T < kill ||
+			e.ErrKind == "not-participating" {
+			continue
+		}
+		victim := f.Targets[0]
+		if _, was := epochRanksOf(rankOf, e.Epoch)[victim]; !was {
+			continue // not the victim's epoch
+		}
+		k := e.ErrKind
+		if k == "peer-failed" {
+			named := false
+			for _, rk := range e.Failed {
+				named = named || rankOf[e.Epoch][rk] == victim
 			}
-			a.KillErrors[k]++
+			if named {
+				k += "(victim)"
+			} else {
+				k += "(other)"
+			}
+		}
+		a.KillErrors[k]++
+		if k != "peer-failed(victim)" {
+			bad(e.T, invErrKind, "%s: the death of %s (SIGKILL) reached its pending op in epoch %d as %s, not ErrPeerFailed naming it: %s",
+				e.who(), victim, e.Epoch, e.ErrKind, e.Err)
 		}
 	}
 	switch e.ErrKind {
@@ -583,4 +596,13 @@ func replicaOfMember(id string) string {
 		return id[:i]
 	}
 	return id
+}
+
+// epochRanksOf inverts an epoch's rank map: replica → rank.
+func epochRanksOf(rankOf map[uint64]map[int]string, epoch uint64) map[string]int {
+	out := map[string]int{}
+	for rk, r := range rankOf[epoch] {
+		out[r] = rk
+	}
+	return out
 }

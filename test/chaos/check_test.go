@@ -295,14 +295,21 @@ func TestCheckErrorKinds(t *testing.T) {
 		s.faults = append(s.faults, &Fault{Kind: FaultStop, Targets: []string{r}, Affects: []string{r}, Silent: true,
 			Start: time.Unix(0, s.now), End: time.Unix(0, s.now+int64(3*time.Second)), Epoch: 1})
 	}
+	const pending = 50 * time.Millisecond // an op that was pending at the kill
 	for _, tc := range []struct {
 		name string
 		run  func(s *sim)
 		want int
 	}{
-		{"the dead peer named", func(s *sim) { kill(s, "c"); op(s, "a#1", "peer-failed", []int{2}, time.Millisecond) }, 0},
-		{"a live peer named", func(s *sim) { kill(s, "c"); op(s, "a#1", "peer-failed", []int{1}, time.Millisecond) }, 1},
-		{"no peer named", func(s *sim) { kill(s, "c"); op(s, "a#1", "peer-failed", nil, time.Millisecond) }, 1},
+		{"the dead peer named", func(s *sim) { kill(s, "c"); op(s, "a#1", "peer-failed", []int{2}, pending) }, 0},
+		{"a live peer named", func(s *sim) { kill(s, "c"); op(s, "a#1", "peer-failed", []int{1}, pending) }, 2},
+		{"no peer named", func(s *sim) { kill(s, "c"); op(s, "a#1", "peer-failed", nil, pending) }, 2},
+		{"a death seen as a revocation", func(s *sim) { kill(s, "c"); op(s, "a#1", "revoked", nil, pending) }, 1},
+		{"a revocation after the death", func(s *sim) {
+			kill(s, "c")
+			s.now += int64(100 * time.Millisecond)
+			op(s, "a#1", "revoked", nil, time.Millisecond)
+		}, 0},
 		{"a revocation", func(s *sim) { op(s, "a#1", "revoked", nil, time.Millisecond) }, 0},
 		{"a timeout with a stopped peer", func(s *sim) { stop(s, "c"); op(s, "a#1", "timeout", nil, 5*time.Second) }, 0},
 		{"a timeout with nobody silent", func(s *sim) { op(s, "a#1", "timeout", nil, 5*time.Second) }, 1},

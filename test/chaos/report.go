@@ -299,7 +299,7 @@ func (r *Report) Table() string {
 			ks = append(ks, fmt.Sprintf("%s %d", k, n))
 		}
 		sort.Strings(ks)
-		fmt.Fprintf(&b, "  a SIGKILLed peer reached the survivors' pending ops as: %s\n", strings.Join(ks, ", "))
+		fmt.Fprintf(&b, "  a SIGKILLed peer reached the survivors' ops pending at its death as: %s\n", strings.Join(ks, ", "))
 	}
 	b.WriteString("\n")
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
