@@ -186,7 +186,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 func (h *harness) checkInput(evs []Event, final bool) checkInput {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return checkInput{Events: evs, Faults: append([]*Fault(nil), h.faults...), Durable: h.cfg.Durable,
+	// Copies: the nemesis goes on filling in the newest fault (its end,
+	// its errors) while the watcher checks.
+	faults := make([]*Fault, len(h.faults))
+	for i, f := range h.faults {
+		c := *f
+		faults[i] = &c
+	}
+	return checkInput{Events: evs, Faults: faults, Durable: h.cfg.Durable,
 		Timeout: h.cfg.Timeout, Margin: h.cfg.Margin, Linger: h.linger(), Params: h.cfg.Params, Index: h.index,
 		EndAt: h.endAt, Final: final, StrictDeaths: h.cfg.StrictDeaths}
 }

@@ -61,6 +61,7 @@ func (h *harness) pick(names []string) string { return names[h.rng.IntN(len(name
 
 // inject carries out fault f and undoes it; it returns when it is undone.
 func (h *harness) inject(ctx context.Context, f *Fault) {
+	// Once begun, f is shared with the watcher: changes to it hold h.mu.
 	note := func(format string, args ...any) { f.Note = fmt.Sprintf(format, args...) }
 	begin := func() {
 		f.Start = time.Now()
@@ -72,7 +73,9 @@ func (h *harness) inject(ctx context.Context, f *Fault) {
 	}
 	fail := func(err error) {
 		if err != nil {
+			h.mu.Lock()
 			f.Err = err.Error()
+			h.mu.Unlock()
 			h.logf("fault #%d %s: %v", f.ID, f.Kind, err)
 		}
 	}
@@ -197,13 +200,17 @@ func (h *harness) inject(ctx context.Context, f *Fault) {
 		note("%sfor %v", shapeString(s), d.Round(time.Millisecond))
 		begin()
 		if err := h.net.shape(ctx, r, s); errors.Is(err, netns.ErrNoNetem) {
+			h.mu.Lock()
 			f.Note += " (no netem here: the rate cap only)"
+			h.mu.Unlock()
 		} else {
 			fail(err)
 		}
 		pause(d)
 		fail(h.net.shape(ctx, r, netns.Shape{}))
 	}
+	h.mu.Lock()
 	f.End = time.Now()
+	h.mu.Unlock()
 	h.rec.harness(Event{Kind: evHealed, Fault: f.ID, Reason: string(f.Kind), Targets: f.Targets})
 }
