@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"image/color"
+	"math"
 	"os"
 	"time"
 
@@ -36,7 +37,8 @@ func plotTimeline(path string, r *Report, evs []Event, faults []*Fault) error {
 	if len(evs) > 0 {
 		end = sec(evs[len(evs)-1].T)
 	}
-	const bin = 1.0
+	// One-second bins; a long run (a soak) gets about 300 bins.
+	bin := max(1, math.Round(end/300))
 	nb := int(end/bin) + 1
 	maxStep := make([]int64, nb)
 	parts := make([]float64, nb)
