@@ -115,6 +115,18 @@ func check(in checkInput) *analysis {
 	for r, i := range in.Index {
 		names[i] = r
 	}
+	// When each epoch ended: the first sign of a newer one (its quorum,
+	// a reconfiguration into it, a commit in it).
+	endedAt := map[uint64]int64{}
+	var newest uint64
+	for _, e := range in.Events {
+		if (e.Kind == evQuorum || e.Kind == evReconf || e.Kind == evCommit) && e.Epoch > newest {
+			for ep := newest; ep < e.Epoch; ep++ {
+				endedAt[ep] = e.T
+			}
+			newest = e.Epoch
+		}
+	}
 	for _, e := range in.Events {
 		switch e.Kind {
 		case evQuorum:
@@ -341,7 +353,7 @@ func check(in checkInput) *analysis {
 					time.Duration(e.Dur).Round(time.Millisecond), bound, in.Timeout, in.Margin)
 			}
 			if e.Kind == evOp {
-				checkErr(in, e, rankOf, faulted, silence, a, bad)
+				checkErr(in, e, rankOf, endedAt, faulted, silence, a, bad)
 			}
 		case evFatal:
 			bad(e.T, invLiveness, "%s gave up: %s", e.who(), e.Err)
@@ -527,17 +539,22 @@ func check(in checkInput) *analysis {
 
 // checkErr checks one failed op's error: a known kind, naming a peer that a
 // fault touched, a timeout only where someone was silent.
-func checkErr(in checkInput, e Event, rankOf map[uint64]map[int]string, faulted func(string, int64) bool,
-	silence func(int64, int64) bool, a *analysis, bad func(int64, string, string, ...any)) {
+func checkErr(in checkInput, e Event, rankOf map[uint64]map[int]string, endedAt map[uint64]int64,
+	faulted func(string, int64) bool, silence func(int64, int64) bool, a *analysis, bad func(int64, string, string, ...any)) {
 	// A kill: how the victim's peers learned of it, in the ops of its
 	// epoch that were pending when it died. Each must fail with
 	// ErrPeerFailed naming it (an op issued later may be refused by the
-	// revocation that followed: its kind is then ErrRevoked, rightly).
+	// revocation that followed: its kind is then ErrRevoked, rightly). An
+	// epoch that had already ended (a zombie's, say, just continued) ends
+	// its ops for its own reasons.
 	for _, f := range in.Faults {
 		kill := f.Start.UnixNano()
 		if f.Kind != FaultKill || len(f.Targets) != 1 || f.Targets[0] == e.Replica || e.T-e.Dur > kill || e.T < kill ||
 			e.ErrKind == "not-participating" {
 			continue
+		}
+		if end, ok := endedAt[e.Epoch]; ok && end <= kill {
+			continue // not the newest epoch when the victim died
 		}
 		victim := f.Targets[0]
 		if _, was := epochRanksOf(rankOf, e.Epoch)[victim]; !was {

@@ -311,6 +311,21 @@ func TestCheckErrorKinds(t *testing.T) {
 			op(s, "a#1", "revoked", nil, time.Millisecond)
 		}, 0},
 		{"a revocation", func(s *sim) { op(s, "a#1", "revoked", nil, time.Millisecond) }, 0},
+		// The soak saw this one: a zombie (a) continued just as c was
+		// killed; its op in its old epoch failed at once, blaming a's own
+		// stall. That epoch had ended before the death.
+		{"a zombie's op in an epoch that ended before the death", func(s *sim) {
+			stop(s, "a")
+			s.add("", Event{Kind: evQuorum, Epoch: 2, Members: []string{"b.0", "c.0"}, Removed: []string{"a.0"}})
+			s.commit(2, 0b110, "b#1", "c#1")
+			kill(s, "c")
+			op(s, "a#1", "peer-failed", []int{0}, pending)
+		}, 0},
+		{"a death seen as a revocation, the next epoch just after", func(s *sim) {
+			kill(s, "c")
+			s.add("", Event{Kind: evQuorum, Epoch: 2, Members: []string{"a.0", "b.0"}, Removed: []string{"c.0"}})
+			op(s, "a#1", "revoked", nil, pending)
+		}, 1},
 		{"a timeout with a stopped peer", func(s *sim) { stop(s, "c"); op(s, "a#1", "timeout", nil, 5*time.Second) }, 0},
 		{"a timeout with nobody silent", func(s *sim) { op(s, "a#1", "timeout", nil, 5*time.Second) }, 1},
 		{"an unknown kind", func(s *sim) { op(s, "a#1", "unclassified", nil, time.Millisecond) }, 1},
