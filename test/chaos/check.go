@@ -22,6 +22,7 @@ const (
 	invFalseDeath = "false-death" // the coordinator removes only replicas a fault touched
 	invLiveness   = "liveness"    // replicas do not give up; the job reaches its target
 	invFencing    = "fencing"     // a zombie (stopped past its lease) commits nothing more in its old epoch
+	invRollback   = "rollback"    // a rollback names only steps the job's history has from another epoch
 )
 
 // Violation is one broken invariant.
@@ -533,6 +534,31 @@ func check(in checkInput) *analysis {
 		}
 	}
 	a.Redone = len(redone)
+	// A rollback tells the loop that its steps From..To are not the
+	// job's: wrong for a step this replica committed in the only epoch
+	// that committed it, with the state the job's history has (ft tells
+	// epochs apart, so a step redone by another epoch, even to the same
+	// state, is rightly rolled back).
+	epochsOf := map[int64]map[uint64]bool{}
+	for k := range agreed {
+		if epochsOf[k.step] == nil {
+			epochsOf[k.step] = map[uint64]bool{}
+		}
+		epochsOf[k.step][k.epoch] = true
+	}
+	for who, rbs := range rollbacks {
+		for _, rb := range rbs {
+			for _, c := range procs[who].commits {
+				if c.T > rb.T || c.Step < rb.From || c.Step > rb.To || c.Step > fin.Step || chain[c.Step].hash != c.Hash ||
+					len(epochsOf[c.Step]) != 1 {
+					continue
+				}
+				bad(rb.T, invRollback, "%s was told steps %d..%d were rolled back, but step %d is the job's, committed by epoch %d alone",
+					who, rb.From, rb.To, c.Step, c.Epoch)
+				break
+			}
+		}
+	}
 	sort.SliceStable(a.Violations, func(i, j int) bool { return a.Violations[i].T < a.Violations[j].T })
 	return a
 }

@@ -161,6 +161,38 @@ func TestCheckRedoneStepNotToldIsSplitBrain(t *testing.T) {
 	expect(t, s.check(false, false), invSplitBrain, invSplitBrain)
 }
 
+// A rollback of steps the job kept: ft served a stale history to a healer
+// (the soak found it), which then took steps that every replica had
+// committed together in one epoch for another epoch's.
+func TestCheckFalseRollback(t *testing.T) {
+	s := newSim(t)
+	s.start("a#1", "b#1")
+	for range 3 {
+		s.commit(1, 0b11, "a#1", "b#1")
+	}
+	s.commit(2, 0b10, "b#1") // a falls behind
+	s.heal(3, "a#1", "b#1")
+	s.add("a#1", Event{Kind: evRollback, Epoch: 3, From: 2, To: 3, Step: 4})
+	s.commit(3, 0b11, "a#1", "b#1")
+	s.final("a#1", "b#1")
+	expect(t, s.check(false, false), invRollback)
+}
+
+// A step redone by another epoch with the same participants reaches the
+// same state; ft, which tells epochs apart, rightly rolls it back.
+func TestCheckRollbackOfSameStateKept(t *testing.T) {
+	s := newSim(t)
+	s.start("a#1", "b#1")
+	s.commit(1, 0b11, "a#1", "b#1")
+	s.commit(1, 0b11, "a#1") // b failed step 2 in epoch 1 …
+	s.commit(2, 0b11, "b#1") // … and redid it with a in epoch 2: the same state
+	s.heal(3, "a#1", "b#1")
+	s.add("a#1", Event{Kind: evRollback, Epoch: 3, From: 2, To: 2, Step: 2})
+	s.commit(3, 0b11, "a#1", "b#1")
+	s.final("a#1", "b#1")
+	expect(t, s.check(false, false))
+}
+
 func TestCheckDurableNeverRedoes(t *testing.T) {
 	s := newSim(t)
 	partialCommit(s, true)
