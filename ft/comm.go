@@ -974,6 +974,10 @@ func (c *Comm) Commit(ctx context.Context) (bool, error) {
 		zap.Int("in_a_row", c.failedCommits))
 	c.emit(Event{Kind: EventCommitFailed, Epoch: epoch, Reason: reason})
 	if ft.ok() {
+		// Reporting is best effort, bounded by the op timeout: a replica
+		// cut off from etcd must not block in Commit (the coordinator
+		// learns of the failure from leases and gossip meanwhile).
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 		// Blame the peers our collectives saw fail (a reset connection:
 		// their process is likely gone); the coordinator checks and removes
 		// them without waiting for gossip.
@@ -982,13 +986,14 @@ func (c *Comm) Commit(ctx context.Context) (bool, error) {
 			// The record revokes the epoch everywhere at once; the report
 			// carries the blame to the coordinator even when the epoch's
 			// record was written first by someone else.
-			if err := c.member().Revoke(ctx, epoch, reason, failed...); err != nil {
+			if err := c.member().Revoke(rctx, epoch, reason, failed...); err != nil {
 				c.log.Warn("reporting failed peers", zap.Error(err))
 			}
 		}
-		if err := c.member().ReportCommitFailure(ctx, epoch, failed...); err != nil {
+		if err := c.member().ReportCommitFailure(rctx, epoch, failed...); err != nil {
 			c.log.Warn("reporting the commit failure", zap.Error(err))
 		}
+		cancel()
 	}
 	if c.failedCommits >= c.cfg.MaxCommitFailures {
 		return false, fmt.Errorf("%w: %d in a row, last: %s", ErrTooManyCommitFailures, c.failedCommits, reason)

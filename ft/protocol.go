@@ -49,16 +49,18 @@ const maxSegments = 64
 // replica learns that a step it committed is not part of the job's history.
 type history []segment
 
-// commit records that step was committed in epoch.
+// commit returns the history with step committed in epoch: h itself when
+// epoch is its newest, else a new history. h is never modified, so a
+// caller can compare the two (Comm re-encodes the history it serves when
+// they differ).
 func (h history) commit(step int64, epoch uint64) history {
 	if n := len(h); n > 0 && h[n-1].Epoch == epoch {
 		return h
 	}
-	h = append(h, segment{Epoch: epoch, From: step})
-	if len(h) > maxSegments {
-		h = slices.Delete(h, 0, len(h)-maxSegments)
-	}
-	return h
+	keep := h[max(0, len(h)+1-maxSegments):]
+	out := make(history, len(keep), len(keep)+1)
+	copy(out, keep)
+	return append(out, segment{Epoch: epoch, From: step})
 }
 
 // epochOf returns the epoch in which step was committed; false when step

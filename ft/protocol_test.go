@@ -354,6 +354,36 @@ func TestHistory(t *testing.T) {
 	}
 }
 
+// commit must leave its receiver as it was: Comm compares the two to see
+// whether the history changed (and the history it serves to healers with
+// it). Appending in place and shifting out the oldest segment made a full
+// history (64 epochs in which the replica committed) look unchanged, so
+// the served history stopped at that point and healers reported steps of
+// the job's history as rolled back (test/chaos's soak: 1,588 steps that
+// all four replicas had committed together).
+func TestHistoryCommitLeavesItsReceiver(t *testing.T) {
+	full := make(history, maxSegments, maxSegments+1) // room to append in place
+	for i := range full {
+		full[i] = segment{Epoch: uint64(i + 1), From: int64(10 * (i + 1))}
+	}
+	before := slices.Clone(full)
+	next := full.commit(10*(maxSegments+1), maxSegments+1)
+	if !slices.Equal(full, before) {
+		t.Fatalf("commit changed its receiver: %v", full[len(full)-3:])
+	}
+	if len(next) != maxSegments || next.last() != maxSegments+1 || next[0] != before[1] {
+		t.Fatalf("commit returned %d segments, last epoch %d, first %v", len(next), next.last(), next[0])
+	}
+	if next.last() == full.last() {
+		t.Fatal("the new history and the old one end in the same epoch: Comm would keep serving the old one")
+	}
+	grow := make(history, 2, 8)
+	grow[0], grow[1] = segment{Epoch: 1, From: 1}, segment{Epoch: 2, From: 5}
+	if g := grow.commit(9, 3); len(grow) != 2 || len(g) != 3 || g.last() != 3 {
+		t.Fatalf("growing: receiver %v, result %v", grow, g)
+	}
+}
+
 func TestDiverged(t *testing.T) {
 	hist := func(pairs ...int64) history { // step, epoch, step, epoch, …
 		var h history

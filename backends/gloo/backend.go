@@ -436,14 +436,19 @@ func (b *Backend) isBroken() bool {
 	}
 }
 
-// err is the error ops fail with once b is broken.
+// err is the error ops fail with once b is broken. A revocation after a
+// failure (ft revokes when a step fails) keeps the failure's kind beside
+// its own: the op matches comm.ErrRevoked and, say, comm.ErrPeerFailed
+// naming the dead rank.
 func (b *Backend) err() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.revoke != nil {
+	switch {
+	case b.revoke != nil && b.fault != nil:
+		return errors.Join(b.revoke.err, b.fault.err)
+	case b.revoke != nil:
 		return b.revoke.err
-	}
-	if b.fault != nil {
+	case b.fault != nil:
 		return b.fault.err
 	}
 	return nil
@@ -739,11 +744,14 @@ func (b *Backend) monitor() {
 			if l == nil || l.isClosed() {
 				continue
 			}
-			if revoke != nil && !sentRevoke[p] {
-				sentRevoke[p] = l.sendNotice(b, &revoke.nt, iv)
-			}
+			// The fault first: a revocation that follows a failure (ft
+			// revokes when a step fails) must not hide it from the peers,
+			// whose pending op fails with the first notice they read.
 			if fault != nil && !sentFault[p] {
 				sentFault[p] = fault.nt.kind == 0 || l.sendNotice(b, &fault.nt, iv)
+			}
+			if revoke != nil && !sentRevoke[p] && (fault == nil || sentFault[p]) {
+				sentRevoke[p] = l.sendNotice(b, &revoke.nt, iv)
 			}
 			l.heartbeat(b, iv)
 			if !woken {

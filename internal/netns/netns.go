@@ -4,7 +4,8 @@
 // root namespace as the gateway. Cuts are blackhole routes, so a cut link
 // drops packets silently, as a real partition does (connections stall
 // until their deadlines instead of being reset); rate limits are tc tbf
-// qdiscs on a host's uplink.
+// qdiscs on a host's uplink, delay, jitter, rate and loss netem qdiscs
+// (Shape).
 //
 // It needs root (CAP_NET_ADMIN) and iproute2; Available says whether this
 // machine has both. Names and the subnet are random, so several networks
@@ -17,6 +18,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -24,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Net is one bridge and the hosts on it.
@@ -236,6 +239,60 @@ func (h *Host) Delay(ctx context.Context, delay, jitter string) error {
 		args = append(args, jitter)
 	}
 	return run(ctx, h.NS, "tc", args...)
+}
+
+// Shape is what netem does to everything a host sends: a delay with
+// jitter, a rate cap, random loss. The zero Shape does nothing.
+type Shape struct {
+	Delay, Jitter time.Duration
+	Rate          string  // e.g. "20mbit"; "" for no cap
+	Loss          float64 // percent of packets dropped at random
+}
+
+func (s Shape) netemArgs() []string {
+	var args []string
+	if s.Delay > 0 {
+		args = append(args, "delay", s.Delay.String())
+		if s.Jitter > 0 {
+			args = append(args, s.Jitter.String())
+		}
+	}
+	if s.Rate != "" {
+		args = append(args, "rate", s.Rate)
+	}
+	if s.Loss > 0 {
+		args = append(args, "loss", strconv.FormatFloat(s.Loss, 'f', -1, 64)+"%")
+	}
+	return args
+}
+
+// ErrNoNetem: the kernel has no netem qdisc (sch_netem), so delay, jitter
+// and loss cannot be emulated; a rate cap still can (tbf).
+var ErrNoNetem = errors.New("netns: the kernel has no netem qdisc (sch_netem)")
+
+// Shape replaces whatever Limit, Delay or Shape set on the host's uplink
+// with s (a netem qdisc); the zero Shape removes it. Without netem in the
+// kernel it caps the rate with tbf and, if s asks for more, returns an
+// error wrapping ErrNoNetem.
+func (h *Host) Shape(ctx context.Context, s Shape) error {
+	run(ctx, h.NS, "tc", "qdisc", "del", "dev", h.dev, "root") // none is fine
+	args := s.netemArgs()
+	if len(args) == 0 {
+		return nil
+	}
+	err := run(ctx, h.NS, "tc", append([]string{"qdisc", "add", "dev", h.dev, "root", "netem"}, args...)...)
+	if err == nil || !strings.Contains(err.Error(), "qdisc kind is unknown") {
+		return err
+	}
+	if s.Rate != "" {
+		if err := h.Limit(ctx, s.Rate); err != nil {
+			return err
+		}
+	}
+	if s.Delay > 0 || s.Loss > 0 {
+		return fmt.Errorf("%w: delay and loss not applied", ErrNoNetem)
+	}
+	return nil
 }
 
 // Close removes the cuts, the hosts and the bridge. Safe to call twice.

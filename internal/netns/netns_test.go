@@ -3,6 +3,7 @@ package netns
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -93,5 +94,25 @@ func TestCutAndHeal(t *testing.T) {
 	}
 	if err := hello(); err != nil {
 		t.Fatalf("a rate-limited host does not answer: %v", err)
+	}
+	// A 150 ms delay on the host's uplink shows in a round trip.
+	// Without netem in the kernel, only the rate cap applies.
+	err = h.Shape(ctx, Shape{Delay: 150 * time.Millisecond, Rate: "50mbit", Loss: 0.1})
+	netem := !errors.Is(err, ErrNoNetem)
+	if err != nil && netem {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	if err := hello(); err != nil {
+		t.Fatalf("a shaped host does not answer: %v", err)
+	}
+	if rtt := time.Since(t0); netem && rtt < 150*time.Millisecond {
+		t.Errorf("connect and answer took %v through a 150 ms delay", rtt)
+	}
+	if err := h.Shape(ctx, Shape{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := hello(); err != nil {
+		t.Fatalf("the host does not answer after its shape was removed: %v", err)
 	}
 }

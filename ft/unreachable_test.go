@@ -1,0 +1,95 @@
+package ft
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// unreachableMember is a member whose writes to the coordinator hang, as
+// etcd's do when the replica is cut off from it, once cut is set.
+type unreachableMember struct {
+	*fakeMember
+	cut atomic.Bool
+}
+
+func (m *unreachableMember) Revoke(ctx context.Context, epoch uint64, reason string, failed ...string) error {
+	if m.cut.Load() {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return m.fakeMember.Revoke(ctx, epoch, reason, failed...)
+}
+
+func (m *unreachableMember) ReportCommitFailure(ctx context.Context, epoch uint64, blamed ...string) error {
+	if m.cut.Load() {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return m.fakeMember.ReportCommitFailure(ctx, epoch, blamed...)
+}
+
+// Found by test/chaos (a replica partitioned from etcd and its peers): a
+// failed commit reports itself to the coordinator with the training loop's
+// ctx, so with etcd out of reach Commit blocked until etcd answered again
+// (7.3 s through the chaos proxy, forever with a ctx without deadline).
+// Reporting is best effort: Commit must return within the op timeout.
+func TestCommitReturnsWhenCoordinatorUnreachable(t *testing.T) {
+	j := newJob(t, quick(), 1)
+	j.cfg.Timeout = time.Second
+	b := j.start("b", 0, 1, forever)
+	cfg := j.cfg
+	cfg.Group = "a"
+	m := &unreachableMember{fakeMember: j.coord.join("a.0", 1)}
+	cfg.Membership = m
+	ctx := context.Background()
+	a, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	params := make([]float32, 64)
+	if err := a.Register("params", comm.Float32s(params)); err != nil {
+		t.Fatal(err)
+	}
+	grads := make([]float32, len(params))
+	for a.Participants() < 2 { // train until both take part
+		if err := a.Step(ctx); err != nil && !errors.Is(err, ErrRolledBack) {
+			t.Fatal(err)
+		}
+		a.AllReduce(ctx, comm.Float32s(grads), comm.Sum)
+		if _, err := a.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Step(ctx); err != nil && !errors.Is(err, ErrRolledBack) {
+		t.Fatal(err)
+	}
+	m.cut.Store(true)
+	a.mu.Lock()
+	a.ft.data.Abort(errors.New("injected link failure"))
+	a.mu.Unlock()
+	a.AllReduce(ctx, comm.Float32s(grads), comm.Sum)
+	done := make(chan error, 1)
+	go func() {
+		ok, err := a.Commit(ctx)
+		if ok {
+			err = errors.New("a step with a failed all-reduce committed")
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Commit blocked on a coordinator out of reach")
+	}
+	m.cut.Store(false)
+	j.stopAll(b)
+}

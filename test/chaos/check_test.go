@@ -1,0 +1,430 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// sim writes made-up histories for the checker: replica processes ("a#1")
+// that commit, heal, roll back and fail, with real states computed by the
+// workload's own functions.
+type sim struct {
+	t      *testing.T
+	now    int64
+	evs    []Event
+	state  map[string][]float32
+	step   map[string]int64
+	faults []*Fault
+	index  map[string]int
+}
+
+const simParams = 8
+
+func newSim(t *testing.T) *sim {
+	return &sim{t: t, now: time.Unix(1000, 0).UnixNano(), state: map[string][]float32{}, step: map[string]int64{},
+		index: map[string]int{"a": 0, "b": 1, "c": 2, "d": 3}}
+}
+
+func (s *sim) tick() int64 { s.now += int64(10 * time.Millisecond); return s.now }
+
+func split(who string) (string, int) {
+	var r string
+	var l int
+	fmt.Sscanf(strings.Replace(who, "#", " ", 1), "%s %d", &r, &l)
+	return r, l
+}
+
+func (s *sim) add(who string, e Event) {
+	e.Replica, e.Launch = split(who)
+	e.T = s.tick()
+	s.evs = append(s.evs, e)
+}
+
+func (s *sim) start(who ...string) {
+	for _, w := range who {
+		st := make([]float32, simParams)
+		initState(st)
+		s.state[w], s.step[w] = st, 0
+		s.add(w, Event{Kind: evStart, Hash: stateHash(st)})
+	}
+}
+
+// commit has each of who commit its next step in epoch, the step's sum
+// taken over the replicas in mask.
+func (s *sim) commit(epoch uint64, mask uint32, who ...string) {
+	for _, w := range who {
+		st := s.state[w]
+		prev := stateHash(st)
+		step := s.step[w] + 1
+		sum := make([]float32, simParams)
+		grad := make([]float32, simParams)
+		n := 0
+		ranks := make([]int, maxReplicas)
+		for k := range maxReplicas {
+			ranks[k] = -1
+			if mask&(1<<k) != 0 {
+				ranks[k] = n
+				n++
+				gradient(grad, step, k)
+				for i := range sum {
+					sum[i] += grad[i]
+				}
+			}
+		}
+		apply(st, sum, n)
+		s.step[w] = step
+		s.add(w, Event{Kind: evCommit, Step: step, Epoch: epoch, Prev: prev, Hash: stateHash(st), Mask: mask, Ranks: ranks, N: n})
+	}
+}
+
+func (s *sim) heal(epoch uint64, to, from string) {
+	copy(s.state[to], s.state[from])
+	s.step[to] = s.step[from]
+	s.add(to, Event{Kind: evHeal, Epoch: epoch, Step: s.step[to], Hash: stateHash(s.state[to])})
+}
+
+func (s *sim) final(who ...string) {
+	for _, w := range who {
+		s.add(w, Event{Kind: evFinal, Step: s.step[w], Hash: stateHash(s.state[w])})
+	}
+}
+
+func (s *sim) check(durable, strict bool) *analysis {
+	return check(checkInput{Events: s.evs, Faults: s.faults, Durable: durable, Timeout: 5 * time.Second,
+		Margin: 2 * time.Second, Linger: 9 * time.Second, Params: simParams, Index: s.index, Final: true, StrictDeaths: strict})
+}
+
+// expect asserts the violations' invariants, in order of time.
+func expect(t *testing.T, a *analysis, invariants ...string) {
+	t.Helper()
+	var got []string
+	for _, v := range a.Violations {
+		got = append(got, v.Invariant)
+	}
+	if strings.Join(got, ",") != strings.Join(invariants, ",") {
+		for _, v := range a.Violations {
+			t.Logf("%s: %s", v.Invariant, v.Detail)
+		}
+		t.Fatalf("violations %v, want %v", got, invariants)
+	}
+}
+
+func TestCheckCleanRun(t *testing.T) {
+	s := newSim(t)
+	s.start("a#1", "b#1")
+	for range 5 {
+		s.commit(1, 0b11, "a#1", "b#1")
+	}
+	s.final("a#1", "b#1")
+	a := s.check(false, false)
+	expect(t, a)
+	if a.FinalStep != 5 || a.Commits != 10 || a.Lost != 0 {
+		t.Fatalf("final step %d, %d commits, %d lost", a.FinalStep, a.Commits, a.Lost)
+	}
+}
+
+// A minority (a, b) completed step 4's all-reduce of epoch 1 and
+// committed it; c and d failed it and committed step 4 again in epoch 2
+// without a and b. a and b then learn it (a rollback) when they heal.
+func partialCommit(s *sim, tell bool) {
+	s.start("a#1", "b#1", "c#1", "d#1")
+	for range 3 {
+		s.commit(1, 0b1111, "a#1", "b#1", "c#1", "d#1")
+	}
+	s.commit(1, 0b1111, "a#1", "b#1")
+	s.commit(2, 0b1100, "c#1", "d#1")
+	for _, w := range []string{"a#1", "b#1"} {
+		s.heal(3, w, "c#1")
+		if tell {
+			s.add(w, Event{Kind: evRollback, Epoch: 3, From: 4, To: 4, Step: 4})
+		}
+	}
+	s.commit(3, 0b1111, "a#1", "b#1", "c#1", "d#1")
+	s.final("a#1", "b#1", "c#1", "d#1")
+}
+
+func TestCheckRedoneStepToldIsKept(t *testing.T) {
+	s := newSim(t)
+	partialCommit(s, true)
+	a := s.check(false, false)
+	expect(t, a)
+	if a.Lost != 2 || a.Redone != 1 || a.Rollbacks != 2 || a.Forks != 1 || a.ForkDepth != 1 {
+		t.Fatalf("lost %d, redone %d, rollbacks %d, forks %d (depth %d); want 2, 1, 2, 1 (1)", a.Lost, a.Redone, a.Rollbacks, a.Forks, a.ForkDepth)
+	}
+}
+
+func TestCheckRedoneStepNotToldIsSplitBrain(t *testing.T) {
+	s := newSim(t)
+	partialCommit(s, false)
+	expect(t, s.check(false, false), invSplitBrain, invSplitBrain)
+}
+
+// A rollback of steps the job kept: ft served a stale history to a healer
+// (the soak found it), which then took steps that every replica had
+// committed together in one epoch for another epoch's.
+func TestCheckFalseRollback(t *testing.T) {
+	s := newSim(t)
+	s.start("a#1", "b#1")
+	for range 3 {
+		s.commit(1, 0b11, "a#1", "b#1")
+	}
+	s.commit(2, 0b10, "b#1") // a falls behind
+	s.heal(3, "a#1", "b#1")
+	s.add("a#1", Event{Kind: evRollback, Epoch: 3, From: 2, To: 3, Step: 4})
+	s.commit(3, 0b11, "a#1", "b#1")
+	s.final("a#1", "b#1")
+	expect(t, s.check(false, false), invRollback)
+}
+
+// A step redone by another epoch with the same participants reaches the
+// same state; ft, which tells epochs apart, rightly rolls it back.
+func TestCheckRollbackOfSameStateKept(t *testing.T) {
+	s := newSim(t)
+	s.start("a#1", "b#1")
+	s.commit(1, 0b11, "a#1", "b#1")
+	s.commit(1, 0b11, "a#1") // b failed step 2 in epoch 1 …
+	s.commit(2, 0b11, "b#1") // … and redid it with a in epoch 2: the same state
+	s.heal(3, "a#1", "b#1")
+	s.add("a#1", Event{Kind: evRollback, Epoch: 3, From: 2, To: 2, Step: 2})
+	s.commit(3, 0b11, "a#1", "b#1")
+	s.final("a#1", "b#1")
+	expect(t, s.check(false, false))
+}
+
+func TestCheckDurableNeverRedoes(t *testing.T) {
+	s := newSim(t)
+	partialCommit(s, true)
+	expect(t, s.check(true, false), invSplitBrain, invSplitBrain, invSplitBrain, invSplitBrain)
+}
+
+// A holder of a redone step that died holding it was never told, and
+// needed not be.
+func TestCheckRedoneByDeadHolder(t *testing.T) {
+	s := newSim(t)
+	s.start("a#1", "b#1", "c#1")
+	s.commit(1, 0b111, "a#1", "b#1", "c#1")
+	s.commit(1, 0b111, "a#1") // then a#1 is killed
+	s.commit(2, 0b110, "b#1", "c#1")
+	s.start("a#2")
+	s.heal(3, "a#2", "b#1")
+	s.commit(3, 0b111, "a#2", "b#1", "c#1")
+	s.final("a#2", "b#1", "c#1")
+	a := s.check(false, false)
+	expect(t, a)
+	if a.Lost != 1 {
+		t.Fatalf("lost %d, want 1", a.Lost)
+	}
+}
+
+func TestCheckEpochDisagreement(t *testing.T) {
+	s := newSim(t)
+	s.start("a#1", "b#1")
+	s.commit(1, 0b11, "a#1")
+	s.commit(1, 0b01, "b#1") // same step and epoch, other contributors
+	expect(t, s.check(false, false), invAgreement, invLiveness)
+}
+
+func TestCheckUncommittedState(t *testing.T) {
+	s := newSim(t)
+	s.start("a#1", "b#1")
+	s.commit(1, 0b11, "a#1", "b#1")
+	s.state["b#1"][0] += 1 // a torn heal: state nobody committed
+	s.add("b#1", Event{Kind: evHeal, Epoch: 2, Step: 1, Hash: stateHash(s.state["b#1"])})
+	s.commit(2, 0b11, "a#1")
+	s.commit(2, 0b11, "b#1")
+	expect(t, s.check(false, false), invAgreement, invUncommit, invLiveness)
+
+	s = newSim(t)
+	s.start("a#1")
+	s.commit(1, 0b1, "a#1")
+	s.state["a#1"][3] = 7 // changed without a commit or heal
+	s.commit(1, 0b1, "a#1")
+	s.final("a#1")
+	expect(t, s.check(false, false), invUncommit, invReplay)
+}
+
+func TestCheckMonotonic(t *testing.T) {
+	s := newSim(t)
+	s.start("a#1")
+	s.commit(1, 0b1, "a#1")
+	s.commit(1, 0b1, "a#1")
+	s.step["a#1"] = 0 // commits step 1 again
+	s.commit(1, 0b1, "a#1")
+	expect(t, s.check(false, false), invMonotonic, invAgreement, invLiveness)
+}
+
+func TestCheckReplayDiffers(t *testing.T) {
+	s := newSim(t)
+	s.start("a#1", "b#1")
+	s.commit(1, 0b11, "a#1", "b#1")
+	s.commit(1, 0b11, "a#1", "b#1")
+	for i := range s.evs { // the commits misreport who took part in step 2
+		if s.evs[i].Kind == evCommit && s.evs[i].Step == 2 {
+			s.evs[i].Mask, s.evs[i].N = 0b01, 1
+		}
+	}
+	s.final("a#1", "b#1")
+	expect(t, s.check(false, false), invReplay)
+}
+
+func TestCheckReconfig(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		hows []string // per rank
+		want []string
+	}{
+		{"all shrink", []string{"shrink", "shrink"}, nil},
+		{"all fresh", []string{"fresh", "fresh", "fresh"}, nil},
+		{"grow with joiners last", []string{"grow", "grow", "fresh"}, nil},
+		{"shrink and fresh", []string{"shrink", "fresh"}, []string{invReconfig}},
+		{"joiner before a grower", []string{"grow", "fresh", "grow"}, []string{invReconfig}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t)
+			for rank, how := range tc.hows {
+				s.add(fmt.Sprintf("%c#1", 'a'+rank), Event{Kind: evReconf, Epoch: 2, How: how, Rank: rank, N: len(tc.hows)})
+			}
+			a := s.check(false, false)
+			var got []string
+			for _, v := range a.Violations {
+				if v.Invariant == invReconfig {
+					got = append(got, v.Invariant)
+				}
+			}
+			if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+				t.Fatalf("got %v, want %v (%v)", got, tc.want, a.Violations)
+			}
+		})
+	}
+}
+
+func TestCheckErrorKinds(t *testing.T) {
+	base := func() *sim {
+		s := newSim(t)
+		s.start("a#1", "b#1", "c#1")
+		s.commit(1, 0b111, "a#1", "b#1", "c#1") // ranks: a 0, b 1, c 2
+		return s
+	}
+	op := func(s *sim, who, kind string, failed []int, dur time.Duration) {
+		s.add(who, Event{Kind: evOp, Epoch: 1, ErrKind: kind, Failed: failed, Dur: int64(dur), Err: kind})
+	}
+	onlyErrKinds := func(a *analysis) []string {
+		var out []string
+		for _, v := range a.Violations {
+			if v.Invariant == invErrKind || v.Invariant == invDeadline {
+				out = append(out, v.Invariant)
+			}
+		}
+		return out
+	}
+	kill := func(s *sim, r string) {
+		s.faults = append(s.faults, &Fault{Kind: FaultKill, Targets: []string{r}, Affects: []string{r},
+			Start: time.Unix(0, s.now), End: time.Unix(0, s.now+int64(time.Second)), Epoch: 1})
+	}
+	stop := func(s *sim, r string) {
+		s.faults = append(s.faults, &Fault{Kind: FaultStop, Targets: []string{r}, Affects: []string{r}, Silent: true,
+			Start: time.Unix(0, s.now), End: time.Unix(0, s.now+int64(3*time.Second)), Epoch: 1})
+	}
+	const pending = 50 * time.Millisecond // an op that was pending at the kill
+	for _, tc := range []struct {
+		name string
+		run  func(s *sim)
+		want int
+	}{
+		{"the dead peer named", func(s *sim) { kill(s, "c"); op(s, "a#1", "peer-failed", []int{2}, pending) }, 0},
+		{"a live peer named", func(s *sim) { kill(s, "c"); op(s, "a#1", "peer-failed", []int{1}, pending) }, 2},
+		{"no peer named", func(s *sim) { kill(s, "c"); op(s, "a#1", "peer-failed", nil, pending) }, 2},
+		{"a death seen as a revocation", func(s *sim) { kill(s, "c"); op(s, "a#1", "revoked", nil, pending) }, 1},
+		{"a revocation after the death", func(s *sim) {
+			kill(s, "c")
+			s.now += int64(100 * time.Millisecond)
+			op(s, "a#1", "revoked", nil, time.Millisecond)
+		}, 0},
+		{"a revocation", func(s *sim) { op(s, "a#1", "revoked", nil, time.Millisecond) }, 0},
+		// The soak saw this one: a zombie (a) continued just as c was
+		// killed; its op in its old epoch failed at once, blaming a's own
+		// stall. That epoch had ended before the death.
+		{"a zombie's op in an epoch that ended before the death", func(s *sim) {
+			stop(s, "a")
+			s.add("", Event{Kind: evQuorum, Epoch: 2, Members: []string{"b.0", "c.0"}, Removed: []string{"a.0"}})
+			s.commit(2, 0b110, "b#1", "c#1")
+			kill(s, "c")
+			op(s, "a#1", "peer-failed", []int{0}, pending)
+		}, 0},
+		{"a death seen as a revocation, the next epoch just after", func(s *sim) {
+			kill(s, "c")
+			s.add("", Event{Kind: evQuorum, Epoch: 2, Members: []string{"a.0", "b.0"}, Removed: []string{"c.0"}})
+			op(s, "a#1", "revoked", nil, pending)
+		}, 1},
+		{"a timeout with a stopped peer", func(s *sim) { stop(s, "c"); op(s, "a#1", "timeout", nil, 5*time.Second) }, 0},
+		{"a timeout with nobody silent", func(s *sim) { op(s, "a#1", "timeout", nil, 5*time.Second) }, 1},
+		{"an unknown kind", func(s *sim) { op(s, "a#1", "unclassified", nil, time.Millisecond) }, 1},
+		{"a mismatch", func(s *sim) { op(s, "a#1", "mismatch", nil, time.Millisecond) }, 1},
+		{"past the deadline", func(s *sim) { op(s, "a#1", "", nil, 8*time.Second) }, 1},
+		{"past the deadline while stopped itself", func(s *sim) {
+			s.now += int64(7 * time.Second)
+			stop(s, "a")
+			s.now += int64(time.Second)
+			op(s, "a#1", "", nil, 8*time.Second)
+		}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := base()
+			tc.run(s)
+			if got := onlyErrKinds(s.check(false, false)); len(got) != tc.want {
+				t.Fatalf("%d violations %v, want %d", len(got), got, tc.want)
+			}
+		})
+	}
+}
+
+func TestCheckFalseDeaths(t *testing.T) {
+	s := newSim(t)
+	s.start("a#1", "b#1")
+	s.commit(1, 0b11, "a#1", "b#1")
+	s.add("", Event{Kind: evQuorum, Epoch: 2, Members: []string{"a.0"}, Removed: []string{"b.0"}, Reason: "b.0 died (gossip)"})
+	s.commit(2, 0b01, "a#1")
+	s.heal(3, "b#1", "a#1")
+	s.commit(3, 0b11, "a#1", "b#1")
+	s.final("a#1", "b#1")
+	if a := s.check(false, false); len(a.FalseDeaths) != 1 || len(a.Violations) != 0 {
+		t.Fatalf("false deaths %v, violations %v: want one, none", a.FalseDeaths, a.Violations)
+	}
+	expect(t, s.check(false, true), invFalseDeath)
+	// During an etcd outage it is the outage's doing.
+	s.faults = append(s.faults, &Fault{Kind: FaultEtcd, Start: time.Unix(0, s.evs[0].T), End: time.Unix(0, s.evs[4].T)})
+	if a := s.check(false, true); len(a.FalseDeaths) != 0 || a.OutageRemovals != 1 || len(a.Violations) != 0 {
+		t.Fatalf("false deaths %v, outage removals %d, violations %v", a.FalseDeaths, a.OutageRemovals, a.Violations)
+	}
+}
+
+func TestCheckZombieFenced(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		after int // commits in the old epoch after SIGCONT
+		want  []string
+	}{{"finishes its step", 1, nil}, {"keeps going", 2, []string{invFencing}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t)
+			s.start("a#1", "b#1")
+			s.commit(1, 0b11, "a#1", "b#1")
+			f := &Fault{Kind: FaultStop, Targets: []string{"b"}, Affects: []string{"b"}, Silent: true, Start: time.Unix(0, s.tick())}
+			s.faults = append(s.faults, f)
+			f.End = time.Unix(0, s.tick())
+			for range tc.after {
+				s.commit(1, 0b11, "b#1")
+			}
+			var got []string
+			for _, v := range s.check(false, false).Violations {
+				if v.Invariant == invFencing {
+					got = append(got, v.Invariant)
+				}
+			}
+			if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

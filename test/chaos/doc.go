@@ -1,0 +1,29 @@
+// Command chaos is ftcomm's process-level chaos harness (DESIGN §8): it
+// starts the coordinators (an etcd server and three ftcoord instances on
+// it, or one ftcoord with its embedded etcd) and N replica processes of a
+// deterministic toy job on ft.Comm, injects faults on a schedule or at
+// random (the nemesis: replica SIGKILL and SIGSTOP past the lease, the
+// ftcoord leader killed or terminated, every ftcoord down, etcd
+// restarted, a 2|2 partition, one replica cut off, a slow link), checks
+// the invariants over the recorded timeline while it runs and at the end,
+// and writes a report (report.json, report.txt, faults.json,
+// events.jsonl, timeline.png).
+//
+//	go test -race -v ./test/chaos                # the CI mix (TestChaosMix), 2–3 minutes
+//	go run ./test/chaos -duration 30m -mtbf 15s  # a soak; -h lists the flags
+//	go run ./test/chaos show -dir DIR -fault 7   # a recorded run's timeline around a fault
+//
+// Partitions and slow links use network namespaces joined by veth pairs
+// when running as root (internal/netns), else a fault-injecting TCP proxy
+// between the replicas.
+//
+// Lifecycle: Run starts every process it needs and stops all of them
+// (replicas, coordinators, etcd, CPU hogs) and removes the namespaces
+// before it returns, also when its ctx ends; the program doubles as a
+// replica process and as the etcd server (chosen by its environment).
+// Run's goroutines (the watcher, the epoch poller, one per child process
+// and its output) exit before it returns. A Run uses one Config and is not
+// shared; several runs may share a machine (namespaces, bridges and
+// subnets get random names, ports come from the OS), at the cost of each
+// other's CPU.
+package main

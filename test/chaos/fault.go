@@ -1,0 +1,119 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// FaultKind names what the nemesis does.
+type FaultKind string
+
+// The faults the nemesis can inject.
+const (
+	// FaultKill SIGKILLs a replica and starts it again after a delay.
+	FaultKill FaultKind = "kill"
+	// FaultStop SIGSTOPs a replica for longer than its lease, then
+	// SIGCONTs it: a zombie with an old epoch, which must be fenced out,
+	// then heal and rejoin.
+	FaultStop FaultKind = "stop"
+	// FaultCoordKill SIGKILLs the leading ftcoord and starts it again on
+	// its data directory after a delay; FaultCoordTerm does the same with
+	// SIGTERM (a graceful shutdown).
+	FaultCoordKill FaultKind = "coord-kill"
+	FaultCoordTerm FaultKind = "coord-term"
+	// FaultCoordAll stops every ftcoord (SIGKILL) for a while, then starts
+	// them again on their data directories. With the embedded topology
+	// etcd goes with them.
+	FaultCoordAll FaultKind = "coord-all"
+	// FaultEtcd SIGKILLs the etcd server of the cluster topology and
+	// starts it again on its data directory.
+	FaultEtcd FaultKind = "etcd-restart"
+	// FaultPartition splits the replicas in two halves (2|2 of 4), the
+	// coordinators with one of them, then heals.
+	FaultPartition FaultKind = "partition"
+	// FaultIsolate cuts one replica from every other and from the
+	// coordinators, then heals.
+	FaultIsolate FaultKind = "isolate"
+	// FaultSlow adds delay, jitter and a rate cap to one replica's
+	// uplink for a while.
+	FaultSlow FaultKind = "slow"
+)
+
+// AllFaults is every kind, in the order reports list them.
+var AllFaults = []FaultKind{FaultKill, FaultStop, FaultCoordKill, FaultCoordTerm, FaultCoordAll, FaultEtcd,
+	FaultPartition, FaultIsolate, FaultSlow}
+
+// needsNetwork: kinds that cut or shape links.
+func (k FaultKind) needsNetwork() bool {
+	return k == FaultPartition || k == FaultIsolate || k == FaultSlow
+}
+
+// ParseFaults parses a comma-separated list of kinds ("all": every one,
+// "none": no fault at all).
+func ParseFaults(s string) ([]FaultKind, error) {
+	if s == "" || s == "all" {
+		return append([]FaultKind(nil), AllFaults...), nil
+	}
+	if s == "none" {
+		return nil, nil
+	}
+	var out []FaultKind
+	for _, f := range strings.Split(s, ",") {
+		k := FaultKind(strings.TrimSpace(f))
+		known := false
+		for _, a := range AllFaults {
+			known = known || a == k
+		}
+		if !known {
+			return nil, fmt.Errorf("chaos: unknown fault %q (want some of %v, or all)", k, AllFaults)
+		}
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+// Fault is one injected fault.
+type Fault struct {
+	ID      int       `json:"id"`
+	Kind    FaultKind `json:"kind"`
+	Targets []string  `json:"targets"` // replicas or coordinator processes
+	// Affects: the replicas whose process or links it touches (their
+	// peers may rightly see them fail); Silent: those peers see silence
+	// (a stopped process, a cut or slow link) rather than a reset.
+	Affects []string  `json:"affects,omitempty"`
+	Silent  bool      `json:"silent,omitempty"`
+	Start   time.Time `json:"start"`
+	End     time.Time `json:"end"` // when it was undone (restarted, continued, healed)
+	Note    string    `json:"note,omitempty"`
+	Epoch   uint64    `json:"epoch"` // the newest epoch at Start
+	Err     string    `json:"err,omitempty"`
+
+	// From the analysis (-1 when it does not apply or never happened).
+	Detection time.Duration `json:"detectionNs"` // Start → the first epoch without a target
+	Recovery  time.Duration `json:"recoveryNs"`  // Start → the first commit of a newer epoch (or any commit, for faults that need none)
+	Rejoin    time.Duration `json:"rejoinNs"`    // End → the target's first commit again
+}
+
+// affects reports whether f touches replica r at time t (with linger after
+// it was undone).
+func (f *Fault) covers(r string, t int64, linger time.Duration) bool {
+	if t < f.Start.UnixNano() || (!f.End.IsZero() && t > f.End.Add(linger).UnixNano()) {
+		return false
+	}
+	for _, a := range f.Affects {
+		if a == r {
+			return true
+		}
+	}
+	return false
+}
+
+// overlaps reports whether f (with linger) overlaps [from, to].
+func (f *Fault) overlaps(from, to int64, linger time.Duration) bool {
+	end := int64(1<<63 - 1)
+	if !f.End.IsZero() {
+		end = f.End.Add(linger).UnixNano()
+	}
+	return from <= end && to >= f.Start.UnixNano()
+}

@@ -1,0 +1,569 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ftcomm/ftcomm/internal/netns"
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+const job = "chaos"
+
+// harness runs one chaos job: the coordinators, the replicas, the
+// nemesis, and the checks.
+type harness struct {
+	cfg    Config
+	rec    *recorder
+	net    network
+	cl     *cluster
+	self   string
+	names  []string
+	index  map[string]int
+	secret []byte
+	rng    *mrand.Rand
+	start  time.Time
+
+	mu       sync.Mutex
+	reps     map[string]*replica
+	faults   []*Fault
+	endAt    int64
+	live     []Violation // found by the harness itself (stalls, the end)
+	printed  map[string]bool
+	quorums  map[uint64]bool
+	hogProcs []*child
+}
+
+type replica struct {
+	name   string
+	index  int
+	place  *placement
+	launch int
+	proc   *child
+	expect bool // the harness ends this launch itself
+	exited chan struct{}
+}
+
+func (h *harness) logf(format string, args ...any) {
+	if h.cfg.Log != nil {
+		fmt.Fprintf(h.cfg.Log, "%7.1fs  %s\n", time.Since(h.start).Seconds(), fmt.Sprintf(format, args...))
+	}
+}
+
+// Run runs a chaos job as cfg says and returns its report; the report's
+// Violations say whether it passed. An error means the run itself could
+// not be carried out.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.Dir, "logs"), 0o755); err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	h := &harness{cfg: cfg, self: self, index: map[string]int{}, reps: map[string]*replica{},
+		printed: map[string]bool{}, quorums: map[uint64]bool{}, start: time.Now(),
+		rng: mrand.New(mrand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))}
+	h.secret = make([]byte, 32)
+	rand.Read(h.secret)
+	for i := range cfg.Replicas {
+		n := string(rune('a' + i))
+		h.names = append(h.names, n)
+		h.index[n] = i
+	}
+	logf, err := os.Create(filepath.Join(cfg.Dir, "run.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	if cfg.Log != nil {
+		h.cfg.Log = io.MultiWriter(cfg.Log, logf)
+	} else {
+		h.cfg.Log = logf
+	}
+	evf, err := os.Create(filepath.Join(cfg.Dir, "events.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	defer evf.Close()
+	h.rec = newRecorder(evf)
+
+	if cfg.Ftcoord == "" {
+		h.logf("building ftcoord")
+		if cfg.Ftcoord, err = buildFtcoord(ctx, filepath.Join(cfg.Dir, "bin")); err != nil {
+			return nil, err
+		}
+		h.cfg.Ftcoord = cfg.Ftcoord
+	}
+	if h.net, err = openNetwork(ctx, cfg.Network); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := h.net.close(); err != nil {
+			h.logf("removing the network: %v", err)
+		}
+	}()
+	h.logf("network %s, topology %s, %d replicas, faults %v every %v (random %v), durable %v, seed %d",
+		h.net.kind(), cfg.Topology, cfg.Replicas, h.kinds(), cfg.MTBF, cfg.Random, cfg.Durable, cfg.Seed)
+	if h.cl, err = newCluster(cfg.Topology, cfg.Ftcoord, self, cfg.Dir, h.net.serverHost(), h.rec); err != nil {
+		return nil, err
+	}
+	h.cl.gossip = cfg.Gossip
+	defer h.cl.close()
+	if err := h.cl.start(ctx); err != nil {
+		return nil, fmt.Errorf("chaos: starting the coordinators: %w", err)
+	}
+	defer h.stopReplicas()
+	for _, n := range h.names {
+		pl, err := h.net.place(ctx, n, h.cl.endpoints())
+		if err != nil {
+			return nil, err
+		}
+		h.reps[n] = &replica{name: n, index: h.index[n], place: pl}
+		if err := h.spawn(n); err != nil {
+			return nil, err
+		}
+	}
+	if !h.rec.wait(time.Now().Add(2*time.Minute), func(r *recorder) bool { return r.together(h.names, h.start) }) {
+		return nil, fmt.Errorf("chaos: the %d replicas did not start committing together within 2 minutes (logs in %s)", cfg.Replicas, cfg.Dir)
+	}
+	h.logf("all %d replicas committing together at step %d", cfg.Replicas, h.rec.step())
+	h.startHogs()
+	defer h.stopHogs()
+
+	bg, stopBG := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); h.observe(bg) }()
+	go func() { defer wg.Done(); h.watch(bg) }()
+
+	nemesisStart, loadStart := time.Now(), loadavg()
+	h.rec.harness(Event{Kind: evNemesis, Reason: "the nemesis begins"})
+	h.nemesis(ctx)
+	nemesisEnd, loadEnd := time.Now(), loadavg()
+	h.rec.harness(Event{Kind: evNemesis, Reason: "the nemesis ends"})
+	h.settle(ctx)
+	stopBG()
+	wg.Wait()
+	h.pollQuorums(ctx) // the last epochs
+	h.stopReplicas()
+
+	evs := h.rec.snapshot()
+	a := check(h.checkInput(evs, true))
+	h.mu.Lock()
+	live := append([]Violation(nil), h.live...)
+	faults := append([]*Fault(nil), h.faults...)
+	h.mu.Unlock()
+	a.Violations = append(a.Violations, live...)
+	sort.SliceStable(a.Violations, func(i, j int) bool { return a.Violations[i].T < a.Violations[j].T })
+	for _, v := range a.Violations {
+		h.printViolation(v, evs)
+	}
+	rep := buildReport(h.cfg, h.net.kind(), evs, faults, a, nemesisStart, nemesisEnd)
+	rep.LoadStart, rep.LoadEnd = loadStart, loadEnd
+	if err := rep.write(cfg.Dir, evs, faults); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+func (h *harness) checkInput(evs []Event, final bool) checkInput {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	// Copies: the nemesis goes on filling in the newest fault (its end,
+	// its errors) while the watcher checks.
+	faults := make([]*Fault, len(h.faults))
+	for i, f := range h.faults {
+		c := *f
+		faults[i] = &c
+	}
+	return checkInput{Events: evs, Faults: faults, Durable: h.cfg.Durable,
+		Timeout: h.cfg.Timeout, Margin: h.cfg.Margin, Linger: h.linger(), Params: h.cfg.Params, Index: h.index,
+		EndAt: h.endAt, Final: final, StrictDeaths: h.cfg.StrictDeaths}
+}
+
+// linger is how long after a fault was undone its effects may still show:
+// a collective's timeout, a lease, and slack.
+func (h *harness) linger() time.Duration { return h.cfg.Timeout + h.cfg.LeaseTTL + 2*time.Second }
+
+func buildFtcoord(ctx context.Context, dir string) (string, error) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	path := filepath.Join(dir, "ftcoord")
+	out, err := exec.CommandContext(ctx, goTool, "build", "-o", path, "github.com/ftcomm/ftcomm/cmd/ftcoord").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("chaos: go build ftcoord: %v\n%s", err, out)
+	}
+	return path, nil
+}
+
+func openNetwork(ctx context.Context, kind string) (network, error) {
+	if kind == "auto" {
+		if netns.Available() == nil {
+			kind = "netns"
+		} else {
+			kind = "proxy"
+		}
+	}
+	switch kind {
+	case "netns":
+		if err := netns.Available(); err != nil {
+			return nil, err
+		}
+		return newNSNetwork(ctx)
+	case "proxy":
+		return newProxyNetwork(), nil
+	}
+	return noNetwork{}, nil
+}
+
+// kinds are the configured faults this run can inject.
+func (h *harness) kinds() []FaultKind {
+	var out []FaultKind
+	for _, k := range h.cfg.Faults {
+		switch {
+		case k.needsNetwork() && (h.net == nil || h.net.kind() == "none"):
+		case k == FaultEtcd && h.cfg.Topology != "cluster":
+		case k == FaultPartition && h.cfg.Replicas < 2:
+		default:
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// spawn starts a new launch of replica name.
+func (h *harness) spawn(name string) error {
+	h.mu.Lock()
+	r := h.reps[name]
+	r.launch++
+	launch := r.launch
+	h.mu.Unlock()
+	spec := replicaSpec{Job: job, Name: name, Index: r.index, Credentials: h.cl.credentialsFile(0), Endpoints: r.place.endpoints, Host: r.place.host,
+		GlooListen: r.place.glooListen, GlooAdvertise: r.place.glooAdvertise, Gossip: r.place.gossip, GossipTuning: h.cfg.Gossip,
+		Params: h.cfg.Params, StepTime: h.cfg.StepTime, Timeout: h.cfg.Timeout, LeaseTTL: h.cfg.LeaseTTL,
+		MinReplicas: 1, Durable: h.cfg.Durable, Secret: h.secret, SlowOp: h.cfg.Timeout / 2}
+	b, _ := json.Marshal(spec)
+	cmd := r.place.command(h.self)
+	cmd.Env = append(append(os.Environ(), replicaEnv+"="+string(b)), r.place.env...)
+	who := fmt.Sprintf("%s#%d", name, launch)
+	p, err := startChild(who, cmd, filepath.Join(h.cfg.Dir, "logs", fmt.Sprintf("%s-%d.log", name, launch)), func(line []byte) {
+		var e Event
+		if err := json.Unmarshal(line, &e); err != nil {
+			return
+		}
+		e.Replica, e.Launch = name, launch
+		h.rec.add(e)
+	})
+	if err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	h.mu.Lock()
+	r.proc, r.expect, r.exited = p, false, exited
+	h.mu.Unlock()
+	if pa, ok := h.net.(interface{ started(string, int) }); ok {
+		pa.started(name, p.pid())
+	}
+	h.rec.harness(Event{Kind: evSpawn, Replica: name, Launch: launch, Pid: p.pid()})
+	go func() { // exits with the process
+		<-p.done
+		h.mu.Lock()
+		expected := r.proc != p || r.expect
+		h.mu.Unlock()
+		why := exitReason(p.err)
+		if expected {
+			why = "expected: " + why
+		}
+		h.rec.harness(Event{Kind: evExit, Replica: name, Launch: launch, Pid: p.pid(), Reason: why})
+		close(exited)
+	}()
+	return nil
+}
+
+// signal sends sig to replica name's current process; kill makes its exit
+// expected.
+func (h *harness) signal(name string, sig syscall.Signal) (*child, error) {
+	h.mu.Lock()
+	r := h.reps[name]
+	p := r.proc
+	if sig == syscall.SIGKILL || sig == syscall.SIGTERM {
+		r.expect = true
+	}
+	h.mu.Unlock()
+	if p == nil {
+		return nil, fmt.Errorf("chaos: %s has no process", name)
+	}
+	return p, p.signal(sig)
+}
+
+// running reports whether replica name's current process is alive.
+func (h *harness) running(name string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	p := h.reps[name].proc
+	return p != nil && !p.exited()
+}
+
+// stopReplicas ends every replica process (closing stdin: they exit at once).
+func (h *harness) stopReplicas() {
+	h.mu.Lock()
+	var ps []*child
+	for _, r := range h.reps {
+		if r.proc != nil && !r.proc.exited() {
+			r.expect = true
+			ps = append(ps, r.proc)
+		}
+	}
+	h.mu.Unlock()
+	for _, p := range ps {
+		p.cmd.Process.Signal(syscall.SIGCONT)
+		p.stdin.Close()
+	}
+	for _, p := range ps {
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+}
+
+// settle ends the chaos: every link healed, every replica running; once
+// they all commit together, each is told to stop at a step a little ahead,
+// and reports its final state.
+func (h *harness) settle(ctx context.Context) {
+	h.net.heal(ctx)
+	for _, n := range h.names {
+		h.net.shape(ctx, n, netns.Shape{})
+		if !h.running(n) {
+			h.spawn(n)
+		}
+	}
+	for _, i := range h.cl.coordsDown() {
+		h.cl.startCoord(i)
+	}
+	since := time.Now()
+	h.logf("settling: waiting for every replica to commit together")
+	if !h.rec.wait(time.Now().Add(2*time.Minute), func(r *recorder) bool { return r.together(h.names, since) }) {
+		h.violation(time.Now().UnixNano(), invLiveness, "the replicas did not all commit together within 2 minutes of the last fault")
+		return
+	}
+	target := h.rec.step() + 20
+	h.mu.Lock()
+	h.endAt = time.Now().UnixNano()
+	var exits []chan struct{}
+	for _, r := range h.reps {
+		r.expect = true
+		fmt.Fprintf(r.proc.stdin, "stop %d\n", target)
+		exits = append(exits, r.exited)
+	}
+	h.mu.Unlock()
+	h.logf("settled: stopping every replica at step %d", target)
+	deadline := time.After(2 * time.Minute)
+	for _, ch := range exits {
+		select {
+		case <-ch:
+		case <-deadline:
+			h.violation(time.Now().UnixNano(), invLiveness, fmt.Sprintf("the replicas did not reach step %d within 2 minutes", target))
+			return
+		}
+	}
+}
+
+// violation records one the harness found itself.
+func (h *harness) violation(t int64, inv, detail string) {
+	v := Violation{T: t, Invariant: inv, Detail: detail}
+	h.mu.Lock()
+	h.live = append(h.live, v)
+	h.mu.Unlock()
+	h.logf("VIOLATION %s: %s", inv, detail)
+}
+
+// observe records the coordinator's epochs (its history) every 2 s.
+func (h *harness) observe(ctx context.Context) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			h.pollQuorums(ctx)
+		}
+	}
+}
+
+func (h *harness) pollQuorums(ctx context.Context) {
+	qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	qs, err := h.cl.history(qctx, job)
+	if err != nil {
+		return // down for now; the history keeps them
+	}
+	sort.Slice(qs, func(i, j int) bool { return qs[i].Epoch < qs[j].Epoch })
+	for _, q := range qs {
+		h.mu.Lock()
+		seen := h.quorums[q.Epoch]
+		h.quorums[q.Epoch] = true
+		h.mu.Unlock()
+		if seen {
+			continue
+		}
+		h.rec.add(quorumEvent(q))
+	}
+}
+
+func quorumEvent(q membership.Quorum) Event {
+	e := Event{T: q.Created.UnixNano(), Kind: evQuorum, Epoch: q.Epoch, Removed: q.Removed, Reason: q.Reason}
+	for _, p := range q.Participants {
+		e.Members = append(e.Members, p.ID)
+	}
+	return e
+}
+
+// watch checks the invariants every 5 s (printing new violations at once)
+// and that the job does not stall.
+func (h *harness) watch(ctx context.Context) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	stalled := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		evs := h.rec.snapshot()
+		a := check(h.checkInput(evs, false))
+		for _, v := range a.Violations {
+			h.printViolation(v, evs)
+		}
+		var last int64
+		for i := len(evs) - 1; i >= 0; i-- {
+			if evs[i].Kind == evCommit {
+				last = evs[i].T
+				break
+			}
+		}
+		if d := time.Since(time.Unix(0, last)); d > 30*time.Second && !stalled {
+			stalled = true
+			h.violation(time.Now().UnixNano(), invLiveness, fmt.Sprintf("no replica committed for %v", d.Round(time.Second)))
+		} else if d < 30*time.Second {
+			stalled = false
+		}
+	}
+}
+
+// printViolation prints a violation, once, with the timeline around it.
+func (h *harness) printViolation(v Violation, evs []Event) {
+	h.mu.Lock()
+	seen := h.printed[v.key()]
+	h.printed[v.key()] = true
+	h.mu.Unlock()
+	if seen || h.cfg.Log == nil {
+		return
+	}
+	fmt.Fprintf(h.cfg.Log, "\nVIOLATION %s at %s: %s\ntimeline:\n%s\n", v.Invariant, h.stamp(v.T), v.Detail,
+		timeline(evs, v.T, 4*time.Second, time.Second, h.start))
+}
+
+func (h *harness) stamp(t int64) string {
+	return fmt.Sprintf("%.3fs", time.Unix(0, t).Sub(h.start).Seconds())
+}
+
+// timeline renders the events from before to after t, one line each, with
+// runs of commits of one epoch folded into one line.
+func timeline(evs []Event, t int64, before, after time.Duration, origin time.Time) string {
+	var b strings.Builder
+	from, to := t-int64(before), t+int64(after)
+	type run struct {
+		first, last Event
+		n           int
+		who         map[string]bool
+	}
+	var open *run
+	at := func(e Event) float64 { return time.Unix(0, e.T).Sub(origin).Seconds() }
+	flush := func() {
+		if open == nil {
+			return
+		}
+		if open.n == 1 {
+			fmt.Fprintf(&b, "  %9.3fs %s\n", at(open.first), open.first)
+		} else {
+			var who []string
+			for w := range open.who {
+				who = append(who, w)
+			}
+			sort.Strings(who)
+			fmt.Fprintf(&b, "  %9.3fs %-8s commit    ×%d steps %d..%d epoch %d by %v (n %d), to %.3fs\n", at(open.first),
+				"", open.n, open.first.Step, open.last.Step, open.first.Epoch, who, open.last.N, at(open.last))
+		}
+		open = nil
+	}
+	for _, e := range evs {
+		if e.T < from || e.T > to {
+			continue
+		}
+		if e.Kind == evCommit && open != nil && open.first.Epoch == e.Epoch {
+			open.last = e
+			open.n++
+			open.who[e.who()] = true
+			continue
+		}
+		flush()
+		if e.Kind == evCommit {
+			open = &run{first: e, last: e, n: 1, who: map[string]bool{e.who(): true}}
+			continue
+		}
+		mark := " "
+		if e.T >= t && e.T < t+int64(time.Millisecond) {
+			mark = ">"
+		}
+		fmt.Fprintf(&b, " %s%9.3fs %s\n", mark, at(e), e)
+	}
+	flush()
+	return b.String()
+}
+
+// startHogs starts Config.Hog CPU-burning processes.
+func (h *harness) startHogs() {
+	for i := range h.cfg.Hog {
+		p, err := startChild(fmt.Sprintf("hog%d", i), exec.Command("sh", "-c", "while :; do :; done"),
+			filepath.Join(h.cfg.Dir, "logs", "hog.log"), nil)
+		if err != nil {
+			h.logf("hog: %v", err)
+			continue
+		}
+		h.hogProcs = append(h.hogProcs, p)
+	}
+	if len(h.hogProcs) > 0 {
+		h.logf("%d CPU hogs running", len(h.hogProcs))
+	}
+}
+
+func (h *harness) stopHogs() {
+	for _, p := range h.hogProcs {
+		p.stop(syscall.SIGKILL, 5*time.Second)
+	}
+	h.hogProcs = nil
+}
