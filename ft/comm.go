@@ -464,8 +464,12 @@ func (c *Comm) reconfigure(ctx context.Context) error {
 			c.metrics.reconfigSeconds.Observe(time.Since(t0).Seconds())
 			return err
 		}
-		if ctx.Err() != nil || errors.Is(err, comm.ErrBackendUnavailable) || errors.Is(err, comm.ErrInvalidArgument) ||
-			errors.Is(err, ErrGroupDiverged) {
+		if ctx.Err() != nil {
+			// The caller's ctx ended: say so (errors.Is ctx.Err()), even
+			// when what failed first was a formation's own deadline.
+			return fmt.Errorf("ft: step: %w (reconfiguring: %v)", context.Cause(ctx), err)
+		}
+		if errors.Is(err, comm.ErrBackendUnavailable) || errors.Is(err, comm.ErrInvalidArgument) || errors.Is(err, ErrGroupDiverged) {
 			return fmt.Errorf("ft: step: %w", err)
 		}
 		c.noteFailure()

@@ -40,26 +40,33 @@ func (m *unreachableMember) ReportCommitFailure(ctx context.Context, epoch uint6
 // Reporting is best effort: Commit must return within the op timeout.
 func TestCommitReturnsWhenCoordinatorUnreachable(t *testing.T) {
 	j := newJob(t, quick(), 1)
-	j.cfg.Timeout = time.Second
+	// The op timeout bounds the Commit under test. Under a CPU hog an
+	// epoch can fail to form within it, so b must not give up after a few
+	// failed commits while a joins.
+	j.cfg.Timeout, j.cfg.MaxCommitFailures = 2*time.Second, 1000
 	b := j.start("b", 0, 1, forever)
 	cfg := j.cfg
 	cfg.Group = "a"
 	m := &unreachableMember{fakeMember: j.coord.join("a.0", 1)}
 	cfg.Membership = m
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	a, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	params := make([]float32, 64)
+	params := make([]float32, j.nParams) // as b's: the all-reduces must match
 	if err := a.Register("params", comm.Float32s(params)); err != nil {
 		t.Fatal(err)
 	}
 	grads := make([]float32, len(params))
 	for a.Participants() < 2 { // train until both take part
 		if err := a.Step(ctx); err != nil && !errors.Is(err, ErrRolledBack) {
-			t.Fatal(err)
+			b.mu.Lock()
+			berr := b.err
+			b.mu.Unlock()
+			t.Fatalf("%v (b: %v)", err, berr)
 		}
 		a.AllReduce(ctx, comm.Float32s(grads), comm.Sum)
 		if _, err := a.Commit(ctx); err != nil {
