@@ -413,7 +413,11 @@ func TestReplicaGroups(t *testing.T) {
 // next) and every replica's state stays identical.
 func TestHealingSourceDiesMidTransfer(t *testing.T) {
 	j := newJob(t, quick(), 1)
-	j.nParams = 1 << 20 // 4 MiB of state
+	// 16 MiB of state in 64 KiB chunks: 256 chunks striped over three
+	// sources that take them as they go, so a serves some of them even
+	// when its goroutines start late (with 4 MiB, under a CPU hog, b and c
+	// once served the whole heal before a served its first chunk).
+	j.nParams = 1 << 22
 	j.cfg.HealChunkSize = 64 << 10
 	a, b, c := j.start("a", 0, 1, forever), j.start("b", 0, 1, forever), j.start("c", 0, 1, forever)
 	a.waitParticipants(3)
