@@ -639,7 +639,8 @@ const etcdConnectFor = 30 * time.Second
 // authenticates within the dial timeout, and a slow etcd (bcrypt on a
 // loaded host, an etcd still starting) fails it: a service waits for its
 // store a while, saying so, rather than exiting at the first slow answer.
-// It gives up after etcdConnectFor, or when ctx ends.
+// It gives up after etcdConnectFor or when ctx ends, checked between tries
+// (a try itself may take the client's dial timeout: clientv3.New takes no ctx).
 func connectEtcd(ctx context.Context, ccfg clientv3.Config, lg *zap.Logger) (*clientv3.Client, error) {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 200*time.Millisecond, 2*time.Second, etcdConnectFor
