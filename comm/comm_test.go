@@ -190,6 +190,56 @@ func TestCallerDeadlineTightensTimeout(t *testing.T) {
 	}
 }
 
+// The deadline timer is left armed between ops (see Comm.armLocked): an
+// op that hangs must still get its own Timeout, counted from its start, not
+// the deadline of an earlier op the timer was armed for.
+func TestTimeoutCountsFromEachOpsStart(t *testing.T) {
+	f := newFake(0, 2)
+	const timeout = 100 * time.Millisecond
+	c := newComm(t, f, comm.Options{Timeout: timeout, FlightRecorder: 1 << 16})
+	x := comm.Float32s(make([]float32, 3))
+	ctx := context.Background()
+	// Ops that complete at once, for most of a Timeout: the timer is armed
+	// for the first one's deadline.
+	for t0 := time.Now(); time.Since(t0) < timeout*3/4; {
+		if err := c.AllReduce(ctx, x, comm.Sum); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.mu.Lock()
+	f.gate = make(chan struct{}) // the next op hangs
+	f.mu.Unlock()
+	if err := c.AllReduce(ctx, x, comm.Sum); !errors.Is(err, comm.ErrTimeout) {
+		t.Fatalf("err = %v, want ErrTimeout", err)
+	}
+	ops := c.FlightRecord().Ops
+	last := ops[len(ops)-1]
+	if last.State != comm.OpFailed {
+		t.Fatalf("last op: %+v", last)
+	}
+	if ran := last.Finished.Sub(last.Started); ran < timeout {
+		t.Fatalf("the hanging op was aborted after %s, before its Timeout %s", ran, timeout)
+	}
+}
+
+// A caller's deadline earlier than the one the timer is armed for (an
+// earlier op's start plus a long Timeout) still ends the op.
+func TestCallerDeadlineAfterAnOpWithALongTimeout(t *testing.T) {
+	f := newFake(0, 2)
+	c := newComm(t, f, comm.Options{Timeout: time.Hour})
+	if err := c.Barrier(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	f.gate = make(chan struct{})
+	f.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	if err := c.Barrier(ctx); !errors.Is(err, comm.ErrTimeout) {
+		t.Fatalf("err = %v, want ErrTimeout", err)
+	}
+}
+
 func TestCallerCancelAbortsRunningOp(t *testing.T) {
 	f := newFake(0, 2)
 	f.gate = make(chan struct{})
