@@ -17,7 +17,7 @@ cd "$ROOT"
 go build -trimpath -ldflags="-s -w" -o "$DIR/ftbench" ./cmd/ftbench
 g++ -O2 -std=c++17 -o "$DIR/gloo_allreduce" bench/gloo/allreduce.cc -lgloo -lpthread
 mpicc -O2 -o "$DIR/mpi_allreduce" bench/mpi/allreduce.c
-gcc -O2 -pthread -o "$DIR/memcpy_bw" bench/memcpy/memcpy_bw.c
+gcc -O2 -mavx2 -pthread -o "$DIR/memcpy_bw" bench/memcpy/memcpy_bw.c
 cp bench/torch_gloo_allreduce.py bench/compare-cpu.sh "$DIR/"
 # Open MPI, libgloo and what they load (found with ldd over the binaries
 # and Open MPI's components); glibc and libstdc++ are the host's.
