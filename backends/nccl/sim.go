@@ -1,6 +1,7 @@
 package nccl
 
 import (
+	"context"
 	"crypto/rand"
 	"fmt"
 	"slices"
@@ -75,6 +76,8 @@ type Simulation struct {
 	pinned map[*byte]*simPinned
 	// stallCopies holds copies of page-locked memory on their streams.
 	stallCopies bool
+	// stallAborts holds ncclCommAbort of the comms on these devices.
+	stallAborts map[int]bool
 	hostAllocs  int // live page-locked allocations
 	comms       map[commHandle]*simComm
 	streams     map[streamHandle]*simStream
@@ -178,7 +181,7 @@ func NewSimulation(devices int) *Simulation {
 		allocs: map[uintptr]*simAlloc{}, comms: map[commHandle]*simComm{}, streams: map[streamHandle]*simStream{},
 		events: map[eventHandle]*simEvent{}, cells: map[cellHandle]commHandle{}, inits: map[uniqueID]*simRdv{},
 		growIDs: map[uniqueID]*simRdv{}, dead: map[int]bool{}, calls: map[string]int{},
-		pinned: map[*byte]*simPinned{}, killOn: map[string]int{},
+		pinned: map[*byte]*simPinned{}, killOn: map[string]int{}, stallAborts: map[int]bool{},
 	}
 	w.cond = sync.NewCond(&w.mu)
 	return w
@@ -265,6 +268,44 @@ func (w *Simulation) StallCopies(stall bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.stallCopies = stall
+}
+
+// StallAborts holds (true) or releases (false) every ncclCommAbort of a
+// comm on GPU dev in the call: the comm's GPU work goes on until the call
+// returns. (A real abort took 0.5 s after a peer's death on 2×H200; its
+// kernels are certain to have stopped only when it returns.)
+func (w *Simulation) StallAborts(dev int, stall bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stallAborts[dev] = stall
+	w.cond.Broadcast()
+}
+
+// AwaitQueued waits until a collective of a comm on GPU dev is queued on
+// a stream and waits there (for its peers, or to start), not terminated,
+// or until ctx ends.
+func (w *Simulation) AwaitQueued(ctx context.Context, dev int) error {
+	stop := context.AfterFunc(ctx, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.cond.Broadcast()
+	})
+	defer stop()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for {
+		for _, s := range w.streams {
+			for _, it := range s.items {
+				if ci, ok := it.(*simCollItem); ok && ci.c.dev == dev && !ci.c.killed && ci.waiting() {
+					return nil
+				}
+			}
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("nccl: simulation: no collective queued on GPU %d: %w", dev, context.Cause(ctx))
+		}
+		w.cond.Wait()
+	}
 }
 
 // Kill makes the process on GPU dev die, as by SIGKILL: its streams never
@@ -592,6 +633,9 @@ func (w *Simulation) commAbort(h commHandle) result {
 	if c == nil {
 		return resInvalidArgument
 	}
+	for w.stallAborts[c.dev] {
+		w.cond.Wait()
+	}
 	w.terminate(c)
 	delete(w.comms, h)
 	return resSuccess
@@ -908,6 +952,7 @@ func (w *Simulation) group(dev int, h commHandle, s streamHandle, ops []collArgs
 	}
 	it := &simCollItem{c: c, ops: slices.Clone(ops)}
 	st.items = append(st.items, it)
+	w.cond.Broadcast() // for AwaitQueued
 	return w.settleLater(c, nil, nil)
 }
 
@@ -928,6 +973,25 @@ type simRound struct {
 	in       [][]byte
 	arrived  int
 	complete bool
+}
+
+// waiting reports whether the item still waits for its peers' parts (or
+// has not started).
+func (it *simCollItem) waiting() bool {
+	if !it.arrived {
+		return true
+	}
+	for _, r := range it.rounds {
+		if !r.complete {
+			return true
+		}
+	}
+	for i, a := range it.ops {
+		if a.kind == kRecv && !it.got[i] {
+			return true
+		}
+	}
+	return false
 }
 
 func (it *simCollItem) step(w *Simulation) bool {
