@@ -78,6 +78,21 @@ type Comm struct {
 	stopHealth context.CancelFunc
 	stop       chan struct{}
 	done       chan struct{}
+
+	// releasing are the device comms formed so far whose release may
+	// still be under way (c.mu): Close waits for them, so that no GPU op
+	// of this Comm uses the caller's device memory after it returns.
+	releasing []releaser
+}
+
+// releaser is a backend that frees its device resources in the background
+// after Close (nccl's Backend: ncclCommAbort took 0.5 s after a peer's
+// death on 2×H200). Released is closed once the comm's GPU work has
+// stopped and its resources are freed; ReleaseErr then says whether that
+// went wrong (its GPU work may still run).
+type releaser interface {
+	Released() <-chan struct{}
+	ReleaseErr() error
 }
 
 // comms are one dimension's communicators at one epoch: data carries the
@@ -675,6 +690,7 @@ func (c *Comm) form(ctx context.Context, how reconfig, exclude []int, old comms,
 	if err != nil {
 		return comms{}, err
 	}
+	c.track(data)
 	if !c.splitKnown {
 		// The first formation shows whether the data backend keeps host
 		// memory (one comm serves both) or device memory (control needs a
@@ -691,6 +707,7 @@ func (c *Comm) form(ctx context.Context, how reconfig, exclude []int, old comms,
 		data.Close()
 		return comms{}, fmt.Errorf("control comm: %w", err)
 	}
+	c.track(ctl)
 	if ctl.Backend().Memory() != comm.HostMemory {
 		data.Close()
 		ctl.Close()
@@ -698,6 +715,55 @@ func (c *Comm) form(ctx context.Context, how reconfig, exclude []int, old comms,
 			comm.ErrBackendUnavailable, c.controlBackend(), ctl.Backend().Memory())
 	}
 	return comms{ctl: ctl, data: data}, nil
+}
+
+// track remembers a newly formed comm whose backend releases its device
+// resources after Close, for Close to wait for. Every comm ft forms passes
+// here, so the comms it closes along the way (left when sitting out,
+// replaced by new ones, shrunk or grown into the next epoch's, or a
+// formation's half) are waited for too; those already released are
+// forgotten.
+func (c *Comm) track(x *comm.Comm) {
+	r, ok := x.Backend().(releaser)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.releasing = slices.DeleteFunc(c.releasing, func(r releaser) bool {
+		select {
+		case <-r.Released():
+			return true
+		default:
+			return false
+		}
+	})
+	c.releasing = append(c.releasing, r)
+}
+
+// awaitReleased waits, at most Config.Timeout in all, until every device
+// comm this Comm formed has released its resources, so that no GPU op of
+// it still uses the caller's device memory.
+func (c *Comm) awaitReleased() error {
+	c.mu.Lock()
+	rs := c.releasing
+	c.releasing = nil
+	c.mu.Unlock()
+	timeout := time.NewTimer(c.cfg.Timeout)
+	defer timeout.Stop()
+	var errs []error
+	for i, r := range rs {
+		select {
+		case <-r.Released():
+			if err := r.ReleaseErr(); err != nil {
+				errs = append(errs, fmt.Errorf("ft: releasing a device comm: %w (its GPU work may still use device memory)", err))
+			}
+		case <-timeout.C:
+			return errors.Join(append(errs, fmt.Errorf("ft: %d device comms not released within %v of Close: their GPU work may still use device memory",
+				len(rs)-i, c.cfg.Timeout))...)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (c *Comm) controlBackend() string {
@@ -1158,7 +1224,13 @@ func (c *Comm) CommittedStep() int64 {
 }
 
 // Close leaves the job, closes the comms and the recovery server, and stops
-// the Comm's goroutines. Safe to call twice.
+// the Comm's goroutines. With a device data backend it then waits until
+// every comm the Comm formed has stopped its GPU work and released it
+// (nccl: ncclCommAbort, in the background since the comm was closed; at
+// most Config.Timeout), including the comms of earlier epochs it closed on
+// the way: once Close returns no op of the Comm uses device memory, and
+// the caller may free its tensors. An error says when that is not so.
+// Safe to call twice.
 func (c *Comm) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -1185,6 +1257,7 @@ func (c *Comm) Close() error {
 	if c.staging != nil {
 		c.staging.close() // after the server: no chunk is staged any more
 	}
+	err = errors.Join(err, c.awaitReleased())
 	c.metrics.unregister()
 	return err
 }

@@ -116,7 +116,13 @@
 //   - Call Step, the collectives and Commit from one goroutine.
 //   - Treat a *RollbackError from Step as a started step whose registered
 //     state moved to the job's history (rewind the data position).
-//   - Close the Comm; it leaves the job gracefully.
+//   - Close the Comm; it leaves the job gracefully. With a device data
+//     backend, free the device tensors the Comm used (registered or passed
+//     to its collectives) only after Close returns: Close waits until
+//     every device comm it formed, those of earlier epochs included, has
+//     stopped its GPU work (nccl: ncclCommAbort, run in the background
+//     since the comm was closed), at most Config.Timeout, and returns an
+//     error if one has not.
 //
 // # Backends: data on the GPU, control on the host
 //

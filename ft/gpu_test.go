@@ -94,13 +94,8 @@ func TestGPUFTOneReplica(t *testing.T) {
 	coord := newFakeCoord("gpu", quick())
 	defer coord.close()
 	const n = 1 << 20 // 4 MiB of float32 state
-	c, err := New(ctx, Config{Job: "gpu", Group: "a", Backend: "nccl", BackendConfig: &nccl.Config{Library: lib},
-		ControlBackend: "gloo", Secret: []byte("k"), Membership: coord.join("a.0", 1), Timeout: time.Minute,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	// Allocated before the Comm, so that the deferred Close runs before the
+	// frees: device memory is freed only after Close (see Caller duties).
 	params, err := lib.Alloc(0, 4*n)
 	if err != nil {
 		t.Fatal(err)
@@ -111,6 +106,13 @@ func TestGPUFTOneReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer grads.Free()
+	c, err := New(ctx, Config{Job: "gpu", Group: "a", Backend: "nccl", BackendConfig: &nccl.Config{Library: lib},
+		ControlBackend: "gloo", Secret: []byte("k"), Membership: coord.join("a.0", 1), Timeout: time.Minute,
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
 	host := make([]float32, n) // what the device must hold
 	for i := range host {
 		host[i] = 1
