@@ -127,7 +127,11 @@
 // further part runs its own pipelined ring through its lane, polling and
 // parking as the op goroutine does, so the copies and reductions of one
 // rank run on several cores. A failure stops every helper before the op
-// returns.
+// returns. The same agreement says whether every rank has shared memory to
+// both ring neighbours; the ring then pipelines in the larger
+// Config.SharedMemorySegment (4 MiB) instead of SegmentSize, alike at
+// every rank. Float32 and float64 sums reduce on AVX2 where the CPU has it
+// (comm/reduce).
 //
 // # Algorithms
 //

@@ -86,6 +86,7 @@ type laneJob struct {
 	d   desc
 	seq uint64
 	t   []byte
+	seg int // the pipelining unit agreed on
 	err error
 }
 
@@ -158,17 +159,17 @@ func (b *Backend) pokeAll() {
 }
 
 // allReduceLanes runs t as k parts: part 0 here, part i on helper i.
-func (b *Backend) allReduceLanes(ctx context.Context, d desc, seq uint64, t []byte, k int) error {
+func (b *Backend) allReduceLanes(ctx context.Context, d desc, seq uint64, t []byte, k, seg int) error {
 	es := d.dtype.Size()
 	count := len(t) / es
 	part := func(i int) []byte { return t[i*count/k*es : (i+1)*count/k*es] }
 	b.startLanes(k)
 	for i := 1; i < k; i++ {
-		b.laneJobs[i] = laneJob{d: d, seq: seq, t: part(i)}
+		b.laneJobs[i] = laneJob{d: d, seq: seq, t: part(i), seg: seg}
 		b.laneGo[i] <- struct{}{}
 	}
 	b.inLanes = true
-	err := b.ringBody(ctx, d, seq, part(0))
+	err := b.ringBody(ctx, d, seq, part(0), seg)
 	b.inLanes = false
 	if err != nil && !b.isBroken() {
 		// The helpers must stop too (they watch b, not the ctx).
@@ -222,7 +223,7 @@ func (b *Backend) runLane(i int, j *laneJob) error {
 	n, r := b.size, b.rank
 	es, count := j.d.dtype.Size(), len(j.t)/j.d.dtype.Size()
 	steps := 2 * (n - 1)
-	per := max(b.cfg.SegmentSize/es, 1) * n
+	per := max(j.seg/es, 1) * n
 	pieces := max(1, (count+per-1)/per)
 	rl, tl := b.links[mod(r-1, n)], b.links[mod(r+1, n)]
 	w := &b.laneRuns[i]

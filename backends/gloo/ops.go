@@ -254,10 +254,14 @@ func (b *Backend) sendFrame(ctx context.Context, p int, h *header, payload []byt
 // sendData sends data to p in frames of at most one segment (one empty
 // frame if data is empty).
 func (b *Backend) sendData(ctx context.Context, p int, h header, data []byte) error {
+	return b.sendSegments(ctx, p, h, data, b.segFor(h.d.dtype))
+}
+
+// sendSegments is sendData in frames of at most seg bytes (whole elements).
+func (b *Backend) sendSegments(ctx context.Context, p int, h header, data []byte, seg int) error {
 	if len(data) == 0 {
 		return b.sendFrame(ctx, p, &h, nil)
 	}
-	seg := b.segFor(h.d.dtype)
 	for off := 0; off < len(data); off += seg {
 		if err := b.sendFrame(ctx, p, &h, data[off:min(off+seg, len(data))]); err != nil {
 			return err
@@ -481,27 +485,45 @@ func (b *Backend) allReduceRing(ctx context.Context, d desc, t []byte) error {
 	// while it runs), for one lane: no more than any lane count needs.
 	b.want[left] += max(1, (count+per-1)/per) * steps
 	seq := b.collective(d, true)
-	k, err := b.agreeMin(ctx, seq, d, uint64(b.lanesWanted(len(t))))
+	// The agreement carries the lanes this rank can use and, above them,
+	// whether both its ring neighbours are shared-memory links: the minimum
+	// has that bit only if every rank has it (a rank without it offers 1
+	// lane and no bit), and then every rank pipelines in
+	// SharedMemorySegment. (A peer that offers only lanes, as before the
+	// bit existed, turns it off for all.)
+	v := uint64(b.lanesWanted(len(t)))
+	if b.links[left].shm != nil && b.links[mod(r+1, n)].shm != nil {
+		v |= agreeShm
+	}
+	v, err := b.agreeMin(ctx, seq, d, v)
 	if err != nil {
 		return err
 	}
-	if k > 1 {
-		return b.allReduceLanes(ctx, d, seq, t, int(k))
+	seg := b.cfg.SegmentSize
+	if v&agreeShm != 0 && b.cfg.SharedMemorySegment > 0 {
+		seg = b.cfg.SharedMemorySegment
 	}
-	return b.ringBody(ctx, d, seq, t)
+	if k := int(v &^ agreeShm); k > 1 {
+		return b.allReduceLanes(ctx, d, seq, t, k, seg)
+	}
+	return b.ringBody(ctx, d, seq, t, seg)
 }
+
+// agreeShm is the bit of the ring all-reduce's agreement that says every
+// rank has shared memory to both its ring neighbours.
+const agreeShm = 1 << 32
 
 // ringBody runs the pipelined ring on t after the agreement; the left
 // link's reader (or, over shared memory, the op goroutine as it waits)
 // reduces incoming blocks straight into t (or copies them, in the
 // all-gather half).
-func (b *Backend) ringBody(ctx context.Context, d desc, seq uint64, t []byte) error {
+func (b *Backend) ringBody(ctx context.Context, d desc, seq uint64, t []byte, seg int) error {
 	n, r := b.size, b.rank
 	left, right := mod(r-1, n), mod(r+1, n)
 	es := d.dtype.Size()
 	count := len(t) / es
 	steps := 2 * (n - 1)
-	per := max(b.cfg.SegmentSize/es, 1) * n
+	per := max(seg/es, 1) * n
 	pieces := max(1, (count+per-1)/per)
 	b.links[left].plan(seq, pieces*steps)
 	g := ringGeom{n: n, r: r, es: es, count: count, pieces: pieces, steps: steps, t: t}
@@ -528,7 +550,7 @@ func (b *Backend) ringBody(ctx context.Context, d desc, seq uint64, t []byte) er
 			if s == n-1 && d.redop == comm.Avg {
 				reduce.Divide(d.dtype, data, n) // this rank's reduced block
 			}
-			if err := b.sendData(ctx, right, opHeader(d, seq, s), data); err != nil {
+			if err := b.sendSegments(ctx, right, opHeader(d, seq, s), data, max(seg/es*es, es)); err != nil {
 				return err
 			}
 		}

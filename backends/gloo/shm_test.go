@@ -171,3 +171,43 @@ func FuzzShmReader(f *testing.F) {
 		b.Close()
 	})
 }
+
+// A ring all-reduce pipelines in SharedMemorySegment only if every rank has
+// shared memory to both its ring neighbours, which ranks cannot see of
+// each other: here rank 1 has none, so ranks 0 and 2 have one TCP
+// neighbour each while rank 3's neighbours (2 and 0) are both shared
+// memory. The segments are chosen so that the two cut a 4 MiB all-reduce
+// into different pieces (16 against 1): rank 3 must follow the others.
+func TestSharedMemorySegmentAgreed(t *testing.T) {
+	skipWithoutShm(t)
+	comms := newJobPerRank(t, 4, func(r int) *Config {
+		c := testConfig()
+		c.SharedMemory = r != 1
+		c.SegmentSize, c.SharedMemorySegment = 64<<10, 1<<20
+		return c
+	}).comms
+	if b := backendOf(comms[3]); b.links[2].shm == nil || b.links[0].shm == nil {
+		t.Fatal("rank 3's ring neighbours are not both shared memory")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, len(comms))
+	for r, c := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 3 {
+				if errs[r] = sumCheck(ctx, c, 1<<20); errs[r] != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}

@@ -15,9 +15,13 @@ func backendConfig(cfg *Config) any {
 		}
 		return &c
 	}
-	if cfg.Backend == "gloo" && cfg.GlooLanes != 0 {
+	if cfg.Backend == "gloo" && (cfg.GlooLanes != 0 || cfg.GlooSegment != 0) {
 		c := gloo.DefaultConfig()
 		c.SharedMemoryLanes = cfg.GlooLanes
+		if cfg.GlooSegment != 0 {
+			c.SegmentSize = int(cfg.GlooSegment)
+			c.SharedMemorySegment = int(cfg.GlooSegment)
+		}
 		return c
 	}
 	return nil

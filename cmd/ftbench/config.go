@@ -50,6 +50,10 @@ type Config struct {
 	// GlooLanes bounds the cores a gloo rank spreads a large all-reduce
 	// over on shared memory (gloo.Config.SharedMemoryLanes; 0 automatic).
 	GlooLanes int `json:"gloo_lanes"`
+	// GlooSegment is the gloo backend's pipelining unit, over TCP and
+	// shared memory alike (gloo.Config.SegmentSize and
+	// SharedMemorySegment; 0: their defaults).
+	GlooSegment int64 `json:"gloo_segment"`
 	// Async issues the timed iterations as async ops back to back and then
 	// waits for them all (nccl-tests' method; a device backend pipelines
 	// them on its stream); off, each op is waited for before the next.
@@ -119,6 +123,8 @@ func (c *Config) Validate() error {
 		return usagef("-r %d outside [0, %d)", c.Root, c.NP)
 	case c.GlooLanes < 0 || c.GlooLanes > 16:
 		return usagef("-lanes %d outside [0, 16]", c.GlooLanes)
+	case c.GlooSegment != 0 && (c.GlooSegment < 4<<10 || c.GlooSegment > 64<<20):
+		return usagef("-segment %d outside [4 KiB, 64 MiB]", c.GlooSegment)
 	case c.RawBuf < 0:
 		return usagef("-rawbuf %d is negative", c.RawBuf)
 	case c.Timeout <= 0:
@@ -346,6 +352,7 @@ func parseFlags(args []string) (Config, error) {
 	fs.BoolVar(&c.Verbose, "v", c.Verbose, "verbose worker logs on stderr")
 	fs.BoolVar(&c.Async, "async", c.Async, "issue each size's iterations back to back as async ops, then wait (nccl-tests' method)")
 	fs.StringVar(&c.NCCLMode, "nccl-mode", c.NCCLMode, "nccl: comm mode, blocking-data (default: nonblocking control comm, blocking data comm), nonblocking, or blocking (init and shrink cannot be aborted)")
+	fs.Var(sizeFlag{&c.GlooSegment}, "segment", "gloo: pipelining unit of the ring algorithms, over TCP and shared memory alike (gloo.Config.SegmentSize and SharedMemorySegment; 0: their defaults, 1 MiB and 4 MiB)")
 	fs.IntVar(&c.GlooLanes, "lanes", c.GlooLanes, "gloo: most cores one rank spreads a large all-reduce over on shared memory (0: automatic, see gloo.Config.SharedMemoryLanes; 1: one)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
