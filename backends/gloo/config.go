@@ -111,16 +111,17 @@ type Config struct {
 	// 64 MiB, 512 KiB segments cost ~10–15% more CPU per op (more handoffs
 	// between the connection's reader and the op), 2 MiB was no better.
 	SegmentSize int
-	// SharedMemorySegment is SegmentSize for a ring all-reduce whose every
-	// rank has shared-memory links to both its ring neighbours (agreed on
-	// with the lanes, so that every rank cuts alike); 0 uses SegmentSize.
-	// Default 4 MiB: one host's ranks hand blocks over through memory, and
-	// finer pipelining only adds handoffs. Measured with cmd/ftbench,
-	// 2026-11-24, interleaved rounds: 2 ranks on a 2-core VM, 16 MiB
-	// 9.9–13.9 GB/s busbw against 3.8–5.7 with 1 MiB (64 MiB 7.5–9.4
-	// against 3.5–5.8); on a 16-core host, where lanes run the parts in
-	// parallel, no difference beyond the noise at 2 and 8 ranks, 4 ranks
-	// 7.8–8.9 against 4.5–9.5.
+	// SharedMemorySegment is SegmentSize for a ring all-reduce that runs
+	// on one lane (SharedMemoryLanes) and whose every rank has
+	// shared-memory links to both its ring neighbours (agreed on with the
+	// lanes, so that every rank cuts alike); 0 uses SegmentSize. Default
+	// 4 MiB: one host's ranks hand blocks over through memory, and finer
+	// pipelining only adds handoffs. Measured with cmd/ftbench -segment,
+	// 2026-11-24, 3 interleaved rounds, 2 ranks on a 2-core VM (one lane
+	// each): 16 MiB 9.9–13.9 GB/s busbw against 3.8–5.7 with 1 MiB, 64 MiB
+	// 7.5–9.4 against 3.5–5.8. Where lanes run the parts side by side (the
+	// 16-core host) 4 MiB made no difference beyond the noise, and lanes
+	// keep SegmentSize.
 	SharedMemorySegment int
 	// MaxPendingHandshakes bounds concurrent inbound handshakes; excess
 	// connections are refused at once.

@@ -128,7 +128,7 @@
 // parking as the op goroutine does, so the copies and reductions of one
 // rank run on several cores. A failure stops every helper before the op
 // returns. The same agreement says whether every rank has shared memory to
-// both ring neighbours; the ring then pipelines in the larger
+// both ring neighbours; a ring on one lane then pipelines in the larger
 // Config.SharedMemorySegment (4 MiB) instead of SegmentSize, alike at
 // every rank. Float32 and float64 sums reduce on AVX2 where the CPU has it
 // (comm/reduce).

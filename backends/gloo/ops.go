@@ -490,7 +490,7 @@ func (b *Backend) allReduceRing(ctx context.Context, d desc, t []byte) error {
 	// has that bit only if every rank has it (a rank without it offers 1
 	// lane and no bit), and then every rank pipelines in
 	// SharedMemorySegment. (A peer that offers only lanes, as before the
-	// bit existed, turns it off for all.)
+	// bit existed, turns it off for all.) Only a ring on one lane uses it.
 	v := uint64(b.lanesWanted(len(t)))
 	if b.links[left].shm != nil && b.links[mod(r+1, n)].shm != nil {
 		v |= agreeShm
@@ -499,12 +499,14 @@ func (b *Backend) allReduceRing(ctx context.Context, d desc, t []byte) error {
 	if err != nil {
 		return err
 	}
+	if k := int(v &^ agreeShm); k > 1 {
+		// Lanes already run the parts side by side; within each, the
+		// finer SegmentSize keeps a lane's steps pipelined.
+		return b.allReduceLanes(ctx, d, seq, t, k, b.cfg.SegmentSize)
+	}
 	seg := b.cfg.SegmentSize
 	if v&agreeShm != 0 && b.cfg.SharedMemorySegment > 0 {
 		seg = b.cfg.SharedMemorySegment
-	}
-	if k := int(v &^ agreeShm); k > 1 {
-		return b.allReduceLanes(ctx, d, seq, t, k, seg)
 	}
 	return b.ringBody(ctx, d, seq, t, seg)
 }
