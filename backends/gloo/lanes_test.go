@@ -20,7 +20,7 @@ func TestAllReduceLanes(t *testing.T) {
 	skipWithoutShm(t)
 	for _, n := range []int{2, 3, 4} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			j := newJob(t, n, func(c *Config) { c.SharedMemoryLanes = 3; c.SharedMemorySegment = 256 << 10 })
+			j := newJob(t, n, func(c *Config) { c.SharedMemoryLanes = 3; c.SegmentSize = 256 << 10 })
 			for _, l := range backendOf(j.comms[0]).links {
 				if l != nil && (l.shm == nil || len(l.shm.lanes) != 3) {
 					t.Fatalf("link without 3 lanes")
