@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ftcomm/ftcomm/comm"
@@ -43,6 +44,7 @@ type fakeMember struct {
 	done    chan struct{}
 	step    int64
 	closed  bool
+	severed atomic.Bool // the process died: what it sends is lost (see sever)
 }
 
 // join registers id as a new incarnation asking for a quorum, with the
@@ -65,6 +67,19 @@ func (c *fakeCoord) join(id string, minReplicas int) *fakeMember {
 }
 
 // kill removes id as gossip would after a death.
+// sever cuts member id off as a process death does, before the
+// coordinator notices it (kill): the dead process's reports never arrive,
+// but it stays a member until its session ends.
+func (c *fakeCoord) sever(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m, ok := c.members[id]; ok {
+		m.severed.Store(true)
+	}
+}
+
+var errSevered = errors.New("fake member: the process is dead")
+
 func (c *fakeCoord) kill(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -169,6 +184,9 @@ func (m *fakeMember) Leave(ctx context.Context) error { return m.Close() }
 // Revoke records a revocation of epoch; the fake trusts no blame (it has no
 // addresses to check), so the blamed stay until killed.
 func (m *fakeMember) Revoke(ctx context.Context, epoch uint64, reason string, failed ...string) error {
+	if m.severed.Load() {
+		return errSevered
+	}
 	c := m.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -178,6 +196,9 @@ func (m *fakeMember) Revoke(ctx context.Context, epoch uint64, reason string, fa
 }
 
 func (m *fakeMember) SetHealth(ctx context.Context, h membership.Health, reason string) error {
+	if m.severed.Load() {
+		return errSevered
+	}
 	c := m.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -198,6 +219,9 @@ func (m *fakeMember) SetStep(step int64) {
 }
 
 func (m *fakeMember) ReportCommitFailure(ctx context.Context, epoch uint64, blamed ...string) error {
+	if m.severed.Load() {
+		return errSevered
+	}
 	c := m.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -212,6 +236,9 @@ func (m *fakeMember) ReportCommitFailure(ctx context.Context, epoch uint64, blam
 }
 
 func (m *fakeMember) ReportFormed(ctx context.Context, epoch uint64) error {
+	if m.severed.Load() {
+		return errSevered
+	}
 	c := m.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -228,6 +255,9 @@ func (m *fakeMember) ReportFormed(ctx context.Context, epoch uint64) error {
 // RecordCommit and LastCommit keep durable commit records as etcd would:
 // the first epoch to record a step owns it.
 func (m *fakeMember) RecordCommit(ctx context.Context, step int64, epoch uint64) (membership.CommitRecord, bool, error) {
+	if m.severed.Load() {
+		return membership.CommitRecord{}, false, errSevered
+	}
 	c := m.c
 	c.mu.Lock()
 	defer c.mu.Unlock()

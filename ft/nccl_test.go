@@ -587,6 +587,11 @@ func (r *gpuReplica) comms() comms {
 // rank: its streams never advance again), its sockets close (its gloo
 // control comms abort), and the coordinator learns of it as from gossip.
 func (j *gpuJob) kill(r *gpuReplica) {
+	// All at once, as a SIGKILL: first nothing more of it reaches the
+	// coordinator (a dead process reports no commit failure of its own,
+	// which would cost the survivors an extra epoch), then its GPU work
+	// and sockets die, then its session ends.
+	j.coord.sever(r.id)
 	j.sim.Kill(r.dev)
 	r.c.mu.Lock()
 	ctls := []*comm.Comm{r.c.ft.ctl, r.c.group.ctl}
