@@ -180,34 +180,23 @@ func FuzzShmReader(f *testing.F) {
 // into different pieces (16 against 1): rank 3 must follow the others.
 func TestSharedMemorySegmentAgreed(t *testing.T) {
 	skipWithoutShm(t)
-	comms := newJobPerRank(t, 4, func(r int) *Config {
+	j := newJobPerRank(t, 4, func(r int) *Config {
 		c := testConfig()
 		c.SharedMemory = r != 1
 		c.SegmentSize, c.SharedMemorySegment = 64<<10, 1<<20
 		return c
-	}).comms
-	if b := backendOf(comms[3]); b.links[2].shm == nil || b.links[0].shm == nil {
+	})
+	if b := backendOf(j.comms[3]); b.links[2].shm == nil || b.links[0].shm == nil {
 		t.Fatal("rank 3's ring neighbours are not both shared memory")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	errs := make([]error, len(comms))
-	for r, c := range comms {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 3 {
-				if errs[r] = sumCheck(ctx, c, 1<<20); errs[r] != nil {
-					return
-				}
+	j.mustRun(func(r int, c *comm.Comm) error {
+		for range 3 {
+			if err := sumCheck(ctx, c, 1<<20); err != nil {
+				return err
 			}
-		}()
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
 		}
-	}
+		return nil
+	})
 }
