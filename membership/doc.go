@@ -169,7 +169,10 @@
 // milliseconds after a SIGKILL; gossip (Gossip, about 1 s with
 // DefaultGossipConfig for a killed or stopped process, the coordinator
 // being a gossip node itself); lease expiry (LeaseTTL, ≥ 2 s) as the
-// backstop. Whichever fires first ends the epoch.
+// backstop. Whichever fires first ends the epoch. A member that leaves
+// tells each gossip peer it knows over TCP and waits for their answers
+// before memberlist announces the leave, so those peers report a leave,
+// not a death, in whatever order gossip brings the rest.
 //
 // # Concurrency and goroutines
 //
@@ -179,7 +182,8 @@
 // key, heartbeats and gossip; they exit at Leave or Close, or soon after
 // the membership is lost (Close waits for them). Coordinator.Run's
 // goroutines exit before it returns. Gossip runs one event-forwarding
-// goroutine until Close. Embedded's etcd stops at Close, without waiting
+// goroutine until Close, and one short-lived goroutine per leave-handshake
+// message it sends (Close waits for them). Embedded's etcd stops at Close, without waiting
 // for clients' watches and keepalives (they are ended first, as
 // Unavailable, and clients retry); its data directory is locked while it
 // runs, so a second server on it fails at once with ErrDataDirInUse

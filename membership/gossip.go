@@ -3,6 +3,7 @@ package membership
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log"
 	"net"
@@ -172,6 +173,20 @@ type Gossip struct {
 	done    chan struct{}
 	once    sync.Once
 	leaving atomic.Bool
+	// leftBy holds the peers that told this node they are leaving;
+	// unacked, the peers yet to acknowledge this node's own leave (closing
+	// allAcked when it empties); both under mu. sending counts the
+	// goroutines sending handshake messages, which start only while
+	// !stopped (under mu).
+	leftBy   map[string]bool
+	unacked  map[string]bool
+	allAcked chan struct{}
+	sending  sync.WaitGroup
+	stopped  bool
+	// noLeaveMeta (tests) leaves the "leaving" metadata out of Leave, so
+	// that only the handshake tells peers.
+	noLeaveMeta bool
+
 	suspect atomic.Int64
 	refute  atomic.Int64
 	deaths  atomic.Int64
@@ -196,6 +211,7 @@ func StartGossip(name string, cfg GossipConfig) (*Gossip, error) {
 		events: make(chan GossipEvent),
 		closed: make(chan struct{}),
 		done:   make(chan struct{}),
+		leftBy: map[string]bool{},
 	}
 	if g.lg == nil {
 		g.lg = zap.NewNop()
@@ -285,21 +301,140 @@ func (g *Gossip) Stats() GossipStats {
 
 // Leave tells the others this node is going (they see GossipLeave, not
 // GossipDead), waiting until ctx ends at most.
+//
+// memberlist (v0.7) reports a leave to the others' event delegates like a
+// death, and its gossip may deliver the leave before any news sent ahead
+// of it. So Leave first tells every peer over TCP and waits for each to
+// acknowledge (a peer that acknowledged reports the leave as a leave,
+// whatever order gossip brings the rest in), then puts "leaving" in its
+// metadata for peers that did not answer in time, then leaves.
 func (g *Gossip) Leave(ctx context.Context) error {
 	timeout := 2 * time.Second
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)
 	}
-	// memberlist (v0.7) reports a leave like a death to the others, so
-	// say so in this node's metadata first.
 	g.leaving.Store(true)
-	if err := g.ml.UpdateNode(timeout / 2); err != nil {
-		return fmt.Errorf("membership: gossip leave: %w", err)
+	g.tellLeaving(time.Now().Add(timeout / 3))
+	if !g.noLeaveMeta {
+		if err := g.ml.UpdateNode(timeout / 3); err != nil {
+			return fmt.Errorf("membership: gossip leave: %w", err)
+		}
 	}
-	if err := g.ml.Leave(timeout / 2); err != nil {
+	if err := g.ml.Leave(timeout / 3); err != nil {
 		return fmt.Errorf("membership: gossip leave: %w", err)
 	}
 	return nil
+}
+
+// User messages between nodes: a kind byte, the length of the sender's
+// name (uvarint), the name, then the sender's host:port (a peer may not
+// know the sender yet when it must answer).
+const (
+	msgLeaving  byte = 'L' // the sender is about to leave
+	msgLeaveAck byte = 'A' // the sender will report that leave as a leave
+)
+
+// tellLeaving sends msgLeaving to every peer and waits, until deadline at
+// most, for all of them to acknowledge it.
+func (g *Gossip) tellLeaving(deadline time.Time) {
+	var peers []*memberlist.Node
+	g.mu.Lock()
+	g.unacked = map[string]bool{}
+	g.allAcked = make(chan struct{})
+	for _, n := range g.ml.Members() {
+		if n.Name != g.name {
+			peers = append(peers, n)
+			g.unacked[n.Name] = true
+		}
+	}
+	if len(peers) == 0 {
+		close(g.allAcked)
+	}
+	all := g.allAcked
+	g.mu.Unlock()
+	msg := g.message(msgLeaving)
+	for _, n := range peers {
+		g.send(n, msg, func() { g.acked(n.Name) }) // unreachable: no use waiting
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case <-all:
+	case <-timer.C:
+		g.mu.Lock()
+		missing := len(g.unacked)
+		g.mu.Unlock()
+		g.lg.Info("gossip: peers did not acknowledge the leave in time; they may report a death",
+			zap.String("node", g.name), zap.Int("peers", missing))
+	}
+}
+
+// acked notes that peer acknowledged this node's leave (or cannot).
+func (g *Gossip) acked(peer string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.unacked[peer] {
+		delete(g.unacked, peer)
+		if len(g.unacked) == 0 {
+			close(g.allAcked)
+		}
+	}
+}
+
+// send sends msg to n over TCP from a goroutine of its own (it dials;
+// memberlist's receive path must not block), calling failed if it could
+// not.
+func (g *Gossip) send(n *memberlist.Node, msg []byte, failed func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped {
+		return
+	}
+	g.sending.Add(1)
+	go func() {
+		defer g.sending.Done()
+		if err := g.ml.SendReliable(n, msg); err != nil {
+			g.lg.Debug("gossip: handshake message not sent", zap.String("node", g.name), zap.String("peer", n.Name), zap.Error(err))
+			if failed != nil {
+				failed()
+			}
+		}
+	}()
+}
+
+// message encodes a user message of kind from this node.
+func (g *Gossip) message(kind byte) []byte {
+	msg := binary.AppendUvarint([]byte{kind}, uint64(len(g.name)))
+	msg = append(msg, g.name...)
+	return append(msg, g.Addr()...)
+}
+
+// receive handles a user message from a peer. Anything else than the two
+// messages above is dropped.
+func (g *Gossip) receive(msg []byte) {
+	if len(msg) < 2 {
+		return
+	}
+	n, k := binary.Uvarint(msg[1:])
+	if k <= 0 || n == 0 || n > uint64(len(msg)-1-k) {
+		return
+	}
+	name, addr := string(msg[1+k:1+k+int(n)]), string(msg[1+k+int(n):])
+	switch msg[0] {
+	case msgLeaving:
+		host, portS, err := net.SplitHostPort(addr)
+		ip := net.ParseIP(host)
+		port, perr := strconv.ParseUint(portS, 10, 16)
+		if err != nil || ip == nil || perr != nil {
+			return
+		}
+		g.mu.Lock()
+		g.leftBy[name] = true
+		g.mu.Unlock()
+		g.send(&memberlist.Node{Name: name, Addr: ip, Port: uint16(port)}, g.message(msgLeaveAck), nil)
+	case msgLeaveAck:
+		g.acked(name)
+	}
 }
 
 // Close stops the node without a leave message (peers declare it dead
@@ -307,9 +442,13 @@ func (g *Gossip) Leave(ctx context.Context) error {
 func (g *Gossip) Close() error {
 	var err error
 	g.once.Do(func() {
+		g.mu.Lock()
+		g.stopped = true
+		g.mu.Unlock()
 		err = g.ml.Shutdown()
 		close(g.closed)
 		<-g.done
+		g.sending.Wait()
 	})
 	return err
 }
@@ -353,12 +492,18 @@ func event(kind GossipEventKind, n *memberlist.Node) GossipEvent {
 }
 
 func (e *gossipEvents) NotifyJoin(n *memberlist.Node) {
+	// Not clearing leftBy: the news of a node's join may come after its
+	// leave handshake. The entry goes when its leave is reported.
 	(*Gossip)(e).push(event(GossipJoin, n))
 }
 
 func (e *gossipEvents) NotifyLeave(n *memberlist.Node) {
 	g := (*Gossip)(e)
-	if bytes.Equal(n.Meta, leavingMeta) {
+	g.mu.Lock()
+	told := g.leftBy[n.Name]
+	delete(g.leftBy, n.Name)
+	g.mu.Unlock()
+	if told || bytes.Equal(n.Meta, leavingMeta) {
 		g.push(event(GossipLeave, n))
 		return
 	}
@@ -370,8 +515,8 @@ func (e *gossipEvents) NotifyUpdate(*memberlist.Node) {}
 
 var leavingMeta = []byte("leaving")
 
-// gossipMeta is the memberlist.Delegate: it only publishes the node's
-// metadata ("leaving" once Leave began).
+// gossipMeta is the memberlist.Delegate: it publishes the node's metadata
+// ("leaving" once Leave began) and receives the leave handshake.
 type gossipMeta Gossip
 
 func (d *gossipMeta) NodeMeta(limit int) []byte {
@@ -380,7 +525,7 @@ func (d *gossipMeta) NodeMeta(limit int) []byte {
 	}
 	return nil
 }
-func (d *gossipMeta) NotifyMsg([]byte)                           {}
+func (d *gossipMeta) NotifyMsg(msg []byte)                       { (*Gossip)(d).receive(msg) }
 func (d *gossipMeta) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 func (d *gossipMeta) LocalState(join bool) []byte                { return nil }
 func (d *gossipMeta) MergeRemoteState(buf []byte, join bool)     {}
