@@ -54,6 +54,11 @@ type Comm struct {
 	// midStep is true from a Step that returned until its Commit ended:
 	// the training loop may have device ops in flight on the epoch's comms.
 	midStep bool
+	// stopping counts stopStale calls decided but not yet done; stopsDone
+	// is closed when it drops to 0. A reconfiguration waits for them, so
+	// a stop never lands on a comm that is being shrunk or grown.
+	stopping  int
+	stopsDone chan struct{}
 
 	// Owned by the training goroutine.
 	step          int64
@@ -399,15 +404,48 @@ func (c *Comm) staleDataLocked(epoch uint64, skip []comms) []*comm.Comm {
 			stale = append(stale, x.data)
 		}
 	}
+	if len(stale) > 0 {
+		if c.stopping == 0 {
+			c.stopsDone = make(chan struct{})
+		}
+		c.stopping++
+	}
 	return stale
 }
 
+// stopStale revokes what staleDataLocked returned, outside c.mu.
 func (c *Comm) stopStale(stale []*comm.Comm, epoch uint64) {
+	if len(stale) == 0 {
+		return
+	}
 	for _, d := range stale {
 		d.Revoke(fmt.Errorf("ft: epoch %d began mid-step: the old epoch's device ops may wait for peers that moved on", epoch))
 	}
-	if len(stale) > 0 {
-		c.log.Info("stopped the step's device ops: a new epoch began mid-step", zap.Uint64("epoch", epoch))
+	c.log.Info("stopped the step's device ops: a new epoch began mid-step", zap.Uint64("epoch", epoch))
+	c.mu.Lock()
+	if c.stopping--; c.stopping == 0 {
+		close(c.stopsDone)
+	}
+	c.mu.Unlock()
+}
+
+// settle ends the step for the purpose of mid-step stops (none starts
+// from now on) and waits for those already decided: a revoke that lands
+// after a shrink or grow began would fail it at this rank alone, and
+// NCCL's shrink and grow are collective.
+func (c *Comm) settle(ctx context.Context) error {
+	c.mu.Lock()
+	c.midStep = false
+	n, done := c.stopping, c.stopsDone
+	c.mu.Unlock()
+	if n == 0 {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("ft: step: %w (waiting for a revoke of the last step's device ops)", context.Cause(ctx))
 	}
 }
 
@@ -465,6 +503,9 @@ func (c *Comm) Step(ctx context.Context) error {
 // reconfigure waits for a quorum this replica can take part in and moves to
 // it, retrying with the next epoch when one fails part-way.
 func (c *Comm) reconfigure(ctx context.Context) error {
+	if err := c.settle(ctx); err != nil {
+		return err
+	}
 	for {
 		q, v, err := c.awaitQuorum(ctx)
 		if err != nil {

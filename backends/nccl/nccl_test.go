@@ -410,6 +410,44 @@ func TestAbortDelay(t *testing.T) {
 	}
 }
 
+// The survivors choose between ncclCommShrink and a fresh init together:
+// here rank 0's NCCL comm is gone (the watchdog aborted it) while rank
+// 2's is whole. Chosen alone, rank 2 would wait in ncclCommShrink for a
+// rank 0 that initialises a fresh comm, until the Timeout.
+func TestShrinkChoiceIsCollective(t *testing.T) {
+	ctx := testCtx(t)
+	w := newFakeWorld(t, 3)
+	ranks := startJob(t, ctx, w.Library(), devs(3), 1, "job", func(c *Config, o *comm.Options) {
+		c.ReleaseTimeout = 50 * time.Millisecond
+		c.AbortDelay = 20 * time.Millisecond
+	})
+	work, _ := stuckAllReduce(t, ctx, w, ranks) // rank 1's GPU is dead
+	ranks[0].c.Abort(errors.New("test"))
+	if err := work.Wait(ctx); !errors.Is(err, comm.ErrAborted) {
+		t.Fatalf("op after Abort: %v", err)
+	}
+	eventually(t, "the watchdog to abort rank 0's NCCL comm", func() bool { return w.Calls("ncclCommAbort") > 0 })
+	inits := w.Calls("ncclCommInitRankConfig")
+	gctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	survivors := []*rank{ranks[0], ranks[2]}
+	each(t, survivors, func(rk *rank) error {
+		nc, err := rk.c.Shrink(gctx, []int{1}, 2)
+		if nc != nil {
+			rk.c = nc
+		}
+		return err
+	})
+	ranks[2].r = 1
+	if n := w.Calls("ncclCommShrink") + w.Calls("ncclCommShrink(abort)"); n != 0 {
+		t.Errorf("ncclCommShrink called %d times; both survivors should have initialised a fresh comm", n)
+	}
+	if got := w.Calls("ncclCommInitRankConfig") - inits; got != 2 {
+		t.Errorf("%d fresh inits, want 2", got)
+	}
+	each(t, survivors, func(rk *rank) error { return rk.c.Barrier(ctx) })
+}
+
 func TestNativeRevoke(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2).WithVersion(22809, "ncclCommSplit", "ncclCommShrink", "ncclCommRevoke", "ncclAlltoAll", "ncclGather", "ncclScatter")
@@ -499,46 +537,88 @@ func TestShrinkHealthyAndFallback(t *testing.T) {
 }
 
 func TestGrow(t *testing.T) {
-	grow := []string{"ncclCommSplit", "ncclCommShrink", "ncclCommRevoke", "ncclCommGrow", "ncclCommGetUniqueId",
-		"ncclAlltoAll", "ncclGather", "ncclScatter"}
 	for _, native := range []bool{true, false} {
 		t.Run(map[bool]string{true: "native", false: "fallback"}[native], func(t *testing.T) {
-			ctx := testCtx(t)
-			w := newFakeWorld(t, 3)
-			if native {
-				w.WithVersion(22902, grow...)
-			}
-			L := w.Library()
-			store := memstore.New()
-			defer store.Close()
-			opts := func(r, size int, epoch uint64) comm.Options {
-				return comm.Options{Name: "g", Rank: r, Size: size, Epoch: epoch, Store: store, Device: r,
-					BackendConfig: &Config{Library: L}}
-			}
-			ranks := make([]*rank, 3)
-			each(t, []*rank{{r: 0}, {r: 1}}, func(rk *rank) error {
-				c, err := comm.New(ctx, "nccl", opts(rk.r, 2, 1))
-				ranks[rk.r] = &rank{r: rk.r, c: c, L: L, dev: rk.r}
-				return err
-			})
-			// Ranks 0 and 1 grow to 3; a joiner comes as rank 2.
-			each(t, []*rank{ranks[0], ranks[1], {r: 2}}, func(rk *rank) error {
-				if rk.c == nil {
-					c, err := comm.New(ctx, "nccl", opts(2, 3, 2))
-					ranks[2] = &rank{r: 2, c: c, L: L, dev: 2}
-					return err
-				}
-				nc, err := rk.c.Grow(ctx, 3, 2)
-				rk.c = nc
-				return err
-			})
-			t.Cleanup(func() { closeJob(t, ranks) })
+			w, _ := growJob(t, native, nil, nil)
 			if got := w.Calls("ncclCommGrow"); (got > 0) != native {
 				t.Errorf("ncclCommGrow called %d times (native %v)", got, native)
 			}
-			collectiveSuite(t, ctx, ranks, []comm.DType{comm.Float32}, 3, 5)
 		})
 	}
+}
+
+// The existing ranks choose between ncclCommGrow and a fresh init
+// together: here one of them cannot grow natively (its comm was revoked,
+// or its configuration forbids it) and the others could. Chosen alone, one
+// rank would call ncclCommGrow while the other initialised a fresh comm,
+// and both would wait for each other until the Timeout.
+func TestGrowChoiceIsCollective(t *testing.T) {
+	for name, tc := range map[string]struct {
+		cfg     func(r int, c *Config)
+		prepare func(ranks []*rank)
+	}{
+		"rank 1 revoked": {prepare: func(ranks []*rank) { ranks[1].c.Revoke(errors.New("test: a peer moved on")) }},
+		"rank 0 revoked": {prepare: func(ranks []*rank) { ranks[0].c.Revoke(errors.New("test: a peer moved on")) }},
+		"rank 1 forbids": {cfg: func(r int, c *Config) { c.DisableNativeGrow = r == 1 }},
+	} {
+		t.Run(name, func(t *testing.T) {
+			w, _ := growJob(t, true, tc.cfg, tc.prepare)
+			if got := w.Calls("ncclCommGrow"); got != 0 {
+				t.Errorf("ncclCommGrow called %d times; every rank should have initialised a fresh comm", got)
+			}
+		})
+	}
+}
+
+// growJob makes a job of 2 ranks at epoch 1 (on a simulated NCCL 2.29.2,
+// with ncclCommGrow, when native), lets prepare act on it, grows it to 3
+// ranks at epoch 2 with a joiner as rank 2 and runs the collective suite
+// on the result.
+func growJob(t *testing.T, native bool, cfg func(r int, c *Config), prepare func(ranks []*rank)) (*Simulation, []*rank) {
+	ctx := testCtx(t)
+	w := newFakeWorld(t, 3)
+	if native {
+		w.WithVersion(22902, "ncclCommSplit", "ncclCommShrink", "ncclCommRevoke", "ncclCommGrow", "ncclCommGetUniqueId",
+			"ncclAlltoAll", "ncclGather", "ncclScatter")
+	}
+	L := w.Library()
+	store := memstore.New()
+	t.Cleanup(func() { store.Close() })
+	opts := func(r, size int, epoch uint64) comm.Options {
+		c := &Config{Library: L}
+		if cfg != nil {
+			cfg(r, c)
+		}
+		return comm.Options{Name: "g", Rank: r, Size: size, Epoch: epoch, Store: store, Device: r, BackendConfig: c}
+	}
+	ranks := make([]*rank, 3)
+	each(t, []*rank{{r: 0}, {r: 1}}, func(rk *rank) error {
+		c, err := comm.New(ctx, "nccl", opts(rk.r, 2, 1))
+		ranks[rk.r] = &rank{r: rk.r, c: c, L: L, dev: rk.r}
+		return err
+	})
+	t.Cleanup(func() { closeJob(t, ranks) })
+	if prepare != nil {
+		prepare(ranks[:2])
+	}
+	// Ranks 0 and 1 grow to 3; a joiner comes as rank 2. A wrong choice
+	// waits for the others until ctx ends: fail well before testCtx.
+	gctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	each(t, []*rank{ranks[0], ranks[1], {r: 2}}, func(rk *rank) error {
+		if rk.c == nil {
+			c, err := comm.New(gctx, "nccl", opts(2, 3, 2))
+			ranks[2] = &rank{r: 2, c: c, L: L, dev: 2}
+			return err
+		}
+		nc, err := rk.c.Grow(gctx, 3, 2)
+		if nc != nil {
+			rk.c = nc
+		}
+		return err
+	})
+	collectiveSuite(t, ctx, ranks, []comm.DType{comm.Float32}, 3, 5)
+	return w, ranks
 }
 
 func TestSplit(t *testing.T) {

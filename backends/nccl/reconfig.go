@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -167,11 +168,12 @@ func (b *Backend) child(ctx context.Context, o comm.Options, rank, size int, epo
 	return nb, nil
 }
 
-// Shrink implements comm.Shrinker. With ncclCommShrink (NCCL 2.27.3+) the
-// survivors shrink the NCCL comm itself, passing NCCL_SHRINK_ABORT when
-// this comm has failed (it cancels the parent's outstanding GPU work);
-// otherwise they initialise a fresh comm with a new unique id published
-// under the new epoch. The new comm is warmed up before it is returned.
+// Shrink implements comm.Shrinker. With ncclCommShrink (NCCL 2.27.3+) at
+// every survivor and no survivor's NCCL comm aborted yet (they agree on it
+// through the Store first, see agreeNative), the survivors shrink the NCCL
+// comm itself, passing NCCL_SHRINK_ABORT when this comm has failed (it
+// cancels the parent's outstanding GPU work); otherwise they initialise a
+// fresh comm with a new unique id published under the new epoch. The new comm is warmed up before it is returned.
 // The old one is released when closed.
 func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm.Backend, error) {
 	if len(exclude) == 0 || !slices.IsSorted(exclude) || exclude[0] < 0 || exclude[len(exclude)-1] >= b.size ||
@@ -188,8 +190,12 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 	t0 := time.Now()
 	var h commHandle
 	mode := "fresh init"
-	if b.L.info.Features.Shrink && !b.cfg.DisableNativeShrink {
-		var err error
+	native, err := b.agreeNative(ctx, epoch, newRank, newSize,
+		b.L.info.Features.Shrink && !b.cfg.DisableNativeShrink && b.holdsComm())
+	if err != nil {
+		return nil, fmt.Errorf("nccl: shrink to %d ranks: %w", newSize, err)
+	}
+	if native {
 		h, mode, err = b.nativeShrink(ctx, exclude)
 		if err != nil {
 			return nil, fmt.Errorf("nccl: shrink to %d ranks: %w", newSize, err)
@@ -205,15 +211,16 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 	return nb, nil
 }
 
-// nativeShrink runs ncclCommShrink on this comm. It returns 0 (and no
-// error) when the comm was already aborted, so the caller falls back to a
-// fresh init.
+// nativeShrink runs ncclCommShrink on this comm.
 func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (commHandle, string, error) {
 	b.hmu.Lock()
 	defer b.hmu.Unlock()
 	h := b.ctl
 	if h == 0 {
-		return 0, "fresh init (comm already aborted)", nil
+		// Aborted since this rank said it could shrink natively: the
+		// others' shrink fails with the comm's Timeout, as for any rank
+		// lost during one.
+		return 0, "ncclCommShrink", b.failure()
 	}
 	flags, mode := shrinkDefault, "ncclCommShrink"
 	if b.failed.Load() && !b.quiescent {
@@ -245,7 +252,8 @@ func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (commHandle, 
 }
 
 // Grow implements comm.Grower. With ncclCommGrow (NCCL 2.29.2+) and a
-// healthy comm, rank 0 publishes an id from ncclCommGetUniqueId and every
+// healthy comm at every existing rank (they agree on it through the Store
+// first, see agreeNative), rank 0 publishes an id from ncclCommGetUniqueId and every
 // rank grows the NCCL comm; otherwise rank 0 publishes a fresh unique id
 // and existing ranks and joiners initialise a new comm together. Joiners
 // call New with their rank, the new size and epoch; they learn which way
@@ -257,8 +265,12 @@ func (b *Backend) Grow(ctx context.Context, size int, epoch uint64) (comm.Backen
 	t0 := time.Now()
 	var h commHandle
 	mode := "fresh init"
-	if b.L.info.Features.Grow && !b.cfg.DisableNativeGrow && !b.failed.Load() {
-		var err error
+	native, err := b.agreeNative(ctx, epoch, b.rank, b.size,
+		b.L.info.Features.Grow && !b.cfg.DisableNativeGrow && !b.failed.Load() && b.holdsComm())
+	if err != nil {
+		return nil, fmt.Errorf("nccl: grow to %d ranks: %w", size, err)
+	}
+	if native {
 		mode = "ncclCommGrow"
 		if h, err = b.nativeGrow(ctx, size, epoch); err != nil {
 			return nil, fmt.Errorf("nccl: grow to %d ranks: %w", size, err)
@@ -270,6 +282,91 @@ func (b *Backend) Grow(ctx context.Context, size int, epoch uint64) (comm.Backen
 	}
 	b.log.Info("grown", zap.Int("new_size", size), zap.String("how", mode), zap.Duration("took", time.Since(t0)))
 	return nb, nil
+}
+
+// holdsComm says whether this rank still has its NCCL comm (not aborted).
+func (b *Backend) holdsComm() bool {
+	b.hmu.Lock()
+	defer b.hmu.Unlock()
+	return b.ctl != 0
+}
+
+// Keys of agreeNative under <Prefix>/epoch/<e>/: each holder's "can" and
+// rank 0's decision, one byte each ('1' native, '0' fresh init).
+func nativeVoteKey(epoch uint64, rank int) string {
+	return fmt.Sprintf("epoch/%d/nccl-native/%d", epoch, rank)
+}
+func nativeKey(epoch uint64) string { return fmt.Sprintf("epoch/%d/nccl-native", epoch) }
+
+// agreeNative decides, together with the other ranks that hold this comm
+// into the new one (new ranks 0 to holders-1), between NCCL's native
+// shrink or grow and a fresh init: every holder says whether it can (the
+// NCCL version has the call, the configuration allows it, its comm is
+// alive and, for grow, healthy); new rank 0 decides native only if all
+// can, and publishes it; all follow. A rank that chose alone could call
+// ncclCommGrow while its peers initialise a fresh comm, each waiting for
+// the other until the Timeout.
+func (b *Backend) agreeNative(ctx context.Context, epoch uint64, rank, holders int, can bool) (bool, error) {
+	if holders == 1 {
+		return can, nil
+	}
+	if b.store == nil {
+		return false, fmt.Errorf("nccl: %w: %d ranks reconfiguring need a Store", comm.ErrInvalidArgument, holders)
+	}
+	vote := func(yes bool) []byte {
+		if yes {
+			return []byte{'1'}
+		}
+		return []byte{'0'}
+	}
+	parse := func(v []byte, what string) (bool, error) {
+		if len(v) != 1 || (v[0] != '0' && v[0] != '1') {
+			return false, fmt.Errorf("nccl: %w: %s is not an ftcomm vote (%d bytes)", comm.ErrMismatch, what, len(v))
+		}
+		return v[0] == '1', nil
+	}
+	if rank != 0 {
+		if err := b.store.Set(ctx, nativeVoteKey(epoch, rank), vote(can)); err != nil {
+			return false, fmt.Errorf("nccl: publish whether rank %d can reconfigure natively: %w", rank, err)
+		}
+		v, err := b.store.Get(ctx, nativeKey(epoch))
+		if err != nil {
+			return false, fmt.Errorf("nccl: %w: wait for rank 0's choice of native or fresh: %w", comm.ErrTimeout, err)
+		}
+		return parse(v, "rank 0's choice")
+	}
+	all := can
+	if all {
+		// Read the votes in parallel: n-1 round trips to the Store would
+		// add up on a large comm.
+		sem := make(chan struct{}, 32)
+		errs := make([]error, holders)
+		yes := make([]bool, holders)
+		var wg sync.WaitGroup
+		for r := 1; r < holders; r++ {
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				v, err := b.store.Get(ctx, nativeVoteKey(epoch, r))
+				if err != nil {
+					errs[r] = fmt.Errorf("nccl: %w: wait for rank %d's vote on native or fresh: %w", comm.ErrTimeout, r, err)
+					return
+				}
+				yes[r], errs[r] = parse(v, fmt.Sprintf("rank %d's vote", r))
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return false, err
+		}
+		for r := 1; r < holders; r++ {
+			all = all && yes[r]
+		}
+	}
+	if err := b.store.Set(ctx, nativeKey(epoch), vote(all)); err != nil {
+		return false, fmt.Errorf("nccl: publish the choice of native or fresh: %w", err)
+	}
+	return all, nil
 }
 
 func (b *Backend) nativeGrow(ctx context.Context, size int, epoch uint64) (commHandle, error) {
