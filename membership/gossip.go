@@ -337,15 +337,20 @@ const (
 // tellLeaving sends msgLeaving to every peer and waits, until deadline at
 // most, for all of them to acknowledge it.
 func (g *Gossip) tellLeaving(deadline time.Time) {
+	// Copies: memberlist updates its nodes under its own lock. Taken
+	// before g.mu, which memberlist's event callbacks take under that lock.
 	var peers []*memberlist.Node
+	for _, n := range g.ml.Members() {
+		if n.Name != g.name {
+			c := *n
+			peers = append(peers, &c)
+		}
+	}
 	g.mu.Lock()
 	g.unacked = map[string]bool{}
 	g.allAcked = make(chan struct{})
-	for _, n := range g.ml.Members() {
-		if n.Name != g.name {
-			peers = append(peers, n)
-			g.unacked[n.Name] = true
-		}
+	for _, n := range peers {
+		g.unacked[n.Name] = true
 	}
 	if len(peers) == 0 {
 		close(g.allAcked)
