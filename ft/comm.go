@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -49,8 +50,13 @@ type Comm struct {
 	group    comms // the replica group (shard dimension); zero when GroupSize is 1
 	cancelEp func(error)
 	pendEp   uint64
+	// applying is closed when the reconfiguration in flight (apply) ends;
+	// nil when none is. Close cancels it and waits, so that no comm formed
+	// after Close is left open.
+	applying chan struct{}
 	closed   bool
-	stepNow  int64 // mirror of step for readers on other goroutines
+	emitting atomic.Bool // the training goroutine is in Config.OnEvent
+	stepNow  int64       // mirror of step for readers on other goroutines
 	// midStep is true from a Step that returned until its Commit ended:
 	// the training loop may have device ops in flight on the epoch's comms.
 	midStep bool
@@ -520,6 +526,9 @@ func (c *Comm) reconfigure(ctx context.Context) error {
 			c.metrics.reconfigSeconds.Observe(time.Since(t0).Seconds())
 			return err
 		}
+		if c.isClosed() {
+			return ErrClosed // Close cancelled the reconfiguration; nothing failed
+		}
 		if ctx.Err() != nil {
 			// The caller's ctx ended: say so (errors.Is ctx.Err()), even
 			// when what failed first was a formation's own deadline.
@@ -634,6 +643,18 @@ func (c *Comm) apply(ctx context.Context, q membership.Quorum, v view) error {
 	tctx, cancel := context.WithTimeout(ectx, c.cfg.Timeout)
 	defer cancel()
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	applying := make(chan struct{})
+	c.applying = applying
+	defer func() {
+		c.mu.Lock()
+		c.applying = nil
+		c.mu.Unlock()
+		close(applying)
+	}()
 	held, oldFT, oldGroup := c.view, c.ft, c.group
 	c.ft, c.group = comms{}, comms{} // held here until the new ones are in place
 	c.epoch, c.view = q.Epoch, view{epoch: q.Epoch, ftRank: -1}
@@ -667,6 +688,14 @@ func (c *Comm) apply(ctx context.Context, q membership.Quorum, v view) error {
 		return err
 	}
 	c.mu.Lock()
+	if c.closed {
+		// Close ran while they formed and took no comms: these are ours
+		// to close (before Close, which waits for this, ends).
+		c.mu.Unlock()
+		ft.close()
+		group.close()
+		return ErrClosed
+	}
 	c.ft, c.group, c.view = ft, group, v
 	c.mu.Unlock()
 	c.reportFormed(ctx, q.Epoch)
@@ -973,6 +1002,8 @@ func (c *Comm) emit(e Event) {
 	if e.Participants == 0 {
 		e.Participants = c.Participants()
 	}
+	c.emitting.Store(true)
+	defer c.emitting.Store(false)
 	c.cfg.OnEvent(e)
 }
 
@@ -1264,6 +1295,12 @@ func (c *Comm) CommittedStep() int64 {
 	return c.stepNow
 }
 
+func (c *Comm) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
 // Close leaves the job, closes the comms and the recovery server, and stops
 // the Comm's goroutines. With a device data backend it then waits until
 // every comm the Comm formed has stopped its GPU work and released it
@@ -1271,7 +1308,10 @@ func (c *Comm) CommittedStep() int64 {
 // most Config.Timeout), including the comms of earlier epochs it closed on
 // the way: once Close returns no op of the Comm uses device memory, and
 // the caller may free its tensors. An error says when that is not so.
-// Safe to call twice.
+// Close may be called from another goroutine than the training loop's: a
+// Step that is reconfiguring is cancelled (it returns ErrClosed), and
+// Close returns after it ended, having closed what it formed. Safe to
+// call twice.
 func (c *Comm) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -1283,7 +1323,17 @@ func (c *Comm) Close() error {
 	c.ft, c.group = comms{}, comms{}
 	close(c.changed)
 	c.changed = make(chan struct{})
+	if c.cancelEp != nil {
+		c.cancelEp(ErrClosed)
+	}
+	applying := c.applying
 	c.mu.Unlock()
+	if applying != nil && !c.emitting.Load() {
+		// A reconfiguration in flight on the training goroutine: it ends
+		// soon (cancelled), closing what it formed. (From OnEvent, the
+		// training goroutine itself, it ends after Close returns.)
+		<-applying
+	}
 	close(c.stop)
 	<-c.done
 	if c.stopHealth != nil {

@@ -113,7 +113,9 @@
 //     device tensors with a device data backend.
 //   - Between Step and Commit do not write the registered state (it is
 //     being served to healers); write it only after Commit returns true.
-//   - Call Step, the collectives and Commit from one goroutine.
+//   - Call Step, the collectives and Commit from one goroutine. Close may
+//     come from another (a signal handler): it cancels a reconfiguring
+//     Step, which returns ErrClosed.
 //   - Treat a *RollbackError from Step as a started step whose registered
 //     state moved to the job's history (rewind the data position).
 //   - Close the Comm; it leaves the job gracefully. With a device data

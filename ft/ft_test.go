@@ -86,6 +86,16 @@ func newJob(t *testing.T, qc membership.QuorumConfig, minReplicas int) *job {
 // start launches replica group (rank groupRank of groupSize) training until
 // it has committed `until` steps or is killed.
 func (j *job) start(group string, groupRank, groupSize int, until int64) *replica {
+	r := j.open(group, groupRank, groupSize)
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go r.train(ctx, j.ledger, until)
+	return r
+}
+
+// open makes replica group's Comm (rank groupRank of groupSize), joined and
+// with its state registered, not training yet.
+func (j *job) open(group string, groupRank, groupSize int) *replica {
 	cfg := j.cfg
 	cfg.Group, cfg.GroupRank, cfg.GroupSize = group, groupRank, groupSize
 	cfg.Logger = zaptest.NewLogger(j.t).Named(memberID(group, groupRank))
@@ -102,9 +112,6 @@ func (j *job) start(group string, groupRank, groupSize int, until int64) *replic
 	if err := c.Register("params", comm.Float32s(r.params)); err != nil {
 		j.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
-	go r.train(ctx, j.ledger, until)
 	return r
 }
 
@@ -453,4 +460,40 @@ func TestCriticalHealthSitsOut(t *testing.T) {
 	}
 	c.waitParticipants(3)
 	j.stopAll(a, b, c)
+}
+
+// Close from another goroutine while Step forms the epoch's comms (here,
+// waiting for a peer that never steps): the reconfiguration is cancelled
+// and has ended by the time Close returns, so no comm it formed outlives
+// Close, and Step returns ErrClosed. Before, Close returned at once and
+// Step went on waiting for the peer until Config.Timeout, then stored
+// whatever formed into the closed Comm.
+func TestCloseDuringFormation(t *testing.T) {
+	j := newJob(t, quick(), 2)
+	j.cfg.Timeout = 5 * time.Minute // what the formation would wait for the absent peer
+	idle := j.open("idle", 0, 1)    // joins the job, never steps
+	defer idle.c.Close()
+	r := j.start("g0", 0, 1, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := j.cluster.AwaitJoined(ctx, "ft-0", 1); err != nil {
+		t.Fatal(err) // g0 never reached the formation
+	}
+	if err := r.c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r.c.mu.Lock()
+	inFlight := r.c.applying != nil
+	r.c.mu.Unlock()
+	if inFlight {
+		t.Fatal("Close returned while Step was still forming comms")
+	}
+	if err := r.wait(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Step ended with %v, want ErrClosed", err)
+	}
+	r.c.mu.Lock()
+	defer r.c.mu.Unlock()
+	if r.c.ft.ok() || r.c.group.ok() {
+		t.Fatal("comms stored into the closed Comm")
+	}
 }

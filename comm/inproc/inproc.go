@@ -24,8 +24,9 @@ func init() {
 
 // Cluster is the shared world of in-process ranks.
 type Cluster struct {
-	mu   sync.Mutex
-	hubs map[hubKey]*hub
+	mu     sync.Mutex
+	hubs   map[hubKey]*hub
+	joined chan struct{} // closed and replaced whenever a rank joins a comm
 }
 
 type hubKey struct {
@@ -34,7 +35,37 @@ type hubKey struct {
 }
 
 // NewCluster returns an empty Cluster.
-func NewCluster() *Cluster { return &Cluster{hubs: map[hubKey]*hub{}} }
+func NewCluster() *Cluster { return &Cluster{hubs: map[hubKey]*hub{}, joined: make(chan struct{})} }
+
+// AwaitJoined waits until n ranks have joined one comm named prefix (of
+// any epoch) or ctx is done. Tests use it to act while ranks wait for
+// their peers in Join.
+func (cl *Cluster) AwaitJoined(ctx context.Context, prefix string, n int) error {
+	for {
+		cl.mu.Lock()
+		var hubs []*hub
+		for k, h := range cl.hubs {
+			if k.prefix == prefix {
+				hubs = append(hubs, h)
+			}
+		}
+		ch := cl.joined
+		cl.mu.Unlock()
+		for _, h := range hubs {
+			h.mu.Lock()
+			got := h.nJoined
+			h.mu.Unlock()
+			if got >= n {
+				return nil
+			}
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("inproc: await %d joined %s: %w", n, prefix, context.Cause(ctx))
+		}
+	}
+}
 
 func (cl *Cluster) hub(prefix string, epoch uint64, size int) (*hub, error) {
 	cl.mu.Lock()
@@ -67,6 +98,10 @@ func (cl *Cluster) Join(ctx context.Context, prefix string, epoch uint64, rank, 
 	h.joined[rank] = true
 	h.nJoined++
 	h.broadcastLocked()
+	cl.mu.Lock() // after h.mu: the only order the two are taken in
+	close(cl.joined)
+	cl.joined = make(chan struct{})
+	cl.mu.Unlock()
 	for h.nJoined < size {
 		ch := h.change
 		h.mu.Unlock()
