@@ -137,7 +137,9 @@ type Config struct {
 	// RecoveryAddr is where this replica serves its committed state to
 	// healing peers; default "127.0.0.1:0". Use a routable address across hosts.
 	RecoveryAddr string
-	// Heal tunes state transfer (chunk size, parallel streams per source).
+	// Heal tunes state transfer: chunk size (default 4 MiB) and parallel
+	// streams per source (default recovery.DefaultStreams(): one per two
+	// CPUs, 2–8).
 	HealChunkSize, HealStreams int
 
 	// DurableCommit records every committed step in etcd before Commit

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,7 +77,21 @@ func addrs(ss []*recovery.Server) []string {
 func fetchCfg() recovery.FetchConfig {
 	c := recovery.DefaultFetchConfig(job, secret)
 	c.ChunkSize = 64 << 10
+	c.Streams = 2 // the same on every host (the default follows its CPUs)
 	return c
+}
+
+func TestDefaultStreamsFollowCPUs(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for _, c := range []struct{ procs, want int }{{1, 2}, {2, 2}, {5, 2}, {6, 3}, {16, 8}, {128, 8}} {
+		runtime.GOMAXPROCS(c.procs)
+		if got := recovery.DefaultStreams(); got != c.want {
+			t.Errorf("GOMAXPROCS %d: %d streams, want %d", c.procs, got, c.want)
+		}
+		if got := recovery.DefaultFetchConfig(job, secret).Streams; got != c.want {
+			t.Errorf("GOMAXPROCS %d: DefaultFetchConfig has %d streams, want %d", c.procs, got, c.want)
+		}
+	}
 }
 
 func ctx10s(t *testing.T) context.Context {
@@ -338,7 +353,7 @@ func BenchmarkHeal(b *testing.B) {
 		state[0].Data[i] = byte(i * 7)
 	}
 	dst := emptyLike(state)
-	for _, c := range []struct{ sources, streams int }{{1, 1}, {3, 1}, {1, 2}, {3, 2}} {
+	for _, c := range []struct{ sources, streams int }{{1, 1}, {3, 1}, {1, 2}, {3, 2}, {1, 8}, {3, 8}} {
 		n := c.sources
 		b.Run(fmt.Sprintf("sources=%d/streams=%d", n, c.streams), func(b *testing.B) {
 			var ss []string
