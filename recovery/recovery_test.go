@@ -517,3 +517,63 @@ func TestFetchThroughStagedMemory(t *testing.T) {
 		t.Fatalf("%d chunk copies into the target, want %d", got, wantChunks)
 	}
 }
+
+// blockingMem stands for device memory whose copies wait on a busy GPU:
+// a read returns only when its ctx ends. Its staging buffers come back
+// through put.
+type blockingMem struct {
+	once    sync.Once
+	entered chan struct{}
+	putBack atomic.Bool
+}
+
+func (m *blockingMem) Len() int { return 1 << 20 }
+
+func (m *blockingMem) Buffer(ctx context.Context, n int) ([]byte, func(), error) {
+	return make([]byte, n), func() { m.putBack.Store(true) }, nil
+}
+
+func (m *blockingMem) ReadAt(ctx context.Context, p []byte, off int) error {
+	m.once.Do(func() { close(m.entered) })
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (m *blockingMem) WriteAt(ctx context.Context, p []byte, off int) error {
+	return errors.New("blockingMem is only served")
+}
+
+// Close returns only after the reads in flight gave their staging buffers
+// back: the caller frees the offered state and (with device memory) the
+// pinned buffers right after. Before, http.Server.Close returned without
+// waiting for handlers, and a read could stage into freed memory.
+func TestCloseWaitsForReadsInFlight(t *testing.T) {
+	m := &blockingMem{entered: make(chan struct{})}
+	s, err := recovery.NewServer(recovery.ServerConfig{Job: job, Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Offer(1, []recovery.Blob{{Name: "params", Mem: m}})
+	ctx := ctx10s(t)
+	cfg := fetchCfg()
+	cfg.Streams, cfg.ChunkSize = 1, m.Len()
+	fetched := make(chan error, 1)
+	go func() {
+		_, err := recovery.Fetch(ctx, cfg, 1, []string{s.Addr()}, []recovery.Blob{{Name: "params", Data: make([]byte, m.Len())}})
+		fetched <- err
+	}()
+	select {
+	case <-m.entered:
+	case <-ctx.Done():
+		t.Fatal("the chunk was never requested")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !m.putBack.Load() {
+		t.Fatal("Close returned while a read still held its staging buffer")
+	}
+	if err := <-fetched; err == nil {
+		t.Fatal("the fetch succeeded from a server closed mid-chunk")
+	}
+}

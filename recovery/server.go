@@ -159,6 +159,7 @@ type Server struct {
 	meta     []byte
 	order    []manifestBlob
 	inflight int
+	closed   bool  // no new read starts
 	served   int64 // bytes, for metrics and tests
 	watchers []servedWatcher
 	done     chan struct{}
@@ -287,10 +288,19 @@ func (s *Server) ServedAtLeast(n int64) <-chan struct{} {
 	return ch
 }
 
-// Close stops the server and its goroutines. Safe to call twice.
+// Close stops the server and its goroutines, and returns once no read of
+// the offered state is in flight, so the caller may then free it (and the
+// staging buffers of device memory). Reads in flight end soon: closing
+// their connections cancels their contexts. Safe to call twice.
 func (s *Server) Close() error {
-	err := s.srv.Close()
+	err := s.srv.Close() // does not wait for handlers
 	<-s.done
+	s.mu.Lock()
+	s.closed = true
+	for s.inflight > 0 {
+		s.idle.Wait()
+	}
+	s.mu.Unlock()
 	return err
 }
 
@@ -341,6 +351,10 @@ func (s *Server) handleChunk(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	blob, ok := s.blobs[name]
 	switch {
+	case s.closed:
+		s.mu.Unlock()
+		httpError(w, http.StatusServiceUnavailable, "recovery: server closed")
+		return
 	case !s.offered:
 		s.mu.Unlock()
 		httpError(w, http.StatusConflict, "recovery: no committed state offered now")
