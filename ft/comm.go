@@ -811,15 +811,15 @@ func (c *Comm) track(x *comm.Comm) {
 	c.releasing = append(c.releasing, r)
 }
 
-// awaitReleased waits, at most Config.Timeout in all, until every device
-// comm this Comm formed has released its resources, so that no GPU op of
-// it still uses the caller's device memory.
-func (c *Comm) awaitReleased() error {
+// awaitReleased waits, until deadline at most, until every device comm
+// this Comm formed has released its resources, so that no GPU op of it
+// still uses the caller's device memory.
+func (c *Comm) awaitReleased(deadline time.Time) error {
 	c.mu.Lock()
 	rs := c.releasing
 	c.releasing = nil
 	c.mu.Unlock()
-	timeout := time.NewTimer(c.cfg.Timeout)
+	timeout := time.NewTimer(time.Until(deadline))
 	defer timeout.Stop()
 	var errs []error
 	for i, r := range rs {
@@ -1304,10 +1304,12 @@ func (c *Comm) isClosed() bool {
 // Close leaves the job, closes the comms and the recovery server, and stops
 // the Comm's goroutines. With a device data backend it then waits until
 // every comm the Comm formed has stopped its GPU work and released it
-// (nccl: ncclCommAbort, in the background since the comm was closed; at
-// most Config.Timeout), including the comms of earlier epochs it closed on
-// the way: once Close returns no op of the Comm uses device memory, and
-// the caller may free its tensors. An error says when that is not so.
+// (nccl: ncclCommAbort, in the background since the comm was closed),
+// including the comms of earlier epochs it closed on the way, and until
+// no state-transfer copy abandoned by a cancelled heal runs on the GPU —
+// Config.Timeout at most in all: once Close returns no op of the Comm
+// uses device memory, and the caller may free its tensors. An error says
+// when that is not so.
 // Close may be called from another goroutine than the training loop's: a
 // Step that is reconfiguring is cancelled (it returns ErrClosed), and
 // Close returns after it ended, having closed what it formed. Safe to
@@ -1345,10 +1347,13 @@ func (c *Comm) Close() error {
 	lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := errors.Join(m.Leave(lctx), m.Close(), c.server.Close())
+	// Device work gets Config.Timeout in all to stop.
+	deadline := time.Now().Add(c.cfg.Timeout)
 	if c.staging != nil {
-		c.staging.close() // after the server: no chunk is staged any more
+		// After the server: no chunk is staged any more.
+		err = errors.Join(err, c.staging.close(deadline))
 	}
-	err = errors.Join(err, c.awaitReleased())
+	err = errors.Join(err, c.awaitReleased(deadline))
 	c.metrics.unregister()
 	return err
 }

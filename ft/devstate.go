@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/recovery"
@@ -44,13 +45,14 @@ type stagingPool struct {
 
 	mu     sync.Mutex
 	free   chan []byte
+	done   chan struct{} // closed by close: waiters for a buffer give up
 	n      int
 	frees  []func()
 	closed bool
 }
 
 func newStagingPool(copier comm.HostCopier, size, max int) *stagingPool {
-	return &stagingPool{copier: copier, size: size, max: max, free: make(chan []byte, max)}
+	return &stagingPool{copier: copier, size: size, max: max, free: make(chan []byte, max), done: make(chan struct{})}
 }
 
 // get returns a buffer of at least n bytes; it waits for one to come back
@@ -64,17 +66,18 @@ func (p *stagingPool) get(ctx context.Context, n int) ([]byte, func(), error) {
 		}
 		return b, free, nil
 	}
+	p.mu.Lock()
+	if p.closed { // its buffers are freed (or being freed)
+		p.mu.Unlock()
+		return nil, nil, fmt.Errorf("ft: staging: %w", ErrClosed)
+	}
 	select {
 	case b := <-p.free:
+		p.mu.Unlock()
 		return b, func() { p.free <- b }, nil
 	default:
 	}
-	p.mu.Lock()
-	switch {
-	case p.closed:
-		p.mu.Unlock()
-		return nil, nil, fmt.Errorf("ft: staging: %w", ErrClosed)
-	case p.n < p.max:
+	if p.n < p.max {
 		p.n++
 		p.mu.Unlock()
 		b, free, err := p.copier.PinnedHost(p.size)
@@ -95,21 +98,43 @@ func (p *stagingPool) get(ctx context.Context, n int) ([]byte, func(), error) {
 	select {
 	case b := <-p.free:
 		return b, func() { p.free <- b }, nil
+	case <-p.done:
+		return nil, nil, fmt.Errorf("ft: staging: %w", ErrClosed)
 	case <-ctx.Done():
 		return nil, nil, context.Cause(ctx)
 	}
 }
 
 // close frees every buffer; callers must have put back what they took.
-func (p *stagingPool) close() {
+// A device backend's free waits until no copy abandoned by a cancelled ctx
+// runs on the GPU (the copy engine may still use the buffer, and the
+// device state it copies to or from); close waits so until deadline, then
+// leaves the frees to a goroutine that runs them when those copies end,
+// and returns an error saying that device memory may still be in use.
+func (p *stagingPool) close(deadline time.Time) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed {
-		return
+		p.mu.Unlock()
+		return nil
 	}
 	p.closed = true
-	for _, f := range p.frees {
-		f()
-	}
+	close(p.done)
+	frees := p.frees
 	p.frees = nil
+	p.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, f := range frees {
+			f()
+		}
+	}()
+	timeout := time.NewTimer(time.Until(deadline))
+	defer timeout.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-timeout.C:
+		return fmt.Errorf("ft: pinned staging buffers not freed by the deadline: a device copy abandoned by a cancelled transfer still runs on the GPU and may use device memory (the buffers are freed when it ends)")
+	}
 }

@@ -123,8 +123,9 @@
 //     to its collectives) only after Close returns: Close waits until
 //     every device comm it formed, those of earlier epochs included, has
 //     stopped its GPU work (nccl: ncclCommAbort, run in the background
-//     since the comm was closed), at most Config.Timeout, and returns an
-//     error if one has not.
+//     since the comm was closed) and no state-transfer copy it abandoned
+//     still runs, at most Config.Timeout in all, and returns an error if
+//     that is not so.
 //
 // # Backends: data on the GPU, control on the host
 //

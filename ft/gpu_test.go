@@ -292,7 +292,7 @@ func TestGPUHealSource(t *testing.T) {
 	// every chunk is staged through a kept buffer.
 	chunks := envInts(t, "FTCOMM_FT_HEAL_CHUNKS", []int{1, 4, 16, 64})
 	pool := newStagingPool(libCopier{lib, 0}, slices.Max(chunks)<<20, stagingBuffers)
-	defer pool.close()
+	defer func() { pool.close(time.Now().Add(time.Minute)) }()
 	srv.Offer(1, []recovery.Blob{{Name: "state", Mem: &deviceState{copier: libCopier{lib, 0}, t: buf.Tensor(comm.Uint8), pool: pool}}})
 	fmt.Printf("HEALSOURCE %s\n", srv.Addr())
 	io.Copy(io.Discard, os.Stdin) // until the parent ends
@@ -337,7 +337,7 @@ func TestGPUHealThroughput(t *testing.T) {
 		// ft keeps its staging buffers from one heal to the next; their
 		// first allocation (cudaHostAlloc) is timed apart.
 		pool := newStagingPool(copier, chunk<<20, stagingBuffers)
-		defer pool.close()
+		defer func() { pool.close(time.Now().Add(time.Minute)) }()
 		t0 := time.Now()
 		var puts []func()
 		for range min(stagingBuffers, k*st) {
