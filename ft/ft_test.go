@@ -497,3 +497,23 @@ func TestCloseDuringFormation(t *testing.T) {
 		t.Fatal("comms stored into the closed Comm")
 	}
 }
+
+// Close from another goroutine at some point of a running training loop
+// (Step, the all-reduce, Commit): the loop ends with ErrClosed, no data
+// race (under -race), and the other replica trains on without it.
+func TestCloseWhileTraining(t *testing.T) {
+	j := newJob(t, quick(), 1)
+	b := j.start("b", 0, 1, forever)
+	for round := range 5 {
+		a := j.start("a", 0, 1, forever)
+		a.waitStep(b.c.CommittedStep() + int64(1+round%3))
+		if err := a.c.Close(); err != nil {
+			t.Fatalf("round %d: close: %v", round, err)
+		}
+		if err := a.wait(); !errors.Is(err, ErrClosed) {
+			t.Fatalf("round %d: the loop ended with %v, want ErrClosed", round, err)
+		}
+		b.waitStep(b.c.CommittedStep() + 2)
+	}
+	j.stopAll(b)
+}
