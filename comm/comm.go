@@ -59,6 +59,7 @@ type Comm struct {
 	wake     chan struct{}
 	quit     chan struct{}
 	wg       sync.WaitGroup
+	shut     sync.Once // shutdown runs once; a concurrent caller waits for it
 }
 
 // pipelineDepth bounds how many started ops an Enqueuer backend may have
@@ -130,6 +131,9 @@ type Work struct {
 	cpl       Completion
 	deadline  time.Time
 	wasActive bool
+	// timedOut: a Shrink or Grow on a broken comm passed its deadline and
+	// the backend was aborted (the comm's state, already broken, stays).
+	timedOut error
 }
 
 // Wait blocks until the op has completed and returns its error, or returns
@@ -450,6 +454,9 @@ func (c *Comm) execute(w *Work) {
 		abort = c.ctxBreakLocked(w)
 	}
 	err = c.classifyLocked(w, err, wasActive)
+	if err != nil && w.timedOut != nil && !errors.Is(err, ErrTimeout) {
+		err = fmt.Errorf("%w (backend: %v)", w.timedOut, err)
+	}
 	c.mu.Unlock()
 	if abort != nil {
 		c.b.Abort(abort)
@@ -555,13 +562,19 @@ func (c *Comm) onDeadline() {
 		c.mu.Unlock()
 		return
 	}
-	if c.state != stateActive {
+	if c.state == stateClosed || (c.state != stateActive && (!w.d.reconfig || w.timedOut != nil)) {
 		c.mu.Unlock()
 		return
 	}
 	cause := fmt.Errorf("%w: %s #%d still running at its deadline (%s after start)",
 		ErrTimeout, w.d.kind, w.seq, c.deadline.Sub(w.t0).Round(time.Millisecond))
-	c.breakLocked(stateFailed, fmt.Errorf("%w after %w", ErrAborted, cause))
+	if c.state == stateActive {
+		c.breakLocked(stateFailed, fmt.Errorf("%w after %w", ErrAborted, cause))
+	} else {
+		// A Shrink or Grow repairing a broken comm: its deadline holds
+		// too, and the comm stays as broken as it was.
+		w.timedOut = cause
+	}
 	seq, kind := w.seq, w.d.kind
 	c.acting++
 	c.mu.Unlock()
@@ -715,6 +728,7 @@ func (c *Comm) Close() error {
 	c.mu.Lock()
 	if c.state == stateClosed {
 		c.mu.Unlock()
+		c.shutdown() // waits for a shutdown in progress (a Shrink or Grow that replaced c)
 		return nil
 	}
 	running := c.cur != nil || c.pending > 0
@@ -727,20 +741,26 @@ func (c *Comm) Close() error {
 }
 
 // shutdown waits for the executor to drain (every queued op is refused now),
-// stops the worker and closes the backend.
+// stops the worker and closes the backend. It runs once: Close and a
+// Shrink or Grow that replaces c may both call it; the later caller waits
+// until the first is done and gets nil.
 func (c *Comm) shutdown() error {
-	c.mu.Lock()
-	for c.busy || c.acting > 0 {
-		c.idle.Wait()
-	}
-	c.mu.Unlock()
-	close(c.quit)
-	if c.inflight != nil {
-		close(c.inflight) // after busy went false the worker sends no more
-	}
-	c.wg.Wait()
-	c.timer.Stop()
-	return c.b.Close()
+	var err error
+	c.shut.Do(func() {
+		c.mu.Lock()
+		for c.busy || c.acting > 0 {
+			c.idle.Wait()
+		}
+		c.mu.Unlock()
+		close(c.quit)
+		if c.inflight != nil {
+			close(c.inflight) // after busy went false the worker sends no more
+		}
+		c.wg.Wait()
+		c.timer.Stop()
+		err = c.b.Close()
+	})
+	return err
 }
 
 // Shrink forms a new comm of the ranks not in exclude, renumbered
@@ -788,6 +808,12 @@ func (c *Comm) reconfigure(ctx context.Context, d opDesc, replace bool) (*Comm, 
 	nc := wrap(nb, opts)
 	if replace {
 		c.mu.Lock()
+		if c.state == stateClosed {
+			// Close came as the op completed: the new comm is not wanted.
+			c.mu.Unlock()
+			nc.Close()
+			return nil, c.wrapErr(&d, 0, fmt.Errorf("%w while the %s completed", ErrClosed, d.kind))
+		}
 		c.state, c.refusal = stateClosed, fmt.Errorf("%w: replaced by %s to epoch %d", ErrClosed, d.kind, d.epoch)
 		c.mu.Unlock()
 		if err := c.shutdown(); err != nil {

@@ -106,12 +106,15 @@ type Backend struct {
 	left0         resyncNote // what else they say: the epoch left and the ranks a Shrink excluded
 	ctxStop       func() bool
 
-	mu      sync.Mutex
-	fault   *faultInfo // the first failure
-	revoke  *faultInfo // a revocation (local or remote), if any
-	broken  chan struct{}
-	closed  bool
-	formed  bool
+	mu     sync.Mutex
+	fault  *faultInfo // the first failure
+	revoke *faultInfo // a revocation (local or remote), if any
+	broken chan struct{}
+	closed bool
+	formed bool
+	// forming cancels the comm a Shrink, Grow or Split of b is forming:
+	// aborting, revoking or closing b ends that formation at once.
+	forming func(error)
 	monWake chan struct{}
 	quit    chan struct{}
 	wg      sync.WaitGroup
@@ -655,6 +658,7 @@ func (b *Backend) Abort(cause error) {
 	if cause == nil {
 		cause = errors.New("abort requested")
 	}
+	b.stopForming(fmt.Errorf("%w: %w", comm.ErrAborted, cause))
 	b.breakWith(faultInfo{
 		nt:  abortNotice(b.opType(), b.rank, cause),
 		err: fmt.Errorf("gloo: %w: %w", comm.ErrAborted, cause),
@@ -668,11 +672,44 @@ func (b *Backend) Revoke(cause error) {
 	if cause == nil {
 		cause = errors.New("revoke requested")
 	}
+	b.stopForming(fmt.Errorf("%w: %w", comm.ErrRevoked, cause))
 	b.breakWith(faultInfo{
 		nt:    notice{kind: noticeRevoke, op: b.opType(), origin: int32(b.rank), subject: -1, cause: cause.Error()},
 		err:   fmt.Errorf("gloo: %w: %w", comm.ErrRevoked, cause),
 		quiet: true,
 	})
+}
+
+// stopForming ends the formation of a comm from b that is in flight, if any.
+func (b *Backend) stopForming(cause error) {
+	b.mu.Lock()
+	cancel := b.forming
+	b.mu.Unlock()
+	if cancel != nil {
+		cancel(cause)
+	}
+}
+
+// formFrom forms nb, a comm made from b by Shrink, Grow or Split, so that
+// aborting, revoking or closing b meanwhile ends the formation (comm.Comm
+// aborts b at the op's deadline and on Close). A b closed already forms
+// nothing.
+func (b *Backend) formFrom(ctx context.Context, nb *Backend, reuse []*link) error {
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return fmt.Errorf("gloo: %w", comm.ErrClosed)
+	}
+	b.forming = cancel
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		b.forming = nil
+		b.mu.Unlock()
+	}()
+	return nb.form(fctx, reuse)
 }
 
 // Close implements comm.Backend: it fails a pending op, says goodbye to the
@@ -686,6 +723,7 @@ func (b *Backend) Close() error {
 	}
 	b.closed = true
 	b.mu.Unlock()
+	b.stopForming(comm.ErrClosed)
 	b.breakWith(faultInfo{err: fmt.Errorf("gloo: %w", comm.ErrClosed), quiet: true}) // peers learn from the bye
 	close(b.quit)
 	b.wg.Wait()

@@ -83,7 +83,7 @@ func (b *Backend) handOver(nb *Backend, old, peer int) *link {
 }
 
 func (b *Backend) reform(ctx context.Context, nb *Backend, reuse []*link, oldRank []int) (comm.Backend, error) {
-	if err := nb.form(ctx, reuse); err != nil {
+	if err := b.formFrom(ctx, nb, reuse); err != nil {
 		for i, l := range reuse {
 			if l != nil && !l.isClosed() {
 				l.giveBack(b, oldRank[i])
@@ -144,7 +144,7 @@ func (b *Backend) Split(ctx context.Context, color, key int) (comm.Backend, erro
 	}
 	prefix := fmt.Sprintf("%s/split%d/color%d", b.prefix, seq, color)
 	nb := b.derive(prefix, b.epoch, newRank, len(ms))
-	if err := nb.form(ctx, nil); err != nil {
+	if err := b.formFrom(ctx, nb, nil); err != nil {
 		nb.node.release()
 		return nil, err
 	}
