@@ -160,11 +160,12 @@ type Embedded struct {
 	endpoints []string
 	peerURL   string
 
-	clientOnce sync.Once
-	cli        *clientv3.Client
-	cliErr     error
-	closeOnce  sync.Once
-	closeErr   error
+	clientMu  sync.Mutex
+	closed    bool
+	cli       *clientv3.Client
+	cliErr    error
+	closeOnce sync.Once
+	closeErr  error
 	// logLevel gates etcd's logs; Close silences them, since stopping its
 	// listeners makes etcd log errors that are only the shutdown itself.
 	logLevel zap.AtomicLevel
@@ -409,10 +410,17 @@ func (m *Embedded) Credentials(user string) (*Credentials, error) {
 }
 
 // Client returns a client of this server, created at the first call and
-// closed by Close. It logs nothing. On a Secure server it acts as
-// EtcdUserCoordinator.
+// closed by Close (after Close it fails with comm.ErrClosed). It logs
+// nothing. On a Secure server it acts as EtcdUserCoordinator.
 func (m *Embedded) Client() (*clientv3.Client, error) {
-	m.clientOnce.Do(func() { m.cli, m.cliErr = m.NewClient(nil) })
+	m.clientMu.Lock()
+	defer m.clientMu.Unlock()
+	if m.closed {
+		return nil, fmt.Errorf("membership: embedded etcd client: %w", comm.ErrClosed)
+	}
+	if m.cli == nil && m.cliErr == nil {
+		m.cli, m.cliErr = m.NewClient(nil)
+	}
 	return m.cli, m.cliErr
 }
 
@@ -479,8 +487,12 @@ const ReconnectMaxDelay = 500 * time.Millisecond
 // server when it restarts on the same address.
 func (m *Embedded) Close() error {
 	m.closeOnce.Do(func() {
-		if m.cli != nil {
-			m.cli.Close()
+		m.clientMu.Lock()
+		m.closed = true
+		cli := m.cli
+		m.clientMu.Unlock()
+		if cli != nil {
+			cli.Close()
 		}
 		m.logLevel.SetLevel(zapcore.FatalLevel)
 		m.streams.cut()

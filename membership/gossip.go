@@ -182,6 +182,8 @@ type Gossip struct {
 	unacked  map[string]bool
 	allAcked chan struct{}
 	sending  sync.WaitGroup
+	joining  sync.WaitGroup
+	leaveMu  sync.Mutex // held by Leave; Close waits for it
 	stopped  bool
 	// noLeaveMeta (tests) leaves the "leaving" metadata out of Leave, so
 	// that only the handshake tells peers.
@@ -250,8 +252,11 @@ func (g *Gossip) Name() string { return g.name }
 // Addr returns the host:port peers reach this node at.
 func (g *Gossip) Addr() string { return g.ml.LocalNode().Address() }
 
-// Join contacts the seeds (host:port) and merges their view; it returns
-// how many it reached. Joining an empty list is a no-op.
+// Join contacts the seeds (host:port), one after another, and merges their
+// view; it returns how many it reached. Joining an empty list is a no-op.
+// memberlist's join takes no ctx: when ctx ends Join returns, and the seed
+// being contacted is given up after TCPTimeout at most, which Close waits
+// for. After Close it fails with comm.ErrClosed.
 func (g *Gossip) Join(ctx context.Context, seeds []string) (int, error) {
 	if len(seeds) == 0 {
 		return 0, nil
@@ -261,8 +266,30 @@ func (g *Gossip) Join(ctx context.Context, seeds []string) (int, error) {
 		err error
 	}
 	ch := make(chan res, 1)
+	g.mu.Lock()
+	if g.stopped {
+		g.mu.Unlock()
+		return 0, fmt.Errorf("membership: gossip join: %w", comm.ErrClosed)
+	}
+	g.joining.Add(1)
+	g.mu.Unlock()
 	// memberlist.Join takes no ctx; each seed is bounded by TCPTimeout.
-	go func() { n, err := g.ml.Join(seeds); ch <- res{n, err} }()
+	// One seed at a time, so that Close waits for one at most.
+	go func() {
+		defer g.joining.Done()
+		var r res
+		for _, s := range seeds {
+			if ctx.Err() != nil || g.isStopped() {
+				break
+			}
+			n, err := g.ml.Join([]string{s})
+			r.n += n
+			if err != nil {
+				r.err = err
+			}
+		}
+		ch <- r
+	}()
 	select {
 	case r := <-ch:
 		if r.err != nil && r.n == 0 {
@@ -299,8 +326,15 @@ func (g *Gossip) Stats() GossipStats {
 	return GossipStats{Suspicions: g.suspect.Load(), Refutations: g.refute.Load(), Deaths: g.deaths.Load()}
 }
 
+func (g *Gossip) isStopped() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.stopped
+}
+
 // Leave tells the others this node is going (they see GossipLeave, not
-// GossipDead), waiting until ctx ends at most.
+// GossipDead), waiting until ctx ends at most. After Close, or when Close
+// comes while it waits for acknowledgements, it fails with comm.ErrClosed.
 //
 // memberlist (v0.7) reports a leave to the others' event delegates like a
 // death, and its gossip may deliver the leave before any news sent ahead
@@ -309,12 +343,23 @@ func (g *Gossip) Stats() GossipStats {
 // whatever order gossip brings the rest in), then puts "leaving" in its
 // metadata for peers that did not answer in time, then leaves.
 func (g *Gossip) Leave(ctx context.Context) error {
+	g.leaveMu.Lock()
+	defer g.leaveMu.Unlock()
+	if g.isStopped() {
+		return fmt.Errorf("membership: gossip leave: %w", comm.ErrClosed)
+	}
 	timeout := 2 * time.Second
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)
 	}
 	g.leaving.Store(true)
-	g.tellLeaving(time.Now().Add(timeout / 3))
+	g.tellLeaving(ctx, time.Now().Add(timeout/3))
+	if ctx.Err() != nil {
+		return fmt.Errorf("membership: gossip leave: %w", context.Cause(ctx))
+	}
+	if g.isStopped() { // Close came meanwhile and waits for this Leave
+		return fmt.Errorf("membership: gossip leave: %w", comm.ErrClosed)
+	}
 	if !g.noLeaveMeta {
 		if err := g.ml.UpdateNode(timeout / 3); err != nil {
 			return fmt.Errorf("membership: gossip leave: %w", err)
@@ -336,7 +381,7 @@ const (
 
 // tellLeaving sends msgLeaving to every peer and waits, until deadline at
 // most, for all of them to acknowledge it.
-func (g *Gossip) tellLeaving(deadline time.Time) {
+func (g *Gossip) tellLeaving(ctx context.Context, deadline time.Time) {
 	// Copies: memberlist updates its nodes under its own lock. Taken
 	// before g.mu, which memberlist's event callbacks take under that lock.
 	var peers []*memberlist.Node
@@ -365,6 +410,8 @@ func (g *Gossip) tellLeaving(deadline time.Time) {
 	defer timer.Stop()
 	select {
 	case <-all:
+	case <-ctx.Done():
+	case <-g.closed:
 	case <-timer.C:
 		g.mu.Lock()
 		missing := len(g.unacked)
@@ -443,17 +490,21 @@ func (g *Gossip) receive(msg []byte) {
 }
 
 // Close stops the node without a leave message (peers declare it dead
-// unless Leave ran first) and its event goroutine. Safe to call twice.
+// unless Leave ran first) and its event goroutine, after a Leave or Join in
+// flight has stopped. Safe to call twice.
 func (g *Gossip) Close() error {
 	var err error
 	g.once.Do(func() {
 		g.mu.Lock()
 		g.stopped = true
 		g.mu.Unlock()
-		err = g.ml.Shutdown()
 		close(g.closed)
+		g.leaveMu.Lock() // a Leave in flight: memberlist panics on Leave after Shutdown
+		err = g.ml.Shutdown()
+		g.leaveMu.Unlock()
 		<-g.done
 		g.sending.Wait()
+		g.joining.Wait()
 	})
 	return err
 }

@@ -489,6 +489,9 @@ func (m *Member) write(ctx context.Context, why string) error {
 	}
 	m.writeM.Lock()
 	defer m.writeM.Unlock()
+	if err := m.Err(); err != nil {
+		return err
+	}
 	m.mu.Lock()
 	m.rec.Updated = time.Now()
 	val, _ := json.Marshal(m.rec)
@@ -564,12 +567,13 @@ func (m *Member) NextQuorum(ctx context.Context, after uint64) (Quorum, error) {
 	}
 }
 
-// Revoked returns a channel closed once the epoch is revoked: a
-// revocation record exists or a later quorum was published.
+// Revoked returns a channel closed once the epoch is revoked (a
+// revocation record exists or a later quorum was published) or the
+// membership has ended.
 func (m *Member) Revoked(epoch uint64) <-chan struct{} {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.revokedLocked(epoch) {
+	if m.err != nil || m.revokedLocked(epoch) {
 		ch := make(chan struct{})
 		close(ch)
 		return ch
@@ -928,6 +932,8 @@ func (m *Member) Leave(ctx context.Context) error {
 		if alive {
 			// Say "leaving" first so the coordinator tells a leave from
 			// a lease expiry, then drop the lease (and with it the key).
+			// After any write in flight: it must not land after this one.
+			m.writeM.Lock()
 			m.mu.Lock()
 			m.rec.Leaving = true
 			val, _ := json.Marshal(m.rec)
@@ -935,6 +941,7 @@ func (m *Member) Leave(ctx context.Context) error {
 			_, e1 := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc)).
 				Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(m.lease))).Commit()
 			_, e2 := m.cli.Revoke(ctx, m.lease)
+			m.writeM.Unlock()
 			if e1 != nil || e2 != nil {
 				err = fmt.Errorf("membership: leave %s/%s: %w", m.cfg.Job, m.cfg.ID, ctxErr(ctx, errors.Join(e1, e2)))
 			}
