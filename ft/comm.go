@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -55,8 +54,7 @@ type Comm struct {
 	// after Close is left open.
 	applying chan struct{}
 	closed   bool
-	emitting atomic.Bool // the training goroutine is in Config.OnEvent
-	stepNow  int64       // mirror of step for readers on other goroutines
+	stepNow  int64 // mirror of step for readers on other goroutines
 	// midStep is true from a Step that returned until its Commit ended:
 	// the training loop may have device ops in flight on the epoch's comms.
 	midStep bool
@@ -1002,8 +1000,6 @@ func (c *Comm) emit(e Event) {
 	if e.Participants == 0 {
 		e.Participants = c.Participants()
 	}
-	c.emitting.Store(true)
-	defer c.emitting.Store(false)
 	c.cfg.OnEvent(e)
 }
 
@@ -1330,10 +1326,9 @@ func (c *Comm) Close() error {
 	}
 	applying := c.applying
 	c.mu.Unlock()
-	if applying != nil && !c.emitting.Load() {
+	if applying != nil {
 		// A reconfiguration in flight on the training goroutine: it ends
-		// soon (cancelled), closing what it formed. (From OnEvent, the
-		// training goroutine itself, it ends after Close returns.)
+		// soon (cancelled), closing what it formed.
 		<-applying
 	}
 	close(c.stop)

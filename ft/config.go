@@ -152,8 +152,8 @@ type Config struct {
 	DurableCommit bool
 	// OnEvent, if set, is called from the training goroutine (inside Step
 	// and Commit) with each reconfiguration, heal, rollback, sit-out and
-	// failed commit. It must not call the Comm's Step, Commit or
-	// collectives.
+	// failed commit. It must not call the Comm's Step, Commit, collectives
+	// or Close (Close waits for the reconfiguration that calls it).
 	OnEvent func(Event)
 	// DisableHealthWatch turns off ft's watch of a device data backend's
 	// GPU (comm.HealthWatcher): by default a critical fault (an XID, an
