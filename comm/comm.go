@@ -455,7 +455,7 @@ func (c *Comm) execute(w *Work) {
 	}
 	err = c.classifyLocked(w, err, wasActive)
 	if err != nil && w.timedOut != nil && !errors.Is(err, ErrTimeout) {
-		err = fmt.Errorf("%w (backend: %v)", w.timedOut, err)
+		err = fmt.Errorf("%w (backend: %w)", w.timedOut, err)
 	}
 	c.mu.Unlock()
 	if abort != nil {
@@ -484,8 +484,9 @@ func (c *Comm) classifyLocked(w *Work, err error, wasActive bool) error {
 		return nil
 	}
 	if (wasActive && c.state != stateActive) || c.state == stateClosed {
-		// Aborted, revoked or closed while running: that is the cause.
-		return fmt.Errorf("%w (backend: %v)", c.refusal, err)
+		// Aborted, revoked or closed while running: that is the cause; what
+		// the backend saw stays matchable (a dead peer's RankError).
+		return fmt.Errorf("%w (backend: %w)", c.refusal, err)
 	}
 	switch {
 	case !wasActive:

@@ -117,3 +117,40 @@ func TestShrinkOnBrokenCommKeepsItsDeadline(t *testing.T) {
 		t.Fatalf("after the failed Shrink the comm should still refuse with its failure: %v", err)
 	}
 }
+
+// peerFailer's barrier sees a peer die (a RankError) once it is aborted,
+// as a backend whose op was revoked while a peer had failed does.
+type peerFailer struct {
+	*fake
+	started chan struct{}
+}
+
+func (p peerFailer) Barrier(ctx context.Context) error {
+	close(p.started)
+	<-p.fake.abort
+	return &comm.RankError{Rank: 2, Op: comm.OpBarrier, Err: comm.ErrPeerFailed}
+}
+
+// An op revoked locally while it runs fails with ErrRevoked, and what the
+// backend saw stays matchable: the dead peer (ErrPeerFailed, FailedRanks),
+// as backends/gloo/doc.go promises. Before, the backend's error was kept
+// as text only.
+func TestRevokeKeepsTheBackendsFailure(t *testing.T) {
+	p := peerFailer{fake: newFake(0, 3), started: make(chan struct{})}
+	c, err := comm.Wrap(p, comm.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	done := make(chan error, 1)
+	go func() { done <- c.Barrier(context.Background()) }()
+	<-p.started
+	c.Revoke(errors.New("the quorum moved on"))
+	err = <-done
+	if !errors.Is(err, comm.ErrRevoked) || !errors.Is(err, comm.ErrPeerFailed) {
+		t.Fatalf("revoked op: %v; want ErrRevoked and ErrPeerFailed", err)
+	}
+	if got := comm.FailedRanks(err); len(got) != 1 || got[0] != 2 {
+		t.Fatalf("FailedRanks %v, want [2]", got)
+	}
+}
