@@ -73,8 +73,12 @@
 // Errors wrap the sentinels ErrTimeout, ErrAborted, ErrRevoked,
 // ErrPeerFailed, ErrMismatch, ErrInvalidArgument, ErrBackendUnavailable and
 // ErrClosed, for errors.Is; failures tied to a rank are *RankError, for
-// errors.As, and FailedRanks lists them. ErrInvalidArgument is returned
-// before anything reaches the backend and leaves the comm usable.
+// errors.As, and FailedRanks lists them. An op ended by Abort, Revoke,
+// Close or its deadline matches that cause and also what its backend saw
+// (a peer that had died meanwhile stays in FailedRanks). A Shrink or Grow
+// keeps Options.Timeout too, on a broken comm as well; Close while one
+// completes gets the new comm closed and ErrClosed. ErrInvalidArgument is
+// returned before anything reaches the backend and leaves the comm usable.
 //
 // # Observability
 //
