@@ -84,7 +84,7 @@ func TestGossipLeaveHonoursCancel(t *testing.T) {
 // TCPTimeout per seed) after Close, and could advertise the closed node.
 func TestGossipCloseWaitsForJoin(t *testing.T) {
 	cfg := DefaultGossipConfig()
-	cfg.TCPTimeout = 10 * time.Second
+	cfg.TCPTimeout = 3 * time.Second // Close waits this long for the seed being contacted
 	g, err := StartGossip("a", cfg)
 	if err != nil {
 		t.Fatal(err)
