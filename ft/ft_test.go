@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -514,6 +515,40 @@ func TestCloseWhileTraining(t *testing.T) {
 			t.Fatalf("round %d: the loop ended with %v, want ErrClosed", round, err)
 		}
 		b.waitStep(b.c.CommittedStep() + 2)
+	}
+	j.stopAll(b)
+}
+
+// Close from another goroutine while the replica heals: the transfer stops,
+// Step returns ErrClosed, and nothing writes the replica's state after Close
+// returned (the caller may reuse or free it).
+func TestCloseWhileHealing(t *testing.T) {
+	j := newJob(t, quick(), 1)
+	j.nParams = 1 << 22 // 16 MiB in 4 KiB chunks: a heal of 4096 requests
+	j.cfg.HealChunkSize = 4 << 10
+	b := j.start("b", 0, 1, forever)
+	b.waitStep(2)
+	healing := b.c.server.ServedAtLeast(64 << 10)
+	d := j.start("d", 0, 1, forever)
+	select {
+	case <-healing:
+	case <-time.After(60 * time.Second): // a hang, not a slow machine
+		t.Fatal("d never started healing from b")
+	}
+	if err := d.c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	after := slices.Clone(d.params)
+	if err := d.wait(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("the healer's loop ended with %v, want ErrClosed", err)
+	}
+	served := b.c.server.Served()
+	b.waitStep(b.c.CommittedStep() + 2)
+	if !slices.Equal(after, d.params) {
+		t.Fatal("the healer's state changed after Close returned")
+	}
+	if served >= int64(len(after)*4) {
+		t.Logf("the heal had completed before Close (served %d bytes): nothing to stop", served)
 	}
 	j.stopAll(b)
 }
