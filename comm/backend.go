@@ -159,6 +159,17 @@ type CtxWatcher interface {
 	WatchesCtx() bool
 }
 
+// FailureNotifier is a backend that can learn of a failure while no op
+// runs: a reader goroutine sees a peer's connection reset, or a peer's
+// revocation or abort notice arrives. Broken is closed at that moment and
+// Err then says why (a *RankError wrapping ErrPeerFailed names a dead
+// peer). Comm watches it, so that Comm.Broken and Comm.Err report such a
+// failure at once rather than at the next op. Safe from any goroutine.
+type FailureNotifier interface {
+	Broken() <-chan struct{}
+	Err() error
+}
+
 // Shrinker is a backend that can form a smaller communicator of the
 // survivors: every rank not in exclude calls Shrink with the same exclude and
 // epoch; survivors are renumbered contiguously in old-rank order. exclude is

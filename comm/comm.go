@@ -60,6 +60,7 @@ type Comm struct {
 	quit     chan struct{}
 	wg       sync.WaitGroup
 	shut     sync.Once // shutdown runs once; a concurrent caller waits for it
+	broken   chan struct{} // closed when state first leaves stateActive
 }
 
 // pipelineDepth bounds how many started ops an Enqueuer backend may have
@@ -75,6 +76,7 @@ func wrap(b Backend, opts Options) *Comm {
 		rec:     newFlightRecorder(opts.FlightRecorder),
 		wake:    make(chan struct{}, 1),
 		quit:    make(chan struct{}),
+		broken:  make(chan struct{}),
 	}
 	c.log = opts.Logger.With(zap.String("comm", opts.Name), zap.String("backend", b.Name()),
 		zap.Int("rank", opts.Rank), zap.Int("size", opts.Size), zap.Uint64("epoch", opts.Epoch))
@@ -88,8 +90,50 @@ func wrap(b Backend, opts Options) *Comm {
 	}
 	c.timer = time.AfterFunc(time.Hour, c.onDeadline)
 	c.timer.Stop()
+	if fn, ok := b.(FailureNotifier); ok {
+		// Exits when the backend breaks or the comm shuts down.
+		c.wg.Add(1)
+		go c.watchBackend(fn)
+	}
 	return c
 }
+
+// watchBackend moves the comm out of stateActive the moment its backend
+// breaks on its own, with no op running to find out.
+func (c *Comm) watchBackend(fn FailureNotifier) {
+	defer c.wg.Done()
+	select {
+	case <-fn.Broken():
+	case <-c.quit:
+		return
+	}
+	err := fn.Err()
+	if err == nil {
+		err = errors.New("the backend broke")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// An op running now fails with what the backend saw and classifies
+	// its own error; act only on a failure no op found.
+	for c.state == stateActive && (c.busy || c.acting > 0 || c.pending > 0) {
+		c.idle.Wait()
+	}
+	if c.state != stateActive {
+		return
+	}
+	if errors.Is(err, ErrRevoked) {
+		c.breakLocked(stateRevoked, err)
+		return
+	}
+	c.breakLocked(stateFailed, fmt.Errorf("%w: %w", ErrAborted, err))
+}
+
+// Broken is closed once the comm refuses collectives — failed, revoked
+// or closed — whether an op found out, Abort, Revoke or Close was called,
+// or the backend saw a peer fail with no op running (FailureNotifier).
+// Err then says why. Layers above select on it to act on a failure at
+// once (ft aborts a step's other comms and blames the dead peer).
+func (c *Comm) Broken() <-chan struct{} { return c.broken }
 
 // Rank is this process's rank in the comm.
 func (c *Comm) Rank() int { return c.opts.Rank }
@@ -508,6 +552,7 @@ func (c *Comm) breakLocked(s commState, refusal error) {
 	}
 	if c.state == stateActive {
 		c.log.Warn("comm refuses further collectives", zap.String("state", s.String()), zap.Error(refusal))
+		close(c.broken)
 	}
 	c.state, c.refusal = s, refusal
 }
@@ -733,6 +778,9 @@ func (c *Comm) Close() error {
 		return nil
 	}
 	running := c.cur != nil || c.pending > 0
+	if c.state == stateActive {
+		close(c.broken)
+	}
 	c.state, c.refusal = stateClosed, ErrClosed
 	c.mu.Unlock()
 	if running {
@@ -814,6 +862,9 @@ func (c *Comm) reconfigure(ctx context.Context, d opDesc, replace bool) (*Comm, 
 			c.mu.Unlock()
 			nc.Close()
 			return nil, c.wrapErr(&d, 0, fmt.Errorf("%w while the %s completed", ErrClosed, d.kind))
+		}
+		if c.state == stateActive {
+			close(c.broken)
 		}
 		c.state, c.refusal = stateClosed, fmt.Errorf("%w: replaced by %s to epoch %d", ErrClosed, d.kind, d.epoch)
 		c.mu.Unlock()

@@ -19,7 +19,9 @@
 // ErrPeerFailed), when ranks disagree on an op (ErrMismatch), when the
 // caller's ctx ends during an op, on Abort, and on Revoke (here or at a
 // peer: ErrRevoked). A broken comm refuses further collectives with the
-// error that broke it (Err reports it) and is repaired by Shrink (survivors
+// error that broke it (Err reports it; Broken is closed the moment it
+// breaks, also when a backend that implements FailureNotifier sees a
+// peer fail while no op runs) and is repaired by Shrink (survivors
 // form a smaller comm at a new epoch) or Grow (joiners are admitted), each
 // of which returns a new Comm and closes the old; or it is simply closed.
 // Split makes sub-communicators and leaves the parent as it was.
@@ -72,7 +74,8 @@
 //
 // Errors wrap the sentinels ErrTimeout, ErrAborted, ErrRevoked,
 // ErrPeerFailed, ErrMismatch, ErrInvalidArgument, ErrBackendUnavailable and
-// ErrClosed, for errors.Is; failures tied to a rank are *RankError, for
+// ErrClosed, for errors.Is (ErrPeerClosed beside ErrPeerFailed marks a
+// peer that closed its comm in an orderly way while no op needed it); failures tied to a rank are *RankError, for
 // errors.As, and FailedRanks lists them. An op ended by Abort, Revoke,
 // Close or its deadline matches that cause and also what its backend saw
 // (a peer that had died meanwhile stays in FailedRanks). A Shrink or Grow

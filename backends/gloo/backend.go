@@ -121,12 +121,13 @@ type Backend struct {
 }
 
 var (
-	_ comm.Backend    = (*Backend)(nil)
-	_ comm.Revoker    = (*Backend)(nil)
-	_ comm.Shrinker   = (*Backend)(nil)
-	_ comm.Grower     = (*Backend)(nil)
-	_ comm.Splitter   = (*Backend)(nil)
-	_ comm.CtxWatcher = (*Backend)(nil)
+	_ comm.Backend         = (*Backend)(nil)
+	_ comm.Revoker         = (*Backend)(nil)
+	_ comm.Shrinker        = (*Backend)(nil)
+	_ comm.Grower          = (*Backend)(nil)
+	_ comm.Splitter        = (*Backend)(nil)
+	_ comm.CtxWatcher      = (*Backend)(nil)
+	_ comm.FailureNotifier = (*Backend)(nil)
 )
 
 // WatchesCtx implements comm.CtxWatcher: every wait of an op selects on
@@ -439,6 +440,14 @@ func (b *Backend) isBroken() bool {
 	}
 }
 
+// Broken implements comm.FailureNotifier: closed when b breaks, whether an
+// op was running or a reader saw a peer fail (or a peer's notice arrived)
+// while none was.
+func (b *Backend) Broken() <-chan struct{} { return b.broken }
+
+// Err implements comm.FailureNotifier: why b broke, nil before.
+func (b *Backend) Err() error { return b.err() }
+
 // err is the error ops fail with once b is broken. A revocation after a
 // failure (ft revokes when a step fails) keeps the failure's kind beside
 // its own: the op matches comm.ErrRevoked and, say, comm.ErrPeerFailed
@@ -563,8 +572,14 @@ func (b *Backend) peerClosed(l *link, peer int) {
 // other ranks are told if the op in progress failed for it (notify).
 func (b *Backend) peerGone(peer int, notify bool) {
 	why := fmt.Sprintf("rank %d closed its communicator", peer)
+	cause := fmt.Errorf("gloo: %w: %s", comm.ErrPeerFailed, why)
+	if !notify {
+		// No op needed it: an orderly departure, which callers may tell
+		// from a crash.
+		cause = fmt.Errorf("gloo: %w: %w", comm.ErrPeerFailed, comm.ErrPeerClosed)
+	}
 	f := faultInfo{
-		err:   &comm.RankError{Rank: peer, Op: b.opType(), Epoch: b.epoch, Err: fmt.Errorf("gloo: %w: %s", comm.ErrPeerFailed, why)},
+		err:   &comm.RankError{Rank: peer, Op: b.opType(), Epoch: b.epoch, Err: cause},
 		quiet: true, // an orderly exit: logged at info level
 	}
 	if notify {
