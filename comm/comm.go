@@ -59,7 +59,7 @@ type Comm struct {
 	wake     chan struct{}
 	quit     chan struct{}
 	wg       sync.WaitGroup
-	shut     sync.Once // shutdown runs once; a concurrent caller waits for it
+	shut     sync.Once     // shutdown runs once; a concurrent caller waits for it
 	broken   chan struct{} // closed when state first leaves stateActive
 }
 
