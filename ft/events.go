@@ -60,6 +60,7 @@ type Event struct {
 	Epoch        uint64
 	Step         int64 // committed step after the event
 	Participants int   // replica groups of the epoch (0 while sitting out)
+	Rank         int   // this replica's rank in the FT comm after the event (-1: none)
 	How          string
 	FromStep     int64
 	ToStep       int64

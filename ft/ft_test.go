@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -154,9 +155,7 @@ func (r *replica) train(ctx context.Context, l *ledger, until int64) {
 // checkDeadlines asserts that no op of the current FT comm ran past the
 // comm's deadline (with a little room for the scheduler on a loaded machine).
 func (r *replica) checkDeadlines() {
-	r.c.mu.Lock()
-	ft := r.c.ft.data
-	r.c.mu.Unlock()
+	ft := r.c.ftData()
 	if ft == nil {
 		return
 	}
@@ -190,9 +189,7 @@ func (r *replica) wait() error {
 // kill simulates the death of the process: its training stops mid-flight,
 // its peers see it fail, and the coordinator learns of it as from gossip.
 func (j *job) kill(r *replica) {
-	r.c.mu.Lock()
-	ft := r.c.ft.data
-	r.c.mu.Unlock()
+	ft := r.c.ftData()
 	if ft != nil {
 		ft.Backend().(*inproc.Backend).Fail()
 	}
@@ -346,9 +343,7 @@ func TestFailedCommitForcesNextEpoch(t *testing.T) {
 	e0 := a.c.Epoch()
 	// Break b's FT comm under it, as a flaky link would.
 	for {
-		b.c.mu.Lock()
-		ft := b.c.ft.data
-		b.c.mu.Unlock()
+		ft := b.c.ftData()
 		if ft != nil {
 			ft.Abort(errors.New("injected link failure"))
 			break
@@ -483,19 +478,15 @@ func TestCloseDuringFormation(t *testing.T) {
 	if err := r.c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	r.c.mu.Lock()
-	inFlight := r.c.applying != nil
-	r.c.mu.Unlock()
-	if inFlight {
-		t.Fatal("Close returned while Step was still forming comms")
+	// The driver has ended (Close waits for it): its state is ours to read.
+	if n := len(r.c.d.cancels); n > 0 {
+		t.Fatalf("Close returned while %d tasks (forming comms) still ran", n)
 	}
 	if err := r.wait(); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Step ended with %v, want ErrClosed", err)
 	}
-	r.c.mu.Lock()
-	defer r.c.mu.Unlock()
-	if r.c.ft.ok() || r.c.group.ok() {
-		t.Fatal("comms stored into the closed Comm")
+	if n := len(r.c.d.comms); n > 0 {
+		t.Fatalf("%d comms left open by the closed Comm", n)
 	}
 }
 
@@ -551,4 +542,56 @@ func TestCloseWhileHealing(t *testing.T) {
 		t.Logf("the heal had completed before Close (served %d bytes): nothing to stop", served)
 	}
 	j.stopAll(b)
+}
+
+// Close from another goroutine at every point of a reconfiguration — as
+// each of the driver's actions is carried out, in a replica that joins a
+// running job of replica groups (so it forms its group's comm and an FT
+// comm by grow, gathers records, heals, checks its group, votes): Close
+// returns, the loop ends with ErrClosed (or its step ended first), no comm
+// is left open, nothing panics or races (run with -race), and the rest of
+// the job trains on.
+func TestCloseAtEveryPointOfReconfiguration(t *testing.T) {
+	points := []string{"form group", "form ft", "report formed", "gather", "heal", "check group",
+		"offer", "step started", "vote", "withdraw", "commit returns"}
+	for _, point := range points {
+		t.Run(point, func(t *testing.T) {
+			j := newJob(t, quick(), 1)
+			a0, a1 := j.start("a", 0, 2, forever), j.start("a", 1, 2, forever)
+			a0.waitStep(3)
+			b0 := j.start("b", 0, 2, forever)
+			b1 := j.open("b", 1, 2)
+			closed := make(chan error, 1)
+			var once sync.Once
+			b1.c.onDriver(func(d *driver) {
+				d.hook = func(a action) {
+					if !strings.HasPrefix(describe(a), point) {
+						return
+					}
+					once.Do(func() { go func() { closed <- b1.c.Close() }() })
+				}
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			b1.cancel = cancel
+			go b1.train(ctx, j.ledger, forever)
+			select {
+			case err := <-closed:
+				if err != nil {
+					t.Fatalf("close: %v", err)
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatalf("Close at %q did not return within 60 s (or the point was never reached: %v)", point, b1.c.Epoch())
+			}
+			if err := b1.wait(); !errors.Is(err, ErrClosed) {
+				t.Fatalf("b.1's loop ended with %v, want ErrClosed", err)
+			}
+			if n := len(b1.c.d.comms); n > 0 {
+				t.Fatalf("%d comms left open after Close", n)
+			}
+			a0.waitStep(a0.c.CommittedStep() + 2) // group b is incomplete: a trains on alone
+			j.stopAll(a0, a1, b0)
+			j.check(a0, a1, b0)
+		})
+	}
 }

@@ -176,9 +176,8 @@ func TestGPUFTOneReplica(t *testing.T) {
 	if got, want := stateHash(f32s(pb)), stateHash(host); got != want {
 		t.Errorf("device state %x after %d steps, want %x", got, steps, want)
 	}
-	c.mu.Lock()
-	data, ctl := c.ft.data, c.ft.ctl
-	c.mu.Unlock()
+	cur := c.current().ft
+	data, ctl := cur.data, cur.ctl
 	if data.Backend().Name() != "nccl" || ctl.Backend().Name() != "gloo" {
 		t.Errorf("data comm on %s, control on %s", data.Backend().Name(), ctl.Backend().Name())
 	}

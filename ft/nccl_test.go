@@ -340,10 +340,9 @@ func (r *gpuReplica) waitQuorumAfter(epoch uint64, n int) {
 func (r *gpuReplica) awaitQuorumAfter(epoch uint64, n int) error {
 	deadline := time.After(60 * time.Second)
 	for {
-		r.c.mu.Lock()
-		q, ch := r.c.latest, r.c.changed
-		r.c.mu.Unlock()
-		if q != nil && q.Epoch > epoch && len(q.Participants) == n {
+		m := r.c.member()
+		ch := m.Changed()
+		if q, ok := m.Quorum(); ok && q.Epoch > epoch && len(q.Participants) == n {
 			return nil
 		}
 		select {
@@ -577,11 +576,7 @@ func (r *gpuReplica) healed() []int64 {
 }
 
 // comms returns the replica's current FT comms (zero while sitting out).
-func (r *gpuReplica) comms() comms {
-	r.c.mu.Lock()
-	defer r.c.mu.Unlock()
-	return r.c.ft
-}
+func (r *gpuReplica) comms() comms { return r.c.current().ft }
 
 // kill is the process's death: its GPU stops (the simulation kills its
 // rank: its streams never advance again), its sockets close (its gloo
@@ -593,9 +588,8 @@ func (j *gpuJob) kill(r *gpuReplica) {
 	// and sockets die, then its session ends.
 	j.coord.sever(r.id)
 	j.sim.Kill(r.dev)
-	r.c.mu.Lock()
-	ctls := []*comm.Comm{r.c.ft.ctl, r.c.group.ctl}
-	r.c.mu.Unlock()
+	cur := r.c.current()
+	ctls := []*comm.Comm{cur.ft.ctl, cur.group.ctl}
 	for _, c := range ctls {
 		if c != nil {
 			c.Abort(errors.New("process killed"))
@@ -929,9 +923,7 @@ func TestNCCLGroupControlCommFailure(t *testing.T) {
 	var once sync.Once
 	a1.setHook(beforeCommit, func(r *gpuReplica, step int64) {
 		once.Do(func() {
-			r.c.mu.Lock()
-			ctl := r.c.group.ctl
-			r.c.mu.Unlock()
+			ctl := r.c.current().group.ctl
 			ctl.Abort(errors.New("injected control link failure"))
 			bad <- step
 		})
@@ -1216,7 +1208,10 @@ func TestNCCLGroupStepsApartAreReported(t *testing.T) {
 	var once sync.Once
 	a1.setHook(afterCommit, func(r *gpuReplica, step int64) {
 		once.Do(func() {
-			r.c.setStep(step - 1)
+			r.c.onDriver(func(d *driver) {
+				d.mach.step--
+				d.exec(setStep{step: d.mach.step})
+			})
 			held <- step
 			<-release
 		})

@@ -77,9 +77,7 @@ func TestCommitReturnsWhenCoordinatorUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.cut.Store(true)
-	a.mu.Lock()
-	a.ft.data.Abort(errors.New("injected link failure"))
-	a.mu.Unlock()
+	a.ftData().Abort(errors.New("injected link failure"))
 	a.AllReduce(ctx, comm.Float32s(grads), comm.Sum)
 	done := make(chan error, 1)
 	go func() {

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 // participant is what ft needs of one quorum participant.
@@ -145,4 +147,12 @@ func plan(cur, next []participant) (how reconfig, exclude []int) {
 		return growTo, nil
 	}
 	return freshComm, nil
+}
+
+func participantsOf(q membership.Quorum) []participant {
+	ps := make([]participant, len(q.Participants))
+	for i, p := range q.Participants {
+		ps[i] = participant{ID: p.ID, Group: p.Group, Incarnation: p.Incarnation}
+	}
+	return ps
 }

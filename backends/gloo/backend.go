@@ -370,6 +370,11 @@ func (b *Backend) form(ctx context.Context, reuse []*link) error {
 		case <-ctx.Done():
 			ferr = fmt.Errorf("gloo: forming %s epoch %d rank %d/%d: %w (connected to %d of %d peers)",
 				b.prefix, b.epoch, r, n, context.Cause(ctx), count(links), n-1)
+			if errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+				// Past the deadline (not cancelled), the peers that never
+				// came are named, for the layer above to blame.
+				ferr = errors.Join(ferr, absent(links, r, b.epoch))
+			}
 		}
 	}
 	if ferr == nil {
@@ -405,6 +410,19 @@ func (b *Backend) form(ctx context.Context, reuse []*link) error {
 	}
 	b.setLinks(links)
 	return nil
+}
+
+// absent names the ranks other than r with no link: a *comm.RankError
+// wrapping comm.ErrPeerFailed each.
+func absent(ls []*link, r int, epoch uint64) error {
+	var errs []error
+	for p, l := range ls {
+		if l == nil && p != r {
+			errs = append(errs, &comm.RankError{Rank: p, Op: comm.OpNone, Epoch: epoch,
+				Err: fmt.Errorf("gloo: %w: rank %d did not connect before the deadline", comm.ErrPeerFailed, p)})
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func count(ls []*link) int {

@@ -1,12 +1,15 @@
 package gloo
 
 import (
+	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/comm/memstore"
 )
 
 // A comm learns of a peer's failure with no op running: Comm.Broken closes
@@ -59,4 +62,45 @@ func TestBrokenWithNoOpRunning(t *testing.T) {
 			t.Fatal("the aborted comm's own Broken is open")
 		}
 	})
+}
+
+// A formation that passes its deadline names the ranks that never
+// connected (a *comm.RankError wrapping comm.ErrPeerFailed each), so that
+// the layer above can blame them; one cancelled before its deadline names
+// nobody.
+func TestFormationNamesAbsentPeers(t *testing.T) {
+	store := memstore.New()
+	defer store.Close()
+	cfg := testConfig()
+	form := func(ctx context.Context, r int) error {
+		o := testOptions(store, cfg, nil)
+		o.Rank, o.Size = r, 3
+		c, err := comm.New(ctx, "gloo", o)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range 2 { // rank 2 never comes
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			errs[r] = form(ctx, r)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, comm.ErrPeerFailed) || !slices.Equal(comm.FailedRanks(err), []int{2}) {
+			t.Errorf("rank %d: %v; want a deadline error naming rank 2 (ranks %v)", r, err, comm.FailedRanks(err))
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // a cancellation, not a deadline
+	if err := form(ctx, 0); err == nil || len(comm.FailedRanks(err)) != 0 {
+		t.Errorf("cancelled formation: %v names %v; want nobody named", err, comm.FailedRanks(err))
+	}
 }

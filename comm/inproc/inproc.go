@@ -3,6 +3,7 @@ package inproc
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -74,7 +75,7 @@ func (cl *Cluster) hub(prefix string, epoch uint64, size int) (*hub, error) {
 	h, ok := cl.hubs[k]
 	if !ok {
 		h = &hub{cl: cl, key: k, size: size, rounds: map[uint64]*round{}, joined: make([]bool, size),
-			dead: make([]bool, size), boxes: map[[2]int]*mailbox{}, change: make(chan struct{})}
+			dead: make([]bool, size), left: make([]bool, size), boxes: map[[2]int]*mailbox{}, change: make(chan struct{})}
 		cl.hubs[k] = h
 	}
 	if h.size != size {
@@ -108,12 +109,32 @@ func (cl *Cluster) Join(ctx context.Context, prefix string, epoch uint64, rank, 
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("inproc: join %s epoch %d: %w", prefix, epoch, context.Cause(ctx))
+			err := fmt.Errorf("inproc: join %s epoch %d: %w", prefix, epoch, context.Cause(ctx))
+			return nil, errors.Join(err, h.absent(ctx))
 		}
 		h.mu.Lock()
 	}
 	h.mu.Unlock()
 	return &Backend{h: h, rank: rank, abort: make(chan struct{})}, nil
+}
+
+// absent names the ranks that never joined, when ctx ended by its
+// deadline (not when it was cancelled: then nobody is to blame), as gloo
+// does: a *comm.RankError wrapping comm.ErrPeerFailed each.
+func (h *hub) absent(ctx context.Context) error {
+	if !errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var errs []error
+	for r, ok := range h.joined {
+		if !ok {
+			errs = append(errs, &comm.RankError{Rank: r, Epoch: h.key.epoch,
+				Err: fmt.Errorf("inproc: %w: rank %d never joined", comm.ErrPeerFailed, r)})
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // hub is one comm: its ranks, their pending rounds and mailboxes.
@@ -126,6 +147,7 @@ type hub struct {
 	joined  []bool
 	nJoined int
 	dead    []bool
+	left    []bool // closed its comm: ops that still need it fail, as gloo's do
 	revoked error
 	rounds  map[uint64]*round
 	boxes   map[[2]int]*mailbox
@@ -207,8 +229,14 @@ func (b *Backend) Revoke(cause error) {
 	b.h.mu.Unlock()
 }
 
-// Close implements comm.Backend.
+// Close implements comm.Backend. A peer's op that still needs this rank
+// fails with comm.ErrPeerFailed naming it, as gloo's does when a peer
+// closes its connections.
 func (b *Backend) Close() error {
+	b.h.mu.Lock()
+	b.h.left[b.rank] = true
+	b.h.broadcastLocked()
+	b.h.mu.Unlock()
 	b.Abort(comm.ErrClosed)
 	return nil
 }
@@ -230,6 +258,11 @@ func (b *Backend) wait(ctx context.Context, op comm.OpType, need func() (bool, i
 		if missing >= 0 && h.dead[missing] {
 			h.mu.Unlock()
 			return &comm.RankError{Rank: missing, Op: op, Epoch: h.key.epoch, Err: comm.ErrPeerFailed}
+		}
+		if missing >= 0 && h.left[missing] {
+			h.mu.Unlock()
+			return &comm.RankError{Rank: missing, Op: op, Epoch: h.key.epoch,
+				Err: fmt.Errorf("inproc: %w: rank %d closed its communicator", comm.ErrPeerFailed, missing)}
 		}
 		ch := h.change
 		h.mu.Unlock()
@@ -270,7 +303,7 @@ func (b *Backend) exchange(ctx context.Context, hd header, in []byte, extra []in
 		}
 		missing := -1
 		for i, hd := range r.hdr {
-			if hd.op == comm.OpNone && (missing < 0 || h.dead[i]) {
+			if hd.op == comm.OpNone && (missing < 0 || h.dead[i] || h.left[i]) {
 				missing = i
 			}
 		}

@@ -146,7 +146,7 @@ func runReplica(specJSON string) int {
 		ev := Event{Epoch: e.Epoch, Step: e.Step, N: e.Participants, Reason: e.Reason}
 		switch e.Kind {
 		case ft.EventReconfigured:
-			ev.Kind, ev.How, ev.Rank, ev.Dur = evReconf, e.How, c.Rank(), int64(e.Took)
+			ev.Kind, ev.How, ev.Rank, ev.Dur = evReconf, e.How, e.Rank, int64(e.Took)
 		case ft.EventHealed:
 			ev.Kind, ev.Hash, ev.From, ev.Bytes, ev.Dur = evHeal, stateHash(params), e.FromStep, e.Bytes, int64(e.Took)
 		case ft.EventRolledBack:

@@ -1,0 +1,618 @@
+package ft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/recovery"
+)
+
+// driver is the one goroutine of a Comm: it feeds the step machine what
+// happens and carries out what it decides. It owns every comm (comms),
+// starts one task at a time for the machine (forming comms, gathering
+// records, healing, voting), watches each comm for failure, and sends the
+// coordinator its reports in order (reporter). Only run's goroutine
+// touches its fields, except where noted.
+type driver struct {
+	c       *Comm
+	cfg     Config
+	log     *zap.Logger
+	mach    *machine
+	m       Membership // the current registration
+	own     bool       // m was made from Config.Coordinator: ft may register again
+	changed <-chan struct{}
+	ended   <-chan struct{} // m.Done(); nil while registering again
+
+	comms   map[commKey]comms
+	cancels map[int]context.CancelCauseFunc // of the task in flight
+	stopped bool
+	reports *reporter
+	rereg   sync.WaitGroup // a registration in flight
+	stopReg context.CancelFunc
+
+	histBytes []byte  // the history offered with the state, encoded
+	histOf    history // the history histBytes encodes
+	health    context.CancelFunc
+
+	// Written by the formation task, once, and read after its result.
+	blobs      []recovery.Blob
+	copier     comm.HostCopier
+	staging    *stagingPool
+	split      bool
+	splitKnown bool
+	healed     recovery.Progress // a heal cut short keeps its progress
+
+	relMu     sync.Mutex
+	releasing []releaser // device comms whose release Close waits for
+
+	hook func(action) // tests: called before each action is carried out
+}
+
+type commKey struct {
+	dim   dim
+	epoch uint64
+}
+
+// taskResult is a task's result, with the comms a formation handed over.
+type taskResult struct {
+	task   int
+	in     input
+	key    commKey
+	formed comms
+	oldKey commKey
+	old    comms // given back by a failed Shrink or Grow
+}
+
+// memberSwap: a new registration replaced the one that ended.
+type memberSwap struct{ m Membership }
+
+// inspect runs f on the driver's goroutine: tests reach the driver's
+// state through it.
+type inspect struct {
+	f    func(*driver)
+	done chan struct{}
+}
+
+func (taskResult) isInput() {}
+func (memberSwap) isInput() {}
+func (inspect) isInput()    {}
+
+// releaser is a backend that frees its device resources in the background
+// after Close (nccl's Backend: ncclCommAbort took 0.5 s after a peer's
+// death on 2×H200). Released is closed once the comm's GPU work has
+// stopped and its resources are freed; ReleaseErr then says whether that
+// went wrong (its GPU work may still run).
+type releaser interface {
+	Released() <-chan struct{}
+	ReleaseErr() error
+}
+
+func newDriver(c *Comm, m Membership, own bool) *driver {
+	cfg := c.cfg
+	mc := machineConfig{id: c.id, group: cfg.Group, groupRank: cfg.GroupRank, groupSize: cfg.GroupSize,
+		minReplicas: cfg.MinReplicas, durable: cfg.DurableCommit, maxCommitFailures: cfg.MaxCommitFailures}
+	return &driver{c: c, cfg: cfg, log: c.log, mach: newMachine(mc, m.Incarnation()), m: m, own: own,
+		comms: map[commKey]comms{}, cancels: map[int]context.CancelCauseFunc{}, reports: newReporter(c.log, cfg.Timeout)}
+}
+
+// run is the driver's loop. It ends when the machine has closed every
+// comm after Close; shutdown (from Close) releases the rest.
+func (d *driver) run() {
+	defer close(d.c.done)
+	d.changed, d.ended = d.m.Changed(), d.m.Done()
+	d.readMembership()
+	for !d.stopped {
+		select {
+		case in := <-d.c.in:
+			d.receive(in)
+		case <-d.changed:
+			d.changed = d.m.Changed() // before reading, so no change is missed
+			d.readMembership()
+		case <-d.ended:
+			d.ended = nil
+			d.registrationEnded()
+		}
+	}
+}
+
+func (d *driver) readMembership() {
+	if q, ok := d.m.Quorum(); ok {
+		d.feed(quorumSeen{q})
+	}
+	if r, ok := d.m.Revocation(d.mach.epoch); ok {
+		d.feed(revocationSeen{r})
+	}
+}
+
+func (d *driver) receive(in input) {
+	switch in := in.(type) {
+	case taskResult:
+		delete(d.cancels, in.task)
+		if in.old.ok() {
+			d.comms[in.oldKey] = in.old
+		}
+		if in.formed.ok() {
+			d.adopt(in.key, in.formed)
+		}
+		d.feed(in.in)
+	case inspect:
+		in.f(d)
+		close(in.done)
+	case memberSwap:
+		d.m = in.m
+		d.c.mem.Store(&memberRef{in.m})
+		d.changed, d.ended = in.m.Changed(), in.m.Done()
+		d.feed(reregistered{inc: in.m.Incarnation()})
+		d.readMembership()
+	case commitCalled:
+		// A comm that broke just before Commit fails the step, whether or
+		// not its watcher has told the machine yet.
+		for key, x := range d.comms {
+			if key.epoch != d.mach.epoch {
+				continue
+			}
+			for _, p := range []part{partData, partCtl} {
+				if c := x.part(p); c != nil && c.Err() != nil {
+					if x.ctl == x.data {
+						p = partBoth
+					}
+					d.feed(commFailed{dim: key.dim, epoch: key.epoch, part: p, err: c.Err()})
+				}
+			}
+		}
+		d.feed(in)
+	default:
+		d.feed(in)
+	}
+}
+
+// feed gives the machine one input and carries out its actions.
+func (d *driver) feed(in input) {
+	for _, a := range d.mach.handle(time.Now(), in) {
+		d.exec(a)
+	}
+	d.publish()
+}
+
+func (d *driver) exec(a action) {
+	if d.hook != nil {
+		d.hook(a)
+	}
+	switch a := a.(type) {
+	case formComms:
+		d.form(a)
+	case closeComms:
+		key := commKey{a.dim, a.epoch}
+		x := d.comms[key]
+		delete(d.comms, key)
+		x.close()
+	case revokeComms:
+		x := d.comms[commKey{a.dim, a.epoch}]
+		cause := errors.New(a.cause)
+		if a.part&partData != 0 && x.data != nil {
+			x.data.Revoke(cause)
+		}
+		if a.part&partCtl != 0 && x.ctl != nil {
+			x.ctl.Revoke(cause)
+		}
+	case cancelTask:
+		if cancel := d.cancels[a.task]; cancel != nil {
+			cancel(a.cause)
+		}
+	case gatherRecords:
+		d.gather(a)
+	case readLastCommit:
+		dc := d.m.(durableCommitter)
+		d.spawn(a.task, func(ctx context.Context) taskResult {
+			rec, ok, err := dc.LastCommit(ctx)
+			return taskResult{in: lastCommitRead{task: a.task, rec: rec, ok: ok, err: err}}
+		})
+	case fetchState:
+		d.fetch(a)
+	case checkGroup:
+		ctl := d.comms[commKey{dimGroup, a.epoch}].ctl
+		d.spawn(a.task, func(ctx context.Context) taskResult {
+			v := []int64{a.step, -a.step}
+			err := ctl.AllReduce(ctx, comm.Int64s(v), comm.Max)
+			return taskResult{in: groupChecked{task: a.task, lo: -v[1], hi: v[0], err: err}}
+		})
+	case castVote:
+		ctl := d.comms[commKey{dimGroup, a.epoch}].ctl
+		d.spawn(a.task, func(ctx context.Context) taskResult {
+			v := []int32{0}
+			if a.yes {
+				v[0] = 1
+			}
+			err := ctl.AllReduce(ctx, comm.Int32s(v), comm.Min)
+			return taskResult{in: voted{task: a.task, yes: v[0] == 1, err: err}}
+		})
+	case recordCommit:
+		d.record(a)
+	case withdrawState:
+		d.spawn(a.task, func(ctx context.Context) taskResult {
+			return taskResult{in: withdrawn{task: a.task, err: d.c.server.Withdraw(ctx)}}
+		})
+	case offerState:
+		if d.histBytes == nil || len(a.hist) != len(d.histOf) || a.hist.last() != d.histOf.last() {
+			d.histBytes, d.histOf = a.hist.encode(), a.hist
+		}
+		d.c.server.OfferWithMeta(a.step, d.histBytes, d.blobs)
+	case reportFormed:
+		d.report("reporting the formed epoch", func(ctx context.Context, m Membership) error { return m.ReportFormed(ctx, a.epoch) })
+	case reportFailure:
+		d.report("reporting the failed epoch", func(ctx context.Context, m Membership) error {
+			return m.ReportCommitFailure(ctx, a.epoch, a.blamed...)
+		})
+	case revokeEpoch:
+		d.log.Info("blaming failed peers", zap.Uint64("epoch", a.epoch), zap.Strings("blamed", a.blamed), zap.String("reason", a.reason))
+		d.report("reporting failed peers", func(ctx context.Context, m Membership) error {
+			return m.Revoke(ctx, a.epoch, a.reason, a.blamed...)
+		})
+	case reportHeartbeat:
+		d.report("reporting the healed step", func(ctx context.Context, m Membership) error {
+			if hb, ok := m.(interface{ Heartbeat(context.Context) error }); ok {
+				return hb.Heartbeat(ctx)
+			}
+			return nil
+		})
+	case forgetRendezvous:
+		prefix := d.prefix(a.dim)
+		d.report("deleting old rendezvous keys", func(ctx context.Context, m Membership) error {
+			var errs []error
+			for _, p := range []string{prefix, prefix + "-ctl"} {
+				errs = append(errs, m.Store().DeletePrefix(ctx, fmt.Sprintf("%s/epoch/%d/", p, a.epoch)))
+			}
+			return errors.Join(errs...)
+		})
+	case setStep:
+		d.m.SetStep(a.step)
+		d.c.metrics.step.Set(float64(a.step))
+	case emit:
+		if d.cfg.OnEvent != nil {
+			a.ev.Time = time.Now()
+			d.publish() // the hook may read Rank, Epoch…
+			d.c.queueEvent(a.ev)
+		}
+	case observe:
+		d.observe(a)
+	case logLine:
+		if a.warn {
+			d.log.Warn(a.msg)
+		} else {
+			d.log.Info(a.msg)
+		}
+	case stepDone:
+		d.answer(reply{err: a.err, comms: d.stepComms()})
+	case commitDone:
+		d.answer(reply{ok: a.ok, err: a.err})
+	case stopped:
+		d.stopped = true
+	}
+}
+
+func (d *driver) answer(r reply) {
+	d.publish() // the caller reads CommittedStep, Epoch… next
+	select {
+	case d.c.replies <- r:
+	default:
+		d.log.Error("ft: no caller waits for the driver's answer (a bug)")
+	}
+}
+
+// stepComms are the comms of the step that starts: the current epoch's.
+func (d *driver) stepComms() stepComms {
+	var s stepComms
+	if d.mach.holds(dimFT) {
+		s.ft = d.comms[commKey{dimFT, d.mach.epoch}]
+	}
+	if d.mach.holds(dimGroup) {
+		s.group = d.comms[commKey{dimGroup, d.mach.epoch}]
+	}
+	return s
+}
+
+// publish updates what readers on other goroutines see.
+func (d *driver) publish() {
+	epoch, rank, n := d.mach.status()
+	s := snapshot{epoch: epoch, rank: rank, participants: n, step: d.mach.step}
+	if d.mach.holds(dimGroup) {
+		s.group = d.comms[commKey{dimGroup, epoch}].data
+	}
+	if *d.c.snap.Load() != s {
+		d.c.snap.Store(&s)
+	}
+}
+
+func (d *driver) observe(a observe) {
+	mt := d.c.metrics
+	switch a.what {
+	case metricEpochSeen:
+		mt.epochSeen.Set(a.value)
+	case metricDetect:
+		mt.detectSeconds.Observe(a.value)
+	case metricReconfig:
+		mt.reconfigSeconds.Observe(a.value)
+	case metricReconfigs:
+		mt.reconfigs.WithLabelValues(a.label).Inc()
+	case metricCommit:
+		mt.commits.WithLabelValues(a.label).Inc()
+	case metricFailureToCommit:
+		mt.recoverySeconds.Observe(a.value)
+	case metricStepSeconds:
+		mt.stepSeconds.Observe(a.value)
+	case metricRollback:
+		mt.rollbacks.Inc()
+		mt.rolledBackSteps.Add(a.value)
+	}
+}
+
+// spawn runs a task of the machine on its own goroutine, cancellable
+// through cancelTask; its result comes back to run.
+func (d *driver) spawn(task int, fn func(ctx context.Context) taskResult) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	d.cancels[task] = cancel
+	go func() {
+		r := fn(ctx)
+		r.task = task
+		cancel(nil)
+		d.c.in <- r // run receives until every task has answered
+	}()
+}
+
+// adopt takes a formed dimension's comms: watched for failure from now on.
+func (d *driver) adopt(key commKey, x comms) {
+	d.comms[key] = x
+	watch := func(c *comm.Comm, p part) {
+		go func() {
+			select {
+			case <-c.Broken():
+			case <-d.c.done:
+				return
+			}
+			select {
+			case d.c.in <- commFailed{dim: key.dim, epoch: key.epoch, part: p, err: c.Err()}:
+			case <-d.c.done:
+			}
+		}()
+	}
+	if x.data == x.ctl {
+		watch(x.ctl, partBoth)
+	} else {
+		watch(x.data, partData)
+		watch(x.ctl, partCtl)
+	}
+	if key.dim == dimFT {
+		d.watchHealth(x.data)
+	}
+}
+
+func (d *driver) prefix(dm dim) string {
+	if dm == dimGroup {
+		return "group-" + d.cfg.Group
+	}
+	return "ft-" + strconv.Itoa(d.cfg.GroupRank)
+}
+
+// registrationEnded replaces a registration that ended (evicted, or its
+// lease lost in a long pause) with a new incarnation, which the
+// coordinator admits like a restarted replica; a Membership from Config
+// is not re-created.
+func (d *driver) registrationEnded() {
+	old := d.m
+	cause := old.Err()
+	em, ok := old.(*etcdMember)
+	if !d.own || !ok {
+		d.log.Error("membership ended", zap.Error(cause))
+		d.feed(membershipLost{err: cause})
+		return
+	}
+	d.log.Warn("registration lost; registering again", zap.Error(cause))
+	ctx, cancel := context.WithCancel(context.Background())
+	d.stopReg = cancel
+	d.rereg.Add(1)
+	go func() {
+		defer d.rereg.Done()
+		b := backoff.NewExponentialBackOff()
+		b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 100*time.Millisecond, 5*time.Second, 0
+		var nm *etcdMember
+		err := backoff.Retry(func() error {
+			var err error
+			nm, err = register(ctx, d.cfg, em.cli, d.c.id, d.c.server.Addr())
+			if err != nil {
+				d.log.Warn("registering again", zap.Error(err))
+			}
+			return err
+		}, backoff.WithContext(b, ctx))
+		if err != nil {
+			return // closing
+		}
+		nm.cli, em.cli = em.cli, nil // the client moves to the new registration
+		em.Close()
+		d.log.Info("registered again", zap.Int64("incarnation", nm.Incarnation()))
+		select {
+		case d.c.in <- memberSwap{nm}:
+		case <-d.c.done:
+			nm.Close()
+		}
+	}()
+}
+
+// shutdown releases what the driver held once run has ended (Close): the
+// registration, the recovery server, and — with device comms — waits
+// until their GPU work stopped, Config.Timeout at most.
+func (d *driver) shutdown() error {
+	if d.health != nil {
+		d.health()
+	}
+	if d.stopReg != nil {
+		d.stopReg()
+	}
+	d.rereg.Wait()
+	d.reports.stop()
+	m := d.c.member()
+	lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+	defer cancel()
+	err := errors.Join(m.Leave(lctx), m.Close(), d.c.server.Close())
+	deadline := time.Now().Add(d.cfg.Timeout)
+	if d.staging != nil {
+		// After the server: no chunk is staged any more.
+		err = errors.Join(err, d.staging.close(deadline))
+	}
+	return errors.Join(err, d.awaitReleased(deadline))
+}
+
+// awaitReleased waits, until deadline at most, until every device comm
+// this Comm formed has released its resources, so that no GPU op of it
+// still uses the caller's device memory.
+func (d *driver) awaitReleased(deadline time.Time) error {
+	d.relMu.Lock()
+	rs := d.releasing
+	d.releasing = nil
+	d.relMu.Unlock()
+	timeout := time.NewTimer(time.Until(deadline))
+	defer timeout.Stop()
+	var errs []error
+	for i, r := range rs {
+		select {
+		case <-r.Released():
+			if err := r.ReleaseErr(); err != nil {
+				errs = append(errs, fmt.Errorf("ft: releasing a device comm: %w (its GPU work may still use device memory)", err))
+			}
+		case <-timeout.C:
+			return errors.Join(append(errs, fmt.Errorf("ft: %d device comms not released within %v of Close: their GPU work may still use device memory",
+				len(rs)-i, d.cfg.Timeout))...)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// track remembers a newly formed comm whose backend releases its device
+// resources after Close, for Close to wait for. Every comm ft forms passes
+// here, so the comms it closes along the way are waited for too; those
+// already released are forgotten. Called from formation tasks.
+func (d *driver) track(x *comm.Comm) {
+	r, ok := x.Backend().(releaser)
+	if !ok {
+		return
+	}
+	d.relMu.Lock()
+	defer d.relMu.Unlock()
+	d.releasing = slices.DeleteFunc(d.releasing, func(r releaser) bool {
+		select {
+		case <-r.Released():
+			return true
+		default:
+			return false
+		}
+	})
+	d.releasing = append(d.releasing, r)
+}
+
+// watchHealth starts watching the GPU of a device data backend, once: a
+// critical fault takes the replica out of the next quorum.
+func (d *driver) watchHealth(data *comm.Comm) {
+	if d.health != nil || d.cfg.DisableHealthWatch || data.Backend().Memory() != comm.DeviceMemory {
+		return
+	}
+	hw, ok := data.Backend().(comm.HealthWatcher)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d.health = cancel
+	err := hw.WatchHealth(ctx, func(e comm.HealthEvent) {
+		if !e.Critical {
+			// A fault that leaves the device usable (an application's Xid)
+			// is no news of its health, and must not report a GPU that
+			// had a critical fault healthy again.
+			d.log.Info("device event", zap.Int("device", e.Device), zap.String("reason", e.Reason))
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := d.c.ReportHealth(rctx, membership.Critical, e.Reason); err != nil {
+			d.log.Error("reporting device health", zap.Int("device", e.Device), zap.String("reason", e.Reason), zap.Error(err))
+		}
+	})
+	if err != nil {
+		d.log.Warn("cannot watch the GPU's health; set Config.DisableHealthWatch to silence this", zap.Error(err))
+	}
+}
+
+// report queues a best-effort report to the coordinator.
+func (d *driver) report(what string, f func(context.Context, Membership) error) {
+	m := d.m
+	d.reports.add(what, func(ctx context.Context) error { return f(ctx, m) })
+}
+
+// reporter sends the coordinator its reports in order, on a goroutine of
+// its own, each bounded by the op timeout: a replica cut off from etcd
+// never blocks the driver on them, and the coordinator learns of failures
+// from leases and gossip meanwhile.
+type reporter struct {
+	log     *zap.Logger
+	timeout time.Duration
+	mu      sync.Mutex
+	queue   []func(context.Context)
+	wake    chan struct{}
+	ctx     context.Context
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+func newReporter(log *zap.Logger, timeout time.Duration) *reporter {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &reporter{log: log, timeout: timeout, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	go r.run()
+	return r
+}
+
+func (r *reporter) add(what string, f func(context.Context) error) {
+	r.mu.Lock()
+	r.queue = append(r.queue, func(ctx context.Context) {
+		if err := f(ctx); err != nil {
+			r.log.Warn(what, zap.Error(err))
+		}
+	})
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run exits when stop is called.
+func (r *reporter) run() {
+	defer close(r.done)
+	for {
+		r.mu.Lock()
+		q := r.queue
+		r.queue = nil
+		r.mu.Unlock()
+		for _, f := range q {
+			ctx, cancel := context.WithTimeout(r.ctx, r.timeout)
+			f(ctx)
+			cancel()
+		}
+		select {
+		case <-r.wake:
+		case <-r.ctx.Done():
+			return
+		}
+	}
+}
+
+func (r *reporter) stop() {
+	r.cancel()
+	<-r.done
+}

@@ -1,0 +1,25 @@
+package ft
+
+import "github.com/ftcomm/ftcomm/comm"
+
+// onDriver runs f on c's driver goroutine; false once the driver ended.
+func (c *Comm) onDriver(f func(*driver)) bool {
+	in := inspect{f: f, done: make(chan struct{})}
+	select {
+	case c.in <- in:
+	case <-c.done:
+		return false
+	}
+	<-in.done
+	return true
+}
+
+// current returns the comms of c's current epoch (zero while it has none).
+func (c *Comm) current() stepComms {
+	var s stepComms
+	c.onDriver(func(d *driver) { s = d.stepComms() })
+	return s
+}
+
+// ftData is the current FT data comm, nil when there is none.
+func (c *Comm) ftData() *comm.Comm { return c.current().ft.data }

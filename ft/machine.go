@@ -1,0 +1,1237 @@
+package ft
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// This file is the step protocol of one rank as a state machine with no
+// goroutines, clock or I/O (the model is membership.Machine and etcd-io/raft's
+// Ready). Its inputs say what happened — a quorum or revocation published,
+// the training loop calling Step, Commit or Close, a comm formed or failed,
+// step records gathered, state healed, the vote counted — each with the
+// time; handle returns the actions that follow. Comm runs it on one
+// goroutine, which owns every comm, carries out the actions (exec.go) and
+// feeds their results back. The decisions themselves are the pure
+// functions of protocol.go and view.go.
+//
+// At most one task (forming comms, gathering records, healing, voting…)
+// is in flight; its result is the next input about it. A newer quorum, a
+// Close, or the training loop giving up cancels it, and the machine still
+// waits for its result (it may hold comms) before it moves on.
+
+// dim is one dimension's comms: the fault-tolerant (replicate) dimension
+// or the replica group (shard dimension).
+type dim uint8
+
+const (
+	dimFT dim = iota
+	dimGroup
+)
+
+func (d dim) String() string { return [...]string{"ft", "group"}[d] }
+
+// part says which comm of a dimension: the data comm (the training loop's
+// collectives) or the control comm (ft's own messages). With a host data
+// backend one comm is both.
+type part uint8
+
+const (
+	partData part = 1 << iota
+	partCtl
+	partBoth = partData | partCtl
+)
+
+func (p part) String() string {
+	switch p {
+	case partData:
+		return "data"
+	case partCtl:
+		return "control"
+	}
+	return "data+control"
+}
+
+// ---- inputs ----
+
+type input interface{ isInput() }
+
+type (
+	// quorumSeen: the membership published q.
+	quorumSeen struct{ q membership.Quorum }
+	// revocationSeen: epoch r.Epoch was revoked.
+	revocationSeen struct{ r membership.Revocation }
+	// reregistered: the registration ended and this rank registered again
+	// as incarnation inc.
+	reregistered struct{ inc int64 }
+	// membershipLost: the registration ended for good.
+	membershipLost struct{ err error }
+	// stepCalled: the training loop called Step.
+	stepCalled struct{}
+	// stepCancelled: the training loop's Step ctx ended before the step started.
+	stepCancelled struct{ err error }
+	// commitCalled: the training loop called Commit; errs are its step's
+	// collectives' errors.
+	commitCalled struct{ errs []error }
+	// commitCancelled: the training loop's Commit ctx ended.
+	commitCancelled struct{ err error }
+	// closeCalled: Close was called.
+	closeCalled struct{}
+	// commsFormed: task formed dim's comms for epoch (err nil), or failed.
+	// split says whether data and control are separate comms; failed
+	// which one failed.
+	commsFormed struct {
+		task   int
+		dim    dim
+		epoch  uint64
+		split  bool
+		failed part
+		err    error
+	}
+	// commFailed: a comm this rank holds stopped accepting ops (Comm.Broken).
+	commFailed struct {
+		dim   dim
+		epoch uint64
+		part  part
+		err   error
+	}
+	// recordsGathered: the epoch's step records, in FT rank order.
+	recordsGathered struct {
+		task int
+		recs []stepRecord
+		err  error
+	}
+	// lastCommitRead: with DurableCommit, the job's newest commit record.
+	lastCommitRead struct {
+		task int
+		rec  membership.CommitRecord
+		ok   bool
+		err  error
+	}
+	// stateHealed: the state of the agreed step arrived; hist is the
+	// sources' history.
+	stateHealed struct {
+		task  int
+		hist  history
+		bytes int64
+		took  time.Duration
+		err   error
+	}
+	// groupChecked: the lowest and highest committed step in the group.
+	groupChecked struct {
+		task   int
+		lo, hi int64
+		err    error
+	}
+	// voted: the group's vote (every rank yes).
+	voted struct {
+		task int
+		yes  bool
+		err  error
+	}
+	// commitRecorded: with DurableCommit, whether this epoch owns the step.
+	commitRecorded struct {
+		task   int
+		ok     bool
+		reason string
+	}
+	// withdrawn: the recovery server stopped serving the step's state.
+	withdrawn struct {
+		task int
+		err  error
+	}
+)
+
+func (quorumSeen) isInput()      {}
+func (revocationSeen) isInput()  {}
+func (reregistered) isInput()    {}
+func (membershipLost) isInput()  {}
+func (stepCalled) isInput()      {}
+func (stepCancelled) isInput()   {}
+func (commitCalled) isInput()    {}
+func (commitCancelled) isInput() {}
+func (closeCalled) isInput()     {}
+func (commsFormed) isInput()     {}
+func (commFailed) isInput()      {}
+func (recordsGathered) isInput() {}
+func (lastCommitRead) isInput()  {}
+func (stateHealed) isInput()     {}
+func (groupChecked) isInput()    {}
+func (voted) isInput()           {}
+func (commitRecorded) isInput()  {}
+func (withdrawn) isInput()       {}
+
+// ---- actions ----
+
+type action interface{ isAction() }
+
+type (
+	// formComms forms dim's comms for epoch: shrinks or grows those of
+	// epoch from, or makes new ones (from 0).
+	formComms struct {
+		task       int
+		dim        dim
+		epoch      uint64
+		how        reconfig
+		exclude    []int
+		from       uint64
+		rank, size int
+	}
+	closeComms struct {
+		dim   dim
+		epoch uint64
+	}
+	revokeComms struct {
+		dim   dim
+		epoch uint64
+		part  part
+		cause string
+	}
+	cancelTask struct {
+		task  int
+		cause error
+	}
+	gatherRecords struct {
+		task  int
+		epoch uint64
+		step  int64
+		last  uint64 // the epoch that committed step
+	}
+	readLastCommit struct{ task int }
+	fetchState     struct {
+		task  int
+		epoch uint64
+		agreement
+	}
+	checkGroup struct {
+		task  int
+		epoch uint64
+		step  int64
+	}
+	castVote struct {
+		task  int
+		epoch uint64
+		yes   bool
+	}
+	recordCommit struct {
+		task  int
+		step  int64
+		epoch uint64
+	}
+	withdrawState struct{ task int }
+	offerState    struct {
+		step int64
+		hist history
+	}
+	// Reports to the coordinator, carried out in order, best effort.
+	reportFormed  struct{ epoch uint64 }
+	reportFailure struct {
+		epoch  uint64
+		blamed []string
+	}
+	revokeEpoch struct {
+		epoch  uint64
+		reason string
+		blamed []string
+	}
+	reportHeartbeat  struct{}
+	forgetRendezvous struct {
+		dim   dim
+		epoch uint64
+	}
+	setStep struct{ step int64 }
+	emit    struct{ ev Event }
+	observe struct {
+		what  metric
+		value float64
+		label string
+	}
+	logLine struct {
+		warn bool
+		msg  string
+	}
+	stepDone   struct{ err error }
+	commitDone struct {
+		ok  bool
+		err error
+	}
+	// stopped: Close is done with the comms; the driver's loop ends.
+	stopped struct{}
+)
+
+func (formComms) isAction()        {}
+func (closeComms) isAction()       {}
+func (revokeComms) isAction()      {}
+func (cancelTask) isAction()       {}
+func (gatherRecords) isAction()    {}
+func (readLastCommit) isAction()   {}
+func (fetchState) isAction()       {}
+func (checkGroup) isAction()       {}
+func (castVote) isAction()         {}
+func (recordCommit) isAction()     {}
+func (withdrawState) isAction()    {}
+func (offerState) isAction()       {}
+func (reportFormed) isAction()     {}
+func (reportFailure) isAction()    {}
+func (revokeEpoch) isAction()      {}
+func (reportHeartbeat) isAction()  {}
+func (forgetRendezvous) isAction() {}
+func (setStep) isAction()          {}
+func (emit) isAction()             {}
+func (observe) isAction()          {}
+func (logLine) isAction()          {}
+func (stepDone) isAction()         {}
+func (commitDone) isAction()       {}
+func (stopped) isAction()          {}
+
+// metric names what an observe action measures.
+type metric uint8
+
+const (
+	metricEpochSeen       metric = iota // newest epoch seen
+	metricDetect                        // first failure → the resolving epoch known (s)
+	metricReconfig                      // reconfiguration took (s); label how
+	metricReconfigs                     // one reconfiguration; label how
+	metricCommit                        // one vote; label ok or failed
+	metricFailureToCommit               // first failure → next commit (s)
+	metricStepSeconds                   // Step → successful Commit (s)
+	metricRollback                      // steps rolled back (value)
+)
+
+// stage is the task in flight.
+type stage uint8
+
+const (
+	stageNone stage = iota
+	stageFormGroup
+	stageFormFT
+	stageGather
+	stageLastCommit
+	stageHeal
+	stageCheckGroup
+	stageVote
+	stageRecord
+	stageWithdraw
+)
+
+func formStage(d dim) stage {
+	if d == dimGroup {
+		return stageFormGroup
+	}
+	return stageFormFT
+}
+
+func (s stage) reconfiguring() bool { return s >= stageFormGroup && s <= stageCheckGroup }
+
+// machineConfig is what the machine needs of Config.
+type machineConfig struct {
+	id                string
+	group             string
+	groupRank         int
+	groupSize         int
+	minReplicas       int
+	durable           bool
+	maxCommitFailures int
+}
+
+// machine is the step protocol of one rank. Not safe for concurrent use.
+type machine struct {
+	cfg machineConfig
+	inc int64
+
+	latest  *membership.Quorum // newest quorum seen
+	revoked uint64             // newest epoch whose revocation was acted on
+
+	// epoch is the epoch this rank is in: its comms formed or forming, or
+	// none (it sat the epoch out or its formation failed). view is its
+	// view of epoch (ftRank -1 until the FT comms formed).
+	epoch uint64
+	view  view
+	// held is the view whose FT comms this rank holds (epoch 0: none),
+	// group the epoch of the group comms it holds (0: none).
+	held  view
+	group uint64
+	split bool
+	// revokedParts: which of epoch's comms were revoked, per dim.
+	revokedParts [2]part
+	ready        bool     // epoch's comms formed and its step agreed
+	broken       bool     // a comm of epoch failed: the next step needs a new epoch
+	blamed       []string // members this rank blamed in epoch
+
+	stage     stage
+	task      int // the task in flight (0: none)
+	lastTask  int
+	cancelled error // why the task in flight was cancelled (nil: it was not)
+	target    membership.Quorum
+	tview     view
+	agreed    agreement
+	rollback  *RollbackError
+	reconfAt  time.Time
+	how       reconfig
+	prevGroup uint64 // the group comms' epoch before this reconfiguration
+
+	// The training loop.
+	stepWaiting   bool
+	commitWaiting bool
+	inStep        bool // between a Step that returned and its Commit
+	stepErrs      []error
+	groupErrs     []error
+	vote          bool
+	reason        string
+	closing       bool
+	closed        bool
+	lost          error
+	fatal         error
+	gaveUp        error // the training loop's ctx ended: why
+
+	step          int64
+	hist          history
+	failedCommits int
+	failedAt      time.Time // first failure since the last commit
+	stepAt        time.Time
+	waitingFor    int64 // durable: the step no participant holds, logged once
+
+	out []action
+}
+
+func newMachine(cfg machineConfig, inc int64) *machine {
+	return &machine{cfg: cfg, inc: inc, view: view{ftRank: -1}, held: view{ftRank: -1}}
+}
+
+// handle feeds one input to the machine and returns the actions to carry
+// out, in order. The slice is reused by the next call.
+func (m *machine) handle(now time.Time, in input) []action {
+	m.out = m.out[:0]
+	if m.closed {
+		return m.out
+	}
+	switch in := in.(type) {
+	case quorumSeen:
+		m.onQuorum(now, in.q)
+	case revocationSeen:
+		m.onRevocation(in.r)
+	case reregistered:
+		m.inc = in.inc
+	case membershipLost:
+		m.lost = fmt.Errorf("%w: %v", ErrMembershipLost, in.err)
+	case stepCalled:
+		m.stepWaiting, m.gaveUp = true, nil
+		m.inStep = false // a step that never reached Commit is abandoned
+	case stepCancelled:
+		m.giveUp(in.err, m.task != 0 && m.stage.reconfiguring())
+	case commitCalled:
+		m.onCommit(now, in.errs)
+	case commitCancelled:
+		m.giveUp(in.err, m.task != 0 && m.stage >= stageVote)
+	case closeCalled:
+		if !m.closing {
+			m.closing = true
+			m.cancel(ErrClosed)
+		}
+	case commFailed:
+		m.onCommFailed(in)
+	case commsFormed:
+		if m.done(in.task, formStage(in.dim)) {
+			m.onFormed(now, in)
+		}
+	case recordsGathered:
+		if m.done(in.task, stageGather) {
+			m.onGathered(now, in)
+		}
+	case lastCommitRead:
+		if m.done(in.task, stageLastCommit) {
+			m.onLastCommit(now, in)
+		}
+	case stateHealed:
+		if m.done(in.task, stageHeal) {
+			m.onHealed(now, in)
+		}
+	case groupChecked:
+		if m.done(in.task, stageCheckGroup) {
+			m.onGroupChecked(now, in)
+		}
+	case voted:
+		if m.done(in.task, stageVote) {
+			m.onVoted(now, in)
+		}
+	case commitRecorded:
+		if m.done(in.task, stageRecord) {
+			m.onRecorded(now, in)
+		}
+	case withdrawn:
+		if m.done(in.task, stageWithdraw) {
+			m.onWithdrawn(now, in)
+		}
+	}
+	m.advance(now)
+	return m.out
+}
+
+func (m *machine) do(a action) { m.out = append(m.out, a) }
+
+func (m *machine) logf(warn bool, format string, args ...any) {
+	m.do(logLine{warn: warn, msg: fmt.Sprintf(format, args...)})
+}
+
+// start begins a task and returns its id.
+func (m *machine) start(s stage) int {
+	m.lastTask++
+	m.task, m.stage, m.cancelled = m.lastTask, s, nil
+	return m.task
+}
+
+// done reports whether a result is that of the task in flight (its id
+// and kind), and ends it.
+func (m *machine) done(task int, s stage) bool {
+	if task != m.task || task == 0 || s != m.stage {
+		return false
+	}
+	m.task, m.stage = 0, stageNone
+	return true
+}
+
+// cancel cancels the task in flight, if any.
+func (m *machine) cancel(cause error) {
+	if m.task != 0 && m.cancelled == nil {
+		m.cancelled = cause
+		m.do(cancelTask{task: m.task, cause: cause})
+	}
+}
+
+// giveUp handles the training loop's ctx ending in Step (reconfiguring) or
+// Commit (voting): the task is cancelled, and the call returns once it
+// ended.
+func (m *machine) giveUp(err error, running bool) {
+	if !m.stepWaiting && !m.commitWaiting {
+		return
+	}
+	m.gaveUp = err
+	if running {
+		m.cancel(err)
+		return
+	}
+	m.replyGaveUp()
+}
+
+func (m *machine) replyGaveUp() {
+	err := m.gaveUp
+	m.gaveUp = nil
+	if m.stepWaiting {
+		m.stepWaiting = false
+		m.do(stepDone{err: fmt.Errorf("ft: step: %w", err)})
+	}
+	if m.commitWaiting {
+		m.commitWaiting = false
+		m.do(commitDone{err: fmt.Errorf("ft: commit: %w", err)})
+	}
+}
+
+func (m *machine) noteFailure(now time.Time) {
+	if m.failedAt.IsZero() {
+		m.failedAt = now
+	}
+}
+
+// holds reports whether this rank holds dim's comms of the current epoch.
+func (m *machine) holds(d dim) bool {
+	if d == dimGroup {
+		return m.group != 0 && m.group == m.epoch
+	}
+	return m.held.epoch != 0 && m.held.epoch == m.epoch && m.held.ftRank >= 0
+}
+
+// revoke revokes parts of dim's current comms (once each).
+func (m *machine) revoke(d dim, p part, cause string) {
+	if !m.holds(d) {
+		return
+	}
+	if !m.split {
+		p = partBoth
+	}
+	if p &^= m.revokedParts[d]; p == 0 {
+		return
+	}
+	m.revokedParts[d] |= p
+	m.broken = true
+	m.do(revokeComms{dim: d, epoch: m.epoch, part: p, cause: cause})
+}
+
+func (m *machine) onQuorum(now time.Time, q membership.Quorum) {
+	if m.latest != nil && q.Epoch <= m.latest.Epoch {
+		return
+	}
+	m.latest = &q
+	m.do(observe{what: metricEpochSeen, value: float64(q.Epoch)})
+	if m.task != 0 && m.stage.reconfiguring() && q.Epoch > m.target.Epoch {
+		m.cancel(fmt.Errorf("ft: epoch %d superseded by %d", m.target.Epoch, q.Epoch))
+	}
+	if q.Epoch <= m.epoch {
+		return
+	}
+	// A member of the current comms is gone: revoke them at once, so no
+	// survivor waits out a collective timeout for it.
+	gone := func(members []participant) bool {
+		return slices.ContainsFunc(members, func(p participant) bool {
+			return p.ID != "" && !q.Includes(p.ID, p.Incarnation)
+		})
+	}
+	cause := fmt.Sprintf("ft: epoch %d: %s", q.Epoch, q.Reason)
+	if m.holds(dimFT) && gone(m.view.ft) {
+		m.revoke(dimFT, partBoth, cause)
+	}
+	if m.holds(dimGroup) && gone(m.view.group) {
+		m.revoke(dimGroup, partBoth, cause)
+	}
+	// A new epoch in the middle of a step: peers that had not started it
+	// move on and never post their part of its ops. gloo sees that as a
+	// mismatch, but a device comm waits for them until the op's Timeout,
+	// so the step's device ops stop now. Only the data comms: the control
+	// comms keep the replica group's vote whole (a vote cut at one rank
+	// but not the other would split the group's commit).
+	if m.inStep && m.split {
+		cause := fmt.Sprintf("ft: epoch %d began mid-step: the old epoch's device ops may wait for peers that moved on", q.Epoch)
+		m.revoke(dimFT, partData, cause)
+		m.revoke(dimGroup, partData, cause)
+	}
+}
+
+func (m *machine) onRevocation(r membership.Revocation) {
+	if r.Epoch != m.epoch || r.Epoch <= m.revoked || !m.holds(dimFT) {
+		return
+	}
+	m.revoked = r.Epoch
+	m.revoke(dimFT, partBoth, fmt.Sprintf("ft: epoch %d revoked by %s: %s", r.Epoch, r.By, r.Reason))
+}
+
+// onCommFailed acts on a comm that stopped: the step fails (unless a peer
+// merely closed its comm after the ops that needed it), the step's comms
+// that could wait for the failed peer stop at once, and the peer the
+// failure names is blamed, so the coordinator can confirm the death
+// without waiting for gossip or its lease.
+func (m *machine) onCommFailed(in commFailed) {
+	if m.closing || in.epoch != m.epoch || !m.holds(in.dim) {
+		return
+	}
+	m.broken = true
+	orderly := errors.Is(in.err, comm.ErrPeerClosed)
+	if m.inStep && !orderly {
+		err := fmt.Errorf("ft: %s %s comm: %w", in.dim, in.part, in.err)
+		if in.dim == dimFT {
+			m.stepErrs = append(m.stepErrs, err)
+		} else {
+			m.groupErrs = append(m.groupErrs, err)
+		}
+	}
+	if m.split && in.part == partCtl {
+		// The data comm's ops would wait for the failed peer (NCCL sees
+		// no failure of its own). The group's control comm is never
+		// stopped: it carries the group's vote.
+		m.revoke(in.dim, partData, fmt.Sprintf("ft: the %s control comm failed: %v", in.dim, in.err))
+	}
+	if orderly {
+		return
+	}
+	if ids := m.newlyBlamed(in.dim, []error{in.err}); len(ids) > 0 {
+		m.do(revokeEpoch{epoch: m.epoch, reason: fmt.Sprintf("%s %s comm failed: %v", in.dim, in.part, in.err), blamed: ids})
+	} else if !m.inStep && !errors.Is(in.err, comm.ErrRevoked) {
+		// Broken between steps with no one to blame: make sure the
+		// next step gets a new epoch.
+		m.do(reportFailure{epoch: m.epoch})
+	}
+}
+
+// newlyBlamed maps the ranks named by errs' peer failures in dim's comms
+// to member ids this rank has not blamed in the epoch yet.
+func (m *machine) newlyBlamed(d dim, errs []error) []string {
+	members := m.view.ft
+	if d == dimGroup {
+		members = m.view.group
+	}
+	var ids []string
+	for _, err := range errs {
+		if !errors.Is(err, comm.ErrPeerFailed) || errors.Is(err, comm.ErrPeerClosed) {
+			continue
+		}
+		for _, r := range comm.FailedRanks(err) {
+			if r < 0 || r >= len(members) || members[r].ID == "" || members[r].ID == m.cfg.id {
+				continue
+			}
+			if id := members[r].ID; !slices.Contains(m.blamed, id) {
+				m.blamed = append(m.blamed, id)
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
+}
+
+// advance decides what to do next when no task is in flight.
+func (m *machine) advance(now time.Time) {
+	if m.task != 0 {
+		return
+	}
+	if m.cancelled != nil {
+		m.cancelled = nil
+	}
+	if m.closing {
+		m.finishClose()
+		return
+	}
+	if m.gaveUp != nil {
+		m.replyGaveUp()
+	}
+	if !m.stepWaiting {
+		return
+	}
+	switch {
+	case m.fatal != nil:
+		m.stepWaiting = false
+		m.do(stepDone{err: m.fatal})
+		return
+	case m.lost != nil:
+		m.stepWaiting = false
+		m.do(stepDone{err: m.lost})
+		return
+	case m.ready && !m.broken && m.latest != nil && m.latest.Epoch == m.epoch:
+		m.startStep(now)
+		return
+	}
+	q := m.latest
+	if q == nil || q.Epoch <= m.epoch {
+		return // wait for a newer quorum
+	}
+	v, err := deriveView(q.Epoch, participantsOf(*q), m.cfg.group, m.cfg.groupRank, m.cfg.groupSize)
+	if err != nil {
+		m.logf(true, "malformed quorum: %v", err)
+	}
+	if err != nil || !v.complete || !v.includes(m.cfg.id, m.inc) {
+		m.sitOut(*q)
+		return
+	}
+	m.reconfigure(now, *q, v)
+}
+
+// sitOut leaves the comms the others are leaving, and holds what epoch
+// asks of this rank: nothing.
+func (m *machine) sitOut(q membership.Quorum) {
+	m.closeHeld()
+	m.enter(q.Epoch, view{epoch: q.Epoch, ftRank: -1})
+	m.held = view{epoch: q.Epoch, ftRank: -1}
+	m.do(reportFormed{epoch: q.Epoch})
+	m.emit(Event{Kind: EventSatOut, Epoch: q.Epoch, Reason: q.Reason})
+}
+
+// enter makes epoch the current one, with nothing of it formed yet.
+func (m *machine) enter(epoch uint64, v view) {
+	m.epoch, m.view = epoch, v
+	m.ready, m.broken, m.blamed, m.revokedParts = false, false, nil, [2]part{}
+}
+
+func (m *machine) closeHeld() {
+	if m.held.epoch != 0 && m.held.ftRank >= 0 {
+		m.do(closeComms{dim: dimFT, epoch: m.held.epoch})
+	}
+	m.held = view{ftRank: -1}
+	m.closeGroup()
+}
+
+func (m *machine) closeGroup() {
+	if m.group != 0 {
+		m.do(closeComms{dim: dimGroup, epoch: m.group})
+		m.group = 0
+	}
+}
+
+// reconfigure moves to quorum q, whose view v includes this rank: the
+// group's comms (made anew at every epoch), then the FT comms (shrunk,
+// grown or made anew as planFor decides), then the step agreement and,
+// if behind, healing.
+func (m *machine) reconfigure(now time.Time, q membership.Quorum, v view) {
+	if !m.failedAt.IsZero() {
+		m.do(observe{what: metricDetect, value: now.Sub(m.failedAt).Seconds()})
+	}
+	m.target, m.tview, m.reconfAt, m.rollback = q, v, now, nil
+	m.prevGroup = m.group
+	m.closeGroup()
+	m.enter(q.Epoch, view{epoch: q.Epoch, ftRank: -1})
+	if m.cfg.groupSize > 1 {
+		m.do(formComms{task: m.start(stageFormGroup), dim: dimGroup, epoch: q.Epoch, how: freshComm,
+			rank: m.cfg.groupRank, size: m.cfg.groupSize})
+		return
+	}
+	m.formFT()
+}
+
+func (m *machine) formFT() {
+	how, exclude := planFor(m.target.Base, m.held, m.tview, m.cfg.id, m.inc)
+	from := uint64(0)
+	if how == freshComm {
+		if m.held.epoch != 0 && m.held.ftRank >= 0 {
+			m.do(closeComms{dim: dimFT, epoch: m.held.epoch})
+		}
+	} else {
+		from = m.held.epoch
+	}
+	m.how = how
+	m.do(formComms{task: m.start(stageFormFT), dim: dimFT, epoch: m.epoch, how: how, exclude: exclude, from: from,
+		rank: m.tview.ftRank, size: len(m.tview.ft)})
+}
+
+func (m *machine) onFormed(now time.Time, in commsFormed) {
+	if in.dim == dimGroup {
+		if in.err != nil {
+			m.failReconfig(now, fmt.Errorf("ft: group comm for epoch %d: %w", in.epoch, in.err), in)
+			return
+		}
+		m.group = in.epoch
+		if m.cancelled != nil {
+			m.failReconfig(now, m.cancelled, commsFormed{})
+			return
+		}
+		m.formFT()
+		return
+	}
+	oldEpoch := m.held.epoch
+	if in.err != nil {
+		// A failed Shrink or Grow leaves the old comms as they were;
+		// a failed fresh formation closed them already.
+		if m.how != freshComm && oldEpoch != 0 {
+			m.do(closeComms{dim: dimFT, epoch: oldEpoch})
+		}
+		m.held = view{epoch: in.epoch, ftRank: -1}
+		m.closeGroup()
+		m.failReconfig(now, fmt.Errorf("ft: %s the FT comm to epoch %d: %w", m.how, in.epoch, in.err), in)
+		return
+	}
+	m.held, m.view, m.split = m.tview, m.tview, in.split
+	if m.cancelled != nil {
+		m.failReconfig(now, m.cancelled, commsFormed{})
+		return
+	}
+	m.do(reportFormed{epoch: in.epoch})
+	m.do(observe{what: metricReconfigs, value: 1, label: m.how.String()})
+	if oldEpoch != 0 && m.tview.ftRank == 0 {
+		m.do(forgetRendezvous{dim: dimFT, epoch: oldEpoch})
+	}
+	if m.prevGroup != 0 && m.cfg.groupRank == 0 {
+		m.do(forgetRendezvous{dim: dimGroup, epoch: m.prevGroup})
+	}
+	m.logf(false, "reconfigured to epoch %d (base %d): %s, rank %d of %d, %d groups", in.epoch, m.target.Base, m.how,
+		m.view.ftRank, len(m.view.ft), m.view.groups)
+	m.emit(Event{Kind: EventReconfigured, Epoch: in.epoch, Participants: m.view.groups, How: m.how.String(),
+		Took: now.Sub(m.reconfAt), Reason: m.target.Reason})
+	m.do(gatherRecords{task: m.start(stageGather), epoch: m.epoch, step: m.step, last: m.hist.last()})
+}
+
+func (m *machine) onGathered(now time.Time, in recordsGathered) {
+	if in.err != nil {
+		m.failReconfig(now, fmt.Errorf("ft: step agreement in epoch %d: %w", m.epoch, in.err), in)
+		return
+	}
+	m.agreed = agree(in.recs)
+	if m.cfg.durable {
+		m.do(readLastCommit{task: m.start(stageLastCommit)})
+		return
+	}
+	m.afterAgreement(now)
+}
+
+func (m *machine) onLastCommit(now time.Time, in lastCommitRead) {
+	if in.err != nil {
+		m.failReconfig(now, fmt.Errorf("ft: step agreement in epoch %d: %w", m.epoch, in.err), in)
+		return
+	}
+	if in.ok && in.rec.Step > m.agreed.Step {
+		if m.waitingFor != in.rec.Step {
+			m.waitingFor = in.rec.Step
+			m.logf(true, "the job committed step %d (epoch %d), which no participant holds (they hold %d); waiting for a quorum with one of its replicas",
+				in.rec.Step, in.rec.Epoch, m.agreed.Step)
+			m.emit(Event{Kind: EventWaiting, Epoch: m.epoch,
+				Reason: fmt.Sprintf("step %d was committed by epoch %d; no participant holds it", in.rec.Step, in.rec.Epoch)})
+		}
+		m.failReconfig(now, errHolderAbsent, in)
+		return
+	}
+	m.afterAgreement(now)
+}
+
+func (m *machine) afterAgreement(now time.Time) {
+	if m.cancelled != nil {
+		m.failReconfig(now, m.cancelled, nil)
+		return
+	}
+	if m.agreed.heals(m.step, m.hist.last()) {
+		m.logf(false, "healing from step %d (epoch %d) to step %d (epoch %d) from %d sources", m.step, m.hist.last(),
+			m.agreed.Step, m.agreed.Epoch, len(m.agreed.Sources))
+		m.do(fetchState{task: m.start(stageHeal), epoch: m.epoch, agreement: m.agreed})
+		return
+	}
+	m.checkGroupSteps(now)
+}
+
+func (m *machine) onHealed(now time.Time, in stateHealed) {
+	if in.err != nil {
+		m.failReconfig(now, fmt.Errorf("ft: heal to step %d: %w", m.agreed.Step, in.err), in)
+		return
+	}
+	from := m.step
+	lostFrom, lostTo, rolledBack := diverged(m.hist, m.step, in.hist)
+	m.hist, m.step = in.hist, m.agreed.Step
+	m.do(setStep{step: m.step})
+	m.emit(Event{Kind: EventHealed, Epoch: m.epoch, FromStep: from, Bytes: in.bytes, Took: in.took})
+	// Tell the coordinator now rather than at the next heartbeat, so
+	// its dashboard stops showing this replica as healing.
+	m.do(reportHeartbeat{})
+	if rolledBack {
+		m.do(observe{what: metricRollback, value: float64(lostTo - lostFrom + 1)})
+		m.logf(true, "rolled back committed steps %d..%d: the job's history has them from epoch %d; now at step %d",
+			lostFrom, lostTo, m.agreed.Epoch, m.agreed.Step)
+		m.emit(Event{Kind: EventRolledBack, Epoch: m.epoch, FromStep: lostFrom, ToStep: lostTo})
+		m.rollback = &RollbackError{FromStep: lostFrom, ToStep: lostTo, Step: m.agreed.Step, Epoch: m.agreed.Epoch}
+	}
+	m.checkGroupSteps(now)
+}
+
+// checkGroupSteps makes sure the replica group's ranks continue from one
+// step. They heal independently (rank i from FT comm i), so they differ
+// only when the group's vote completed at one rank and failed at the
+// other and no other group holds the lagging shard's step: that shard's
+// state is lost, and training on would mix steps silently.
+func (m *machine) checkGroupSteps(now time.Time) {
+	if m.cancelled != nil {
+		m.failReconfig(now, m.cancelled, nil)
+		return
+	}
+	if m.cfg.groupSize > 1 {
+		m.do(checkGroup{task: m.start(stageCheckGroup), epoch: m.epoch, step: m.step})
+		return
+	}
+	m.reconfigured(now)
+}
+
+func (m *machine) onGroupChecked(now time.Time, in groupChecked) {
+	switch {
+	case in.err != nil:
+		m.failReconfig(now, fmt.Errorf("ft: the group's step check in epoch %d: %w", m.epoch, in.err), in)
+	case in.lo != in.hi:
+		m.logf(true, "the replica group's ranks stand at steps %d..%d (this rank %d) and no replica holds the lagging shard's step",
+			in.lo, in.hi, m.step)
+		m.fatal = &GroupDivergedError{Group: m.cfg.group, Step: m.step, Min: in.lo, Max: in.hi}
+	case m.cancelled != nil:
+		m.failReconfig(now, m.cancelled, nil)
+	default:
+		m.reconfigured(now)
+	}
+}
+
+func (m *machine) reconfigured(now time.Time) {
+	m.ready = true
+	m.do(observe{what: metricReconfig, value: now.Sub(m.reconfAt).Seconds(), label: m.how.String()})
+	// advance starts the step.
+}
+
+// failReconfig ends a reconfiguration that did not reach its step. res is
+// the failed task's result (its error may name peers that never came).
+func (m *machine) failReconfig(now time.Time, err error, res input) {
+	m.ready = false
+	cancelled := m.cancelled
+	switch {
+	case m.closing || errors.Is(err, ErrClosed):
+		return
+	case errors.Is(err, comm.ErrBackendUnavailable) || errors.Is(err, comm.ErrInvalidArgument):
+		// A configuration error: no other epoch will do better.
+		m.stepWaiting = false
+		m.do(stepDone{err: fmt.Errorf("ft: step: %w", err)})
+		return
+	case errors.Is(err, errHolderAbsent):
+		m.noteFailure(now)
+		return // wait for a quorum that brings back a holder; nothing failed
+	}
+	m.noteFailure(now)
+	if cancelled != nil && m.gaveUp == nil {
+		m.logf(false, "left epoch %d: %v", m.epoch, cancelled)
+	} else {
+		m.logf(true, "reconfiguration to epoch %d failed; waiting for the next epoch: %v", m.epoch, err)
+	}
+	// The peers that never came (a formation's timeout names them) are
+	// blamed: the coordinator checks them before the next epoch.
+	var blamed []string
+	if f, ok := res.(commsFormed); ok && cancelled == nil && f.err != nil && errors.Is(f.err, comm.ErrPeerFailed) {
+		members := m.tview.ft
+		if f.dim == dimGroup {
+			members = m.tview.group
+		}
+		for _, r := range comm.FailedRanks(f.err) {
+			if r >= 0 && r < len(members) && members[r].ID != "" && members[r].ID != m.cfg.id && !slices.Contains(blamed, members[r].ID) {
+				blamed = append(blamed, members[r].ID)
+			}
+		}
+	}
+	m.do(reportFailure{epoch: m.epoch, blamed: blamed})
+}
+
+// startStep starts the step the training loop asked for.
+func (m *machine) startStep(now time.Time) {
+	m.stepWaiting, m.inStep = false, true
+	m.stepErrs, m.groupErrs = m.stepErrs[:0], m.groupErrs[:0]
+	m.stepAt = now
+	m.do(offerState{step: m.step, hist: m.hist})
+	var err error
+	if m.rollback != nil {
+		err, m.rollback = m.rollback, nil
+	}
+	m.do(stepDone{err: err})
+}
+
+// onCommit ends the step: the vote (no failure in the step, enough
+// replica groups, every rank of the group yes), with DurableCommit the
+// record, then the withdrawal of the served state.
+func (m *machine) onCommit(now time.Time, errs []error) {
+	if m.task != 0 {
+		// Only a Step cut short leaves a task running here.
+		m.do(commitDone{err: fmt.Errorf("%w: ft: Commit while the step is not started", comm.ErrInvalidArgument)})
+		return
+	}
+	m.commitWaiting = true
+	if m.closing {
+		return // advance replies
+	}
+	inStep := m.inStep
+	m.inStep = false
+	for _, err := range errs {
+		m.stepErrs = append(m.stepErrs, err)
+	}
+	if len(errs) > 0 {
+		m.noteFailure(now)
+	}
+	participating := inStep && m.holds(dimFT)
+	m.vote = len(m.stepErrs) == 0 && len(m.groupErrs) == 0 && participating && m.view.groups >= m.cfg.minReplicas
+	m.reason = ""
+	if participating && m.holds(dimGroup) {
+		if m.revokedParts[dimGroup]&partCtl == 0 {
+			m.do(castVote{task: m.start(stageVote), epoch: m.epoch, yes: m.vote})
+			return
+		}
+		m.vote = false // a rank of the group is gone
+	}
+	m.afterVote(now)
+}
+
+func (m *machine) onVoted(now time.Time, in voted) {
+	if in.err != nil {
+		m.groupErrs = append(m.groupErrs, in.err)
+		m.noteFailure(now)
+	}
+	m.vote = in.err == nil && in.yes
+	m.afterVote(now)
+}
+
+func (m *machine) afterVote(now time.Time) {
+	if m.vote && m.cfg.durable && m.cancelled == nil {
+		m.do(recordCommit{task: m.start(stageRecord), step: m.step + 1, epoch: m.epoch})
+		return
+	}
+	m.do(withdrawState{task: m.start(stageWithdraw)})
+}
+
+func (m *machine) onRecorded(now time.Time, in commitRecorded) {
+	m.vote, m.reason = in.ok, in.reason
+	m.do(withdrawState{task: m.start(stageWithdraw)})
+}
+
+func (m *machine) onWithdrawn(now time.Time, in withdrawn) {
+	if in.err != nil {
+		m.stepErrs = append(m.stepErrs, in.err)
+		m.vote = false
+	}
+	gaveUp := m.gaveUp
+	if gaveUp != nil {
+		m.gaveUp = nil
+		m.vote = false // the caller gave up: its step does not commit
+	}
+	if !m.commitWaiting {
+		return
+	}
+	m.commitWaiting = false
+	if m.vote {
+		m.hist = m.hist.commit(m.step+1, m.epoch)
+		m.step++
+		m.failedCommits = 0
+		m.do(setStep{step: m.step})
+		m.do(observe{what: metricCommit, value: 1, label: "ok"})
+		if !m.failedAt.IsZero() {
+			m.do(observe{what: metricFailureToCommit, value: now.Sub(m.failedAt).Seconds()})
+			m.logf(false, "committed step %d %v after a failure", m.step, now.Sub(m.failedAt).Round(time.Millisecond))
+			m.failedAt = time.Time{}
+		}
+		m.do(observe{what: metricStepSeconds, value: now.Sub(m.stepAt).Seconds()})
+		m.do(commitDone{ok: true})
+		return
+	}
+	m.failedCommits++
+	m.do(observe{what: metricCommit, value: 1, label: "failed"})
+	m.noteFailure(now)
+	reason := m.reason
+	participating := m.holds(dimFT)
+	switch {
+	case reason != "":
+	case gaveUp != nil:
+		reason = "the caller's ctx ended: " + gaveUp.Error()
+	case !participating:
+		reason = "not participating"
+	case len(m.stepErrs) > 0:
+		reason = m.stepErrs[0].Error()
+	case len(m.groupErrs) > 0:
+		reason = "the replica group's vote failed: " + m.groupErrs[0].Error()
+	case m.view.groups < m.cfg.minReplicas:
+		reason = fmt.Sprintf("%d replica groups, %d needed", m.view.groups, m.cfg.minReplicas)
+	default:
+		reason = "a rank of the replica group voted no"
+	}
+	m.logf(true, "commit of step %d failed in epoch %d (%d in a row): %s", m.step+1, m.epoch, m.failedCommits, reason)
+	m.emit(Event{Kind: EventCommitFailed, Epoch: m.epoch, Reason: reason})
+	if participating {
+		m.revoke(dimFT, partBoth, "ft: commit failed: "+reason)
+		// Blame the peers the step's collectives saw fail (a reset
+		// connection: their process is likely gone); the coordinator
+		// checks and removes them without waiting for gossip. The record
+		// revokes the epoch everywhere at once; the report carries the
+		// blame even when another rank wrote the record first.
+		blamed := m.newlyBlamed(dimFT, m.stepErrs)
+		blamed = append(blamed, m.newlyBlamed(dimGroup, m.groupErrs)...)
+		if len(blamed) > 0 {
+			m.do(revokeEpoch{epoch: m.epoch, reason: reason, blamed: blamed})
+		}
+		m.do(reportFailure{epoch: m.epoch, blamed: m.blamed})
+	}
+	var err error
+	switch {
+	case gaveUp != nil:
+		err = fmt.Errorf("ft: commit: %w", gaveUp)
+	case m.failedCommits >= m.cfg.maxCommitFailures:
+		err = fmt.Errorf("%w: %d in a row, last: %s", ErrTooManyCommitFailures, m.failedCommits, reason)
+	}
+	m.do(commitDone{err: err})
+}
+
+// finishClose closes every comm once no task runs, and answers the
+// training loop.
+func (m *machine) finishClose() {
+	m.closeHeld()
+	if m.stepWaiting {
+		m.stepWaiting = false
+		m.do(stepDone{err: ErrClosed})
+	}
+	if m.commitWaiting {
+		m.commitWaiting = false
+		m.do(commitDone{err: ErrClosed})
+	}
+	m.inStep = false
+	m.closed = true
+	m.do(stopped{})
+}
+
+func (m *machine) emit(e Event) {
+	if e.Step == 0 {
+		e.Step = m.step
+	}
+	e.Rank = -1
+	if m.holds(dimFT) {
+		e.Rank = m.view.ftRank
+		if e.Participants == 0 {
+			e.Participants = len(m.view.ft)
+		}
+	}
+	m.do(emit{ev: e})
+}
+
+// status is what the machine tells readers on other goroutines.
+func (m *machine) status() (epoch uint64, rank, participants int) {
+	if !m.holds(dimFT) {
+		return m.epoch, -1, 0
+	}
+	return m.epoch, m.view.ftRank, len(m.view.ft)
+}
+
+// errHolderAbsent: with DurableCommit, the job's newest committed step is
+// held by no participant of this epoch; the rank waits for a quorum that
+// brings one back.
+var errHolderAbsent = errors.New("ft: the job's committed step is held by no participant")
+
+// describe renders an action for script tests and logs.
+func describe(a action) string {
+	switch a := a.(type) {
+	case formComms:
+		s := fmt.Sprintf("form %s e%d %s rank=%d size=%d", a.dim, a.epoch, a.how, a.rank, a.size)
+		if a.how != freshComm {
+			s += fmt.Sprintf(" from=e%d", a.from)
+		}
+		if len(a.exclude) > 0 {
+			s += fmt.Sprintf(" exclude=%v", a.exclude)
+		}
+		return s
+	case closeComms:
+		return fmt.Sprintf("close %s e%d", a.dim, a.epoch)
+	case revokeComms:
+		return fmt.Sprintf("revoke %s e%d %s: %s", a.dim, a.epoch, a.part, a.cause)
+	case cancelTask:
+		return fmt.Sprintf("cancel: %v", a.cause)
+	case gatherRecords:
+		return fmt.Sprintf("gather e%d step=%d last=e%d", a.epoch, a.step, a.last)
+	case readLastCommit:
+		return "read last commit"
+	case fetchState:
+		return fmt.Sprintf("heal e%d to step %d (e%d) from %s", a.epoch, a.Step, a.Epoch, strings.Join(a.Sources, ","))
+	case checkGroup:
+		return fmt.Sprintf("check group e%d step=%d", a.epoch, a.step)
+	case castVote:
+		return fmt.Sprintf("vote e%d yes=%v", a.epoch, a.yes)
+	case recordCommit:
+		return fmt.Sprintf("record step %d e%d", a.step, a.epoch)
+	case withdrawState:
+		return "withdraw"
+	case offerState:
+		return fmt.Sprintf("offer step %d", a.step)
+	case reportFormed:
+		return fmt.Sprintf("report formed e%d", a.epoch)
+	case reportFailure:
+		s := fmt.Sprintf("report failure e%d", a.epoch)
+		if len(a.blamed) > 0 {
+			s += " blame " + strings.Join(a.blamed, ",")
+		}
+		return s
+	case revokeEpoch:
+		return fmt.Sprintf("revoke epoch e%d blame %s", a.epoch, strings.Join(a.blamed, ","))
+	case reportHeartbeat:
+		return "heartbeat"
+	case forgetRendezvous:
+		return fmt.Sprintf("forget %s e%d", a.dim, a.epoch)
+	case setStep:
+		return fmt.Sprintf("step %d", a.step)
+	case emit:
+		return "event " + a.ev.String()
+	case observe:
+		return "" // metrics are not part of the protocol's script
+	case logLine:
+		return ""
+	case stepDone:
+		if a.err == nil {
+			return "step started"
+		}
+		return fmt.Sprintf("step returns: %v", a.err)
+	case commitDone:
+		if a.err != nil {
+			return fmt.Sprintf("commit returns %v: %v", a.ok, a.err)
+		}
+		return fmt.Sprintf("commit returns %v", a.ok)
+	case stopped:
+		return "stopped"
+	}
+	return fmt.Sprintf("%T", a)
+}

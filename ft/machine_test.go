@@ -1,0 +1,383 @@
+package ft
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of ft/testdata/machine scripts")
+
+// machineScript drives the step machine with a small command language,
+// in the manner of etcd-io/raft's interaction tests and
+// membership/quorum_test.go. Lines starting with "> " are inputs; the
+// lines after one are the actions it must produce, one per line (metrics
+// and logs left out). "#" starts a comment; blank lines separate.
+//
+//	config id=a.0 size=1 min=1 [durable] [maxfail=N] [inc=N]  (first)
+//	quorum E [base=B] ids…          publish quorum E (ids "g.r" or "g.r@inc")
+//	revocation E                    epoch E revoked
+//	step | cancel-step              the training loop calls Step / gives up
+//	commit [err…] | cancel-commit   the training loop calls Commit (its ops' errors)
+//	close                           Close
+//	formed ft|group [split] [err…]  the formation task answers
+//	failed ft|group E data|ctl|both err…   a comm broke (Comm.Broken)
+//	gathered S@E …                  the step records, in FT rank order
+//	lastcommit S@E | none           the durable commit record
+//	healed E:S,… | healed err…      the heal (the sources' history: epoch:from)
+//	checked LO HI | checked err…    the group's step check
+//	voted yes|no | voted err…       the group's vote
+//	recorded ok | recorded no WHY   the durable record
+//	withdrawn [err…]                the served state withdrawn
+//	task-error err…                 the task in flight fails (any kind)
+//	reregistered INC | lost
+//	state                           print the machine's state
+//
+// Errors: peer:R (rank R failed), closed:R (rank R closed its comm),
+// timeout, revoked, unavailable, or any other word (a plain error).
+type machineScript struct {
+	t    *testing.T
+	m    *machine
+	now  time.Time
+	task int // the task in flight, as the last action that started one said
+	kind string
+}
+
+func (s *machineScript) parseErr(args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	var errs []error
+	for _, a := range args {
+		a = strings.TrimPrefix(a, "err=")
+		k, v, _ := strings.Cut(a, ":")
+		switch k {
+		case "peer":
+			for _, r := range strings.Split(v, ",") {
+				n, _ := strconv.Atoi(r)
+				errs = append(errs, &comm.RankError{Rank: n, Err: fmt.Errorf("%w: EOF", comm.ErrPeerFailed)})
+			}
+		case "closed":
+			n, _ := strconv.Atoi(v)
+			errs = append(errs, &comm.RankError{Rank: n, Err: fmt.Errorf("%w: %w", comm.ErrPeerFailed, comm.ErrPeerClosed)})
+		case "timeout":
+			errs = append(errs, fmt.Errorf("%w: waited too long", comm.ErrTimeout))
+		case "revoked":
+			errs = append(errs, fmt.Errorf("%w by a peer", comm.ErrRevoked))
+		case "unavailable":
+			errs = append(errs, fmt.Errorf("%w: no library", comm.ErrBackendUnavailable))
+		case "cancelled":
+			errs = append(errs, context.Canceled)
+		default:
+			errs = append(errs, errors.New(a))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func parseDim(a string) dim {
+	if a == "group" {
+		return dimGroup
+	}
+	return dimFT
+}
+
+func (s *machineScript) run(line string) []string {
+	f := strings.Fields(line)
+	cmd, args := f[0], f[1:]
+	var in input
+	switch cmd {
+	case "config":
+		cfg := machineConfig{id: "a.0", group: "a", groupSize: 1, minReplicas: 1, maxCommitFailures: 10}
+		inc := int64(1)
+		for _, a := range args {
+			k, v, _ := strings.Cut(a, "=")
+			n, _ := strconv.Atoi(v)
+			switch k {
+			case "id":
+				cfg.id = v
+				g, r, _ := parseMemberID(v)
+				cfg.group, cfg.groupRank = g, r
+			case "size":
+				cfg.groupSize = n
+			case "min":
+				cfg.minReplicas = n
+			case "durable":
+				cfg.durable = true
+			case "maxfail":
+				cfg.maxCommitFailures = n
+			case "inc":
+				inc = int64(n)
+			}
+		}
+		s.m = newMachine(cfg, inc)
+		return nil
+	case "quorum":
+		e, _ := strconv.ParseUint(args[0], 10, 64)
+		q := membership.Quorum{Job: "job", Epoch: e, Created: s.now}
+		for _, a := range args[1:] {
+			if b, ok := strings.CutPrefix(a, "base="); ok {
+				q.Base, _ = strconv.ParseUint(b, 10, 64)
+				continue
+			}
+			id, incs, _ := strings.Cut(a, "@")
+			inc := int64(1)
+			if incs != "" {
+				inc, _ = strconv.ParseInt(incs, 10, 64)
+			}
+			g, _, _ := parseMemberID(id)
+			q.Participants = append(q.Participants, membership.Participant{ID: id, Group: g, Incarnation: inc})
+		}
+		in = quorumSeen{q}
+	case "revocation":
+		e, _ := strconv.ParseUint(args[0], 10, 64)
+		in = revocationSeen{membership.Revocation{Epoch: e, By: "coordinator", Reason: "test"}}
+	case "step":
+		in = stepCalled{}
+	case "cancel-step":
+		in = stepCancelled{context.Canceled}
+	case "commit":
+		var errs []error
+		if err := s.parseErr(args); err != nil {
+			errs = append(errs, err)
+		}
+		in = commitCalled{errs: errs}
+	case "cancel-commit":
+		in = commitCancelled{context.Canceled}
+	case "close":
+		in = closeCalled{}
+	case "formed":
+		d := parseDim(args[0])
+		split := len(args) > 1 && args[1] == "split"
+		rest := args[1:]
+		if split {
+			rest = args[2:]
+		}
+		in = commsFormed{task: s.task, dim: d, epoch: s.m.epoch, split: split, err: s.parseErr(rest)}
+	case "failed":
+		e, _ := strconv.ParseUint(args[1], 10, 64)
+		p := map[string]part{"data": partData, "ctl": partCtl, "both": partBoth}[args[2]]
+		in = commFailed{dim: parseDim(args[0]), epoch: e, part: p, err: s.parseErr(args[3:])}
+	case "gathered":
+		var recs []stepRecord
+		for _, a := range args {
+			st, ep, _ := strings.Cut(a, "@")
+			n, _ := strconv.ParseInt(st, 10, 64)
+			e, _ := strconv.ParseUint(ep, 10, 64)
+			recs = append(recs, stepRecord{Step: n, Epoch: e, Addr: "r" + strconv.Itoa(len(recs))})
+		}
+		in = recordsGathered{task: s.task, recs: recs}
+	case "lastcommit":
+		r := lastCommitRead{task: s.task}
+		if args[0] != "none" {
+			st, ep, _ := strings.Cut(args[0], "@")
+			r.rec.Step, _ = strconv.ParseInt(st, 10, 64)
+			r.rec.Epoch, _ = strconv.ParseUint(ep, 10, 64)
+			r.ok = true
+		}
+		in = r
+	case "healed":
+		var h history
+		if len(args) > 0 && strings.Contains(args[0], ":") && !strings.HasPrefix(args[0], "err") {
+			for _, seg := range strings.Split(args[0], ",") {
+				e, from, _ := strings.Cut(seg, ":")
+				ee, _ := strconv.ParseUint(e, 10, 64)
+				ff, _ := strconv.ParseInt(from, 10, 64)
+				h = append(h, segment{Epoch: ee, From: ff})
+			}
+			args = args[1:]
+		}
+		in = stateHealed{task: s.task, hist: h, bytes: 1 << 20, took: time.Millisecond, err: s.parseErr(args)}
+	case "checked":
+		if lo, err := strconv.ParseInt(args[0], 10, 64); err == nil {
+			hi, _ := strconv.ParseInt(args[1], 10, 64)
+			in = groupChecked{task: s.task, lo: lo, hi: hi}
+		} else {
+			in = groupChecked{task: s.task, err: s.parseErr(args)}
+		}
+	case "voted":
+		switch args[0] {
+		case "yes", "no":
+			in = voted{task: s.task, yes: args[0] == "yes"}
+		default:
+			in = voted{task: s.task, err: s.parseErr(args)}
+		}
+	case "recorded":
+		in = commitRecorded{task: s.task, ok: args[0] == "ok", reason: strings.Join(args[1:], " ")}
+	case "withdrawn":
+		in = withdrawn{task: s.task, err: s.parseErr(args)}
+	case "task-error":
+		if in = s.taskError(s.parseErr(args)); in == nil {
+			return []string{"(no task in flight)"}
+		}
+	case "reregistered":
+		n, _ := strconv.ParseInt(args[0], 10, 64)
+		in = reregistered{inc: n}
+	case "lost":
+		in = membershipLost{errors.New("lease lost")}
+	case "tick":
+		d, _ := time.ParseDuration(args[0])
+		s.now = s.now.Add(d)
+		return nil
+	case "state":
+		return []string{s.state()}
+	default:
+		s.t.Fatalf("unknown command %q", line)
+	}
+	s.now = s.now.Add(time.Millisecond)
+	var out []string
+	for _, a := range s.m.handle(s.now, in) {
+		switch a := a.(type) {
+		case formComms:
+			s.task, s.kind = a.task, "form"
+		case gatherRecords, readLastCommit, fetchState, checkGroup, castVote, recordCommit, withdrawState:
+			s.task, s.kind = taskOf(a), fmt.Sprintf("%T", a)
+		}
+		if d := describe(a); d != "" {
+			out = append(out, strings.ReplaceAll(d, "\n", "; ")) // errors.Join's lines
+		}
+	}
+	return out
+}
+
+// taskError is the result of the task in flight failing with err.
+func (s *machineScript) taskError(err error) input {
+	t := s.task
+	switch s.m.stage {
+	case stageFormGroup:
+		return commsFormed{task: t, dim: dimGroup, epoch: s.m.epoch, err: err}
+	case stageFormFT:
+		return commsFormed{task: t, dim: dimFT, epoch: s.m.epoch, err: err}
+	case stageGather:
+		return recordsGathered{task: t, err: err}
+	case stageLastCommit:
+		return lastCommitRead{task: t, err: err}
+	case stageHeal:
+		return stateHealed{task: t, err: err}
+	case stageCheckGroup:
+		return groupChecked{task: t, err: err}
+	case stageVote:
+		return voted{task: t, err: err}
+	case stageRecord:
+		return commitRecorded{task: t, reason: err.Error()}
+	case stageWithdraw:
+		return withdrawn{task: t, err: err}
+	}
+	return nil
+}
+
+func taskOf(a action) int {
+	switch a := a.(type) {
+	case gatherRecords:
+		return a.task
+	case readLastCommit:
+		return a.task
+	case fetchState:
+		return a.task
+	case checkGroup:
+		return a.task
+	case castVote:
+		return a.task
+	case recordCommit:
+		return a.task
+	case withdrawState:
+		return a.task
+	}
+	return 0
+}
+
+func (s *machineScript) state() string {
+	m := s.m
+	var b strings.Builder
+	fmt.Fprintf(&b, "epoch %d step %d", m.epoch, m.step)
+	if m.holds(dimFT) {
+		fmt.Fprintf(&b, " rank %d/%d", m.view.ftRank, len(m.view.ft))
+	}
+	if m.held.epoch != 0 && m.held.ftRank >= 0 {
+		fmt.Fprintf(&b, " holds ft e%d", m.held.epoch)
+	}
+	if m.group != 0 {
+		fmt.Fprintf(&b, " group e%d", m.group)
+	}
+	for _, f := range []struct {
+		on   bool
+		name string
+	}{{m.ready, "ready"}, {m.broken, "broken"}, {m.inStep, "in-step"}, {m.stepWaiting, "step-waiting"},
+		{m.commitWaiting, "commit-waiting"}, {m.closed, "closed"}, {m.task != 0, "task"}, {m.fatal != nil, "fatal"}} {
+		if f.on {
+			b.WriteString(" " + f.name)
+		}
+	}
+	if len(m.hist) > 0 {
+		var segs []string
+		for _, sg := range m.hist {
+			segs = append(segs, fmt.Sprintf("%d:%d", sg.Epoch, sg.From))
+		}
+		b.WriteString(" hist " + strings.Join(segs, ","))
+	}
+	return b.String()
+}
+
+// TestMachineScripts runs every script in testdata/machine: the step
+// protocol's scenarios (superseded while forming, a partition, a zombie,
+// a late joiner, a group that diverged, Close at every stage of a
+// reconfiguration, a control comm failing while the data op hangs…).
+// go test -run TestMachineScripts ./ft -args -rewrite updates the expected
+// output after a deliberate change; review the diff.
+func TestMachineScripts(t *testing.T) {
+	files, err := filepath.Glob("testdata/machine/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scripts: %v", err)
+	}
+	for _, file := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) {
+			runMachineScript(t, file)
+		})
+	}
+}
+
+func runMachineScript(t *testing.T, file string) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &machineScript{t: t, now: time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)}
+	s.run("config")
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	var out []string // the file, rewritten
+	for i := 0; i < len(lines); i++ {
+		line := lines[i]
+		cmd, isCmd := strings.CutPrefix(line, "> ")
+		if !isCmd {
+			out = append(out, line)
+			continue
+		}
+		out = append(out, line)
+		var want []string
+		for i+1 < len(lines) && lines[i+1] != "" && !strings.HasPrefix(lines[i+1], "> ") && !strings.HasPrefix(lines[i+1], "#") {
+			i++
+			want = append(want, lines[i])
+		}
+		got := s.run(cmd)
+		out = append(out, got...)
+		if !*rewrite && !slices.Equal(got, want) {
+			t.Errorf("%s:%d: > %s\ngot:\n  %s\nwant:\n  %s", file, i+1, cmd, strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+		}
+	}
+	if *rewrite {
+		if err := os.WriteFile(file, []byte(strings.Join(out, "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
