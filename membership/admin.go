@@ -54,14 +54,14 @@ type JobView struct {
 
 // Jobs lists the jobs that have members or a quorum.
 func (a *Admin) Jobs(ctx context.Context) ([]JobSummary, error) {
-	resp, err := a.cli.Get(ctx, a.keys.root()+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := a.cli.Get(ctx, a.keys.Prefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return nil, fmt.Errorf("membership: list jobs: %w", ctxErr(ctx, err))
 	}
 	byJob := map[string]*JobSummary{}
 	var names []string
 	for _, kv := range resp.Kvs {
-		job, kind, _, ok := a.keys.parseKey(string(kv.Key))
+		job, kind, _, ok := a.keys.Parse(string(kv.Key))
 		if !ok || !(kind == "members" || kind == "_quorum") {
 			continue
 		}

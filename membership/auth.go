@@ -25,7 +25,7 @@ const (
 //     records, the election or the coordinators' keys, which live under
 //     <root>/_coordinator/ (job names cannot start with '_').
 func AuthRanges(root string) (all, trainerWrite [][2]string) {
-	p := Keys{Root: root}.root() + "/"
+	p := Keys{Root: root}.Prefix()
 	end := clientv3.GetPrefixRangeEnd(p)
 	all = [][2]string{{p, end}}
 	// '_' + 1 is '`': the two ranges leave out exactly <root>/_….

@@ -11,7 +11,6 @@ import (
 	"os"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -348,10 +347,10 @@ func (c *Coordinator) joinGossipPeers(ctx context.Context) {
 		}
 	}
 	if len(seeds) == 0 && g.NumAlive() <= 1 {
-		resp, err := c.cli.Get(ctx, c.keys.root()+"/", clientv3.WithPrefix())
+		resp, err := c.cli.Get(ctx, c.keys.Prefix(), clientv3.WithPrefix())
 		if err == nil {
 			for _, kv := range resp.Kvs {
-				if _, kind, _, ok := c.keys.parseKey(string(kv.Key)); ok && kind == "members" && len(seeds) < 16 {
+				if _, kind, _, ok := c.keys.Parse(string(kv.Key)); ok && kind == "members" && len(seeds) < 16 {
 					var r MemberRecord
 					if json.Unmarshal(kv.Value, &r) == nil && r.Gossip != "" {
 						seeds = append(seeds, r.Gossip)
@@ -434,7 +433,7 @@ func (c *Coordinator) publishKeyID(ctx context.Context, sess *concurrency.Sessio
 		name := strings.TrimPrefix(string(kv.Key), prefix)
 		if name != c.cfg.Name && string(kv.Value) != mine {
 			return fmt.Errorf("%w: coordinator %s signs quorums with key %s, this one (%s) with %s: give every coordinator of root %s the same secrets",
-				ErrKeyMismatch, name, kv.Value, c.cfg.Name, mine, c.keys.root())
+				ErrKeyMismatch, name, kv.Value, c.cfg.Name, mine, strings.TrimSuffix(c.keys.Prefix(), "/"))
 		}
 	}
 	if _, err := c.cli.Put(ctx, prefix+c.cfg.Name, mine, clientv3.WithLease(sess.Lease())); err != nil {
@@ -521,7 +520,7 @@ func (l *leadership) job(name string) *jobState {
 
 // load reads every job's state and returns the revision read at.
 func (l *leadership) load(ctx context.Context) (int64, error) {
-	resp, err := l.c.cli.Get(ctx, l.c.keys.root()+"/", clientv3.WithPrefix())
+	resp, err := l.c.cli.Get(ctx, l.c.keys.Prefix(), clientv3.WithPrefix())
 	if err != nil {
 		return 0, fmt.Errorf("membership: load state: %w", err)
 	}
@@ -537,7 +536,7 @@ func (l *leadership) load(ctx context.Context) (int64, error) {
 	quorums := map[string]*mvccpb.KeyValue{}
 	history := map[string][]*mvccpb.KeyValue{}
 	for _, kv := range resp.Kvs {
-		job, kind, rest, ok := l.c.keys.parseKey(string(kv.Key))
+		job, kind, rest, ok := l.c.keys.Parse(string(kv.Key))
 		if !ok {
 			continue
 		}
@@ -659,10 +658,6 @@ func (l *leadership) loadQuorum(job string, kv *mvccpb.KeyValue, history []*mvcc
 	return &jobState{m: NewMachine(job, l.c.cfg.Quorum, &realQ), lastValue: real.Value, foreign: &foreignWrite{deleted: true, epoch: realQ.Epoch}}
 }
 
-func gossipName(job, id string, lease int64) string {
-	return job + "/" + id + "/" + strconv.FormatInt(lease, 16)
-}
-
 // upsert applies a member record (or its eviction or leave).
 func (l *leadership) upsert(now time.Time, job string, r MemberRecord) {
 	j := l.job(job)
@@ -676,7 +671,7 @@ func (l *leadership) upsert(now time.Time, job string, r MemberRecord) {
 	}
 	if old, ok := j.m.Member(r.ID); !ok || old.Incarnation != r.Incarnation {
 		if ok {
-			delete(l.byNode, gossipName(job, old.ID, old.Lease))
+			delete(l.byNode, GossipNodeName(job, old.ID, old.Lease))
 		}
 		l.c.metrics.joins.WithLabelValues(job).Inc()
 	} else if old.Health == r.Health && old.WantQuorum == r.WantQuorum && old.ShrinkOnly == r.ShrinkOnly &&
@@ -691,7 +686,7 @@ func (l *leadership) upsert(now time.Time, job string, r MemberRecord) {
 		}
 	}
 	if r.Gossip != "" {
-		l.byNode[gossipName(job, r.ID, r.Lease)] = memberRef{job, r.ID, r.Incarnation}
+		l.byNode[GossipNodeName(job, r.ID, r.Lease)] = memberRef{job, r.ID, r.Incarnation}
 	}
 	j.m.Upsert(now, r)
 	j.dirty = true
@@ -703,7 +698,7 @@ func (l *leadership) remove(now time.Time, job, id string, inc int64, why, metri
 	if !ok || inc != 0 && old.Incarnation != inc {
 		return
 	}
-	delete(l.byNode, gossipName(job, id, old.Lease))
+	delete(l.byNode, GossipNodeName(job, id, old.Lease))
 	j.m.Remove(now, id, old.Incarnation, why)
 	j.dirty = true
 	l.c.metrics.removals.WithLabelValues(job, metric).Inc()
@@ -844,7 +839,7 @@ func (l *leadership) run(ctx context.Context, gossipEvents <-chan GossipEvent) e
 func (l *leadership) follow(ctx context.Context, rev int64, timer *time.Timer, gossipEvents <-chan GossipEvent) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	wch := l.c.cli.Watch(clientv3.WithRequireLeader(wctx), l.c.keys.root()+"/", clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
+	wch := l.c.cli.Watch(clientv3.WithRequireLeader(wctx), l.c.keys.Prefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
 	for {
 		l.armTimer(timer)
 		select {
@@ -894,7 +889,7 @@ func (l *leadership) armTimer(t *time.Timer) {
 }
 
 func (l *leadership) apply(now time.Time, ev *clientv3.Event) {
-	job, kind, rest, ok := l.c.keys.parseKey(string(ev.Kv.Key))
+	job, kind, rest, ok := l.c.keys.Parse(string(ev.Kv.Key))
 	if !ok {
 		return
 	}

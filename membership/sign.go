@@ -31,7 +31,12 @@ type QuorumKey struct {
 	Ed25519 ed25519.PublicKey `json:"ed25519"`
 }
 
-// quorumKeyID names a public key: the first 8 bytes of its SHA-256, hex.
+// NewQuorumKey returns a public key with its id: the first 8 bytes of its
+// SHA-256, hex.
+func NewQuorumKey(pub ed25519.PublicKey) QuorumKey {
+	return QuorumKey{ID: quorumKeyID(pub), Ed25519: pub}
+}
+
 func quorumKeyID(pub ed25519.PublicKey) string {
 	sum := sha256.Sum256(pub)
 	return hex.EncodeToString(sum[:8])
@@ -40,13 +45,8 @@ func quorumKeyID(pub ed25519.PublicKey) string {
 // QuorumSigner signs the quorums a coordinator publishes, so that members
 // act only on quorums a coordinator holding the key wrote: a stranger who
 // can write etcd (or a trainer's credentials, which cannot write quorum
-// keys anyway) cannot make members obey a quorum.
-//
-// The signature covers the record's canonical bytes: its JSON object
-// without the "signature" member, members sorted by name, values as
-// written, after the context string "ftcomm-quorum-v1\n". Fields a newer
-// coordinator adds are covered too, and an older member still verifies
-// them. Safe for concurrent use.
+// keys anyway) cannot make members obey a quorum. The signature covers
+// the record's canonical bytes (CanonicalQuorum). Safe for concurrent use.
 type QuorumSigner struct {
 	key ed25519.PrivateKey
 	id  string
@@ -58,7 +58,7 @@ func NewQuorumSigner(seed []byte) (*QuorumSigner, error) {
 		return nil, fmt.Errorf("%w: membership: quorum signing key has %d bytes, want %d", comm.ErrInvalidArgument, len(seed), ed25519.SeedSize)
 	}
 	key := ed25519.NewKeyFromSeed(seed)
-	return &QuorumSigner{key: key, id: quorumKeyID(key.Public().(ed25519.PublicKey))}, nil
+	return &QuorumSigner{key: key, id: NewQuorumKey(key.Public().(ed25519.PublicKey)).ID}, nil
 }
 
 // GenerateQuorumSigner returns a signer with a fresh random key.
@@ -75,7 +75,7 @@ func (s *QuorumSigner) KeyID() string { return s.id }
 
 // PublicKey returns the key members verify with.
 func (s *QuorumSigner) PublicKey() QuorumKey {
-	return QuorumKey{ID: s.id, Ed25519: s.key.Public().(ed25519.PublicKey)}
+	return NewQuorumKey(s.key.Public().(ed25519.PublicKey))
 }
 
 // Verifier returns a verifier that trusts this signer's key.
@@ -89,7 +89,7 @@ func (s *QuorumSigner) Marshal(q Quorum) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	msg, _, err := canonicalQuorum(raw)
+	msg, _, err := CanonicalQuorum(raw)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +127,7 @@ func (v *QuorumVerifier) Keys() []string {
 // Verify decodes a quorum record and checks its signature; the error
 // wraps ErrForgedQuorum when the record is not signed by a trusted key.
 func (v *QuorumVerifier) Verify(raw []byte) (Quorum, error) {
-	msg, sig, err := canonicalQuorum(raw)
+	msg, sig, err := CanonicalQuorum(raw)
 	if err != nil {
 		return Quorum{}, err
 	}
@@ -150,9 +150,13 @@ func (v *QuorumVerifier) Verify(raw []byte) (Quorum, error) {
 
 const quorumSigContext = "ftcomm-quorum-v1\n"
 
-// canonicalQuorum returns the bytes a quorum record's signature covers,
-// and the signature it carries (nil: none).
-func canonicalQuorum(raw []byte) (msg []byte, sig *QuorumSignature, err error) {
+// CanonicalQuorum returns the bytes a quorum record's signature covers,
+// and the signature the record carries (nil: none). The bytes are the
+// context string "ftcomm-quorum-v1\n" followed by the record's JSON object
+// without its "signature" member, members sorted by name, values as
+// written: fields a newer coordinator adds are covered too, and an older
+// member still verifies them.
+func CanonicalQuorum(raw []byte) (msg []byte, sig *QuorumSignature, err error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &fields); err != nil {
 		return nil, nil, fmt.Errorf("membership: quorum record: %w", err)

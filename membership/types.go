@@ -264,6 +264,10 @@ func (k Keys) root() string {
 	return strings.TrimSuffix(k.Root, "/")
 }
 
+// Prefix returns "<root>/" (DefaultRoot when Root is empty): every key of
+// the layout starts with it.
+func (k Keys) Prefix() string { return k.root() + "/" }
+
 func (k Keys) Job(job string) string         { return k.root() + "/" + job + "/" }
 func (k Keys) Members(job string) string     { return k.Job(job) + "members/" }
 func (k Keys) Member(job, id string) string  { return k.Members(job) + id }
@@ -296,12 +300,13 @@ func (k Keys) RendezvousPrefix(job string, e uint64) string {
 
 func epochKey(e uint64) string { return fmt.Sprintf("%020d", e) }
 
-// parseKey splits a key under the root into job, kind and rest:
+// Parse splits a key under the root into job, kind and rest:
 // "/ftcomm/j/members/a" → ("j", "members", "a"); a coordinator's key of a
 // job has its kind prefixed with "_": "/ftcomm/_coordinator/jobs/j/quorum"
 // → ("j", "_quorum", ""), ".../history/<e>" → ("j", "_history", "<e>").
-func (k Keys) parseKey(key string) (job, kind, rest string, ok bool) {
-	r := k.root() + "/"
+// ok is false for a key that is not a job's.
+func (k Keys) Parse(key string) (job, kind, rest string, ok bool) {
+	r := k.Prefix()
 	if !strings.HasPrefix(key, r) {
 		return "", "", "", false
 	}
