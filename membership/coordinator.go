@@ -192,6 +192,17 @@ func (c *Coordinator) GossipAddr() string {
 	return c.gsp.Addr()
 }
 
+// GossipStats returns the counters of the coordinator's gossip node
+// (zero without gossip, or before Run started it).
+func (c *Coordinator) GossipStats() GossipStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gsp == nil {
+		return GossipStats{}
+	}
+	return c.gsp.Stats()
+}
+
 // Status returns the leader's view of a job (ok false on a follower or
 // for an unknown job).
 func (c *Coordinator) Status(job string) (JobStatus, bool) {

@@ -966,18 +966,6 @@ func (m *Member) Close() error {
 	return nil
 }
 
-// crash stops the member as a killed process would: no key deletion, no
-// lease revocation, no gossip leave (for tests).
-func (m *Member) crash() {
-	m.closeOnce.Do(func() {
-		m.finish(fmt.Errorf("%w: member crashed", comm.ErrClosed))
-		if m.gsp != nil {
-			m.gsp.Close()
-		}
-		m.wg.Wait()
-	})
-}
-
 // waitNoticeAfter is how long an etcd call may wait before waitNotice
 // says what it waits for; waitNoticeEvery how often it says it again.
 const (
