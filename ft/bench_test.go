@@ -10,6 +10,7 @@ import (
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/inproc"
+	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -139,9 +140,9 @@ func BenchmarkDurableCommit(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer cli.Close()
-			ccfg := membership.DefaultCoordinatorConfig()
+			ccfg := coordinator.DefaultConfig()
 			ccfg.Client, ccfg.Quorum.JoinTimeout = cli, 200*time.Millisecond
-			coord, err := membership.NewCoordinator(ccfg)
+			coord, err := coordinator.New(ccfg)
 			if err != nil {
 				b.Fatal(err)
 			}

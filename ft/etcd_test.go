@@ -13,6 +13,7 @@ import (
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/inproc"
+	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -21,7 +22,7 @@ import (
 type etcdJob struct {
 	t       *testing.T
 	etcd    *membership.Embedded
-	coord   *membership.Coordinator
+	coord   *coordinator.Coordinator
 	stopC   context.CancelFunc
 	coordWG sync.WaitGroup
 	ledger  *ledger
@@ -51,10 +52,10 @@ func (j *etcdJob) startCoordinator() {
 	if err != nil {
 		j.t.Fatal(err)
 	}
-	cfg := membership.DefaultCoordinatorConfig()
+	cfg := coordinator.DefaultConfig()
 	cfg.Client, cfg.Quorum.JoinTimeout, cfg.SessionTTL = cli, 300*time.Millisecond, 2*time.Second
 	cfg.Logger = zaptest.NewLogger(j.t).Named("coordinator")
-	c, err := membership.NewCoordinator(cfg)
+	c, err := coordinator.New(cfg)
 	if err != nil {
 		j.t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/ftcomm/ftcomm/backends/gloo"
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -172,14 +173,14 @@ func newProcJobAt(t *testing.T, clientAddr string, withGossip bool) *procJob {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := membership.DefaultCoordinatorConfig()
+	cfg := coordinator.DefaultConfig()
 	cfg.Client, cfg.Quorum.JoinTimeout, cfg.SessionTTL = cli, 500*time.Millisecond, 2*time.Second
 	if withGossip {
 		gossip := membership.DefaultGossipConfig()
 		cfg.Gossip = &gossip
 	}
 	cfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Named("coordinator")
-	coord, err := membership.NewCoordinator(cfg)
+	coord, err := coordinator.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -24,9 +25,9 @@ func Example() {
 		panic(err)
 	}
 
-	cc := membership.DefaultCoordinatorConfig()
+	cc := coordinator.DefaultConfig()
 	cc.Client = cli
-	coord, err := membership.NewCoordinator(cc)
+	coord, err := coordinator.New(cc)
 	if err != nil {
 		panic(err)
 	}

@@ -3,14 +3,11 @@ package membership
 import (
 	"bytes"
 	"crypto/ed25519"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-
-	"github.com/ftcomm/ftcomm/comm"
 )
 
 // ErrForgedQuorum: a quorum record is not signed by a coordinator key the
@@ -40,61 +37,6 @@ func NewQuorumKey(pub ed25519.PublicKey) QuorumKey {
 func quorumKeyID(pub ed25519.PublicKey) string {
 	sum := sha256.Sum256(pub)
 	return hex.EncodeToString(sum[:8])
-}
-
-// QuorumSigner signs the quorums a coordinator publishes, so that members
-// act only on quorums a coordinator holding the key wrote: a stranger who
-// can write etcd (or a trainer's credentials, which cannot write quorum
-// keys anyway) cannot make members obey a quorum. The signature covers
-// the record's canonical bytes (CanonicalQuorum). Safe for concurrent use.
-type QuorumSigner struct {
-	key ed25519.PrivateKey
-	id  string
-}
-
-// NewQuorumSigner returns the signer of an ed25519 seed (32 bytes).
-func NewQuorumSigner(seed []byte) (*QuorumSigner, error) {
-	if len(seed) != ed25519.SeedSize {
-		return nil, fmt.Errorf("%w: membership: quorum signing key has %d bytes, want %d", comm.ErrInvalidArgument, len(seed), ed25519.SeedSize)
-	}
-	key := ed25519.NewKeyFromSeed(seed)
-	return &QuorumSigner{key: key, id: NewQuorumKey(key.Public().(ed25519.PublicKey)).ID}, nil
-}
-
-// GenerateQuorumSigner returns a signer with a fresh random key.
-func GenerateQuorumSigner() (*QuorumSigner, error) {
-	seed := make([]byte, ed25519.SeedSize)
-	if _, err := rand.Read(seed); err != nil {
-		return nil, fmt.Errorf("membership: generate quorum signing key: %w", err)
-	}
-	return NewQuorumSigner(seed)
-}
-
-// KeyID names the signer's key.
-func (s *QuorumSigner) KeyID() string { return s.id }
-
-// PublicKey returns the key members verify with.
-func (s *QuorumSigner) PublicKey() QuorumKey {
-	return NewQuorumKey(s.key.Public().(ed25519.PublicKey))
-}
-
-// Verifier returns a verifier that trusts this signer's key.
-func (s *QuorumSigner) Verifier() *QuorumVerifier { return NewQuorumVerifier(s.PublicKey()) }
-
-// Marshal returns q's record, signed (any signature q carries is
-// replaced).
-func (s *QuorumSigner) Marshal(q Quorum) ([]byte, error) {
-	q.Signature = nil
-	raw, err := json.Marshal(q)
-	if err != nil {
-		return nil, err
-	}
-	msg, _, err := CanonicalQuorum(raw)
-	if err != nil {
-		return nil, err
-	}
-	q.Signature = &QuorumSignature{KeyID: s.id, Ed25519: ed25519.Sign(s.key, msg)}
-	return json.Marshal(q)
 }
 
 // QuorumVerifier checks quorum records against trusted coordinator keys.

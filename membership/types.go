@@ -19,19 +19,9 @@ var (
 	// dashboard or API, declared dead by gossip, or its lease expired);
 	// rejoin as a new incarnation.
 	ErrEvicted = errors.New("membership: member evicted")
-	// ErrNotLeader: a coordinator lost (or never had) leadership while
-	// writing; its write was refused by the fence.
-	ErrNotLeader = errors.New("membership: not the coordinator leader")
-	// ErrNoQuorum: no quorum has been published for the job yet.
-	ErrNoQuorum = errors.New("membership: no quorum published")
-	// ErrNotFound: no such job or member.
-	ErrNotFound = errors.New("membership: not found")
 	// ErrKeptOut: the member id was evicted and may not register again
 	// yet; found inside a *KeptOutError.
 	ErrKeptOut = errors.New("membership: evicted member kept out")
-	// ErrKeyMismatch: coordinators of one root sign quorums with
-	// different keys (or some sign and some do not).
-	ErrKeyMismatch = errors.New("membership: coordinators sign quorums with different keys")
 )
 
 // DuplicateMemberError tells who holds a member id that Join wanted.
@@ -103,6 +93,15 @@ func (h *Health) UnmarshalText(b []byte) error {
 		return fmt.Errorf("%w: membership: unknown health %q", comm.ErrInvalidArgument, b)
 	}
 	return nil
+}
+
+// KeepOut is the record that keeps an evicted member out, at
+// Keys.Evicted and bound to a lease that ends with it: the coordinator's
+// eviction writes it, and Join fails with a *KeptOutError while it
+// exists.
+type KeepOut struct {
+	By    string    `json:"by"`
+	Until time.Time `json:"until"`
 }
 
 // Participant is one member of a quorum.

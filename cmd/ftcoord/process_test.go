@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -268,7 +269,7 @@ func TestLeaderKillAmongThree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin := membership.NewAdmin(cli, "")
+	admin := coordinator.NewAdmin(cli, "")
 	leader, err := admin.Leader(ctx)
 	if err != nil {
 		t.Fatal(err)

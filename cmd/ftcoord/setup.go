@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -131,7 +132,7 @@ func (c *secretsConfig) validate() error {
 }
 
 func (c *secretsConfig) make(w io.Writer) error {
-	s, created, err := membership.LoadOrCreateCoordinatorSecrets(c.SecretsFile)
+	s, created, err := coordinator.LoadOrCreateSecrets(c.SecretsFile)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	_ "github.com/ftcomm/ftcomm/backends/gloo"
+	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/ft"
 	"github.com/ftcomm/ftcomm/ft/diloco"
 	"github.com/ftcomm/ftcomm/membership"
@@ -47,10 +48,10 @@ func newJob(t testing.TB, dcfg diloco.Config) *job {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc := membership.DefaultCoordinatorConfig()
+	cc := coordinator.DefaultConfig()
 	cc.Client, cc.Quorum.JoinTimeout, cc.SessionTTL = cli, 300*time.Millisecond, 2*time.Second
 	cc.Logger = zaptest.NewLogger(t).Named("coordinator")
-	coord, err := membership.NewCoordinator(cc)
+	coord, err := coordinator.New(cc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -59,7 +60,7 @@ func NewClient(t testing.TB, e *membership.Embedded) *clientv3.Client {
 type Job struct {
 	T      *testing.T
 	Etcd   *membership.Embedded
-	Coord  *membership.Coordinator
+	Coord  *coordinator.Coordinator
 	Client *clientv3.Client // a client of Etcd for the test's own reads and writes
 	Name   string           // the job ("job1")
 	Gossip *membership.GossipConfig
@@ -90,10 +91,10 @@ func StartJobTTL(t *testing.T, qc membership.QuorumConfig, gossip bool, sessionT
 
 // StartCoordinator runs another coordinator on the job's etcd until the
 // test ends; it may not lead.
-func (j *Job) StartCoordinator(name string, qc membership.QuorumConfig) *membership.Coordinator {
+func (j *Job) StartCoordinator(name string, qc membership.QuorumConfig) *coordinator.Coordinator {
 	t := j.T
 	t.Helper()
-	cfg := membership.DefaultCoordinatorConfig()
+	cfg := coordinator.DefaultConfig()
 	cfg.Client = NewClient(t, j.Etcd)
 	cfg.Name = name
 	cfg.Quorum = qc
@@ -101,7 +102,7 @@ func (j *Job) StartCoordinator(name string, qc membership.QuorumConfig) *members
 	cfg.Gossip = j.Gossip
 	cfg.Logger = zaptest.NewLogger(t).Named(name)
 	cfg.Registerer = prometheus.NewRegistry()
-	c, err := membership.NewCoordinator(cfg)
+	c, err := coordinator.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +111,7 @@ func (j *Job) StartCoordinator(name string, qc membership.QuorumConfig) *members
 }
 
 // Run runs c until the test ends.
-func Run(t testing.TB, c *membership.Coordinator) {
+func Run(t testing.TB, c *coordinator.Coordinator) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
@@ -121,7 +122,7 @@ func Run(t testing.TB, c *membership.Coordinator) {
 }
 
 // WaitLeader waits until c leads.
-func WaitLeader(t testing.TB, c *membership.Coordinator) {
+func WaitLeader(t testing.TB, c *coordinator.Coordinator) {
 	t.Helper()
 	select {
 	case <-c.Leading():

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -23,8 +24,8 @@ import (
 type SecureJob struct {
 	T      *testing.T
 	Etcd   *membership.Embedded
-	Signer *membership.QuorumSigner
-	Coord  *membership.Coordinator
+	Signer *coordinator.QuorumSigner
+	Coord  *coordinator.Coordinator
 	// CoordClient acts as the coordinators' etcd user.
 	CoordClient *clientv3.Client
 	// Trainer are the trainers' credentials, with the signer's key.
@@ -49,7 +50,7 @@ func StartSecureJob(t *testing.T) *SecureJob {
 	if !e.Secure() {
 		t.Fatal("not secure")
 	}
-	signer, err := membership.GenerateQuorumSigner()
+	signer, err := coordinator.GenerateQuorumSigner()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,12 +72,12 @@ func (sj *SecureJob) StartCoordinator(name string) {
 	t.Helper()
 	core, logs := observer.New(zapcore.InfoLevel)
 	sj.Logs = logs
-	cc := membership.DefaultCoordinatorConfig()
+	cc := coordinator.DefaultConfig()
 	cc.Client, cc.Name, cc.QuorumSigner = sj.CoordClient, name, sj.Signer
 	cc.SessionTTL = 2 * time.Second
 	cc.Logger = zap.New(zapcore.NewTee(core, zaptest.NewLogger(t).Core())).Named(name)
 	cc.Registerer = prometheus.NewRegistry()
-	c, err := membership.NewCoordinator(cc)
+	c, err := coordinator.New(cc)
 	if err != nil {
 		t.Fatal(err)
 	}

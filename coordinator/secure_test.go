@@ -1,4 +1,4 @@
-package membership_test
+package coordinator_test
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
 )
@@ -44,7 +45,7 @@ func TestForgedQuorumIgnoredAndRepaired(t *testing.T) {
 
 	// Forged records: unsigned; signed by another key; the real one
 	// altered; a real record of another job.
-	other, _ := membership.GenerateQuorumSigner()
+	other, _ := coordinator.GenerateQuorumSigner()
 	forged := q
 	forged.Epoch, forged.Participants, forged.Reason, forged.Signature = q.Epoch+1, q.Participants[:1], "forged", nil
 	unsigned, _ := json.Marshal(forged)
@@ -146,15 +147,15 @@ func TestForgedQuorumRepairedWithoutSignatures(t *testing.T) {
 // Coordinators that sign with different keys refuse to run side by side.
 func TestCoordinatorKeyMismatch(t *testing.T) {
 	sj := clustertest.StartSecureJob(t)
-	other, _ := membership.GenerateQuorumSigner()
-	cc := membership.DefaultCoordinatorConfig()
+	other, _ := coordinator.GenerateQuorumSigner()
+	cc := coordinator.DefaultConfig()
 	cc.Client, cc.Name, cc.QuorumSigner = sj.CoordClient, "c-other", other
-	c, err := membership.NewCoordinator(cc)
+	c, err := coordinator.New(cc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = c.Run(clustertest.Ctx(t, 20*time.Second))
-	if !errors.Is(err, membership.ErrKeyMismatch) {
+	if !errors.Is(err, coordinator.ErrKeyMismatch) {
 		t.Fatalf("Run = %v, want ErrKeyMismatch", err)
 	}
 }

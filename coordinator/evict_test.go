@@ -1,4 +1,4 @@
-package membership_test
+package coordinator_test
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package membership
+package coordinator
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 // startLeader starts etcd and a coordinator, waits until it leads, and
@@ -20,11 +22,11 @@ import (
 func startLeader(t *testing.T) (*Coordinator, *clientv3.Client) {
 	t.Helper()
 	e := startEtcd(t)
-	cfg := DefaultCoordinatorConfig()
+	cfg := DefaultConfig()
 	cfg.Client, cfg.Name, cfg.SessionTTL = newClient(t, e), "c0", 2*time.Second
 	cfg.Logger = zaptest.NewLogger(t).Named("c0")
 	cfg.Registerer = prometheus.NewRegistry()
-	c, err := NewCoordinator(cfg)
+	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +48,7 @@ func TestFencedPublish(t *testing.T) {
 	const job = "job1"
 	l := &leadership{c: coord, fenceKey: coord.keys.Election() + "/stale", fenceRev: 1, jobs: map[string]*jobState{}}
 	j := l.job(job)
-	d := Decision{Quorum: &Quorum{Job: job, Epoch: 7}}
+	d := membership.Decision{Quorum: &membership.Quorum{Job: job, Epoch: 7}}
 	err := l.publish(testCtx(t, 5*time.Second), job, j, d)
 	if !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("stale publish = %v", err)
@@ -60,7 +62,7 @@ func TestFencedPublish(t *testing.T) {
 // one) are its own, not a foreign write: no false alarm, no repair.
 func TestOwnLateQuorumEventIsNotForeign(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
-	c := &Coordinator{keys: Keys{}, lg: zap.New(core), cfg: DefaultCoordinatorConfig()}
+	c := &Coordinator{keys: membership.Keys{}, lg: zap.New(core), cfg: DefaultConfig()}
 	m, err := newCoordMetrics(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +71,7 @@ func TestOwnLateQuorumEventIsNotForeign(t *testing.T) {
 	l := &leadership{c: c, jobs: map[string]*jobState{}}
 	j := l.job("j")
 	j.quorumRev = 20 // the leader's newest write
-	key := []byte(Keys{}.Quorum("j"))
+	key := []byte(membership.Keys{}.Quorum("j"))
 	l.apply(time.Now(), &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: key, Value: []byte(`{}`), ModRevision: 17}})
 	if j.foreign != nil || logs.Len() != 0 {
 		t.Fatalf("own write at 17 taken as foreign: %+v %v", j.foreign, logs.All())

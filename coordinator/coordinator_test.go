@@ -1,4 +1,4 @@
-package membership_test
+package coordinator_test
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
 )
@@ -44,11 +45,11 @@ func TestCoordinatorFormsQuorumAndMembersLeave(t *testing.T) {
 		t.Fatalf("revocation %+v %v", r, ok)
 	}
 	// Admin sees the same.
-	v, err := membership.NewAdmin(tj.Client, "").Job(clustertest.Ctx(t, 5*time.Second), tj.Name)
+	v, err := coordinator.NewAdmin(tj.Client, "").Job(clustertest.Ctx(t, 5*time.Second), tj.Name)
 	if err != nil || v.Quorum.Epoch != q2.Epoch || len(v.Members) != 2 {
 		t.Fatalf("admin view %+v, %v", v, err)
 	}
-	h, err := membership.NewAdmin(tj.Client, "").History(clustertest.Ctx(t, 5*time.Second), tj.Name, 10)
+	h, err := coordinator.NewAdmin(tj.Client, "").History(clustertest.Ctx(t, 5*time.Second), tj.Name, 10)
 	if err != nil || len(h) != int(q2.Epoch) || h[0].Epoch != q2.Epoch {
 		t.Fatalf("history %+v, %v", h, err)
 	}
@@ -107,7 +108,7 @@ func TestEvict(t *testing.T) {
 	if q2.Reason != "b evicted by test" {
 		t.Fatalf("reason %q", q2.Reason)
 	}
-	if err := tj.Coord.Evict(ctx, tj.Name, "b", "test"); !errors.Is(err, membership.ErrNotFound) {
+	if err := tj.Coord.Evict(ctx, tj.Name, "b", "test"); !errors.Is(err, coordinator.ErrNotFound) {
 		t.Fatalf("second evict = %v", err)
 	}
 	if err := b.RequestQuorum(ctx, false); !errors.Is(err, membership.ErrEvicted) {
@@ -163,13 +164,13 @@ func TestCoordinatorManyJobs(t *testing.T) {
 	}
 	clustertest.WaitQuorum(t, a1, q1.Epoch, "a")
 	// beta is untouched, in etcd and in its members' views.
-	if q, err := membership.NewAdmin(tj.Client, "").Quorum(clustertest.Ctx(t, 5*time.Second), "beta"); err != nil || q.Epoch != q2.Epoch {
+	if q, err := coordinator.NewAdmin(tj.Client, "").Quorum(clustertest.Ctx(t, 5*time.Second), "beta"); err != nil || q.Epoch != q2.Epoch {
 		t.Fatalf("beta's stored quorum: epoch %d (%v), want %d", q.Epoch, err, q2.Epoch)
 	}
 	if q, _ := b2.Quorum(); q.Epoch != q2.Epoch {
 		t.Fatalf("beta moved to epoch %d", q.Epoch)
 	}
-	jobs, err := membership.NewAdmin(tj.Client, "").Jobs(clustertest.Ctx(t, 5*time.Second))
+	jobs, err := coordinator.NewAdmin(tj.Client, "").Jobs(clustertest.Ctx(t, 5*time.Second))
 	if err != nil || len(jobs) != 2 || jobs[0].Job != "alpha" || jobs[0].Members != 1 || jobs[1].Members != 2 {
 		t.Fatalf("jobs %+v, %v", jobs, err)
 	}
