@@ -7,7 +7,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/etcdhost"
 )
 
 // The tests of this package that need its internals cannot use
@@ -15,11 +15,11 @@ import (
 
 // startEtcd starts a single-member embedded etcd for one test and stops it
 // when the test ends.
-func startEtcd(t testing.TB) *membership.Embedded {
+func startEtcd(t testing.TB) *etcdhost.Embedded {
 	t.Helper()
-	cfg := membership.DefaultEmbeddedConfig()
+	cfg := etcdhost.DefaultEmbeddedConfig()
 	cfg.UnsafeNoFsync = true
-	e, err := membership.StartEmbedded(testCtx(t, 30*time.Second), cfg)
+	e, err := etcdhost.StartEmbedded(testCtx(t, 30*time.Second), cfg)
 	if err != nil {
 		t.Fatalf("start etcd: %v", err)
 	}
@@ -28,7 +28,7 @@ func startEtcd(t testing.TB) *membership.Embedded {
 }
 
 // newClient returns a fresh client of e closed when the test ends.
-func newClient(t testing.TB, e *membership.Embedded) *clientv3.Client {
+func newClient(t testing.TB, e *etcdhost.Embedded) *clientv3.Client {
 	t.Helper()
 	cli, err := e.NewClient(nil)
 	if err != nil {

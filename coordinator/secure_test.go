@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
 )
@@ -33,7 +34,7 @@ func TestForgedQuorumIgnoredAndRepaired(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := resp.Kvs[0].Value
-	rootCreds, err := sj.Etcd.Credentials(membership.EtcdUserRoot)
+	rootCreds, err := sj.Etcd.Credentials(etcdhost.UserRoot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func TestForgedQuorumIgnoredAndRepaired(t *testing.T) {
 // the deletion (the leader's own) raises no second alarm.
 func TestForgedQuorumOfUnknownJobDeleted(t *testing.T) {
 	sj := clustertest.StartSecureJob(t)
-	rootCreds, err := sj.Etcd.Credentials(membership.EtcdUserRoot)
+	rootCreds, err := sj.Etcd.Credentials(etcdhost.UserRoot)
 	if err != nil {
 		t.Fatal(err)
 	}

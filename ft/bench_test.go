@@ -11,6 +11,7 @@ import (
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/inproc"
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -130,7 +131,7 @@ func BenchmarkDurableCommit(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			e, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{})
+			e, err := etcdhost.StartEmbedded(ctx, etcdhost.EmbeddedConfig{})
 			if err != nil {
 				b.Fatal(err)
 			}

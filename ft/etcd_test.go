@@ -14,6 +14,7 @@ import (
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/inproc"
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -21,7 +22,7 @@ import (
 // Coordinator, in one process.
 type etcdJob struct {
 	t       *testing.T
-	etcd    *membership.Embedded
+	etcd    *etcdhost.Embedded
 	coord   *coordinator.Coordinator
 	stopC   context.CancelFunc
 	coordWG sync.WaitGroup
@@ -32,7 +33,7 @@ type etcdJob struct {
 func newEtcdJob(t *testing.T, backend string, backendConfig any) *etcdJob {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{})
+	e, err := etcdhost.StartEmbedded(ctx, etcdhost.EmbeddedConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/ftcomm/ftcomm/backends/gloo"
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -164,7 +165,7 @@ func newProcJob(t *testing.T) *procJob { return newProcJobAt(t, "", true) }
 func newProcJobAt(t *testing.T, clientAddr string, withGossip bool) *procJob {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{ClientAddr: clientAddr})
+	e, err := etcdhost.StartEmbedded(ctx, etcdhost.EmbeddedConfig{ClientAddr: clientAddr})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -122,17 +122,6 @@ func (c *Credentials) Validate() error {
 	return nil
 }
 
-// Write stores the credentials at path, readable by the owner only.
-func (c *Credentials) Write(path string) error {
-	cc := *c
-	cc.Version = CredentialsVersion
-	b, err := json.MarshalIndent(cc, "", "  ")
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(path, append(b, '\n'), 0o600)
-}
-
 // TLS returns the client TLS configuration (nil when the credentials
 // hold neither a CA nor a client certificate).
 func (c *Credentials) TLS() (*tls.Config, error) {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -15,7 +16,7 @@ func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	etcd, err := membership.StartEmbedded(ctx, membership.DefaultEmbeddedConfig())
+	etcd, err := etcdhost.StartEmbedded(ctx, etcdhost.DefaultEmbeddedConfig())
 	if err != nil {
 		panic(err)
 	}

@@ -13,8 +13,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/internal/clustertest"
-	"github.com/ftcomm/ftcomm/membership"
 )
 
 var (
@@ -34,9 +34,9 @@ func TestLeaseScale(t *testing.T) {
 		t.Skip("lease scale test: enable with -membership.leases=2000")
 	}
 	ctx := clustertest.Ctx(t, *leaseFor+5*time.Minute)
-	cfg := membership.DefaultEmbeddedConfig()
+	cfg := etcdhost.DefaultEmbeddedConfig()
 	cfg.Dir = t.TempDir() // on disk, fsync on: what ftcoord runs
-	e, err := membership.StartEmbedded(ctx, cfg)
+	e, err := etcdhost.StartEmbedded(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,8 +63,8 @@
 //
 // With -etcd (an external cluster) the operator secures etcd: -etcd-cacert,
 // -etcd-cert/-etcd-key or -etcd-user/-etcd-password reach it;
-// membership.ConfigureAuth (run once as etcd's root) creates ftcomm's roles,
-// or see membership.AuthRanges for the key ranges to grant with etcdctl.
+// etcdhost.ConfigureAuth (run once as etcd's root) creates ftcomm's roles,
+// or see etcdhost.AuthRanges for the key ranges to grant with etcdctl.
 // The trainers' identity (-trainer-etcd-cert/-key, -trainer-etcd-user/
 // -password) goes into the credentials file written to -data-dir with the
 // CA, the endpoints, the quorum key and the gossip key. Instances of one

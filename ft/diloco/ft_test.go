@@ -14,6 +14,7 @@ import (
 
 	_ "github.com/ftcomm/ftcomm/backends/gloo"
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/ft"
 	"github.com/ftcomm/ftcomm/ft/diloco"
 	"github.com/ftcomm/ftcomm/membership"
@@ -27,7 +28,7 @@ import (
 
 type job struct {
 	t      testing.TB
-	etcd   *membership.Embedded
+	etcd   *etcdhost.Embedded
 	cfg    ft.Config
 	dcfg   diloco.Config
 	n      int // parameters
@@ -39,7 +40,7 @@ type job struct {
 func newJob(t testing.TB, dcfg diloco.Config) *job {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{})
+	e, err := etcdhost.StartEmbedded(ctx, etcdhost.EmbeddedConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -32,11 +33,11 @@ func Ctx(t testing.TB, d time.Duration) context.Context {
 
 // StartEtcd starts a single-member embedded etcd (no fsync) for one test
 // and stops it when the test ends.
-func StartEtcd(t testing.TB) *membership.Embedded {
+func StartEtcd(t testing.TB) *etcdhost.Embedded {
 	t.Helper()
-	cfg := membership.DefaultEmbeddedConfig()
+	cfg := etcdhost.DefaultEmbeddedConfig()
 	cfg.UnsafeNoFsync = true
-	e, err := membership.StartEmbedded(Ctx(t, 30*time.Second), cfg)
+	e, err := etcdhost.StartEmbedded(Ctx(t, 30*time.Second), cfg)
 	if err != nil {
 		t.Fatalf("start etcd: %v", err)
 	}
@@ -45,7 +46,7 @@ func StartEtcd(t testing.TB) *membership.Embedded {
 }
 
 // NewClient returns a fresh client of e, closed when the test ends.
-func NewClient(t testing.TB, e *membership.Embedded) *clientv3.Client {
+func NewClient(t testing.TB, e *etcdhost.Embedded) *clientv3.Client {
 	t.Helper()
 	cli, err := e.NewClient(nil)
 	if err != nil {
@@ -59,7 +60,7 @@ func NewClient(t testing.TB, e *membership.Embedded) *clientv3.Client {
 // members of one job that Join adds.
 type Job struct {
 	T      *testing.T
-	Etcd   *membership.Embedded
+	Etcd   *etcdhost.Embedded
 	Coord  *coordinator.Coordinator
 	Client *clientv3.Client // a client of Etcd for the test's own reads and writes
 	Name   string           // the job ("job1")

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -23,7 +24,7 @@ import (
 // trainers' credentials.
 type SecureJob struct {
 	T      *testing.T
-	Etcd   *membership.Embedded
+	Etcd   *etcdhost.Embedded
 	Signer *coordinator.QuorumSigner
 	Coord  *coordinator.Coordinator
 	// CoordClient acts as the coordinators' etcd user.
@@ -40,9 +41,9 @@ type SecureJob struct {
 // leading coordinator "c0" that signs with a fresh key.
 func StartSecureJob(t *testing.T) *SecureJob {
 	t.Helper()
-	cfg := membership.DefaultEmbeddedConfig()
+	cfg := etcdhost.DefaultEmbeddedConfig()
 	cfg.Dir, cfg.UnsafeNoFsync, cfg.Secure = t.TempDir(), true, true
-	e, err := membership.StartEmbedded(Ctx(t, 60*time.Second), cfg)
+	e, err := etcdhost.StartEmbedded(Ctx(t, 60*time.Second), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +57,7 @@ func StartSecureJob(t *testing.T) *SecureJob {
 	}
 	sj := &SecureJob{T: t, Etcd: e, Signer: signer, Name: "job1"}
 	sj.CoordClient = NewClient(t, e)
-	sj.Trainer, err = e.Credentials(membership.EtcdUserTrainer)
+	sj.Trainer, err = e.Credentials(etcdhost.UserTrainer)
 	if err != nil {
 		t.Fatal(err)
 	}

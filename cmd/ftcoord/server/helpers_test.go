@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -24,7 +25,7 @@ func testCtx(t testing.TB, d time.Duration) context.Context {
 // liveCoordinator is an in-process ftcoord: embedded etcd, a leading
 // coordinator and the HTTP API on a free loopback port.
 type liveCoordinator struct {
-	etcd  *membership.Embedded
+	etcd  *etcdhost.Embedded
 	cli   *clientv3.Client
 	coord *coordinator.Coordinator
 	srv   *httptest.Server
@@ -34,9 +35,9 @@ type liveCoordinator struct {
 func startLiveCoordinator(t *testing.T, token string, gossip bool) *liveCoordinator {
 	t.Helper()
 	ctx := testCtx(t, 30*time.Second)
-	ec := membership.DefaultEmbeddedConfig()
+	ec := etcdhost.DefaultEmbeddedConfig()
 	ec.UnsafeNoFsync = true
-	e, err := membership.StartEmbedded(ctx, ec)
+	e, err := etcdhost.StartEmbedded(ctx, ec)
 	if err != nil {
 		t.Fatal(err)
 	}

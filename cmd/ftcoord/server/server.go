@@ -27,6 +27,7 @@ import (
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -241,7 +242,7 @@ func (c Config) Validate() error {
 type Server struct {
 	cfg      Config
 	lg       *zap.Logger
-	embedded *membership.Embedded
+	embedded *etcdhost.Embedded
 	cli      *clientv3.Client
 	coord    *coordinator.Coordinator
 	reg      *prometheus.Registry
@@ -312,27 +313,27 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	clientLog := lg.Named("etcd-client").WithOptions(zap.IncreaseLevel(zapcore.WarnLevel))
 	var trainer *membership.Credentials
 	if len(cfg.Etcd) == 0 {
-		ec := membership.DefaultEmbeddedConfig()
+		ec := etcdhost.DefaultEmbeddedConfig()
 		ec.Dir, ec.Name, ec.Logger = cfg.DataDir, cfg.Name, lg
 		ec.UnsafeNoFsync = cfg.UnsafeNoFsync
 		ec.Secure, ec.CertHosts, ec.AdvertiseClientAddr, ec.Root = secure, cfg.EtcdCertHosts, cfg.EtcdAdvertiseAddr, cfg.Root
 		ec.ClientAddr, ec.PeerAddr = cfg.EtcdClientAddr, cfg.EtcdPeerAddr
 		sctx, cancel := context.WithTimeout(ctx, time.Minute)
-		s.embedded, err = membership.StartEmbedded(sctx, ec)
+		s.embedded, err = etcdhost.StartEmbedded(sctx, ec)
 		cancel()
 		if err != nil {
 			return nil, err
 		}
 		lg.Info("embedded etcd running", zap.Strings("endpoints", s.embedded.Endpoints()), zap.String("data-dir", cfg.DataDir),
 			zap.Bool("tls", s.embedded.Secure()))
-		own, err := s.embedded.Credentials(membership.EtcdUserCoordinator)
+		own, err := s.embedded.Credentials(etcdhost.UserCoordinator)
 		if err != nil {
 			return nil, err
 		}
 		if ccfg, err = own.ClientConfig(nil, clientLog); err != nil {
 			return nil, err
 		}
-		if trainer, err = s.embedded.Credentials(membership.EtcdUserTrainer); err != nil {
+		if trainer, err = s.embedded.Credentials(etcdhost.UserTrainer); err != nil {
 			return nil, err
 		}
 	} else {
@@ -370,7 +371,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			trainer.QuorumKeys = []membership.QuorumKey{signer.PublicKey()}
 		}
 		trainer.GossipKey = gossipKey
-		if err := trainer.Write(s.creds); err != nil {
+		if err := etcdhost.WriteCredentials(s.creds, trainer); err != nil {
 			return nil, err
 		}
 		lg.Info("trainer credentials written: give trainers this file ("+membership.CredentialsEnv+"=<file>, or ft.Config.Credentials)",

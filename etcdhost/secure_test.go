@@ -1,4 +1,4 @@
-package membership_test
+package etcdhost_test
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
 )
@@ -106,7 +107,7 @@ func TestCredentialsFile(t *testing.T) {
 	sj := clustertest.StartSecureJob(t)
 	sj.Trainer.GossipKey = bytes.Repeat([]byte{7}, 32)
 	path := filepath.Join(t.TempDir(), "creds.json")
-	if err := sj.Trainer.Write(path); err != nil {
+	if err := etcdhost.WriteCredentials(path, sj.Trainer); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv(membership.CredentialsEnv, path)
@@ -145,9 +146,9 @@ func TestCredentialsFile(t *testing.T) {
 	sj.Stop()
 	dir := sj.Etcd.Dir()
 	sj.Etcd.Close()
-	cfg := membership.DefaultEmbeddedConfig()
+	cfg := etcdhost.DefaultEmbeddedConfig()
 	cfg.Dir = dir
-	if _, err := membership.StartEmbedded(clustertest.Ctx(t, 10*time.Second), cfg); err == nil || !strings.Contains(err.Error(), "secured") {
+	if _, err := etcdhost.StartEmbedded(clustertest.Ctx(t, 10*time.Second), cfg); err == nil || !strings.Contains(err.Error(), "secured") {
 		t.Fatalf("insecure start on a secured directory: %v", err)
 	}
 }
