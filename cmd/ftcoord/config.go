@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ftcomm/ftcomm/cmd/ftcoord/server"
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/coordinator/server"
 	"github.com/ftcomm/ftcomm/membership"
 )
 

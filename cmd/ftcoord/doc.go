@@ -1,5 +1,5 @@
 // Command ftcoord is the ftcomm coordinator service: it forms and publishes
-// the quorums of every job (package membership), and serves a JSON API, a
+// the quorums of every job (package coordinator), and serves a JSON API, a
 // live dashboard, Prometheus metrics and a health check.
 //
 //	ftcoord serve                          # embedded single-node etcd in ./ftcoord-data, secured
@@ -115,7 +115,7 @@
 // ftcomm_coordinator_publish_seconds, and
 // ftcomm_coordinator_build_info{version,revision,goversion} (1).
 //
-// The service itself is package server (cmd/ftcoord/server), so that
+// The service itself is package server (coordinator/server), so that
 // another program can run an embedded ftcoord with its dashboard in
 // process; this command adds flags, signals and the status CLI.
 //

@@ -15,8 +15,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/ftcomm/ftcomm/cmd/ftcoord/server"
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/coordinator/server"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
