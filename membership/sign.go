@@ -16,7 +16,7 @@ import (
 var ErrForgedQuorum = errors.New("membership: quorum not signed by a trusted coordinator key")
 
 // QuorumSignature is an ed25519 signature over a quorum record's
-// canonical bytes (see QuorumSigner).
+// canonical bytes (see CanonicalQuorum).
 type QuorumSignature struct {
 	KeyID   string `json:"keyId"`
 	Ed25519 []byte `json:"ed25519"`

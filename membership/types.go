@@ -142,7 +142,7 @@ type Quorum struct {
 	// here, once, from the reports, and every rank follows it.
 	Base uint64 `json:"base,omitempty"`
 	// Signature, when the coordinator signs its quorums
-	// (CoordinatorConfig.QuorumSigner), proves that a coordinator holding
+	// (coordinator.Config.QuorumSigner), proves that a coordinator holding
 	// the key published this record; members with a QuorumVerifier act
 	// on no other.
 	Signature *QuorumSignature `json:"signature,omitempty"`
@@ -249,8 +249,8 @@ func checkName(kind, s string) error {
 // What members write lives under <root>/<job>/; what only coordinators
 // write lives under <root>/_coordinator/ (job names cannot start with
 // '_'), so that one pair of key ranges grants it in etcd's role-based
-// access control (see ConfigureAuth). Epochs and steps in keys are
-// zero-padded to 20 digits so they sort.
+// access control (see etcdhost.ConfigureAuth). Epochs and steps in keys
+// are zero-padded to 20 digits so they sort.
 type Keys struct{ Root string }
 
 // DefaultRoot is the key prefix when none is configured.
