@@ -10,6 +10,8 @@ import (
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/inproc"
+	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -129,7 +131,7 @@ func BenchmarkDurableCommit(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			e, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{})
+			e, err := etcdhost.StartEmbedded(ctx, etcdhost.EmbeddedConfig{})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -139,9 +141,9 @@ func BenchmarkDurableCommit(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer cli.Close()
-			ccfg := membership.DefaultCoordinatorConfig()
+			ccfg := coordinator.DefaultConfig()
 			ccfg.Client, ccfg.Quorum.JoinTimeout = cli, 200*time.Millisecond
-			coord, err := membership.NewCoordinator(ccfg)
+			coord, err := coordinator.New(ccfg)
 			if err != nil {
 				b.Fatal(err)
 			}

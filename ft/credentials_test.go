@@ -8,8 +8,8 @@ import (
 	"time"
 
 	_ "github.com/ftcomm/ftcomm/backends/gloo"
-	"github.com/ftcomm/ftcomm/cmd/ftcoord/server"
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/coordinator/server"
 	"github.com/ftcomm/ftcomm/ft"
 	"github.com/ftcomm/ftcomm/membership"
 )

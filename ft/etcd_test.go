@@ -13,6 +13,8 @@ import (
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/inproc"
+	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -20,8 +22,8 @@ import (
 // Coordinator, in one process.
 type etcdJob struct {
 	t       *testing.T
-	etcd    *membership.Embedded
-	coord   *membership.Coordinator
+	etcd    *etcdhost.Embedded
+	coord   *coordinator.Coordinator
 	stopC   context.CancelFunc
 	coordWG sync.WaitGroup
 	ledger  *ledger
@@ -31,7 +33,7 @@ type etcdJob struct {
 func newEtcdJob(t *testing.T, backend string, backendConfig any) *etcdJob {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{})
+	e, err := etcdhost.StartEmbedded(ctx, etcdhost.EmbeddedConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,10 +53,10 @@ func (j *etcdJob) startCoordinator() {
 	if err != nil {
 		j.t.Fatal(err)
 	}
-	cfg := membership.DefaultCoordinatorConfig()
+	cfg := coordinator.DefaultConfig()
 	cfg.Client, cfg.Quorum.JoinTimeout, cfg.SessionTTL = cli, 300*time.Millisecond, 2*time.Second
 	cfg.Logger = zaptest.NewLogger(j.t).Named("coordinator")
-	c, err := membership.NewCoordinator(cfg)
+	c, err := coordinator.New(cfg)
 	if err != nil {
 		j.t.Fatal(err)
 	}

@@ -25,6 +25,8 @@ import (
 
 	"github.com/ftcomm/ftcomm/backends/gloo"
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -163,7 +165,7 @@ func newProcJob(t *testing.T) *procJob { return newProcJobAt(t, "", true) }
 func newProcJobAt(t *testing.T, clientAddr string, withGossip bool) *procJob {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{ClientAddr: clientAddr})
+	e, err := etcdhost.StartEmbedded(ctx, etcdhost.EmbeddedConfig{ClientAddr: clientAddr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,14 +174,14 @@ func newProcJobAt(t *testing.T, clientAddr string, withGossip bool) *procJob {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := membership.DefaultCoordinatorConfig()
+	cfg := coordinator.DefaultConfig()
 	cfg.Client, cfg.Quorum.JoinTimeout, cfg.SessionTTL = cli, 500*time.Millisecond, 2*time.Second
 	if withGossip {
 		gossip := membership.DefaultGossipConfig()
 		cfg.Gossip = &gossip
 	}
 	cfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Named("coordinator")
-	coord, err := membership.NewCoordinator(cfg)
+	coord, err := coordinator.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,21 +1,24 @@
-// Package membership is ftcomm's membership service: who takes part in
-// each epoch of a job, decided by a coordinator and kept in etcd.
+// Package membership is what a trainer links to take part in ftcomm's
+// jobs: the member client, the quorum state machine, and the records and
+// key layout it shares with the coordinator (package coordinator), which
+// decides who takes part in each epoch and publishes it in etcd. It links
+// neither etcd's server (package etcdhost) nor the coordinator.
 //
 // # Pieces
 //
+//   - Member (Join): one member of a job (for ft.Comm, one replica
+//     group's leader).
+//   - Machine: the quorum state machine, pure (no I/O, time as input);
+//     the coordinator drives one per job.
+//   - Quorum, Revocation, MemberRecord, CommitRecord, KeepOut: the
+//     records in etcd; Keys: where they live.
 //   - Store: an etcd comm.Store for rendezvous (NewStore; Member.Store
 //     gives one per epoch).
-//   - Embedded, EmbeddedCluster: etcd inside the process on free loopback
-//     ports, for tests, tools and the default ftcoord.
-//   - Machine: the quorum state machine, pure (no I/O, time as input).
-//   - Member: one member of a job (for ft.Comm, one replica group's leader).
-//   - Coordinator: forms and publishes the quorums of every job; several
-//     instances elect one leader through etcd.
 //   - Gossip: SWIM failure detection (hashicorp/memberlist) among members
 //     and coordinators.
-//   - Admin: read and manage jobs through etcd (the ftcoord API uses it).
-//   - Credentials, CoordinatorSecrets, QuorumSigner, QuorumVerifier,
-//     ConfigureAuth: the security of a deployment (below).
+//   - NewClient and ClientConfig: etcd clients with ftcomm's settings;
+//     Credentials and QuorumVerifier: a trainer's side of a secured
+//     deployment (below).
 //
 // # Keys
 //
@@ -28,53 +31,23 @@
 //
 // # Security
 //
-// The library's defaults are open, for tests and experiments: an
-// Embedded etcd serves plain TCP without authentication, quorums are not
-// signed, gossip is not encrypted. Anyone who reaches such an etcd can
-// rewrite a job. A deployment (`ftcoord serve` by default) turns on:
-//
-//   - EmbeddedConfig.Secure: etcd serves TLS and requires a client
-//     certificate of its own CA (made on first start in <dir>/pki, kept
-//     across restarts, leaf certificates renewed before they expire), and
-//     etcd's authentication with two roles (ConfigureAuth, AuthRanges):
-//     coordinators (user "ftcoord") read and write the root; trainers
-//     (user "trainer") read the root and write only under <root>/<job>/ —
-//     never quorums, history, keep-out records or the election. The
-//     certificate's common name is the etcd user. Embedded.Credentials
-//     hands out each user's.
-//   - CoordinatorConfig.QuorumSigner: every quorum carries an ed25519
-//     signature over its canonical bytes (QuorumSigner documents them).
-//     A member with MemberConfig.QuorumVerifier acts on no other record:
-//     an unsigned, altered or foreign-key quorum is logged ("ignored a
-//     quorum record") and ignored. The leader watches the quorum keys: a
-//     write that is not its own (its own are recognised by revision, so
-//     its writes seen late raise no alarm) is logged, counted
-//     (ftcomm_coordinator_foreign_quorum_writes_total) and undone at once
-//     — its record restored, or, without a signer (members cannot tell),
-//     its participants republished above the foreign epoch. A leader that
-//     loads a job trusts only a record signed with its key (without a
-//     signer: the one its history agrees with) and restores the newest
-//     trusted history entry otherwise. Coordinators publish their key ids
-//     and refuse to run beside an instance with another (ErrKeyMismatch).
-//   - GossipConfig.SecretKey: gossip is encrypted and authenticated, so
-//     a node without the key cannot join the cell and report deaths
-//     (a gossip death deletes a registration).
+// The library's defaults are open, for tests and experiments: quorums are
+// taken unverified and gossip is not encrypted. A deployment (`ftcoord
+// serve` by default) secures etcd with TLS, client certificates and etcd
+// roles under which trainers write only their jobs' keys (package
+// etcdhost), signs every quorum (coordinator.QuorumSigner) and encrypts
+// gossip. A member with MemberConfig.QuorumVerifier acts on no other
+// record: an unsigned, altered or foreign-key quorum is logged ("ignored
+// a quorum record") and ignored. GossipConfig.SecretKey encrypts and
+// authenticates gossip, so a node without the key cannot join the cell
+// and report deaths (a gossip death deletes a registration).
 //
 // Trainers get all they need in one file, Credentials (JSON, 0600):
 // endpoints, root, CA, client certificate and key (or etcd user and
 // password), quorum-verification keys, gossip key. LoadCredentials reads
 // it; the environment variable FTCOMM_CREDENTIALS (CredentialsEnv) names
 // it for ft.Config; Credentials.ClientConfig and ApplyMember configure a
-// client and a member from it. Coordinators keep the private keys in
-// CoordinatorSecrets (LoadOrCreateCoordinatorSecrets), shared by every
-// coordinator of a root.
-//
-// With an external etcd, secure it as etcd documents (TLS, client
-// certificates, authentication), then run ConfigureAuth once as etcd's
-// root for ftcomm's roles (or the etcdctl role and user commands with the
-// ranges of AuthRanges), and give the trainers' identity to ftcoord
-// (-trainer-etcd-cert/-key or -user/-password) so that it writes them
-// into their credentials file with the quorum and gossip keys.
+// client and a member from it.
 //
 // # Member lifecycle (what ft.Comm does)
 //
@@ -122,10 +95,10 @@
 // incarnation; a restarted process is always a new incarnation, and Join
 // fails with *DuplicateMemberError while the old one is alive (or waits
 // with WaitForDuplicate). An evicted member is kept out for a while
-// (Admin.EvictFor, CoordinatorConfig.EvictKeepOut, default 1 min): Join
-// fails with a *KeptOutError (errors.Is ErrKeptOut) that says by whom and
-// until when; the keep-out record is bound to an etcd lease and goes at
-// that time even without a coordinator.
+// (coordinator.Admin.EvictFor, coordinator.Config.EvictKeepOut, default
+// 1 min): Join fails with a *KeptOutError (errors.Is ErrKeptOut) that
+// says by whom and until when; the keep-out record is bound to an etcd
+// lease and goes at that time even without a coordinator.
 //
 // A member started before its coordinator says what it waits for (a
 // warning every few seconds naming the endpoints and why: connection
@@ -133,9 +106,10 @@
 // (0.5 s) of etcd being reachable: ClientConfig caps gRPC's reconnect
 // backoff, which otherwise grows to two minutes. Clients made by
 // ClientConfig reconnect as fast after an etcd restart, so a coordinator
-// restart faster than the members' lease TTL costs no epoch. Health Critical (e.g. a GPU XID fault reported
-// by the NCCL backend through the app) excludes the member from the next
-// quorum until it reports Healthy or Degraded; it stays registered.
+// restart faster than the members' lease TTL costs no epoch. Health
+// Critical (e.g. a GPU XID fault reported by the NCCL backend through the
+// app) excludes the member from the next quorum until it reports Healthy
+// or Degraded; it stays registered.
 //
 // # Quorum rules (Machine)
 //
@@ -146,18 +120,6 @@
 // have not asked); ShrinkOnly keeps joiners out while a participant holds
 // it; the epoch grows by one at every quorum, which is published only when
 // the participants change or the epoch failed.
-//
-// # Coordinator
-//
-// Run campaigns in an etcd election (concurrency.Election). The leader
-// reads every job under the root, then follows one watch on the root
-// (resuming from its revision; a compaction or broken watch makes it read
-// again) plus its gossip node's deaths, feeds the per-job Machines and
-// publishes each Decision in one Txn whose compares are the leader key's
-// create revision and the quorum key's mod revision: a deposed leader's
-// write fails (ErrNotLeader) and it campaigns again. On a gossip death the
-// leader also deletes the member's registration (fenced), so a restarted
-// process can register at once.
 //
 // # Failure detection
 //
@@ -176,19 +138,14 @@
 //
 // # Concurrency and goroutines
 //
-// Store, Admin, Member and Coordinator are safe for concurrent use;
-// Machine is not (the coordinator drives it from one goroutine). A Member
-// runs goroutines for lease renewal, the epoch watch, the watch of its own
-// key, heartbeats and gossip; they exit at Leave or Close, or soon after
-// the membership is lost (Close waits for them). Coordinator.Run's
-// goroutines exit before it returns. Gossip runs one event-forwarding
-// goroutine until Close, and one short-lived goroutine per leave-handshake
-// message it sends (Close waits for them). Embedded's etcd stops at Close, without waiting
-// for clients' watches and keepalives (they are ended first, as
-// Unavailable, and clients retry); its data directory is locked while it
-// runs, so a second server on it fails at once with ErrDataDirInUse
-// instead of waiting for etcd's database lock. Every call that
-// can block takes a ctx and ends at its deadline. The caller owns the etcd
-// clients it passes in and closes them after the members and
-// coordinators that use them.
+// Store, Member, Gossip and QuorumVerifier are safe for concurrent use;
+// Machine is not (its owner drives it from one goroutine). A Member runs
+// goroutines for lease renewal, the epoch watch, the watch of its own key,
+// heartbeats and gossip; they exit at Leave or Close, or soon after the
+// membership is lost (Close waits for them). Gossip runs one
+// event-forwarding goroutine until Close, and one short-lived goroutine
+// per leave-handshake message it sends (Close waits for them). Every call
+// that can block takes a ctx and ends at its deadline. The caller owns
+// the etcd clients it passes in and closes them after the members that
+// use them.
 package membership

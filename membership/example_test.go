@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -14,7 +16,7 @@ func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	etcd, err := membership.StartEmbedded(ctx, membership.DefaultEmbeddedConfig())
+	etcd, err := etcdhost.StartEmbedded(ctx, etcdhost.DefaultEmbeddedConfig())
 	if err != nil {
 		panic(err)
 	}
@@ -24,9 +26,9 @@ func Example() {
 		panic(err)
 	}
 
-	cc := membership.DefaultCoordinatorConfig()
+	cc := coordinator.DefaultConfig()
 	cc.Client = cli
-	coord, err := membership.NewCoordinator(cc)
+	coord, err := coordinator.New(cc)
 	if err != nil {
 		panic(err)
 	}

@@ -194,9 +194,16 @@ type Gossip struct {
 	deaths  atomic.Int64
 }
 
+// GossipNodeName is the gossip node name of a member registered under
+// lease: "<job>/<id>/<lease in hex>", unique per incarnation, so that a
+// coordinator maps a gossip death to the registration it ends.
+func GossipNodeName(job, id string, lease int64) string {
+	return job + "/" + id + "/" + strconv.FormatInt(lease, 16)
+}
+
 // StartGossip starts a node named name (unique in the cluster; ftcomm uses
-// "<job>/<member>/<incarnation>" and "_coordinator/<name>"). Join it to
-// others with Join.
+// GossipNodeName for members and "_coordinator/<name>" for coordinators).
+// Join it to others with Join.
 func StartGossip(name string, cfg GossipConfig) (*Gossip, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

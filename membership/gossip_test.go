@@ -211,3 +211,9 @@ func TestGossipKeyKeepsStrangersOut(t *testing.T) {
 		stranger.Close()
 	}
 }
+
+func testCtx(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/url"
 	"sort"
-	"strconv"
 	"sync"
 	"time"
 
@@ -184,8 +183,7 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		return nil, fmt.Errorf("membership: join %s/%s: keepalive: %w", cfg.Job, cfg.ID, err)
 	}
 	if cfg.Gossip != nil {
-		name := cfg.Job + "/" + cfg.ID + "/" + strconv.FormatInt(int64(lr.ID), 16)
-		if m.gsp, err = StartGossip(name, *cfg.Gossip); err != nil {
+		if m.gsp, err = StartGossip(GossipNodeName(cfg.Job, cfg.ID, int64(lr.ID)), *cfg.Gossip); err != nil {
 			return nil, err
 		}
 	}
@@ -966,18 +964,6 @@ func (m *Member) Close() error {
 	defer cancel()
 	m.Leave(ctx)
 	return nil
-}
-
-// crash stops the member as a killed process would: no key deletion, no
-// lease revocation, no gossip leave (for tests).
-func (m *Member) crash() {
-	m.closeOnce.Do(func() {
-		m.finish(fmt.Errorf("%w: member crashed", comm.ErrClosed))
-		if m.gsp != nil {
-			m.gsp.Close()
-		}
-		m.wg.Wait()
-	})
 }
 
 // waitNoticeAfter is how long an etcd call may wait before waitNotice

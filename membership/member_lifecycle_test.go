@@ -1,4 +1,4 @@
-package membership
+package membership_test
 
 import (
 	"context"
@@ -12,17 +12,20 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
+
+	"github.com/ftcomm/ftcomm/internal/clustertest"
+	"github.com/ftcomm/ftcomm/membership"
 )
 
-func joinLifecycle(t *testing.T, cli *clientv3.Client, id string) *Member {
+func joinLifecycle(t *testing.T, cli *clientv3.Client, id string) *membership.Member {
 	t.Helper()
-	cfg := DefaultMemberConfig()
+	cfg := membership.DefaultMemberConfig()
 	cfg.Client = cli
 	cfg.Job, cfg.ID, cfg.Addr = "job1", id, id+".example:1"
 	cfg.LeaseTTL = 2 * time.Second
 	cfg.HeartbeatInterval = 0
 	cfg.Logger = zaptest.NewLogger(t).Named(id)
-	m, err := Join(testCtx(t, 20*time.Second), cfg)
+	m, err := membership.Join(clustertest.Ctx(t, 20*time.Second), cfg)
 	if err != nil {
 		t.Fatalf("join %s: %v", id, err)
 	}
@@ -34,8 +37,8 @@ func joinLifecycle(t *testing.T, cli *clientv3.Client, id string) *Member {
 // the end included. Before, a channel asked for after the end (or while it
 // ended) was never closed.
 func TestRevokedAfterEnd(t *testing.T) {
-	e := startEtcd(t)
-	m := joinLifecycle(t, newClient(t, e), "m0")
+	e := clustertest.StartEtcd(t)
+	m := joinLifecycle(t, clustertest.NewClient(t, e), "m0")
 	before := m.Revoked(7)
 	m.Close()
 	select {
@@ -58,7 +61,7 @@ func TestRevokedAfterEnd(t *testing.T) {
 // until Leave's own put went through (the old order) or, when Leave waits
 // for it (the fixed order), for 500 ms.
 func TestLeaveAfterWriteInFlight(t *testing.T) {
-	e := startEtcd(t)
+	e := clustertest.StartEtcd(t)
 	var armed atomic.Bool
 	hbEntered, hbRelease, hbDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	putValue := func(req any) (string, bool) {
@@ -95,7 +98,7 @@ func TestLeaveAfterWriteInFlight(t *testing.T) {
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	cc := ClientConfig(e.Endpoints(), nil)
+	cc := membership.ClientConfig(e.Endpoints(), nil)
 	cc.DialOptions = append(cc.DialOptions, grpc.WithChainUnaryInterceptor(icpt))
 	cli, err := clientv3.New(cc)
 	if err != nil {
@@ -103,12 +106,12 @@ func TestLeaveAfterWriteInFlight(t *testing.T) {
 	}
 	defer cli.Close()
 	m := joinLifecycle(t, cli, "m0")
-	key := Keys{Root: DefaultRoot}.Member("job1", "m0")
+	key := membership.Keys{Root: membership.DefaultRoot}.Member("job1", "m0")
 	wctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	wch := newClient(t, e).Watch(wctx, key, clientv3.WithRev(m.Incarnation()+1), clientv3.WithPrevKV(), clientv3.WithFilterPut())
+	wch := clustertest.NewClient(t, e).Watch(wctx, key, clientv3.WithRev(m.Incarnation()+1), clientv3.WithPrevKV(), clientv3.WithFilterPut())
 
-	ctx := testCtx(t, 20*time.Second)
+	ctx := clustertest.Ctx(t, 20*time.Second)
 	armed.Store(true)
 	hb := make(chan error, 1)
 	go func() { hb <- m.Heartbeat(ctx) }()
@@ -119,7 +122,7 @@ func TestLeaveAfterWriteInFlight(t *testing.T) {
 	t.Logf("heartbeat: %v", <-hb)
 	for wr := range wch {
 		for _, ev := range wr.Events {
-			var r MemberRecord
+			var r membership.MemberRecord
 			json.Unmarshal(ev.PrevKv.Value, &r)
 			if !r.Leaving {
 				t.Fatalf("the member key was deleted with a record that does not say leaving (a heartbeat in flight overwrote Leave's): %s", ev.PrevKv.Value)

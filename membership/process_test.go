@@ -1,4 +1,4 @@
-package membership
+package membership_test
 
 import (
 	"bufio"
@@ -8,13 +8,15 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ftcomm/ftcomm/internal/clustertest"
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 // The test binary doubles as a member process (FTCOMM_TEST_MEMBER) and as a
@@ -36,23 +38,23 @@ func TestMain(m *testing.M) {
 // stats and leaves) or until its membership is lost (exit 3).
 func memberProcess() int {
 	env := os.Getenv
-	cli, err := NewClient(strings.Split(env("FTCOMM_TEST_ETCD"), ","), nil)
+	cli, err := membership.NewClient(strings.Split(env("FTCOMM_TEST_ETCD"), ","), nil)
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
 	}
 	defer cli.Close()
-	cfg := DefaultMemberConfig()
+	cfg := membership.DefaultMemberConfig()
 	cfg.Client, cfg.Job, cfg.ID = cli, env("FTCOMM_TEST_JOB"), env("FTCOMM_TEST_MEMBER")
 	cfg.Addr = cfg.ID + ":1"
 	cfg.WantQuorum = true
 	cfg.LeaseTTL, _ = time.ParseDuration(env("FTCOMM_TEST_TTL"))
 	if env("FTCOMM_TEST_GOSSIP") != "" {
-		g := DefaultGossipConfig()
+		g := membership.DefaultGossipConfig()
 		cfg.Gossip = &g
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	m, err := Join(ctx, cfg)
+	m, err := membership.Join(ctx, cfg)
 	cancel()
 	if err != nil {
 		fmt.Println("error", err)
@@ -64,8 +66,7 @@ func memberProcess() int {
 	for {
 		select {
 		case sig := <-term:
-			if m.gsp != nil {
-				s := m.gsp.Stats()
+			if s, ok := m.GossipStats(); ok {
 				fmt.Printf("stats suspicions=%d refutations=%d deaths=%d\n", s.Suspicions, s.Refutations, s.Deaths)
 			}
 			if sig == syscall.SIGUSR1 {
@@ -142,7 +143,7 @@ func startMemberProc(t testing.TB, etcd []string, job, id string, ttl time.Durat
 
 // gossipStats asks the process for its gossip counters (SIGUSR1) and
 // waits for the answer.
-func (p *memberProc) gossipStats(t testing.TB) GossipStats {
+func (p *memberProc) gossipStats(t testing.TB) membership.GossipStats {
 	t.Helper()
 	p.mu.Lock()
 	n := len(p.out)
@@ -168,8 +169,8 @@ func (p *memberProc) gossipStats(t testing.TB) GossipStats {
 	}
 }
 
-func parseStats(l string) (GossipStats, bool) {
-	var st GossipStats
+func parseStats(l string) (membership.GossipStats, bool) {
+	var st membership.GossipStats
 	s, ok := strings.CutPrefix(l, "stats ")
 	if !ok {
 		return st, false
@@ -190,19 +191,19 @@ var detectRounds = flag.Int("membership.detect.rounds", 1, "rounds of the SIGKIL
 // coordinator (a gossip node) publishes an epoch without them. The times
 // are reported, not asserted (targets: 1.5 s and 2 s).
 func TestProcessDeathDetection(t *testing.T) {
-	tj := startTestJob(t, QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, true)
-	long := func(c *MemberConfig) { c.LeaseTTL = 30 * time.Second } // gossip, not the lease, must find them
-	obs := tj.join("observer", long)
+	tj := clustertest.StartJob(t, membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, true)
+	long := func(c *membership.MemberConfig) { c.LeaseTTL = 30 * time.Second } // gossip, not the lease, must find them
+	obs := tj.Join("observer", long)
 	var kills, stops []time.Duration
 	for round := 0; round < *detectRounds; round++ {
 		cur, _ := obs.Quorum()
-		b := startMemberProc(t, tj.etcd.Endpoints(), tj.job, "b", 30*time.Second, true)
-		c := startMemberProc(t, tj.etcd.Endpoints(), tj.job, "c", 30*time.Second, true)
-		q := waitQuorum(t, obs, cur.Epoch, "observer", "b", "c")
+		b := startMemberProc(t, tj.Etcd.Endpoints(), tj.Name, "b", 30*time.Second, true)
+		c := startMemberProc(t, tj.Etcd.Endpoints(), tj.Name, "c", 30*time.Second, true)
+		q := clustertest.WaitQuorum(t, obs, cur.Epoch, "observer", "b", "c")
 
 		start := time.Now()
 		c.cmd.Process.Signal(syscall.SIGKILL)
-		q = waitQuorum(t, obs, q.Epoch, "observer", "b")
+		q = clustertest.WaitQuorum(t, obs, q.Epoch, "observer", "b")
 		kills = append(kills, time.Since(start))
 		if q.Reason != "c died (gossip)" {
 			t.Fatalf("reason %q", q.Reason)
@@ -210,7 +211,7 @@ func TestProcessDeathDetection(t *testing.T) {
 
 		start = time.Now()
 		b.cmd.Process.Signal(syscall.SIGSTOP)
-		q = waitQuorum(t, obs, q.Epoch, "observer")
+		q = clustertest.WaitQuorum(t, obs, q.Epoch, "observer")
 		stops = append(stops, time.Since(start))
 		if q.Reason != "b died (gossip)" {
 			t.Fatalf("reason %q", q.Reason)
@@ -227,16 +228,6 @@ func TestProcessDeathDetection(t *testing.T) {
 		}
 		<-c.done
 	}
-	t.Logf("SIGKILL → epoch without it: %s", durations(kills))
-	t.Logf("SIGSTOP → epoch without it: %s", durations(stops))
-}
-
-func durations(ds []time.Duration) string {
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	if len(s) == 1 {
-		return s[0].Round(time.Millisecond).String()
-	}
-	return fmt.Sprintf("n=%d min %v median %v max %v", len(s), s[0].Round(time.Millisecond),
-		s[len(s)/2].Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
+	t.Logf("SIGKILL → epoch without it: %s", membership.Durations(kills))
+	t.Logf("SIGSTOP → epoch without it: %s", membership.Durations(stops))
 }

@@ -1,4 +1,4 @@
-package membership
+package membership_test
 
 import (
 	"encoding/json"
@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"go.uber.org/zap/zaptest"
+
+	"github.com/ftcomm/ftcomm/internal/clustertest"
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 // cutProxy forwards TCP to a backend and can cut every connection and
@@ -85,27 +88,27 @@ func (p *cutProxy) close() {
 // A member cut off from etcd while epochs pass and history is compacted
 // re-reads the quorum when it reconnects (its watch gets ErrCompacted).
 func TestMemberWatchResumesAfterCompaction(t *testing.T) {
-	e := startEtcd(t)
-	admin := newClient(t, e)
+	e := clustertest.StartEtcd(t)
+	admin := clustertest.NewClient(t, e)
 	proxy := newCutProxy(t, e.Endpoints()[0])
-	cli, err := NewClient([]string{proxy.addr()}, nil)
+	cli, err := membership.NewClient([]string{proxy.addr()}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	ctx := testCtx(t, 60*time.Second)
-	cfg := DefaultMemberConfig()
+	ctx := clustertest.Ctx(t, 60*time.Second)
+	cfg := membership.DefaultMemberConfig()
 	cfg.Client, cfg.Job, cfg.ID, cfg.Addr = cli, "j", "a", "a:1"
 	cfg.LeaseTTL = 30 * time.Second
 	cfg.Logger = zaptest.NewLogger(t)
-	m, err := Join(ctx, cfg)
+	m, err := membership.Join(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	keys := Keys{}
+	keys := membership.Keys{}
 	put := func(epoch uint64) int64 {
-		v, _ := json.Marshal(Quorum{Job: "j", Epoch: epoch, Participants: []Participant{{ID: "a", Incarnation: m.Incarnation()}}})
+		v, _ := json.Marshal(membership.Quorum{Job: "j", Epoch: epoch, Participants: []membership.Participant{{ID: "a", Incarnation: m.Incarnation()}}})
 		resp, err := admin.Put(ctx, keys.Quorum("j"), string(v))
 		if err != nil {
 			t.Fatal(err)

@@ -3,14 +3,11 @@ package membership
 import (
 	"bytes"
 	"crypto/ed25519"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-
-	"github.com/ftcomm/ftcomm/comm"
 )
 
 // ErrForgedQuorum: a quorum record is not signed by a coordinator key the
@@ -19,7 +16,7 @@ import (
 var ErrForgedQuorum = errors.New("membership: quorum not signed by a trusted coordinator key")
 
 // QuorumSignature is an ed25519 signature over a quorum record's
-// canonical bytes (see QuorumSigner).
+// canonical bytes (see CanonicalQuorum).
 type QuorumSignature struct {
 	KeyID   string `json:"keyId"`
 	Ed25519 []byte `json:"ed25519"`
@@ -31,70 +28,15 @@ type QuorumKey struct {
 	Ed25519 ed25519.PublicKey `json:"ed25519"`
 }
 
-// quorumKeyID names a public key: the first 8 bytes of its SHA-256, hex.
+// NewQuorumKey returns a public key with its id: the first 8 bytes of its
+// SHA-256, hex.
+func NewQuorumKey(pub ed25519.PublicKey) QuorumKey {
+	return QuorumKey{ID: quorumKeyID(pub), Ed25519: pub}
+}
+
 func quorumKeyID(pub ed25519.PublicKey) string {
 	sum := sha256.Sum256(pub)
 	return hex.EncodeToString(sum[:8])
-}
-
-// QuorumSigner signs the quorums a coordinator publishes, so that members
-// act only on quorums a coordinator holding the key wrote: a stranger who
-// can write etcd (or a trainer's credentials, which cannot write quorum
-// keys anyway) cannot make members obey a quorum.
-//
-// The signature covers the record's canonical bytes: its JSON object
-// without the "signature" member, members sorted by name, values as
-// written, after the context string "ftcomm-quorum-v1\n". Fields a newer
-// coordinator adds are covered too, and an older member still verifies
-// them. Safe for concurrent use.
-type QuorumSigner struct {
-	key ed25519.PrivateKey
-	id  string
-}
-
-// NewQuorumSigner returns the signer of an ed25519 seed (32 bytes).
-func NewQuorumSigner(seed []byte) (*QuorumSigner, error) {
-	if len(seed) != ed25519.SeedSize {
-		return nil, fmt.Errorf("%w: membership: quorum signing key has %d bytes, want %d", comm.ErrInvalidArgument, len(seed), ed25519.SeedSize)
-	}
-	key := ed25519.NewKeyFromSeed(seed)
-	return &QuorumSigner{key: key, id: quorumKeyID(key.Public().(ed25519.PublicKey))}, nil
-}
-
-// GenerateQuorumSigner returns a signer with a fresh random key.
-func GenerateQuorumSigner() (*QuorumSigner, error) {
-	seed := make([]byte, ed25519.SeedSize)
-	if _, err := rand.Read(seed); err != nil {
-		return nil, fmt.Errorf("membership: generate quorum signing key: %w", err)
-	}
-	return NewQuorumSigner(seed)
-}
-
-// KeyID names the signer's key.
-func (s *QuorumSigner) KeyID() string { return s.id }
-
-// PublicKey returns the key members verify with.
-func (s *QuorumSigner) PublicKey() QuorumKey {
-	return QuorumKey{ID: s.id, Ed25519: s.key.Public().(ed25519.PublicKey)}
-}
-
-// Verifier returns a verifier that trusts this signer's key.
-func (s *QuorumSigner) Verifier() *QuorumVerifier { return NewQuorumVerifier(s.PublicKey()) }
-
-// Marshal returns q's record, signed (any signature q carries is
-// replaced).
-func (s *QuorumSigner) Marshal(q Quorum) ([]byte, error) {
-	q.Signature = nil
-	raw, err := json.Marshal(q)
-	if err != nil {
-		return nil, err
-	}
-	msg, _, err := canonicalQuorum(raw)
-	if err != nil {
-		return nil, err
-	}
-	q.Signature = &QuorumSignature{KeyID: s.id, Ed25519: ed25519.Sign(s.key, msg)}
-	return json.Marshal(q)
 }
 
 // QuorumVerifier checks quorum records against trusted coordinator keys.
@@ -127,7 +69,7 @@ func (v *QuorumVerifier) Keys() []string {
 // Verify decodes a quorum record and checks its signature; the error
 // wraps ErrForgedQuorum when the record is not signed by a trusted key.
 func (v *QuorumVerifier) Verify(raw []byte) (Quorum, error) {
-	msg, sig, err := canonicalQuorum(raw)
+	msg, sig, err := CanonicalQuorum(raw)
 	if err != nil {
 		return Quorum{}, err
 	}
@@ -150,9 +92,13 @@ func (v *QuorumVerifier) Verify(raw []byte) (Quorum, error) {
 
 const quorumSigContext = "ftcomm-quorum-v1\n"
 
-// canonicalQuorum returns the bytes a quorum record's signature covers,
-// and the signature it carries (nil: none).
-func canonicalQuorum(raw []byte) (msg []byte, sig *QuorumSignature, err error) {
+// CanonicalQuorum returns the bytes a quorum record's signature covers,
+// and the signature the record carries (nil: none). The bytes are the
+// context string "ftcomm-quorum-v1\n" followed by the record's JSON object
+// without its "signature" member, members sorted by name, values as
+// written: fields a newer coordinator adds are covered too, and an older
+// member still verifies them.
+func CanonicalQuorum(raw []byte) (msg []byte, sig *QuorumSignature, err error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &fields); err != nil {
 		return nil, nil, fmt.Errorf("membership: quorum record: %w", err)

@@ -1,4 +1,4 @@
-package membership
+package membership_test
 
 import (
 	"flag"
@@ -8,6 +8,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/internal/clustertest"
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 var (
@@ -25,17 +29,17 @@ func TestGossipSoak(t *testing.T) {
 		t.Skip("soak test: enable with -membership.soak=10m")
 	}
 	// Production timeouts: leases of 5 s, a leader session of 3 s.
-	tj := startTestJobTTL(t, QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, true, DefaultCoordinatorConfig().SessionTTL)
-	obs := tj.join("observer", func(c *MemberConfig) { c.LeaseTTL = DefaultMemberConfig().LeaseTTL })
+	tj := clustertest.StartJobTTL(t, membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, true, coordinator.DefaultConfig().SessionTTL)
+	obs := tj.Join("observer", func(c *membership.MemberConfig) { c.LeaseTTL = membership.DefaultMemberConfig().LeaseTTL })
 	var procs []*memberProc
 	for i := 0; i < *soakMembers; i++ {
-		procs = append(procs, startMemberProc(t, tj.etcd.Endpoints(), tj.job, "m"+string(rune('a'+i)), DefaultMemberConfig().LeaseTTL, true))
+		procs = append(procs, startMemberProc(t, tj.Etcd.Endpoints(), tj.Name, "m"+string(rune('a'+i)), membership.DefaultMemberConfig().LeaseTTL, true))
 	}
 	want := []string{"observer"}
 	for _, p := range procs {
 		want = append(want, p.id)
 	}
-	q := waitQuorum(t, obs, 0, want...)
+	q := clustertest.WaitQuorum(t, obs, 0, want...)
 	// Burn every core.
 	for i := 0; i < runtime.NumCPU(); i++ {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -47,23 +51,24 @@ func TestGossipSoak(t *testing.T) {
 	}
 	t.Logf("soak: %d member processes + observer + coordinator, %d busy processes, for %v, epoch %d",
 		len(procs), runtime.NumCPU(), *soakFor, q.Epoch)
+	obsStats := func() membership.GossipStats { s, _ := obs.GossipStats(); return s }
 	// Count only what happens under load.
-	total := func() GossipStats {
-		var sum GossipStats
-		add := func(s GossipStats) {
+	total := func() membership.GossipStats {
+		var sum membership.GossipStats
+		add := func(s membership.GossipStats) {
 			sum.Suspicions += s.Suspicions
 			sum.Refutations += s.Refutations
 			sum.Deaths += s.Deaths
 		}
-		add(tj.coord.gsp.Stats())
-		add(obs.gsp.Stats())
+		add(tj.Coord.GossipStats())
+		add(obsStats())
 		for _, p := range procs {
 			add(p.gossipStats(t))
 		}
 		return sum
 	}
-	perNode := func() map[string]GossipStats {
-		m := map[string]GossipStats{"coordinator": tj.coord.gsp.Stats(), "observer": obs.gsp.Stats()}
+	perNode := func() map[string]membership.GossipStats {
+		m := map[string]membership.GossipStats{"coordinator": tj.Coord.GossipStats(), "observer": obsStats()}
 		for _, p := range procs {
 			m[p.id] = p.gossipStats(t)
 		}
@@ -94,7 +99,7 @@ func TestGossipSoak(t *testing.T) {
 	after := total()
 	for name, st := range perNode() {
 		b := nodesBefore[name]
-		if d := (GossipStats{st.Suspicions - b.Suspicions, st.Refutations - b.Refutations, st.Deaths - b.Deaths}); d != (GossipStats{}) {
+		if d := (membership.GossipStats{st.Suspicions - b.Suspicions, st.Refutations - b.Refutations, st.Deaths - b.Deaths}); d != (membership.GossipStats{}) {
 			t.Logf("  %s: suspected others %d, refuted suspicion of itself %d, deaths seen %d", name, d.Suspicions, d.Refutations, d.Deaths)
 		}
 	}

@@ -1,4 +1,4 @@
-package membership
+package membership_test
 
 import (
 	"context"
@@ -11,13 +11,15 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/internal/clustertest"
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 func TestStoreSetGetDelete(t *testing.T) {
-	e := startEtcd(t)
-	cli := newClient(t, e)
-	ctx := testCtx(t, 20*time.Second)
-	s := NewStore(cli, "/ftcomm/job/rdzv/1/")
+	e := clustertest.StartEtcd(t)
+	cli := clustertest.NewClient(t, e)
+	ctx := clustertest.Ctx(t, 20*time.Second)
+	s := membership.NewStore(cli, "/ftcomm/job/rdzv/1/")
 	if got := s.Prefix(); got != "/ftcomm/job/rdzv/1/" {
 		t.Fatalf("prefix %q", got)
 	}
@@ -47,9 +49,9 @@ func TestStoreSetGetDelete(t *testing.T) {
 }
 
 func TestStoreGetWaitsForSet(t *testing.T) {
-	e := startEtcd(t)
-	ctx := testCtx(t, 20*time.Second)
-	s := NewStore(newClient(t, e), "/ftcomm/j/rdzv/2")
+	e := clustertest.StartEtcd(t)
+	ctx := clustertest.Ctx(t, 20*time.Second)
+	s := membership.NewStore(clustertest.NewClient(t, e), "/ftcomm/j/rdzv/2")
 	const n = 8
 	type res struct {
 		v   []byte
@@ -63,7 +65,7 @@ func TestStoreGetWaitsForSet(t *testing.T) {
 		}()
 	}
 	// A second client writes, as another rank would.
-	w := NewStore(newClient(t, e), "/ftcomm/j/rdzv/2")
+	w := membership.NewStore(clustertest.NewClient(t, e), "/ftcomm/j/rdzv/2")
 	if err := w.Set(ctx, "uid", []byte{0, 1, 2, 255}); err != nil {
 		t.Fatal(err)
 	}
@@ -76,14 +78,14 @@ func TestStoreGetWaitsForSet(t *testing.T) {
 }
 
 func TestStoreAddConcurrent(t *testing.T) {
-	e := startEtcd(t)
-	ctx := testCtx(t, 60*time.Second)
+	e := clustertest.StartEtcd(t)
+	ctx := clustertest.Ctx(t, 60*time.Second)
 	const workers, adds = 6, 20
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	for w := 0; w < workers; w++ {
-		cli := newClient(t, e) // separate clients: real contention
-		s := NewStore(cli, "/ftcomm/j/rdzv/3")
+		cli := clustertest.NewClient(t, e) // separate clients: real contention
+		s := membership.NewStore(cli, "/ftcomm/j/rdzv/3")
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -100,7 +102,7 @@ func TestStoreAddConcurrent(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	s := NewStore(newClient(t, e), "/ftcomm/j/rdzv/3")
+	s := membership.NewStore(clustertest.NewClient(t, e), "/ftcomm/j/rdzv/3")
 	v, err := s.Get(ctx, "counter")
 	if err != nil || string(v) != fmt.Sprint(workers*adds) {
 		t.Fatalf("counter = %q, %v; want %d", v, err, workers*adds)
@@ -115,9 +117,9 @@ func TestStoreAddConcurrent(t *testing.T) {
 }
 
 func TestStoreAddNotInteger(t *testing.T) {
-	e := startEtcd(t)
-	ctx := testCtx(t, 20*time.Second)
-	s := NewStore(newClient(t, e), "/p")
+	e := clustertest.StartEtcd(t)
+	ctx := clustertest.Ctx(t, 20*time.Second)
+	s := membership.NewStore(clustertest.NewClient(t, e), "/p")
 	if err := s.Set(ctx, "k", []byte("abc")); err != nil {
 		t.Fatal(err)
 	}
@@ -131,11 +133,11 @@ func TestStoreAddNotInteger(t *testing.T) {
 }
 
 func TestStoreDeletePrefixIsolation(t *testing.T) {
-	e := startEtcd(t)
-	ctx := testCtx(t, 20*time.Second)
-	cli := newClient(t, e)
-	a := NewStore(cli, "/ftcomm/j/rdzv/4")
-	b := NewStore(cli, "/ftcomm/j/rdzv/40") // a prefix of a's is not a's
+	e := clustertest.StartEtcd(t)
+	ctx := clustertest.Ctx(t, 20*time.Second)
+	cli := clustertest.NewClient(t, e)
+	a := membership.NewStore(cli, "/ftcomm/j/rdzv/4")
+	b := membership.NewStore(cli, "/ftcomm/j/rdzv/40") // a prefix of a's is not a's
 	for _, k := range []string{"x/1", "x/2", "y"} {
 		if err := a.Set(ctx, k, []byte(k)); err != nil {
 			t.Fatal(err)
@@ -161,19 +163,19 @@ func TestStoreDeletePrefixIsolation(t *testing.T) {
 	if err != nil || resp.Count != 3 {
 		t.Fatalf("keys of b = %v, %v; want 3 untouched", resp.Count, err)
 	}
-	if err := NewStore(cli, "").DeletePrefix(ctx, ""); !errors.Is(err, comm.ErrInvalidArgument) {
+	if err := membership.NewStore(cli, "").DeletePrefix(ctx, ""); !errors.Is(err, comm.ErrInvalidArgument) {
 		t.Fatalf("deleting the whole keyspace = %v, want refusal", err)
 	}
 }
 
 func TestStoreClosedClient(t *testing.T) {
-	e := startEtcd(t)
+	e := clustertest.StartEtcd(t)
 	cli, err := e.NewClient(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewStore(cli, "/p")
-	ctx := testCtx(t, 20*time.Second)
+	s := membership.NewStore(cli, "/p")
+	ctx := clustertest.Ctx(t, 20*time.Second)
 	done := make(chan error, 1)
 	go func() { _, err := s.Get(ctx, "never"); done <- err }()
 	// Whether the Get is still reading or already watching, closing the
@@ -194,10 +196,10 @@ func TestStoreClosedClient(t *testing.T) {
 
 // Store and the in-memory store behave alike through comm.WithPrefix.
 func TestStoreWithPrefix(t *testing.T) {
-	e := startEtcd(t)
-	ctx := testCtx(t, 20*time.Second)
-	cli := newClient(t, e)
-	s := comm.WithPrefix(NewStore(cli, "/ftcomm/j"), "rdzv/5")
+	e := clustertest.StartEtcd(t)
+	ctx := clustertest.Ctx(t, 20*time.Second)
+	cli := clustertest.NewClient(t, e)
+	s := comm.WithPrefix(membership.NewStore(cli, "/ftcomm/j"), "rdzv/5")
 	if err := s.Set(ctx, "k", []byte("v")); err != nil {
 		t.Fatal(err)
 	}

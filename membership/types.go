@@ -19,19 +19,9 @@ var (
 	// dashboard or API, declared dead by gossip, or its lease expired);
 	// rejoin as a new incarnation.
 	ErrEvicted = errors.New("membership: member evicted")
-	// ErrNotLeader: a coordinator lost (or never had) leadership while
-	// writing; its write was refused by the fence.
-	ErrNotLeader = errors.New("membership: not the coordinator leader")
-	// ErrNoQuorum: no quorum has been published for the job yet.
-	ErrNoQuorum = errors.New("membership: no quorum published")
-	// ErrNotFound: no such job or member.
-	ErrNotFound = errors.New("membership: not found")
 	// ErrKeptOut: the member id was evicted and may not register again
 	// yet; found inside a *KeptOutError.
 	ErrKeptOut = errors.New("membership: evicted member kept out")
-	// ErrKeyMismatch: coordinators of one root sign quorums with
-	// different keys (or some sign and some do not).
-	ErrKeyMismatch = errors.New("membership: coordinators sign quorums with different keys")
 )
 
 // DuplicateMemberError tells who holds a member id that Join wanted.
@@ -105,6 +95,15 @@ func (h *Health) UnmarshalText(b []byte) error {
 	return nil
 }
 
+// KeepOut is the record that keeps an evicted member out, at
+// Keys.Evicted and bound to a lease that ends with it: the coordinator's
+// eviction writes it, and Join fails with a *KeptOutError while it
+// exists.
+type KeepOut struct {
+	By    string    `json:"by"`
+	Until time.Time `json:"until"`
+}
+
 // Participant is one member of a quorum.
 type Participant struct {
 	ID          string `json:"id"`
@@ -143,7 +142,7 @@ type Quorum struct {
 	// here, once, from the reports, and every rank follows it.
 	Base uint64 `json:"base,omitempty"`
 	// Signature, when the coordinator signs its quorums
-	// (CoordinatorConfig.QuorumSigner), proves that a coordinator holding
+	// (coordinator.Config.QuorumSigner), proves that a coordinator holding
 	// the key published this record; members with a QuorumVerifier act
 	// on no other.
 	Signature *QuorumSignature `json:"signature,omitempty"`
@@ -250,8 +249,8 @@ func checkName(kind, s string) error {
 // What members write lives under <root>/<job>/; what only coordinators
 // write lives under <root>/_coordinator/ (job names cannot start with
 // '_'), so that one pair of key ranges grants it in etcd's role-based
-// access control (see ConfigureAuth). Epochs and steps in keys are
-// zero-padded to 20 digits so they sort.
+// access control (see etcdhost.ConfigureAuth). Epochs and steps in keys
+// are zero-padded to 20 digits so they sort.
 type Keys struct{ Root string }
 
 // DefaultRoot is the key prefix when none is configured.
@@ -263,6 +262,10 @@ func (k Keys) root() string {
 	}
 	return strings.TrimSuffix(k.Root, "/")
 }
+
+// Prefix returns "<root>/" (DefaultRoot when Root is empty): every key of
+// the layout starts with it.
+func (k Keys) Prefix() string { return k.root() + "/" }
 
 func (k Keys) Job(job string) string         { return k.root() + "/" + job + "/" }
 func (k Keys) Members(job string) string     { return k.Job(job) + "members/" }
@@ -296,12 +299,13 @@ func (k Keys) RendezvousPrefix(job string, e uint64) string {
 
 func epochKey(e uint64) string { return fmt.Sprintf("%020d", e) }
 
-// parseKey splits a key under the root into job, kind and rest:
+// Parse splits a key under the root into job, kind and rest:
 // "/ftcomm/j/members/a" → ("j", "members", "a"); a coordinator's key of a
 // job has its kind prefixed with "_": "/ftcomm/_coordinator/jobs/j/quorum"
 // → ("j", "_quorum", ""), ".../history/<e>" → ("j", "_history", "<e>").
-func (k Keys) parseKey(key string) (job, kind, rest string, ok bool) {
-	r := k.root() + "/"
+// ok is false for a key that is not a job's.
+func (k Keys) Parse(key string) (job, kind, rest string, ok bool) {
+	r := k.Prefix()
 	if !strings.HasPrefix(key, r) {
 		return "", "", "", false
 	}

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -71,7 +72,7 @@ func TestGPUKillCycles(t *testing.T) {
 	cycles := cycleCount()
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	etcd, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{UnsafeNoFsync: true})
+	etcd, err := etcdhost.StartEmbedded(ctx, etcdhost.EmbeddedConfig{UnsafeNoFsync: true})
 	if err != nil {
 		t.Fatal(err)
 	}

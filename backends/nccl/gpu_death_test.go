@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -48,7 +49,7 @@ func gpuDeathTest(t *testing.T, scenario string, gpus int) {
 	gpuLib(t, gpus)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	etcd, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{UnsafeNoFsync: true})
+	etcd, err := etcdhost.StartEmbedded(ctx, etcdhost.EmbeddedConfig{UnsafeNoFsync: true})
 	if err != nil {
 		t.Fatal(err)
 	}

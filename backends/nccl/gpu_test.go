@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -326,7 +327,7 @@ func gpuKillTest(t *testing.T, scenario string) {
 	gpuLib(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	etcd, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{UnsafeNoFsync: true})
+	etcd, err := etcdhost.StartEmbedded(ctx, etcdhost.EmbeddedConfig{UnsafeNoFsync: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@
 // # Processes
 //
 // The launcher (the command as you run it) starts an embedded etcd
-// (membership.StartEmbedded, on free loopback ports, in a temporary
+// (etcdhost.StartEmbedded, on free loopback ports, in a temporary
 // directory) and -np worker processes: the same binary again (marked by
 // FTBENCH_WORKER=1 in its environment), told on the first line of its
 // stdin which rank it is, where etcd is and the run's secret.

@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/etcdhost"
 )
 
 // launcher runs one benchmark: an embedded etcd for rendezvous, one worker
@@ -84,10 +84,10 @@ func (l *launcher) run(ctx context.Context) (Summary, error) {
 		return Summary{}, err
 	}
 
-	ecfg := membership.DefaultEmbeddedConfig()
+	ecfg := etcdhost.DefaultEmbeddedConfig()
 	ecfg.UnsafeNoFsync = true // a throwaway store for one run
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	etcd, err := membership.StartEmbedded(startCtx, ecfg)
+	etcd, err := etcdhost.StartEmbedded(startCtx, ecfg)
 	cancel()
 	if err != nil {
 		return fail(fmt.Errorf("ftbench: start embedded etcd: %w", err))

@@ -10,7 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ftcomm/ftcomm/cmd/ftcoord/server"
+	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/coordinator/server"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -66,7 +67,7 @@ type serveConfig struct {
 }
 
 func defaultServeConfig() serveConfig {
-	cc := membership.DefaultCoordinatorConfig()
+	cc := coordinator.DefaultConfig()
 	gc := membership.DefaultGossipConfig()
 	return serveConfig{
 		Listen:             "127.0.0.1:8080",

@@ -1,5 +1,5 @@
 // Command ftcoord is the ftcomm coordinator service: it forms and publishes
-// the quorums of every job (package membership), and serves a JSON API, a
+// the quorums of every job (package coordinator), and serves a JSON API, a
 // live dashboard, Prometheus metrics and a health check.
 //
 //	ftcoord serve                          # embedded single-node etcd in ./ftcoord-data, secured
@@ -63,8 +63,8 @@
 //
 // With -etcd (an external cluster) the operator secures etcd: -etcd-cacert,
 // -etcd-cert/-etcd-key or -etcd-user/-etcd-password reach it;
-// membership.ConfigureAuth (run once as etcd's root) creates ftcomm's roles,
-// or see membership.AuthRanges for the key ranges to grant with etcdctl.
+// etcdhost.ConfigureAuth (run once as etcd's root) creates ftcomm's roles,
+// or see etcdhost.AuthRanges for the key ranges to grant with etcdctl.
 // The trainers' identity (-trainer-etcd-cert/-key, -trainer-etcd-user/
 // -password) goes into the credentials file written to -data-dir with the
 // CA, the endpoints, the quorum key and the gossip key. Instances of one
@@ -115,7 +115,7 @@
 // ftcomm_coordinator_publish_seconds, and
 // ftcomm_coordinator_build_info{version,revision,goversion} (1).
 //
-// The service itself is package server (cmd/ftcoord/server), so that
+// The service itself is package server (coordinator/server), so that
 // another program can run an embedded ftcoord with its dashboard in
 // process; this command adds flags, signals and the status CLI.
 //

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -165,7 +166,7 @@ func TestSetupCommands(t *testing.T) {
 		t.Fatalf("credentials before serve: %d %q", code, msg)
 	}
 	c := &membership.Credentials{Endpoints: []string{"etcd-0:2379"}, Root: "/ftcomm"}
-	if err := c.Write(credsFile); err != nil {
+	if err := etcdhost.WriteCredentials(credsFile, c); err != nil {
 		t.Fatal(err)
 	}
 	want, _ := os.ReadFile(credsFile)

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -226,9 +228,9 @@ var sessionTTL = flag.Duration("ftcoord.session-ttl", 2*time.Second, "-session-t
 // instance must publish it.
 func TestLeaderKillAmongThree(t *testing.T) {
 	ctx := testCtx(t, 120*time.Second)
-	ec := membership.DefaultEmbeddedConfig()
+	ec := etcdhost.DefaultEmbeddedConfig()
 	ec.UnsafeNoFsync = true
-	cluster, err := membership.StartEmbeddedCluster(ctx, ec, 3)
+	cluster, err := etcdhost.StartEmbeddedCluster(ctx, ec, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +270,7 @@ func TestLeaderKillAmongThree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin := membership.NewAdmin(cli, "")
+	admin := coordinator.NewAdmin(cli, "")
 	leader, err := admin.Leader(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/ftcomm/ftcomm/cmd/ftcoord/server"
+	"github.com/ftcomm/ftcomm/coordinator/server"
 )
 
 // newLogger logs at level and above to w, as tab-separated lines

@@ -16,6 +16,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -95,7 +97,7 @@ func (c *certsConfig) hosts() []string {
 }
 
 func (c *certsConfig) make(w io.Writer) error {
-	if err := membership.WriteEtcdPKI(c.Dir, c.hosts()); err != nil {
+	if err := etcdhost.WritePKI(c.Dir, c.hosts()); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, `certificates in %s:
@@ -131,7 +133,7 @@ func (c *secretsConfig) validate() error {
 }
 
 func (c *secretsConfig) make(w io.Writer) error {
-	s, created, err := membership.LoadOrCreateCoordinatorSecrets(c.SecretsFile)
+	s, created, err := coordinator.LoadOrCreateSecrets(c.SecretsFile)
 	if err != nil {
 		return err
 	}
@@ -147,7 +149,7 @@ func (c *secretsConfig) make(w io.Writer) error {
 	return nil
 }
 
-// etcdInitConfig is `ftcoord etcd-init`: membership.ConfigureAuth on an
+// etcdInitConfig is `ftcoord etcd-init`: etcdhost.ConfigureAuth on an
 // external etcd, as its root user.
 type etcdInitConfig struct {
 	Etcd                          string
@@ -226,12 +228,12 @@ func (c *etcdInitConfig) init(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	defer cli.Close()
-	if err := membership.ConfigureAuth(ctx, cli, c.Root); err != nil {
+	if err := etcdhost.ConfigureAuth(ctx, cli, c.Root); err != nil {
 		return err
 	}
-	all, trainer := membership.AuthRanges(c.Root)
+	all, trainer := etcdhost.AuthRanges(c.Root)
 	fmt.Fprintf(w, "etcd at %s: authentication on; users %s (role root), %s (role %s: read-write %s), %s (role %s: read %s, write all of it but %s_…)\n",
-		strings.Join(eps, ","), membership.EtcdUserRoot, membership.EtcdUserCoordinator, membership.EtcdRoleCoordinator, all[0][0],
-		membership.EtcdUserTrainer, membership.EtcdRoleTrainer, all[0][0], trainer[0][0])
+		strings.Join(eps, ","), etcdhost.UserRoot, etcdhost.UserCoordinator, etcdhost.RoleCoordinator, all[0][0],
+		etcdhost.UserTrainer, etcdhost.RoleTrainer, all[0][0], trainer[0][0])
 	return nil
 }

@@ -15,7 +15,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/ftcomm/ftcomm/cmd/ftcoord/server"
+	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/coordinator/server"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -107,7 +108,7 @@ func status(ctx context.Context, c statusConfig, w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	defer tw.Flush()
 	if c.Job == "" {
-		var jobs []membership.JobSummary
+		var jobs []coordinator.JobSummary
 		if err := c.get(ctx, hc, "/api/v1/jobs", &jobs); err != nil {
 			return err
 		}

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/etcdhost"
 )
 
 // selfSigned writes a certificate for 127.0.0.1 and its key to dir.
@@ -59,9 +59,9 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string) {
 func TestServeProcessTLSAndEtcdAuth(t *testing.T) {
 	ctx := testCtx(t, 90*time.Second)
 	// An external etcd with authentication on.
-	ec := membership.DefaultEmbeddedConfig()
+	ec := etcdhost.DefaultEmbeddedConfig()
 	ec.UnsafeNoFsync = true
-	e, err := membership.StartEmbedded(ctx, ec)
+	e, err := etcdhost.StartEmbedded(ctx, ec)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,8 +5,8 @@
 //	go run ./examples/diloco            # 4 replicas on gloo, about 2 minutes on 2 cores
 //	go run ./examples/diloco -h         # replicas, H, F, τ, α, quantization, failure schedule…
 //
-// It starts an embedded coordinator (etcd + ftcoord's membership
-// coordinator) in this process and the replicas as processes of this
+// It starts an embedded coordinator (etcd + ftcoord's coordinator,
+// package coordinator/server) in this process and the replicas as processes of this
 // same program (re-executed with FTCOMM_DILOCO_REPLICA set), alongside
 // the same job without failures for comparison, and writes a summary and
 // a loss-curve plot into the report folder (diloco-report/).

@@ -13,6 +13,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	_ "github.com/ftcomm/ftcomm/backends/gloo"
+	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/ft"
 	"github.com/ftcomm/ftcomm/ft/diloco"
 	"github.com/ftcomm/ftcomm/membership"
@@ -26,7 +28,7 @@ import (
 
 type job struct {
 	t      testing.TB
-	etcd   *membership.Embedded
+	etcd   *etcdhost.Embedded
 	cfg    ft.Config
 	dcfg   diloco.Config
 	n      int // parameters
@@ -38,7 +40,7 @@ type job struct {
 func newJob(t testing.TB, dcfg diloco.Config) *job {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e, err := membership.StartEmbedded(ctx, membership.EmbeddedConfig{})
+	e, err := etcdhost.StartEmbedded(ctx, etcdhost.EmbeddedConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,10 +49,10 @@ func newJob(t testing.TB, dcfg diloco.Config) *job {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc := membership.DefaultCoordinatorConfig()
+	cc := coordinator.DefaultConfig()
 	cc.Client, cc.Quorum.JoinTimeout, cc.SessionTTL = cli, 300*time.Millisecond, 2*time.Second
 	cc.Logger = zaptest.NewLogger(t).Named("coordinator")
-	coord, err := membership.NewCoordinator(cc)
+	coord, err := coordinator.New(cc)
 	if err != nil {
 		t.Fatal(err)
 	}

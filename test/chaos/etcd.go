@@ -12,7 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/etcdhost"
 )
 
 // etcdEnv, when set to an etcdSpec in JSON, makes this program an etcd
@@ -37,9 +37,9 @@ func runEtcd(specJSON string) int {
 	log, _ := zap.NewProduction()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ec := membership.DefaultEmbeddedConfig()
+	ec := etcdhost.DefaultEmbeddedConfig()
 	ec.Dir, ec.Name, ec.ClientAddr, ec.PeerAddr, ec.Logger = spec.Dir, "chaos-etcd", spec.ClientAddr, spec.PeerAddr, log
-	e, err := membership.StartEmbedded(ctx, ec)
+	e, err := etcdhost.StartEmbedded(ctx, ec)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "etcd:", err)
 		return 1

@@ -1,4 +1,4 @@
-package membership
+package etcdhost
 
 import (
 	"context"
@@ -7,12 +7,14 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 // The etcd roles ConfigureAuth creates.
 const (
-	EtcdRoleCoordinator = "ftcomm-coordinator"
-	EtcdRoleTrainer     = "ftcomm-trainer"
+	RoleCoordinator = "ftcomm-coordinator"
+	RoleTrainer     = "ftcomm-trainer"
 )
 
 // AuthRanges returns the key ranges [start, end) of etcd's role-based
@@ -25,7 +27,7 @@ const (
 //     records, the election or the coordinators' keys, which live under
 //     <root>/_coordinator/ (job names cannot start with '_').
 func AuthRanges(root string) (all, trainerWrite [][2]string) {
-	p := Keys{Root: root}.root() + "/"
+	p := membership.Keys{Root: root}.Prefix()
 	end := clientv3.GetPrefixRangeEnd(p)
 	all = [][2]string{{p, end}}
 	// '_' + 1 is '`': the two ranges leave out exactly <root>/_….
@@ -36,21 +38,21 @@ func AuthRanges(root string) (all, trainerWrite [][2]string) {
 // ConfigureAuth turns on etcd's authentication with ftcomm's roles, as
 // etcd's root user (cli must act as root: a client certificate with
 // common name "root", or root's password). It creates the users
-// EtcdUserRoot, EtcdUserCoordinator and EtcdUserTrainer (without
+// UserRoot, UserCoordinator and UserTrainer (without
 // passwords: they authenticate by client certificate; add a password with
 // etcdctl user passwd for a cluster without client certificates) and the
-// roles EtcdRoleCoordinator and EtcdRoleTrainer with the ranges of
+// roles RoleCoordinator and RoleTrainer with the ranges of
 // AuthRanges, then enables authentication. It can run again (after a
 // restart, or for another root) and only adds what is missing.
 func ConfigureAuth(ctx context.Context, cli *clientv3.Client, root string) error {
 	fail := func(what string, err error) error {
-		return fmt.Errorf("membership: configure etcd auth: %s: %w", what, ctxErr(ctx, err))
+		return fmt.Errorf("etcdhost: configure etcd auth: %s: %w", what, ctxErr(ctx, err))
 	}
 	exists := func(err error) bool {
 		return err != nil && (strings.Contains(err.Error(), rpctypes.ErrUserAlreadyExist.Error()) ||
 			strings.Contains(err.Error(), rpctypes.ErrRoleAlreadyExist.Error()))
 	}
-	for _, r := range []string{EtcdRoleCoordinator, EtcdRoleTrainer} {
+	for _, r := range []string{RoleCoordinator, RoleTrainer} {
 		if _, err := cli.RoleAdd(ctx, r); err != nil && !exists(err) {
 			return fail("add role "+r, err)
 		}
@@ -64,19 +66,19 @@ func ConfigureAuth(ctx context.Context, cli *clientv3.Client, root string) error
 		}
 		return nil
 	}
-	if err := grant(EtcdRoleCoordinator, all, clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
+	if err := grant(RoleCoordinator, all, clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
 		return err
 	}
-	if err := grant(EtcdRoleTrainer, all, clientv3.PermissionType(clientv3.PermRead)); err != nil {
+	if err := grant(RoleTrainer, all, clientv3.PermissionType(clientv3.PermRead)); err != nil {
 		return err
 	}
 	// A read grant and a write grant of one range are kept apart by etcd;
 	// READWRITE on the trainers' ranges says both at once.
-	if err := grant(EtcdRoleTrainer, trainerWrite, clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
+	if err := grant(RoleTrainer, trainerWrite, clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
 		return err
 	}
 	for _, u := range []struct{ user, role string }{
-		{EtcdUserRoot, "root"}, {EtcdUserCoordinator, EtcdRoleCoordinator}, {EtcdUserTrainer, EtcdRoleTrainer},
+		{UserRoot, "root"}, {UserCoordinator, RoleCoordinator}, {UserTrainer, RoleTrainer},
 	} {
 		if _, err := cli.UserAddWithOptions(ctx, u.user, "", &clientv3.UserAddOptions{NoPassword: true}); err != nil && !exists(err) {
 			return fail("add user "+u.user, err)
@@ -95,4 +97,13 @@ func ConfigureAuth(ctx context.Context, cli *clientv3.Client, root string) error
 		}
 	}
 	return nil
+}
+
+// ctxErr prefers the cause of ctx's end over the client's rendering of it
+// (a gRPC status), so callers can errors.Is(err, context.DeadlineExceeded).
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return err
 }

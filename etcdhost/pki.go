@@ -1,4 +1,4 @@
-package membership
+package etcdhost
 
 import (
 	"crypto/ecdsa"
@@ -22,9 +22,9 @@ import (
 // certificate whose common name is the user name (etcd's client-cert
 // authentication); see ConfigureAuth for what each may do.
 const (
-	EtcdUserRoot        = "root"    // etcd's administrator: auth set-up only
-	EtcdUserCoordinator = "ftcoord" // coordinators: everything under the root
-	EtcdUserTrainer     = "trainer" // members: their jobs' keys, read the rest
+	UserRoot        = "root"    // etcd's administrator: auth set-up only
+	UserCoordinator = "ftcoord" // coordinators: everything under the root
+	UserTrainer     = "trainer" // members: their jobs' keys, read the rest
 )
 
 // PKI lifetimes: the CA outlives many leaf certificates; a leaf is
@@ -53,14 +53,14 @@ type pki struct {
 // when missing, expiring soon, or (the server's) not covering hosts.
 func ensurePKI(dir string, hosts []string) (*pki, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("membership: pki: %w", err)
+		return nil, fmt.Errorf("etcdhost: pki: %w", err)
 	}
 	p := &pki{dir: dir}
 	caFile, caKeyFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
 	if _, err := os.Stat(caFile); errors.Is(err, os.ErrNotExist) {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
-			return nil, fmt.Errorf("membership: pki: %w", err)
+			return nil, fmt.Errorf("etcdhost: pki: %w", err)
 		}
 		tmpl := &x509.Certificate{
 			SerialNumber:          serial(),
@@ -74,7 +74,7 @@ func ensurePKI(dir string, hosts []string) (*pki, error) {
 		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 		if err != nil {
-			return nil, fmt.Errorf("membership: pki: %w", err)
+			return nil, fmt.Errorf("etcdhost: pki: %w", err)
 		}
 		if err := writePEMPair(caFile, caKeyFile, der, key); err != nil {
 			return nil, err
@@ -85,32 +85,32 @@ func ensurePKI(dir string, hosts []string) (*pki, error) {
 		return nil, err
 	}
 	if time.Until(p.ca.NotAfter) < pkiRenewBefore {
-		return nil, fmt.Errorf("membership: pki: the CA in %s expires %s: move the pki directory away to make a new one (and hand out new credentials)", dir, p.ca.NotAfter.Format(time.DateOnly))
+		return nil, fmt.Errorf("etcdhost: pki: the CA in %s expires %s: move the pki directory away to make a new one (and hand out new credentials)", dir, p.ca.NotAfter.Format(time.DateOnly))
 	}
 	if err := p.ensureLeaf("server", "ftcomm etcd server", true, hosts); err != nil {
 		return nil, err
 	}
-	for _, u := range []string{EtcdUserRoot, EtcdUserCoordinator, EtcdUserTrainer} {
+	for _, u := range []string{UserRoot, UserCoordinator, UserTrainer} {
 		if err := p.ensureLeaf(u, u, false, nil); err != nil {
 			return nil, err
 		}
 	}
 	if p.server, err = tls.LoadX509KeyPair(p.certFile("server"), p.keyFile("server")); err != nil {
-		return nil, fmt.Errorf("membership: pki: %w", err)
+		return nil, fmt.Errorf("etcdhost: pki: %w", err)
 	}
 	return p, nil
 }
 
-// WriteEtcdPKI makes in dir the certificates a secured external etcd and
+// WritePKI makes in dir the certificates a secured external etcd and
 // its clients need, as a Secure embedded etcd keeps them in <Dir>/pki:
 // ca.pem and ca-key.pem (the CA), server.pem and server-key.pem (etcd's
 // server and peer certificate, covering loopback and hosts), and
-// <user>.pem and <user>-key.pem for EtcdUserRoot, EtcdUserCoordinator and
-// EtcdUserTrainer (client certificates whose common name is the user, for
+// <user>.pem and <user>-key.pem for UserRoot, UserCoordinator and
+// UserTrainer (client certificates whose common name is the user, for
 // etcd's --client-cert-auth). What is there and valid is kept: the CA
 // always, a leaf until it nears expiry, the server's while it covers
 // hosts. Private keys are 0600.
-func WriteEtcdPKI(dir string, hosts []string) error {
+func WritePKI(dir string, hosts []string) error {
 	_, err := ensurePKI(dir, certHosts("", hosts))
 	return err
 }
@@ -128,7 +128,7 @@ func (p *pki) ensureLeaf(name, cn string, server bool, hosts []string) error {
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return fmt.Errorf("membership: pki: %w", err)
+		return fmt.Errorf("etcdhost: pki: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
@@ -151,7 +151,7 @@ func (p *pki) ensureLeaf(name, cn string, server bool, hosts []string) error {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
 	if err != nil {
-		return fmt.Errorf("membership: pki: issue %s: %w", name, err)
+		return fmt.Errorf("etcdhost: pki: issue %s: %w", name, err)
 	}
 	return writePEMPair(p.certFile(name), p.keyFile(name), der, key)
 }
@@ -173,10 +173,10 @@ func covers(cert *x509.Certificate, hosts []string) bool {
 // clientPEM returns a user's certificate and key, PEM.
 func (p *pki) clientPEM(user string) (cert, key []byte, err error) {
 	if cert, err = os.ReadFile(p.certFile(user)); err != nil {
-		return nil, nil, fmt.Errorf("membership: pki: %w", err)
+		return nil, nil, fmt.Errorf("etcdhost: pki: %w", err)
 	}
 	if key, err = os.ReadFile(p.keyFile(user)); err != nil {
-		return nil, nil, fmt.Errorf("membership: pki: %w", err)
+		return nil, nil, fmt.Errorf("etcdhost: pki: %w", err)
 	}
 	return cert, key, nil
 }
@@ -191,7 +191,7 @@ func serial() *big.Int {
 func writePEMPair(certFile, keyFile string, der []byte, key *ecdsa.PrivateKey) error {
 	kb, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		return fmt.Errorf("membership: pki: %w", err)
+		return fmt.Errorf("etcdhost: pki: %w", err)
 	}
 	if err := writeFileAtomic(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
 		return err
@@ -203,24 +203,24 @@ func writePEMPair(certFile, keyFile string, der []byte, key *ecdsa.PrivateKey) e
 func loadPair(certFile, keyFile string) (*x509.Certificate, *ecdsa.PrivateKey, []byte, error) {
 	cb, err := os.ReadFile(certFile)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("membership: pki: %w", err)
+		return nil, nil, nil, fmt.Errorf("etcdhost: pki: %w", err)
 	}
 	kb, err := os.ReadFile(keyFile)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("membership: pki: %w", err)
+		return nil, nil, nil, fmt.Errorf("etcdhost: pki: %w", err)
 	}
 	cblk, _ := pem.Decode(cb)
 	kblk, _ := pem.Decode(kb)
 	if cblk == nil || kblk == nil {
-		return nil, nil, nil, fmt.Errorf("membership: pki: %s or %s holds no PEM block", certFile, keyFile)
+		return nil, nil, nil, fmt.Errorf("etcdhost: pki: %s or %s holds no PEM block", certFile, keyFile)
 	}
 	cert, err := x509.ParseCertificate(cblk.Bytes)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("membership: pki: %s: %w", certFile, err)
+		return nil, nil, nil, fmt.Errorf("etcdhost: pki: %s: %w", certFile, err)
 	}
 	key, err := x509.ParseECPrivateKey(kblk.Bytes)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("membership: pki: %s: %w", keyFile, err)
+		return nil, nil, nil, fmt.Errorf("etcdhost: pki: %s: %w", keyFile, err)
 	}
 	return cert, key, cb, nil
 }
@@ -230,7 +230,7 @@ func loadPair(certFile, keyFile string) (*x509.Certificate, *ecdsa.PrivateKey, [
 func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
-		return fmt.Errorf("membership: write %s: %w", path, err)
+		return fmt.Errorf("etcdhost: write %s: %w", path, err)
 	}
 	tmp := f.Name()
 	_, err = f.Write(data)
@@ -248,7 +248,7 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("membership: write %s: %w", path, err)
+		return fmt.Errorf("etcdhost: write %s: %w", path, err)
 	}
 	return nil
 }

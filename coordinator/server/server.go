@@ -26,6 +26,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -128,7 +130,7 @@ type Config struct {
 // on 127.0.0.1:8080, an embedded etcd in ./ftcoord-data on free loopback
 // ports, gossip on.
 func DefaultConfig() Config {
-	cc := membership.DefaultCoordinatorConfig()
+	cc := coordinator.DefaultConfig()
 	g := membership.DefaultGossipConfig()
 	return Config{
 		Listen:          "127.0.0.1:8080",
@@ -235,14 +237,14 @@ func (c Config) Validate() error {
 }
 
 // Server is a running coordinator service: etcd (embedded or a client of
-// an external one), a membership.Coordinator, and the HTTP API,
+// an external one), a coordinator.Coordinator, and the HTTP API,
 // dashboard and metrics. Create with New, run with Serve.
 type Server struct {
 	cfg      Config
 	lg       *zap.Logger
-	embedded *membership.Embedded
+	embedded *etcdhost.Embedded
 	cli      *clientv3.Client
-	coord    *membership.Coordinator
+	coord    *coordinator.Coordinator
 	reg      *prometheus.Registry
 	ln       net.Listener
 	srv      *http.Server
@@ -282,14 +284,14 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			return nil, fmt.Errorf("ftcoord: data directory: %w", err)
 		}
 	}
-	var signer *membership.QuorumSigner
+	var signer *coordinator.QuorumSigner
 	var gossipKey []byte
 	if secure {
 		path := cfg.SecretsFile
 		if path == "" {
 			path = filepath.Join(cfg.DataDir, "coordinator-secrets.json")
 		}
-		secrets, created, err := membership.LoadOrCreateCoordinatorSecrets(path)
+		secrets, created, err := coordinator.LoadOrCreateSecrets(path)
 		if err != nil {
 			return nil, err
 		}
@@ -311,27 +313,27 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	clientLog := lg.Named("etcd-client").WithOptions(zap.IncreaseLevel(zapcore.WarnLevel))
 	var trainer *membership.Credentials
 	if len(cfg.Etcd) == 0 {
-		ec := membership.DefaultEmbeddedConfig()
+		ec := etcdhost.DefaultEmbeddedConfig()
 		ec.Dir, ec.Name, ec.Logger = cfg.DataDir, cfg.Name, lg
 		ec.UnsafeNoFsync = cfg.UnsafeNoFsync
 		ec.Secure, ec.CertHosts, ec.AdvertiseClientAddr, ec.Root = secure, cfg.EtcdCertHosts, cfg.EtcdAdvertiseAddr, cfg.Root
 		ec.ClientAddr, ec.PeerAddr = cfg.EtcdClientAddr, cfg.EtcdPeerAddr
 		sctx, cancel := context.WithTimeout(ctx, time.Minute)
-		s.embedded, err = membership.StartEmbedded(sctx, ec)
+		s.embedded, err = etcdhost.StartEmbedded(sctx, ec)
 		cancel()
 		if err != nil {
 			return nil, err
 		}
 		lg.Info("embedded etcd running", zap.Strings("endpoints", s.embedded.Endpoints()), zap.String("data-dir", cfg.DataDir),
 			zap.Bool("tls", s.embedded.Secure()))
-		own, err := s.embedded.Credentials(membership.EtcdUserCoordinator)
+		own, err := s.embedded.Credentials(etcdhost.UserCoordinator)
 		if err != nil {
 			return nil, err
 		}
 		if ccfg, err = own.ClientConfig(nil, clientLog); err != nil {
 			return nil, err
 		}
-		if trainer, err = s.embedded.Credentials(membership.EtcdUserTrainer); err != nil {
+		if trainer, err = s.embedded.Credentials(etcdhost.UserTrainer); err != nil {
 			return nil, err
 		}
 	} else {
@@ -369,7 +371,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			trainer.QuorumKeys = []membership.QuorumKey{signer.PublicKey()}
 		}
 		trainer.GossipKey = gossipKey
-		if err := trainer.Write(s.creds); err != nil {
+		if err := etcdhost.WriteCredentials(s.creds, trainer); err != nil {
 			return nil, err
 		}
 		lg.Info("trainer credentials written: give trainers this file ("+membership.CredentialsEnv+"=<file>, or ft.Config.Credentials)",
@@ -380,7 +382,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewBuildInfoCollector(), buildInfo(cfg.Version, cfg.Revision))
-	cc := membership.DefaultCoordinatorConfig()
+	cc := coordinator.DefaultConfig()
 	cc.Client, cc.Root, cc.Name = s.cli, cfg.Root, cfg.Name
 	cc.Quorum, cc.SessionTTL, cc.HistoryLimit = cfg.Quorum, cfg.SessionTTL, cfg.HistoryLimit
 	cc.Logger, cc.Registerer = lg, s.reg
@@ -393,7 +395,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		g.SecretKey = gossipKey
 		cc.Gossip = &g
 	}
-	if s.coord, err = membership.NewCoordinator(cc); err != nil {
+	if s.coord, err = coordinator.New(cc); err != nil {
 		return nil, err
 	}
 
@@ -403,9 +405,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	scheme := "http"
 	keepOut := cfg.EvictKeepOut
 	if keepOut == 0 {
-		keepOut = membership.DefaultEvictKeepOut
+		keepOut = coordinator.DefaultEvictKeepOut
 	}
-	a := &api{admin: membership.NewAdmin(s.cli, cfg.Root), coord: s.coord, cli: s.cli, token: cfg.Token, gatherer: s.reg, lg: lg,
+	a := &api{admin: coordinator.NewAdmin(s.cli, cfg.Root), coord: s.coord, cli: s.cli, token: cfg.Token, gatherer: s.reg, lg: lg,
 		keepOut: max(keepOut, 0), version: cfg.Version,
 		healthKey: strings.TrimSuffix(cfg.Root, "/") + "/_health"}
 	d := DefaultConfig()
@@ -527,7 +529,7 @@ func (s *Server) Endpoints() []string {
 }
 
 // Coordinator returns the membership coordinator this server runs.
-func (s *Server) Coordinator() *membership.Coordinator { return s.coord }
+func (s *Server) Coordinator() *coordinator.Coordinator { return s.coord }
 
 // Client returns the server's etcd client (closed by Serve's end or Close).
 func (s *Server) Client() *clientv3.Client { return s.cli }

@@ -1,7 +1,7 @@
 // Package server is the ftcomm coordinator service that `ftcoord serve`
 // runs, importable so that another program can run one in process (a
 // demo, a test, a launcher): etcd (embedded single node by default, or a
-// client of an external cluster), a membership.Coordinator, and an HTTP
+// client of an external cluster), a coordinator.Coordinator, and an HTTP
 // server with the JSON API, the live dashboard, Prometheus /metrics and
 // /healthz (see cmd/ftcoord's documentation for the endpoints).
 //

@@ -1,4 +1,4 @@
-package membership
+package coordinator_test
 
 import (
 	"encoding/json"
@@ -8,18 +8,21 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftcomm/ftcomm/internal/clustertest"
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 // Issue 14 item 8: an evicted member used to register again at once (ft
 // re-registers within 50 ms). It is kept out for the time asked, told
 // until when, and let back in after.
 func TestEvictKeepsOut(t *testing.T) {
-	tj := startTestJob(t, DefaultQuorumConfig(), false)
-	a, b := tj.join("a", nil), tj.join("b", nil)
-	q := waitQuorum(t, a, 0, "a", "b")
-	ctx := testCtx(t, 30*time.Second)
+	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	a, b := tj.Join("a", nil), tj.Join("b", nil)
+	q := clustertest.WaitQuorum(t, a, 0, "a", "b")
+	ctx := clustertest.Ctx(t, 30*time.Second)
 	start := time.Now()
-	until, err := tj.coord.EvictFor(ctx, tj.job, "b", "test", 2*time.Second)
+	until, err := tj.Coord.EvictFor(ctx, tj.Name, "b", "test", 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,23 +30,23 @@ func TestEvictKeepsOut(t *testing.T) {
 		t.Fatalf("kept out until %v after eviction", d)
 	}
 	<-b.Done()
-	waitQuorum(t, a, q.Epoch, "a")
-	_, err = Join(ctx, MemberConfig{Client: tj.cli, Job: tj.job, ID: "b", Addr: "b:1"})
-	var kept *KeptOutError
-	if !errors.As(err, &kept) || !errors.Is(err, ErrKeptOut) || !kept.Until.Equal(until) || kept.By != "test" {
+	clustertest.WaitQuorum(t, a, q.Epoch, "a")
+	_, err = membership.Join(ctx, membership.MemberConfig{Client: tj.Client, Job: tj.Name, ID: "b", Addr: "b:1"})
+	var kept *membership.KeptOutError
+	if !errors.As(err, &kept) || !errors.Is(err, membership.ErrKeptOut) || !kept.Until.Equal(until) || kept.By != "test" {
 		t.Fatalf("rejoin: %v", err)
 	}
 	// The record goes with its lease; then b may come back.
-	k := Keys{}.Evicted(tj.job, "b")
-	resp, err := tj.cli.Get(ctx, k)
+	k := membership.Keys{}.Evicted(tj.Name, "b")
+	resp, err := tj.Client.Get(ctx, k)
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("keep-out record: %v %v", resp, err)
 	}
-	var ko KeepOut
+	var ko membership.KeepOut
 	if json.Unmarshal(resp.Kvs[0].Value, &ko) != nil || !ko.Until.Equal(until) {
 		t.Fatalf("keep-out record %s", resp.Kvs[0].Value)
 	}
-	for wr := range tj.cli.Watch(ctx, k, clientv3.WithRev(resp.Header.Revision+1)) {
+	for wr := range tj.Client.Watch(ctx, k, clientv3.WithRev(resp.Header.Revision+1)) {
 		if len(wr.Events) > 0 && wr.Events[0].Type == mvccpb.DELETE {
 			break
 		}
@@ -51,13 +54,13 @@ func TestEvictKeepsOut(t *testing.T) {
 	if time.Now().Before(until.Add(-time.Second)) {
 		t.Fatalf("the keep-out ended early")
 	}
-	b2 := tj.join("b", nil)
-	waitQuorum(t, b2, 0, "a", "b")
+	b2 := tj.Join("b", nil)
+	clustertest.WaitQuorum(t, b2, 0, "a", "b")
 
 	// Without a keep-out, nothing is stored and b may come back at once.
-	if until, err := tj.coord.EvictFor(ctx, tj.job, "b", "test", 0); err != nil || !until.IsZero() {
+	if until, err := tj.Coord.EvictFor(ctx, tj.Name, "b", "test", 0); err != nil || !until.IsZero() {
 		t.Fatalf("evict without keep-out: %v %v", until, err)
 	}
 	<-b2.Done()
-	tj.join("b", nil)
+	tj.Join("b", nil)
 }

@@ -11,6 +11,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -23,9 +25,9 @@ func testCtx(t testing.TB, d time.Duration) context.Context {
 // liveCoordinator is an in-process ftcoord: embedded etcd, a leading
 // coordinator and the HTTP API on a free loopback port.
 type liveCoordinator struct {
-	etcd  *membership.Embedded
+	etcd  *etcdhost.Embedded
 	cli   *clientv3.Client
-	coord *membership.Coordinator
+	coord *coordinator.Coordinator
 	srv   *httptest.Server
 	token string
 }
@@ -33,9 +35,9 @@ type liveCoordinator struct {
 func startLiveCoordinator(t *testing.T, token string, gossip bool) *liveCoordinator {
 	t.Helper()
 	ctx := testCtx(t, 30*time.Second)
-	ec := membership.DefaultEmbeddedConfig()
+	ec := etcdhost.DefaultEmbeddedConfig()
 	ec.UnsafeNoFsync = true
-	e, err := membership.StartEmbedded(ctx, ec)
+	e, err := etcdhost.StartEmbedded(ctx, ec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,14 +48,14 @@ func startLiveCoordinator(t *testing.T, token string, gossip bool) *liveCoordina
 	}
 	t.Cleanup(func() { cli.Close() })
 	reg := prometheus.NewRegistry()
-	cc := membership.DefaultCoordinatorConfig()
+	cc := coordinator.DefaultConfig()
 	cc.Client, cc.Name, cc.Registerer = cli, "coord-a", reg
 	cc.Logger = zaptest.NewLogger(t)
 	if gossip {
 		g := membership.DefaultGossipConfig()
 		cc.Gossip = &g
 	}
-	coord, err := membership.NewCoordinator(cc)
+	coord, err := coordinator.New(cc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,8 +68,8 @@ func startLiveCoordinator(t *testing.T, token string, gossip bool) *liveCoordina
 	case <-ctx.Done():
 		t.Fatal("coordinator did not lead")
 	}
-	a := &api{admin: membership.NewAdmin(cli, ""), coord: coord, cli: cli, token: token, gatherer: reg, lg: cc.Logger,
-		keepOut: membership.DefaultEvictKeepOut, healthKey: membership.DefaultRoot + "/_health"}
+	a := &api{admin: coordinator.NewAdmin(cli, ""), coord: coord, cli: cli, token: token, gatherer: reg, lg: cc.Logger,
+		keepOut: coordinator.DefaultEvictKeepOut, healthKey: membership.DefaultRoot + "/_health"}
 	srv := httptest.NewServer(a.handler())
 	t.Cleanup(srv.Close)
 	return &liveCoordinator{etcd: e, cli: cli, coord: coord, srv: srv, token: token}

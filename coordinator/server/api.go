@@ -19,7 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
-	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/coordinator"
 )
 
 //go:embed dashboard/index.html
@@ -29,8 +29,8 @@ var dashboardHTML []byte
 // coordinator instance. Any instance answers from etcd; the leader adds
 // its live view (why a quorum waits).
 type api struct {
-	admin    *membership.Admin
-	coord    *membership.Coordinator
+	admin    *coordinator.Admin
+	coord    *coordinator.Coordinator
 	cli      *clientv3.Client
 	token    string
 	gatherer prometheus.Gatherer
@@ -125,7 +125,7 @@ func (a *api) fail(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, comm.ErrInvalidArgument):
 		writeError(w, http.StatusBadRequest, err)
-	case errors.Is(err, membership.ErrNotFound), errors.Is(err, membership.ErrNoQuorum):
+	case errors.Is(err, coordinator.ErrNotFound), errors.Is(err, coordinator.ErrNoQuorum):
 		writeError(w, http.StatusNotFound, err)
 	case errors.Is(err, context.DeadlineExceeded):
 		writeError(w, http.StatusGatewayTimeout, err)
@@ -171,7 +171,7 @@ func (a *api) coordinator(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := reqCtx(r)
 	defer cancel()
 	leader, err := a.admin.Leader(ctx)
-	if err != nil && !errors.Is(err, membership.ErrNotFound) {
+	if err != nil && !errors.Is(err, coordinator.ErrNotFound) {
 		a.fail(w, err)
 		return
 	}
@@ -192,7 +192,7 @@ func (a *api) jobs(w http.ResponseWriter, r *http.Request) {
 
 // JobDetail is GET /api/v1/jobs/{job}.
 type JobDetail struct {
-	membership.JobView
+	coordinator.JobView
 	// Waiting is why no quorum forms (leader only; "" elsewhere or when
 	// none is needed).
 	Waiting string `json:"waiting,omitempty"`

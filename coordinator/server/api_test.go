@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -53,7 +54,7 @@ func TestAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	jobs := decode[[]membership.JobSummary](t, lc.request(t, "GET", "/api/v1/jobs", "", false), 200)
+	jobs := decode[[]coordinator.JobSummary](t, lc.request(t, "GET", "/api/v1/jobs", "", false), 200)
 	if len(jobs) != 1 || jobs[0].Job != "llama" || jobs[0].Members != 2 || jobs[0].Epoch != q.Epoch {
 		t.Fatalf("jobs %+v", jobs)
 	}
@@ -70,7 +71,7 @@ func TestAPI(t *testing.T) {
 	if !sawA {
 		t.Fatalf("member a not shown right: %+v", d.Members)
 	}
-	ms := decode[[]membership.MemberView](t, lc.request(t, "GET", "/api/v1/jobs/llama/members", "", false), 200)
+	ms := decode[[]coordinator.MemberView](t, lc.request(t, "GET", "/api/v1/jobs/llama/members", "", false), 200)
 	if len(ms) != 2 {
 		t.Fatalf("members %+v", ms)
 	}
@@ -95,7 +96,7 @@ func TestAPI(t *testing.T) {
 	// Evict b through the API: b learns it, the quorum goes on without it.
 	evicted := time.Now()
 	ev := decode[EvictAnswer](t, lc.request(t, "POST", "/api/v1/jobs/llama/members/b/evict", `{"by":"test","reason":"flaky nic"}`, false), 200)
-	if ev.Evicted != "b" || ev.KeptOutUntil == nil || ev.KeptOutUntil.Before(evicted.Add(membership.DefaultEvictKeepOut)) {
+	if ev.Evicted != "b" || ev.KeptOutUntil == nil || ev.KeptOutUntil.Before(evicted.Add(coordinator.DefaultEvictKeepOut)) {
 		t.Fatalf("evict answer %+v", ev)
 	}
 	select {
@@ -174,7 +175,7 @@ func TestAPIBadInput(t *testing.T) {
 		}
 	}
 	// Nothing was evicted by the bad requests.
-	ms := decode[[]membership.MemberView](t, lc.request(t, "GET", "/api/v1/jobs/llama/members", "", false), 200)
+	ms := decode[[]coordinator.MemberView](t, lc.request(t, "GET", "/api/v1/jobs/llama/members", "", false), 200)
 	if len(ms) != 1 {
 		t.Fatalf("members %+v", ms)
 	}
@@ -202,7 +203,7 @@ func TestAPIToken(t *testing.T) {
 	}
 	resp = lc.request(t, "POST", "/api/v1/jobs/llama/members/a/evict", "", false)
 	decode[APIError](t, resp, 401)
-	decode[[]membership.JobSummary](t, lc.request(t, "GET", "/api/v1/jobs", "", true), 200)
+	decode[[]coordinator.JobSummary](t, lc.request(t, "GET", "/api/v1/jobs", "", true), 200)
 	// The page and the health check stay open (the page asks for the token).
 	for _, p := range []string{"/", "/healthz"} {
 		if resp := lc.request(t, "GET", p, "", false); resp.StatusCode != 200 {

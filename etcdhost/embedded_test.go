@@ -1,4 +1,4 @@
-package membership
+package etcdhost
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 func TestEmbeddedRestartKeepsData(t *testing.T) {
@@ -114,7 +115,7 @@ func TestEmbeddedClusterSurvivesOneMember(t *testing.T) {
 	if err != nil || len(ml.Members) != 3 {
 		t.Fatalf("member list %v, %v", ml, err)
 	}
-	s := NewStore(cli, "/ftcomm/j/rdzv/1")
+	s := membership.NewStore(cli, "/ftcomm/j/rdzv/1")
 	if _, err := s.Add(ctx, "n", 1); err != nil {
 		t.Fatal(err)
 	}

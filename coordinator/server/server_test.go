@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -213,9 +214,9 @@ func TestServerAdvertiseAndBuildInfo(t *testing.T) {
 // answering yet is waited for (retried, logged) until ctx ends.
 func TestServerExternalEtcdConnect(t *testing.T) {
 	ctx := testCtx(t, 60*time.Second)
-	ec := membership.DefaultEmbeddedConfig()
+	ec := etcdhost.DefaultEmbeddedConfig()
 	ec.UnsafeNoFsync = true
-	e, err := membership.StartEmbedded(ctx, ec)
+	e, err := etcdhost.StartEmbedded(ctx, ec)
 	if err != nil {
 		t.Fatal(err)
 	}

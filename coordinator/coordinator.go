@@ -1,4 +1,4 @@
-package membership
+package coordinator
 
 import (
 	"bytes"
@@ -11,7 +11,6 @@ import (
 	"os"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,26 +25,27 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership"
 )
 
-// CoordinatorConfig configures a Coordinator.
-type CoordinatorConfig struct {
+// Config configures a Coordinator.
+type Config struct {
 	// Client is the etcd client (required; the caller closes it).
 	Client *clientv3.Client
-	// Root is the key prefix (default DefaultRoot).
+	// Root is the key prefix (default membership.DefaultRoot).
 	Root string
 	// Name tells coordinator instances apart (default host-pid).
 	Name string
 	// Quorum holds the rules for every job; members may raise
 	// MinReplicas for theirs.
-	Quorum QuorumConfig
+	Quorum membership.QuorumConfig
 	// SessionTTL is the lease of the leader's election key: a killed
 	// leader is replaced about this long after it stops (min 2 s,
 	// default 3 s).
 	SessionTTL time.Duration
 	// Gossip makes the coordinator a gossip node, so it learns of a
 	// member's death directly (nil: off; lease expiry then detects it).
-	Gossip *GossipConfig
+	Gossip *membership.GossipConfig
 	// HistoryLimit is how many past quorums (and revocations) each job
 	// keeps in etcd (default 100).
 	HistoryLimit int
@@ -54,8 +54,8 @@ type CoordinatorConfig struct {
 	// all).
 	EvictKeepOut time.Duration
 	// QuorumSigner, when set, signs every quorum the coordinator
-	// publishes (members with the matching QuorumVerifier act on no
-	// other), and lets the leader tell its own quorum records from
+	// publishes (members with the matching membership.QuorumVerifier act
+	// on no other), and lets the leader tell its own quorum records from
 	// foreign ones when it loads them. Coordinators of one root must
 	// share the key: each publishes its key id, and one whose id differs
 	// from a running instance's fails with ErrKeyMismatch.
@@ -66,13 +66,13 @@ type CoordinatorConfig struct {
 	Registerer prometheus.Registerer
 }
 
-// DefaultCoordinatorConfig returns the defaults; fill Client.
-func DefaultCoordinatorConfig() CoordinatorConfig {
+// DefaultConfig returns the defaults; fill Client.
+func DefaultConfig() Config {
 	host, _ := os.Hostname()
-	return CoordinatorConfig{
-		Root:         DefaultRoot,
+	return Config{
+		Root:         membership.DefaultRoot,
 		Name:         fmt.Sprintf("%s-%d", host, os.Getpid()),
-		Quorum:       DefaultQuorumConfig(),
+		Quorum:       membership.DefaultQuorumConfig(),
 		SessionTTL:   3 * time.Second,
 		HistoryLimit: 100,
 		EvictKeepOut: DefaultEvictKeepOut,
@@ -80,9 +80,9 @@ func DefaultCoordinatorConfig() CoordinatorConfig {
 }
 
 // Validate says what is wrong with the configuration, if anything.
-func (c CoordinatorConfig) Validate() error {
+func (c Config) Validate() error {
 	if c.Client == nil {
-		return fmt.Errorf("%w: membership: coordinator needs an etcd Client", comm.ErrInvalidArgument)
+		return fmt.Errorf("%w: coordinator: coordinator needs an etcd Client", comm.ErrInvalidArgument)
 	}
 	if err := checkName("coordinator name", c.Name); err != nil {
 		return err
@@ -91,10 +91,10 @@ func (c CoordinatorConfig) Validate() error {
 		return err
 	}
 	if c.SessionTTL < 2*time.Second {
-		return fmt.Errorf("%w: membership: SessionTTL %v is below etcd's minimum of 2s", comm.ErrInvalidArgument, c.SessionTTL)
+		return fmt.Errorf("%w: coordinator: SessionTTL %v is below etcd's minimum of 2s", comm.ErrInvalidArgument, c.SessionTTL)
 	}
 	if c.HistoryLimit < 1 {
-		return fmt.Errorf("%w: membership: HistoryLimit %d must be at least 1", comm.ErrInvalidArgument, c.HistoryLimit)
+		return fmt.Errorf("%w: coordinator: HistoryLimit %d must be at least 1", comm.ErrInvalidArgument, c.HistoryLimit)
 	}
 	if c.Gossip != nil {
 		return c.Gossip.Validate()
@@ -104,14 +104,14 @@ func (c CoordinatorConfig) Validate() error {
 
 // Coordinator forms and publishes the quorums of every job under its
 // root. Several may run; one leads (etcd election) and only its writes
-// pass the fence. Create with NewCoordinator, then Run.
+// pass the fence. Create with New, then Run.
 type Coordinator struct {
-	cfg     CoordinatorConfig
+	cfg     Config
 	cli     *clientv3.Client
-	keys    Keys
+	keys    membership.Keys
 	lg      *zap.Logger
 	metrics *coordMetrics
-	gsp     *Gossip
+	gsp     *membership.Gossip
 
 	leader atomic.Bool
 	leadCh chan struct{} // closed while leading
@@ -124,23 +124,23 @@ type Coordinator struct {
 
 // JobStatus is the leader's live view of a job.
 type JobStatus struct {
-	Job     string    `json:"job"`
-	Members int       `json:"members"`
-	Quorum  *Quorum   `json:"quorum,omitempty"`
-	Waiting string    `json:"waiting,omitempty"` // why no quorum forms, if one is needed
-	Updated time.Time `json:"updated"`
+	Job     string             `json:"job"`
+	Members int                `json:"members"`
+	Quorum  *membership.Quorum `json:"quorum,omitempty"`
+	Waiting string             `json:"waiting,omitempty"` // why no quorum forms, if one is needed
+	Updated time.Time          `json:"updated"`
 }
 
-// NewCoordinator checks the configuration and prepares a coordinator.
-func NewCoordinator(cfg CoordinatorConfig) (*Coordinator, error) {
-	d := DefaultCoordinatorConfig()
+// New checks the configuration and prepares a coordinator.
+func New(cfg Config) (*Coordinator, error) {
+	d := DefaultConfig()
 	if cfg.Root == "" {
 		cfg.Root = d.Root
 	}
 	if cfg.Name == "" {
 		cfg.Name = d.Name
 	}
-	if cfg.Quorum == (QuorumConfig{}) {
+	if cfg.Quorum == (membership.QuorumConfig{}) {
 		cfg.Quorum = d.Quorum
 	}
 	if cfg.SessionTTL == 0 {
@@ -158,7 +158,7 @@ func NewCoordinator(cfg CoordinatorConfig) (*Coordinator, error) {
 	c := &Coordinator{
 		cfg:      cfg,
 		cli:      cfg.Client,
-		keys:     Keys{Root: cfg.Root},
+		keys:     membership.Keys{Root: cfg.Root},
 		lg:       cfg.Logger,
 		status:   map[string]JobStatus{},
 		leadCh:   make(chan struct{}),
@@ -193,6 +193,17 @@ func (c *Coordinator) GossipAddr() string {
 	return c.gsp.Addr()
 }
 
+// GossipStats returns the counters of the coordinator's gossip node
+// (zero without gossip, or before Run started it).
+func (c *Coordinator) GossipStats() membership.GossipStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gsp == nil {
+		return membership.GossipStats{}
+	}
+	return c.gsp.Stats()
+}
+
 // Status returns the leader's view of a job (ok false on a follower or
 // for an unknown job).
 func (c *Coordinator) Status(job string) (JobStatus, bool) {
@@ -225,7 +236,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.running {
 		c.mu.Unlock()
-		return fmt.Errorf("%w: membership: coordinator %s is already running", comm.ErrInvalidArgument, c.cfg.Name)
+		return fmt.Errorf("%w: coordinator: coordinator %s is already running", comm.ErrInvalidArgument, c.cfg.Name)
 	}
 	c.running = true
 	c.mu.Unlock()
@@ -234,9 +245,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	gossipEvents := make(chan GossipEvent, 1024)
+	gossipEvents := make(chan membership.GossipEvent, 1024)
 	if c.cfg.Gossip != nil {
-		g, err := StartGossip("_coordinator/"+c.cfg.Name, *c.cfg.Gossip)
+		g, err := membership.StartGossip("_coordinator/"+c.cfg.Name, *c.cfg.Gossip)
 		if err != nil {
 			return err
 		}
@@ -299,12 +310,12 @@ func (c *Coordinator) Leading() <-chan struct{} {
 // pumpGossip remembers deaths (for a leadership that starts later) and
 // passes events on; it joins the coordinator's gossip node to the others
 // and re-joins when it finds itself alone.
-func (c *Coordinator) pumpGossip(ctx context.Context, g *Gossip, out chan<- GossipEvent) {
+func (c *Coordinator) pumpGossip(ctx context.Context, g *membership.Gossip, out chan<- membership.GossipEvent) {
 	for {
 		select {
 		case ev := <-g.Events():
 			c.metrics.gossipAlive.Set(float64(g.NumAlive()))
-			if ev.Kind == GossipDead {
+			if ev.Kind == membership.GossipDead {
 				c.mu.Lock()
 				c.deadSeen[ev.Name] = ev.At
 				for n, at := range c.deadSeen {
@@ -314,7 +325,7 @@ func (c *Coordinator) pumpGossip(ctx context.Context, g *Gossip, out chan<- Goss
 				}
 				c.mu.Unlock()
 			}
-			if ev.Kind != GossipDead {
+			if ev.Kind != membership.GossipDead {
 				continue
 			}
 			select {
@@ -348,11 +359,11 @@ func (c *Coordinator) joinGossipPeers(ctx context.Context) {
 		}
 	}
 	if len(seeds) == 0 && g.NumAlive() <= 1 {
-		resp, err := c.cli.Get(ctx, c.keys.root()+"/", clientv3.WithPrefix())
+		resp, err := c.cli.Get(ctx, c.keys.Prefix(), clientv3.WithPrefix())
 		if err == nil {
 			for _, kv := range resp.Kvs {
-				if _, kind, _, ok := c.keys.parseKey(string(kv.Key)); ok && kind == "members" && len(seeds) < 16 {
-					var r MemberRecord
+				if _, kind, _, ok := c.keys.Parse(string(kv.Key)); ok && kind == "members" && len(seeds) < 16 {
+					var r membership.MemberRecord
 					if json.Unmarshal(kv.Value, &r) == nil && r.Gossip != "" {
 						seeds = append(seeds, r.Gossip)
 					}
@@ -365,7 +376,7 @@ func (c *Coordinator) joinGossipPeers(ctx context.Context) {
 	}
 }
 
-func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan GossipEvent) error {
+func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan membership.GossipEvent) error {
 	// The session outlives ctx by the few calls of a graceful exit, so
 	// that it can resign and revoke its lease: a standby then takes over
 	// at once instead of after SessionTTL.
@@ -377,7 +388,7 @@ func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan G
 		sess = s
 		return err
 	}); err != nil {
-		return fmt.Errorf("membership: coordinator session: %w", err)
+		return fmt.Errorf("coordinator: coordinator session: %w", err)
 	}
 	defer func() {
 		// Close revokes the lease, bounded by the client's own timeouts.
@@ -393,13 +404,13 @@ func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan G
 	}
 	if addr := c.GossipAddr(); addr != "" {
 		if _, err := c.cli.Put(ctx, c.keys.CoordinatorGossip()+c.cfg.Name, addr, clientv3.WithLease(sess.Lease())); err != nil {
-			return fmt.Errorf("membership: publish gossip address: %w", err)
+			return fmt.Errorf("coordinator: publish gossip address: %w", err)
 		}
 		c.joinGossipPeers(ctx)
 	}
 	el := concurrency.NewElection(sess, c.keys.Election())
 	if err := el.Campaign(ctx, c.cfg.Name); err != nil {
-		return fmt.Errorf("membership: campaign: %w", err)
+		return fmt.Errorf("coordinator: campaign: %w", err)
 	}
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -428,17 +439,17 @@ func (c *Coordinator) publishKeyID(ctx context.Context, sess *concurrency.Sessio
 	prefix := c.keys.CoordinatorKeys()
 	resp, err := c.cli.Get(ctx, prefix, clientv3.WithPrefix())
 	if err != nil {
-		return fmt.Errorf("membership: read coordinators' keys: %w", ctxErr(ctx, err))
+		return fmt.Errorf("coordinator: read coordinators' keys: %w", ctxErr(ctx, err))
 	}
 	for _, kv := range resp.Kvs {
 		name := strings.TrimPrefix(string(kv.Key), prefix)
 		if name != c.cfg.Name && string(kv.Value) != mine {
 			return fmt.Errorf("%w: coordinator %s signs quorums with key %s, this one (%s) with %s: give every coordinator of root %s the same secrets",
-				ErrKeyMismatch, name, kv.Value, c.cfg.Name, mine, c.keys.root())
+				ErrKeyMismatch, name, kv.Value, c.cfg.Name, mine, strings.TrimSuffix(c.keys.Prefix(), "/"))
 		}
 	}
 	if _, err := c.cli.Put(ctx, prefix+c.cfg.Name, mine, clientv3.WithLease(sess.Lease())); err != nil {
-		return fmt.Errorf("membership: publish key id: %w", ctxErr(ctx, err))
+		return fmt.Errorf("coordinator: publish key id: %w", ctxErr(ctx, err))
 	}
 	return nil
 }
@@ -472,7 +483,7 @@ type leadership struct {
 
 type doomedMember struct {
 	job string
-	rec MemberRecord
+	rec membership.MemberRecord
 }
 
 type memberRef struct {
@@ -488,14 +499,14 @@ type verdict struct {
 }
 
 type jobState struct {
-	m         *Machine
+	m         *membership.Machine
 	quorumRev int64  // mod revision of the quorum key we last wrote or read (0: no key)
 	ownRev    int64  // revision of our last write of the key, a deletion included
 	lastValue []byte // the record we last wrote (or loaded and trusted)
 	// inflight is a record whose write failed without an answer: seeing
 	// it in the watch means it was stored after all.
 	inflight  []byte
-	inflightQ Quorum
+	inflightQ membership.Quorum
 	// foreign is a write of the quorum key by someone else, to repair.
 	foreign *foreignWrite
 	dirty   bool
@@ -513,7 +524,7 @@ type foreignWrite struct {
 func (l *leadership) job(name string) *jobState {
 	j, ok := l.jobs[name]
 	if !ok {
-		j = &jobState{m: NewMachine(name, l.c.cfg.Quorum, nil)}
+		j = &jobState{m: membership.NewMachine(name, l.c.cfg.Quorum, nil)}
 		l.jobs[name] = j
 	}
 	return j
@@ -521,29 +532,29 @@ func (l *leadership) job(name string) *jobState {
 
 // load reads every job's state and returns the revision read at.
 func (l *leadership) load(ctx context.Context) (int64, error) {
-	resp, err := l.c.cli.Get(ctx, l.c.keys.root()+"/", clientv3.WithPrefix())
+	resp, err := l.c.cli.Get(ctx, l.c.keys.Prefix(), clientv3.WithPrefix())
 	if err != nil {
-		return 0, fmt.Errorf("membership: load state: %w", err)
+		return 0, fmt.Errorf("coordinator: load state: %w", err)
 	}
 	l.jobs = map[string]*jobState{}
 	l.byNode = map[string]memberRef{}
 	type pending struct {
 		job string
-		rec MemberRecord
+		rec membership.MemberRecord
 	}
 	var recs []pending
-	var revs []Revocation
+	var revs []membership.Revocation
 	var revJobs []string
 	quorums := map[string]*mvccpb.KeyValue{}
 	history := map[string][]*mvccpb.KeyValue{}
 	for _, kv := range resp.Kvs {
-		job, kind, rest, ok := l.c.keys.parseKey(string(kv.Key))
+		job, kind, rest, ok := l.c.keys.Parse(string(kv.Key))
 		if !ok {
 			continue
 		}
 		switch {
 		case kind == "members":
-			var r MemberRecord
+			var r membership.MemberRecord
 			if json.Unmarshal(kv.Value, &r) != nil {
 				continue
 			}
@@ -554,7 +565,7 @@ func (l *leadership) load(ctx context.Context) (int64, error) {
 		case kind == "_history":
 			history[job] = append(history[job], kv)
 		case kind == "epoch" && strings.HasPrefix(rest, "revoked/"):
-			var r Revocation
+			var r membership.Revocation
 			if json.Unmarshal(kv.Value, &r) == nil {
 				revs = append(revs, r)
 				revJobs = append(revJobs, job)
@@ -598,8 +609,8 @@ func (l *leadership) load(ctx context.Context) (int64, error) {
 // is foreign: the job starts from the newest trusted history entry, and
 // the record is repaired at the first decision.
 func (l *leadership) loadQuorum(job string, kv *mvccpb.KeyValue, history []*mvccpb.KeyValue) *jobState {
-	trust := func(raw []byte) (Quorum, bool) {
-		var q Quorum
+	trust := func(raw []byte) (membership.Quorum, bool) {
+		var q membership.Quorum
 		if s := l.c.cfg.QuorumSigner; s != nil {
 			var err error
 			q, err = s.Verifier().Verify(raw)
@@ -609,10 +620,10 @@ func (l *leadership) loadQuorum(job string, kv *mvccpb.KeyValue, history []*mvcc
 	}
 	// The newest trusted history entry, and the highest epoch seen at all.
 	var real *mvccpb.KeyValue
-	var realQ Quorum
+	var realQ membership.Quorum
 	var floor uint64
 	for i := len(history) - 1; i >= 0; i-- {
-		var q Quorum
+		var q membership.Quorum
 		if json.Unmarshal(history[i].Value, &q) == nil {
 			floor = max(floor, q.Epoch)
 		}
@@ -629,10 +640,10 @@ func (l *leadership) loadQuorum(job string, kv *mvccpb.KeyValue, history []*mvcc
 			ok = bytes.Equal(kv.Value, real.Value)
 		}
 		if ok {
-			return &jobState{m: NewMachine(job, l.c.cfg.Quorum, &q), quorumRev: kv.ModRevision, lastValue: kv.Value}
+			return &jobState{m: membership.NewMachine(job, l.c.cfg.Quorum, &q), quorumRev: kv.ModRevision, lastValue: kv.Value}
 		}
 		f := &foreignWrite{rev: kv.ModRevision}
-		var fq Quorum
+		var fq membership.Quorum
 		if json.Unmarshal(kv.Value, &fq) == nil {
 			f.epoch = fq.Epoch
 			floor = max(floor, fq.Epoch)
@@ -642,29 +653,25 @@ func (l *leadership) loadQuorum(job string, kv *mvccpb.KeyValue, history []*mvcc
 		j := &jobState{quorumRev: kv.ModRevision, foreign: f}
 		switch {
 		case real != nil:
-			j.m, j.lastValue = NewMachine(job, l.c.cfg.Quorum, &realQ), real.Value
+			j.m, j.lastValue = membership.NewMachine(job, l.c.cfg.Quorum, &realQ), real.Value
 		case floor > 0:
 			// Nothing trusted to restore; never go back below an epoch
 			// members may have seen.
-			j.m = NewMachine(job, l.c.cfg.Quorum, &Quorum{Job: job, Epoch: floor})
+			j.m = membership.NewMachine(job, l.c.cfg.Quorum, &membership.Quorum{Job: job, Epoch: floor})
 		default:
-			j.m = NewMachine(job, l.c.cfg.Quorum, nil)
+			j.m = membership.NewMachine(job, l.c.cfg.Quorum, nil)
 		}
 		return j
 	}
 	if real == nil {
-		return &jobState{m: NewMachine(job, l.c.cfg.Quorum, nil)}
+		return &jobState{m: membership.NewMachine(job, l.c.cfg.Quorum, nil)}
 	}
 	l.c.lg.Warn("quorum record deleted by someone else; restoring it", zap.String("job", job), zap.Uint64("epoch", realQ.Epoch))
-	return &jobState{m: NewMachine(job, l.c.cfg.Quorum, &realQ), lastValue: real.Value, foreign: &foreignWrite{deleted: true, epoch: realQ.Epoch}}
-}
-
-func gossipName(job, id string, lease int64) string {
-	return job + "/" + id + "/" + strconv.FormatInt(lease, 16)
+	return &jobState{m: membership.NewMachine(job, l.c.cfg.Quorum, &realQ), lastValue: real.Value, foreign: &foreignWrite{deleted: true, epoch: realQ.Epoch}}
 }
 
 // upsert applies a member record (or its eviction or leave).
-func (l *leadership) upsert(now time.Time, job string, r MemberRecord) {
+func (l *leadership) upsert(now time.Time, job string, r membership.MemberRecord) {
 	j := l.job(job)
 	switch {
 	case r.Evicted != "":
@@ -676,7 +683,7 @@ func (l *leadership) upsert(now time.Time, job string, r MemberRecord) {
 	}
 	if old, ok := j.m.Member(r.ID); !ok || old.Incarnation != r.Incarnation {
 		if ok {
-			delete(l.byNode, gossipName(job, old.ID, old.Lease))
+			delete(l.byNode, membership.GossipNodeName(job, old.ID, old.Lease))
 		}
 		l.c.metrics.joins.WithLabelValues(job).Inc()
 	} else if old.Health == r.Health && old.WantQuorum == r.WantQuorum && old.ShrinkOnly == r.ShrinkOnly &&
@@ -687,11 +694,11 @@ func (l *leadership) upsert(now time.Time, job string, r MemberRecord) {
 	}
 	if len(r.Blamed) > 0 {
 		if old, ok := j.m.Member(r.ID); !ok || old.CommitFailed != r.CommitFailed || !slices.Equal(old.Blamed, r.Blamed) {
-			defer l.verifyReported(job, Revocation{Epoch: r.CommitFailed, Failed: r.Blamed}) // after the upsert below
+			defer l.verifyReported(job, membership.Revocation{Epoch: r.CommitFailed, Failed: r.Blamed}) // after the upsert below
 		}
 	}
 	if r.Gossip != "" {
-		l.byNode[gossipName(job, r.ID, r.Lease)] = memberRef{job, r.ID, r.Incarnation}
+		l.byNode[membership.GossipNodeName(job, r.ID, r.Lease)] = memberRef{job, r.ID, r.Incarnation}
 	}
 	j.m.Upsert(now, r)
 	j.dirty = true
@@ -703,7 +710,7 @@ func (l *leadership) remove(now time.Time, job, id string, inc int64, why, metri
 	if !ok || inc != 0 && old.Incarnation != inc {
 		return
 	}
-	delete(l.byNode, gossipName(job, id, old.Lease))
+	delete(l.byNode, membership.GossipNodeName(job, id, old.Lease))
 	j.m.Remove(now, id, old.Incarnation, why)
 	j.dirty = true
 	l.c.metrics.removals.WithLabelValues(job, metric).Inc()
@@ -733,7 +740,7 @@ func (l *leadership) gossipDeath(ctx context.Context, now time.Time, node string
 // at once instead of after gossip's suspicion timeout. A member that
 // answers, or cannot be reached at all (a partition), is left to gossip and
 // its lease. Each check is one dial of at most verifyTimeout.
-func (l *leadership) verifyReported(job string, r Revocation) {
+func (l *leadership) verifyReported(job string, r membership.Revocation) {
 	j := l.job(job)
 	now := time.Now()
 	for _, id := range r.Failed {
@@ -790,7 +797,7 @@ func (l *leadership) deleteDoomed(ctx context.Context) {
 
 // deleteMember deletes a member's key if this leader still leads and the
 // incarnation still holds it, then revokes its lease.
-func (l *leadership) deleteMember(ctx context.Context, job string, rec MemberRecord) {
+func (l *leadership) deleteMember(ctx context.Context, job string, rec membership.MemberRecord) {
 	key := l.c.keys.Member(job, rec.ID)
 	tr, err := l.c.cli.Txn(ctx).If(
 		clientv3.Compare(clientv3.CreateRevision(l.fenceKey), "=", l.fenceRev),
@@ -804,7 +811,7 @@ func (l *leadership) deleteMember(ctx context.Context, job string, rec MemberRec
 	}
 }
 
-func (l *leadership) run(ctx context.Context, gossipEvents <-chan GossipEvent) error {
+func (l *leadership) run(ctx context.Context, gossipEvents <-chan membership.GossipEvent) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	l.ctx = ctx
@@ -841,10 +848,10 @@ func (l *leadership) run(ctx context.Context, gossipEvents <-chan GossipEvent) e
 
 // follow applies watch events from rev+1, gossip deaths and timers until
 // the watch breaks (nil) or leadership ends (an error).
-func (l *leadership) follow(ctx context.Context, rev int64, timer *time.Timer, gossipEvents <-chan GossipEvent) error {
+func (l *leadership) follow(ctx context.Context, rev int64, timer *time.Timer, gossipEvents <-chan membership.GossipEvent) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	wch := l.c.cli.Watch(clientv3.WithRequireLeader(wctx), l.c.keys.root()+"/", clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
+	wch := l.c.cli.Watch(clientv3.WithRequireLeader(wctx), l.c.keys.Prefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
 	for {
 		l.armTimer(timer)
 		select {
@@ -861,7 +868,7 @@ func (l *leadership) follow(ctx context.Context, rev int64, timer *time.Timer, g
 				l.apply(now, ev)
 			}
 		case ev := <-gossipEvents:
-			if ev.Kind == GossipDead {
+			if ev.Kind == membership.GossipDead {
 				l.gossipDeath(ctx, time.Now(), ev.Name)
 			}
 		case ref := <-l.verified:
@@ -894,13 +901,13 @@ func (l *leadership) armTimer(t *time.Timer) {
 }
 
 func (l *leadership) apply(now time.Time, ev *clientv3.Event) {
-	job, kind, rest, ok := l.c.keys.parseKey(string(ev.Kv.Key))
+	job, kind, rest, ok := l.c.keys.Parse(string(ev.Kv.Key))
 	if !ok {
 		return
 	}
 	switch {
 	case kind == "members" && ev.Type == mvccpb.PUT:
-		var r MemberRecord
+		var r membership.MemberRecord
 		if json.Unmarshal(ev.Kv.Value, &r) != nil {
 			return
 		}
@@ -913,7 +920,7 @@ func (l *leadership) apply(now time.Time, ev *clientv3.Event) {
 		}
 		l.remove(now, job, rest, inc, "lease expired", "lease")
 	case kind == "epoch" && strings.HasPrefix(rest, "revoked/") && ev.Type == mvccpb.PUT:
-		var r Revocation
+		var r membership.Revocation
 		if json.Unmarshal(ev.Kv.Value, &r) == nil {
 			j := l.job(job)
 			j.m.Revoke(now, r)
@@ -944,7 +951,7 @@ func (l *leadership) applyQuorumEvent(job string, ev *clientv3.Event) {
 	if f.deleted {
 		f.rev = 0
 	} else {
-		var q Quorum
+		var q membership.Quorum
 		if json.Unmarshal(ev.Kv.Value, &q) == nil {
 			f.epoch = q.Epoch
 		}
@@ -970,7 +977,7 @@ func (l *leadership) repair(ctx context.Context, job string, j *jobState) error 
 		q.Epoch, q.Created, q.Base, q.Removed, q.Added = f.epoch+1, time.Now(), 0, nil, nil
 		q.Reason = "the quorum record was overwritten by someone else; republished"
 		j.quorumRev = f.rev
-		return l.publish(ctx, job, j, Decision{Quorum: &q})
+		return l.publish(ctx, job, j, membership.Decision{Quorum: &q})
 	}
 	op, what := clientv3.OpDelete(qk), "deleted the foreign quorum record"
 	if j.lastValue != nil {
@@ -1043,7 +1050,7 @@ func (l *leadership) report(name string, j *jobState) {
 
 // publish writes a decision in one Txn fenced by the leader key and the
 // quorum key's revision.
-func (l *leadership) publish(ctx context.Context, job string, j *jobState, d Decision) error {
+func (l *leadership) publish(ctx context.Context, job string, j *jobState, d membership.Decision) error {
 	k := l.c.keys
 	qk := k.Quorum(job)
 	var ops []clientv3.Op
@@ -1065,7 +1072,7 @@ func (l *leadership) publish(ctx context.Context, job string, j *jobState, d Dec
 			val, err = json.Marshal(q)
 		}
 		if err != nil {
-			return fmt.Errorf("membership: encode quorum: %w", err)
+			return fmt.Errorf("coordinator: encode quorum: %w", err)
 		}
 		j.inflight, j.inflightQ = val, *q
 		ops = append(ops, clientv3.OpPut(qk, string(val)), clientv3.OpPut(k.HistoryEntry(job, q.Epoch), string(val)))
@@ -1144,8 +1151,25 @@ func newCoordMetrics(reg prometheus.Registerer) (*coordMetrics, error) {
 	}
 	for _, col := range []prometheus.Collector{m.leader, m.jobs, m.gossipAlive, m.members, m.epoch, m.participants, m.quorums, m.joins, m.removals, m.foreign, m.publishSeconds} {
 		if err := reg.Register(col); err != nil {
-			return nil, fmt.Errorf("membership: register metrics: %w", err)
+			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
 		}
 	}
 	return m, nil
+}
+
+// checkName says what is wrong with a job, member or coordinator name.
+func checkName(kind, s string) error {
+	if !membership.ValidName(s) {
+		return fmt.Errorf("%w: coordinator: %s %q: want 1–128 of [A-Za-z0-9._-], starting with a letter or digit", comm.ErrInvalidArgument, kind, s)
+	}
+	return nil
+}
+
+// ctxErr prefers the cause of ctx's end over the client's rendering of it
+// (a gRPC status), so callers can errors.Is(err, context.DeadlineExceeded).
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return err
 }

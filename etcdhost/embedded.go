@@ -1,4 +1,4 @@
-package membership
+package etcdhost
 
 import (
 	"context"
@@ -22,11 +22,11 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
-	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 // EmbeddedConfig configures an etcd server run inside this process.
@@ -67,8 +67,8 @@ type EmbeddedConfig struct {
 	// Secure serves clients (and peers) over TLS, requires client
 	// certificates, and turns etcd's authentication on with ftcomm's
 	// roles (ConfigureAuth): on first start a CA, a server certificate and
-	// client certificates for the users EtcdUserRoot, EtcdUserCoordinator
-	// and EtcdUserTrainer are made and kept in <Dir>/pki (see Credentials).
+	// client certificates for the users UserRoot, UserCoordinator and
+	// UserTrainer are made and kept in <Dir>/pki (see Credentials).
 	// Off (the default): plain TCP and no authentication — anyone who
 	// reaches the port can rewrite every job; for tests and experiments.
 	// Single-member servers only.
@@ -82,7 +82,7 @@ type EmbeddedConfig struct {
 	// when ClientAddr's host is unspecified (0.0.0.0, ::).
 	AdvertiseClientAddr string
 	// Root is the ftcomm key prefix the roles of a Secure server cover
-	// (default DefaultRoot).
+	// (default membership.DefaultRoot).
 	Root string
 }
 
@@ -129,25 +129,25 @@ func (c EmbeddedConfig) Validate() error {
 			continue
 		}
 		if _, _, err := net.SplitHostPort(a.v); err != nil {
-			return fmt.Errorf("%w: membership: embedded etcd %s %q is not host:port: %v", comm.ErrInvalidArgument, a.name, a.v, err)
+			return fmt.Errorf("%w: etcdhost: embedded etcd %s %q is not host:port: %v", comm.ErrInvalidArgument, a.name, a.v, err)
 		}
 	}
 	if c.ClusterState != "" && c.ClusterState != embed.ClusterStateFlagNew && c.ClusterState != embed.ClusterStateFlagExisting {
-		return fmt.Errorf("%w: membership: embedded etcd ClusterState %q: want %q or %q", comm.ErrInvalidArgument, c.ClusterState, embed.ClusterStateFlagNew, embed.ClusterStateFlagExisting)
+		return fmt.Errorf("%w: etcdhost: embedded etcd ClusterState %q: want %q or %q", comm.ErrInvalidArgument, c.ClusterState, embed.ClusterStateFlagNew, embed.ClusterStateFlagExisting)
 	}
 	if c.TickMs != 0 && c.ElectionMs != 0 && c.ElectionMs < 5*c.TickMs {
-		return fmt.Errorf("%w: membership: embedded etcd ElectionMs %d must be at least 5×TickMs (%d)", comm.ErrInvalidArgument, c.ElectionMs, c.TickMs)
+		return fmt.Errorf("%w: etcdhost: embedded etcd ElectionMs %d must be at least 5×TickMs (%d)", comm.ErrInvalidArgument, c.ElectionMs, c.TickMs)
 	}
 	if c.AdvertiseClientAddr != "" {
 		if _, _, err := net.SplitHostPort(c.AdvertiseClientAddr); err != nil {
-			return fmt.Errorf("%w: membership: embedded etcd AdvertiseClientAddr %q is not host:port: %v", comm.ErrInvalidArgument, c.AdvertiseClientAddr, err)
+			return fmt.Errorf("%w: etcdhost: embedded etcd AdvertiseClientAddr %q is not host:port: %v", comm.ErrInvalidArgument, c.AdvertiseClientAddr, err)
 		}
 	}
 	if c.Secure && c.InitialCluster != "" {
-		return fmt.Errorf("%w: membership: a Secure embedded etcd is a single-member server (no InitialCluster)", comm.ErrInvalidArgument)
+		return fmt.Errorf("%w: etcdhost: a Secure embedded etcd is a single-member server (no InitialCluster)", comm.ErrInvalidArgument)
 	}
 	if c.QuotaBackendBytes < 0 {
-		return fmt.Errorf("%w: membership: embedded etcd QuotaBackendBytes %d is negative", comm.ErrInvalidArgument, c.QuotaBackendBytes)
+		return fmt.Errorf("%w: etcdhost: embedded etcd QuotaBackendBytes %d is negative", comm.ErrInvalidArgument, c.QuotaBackendBytes)
 	}
 	return nil
 }
@@ -213,7 +213,7 @@ func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, erro
 		if h, port, _ := net.SplitHostPort(clientAddr); net.ParseIP(h) != nil && net.ParseIP(h).IsUnspecified() {
 			name, err := os.Hostname()
 			if err != nil {
-				return nil, fmt.Errorf("membership: embedded etcd: no AdvertiseClientAddr and no host name: %w", err)
+				return nil, fmt.Errorf("etcdhost: embedded etcd: no AdvertiseClientAddr and no host name: %w", err)
 			}
 			advertise = net.JoinHostPort(name, port)
 		}
@@ -222,7 +222,7 @@ func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, erro
 	ec.Name = cfg.Name
 	if cfg.Dir == "" {
 		if m.tempDir, err = os.MkdirTemp("", "ftcomm-etcd-"); err != nil {
-			return nil, fmt.Errorf("membership: embedded etcd: %w", err)
+			return nil, fmt.Errorf("etcdhost: embedded etcd: %w", err)
 		}
 		ec.Dir = m.tempDir
 	} else {
@@ -260,7 +260,7 @@ func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, erro
 		ec.EnableGRPCGateway = false
 	} else if _, err := os.Stat(filepath.Join(pkiDir, "ca.pem")); err == nil {
 		m.unlock()
-		return nil, fmt.Errorf("%w: membership: %s holds a secured etcd (%s exists): without Secure nobody could authenticate; use another data directory",
+		return nil, fmt.Errorf("%w: etcdhost: %s holds a secured etcd (%s exists): without Secure nobody could authenticate; use another data directory",
 			comm.ErrInvalidArgument, ec.Dir, pkiDir)
 	}
 	cu := url.URL{Scheme: scheme, Host: clientAddr}
@@ -294,7 +294,7 @@ func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, erro
 	if err != nil {
 		m.unlock()
 		m.removeTemp()
-		return nil, fmt.Errorf("membership: start embedded etcd %s: %w", cfg.Name, err)
+		return nil, fmt.Errorf("etcdhost: start embedded etcd %s: %w", cfg.Name, err)
 	}
 	m.etcd = e
 	m.endpoints = []string{au.Host}
@@ -310,10 +310,10 @@ func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, erro
 		return m, nil
 	case err := <-e.Err():
 		m.Close()
-		return nil, fmt.Errorf("membership: embedded etcd %s failed while starting: %w", cfg.Name, err)
+		return nil, fmt.Errorf("etcdhost: embedded etcd %s failed while starting: %w", cfg.Name, err)
 	case <-ctx.Done():
 		m.Close()
-		return nil, fmt.Errorf("membership: embedded etcd %s not ready: %w", cfg.Name, context.Cause(ctx))
+		return nil, fmt.Errorf("etcdhost: embedded etcd %s not ready: %w", cfg.Name, context.Cause(ctx))
 	}
 }
 
@@ -326,7 +326,7 @@ func (m *Embedded) removeTemp() {
 // configureAuth sets up ftcomm's roles and users as root, on the
 // listening address (the advertised one may not resolve here).
 func (m *Embedded) configureAuth(ctx context.Context) error {
-	c, err := m.Credentials(EtcdUserRoot)
+	c, err := m.Credentials(UserRoot)
 	if err != nil {
 		return err
 	}
@@ -364,7 +364,7 @@ func freeAddr(addr string) (string, error) {
 	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return "", fmt.Errorf("membership: find a free port on %s: %w", addr, err)
+		return "", fmt.Errorf("etcdhost: find a free port on %s: %w", addr, err)
 	}
 	addr = l.Addr().String()
 	l.Close()
@@ -387,19 +387,20 @@ func (m *Embedded) Dir() string { return m.etcd.Config().Dir }
 func (m *Embedded) Secure() bool { return m.pki != nil }
 
 // Credentials returns what a client needs to act as user
-// (EtcdUserCoordinator, EtcdUserTrainer or EtcdUserRoot) on this server:
-// its endpoints and key root and, when Secure, the CA and the user's
-// client certificate and key. Add the coordinators' quorum keys and the
-// gossip key before handing a trainer's out (ftcoord does).
-func (m *Embedded) Credentials(user string) (*Credentials, error) {
-	c := &Credentials{Version: CredentialsVersion, Endpoints: m.Endpoints(), Root: Keys{Root: m.cfg.Root}.root()}
+// (UserCoordinator, UserTrainer or UserRoot) on this server: its
+// endpoints and key root and, when Secure, the CA and the user's client
+// certificate and key. Add the coordinators' quorum keys and the gossip
+// key before handing a trainer's out (ftcoord does).
+func (m *Embedded) Credentials(user string) (*membership.Credentials, error) {
+	root := strings.TrimSuffix(membership.Keys{Root: m.cfg.Root}.Prefix(), "/")
+	c := &membership.Credentials{Version: membership.CredentialsVersion, Endpoints: m.Endpoints(), Root: root}
 	if m.pki == nil {
 		return c, nil
 	}
 	switch user {
-	case EtcdUserRoot, EtcdUserCoordinator, EtcdUserTrainer:
+	case UserRoot, UserCoordinator, UserTrainer:
 	default:
-		return nil, fmt.Errorf("%w: membership: no etcd user %q (want %s, %s or %s)", comm.ErrInvalidArgument, user, EtcdUserCoordinator, EtcdUserTrainer, EtcdUserRoot)
+		return nil, fmt.Errorf("%w: etcdhost: no etcd user %q (want %s, %s or %s)", comm.ErrInvalidArgument, user, UserCoordinator, UserTrainer, UserRoot)
 	}
 	cert, key, err := m.pki.clientPEM(user)
 	if err != nil {
@@ -411,12 +412,12 @@ func (m *Embedded) Credentials(user string) (*Credentials, error) {
 
 // Client returns a client of this server, created at the first call and
 // closed by Close (after Close it fails with comm.ErrClosed). It logs
-// nothing. On a Secure server it acts as EtcdUserCoordinator.
+// nothing. On a Secure server it acts as UserCoordinator.
 func (m *Embedded) Client() (*clientv3.Client, error) {
 	m.clientMu.Lock()
 	defer m.clientMu.Unlock()
 	if m.closed {
-		return nil, fmt.Errorf("membership: embedded etcd client: %w", comm.ErrClosed)
+		return nil, fmt.Errorf("etcdhost: embedded etcd client: %w", comm.ErrClosed)
 	}
 	if m.cli == nil && m.cliErr == nil {
 		m.cli, m.cliErr = m.NewClient(nil)
@@ -424,58 +425,15 @@ func (m *Embedded) Client() (*clientv3.Client, error) {
 	return m.cli, m.cliErr
 }
 
-// NewClient returns a new client of this server, as EtcdUserCoordinator
+// NewClient returns a new client of this server, as UserCoordinator
 // on a Secure one; the caller closes it.
 func (m *Embedded) NewClient(lg *zap.Logger) (*clientv3.Client, error) {
-	c, err := m.Credentials(EtcdUserCoordinator)
+	c, err := m.Credentials(UserCoordinator)
 	if err != nil {
 		return nil, err
 	}
 	return c.NewClient(lg)
 }
-
-// NewClient connects to the etcd endpoints (host:port) with the settings
-// ftcomm uses everywhere: a 5 s dial timeout and keepalives that notice a
-// dead server within seconds. lg nil: the client logs nothing.
-func NewClient(endpoints []string, lg *zap.Logger) (*clientv3.Client, error) {
-	return clientv3.New(ClientConfig(endpoints, lg))
-}
-
-// ClientConfig is the clientv3.Config NewClient uses; add TLS or
-// credentials to it for a secured cluster (Credentials.ClientConfig
-// does).
-//
-// Its connection backoff is short: gRPC's default grows to two minutes
-// between attempts (15 s after a few), so a member started before its
-// coordinator would join many seconds after etcd came up. Here attempts
-// are at most ReconnectMaxDelay apart, so a client connects within about
-// that long of etcd becoming reachable, and reconnects as fast after an
-// etcd restart.
-func ClientConfig(endpoints []string, lg *zap.Logger) clientv3.Config {
-	if lg == nil {
-		lg = zap.NewNop()
-	}
-	return clientv3.Config{
-		Endpoints:            endpoints,
-		DialTimeout:          5 * time.Second,
-		DialKeepAliveTime:    2 * time.Second,
-		DialKeepAliveTimeout: 2 * time.Second,
-		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff: grpcbackoff.Config{
-				BaseDelay:  100 * time.Millisecond,
-				Multiplier: 1.6,
-				Jitter:     0.2,
-				MaxDelay:   ReconnectMaxDelay,
-			},
-			MinConnectTimeout: 2 * time.Second,
-		})},
-		Logger: lg,
-	}
-}
-
-// ReconnectMaxDelay is the longest wait between two connection attempts
-// of a client made by ClientConfig.
-const ReconnectMaxDelay = 500 * time.Millisecond
 
 // Close stops the server (closing the client Client returned) and removes
 // a temporary data directory. Safe to call twice.
@@ -512,7 +470,7 @@ func (m *Embedded) unlock() {
 
 // ErrDataDirInUse: another process holds the embedded etcd's data
 // directory.
-var ErrDataDirInUse = errors.New("membership: etcd data directory in use")
+var ErrDataDirInUse = errors.New("etcdhost: etcd data directory in use")
 
 // lockDataDir takes an exclusive lock on dir/ftcomm.lock (creating dir)
 // and checks that no other process has etcd's database open (an etcd or
@@ -520,12 +478,12 @@ var ErrDataDirInUse = errors.New("membership: etcd data directory in use")
 // owner's pid, for the error message.
 func lockDataDir(dir string) (*os.File, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("membership: embedded etcd data directory: %w", err)
+		return nil, fmt.Errorf("etcdhost: embedded etcd data directory: %w", err)
 	}
 	path := filepath.Join(dir, "ftcomm.lock")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("membership: embedded etcd data directory: %w", err)
+		return nil, fmt.Errorf("etcdhost: embedded etcd data directory: %w", err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		owner, _ := io.ReadAll(io.LimitReader(f, 64))
@@ -534,7 +492,7 @@ func lockDataDir(dir string) (*os.File, error) {
 			return nil, fmt.Errorf("%w: %s is used by process %s (it holds %s): stop it, or give this one another data directory",
 				ErrDataDirInUse, dir, strings.TrimSpace(string(owner)), path)
 		}
-		return nil, fmt.Errorf("membership: lock %s: %w", path, err)
+		return nil, fmt.Errorf("etcdhost: lock %s: %w", path, err)
 	}
 	f.Truncate(0)
 	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
@@ -604,16 +562,16 @@ type EmbeddedCluster struct {
 // set, else temporary), and waits until all serve clients.
 func StartEmbeddedCluster(ctx context.Context, cfg EmbeddedConfig, n int) (*EmbeddedCluster, error) {
 	if n < 1 {
-		return nil, fmt.Errorf("%w: membership: embedded cluster of %d members", comm.ErrInvalidArgument, n)
+		return nil, fmt.Errorf("%w: etcdhost: embedded cluster of %d members", comm.ErrInvalidArgument, n)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.ClientAddr != "" || cfg.PeerAddr != "" || cfg.InitialCluster != "" {
-		return nil, fmt.Errorf("%w: membership: embedded cluster chooses its own addresses; leave ClientAddr, PeerAddr and InitialCluster empty", comm.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: etcdhost: embedded cluster chooses its own addresses; leave ClientAddr, PeerAddr and InitialCluster empty", comm.ErrInvalidArgument)
 	}
 	if cfg.Secure {
-		return nil, fmt.Errorf("%w: membership: a Secure embedded etcd is a single-member server", comm.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: etcdhost: a Secure embedded etcd is a single-member server", comm.ErrInvalidArgument)
 	}
 	cfg.fillDefaults()
 	var lastErr error
@@ -688,7 +646,7 @@ func (c *EmbeddedCluster) Endpoints() []string {
 
 // NewClient returns a client of the whole cluster; the caller closes it.
 func (c *EmbeddedCluster) NewClient(lg *zap.Logger) (*clientv3.Client, error) {
-	return NewClient(c.Endpoints(), lg)
+	return membership.NewClient(c.Endpoints(), lg)
 }
 
 // Close stops every member. Safe to call twice.

@@ -1,4 +1,4 @@
-package membership
+package coordinator
 
 import (
 	"context"
@@ -10,18 +10,19 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 // Admin reads and manages jobs through etcd directly, for operators and
 // any coordinator instance (leader or not). Safe for concurrent use.
 type Admin struct {
 	cli  *clientv3.Client
-	keys Keys
+	keys membership.Keys
 }
 
-// NewAdmin returns an Admin over the keys under root ("" : DefaultRoot).
+// NewAdmin returns an Admin over the keys under root ("" : membership.DefaultRoot).
 func NewAdmin(cli *clientv3.Client, root string) *Admin {
-	return &Admin{cli: cli, keys: Keys{Root: root}}
+	return &Admin{cli: cli, keys: membership.Keys{Root: root}}
 }
 
 // JobSummary is one line of Jobs.
@@ -35,7 +36,7 @@ type JobSummary struct {
 
 // MemberView is a member as the dashboard shows it.
 type MemberView struct {
-	MemberRecord
+	membership.MemberRecord
 	Incarnation int64 `json:"incarnation"`
 	// Rank in the current quorum, -1 when not a participant.
 	Rank int `json:"rank"`
@@ -46,22 +47,22 @@ type MemberView struct {
 
 // JobView is a job's current state.
 type JobView struct {
-	Job         string       `json:"job"`
-	Quorum      *Quorum      `json:"quorum,omitempty"`
-	Members     []MemberView `json:"members"`
-	Revocations []Revocation `json:"revocations,omitempty"` // newest first
+	Job         string                  `json:"job"`
+	Quorum      *membership.Quorum      `json:"quorum,omitempty"`
+	Members     []MemberView            `json:"members"`
+	Revocations []membership.Revocation `json:"revocations,omitempty"` // newest first
 }
 
 // Jobs lists the jobs that have members or a quorum.
 func (a *Admin) Jobs(ctx context.Context) ([]JobSummary, error) {
-	resp, err := a.cli.Get(ctx, a.keys.root()+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := a.cli.Get(ctx, a.keys.Prefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
-		return nil, fmt.Errorf("membership: list jobs: %w", ctxErr(ctx, err))
+		return nil, fmt.Errorf("coordinator: list jobs: %w", ctxErr(ctx, err))
 	}
 	byJob := map[string]*JobSummary{}
 	var names []string
 	for _, kv := range resp.Kvs {
-		job, kind, _, ok := a.keys.parseKey(string(kv.Key))
+		job, kind, _, ok := a.keys.Parse(string(kv.Key))
 		if !ok || !(kind == "members" || kind == "_quorum") {
 			continue
 		}
@@ -88,20 +89,20 @@ func (a *Admin) Jobs(ctx context.Context) ([]JobSummary, error) {
 }
 
 // Quorum returns a job's current quorum (ErrNoQuorum when none).
-func (a *Admin) Quorum(ctx context.Context, job string) (Quorum, error) {
+func (a *Admin) Quorum(ctx context.Context, job string) (membership.Quorum, error) {
 	if err := checkName("job", job); err != nil {
-		return Quorum{}, err
+		return membership.Quorum{}, err
 	}
 	resp, err := a.cli.Get(ctx, a.keys.Quorum(job))
 	if err != nil {
-		return Quorum{}, fmt.Errorf("membership: read quorum of %s: %w", job, ctxErr(ctx, err))
+		return membership.Quorum{}, fmt.Errorf("coordinator: read quorum of %s: %w", job, ctxErr(ctx, err))
 	}
 	if len(resp.Kvs) == 0 {
-		return Quorum{}, fmt.Errorf("%w for job %q", ErrNoQuorum, job)
+		return membership.Quorum{}, fmt.Errorf("%w for job %q", ErrNoQuorum, job)
 	}
-	var q Quorum
+	var q membership.Quorum
 	if err := json.Unmarshal(resp.Kvs[0].Value, &q); err != nil {
-		return Quorum{}, fmt.Errorf("membership: quorum record of %s: %w", job, err)
+		return membership.Quorum{}, fmt.Errorf("coordinator: quorum record of %s: %w", job, err)
 	}
 	return q, nil
 }
@@ -118,17 +119,17 @@ func (a *Admin) Job(ctx context.Context, job string) (JobView, error) {
 		clientv3.OpGet(a.keys.Quorum(job)),
 	).Commit()
 	if err != nil {
-		return JobView{}, fmt.Errorf("membership: read job %s: %w", job, ctxErr(ctx, err))
+		return JobView{}, fmt.Errorf("coordinator: read job %s: %w", job, ctxErr(ctx, err))
 	}
 	v := JobView{Job: job, Members: []MemberView{}}
 	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
-		var q Quorum
+		var q membership.Quorum
 		if json.Unmarshal(kv.Value, &q) == nil {
 			v.Quorum = &q
 		}
 	}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		var r Revocation
+		var r membership.Revocation
 		if json.Unmarshal(kv.Value, &r) == nil {
 			v.Revocations = append(v.Revocations, r)
 		}
@@ -138,7 +139,7 @@ func (a *Admin) Job(ctx context.Context, job string) (JobView, error) {
 		v.Revocations = v.Revocations[:20]
 	}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		var r MemberRecord
+		var r membership.MemberRecord
 		if json.Unmarshal(kv.Value, &r) != nil {
 			continue
 		}
@@ -157,21 +158,21 @@ func (a *Admin) Job(ctx context.Context, job string) (JobView, error) {
 }
 
 // History returns up to limit past quorums of a job, newest first.
-func (a *Admin) History(ctx context.Context, job string, limit int) ([]Quorum, error) {
+func (a *Admin) History(ctx context.Context, job string, limit int) ([]membership.Quorum, error) {
 	if err := checkName("job", job); err != nil {
 		return nil, err
 	}
 	if limit <= 0 {
-		return nil, fmt.Errorf("%w: membership: history limit %d", comm.ErrInvalidArgument, limit)
+		return nil, fmt.Errorf("%w: coordinator: history limit %d", comm.ErrInvalidArgument, limit)
 	}
 	resp, err := a.cli.Get(ctx, a.keys.History(job), clientv3.WithPrefix(),
 		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(limit)))
 	if err != nil {
-		return nil, fmt.Errorf("membership: read history of %s: %w", job, ctxErr(ctx, err))
+		return nil, fmt.Errorf("coordinator: read history of %s: %w", job, ctxErr(ctx, err))
 	}
-	out := make([]Quorum, 0, len(resp.Kvs))
+	out := make([]membership.Quorum, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		var q Quorum
+		var q membership.Quorum
 		if json.Unmarshal(kv.Value, &q) == nil {
 			out = append(out, q)
 		}
@@ -180,15 +181,8 @@ func (a *Admin) History(ctx context.Context, job string, limit int) ([]Quorum, e
 }
 
 // DefaultEvictKeepOut is how long an evicted member may not register
-// again unless told otherwise (Admin.Evict, CoordinatorConfig).
+// again unless told otherwise (Admin.Evict, Config).
 const DefaultEvictKeepOut = time.Minute
-
-// KeepOut is the record that keeps an evicted member out (at
-// Keys.Evicted, bound to a lease that ends with it).
-type KeepOut struct {
-	By    string    `json:"by"`
-	Until time.Time `json:"until"`
-}
 
 // Evict is EvictFor with DefaultEvictKeepOut.
 func (a *Admin) Evict(ctx context.Context, job, id, by string) error {
@@ -199,9 +193,9 @@ func (a *Admin) Evict(ctx context.Context, job, id, by string) error {
 // EvictFor removes a member and keeps it out for keepOut (0 or less: not
 // at all): a keep-out record is stored, the member's record is marked
 // evicted (so the coordinator tells the cause), then deleted and its
-// lease revoked. The member's Done fires with ErrEvicted, and Join of that
-// id fails with a *KeptOutError until the returned time. ErrNotFound when
-// no such member is live. The keep-out ends at its time even if no
+// lease revoked. The member's Done fires with membership.ErrEvicted, and
+// membership.Join of that id fails with a *membership.KeptOutError until
+// the returned time. ErrNotFound when no such member is live. The keep-out ends at its time even if no
 // coordinator runs (it is bound to an etcd lease; keepOut is rounded up
 // to whole seconds, at least etcd's 2 s minimum).
 func (a *Admin) EvictFor(ctx context.Context, job, id, by string, keepOut time.Duration) (until time.Time, err error) {
@@ -212,7 +206,7 @@ func (a *Admin) EvictFor(ctx context.Context, job, id, by string, keepOut time.D
 		return time.Time{}, err
 	}
 	fail := func(err error) (time.Time, error) {
-		return time.Time{}, fmt.Errorf("membership: evict %s/%s: %w", job, id, ctxErr(ctx, err))
+		return time.Time{}, fmt.Errorf("coordinator: evict %s/%s: %w", job, id, ctxErr(ctx, err))
 	}
 	key := a.keys.Member(job, id)
 	resp, err := a.cli.Get(ctx, key)
@@ -223,9 +217,9 @@ func (a *Admin) EvictFor(ctx context.Context, job, id, by string, keepOut time.D
 		return time.Time{}, fmt.Errorf("%w: member %q of job %q", ErrNotFound, id, job)
 	}
 	kv := resp.Kvs[0]
-	var r MemberRecord
+	var r membership.MemberRecord
 	if err := json.Unmarshal(kv.Value, &r); err != nil {
-		return time.Time{}, fmt.Errorf("membership: evict %s/%s: unreadable record: %w", job, id, err)
+		return time.Time{}, fmt.Errorf("coordinator: evict %s/%s: unreadable record: %w", job, id, err)
 	}
 	if by == "" {
 		by = "operator"
@@ -240,7 +234,7 @@ func (a *Admin) EvictFor(ctx context.Context, job, id, by string, keepOut time.D
 			return fail(err)
 		}
 		until = time.Now().Add(time.Duration(secs) * time.Second)
-		ko, _ := json.Marshal(KeepOut{By: by, Until: until})
+		ko, _ := json.Marshal(membership.KeepOut{By: by, Until: until})
 		ops = append(ops, clientv3.OpPut(a.keys.Evicted(job, id), string(ko), clientv3.WithLease(lease.ID)))
 	}
 	same := clientv3.Compare(clientv3.CreateRevision(key), "=", kv.CreateRevision)
@@ -263,7 +257,7 @@ func (a *Admin) EvictFor(ctx context.Context, job, id, by string, keepOut time.D
 func (a *Admin) Leader(ctx context.Context) (string, error) {
 	resp, err := a.cli.Get(ctx, a.keys.Election()+"/", clientv3.WithFirstCreate()...)
 	if err != nil {
-		return "", fmt.Errorf("membership: read leader: %w", ctxErr(ctx, err))
+		return "", fmt.Errorf("coordinator: read leader: %w", ctxErr(ctx, err))
 	}
 	if len(resp.Kvs) == 0 {
 		return "", fmt.Errorf("%w: no coordinator leads", ErrNotFound)

@@ -1,0 +1,83 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// startLeader starts etcd and a coordinator, waits until it leads, and
+// returns it with a client of the etcd.
+func startLeader(t *testing.T) (*Coordinator, *clientv3.Client) {
+	t.Helper()
+	e := startEtcd(t)
+	cfg := DefaultConfig()
+	cfg.Client, cfg.Name, cfg.SessionTTL = newClient(t, e), "c0", 2*time.Second
+	cfg.Logger = zaptest.NewLogger(t).Named("c0")
+	cfg.Registerer = prometheus.NewRegistry()
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-c.Leading():
+	case <-testCtx(t, 20*time.Second).Done():
+		t.Fatal("c0 did not become leader")
+	}
+	return c, cfg.Client
+}
+
+// A deposed leader's write is refused by the fence.
+func TestFencedPublish(t *testing.T) {
+	coord, cli := startLeader(t)
+	const job = "job1"
+	l := &leadership{c: coord, fenceKey: coord.keys.Election() + "/stale", fenceRev: 1, jobs: map[string]*jobState{}}
+	j := l.job(job)
+	d := membership.Decision{Quorum: &membership.Quorum{Job: job, Epoch: 7}}
+	err := l.publish(testCtx(t, 5*time.Second), job, j, d)
+	if !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("stale publish = %v", err)
+	}
+	if _, err := NewAdmin(cli, "").Quorum(testCtx(t, 5*time.Second), job); !errors.Is(err, ErrNoQuorum) {
+		t.Fatalf("a quorum was written: %v", err)
+	}
+}
+
+// The leader's own quorum writes seen late in its watch (after a newer
+// one) are its own, not a foreign write: no false alarm, no repair.
+func TestOwnLateQuorumEventIsNotForeign(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	c := &Coordinator{keys: membership.Keys{}, lg: zap.New(core), cfg: DefaultConfig()}
+	m, err := newCoordMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.metrics = m
+	l := &leadership{c: c, jobs: map[string]*jobState{}}
+	j := l.job("j")
+	j.quorumRev = 20 // the leader's newest write
+	key := []byte(membership.Keys{}.Quorum("j"))
+	l.apply(time.Now(), &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: key, Value: []byte(`{}`), ModRevision: 17}})
+	if j.foreign != nil || logs.Len() != 0 {
+		t.Fatalf("own write at 17 taken as foreign: %+v %v", j.foreign, logs.All())
+	}
+	l.apply(time.Now(), &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: key, Value: []byte(`{"epoch":3}`), ModRevision: 21}})
+	if j.foreign == nil || j.foreign.epoch != 3 || logs.Len() != 1 {
+		t.Fatalf("foreign write at 21 missed: %+v %v", j.foreign, logs.All())
+	}
+}

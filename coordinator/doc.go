@@ -1,0 +1,58 @@
+// Package coordinator forms and publishes the quorums of ftcomm's jobs,
+// which members (package membership) learn by watching etcd. One
+// coordinator serves every job under its key root; several may run on
+// one etcd, and one of them leads.
+//
+//   - Coordinator (New, then Run): campaigns in an etcd election and,
+//     while it leads, follows every job and publishes the decisions of
+//     each job's membership.Machine.
+//   - Admin: reads and manages jobs through etcd directly, on any
+//     instance, leader or not (the ftcoord API uses it): jobs, quorum,
+//     history, Evict.
+//   - QuorumSigner and Secrets (LoadOrCreateSecrets): the key that lets
+//     members trust quorums, and the keys every coordinator of a root
+//     shares.
+//
+// The service around it (etcd, the HTTP API, the dashboard and metrics)
+// is package coordinator/server; an embedded etcd is package etcdhost.
+//
+// # Leading
+//
+// Run campaigns in an etcd election (concurrency.Election). The leader
+// reads every job under the root, then follows one watch on the root
+// (resuming from its revision; a compaction or broken watch makes it read
+// again) plus its gossip node's deaths, feeds the per-job Machines and
+// publishes each membership.Decision in one Txn whose compares are the
+// leader key's create revision and the quorum key's mod revision: a
+// deposed leader's write fails (ErrNotLeader) and it campaigns again. On
+// a gossip death the leader also deletes the member's registration
+// (fenced), so a restarted process can register at once. A member that a peer blames for a failed
+// collective is dialled at its address, and removed at once if the port
+// refuses connections. Config.EvictKeepOut (default DefaultEvictKeepOut)
+// keeps an evicted member out for a while.
+//
+// With Config.QuorumSigner every quorum carries an ed25519 signature over
+// its canonical bytes (membership.CanonicalQuorum); a member with the
+// matching membership.QuorumVerifier acts on no other record. The leader
+// watches the quorum keys: a write that is not its own (its own are
+// recognised by revision, so its writes seen late raise no alarm) is
+// logged, counted (ftcomm_coordinator_foreign_quorum_writes_total) and
+// undone at once — its record restored, or, without a signer (members
+// cannot tell), its participants republished above the foreign epoch. A
+// leader that loads a job trusts only a record signed with its key
+// (without a signer: the one its history agrees with) and restores the
+// newest trusted history entry otherwise. Coordinators publish their key
+// ids and refuse to run beside an instance with another (ErrKeyMismatch).
+//
+// # Lifecycle and concurrency
+//
+// New checks the configuration; Run, called once, starts the gossip node
+// (Config.Gossip) and campaigns until ctx ends, then resigns, so a
+// standby takes over at once. It returns ctx's error, or an error
+// wrapping ErrKeyMismatch; its goroutines have exited by then, but for a
+// dial that checks a blamed member's port, which ends at its own timeout
+// (0.5 s) or with the leadership's ctx. Coordinator and Admin are safe for
+// concurrent use. The caller owns the etcd client and closes it after Run
+// returns. Metrics go to Config.Registerer only: two coordinators in one
+// process share nothing.
+package coordinator

@@ -1,0 +1,45 @@
+package coordinator
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftcomm/ftcomm/etcdhost"
+)
+
+// The tests of this package that need its internals cannot use
+// internal/clustertest (it imports this package): these are theirs.
+
+// startEtcd starts a single-member embedded etcd for one test and stops it
+// when the test ends.
+func startEtcd(t testing.TB) *etcdhost.Embedded {
+	t.Helper()
+	cfg := etcdhost.DefaultEmbeddedConfig()
+	cfg.UnsafeNoFsync = true
+	e, err := etcdhost.StartEmbedded(testCtx(t, 30*time.Second), cfg)
+	if err != nil {
+		t.Fatalf("start etcd: %v", err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// newClient returns a fresh client of e closed when the test ends.
+func newClient(t testing.TB, e *etcdhost.Embedded) *clientv3.Client {
+	t.Helper()
+	cli, err := e.NewClient(nil)
+	if err != nil {
+		t.Fatalf("etcd client: %v", err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+func testCtx(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -1,0 +1,162 @@
+package coordinator_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/etcdhost"
+	"github.com/ftcomm/ftcomm/internal/clustertest"
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// Issue 14 item 4: a quorum record written by someone who is not the
+// leader (here with etcd's root credentials, which pass every access
+// check) used to be obeyed by every member within milliseconds and never
+// corrected. Members now ignore it (not signed by the coordinator's key),
+// and the leader restores its own record at once; the job goes on.
+func TestForgedQuorumIgnoredAndRepaired(t *testing.T) {
+	sj := clustertest.StartSecureJob(t)
+	a, b := sj.Join("a"), sj.Join("b")
+	q := clustertest.WaitQuorum(t, a, 0, "a", "b")
+	clustertest.WaitQuorum(t, b, 0, "a", "b")
+	ctx := clustertest.Ctx(t, 30*time.Second)
+	k := membership.Keys{}
+	resp, err := sj.CoordClient.Get(ctx, k.Quorum(sj.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := resp.Kvs[0].Value
+	rootCreds, err := sj.Etcd.Credentials(etcdhost.UserRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := rootCreds.NewClient(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+
+	// Forged records: unsigned; signed by another key; the real one
+	// altered; a real record of another job.
+	other, _ := coordinator.GenerateQuorumSigner()
+	forged := q
+	forged.Epoch, forged.Participants, forged.Reason, forged.Signature = q.Epoch+1, q.Participants[:1], "forged", nil
+	unsigned, _ := json.Marshal(forged)
+	badKey, _ := other.Marshal(forged)
+	altered := bytes.Replace(good, []byte(`"reason":"`), []byte(`"reason":"x`), 1)
+	for _, v := range [][]byte{unsigned, badKey, altered} {
+		if _, err := root.Put(ctx, k.Quorum(sj.Name), string(v)); err != nil {
+			t.Fatal(err)
+		}
+		sj.WaitRecord(good)
+	}
+	if n := sj.Logs.FilterMessageSnippet("written by someone else").Len(); n != 3 {
+		t.Errorf("%d foreign writes logged, want 3", n)
+	}
+	for _, m := range []*membership.Member{a, b} {
+		if cur, _ := m.Quorum(); cur.Epoch != q.Epoch || len(cur.Participants) != 2 {
+			t.Fatalf("%s obeyed a forged quorum: %+v", m.ID(), cur)
+		}
+	}
+	// The job goes on: a joiner is admitted in the very next epoch.
+	c := sj.Join("c")
+	q2 := clustertest.WaitQuorum(t, c, 0, "a", "b", "c")
+	if q2.Epoch != q.Epoch+1 {
+		t.Fatalf("epoch %d after the forgeries, want %d", q2.Epoch, q.Epoch+1)
+	}
+
+	// A forged record written while no coordinator runs is found when the
+	// next one loads the job, and restored from the signed history.
+	sj.Stop()
+	resp, err = sj.CoordClient.Get(ctx, k.Quorum(sj.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	good = resp.Kvs[0].Value
+	if _, err := root.Put(ctx, k.Quorum(sj.Name), string(unsigned)); err != nil {
+		t.Fatal(err)
+	}
+	sj.StartCoordinator("c1")
+	sj.WaitRecord(good)
+	d := sj.Join("d")
+	q3 := clustertest.WaitQuorum(t, d, 0, "a", "b", "c", "d")
+	if q3.Epoch != q2.Epoch+1 {
+		t.Fatalf("epoch %d after the restart, want %d", q3.Epoch, q2.Epoch+1)
+	}
+}
+
+// A quorum record forged for a job the leader has none of is deleted, and
+// the deletion (the leader's own) raises no second alarm.
+func TestForgedQuorumOfUnknownJobDeleted(t *testing.T) {
+	sj := clustertest.StartSecureJob(t)
+	rootCreds, err := sj.Etcd.Credentials(etcdhost.UserRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := rootCreds.NewClient(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	ctx := clustertest.Ctx(t, 20*time.Second)
+	k := membership.Keys{}.Quorum("ghost")
+	put, err := root.Put(ctx, k, `{"job":"ghost","epoch":9}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ev := range root.Watch(ctx, k, clientv3.WithRev(put.Header.Revision+1)) {
+		if len(ev.Events) > 0 && ev.Events[0].Type == mvccpb.DELETE {
+			break
+		}
+	}
+	// Something after the deletion, so its event has been handled.
+	sj.Join("a")
+	clustertest.WaitQuorum(t, sj.Join("b"), 0, "a", "b")
+	if n := sj.Logs.FilterMessageSnippet("written by someone else").Len(); n != 1 {
+		t.Fatalf("%d foreign-write warnings, want 1: %v", n, sj.Logs.All())
+	}
+}
+
+// Without signatures (an insecure coordinator, members without a
+// verifier), members cannot tell a forged record and obey it; the leader
+// then republishes its participants above the forged epoch at once, so
+// they come back.
+func TestForgedQuorumRepairedWithoutSignatures(t *testing.T) {
+	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	a, b := tj.Join("a", nil), tj.Join("b", nil)
+	q := clustertest.WaitQuorum(t, a, 0, "a", "b")
+	forged := q
+	forged.Epoch, forged.Participants, forged.Reason = q.Epoch+5, q.Participants[:1], "forged"
+	v, _ := json.Marshal(forged)
+	if _, err := tj.Client.Put(clustertest.Ctx(t, 5*time.Second), membership.Keys{}.Quorum(tj.Name), string(v)); err != nil {
+		t.Fatal(err)
+	}
+	q2 := clustertest.WaitQuorum(t, b, q.Epoch+5, "a", "b")
+	if q2.Epoch != q.Epoch+6 || !strings.Contains(q2.Reason, "overwritten") {
+		t.Fatalf("repair %+v", q2)
+	}
+}
+
+// Coordinators that sign with different keys refuse to run side by side.
+func TestCoordinatorKeyMismatch(t *testing.T) {
+	sj := clustertest.StartSecureJob(t)
+	other, _ := coordinator.GenerateQuorumSigner()
+	cc := coordinator.DefaultConfig()
+	cc.Client, cc.Name, cc.QuorumSigner = sj.CoordClient, "c-other", other
+	c, err := coordinator.New(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Run(clustertest.Ctx(t, 20*time.Second))
+	if !errors.Is(err, coordinator.ErrKeyMismatch) {
+		t.Fatalf("Run = %v, want ErrKeyMismatch", err)
+	}
+}
