@@ -372,6 +372,16 @@ func (m *Member) SetHealth(ctx context.Context, h Health, reason string) error {
 	return m.write(ctx, "health")
 }
 
+// Finish records that this member's training loop ended the run at step:
+// the member takes part in no further quorum, and the coordinator publishes
+// the run's end (Quorum.Final). Leave after it.
+func (m *Member) Finish(ctx context.Context, step int64) error {
+	m.mu.Lock()
+	m.rec.Step, m.rec.Finished, m.rec.WantQuorum = step, true, false
+	m.mu.Unlock()
+	return m.write(ctx, "finish")
+}
+
 // Heartbeat writes the member's step and health now.
 func (m *Member) Heartbeat(ctx context.Context) error { return m.write(ctx, "heartbeat") }
 

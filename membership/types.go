@@ -141,6 +141,11 @@ type Quorum struct {
 	// succeed at some ranks and fail at others), so the choice is made
 	// here, once, from the reports, and every rank follows it.
 	Base uint64 `json:"base,omitempty"`
+	// Final, when above 0, says the run ended at that step: a member
+	// finished it there (MemberRecord.Finished). Every later quorum keeps
+	// it; a replica that reads it stops (ft: ErrFinished) instead of
+	// redoing steps its peers will never take again.
+	Final int64 `json:"final,omitempty"`
 	// Signature, when the coordinator signs its quorums
 	// (coordinator.Config.QuorumSigner), proves that a coordinator holding
 	// the key published this record; members with a QuorumVerifier act
@@ -209,6 +214,10 @@ type MemberRecord struct {
 	// Formed is the epoch whose communicators the member formed and holds
 	// (ReportFormed); the coordinator sets Quorum.Base from it.
 	Formed uint64 `json:"formed,omitempty"`
+	// Finished: the member's training loop ended the run at Step
+	// (ft.Comm.Finish); it takes part in no further quorum, and the
+	// coordinator publishes the run's end (Quorum.Final).
+	Finished bool `json:"finished,omitempty"`
 	// Leaving: the member is leaving gracefully (its key goes next).
 	Leaving bool `json:"leaving,omitempty"`
 	// Evicted says who evicted the member (its key goes next).
