@@ -47,6 +47,11 @@ type MemberConfig struct {
 	HeartbeatInterval time.Duration
 	// MinReplicas the job needs (0: the coordinator's default).
 	MinReplicas int
+	// Stragglers asks for a straggler policy for the member's job (the
+	// zero value: the coordinator's, off by default); when members ask
+	// for different ones, the most lenient holds. It needs step times:
+	// call SetStepTime every step.
+	Stragglers StragglerPolicy
 	// WantQuorum asks to take part right away (as RequestQuorum would).
 	WantQuorum bool
 	// Step is the step the member starts at.
@@ -94,6 +99,9 @@ func (c MemberConfig) Validate() error {
 	if c.HeartbeatInterval < 0 || c.MinReplicas < 0 {
 		return fmt.Errorf("%w: membership: HeartbeatInterval %v and MinReplicas %d must not be negative", comm.ErrInvalidArgument, c.HeartbeatInterval, c.MinReplicas)
 	}
+	if err := c.Stragglers.Validate(); err != nil {
+		return err
+	}
 	if c.Gossip != nil {
 		return c.Gossip.Validate()
 	}
@@ -120,6 +128,8 @@ type Member struct {
 	mu          sync.Mutex
 	rec         MemberRecord
 	dirty       bool
+	stepTimes   time.Duration // the sum of the step times set since the last write
+	stepTimesN  int64
 	quorum      *Quorum
 	revocations map[uint64]Revocation
 	changed     chan struct{}
@@ -191,6 +201,10 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	m.rec = MemberRecord{
 		Job: cfg.Job, ID: cfg.ID, Addr: cfg.Addr, Group: cfg.Group, Lease: int64(lr.ID),
 		Step: cfg.Step, WantQuorum: cfg.WantQuorum, MinReplicas: cfg.MinReplicas, Joined: now, Updated: now,
+	}
+	if cfg.Stragglers.on() {
+		p := cfg.Stragglers
+		m.rec.Stragglers = &p
 	}
 	if m.gsp != nil {
 		m.rec.Gossip = m.gsp.Addr()
@@ -355,6 +369,23 @@ func (m *Member) SetStep(step int64) {
 	}
 }
 
+// SetStepTime records the member's own compute time of one step (no
+// I/O): the mean of those set since the member's last write travels with
+// its next heartbeat (MemberRecord.StepTime), for the straggler policy
+// (MemberConfig.Stragglers). Measure what this replica alone spends on a
+// step, not the collectives that wait for its peers: ft.Comm passes the
+// time from Step's return to the loop's first collective (or to Commit).
+func (m *Member) SetStepTime(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.stepTimes += d
+	m.stepTimesN++
+	m.dirty = true
+}
+
 // SetHealth reports the member's health at once when it changed. A
 // Critical member is excluded from the next quorum (the current epoch is
 // revoked) until it reports Healthy or Degraded again.
@@ -502,6 +533,10 @@ func (m *Member) write(ctx context.Context, why string) error {
 	}
 	m.mu.Lock()
 	m.rec.Updated = time.Now()
+	if m.stepTimesN > 0 {
+		m.rec.StepTime = m.stepTimes / time.Duration(m.stepTimesN)
+		m.stepTimes, m.stepTimesN = 0, 0
+	}
 	val, _ := json.Marshal(m.rec)
 	m.dirty = false
 	m.mu.Unlock()

@@ -27,12 +27,46 @@ type QuorumConfig struct {
 	// the coordinator) a moment later, and waiting for it makes one death
 	// cost one epoch, not two. Default 100 ms; 0: none.
 	FailureSettle time.Duration
+	// HolderGrace is how long a quorum none of whose candidates holds the
+	// job's last known step waits for a participant that held it and
+	// lapsed (Machine.Lapsed: its lease expired or gossip lost it, or it
+	// was gone when the coordinator began to lead) to come back: an etcd
+	// or coordinator outage lapses the leases of live replicas, which
+	// register again within about a lease TTL. 0: DefaultHolderGrace;
+	// negative: no wait.
+	HolderGrace time.Duration
+	// BlameHold is how long a blame between two live members (a peer
+	// named the other in a failed epoch: a connection that failed or
+	// never came) keeps them out of one quorum; it doubles each time the
+	// pair fails again after its hold ended, up to 16 times, and is
+	// forgotten once both form an epoch together. 0: DefaultBlameHold;
+	// negative: blame never splits the job.
+	BlameHold time.Duration
+	// SilentEpochs is how many failed epochs in a row a participant may
+	// be blamed by its peers while reporting nothing itself (a live
+	// process whose training loop stopped calling Step) before quorums
+	// leave it out, until it shows life. 0: DefaultSilentEpochs;
+	// negative: never.
+	SilentEpochs int
+	// Stragglers is the straggler policy of the jobs whose members ask
+	// for none (MemberConfig.Stragglers); the zero value is off.
+	Stragglers StragglerPolicy
 }
 
-// DefaultQuorumConfig returns MinReplicas 1, JoinTimeout 10 s and
-// FailureSettle 100 ms.
+// Defaults of the QuorumConfig fields whose zero value means "the
+// default".
+const (
+	DefaultHolderGrace  = 15 * time.Second
+	DefaultBlameHold    = 30 * time.Second
+	DefaultSilentEpochs = 2
+)
+
+// DefaultQuorumConfig returns MinReplicas 1, JoinTimeout 10 s,
+// FailureSettle 100 ms, HolderGrace 15 s, BlameHold 30 s, SilentEpochs 2
+// and no straggler policy.
 func DefaultQuorumConfig() QuorumConfig {
-	return QuorumConfig{MinReplicas: 1, JoinTimeout: 10 * time.Second, FailureSettle: 100 * time.Millisecond}
+	return QuorumConfig{MinReplicas: 1, JoinTimeout: 10 * time.Second, FailureSettle: 100 * time.Millisecond,
+		HolderGrace: DefaultHolderGrace, BlameHold: DefaultBlameHold, SilentEpochs: DefaultSilentEpochs}
 }
 
 // Validate says what is wrong with the configuration, if anything.
@@ -46,7 +80,28 @@ func (c QuorumConfig) Validate() error {
 	if c.JoinTimeout < 0 {
 		return fmt.Errorf("%w: membership: JoinTimeout %v is negative", comm.ErrInvalidArgument, c.JoinTimeout)
 	}
-	return nil
+	return c.Stragglers.Validate()
+}
+
+func (c QuorumConfig) holderGrace() time.Duration {
+	if c.HolderGrace == 0 {
+		return DefaultHolderGrace
+	}
+	return max(c.HolderGrace, 0)
+}
+
+func (c QuorumConfig) blameHold() time.Duration {
+	if c.BlameHold == 0 {
+		return DefaultBlameHold
+	}
+	return max(c.BlameHold, 0)
+}
+
+func (c QuorumConfig) silentEpochs() int {
+	if c.SilentEpochs == 0 {
+		return DefaultSilentEpochs
+	}
+	return max(c.SilentEpochs, 0)
 }
 
 // Machine is the quorum state machine of one job. It does no I/O and reads
@@ -57,9 +112,9 @@ func (c QuorumConfig) Validate() error {
 // Rules (after torchft's lighthouse):
 //   - A quorum is needed when there is none yet and someone asks to take
 //     part, when the participants would change (a participant died, left,
-//     was evicted or turned Critical; a joiner asks in), or when the
-//     current epoch failed (a participant reported a commit failure or
-//     revoked it).
+//     was evicted, finished or turned Critical, or a rule below leaves it
+//     out; a joiner asks in), or when the current epoch failed (a
+//     participant reported a commit failure or revoked it).
 //   - Fast quorum: when every participant of the previous quorum is still
 //     live and fit, the next quorum forms at once.
 //   - Otherwise it needs at least MinReplicas candidates and a strict
@@ -71,6 +126,42 @@ func (c QuorumConfig) Validate() error {
 //     id. The epoch grows by one at every published quorum.
 //   - Base: the previous epoch when every survivor reported holding its
 //     communicators (MemberRecord.Formed), else 0 (see Quorum.Base).
+//
+// Rules for what torchft's lighthouse cannot see:
+//   - The end of the run: a finished member (MemberRecord.Finished) is no
+//     candidate and does not count among the live members; once one
+//     finished, the next quorum is published at once, waiting for
+//     nothing, and it and every later one carry Final, the highest step a
+//     member finished at.
+//   - History: the job's last known step is the highest step the
+//     previous quorum's participants reported, or its MaxStep. A
+//     candidate holds it when it reported it, or when it is a caught-up
+//     survivor (it reported a step at or above the MaxStep of a quorum it
+//     took part in). A quorum in which no candidate holds it waits for the
+//     previous participants that lapsed (Lapsed, or gone unseen before
+//     this machine's first Advance) less than HolderGrace ago and held
+//     more than the candidates: until each is back (a new incarnation of
+//     it live, whatever its step) or its grace ends.
+//   - Cuts: blame (MemberRecord.Blamed for a failed epoch, a member's
+//     Revocation.Failed) says that two live members could not reach each
+//     other. Among the candidates, those in no blame are kept; of the
+//     others the largest set none of whom blames another stays and the
+//     rest wait out, the blame's hold (BlameHold, doubling each time the
+//     pair fails again), then join as joiners. Ties go to the set that
+//     holds the job's step, then to the larger set, then to the set
+//     holding the highest reported step, then to the set whose sorted ids
+//     come first. A blame against a participant that reported nothing in
+//     that epoch is not used here (the peer may be at fault, or it may be
+//     silent: next rule).
+//   - Silence: a participant blamed in SilentEpochs failed epochs in a row
+//     in which it reported nothing (no commit failure, formed epoch,
+//     revocation or step) is left out until it reports something.
+//   - Stragglers (StragglerPolicy, off by default): a participant whose
+//     reported step time stays above Factor times the median of the other
+//     participants' for Window is left out — never so many that fewer than
+//     MinReplicas or half the participants remain — and admitted again
+//     when it reports keeping up, or after a probation (Probation,
+//     doubling with each consecutive take-out) to be judged in the job.
 type Machine struct {
 	job     string
 	cfg     QuorumConfig
@@ -79,9 +170,29 @@ type Machine struct {
 
 	pendingSince time.Time
 	failedSince  time.Time            // when the current epoch's failure was first seen
-	removed      map[string]string    // id → why, since the last quorum
+	removed      map[string]departure // previous participants gone since the last quorum
 	suspects     map[string]suspicion // reported dead by a peer, being verified
 	revokedBy    *Revocation          // a revocation of the current epoch
+	waited       bool                 // the last Advance decided to wait
+
+	final    int64            // the highest step a member finished the run at
+	caughtUp map[string]int64 // id → the incarnation that holds the job's step
+
+	blame    map[blamePair]*blameEdge
+	blamedIn map[string]uint64 // id → the newest epoch in which a peer blamed it
+	active   map[string]uint64 // id → the newest epoch in which it reported anything
+	silent   map[string]int    // id → failed epochs in a row it was blamed in and silent
+
+	slow map[string]*straggler // straggler policy state, by id
+}
+
+// departure is how a previous participant went.
+type departure struct {
+	why     string
+	at      time.Time
+	lapsed  bool  // its process may be alive and come back holding its state
+	step    int64 // its last reported step
+	unknown bool  // it went while no coordinator watched: its step is unknown
 }
 
 type suspicion struct {
@@ -90,12 +201,17 @@ type suspicion struct {
 }
 
 // NewMachine returns the machine of a job whose last published quorum is
-// prev (nil: none yet).
+// prev (nil: none yet). A participant of prev that is not live when
+// Advance first runs counts as lapsed then: it may have gone while no
+// coordinator watched.
 func NewMachine(job string, cfg QuorumConfig, prev *Quorum) *Machine {
-	m := &Machine{job: job, cfg: cfg, members: map[string]*MemberRecord{}, removed: map[string]string{}, suspects: map[string]suspicion{}}
+	m := &Machine{job: job, cfg: cfg, members: map[string]*MemberRecord{}, removed: map[string]departure{},
+		suspects: map[string]suspicion{}, caughtUp: map[string]int64{}, blame: map[blamePair]*blameEdge{},
+		blamedIn: map[string]uint64{}, active: map[string]uint64{}, silent: map[string]int{}, slow: map[string]*straggler{}}
 	if prev != nil {
 		q := *prev
 		m.prev = &q
+		m.final = q.Final
 	}
 	return m
 }
@@ -118,33 +234,112 @@ type Decision struct {
 }
 
 // Upsert records a member's registration or any change of its record: a
-// join, a heartbeat (step, health), a quorum request (WantQuorum,
-// ShrinkOnly) or a commit failure (CommitFailed). A record with a new
-// incarnation replaces the old one, which thereby has died.
-func (m *Machine) Upsert(now time.Time, rec MemberRecord) {
-	if old, ok := m.members[rec.ID]; ok && old.Incarnation > rec.Incarnation {
-		return // a stale record of an older incarnation
+// join, a heartbeat (step, health, step time), a quorum request
+// (WantQuorum, ShrinkOnly), a commit failure (CommitFailed, Blamed), a
+// formed epoch or the end of its run (Finished). A record with a new
+// incarnation replaces the old one, which thereby has died. It reports
+// whether the change may alter Advance's decision (a heartbeat that only
+// moves the step usually cannot).
+func (m *Machine) Upsert(now time.Time, rec MemberRecord) bool {
+	old, had := m.members[rec.ID]
+	if had && old.Incarnation > rec.Incarnation {
+		return false // a stale record of an older incarnation
 	}
 	r := rec
 	m.members[rec.ID] = &r
 	if s, ok := m.suspects[rec.ID]; ok && s.inc != rec.Incarnation {
 		delete(m.suspects, rec.ID)
 	}
+	if r.Finished {
+		m.final = max(m.final, r.Step)
+	}
+	if !had || old.Incarnation != r.Incarnation {
+		m.forget(r.ID) // a new incarnation starts afresh
+		m.observe(now, nil, &r)
+		return true
+	}
+	m.observe(now, old, &r)
+	switch {
+	case old.Health != r.Health, old.WantQuorum != r.WantQuorum, old.ShrinkOnly != r.ShrinkOnly,
+		old.CommitFailed != r.CommitFailed, !slices.Equal(old.Blamed, r.Blamed), old.MinReplicas != r.MinReplicas,
+		old.Finished != r.Finished, old.Formed != r.Formed, !old.Stragglers.equal(r.Stragglers):
+		return true
+	case old.Step != r.Step:
+		// The step matters to a quorum waiting for the job's step, and
+		// as a sign of life from a member left out for its silence.
+		return m.waited || m.silent[r.ID] > 0
+	case old.StepTime != r.StepTime:
+		return m.policy().on()
+	}
+	return false
 }
 
-// Remove records that a member is gone: it left, died (gossip, lease
-// expiry) or was evicted. incarnation 0 matches any; a mismatch (an
-// older incarnation) is ignored.
+// observe learns from a member's new record (old is nil for a new
+// incarnation): whether it holds the job's step, signs of life, blame,
+// and epochs formed together.
+func (m *Machine) observe(now time.Time, old, r *MemberRecord) {
+	var epoch uint64
+	inPrev := false
+	if m.prev != nil {
+		epoch = m.prev.Epoch
+		inPrev = m.prev.Includes(r.ID, r.Incarnation)
+	}
+	if inPrev && r.Step >= m.prev.MaxStep {
+		m.caughtUp[r.ID] = r.Incarnation
+	}
+	if old == nil {
+		return
+	}
+	if r.Formed != old.Formed || r.CommitFailed != old.CommitFailed || r.Step > old.Step {
+		m.active[r.ID] = max(m.active[r.ID], epoch)
+		delete(m.silent, r.ID)
+	}
+	if r.CommitFailed != 0 && len(r.Blamed) > 0 && (r.CommitFailed != old.CommitFailed || !slices.Equal(r.Blamed, old.Blamed)) {
+		m.addBlame(now, r.CommitFailed, r.ID, r.Blamed)
+	}
+	if inPrev && r.Formed == epoch && old.Formed != epoch {
+		m.formedTogether(r.ID)
+	}
+}
+
+// forget drops what the machine learnt about an incarnation of id.
+func (m *Machine) forget(id string) {
+	delete(m.caughtUp, id)
+	delete(m.active, id)
+	delete(m.silent, id)
+	delete(m.blamedIn, id)
+	delete(m.slow, id)
+	m.forgetBlame(id)
+}
+
+// Remove records that a member is gone for good: it left, finished, was
+// evicted, or its process is gone (its port refused connections).
+// incarnation 0 matches any; a mismatch (an older incarnation) is
+// ignored.
 func (m *Machine) Remove(now time.Time, id string, incarnation int64, why string) {
+	m.remove(now, id, incarnation, why, false)
+}
+
+// Lapsed records that a member's registration ended while its process
+// may still be alive and hold its state — its lease expired (an etcd
+// outage lapses live members' leases too) or gossip lost it (a paused
+// process) — so that a quorum needing the job's step waits a while for
+// it to come back (QuorumConfig.HolderGrace). incarnation as for Remove.
+func (m *Machine) Lapsed(now time.Time, id string, incarnation int64, why string) {
+	m.remove(now, id, incarnation, why, true)
+}
+
+func (m *Machine) remove(now time.Time, id string, incarnation int64, why string, lapsed bool) {
 	old, ok := m.members[id]
 	if !ok || incarnation != 0 && old.Incarnation != incarnation {
 		return
 	}
 	delete(m.members, id)
 	delete(m.suspects, id)
+	m.forget(id)
 	if m.prev != nil && m.prev.Rank(id) >= 0 {
 		if _, seen := m.removed[id]; !seen {
-			m.removed[id] = why
+			m.removed[id] = departure{why: why, at: now, lapsed: lapsed, step: old.Step}
 		}
 	}
 }
@@ -169,11 +364,17 @@ func (m *Machine) Unsuspect(id string, inc int64) {
 
 // Revoke records a stored revocation (a member's, or one Advance offered).
 // A revoked epoch can never be used again, so revoking the current epoch
-// forces the next one (like a commit failure); older epochs are over.
+// forces the next one (like a commit failure); older epochs are over. A
+// member's revocation is also a sign of its life and carries its blame.
 func (m *Machine) Revoke(now time.Time, r Revocation) {
 	if m.prev != nil && r.Epoch == m.prev.Epoch && m.revokedBy == nil {
 		rr := r
 		m.revokedBy = &rr
+	}
+	if _, member := m.members[r.By]; member && m.prev != nil && r.Epoch == m.prev.Epoch {
+		m.active[r.By] = max(m.active[r.By], r.Epoch)
+		delete(m.silent, r.By)
+		m.addBlame(now, r.Epoch, r.By, r.Failed)
 	}
 }
 
@@ -200,8 +401,27 @@ func (m *Machine) Current() (Quorum, bool) {
 // Published tells the machine that q was stored: it becomes the previous
 // quorum of the next decision.
 func (m *Machine) Published(q Quorum) {
+	if old := m.prev; old != nil {
+		// Silence is counted per epoch that ended.
+		for _, p := range old.Participants {
+			if m.blamedIn[p.ID] == old.Epoch && m.active[p.ID] < old.Epoch {
+				if r, ok := m.members[p.ID]; ok && r.Incarnation == p.Incarnation {
+					m.silent[p.ID]++
+				}
+			} else {
+				delete(m.silent, p.ID)
+			}
+		}
+		m.stragglersPublished(*old, q)
+	}
 	qq := q
 	m.prev = &qq
+	m.final = max(m.final, q.Final)
+	for _, p := range q.Participants {
+		if r, ok := m.members[p.ID]; ok && r.Incarnation == p.Incarnation && r.Step >= q.MaxStep && m.caughtUp[p.ID] != p.Incarnation {
+			m.caughtUp[p.ID] = p.Incarnation
+		}
+	}
 	m.pendingSince, m.failedSince = time.Time{}, time.Time{}
 	clear(m.removed)
 	m.revokedBy = nil
@@ -217,16 +437,26 @@ func (m *Machine) minReplicas() int {
 
 func fit(r *MemberRecord) bool { return r.Health != Critical }
 
+// eligible: a member that may take part (fit, and its run not finished).
+func eligible(r *MemberRecord) bool { return fit(r) && !r.Finished }
+
 // Advance decides whether a new quorum forms now.
 func (m *Machine) Advance(now time.Time) Decision {
+	d := m.advance(now)
+	m.waited = d.Quorum == nil && d.Waiting != ""
+	return d
+}
+
+func (m *Machine) advance(now time.Time) Decision {
 	var (
-		survivors []Participant // previous participants still live and fit
-		joiners   []Participant // live fit askers not in the previous quorum
-		asking    int           // survivors + every fit asker
+		survivors []Participant // previous participants still live and eligible
+		joiners   []Participant // live eligible askers not in the previous quorum
+		asking    int           // survivors + every eligible asker
 		fitLive   int
 		shrink    bool
 		inPrev    = map[string]bool{}
 		lost      []string // previous participants not surviving
+		finishing bool     // one of them finished the run
 	)
 	part := func(r *MemberRecord) Participant {
 		return Participant{ID: r.ID, Addr: r.Addr, Group: r.Group, Step: r.Step, Incarnation: r.Incarnation}
@@ -234,17 +464,25 @@ func (m *Machine) Advance(now time.Time) Decision {
 	if m.prev != nil {
 		for _, p := range m.prev.Participants {
 			r, ok := m.members[p.ID]
-			if ok && r.Incarnation == p.Incarnation && fit(r) {
+			if ok && r.Incarnation == p.Incarnation && eligible(r) {
 				inPrev[p.ID] = true
 				survivors = append(survivors, part(r))
 				shrink = shrink || r.ShrinkOnly
 			} else {
 				lost = append(lost, p.ID)
+				finishing = finishing || ok && r.Incarnation == p.Incarnation && r.Finished
+				if !ok {
+					if _, seen := m.removed[p.ID]; !seen {
+						// Gone before this machine knew it: while no
+						// coordinator watched.
+						m.removed[p.ID] = departure{why: "gone", at: now, lapsed: true, step: max(p.Step, m.prev.MaxStep), unknown: true}
+					}
+				}
 			}
 		}
 	}
 	for _, r := range m.members {
-		if !fit(r) {
+		if !eligible(r) {
 			continue
 		}
 		fitLive++
@@ -262,6 +500,7 @@ func (m *Machine) Advance(now time.Time) Decision {
 	if shrink {
 		admitted = nil
 	}
+	joining := len(admitted) > 0 // before any rule leaves one out
 	epochFailed := false
 	var failedBy []string
 	if m.prev != nil {
@@ -274,22 +513,56 @@ func (m *Machine) Advance(now time.Time) Decision {
 		epochFailed = len(failedBy) > 0 || m.revokedBy != nil
 	}
 
+	// Who is left out, and why: stragglers, silent members, cut-off sides.
+	var wakeAt time.Time
+	wake := func(t time.Time) {
+		if !t.IsZero() && (wakeAt.IsZero() || t.Before(wakeAt)) {
+			wakeAt = t
+		}
+	}
+	out := map[string]string{}
+	wake(m.stragglers(now, survivors, admitted, out))
+	m.silence(survivors, admitted, out)
+	keep := func(ps []Participant) []Participant {
+		if len(out) == 0 {
+			return ps
+		}
+		var k []Participant
+		for _, p := range ps {
+			if _, o := out[p.ID]; !o {
+				k = append(k, p)
+			}
+		}
+		return k
+	}
+	var js jobStep
+	js.step, js.unknown = m.jobStep()
+	wake(m.cut(now, keep(survivors), keep(admitted), inPrev, js, out))
+	var dropped []string // survivors left out
+	for _, p := range survivors {
+		if _, o := out[p.ID]; o {
+			dropped = append(dropped, p.ID)
+		}
+	}
+	survivors, admitted = keep(survivors), keep(admitted)
+
+	finalNew := m.final > 0 && (m.prev == nil || m.final > m.prev.Final)
 	needed := false
 	switch {
 	case m.prev == nil:
-		needed = len(joiners) > 0
+		needed = len(admitted) > 0 || finalNew
 	default:
-		needed = len(lost) > 0 || len(admitted) > 0 || epochFailed
+		needed = len(lost) > 0 || len(dropped) > 0 || len(admitted) > 0 || epochFailed || finalNew
 	}
 	if !needed {
 		m.pendingSince = time.Time{}
-		return Decision{}
+		return Decision{WakeAt: wakeAt}
 	}
 	if m.pendingSince.IsZero() {
 		m.pendingSince = now
 	}
 	candidates := append(survivors[:len(survivors):len(survivors)], admitted...)
-	fast := m.prev != nil && len(lost) == 0
+	fast := m.prev != nil && len(lost) == 0 && len(dropped) == 0
 
 	// Why the current epoch ends, for people and for the revocation.
 	var why []string
@@ -298,21 +571,28 @@ func (m *Machine) Advance(now time.Time) Decision {
 	} else {
 		for _, id := range lost {
 			reason, ok := m.removed[id]
-			if !ok {
-				r, live := m.members[id]
-				switch {
-				case live && !fit(r):
-					reason = "critical"
-					if r.HealthReason != "" {
-						reason += ": " + r.HealthReason
-					}
-				case live:
-					reason = "restarted"
-				default:
-					reason = "gone"
-				}
+			if ok {
+				why = append(why, fmt.Sprintf("%s %s", id, reason.why))
+				continue
 			}
-			why = append(why, fmt.Sprintf("%s %s", id, reason))
+			r, live := m.members[id]
+			switch {
+			case live && r.Finished:
+				why = append(why, fmt.Sprintf("%s finished at step %d", id, r.Step))
+			case live && !fit(r):
+				w := id + " critical"
+				if r.HealthReason != "" {
+					w += ": " + r.HealthReason
+				}
+				why = append(why, w)
+			case live:
+				why = append(why, id+" restarted")
+			default:
+				why = append(why, id+" gone")
+			}
+		}
+		for _, id := range dropped {
+			why = append(why, id+" "+out[id])
 		}
 		if len(failedBy) > 0 {
 			why = append(why, fmt.Sprintf("commit failed in epoch %d (%s)", m.prev.Epoch, strings.Join(failedBy, ",")))
@@ -321,59 +601,68 @@ func (m *Machine) Advance(now time.Time) Decision {
 			why = append(why, fmt.Sprintf("epoch %d revoked by %s: %s", m.prev.Epoch, m.revokedBy.By, m.revokedBy.Reason))
 		}
 	}
+	if finalNew {
+		why = append(why, fmt.Sprintf("the run ended at step %d", m.final))
+	}
 	// Revoke a broken epoch at once, even when its successor must wait:
 	// members stop their collectives instead of waiting out a timeout. An
 	// epoch that only gains joiners is not broken: its step in flight may
 	// finish, and members grow at their next step.
+	gone := append(lost[:len(lost):len(lost)], dropped...)
 	var rev *Revocation
-	if m.prev != nil && m.revokedBy == nil && len(lost)+len(failedBy) > 0 {
-		rev = &Revocation{Epoch: m.prev.Epoch, Reason: strings.Join(why, "; "), Failed: lost, At: now}
+	if m.prev != nil && m.revokedBy == nil && len(gone)+len(failedBy) > 0 {
+		rev = &Revocation{Epoch: m.prev.Epoch, Reason: strings.Join(why, "; "), Failed: gone, At: now}
 	}
-	wait := func(w string, wake time.Time) Decision {
-		return Decision{Waiting: w, WakeAt: wake, Revocation: rev}
+	wait := func(w string, at time.Time) Decision {
+		wake(at)
+		return Decision{Waiting: w, WakeAt: wakeAt, Revocation: rev}
 	}
 
-	// A failure with everyone alive: more reports (a blame) may follow.
-	if epochFailed && len(lost) == 0 && len(admitted) == 0 && m.cfg.FailureSettle > 0 {
-		if m.failedSince.IsZero() {
-			m.failedSince = now
+	if !finalNew && !finishing { // the end of the run waits for nothing
+		// A failure with everyone alive: more reports (a blame) may follow.
+		if epochFailed && len(lost) == 0 && !joining && m.cfg.FailureSettle > 0 {
+			if m.failedSince.IsZero() {
+				m.failedSince = now
+			}
+			if settled := m.failedSince.Add(m.cfg.FailureSettle); now.Before(settled) {
+				return wait(fmt.Sprintf("epoch %d failed; waiting %v for more reports", m.prev.Epoch, settled.Sub(now).Round(time.Millisecond)), settled)
+			}
 		}
-		if settled := m.failedSince.Add(m.cfg.FailureSettle); now.Before(settled) {
-			return wait(fmt.Sprintf("epoch %d failed; waiting %v for more reports", m.prev.Epoch, settled.Sub(now).Round(time.Millisecond)), settled)
+		// A survivor a peer reported dead is being checked: wait for the
+		// verdict (bounded) instead of forming an epoch it may end at once.
+		var checkAt time.Time
+		var checking []string
+		for _, p := range survivors {
+			if s, ok := m.suspects[p.ID]; ok && s.inc == p.Incarnation && now.Before(s.until) {
+				checking = append(checking, p.ID)
+				if checkAt.IsZero() || s.until.Before(checkAt) {
+					checkAt = s.until
+				}
+			}
 		}
-	}
-	// A survivor a peer reported dead is being checked: wait for the
-	// verdict (bounded) instead of forming an epoch it may end at once.
-	var wakeAt time.Time
-	var checking []string
-	for _, p := range survivors {
-		if s, ok := m.suspects[p.ID]; ok && s.inc == p.Incarnation && now.Before(s.until) {
-			checking = append(checking, p.ID)
-			if wakeAt.IsZero() || s.until.Before(wakeAt) {
-				wakeAt = s.until
+		if len(checking) > 0 {
+			slices.Sort(checking)
+			return wait("verifying the reported death of "+strings.Join(checking, ","), checkAt)
+		}
+		if !fast {
+			if w, at := m.awaitHolders(now, candidates, inPrev, js); w != "" {
+				return wait(w, at)
+			}
+			if minN := m.minReplicas(); len(candidates) < minN {
+				return wait(fmt.Sprintf("%d of %d replicas needed (min_replicas)", len(candidates), minN), time.Time{})
+			}
+			if asking*2 <= fitLive {
+				return wait(fmt.Sprintf("%d of %d live members take part: not a strict majority", asking, fitLive), time.Time{})
+			}
+			if asking < fitLive {
+				if deadline := m.pendingSince.Add(m.cfg.JoinTimeout); now.Before(deadline) {
+					return wait(fmt.Sprintf("waiting up to %v for %d straggler(s)", deadline.Sub(now).Round(time.Millisecond), fitLive-asking), deadline)
+				}
 			}
 		}
 	}
-	if len(checking) > 0 {
-		slices.Sort(checking)
-		return wait("verifying the reported death of "+strings.Join(checking, ","), wakeAt)
-	}
 
-	if !fast {
-		if minN := m.minReplicas(); len(candidates) < minN {
-			return wait(fmt.Sprintf("%d of %d replicas needed (min_replicas)", len(candidates), minN), time.Time{})
-		}
-		if asking*2 <= fitLive {
-			return wait(fmt.Sprintf("%d of %d live members take part: not a strict majority", asking, fitLive), time.Time{})
-		}
-		if asking < fitLive {
-			if deadline := m.pendingSince.Add(m.cfg.JoinTimeout); now.Before(deadline) {
-				return wait(fmt.Sprintf("waiting up to %v for %d straggler(s)", deadline.Sub(now).Round(time.Millisecond), fitLive-asking), deadline)
-			}
-		}
-	}
-
-	q := &Quorum{Job: m.job, Epoch: 1, Participants: candidates, Created: now, Removed: lost}
+	q := &Quorum{Job: m.job, Epoch: 1, Participants: candidates, Created: now, Removed: gone, Final: m.final}
 	if m.prev != nil {
 		q.Epoch = m.prev.Epoch + 1
 	}
@@ -395,5 +684,77 @@ func (m *Machine) Advance(now time.Time) Decision {
 	if rev != nil {
 		rev.Reason = q.Reason
 	}
-	return Decision{Quorum: q, Revocation: rev}
+	return Decision{Quorum: q, Revocation: rev, WakeAt: wakeAt}
+}
+
+// jobStep is the job's last known step: the previous quorum's MaxStep, or
+// a higher step one of its participants reported since. unknown: some
+// participant went while no coordinator watched, so the job may be
+// further.
+func (m *Machine) jobStep() (step int64, unknown bool) {
+	if m.prev == nil {
+		return 0, false
+	}
+	step = m.prev.MaxStep
+	for _, p := range m.prev.Participants {
+		if r, ok := m.members[p.ID]; ok && r.Incarnation == p.Incarnation {
+			step = max(step, r.Step)
+		} else if d, ok := m.removed[p.ID]; ok {
+			step, unknown = max(step, d.step), unknown || d.unknown
+		}
+	}
+	return step, unknown
+}
+
+// jobStep is what the rules know of the job's step.
+type jobStep struct {
+	step    int64
+	unknown bool
+}
+
+// holds reports whether candidate p holds the job's step: a caught-up
+// survivor, or any candidate that reported it.
+func (m *Machine) holds(p Participant, inPrev map[string]bool, js jobStep) bool {
+	return inPrev[p.ID] && m.caughtUp[p.ID] == p.Incarnation || !js.unknown && p.Step >= js.step
+}
+
+// awaitHolders applies the history rule: when no candidate holds the
+// job's step, it says what the quorum waits for (and until when), or ""
+// when it need not wait.
+func (m *Machine) awaitHolders(now time.Time, candidates []Participant, inPrev map[string]bool, js jobStep) (string, time.Time) {
+	grace := m.cfg.holderGrace()
+	if grace <= 0 || m.prev == nil {
+		return "", time.Time{}
+	}
+	var candMax int64 = -1
+	for _, p := range candidates {
+		if m.holds(p, inPrev, js) {
+			return "", time.Time{}
+		}
+		candMax = max(candMax, p.Step)
+	}
+	var awaited []string
+	var until time.Time
+	for id, d := range m.removed {
+		if _, back := m.members[id]; back || !d.lapsed || d.step <= candMax && !d.unknown || !now.Before(d.at.Add(grace)) {
+			continue
+		}
+		awaited = append(awaited, id)
+		if end := d.at.Add(grace); until.IsZero() || end.Before(until) {
+			until = end
+		}
+	}
+	if len(awaited) == 0 {
+		return "", time.Time{}
+	}
+	slices.Sort(awaited)
+	have, at := "no candidate", fmt.Sprintf("step %d", js.step)
+	if candMax >= 0 {
+		have = fmt.Sprintf("the candidates hold step %d at most", candMax)
+	}
+	if js.unknown {
+		at += " or beyond"
+	}
+	return fmt.Sprintf("%s, the job is at %s: waiting up to %v for %s to come back",
+		have, at, until.Sub(now).Round(time.Millisecond), strings.Join(awaited, ",")), until
 }

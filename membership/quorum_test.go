@@ -12,27 +12,38 @@ import (
 // manner of etcd-io/raft's interaction tests. Lines starting with "> " are
 // commands; the lines after a command are the output it must print.
 //
-//	config min=N timeout=D settle=D (before anything else)
+//	config min=N timeout=D settle=D grace=D hold=D silent=N
+//	       factor=F window=D probation=D     (before anything else; the
+//	                            last three: the straggler policy)
 //	join a b …                  register members (not asking yet)
 //	ask a b … [shrink]          members ask to take part (shrink: ShrinkOnly)
 //	unshrink a …                members drop ShrinkOnly
 //	step a=5 b=7                members report steps
+//	steptime a=50ms b=60ms      members report their step times
 //	health a critical|degraded|healthy [why]
 //	commitfail a E              a's commit failed in epoch E
+//	blame a E b c …             a's commit failed in epoch E, blaming b, c …
 //	formed a b … E              members report holding epoch E's comms
+//	finish a S                  a's loop ended the run at step S
 //	suspect a D                 a peer reported a dead; verdict due within D
 //	unsuspect a                 the check found a alive
-//	revoke E by                 member "by" revokes epoch E
-//	leave|die|evict a …         members go (reason printed in the quorum)
-//	restart a                   a new incarnation of a registers (asking)
+//	revoke E by [b c …]         member "by" revokes epoch E (blaming b, c …)
+//	leave|die|evict a …         members go for good (reason printed in the quorum)
+//	lapse a …                   members' leases expire (they may come back)
+//	restart a [step=S]          a new incarnation of a registers (asking)
+//	reload [lost=a,b]           a new coordinator takes over: a machine made
+//	                            from the last quorum and the live records,
+//	                            less those that went while none watched
 //	tick D                      advance the clock by D, then Advance: prints
 //	                            the quorum (then published), "waiting: …"
-//	                            (with "wake +D" when a timer is due) or "-"
+//	                            or "-" (with "wake +D" when a timer is due)
 type quorumScript struct {
 	t   *testing.T
 	m   *Machine
+	cfg QuorumConfig
 	now time.Time
 	inc int64
+	ids []string // every id that ever registered
 }
 
 func (s *quorumScript) rec(id string) MemberRecord {
@@ -52,21 +63,72 @@ func (s *quorumScript) run(line string) []string {
 		cfg.FailureSettle = 0 // scripts that want it say settle=D
 		for _, a := range args {
 			k, v, _ := strings.Cut(a, "=")
+			d, _ := time.ParseDuration(v)
 			switch k {
 			case "min":
 				cfg.MinReplicas, _ = strconv.Atoi(v)
 			case "timeout":
-				cfg.JoinTimeout, _ = time.ParseDuration(v)
+				cfg.JoinTimeout = d
 			case "settle":
-				cfg.FailureSettle, _ = time.ParseDuration(v)
+				cfg.FailureSettle = d
+			case "grace":
+				cfg.HolderGrace = d
+			case "hold":
+				cfg.BlameHold = d
+			case "silent":
+				cfg.SilentEpochs, _ = strconv.Atoi(v)
+			case "factor":
+				cfg.Stragglers.Factor, _ = strconv.ParseFloat(v, 64)
+			case "window":
+				cfg.Stragglers.Window = d
+			case "probation":
+				cfg.Stragglers.Probation = d
+			default:
+				s.t.Fatalf("unknown config %q", a)
 			}
 		}
+		if err := cfg.Validate(); err != nil {
+			s.t.Fatal(err)
+		}
+		s.cfg = cfg
 		s.m = NewMachine("job", cfg, nil)
-	case "join", "restart":
+	case "join":
 		for _, id := range args {
 			s.inc++
-			s.m.Upsert(s.now, MemberRecord{Job: "job", ID: id, Addr: id + ":1", Incarnation: s.inc, WantQuorum: cmd == "restart"})
+			s.ids = append(s.ids, id)
+			s.m.Upsert(s.now, MemberRecord{Job: "job", ID: id, Addr: id + ":1", Incarnation: s.inc})
 		}
+	case "restart":
+		var step int64
+		if len(args) > 1 {
+			v, ok := strings.CutPrefix(args[1], "step=")
+			if !ok {
+				s.t.Fatalf("restart: %q", line)
+			}
+			step, _ = strconv.ParseInt(v, 10, 64)
+		}
+		s.inc++
+		s.ids = append(s.ids, args[0])
+		s.m.Upsert(s.now, MemberRecord{Job: "job", ID: args[0], Addr: args[0] + ":1", Incarnation: s.inc, WantQuorum: true, Step: step})
+	case "reload":
+		lost := map[string]bool{}
+		if len(args) > 0 {
+			v, _ := strings.CutPrefix(args[0], "lost=")
+			for _, id := range strings.Split(v, ",") {
+				lost[id] = true
+			}
+		}
+		q, ok := s.m.Current()
+		m := NewMachine("job", s.cfg, nil)
+		if ok {
+			m = NewMachine("job", s.cfg, &q)
+		}
+		for _, id := range s.ids {
+			if r, live := s.m.Member(id); live && !lost[id] {
+				m.Upsert(s.now, r)
+			}
+		}
+		s.m = m
 	case "ask":
 		shrink := args[len(args)-1] == "shrink"
 		if shrink {
@@ -97,10 +159,22 @@ func (s *quorumScript) run(line string) []string {
 		}
 		r.HealthReason = strings.Join(args[2:], " ")
 		s.m.Upsert(s.now, r)
-	case "commitfail":
+	case "steptime":
+		for _, a := range args {
+			id, v, _ := strings.Cut(a, "=")
+			r := s.rec(id)
+			r.StepTime, _ = time.ParseDuration(v)
+			s.m.Upsert(s.now, r)
+		}
+	case "commitfail", "blame":
 		r := s.rec(args[0])
 		e, _ := strconv.ParseUint(args[1], 10, 64)
-		r.CommitFailed = e
+		r.CommitFailed, r.Blamed = e, args[2:]
+		s.m.Upsert(s.now, r)
+	case "finish":
+		r := s.rec(args[0])
+		r.Step, _ = strconv.ParseInt(args[1], 10, 64)
+		r.Finished, r.WantQuorum = true, false
 		s.m.Upsert(s.now, r)
 	case "suspect":
 		d, _ := time.ParseDuration(args[1])
@@ -116,11 +190,15 @@ func (s *quorumScript) run(line string) []string {
 		}
 	case "revoke":
 		e, _ := strconv.ParseUint(args[0], 10, 64)
-		s.m.Revoke(s.now, Revocation{Epoch: e, By: args[1], Reason: "peer failed"})
+		s.m.Revoke(s.now, Revocation{Epoch: e, By: args[1], Reason: "peer failed", Failed: args[2:]})
 	case "leave", "die", "evict":
 		why := map[string]string{"leave": "left", "die": "died (gossip)", "evict": "evicted"}[cmd]
 		for _, id := range args {
 			s.m.Remove(s.now, id, 0, why)
+		}
+	case "lapse":
+		for _, id := range args {
+			s.m.Lapsed(s.now, id, 0, "lease expired")
 		}
 	case "tick":
 		d, err := time.ParseDuration(args[0])
@@ -140,6 +218,9 @@ func (s *quorumScript) run(line string) []string {
 			if q.Base != 0 {
 				head += fmt.Sprintf(" base=%d", q.Base)
 			}
+			if q.Final != 0 {
+				head += fmt.Sprintf(" final=%d", q.Final)
+			}
 			out := []string{head, "  reason: " + q.Reason}
 			if r := dec.Revocation; r != nil {
 				out = append(out, fmt.Sprintf("  revoke %d failed=%v", r.Epoch, r.Failed))
@@ -158,6 +239,8 @@ func (s *quorumScript) run(line string) []string {
 				s.m.Revoke(s.now, *r)
 			}
 			return out
+		case !dec.WakeAt.IsZero():
+			return []string{fmt.Sprintf("- (wake +%v)", dec.WakeAt.Sub(s.now))}
 		default:
 			return []string{"-"}
 		}

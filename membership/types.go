@@ -218,6 +218,13 @@ type MemberRecord struct {
 	// (ft.Comm.Finish); it takes part in no further quorum, and the
 	// coordinator publishes the run's end (Quorum.Final).
 	Finished bool `json:"finished,omitempty"`
+	// StepTime is the member's own compute time per step (SetStepTime),
+	// the mean over the steps since its previous write; 0: not reported.
+	// The straggler policy compares it with its peers'.
+	StepTime time.Duration `json:"stepTimeNs,omitempty"`
+	// Stragglers is the straggler policy the member asks for its job
+	// (MemberConfig.Stragglers); nil: the coordinator's.
+	Stragglers *StragglerPolicy `json:"stragglers,omitempty"`
 	// Leaving: the member is leaving gracefully (its key goes next).
 	Leaving bool `json:"leaving,omitempty"`
 	// Evicted says who evicted the member (its key goes next).
