@@ -677,33 +677,40 @@ func (l *leadership) upsert(now time.Time, job string, r membership.MemberRecord
 	case r.Evicted != "":
 		l.remove(now, job, r.ID, r.Incarnation, "evicted by "+r.Evicted, "evicted")
 		return
+	case r.Leaving && r.Finished:
+		// Where the run ended outlives the member (a coordinator that
+		// loads only the leaving record learns it here).
+		if old, ok := j.m.Member(r.ID); ok && old.Incarnation == r.Incarnation {
+			j.m.Upsert(now, r)
+		}
+		l.remove(now, job, r.ID, r.Incarnation, fmt.Sprintf("finished at step %d", r.Step), "left")
+		return
 	case r.Leaving:
 		l.remove(now, job, r.ID, r.Incarnation, "left", "left")
 		return
 	}
-	if old, ok := j.m.Member(r.ID); !ok || old.Incarnation != r.Incarnation {
+	old, ok := j.m.Member(r.ID)
+	if !ok || old.Incarnation != r.Incarnation {
 		if ok {
 			delete(l.byNode, membership.GossipNodeName(job, old.ID, old.Lease))
 		}
 		l.c.metrics.joins.WithLabelValues(job).Inc()
-	} else if old.Health == r.Health && old.WantQuorum == r.WantQuorum && old.ShrinkOnly == r.ShrinkOnly &&
-		old.CommitFailed == r.CommitFailed && old.MinReplicas == r.MinReplicas && slices.Equal(old.Blamed, r.Blamed) {
-		// A heartbeat: the decision cannot change.
-		j.m.Upsert(now, r)
-		return
-	}
-	if len(r.Blamed) > 0 {
-		if old, ok := j.m.Member(r.ID); !ok || old.CommitFailed != r.CommitFailed || !slices.Equal(old.Blamed, r.Blamed) {
-			defer l.verifyReported(job, membership.Revocation{Epoch: r.CommitFailed, Failed: r.Blamed}) // after the upsert below
-		}
 	}
 	if r.Gossip != "" {
 		l.byNode[membership.GossipNodeName(job, r.ID, r.Lease)] = memberRef{job, r.ID, r.Incarnation}
 	}
-	j.m.Upsert(now, r)
-	j.dirty = true
+	if j.m.Upsert(now, r) {
+		j.dirty = true
+	}
+	if len(r.Blamed) > 0 && (!ok || old.Incarnation != r.Incarnation || old.CommitFailed != r.CommitFailed || !slices.Equal(old.Blamed, r.Blamed)) {
+		l.verifyReported(job, membership.Revocation{Epoch: r.CommitFailed, Failed: r.Blamed})
+	}
 }
 
+// remove applies a member's end. metric names its cause: "lease" (its
+// lease expired) and "gossip" (gossip lost it) leave a process that may be
+// alive and come back holding its state (the machine's Lapsed); "left",
+// "evicted" and "reported" (its port refused connections) do not.
 func (l *leadership) remove(now time.Time, job, id string, inc int64, why, metric string) {
 	j := l.job(job)
 	old, ok := j.m.Member(id)
@@ -711,7 +718,11 @@ func (l *leadership) remove(now time.Time, job, id string, inc int64, why, metri
 		return
 	}
 	delete(l.byNode, membership.GossipNodeName(job, id, old.Lease))
-	j.m.Remove(now, id, old.Incarnation, why)
+	if metric == "lease" || metric == "gossip" {
+		j.m.Lapsed(now, id, old.Incarnation, why)
+	} else {
+		j.m.Remove(now, id, old.Incarnation, why)
+	}
 	j.dirty = true
 	l.c.metrics.removals.WithLabelValues(job, metric).Inc()
 	l.c.lg.Info("member removed", zap.String("job", job), zap.String("member", id), zap.String("why", why))

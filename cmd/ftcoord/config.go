@@ -61,6 +61,15 @@ type serveConfig struct {
 
 	EvictKeepOut time.Duration
 
+	// Quorum rules beyond -min-replicas and -join-timeout.
+	FailureSettle      time.Duration
+	HolderGrace        time.Duration
+	BlameHold          time.Duration
+	SilentEpochs       int
+	StragglerFactor    float64
+	StragglerWindow    time.Duration
+	StragglerProbation time.Duration
+
 	LogLevel        string
 	LogFormat       string
 	ShutdownTimeout time.Duration
@@ -86,6 +95,12 @@ func defaultServeConfig() serveConfig {
 		GossipProbeTimeout: gc.ProbeTimeout,
 		GossipSuspicion:    gc.SuspicionMult,
 		EvictKeepOut:       cc.EvictKeepOut,
+		FailureSettle:      cc.Quorum.FailureSettle,
+		HolderGrace:        cc.Quorum.HolderGrace,
+		BlameHold:          cc.Quorum.BlameHold,
+		SilentEpochs:       cc.Quorum.SilentEpochs,
+		StragglerWindow:    membership.DefaultStragglerWindow,
+		StragglerProbation: membership.DefaultStragglerProbation,
 		LogLevel:           "info",
 		LogFormat:          "console",
 		ShutdownTimeout:    10 * time.Second,
@@ -155,6 +170,13 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.GossipProbeTimeout, "gossip-probe-timeout", c.GossipProbeTimeout, "gossip probe timeout")
 	fs.IntVar(&c.GossipSuspicion, "gossip-suspicion-mult", c.GossipSuspicion, "gossip suspicion multiplier")
 	fs.DurationVar(&c.EvictKeepOut, "evict-keep-out", c.EvictKeepOut, "how long an evicted member may not register again (0: not at all; an eviction request may say otherwise)")
+	fs.DurationVar(&c.FailureSettle, "failure-settle", c.FailureSettle, "how long a failed epoch waits for more reports (a blame) before the next forms (0: not at all)")
+	fs.DurationVar(&c.HolderGrace, "holder-grace", c.HolderGrace, "how long a quorum none of whose members holds the job's step waits for lapsed members that held it to come back (0: not at all)")
+	fs.DurationVar(&c.BlameHold, "blame-hold", c.BlameHold, "how long live members that could not reach each other stay in different quorums, doubling while it recurs (0: blame never splits a job)")
+	fs.IntVar(&c.SilentEpochs, "silent-epochs", c.SilentEpochs, "failed epochs in a row a member may be blamed in while reporting nothing before quorums leave it out (0: never)")
+	fs.Float64Var(&c.StragglerFactor, "straggler-factor", c.StragglerFactor, "take a replica out of its job's quorums while its step time stays above this many times its peers' median (0: off; a job's members may ask for a policy)")
+	fs.DurationVar(&c.StragglerWindow, "straggler-window", c.StragglerWindow, "how long a replica must stay slow before it is taken out")
+	fs.DurationVar(&c.StragglerProbation, "straggler-probation", c.StragglerProbation, "how long a replica taken out stays out unless it reports keeping up (doubles while it recurs)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log `level`: debug, info, warn, error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log `format`: console (tab-separated, for people) or json (one object a line, for log collectors)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown may take")
@@ -279,6 +301,12 @@ func (c *serveConfig) validate() error {
 	if c.SessionTTL < 2*time.Second {
 		bad("-session-ttl %v is below etcd's minimum of 2s", c.SessionTTL)
 	}
+	if c.FailureSettle < 0 || c.HolderGrace < 0 || c.BlameHold < 0 || c.SilentEpochs < 0 {
+		bad("-failure-settle %v, -holder-grace %v, -blame-hold %v and -silent-epochs %d must not be negative", c.FailureSettle, c.HolderGrace, c.BlameHold, c.SilentEpochs)
+	}
+	if err := c.stragglers().Validate(); err != nil || c.StragglerWindow <= 0 || c.StragglerProbation <= 0 {
+		bad("-straggler-factor %g (0, or above 1), -straggler-window %v and -straggler-probation %v (above 0)", c.StragglerFactor, c.StragglerWindow, c.StragglerProbation)
+	}
 	if c.History < 1 {
 		bad("-history %d must be at least 1", c.History)
 	}
@@ -378,7 +406,7 @@ func (c *serveConfig) serverConfig() (server.Config, error) {
 	sc.TrainerEtcdUser, sc.TrainerEtcdPassword = c.TrainerEtcdUser, c.TrainerEtcdPassword
 	sc.Insecure, sc.SecretsFile, sc.CredentialsFile = c.Insecure, c.SecretsFile, c.CredentialsFile
 	sc.Root, sc.Name = c.Root, c.Name
-	sc.Quorum = membership.QuorumConfig{MinReplicas: c.MinReplicas, JoinTimeout: c.JoinTimeout}
+	sc.Quorum = c.quorum()
 	sc.SessionTTL, sc.HistoryLimit = c.SessionTTL, c.History
 	sc.Gossip = nil
 	if c.Gossip {
@@ -410,4 +438,24 @@ func (c *serveConfig) token() (string, error) {
 		return "", fmt.Errorf("token file %s is empty", c.TokenFile)
 	}
 	return t, nil
+}
+
+// quorum is the coordinator's quorum rules; 0 turns a rule off.
+func (c *serveConfig) quorum() membership.QuorumConfig {
+	off := func(d time.Duration) time.Duration {
+		if d == 0 {
+			return -1
+		}
+		return d
+	}
+	q := membership.QuorumConfig{MinReplicas: c.MinReplicas, JoinTimeout: c.JoinTimeout, FailureSettle: c.FailureSettle,
+		HolderGrace: off(c.HolderGrace), BlameHold: off(c.BlameHold), SilentEpochs: c.SilentEpochs, Stragglers: c.stragglers()}
+	if c.SilentEpochs == 0 {
+		q.SilentEpochs = -1
+	}
+	return q
+}
+
+func (c *serveConfig) stragglers() membership.StragglerPolicy {
+	return membership.StragglerPolicy{Factor: c.StragglerFactor, Window: c.StragglerWindow, Probation: c.StragglerProbation}
 }
