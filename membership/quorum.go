@@ -147,10 +147,11 @@ func (c QuorumConfig) silentEpochs() int {
 //     other. Among the candidates, those in no blame are kept; of the
 //     others the largest set none of whom blames another stays and the
 //     rest wait out, the blame's hold (BlameHold, doubling each time the
-//     pair fails again), then join as joiners. Ties go to the set that
-//     holds the job's step, then to the larger set, then to the set
-//     holding the highest reported step, then to the set whose sorted ids
-//     come first. A blame against a participant that reported nothing in
+//     pair fails again), then join as joiners. The set that holds the
+//     job's step wins, then the one with more survivors (a side that
+//     trains on is not interrupted for joiners), then the larger, then
+//     the one holding the highest reported step, then the one whose
+//     sorted ids come first. A blame against a participant that reported nothing in
 //     that epoch is not used here (the peer may be at fault, or it may be
 //     silent: next rule).
 //   - Silence: a participant blamed in SilentEpochs failed epochs in a row

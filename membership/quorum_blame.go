@@ -218,8 +218,10 @@ type cutSide struct {
 }
 
 // better reports whether set a (indices into pool) ranks above set b (nil:
-// none yet): the set that holds the job's step, then the larger, then the
-// one holding the highest step, then the one whose sorted ids come first.
+// none yet): the set that holds the job's step, then the one with more
+// survivors (a side that trains on is not interrupted for joiners), then
+// the larger, then the one holding the highest step, then the one whose
+// sorted ids come first.
 func (s cutSide) better(a, b []int) bool {
 	if b == nil {
 		return true
@@ -227,6 +229,9 @@ func (s cutSide) better(a, b []int) bool {
 	ha, hb := s.holder(a), s.holder(b)
 	if ha != hb {
 		return ha
+	}
+	if sa, sb := s.survivors(a), s.survivors(b); sa != sb {
+		return sa > sb
 	}
 	if len(a) != len(b) {
 		return len(a) > len(b)
@@ -248,6 +253,16 @@ func (s cutSide) holder(set []int) bool {
 		}
 	}
 	return false
+}
+
+func (s cutSide) survivors(set []int) int {
+	n := 0
+	for _, i := range set {
+		if s.inPrev[s.pool[i].ID] {
+			n++
+		}
+	}
+	return n
 }
 
 func (s cutSide) top(set []int) int64 {
@@ -305,8 +320,8 @@ func (s cutSide) exact(involved []int, adj map[int][]int) []int {
 }
 
 // greedy keeps, one at a time, the member blamed by the fewest of those
-// still undecided (ties: the highest step, then the first id), and drops
-// the members it blames or is blamed by.
+// still undecided (ties: a survivor, then the highest step, then the
+// first id), and drops the members it blames or is blamed by.
 func (s cutSide) greedy(involved []int, adj map[int][]int) []int {
 	left := map[int]bool{}
 	for _, i := range involved {
@@ -333,9 +348,14 @@ func (s cutSide) greedy(involved []int, adj map[int][]int) []int {
 				continue
 			}
 			di, dp := degree(i), degree(pick)
+			si, sp := s.inPrev[s.pool[i].ID], s.inPrev[s.pool[pick].ID]
 			switch {
 			case di != dp:
 				if di < dp {
+					pick = i
+				}
+			case si != sp:
+				if si {
 					pick = i
 				}
 			case s.pool[i].Step != s.pool[pick].Step:

@@ -228,6 +228,32 @@ func TestQuorumCutScripts(t *testing.T) {
 		epoch 5 [a#1 b#2 c#3 d#4] maxstep=40
 		  reason: joined c,d
 		`,
+		"a side that trains on is not dropped for members whose blame ends first": `
+		> config min=1 hold=10s settle=1s
+		> join a b c d
+		> ask a b c d
+		> tick 0s
+		epoch 1 [a#1 b#2 c#3 d#4] maxstep=0
+		  reason: initial quorum
+		> blame a 1 c d
+		> tick 0s
+		waiting: epoch 1 failed; waiting 1s for more reports (wake +1s)
+		  revoke 1 failed=[]: commit failed in epoch 1 (a)
+		> tick 500ms
+		waiting: epoch 1 failed; waiting 500ms for more reports (wake +500ms)
+		> blame b 1 c d
+		> blame c 1 b
+		> blame d 1 b
+		> tick 500ms
+		epoch 2 [a#1 b#2] maxstep=0
+		  reason: c cut off from a,b (blame); d cut off from a,b (blame); commit failed in epoch 1 (a,b,c,d)
+		# a's blame ends first: {a,c,d} would be larger, but a and b train on
+		> tick 9s
+		- (wake +500ms)
+		> tick 500ms
+		epoch 3 [a#1 b#2 c#3 d#4] maxstep=0
+		  reason: joined c,d
+		`,
 		"a minority side never trains while the majority can": `
 		> config min=1
 		> join a b c
