@@ -259,16 +259,21 @@ func (m *Machine) Upsert(now time.Time, rec MemberRecord) bool {
 		m.observe(now, nil, &r)
 		return true
 	}
+	wasSilent := m.silent[r.ID] > 0
 	m.observe(now, old, &r)
 	switch {
 	case old.Health != r.Health, old.WantQuorum != r.WantQuorum, old.ShrinkOnly != r.ShrinkOnly,
 		old.CommitFailed != r.CommitFailed, !slices.Equal(old.Blamed, r.Blamed), old.MinReplicas != r.MinReplicas,
-		old.Finished != r.Finished, old.Formed != r.Formed, !old.Stragglers.equal(r.Stragglers):
+		old.Finished != r.Finished, !old.Stragglers.equal(r.Stragglers):
+		return true
+	case old.Formed != r.Formed && (len(m.blame) > 0 || wasSilent):
+		// It may clear a blame, or be a silent member's sign of life;
+		// otherwise it only sets the next quorum's Base.
 		return true
 	case old.Step != r.Step:
 		// The step matters to a quorum waiting for the job's step, and
 		// as a sign of life from a member left out for its silence.
-		return m.waited || m.silent[r.ID] > 0
+		return m.waited || wasSilent
 	case old.StepTime != r.StepTime:
 		return m.policy().on()
 	}

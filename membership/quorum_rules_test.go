@@ -1,6 +1,9 @@
 package membership
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // The history rule: a quorum none of whose candidates holds the job's
 // step waits, bounded, for the participants that held it and lapsed.
@@ -592,5 +595,57 @@ func TestQuorumStragglerScripts(t *testing.T) {
 		`,
 	} {
 		t.Run(name, func(t *testing.T) { runQuorumScript(t, script) })
+	}
+}
+
+// Upsert says when a record may change the decision, so that the
+// coordinator runs Advance for those only (not for every heartbeat).
+func TestQuorumUpsertSaysWhatMatters(t *testing.T) {
+	now := time.Unix(0, 0)
+	m := NewMachine("j", DefaultQuorumConfig(), nil)
+	base := MemberRecord{ID: "a", Incarnation: 1, WantQuorum: true}
+	if !m.Upsert(now, base) || !m.Upsert(now, MemberRecord{ID: "b", Incarnation: 2, WantQuorum: true}) {
+		t.Fatal("a new member does not matter")
+	}
+	d := m.Advance(now)
+	m.Published(*d.Quorum)
+	for _, c := range []struct {
+		name string
+		mut  func(*MemberRecord)
+		want bool
+	}{
+		{"step", func(r *MemberRecord) { r.Step = 9 }, false},
+		{"step time without a policy", func(r *MemberRecord) { r.StepTime = time.Second }, false},
+		{"formed", func(r *MemberRecord) { r.Formed = 1 }, false},
+		{"health", func(r *MemberRecord) { r.Health = Critical }, true},
+		{"commit failure", func(r *MemberRecord) { r.CommitFailed = 1 }, true},
+		{"blame", func(r *MemberRecord) { r.CommitFailed, r.Blamed = 1, []string{"b"} }, true},
+		{"finished", func(r *MemberRecord) { r.Finished = true }, true},
+		{"a straggler policy", func(r *MemberRecord) { r.Stragglers = &StragglerPolicy{Factor: 2} }, true},
+		{"new incarnation", func(r *MemberRecord) { r.Incarnation = 3 }, true},
+	} {
+		r := base
+		c.mut(&r)
+		if got := m.Upsert(now, r); got != c.want {
+			t.Errorf("%s: Upsert = %v, want %v", c.name, got, c.want)
+		}
+		m = NewMachine("j", DefaultQuorumConfig(), nil)
+		m.Upsert(now, base)
+		m.Upsert(now, MemberRecord{ID: "b", Incarnation: 2, WantQuorum: true})
+		d := m.Advance(now)
+		m.Published(*d.Quorum)
+	}
+	// With a policy, step times matter; while a quorum waits, steps do.
+	m.Upsert(now, MemberRecord{ID: "a", Incarnation: 1, WantQuorum: true, Stragglers: &StragglerPolicy{Factor: 2}})
+	if r, _ := m.Member("a"); !m.Upsert(now, func() MemberRecord { r.StepTime = time.Second; return r }()) {
+		t.Error("a step time under a straggler policy does not matter")
+	}
+	m.Upsert(now, MemberRecord{ID: "c", Incarnation: 5, MinReplicas: 9})
+	m.Remove(now, "b", 0, "left")
+	if d := m.Advance(now); d.Waiting == "" {
+		t.Fatalf("no wait: %+v", d)
+	}
+	if r, _ := m.Member("a"); !m.Upsert(now, func() MemberRecord { r.Step = 4; return r }()) {
+		t.Error("a step while the quorum waits does not matter")
 	}
 }
