@@ -59,8 +59,10 @@
 //	    // fires. Select on m.Revoked(q.Epoch) beside long collectives and
 //	    // revoke the communicator when it fires.
 //	    m.SetStep(step)                        // local; travels with the next write
-//	    if commit failed { m.ReportCommitFailure(ctx, q.Epoch) }
+//	    m.SetStepTime(compute)                 // local; for a straggler policy
+//	    if commit failed { m.ReportCommitFailure(ctx, q.Epoch, blamed...) }
 //	}
+//	m.Finish(ctx, step)                        // when the run is over
 //	m.Leave(ctx)                               // or Close
 //
 // Steady state costs the coordinator nothing: a member learns a new epoch
@@ -120,6 +122,19 @@
 // have not asked); ShrinkOnly keeps joiners out while a participant holds
 // it; the epoch grows by one at every quorum, which is published only when
 // the participants change or the epoch failed.
+//
+// Beyond the lighthouse (QuorumConfig; the Machine's documentation has
+// the exact rules): a finished member (Finish) counts for nothing and the
+// run's end (Quorum.Final) goes out at once and stays; a quorum none of
+// whose members holds the job's last known step waits up to HolderGrace
+// for members that held it and lapsed (an etcd outage) to come back; live
+// members that blame each other (Blamed, a revocation's Failed) do not
+// share a quorum for BlameHold — one side trains on; a member blamed in
+// SilentEpochs failed epochs while reporting nothing (a loop that stopped
+// calling Step) is left out until it shows life; and an opt-in straggler
+// policy (StragglerPolicy, MemberConfig.Stragglers, fed by SetStepTime)
+// takes out a replica whose steps stay slower than a factor of its
+// peers'.
 //
 // # Failure detection
 //

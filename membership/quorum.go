@@ -506,7 +506,6 @@ func (m *Machine) advance(now time.Time) Decision {
 	if shrink {
 		admitted = nil
 	}
-	joining := len(admitted) > 0 // before any rule leaves one out
 	epochFailed := false
 	var failedBy []string
 	if m.prev != nil {
@@ -625,8 +624,10 @@ func (m *Machine) advance(now time.Time) Decision {
 	}
 
 	if !finalNew && !finishing { // the end of the run waits for nothing
-		// A failure with everyone alive: more reports (a blame) may follow.
-		if epochFailed && len(lost) == 0 && !joining && m.cfg.FailureSettle > 0 {
+		// A failure with everyone alive: more reports (a blame) may follow,
+		// also while a joiner asks in (a member left out by blame asks on:
+		// deciding on the first report would admit it again).
+		if epochFailed && len(lost) == 0 && m.cfg.FailureSettle > 0 {
 			if m.failedSince.IsZero() {
 				m.failedSince = now
 			}

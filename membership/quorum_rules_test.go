@@ -257,6 +257,39 @@ func TestQuorumCutScripts(t *testing.T) {
 		epoch 3 [a#1 b#2 c#3 d#4] maxstep=0
 		  reason: joined c,d
 		`,
+		"the first reports name one side only: the next epoch's blame completes it": `
+		> config min=1 settle=100ms
+		> join a b c d
+		> ask a b c d
+		> tick 0s
+		epoch 1 [a#1 b#2 c#3 d#4] maxstep=0
+		  reason: initial quorum
+		> formed a b c d 1
+		# the cut {a,d} | {b,c}: b's heartbeat from a stops first; a's and
+		# d's ops end by the revocation, naming no one
+		> blame b 1 a
+		> blame c 1 a
+		> commitfail a 1
+		> commitfail d 1
+		> tick 0s
+		waiting: epoch 1 failed; waiting 100ms for more reports (wake +100ms)
+		  revoke 1 failed=[a]: a cut off from b,c (blame); commit failed in epoch 1 (a,b,c,d)
+		> tick 100ms
+		epoch 2 [b#2 c#3 d#4] maxstep=0 base=1
+		  reason: a cut off from b,c (blame); commit failed in epoch 1 (a,b,c,d)
+		# epoch 2 crosses the cut: d's formation times out first, naming b
+		# and c; theirs, naming d, follow within the settle time (deciding on
+		# d's report alone would admit a again)
+		> blame d 2 b c
+		> tick 0s
+		waiting: epoch 2 failed; waiting 100ms for more reports (wake +100ms)
+		  revoke 2 failed=[]: commit failed in epoch 2 (d)
+		> blame b 2 d
+		> blame c 2 d
+		> tick 100ms
+		epoch 3 [b#2 c#3] maxstep=0
+		  reason: d cut off from b,c (blame); commit failed in epoch 2 (b,c,d)
+		`,
 		"a minority side never trains while the majority can": `
 		> config min=1
 		> join a b c
