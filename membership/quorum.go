@@ -408,11 +408,14 @@ func (m *Machine) Current() (Quorum, bool) {
 // quorum of the next decision.
 func (m *Machine) Published(q Quorum) {
 	if old := m.prev; old != nil {
-		// Silence is counted per epoch that ended.
+		// Silence is counted per epoch that ended. The blame that named a
+		// silent member said it was silent, not that a link failed: it
+		// must not keep the member out once it shows life.
 		for _, p := range old.Participants {
 			if m.blamedIn[p.ID] == old.Epoch && m.active[p.ID] < old.Epoch {
 				if r, ok := m.members[p.ID]; ok && r.Incarnation == p.Incarnation {
 					m.silent[p.ID]++
+					m.forgetBlame(p.ID)
 				}
 			} else {
 				delete(m.silent, p.ID)

@@ -421,13 +421,18 @@ func TestQuorumSilenceScripts(t *testing.T) {
 		  revoke 3 failed=[a b]
 		# a heartbeat without news changes nothing
 		> health a healthy
-		> tick 1m
+		> tick 1s
 		-
-		# a's loop calls Step again: it sits out epoch 4 and says so
+		# a's loop calls Step again: it sits out epoch 4 and says so; the
+		# blame that named it silent does not keep it out
 		> formed a 4
 		> tick 0s
 		epoch 5 [c#3 a#1] maxstep=50
 		  reason: joined a
+		> formed b 5
+		> tick 0s
+		epoch 6 [c#3 a#1 b#2] maxstep=50
+		  reason: joined b
 		`,
 		"a peer that answers in the epoch is not silent": `
 		> config min=1
