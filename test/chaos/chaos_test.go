@@ -5,6 +5,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 // The test binary doubles as a replica process and as the etcd server of
@@ -27,7 +29,7 @@ func (w testWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-func runChaos(t *testing.T, cfg Config) *Report {
+func runChaos(t *testing.T, cfg Config) (*Report, []*Fault) {
 	t.Helper()
 	cfg.Dir = t.TempDir()
 	if d := os.Getenv("FTCOMM_CHAOS_DIR"); d != "" { // keep the run's files
@@ -44,7 +46,11 @@ func runChaos(t *testing.T, cfg Config) *Report {
 	for _, v := range rep.Violations {
 		t.Errorf("%s: %s", v.Invariant, v.Detail)
 	}
-	return rep
+	_, faults, err := loadRun(cfg.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep, faults
 }
 
 // The CI mix: 4 replica processes, three ftcoord instances on an etcd
@@ -76,4 +82,75 @@ func TestChaosDurable(t *testing.T) {
 	cfg.MTBF, cfg.Duration = 12*time.Second, 36*time.Second
 	cfg.Seed = uint64(time.Now().UnixNano())
 	runChaos(t, cfg)
+}
+
+// oneFault is a run of one fault of kind, lasting length, 10 s after the
+// replicas commit together, with one ftcoord and its etcd.
+func oneFault(kind FaultKind, length time.Duration) Config {
+	cfg := DefaultConfig()
+	cfg.Topology, cfg.Faults, cfg.Random = "embedded", []FaultKind{kind}, false
+	cfg.MTBF, cfg.FaultLength = 10*time.Second, length
+	cfg.Duration = cfg.MTBF + time.Second
+	cfg.Seed = uint64(time.Now().UnixNano())
+	return cfg
+}
+
+// A 2|2 cut between replicas that all still reach the coordinator: one
+// side commits again while the cut lasts, and the other rejoins once it
+// heals.
+func TestChaosCut(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a minute of replica processes")
+	}
+	cfg := oneFault(FaultCut, 25*time.Second)
+	rep, _ := runChaos(t, cfg)
+	st := rep.ByKind[FaultCut]
+	t.Logf("cut → one side's next commit %.2fs; healed → the other side's first commit %.2fs", st.Recovery.Max, st.Rejoin.Max)
+	if st.Recovery.N != 1 || st.Recovery.Max >= cfg.FaultLength.Seconds() {
+		t.Errorf("no side committed in a newer epoch while the cut lasted (%v): %+v", cfg.FaultLength, st)
+	}
+	if st.Rejoin.N != 1 {
+		t.Errorf("the cut-off side did not commit with the others after the cut healed: %+v", st)
+	}
+}
+
+// A replica whose loop stops calling Step while its process lives on: the
+// others commit again while it stalls, and it rejoins when it goes on.
+func TestChaosStall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a minute of replica processes")
+	}
+	cfg := oneFault(FaultStall, 30*time.Second)
+	rep, _ := runChaos(t, cfg)
+	st := rep.ByKind[FaultStall]
+	t.Logf("stall → the others' next commit %.2fs; resumed → its first commit %.2fs", st.Recovery.Max, st.Rejoin.Max)
+	if st.Recovery.N != 1 || st.Recovery.Max >= cfg.FaultLength.Seconds() {
+		t.Errorf("the others committed in no newer epoch while the replica stalled (%v): %+v", cfg.FaultLength, st)
+	}
+	if st.Rejoin.N != 1 {
+		t.Errorf("the stalled replica did not commit again after it went on: %+v", st)
+	}
+}
+
+// A replica starved of CPU with the straggler policy on: taken out, the
+// job runs at the others' pace; back once it keeps up. It needs ft to
+// report step times (Member.SetStepTime); FTCOMM_CHAOS_STARVE=1 runs it.
+func TestChaosStarve(t *testing.T) {
+	if os.Getenv("FTCOMM_CHAOS_STARVE") == "" {
+		t.Skip("FTCOMM_CHAOS_STARVE=1 runs a starved replica under the straggler policy (ft must report step times)")
+	}
+	cfg := oneFault(FaultStarve, 40*time.Second)
+	cfg.Compute, cfg.StepTime = "cpu", 20*time.Millisecond
+	cfg.Stragglers = membership.StragglerPolicy{Factor: 2, Window: 5 * time.Second, Probation: 20 * time.Second}
+	rep, faults := runChaos(t, cfg)
+	st := rep.ByKind[FaultStarve]
+	for _, f := range faults {
+		t.Logf("steps/s: %.1f fault-free; starved (%s): %.1f while it lasted, %.1f after", rep.StepRateFaultFree, f.Note, f.RateDuring, f.RateAfter)
+	}
+	if st.Detection.N != 1 {
+		t.Errorf("the starved replica was never taken out: %+v", st)
+	}
+	if st.Rejoin.N != 1 {
+		t.Errorf("the starved replica did not commit again after: %+v", st)
+	}
 }

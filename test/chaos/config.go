@@ -5,6 +5,8 @@ import (
 	"io"
 	"runtime"
 	"time"
+
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 // Config is one chaos run.
@@ -40,6 +42,20 @@ type Config struct {
 	// StrictDeaths fails the run on a false death (the coordinator
 	// removing a replica no fault touched); otherwise they are counted.
 	StrictDeaths bool
+	// Compute is how a replica spends a step's compute: "sleep" (StepTime
+	// asleep) or "cpu" (StepTime's worth of work on the CPU, measured on
+	// the harness's CPU when the run starts, so that a starved replica
+	// computes slower).
+	Compute string
+	// FaultLength fixes how long cut, stall and starve faults last (0:
+	// each kind's random range).
+	FaultLength time.Duration
+	// StarveLoops is how many busy loops share a starved replica's CPU.
+	StarveLoops int
+	// Stragglers is the straggler policy the replicas ask for
+	// (ft.Config.Member.Stragglers; the zero value: the coordinator's,
+	// off).
+	Stragglers membership.StragglerPolicy
 
 	Dir     string // logs, events, report and plot go here
 	Ftcoord string // the ftcoord binary; empty: built with go build
@@ -52,6 +68,7 @@ func DefaultConfig() Config {
 		Replicas: 4, Duration: 2 * time.Minute, MTBF: 15 * time.Second, Faults: AllFaults, Seed: 1,
 		Topology: "cluster", Network: "auto", Params: 1 << 16, StepTime: 50 * time.Millisecond,
 		Timeout: 5 * time.Second, LeaseTTL: 2 * time.Second, Margin: 2 * time.Second,
+		Compute: "sleep", StarveLoops: 4,
 	}
 }
 
@@ -75,10 +92,14 @@ func (c *Config) Validate() error {
 	case c.Gossip.Probe < 0 || (c.Gossip.Probe > 0 && (c.Gossip.ProbeTimeout <= 0 || c.Gossip.ProbeTimeout >= c.Gossip.Probe || c.Gossip.Suspicion < 1)):
 		return fmt.Errorf("chaos: gossip probe %v, timeout %v, suspicion ×%d: want a timeout below the probe interval and ×1 or more",
 			c.Gossip.Probe, c.Gossip.ProbeTimeout, c.Gossip.Suspicion)
+	case c.Compute != "sleep" && c.Compute != "cpu":
+		return fmt.Errorf("chaos: compute %q: want sleep or cpu", c.Compute)
+	case c.FaultLength < 0 || c.StarveLoops < 0:
+		return fmt.Errorf("chaos: fault length %v, starve loops %d", c.FaultLength, c.StarveLoops)
 	case c.Dir == "":
 		return fmt.Errorf("chaos: no output directory")
 	}
-	return nil
+	return c.Stragglers.Validate()
 }
 
 // hogs is the default number of CPU hogs: one per core.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -38,19 +39,45 @@ const (
 	// FaultSlow adds delay, jitter and a rate cap to one replica's
 	// uplink for a while.
 	FaultSlow FaultKind = "slow"
+	// FaultCut splits the replicas in two halves (2|2 of 4) that both
+	// still reach the coordinators, then heals.
+	FaultCut FaultKind = "cut"
+	// FaultStall stops one replica's training loop from calling Step
+	// (a stuck data loader) while its process lives on, then lets it go
+	// on.
+	FaultStall FaultKind = "stall"
+	// FaultStarve pins one replica's process to one CPU beside busy
+	// loops pinned to the same CPU (Config.StarveLoops), then lets it
+	// run anywhere again. It slows a replica that computes on the CPU
+	// (Config.Compute "cpu").
+	FaultStarve FaultKind = "starve"
 )
 
-// AllFaults is every kind, in the order reports list them.
+// AllFaults is every kind "all" selects, in the order reports list them.
 var AllFaults = []FaultKind{FaultKill, FaultStop, FaultCoordKill, FaultCoordTerm, FaultCoordAll, FaultEtcd,
 	FaultPartition, FaultIsolate, FaultSlow}
 
+// MoreFaults are the kinds only named ones select: "all" keeps the
+// schedules of earlier seeds.
+var MoreFaults = []FaultKind{FaultCut, FaultStall, FaultStarve}
+
 // needsNetwork: kinds that cut or shape links.
 func (k FaultKind) needsNetwork() bool {
-	return k == FaultPartition || k == FaultIsolate || k == FaultSlow
+	return k == FaultPartition || k == FaultIsolate || k == FaultSlow || k == FaultCut
 }
 
-// ParseFaults parses a comma-separated list of kinds ("all": every one,
-// "none": no fault at all).
+// replicaFault: kinds whose recovery is the first commit of a newer epoch
+// (the others': the first commit at all).
+func (k FaultKind) replicaFault() bool {
+	switch k {
+	case FaultKill, FaultStop, FaultPartition, FaultIsolate, FaultCut, FaultStall:
+		return true
+	}
+	return false
+}
+
+// ParseFaults parses a comma-separated list of kinds ("all": every kind
+// of AllFaults, "none": no fault at all).
 func ParseFaults(s string) ([]FaultKind, error) {
 	if s == "" || s == "all" {
 		return append([]FaultKind(nil), AllFaults...), nil
@@ -61,12 +88,8 @@ func ParseFaults(s string) ([]FaultKind, error) {
 	var out []FaultKind
 	for _, f := range strings.Split(s, ",") {
 		k := FaultKind(strings.TrimSpace(f))
-		known := false
-		for _, a := range AllFaults {
-			known = known || a == k
-		}
-		if !known {
-			return nil, fmt.Errorf("chaos: unknown fault %q (want some of %v, or all)", k, AllFaults)
+		if !slices.Contains(AllFaults, k) && !slices.Contains(MoreFaults, k) {
+			return nil, fmt.Errorf("chaos: unknown fault %q (want some of %v %v, or all)", k, AllFaults, MoreFaults)
 		}
 		out = append(out, k)
 	}
@@ -93,6 +116,10 @@ type Fault struct {
 	Detection time.Duration `json:"detectionNs"` // Start → the first epoch without a target
 	Recovery  time.Duration `json:"recoveryNs"`  // Start → the first commit of a newer epoch (or any commit, for faults that need none)
 	Rejoin    time.Duration `json:"rejoinNs"`    // End → the target's first commit again
+	// The job's committed steps per second while it lasted, and for as
+	// long after it was undone (or to the end of the run).
+	RateDuring float64 `json:"rateDuring"`
+	RateAfter  float64 `json:"rateAfter"`
 }
 
 // affects reports whether f touches replica r at time t (with linger after

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
@@ -12,10 +13,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ftcomm/ftcomm/internal/netns"
 	"github.com/ftcomm/ftcomm/membership"
@@ -36,6 +40,7 @@ type harness struct {
 	secret []byte
 	rng    *mrand.Rand
 	start  time.Time
+	work   int64 // spin rounds per step, with Compute "cpu"
 
 	mu       sync.Mutex
 	reps     map[string]*replica
@@ -104,6 +109,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer evf.Close()
 	h.rec = newRecorder(evf)
 
+	if cfg.Compute == "cpu" {
+		h.work = int64(spinRate(500*time.Millisecond) * cfg.StepTime.Seconds())
+		h.logf("a step's compute: %d rounds of spin (%v on this CPU now)", h.work, cfg.StepTime)
+	}
 	if cfg.Ftcoord == "" {
 		h.logf("building ftcoord")
 		if cfg.Ftcoord, err = buildFtcoord(ctx, filepath.Join(cfg.Dir, "bin")); err != nil {
@@ -260,7 +269,7 @@ func (h *harness) spawn(name string) error {
 	spec := replicaSpec{Job: job, Name: name, Index: r.index, Credentials: h.cl.credentialsFile(0), Endpoints: r.place.endpoints, Host: r.place.host,
 		GlooListen: r.place.glooListen, GlooAdvertise: r.place.glooAdvertise, Gossip: r.place.gossip, GossipTuning: h.cfg.Gossip,
 		Params: h.cfg.Params, StepTime: h.cfg.StepTime, Timeout: h.cfg.Timeout, LeaseTTL: h.cfg.LeaseTTL,
-		MinReplicas: 1, Durable: h.cfg.Durable, Secret: h.secret, SlowOp: h.cfg.Timeout / 2}
+		MinReplicas: 1, Durable: h.cfg.Durable, Secret: h.secret, SlowOp: h.cfg.Timeout / 2, Work: h.work, Stragglers: h.cfg.Stragglers}
 	b, _ := json.Marshal(spec)
 	cmd := r.place.command(h.self)
 	cmd.Env = append(append(os.Environ(), replicaEnv+"="+string(b)), r.place.env...)
@@ -313,6 +322,75 @@ func (h *harness) signal(name string, sig syscall.Signal) (*child, error) {
 		return nil, fmt.Errorf("chaos: %s has no process", name)
 	}
 	return p, p.signal(sig)
+}
+
+// tell writes a line to replica name's current process (pause, resume,
+// stop N).
+func (h *harness) tell(name, line string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	p := h.reps[name].proc
+	if p == nil || p.exited() {
+		return fmt.Errorf("chaos: %s has no process", name)
+	}
+	_, err := fmt.Fprintln(p.stdin, line)
+	return err
+}
+
+// starve pins replica name's process to the last CPU and starts loops busy
+// loops pinned there too; undo stops the loops and lets the process run on
+// every CPU again.
+func (h *harness) starve(name string, loops int) (undo func() error, err error) {
+	h.mu.Lock()
+	p := h.reps[name].proc
+	h.mu.Unlock()
+	if p == nil || p.exited() {
+		return nil, fmt.Errorf("chaos: %s has no process", name)
+	}
+	var one, all unix.CPUSet
+	one.Set(runtime.NumCPU() - 1)
+	if err := unix.SchedGetaffinity(0, &all); err != nil {
+		return nil, err
+	}
+	if err := setAffinity(p.pid(), &one); err != nil {
+		return nil, err
+	}
+	var busy []*child
+	undo = func() error {
+		for _, b := range busy {
+			b.stop(syscall.SIGKILL, 5*time.Second)
+		}
+		return setAffinity(p.pid(), &all)
+	}
+	for i := range loops {
+		b, err := startChild(fmt.Sprintf("busy%d", i), exec.Command("sh", "-c", "while :; do :; done"),
+			filepath.Join(h.cfg.Dir, "logs", "busy.log"), nil)
+		if err == nil {
+			busy = append(busy, b)
+			err = unix.SchedSetaffinity(b.pid(), &one)
+		}
+		if err != nil {
+			return nil, errors.Join(err, undo())
+		}
+	}
+	return undo, nil
+}
+
+// setAffinity sets the CPU affinity of every thread of process pid.
+func setAffinity(pid int, set *unix.CPUSet) error {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, t := range tasks {
+		if tid, err := strconv.Atoi(t.Name()); err == nil {
+			if err := unix.SchedSetaffinity(tid, set); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // running reports whether replica name's current process is alive.

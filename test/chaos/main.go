@@ -49,8 +49,8 @@ func show(args []string) int {
 	for _, f := range faults {
 		if f.ID == *fault {
 			t = f.Start.UnixNano()
-			fmt.Printf("fault #%d %s %v %s (detection %v, to commit %v, rejoin %v)\n", f.ID, f.Kind, f.Targets, f.Note,
-				f.Detection, f.Recovery, f.Rejoin)
+			fmt.Printf("fault #%d %s %v %s (detection %v, to commit %v, rejoin %v; steps/s %.1f during, %.1f after)\n", f.ID, f.Kind, f.Targets, f.Note,
+				f.Detection, f.Recovery, f.Rejoin, f.RateDuring, f.RateAfter)
 		}
 	}
 	fmt.Print(timeline(evs, t, *before, *after, origin))
@@ -66,7 +66,7 @@ func soak(args []string) int {
 	fs.DurationVar(&cfg.Duration, "duration", 30*time.Minute, "how long to inject faults")
 	fs.DurationVar(&cfg.MTBF, "mtbf", cfg.MTBF, "mean time between faults")
 	fs.BoolVar(&cfg.Random, "random", true, "exponentially distributed gaps between faults (else one every -mtbf)")
-	faults := fs.String("faults", "all", "fault kinds, comma-separated, none, or all: kill,stop,coord-kill,coord-term,coord-all,etcd-restart,partition,isolate,slow")
+	faults := fs.String("faults", "all", "fault kinds, comma-separated, none, or all (kill,stop,coord-kill,coord-term,coord-all,etcd-restart,partition,isolate,slow); cut, stall and starve only by name")
 	fs.Uint64Var(&cfg.Seed, "seed", uint64(time.Now().UnixNano()), "random seed (the report gives it, to run the same schedule again)")
 	fs.StringVar(&cfg.Topology, "topology", cfg.Topology, "embedded (one ftcoord with its etcd) or cluster (etcd and three ftcoords)")
 	fs.StringVar(&cfg.Network, "network", cfg.Network, "auto, netns (root), proxy or none")
@@ -81,6 +81,12 @@ func soak(args []string) int {
 	fs.DurationVar(&cfg.Gossip.ProbeTimeout, "gossip-probe-timeout", 0, "gossip probe timeout (with -gossip-probe)")
 	fs.IntVar(&cfg.Gossip.Suspicion, "gossip-suspicion", 0, "gossip suspicion multiplier (with -gossip-probe)")
 	fs.BoolVar(&cfg.StrictDeaths, "strict-deaths", false, "fail on a false death (a replica no fault touched removed by the coordinator)")
+	fs.StringVar(&cfg.Compute, "compute", cfg.Compute, "a step's compute: sleep, or cpu (the step time's worth of work on the CPU, which -faults starve slows)")
+	fs.DurationVar(&cfg.FaultLength, "fault-length", 0, "how long cut, stall and starve faults last (0: each kind's random range)")
+	fs.IntVar(&cfg.StarveLoops, "starve-loops", cfg.StarveLoops, "busy loops beside a starved replica on its CPU")
+	fs.Float64Var(&cfg.Stragglers.Factor, "straggler-factor", 0, "the replicas' straggler policy: out while their step time stays above this many times the others' median (0: off)")
+	fs.DurationVar(&cfg.Stragglers.Window, "straggler-window", 0, "the straggler policy's window (0: membership's default)")
+	fs.DurationVar(&cfg.Stragglers.Probation, "straggler-probation", 0, "the straggler policy's probation (0: membership's default)")
 	fs.StringVar(&cfg.Dir, "dir", "", "output directory (default: a new one under the system's temporary directory)")
 	fs.StringVar(&cfg.Ftcoord, "ftcoord", "", "ftcoord binary (default: built with go build)")
 	if err := fs.Parse(args); err != nil {

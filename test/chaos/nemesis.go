@@ -59,6 +59,30 @@ func (h *harness) uniform(lo, hi time.Duration) time.Duration {
 
 func (h *harness) pick(names []string) string { return names[h.rng.IntN(len(names))] }
 
+// length is how long a cut, stall or starve fault lasts: Config.FaultLength,
+// or a duration in [lo, hi).
+func (h *harness) length(lo, hi time.Duration) time.Duration {
+	d := h.uniform(lo, hi)
+	if h.cfg.FaultLength > 0 {
+		d = h.cfg.FaultLength
+	}
+	return d
+}
+
+// halves splits the replicas in two random halves.
+func (h *harness) halves() (a, b []string) {
+	perm := h.rng.Perm(len(h.names))
+	half := len(h.names) / 2
+	for i, k := range perm {
+		if i < half {
+			a = append(a, h.names[k])
+		} else {
+			b = append(b, h.names[k])
+		}
+	}
+	return a, b
+}
+
 // inject carries out fault f and undoes it; it returns when it is undone.
 func (h *harness) inject(ctx context.Context, f *Fault) {
 	// Once begun, f is shared with the watcher: changes to it hold h.mu.
@@ -156,16 +180,7 @@ func (h *harness) inject(ctx context.Context, f *Fault) {
 		pause(d)
 		fail(h.cl.startEtcd())
 	case FaultPartition:
-		perm := h.rng.Perm(len(h.names))
-		half := len(h.names) / 2
-		var a, b []string
-		for i, k := range perm {
-			if i < half {
-				a = append(a, h.names[k])
-			} else {
-				b = append(b, h.names[k])
-			}
-		}
+		a, b := h.halves()
 		d := h.uniform(4*time.Second, 10*time.Second)
 		f.Targets, f.Affects, f.Silent = append(append([]string(nil), a...), b...), append(append([]string(nil), a...), b...), true
 		note("%v | %v+coordinators for %v", a, b, d.Round(time.Millisecond))
@@ -208,6 +223,37 @@ func (h *harness) inject(ctx context.Context, f *Fault) {
 		}
 		pause(d)
 		fail(h.net.shape(ctx, r, netns.Shape{}))
+	case FaultCut:
+		a, b := h.halves()
+		d := h.length(15*time.Second, 30*time.Second)
+		all := append(append([]string(nil), a...), b...)
+		f.Targets, f.Affects, f.Silent = all, all, true
+		note("%v | %v, both reaching the coordinators, for %v", a, b, d.Round(time.Millisecond))
+		begin()
+		fail(h.net.partition(ctx, a, b, false))
+		pause(d)
+		fail(h.net.heal(ctx))
+	case FaultStall:
+		r := h.pick(h.names)
+		d := h.length(20*time.Second, 40*time.Second)
+		f.Targets, f.Affects, f.Silent = []string{r}, []string{r}, true
+		note("its loop calls no Step for %v", d.Round(time.Millisecond))
+		begin()
+		fail(h.tell(r, "pause"))
+		pause(d)
+		fail(h.tell(r, "resume"))
+	case FaultStarve:
+		r := h.pick(h.names)
+		d := h.length(40*time.Second, 60*time.Second)
+		f.Targets, f.Affects = []string{r}, []string{r}
+		note("pinned to one CPU beside %d busy loops for %v", h.cfg.StarveLoops, d.Round(time.Millisecond))
+		begin()
+		undo, err := h.starve(r, h.cfg.StarveLoops)
+		fail(err)
+		pause(d)
+		if undo != nil {
+			fail(undo())
+		}
 	}
 	h.mu.Lock()
 	f.End = time.Now()

@@ -24,6 +24,9 @@ var faultColors = map[FaultKind]color.NRGBA{
 	FaultPartition: {R: 31, G: 119, B: 180, A: 70},
 	FaultIsolate:   {R: 23, G: 190, B: 207, A: 70},
 	FaultSlow:      {R: 188, G: 189, B: 34, A: 70},
+	FaultCut:       {R: 44, G: 160, B: 44, A: 70},
+	FaultStall:     {R: 127, G: 127, B: 127, A: 70},
+	FaultStarve:    {R: 255, G: 187, B: 120, A: 90},
 }
 
 // plotTimeline draws the run in three rows sharing the time axis: the

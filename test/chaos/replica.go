@@ -54,6 +54,11 @@ type replicaSpec struct {
 	Secret        []byte
 	// SlowOp: an all-reduce or Commit that takes longer is reported.
 	SlowOp time.Duration
+	// Work is the rounds of spin a step's compute does (0: StepTime
+	// asleep).
+	Work int64
+	// Stragglers is the straggler policy the replica asks for.
+	Stragglers membership.StragglerPolicy
 }
 
 // errKind names the kind an op's error carries, the first that applies.
@@ -110,13 +115,23 @@ func runReplica(specJSON string) int {
 	defer log.Sync()
 
 	var target atomic.Int64 // stop once this step is committed (0: not yet told)
+	var stalled sync.Mutex  // held while the harness stalls the loop
 	go func() {             // the harness holds our stdin
 		sc := bufio.NewScanner(os.Stdin)
+		paused := false
 		for sc.Scan() {
-			if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == "stop" {
+			f := strings.Fields(sc.Text())
+			switch {
+			case len(f) == 2 && f[0] == "stop":
 				if n, err := strconv.ParseInt(f[1], 10, 64); err == nil {
 					target.Store(n)
 				}
+			case len(f) == 1 && f[0] == "pause" && !paused:
+				stalled.Lock() // the loop stops before its next Step
+				paused = true
+			case len(f) == 1 && f[0] == "resume" && paused:
+				stalled.Unlock()
+				paused = false
 			}
 		}
 		os.Exit(0)
@@ -124,6 +139,7 @@ func runReplica(specJSON string) int {
 
 	mc := membership.DefaultMemberConfig()
 	mc.LeaseTTL, mc.HeartbeatInterval = spec.LeaseTTL, time.Second
+	mc.Stragglers = spec.Stragglers
 	if spec.Gossip {
 		g := membership.DefaultGossipConfig()
 		g.BindAddr = net.JoinHostPort(spec.Host, "0")
@@ -186,13 +202,19 @@ func runReplica(specJSON string) int {
 			}
 			return 0
 		}
+		stalled.Lock() // a stuck data loader, when the harness says so
+		stalled.Unlock()
 		var rb *ft.RollbackError
 		if err := c.Step(ctx); err != nil && !errors.As(err, &rb) {
 			return fatal(fmt.Errorf("step: %w", err))
 		}
 		prev := stateHash(params)
 		step := c.CommittedStep() + 1
-		time.Sleep(spec.StepTime) // forward and backward
+		if spec.Work > 0 { // forward and backward
+			sink += spin(spec.Work)
+		} else {
+			time.Sleep(spec.StepTime)
+		}
 		gradient(buf[:spec.Params], step, spec.Index)
 		clear(buf[spec.Params:])
 		rank := c.Rank()
@@ -235,6 +257,9 @@ func runReplica(specJSON string) int {
 			Mask: mask, Ranks: ranks, N: c.Participants(), Rank: rank})
 	}
 }
+
+// sink keeps the replica's spin work from being optimised away.
+var sink uint64
 
 func errString(err error) string {
 	if err == nil {

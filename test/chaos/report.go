@@ -138,15 +138,51 @@ func loadavg() string {
 	return strings.Join(f[:3], " ")
 }
 
-// measure fills in each fault's detection, recovery and rejoin times.
+// stepAt is the job's newest committed step at t.
+func stepAt(evs []Event, t time.Time) int64 {
+	var s int64
+	for _, e := range evs {
+		if e.T > t.UnixNano() {
+			break
+		}
+		if e.Kind == evCommit {
+			s = max(s, e.Step)
+		}
+	}
+	return s
+}
+
+// stepRate is the job's committed steps per second from from to to.
+func stepRate(evs []Event, from, to time.Time) float64 {
+	if d := to.Sub(from); d > 0 {
+		return float64(stepAt(evs, to)-stepAt(evs, from)) / d.Seconds()
+	}
+	return 0
+}
+
+// measure fills in each fault's detection, recovery and rejoin times and
+// the step rates while it lasted and after.
 func measure(evs []Event, faults []*Fault) {
+	var last time.Time
+	if len(evs) > 0 {
+		last = time.Unix(0, evs[len(evs)-1].T)
+	}
 	for _, f := range faults {
+		if !f.End.IsZero() {
+			f.RateDuring = stepRate(evs, f.Start, f.End)
+			to := f.End.Add(f.End.Sub(f.Start))
+			if to.After(last) {
+				to = last
+			}
+			f.RateAfter = stepRate(evs, f.End, to)
+		}
 		start := f.Start.UnixNano()
 		affects := map[string]bool{}
 		for _, a := range f.Affects {
 			affects[a] = true
 		}
-		replicaFault := f.Kind == FaultKill || f.Kind == FaultStop || f.Kind == FaultPartition || f.Kind == FaultIsolate
+		replicaFault := f.Kind.replicaFault()
+		detected := replicaFault || f.Kind == FaultStarve // a straggler policy may take it out
 		for _, e := range evs {
 			if e.T < start {
 				continue
@@ -155,7 +191,7 @@ func measure(evs []Event, faults []*Fault) {
 			case evQuorum:
 				// Detected while it lasts (or soon after): a replica
 				// that took no part in the epoch is not removed at all.
-				if f.Detection < 0 && replicaFault && (f.End.IsZero() || e.T <= f.End.Add(10*time.Second).UnixNano()) {
+				if f.Detection < 0 && detected && (f.End.IsZero() || e.T <= f.End.Add(10*time.Second).UnixNano()) {
 					for _, m := range e.Removed {
 						if affects[replicaOfMember(m)] {
 							f.Detection = time.Duration(e.T - start)
@@ -166,8 +202,8 @@ func measure(evs []Event, faults []*Fault) {
 				if f.Recovery < 0 && (!replicaFault || e.Epoch > f.Epoch) {
 					f.Recovery = time.Duration(e.T - start)
 				}
-				if f.Rejoin < 0 && replicaFault && !f.End.IsZero() && e.T > f.End.UnixNano() && affects[e.Replica] &&
-					(f.Kind != FaultPartition || e.N == 0 || len(f.Affects) == e.N) {
+				if f.Rejoin < 0 && detected && !f.End.IsZero() && e.T > f.End.UnixNano() && affects[e.Replica] &&
+					(f.Kind != FaultPartition && f.Kind != FaultCut || e.N == 0 || len(f.Affects) == e.N) {
 					f.Rejoin = time.Duration(e.T - f.End.UnixNano())
 				}
 			}
@@ -202,30 +238,15 @@ func buildReport(cfg Config, network string, evs []Event, faults []*Fault, a *an
 	if a.Attempts > 0 {
 		r.Efficiency = float64(a.Commits-a.Lost) / float64(a.Attempts)
 	}
-	// Step rates: the job's newest committed step over time.
-	stepAt := func(t time.Time) int64 {
-		var s int64
-		for _, e := range evs {
-			if e.T > t.UnixNano() {
-				break
-			}
-			if e.Kind == evCommit {
-				s = max(s, e.Step)
-			}
-		}
-		return s
-	}
 	// The fault-free rate: from the nemesis's start to its first fault.
 	firstFault := nemesisEnd
 	if len(faults) > 0 {
 		firstFault = faults[0].Start
 	}
-	if d := firstFault.Sub(nemesisStart); d > time.Second {
-		r.StepRateFaultFree = float64(stepAt(firstFault)-stepAt(nemesisStart)) / d.Seconds()
+	if firstFault.Sub(nemesisStart) > time.Second {
+		r.StepRateFaultFree = stepRate(evs, nemesisStart, firstFault)
 	}
-	if d := nemesisEnd.Sub(nemesisStart); d > 0 {
-		r.StepRateNemesis = float64(stepAt(nemesisEnd)-stepAt(nemesisStart)) / d.Seconds()
-	}
+	r.StepRateNemesis = stepRate(evs, nemesisStart, nemesisEnd)
 	epochs := map[uint64]bool{}
 	for _, e := range evs {
 		switch e.Kind {
@@ -250,9 +271,8 @@ func buildReport(cfg Config, network string, evs []Event, faults []*Fault, a *an
 			det = append(det, f.Detection)
 			k[0] = append(k[0], f.Detection)
 		}
-		replicaFault := f.Kind == FaultKill || f.Kind == FaultStop || f.Kind == FaultPartition || f.Kind == FaultIsolate
 		if f.Recovery >= 0 {
-			if replicaFault {
+			if f.Kind.replicaFault() {
 				rec = append(rec, f.Recovery)
 			}
 			k[1] = append(k[1], f.Recovery)
@@ -314,7 +334,7 @@ func (r *Report) Table() string {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", name, n, cell(d, d.P50), cell(d, d.P99),
 			cell(rc, rc.P50), cell(rc, rc.P99), cell(rc, rc.Max), cell(rj, rj.P50), cell(rj, rj.P99))
 	}
-	for _, k := range AllFaults {
+	for _, k := range append(AllFaults[:len(AllFaults):len(AllFaults)], MoreFaults...) {
 		if st, ok := r.ByKind[k]; ok {
 			row(string(k), st.N, st.Detection, st.Recovery, st.Rejoin)
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/binary"
 	"math"
+	"time"
 )
 
 // The workload is a toy training job whose state after every committed
@@ -99,4 +100,32 @@ func replay(params int, steps []stepInput, visit func(step int64, hash uint64) b
 		}
 	}
 	return state
+}
+
+// spin does n rounds of integer work on the CPU (the "cpu" compute) and
+// returns a value that depends on all of them.
+func spin(n int64) uint64 {
+	x := uint64(n) | 1
+	for range n {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+	}
+	return x
+}
+
+// spinRate measures spin's rounds per second over about d.
+func spinRate(d time.Duration) float64 {
+	const chunk = 100_000
+	var n int64
+	var sink uint64
+	start := time.Now()
+	for time.Since(start) < d {
+		sink += spin(chunk)
+		n += chunk
+	}
+	if sink == 42 { // keep the work
+		n++
+	}
+	return float64(n) / time.Since(start).Seconds()
 }
