@@ -29,7 +29,10 @@
 // (fenced), so a restarted process can register at once. A member that a peer blames for a failed
 // collective is dialled at its address, and removed at once if the port
 // refuses connections. Config.EvictKeepOut (default DefaultEvictKeepOut)
-// keeps an evicted member out for a while.
+// keeps an evicted member out for a while. A lease that expired or a
+// gossip death is a lapse (membership.Machine.Lapsed: the process may be
+// alive, as after an etcd outage, and come back holding the job's step);
+// a leave, an eviction or a closed port is not.
 //
 // With Config.QuorumSigner every quorum carries an ed25519 signature over
 // its canonical bytes (membership.CanonicalQuorum); a member with the
