@@ -25,7 +25,9 @@ type QuorumConfig struct {
 	// more reports before the next one forms: when a replica dies, its
 	// peers' failures arrive first and the blame naming it (checked by
 	// the coordinator) a moment later, and waiting for it makes one death
-	// cost one epoch, not two. Default 100 ms; 0: none.
+	// cost one epoch, not two. It waits up to ten times as long for a
+	// participant that a peer blamed to report (a cut is seen from both
+	// sides). Default 100 ms; 0: none.
 	FailureSettle time.Duration
 	// HolderGrace is how long a quorum none of whose candidates holds the
 	// job's last known step waits for a participant that held it and
@@ -52,6 +54,10 @@ type QuorumConfig struct {
 	// for none (MemberConfig.Stragglers); the zero value is off.
 	Stragglers StragglerPolicy
 }
+
+// blamedReportWait is how many FailureSettles a failed epoch waits for a
+// report from a participant that a peer blamed.
+const blamedReportWait = 10
 
 // Defaults of the QuorumConfig fields whose zero value means "the
 // default".
@@ -636,6 +642,22 @@ func (m *Machine) advance(now time.Time) Decision {
 			}
 			if settled := m.failedSince.Add(m.cfg.FailureSettle); now.Before(settled) {
 				return wait(fmt.Sprintf("epoch %d failed; waiting %v for more reports", m.prev.Epoch, settled.Sub(now).Round(time.Millisecond)), settled)
+			}
+			// A participant that a peer blamed and that has not reported
+			// yet: its own report (whom it could not reach) completes the
+			// picture of a cut. A silent one never sends it.
+			if until := m.failedSince.Add(blamedReportWait * m.cfg.FailureSettle); now.Before(until) {
+				var unheard []string
+				for id := range inPrev {
+					if m.silentIn(id, m.prev.Epoch) {
+						unheard = append(unheard, id)
+					}
+				}
+				if len(unheard) > 0 {
+					slices.Sort(unheard)
+					return wait(fmt.Sprintf("epoch %d failed; waiting up to %v for a report from %s, blamed by a peer",
+						m.prev.Epoch, until.Sub(now).Round(time.Millisecond), strings.Join(unheard, ",")), until)
+				}
 			}
 		}
 		// A survivor a peer reported dead is being checked: wait for the

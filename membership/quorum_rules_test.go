@@ -290,6 +290,35 @@ func TestQuorumCutScripts(t *testing.T) {
 		epoch 3 [b#2 c#3] maxstep=0
 		  reason: d cut off from b,c (blame); commit failed in epoch 2 (b,c,d)
 		`,
+		"a failed epoch waits a while for the reports of the members blamed": `
+		> config min=1 settle=100ms
+		> join a b c d
+		> ask a b c d
+		> tick 0s
+		epoch 1 [a#1 b#2 c#3 d#4] maxstep=0
+		  reason: initial quorum
+		# the cut {a,b} | {c,d}: a and b's formations time out first
+		> blame a 1 c d
+		> blame b 1 c d
+		> tick 0s
+		waiting: epoch 1 failed; waiting 100ms for more reports (wake +100ms)
+		  revoke 1 failed=[]: commit failed in epoch 1 (a,b)
+		> tick 100ms
+		waiting: epoch 1 failed; waiting up to 900ms for a report from c,d, blamed by a peer (wake +900ms)
+		> blame c 1 a b
+		> blame d 1 a b
+		> tick 300ms
+		epoch 2 [a#1 b#2] maxstep=0
+		  reason: c cut off from a,b (blame); d cut off from a,b (blame); commit failed in epoch 1 (a,b,c,d)
+		# a silent member delays the decision by that much at most
+		> blame a 2 b
+		> tick 0s
+		waiting: epoch 2 failed; waiting 100ms for more reports (wake +100ms)
+		  revoke 2 failed=[]: commit failed in epoch 2 (a)
+		> tick 1s
+		epoch 3 [a#1 b#2] maxstep=0
+		  reason: commit failed in epoch 2 (a)
+		`,
 		"a minority side never trains while the majority can": `
 		> config min=1
 		> join a b c
