@@ -276,12 +276,12 @@ func (m *Machine) Upsert(now time.Time, rec MemberRecord) bool {
 		// It may clear a blame, or be a silent member's sign of life;
 		// otherwise it only sets the next quorum's Base.
 		return true
-	case old.Step != r.Step:
+	case old.Step != r.Step && (m.waited || wasSilent):
 		// The step matters to a quorum waiting for the job's step, and
 		// as a sign of life from a member left out for its silence.
-		return m.waited || wasSilent
-	case old.StepTime != r.StepTime:
-		return m.policy().on()
+		return true
+	case old.StepTime != r.StepTime && m.policy().on():
+		return true
 	}
 	return false
 }

@@ -707,6 +707,9 @@ func TestQuorumUpsertSaysWhatMatters(t *testing.T) {
 	if r, _ := m.Member("a"); !m.Upsert(now, func() MemberRecord { r.StepTime = time.Second; return r }()) {
 		t.Error("a step time under a straggler policy does not matter")
 	}
+	if r, _ := m.Member("a"); !m.Upsert(now, func() MemberRecord { r.Step, r.StepTime = r.Step+1, 2*time.Second; return r }()) {
+		t.Error("a step time that comes with a new step (every heartbeat) does not matter")
+	}
 	m.Upsert(now, MemberRecord{ID: "c", Incarnation: 5, MinReplicas: 9})
 	m.Remove(now, "b", 0, "left")
 	if d := m.Advance(now); d.Waiting == "" {
