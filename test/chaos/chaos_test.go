@@ -140,7 +140,7 @@ func TestChaosStarve(t *testing.T) {
 		t.Skip("FTCOMM_CHAOS_STARVE=1 runs a starved replica under the straggler policy (ft must report step times)")
 	}
 	cfg := oneFault(FaultStarve, 40*time.Second)
-	cfg.Compute, cfg.StepTime = "cpu", 20*time.Millisecond
+	cfg.Compute, cfg.StepTime, cfg.Tail = "cpu", 20*time.Millisecond, 30*time.Second
 	cfg.Stragglers = membership.StragglerPolicy{Factor: 2, Window: 5 * time.Second, Probation: 20 * time.Second}
 	rep, faults := runChaos(t, cfg)
 	st := rep.ByKind[FaultStarve]

@@ -43,15 +43,21 @@ type Config struct {
 	// removing a replica no fault touched); otherwise they are counted.
 	StrictDeaths bool
 	// Compute is how a replica spends a step's compute: "sleep" (StepTime
-	// asleep) or "cpu" (StepTime's worth of work on the CPU, measured on
-	// the harness's CPU when the run starts, so that a starved replica
-	// computes slower).
+	// asleep) or "cpu" (StepTime of CPU time's worth of work, measured
+	// when the run starts, so that a starved replica computes slower).
 	Compute string
 	// FaultLength fixes how long cut, stall and starve faults last (0:
 	// each kind's random range).
 	FaultLength time.Duration
+	// Tail is how long the job runs on without faults after the nemesis
+	// ends, before the replicas are stopped (the step rate after a fault).
+	Tail time.Duration
 	// StarveLoops is how many busy loops share a starved replica's CPU.
 	StarveLoops int
+	// StarveQuota, when above 0, starves a replica by a CPU quota
+	// instead: this fraction of one CPU (the cgroup v1 cpu controller), so
+	// that on a small machine the busy loops do not starve the others too.
+	StarveQuota float64
 	// Stragglers is the straggler policy the replicas ask for
 	// (ft.Config.Member.Stragglers; the zero value: the coordinator's,
 	// off).
@@ -94,8 +100,8 @@ func (c *Config) Validate() error {
 			c.Gossip.Probe, c.Gossip.ProbeTimeout, c.Gossip.Suspicion)
 	case c.Compute != "sleep" && c.Compute != "cpu":
 		return fmt.Errorf("chaos: compute %q: want sleep or cpu", c.Compute)
-	case c.FaultLength < 0 || c.StarveLoops < 0:
-		return fmt.Errorf("chaos: fault length %v, starve loops %d", c.FaultLength, c.StarveLoops)
+	case c.FaultLength < 0 || c.StarveLoops < 0 || c.Tail < 0 || c.StarveQuota < 0 || c.StarveQuota > 1:
+		return fmt.Errorf("chaos: fault length %v, starve loops %d, starve quota %g, tail %v", c.FaultLength, c.StarveLoops, c.StarveQuota, c.Tail)
 	case c.Dir == "":
 		return fmt.Errorf("chaos: no output directory")
 	}

@@ -111,7 +111,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	if cfg.Compute == "cpu" {
 		h.work = int64(spinRate(500*time.Millisecond) * cfg.StepTime.Seconds())
-		h.logf("a step's compute: %d rounds of spin (%v on this CPU now)", h.work, cfg.StepTime)
+		h.logf("a step's compute: %d rounds of spin (%v of CPU time)", h.work, cfg.StepTime)
 	}
 	if cfg.Ftcoord == "" {
 		h.logf("building ftcoord")
@@ -167,6 +167,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	h.nemesis(ctx)
 	nemesisEnd, loadEnd := time.Now(), loadavg()
 	h.rec.harness(Event{Kind: evNemesis, Reason: "the nemesis ends"})
+	if cfg.Tail > 0 {
+		h.logf("running on for %v without faults", cfg.Tail)
+		select {
+		case <-ctx.Done():
+		case <-time.After(cfg.Tail):
+		}
+	}
 	h.settle(ctx)
 	stopBG()
 	wg.Wait()
@@ -372,6 +379,41 @@ func (h *harness) starve(name string, loops int) (undo func() error, err error) 
 		if err != nil {
 			return nil, errors.Join(err, undo())
 		}
+	}
+	return undo, nil
+}
+
+// cpuCgroup is where the cgroup v1 cpu controller is mounted.
+const cpuCgroup = "/sys/fs/cgroup/cpu"
+
+// quota limits replica name's process to frac of one CPU (a cgroup of the
+// v1 cpu controller); undo moves it back and removes the cgroup.
+func (h *harness) quota(name string, frac float64) (undo func() error, err error) {
+	h.mu.Lock()
+	p := h.reps[name].proc
+	h.mu.Unlock()
+	if p == nil || p.exited() {
+		return nil, fmt.Errorf("chaos: %s has no process", name)
+	}
+	b := make([]byte, 4)
+	rand.Read(b)
+	dir := filepath.Join(cpuCgroup, fmt.Sprintf("ftcomm-chaos-%x", b))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("chaos: a CPU quota needs the cgroup v1 cpu controller at %s: %w", cpuCgroup, err)
+	}
+	const period = 100_000 // µs
+	write := func(file, v string) error { return os.WriteFile(filepath.Join(dir, file), []byte(v), 0o644) }
+	undo = func() error {
+		var errs []error
+		if !p.exited() {
+			errs = append(errs, os.WriteFile(filepath.Join(cpuCgroup, "cgroup.procs"), []byte(strconv.Itoa(p.pid())), 0o644))
+		}
+		return errors.Join(append(errs, os.Remove(dir))...)
+	}
+	if err := errors.Join(write("cpu.cfs_period_us", strconv.Itoa(period)),
+		write("cpu.cfs_quota_us", strconv.Itoa(int(frac*period))),
+		write("cgroup.procs", strconv.Itoa(p.pid()))); err != nil {
+		return nil, errors.Join(err, undo())
 	}
 	return undo, nil
 }

@@ -83,6 +83,8 @@ func soak(args []string) int {
 	fs.BoolVar(&cfg.StrictDeaths, "strict-deaths", false, "fail on a false death (a replica no fault touched removed by the coordinator)")
 	fs.StringVar(&cfg.Compute, "compute", cfg.Compute, "a step's compute: sleep, or cpu (the step time's worth of work on the CPU, which -faults starve slows)")
 	fs.DurationVar(&cfg.FaultLength, "fault-length", 0, "how long cut, stall and starve faults last (0: each kind's random range)")
+	fs.DurationVar(&cfg.Tail, "tail", 0, "how long the job runs on without faults after the last one, before the replicas stop")
+	fs.Float64Var(&cfg.StarveQuota, "starve-quota", 0, "starve a replica by a CPU quota of this fraction of one CPU (cgroup v1 cpu) instead of busy loops")
 	fs.IntVar(&cfg.StarveLoops, "starve-loops", cfg.StarveLoops, "busy loops beside a starved replica on its CPU")
 	fs.Float64Var(&cfg.Stragglers.Factor, "straggler-factor", 0, "the replicas' straggler policy: out while their step time stays above this many times the others' median (0: off)")
 	fs.DurationVar(&cfg.Stragglers.Window, "straggler-window", 0, "the straggler policy's window (0: membership's default)")

@@ -246,9 +246,17 @@ func (h *harness) inject(ctx context.Context, f *Fault) {
 		r := h.pick(h.names)
 		d := h.length(40*time.Second, 60*time.Second)
 		f.Targets, f.Affects = []string{r}, []string{r}
-		note("pinned to one CPU beside %d busy loops for %v", h.cfg.StarveLoops, d.Round(time.Millisecond))
-		begin()
-		undo, err := h.starve(r, h.cfg.StarveLoops)
+		var undo func() error
+		var err error
+		if q := h.cfg.StarveQuota; q > 0 {
+			note("limited to %.0f%% of one CPU for %v", 100*q, d.Round(time.Millisecond))
+			begin()
+			undo, err = h.quota(r, q)
+		} else {
+			note("pinned to one CPU beside %d busy loops for %v", h.cfg.StarveLoops, d.Round(time.Millisecond))
+			begin()
+			undo, err = h.starve(r, h.cfg.StarveLoops)
+		}
 		fail(err)
 		pause(d)
 		if undo != nil {

@@ -3,7 +3,10 @@ package main
 import (
 	"encoding/binary"
 	"math"
+	"runtime"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The workload is a toy training job whose state after every committed
@@ -114,18 +117,27 @@ func spin(n int64) uint64 {
 	return x
 }
 
-// spinRate measures spin's rounds per second over about d.
+// spinRate measures spin's rounds per second of CPU time (this thread's,
+// so that other processes' load does not bias it), spinning for about d
+// of CPU time.
 func spinRate(d time.Duration) float64 {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu := func() time.Duration {
+		var ru unix.Rusage
+		unix.Getrusage(unix.RUSAGE_THREAD, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
 	const chunk = 100_000
 	var n int64
 	var sink uint64
-	start := time.Now()
-	for time.Since(start) < d {
+	start := cpu()
+	for cpu()-start < d {
 		sink += spin(chunk)
 		n += chunk
 	}
 	if sink == 42 { // keep the work
 		n++
 	}
-	return float64(n) / time.Since(start).Seconds()
+	return float64(n) / (cpu() - start).Seconds()
 }
