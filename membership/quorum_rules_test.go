@@ -609,12 +609,15 @@ func TestQuorumStragglerScripts(t *testing.T) {
 		epoch 4 [a#1 b#2 c#3] maxstep=0
 		  reason: d straggling (step time 300ms, 6.0× the others' median 50ms, since 10s)
 		  revoke 3 failed=[d]
-		# its loop does not compute while it sits out: back after its probation
+		# its loop does not compute while it sits out: back after its
+		# probation, judged again on its next report, not its old one
 		> tick 1m
 		- (wake +1m0s)
 		> tick 1m
 		epoch 5 [a#1 b#2 c#3 d#4] maxstep=0
 		  reason: joined d
+		> tick 20s
+		-
 		# it keeps up for a window: its next take-out starts a fresh count
 		> steptime d=50ms
 		> tick 11s

@@ -164,7 +164,9 @@ func (m *Machine) stragglers(now time.Time, survivors, admitted []Participant, o
 	for _, p := range survivors {
 		s := m.stragglerOf(p)
 		st := stepTime(p)
-		if st <= 0 || len(ref) < 2 {
+		if st <= 0 || len(ref) < 2 || !s.back.IsZero() && st == s.outTime {
+			// No step time, no one to compare with, or only the one it
+			// was taken out with: judged once it reports a new one.
 			s.since = time.Time{}
 			continue
 		}
