@@ -550,7 +550,7 @@ func (m *Machine) advance(now time.Time) Decision {
 		return k
 	}
 	var js jobStep
-	js.step, js.unknown = m.jobStep()
+	js.step, js.unknown = m.lastStep()
 	wake(m.cut(now, keep(survivors), keep(admitted), inPrev, js, out))
 	var dropped []string // survivors left out
 	for _, p := range survivors {
@@ -719,11 +719,11 @@ func (m *Machine) advance(now time.Time) Decision {
 	return Decision{Quorum: q, Revocation: rev, WakeAt: wakeAt}
 }
 
-// jobStep is the job's last known step: the previous quorum's MaxStep, or
+// lastStep is the job's last known step: the previous quorum's MaxStep, or
 // a higher step one of its participants reported since. unknown: some
 // participant went while no coordinator watched, so the job may be
 // further.
-func (m *Machine) jobStep() (step int64, unknown bool) {
+func (m *Machine) lastStep() (step int64, unknown bool) {
 	if m.prev == nil {
 		return 0, false
 	}

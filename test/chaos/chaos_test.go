@@ -132,15 +132,16 @@ func TestChaosStall(t *testing.T) {
 	}
 }
 
-// A replica starved of CPU with the straggler policy on: taken out, the
-// job runs at the others' pace; back once it keeps up. It needs ft to
-// report step times (Member.SetStepTime); FTCOMM_CHAOS_STARVE=1 runs it.
+// A replica starved of CPU (a fifth of one, by a cgroup quota) with the
+// straggler policy on: taken out, the job runs at the others' pace; back
+// after its probation. It needs ft to report step times
+// (Member.SetStepTime) and root; FTCOMM_CHAOS_STARVE=1 runs it.
 func TestChaosStarve(t *testing.T) {
 	if os.Getenv("FTCOMM_CHAOS_STARVE") == "" {
 		t.Skip("FTCOMM_CHAOS_STARVE=1 runs a starved replica under the straggler policy (ft must report step times)")
 	}
 	cfg := oneFault(FaultStarve, 40*time.Second)
-	cfg.Compute, cfg.StepTime, cfg.Tail = "cpu", 20*time.Millisecond, 30*time.Second
+	cfg.Compute, cfg.StepTime, cfg.Tail, cfg.StarveQuota = "cpu", 20*time.Millisecond, 30*time.Second, 0.2
 	cfg.Stragglers = membership.StragglerPolicy{Factor: 2, Window: 5 * time.Second, Probation: 20 * time.Second}
 	rep, faults := runChaos(t, cfg)
 	st := rep.ByKind[FaultStarve]
