@@ -98,11 +98,17 @@ var ErrRolledBack = errors.New("ft: committed steps rolled back")
 // carry on with the collectives and Commit.
 type RollbackError struct {
 	FromStep, ToStep int64
-	Step             int64
-	Epoch            uint64
+	Step             int64 // the job's committed step this replica healed to
+	// Epoch is the epoch that committed step FromStep in the job's
+	// history (0 when the job's history no longer says).
+	Epoch uint64
 }
 
 func (e *RollbackError) Error() string {
+	if e.Epoch == 0 {
+		return fmt.Sprintf("ft: committed steps %d..%d rolled back: the job's history has other contents for them; state healed to step %d",
+			e.FromStep, e.ToStep, e.Step)
+	}
 	return fmt.Sprintf("ft: committed steps %d..%d rolled back: the job's history has them from epoch %d; state healed to step %d",
 		e.FromStep, e.ToStep, e.Epoch, e.Step)
 }

@@ -890,10 +890,11 @@ func (m *machine) onHealed(now time.Time, in stateHealed) {
 	m.do(reportHeartbeat{})
 	if rolledBack {
 		m.do(observe{what: metricRollback, value: float64(lostTo - lostFrom + 1)})
-		m.logf(true, "rolled back committed steps %d..%d: the job's history has them from epoch %d; now at step %d",
-			lostFrom, lostTo, m.agreed.Epoch, m.agreed.Step)
+		m.logf(true, "rolled back committed steps %d..%d: the job's history has other contents for them; now at step %d (epoch %d)",
+			lostFrom, lostTo, m.agreed.Step, m.agreed.Epoch)
 		m.emit(Event{Kind: EventRolledBack, Epoch: m.epoch, FromStep: lostFrom, ToStep: lostTo})
-		m.rollback = &RollbackError{FromStep: lostFrom, ToStep: lostTo, Step: m.agreed.Step, Epoch: m.agreed.Epoch}
+		epoch, _ := in.hist.epochOf(lostFrom)
+		m.rollback = &RollbackError{FromStep: lostFrom, ToStep: lostTo, Step: m.agreed.Step, Epoch: epoch}
 	}
 	m.checkGroupSteps(now)
 }
