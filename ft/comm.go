@@ -362,6 +362,20 @@ func (c *Comm) AllToAll(ctx context.Context, out, in comm.Tensor) *comm.Work {
 	return c.forward(func(x *comm.Comm) *comm.Work { return x.AllToAllAsync(ctx, out, in) })
 }
 
+// Finish ends the run at this replica's committed step: the coordinator
+// publishes it as the run's end (membership.Quorum.Final), so that every
+// other replica's Step returns a *FinishedError (ErrFinished) rather than
+// go on without it or redo a step it will never take again. Call it when
+// the training loop is done (every replica of a job normally stops at the
+// same step), between Commit and Step, then Close.
+func (c *Comm) Finish(ctx context.Context) error {
+	if err := c.member().Finish(ctx, c.CommittedStep()); err != nil {
+		return fmt.Errorf("ft: finish: %w", err)
+	}
+	c.log.Info("finished the run", zap.Int64("step", c.CommittedStep()))
+	return nil
+}
+
 // ReportHealth tells the coordinator this replica's health. A device monitor
 // calls it with membership.Critical on a fatal fault (a GPU XID, say) so the
 // replica leaves the quorum before it hangs its peers' collectives; the

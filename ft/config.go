@@ -60,6 +60,9 @@ type Membership interface {
 	// SetHealth reports this member's health now; Critical takes it out
 	// of the next quorum.
 	SetHealth(ctx context.Context, h membership.Health, reason string) error
+	// Finish records that this member's training loop ended the run at
+	// step: the coordinator publishes the run's end (Quorum.Final).
+	Finish(ctx context.Context, step int64) error
 	// ReportFormed tells the coordinator now that this member holds what
 	// epoch asked of it (its comms, or none when it sat out); the next
 	// quorum's Base depends on it (membership.Quorum.Base).

@@ -137,3 +137,25 @@ func (e *GroupDivergedError) Error() string {
 }
 
 func (e *GroupDivergedError) Unwrap() error { return ErrGroupDiverged }
+
+// ErrFinished is matched by a *FinishedError.
+var ErrFinished = errors.New("ft: the run has finished")
+
+// FinishedError is what Step returns once a replica of the job called
+// Finish: the run ended at step Final, and this replica, at Step, must not
+// go on (its peers will never take another step, and a step it redid alone
+// would not be the job's). The replicas that finished hold the run's final
+// state; end the training loop and Close.
+type FinishedError struct {
+	Final int64 // the run's last step
+	Step  int64 // this replica's committed step
+}
+
+func (e *FinishedError) Error() string {
+	if e.Step == e.Final {
+		return fmt.Sprintf("ft: the run finished at step %d", e.Final)
+	}
+	return fmt.Sprintf("ft: the run finished at step %d (a replica called Finish); this replica holds step %d", e.Final, e.Step)
+}
+
+func (e *FinishedError) Unwrap() error { return ErrFinished }

@@ -17,6 +17,7 @@ import (
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/inproc"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/membership/memcoord"
 )
 
 // A toy training job: every replica holds the same parameters; each step
@@ -53,7 +54,7 @@ type replica struct {
 	id       string
 	c        *Comm
 	params   []float32
-	m        *fakeMember
+	m        *memcoord.Member
 	cancel   context.CancelFunc
 	done     chan struct{}
 	commits  []commitRecord
@@ -70,7 +71,7 @@ type commitRecord struct {
 
 type job struct {
 	t       *testing.T
-	coord   *fakeCoord
+	coord   *memcoord.Coordinator
 	cluster *inproc.Cluster
 	ledger  *ledger
 	cfg     Config
@@ -78,10 +79,10 @@ type job struct {
 }
 
 func newJob(t *testing.T, qc membership.QuorumConfig, minReplicas int) *job {
-	j := &job{t: t, coord: newFakeCoord("toy", qc), cluster: inproc.NewCluster(), ledger: &ledger{hashes: map[int64]uint64{}}, nParams: defaultParams}
+	j := &job{t: t, coord: memcoord.New("toy", qc), cluster: inproc.NewCluster(), ledger: &ledger{hashes: map[int64]uint64{}}, nParams: defaultParams}
 	j.cfg = Config{Job: "toy", Backend: "inproc", BackendConfig: j.cluster, Secret: []byte("k"),
 		MinReplicas: minReplicas, Timeout: 10 * time.Second, HealChunkSize: 4096}
-	t.Cleanup(j.coord.close)
+	t.Cleanup(j.coord.Close)
 	return j
 }
 
@@ -101,7 +102,7 @@ func (j *job) open(group string, groupRank, groupSize int) *replica {
 	cfg := j.cfg
 	cfg.Group, cfg.GroupRank, cfg.GroupSize = group, groupRank, groupSize
 	cfg.Logger = zaptest.NewLogger(j.t).Named(memberID(group, groupRank))
-	m := j.coord.join(memberID(group, groupRank), cfg.MinReplicas*groupSize)
+	m := joinAs(j.coord, memberID(group, groupRank), cfg.MinReplicas*groupSize)
 	cfg.Membership = m
 	c, err := New(context.Background(), cfg)
 	if err != nil {
@@ -194,7 +195,7 @@ func (j *job) kill(r *replica) {
 		ft.Backend().(*inproc.Backend).Fail()
 	}
 	r.cancel()
-	j.coord.kill(r.id)
+	j.coord.Remove(r.id, "killed")
 	<-r.done
 	r.c.server.Close() // its state endpoint dies with it
 }
@@ -368,7 +369,7 @@ func TestMinReplicasBlocksCommit(t *testing.T) {
 	// The member does not tell the coordinator the job's minimum (as with a
 	// coordinator configured apart from the job), so a quorum of one forms:
 	// ft's own check must refuse to commit with it.
-	cfg.Group, cfg.Membership, cfg.MaxCommitFailures = "solo", j.coord.join("solo.0", 0), 3
+	cfg.Group, cfg.Membership, cfg.MaxCommitFailures = "solo", joinAs(j.coord, "solo.0", 0), 3
 	c, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -347,6 +347,7 @@ type machine struct {
 
 	latest  *membership.Quorum // newest quorum seen
 	revoked uint64             // newest epoch whose revocation was acted on
+	final   int64              // the run ended at this step (Quorum.Final); 0: it goes on
 
 	// epoch is the epoch this rank is in: its comms formed or forming, or
 	// none (it sat the epoch out or its formation failed). view is its
@@ -567,6 +568,7 @@ func (m *machine) onQuorum(now time.Time, q membership.Quorum) {
 		return
 	}
 	m.latest = &q
+	m.final = max(m.final, q.Final)
 	m.do(observe{what: metricEpochSeen, value: float64(q.Epoch)})
 	if m.task != 0 && m.stage.reconfiguring() && q.Epoch > m.target.Epoch {
 		m.cancel(fmt.Errorf("ft: epoch %d superseded by %d", m.target.Epoch, q.Epoch))
@@ -697,6 +699,11 @@ func (m *machine) advance(now time.Time) {
 	case m.lost != nil:
 		m.stepWaiting = false
 		m.do(stepDone{err: m.lost})
+		return
+	case m.final > 0:
+		// A replica finished the run: nobody takes another step.
+		m.stepWaiting = false
+		m.do(stepDone{err: &FinishedError{Final: m.final, Step: m.step}})
 		return
 	case m.ready && !m.broken && m.latest != nil && m.latest.Epoch == m.epoch:
 		m.startStep(now)
