@@ -611,22 +611,30 @@ func (m *machine) onRevocation(r membership.Revocation) {
 	m.revoke(dimFT, partBoth, fmt.Sprintf("ft: epoch %d revoked by %s: %s", r.Epoch, r.By, r.Reason))
 }
 
-// onCommFailed acts on a comm that stopped: the step fails (unless a peer
-// merely closed its comm after the ops that needed it), the step's comms
-// that could wait for the failed peer stop at once, and the peer the
-// failure names is blamed, so the coordinator can confirm the death
-// without waiting for gossip or its lease.
+// onCommFailed acts on a comm that stopped: the step's comms that could
+// wait for the failed peer stop at once, and the peer the failure names is
+// blamed, so the coordinator can confirm the death without waiting for
+// gossip or its lease. A failed control comm fails the step; a peer that
+// merely closed its comm after the ops that needed it fails nothing.
 func (m *machine) onCommFailed(in commFailed) {
 	if m.closing || in.epoch != m.epoch || !m.holds(in.dim) {
 		return
 	}
 	m.broken = true
 	orderly := errors.Is(in.err, comm.ErrPeerClosed)
-	if m.inStep && !orderly {
+	if m.inStep && !orderly && m.split {
+		// The step's own ops report their errors through Commit; a comm
+		// that broke after they completed does not undo them (revoking
+		// the epoch is the coordinator's policy, not a failure of the
+		// step). But a control comm that failed (not revoked) leaves the
+		// step's vote nothing to stand on, and the loop's own ops on the
+		// group's data comm (Group()) are not tracked: either fails the
+		// step.
 		err := fmt.Errorf("ft: %s %s comm: %w", in.dim, in.part, in.err)
-		if in.dim == dimFT {
+		switch {
+		case in.dim == dimFT && in.part == partCtl && !errors.Is(in.err, comm.ErrRevoked):
 			m.stepErrs = append(m.stepErrs, err)
-		} else {
+		case in.dim == dimGroup && in.part == partData:
 			m.groupErrs = append(m.groupErrs, err)
 		}
 	}
@@ -1006,11 +1014,14 @@ func (m *machine) onCommit(now time.Time, errs []error) {
 		m.do(commitDone{err: fmt.Errorf("%w: ft: Commit while the step is not started", comm.ErrInvalidArgument)})
 		return
 	}
+	if !m.inStep && !m.closing {
+		m.do(commitDone{err: fmt.Errorf("%w: ft: Commit without a started step (call Step first)", comm.ErrInvalidArgument)})
+		return
+	}
 	m.commitWaiting = true
 	if m.closing {
 		return // advance replies
 	}
-	inStep := m.inStep
 	m.inStep = false
 	for _, err := range errs {
 		m.stepErrs = append(m.stepErrs, err)
@@ -1018,7 +1029,7 @@ func (m *machine) onCommit(now time.Time, errs []error) {
 	if len(errs) > 0 {
 		m.noteFailure(now)
 	}
-	participating := inStep && m.holds(dimFT)
+	participating := m.holds(dimFT)
 	m.vote = len(m.stepErrs) == 0 && len(m.groupErrs) == 0 && participating && m.view.groups >= m.cfg.minReplicas
 	m.reason = ""
 	if participating && m.holds(dimGroup) {
