@@ -41,6 +41,7 @@ type Comm struct {
 	done    chan struct{} // closed when the driver has ended
 	mem     atomic.Pointer[memberRef]
 	snap    atomic.Pointer[snapshot]
+	step    atomic.Int64 // the committed step (it changes every step: not in snap)
 	d       *driver // the driver's own state; only its goroutine touches it
 	busy    atomic.Bool
 	started atomic.Bool // the first Step was called: Register is over
@@ -64,12 +65,11 @@ type Comm struct {
 // again).
 type memberRef struct{ m Membership }
 
-// snapshot is what readers on other goroutines see.
+// snapshot is what readers on other goroutines see (with step).
 type snapshot struct {
 	epoch        uint64
 	rank         int
 	participants int
-	step         int64
 	group        *comm.Comm
 }
 
@@ -408,7 +408,7 @@ func (c *Comm) Rank() int { return c.snap.Load().rank }
 
 // CommittedStep is the number of steps this replica has committed (or
 // healed to).
-func (c *Comm) CommittedStep() int64 { return c.snap.Load().step }
+func (c *Comm) CommittedStep() int64 { return c.step.Load() }
 
 // Close leaves the job, closes the comms and the recovery server, and stops
 // the Comm's goroutines. With a device data backend it then waits until
