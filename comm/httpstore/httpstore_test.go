@@ -140,8 +140,10 @@ func TestCloseAndToken(t *testing.T) {
 		t.Fatalf("wrong token: %v", err)
 	}
 	got := make(chan error, 1)
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
 	go func() {
-		_, err := c.Get(ctx, "never")
+		_, err := c.Get(short, "never")
 		got <- err
 	}()
 	if err := srv.Close(); err != nil {
@@ -155,7 +157,7 @@ func TestCloseAndToken(t *testing.T) {
 	if err := <-got; err == nil {
 		t.Fatal("get returned nil after close")
 	}
-	if _, err := c.Get(ctx, "k"); err == nil {
+	if _, err := c.Get(short, "k"); err == nil {
 		t.Fatal("get after close succeeded")
 	}
 }
