@@ -95,7 +95,7 @@ func (f *ftObj) onEvent(e ft.Event) {
 func (s *ftSettings) config(obj *ftObj) (ft.Config, error) {
 	cfg := ft.Config{Job: s.Job, Group: s.Group, GroupRank: s.GroupRank, GroupSize: s.GroupSize,
 		Coordinator: s.Coordinator, Credentials: s.Credentials, Secret: []byte(s.Secret), Backend: s.Backend,
-		Device: s.Device, ControlBackend: s.ControlBackend, MinReplicas: s.MinReplicas, Timeout: seconds(s.TimeoutS),
+		Device: max(s.Device, 0), ControlBackend: s.ControlBackend, MinReplicas: s.MinReplicas, Timeout: seconds(s.TimeoutS),
 		MaxCommitFailures: s.MaxCommitFailures, RecoveryAddr: s.RecoveryAddr, HealChunkSize: s.HealChunkSize,
 		HealStreams: s.HealStreams, DurableCommit: s.DurableCommit, DisableHealthWatch: s.DisableHealth,
 		Logger: obj.log, OnEvent: obj.onEvent}

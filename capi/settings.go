@@ -49,7 +49,9 @@ func newLogger(level, name string) (*zap.Logger, error) {
 	cfg := zap.NewDevelopmentConfig()
 	cfg.Level = zap.NewAtomicLevelAt(lv)
 	cfg.DisableStacktrace = true
-	cfg.OutputPaths, cfg.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}
+	// No error output: zap's own complaints (a package raising the level
+	// of a logger already above it, say) are noise to a Python user.
+	cfg.OutputPaths, cfg.ErrorOutputPaths = []string{"stderr"}, nil
 	l, err := cfg.Build()
 	if err != nil {
 		return nil, err
