@@ -184,6 +184,20 @@ func interruptAll() int {
 //export ftcomm_interrupt
 func ftcomm_interrupt() C.int32_t { return C.int32_t(interruptAll()) }
 
+// ftcomm_blocked_calls is the number of blocking calls in progress in
+// this process (tests wait on it to know a call is inside the library).
+//
+//export ftcomm_blocked_calls
+func ftcomm_blocked_calls() C.int64_t {
+	abi.intrMu.Lock()
+	defer abi.intrMu.Unlock()
+	n := 0
+	for c := range abi.intr {
+		n += int(c.blocked.Load())
+	}
+	return C.int64_t(n)
+}
+
 // ftcomm_live_handles is the number of handles not yet freed (leak checks).
 //
 //export ftcomm_live_handles

@@ -50,6 +50,7 @@ _SIGNATURES = {
     "ftcomm_interrupt_install": ([], _i32),
     "ftcomm_interrupt_installed": ([], _i32),
     "ftcomm_live_handles": ([], _i64),
+    "ftcomm_blocked_calls": ([], _i64),
     "ftcomm_comm_new": ([_cp, _cp, _u64, _pu64], _i32),
     "ftcomm_comm_free": ([_u64], _i32),
     "ftcomm_comm_info": ([_u64] + _buf, _i32),
@@ -238,6 +239,11 @@ def interrupt() -> int:
     threads' too) with InterruptedOpError; the comms they ran on are
     aborted. Returns how many objects had one."""
     return lib().ftcomm_interrupt()
+
+
+def blocked_calls() -> int:
+    """How many blocking calls are inside the library now (tests)."""
+    return lib().ftcomm_blocked_calls()
 
 
 def live_handles() -> int:
