@@ -44,6 +44,15 @@ def three(store):
     c.close()
 
 
+def child_env(**extra):
+    """The environment for a Python subprocess: it imports this package."""
+    pkg = os.path.dirname(HERE)
+    path = os.environ.get("PYTHONPATH", "")
+    env = dict(os.environ, PYTHONPATH=pkg + (os.pathsep + path if path else ""), PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
 _names = iter(range(1 << 30))
 
 

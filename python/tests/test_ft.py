@@ -1,0 +1,101 @@
+"""ftcomm.ft.Comm across replica processes with an in-process coordinator:
+one replica SIGKILLed, the survivors commit without it, its restart heals
+from them, and every replica ends with the same state."""
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import ftcomm.coordinator
+from conftest import child_env, needs_torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Replica:
+    def __init__(self, group, env):
+        self.group = group
+        self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "ft_replica.py"), group], env=env,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.q = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        assert self.next(60).get("ready"), self.group
+
+    def _read(self):
+        for line in self.p.stdout:
+            self.q.put(json.loads(line))
+        self.q.put(None)
+
+    def next(self, timeout=60):
+        try:
+            v = self.q.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError("%s: no answer in %ss" % (self.group, timeout))
+        if v is None:
+            raise AssertionError("%s exited: %s" % (self.group, self.p.stderr.read()))
+        return v
+
+    def step(self):
+        self.p.stdin.write("step\n")
+        self.p.stdin.flush()
+
+    def stop(self):
+        if self.p.poll() is None:
+            try:
+                self.p.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.p.wait(30)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+
+def steps(reps, until, limit=40):
+    """Step every replica until until(results) holds; returns the last results."""
+    for _ in range(limit):
+        for r in reps:
+            r.step()
+        res = [r.next() for r in reps]
+        if until(res):
+            return res
+    raise AssertionError("condition not reached in %d steps: %s" % (limit, res))
+
+
+@needs_torch
+def test_kill_commit_restart_heal():
+    with ftcomm.coordinator.serve(log_level="off") as co:
+        env = child_env(FTCOMM_CREDENTIALS=co.credentials, FTCOMM_SECRET="pytest-secret")
+        reps = [Replica("r%d" % i, env) for i in range(3)]
+        try:
+            full = lambda res: all(x["committed"] and x["participants"] == 3 for x in res)
+            steps(reps, full)
+            reps[2].p.send_signal(signal.SIGKILL)
+            reps[2].p.wait()
+            t0 = time.monotonic()
+            res = steps(reps[:2], lambda res: all(x["committed"] and x["participants"] == 2 for x in res))
+            after_kill = time.monotonic() - t0
+            assert res[0]["state"] == res[1]["state"] and res[0]["step"] == res[1]["step"]
+            reps[2] = Replica("r2", env)
+            healed = []
+
+            def joined(res):
+                healed.extend("healed" in x["events"] for x in res[2:])
+                return full(res)
+
+            res = steps(reps, joined)
+            assert any(healed), "the restarted replica did not heal"
+            res = steps(reps, full)
+            assert len({(x["step"], x["state"]) for x in res}) == 1, res
+            print("survivors committed %.2fs after the kill" % after_kill)
+        finally:
+            for r in reps:
+                r.stop()
