@@ -140,7 +140,7 @@ func ftcomm_comm_new(backend *C.char, settings *C.char, store C.uint64_t, out *C
 		b := goString(backend)
 		var st comm.Store
 		if store != 0 {
-			so, err := lookup[*storeObj](store)
+			so, err := lookup[*storeObj](uint64(store))
 			if err != nil {
 				return err
 			}
@@ -183,7 +183,7 @@ func ftcomm_comm_new(backend *C.char, settings *C.char, store C.uint64_t, out *C
 //export ftcomm_comm_free
 func ftcomm_comm_free(h C.uint64_t) C.int32_t {
 	return guard(func() error {
-		o, err := take[*commObj](h)
+		o, err := take[*commObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -210,7 +210,7 @@ type commInfo struct {
 //export ftcomm_comm_info
 func ftcomm_comm_info(h C.uint64_t, buf unsafe.Pointer, capacity C.int64_t, n *C.int64_t) C.int32_t {
 	return guard(func() error {
-		o, err := lookup[*commObj](h)
+		o, err := lookup[*commObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -227,7 +227,7 @@ func ftcomm_comm_info(h C.uint64_t, buf unsafe.Pointer, capacity C.int64_t, n *C
 //export ftcomm_comm_dump
 func ftcomm_comm_dump(h C.uint64_t, buf unsafe.Pointer, capacity C.int64_t, n *C.int64_t) C.int32_t {
 	return guard(func() error {
-		o, err := lookup[*commObj](h)
+		o, err := lookup[*commObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -340,7 +340,7 @@ func (a *opArgs) issue(ctx context.Context, c *comm.Comm) (w *comm.Work, err err
 func ftcomm_comm_op(h C.uint64_t, kind C.int32_t, out unsafe.Pointer, outCount C.int64_t, in unsafe.Pointer, inCount C.int64_t,
 	dtype, device, redop, root C.int32_t, stream C.uint64_t, timeoutNs C.int64_t, flags C.int32_t, work *C.uint64_t) C.int32_t {
 	return guard(func() error {
-		o, err := lookup[*commObj](h)
+		o, err := lookup[*commObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -390,7 +390,7 @@ func runOp(can *canceler, c *comm.Comm, a *opArgs, work *C.uint64_t) error {
 //export ftcomm_comm_revoke
 func ftcomm_comm_revoke(h C.uint64_t, reason *C.char) C.int32_t {
 	return guard(func() error {
-		o, err := lookup[*commObj](h)
+		o, err := lookup[*commObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -405,7 +405,7 @@ func ftcomm_comm_revoke(h C.uint64_t, reason *C.char) C.int32_t {
 //export ftcomm_comm_abort
 func ftcomm_comm_abort(h C.uint64_t, reason *C.char) C.int32_t {
 	return guard(func() error {
-		o, err := lookup[*commObj](h)
+		o, err := lookup[*commObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -426,7 +426,7 @@ func defaultStr(s, def string) string {
 // f returns none: a Split with no color).
 func reconfigure(h C.uint64_t, timeoutNs C.int64_t, out *C.uint64_t, f func(ctx context.Context, c *comm.Comm) (*comm.Comm, error)) C.int32_t {
 	return guard(func() error {
-		o, err := lookup[*commObj](h)
+		o, err := lookup[*commObj](uint64(h))
 		if err != nil {
 			return err
 		}

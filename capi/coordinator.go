@@ -131,7 +131,7 @@ func ftcomm_coordinator_start(settings *C.char, out *C.uint64_t) C.int32_t {
 //export ftcomm_coordinator_info
 func ftcomm_coordinator_info(h C.uint64_t, buf unsafe.Pointer, capacity C.int64_t, n *C.int64_t) C.int32_t {
 	return guard(func() error {
-		o, err := lookup[*coordObj](h)
+		o, err := lookup[*coordObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -145,7 +145,7 @@ func ftcomm_coordinator_info(h C.uint64_t, buf unsafe.Pointer, capacity C.int64_
 //export ftcomm_coordinator_free
 func ftcomm_coordinator_free(h C.uint64_t) C.int32_t {
 	return guard(func() error {
-		o, err := take[*coordObj](h)
+		o, err := take[*coordObj](uint64(h))
 		if err != nil {
 			return err
 		}

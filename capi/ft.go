@@ -171,7 +171,7 @@ func ftcomm_ft_new(settings *C.char, out *C.uint64_t) C.int32_t {
 //export ftcomm_ft_register
 func ftcomm_ft_register(h C.uint64_t, name *C.char, ptr unsafe.Pointer, count C.int64_t, dtype, device C.int32_t) C.int32_t {
 	return guard(func() error {
-		f, err := lookup[*ftObj](h)
+		f, err := lookup[*ftObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -201,7 +201,7 @@ func (f *ftObj) call(timeoutNs C.int64_t, fn func(ctx context.Context) error) er
 //export ftcomm_ft_step
 func ftcomm_ft_step(h C.uint64_t, timeoutNs C.int64_t) C.int32_t {
 	return guard(func() error {
-		f, err := lookup[*ftObj](h)
+		f, err := lookup[*ftObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -214,7 +214,7 @@ func ftcomm_ft_step(h C.uint64_t, timeoutNs C.int64_t) C.int32_t {
 //export ftcomm_ft_commit
 func ftcomm_ft_commit(h C.uint64_t, timeoutNs C.int64_t, ok *C.int32_t) C.int32_t {
 	return guard(func() error {
-		f, err := lookup[*ftObj](h)
+		f, err := lookup[*ftObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -238,7 +238,7 @@ func ftcomm_ft_commit(h C.uint64_t, timeoutNs C.int64_t, ok *C.int32_t) C.int32_
 func ftcomm_ft_op(h C.uint64_t, kind C.int32_t, out unsafe.Pointer, outCount C.int64_t, in unsafe.Pointer, inCount C.int64_t,
 	dtype, device, redop, root C.int32_t, stream C.uint64_t, timeoutNs C.int64_t, flags C.int32_t, work *C.uint64_t) C.int32_t {
 	return guard(func() error {
-		f, err := lookup[*ftObj](h)
+		f, err := lookup[*ftObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -298,7 +298,7 @@ type ftInfo struct {
 //export ftcomm_ft_info
 func ftcomm_ft_info(h C.uint64_t, epoch *C.uint64_t, participants, rank *C.int64_t, committed *C.int64_t) C.int32_t {
 	return guard(func() error {
-		f, err := lookup[*ftObj](h)
+		f, err := lookup[*ftObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -317,7 +317,7 @@ func ftcomm_ft_info(h C.uint64_t, epoch *C.uint64_t, participants, rank *C.int64
 //export ftcomm_ft_events
 func ftcomm_ft_events(h C.uint64_t, buf unsafe.Pointer, capacity C.int64_t, n *C.int64_t) C.int32_t {
 	return guard(func() error {
-		f, err := lookup[*ftObj](h)
+		f, err := lookup[*ftObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -342,7 +342,7 @@ func ftcomm_ft_events(h C.uint64_t, buf unsafe.Pointer, capacity C.int64_t, n *C
 //export ftcomm_ft_free
 func ftcomm_ft_free(h C.uint64_t) C.int32_t {
 	return guard(func() error {
-		f, err := take[*ftObj](h)
+		f, err := take[*ftObj](uint64(h))
 		if err != nil {
 			return err
 		}

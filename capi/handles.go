@@ -42,36 +42,36 @@ func (a *abiState) put(v any) uint64 {
 }
 
 // lookup returns the object of handle h if it is a T.
-func lookup[T any](h C.uint64_t) (T, error) {
+func lookup[T any](h uint64) (T, error) {
 	abi.mu.RLock()
-	v, ok := abi.objs[uint64(h)]
+	v, ok := abi.objs[h]
 	abi.mu.RUnlock()
 	t, isT := v.(T)
 	if !ok || !isT {
 		var zero T
 		if !ok {
-			return zero, fmt.Errorf("%w: %d (unknown or already freed)", ErrBadHandle, uint64(h))
+			return zero, fmt.Errorf("%w: %d (unknown or already freed)", ErrBadHandle, h)
 		}
-		return zero, fmt.Errorf("%w: %d is a %T, not a %T", ErrBadHandle, uint64(h), v, zero)
+		return zero, fmt.Errorf("%w: %d is a %T, not a %T", ErrBadHandle, h, v, zero)
 	}
 	return t, nil
 }
 
 // take removes handle h if it names a T and returns its object: the
 // first free wins, a second finds nothing.
-func take[T any](h C.uint64_t) (T, error) {
+func take[T any](h uint64) (T, error) {
 	abi.mu.Lock()
 	defer abi.mu.Unlock()
 	var zero T
-	v, ok := abi.objs[uint64(h)]
+	v, ok := abi.objs[h]
 	if !ok {
-		return zero, fmt.Errorf("%w: %d (unknown or already freed)", ErrBadHandle, uint64(h))
+		return zero, fmt.Errorf("%w: %d (unknown or already freed)", ErrBadHandle, h)
 	}
 	t, isT := v.(T)
 	if !isT {
-		return zero, fmt.Errorf("%w: %d is a %T, not a %T", ErrBadHandle, uint64(h), v, zero)
+		return zero, fmt.Errorf("%w: %d is a %T, not a %T", ErrBadHandle, h, v, zero)
 	}
-	delete(abi.objs, uint64(h))
+	delete(abi.objs, h)
 	return t, nil
 }
 

@@ -59,7 +59,7 @@ func ftcomm_store_connect(addr, token *C.char, out *C.uint64_t) C.int32_t {
 //export ftcomm_store_addr
 func ftcomm_store_addr(h C.uint64_t, buf unsafe.Pointer, capacity C.int64_t, n *C.int64_t) C.int32_t {
 	return guard(func() error {
-		s, err := lookup[*storeObj](h)
+		s, err := lookup[*storeObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -83,7 +83,7 @@ func (s *storeObj) call(timeoutNs C.int64_t, f func(ctx context.Context) error) 
 //export ftcomm_store_set
 func ftcomm_store_set(h C.uint64_t, key *C.char, val unsafe.Pointer, n C.int64_t, timeoutNs C.int64_t) C.int32_t {
 	return guard(func() error {
-		s, err := lookup[*storeObj](h)
+		s, err := lookup[*storeObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -99,7 +99,7 @@ func ftcomm_store_set(h C.uint64_t, key *C.char, val unsafe.Pointer, n C.int64_t
 //export ftcomm_store_get
 func ftcomm_store_get(h C.uint64_t, key *C.char, buf unsafe.Pointer, capacity C.int64_t, n *C.int64_t, timeoutNs C.int64_t) C.int32_t {
 	return guard(func() error {
-		s, err := lookup[*storeObj](h)
+		s, err := lookup[*storeObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -120,7 +120,7 @@ func ftcomm_store_get(h C.uint64_t, key *C.char, buf unsafe.Pointer, capacity C.
 //export ftcomm_store_add
 func ftcomm_store_add(h C.uint64_t, key *C.char, delta C.int64_t, out *C.int64_t, timeoutNs C.int64_t) C.int32_t {
 	return guard(func() error {
-		s, err := lookup[*storeObj](h)
+		s, err := lookup[*storeObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -138,7 +138,7 @@ func ftcomm_store_add(h C.uint64_t, key *C.char, delta C.int64_t, out *C.int64_t
 //export ftcomm_store_free
 func ftcomm_store_free(h C.uint64_t) C.int32_t {
 	return guard(func() error {
-		s, err := take[*storeObj](h)
+		s, err := take[*storeObj](uint64(h))
 		if err != nil {
 			return err
 		}

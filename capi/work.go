@@ -71,7 +71,7 @@ func (wk *workObj) release() {
 func ftcomm_work_wait(h C.uint64_t, timeoutNs C.int64_t) C.int32_t {
 	var pending bool
 	st := guard(func() error {
-		wk, err := lookup[*workObj](h)
+		wk, err := lookup[*workObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -120,7 +120,7 @@ func ftcomm_work_wait(h C.uint64_t, timeoutNs C.int64_t) C.int32_t {
 //export ftcomm_work_test
 func ftcomm_work_test(h C.uint64_t, done *C.int32_t) C.int32_t {
 	return guard(func() error {
-		wk, err := lookup[*workObj](h)
+		wk, err := lookup[*workObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -141,7 +141,7 @@ func ftcomm_work_test(h C.uint64_t, done *C.int32_t) C.int32_t {
 //export ftcomm_work_cancel
 func ftcomm_work_cancel(h C.uint64_t) C.int32_t {
 	return guard(func() error {
-		wk, err := lookup[*workObj](h)
+		wk, err := lookup[*workObj](uint64(h))
 		if err != nil {
 			return err
 		}
@@ -155,7 +155,7 @@ func ftcomm_work_cancel(h C.uint64_t) C.int32_t {
 //export ftcomm_work_free
 func ftcomm_work_free(h C.uint64_t) C.int32_t {
 	return guard(func() error {
-		wk, err := take[*workObj](h)
+		wk, err := take[*workObj](uint64(h))
 		if err != nil {
 			return err
 		}
