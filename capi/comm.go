@@ -383,6 +383,36 @@ func runOp(can *canceler, c *comm.Comm, a *opArgs, work *C.uint64_t) error {
 	return err
 }
 
+// ftcomm_comm_loop runs a sync all-reduce of count elements of dtype at
+// ptr (host memory) iters times in a loop in Go, and stores the time it
+// took in *elapsed_ns: what the op costs through the Go API, next to the
+// same op called from the caller's language (bench/python_overhead.py).
+//
+//export ftcomm_comm_loop
+func ftcomm_comm_loop(h C.uint64_t, ptr unsafe.Pointer, count C.int64_t, dtype, redop C.int32_t, iters C.int64_t, elapsed *C.int64_t) C.int32_t {
+	return guard(func() error {
+		o, err := lookup[*commObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		t, err := tensor(ptr, int64(count), int32(dtype), -1)
+		if err != nil {
+			return err
+		}
+		ctx := o.can.enter()
+		defer o.can.leave()
+		op := comm.ReduceOp(redop)
+		t0 := time.Now()
+		for range int64(iters) {
+			if err := o.c.AllReduce(ctx, t, op); err != nil {
+				return err
+			}
+		}
+		*elapsed = C.int64_t(time.Since(t0))
+		return nil
+	})
+}
+
 // ftcomm_comm_revoke revokes the comm (here and, as it propagates, at
 // every rank): pending and later ops fail with ErrRevoked; shrink and
 // free still work.

@@ -69,7 +69,7 @@ def replica(args) -> None:
         if evs:
             out["events"] = evs
         if ok and args.replica == 0 and (c.committed_step % args.eval_every == 0 or c.committed_step == args.steps):
-            out["val"] = common.evaluate(model, val, args.batch, args.block, device)
+            out["val"] = common.evaluate(model, val, args.batch, args.block, device, args.eval_batches)
         common.emit(**out)
     c.close()
     common.emit(done=True)
@@ -117,6 +117,8 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
                     continue
                 for e in m.get("events", []):
                     res["events"].append(dict(e, replica=i, step=m["step"], t=m["t"] - t_start))
+                if i == 0:
+                    res.setdefault("r0", []).append([m["step"], m["committed"], m["participants"], m["epoch"]])
                 if i == 0 and m["committed"]:
                     res["loss"][m["step"]] = m["loss"]
                     if "val" in m:
@@ -202,6 +204,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per replica")
     ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--eval-batches", type=int, default=32, help="validation batches per evaluation (fixed)")
     ap.add_argument("--op-timeout", type=float, default=20)
     ap.add_argument("--corpus", default=common.repo_root(), help="a directory whose .go and .md files are the text")
     ap.add_argument("--corpus-bytes", type=int, default=2 << 20)
