@@ -5,6 +5,8 @@ interleaved rounds three ways on the same comm:
 
   go      the op called in a loop inside libftcomm (the Go API's cost)
   torch   comm.all_reduce(tensor) from Python on a torch tensor
+  ctypes  the library's entry point called from a bare Python loop (the
+          floor of any ctypes binding: call, argument conversion, cgo)
   numpy   comm.all_reduce(array) from Python on a numpy array
 
 and the overhead (Python − Go) per op, medians over the rounds.
@@ -47,13 +49,22 @@ def rank_main(rank, addr, args, q):
             ar(x, ftcomm.ReduceOp.MAX)
         return (time.perf_counter_ns() - t0) / iters
 
+    def raw(iters):
+        run, h, p, desc = L.ftcomm_comm_run, c._h, a.ctypes.data, 1 | 1 << 8 | 4 << 16
+        t0 = time.perf_counter_ns()
+        for _ in range(iters):
+            run(h, desc, p, n)
+        return (time.perf_counter_ns() - t0) / iters
+
     for _ in range(3):  # warm up
         go(args.iters)
+        raw(args.iters)
         py(t, args.iters)
         py(a, args.iters)
-    res = {"go": [], "torch": [], "numpy": []}
+    res = {"go": [], "raw": [], "torch": [], "numpy": []}
     for r in range(args.rounds):
-        order = [("go", lambda: go(args.iters)), ("torch", lambda: py(t, args.iters)), ("numpy", lambda: py(a, args.iters))]
+        order = [("go", lambda: go(args.iters)), ("raw", lambda: raw(args.iters)),
+                 ("torch", lambda: py(t, args.iters)), ("numpy", lambda: py(a, args.iters))]
         if r % 2:
             order.reverse()
         for k, f in order:
@@ -91,14 +102,14 @@ def main():
         " ".join("%.1f" % x for x in os.getloadavg()), platform.python_version(), " ".join(sys.argv)))
     print("# 2 ranks (gloo, one host), %d-byte float32 all-reduce, %d rounds × %d ops, medians (µs/op)" % (
         args.bytes, args.rounds, args.iters))
-    print("| rank | Go API | Python, torch | Python, numpy | overhead torch | overhead numpy |")
-    print("|---|---|---|---|---|---|")
+    print("| rank | Go API | ctypes call alone | Python, torch | Python, numpy | overhead torch | overhead numpy |")
+    print("|---|---|---|---|---|---|---|")
     for r in (0, 1):
         m = {k: statistics.median(v) / 1000 for k, v in out[r].items()}
         # per round differences, then the median: the rounds share conditions
         ot = statistics.median(a - b for a, b in zip(out[r]["torch"], out[r]["go"])) / 1000
         on = statistics.median(a - b for a, b in zip(out[r]["numpy"], out[r]["go"])) / 1000
-        print("| %d | %.2f | %.2f | %.2f | %+.2f | %+.2f |" % (r, m["go"], m["torch"], m["numpy"], ot, on))
+        print("| %d | %.2f | %.2f | %.2f | %.2f | %+.2f | %+.2f |" % (r, m["go"], m["raw"], m["torch"], m["numpy"], ot, on))
 
 
 if __name__ == "__main__":

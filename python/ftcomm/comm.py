@@ -271,8 +271,38 @@ class Communicator:
             raise _inv("%s %r outside [0, %d)" % (what, root, self._size))
         return root
 
+    def _run(self, kind: int, d, op: int, root: int):
+        """The fast path: a sync op on one host tensor, comm timeout."""
+        if op not in _VALID_OPS or (op == 5 and d[2] not in _tensors.FLOATS):
+            return False
+        h = self._h
+        if h is None or _lib.forked:
+            return False
+        st = _lib._lib.ftcomm_comm_run(h, kind | d[2] << 8 | op << 16 | (root & 0xffffffff) << 24, d[0], d[1])
+        if st:
+            _lib.fail(st)
+        return True
+
     def all_reduce(self, tensor, op=ReduceOp.SUM, async_op: bool = False, hints=None, timeout=None):
         """Reduce tensor across all ranks, in place."""
+        # The fast path (a sync op on a plain CPU tensor or array), written
+        # out: each Python call it saves is ~0.1 µs of a ~4 µs op.
+        if not async_op and timeout is None and self._dev < 0:
+            tp = type(tensor)
+            d = None
+            if tp is _tensors._Tensor:
+                if tensor.is_cpu and tensor.is_contiguous():
+                    dt = _tensors._torch_dtypes.get(tensor.dtype)
+                    if dt is not None:
+                        d = (tensor.data_ptr(), tensor.numel(), dt)
+            else:
+                d = _tensors.host(tensor)
+            if d is not None and op in _VALID_OPS and (op != 5 or d[2] in _tensors.FLOATS) and self._h is not None \
+                    and not _lib.forked:
+                st = _lib._lib.ftcomm_comm_run(self._h, 1 | d[2] << 8 | op << 16, d[0], d[1])
+                if st:
+                    _lib.fail(st)
+                return _DONE
         ptr, n, dt = self._check_tensor(tensor, "tensor")
         return self._op(_lib.OP_ALL_REDUCE, (ptr, n), None, dt, self._redop(op, dt), 0, async_op, timeout, tensor)
 
@@ -283,6 +313,10 @@ class Communicator:
 
     def broadcast(self, tensor, root: int, async_op: bool = False, hints=None, timeout=None):
         """Copy root's tensor into every rank's tensor."""
+        if not async_op and timeout is None and self._dev < 0 and type(root) is int and 0 <= root < self._size:
+            d = _tensors.host(tensor)
+            if d is not None and self._run(4, d, 1, root):
+                return _DONE
         ptr, n, dt = self._check_tensor(tensor, "tensor")
         return self._op(_lib.OP_BROADCAST, (ptr, n), None, dt, ReduceOp.SUM, self._root(root), async_op, timeout, tensor)
 
