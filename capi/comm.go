@@ -118,6 +118,27 @@ func ncclConfigWith(L *nccl.Library) *nccl.Config {
 	return &cfg
 }
 
+// ftcomm_nccl_info copies what NCCL and CUDA runtime this process's nccl
+// comms use (JSON: nccl.Info, with "loaded": false before the first nccl
+// comm) into buf. NCCL is dlopened by soname: in a process where PyTorch
+// loaded its own libnccl.so.2 and libcudart, these are PyTorch's.
+//
+//export ftcomm_nccl_info
+func ftcomm_nccl_info(buf unsafe.Pointer, capacity C.int64_t, n *C.int64_t) C.int32_t {
+	return guard(func() error {
+		ncclLibrary.Lock()
+		L := ncclLibrary.L
+		ncclLibrary.Unlock()
+		if L == nil {
+			return putJSON(map[string]any{"loaded": false}, buf, capacity, n)
+		}
+		i := L.Info()
+		return putJSON(map[string]any{"loaded": true, "nccl": i.NCCL.String(), "nccl_path": i.NCCLPath,
+			"cudart_path": i.CUDARuntimePath, "cuda_runtime": i.CUDARuntime, "cuda_driver": i.CUDADriver,
+			"features": i.Features, "eager_connect": i.EagerConnect}, buf, capacity, n)
+	})
+}
+
 func goString(p *C.char) string {
 	if p == nil {
 		return ""

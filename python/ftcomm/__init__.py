@@ -16,7 +16,7 @@ Two APIs:
 See docs/python.md in the repository.
 """
 
-from . import errors
+from . import _lib, errors
 from ._lib import interrupt, library_path, live_handles
 from .comm import Communicator, ReduceOp, Work, new_comm
 from .errors import (
@@ -45,8 +45,27 @@ from . import coordinator, ft
 
 __version__ = "0.1.0"
 
+
+def nccl_info() -> dict:
+    """Which NCCL and CUDA runtime ftcomm's nccl comms use (loaded by soname
+    at the first nccl comm: PyTorch's own when torch is imported first), and
+    the libraries mapped into this process."""
+    import json
+    info = json.loads(_lib.get_bytes(_lib.lib().ftcomm_nccl_info))
+    maps = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                p = line.split()[-1]
+                if "libnccl" in p or "libcudart" in p:
+                    maps.add(p)
+    except OSError:
+        pass
+    info["mapped"] = sorted(maps)
+    return info
+
 __all__ = [
-    "new_comm", "Communicator", "ReduceOp", "Work", "Store", "interrupt", "live_handles", "library_path",
+    "new_comm", "nccl_info", "Communicator", "ReduceOp", "Work", "Store", "interrupt", "live_handles", "library_path",
     "errors", "FtcommError", "InvalidArgumentError", "InvalidTypeError", "CommTimeoutError", "RevokedError",
     "PeerFailedError", "MismatchError", "AbortedError", "ClosedError", "BackendUnavailableError",
     "RolledBackError", "GroupDivergedError", "NotParticipatingError", "TooManyCommitFailuresError",

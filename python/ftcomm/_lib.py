@@ -56,6 +56,7 @@ _SIGNATURES = {
     "ftcomm_comm_info": ([_u64] + _buf, _i32),
     "ftcomm_comm_dump": ([_u64] + _buf, _i32),
     "ftcomm_comm_op": (_opargs, _i32),
+    "ftcomm_nccl_info": (_buf, _i32),
     "ftcomm_comm_run": ([_u64, _u64, _vp, _i64], _i32),
     "ftcomm_comm_loop": ([_u64, _vp, _i64, _i32, _i32, _i64, _pi64], _i32),
     "ftcomm_comm_revoke": ([_u64, _cp], _i32),

@@ -430,3 +430,91 @@ def bad_input(rank, store, name):
     got["after"] = float(y[0])
     finalize(rank, name)
     return got
+
+
+# ---- CUDA (nccl) ----
+
+def cuda_suite(rank, store, name):
+    bad = suite(rank, store, name, 2, kinds=("torch",), backend="nccl", device="cuda:%d" % rank)
+    return bad, ftcomm.nccl_info()
+
+
+def cuda_stream_order(rank, store, name):
+    """An op on CUDA tensors runs after the work queued on the caller's
+    stream, and work queued there afterwards sees its result; the call does
+    not wait on the host."""
+    import torch
+    dev = torch.device("cuda", rank)
+    c = comm(rank, store, name, 2, "nccl", dev)
+    s = torch.cuda.Stream(dev)
+    a = torch.randn(4096, 4096, device=dev)
+    torch.cuda.synchronize(dev)
+    with torch.cuda.stream(s):
+        x = torch.zeros(1 << 20, device=dev)
+        for _ in range(30):  # tens of ms of work queued ahead of the fill
+            a = a @ a
+            a = a / a.norm()
+        x.fill_(rank + 1)
+        t0 = time.monotonic()
+        c.all_reduce(x)  # sync: stream-ordered
+        call = time.monotonic() - t0
+        busy = not s.query()  # the matmuls still run: the call did not wait for them
+        y = x * 2
+    s.synchronize()
+    out = {"x": x[0].item(), "y": y[0].item(), "call_s": call, "stream_busy_after_call": busy}
+    z = torch.full((8,), float(rank + 1), device=dev)  # the default stream
+    c.all_reduce(z, ReduceOp.MAX)
+    out["z"] = (z + 0)[0].item()
+    w = torch.full((1 << 16,), float(rank + 1), device=dev)
+    work = c.all_reduce(w, async_op=True)
+    work.wait()
+    out["async"] = w[0].item()
+    finalize(rank, name)
+    return out
+
+
+def cuda_timeout(rank, store, name):
+    """A stream-ordered op whose peer never comes: the call returns, the
+    stream moves on at the deadline (the comm is aborted), and the next op
+    raises CommTimeoutError."""
+    import torch
+    dev = torch.device("cuda", rank)
+    c = comm(rank, store, name, 2, "nccl", dev)
+    out = {}
+    if rank == 0:
+        x = torch.ones(1024, device=dev)
+        t0 = time.monotonic()
+        c.all_reduce(x, timeout=2)
+        out["call_s"] = time.monotonic() - t0
+        torch.cuda.current_stream().synchronize()
+        out["stream_free_s"] = time.monotonic() - t0
+        try:
+            c.all_reduce(x)
+            out["next"] = "ok"
+        except ftcomm.FtcommError as e:
+            out["next"] = type(e).__name__
+            out["timeout"] = isinstance(e, TimeoutError)
+        mark(store, name + "/done")
+    else:
+        wait_mark(store, name + "/done")
+    finalize(rank, name)
+    return out
+
+
+def cuda_memory(rank, store, name, ops=10_000):
+    import torch
+    dev = torch.device("cuda", rank)
+    c = comm(rank, store, name, 2, "nccl", dev)
+    x = torch.ones(1024, device=dev)
+    for _ in range(1000):
+        c.all_reduce(x, ReduceOp.MAX)
+    torch.cuda.synchronize(dev)
+    h0, rss0 = ftcomm.live_handles(), _rss()
+    t0 = time.monotonic()
+    for i in range(ops):
+        c.all_reduce(x, ReduceOp.MAX)
+    torch.cuda.synchronize(dev)
+    took = time.monotonic() - t0
+    rss1, h1 = _rss(), ftcomm.live_handles()
+    finalize(rank, name)
+    return rss1 - rss0, h1 - h0, took / ops
