@@ -44,7 +44,7 @@ def replica(args) -> None:
     F = args.fragments
     bounds = [flat.n * f // F for f in range(F + 1)]
     c = ftcomm.ft.Comm(job=args.job, group="r%d" % args.replica, backend="nccl" if cuda else "gloo", device=device,
-                       min_replicas=1, timeout=20, lease_ttl=2, heartbeat=1, log_level="error")
+                       min_replicas=1, timeout=20, lease_ttl=2, heartbeat=1, gossip=args.gossip, log_level="error")
     c.register("global", glob)
     c.register("momentum", mom)
     common.emit(ready=True, params=flat.n)
@@ -116,7 +116,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--replicas", type=int, default=2)
-    ap.add_argument("--syncs", type=int, default=60, help="committed syncs (ft steps)")
+    ap.add_argument("--syncs", type=int, default=None, help="committed syncs, ft steps (60 CPU, 150 CUDA)")
     ap.add_argument("--H", type=int, default=20, help="inner steps between syncs of one fragment")
     ap.add_argument("--fragments", type=int, default=2, help="F: Streaming DiLoCo fragments (1: plain DiLoCo)")
     ap.add_argument("--tau", type=int, default=1, help="inner steps overlapped with each exchange")
@@ -125,7 +125,8 @@ def main() -> None:
     ap.add_argument("--outer-momentum", type=float, default=0.9)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--kill-at", type=float, default=0.5, help="kill the last replica after this fraction of the syncs (0: never)")
-    ap.add_argument("--restart-after", type=int, default=4, help="restart it after this many more syncs")
+    ap.add_argument("--restart-delay", type=float, default=0, help="seconds between the kill and the restart")
+    ap.add_argument("--no-gossip", dest="gossip", action="store_false", help="detect deaths without gossip")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--block", type=int, default=None)
     ap.add_argument("--layers", type=int, default=None)
@@ -140,7 +141,7 @@ def main() -> None:
     ap.add_argument("--job", default="diloco", help=argparse.SUPPRESS)
     args = ap.parse_args()
     cuda = args.device == "cuda"
-    for k, cpu, gpu in (("batch", 8, 32), ("block", 64, 128), ("layers", 2, 4), ("d", 64, 256)):
+    for k, cpu, gpu in (("syncs", 60, 150), ("batch", 8, 32), ("block", 64, 128), ("layers", 2, 4), ("d", 64, 256)):
         if getattr(args, k) is None:
             setattr(args, k, gpu if cuda else cpu)
     if not 0 <= args.tau < max(1, args.H // args.fragments):
@@ -151,8 +152,8 @@ def main() -> None:
 
     import ftcomm.coordinator
     os.makedirs(args.out, exist_ok=True)
-    passthrough = sys.argv[1:] + sum((["--" + k, str(getattr(args, k))] for k in ("batch", "block", "layers", "d")), [])
-    with ftcomm.coordinator.serve(join_timeout=2, log_level="off") as co:
+    passthrough = sys.argv[1:] + sum((["--" + k, str(getattr(args, k))] for k in ("syncs", "batch", "block", "layers", "d")), [])
+    with ftcomm.coordinator.serve(join_timeout=2, gossip=args.gossip, log_level="off") as co:
         env = common.replica_env({"FTCOMM_CREDENTIALS": co.credentials, "FTCOMM_SECRET": "diloco-example",
                                   "OMP_NUM_THREADS": "1"})
         cmd = [sys.executable, os.path.abspath(__file__)] + passthrough
@@ -168,9 +169,16 @@ def main() -> None:
         for p in procs:
             p.send("go")
         victim, kill_sync = args.replicas - 1, int(args.syncs * args.kill_at)
-        killed = restarted = None
+        killed = restarted = r0_done = None
         vals, done, t0 = {}, set(), time.time()
         while len(done) < args.replicas:
+            if r0_done is not None and time.time() - r0_done > 60:
+                for i, p in enumerate(procs):  # joined too late to find anyone: stop it
+                    if i not in done:
+                        print("  replica %d still running after the job ended; stopping it" % i, flush=True)
+                        p.kill()
+                        done.add(i)
+                break
             for i, p in enumerate(procs):
                 try:
                     m = p.q.get(timeout=0.05)
@@ -182,6 +190,8 @@ def main() -> None:
                     continue
                 if m.get("done"):
                     done.add(i)
+                    if i == 0:
+                        r0_done = time.time()
                     continue
                 for e in m.get("events", []):
                     if e["kind"] in ("healed", "reconfigured", "commit failed"):
@@ -191,15 +201,15 @@ def main() -> None:
                         vals[m["step"]] = m["val"]
                         print("  sync %d (fragment %d, %d inner steps): train %.3f, global model val %.3f, %d replicas" % (
                             m["step"], m["fragment"], m["inner"], m["loss"], m["val"], m["participants"]), flush=True)
-                    if killed and not restarted and m["step"] >= killed + args.restart_after:
-                        procs[victim] = start(victim)
-                        procs[victim].send("go")
-                        restarted = m["step"]
-                        print("  replica %d restarted at sync %d" % (victim, m["step"]), flush=True)
                 if args.kill_at and i == victim and not killed and m["committed"] and m["step"] >= kill_sync:
                     p.kill()
                     killed = m["step"]
                     print("  replica %d SIGKILLed after sync %d" % (victim, m["step"]), flush=True)
+                    time.sleep(args.restart_delay)  # the launcher's pace, not a synchronisation
+                    procs[victim] = start(victim)
+                    procs[victim].send("go")
+                    restarted = killed
+                    print("  replica %d restarted" % victim, flush=True)
         for p in procs:
             p.close()
     steps = sorted(vals)

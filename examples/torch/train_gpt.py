@@ -39,7 +39,8 @@ def replica(args) -> None:
     flat = common.Flat(model, device)
     opt = common.AdamW(flat.n, device, lr=args.lr)
     c = ftcomm.ft.Comm(job=args.job, group="r%d" % args.replica, backend="nccl" if cuda else "gloo", device=device,
-                       min_replicas=1, timeout=args.op_timeout, lease_ttl=2, heartbeat=1, log_level="error")
+                       min_replicas=1, timeout=args.op_timeout, lease_ttl=2, heartbeat=1, gossip=args.gossip,
+                       log_level="error")
     c.register("params", flat.params)
     c.register("adam.m", opt.m)
     c.register("adam.v", opt.v)
@@ -95,11 +96,20 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
         p.send("go")
     victim = args.replicas - 1
     kill_step = int(args.steps * args.kill_at)
-    res = {"loss": {}, "val": {}, "events": [], "kill_step": None, "restart_step": None}
-    killed_at = restarted = None
+    res = {"loss": {}, "val": {}, "events": [], "kill_step": None, "restart_step": None, "r0": []}
+    killed_at = restarted = r0_done = None
     done = set()
     t_start = time.time()
     while len(done) < args.replicas:
+        if r0_done is not None and time.time() - r0_done > 60:
+            # A replica still running a minute after the job ended (it
+            # joined too late to find anyone): stop it.
+            for i, p in enumerate(procs):
+                if i not in done:
+                    print("  %s: replica %d still running after the job ended; stopping it" % (job, i), flush=True)
+                    p.kill()
+                    done.add(i)
+            break
         for i, p in enumerate(procs):
             while True:
                 try:
@@ -112,35 +122,39 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
                     break
                 if m.get("done"):
                     done.add(i)
+                    if i == 0:
+                        r0_done = time.time()
                     continue
                 if "step" not in m:
                     continue
                 for e in m.get("events", []):
                     res["events"].append(dict(e, replica=i, step=m["step"], t=m["t"] - t_start))
                 if i == 0:
-                    res.setdefault("r0", []).append([m["step"], m["committed"], m["participants"], m["epoch"]])
-                if i == 0 and m["committed"]:
-                    res["loss"][m["step"]] = m["loss"]
-                    if "val" in m:
-                        res["val"][m["step"]] = m["val"]
-                    if killed_at is not None and "survivor_commit_s" not in res and m["step"] > res["kill_step"]:
-                        # The survivor's clock: when its commit returned.
-                        res["survivor_commit_s"] = m["t"] - killed_at
-                    if killed_at is not None and restarted is None and m["step"] >= res["kill_step"] + args.restart_after:
-                        procs[victim] = start(victim)
-                        procs[victim].send("go")
-                        restarted = time.time()
-                        res["restart_step"] = m["step"]
-                        print("  %s: replica %d restarted at step %d" % (job, victim, m["step"]), flush=True)
+                    res["r0"].append([m["step"], m["committed"], m["participants"], m["epoch"], round(m["t"] - t_start, 4)])
+                    if m["committed"]:
+                        res["loss"][m["step"]] = m["loss"]
+                        if "val" in m:
+                            res["val"][m["step"]] = m["val"]
+                        if killed_at is not None and "survivor_commit_s" not in res and m["participants"] < args.replicas:
+                            # The survivor's first commit without the dead
+                            # replica, on its own clock.
+                            res["survivor_commit_s"] = m["t"] - killed_at
+                    if m["committed"] and m["step"] % 250 == 0:
+                        print("  %s: step %d loss %.3f (%d replicas)%s" % (job, m["step"], m["loss"], m["participants"],
+                              "  val %.3f" % m["val"] if "val" in m else ""), flush=True)
                 if kill and i == victim and killed_at is None and m["committed"] and m["step"] >= kill_step:
                     p.kill()
                     killed_at = time.time()
                     res["kill_step"] = m["step"]
                     print("  %s: replica %d SIGKILLed after committing step %d" % (job, victim, m["step"]), flush=True)
+                    if args.restart_delay >= 0:
+                        time.sleep(args.restart_delay)  # the launcher's pace, not a synchronisation
+                        procs[victim] = start(victim)
+                        procs[victim].send("go")
+                        restarted = time.time()
+                        res["restart_step"] = max([x[0] for x in res["r0"]] or [0])
+                        print("  %s: replica %d restarted (%.1f s after the kill)" % (job, victim, restarted - killed_at), flush=True)
                     break
-                if i == 0 and m["committed"] and m["step"] % 50 == 0:
-                    print("  %s: step %d loss %.3f (%d replicas)%s" % (job, m["step"], m["loss"], m["participants"],
-                          "  val %.3f" % m["val"] if "val" in m else ""), flush=True)
     for p in procs:
         p.close()
     res["seconds"] = time.time() - t_start
@@ -172,15 +186,18 @@ def report(args, runs: dict, out_dir: str) -> None:
         a, b = runs["no failure"]["final_val"], f["final_val"]
         lines.append("difference: %+.2f %% (target: within 2 %%)" % (100 * (b - a) / a))
     if f and f["kill_step"] is not None:
-        lines.append("killed replica %d after step %d; survivor's next commit %.3f s after the kill; restarted at step %s" % (
-            args.replicas - 1, f["kill_step"], f.get("survivor_commit_s", float("nan")), f["restart_step"]))
+        alone = [x[0] for x in f["r0"] if x[1] and x[2] < args.replicas]
+        lines.append("killed replica %d after its step %d; the survivor's first commit without it %.3f s after the kill; "
+                     "restarted at once, it rejoined %d steps later (steps %d-%d had fewer replicas)" % (
+                         args.replicas - 1, f["kill_step"], f.get("survivor_commit_s", float("nan")), len(alone),
+                         min(alone, default=0), max(alone, default=0)))
         for e in f["events"]:
             if e["kind"] in ("healed", "reconfigured", "rolled back", "commit failed"):
                 lines.append("  r%d step %d: %s" % (e["replica"], e["step"], e["text"]))
     text = "\n".join(lines)
     with open(os.path.join(out_dir, "summary.txt"), "w") as fh:
         fh.write(text + "\n")
-        fh.write(json.dumps({k: {kk: vv for kk, vv in v.items() if kk not in ("loss",)} for k, v in runs.items()}) + "\n")
+        fh.write(json.dumps({k: {kk: vv for kk, vv in v.items() if kk not in ("loss", "r0")} for k, v in runs.items()}) + "\n")
     print(text)
     print("plot: %s" % os.path.join(out_dir, "loss.svg"))
 
@@ -189,9 +206,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--replicas", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=None, help="committed steps (default 300 on CPU, 600 on CUDA)")
+    ap.add_argument("--steps", type=int, default=None, help="committed steps (default 300 on CPU, 2500 on CUDA)")
     ap.add_argument("--kill-at", type=float, default=0.4, help="kill the last replica after this fraction of the steps")
-    ap.add_argument("--restart-after", type=int, default=30, help="restart it after the survivors commit this many steps")
+    ap.add_argument("--restart-delay", type=float, default=0, help="seconds between the kill and the restart (<0: never)")
+    ap.add_argument("--no-gossip", dest="gossip", action="store_false",
+                    help="detect deaths by lease expiry (2 s) and TCP errors only, not also by gossip (≈1 s)")
     ap.add_argument("--no-baseline", action="store_true", help="only the run with the failure")
     # Model and batch: small on CPU (2 shared cores train it in minutes),
     # larger on GPUs.
@@ -203,7 +222,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per replica")
-    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--eval-every", type=int, default=None, help="committed steps between evaluations (25 CPU, 100 CUDA)")
     ap.add_argument("--eval-batches", type=int, default=32, help="validation batches per evaluation (fixed)")
     ap.add_argument("--op-timeout", type=float, default=20)
     ap.add_argument("--corpus", default=common.repo_root(), help="a directory whose .go and .md files are the text")
@@ -213,7 +232,7 @@ def main() -> None:
     ap.add_argument("--job", default="gpt", help=argparse.SUPPRESS)
     args = ap.parse_args()
     cuda = args.device == "cuda"
-    for k, cpu, gpu in (("steps", 300, 600), ("batch", 8, 32), ("block", 64, 128), ("layers", 2, 4), ("d", 64, 256)):
+    for k, cpu, gpu in (("eval_every", 25, 100), ("steps", 300, 2500), ("batch", 8, 32), ("block", 64, 128), ("layers", 2, 4), ("d", 64, 256)):
         if getattr(args, k) is None:
             setattr(args, k, gpu if cuda else cpu)
     if args.replica is not None:
@@ -221,14 +240,14 @@ def main() -> None:
         return
     import ftcomm.coordinator
     args.passthrough = [a for a in sys.argv[1:]]
-    for k in ("steps", "batch", "block", "layers", "d"):
-        args.passthrough += ["--" + k, str(getattr(args, k))]
+    for k in ("steps", "batch", "block", "layers", "d", "eval_every"):
+        args.passthrough += ["--" + k.replace("_", "-"), str(getattr(args, k))]
     os.makedirs(args.out, exist_ok=True)
     runs = {}
     # join_timeout: a new quorum waits this long for live replicas that have
     # not asked yet, so a replica slowed down by a busy machine is not left
     # out of the first one.
-    with ftcomm.coordinator.serve(join_timeout=2, log_level="off") as co:
+    with ftcomm.coordinator.serve(join_timeout=2, gossip=args.gossip, log_level="off") as co:
         print("coordinator: %s (dashboard %s)" % (co.endpoints[0], co.dashboard), flush=True)
         if not args.no_baseline:
             print("job 1: no failure", flush=True)

@@ -132,21 +132,18 @@ def _device_index(device) -> Optional[int]:
     """The CUDA ordinal device names, None if it names no index."""
     if isinstance(device, int):
         return device
-    idx = getattr(device, "index", None)
-    if idx is not None:
-        return idx
-    if isinstance(device, str) and ":" in device:
-        return int(device.split(":", 1)[1])
-    return None
+    if isinstance(device, str):
+        return int(device.split(":", 1)[1]) if ":" in device else None
+    return getattr(device, "index", None)
 
 
 def _device_type(device) -> str:
-    t = getattr(device, "type", None)
-    if t is not None:
-        return t
     if isinstance(device, int):
         return "cuda"
-    return str(device).split(":", 1)[0]
+    if isinstance(device, str):
+        return device.split(":", 1)[0]
+    t = getattr(device, "type", None)
+    return t if t is not None else str(device).split(":", 1)[0]
 
 
 def _env_int(name: str) -> Optional[int]:
