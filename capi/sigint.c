@@ -14,11 +14,8 @@ static volatile int ft_wr = -1;
 static volatile pid_t ft_pid;
 
 static void ft_on_sigint(int sig, siginfo_t* info, void* uc) {
-	if (ft_wr >= 0 && getpid() == ft_pid) { // not in a forked child
-		char b = 1;
-		ssize_t r = write(ft_wr, &b, 1);
-		(void)r;
-	}
+	// The previous handler first: Python's marks the signal pending, so
+	// that the call Go is about to end finds it when it returns to Python.
 	if (ft_prev.sa_flags & SA_SIGINFO) {
 		if (ft_prev.sa_sigaction) ft_prev.sa_sigaction(sig, info, uc);
 	} else if (ft_prev.sa_handler == SIG_DFL) {
@@ -27,8 +24,14 @@ static void ft_on_sigint(int sig, siginfo_t* info, void* uc) {
 		dfl.sa_handler = SIG_DFL;
 		sigaction(sig, &dfl, NULL);
 		raise(sig);
+		return;
 	} else if (ft_prev.sa_handler != SIG_IGN && ft_prev.sa_handler) {
 		ft_prev.sa_handler(sig);
+	}
+	if (ft_wr >= 0 && getpid() == ft_pid) { // not in a forked child
+		char b = 1;
+		ssize_t r = write(ft_wr, &b, 1);
+		(void)r;
 	}
 }
 

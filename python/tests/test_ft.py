@@ -8,6 +8,7 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -22,8 +23,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class Replica:
     def __init__(self, group, env):
         self.group = group
+        # stderr to a file: a pipe nobody reads would block the replica
+        # once its logs filled it.
+        self.err = tempfile.TemporaryFile(mode="w+")
         self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "ft_replica.py"), group], env=env,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True)
         self.q = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         assert self.next(60).get("ready"), self.group
@@ -37,10 +41,14 @@ class Replica:
         try:
             v = self.q.get(timeout=timeout)
         except queue.Empty:
-            raise AssertionError("%s: no answer in %ss" % (self.group, timeout))
+            raise AssertionError("%s: no answer in %ss; its stderr:\n%s" % (self.group, timeout, self.stderr()))
         if v is None:
-            raise AssertionError("%s exited: %s" % (self.group, self.p.stderr.read()))
+            raise AssertionError("%s exited: %s" % (self.group, self.stderr()))
         return v
+
+    def stderr(self):
+        self.err.seek(0)
+        return self.err.read()[-4000:]
 
     def step(self):
         self.p.stdin.write("step\n")
