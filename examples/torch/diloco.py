@@ -108,6 +108,10 @@ def replica(args) -> None:
             out["val"] = common.evaluate(model, val, args.batch, args.block, device)
             flat.params.copy_(local)
         common.emit(**out)
+    # Wait for the others before leaving: a replica that leaves revokes
+    # the epoch, and a peer still in its last step would redo it alone.
+    common.emit(finished=True)
+    sys.stdin.readline()
     c.close()
     common.emit(done=True)
 
@@ -169,16 +173,18 @@ def main() -> None:
         for p in procs:
             p.send("go")
         victim, kill_sync = args.replicas - 1, int(args.syncs * args.kill_at)
-        killed = restarted = r0_done = None
-        vals, done, t0 = {}, set(), time.time()
+        killed = restarted = r0_done = first_finished = None
+        vals, done, finished, t0 = {}, set(), set(), time.time()
         while len(done) < args.replicas:
-            if r0_done is not None and time.time() - r0_done > 60:
-                for i, p in enumerate(procs):  # joined too late to find anyone: stop it
-                    if i not in done:
+            if first_finished is not None and time.time() - first_finished > 120:
+                for i, p in enumerate(procs):  # it could not rejoin: stop it, let the others leave
+                    if i not in finished and i not in done:
                         print("  replica %d still running after the job ended; stopping it" % i, flush=True)
                         p.kill()
                         done.add(i)
-                break
+                    else:
+                        p.send("exit")
+                first_finished = None
             for i, p in enumerate(procs):
                 try:
                     m = p.q.get(timeout=0.05)
@@ -187,6 +193,13 @@ def main() -> None:
                 if m is None:
                     if i != victim or not args.kill_at or restarted:
                         done.add(i)
+                    continue
+                if m.get("finished"):
+                    finished.add(i)
+                    first_finished = first_finished or time.time()
+                    if len(finished | done) == args.replicas:
+                        for q in procs:
+                            q.send("exit")
                     continue
                 if m.get("done"):
                     done.add(i)

@@ -72,6 +72,10 @@ def replica(args) -> None:
         if ok and args.replica == 0 and (c.committed_step % args.eval_every == 0 or c.committed_step == args.steps):
             out["val"] = common.evaluate(model, val, args.batch, args.block, device, args.eval_batches)
         common.emit(**out)
+    # Wait for the others before leaving: a replica that leaves revokes
+    # the epoch, and a peer still in its last step would redo it alone.
+    common.emit(finished=True)
+    sys.stdin.readline()
     c.close()
     common.emit(done=True)
 
@@ -97,19 +101,21 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
     victim = args.replicas - 1
     kill_step = int(args.steps * args.kill_at)
     res = {"loss": {}, "val": {}, "events": [], "kill_step": None, "restart_step": None, "r0": []}
-    killed_at = restarted = r0_done = None
-    done = set()
+    killed_at = restarted = r0_done = first_finished = None
+    done, finished = set(), set()
     t_start = time.time()
     while len(done) < args.replicas:
-        if r0_done is not None and time.time() - r0_done > 60:
-            # A replica still running a minute after the job ended (it
-            # joined too late to find anyone): stop it.
+        if first_finished is not None and time.time() - first_finished > 120:
+            # A replica still training two minutes after another finished
+            # (it could not rejoin): stop it, let the others leave.
             for i, p in enumerate(procs):
-                if i not in done:
+                if i not in finished and i not in done:
                     print("  %s: replica %d still running after the job ended; stopping it" % (job, i), flush=True)
                     p.kill()
                     done.add(i)
-            break
+                else:
+                    p.send("exit")
+            first_finished = None
         for i, p in enumerate(procs):
             while True:
                 try:
@@ -120,6 +126,13 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
                     if i != victim or not kill or restarted is not None:
                         done.add(i)
                     break
+                if m.get("finished"):
+                    finished.add(i)
+                    first_finished = first_finished or time.time()
+                    if len(finished | done) == args.replicas:
+                        for q in procs:
+                            q.send("exit")
+                    continue
                 if m.get("done"):
                     done.add(i)
                     if i == 0:
