@@ -179,16 +179,16 @@ func ftcomm_comm_new(backend *C.char, settings *C.char, store C.uint64_t, out *C
 		can := newCanceler()
 		ctx := can.enter()
 		defer can.leave()
-		init := 300 * time.Second
+		limit := 300 * time.Second
 		if o.Timeout > 0 {
-			init = o.Timeout
+			limit = o.Timeout
 		}
-		ctx, cancel := context.WithTimeout(ctx, init)
+		ctx, cancel := context.WithTimeout(ctx, limit)
 		defer cancel()
 		c, err := comm.New(ctx, b, o)
 		if err != nil {
 			can.release()
-			return err
+			return interrupted(ctx, err)
 		}
 		dev := -1
 		if c.Backend().Memory() == comm.DeviceMemory {
@@ -402,7 +402,7 @@ func ftcomm_comm_run(h C.uint64_t, desc C.uint64_t, ptr unsafe.Pointer, count C.
 		ctx := o.can.enter()
 		_, err = a.issue(ctx, o.c)
 		o.can.leave()
-		return err
+		return interrupted(ctx, err)
 	})
 }
 
@@ -434,7 +434,7 @@ func runOp(can *canceler, c *comm.Comm, a *opArgs, work *C.uint64_t) error {
 		ctx = nccl.WithStreamOrder(ctx, nccl.StreamOrder{Stream: a.stream})
 	}
 	_, err := a.issue(ctx, c)
-	return err
+	return interrupted(ctx, err)
 }
 
 // ftcomm_comm_loop runs a sync all-reduce of count elements of dtype at
@@ -523,7 +523,7 @@ func reconfigure(h C.uint64_t, timeoutNs C.int64_t, out *C.uint64_t, f func(ctx 
 		}
 		nc, err := f(ctx, o.c)
 		if err != nil {
-			return err
+			return interrupted(ctx, err)
 		}
 		*out = 0
 		if nc != nil {

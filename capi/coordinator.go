@@ -110,7 +110,7 @@ func ftcomm_coordinator_start(settings *C.char, out *C.uint64_t) C.int32_t {
 			if own {
 				os.RemoveAll(dir)
 			}
-			return err
+			return interrupted(ctx, err)
 		}
 		rctx, stop := context.WithCancel(context.Background())
 		o := &coordObj{srv: srv, stop: stop, done: make(chan error, 1), log: log,

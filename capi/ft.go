@@ -155,7 +155,7 @@ func ftcomm_ft_new(settings *C.char, out *C.uint64_t) C.int32_t {
 		c, err := ft.New(ctx, cfg)
 		if err != nil {
 			obj.can.release()
-			return err
+			return interrupted(ctx, err)
 		}
 		obj.c = c
 		*out = C.uint64_t(abi.put(obj))
@@ -191,7 +191,7 @@ func (f *ftObj) call(timeoutNs C.int64_t, fn func(ctx context.Context) error) er
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutNs))
 		defer cancel()
 	}
-	return fn(ctx)
+	return interrupted(ctx, fn(ctx))
 }
 
 // ftcomm_ft_step starts a step: joins the epoch's quorum, reconfigures,

@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -157,6 +158,15 @@ func (c *canceler) release() {
 	abi.intrMu.Lock()
 	delete(abi.intr, c)
 	abi.intrMu.Unlock()
+}
+
+// interrupted makes an error of a call whose ctx an interrupt cancelled
+// say so (ErrInterrupted), whatever the callee wrapped.
+func interrupted(ctx context.Context, err error) error {
+	if err != nil && !errors.Is(err, ErrInterrupted) && errors.Is(context.Cause(ctx), ErrInterrupted) {
+		return fmt.Errorf("%w: %w", ErrInterrupted, err)
+	}
+	return err
 }
 
 // interruptAll cancels every blocking call in progress; it returns how

@@ -75,7 +75,7 @@ func (s *storeObj) call(timeoutNs C.int64_t, f func(ctx context.Context) error) 
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutNs))
 		defer cancel()
 	}
-	return f(ctx)
+	return interrupted(ctx, f(ctx))
 }
 
 // ftcomm_store_set stores n bytes at val under key.

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+import ftcomm
 import ftcomm.coordinator
 from conftest import child_env, needs_torch
 
@@ -107,3 +108,25 @@ def test_kill_commit_restart_heal():
         finally:
             for r in reps:
                 r.stop()
+
+
+def test_interrupt_ends_a_step_waiting_for_its_quorum():
+    """A step that waits for a quorum (too few replicas) ends at once when
+    another thread calls ftcomm.interrupt()."""
+    import ftcomm.ft
+    with ftcomm.coordinator.serve(log_level="off") as co:
+        with ftcomm.ft.Comm(job="pytest-intr", group="r0", min_replicas=2, credentials=co.credentials,
+                            secret="s", log_level="off") as c:
+            def interrupt_when_blocked():
+                deadline = time.monotonic() + 30
+                while ftcomm._lib.blocked_calls() == 0 and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                ftcomm.interrupt()
+
+            t = threading.Thread(target=interrupt_when_blocked)
+            t.start()
+            t0 = time.monotonic()
+            with pytest.raises(ftcomm.InterruptedOpError):
+                c.step(timeout=60)
+            assert time.monotonic() - t0 < 30
+            t.join()
