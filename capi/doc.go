@@ -70,17 +70,29 @@
 //
 // The ABI keeps one package-level value (abi, in handles.go): the handle
 // table, the per-thread last errors and the interruptible calls. It is
-// the only package-global state, and unavoidable: C holds integers, so
-// the objects they name must live somewhere on the Go side. The signal
-// chain and its pipe are process-wide by nature (one SIGINT handler per
-// process); a goroutine reads that pipe from the first install until the
-// process exits. No handle shares anything with another beyond that.
+// unavoidable: C holds integers, so the objects they name must live
+// somewhere on the Go side. Two more things are process-wide by nature:
+// the signal chain and its pipe (one SIGINT handler per process; a
+// goroutine reads that pipe from the first install until the process
+// exits), and the loaded NCCL and CUDA runtime (ncclLibrary, opened by the
+// first nccl comm and shared by every later one, as the libraries are
+// never unloaded). No handle shares anything else with another.
+//
+// # Loading
+//
+// go-nvml (GPU health, through backends/nccl) leaves NVML's entry points
+// undefined until it dlopens libnvidia-ml; ctypes loads libraries with
+// RTLD_NOW, which refuses undefined symbols, so the library defines
+// stand-ins (nvml_stubs.c, go generate) that return "library not found".
+// A caller that loads libnvidia-ml.so.1 with RTLD_GLOBAL first (the Python
+// package does, where it exists) gets the real ones.
 //
 // # Failures
 //
 // A panic inside a call is recovered at the boundary and returned as
 // FTCOMM_ERR_INTERNAL with its stack in the message: a Go bug never
-// takes the Python process down. Logs go to stderr through zap at the
-// level the settings name ("log_level": debug, info, warn, error, off;
-// default warn).
+// takes the Python process down. Logs go to stderr through a zap logger
+// each handle builds from its settings ("log_level": debug, info, warn,
+// error, off; default $FTCOMM_LOG_LEVEL, else warn): a C caller cannot
+// pass a Go logger in.
 package main
