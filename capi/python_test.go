@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 )
@@ -34,7 +33,10 @@ func TestPython(t *testing.T) {
 		defer cancel()
 	}
 	lib := filepath.Join(t.TempDir(), "libftcomm.so")
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("building libftcomm.so needs the go command: %v", err)
+	}
 	build := exec.CommandContext(ctx, gobin, "build", "-buildmode=c-shared", "-o", lib, ".")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build -buildmode=c-shared: %v\n%s", err, out)
