@@ -42,7 +42,7 @@ type Comm struct {
 	mem     atomic.Pointer[memberRef]
 	snap    atomic.Pointer[snapshot]
 	step    atomic.Int64 // the committed step (it changes every step: not in snap)
-	d       *driver // the driver's own state; only its goroutine touches it
+	d       *driver      // the driver's own state; only its goroutine touches it
 	busy    atomic.Bool
 	started atomic.Bool // the first Step was called: Register is over
 	close   sync.Once

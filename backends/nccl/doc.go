@@ -156,6 +156,16 @@
 // is polled until it leaves ncclInProgress, as NCCL requires before the
 // next call; a blocking comm's call returns its result.
 //
+// An op whose ctx carries a StreamOrder (WithStreamOrder) is ordered with
+// a stream the caller owns, as torch.distributed orders collectives with
+// PyTorch's current stream: the comm's stream waits for the caller's work
+// so far (an event and cudaStreamWaitEvent), and unless Async the caller's
+// stream waits for the op, which then returns once enqueued (for the
+// collectives that are one NCCL call); the watchdog follows its
+// completion against its deadline and, past it, fails the comm with
+// comm.ErrTimeout and aborts its NCCL comms. The Python package uses it
+// for CUDA tensors; see StreamOrder.
+//
 // # Faults
 //
 // A peer's death does not make NCCL fail: the survivor's kernel waits for
