@@ -30,6 +30,7 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("%w (%w)", comm.ErrTimeout, peer), errPeerFailed, []string{"peer_failed", "timeout"}, []int{2}},
 		{fmt.Errorf("%w: %w", comm.ErrAborted, ErrInterrupted), errInterrupted, []string{"interrupted", "aborted"}, nil},
 		{&ft.RollbackError{FromStep: 3, ToStep: 4, Step: 4, Epoch: 7}, errRolledBack, []string{"rolled_back"}, nil},
+		{&ft.FinishedError{Final: 9, Step: 8}, errFinished, []string{"finished"}, nil},
 		{context.DeadlineExceeded, errTimeout, []string{"timeout"}, nil},
 		{ft.ErrClosed, errClosed, []string{"closed"}, nil},
 		{errors.New("something else"), errOther, []string{"other"}, nil},

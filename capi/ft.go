@@ -196,7 +196,8 @@ func (f *ftObj) call(timeoutNs C.int64_t, fn func(ctx context.Context) error) er
 
 // ftcomm_ft_step starts a step: joins the epoch's quorum, reconfigures,
 // heals if behind (ft.Comm.Step; interruptible). A rollback returns
-// FTCOMM_ERR_ROLLED_BACK with the step started (see ft.RollbackError).
+// FTCOMM_ERR_ROLLED_BACK with the step started (see ft.RollbackError);
+// FTCOMM_ERR_FINISHED says a replica ended the run (ft.FinishedError).
 //
 //export ftcomm_ft_step
 func ftcomm_ft_step(h C.uint64_t, timeoutNs C.int64_t) C.int32_t {
@@ -226,6 +227,21 @@ func ftcomm_ft_commit(h C.uint64_t, timeoutNs C.int64_t, ok *C.int32_t) C.int32_
 			}
 			return err
 		})
+	})
+}
+
+// ftcomm_ft_finish ends the run at this replica's committed step
+// (ft.Comm.Finish): the other replicas' next step fails with
+// FTCOMM_ERR_FINISHED. Free the handle after it.
+//
+//export ftcomm_ft_finish
+func ftcomm_ft_finish(h C.uint64_t, timeoutNs C.int64_t) C.int32_t {
+	return guard(func() error {
+		f, err := lookup[*ftObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		return f.call(timeoutNs, f.c.Finish)
 	})
 }
 

@@ -26,7 +26,8 @@ enum {
 	FTCOMM_ERR_ABORTED = -15,
 	FTCOMM_ERR_SHORT_BUFFER = -16,
 	FTCOMM_ERR_INTERNAL = -17,
-	FTCOMM_ERR_OTHER = -18
+	FTCOMM_ERR_OTHER = -18,
+	FTCOMM_ERR_FINISHED = -19
 };
 
 // Ops of ftcomm_comm_op and ftcomm_ft_op.
@@ -97,6 +98,7 @@ const (
 	errShortBuffer      = -16
 	errInternal         = -17
 	errOther            = -18
+	errFinished         = -19
 )
 
 // Sentinels of the ABI itself.
@@ -143,6 +145,7 @@ var kinds = []kind{
 	{errInvalidArgument, "invalid_argument", is(comm.ErrInvalidArgument)},
 	{errInterrupted, "interrupted", is(ErrInterrupted)},
 	{errRolledBack, "rolled_back", is(ft.ErrRolledBack)},
+	{errFinished, "finished", is(ft.ErrFinished)},
 	{errGroupDiverged, "group_diverged", is(ft.ErrGroupDiverged)},
 	{errPeerFailed, "peer_failed", is(comm.ErrPeerFailed)},
 	{errMismatch, "mismatch", is(comm.ErrMismatch)},
@@ -167,6 +170,12 @@ type errInfo struct {
 	Message  string    `json:"message"`
 	Ranks    []int     `json:"ranks,omitempty"`
 	Rollback *rollback `json:"rollback,omitempty"`
+	Finished *finished `json:"finished,omitempty"`
+}
+
+type finished struct {
+	Final int64 `json:"final"` // the run's last step
+	Step  int64 `json:"step"`  // this replica's committed step
 }
 
 type rollback struct {
@@ -192,6 +201,10 @@ func classify(err error) errInfo {
 	var rb *ft.RollbackError
 	if errors.As(err, &rb) {
 		info.Rollback = &rollback{FromStep: rb.FromStep, ToStep: rb.ToStep, Step: rb.Step, Epoch: rb.Epoch}
+	}
+	var fe *ft.FinishedError
+	if errors.As(err, &fe) {
+		info.Finished = &finished{Final: fe.Final, Step: fe.Step}
 	}
 	return info
 }

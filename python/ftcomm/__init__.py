@@ -38,6 +38,7 @@ from .errors import (
     PeerFailedError,
     RevokedError,
     RolledBackError,
+    FinishedError,
     TooManyCommitFailuresError,
 )
 from .store import Store
@@ -68,6 +69,6 @@ __all__ = [
     "new_comm", "nccl_info", "Communicator", "ReduceOp", "Work", "Store", "interrupt", "live_handles", "library_path",
     "errors", "FtcommError", "InvalidArgumentError", "InvalidTypeError", "CommTimeoutError", "RevokedError",
     "PeerFailedError", "MismatchError", "AbortedError", "ClosedError", "BackendUnavailableError",
-    "RolledBackError", "GroupDivergedError", "NotParticipatingError", "TooManyCommitFailuresError",
+    "RolledBackError", "FinishedError", "GroupDivergedError", "NotParticipatingError", "TooManyCommitFailuresError",
     "MembershipLostError", "BadHandleError", "InternalError", "InterruptedOpError", "ForkError",
 ]

@@ -79,6 +79,12 @@ class RolledBackError(FtcommError):
     Attributes ``from_step``, ``to_step``, ``step``, ``epoch``."""
 
 
+class FinishedError(FtcommError):
+    """A replica ended the run (ft.Comm.finish): no replica takes another
+    step. Attributes ``final`` (the run's last step) and ``step`` (this
+    replica's committed step). End the training loop and close."""
+
+
 class GroupDivergedError(FtcommError):
     """The replica group's shards stand at different steps (ft.ErrGroupDiverged)."""
 
@@ -117,6 +123,7 @@ _BY_KIND: Dict[str, Type[FtcommError]] = {
     "invalid_argument": InvalidArgumentError,
     "interrupted": InterruptedOpError,
     "rolled_back": RolledBackError,
+    "finished": FinishedError,
     "group_diverged": GroupDivergedError,
     "peer_failed": PeerFailedError,
     "mismatch": MismatchError,
@@ -169,5 +176,8 @@ def from_json(text: bytes, status: int) -> FtcommError:
     rb: Optional[dict] = info.get("rollback")
     if rb:
         extra = {"from_step": rb["from_step"], "to_step": rb["to_step"], "step": rb["step"], "epoch": rb["epoch"]}
+    fin: Optional[dict] = info.get("finished")
+    if fin:
+        extra = {"final": fin["final"], "step": fin["step"]}
     cls = _class_for(kinds)
     return cls(info.get("message", ""), kinds=kinds, ranks=info.get("ranks") or (), status=info.get("status", status), **extra)

@@ -158,7 +158,8 @@ class Comm:
     def step(self, timeout=None) -> None:
         """Start a step: join the epoch's quorum, reconfigure, heal if behind.
         Raises RolledBackError (with the step started) if this replica's
-        committed steps were rolled back."""
+        committed steps were rolled back, FinishedError once a replica
+        ended the run."""
         try:
             _lib.check(_lib.lib().ftcomm_ft_step(self._handle(), _lib.timeout_ns(timeout)))
         finally:
@@ -173,6 +174,13 @@ class Comm:
         finally:
             self._deliver()
         return bool(ok.value)
+
+    def finish(self, timeout=None) -> None:
+        """End the run at this replica's committed step: the other replicas'
+        next step() raises FinishedError instead of going on without it.
+        Call it when the training loop is done, between commit() and
+        step(), then close()."""
+        _lib.check(_lib.lib().ftcomm_ft_finish(self._handle(), _lib.timeout_ns(timeout)))
 
     def _op(self, kind: int, out, inp, op: int, root: int, async_op: bool, timeout, keep) -> FTWork:
         h = self._handle()
