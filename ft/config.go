@@ -86,8 +86,9 @@ type durableCommitter interface {
 // backend keeps device memory.
 const DefaultControlBackend = "gloo"
 
-// Config configures a Comm. Job, Group and Secret are required, and either
-// Coordinator or Membership.
+// Config configures a Comm. Job, Group and Secret are required, and a way
+// to the coordinator: Coordinator endpoints, a credentials file
+// (Credentials or $FTCOMM_CREDENTIALS), or a Membership.
 type Config struct {
 	Job   string // the training job
 	Group string // this replica group's id ("g3")

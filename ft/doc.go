@@ -99,7 +99,7 @@
 //     redone, and replicas that lose every holder of the job's newest step
 //     wait (EventWaiting) for a quorum that brings one back instead of
 //     redoing it. Cost: one etcd transaction per rank per step (see the
-//     README for the measured figure), and availability during such a
+//     docs/measurements.md for the measured figure), and availability during such a
 //     partition.
 //
 // TestPartitionProcesses cuts four replica processes apart in network

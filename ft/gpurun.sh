@@ -2,9 +2,9 @@
 # Builds ft's GPU tests into <main checkout>/.gpu/ftgpu (here) or runs them
 # (on the device machine, from the checkout root):
 #
-#   ft/gpurun.sh build /work/main      # here: ft.test and this script into /work/main/.gpu/ftgpu
-#   bash .gpu/ftgpu/gpurun.sh run      # there: one GPU (kind nvidia-h100-x1), carry [".gpu/ftgpu"]
-#   bash .gpu/ftgpu/gpurun.sh kill     # there: two or more GPUs (TestKillCycles over NCCL)
+#   ft/gpurun.sh build <checkout>      # here: ft.test and this script into <checkout>/.gpu/ftgpu
+#   bash .gpu/ftgpu/gpurun.sh run      # there, one GPU, from the checkout's copy
+#   bash .gpu/ftgpu/gpurun.sh kill     # there, two or more GPUs (TestKillCycles over NCCL)
 #
 # run: TestGPUFTOneReplica (ft with the NCCL data backend and one replica:
 # a one-rank NCCL comm beside a gloo control comm, a few steps on device

@@ -18,7 +18,7 @@ import (
 	"github.com/ftcomm/ftcomm/membership/memcoord"
 )
 
-// The partition of issue 14 item 1, in process and deterministic: at step
+// A partition in process and deterministic: at step
 // S the all-reduce completes everywhere, but only a and b commit it (c and
 // d's steps fail after the collective, as when a link is cut mid-way); a
 // and b are then cut off (the coordinator sees them unfit), c and d go on

@@ -239,7 +239,7 @@ func participantIDs(q membership.Quorum) []string {
 
 // TestPlanRandomHistories: no sequence of deaths, restarts, commit
 // failures, partial formations and late reports makes the ranks of one FT
-// comm choose differently (the failure of issue 14 item 2).
+// comm choose differently.
 func TestPlanRandomHistories(t *testing.T) {
 	for _, tc := range []struct{ groups, groupSize int }{{4, 1}, {3, 2}, {6, 1}} {
 		t.Run(fmt.Sprintf("%dx%d", tc.groups, tc.groupSize), func(t *testing.T) {
@@ -416,7 +416,7 @@ func TestDiverged(t *testing.T) {
 	}{
 		{"behind on the same history", hist(1, 1), 5, hist(1, 1, 9, 4), 0, 0, false},
 		{"nothing committed", nil, 0, hist(1, 1), 0, 0, false},
-		// The partition of issue 14 item 1: a and b committed step 6 in
+		// A partition: a and b committed step 6 in
 		// epoch 2 with 4 participants; c and d redid it in epoch 3.
 		{"same step, another epoch", hist(1, 1, 4, 2), 6, hist(1, 1, 4, 2, 6, 3), 6, 6, true},
 		{"redone and gone further", hist(1, 1, 4, 2), 6, hist(1, 1, 4, 2, 6, 3), 6, 6, true},
