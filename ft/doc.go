@@ -98,9 +98,8 @@
 //     step committed therefore owns it for the job: the step is never
 //     redone, and replicas that lose every holder of the job's newest step
 //     wait (EventWaiting) for a quorum that brings one back instead of
-//     redoing it. Cost: one etcd transaction per rank per step (see the
-//     docs/measurements.md for the measured figure), and availability during such a
-//     partition.
+//     redoing it. Cost: one etcd transaction per rank per step (measured
+//     in docs/measurements.md), and availability during such a partition.
 //
 // TestPartitionProcesses cuts four replica processes apart in network
 // namespaces mid-all-reduce, in both modes.
