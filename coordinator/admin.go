@@ -47,8 +47,13 @@ type MemberView struct {
 
 // JobView is a job's current state.
 type JobView struct {
-	Job         string                  `json:"job"`
-	Quorum      *membership.Quorum      `json:"quorum,omitempty"`
+	Job    string             `json:"job"`
+	Quorum *membership.Quorum `json:"quorum,omitempty"`
+	// Step is the highest step a live member reported. Members report
+	// their step with their heartbeats, so it trails the job by up to a
+	// heartbeat interval; the quorum's MaxStep is older still (the
+	// participants' reports when it formed).
+	Step        int64                   `json:"step"`
 	Members     []MemberView            `json:"members"`
 	Revocations []membership.Revocation `json:"revocations,omitempty"` // newest first
 }
@@ -143,6 +148,7 @@ func (a *Admin) Job(ctx context.Context, job string) (JobView, error) {
 		if json.Unmarshal(kv.Value, &r) != nil {
 			continue
 		}
+		v.Step = max(v.Step, r.Step)
 		mv := MemberView{MemberRecord: r, Incarnation: kv.CreateRevision, Rank: -1}
 		mv.MemberRecord.Incarnation = kv.CreateRevision
 		if v.Quorum != nil && v.Quorum.Includes(r.ID, kv.CreateRevision) {

@@ -123,9 +123,12 @@ func status(ctx context.Context, c statusConfig, w io.Writer) error {
 		return err
 	}
 	if q := d.Quorum; q != nil {
-		fmt.Fprintf(tw, "epoch %d\t%d participant(s), max step %d, %s: %s\n", q.Epoch, len(q.Participants), q.MaxStep, since(q.Created), q.Reason)
+		fmt.Fprintf(tw, "epoch %d\t%d participant(s), formed %s: %s\n", q.Epoch, len(q.Participants), since(q.Created), q.Reason)
 	} else {
 		fmt.Fprintln(tw, "no quorum yet")
+	}
+	if len(d.Members) > 0 {
+		fmt.Fprintf(tw, "step\t%d (the highest a member reported; members report with their heartbeats)\n", d.Step)
 	}
 	if d.Waiting != "" {
 		fmt.Fprintf(tw, "waiting\t%s\n", d.Waiting)

@@ -59,7 +59,7 @@ func TestAPI(t *testing.T) {
 		t.Fatalf("jobs %+v", jobs)
 	}
 	d := decode[JobDetail](t, lc.request(t, "GET", "/api/v1/jobs/llama", "", false), 200)
-	if d.Leader != "coord-a" || d.Quorum == nil || d.Quorum.Epoch != q.Epoch || len(d.Members) != 2 {
+	if d.Leader != "coord-a" || d.Quorum == nil || d.Quorum.Epoch != q.Epoch || len(d.Members) != 2 || d.Step != 17 {
 		t.Fatalf("job %+v", d)
 	}
 	var sawA bool
