@@ -109,7 +109,10 @@ type Config struct {
 	// (membership.LoadCredentials; `ftcoord serve` writes one); default
 	// $FTCOMM_CREDENTIALS. It gives the etcd endpoints when Coordinator
 	// is empty, TLS and identity unless EtcdTLS or EtcdUsername are set,
-	// the coordinators' quorum-verification keys and the gossip key.
+	// the coordinators' quorum-verification keys and the gossip key. With
+	// its endpoints, the Comm follows the file: when they all fail, it
+	// reads the file again and moves to the endpoints written there
+	// (membership.Credentials.Follow).
 	Credentials string
 	// Membership, if set, is used instead of registering through
 	// Coordinator; ft closes it in Close.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -60,6 +61,12 @@ func joinCoordinator(ctx context.Context, cfg Config, id, addr string) (Membersh
 	if err != nil {
 		return nil, fmt.Errorf("ft: connect to coordinator %v: %w", cfg.Coordinator, err)
 	}
+	if path := credentialsPath(cfg); creds != nil && len(cfg.Coordinator) == 0 {
+		// The endpoints come from the file: when they all fail, follow
+		// the file (a coordinator restarted elsewhere rewrites it). Exits
+		// when cli is closed.
+		go creds.Follow(cli.Ctx(), cli, path, cfg.Logger)
+	}
 	m, err := registerWhenFree(ctx, cfg, cli, id, addr)
 	if err != nil {
 		cli.Close()
@@ -67,6 +74,14 @@ func joinCoordinator(ctx context.Context, cfg Config, id, addr string) (Membersh
 	}
 	m.cli = cli
 	return m, nil
+}
+
+// credentialsPath is the credentials file Config names, or "".
+func credentialsPath(cfg Config) string {
+	if cfg.Credentials != "" {
+		return cfg.Credentials
+	}
+	return os.Getenv(membership.CredentialsEnv)
 }
 
 // registerWhenFree registers, waiting while a previous incarnation of this

@@ -47,7 +47,9 @@
 // password), quorum-verification keys, gossip key. LoadCredentials reads
 // it; the environment variable FTCOMM_CREDENTIALS (CredentialsEnv) names
 // it for ft.Config; Credentials.ClientConfig and ApplyMember configure a
-// client and a member from it.
+// client and a member from it, and Credentials.Follow moves a client whose
+// endpoints all fail to those the file names now (a coordinator restarted
+// elsewhere rewrites it).
 //
 // # Member lifecycle (what ft.Comm does)
 //

@@ -26,8 +26,15 @@
 // milliseconds, members and watches attached or not): it resigns
 // leadership (a standby takes over at once), finishes HTTP requests and
 // stops its embedded etcd, ending clients' streams first. Restarted on the
-// same data directory faster than the members' lease TTL, it costs no
-// epoch: leases live in etcd's data, and members reconnect within 0.5 s.
+// same data directory, the embedded etcd listens where it did (the ports
+// of the first start are kept in <data-dir>/ftcomm-addresses.json; the
+// trainers' credentials name them); if another process took its client
+// port meanwhile, ftcoord says so and exits with status 1 rather than
+// move. A restart faster than the members' lease TTL costs no epoch:
+// leases live in etcd's data, and members reconnect within 0.5 s. When
+// the endpoints do change (-etcd-client-addr, -etcd-advertise-addr), a
+// trainer whose endpoints all fail reads its credentials file again and
+// moves to the ones it names.
 // At start an instance waits up to 30 s for an external etcd that does not
 // answer yet (logging each retry); wrong credentials fail it at once.
 //
