@@ -8,7 +8,7 @@
 //     each job's membership.Machine.
 //   - Admin: reads and manages jobs through etcd directly, on any
 //     instance, leader or not (the ftcoord API uses it): jobs, quorum,
-//     history, Evict.
+//     history, Evict, NewRun (a new run of a job: membership.StartRun).
 //   - QuorumSigner and Secrets (LoadOrCreateSecrets): the key that lets
 //     members trust quorums, and the keys every coordinator of a root
 //     shares.
@@ -29,7 +29,9 @@
 // (fenced), so a restarted process can register at once. A member that a peer blames for a failed
 // collective is dialled at its address, and removed at once if the port
 // refuses connections. Config.EvictKeepOut (default DefaultEvictKeepOut)
-// keeps an evicted member out for a while.
+// keeps an evicted member out for a while. Members that wait for a
+// holder of a step the job committed (MemberRecord.WaitingFor) are logged
+// and counted (ftcomm_coordinator_waiting_members).
 //
 // With Config.QuorumSigner every quorum carries an ed25519 signature over
 // its canonical bytes (membership.CanonicalQuorum); a member with the

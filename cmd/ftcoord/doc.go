@@ -5,6 +5,7 @@
 //	ftcoord serve                          # embedded single-node etcd in ./ftcoord-data, secured
 //	ftcoord serve -etcd h1:2379,h2:2379    # an external etcd cluster; run several for failover
 //	ftcoord status -addr http://host:8080 [-job J]
+//	ftcoord job new-run [-run ID] J        # a new run of job J: its trainers start from step 0
 //	ftcoord credentials                    # print the trainers' credentials file serve wrote
 //	ftcoord version                        # or --version: version, revision, Go, platform
 //	ftcoord certs | secrets | etcd-init    # set up an external etcd: CA and certificates, shared keys, users/roles/auth
@@ -102,20 +103,26 @@
 //	GET  /api/v1/jobs/{job}/quorum               current quorum (404 when none)
 //	GET  /api/v1/jobs/{job}/history?limit=N      past quorums, newest first
 //	POST /api/v1/jobs/{job}/members/{id}/evict   body optional: {"by": …, "reason": …, "keepOut": "10m"}
+//	POST /api/v1/jobs/{job}/runs                 a new run; body optional: {"run": id, "by": …}
 //
 // An evicted member may not register again for -evict-keep-out (default
 // 1m; a request's "keepOut" overrides, "0s": not kept out); the answer
 // gives "keptOutUntil", and the member's Join fails with
-// membership.KeptOutError saying until when. Lease ids are JSON strings
-// (they exceed 2^53). Errors are {"error": "…"} with 400 (bad input), 401
-// (token), 404 (no such job, member or endpoint), 405 with an Allow header
-// (a known path, another method), 413 (a body over 64 KiB) or 503 (etcd
-// unavailable). Each connection is cut after 5 s without its headers, 30 s
+// membership.KeptOutError saying until when. A new run (`ftcoord job
+// new-run`) becomes the job's current run and clears its commit records,
+// so that trainers with an empty ft.Config.Run begin it from step 0; it is
+// refused while the job has live members, or for an id the job used
+// before. `ftcoord status -job` names the run and the members that wait
+// for a holder of a committed step (ft's DurableCommit), with why. Lease
+// ids are JSON strings (they exceed 2^53). Errors are {"error": "…"} with
+// 400 (bad input), 401 (token), 404 (no such job, member or endpoint),
+// 405 with an Allow header (a known path, another method), 409 (a new run
+// refused), 413 (a body over 64 KiB) or 503 (etcd unavailable). Each connection is cut after 5 s without its headers, 30 s
 // without its body or without reading the answer, 60 s idle.
 //
 // Metrics name a job with the label ftcomm_job (not "job", which
 // Prometheus sets to the scrape job and would rename to exported_job):
-// ftcomm_coordinator_{epoch,members,participants}{ftcomm_job},
+// ftcomm_coordinator_{epoch,members,participants,waiting_members}{ftcomm_job},
 // ftcomm_coordinator_{quorums,joins,foreign_quorum_writes}_total{ftcomm_job},
 // ftcomm_coordinator_removals_total{ftcomm_job,cause},
 // ftcomm_coordinator_{leader,jobs,gossip_alive},

@@ -57,3 +57,19 @@ func TestStatusJobStepIsTheMembers(t *testing.T) {
 		t.Fatalf("status:\n%s", out)
 	}
 }
+
+// A member that waits for a holder of a committed step shows as waiting,
+// with why; the job's run is named.
+func TestStatusJobShowsWaitsAndRun(t *testing.T) {
+	q := &membership.Quorum{Job: "demo", Epoch: 4, Created: time.Now(), Participants: []membership.Participant{{ID: "a.0"}}}
+	w := coordinator.MemberView{MemberRecord: membership.MemberRecord{ID: "a.0", Step: 5, WaitingFor: 7,
+		Waiting: "step 7 was committed by epoch 2; no participant holds it (the participants hold 5)"}}
+	run := &membership.RunRecord{ID: "r2", Started: time.Now(), By: "ops"}
+	out := statusOf(t, fakeAPI(t, server.JobDetail{JobView: coordinator.JobView{Job: "demo", Quorum: q, Step: 5, Run: run,
+		Members: []coordinator.MemberView{w}, WaitingMembers: []string{"a.0"}}}))
+	for _, re := range []string{`(?m)^run\s+r2, started .* by ops$`, `(?m)^a\.0 waits\s+for a holder of step 7: step 7 was committed by epoch 2`, `(?m)^a\.0\s+0\s+waiting\s`} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("status lacks %s:\n%s", re, out)
+		}
+	}
+}
