@@ -149,6 +149,18 @@ type Config struct {
 	// CPUs, 2–8).
 	HealChunkSize, HealStreams int
 
+	// Run names the run of the job this replica takes part in: one
+	// training from step 0 (membership.RunRecord). Empty: the job's
+	// current run, whichever it is — what a replica restarted into a
+	// running job wants. A Run the job has not used yet starts a new run
+	// (its commit records cleared) as soon as the job has no live member
+	// (replicas of the previous run still registered are waited for, up
+	// to three lease TTLs); a Run the job used before fails New with a
+	// *membership.RunEndedError. Give every replica of one launch the
+	// same new id (a launcher's job id, say); or leave it empty and start
+	// the run with `ftcoord job new-run`.
+	Run string
+
 	// DurableCommit records every committed step in etcd before Commit
 	// returns true (one transaction per rank per step): a step one replica
 	// reports committed is then never redone by another epoch, even across
@@ -182,6 +194,8 @@ func (c *Config) Validate() error {
 		return bad("job %q: want 1–128 of [A-Za-z0-9._-]", c.Job)
 	case !membership.ValidName(c.Group):
 		return bad("group %q: want 1–128 of [A-Za-z0-9._-]", c.Group)
+	case c.Run != "" && !membership.ValidName(c.Run):
+		return bad("run %q: want 1–128 of [A-Za-z0-9._-]", c.Run)
 	case c.GroupSize < 0 || c.GroupRank < 0 || (c.GroupSize > 0 && c.GroupRank >= c.GroupSize) || (c.GroupSize == 0 && c.GroupRank > 0):
 		return bad("group rank %d outside [0, %d)", c.GroupRank, max(c.GroupSize, 1))
 	case c.Membership == nil && len(c.Coordinator) == 0 && c.Credentials == "" && os.Getenv(membership.CredentialsEnv) == "":

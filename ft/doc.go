@@ -98,11 +98,27 @@
 //     step committed therefore owns it for the job: the step is never
 //     redone, and replicas that lose every holder of the job's newest step
 //     wait (EventWaiting) for a quorum that brings one back instead of
-//     redoing it. Cost: one etcd transaction per rank per step (measured
-//     in docs/measurements.md), and availability during such a partition.
+//     redoing it; a waiting replica says so to the coordinator (`ftcoord
+//     status`, the dashboard, ftcomm_coordinator_waiting_members). The
+//     records are the job's current run's (below): replicas none of which
+//     holds any step, facing records of their run, fail at once with a
+//     *StaleRunError — no wait could end. Cost: one etcd transaction per
+//     rank per step (measured in docs/measurements.md), and availability
+//     during such a partition.
 //
 // TestPartitionProcesses cuts four replica processes apart in network
 // namespaces mid-all-reduce, in both modes.
+//
+// # Runs
+//
+// A run is one training of a job from step 0, recorded with the job
+// (membership.RunRecord). A replica with an empty Config.Run joins the
+// job's current run (a restarted replica heals into it); a Config.Run the
+// job has not used starts a new run once the previous run's replicas are
+// gone (`ftcoord job new-run <job>` does it from outside). A new run
+// starts with no commit records; a replica whose registration was lost
+// registers again only in its own run, and Step fails with
+// ErrMembershipLost (errors.Is membership.ErrRunEnded) once that ended.
 //
 // # Replica groups (HSDP)
 //

@@ -288,6 +288,15 @@ func (d *driver) exec(a action) {
 			}
 			return nil
 		})
+	case reportWaiting:
+		d.report("reporting the wait", func(ctx context.Context, m Membership) error {
+			if w, ok := m.(interface {
+				SetWaiting(context.Context, int64, string) error
+			}); ok {
+				return w.SetWaiting(ctx, a.step, a.reason)
+			}
+			return nil
+		})
 	case forgetRendezvous:
 		prefix := d.prefix(a.dim)
 		d.report("deleting old rendezvous keys", func(ctx context.Context, m Membership) error {
@@ -451,12 +460,23 @@ func (d *driver) registrationEnded() {
 		var nm *etcdMember
 		err := backoff.Retry(func() error {
 			var err error
-			nm, err = register(ctx, d.cfg, em.cli, d.c.id, d.c.server.Addr())
+			nm, err = em.registerAgain(ctx, d.cfg, d.c.id, d.c.server.Addr())
+			if errors.Is(err, membership.ErrRunEnded) {
+				return backoff.Permanent(err) // its state is of a run that is over
+			}
 			if err != nil {
 				d.log.Warn("registering again", zap.Error(err))
 			}
 			return err
 		}, backoff.WithContext(b, ctx))
+		if errors.Is(err, membership.ErrRunEnded) {
+			d.log.Error("cannot register again", zap.Error(err))
+			select {
+			case d.c.in <- membershipLost{err: err}:
+			case <-d.c.done:
+			}
+			return
+		}
 		if err != nil {
 			return // closing
 		}

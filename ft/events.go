@@ -159,3 +159,30 @@ func (e *FinishedError) Error() string {
 }
 
 func (e *FinishedError) Unwrap() error { return ErrFinished }
+
+// ErrStaleRun is matched by a *StaleRunError.
+var ErrStaleRun = errors.New("ft: the job's run recorded steps no replica holds")
+
+// StaleRunError is what Step returns, with DurableCommit, when the job's
+// run has recorded commits up to Step (committed by Epoch) while no
+// participant of this replica's epoch holds any committed state: every
+// one starts from step 0. Waiting for a holder of Step, as replicas that
+// hold older steps do (EventWaiting), could not end unless replicas of
+// the run that hold it come back. It is most likely a new run of a job
+// whose earlier run recorded its steps: start one (Config.Run set to a
+// new id, or `ftcoord job new-run <job>`). Step keeps returning it.
+type StaleRunError struct {
+	Step  int64  // the job's newest recorded step
+	Epoch uint64 // the epoch that committed it
+	By    string // the member that recorded it
+	At    time.Time
+}
+
+func (e *StaleRunError) Error() string {
+	return fmt.Sprintf("ft: the job's run has committed steps up to %d (epoch %d, recorded by %s at %s), and no participant of this epoch holds any step: "+
+		"no replica can continue the run. If this is a new run of the job, start one: set ft.Config.Run to a new id, "+
+		"or run `ftcoord job new-run <job>`; if replicas that hold step %d are coming back, start this one after them",
+		e.Step, e.Epoch, e.By, e.At.UTC().Format(time.RFC3339), e.Step)
+}
+
+func (e *StaleRunError) Unwrap() error { return ErrStaleRun }

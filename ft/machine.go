@@ -240,7 +240,13 @@ type (
 		reason string
 		blamed []string
 	}
-	reportHeartbeat  struct{}
+	reportHeartbeat struct{}
+	// reportWaiting: the rank waits for a holder of the job's committed
+	// step (the coordinator shows it); step 0: it does not any more.
+	reportWaiting struct {
+		step   int64
+		reason string
+	}
 	forgetRendezvous struct {
 		dim   dim
 		epoch uint64
@@ -281,6 +287,7 @@ func (reportFormed) isAction()     {}
 func (reportFailure) isAction()    {}
 func (revokeEpoch) isAction()      {}
 func (reportHeartbeat) isAction()  {}
+func (reportWaiting) isAction()    {}
 func (forgetRendezvous) isAction() {}
 func (setStep) isAction()          {}
 func (emit) isAction()             {}
@@ -420,7 +427,7 @@ func (m *machine) handle(now time.Time, in input) []action {
 	case reregistered:
 		m.inc = in.inc
 	case membershipLost:
-		m.lost = fmt.Errorf("%w: %v", ErrMembershipLost, in.err)
+		m.lost = fmt.Errorf("%w: %w", ErrMembershipLost, in.err)
 	case stepCalled:
 		m.stepWaiting, m.gaveUp = true, nil
 		m.inStep = false // a step that never reached Commit is abandoned
@@ -863,15 +870,27 @@ func (m *machine) onLastCommit(now time.Time, in lastCommitRead) {
 		return
 	}
 	if in.ok && in.rec.Step > m.agreed.Step {
+		if m.agreed.Step == 0 {
+			// No participant holds anything of the run: a wait could
+			// only end if replicas that hold it come back.
+			m.logf(true, "the job's run committed step %d (epoch %d), and no participant holds any step", in.rec.Step, in.rec.Epoch)
+			m.fatal = &StaleRunError{Step: in.rec.Step, Epoch: in.rec.Epoch, By: in.rec.By, At: in.rec.At}
+			return
+		}
 		if m.waitingFor != in.rec.Step {
 			m.waitingFor = in.rec.Step
+			reason := fmt.Sprintf("step %d was committed by epoch %d; no participant holds it", in.rec.Step, in.rec.Epoch)
 			m.logf(true, "the job committed step %d (epoch %d), which no participant holds (they hold %d); waiting for a quorum with one of its replicas",
 				in.rec.Step, in.rec.Epoch, m.agreed.Step)
-			m.emit(Event{Kind: EventWaiting, Epoch: m.epoch,
-				Reason: fmt.Sprintf("step %d was committed by epoch %d; no participant holds it", in.rec.Step, in.rec.Epoch)})
+			m.emit(Event{Kind: EventWaiting, Epoch: m.epoch, Reason: reason})
+			m.do(reportWaiting{step: in.rec.Step, reason: reason + fmt.Sprintf(" (the participants hold %d)", m.agreed.Step)})
 		}
 		m.failReconfig(now, errHolderAbsent, in)
 		return
+	}
+	if m.waitingFor != 0 {
+		m.waitingFor = 0
+		m.do(reportWaiting{}) // a participant holds the step now
 	}
 	m.afterAgreement(now)
 }
@@ -1229,6 +1248,11 @@ func describe(a action) string {
 		return fmt.Sprintf("revoke epoch e%d blame %s", a.epoch, strings.Join(a.blamed, ","))
 	case reportHeartbeat:
 		return "heartbeat"
+	case reportWaiting:
+		if a.step == 0 {
+			return "report not waiting"
+		}
+		return fmt.Sprintf("report waiting for step %d", a.step)
 	case forgetRendezvous:
 		return fmt.Sprintf("forget %s e%d", a.dim, a.epoch)
 	case setStep:

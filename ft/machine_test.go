@@ -34,7 +34,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of ft/tes
 //	formed ft|group [split] [err…]  the formation task answers
 //	failed ft|group E data|ctl|both err…   a comm broke (Comm.Broken)
 //	gathered S@E …                  the step records, in FT rank order
-//	lastcommit S@E | none           the durable commit record
+//	lastcommit S@E | none           the durable commit record (by c.0, now)
 //	healed E:S,… | healed err…      the heal (the sources' history: epoch:from)
 //	checked LO HI | checked err…    the group's step check
 //	voted yes|no | voted err…       the group's vote
@@ -188,6 +188,7 @@ func (s *machineScript) run(line string) []string {
 			st, ep, _ := strings.Cut(args[0], "@")
 			r.rec.Step, _ = strconv.ParseInt(st, 10, 64)
 			r.rec.Epoch, _ = strconv.ParseUint(ep, 10, 64)
+			r.rec.By, r.rec.At = "c.0", s.now
 			r.ok = true
 		}
 		in = r

@@ -55,6 +55,7 @@ type childEvent struct {
 	Participants int    `json:"participants"`
 	Hash         uint64 `json:"hash"`
 	UnixNano     int64  `json:"t"`
+	Err          string `json:"err,omitempty"` // kind "error": why Step failed
 }
 
 func runChild() int {
@@ -102,7 +103,7 @@ func runChild() int {
 	c, err := New(ctx, Config{Job: "proc", OnEvent: onEvent, Group: env("GROUP"), GroupRank: atoi("GROUP_RANK"), GroupSize: atoi("GROUP_SIZE"),
 		Coordinator: endpoints, Member: mc, Backend: backend, BackendConfig: bcfg, Device: atoi("DEVICE"),
 		ControlBackend: "gloo", ControlBackendConfig: gcfg, Secret: []byte("proc-secret"),
-		RecoveryAddr: net.JoinHostPort(host, "0"), DurableCommit: env("DURABLE") == "1",
+		RecoveryAddr: net.JoinHostPort(host, "0"), DurableCommit: env("DURABLE") == "1", Run: env("RUN"),
 		MinReplicas: 1, Timeout: 5 * time.Second, Logger: log.Named(env("GROUP"))})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child: new:", err)
@@ -142,6 +143,7 @@ func runChild() int {
 				Step: rb.Step, Epoch: rb.Epoch, UnixNano: time.Now().UnixNano()})
 		} else if err != nil {
 			fmt.Fprintln(os.Stderr, "child: step:", err)
+			out.Encode(childEvent{Kind: "error", ID: id, Pid: os.Getpid(), Err: err.Error(), UnixNano: time.Now().UnixNano()})
 			return 1
 		}
 		step := c.CommittedStep()
