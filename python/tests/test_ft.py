@@ -22,30 +22,36 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Replica:
-    def __init__(self, group, env):
+    """A replica process. Its step results go to the test's shared queue
+    (out): replicas step on their own, as training loops do, so that one
+    replica's reconfiguration never waits for another the test holds back."""
+
+    def __init__(self, group, env, out):
         self.group = group
+        self.out = out
         # stderr to a file: a pipe nobody reads would block the replica
         # once its logs filled it.
         self.err = tempfile.TemporaryFile(mode="w+")
         self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "ft_replica.py"), group], env=env,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True)
-        self.q = queue.Queue()
+        self.ready = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
-        assert self.next(60).get("ready"), self.group
+        try:
+            ok = self.ready.get(timeout=60)
+        except queue.Empty:
+            raise AssertionError("%s: not ready in 60s; its stderr:\n%s" % (group, self.stderr()))
+        assert ok, "%s exited: %s" % (group, self.stderr())
+        self.pending = False
 
     def _read(self):
         for line in self.p.stdout:
-            self.q.put(json.loads(line))
-        self.q.put(None)
-
-    def next(self, timeout=60):
-        try:
-            v = self.q.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError("%s: no answer in %ss; its stderr:\n%s" % (self.group, timeout, self.stderr()))
-        if v is None:
-            raise AssertionError("%s exited: %s" % (self.group, self.stderr()))
-        return v
+            msg = json.loads(line)
+            if msg.get("ready"):
+                self.ready.put(True)
+            else:
+                self.out.put((self, msg))
+        self.ready.put(False)
+        self.out.put((self, None))
 
     def stderr(self):
         self.err.seek(0)
@@ -54,6 +60,7 @@ class Replica:
     def step(self):
         self.p.stdin.write("step\n")
         self.p.stdin.flush()
+        self.pending = True
 
     def stop(self):
         if self.p.poll() is None:
@@ -68,41 +75,61 @@ class Replica:
                 self.p.wait()
 
 
-def steps(reps, until, limit=40):
-    """Step every replica until until(results) holds; returns the last results."""
-    for _ in range(limit):
+def steps(reps, out, until, seen, timeout=120):
+    """Keep every replica of reps stepping until until(latest results) holds;
+    returns the latest results. seen maps (step) -> state of every commit, and
+    a step committed with two states fails the test."""
+    latest = {r: None for r in reps}
+    deadline = time.monotonic() + timeout
+    while True:
         for r in reps:
-            r.step()
-        res = [r.next() for r in reps]
-        if until(res):
+            if not r.pending:
+                r.step()
+        try:
+            r, msg = out.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError("condition not reached in %ss: %s; stderr:\n%s" % (
+                timeout, [latest[r] for r in reps], "\n".join(r.group + ": " + r.stderr() for r in reps)))
+        if msg is None:
+            if r in latest:
+                raise AssertionError("%s exited: %s" % (r.group, r.stderr()))
+            continue  # a replica the test killed
+        r.pending = False
+        if r not in latest:
+            continue  # the answer of a replica no longer stepping here
+        latest[r] = msg
+        if msg["committed"]:
+            prev = seen.setdefault(msg["step"], msg["state"])
+            assert prev == msg["state"], "step %d committed with two states: %s" % (msg["step"], msg)
+        res = [latest[r] for r in reps]
+        if all(x is not None for x in res) and until(res):
             return res
-    raise AssertionError("condition not reached in %d steps: %s" % (limit, res))
 
 
 @needs_torch
 def test_kill_commit_restart_heal():
     with ftcomm.coordinator.serve(log_level="off") as co:
         env = child_env(FTCOMM_CREDENTIALS=co.credentials, FTCOMM_SECRET="pytest-secret")
-        reps = [Replica("r%d" % i, env) for i in range(3)]
+        out, seen = queue.Queue(), {}
+        reps = [Replica("r%d" % i, env, out) for i in range(3)]
         try:
             full = lambda res: all(x["committed"] and x["participants"] == 3 for x in res)
-            steps(reps, full)
+            steps(reps, out, full, seen)
             reps[2].p.send_signal(signal.SIGKILL)
             reps[2].p.wait()
             t0 = time.monotonic()
-            res = steps(reps[:2], lambda res: all(x["committed"] and x["participants"] == 2 for x in res))
+            steps(reps[:2], out, lambda res: all(x["committed"] and x["participants"] == 2 for x in res), seen)
             after_kill = time.monotonic() - t0
-            assert res[0]["state"] == res[1]["state"] and res[0]["step"] == res[1]["step"]
-            reps[2] = Replica("r2", env)
+            reps[2] = Replica("r2", env, out)
             healed = []
 
             def joined(res):
-                healed.extend("healed" in x["events"] for x in res[2:])
+                healed.append("healed" in res[2]["events"])
                 return full(res)
 
-            res = steps(reps, joined)
+            steps(reps, out, joined, seen)
             assert any(healed), "the restarted replica did not heal"
-            res = steps(reps, full)
+            res = steps(reps, out, lambda res: full(res) and len({x["step"] for x in res}) == 1, seen)
             assert len({(x["step"], x["state"]) for x in res}) == 1, res
             print("survivors committed %.2fs after the kill" % after_kill)
         finally:
