@@ -47,10 +47,20 @@ type MemberView struct {
 
 // JobView is a job's current state.
 type JobView struct {
-	Job         string                  `json:"job"`
-	Quorum      *membership.Quorum      `json:"quorum,omitempty"`
+	Job    string             `json:"job"`
+	Quorum *membership.Quorum `json:"quorum,omitempty"`
+	// Step is the highest step a live member reported. Members report
+	// their step with their heartbeats, so it trails the job by up to a
+	// heartbeat interval; the quorum's MaxStep is older still (the
+	// participants' reports when it formed).
+	Step int64 `json:"step"`
+	// Run is the job's current run (nil: the default run, "").
+	Run         *membership.RunRecord   `json:"run,omitempty"`
 	Members     []MemberView            `json:"members"`
 	Revocations []membership.Revocation `json:"revocations,omitempty"` // newest first
+	// WaitingMembers are the members that wait for a holder of a step
+	// the job committed (MemberRecord.WaitingFor), by id.
+	WaitingMembers []string `json:"waitingMembers,omitempty"`
 }
 
 // Jobs lists the jobs that have members or a quorum.
@@ -117,11 +127,18 @@ func (a *Admin) Job(ctx context.Context, job string) (JobView, error) {
 		clientv3.OpGet(a.keys.Members(job), clientv3.WithPrefix()),
 		clientv3.OpGet(a.keys.Revocations(job), clientv3.WithPrefix()),
 		clientv3.OpGet(a.keys.Quorum(job)),
+		clientv3.OpGet(a.keys.Run(job)),
 	).Commit()
 	if err != nil {
 		return JobView{}, fmt.Errorf("coordinator: read job %s: %w", job, ctxErr(ctx, err))
 	}
 	v := JobView{Job: job, Members: []MemberView{}}
+	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
+		var r membership.RunRecord
+		if json.Unmarshal(kv.Value, &r) == nil {
+			v.Run = &r
+		}
+	}
 	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
 		var q membership.Quorum
 		if json.Unmarshal(kv.Value, &q) == nil {
@@ -143,6 +160,10 @@ func (a *Admin) Job(ctx context.Context, job string) (JobView, error) {
 		if json.Unmarshal(kv.Value, &r) != nil {
 			continue
 		}
+		v.Step = max(v.Step, r.Step)
+		if r.WaitingFor > 0 {
+			v.WaitingMembers = append(v.WaitingMembers, r.ID)
+		}
 		mv := MemberView{MemberRecord: r, Incarnation: kv.CreateRevision, Rank: -1}
 		mv.MemberRecord.Incarnation = kv.CreateRevision
 		if v.Quorum != nil && v.Quorum.Includes(r.ID, kv.CreateRevision) {
@@ -151,10 +172,23 @@ func (a *Admin) Job(ctx context.Context, job string) (JobView, error) {
 		}
 		v.Members = append(v.Members, mv)
 	}
-	if len(v.Members) == 0 && v.Quorum == nil {
+	if len(v.Members) == 0 && v.Quorum == nil && v.Run == nil {
 		return v, fmt.Errorf("%w: job %q", ErrNotFound, job)
 	}
 	return v, nil
+}
+
+// NewRun starts a new run of a job (membership.StartRun): id, or a fresh
+// one when empty, becomes the job's current run and the job's commit
+// records are cleared, so that trainers started from step 0 can record
+// theirs. It fails with a *membership.RunBusyError while the job has live
+// members (stop or evict them first), and with a
+// *membership.RunEndedError for an id the job used before.
+func (a *Admin) NewRun(ctx context.Context, job, id, by string) (membership.RunRecord, error) {
+	if by == "" {
+		by = "operator"
+	}
+	return membership.StartRun(ctx, a.cli, a.keys.Root, job, id, by)
 }
 
 // History returns up to limit past quorums of a job, newest first.

@@ -512,6 +512,9 @@ type jobState struct {
 	dirty   bool
 	wakeAt  time.Time
 	waiting string
+	// stalled are the members that wait for a holder of a committed step
+	// (MemberRecord.WaitingFor), by id.
+	stalled map[string]bool
 }
 
 // foreignWrite is a write of a job's quorum key that no leader made.
@@ -673,6 +676,7 @@ func (l *leadership) loadQuorum(job string, kv *mvccpb.KeyValue, history []*mvcc
 // upsert applies a member record (or its eviction or leave).
 func (l *leadership) upsert(now time.Time, job string, r membership.MemberRecord) {
 	j := l.job(job)
+	l.noteStalled(job, j, r)
 	switch {
 	case r.Evicted != "":
 		l.remove(now, job, r.ID, r.Incarnation, "evicted by "+r.Evicted, "evicted")
@@ -718,6 +722,7 @@ func (l *leadership) remove(now time.Time, job, id string, inc int64, why, metri
 		return
 	}
 	delete(l.byNode, membership.GossipNodeName(job, id, old.Lease))
+	l.noteStalled(job, j, membership.MemberRecord{ID: id})
 	if metric == "lease" || metric == "gossip" {
 		j.m.Lapsed(now, id, old.Incarnation, why)
 	} else {
@@ -1053,6 +1058,7 @@ func (l *leadership) report(name string, j *jobState) {
 		l.c.metrics.participants.WithLabelValues(name).Set(float64(len(q.Participants)))
 	}
 	l.c.metrics.members.WithLabelValues(name).Set(float64(j.m.Len()))
+	l.c.metrics.stalled.WithLabelValues(name).Set(float64(len(j.stalled)))
 	l.c.mu.Lock()
 	l.c.status[name] = st
 	l.c.metrics.jobs.Set(float64(len(l.c.status)))
@@ -1139,6 +1145,7 @@ type coordMetrics struct {
 	members, epoch, participants *prometheus.GaugeVec
 	quorums, joins, removals     *prometheus.CounterVec
 	foreign                      *prometheus.CounterVec
+	stalled                      *prometheus.GaugeVec
 	publishSeconds               prometheus.Histogram
 }
 
@@ -1154,13 +1161,15 @@ func newCoordMetrics(reg prometheus.Registerer) (*coordMetrics, error) {
 		joins:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_joins_total", Help: "Member incarnations seen per job."}, []string{jobLabel}),
 		removals:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_removals_total", Help: "Members removed per job and cause (left, evicted, gossip, reported, lease)."}, []string{jobLabel, "cause"}),
 		foreign:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_foreign_quorum_writes_total", Help: "Writes of a job's quorum record by someone other than a coordinator (repaired at once)."}, []string{jobLabel}),
+		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_waiting_members",
+			Help: "Members per job that wait for a holder of a step the job committed (ft's DurableCommit), and cannot step meanwhile."}, []string{jobLabel}),
 		publishSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ftcomm_coordinator_publish_seconds", Help: "Latency of fenced quorum writes.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, col := range []prometheus.Collector{m.leader, m.jobs, m.gossipAlive, m.members, m.epoch, m.participants, m.quorums, m.joins, m.removals, m.foreign, m.publishSeconds} {
+	for _, col := range []prometheus.Collector{m.leader, m.jobs, m.gossipAlive, m.members, m.epoch, m.participants, m.quorums, m.joins, m.removals, m.foreign, m.stalled, m.publishSeconds} {
 		if err := reg.Register(col); err != nil {
 			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
 		}

@@ -8,7 +8,7 @@
 //     each job's membership.Machine.
 //   - Admin: reads and manages jobs through etcd directly, on any
 //     instance, leader or not (the ftcoord API uses it): jobs, quorum,
-//     history, Evict.
+//     history, Evict, NewRun (a new run of a job: membership.StartRun).
 //   - QuorumSigner and Secrets (LoadOrCreateSecrets): the key that lets
 //     members trust quorums, and the keys every coordinator of a root
 //     shares.
@@ -32,7 +32,9 @@
 // keeps an evicted member out for a while. A lease that expired or a
 // gossip death is a lapse (membership.Machine.Lapsed: the process may be
 // alive, as after an etcd outage, and come back holding the job's step);
-// a leave, an eviction or a closed port is not.
+// a leave, an eviction or a closed port is not. Members that wait for a
+// holder of a step the job committed (MemberRecord.WaitingFor) are logged
+// and counted (ftcomm_coordinator_waiting_members).
 //
 // With Config.QuorumSigner every quorum carries an ed25519 signature over
 // its canonical bytes (membership.CanonicalQuorum); a member with the

@@ -4,7 +4,11 @@
 //
 //   - Embedded (StartEmbedded): a single-member etcd server, by default on
 //     free loopback ports with a temporary data directory: for tests,
-//     tools and the default `ftcoord serve`. EmbeddedCluster
+//     tools and the default `ftcoord serve`. On a data directory of its
+//     own it listens, after a restart, on the ports of its last start
+//     (kept in <Dir>/ftcomm-addresses.json), so clients' endpoints stay
+//     valid; a kept client port that another process took fails the start
+//     (*KeptAddrInUseError). EmbeddedCluster
 //     (StartEmbeddedCluster) runs several members in one process, each of
 //     which can be stopped on its own.
 //   - EmbeddedConfig.Secure: etcd serves TLS and requires a client

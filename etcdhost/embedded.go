@@ -2,6 +2,7 @@ package etcdhost
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -42,8 +43,12 @@ type EmbeddedConfig struct {
 	// EtcdLogLevel is the lowest level of etcd's own logs passed on to
 	// Logger (default Warn: etcd is chatty at Info).
 	EtcdLogLevel zapcore.Level
-	// ClientAddr and PeerAddr are host:port to listen on. Empty: a free
-	// loopback port chosen by the OS.
+	// ClientAddr and PeerAddr are host:port to listen on. Empty: on
+	// loopback. Port 0: the port of the last start on Dir (kept in
+	// Dir/ftcomm-addresses.json, so that clients' endpoints stay valid
+	// across restarts), or a free port the OS chooses. A kept client port
+	// that another process took fails StartEmbedded with a
+	// *KeptAddrInUseError; a kept peer port is replaced.
 	ClientAddr, PeerAddr string
 	// InitialCluster ("name=http://host:port,…") and ClusterState ("new"
 	// or "existing") form a multi-member cluster; empty: a single-member
@@ -86,8 +91,9 @@ type EmbeddedConfig struct {
 	Root string
 }
 
-// DefaultEmbeddedConfig returns a single-member configuration on free
-// loopback ports with a temporary data directory and silent logs.
+// DefaultEmbeddedConfig returns a single-member configuration on
+// loopback ports (free ones at the first start on a data directory, the
+// same ones after) with a temporary data directory and silent logs.
 func DefaultEmbeddedConfig() EmbeddedConfig {
 	return EmbeddedConfig{
 		Name:                "ftcomm",
@@ -188,10 +194,13 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	}
 	cfg.fillDefaults()
 	// Ports we chose ourselves may be taken between our probe and etcd's
-	// bind; choose again in that case.
+	// bind; choose again in that case. A kept client port is not ours to
+	// change (trainers' credentials name it).
 	for attempt := 0; ; attempt++ {
 		e, err := startEmbeddedOnce(ctx, cfg)
-		if err == nil || attempt >= 4 || !errors.Is(err, syscall.EADDRINUSE) || fixedPort(cfg.ClientAddr) && fixedPort(cfg.PeerAddr) {
+		var kept *KeptAddrInUseError
+		if err == nil || attempt >= 4 || !errors.Is(err, syscall.EADDRINUSE) || errors.As(err, &kept) ||
+			fixedPort(cfg.ClientAddr) && fixedPort(cfg.PeerAddr) {
 			return e, err
 		}
 	}
@@ -199,27 +208,9 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 
 func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	m := &Embedded{cfg: cfg}
-	clientAddr, peerAddr := cfg.ClientAddr, cfg.PeerAddr
-	var err error
-	if clientAddr, err = freeAddr(clientAddr); err != nil {
-		return nil, err
-	}
-	if peerAddr, err = freeAddr(peerAddr); err != nil {
-		return nil, err
-	}
-	advertise := cfg.AdvertiseClientAddr
-	if advertise == "" {
-		advertise = clientAddr
-		if h, port, _ := net.SplitHostPort(clientAddr); net.ParseIP(h) != nil && net.ParseIP(h).IsUnspecified() {
-			name, err := os.Hostname()
-			if err != nil {
-				return nil, fmt.Errorf("etcdhost: embedded etcd: no AdvertiseClientAddr and no host name: %w", err)
-			}
-			advertise = net.JoinHostPort(name, port)
-		}
-	}
 	ec := embed.NewConfig()
 	ec.Name = cfg.Name
+	var err error
 	if cfg.Dir == "" {
 		if m.tempDir, err = os.MkdirTemp("", "ftcomm-etcd-"); err != nil {
 			return nil, fmt.Errorf("etcdhost: embedded etcd: %w", err)
@@ -233,6 +224,25 @@ func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, erro
 	if m.lock, err = lockDataDir(ec.Dir); err != nil {
 		m.removeTemp()
 		return nil, err
+	}
+	clientAddr, peerAddr, err := m.listenAddrs(ec.Dir)
+	if err != nil {
+		m.unlock()
+		m.removeTemp()
+		return nil, err
+	}
+	advertise := cfg.AdvertiseClientAddr
+	if advertise == "" {
+		advertise = clientAddr
+		if h, port, _ := net.SplitHostPort(clientAddr); net.ParseIP(h) != nil && net.ParseIP(h).IsUnspecified() {
+			name, err := os.Hostname()
+			if err != nil {
+				m.unlock()
+				m.removeTemp()
+				return nil, fmt.Errorf("etcdhost: embedded etcd: no AdvertiseClientAddr and no host name: %w", err)
+			}
+			advertise = net.JoinHostPort(name, port)
+		}
 	}
 	m.streams = newStreamCutter()
 	ec.GRPCAdditionalServerOptions = append(ec.GRPCAdditionalServerOptions, grpc.ChainStreamInterceptor(m.streams.intercept))
@@ -307,6 +317,12 @@ func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, erro
 				return nil, err
 			}
 		}
+		if cfg.Dir != "" {
+			if err := writeKeptAddrs(cfg.Dir, keptAddrs{Client: clientAddr, Peer: peerAddr}); err != nil {
+				m.Close()
+				return nil, err
+			}
+		}
 		return m, nil
 	case err := <-e.Err():
 		m.Close()
@@ -342,6 +358,107 @@ func (m *Embedded) configureAuth(ctx context.Context) error {
 	}
 	defer cli.Close()
 	return ConfigureAuth(ctx, cli, m.cfg.Root)
+}
+
+// keptAddrsFile, in a data directory, holds the addresses its etcd
+// listened on last, so that a restart listens there again.
+const keptAddrsFile = "ftcomm-addresses.json"
+
+type keptAddrs struct {
+	Client string `json:"client"`
+	Peer   string `json:"peer"`
+}
+
+func readKeptAddrs(dir string) (keptAddrs, error) {
+	var k keptAddrs
+	b, err := os.ReadFile(filepath.Join(dir, keptAddrsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return k, nil
+	}
+	if err == nil {
+		err = json.Unmarshal(b, &k)
+	}
+	if err != nil {
+		return k, fmt.Errorf("etcdhost: embedded etcd: the addresses kept in %s: %w (remove the file to choose new ones)", filepath.Join(dir, keptAddrsFile), err)
+	}
+	return k, nil
+}
+
+func writeKeptAddrs(dir string, k keptAddrs) error {
+	b, _ := json.MarshalIndent(k, "", "  ")
+	return writeFileAtomic(filepath.Join(dir, keptAddrsFile), append(b, '\n'), 0o600)
+}
+
+// KeptAddrInUseError is StartEmbedded's error when the client port the
+// data directory's etcd listened on before (and trainers' credentials
+// name) is taken by another process. errors.Is(err, syscall.EADDRINUSE)
+// holds.
+type KeptAddrInUseError struct {
+	Addr string // the address taken
+	File string // where it is kept
+	Err  error  // the listener's error
+}
+
+func (e *KeptAddrInUseError) Error() string {
+	return fmt.Sprintf("etcdhost: embedded etcd: its client address %s is in use by another process (%v). "+
+		"This data directory's etcd listened there before, and trainers' credentials name it, so it is kept (%s): "+
+		"stop that process, or give another client address (-etcd-client-addr) and hand trainers the credentials file written then",
+		e.Addr, e.Err, e.File)
+}
+
+func (e *KeptAddrInUseError) Unwrap() error { return e.Err }
+
+// listenAddrs resolves the configured client and peer addresses. A port
+// 0 takes the port kept from the last start on a data directory (with
+// the configured host), else a free one. A kept client port that is
+// taken fails with *KeptAddrInUseError; a kept peer port that is taken is
+// replaced (no client depends on it).
+func (m *Embedded) listenAddrs(dir string) (client, peer string, err error) {
+	var kept keptAddrs
+	if m.cfg.Dir != "" {
+		if kept, err = readKeptAddrs(dir); err != nil {
+			return "", "", err
+		}
+	}
+	reuse := func(addr, keptAddr string) (string, bool) {
+		if addr == "" {
+			addr = "127.0.0.1:0"
+		}
+		host, port, err := net.SplitHostPort(addr)
+		_, keptPort, kerr := net.SplitHostPort(keptAddr)
+		if err != nil || kerr != nil || port != "0" {
+			return addr, false
+		}
+		return net.JoinHostPort(host, keptPort), true
+	}
+	client, fromKept := reuse(m.cfg.ClientAddr, kept.Client)
+	if fromKept {
+		if err := probeListen(client); err != nil {
+			return "", "", &KeptAddrInUseError{Addr: client, File: filepath.Join(dir, keptAddrsFile), Err: err}
+		}
+	} else if client, err = freeAddr(client); err != nil {
+		return "", "", err
+	}
+	peer, fromKept = reuse(m.cfg.PeerAddr, kept.Peer)
+	if fromKept && probeListen(peer) != nil {
+		peer = m.cfg.PeerAddr
+		if m.cfg.Logger != nil {
+			m.cfg.Logger.Info("the embedded etcd's kept peer address is taken; choosing another", zap.String("kept", kept.Peer))
+		}
+	}
+	if peer, err = freeAddr(peer); err != nil {
+		return "", "", err
+	}
+	return client, peer, nil
+}
+
+// probeListen reports whether addr can be listened on now.
+func probeListen(addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	return l.Close()
 }
 
 // fixedPort reports whether addr names a port (not empty, not port 0).

@@ -3,6 +3,10 @@ package etcdhost
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,7 +42,7 @@ func TestEmbeddedRestartKeepsData(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatalf("second close: %v", err)
 	}
-	// Restarted on the same directory (on new free ports), the data is there.
+	// Restarted on the same directory, the data is there.
 	e2, err := StartEmbedded(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -51,6 +55,73 @@ func TestEmbeddedRestartKeepsData(t *testing.T) {
 	resp, err := cli2.Get(ctx, "/k")
 	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v" {
 		t.Fatalf("after restart: %v, %v", resp, err)
+	}
+}
+
+// An etcd restarted on its data directory listens where it did before
+// (trainers' credentials name its endpoint), secure or not; when another
+// process took its client port, it says so and does not move; an explicit
+// address moves it, and the next restart keeps that one.
+func TestEmbeddedRestartKeepsEndpoints(t *testing.T) {
+	for _, secure := range []bool{false, true} {
+		t.Run(fmt.Sprintf("secure=%v", secure), func(t *testing.T) {
+			ctx := testCtx(t, 60*time.Second)
+			cfg := DefaultEmbeddedConfig()
+			cfg.Dir, cfg.UnsafeNoFsync, cfg.Secure = t.TempDir(), true, secure
+			start := func() *Embedded {
+				t.Helper()
+				e, err := StartEmbedded(ctx, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return e
+			}
+			e := start()
+			first, peer := e.Endpoints()[0], e.PeerURL()
+			e.Close()
+			e = start()
+			if e.Endpoints()[0] != first || e.PeerURL() != peer {
+				t.Fatalf("restarted on %v (peer %s), before on %s (peer %s)", e.Endpoints(), e.PeerURL(), first, peer)
+			}
+			cli, err := e.Client()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cli.Get(ctx, membership.DefaultRoot+"/k"); err != nil {
+				t.Fatal(err)
+			}
+			e.Close()
+
+			l, err := net.Listen("tcp", first)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = StartEmbedded(ctx, cfg)
+			l.Close()
+			var taken *KeptAddrInUseError
+			if !errors.As(err, &taken) || !errors.Is(err, syscall.EADDRINUSE) || taken.Addr != first || !strings.Contains(err.Error(), "-etcd-client-addr") {
+				t.Fatalf("with its port taken: %v", err)
+			}
+
+			l, err = net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			other := l.Addr().String()
+			l.Close()
+			moved := cfg
+			moved.ClientAddr = other
+			e, err = StartEmbedded(ctx, moved)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.Close()
+			e = start()
+			defer e.Close()
+			if e.Endpoints()[0] != other {
+				t.Fatalf("after a move to %s, restarted on %v", other, e.Endpoints())
+			}
+		})
 	}
 }
 

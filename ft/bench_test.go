@@ -13,6 +13,7 @@ import (
 	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/membership/memcoord"
 )
 
 // benchReplicas runs n replicas of a one-float job in lockstep: every
@@ -99,12 +100,12 @@ func BenchmarkStepOverhead(b *testing.B) {
 		}
 	})
 	b.Run("ft-step", func(b *testing.B) {
-		coord := newFakeCoord("bench", membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second})
-		defer coord.close()
+		coord := memcoord.New("bench", membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second})
+		defer coord.Close()
 		cl := inproc.NewCluster()
 		var cs []*Comm
 		for _, g := range []string{"a", "b"}[:n] {
-			c, err := New(context.Background(), Config{Job: "bench", Group: g, Membership: coord.join(memberID(g, 0), 1),
+			c, err := New(context.Background(), Config{Job: "bench", Group: g, Membership: joinAs(coord, memberID(g, 0), 1),
 				Backend: "inproc", BackendConfig: cl, Secret: []byte("k"), MinReplicas: n, Logger: zap.NewNop()})
 			if err != nil {
 				b.Fatal(err)

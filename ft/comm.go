@@ -41,7 +41,8 @@ type Comm struct {
 	done    chan struct{} // closed when the driver has ended
 	mem     atomic.Pointer[memberRef]
 	snap    atomic.Pointer[snapshot]
-	d       *driver // the driver's own state; only its goroutine touches it
+	step    atomic.Int64 // the committed step (it changes every step: not in snap)
+	d       *driver      // the driver's own state; only its goroutine touches it
 	busy    atomic.Bool
 	started atomic.Bool // the first Step was called: Register is over
 	close   sync.Once
@@ -64,12 +65,11 @@ type Comm struct {
 // again).
 type memberRef struct{ m Membership }
 
-// snapshot is what readers on other goroutines see.
+// snapshot is what readers on other goroutines see (with step).
 type snapshot struct {
 	epoch        uint64
 	rank         int
 	participants int
-	step         int64
 	group        *comm.Comm
 }
 
@@ -362,6 +362,20 @@ func (c *Comm) AllToAll(ctx context.Context, out, in comm.Tensor) *comm.Work {
 	return c.forward(func(x *comm.Comm) *comm.Work { return x.AllToAllAsync(ctx, out, in) })
 }
 
+// Finish ends the run at this replica's committed step: the coordinator
+// publishes it as the run's end (membership.Quorum.Final), so that every
+// other replica's Step returns a *FinishedError (ErrFinished) rather than
+// go on without it or redo a step it will never take again. Call it when
+// the training loop is done (every replica of a job normally stops at the
+// same step), between Commit and Step, then Close.
+func (c *Comm) Finish(ctx context.Context) error {
+	if err := c.member().Finish(ctx, c.CommittedStep()); err != nil {
+		return fmt.Errorf("ft: finish: %w", err)
+	}
+	c.log.Info("finished the run", zap.Int64("step", c.CommittedStep()))
+	return nil
+}
+
 // ReportHealth tells the coordinator this replica's health. A device monitor
 // calls it with membership.Critical on a fatal fault (a GPU XID, say) so the
 // replica leaves the quorum before it hangs its peers' collectives; the
@@ -394,7 +408,7 @@ func (c *Comm) Rank() int { return c.snap.Load().rank }
 
 // CommittedStep is the number of steps this replica has committed (or
 // healed to).
-func (c *Comm) CommittedStep() int64 { return c.snap.Load().step }
+func (c *Comm) CommittedStep() int64 { return c.step.Load() }
 
 // Close leaves the job, closes the comms and the recovery server, and stops
 // the Comm's goroutines. With a device data backend it then waits until

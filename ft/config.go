@@ -60,6 +60,9 @@ type Membership interface {
 	// SetHealth reports this member's health now; Critical takes it out
 	// of the next quorum.
 	SetHealth(ctx context.Context, h membership.Health, reason string) error
+	// Finish records that this member's training loop ended the run at
+	// step: the coordinator publishes the run's end (Quorum.Final).
+	Finish(ctx context.Context, step int64) error
 	// ReportFormed tells the coordinator now that this member holds what
 	// epoch asked of it (its comms, or none when it sat out); the next
 	// quorum's Base depends on it (membership.Quorum.Base).
@@ -83,8 +86,9 @@ type durableCommitter interface {
 // backend keeps device memory.
 const DefaultControlBackend = "gloo"
 
-// Config configures a Comm. Job, Group and Secret are required, and either
-// Coordinator or Membership.
+// Config configures a Comm. Job, Group and Secret are required, and a way
+// to the coordinator: Coordinator endpoints, a credentials file
+// (Credentials or $FTCOMM_CREDENTIALS), or a Membership.
 type Config struct {
 	Job   string // the training job
 	Group string // this replica group's id ("g3")
@@ -105,7 +109,10 @@ type Config struct {
 	// (membership.LoadCredentials; `ftcoord serve` writes one); default
 	// $FTCOMM_CREDENTIALS. It gives the etcd endpoints when Coordinator
 	// is empty, TLS and identity unless EtcdTLS or EtcdUsername are set,
-	// the coordinators' quorum-verification keys and the gossip key.
+	// the coordinators' quorum-verification keys and the gossip key. With
+	// its endpoints, the Comm follows the file: when they all fail, it
+	// reads the file again and moves to the endpoints written there
+	// (membership.Credentials.Follow).
 	Credentials string
 	// Membership, if set, is used instead of registering through
 	// Coordinator; ft closes it in Close.
@@ -142,6 +149,18 @@ type Config struct {
 	// CPUs, 2–8).
 	HealChunkSize, HealStreams int
 
+	// Run names the run of the job this replica takes part in: one
+	// training from step 0 (membership.RunRecord). Empty: the job's
+	// current run, whichever it is — what a replica restarted into a
+	// running job wants. A Run the job has not used yet starts a new run
+	// (its commit records cleared) as soon as the job has no live member
+	// (replicas of the previous run still registered are waited for, up
+	// to three lease TTLs); a Run the job used before fails New with a
+	// *membership.RunEndedError. Give every replica of one launch the
+	// same new id (a launcher's job id, say); or leave it empty and start
+	// the run with `ftcoord job new-run`.
+	Run string
+
 	// DurableCommit records every committed step in etcd before Commit
 	// returns true (one transaction per rank per step): a step one replica
 	// reports committed is then never redone by another epoch, even across
@@ -175,6 +194,8 @@ func (c *Config) Validate() error {
 		return bad("job %q: want 1–128 of [A-Za-z0-9._-]", c.Job)
 	case !membership.ValidName(c.Group):
 		return bad("group %q: want 1–128 of [A-Za-z0-9._-]", c.Group)
+	case c.Run != "" && !membership.ValidName(c.Run):
+		return bad("run %q: want 1–128 of [A-Za-z0-9._-]", c.Run)
 	case c.GroupSize < 0 || c.GroupRank < 0 || (c.GroupSize > 0 && c.GroupRank >= c.GroupSize) || (c.GroupSize == 0 && c.GroupRank > 0):
 		return bad("group rank %d outside [0, %d)", c.GroupRank, max(c.GroupSize, 1))
 	case c.Membership == nil && len(c.Coordinator) == 0 && c.Credentials == "" && os.Getenv(membership.CredentialsEnv) == "":

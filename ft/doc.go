@@ -17,10 +17,15 @@
 // Each process registers with the coordinator (membership) as member
 // "<group>.<group rank>". The coordinator publishes quorums (epochs); the
 // Comm follows them by watch, so a step whose epoch is unchanged costs no
-// round trip. Step moves to a new epoch when there is one. Every decision
-// is a pure function of what all ranks of the epoch know alike (protocol.go,
-// tested by driving membership's real quorum machine through random
-// histories), never of what one rank happened to form:
+// round trip. Step moves to a new epoch when there is one. The protocol is
+// a state machine with no goroutines, clock or I/O (machine.go, tested by
+// the scripts in testdata/machine), whose inputs are what happened — a
+// quorum, a comm formed or failed, records gathered, state healed, the
+// vote, Step, Commit, Close — and whose outputs are actions; one goroutine
+// of the Comm, the driver, owns every comm and carries them out. Every
+// decision is a pure function of what all ranks of the epoch know alike
+// (protocol.go, tested by driving membership's real quorum machine
+// through random histories), never of what one rank happened to form:
 //
 //  1. Who takes part: from the quorum, the replica groups that are
 //     complete; rank i of each forms FT comm i (view.go).
@@ -42,7 +47,23 @@
 //
 // The old comms are revoked the moment a quorum or a revocation shows that
 // one of their members is gone, so a survivor never waits out a collective
-// timeout for a peer the coordinator already knows is dead.
+// timeout for a peer the coordinator already knows is dead. And any comm
+// of a step failing acts at once (comm.Comm.Broken), before the
+// coordinator knows: the step fails, its data comm is stopped when its
+// control comm failed (NCCL never sees a dead peer; gloo sees its reset
+// connection at once), and the peer the failure names is blamed to the
+// coordinator, which confirms the death by the peer's closed port without
+// waiting for gossip or its lease. A formation that passes its deadline
+// blames the peers that never came. A peer that merely closed its comm
+// after the ops that needed it (comm.ErrPeerClosed) fails nothing.
+//
+// # The end of a run
+//
+// When the training loop is done it calls Finish, then Close: the
+// coordinator publishes the run's last step (membership.Quorum.Final), and
+// every other replica's Step returns a *FinishedError (ErrFinished) — a
+// replica that lagged behind or joined late never redoes a step its peers
+// will never take again, and no replica waits for one that stopped.
 //
 // # What Commit promises
 //
@@ -77,12 +98,27 @@
 //     step committed therefore owns it for the job: the step is never
 //     redone, and replicas that lose every holder of the job's newest step
 //     wait (EventWaiting) for a quorum that brings one back instead of
-//     redoing it. Cost: one etcd transaction per rank per step (see the
-//     README for the measured figure), and availability during such a
-//     partition.
+//     redoing it; a waiting replica says so to the coordinator (`ftcoord
+//     status`, the dashboard, ftcomm_coordinator_waiting_members). The
+//     records are the job's current run's (below): replicas none of which
+//     holds any step, facing records of their run, fail at once with a
+//     *StaleRunError — no wait could end. Cost: one etcd transaction per
+//     rank per step (measured in docs/measurements.md), and availability
+//     during such a partition.
 //
 // TestPartitionProcesses cuts four replica processes apart in network
 // namespaces mid-all-reduce, in both modes.
+//
+// # Runs
+//
+// A run is one training of a job from step 0, recorded with the job
+// (membership.RunRecord). A replica with an empty Config.Run joins the
+// job's current run (a restarted replica heals into it); a Config.Run the
+// job has not used starts a new run once the previous run's replicas are
+// gone (`ftcoord job new-run <job>` does it from outside). A new run
+// starts with no commit records; a replica whose registration was lost
+// registers again only in its own run, and Step fails with
+// ErrMembershipLost (errors.Is membership.ErrRunEnded) once that ended.
 //
 // # Replica groups (HSDP)
 //
@@ -118,6 +154,8 @@
 //     Step, which returns ErrClosed.
 //   - Treat a *RollbackError from Step as a started step whose registered
 //     state moved to the job's history (rewind the data position).
+//   - At the end of the run call Finish, then Close; a *FinishedError
+//     from Step means another replica ended the run.
 //   - Close the Comm; it leaves the job gracefully. With a device data
 //     backend, free the device tensors the Comm used (registered or passed
 //     to its collectives) only after Close returns: Close waits until
@@ -158,9 +196,12 @@
 //
 // # Events
 //
-// Config.OnEvent receives, on the training goroutine, every
-// reconfiguration (and how), heal, rollback, sit-out, wait and failed
-// commit: what a progress display or a data loader needs to follow.
+// Config.OnEvent receives every reconfiguration (and how), heal, rollback,
+// sit-out, wait and failed commit, in order, on the training goroutine
+// while it waits in Step or Commit (or at its next call): what a progress
+// display or a data loader needs to follow. An Event carries what it
+// reports (epoch, step, rank, participants); the Comm's accessors may
+// already show a later state.
 //
 // # Metrics
 //
@@ -177,8 +218,17 @@
 //
 // # Concurrency
 //
-// A Comm runs one goroutine, which follows the membership's quorums and
-// revocations and exits in Close; its membership, its recovery server and
-// (with a GPU data backend) the health watcher run their own, also stopped
-// by Close.
+// A Comm runs its driver goroutine, which follows the membership's quorums
+// and revocations and owns every comm; beside it at most one task of the
+// driver's (forming comms, gathering records, healing, voting), one
+// watcher per comm (it exits when the comm breaks or closes), and a
+// reporter that sends the coordinator its reports in order. All exit by the
+// time Close returns; so do the membership's, the recovery server's and
+// (with a GPU data backend) the health watcher's.
+//
+// # Without a cluster
+//
+// membership/memcoord runs the coordinator's quorum machine in memory:
+// Config.Membership = coord.Join(…) runs a whole job in one process (the
+// package Example does), for tests and for trying ft out.
 package ft

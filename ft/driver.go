@@ -35,6 +35,7 @@ type driver struct {
 
 	comms   map[commKey]comms
 	cancels map[int]context.CancelCauseFunc // of the task in flight
+	later   []input                         // results of tasks done at once, fed next
 	stopped bool
 	reports *reporter
 	rereg   sync.WaitGroup // a registration in flight
@@ -57,6 +58,14 @@ type driver struct {
 
 	hook func(action) // tests: called before each action is carried out
 }
+
+// expired is a ctx that has ended: a call under it does only what needs
+// no waiting.
+var expired = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
 
 type commKey struct {
 	dim   dim
@@ -176,10 +185,18 @@ func (d *driver) receive(in input) {
 	}
 }
 
-// feed gives the machine one input and carries out its actions.
+// feed gives the machine one input and carries out its actions, then the
+// inputs those actions produced at once (a task that did not need to wait).
 func (d *driver) feed(in input) {
-	for _, a := range d.mach.handle(time.Now(), in) {
-		d.exec(a)
+	for {
+		for _, a := range d.mach.handle(time.Now(), in) {
+			d.exec(a)
+		}
+		if len(d.later) == 0 {
+			break
+		}
+		in = d.later[0]
+		d.later = d.later[1:]
 	}
 	d.publish()
 }
@@ -239,6 +256,12 @@ func (d *driver) exec(a action) {
 	case recordCommit:
 		d.record(a)
 	case withdrawState:
+		// Without reads in flight (every step but one that serves a
+		// healer) the withdrawal is done at once: no task.
+		if d.c.server.Withdraw(expired) == nil {
+			d.later = append(d.later, withdrawn{task: a.task})
+			return
+		}
 		d.spawn(a.task, func(ctx context.Context) taskResult {
 			return taskResult{in: withdrawn{task: a.task, err: d.c.server.Withdraw(ctx)}}
 		})
@@ -262,6 +285,15 @@ func (d *driver) exec(a action) {
 		d.report("reporting the healed step", func(ctx context.Context, m Membership) error {
 			if hb, ok := m.(interface{ Heartbeat(context.Context) error }); ok {
 				return hb.Heartbeat(ctx)
+			}
+			return nil
+		})
+	case reportWaiting:
+		d.report("reporting the wait", func(ctx context.Context, m Membership) error {
+			if w, ok := m.(interface {
+				SetWaiting(context.Context, int64, string) error
+			}); ok {
+				return w.SetWaiting(ctx, a.step, a.reason)
 			}
 			return nil
 		})
@@ -324,7 +356,8 @@ func (d *driver) stepComms() stepComms {
 // publish updates what readers on other goroutines see.
 func (d *driver) publish() {
 	epoch, rank, n := d.mach.status()
-	s := snapshot{epoch: epoch, rank: rank, participants: n, step: d.mach.step}
+	d.c.step.Store(d.mach.step)
+	s := snapshot{epoch: epoch, rank: rank, participants: n}
 	if d.mach.holds(dimGroup) {
 		s.group = d.comms[commKey{dimGroup, epoch}].data
 	}
@@ -427,12 +460,23 @@ func (d *driver) registrationEnded() {
 		var nm *etcdMember
 		err := backoff.Retry(func() error {
 			var err error
-			nm, err = register(ctx, d.cfg, em.cli, d.c.id, d.c.server.Addr())
+			nm, err = em.registerAgain(ctx, d.cfg, d.c.id, d.c.server.Addr())
+			if errors.Is(err, membership.ErrRunEnded) {
+				return backoff.Permanent(err) // its state is of a run that is over
+			}
 			if err != nil {
 				d.log.Warn("registering again", zap.Error(err))
 			}
 			return err
 		}, backoff.WithContext(b, ctx))
+		if errors.Is(err, membership.ErrRunEnded) {
+			d.log.Error("cannot register again", zap.Error(err))
+			select {
+			case d.c.in <- membershipLost{err: err}:
+			case <-d.c.done:
+			}
+			return
+		}
 		if err != nil {
 			return // closing
 		}

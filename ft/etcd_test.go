@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
 
@@ -28,6 +29,7 @@ type etcdJob struct {
 	coordWG sync.WaitGroup
 	ledger  *ledger
 	cfg     Config
+	reg     *prometheus.Registry // the running coordinator's metrics
 }
 
 func newEtcdJob(t *testing.T, backend string, backendConfig any) *etcdJob {
@@ -56,6 +58,8 @@ func (j *etcdJob) startCoordinator() {
 	cfg := coordinator.DefaultConfig()
 	cfg.Client, cfg.Quorum.JoinTimeout, cfg.SessionTTL = cli, 300*time.Millisecond, 2*time.Second
 	cfg.Logger = zaptest.NewLogger(j.t).Named("coordinator")
+	j.reg = prometheus.NewRegistry()
+	cfg.Registerer = j.reg
 	c, err := coordinator.New(cfg)
 	if err != nil {
 		j.t.Fatal(err)

@@ -98,11 +98,17 @@ var ErrRolledBack = errors.New("ft: committed steps rolled back")
 // carry on with the collectives and Commit.
 type RollbackError struct {
 	FromStep, ToStep int64
-	Step             int64
-	Epoch            uint64
+	Step             int64 // the job's committed step this replica healed to
+	// Epoch is the epoch that committed step FromStep in the job's
+	// history (0 when the job's history no longer says).
+	Epoch uint64
 }
 
 func (e *RollbackError) Error() string {
+	if e.Epoch == 0 {
+		return fmt.Sprintf("ft: committed steps %d..%d rolled back: the job's history has other contents for them; state healed to step %d",
+			e.FromStep, e.ToStep, e.Step)
+	}
 	return fmt.Sprintf("ft: committed steps %d..%d rolled back: the job's history has them from epoch %d; state healed to step %d",
 		e.FromStep, e.ToStep, e.Epoch, e.Step)
 }
@@ -131,3 +137,52 @@ func (e *GroupDivergedError) Error() string {
 }
 
 func (e *GroupDivergedError) Unwrap() error { return ErrGroupDiverged }
+
+// ErrFinished is matched by a *FinishedError.
+var ErrFinished = errors.New("ft: the run has finished")
+
+// FinishedError is what Step returns once a replica of the job called
+// Finish: the run ended at step Final, and this replica, at Step, must not
+// go on (its peers will never take another step, and a step it redid alone
+// would not be the job's). The replicas that finished hold the run's final
+// state; end the training loop and Close.
+type FinishedError struct {
+	Final int64 // the run's last step
+	Step  int64 // this replica's committed step
+}
+
+func (e *FinishedError) Error() string {
+	if e.Step == e.Final {
+		return fmt.Sprintf("ft: the run finished at step %d", e.Final)
+	}
+	return fmt.Sprintf("ft: the run finished at step %d (a replica called Finish); this replica holds step %d", e.Final, e.Step)
+}
+
+func (e *FinishedError) Unwrap() error { return ErrFinished }
+
+// ErrStaleRun is matched by a *StaleRunError.
+var ErrStaleRun = errors.New("ft: the job's run recorded steps no replica holds")
+
+// StaleRunError is what Step returns, with DurableCommit, when the job's
+// run has recorded commits up to Step (committed by Epoch) while no
+// participant of this replica's epoch holds any committed state: every
+// one starts from step 0. Waiting for a holder of Step, as replicas that
+// hold older steps do (EventWaiting), could not end unless replicas of
+// the run that hold it come back. It is most likely a new run of a job
+// whose earlier run recorded its steps: start one (Config.Run set to a
+// new id, or `ftcoord job new-run <job>`). Step keeps returning it.
+type StaleRunError struct {
+	Step  int64  // the job's newest recorded step
+	Epoch uint64 // the epoch that committed it
+	By    string // the member that recorded it
+	At    time.Time
+}
+
+func (e *StaleRunError) Error() string {
+	return fmt.Sprintf("ft: the job's run has committed steps up to %d (epoch %d, recorded by %s at %s), and no participant of this epoch holds any step: "+
+		"no replica can continue the run. If this is a new run of the job, start one: set ft.Config.Run to a new id, "+
+		"or run `ftcoord job new-run <job>`; if replicas that hold step %d are coming back, start this one after them",
+		e.Step, e.Epoch, e.By, e.At.UTC().Format(time.RFC3339), e.Step)
+}
+
+func (e *StaleRunError) Unwrap() error { return ErrStaleRun }

@@ -17,6 +17,7 @@ import (
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/inproc"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/membership/memcoord"
 )
 
 // A toy training job: every replica holds the same parameters; each step
@@ -53,13 +54,14 @@ type replica struct {
 	id       string
 	c        *Comm
 	params   []float32
-	m        *fakeMember
+	m        *memcoord.Member
 	cancel   context.CancelFunc
 	done     chan struct{}
 	commits  []commitRecord
 	mu       sync.Mutex
 	err      error
 	progress chan struct{} // signalled after every commit
+	satOut   chan struct{} // signalled when the replica sits an epoch out
 }
 
 type commitRecord struct {
@@ -70,7 +72,7 @@ type commitRecord struct {
 
 type job struct {
 	t       *testing.T
-	coord   *fakeCoord
+	coord   *memcoord.Coordinator
 	cluster *inproc.Cluster
 	ledger  *ledger
 	cfg     Config
@@ -78,10 +80,10 @@ type job struct {
 }
 
 func newJob(t *testing.T, qc membership.QuorumConfig, minReplicas int) *job {
-	j := &job{t: t, coord: newFakeCoord("toy", qc), cluster: inproc.NewCluster(), ledger: &ledger{hashes: map[int64]uint64{}}, nParams: defaultParams}
+	j := &job{t: t, coord: memcoord.New("toy", qc), cluster: inproc.NewCluster(), ledger: &ledger{hashes: map[int64]uint64{}}, nParams: defaultParams}
 	j.cfg = Config{Job: "toy", Backend: "inproc", BackendConfig: j.cluster, Secret: []byte("k"),
 		MinReplicas: minReplicas, Timeout: 10 * time.Second, HealChunkSize: 4096}
-	t.Cleanup(j.coord.close)
+	t.Cleanup(j.coord.Close)
 	return j
 }
 
@@ -101,13 +103,23 @@ func (j *job) open(group string, groupRank, groupSize int) *replica {
 	cfg := j.cfg
 	cfg.Group, cfg.GroupRank, cfg.GroupSize = group, groupRank, groupSize
 	cfg.Logger = zaptest.NewLogger(j.t).Named(memberID(group, groupRank))
-	m := j.coord.join(memberID(group, groupRank), cfg.MinReplicas*groupSize)
+	m := joinAs(j.coord, memberID(group, groupRank), cfg.MinReplicas*groupSize)
 	cfg.Membership = m
+	satOut := make(chan struct{}, 1)
+	cfg.OnEvent = func(e Event) {
+		if e.Kind == EventSatOut {
+			select {
+			case satOut <- struct{}{}:
+			default:
+			}
+		}
+	}
 	c, err := New(context.Background(), cfg)
 	if err != nil {
 		j.t.Fatal(err)
 	}
-	r := &replica{t: j.t, id: memberID(group, groupRank), c: c, m: m, params: make([]float32, j.nParams), done: make(chan struct{}), progress: make(chan struct{}, 1)}
+	r := &replica{t: j.t, id: memberID(group, groupRank), c: c, m: m, params: make([]float32, j.nParams), done: make(chan struct{}),
+		progress: make(chan struct{}, 1), satOut: satOut}
 	for i := range r.params {
 		r.params[i] = 1
 	}
@@ -121,7 +133,8 @@ func (r *replica) train(ctx context.Context, l *ledger, until int64) {
 	defer close(r.done)
 	grads := make([]float32, len(r.params))
 	for r.c.CommittedStep() < until {
-		if err := r.c.Step(ctx); err != nil {
+		// A rollback has started the step as nil does (the state healed).
+		if err := r.c.Step(ctx); err != nil && !errors.Is(err, ErrRolledBack) {
 			r.setErr(err)
 			return
 		}
@@ -194,7 +207,7 @@ func (j *job) kill(r *replica) {
 		ft.Backend().(*inproc.Backend).Fail()
 	}
 	r.cancel()
-	j.coord.kill(r.id)
+	j.coord.Remove(r.id, "killed")
 	<-r.done
 	r.c.server.Close() // its state endpoint dies with it
 }
@@ -368,7 +381,7 @@ func TestMinReplicasBlocksCommit(t *testing.T) {
 	// The member does not tell the coordinator the job's minimum (as with a
 	// coordinator configured apart from the job), so a quorum of one forms:
 	// ft's own check must refuse to commit with it.
-	cfg.Group, cfg.Membership, cfg.MaxCommitFailures = "solo", j.coord.join("solo.0", 0), 3
+	cfg.Group, cfg.Membership, cfg.MaxCommitFailures = "solo", joinAs(j.coord, "solo.0", 0), 3
 	c, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -399,11 +412,20 @@ func TestReplicaGroups(t *testing.T) {
 	a0, a1 := j.start("a", 0, 2, forever), j.start("a", 1, 2, forever)
 	b0, b1 := j.start("b", 0, 2, forever), j.start("b", 1, 2, forever)
 	a0.waitParticipants(2)
+	select { // an early sit-out (before b1 joined) is not the one to wait for
+	case <-b0.satOut:
+	default:
+	}
 	j.kill(b1)
 	a0.waitParticipants(1)
 	a0.waitStep(a0.c.CommittedStep() + 3)
-	if b0.c.Participants() != 0 {
-		t.Fatal("b0 still takes part without its group")
+	select {
+	case <-b0.satOut:
+	case <-time.After(60 * time.Second):
+		t.Fatal("b0 never sat out without its group")
+	}
+	if n := b0.c.Participants(); n != 0 {
+		t.Fatalf("b0 sits out with %d participants", n)
 	}
 	b1 = j.start("b", 1, 2, forever)
 	b0.waitParticipants(2)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/ftcomm/ftcomm/backends/nccl"
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership/memcoord"
 	"github.com/ftcomm/ftcomm/recovery"
 )
 
@@ -91,8 +92,8 @@ func TestGPUFTOneReplica(t *testing.T) {
 	lib := gpuOnly(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	coord := newFakeCoord("gpu", quick())
-	defer coord.close()
+	coord := memcoord.New("gpu", quick())
+	defer coord.Close()
 	const n = 1 << 20 // 4 MiB of float32 state
 	// Allocated before the Comm, so that the deferred Close runs before the
 	// frees: device memory is freed only after Close (see Caller duties).
@@ -107,7 +108,7 @@ func TestGPUFTOneReplica(t *testing.T) {
 	}
 	defer grads.Free()
 	c, err := New(ctx, Config{Job: "gpu", Group: "a", Backend: "nccl", BackendConfig: &nccl.Config{Library: lib},
-		ControlBackend: "gloo", Secret: []byte("k"), Membership: coord.join("a.0", 1), Timeout: time.Minute,
+		ControlBackend: "gloo", Secret: []byte("k"), Membership: joinAs(coord, "a.0", 1), Timeout: time.Minute,
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))})
 	if err != nil {
 		t.Fatal(err)

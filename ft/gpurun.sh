@@ -2,8 +2,9 @@
 # Builds ft's GPU tests into <main checkout>/.gpu/ftgpu (here) or runs them
 # (on the device machine, from the checkout root):
 #
-#   ft/gpurun.sh build /work/main      # here: ft.test and this script into /work/main/.gpu/ftgpu
-#   bash .gpu/ftgpu/gpurun.sh run      # there: one GPU (kind nvidia-h100-x1), carry [".gpu/ftgpu"]
+#   ft/gpurun.sh build <checkout>      # here: ft.test and this script into <checkout>/.gpu/ftgpu
+#   bash .gpu/ftgpu/gpurun.sh run      # there, one GPU, from the checkout's copy
+#   bash .gpu/ftgpu/gpurun.sh kill     # there, two or more GPUs (TestKillCycles over NCCL)
 #
 # run: TestGPUFTOneReplica (ft with the NCCL data backend and one replica:
 # a one-rank NCCL comm beside a gloo control comm, a few steps on device
@@ -36,8 +37,26 @@ run)
 	grep -E '^(--- |FAIL|ok|PASS)|FIGURE|defaults:|heal [0-9]+ MiB of|step [0-9]+ committed|NCCL [0-9]|    [a-z_0-9]+\.go:[0-9]+: .*(want|wrong|fetch)' "$OUT/ft-gpu.log"
 	echo "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 	;;
+kill)
+	# The kill cycles over NCCL, one replica process per GPU (kind
+	# nvidia-h100-x2 or larger): FTCOMM_FT_KILL_CYCLES SIGKILLs (default
+	# 20), with the system NCCL and then PyTorch's if it has one. FIGURE
+	# lines: kill → the survivors' next commit.
+	cd "$(dirname "$0")" || exit 1
+	OUT="${OUT:-/tmp}"
+	echo "== $(nvidia-smi -L | wc -l) GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
+	torchnccl=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0] + "/lib/libnccl.so.2")' 2>/dev/null)
+	for lib in "" "$torchnccl"; do
+		[ -n "$lib" ] && [ ! -e "$lib" ] && continue
+		name=system; [ -n "$lib" ] && name=torch
+		FTCOMM_NCCL_LIB="$lib" FTCOMM_FT_KILL_CYCLES="${FTCOMM_FT_KILL_CYCLES:-20}" FTCOMM_FT_KILL_BACKEND=nccl \
+			timeout 280 ./ft.test -test.run '^TestKillCycles$' -test.v -test.count=1 -test.timeout 270s >"$OUT/kill-$name.log" 2>&1
+		echo "== $name NCCL ${lib:-libnccl.so.2}: rc=$?"
+		grep -E 'killcycles_test.go:[0-9]+: (NCCL|cycle|FIGURE)|^(--- |FAIL|ok|PASS)|    [a-z_]+_test.go:[0-9]+: [^a-z0-9{]' "$OUT/kill-$name.log" | grep -v 'test: \(SIGKILL\|stopping\)' | cut -c1-240
+	done
+	;;
 *)
-	echo "usage: $0 build <main checkout> | run" >&2
+	echo "usage: $0 build <main checkout> | run | kill" >&2
 	exit 2
 	;;
 esac

@@ -1,6 +1,9 @@
 package ft
 
-import "github.com/ftcomm/ftcomm/comm"
+import (
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership/memcoord"
+)
 
 // onDriver runs f on c's driver goroutine; false once the driver ended.
 func (c *Comm) onDriver(f func(*driver)) bool {
@@ -23,3 +26,9 @@ func (c *Comm) current() stepComms {
 
 // ftData is the current FT data comm, nil when there is none.
 func (c *Comm) ftData() *comm.Comm { return c.current().ft.data }
+
+// joinAs registers ft member id ("<group>.<rank>") with coord.
+func joinAs(coord *memcoord.Coordinator, id string, minReplicas int) *memcoord.Member {
+	g, _, _ := parseMemberID(id)
+	return coord.Join(id, g, minReplicas)
+}

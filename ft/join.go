@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -60,6 +61,12 @@ func joinCoordinator(ctx context.Context, cfg Config, id, addr string) (Membersh
 	if err != nil {
 		return nil, fmt.Errorf("ft: connect to coordinator %v: %w", cfg.Coordinator, err)
 	}
+	if path := credentialsPath(cfg); creds != nil && len(cfg.Coordinator) == 0 {
+		// The endpoints come from the file: when they all fail, follow
+		// the file (a coordinator restarted elsewhere rewrites it). Exits
+		// when cli is closed.
+		go creds.Follow(cli.Ctx(), cli, path, cfg.Logger)
+	}
 	m, err := registerWhenFree(ctx, cfg, cli, id, addr)
 	if err != nil {
 		cli.Close()
@@ -67,6 +74,14 @@ func joinCoordinator(ctx context.Context, cfg Config, id, addr string) (Membersh
 	}
 	m.cli = cli
 	return m, nil
+}
+
+// credentialsPath is the credentials file Config names, or "".
+func credentialsPath(cfg Config) string {
+	if cfg.Credentials != "" {
+		return cfg.Credentials
+	}
+	return os.Getenv(membership.CredentialsEnv)
 }
 
 // registerWhenFree registers, waiting while a previous incarnation of this
@@ -87,11 +102,23 @@ func registerWhenFree(ctx context.Context, cfg Config, cli *clientv3.Client, id,
 		var err error
 		m, err = register(ctx, cfg, cli, id, addr)
 		var dup *membership.DuplicateMemberError
-		if errors.As(err, &dup) {
+		var busy *membership.RunBusyError
+		switch {
+		case errors.As(err, &dup):
 			if !logged {
 				logged = true
 				cfg.Logger.Info("a previous incarnation still holds this member id; waiting for its lease to expire",
 					zap.String("member", id), zap.Int64("incarnation", dup.Incarnation), zap.String("addr", dup.Addr),
+					zap.Duration("up_to", 3*ttl))
+			}
+			return err
+		case errors.As(err, &busy):
+			// The previous run's replicas just stopped: their
+			// registrations go when their leases expire.
+			if !logged {
+				logged = true
+				cfg.Logger.Info("the job's previous run still has members; waiting for them to go before this run starts",
+					zap.String("run", cfg.Run), zap.String("previous", busy.Current), zap.Strings("members", busy.Members),
 					zap.Duration("up_to", 3*ttl))
 			}
 			return err
@@ -101,10 +128,18 @@ func registerWhenFree(ctx context.Context, cfg Config, cli *clientv3.Client, id,
 	return m, err
 }
 
-// register makes the membership.Member of this rank on cli.
+// register makes the membership.Member of this rank on cli, in the run
+// cfg.Run names (starting it if new).
 func register(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr string) (*etcdMember, error) {
+	return registerIn(ctx, cfg, cli, id, addr, cfg.Run != "")
+}
+
+// registerIn is register; start says whether a Run the job has not used
+// yet may start.
+func registerIn(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr string, start bool) (*etcdMember, error) {
 	mc := cfg.Member
 	mc.Client, mc.Job, mc.ID, mc.Addr, mc.Group = cli, cfg.Job, id, addr, cfg.Group
+	mc.Run, mc.StartRun = cfg.Run, start
 	creds, err := membership.LoadCredentialsOrEnv(cfg.Credentials)
 	if err != nil {
 		return nil, fmt.Errorf("ft: %w", err)
@@ -123,4 +158,13 @@ func register(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr st
 	}
 	keys := membership.Keys{Root: mc.Root}
 	return &etcdMember{Member: mem, store: membership.NewStore(cli, keys.Rendezvous(cfg.Job)+rendezvousRoot)}, nil
+}
+
+// registerAgain registers this rank again, as a new incarnation, after its
+// registration m ended: in m's run only, which it never starts (its state
+// is that run's), so a run that ended meanwhile fails it with a
+// *membership.RunEndedError.
+func (m *etcdMember) registerAgain(ctx context.Context, cfg Config, id, addr string) (*etcdMember, error) {
+	cfg.Run = m.Run()
+	return registerIn(ctx, cfg, m.cli, id, addr, false)
 }

@@ -240,7 +240,13 @@ type (
 		reason string
 		blamed []string
 	}
-	reportHeartbeat  struct{}
+	reportHeartbeat struct{}
+	// reportWaiting: the rank waits for a holder of the job's committed
+	// step (the coordinator shows it); step 0: it does not any more.
+	reportWaiting struct {
+		step   int64
+		reason string
+	}
 	forgetRendezvous struct {
 		dim   dim
 		epoch uint64
@@ -281,6 +287,7 @@ func (reportFormed) isAction()     {}
 func (reportFailure) isAction()    {}
 func (revokeEpoch) isAction()      {}
 func (reportHeartbeat) isAction()  {}
+func (reportWaiting) isAction()    {}
 func (forgetRendezvous) isAction() {}
 func (setStep) isAction()          {}
 func (emit) isAction()             {}
@@ -347,6 +354,7 @@ type machine struct {
 
 	latest  *membership.Quorum // newest quorum seen
 	revoked uint64             // newest epoch whose revocation was acted on
+	final   int64              // the run ended at this step (Quorum.Final); 0: it goes on
 
 	// epoch is the epoch this rank is in: its comms formed or forming, or
 	// none (it sat the epoch out or its formation failed). view is its
@@ -419,7 +427,7 @@ func (m *machine) handle(now time.Time, in input) []action {
 	case reregistered:
 		m.inc = in.inc
 	case membershipLost:
-		m.lost = fmt.Errorf("%w: %v", ErrMembershipLost, in.err)
+		m.lost = fmt.Errorf("%w: %w", ErrMembershipLost, in.err)
 	case stepCalled:
 		m.stepWaiting, m.gaveUp = true, nil
 		m.inStep = false // a step that never reached Commit is abandoned
@@ -567,6 +575,7 @@ func (m *machine) onQuorum(now time.Time, q membership.Quorum) {
 		return
 	}
 	m.latest = &q
+	m.final = max(m.final, q.Final)
 	m.do(observe{what: metricEpochSeen, value: float64(q.Epoch)})
 	if m.task != 0 && m.stage.reconfiguring() && q.Epoch > m.target.Epoch {
 		m.cancel(fmt.Errorf("ft: epoch %d superseded by %d", m.target.Epoch, q.Epoch))
@@ -609,22 +618,30 @@ func (m *machine) onRevocation(r membership.Revocation) {
 	m.revoke(dimFT, partBoth, fmt.Sprintf("ft: epoch %d revoked by %s: %s", r.Epoch, r.By, r.Reason))
 }
 
-// onCommFailed acts on a comm that stopped: the step fails (unless a peer
-// merely closed its comm after the ops that needed it), the step's comms
-// that could wait for the failed peer stop at once, and the peer the
-// failure names is blamed, so the coordinator can confirm the death
-// without waiting for gossip or its lease.
+// onCommFailed acts on a comm that stopped: the step's comms that could
+// wait for the failed peer stop at once, and the peer the failure names is
+// blamed, so the coordinator can confirm the death without waiting for
+// gossip or its lease. A failed control comm fails the step; a peer that
+// merely closed its comm after the ops that needed it fails nothing.
 func (m *machine) onCommFailed(in commFailed) {
 	if m.closing || in.epoch != m.epoch || !m.holds(in.dim) {
 		return
 	}
 	m.broken = true
 	orderly := errors.Is(in.err, comm.ErrPeerClosed)
-	if m.inStep && !orderly {
+	if m.inStep && !orderly && m.split {
+		// The step's own ops report their errors through Commit; a comm
+		// that broke after they completed does not undo them (revoking
+		// the epoch is the coordinator's policy, not a failure of the
+		// step). But a control comm that failed (not revoked) leaves the
+		// step's vote nothing to stand on, and the loop's own ops on the
+		// group's data comm (Group()) are not tracked: either fails the
+		// step.
 		err := fmt.Errorf("ft: %s %s comm: %w", in.dim, in.part, in.err)
-		if in.dim == dimFT {
+		switch {
+		case in.dim == dimFT && in.part == partCtl && !errors.Is(in.err, comm.ErrRevoked):
 			m.stepErrs = append(m.stepErrs, err)
-		} else {
+		case in.dim == dimGroup && in.part == partData:
 			m.groupErrs = append(m.groupErrs, err)
 		}
 	}
@@ -697,6 +714,11 @@ func (m *machine) advance(now time.Time) {
 	case m.lost != nil:
 		m.stepWaiting = false
 		m.do(stepDone{err: m.lost})
+		return
+	case m.final > 0:
+		// A replica finished the run: nobody takes another step.
+		m.stepWaiting = false
+		m.do(stepDone{err: &FinishedError{Final: m.final, Step: m.step}})
 		return
 	case m.ready && !m.broken && m.latest != nil && m.latest.Epoch == m.epoch:
 		m.startStep(now)
@@ -848,15 +870,27 @@ func (m *machine) onLastCommit(now time.Time, in lastCommitRead) {
 		return
 	}
 	if in.ok && in.rec.Step > m.agreed.Step {
+		if m.agreed.Step == 0 {
+			// No participant holds anything of the run: a wait could
+			// only end if replicas that hold it come back.
+			m.logf(true, "the job's run committed step %d (epoch %d), and no participant holds any step", in.rec.Step, in.rec.Epoch)
+			m.fatal = &StaleRunError{Step: in.rec.Step, Epoch: in.rec.Epoch, By: in.rec.By, At: in.rec.At}
+			return
+		}
 		if m.waitingFor != in.rec.Step {
 			m.waitingFor = in.rec.Step
+			reason := fmt.Sprintf("step %d was committed by epoch %d; no participant holds it", in.rec.Step, in.rec.Epoch)
 			m.logf(true, "the job committed step %d (epoch %d), which no participant holds (they hold %d); waiting for a quorum with one of its replicas",
 				in.rec.Step, in.rec.Epoch, m.agreed.Step)
-			m.emit(Event{Kind: EventWaiting, Epoch: m.epoch,
-				Reason: fmt.Sprintf("step %d was committed by epoch %d; no participant holds it", in.rec.Step, in.rec.Epoch)})
+			m.emit(Event{Kind: EventWaiting, Epoch: m.epoch, Reason: reason})
+			m.do(reportWaiting{step: in.rec.Step, reason: reason + fmt.Sprintf(" (the participants hold %d)", m.agreed.Step)})
 		}
 		m.failReconfig(now, errHolderAbsent, in)
 		return
+	}
+	if m.waitingFor != 0 {
+		m.waitingFor = 0
+		m.do(reportWaiting{}) // a participant holds the step now
 	}
 	m.afterAgreement(now)
 }
@@ -890,10 +924,11 @@ func (m *machine) onHealed(now time.Time, in stateHealed) {
 	m.do(reportHeartbeat{})
 	if rolledBack {
 		m.do(observe{what: metricRollback, value: float64(lostTo - lostFrom + 1)})
-		m.logf(true, "rolled back committed steps %d..%d: the job's history has them from epoch %d; now at step %d",
-			lostFrom, lostTo, m.agreed.Epoch, m.agreed.Step)
+		m.logf(true, "rolled back committed steps %d..%d: the job's history has other contents for them; now at step %d (epoch %d)",
+			lostFrom, lostTo, m.agreed.Step, m.agreed.Epoch)
 		m.emit(Event{Kind: EventRolledBack, Epoch: m.epoch, FromStep: lostFrom, ToStep: lostTo})
-		m.rollback = &RollbackError{FromStep: lostFrom, ToStep: lostTo, Step: m.agreed.Step, Epoch: m.agreed.Epoch}
+		epoch, _ := in.hist.epochOf(lostFrom)
+		m.rollback = &RollbackError{FromStep: lostFrom, ToStep: lostTo, Step: m.agreed.Step, Epoch: epoch}
 	}
 	m.checkGroupSteps(now)
 }
@@ -998,11 +1033,14 @@ func (m *machine) onCommit(now time.Time, errs []error) {
 		m.do(commitDone{err: fmt.Errorf("%w: ft: Commit while the step is not started", comm.ErrInvalidArgument)})
 		return
 	}
+	if !m.inStep && !m.closing {
+		m.do(commitDone{err: fmt.Errorf("%w: ft: Commit without a started step (call Step first)", comm.ErrInvalidArgument)})
+		return
+	}
 	m.commitWaiting = true
 	if m.closing {
 		return // advance replies
 	}
-	inStep := m.inStep
 	m.inStep = false
 	for _, err := range errs {
 		m.stepErrs = append(m.stepErrs, err)
@@ -1010,7 +1048,7 @@ func (m *machine) onCommit(now time.Time, errs []error) {
 	if len(errs) > 0 {
 		m.noteFailure(now)
 	}
-	participating := inStep && m.holds(dimFT)
+	participating := m.holds(dimFT)
 	m.vote = len(m.stepErrs) == 0 && len(m.groupErrs) == 0 && participating && m.view.groups >= m.cfg.minReplicas
 	m.reason = ""
 	if participating && m.holds(dimGroup) {
@@ -1210,6 +1248,11 @@ func describe(a action) string {
 		return fmt.Sprintf("revoke epoch e%d blame %s", a.epoch, strings.Join(a.blamed, ","))
 	case reportHeartbeat:
 		return "heartbeat"
+	case reportWaiting:
+		if a.step == 0 {
+			return "report not waiting"
+		}
+		return fmt.Sprintf("report waiting for step %d", a.step)
 	case forgetRendezvous:
 		return fmt.Sprintf("forget %s e%d", a.dim, a.epoch)
 	case setStep:

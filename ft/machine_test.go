@@ -26,7 +26,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of ft/tes
 // and logs left out). "#" starts a comment; blank lines separate.
 //
 //	config id=a.0 size=1 min=1 [durable] [maxfail=N] [inc=N]  (first)
-//	quorum E [base=B] ids…          publish quorum E (ids "g.r" or "g.r@inc")
+//	quorum E [base=B] [final=S] ids…  publish quorum E (ids "g.r" or "g.r@inc")
 //	revocation E                    epoch E revoked
 //	step | cancel-step              the training loop calls Step / gives up
 //	commit [err…] | cancel-commit   the training loop calls Commit (its ops' errors)
@@ -34,7 +34,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of ft/tes
 //	formed ft|group [split] [err…]  the formation task answers
 //	failed ft|group E data|ctl|both err…   a comm broke (Comm.Broken)
 //	gathered S@E …                  the step records, in FT rank order
-//	lastcommit S@E | none           the durable commit record
+//	lastcommit S@E | none           the durable commit record (by c.0, now)
 //	healed E:S,… | healed err…      the heal (the sources' history: epoch:from)
 //	checked LO HI | checked err…    the group's step check
 //	voted yes|no | voted err…       the group's vote
@@ -131,6 +131,10 @@ func (s *machineScript) run(line string) []string {
 				q.Base, _ = strconv.ParseUint(b, 10, 64)
 				continue
 			}
+			if f, ok := strings.CutPrefix(a, "final="); ok {
+				q.Final, _ = strconv.ParseInt(f, 10, 64)
+				continue
+			}
 			id, incs, _ := strings.Cut(a, "@")
 			inc := int64(1)
 			if incs != "" {
@@ -184,6 +188,7 @@ func (s *machineScript) run(line string) []string {
 			st, ep, _ := strings.Cut(args[0], "@")
 			r.rec.Step, _ = strconv.ParseInt(st, 10, 64)
 			r.rec.Epoch, _ = strconv.ParseUint(ep, 10, 64)
+			r.rec.By, r.rec.At = "c.0", s.now
 			r.ok = true
 		}
 		in = r

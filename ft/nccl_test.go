@@ -21,6 +21,7 @@ import (
 	"github.com/ftcomm/ftcomm/backends/nccl/health"
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/membership/memcoord"
 )
 
 // ft over the NCCL backend with the simulated NCCL and CUDA
@@ -36,7 +37,7 @@ import (
 // gpuJob is one simulated GPU job.
 type gpuJob struct {
 	t       *testing.T
-	coord   *fakeCoord
+	coord   *memcoord.Coordinator
 	sim     *nccl.Simulation
 	cfg     Config
 	nParams int
@@ -50,7 +51,7 @@ type gpuJob struct {
 }
 
 func newGPUJob(t *testing.T, devices, minReplicas int) *gpuJob {
-	j := &gpuJob{t: t, coord: newFakeCoord("toy", quick()), sim: nccl.NewSimulation(devices), nParams: 2048,
+	j := &gpuJob{t: t, coord: memcoord.New("toy", quick()), sim: nccl.NewSimulation(devices), nParams: 2048,
 		reg: prometheus.NewRegistry(), ledgers: map[int]*ledger{}}
 	ctl := gloo.DefaultConfig()
 	// Peers that die are aborted (their sockets close) by kill; a long
@@ -61,7 +62,7 @@ func newGPUJob(t *testing.T, devices, minReplicas int) *gpuJob {
 		Registerer: j.reg}
 	j.log = &endingT{TestingT: t}
 	t.Cleanup(j.log.end) // last: comms closed earlier release in the background, and log
-	t.Cleanup(j.coord.close)
+	t.Cleanup(j.coord.Close)
 	t.Cleanup(func() {
 		for _, f := range j.sim.Faults() {
 			t.Errorf("simulated NCCL: %s", f)
@@ -135,7 +136,7 @@ type stepResult struct {
 
 // healthMember is the fake member with every health report recorded.
 type healthMember struct {
-	*fakeMember
+	*memcoord.Member
 	mu      sync.Mutex
 	reports []healthReport
 	changed chan struct{}
@@ -152,7 +153,7 @@ func (m *healthMember) SetHealth(ctx context.Context, h membership.Health, reaso
 	close(m.changed)
 	m.changed = make(chan struct{})
 	m.mu.Unlock()
-	return m.fakeMember.SetHealth(ctx, h, reason)
+	return m.Member.SetHealth(ctx, h, reason)
 }
 
 // start starts rank groupRank of replica group group on simulated GPU dev,
@@ -219,7 +220,7 @@ func (j *gpuJob) prepare(group string, groupRank, groupSize, dev int, poison boo
 		r.notifyLocked()
 		r.mu.Unlock()
 	}
-	r.m = &healthMember{fakeMember: j.coord.join(id, cfg.MinReplicas*groupSize), changed: make(chan struct{})}
+	r.m = &healthMember{Member: joinAs(j.coord, id, cfg.MinReplicas*groupSize), changed: make(chan struct{})}
 	cfg.Membership = r.m
 	ctx := context.Background()
 	var err error
@@ -586,7 +587,7 @@ func (j *gpuJob) kill(r *gpuReplica) {
 	// coordinator (a dead process reports no commit failure of its own,
 	// which would cost the survivors an extra epoch), then its GPU work
 	// and sockets die, then its session ends.
-	j.coord.sever(r.id)
+	j.coord.Sever(r.id)
 	j.sim.Kill(r.dev)
 	cur := r.c.current()
 	ctls := []*comm.Comm{cur.ft.ctl, cur.group.ctl}
@@ -596,7 +597,7 @@ func (j *gpuJob) kill(r *gpuReplica) {
 		}
 	}
 	r.cancel()
-	j.coord.kill(r.id)
+	j.coord.Remove(r.id, "killed")
 	<-r.done
 	r.c.server.Close() // its state endpoint dies with it
 }
@@ -673,10 +674,8 @@ func (r *gpuReplica) shutdown() error {
 }
 
 // health is what the coordinator records of member id's health.
-func (c *fakeCoord) health(id string) (membership.Health, string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	rec, _ := c.m.Member(id)
+func recordedHealth(c *memcoord.Coordinator, id string) (membership.Health, string) {
+	rec, _ := c.Record(id)
 	return rec.Health, rec.HealthReason
 }
 
@@ -955,7 +954,7 @@ func TestNCCLCriticalHealthEvent(t *testing.T) {
 	a.waitCommits(2, 3, 0)
 	j.sim.InjectXid(c.dev, 79)
 	c.waitFor("c to sit out", func() bool { return len(c.eventsOf(EventSatOut)) > 0 })
-	if h, why := j.coord.health(c.id); h != membership.Critical || !strings.Contains(why, "Xid 79") {
+	if h, why := recordedHealth(j.coord, c.id); h != membership.Critical || !strings.Contains(why, "Xid 79") {
 		t.Errorf("the coordinator has c as %v (%q), want critical with the Xid", h, why)
 	}
 	from := a.c.CommittedStep()
@@ -985,7 +984,7 @@ func TestNCCLHarmlessXidAfterCritical(t *testing.T) {
 	if rep := b.m.waitReport(t, n); rep.h != membership.Critical || !strings.Contains(rep.reason, "Xid 48") {
 		t.Errorf("after Xid 79 then Xid 13, ft reported %v (%q): the replica would rejoin on a fallen GPU", rep.h, rep.reason)
 	}
-	if h, _ := j.coord.health(b.id); h != membership.Critical {
+	if h, _ := recordedHealth(j.coord, b.id); h != membership.Critical {
 		t.Errorf("the coordinator has b as %v", h)
 	}
 	if p := b.c.Participants(); p != 0 {

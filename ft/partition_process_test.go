@@ -11,7 +11,7 @@ import (
 	"github.com/ftcomm/ftcomm/internal/netns"
 )
 
-// Issue 14 item 1 with real processes and a real partition: four replica
+// A partition with real processes: four replica
 // processes (gloo over TCP, MinReplicas 1), each in its own network
 // namespace; a and b's uplinks are rate-limited (tc tbf 20mbit) so that a
 // step's all-reduce takes long on their side, and the link between {a, b}

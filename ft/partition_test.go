@@ -15,9 +15,10 @@ import (
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/inproc"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/membership/memcoord"
 )
 
-// The partition of issue 14 item 1, in process and deterministic: at step
+// A partition in process and deterministic: at step
 // S the all-reduce completes everywhere, but only a and b commit it (c and
 // d's steps fail after the collective, as when a link is cut mid-way); a
 // and b are then cut off (the coordinator sees them unfit), c and d go on
@@ -153,32 +154,24 @@ func (r *pReplica) waitEvent(t *testing.T, k EventKind) {
 	})
 }
 
-func (c *fakeCoord) setHealth(id string, h membership.Health, why string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	rec, ok := c.m.Member(id)
-	if !ok {
-		return
-	}
-	rec.Health, rec.HealthReason = h, why
-	c.m.Upsert(time.Now(), rec)
-	c.advanceLocked()
+func setHealth(c *memcoord.Coordinator, id string, h membership.Health, why string) {
+	c.Update(id, func(r *membership.MemberRecord) { r.Health, r.HealthReason = h, why })
 }
 
 type partitionRun struct {
 	t     *testing.T
-	coord *fakeCoord
+	coord *memcoord.Coordinator
 	rs    []*pReplica
 }
 
 func startPartitionRun(t *testing.T, durable bool, s int64) *partitionRun {
-	p := &partitionRun{t: t, coord: newFakeCoord("toy", quick())}
-	t.Cleanup(p.coord.close)
+	p := &partitionRun{t: t, coord: memcoord.New("toy", quick())}
+	t.Cleanup(p.coord.Close)
 	cluster := inproc.NewCluster()
 	var cut sync.Once
 	for i, g := range []string{"a", "b", "c", "d"} {
 		id := memberID(g, 0)
-		m := p.coord.join(id, 1)
+		m := joinAs(p.coord, id, 1)
 		r := &pReplica{id: id, idx: i, params: make([]float32, 1024), done: make(chan struct{}),
 			hashes: map[int64]uint64{}, changed: make(chan struct{})}
 		cfg := Config{Job: "toy", Group: g, Backend: "inproc", BackendConfig: cluster, Secret: []byte("k"), MinReplicas: 1,
@@ -212,8 +205,8 @@ func startPartitionRun(t *testing.T, durable bool, s int64) *partitionRun {
 						}
 					}
 					cut.Do(func() { // the partition: a and b are cut off
-						p.coord.setHealth("a.0", membership.Critical, "partitioned")
-						p.coord.setHealth("b.0", membership.Critical, "partitioned")
+						setHealth(p.coord, "a.0", membership.Critical, "partitioned")
+						setHealth(p.coord, "b.0", membership.Critical, "partitioned")
 					})
 					// The collective completed here too, but the step fails
 					// after it, as when the link is cut before the end.
@@ -232,8 +225,8 @@ func startPartitionRun(t *testing.T, durable bool, s int64) *partitionRun {
 }
 
 func (p *partitionRun) heal() {
-	p.coord.setHealth("a.0", membership.Healthy, "")
-	p.coord.setHealth("b.0", membership.Healthy, "")
+	setHealth(p.coord, "a.0", membership.Healthy, "")
+	setHealth(p.coord, "b.0", membership.Healthy, "")
 }
 
 func (p *partitionRun) stop() {

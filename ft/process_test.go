@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/ftcomm/ftcomm/backends/gloo"
+	"github.com/ftcomm/ftcomm/backends/nccl"
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/etcdhost"
@@ -54,6 +55,7 @@ type childEvent struct {
 	Participants int    `json:"participants"`
 	Hash         uint64 `json:"hash"`
 	UnixNano     int64  `json:"t"`
+	Err          string `json:"err,omitempty"` // kind "error": why Step failed
 }
 
 func runChild() int {
@@ -64,7 +66,11 @@ func runChild() int {
 		fmt.Fprintln(os.Stderr, "child: endpoints:", err)
 		return 2
 	}
-	log, _ := zap.NewProduction()
+	lcfg := zap.NewProductionConfig()
+	if env("LOG") == "debug" {
+		lcfg.Level.SetLevel(zap.DebugLevel)
+	}
+	log, _ := lcfg.Build()
 	mc := membership.DefaultMemberConfig()
 	mc.LeaseTTL, mc.HeartbeatInterval = 2*time.Second, time.Second
 	if env("GOSSIP") != "0" {
@@ -76,6 +82,17 @@ func runChild() int {
 	gcfg := gloo.DefaultConfig()
 	gcfg.ListenAddr = net.JoinHostPort(host, "0")
 	ctx := context.Background()
+	// BACKEND=nccl: the data on GPU DEVICE (the control comm on gloo).
+	var dev *childDevice
+	backend, bcfg := "gloo", any(gcfg)
+	if env("BACKEND") == "nccl" {
+		var err error
+		if dev, err = openChildDevice(atoi("DEVICE"), atoi("PARAMS")); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			return 2
+		}
+		backend, bcfg = "nccl", &nccl.Config{Library: dev.lib}
+	}
 	out := json.NewEncoder(os.Stdout)
 	id := memberID(env("GROUP"), atoi("GROUP_RANK"))
 	onEvent := func(e Event) {
@@ -84,8 +101,9 @@ func runChild() int {
 		}
 	}
 	c, err := New(ctx, Config{Job: "proc", OnEvent: onEvent, Group: env("GROUP"), GroupRank: atoi("GROUP_RANK"), GroupSize: atoi("GROUP_SIZE"),
-		Coordinator: endpoints, Member: mc, Backend: "gloo", BackendConfig: gcfg, Secret: []byte("proc-secret"),
-		RecoveryAddr: net.JoinHostPort(host, "0"), DurableCommit: env("DURABLE") == "1",
+		Coordinator: endpoints, Member: mc, Backend: backend, BackendConfig: bcfg, Device: atoi("DEVICE"),
+		ControlBackend: "gloo", ControlBackendConfig: gcfg, Secret: []byte("proc-secret"),
+		RecoveryAddr: net.JoinHostPort(host, "0"), DurableCommit: env("DURABLE") == "1", Run: env("RUN"),
 		MinReplicas: 1, Timeout: 5 * time.Second, Logger: log.Named(env("GROUP"))})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child: new:", err)
@@ -99,7 +117,15 @@ func runChild() int {
 	for i := range params {
 		params[i] = 1
 	}
-	if err := c.Register("params", comm.Float32s(params)); err != nil {
+	state, gradT := comm.Float32s(params), comm.Tensor{}
+	if dev != nil {
+		if err := dev.load(ctx, params); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			return 2
+		}
+		state, gradT = dev.params.Tensor(comm.Float32), dev.grads.Tensor(comm.Float32)
+	}
+	if err := c.Register("params", state); err != nil {
 		fmt.Fprintln(os.Stderr, "child: register:", err)
 		return 2
 	}
@@ -117,13 +143,21 @@ func runChild() int {
 				Step: rb.Step, Epoch: rb.Epoch, UnixNano: time.Now().UnixNano()})
 		} else if err != nil {
 			fmt.Fprintln(os.Stderr, "child: step:", err)
+			out.Encode(childEvent{Kind: "error", ID: id, Pid: os.Getpid(), Err: err.Error(), UnixNano: time.Now().UnixNano()})
 			return 1
 		}
 		step := c.CommittedStep()
 		for i := range grads {
 			grads[i] = float32((int(step)*7+i+own)%13) / 8
 		}
-		c.AllReduce(ctx, comm.Float32s(grads), comm.Avg)
+		if dev == nil {
+			c.AllReduce(ctx, comm.Float32s(grads), comm.Avg)
+		} else if err := dev.stepIn(ctx, params, grads); err != nil { // the state may have healed
+			fmt.Fprintln(os.Stderr, "child:", err)
+			return 1
+		} else {
+			c.AllReduce(ctx, gradT, comm.Avg)
+		}
 		ok, err := c.Commit(ctx)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "child: commit:", err)
@@ -132,8 +166,20 @@ func runChild() int {
 		if !ok {
 			continue
 		}
+		if dev != nil {
+			if err := dev.stepOut(ctx, grads); err != nil { // the all-reduced gradients
+				fmt.Fprintln(os.Stderr, "child:", err)
+				return 1
+			}
+		}
 		for i := range params {
 			params[i] -= 0.01 * grads[i]
+		}
+		if dev != nil {
+			if err := dev.load(ctx, params); err != nil {
+				fmt.Fprintln(os.Stderr, "child:", err)
+				return 1
+			}
 		}
 		h := fnv.New64a()
 		for _, p := range params {
@@ -199,8 +245,11 @@ func newProcJobAt(t *testing.T, clientAddr string, withGossip bool) *procJob {
 }
 
 func (j *procJob) spawn(group string, groupRank, groupSize, params int) {
-	j.spawnCmd(exec.Command(os.Args[0], "-test.run=^$"), group, groupRank, groupSize, params)
+	j.spawnCmd(childCmd(), group, groupRank, groupSize, params)
 }
+
+// childCmd runs the test binary as a replica process.
+func childCmd() *exec.Cmd { return exec.Command(os.Args[0], "-test.run=^$") }
 
 // spawnCmd starts a replica with cmd (the test binary, perhaps inside a
 // network namespace); env adds FTCOMM_FT_* settings.

@@ -37,8 +37,10 @@ type segment struct {
 	From  int64
 }
 
-// maxSegments bounds a history: one segment per epoch in which a replica
-// committed, the oldest dropped first.
+// maxSegments bounds a history: its first segment (the run's origin: the
+// epoch that committed step 1), one gap standing for the segments dropped
+// after it, and the newest segments, one per epoch in which the replica
+// committed.
 const maxSegments = 64
 
 // history is the sequence of epochs in which a replica's committed steps
@@ -47,24 +49,32 @@ const maxSegments = 64
 // contents for it (the state of a step is a function of the step's inputs
 // and the participants of its epoch), so comparing histories is how a
 // replica learns that a step it committed is not part of the job's history.
+// A segment of epoch 0 is a gap: its steps' epochs were dropped.
 type history []segment
 
 // commit returns the history with step committed in epoch: h itself when
 // epoch is its newest, else a new history. h is never modified, so a
 // caller can compare the two (Comm re-encodes the history it serves when
-// they differ).
+// they differ). A full history keeps its first segment and turns the
+// oldest segments after it into one gap.
 func (h history) commit(step int64, epoch uint64) history {
 	if n := len(h); n > 0 && h[n-1].Epoch == epoch {
 		return h
 	}
-	keep := h[max(0, len(h)+1-maxSegments):]
-	out := make(history, len(keep), len(keep)+1)
-	copy(out, keep)
+	if len(h)+1 <= maxSegments {
+		out := make(history, len(h), len(h)+1)
+		copy(out, h)
+		return append(out, segment{Epoch: epoch, From: step})
+	}
+	out := make(history, 0, maxSegments)
+	out = append(out, h[0], segment{Epoch: 0, From: h[1].From})
+	out = append(out, h[len(h)-(maxSegments-3):]...)
 	return append(out, segment{Epoch: epoch, From: step})
 }
 
 // epochOf returns the epoch in which step was committed; false when step
-// is 0 (the initial state, in every history) or older than the history.
+// is 0 (the initial state, in every history), older than the history, or
+// in a gap.
 func (h history) epochOf(step int64) (uint64, bool) {
 	if step <= 0 {
 		return 0, step == 0
@@ -81,7 +91,7 @@ func (h history) epochOf(step int64) (uint64, bool) {
 	if !found {
 		i--
 	}
-	if i < 0 {
+	if i < 0 || h[i].Epoch == 0 {
 		return 0, false
 	}
 	return h[i].Epoch, true
@@ -121,22 +131,37 @@ func decodeHistory(b []byte) (history, error) {
 // diverged compares a replica's own history, at its committed step own,
 // with the history of the state it is about to adopt. It returns the range
 // of the replica's committed steps that are not part of that history
-// (rolled back), or ok false when there are none: the replica was merely
-// behind. A step older than both histories is taken as shared.
+// (rolled back): from the earliest step the two histories give different
+// epochs for — every later step of the replica's descends from it — to
+// own; or ok false when there is none: the replica was merely behind. A
+// step one history does not know (older than it, or in a gap) is taken as
+// shared; the first segments, which both keep, still tell a replica that
+// restarted the run on its own from the job's history.
 func diverged(mine history, own int64, theirs history) (from, to int64, ok bool) {
-	same := func(s int64) bool {
+	differs := func(s int64) bool {
 		a, okA := mine.epochOf(s)
 		b, okB := theirs.epochOf(s)
-		return !okA || !okB || a == b
+		return okA && okB && a != b
 	}
-	if own <= 0 || same(own) {
+	// The epochs are constant between the steps where either history
+	// changes epoch: the earliest difference is at one of those.
+	first := int64(0)
+	check := func(s int64) {
+		if s >= 1 && s <= own && (first == 0 || s < first) && differs(s) {
+			first = s
+		}
+	}
+	for _, sg := range mine {
+		check(sg.From)
+	}
+	for _, sg := range theirs {
+		check(sg.From)
+	}
+	check(own)
+	if first == 0 {
 		return 0, 0, false
 	}
-	from = own
-	for from > 1 && !same(from-1) {
-		from--
-	}
-	return from, own, true
+	return first, own, true
 }
 
 // stepRecord is what each rank tells the others after a reconfiguration:

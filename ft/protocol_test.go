@@ -239,7 +239,7 @@ func participantIDs(q membership.Quorum) []string {
 
 // TestPlanRandomHistories: no sequence of deaths, restarts, commit
 // failures, partial formations and late reports makes the ranks of one FT
-// comm choose differently (the failure of issue 14 item 2).
+// comm choose differently.
 func TestPlanRandomHistories(t *testing.T) {
 	for _, tc := range []struct{ groups, groupSize int }{{4, 1}, {3, 2}, {6, 1}} {
 		t.Run(fmt.Sprintf("%dx%d", tc.groups, tc.groupSize), func(t *testing.T) {
@@ -341,16 +341,30 @@ func TestHistory(t *testing.T) {
 			t.Errorf("decodeHistory accepted %d bytes", len(bad))
 		}
 	}
-	// Bounded: the oldest segments go.
+	// Bounded: the first segment stays, the oldest after it become a gap.
 	var long history
 	for e := range uint64(maxSegments + 10) {
-		long = long.commit(int64(e+1), e+1)
+		long = long.commit(int64(10*e+1), e+1)
 	}
 	if len(long) != maxSegments {
 		t.Fatalf("%d segments kept", len(long))
 	}
-	if _, ok := long.epochOf(1); ok {
-		t.Error("a step older than the history has an epoch")
+	if e, ok := long.epochOf(5); !ok || e != 1 {
+		t.Errorf("epochOf(5) = %d, %v: the first segment must stay", e, ok)
+	}
+	if _, ok := long.epochOf(15); ok {
+		t.Error("a step in the gap has an epoch")
+	}
+	if e, ok := long.epochOf(10*(maxSegments+9) + 1); !ok || e != maxSegments+10 {
+		t.Errorf("the newest step: epoch %d, %v", e, ok)
+	}
+	if got, err := decodeHistory(long.encode()); err != nil || !slices.Equal(got, long) {
+		t.Fatalf("round trip of a history with a gap: %v", err)
+	}
+	// Truncating again keeps one gap, from the first dropped step.
+	again := long.commit(10*(maxSegments+10)+1, maxSegments+11)
+	if len(again) != maxSegments || again[1].Epoch != 0 || again[1].From != long[1].From || again[2] == long[2] {
+		t.Fatalf("second truncation: %v", again[:4])
 	}
 }
 
@@ -371,7 +385,7 @@ func TestHistoryCommitLeavesItsReceiver(t *testing.T) {
 	if !slices.Equal(full, before) {
 		t.Fatalf("commit changed its receiver: %v", full[len(full)-3:])
 	}
-	if len(next) != maxSegments || next.last() != maxSegments+1 || next[0] != before[1] {
+	if len(next) != maxSegments || next.last() != maxSegments+1 || next[0] != before[0] || next[1].Epoch != 0 {
 		t.Fatalf("commit returned %d segments, last epoch %d, first %v", len(next), next.last(), next[0])
 	}
 	if next.last() == full.last() {
@@ -402,12 +416,18 @@ func TestDiverged(t *testing.T) {
 	}{
 		{"behind on the same history", hist(1, 1), 5, hist(1, 1, 9, 4), 0, 0, false},
 		{"nothing committed", nil, 0, hist(1, 1), 0, 0, false},
-		// The partition of issue 14 item 1: a and b committed step 6 in
+		// A partition: a and b committed step 6 in
 		// epoch 2 with 4 participants; c and d redid it in epoch 3.
 		{"same step, another epoch", hist(1, 1, 4, 2), 6, hist(1, 1, 4, 2, 6, 3), 6, 6, true},
 		{"redone and gone further", hist(1, 1, 4, 2), 6, hist(1, 1, 4, 2, 6, 3), 6, 6, true},
 		{"two steps lost", hist(1, 1, 5, 2), 6, hist(1, 1, 5, 3), 5, 6, true},
 		{"older than both histories", hist(100, 7), 50, hist(200, 9), 0, 0, false},
+		// test/chaos's soak: a replica restarted from the initial state was
+		// alone in epoch 117 and committed steps 1–3 there, then healed to
+		// the job's step 14,269, whose history dropped its middle (a gap)
+		// but keeps its first segment.
+		{"a run restarted alone", hist(1, 117), 3, hist(1, 1, 400, 0, 14000, 160), 1, 3, true},
+		{"differs in the gap: unknown", hist(1, 1, 500, 117), 600, hist(1, 1, 400, 0, 14000, 160), 0, 0, false},
 	} {
 		from, to, ok := diverged(tc.mine, tc.own, tc.theirs)
 		if from != tc.from || to != tc.to || ok != tc.ok {

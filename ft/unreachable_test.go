@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership/memcoord"
 )
 
 // unreachableMember is a member whose writes to the coordinator hang, as
 // etcd's do when the replica is cut off from it, once cut is set.
 type unreachableMember struct {
-	*fakeMember
+	*memcoord.Member
 	cut atomic.Bool
 }
 
@@ -22,7 +23,7 @@ func (m *unreachableMember) Revoke(ctx context.Context, epoch uint64, reason str
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	return m.fakeMember.Revoke(ctx, epoch, reason, failed...)
+	return m.Member.Revoke(ctx, epoch, reason, failed...)
 }
 
 func (m *unreachableMember) ReportCommitFailure(ctx context.Context, epoch uint64, blamed ...string) error {
@@ -30,7 +31,7 @@ func (m *unreachableMember) ReportCommitFailure(ctx context.Context, epoch uint6
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	return m.fakeMember.ReportCommitFailure(ctx, epoch, blamed...)
+	return m.Member.ReportCommitFailure(ctx, epoch, blamed...)
 }
 
 // Found by test/chaos (a replica partitioned from etcd and its peers): a
@@ -47,7 +48,7 @@ func TestCommitReturnsWhenCoordinatorUnreachable(t *testing.T) {
 	b := j.start("b", 0, 1, forever)
 	cfg := j.cfg
 	cfg.Group = "a"
-	m := &unreachableMember{fakeMember: j.coord.join("a.0", 1)}
+	m := &unreachableMember{Member: joinAs(j.coord, "a.0", 1)}
 	cfg.Membership = m
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

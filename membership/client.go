@@ -1,17 +1,20 @@
 package membership
 
 import (
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 )
 
 // NewClient connects to the etcd endpoints (host:port) with the settings
 // ftcomm uses everywhere: a 5 s dial timeout and keepalives that notice a
-// dead server within seconds. lg nil: the client logs nothing.
+// dead server within seconds. lg nil: the client logs nothing (see
+// ClientConfig for what it logs otherwise).
 func NewClient(endpoints []string, lg *zap.Logger) (*clientv3.Client, error) {
 	return clientv3.New(ClientConfig(endpoints, lg))
 }
@@ -26,10 +29,16 @@ func NewClient(endpoints []string, lg *zap.Logger) (*clientv3.Client, error) {
 // are at most ReconnectMaxDelay apart, so a client connects within about
 // that long of etcd becoming reachable, and reconnects as fast after an
 // etcd restart.
+//
+// The client logs to lg at Info and above, without its per-attempt retry
+// lines ("retrying of unary invoker", one or two for every attempt of
+// every call while etcd is away): a member says what it waits for once
+// every few seconds instead, and a call that gives up returns its error.
 func ClientConfig(endpoints []string, lg *zap.Logger) clientv3.Config {
 	if lg == nil {
 		lg = zap.NewNop()
 	}
+	lg = lg.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return clientLogCore{c} }))
 	return clientv3.Config{
 		Endpoints:            endpoints,
 		DialTimeout:          5 * time.Second,
@@ -51,3 +60,22 @@ func ClientConfig(endpoints []string, lg *zap.Logger) clientv3.Config {
 // ReconnectMaxDelay is the longest wait between two connection attempts
 // of a client made by ClientConfig.
 const ReconnectMaxDelay = 500 * time.Millisecond
+
+// clientLogCore passes on the etcd client's logs at Info and above but
+// its retry lines.
+type clientLogCore struct{ zapcore.Core }
+
+func (c clientLogCore) Enabled(l zapcore.Level) bool {
+	return l >= zapcore.InfoLevel && c.Core.Enabled(l)
+}
+
+func (c clientLogCore) With(fields []zapcore.Field) zapcore.Core {
+	return clientLogCore{c.Core.With(fields)}
+}
+
+func (c clientLogCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if e.Level < zapcore.InfoLevel || strings.HasPrefix(e.Message, "retrying of unary invoker") {
+		return ce
+	}
+	return c.Core.Check(e, ce)
+}

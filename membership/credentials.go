@@ -1,15 +1,18 @@
 package membership
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"os"
 	"slices"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/ftcomm/ftcomm/comm"
 )
@@ -208,5 +211,55 @@ func (c *Credentials) ApplyMember(mc *MemberConfig) {
 		g := *mc.Gossip
 		g.SecretKey = slices.Clone(c.GossipKey)
 		mc.Gossip = &g
+	}
+}
+
+// FollowInterval is how often Follow reads the credentials file while its
+// client has no working connection.
+const FollowInterval = time.Second
+
+// Follow keeps cli, made with credentials c, on the endpoints of the
+// credentials file at path, until ctx ends (give it cli.Ctx(): for the
+// client's life). While cli has no working connection (its endpoints all
+// fail), Follow reads the file every FollowInterval; when the endpoints
+// there differ from cli's — the coordinator was restarted elsewhere or on
+// another port, and rewrote the file — it moves cli to them
+// (SetEndpoints), and the calls, watches and lease keepalives made through
+// cli carry on there. While cli is connected the file is not read. A file
+// whose certificates or identity differ from c's is not followed (a new
+// CA: the client would not be let in): Follow says so once, and the
+// trainer must be restarted with the new file. lg nil: no logs.
+func (c *Credentials) Follow(ctx context.Context, cli *clientv3.Client, path string, lg *zap.Logger) {
+	if lg == nil {
+		lg = zap.NewNop()
+	}
+	t := time.NewTicker(FollowInterval)
+	defer t.Stop()
+	var refused []string // the endpoints of a file not followed, said once
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if cc := cli.ActiveConnection(); cc == nil || cc.GetState() == connectivity.Ready {
+			continue
+		}
+		now, err := LoadCredentials(path)
+		if err != nil || len(now.Endpoints) == 0 || slices.Equal(now.Endpoints, cli.Endpoints()) {
+			continue // being replaced, or nothing new: the client keeps trying
+		}
+		if now.CACert != c.CACert || now.Cert != c.Cert || now.Key != c.Key || now.User != c.User || now.Password != c.Password {
+			if !slices.Equal(refused, now.Endpoints) {
+				refused = now.Endpoints
+				lg.Error("the coordinator's etcd does not answer at "+fmt.Sprint(cli.Endpoints())+
+					"; the credentials file names other endpoints but other certificates or another identity: restart this trainer with the new file",
+					zap.String("file", path), zap.Strings("endpoints", now.Endpoints))
+			}
+			continue
+		}
+		lg.Warn("the coordinator's etcd does not answer at the endpoints this trainer used; the credentials file names others now: moving there",
+			zap.String("file", path), zap.Strings("from", cli.Endpoints()), zap.Strings("to", now.Endpoints))
+		cli.SetEndpoints(now.Endpoints...)
 	}
 }

@@ -10,8 +10,10 @@
 //     group's leader).
 //   - Machine: the quorum state machine, pure (no I/O, time as input);
 //     the coordinator drives one per job.
-//   - Quorum, Revocation, MemberRecord, CommitRecord, KeepOut: the
-//     records in etcd; Keys: where they live.
+//   - Quorum, Revocation, MemberRecord, CommitRecord, KeepOut, RunRecord:
+//     the records in etcd; Keys: where they live.
+//   - Runs: a job's runs come and go under its name (RunRecord, StartRun,
+//     MemberConfig.Run); the commit records are the current run's.
 //   - Store: an etcd comm.Store for rendezvous (NewStore; Member.Store
 //     gives one per epoch).
 //   - Gossip: SWIM failure detection (hashicorp/memberlist) among members
@@ -24,7 +26,8 @@
 //
 // Everything lives under a root (default "/ftcomm"); see Keys. What
 // members write is under <root>/<job>/: members/<id> (bound to the
-// member's lease), epoch/revoked/<epoch>, rdzv/<epoch>/…, commits/<step>.
+// member's lease), epoch/revoked/<epoch>, rdzv/<epoch>/…, commits/<step>,
+// run.
 // What only coordinators write is under <root>/_coordinator/:
 // jobs/<job>/quorum, jobs/<job>/history/<epoch>, jobs/<job>/evicted/<id>,
 // the election, and the coordinators' gossip addresses and key ids.
@@ -47,7 +50,9 @@
 // password), quorum-verification keys, gossip key. LoadCredentials reads
 // it; the environment variable FTCOMM_CREDENTIALS (CredentialsEnv) names
 // it for ft.Config; Credentials.ClientConfig and ApplyMember configure a
-// client and a member from it.
+// client and a member from it, and Credentials.Follow moves a client whose
+// endpoints all fail to those the file names now (a coordinator restarted
+// elsewhere rewrites it).
 //
 // # Member lifecycle (what ft.Comm does)
 //

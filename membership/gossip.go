@@ -24,8 +24,8 @@ import (
 // The defaults are tuned for a LAN: a SIGKILLed or SIGSTOPped process is
 // declared dead in about 1 s (memberlist's LAN profile takes 5–25 s),
 // with Lifeguard's awareness stretching a loaded node's own timeouts so
-// that a busy machine does not suspect healthy peers. See DESIGN §7 and
-// the soak test (go test -run TestGossipSoak -gossip.soak=10m).
+// that a busy machine does not suspect healthy peers. See
+// docs/measurements.md and the soak test (go test -run TestGossipSoak -gossip.soak=10m).
 type GossipConfig struct {
 	// BindAddr is host:port to listen on (TCP and UDP). Default
 	// "127.0.0.1:0": a free loopback port.

@@ -56,6 +56,15 @@ type MemberConfig struct {
 	WantQuorum bool
 	// Step is the step the member starts at.
 	Step int64
+	// Run is the run of the job the member takes part in ("": the job's
+	// current run, whichever it is, named by this member when the job has
+	// none; see RunRecord). A Run that is not the job's current
+	// run is started (StartRun, by this member) when StartRun is set and
+	// the id was never used; otherwise Join fails with a *RunEndedError.
+	// Starting a run waits for no one: while the job has live members,
+	// Join fails with a *RunBusyError.
+	Run      string
+	StartRun bool
 	// Gossip enables failure detection by gossip with the coordinators
 	// and other members (nil: off; lease expiry alone detects death).
 	Gossip *GossipConfig
@@ -96,6 +105,12 @@ func (c MemberConfig) Validate() error {
 	if c.LeaseTTL < 2*time.Second {
 		return fmt.Errorf("%w: membership: LeaseTTL %v is below etcd's minimum of 2s", comm.ErrInvalidArgument, c.LeaseTTL)
 	}
+	if err := checkRunName(c.Run); err != nil {
+		return err
+	}
+	if c.StartRun && c.Run == "" {
+		return fmt.Errorf("%w: membership: StartRun needs a Run to start", comm.ErrInvalidArgument)
+	}
 	if c.HeartbeatInterval < 0 || c.MinReplicas < 0 {
 		return fmt.Errorf("%w: membership: HeartbeatInterval %v and MinReplicas %d must not be negative", comm.ErrInvalidArgument, c.HeartbeatInterval, c.MinReplicas)
 	}
@@ -117,8 +132,13 @@ type Member struct {
 	key   string
 	lease clientv3.LeaseID
 	inc   int64
-	lg    *zap.Logger
-	gsp   *Gossip
+	// run is the run the member joined, runRev the revision of its
+	// record (0: none, the default run): registration and commit records
+	// are fenced on it.
+	run    string
+	runRev int64
+	lg     *zap.Logger
+	gsp    *Gossip
 
 	life   context.Context // ends at Leave, Close or loss
 	stop   context.CancelFunc
@@ -209,8 +229,18 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	if m.gsp != nil {
 		m.rec.Gossip = m.gsp.Addr()
 	}
-	if err := m.register(ctx); err != nil {
-		return nil, err
+	for {
+		run, rev, err := m.enterRun(ctx)
+		if err != nil {
+			return nil, err
+		}
+		m.run, m.runRev, m.rec.Run = run.ID, rev, run.ID
+		if err = m.register(ctx); !errors.Is(err, errRunMoved) {
+			if err != nil {
+				return nil, err
+			}
+			break
+		}
 	}
 
 	// Read the epoch state before the member counts as joined, so Quorum()
@@ -243,15 +273,21 @@ func (m *Member) spawn(f func()) {
 	go func() { defer m.wg.Done(); f() }()
 }
 
-// register creates the member key if no other incarnation holds it.
+// errRunMoved: the job's run changed while the member registered.
+var errRunMoved = errors.New("membership: the job's run changed")
+
+// register creates the member key if no other incarnation holds it and
+// the job's run is the one the member entered (errRunMoved: it changed).
 func (m *Member) register(ctx context.Context) error {
 	for {
 		val, _ := json.Marshal(m.rec)
 		keepOut := m.keys.Evicted(m.cfg.Job, m.cfg.ID)
+		runKey := m.keys.Run(m.cfg.Job)
 		tr, err := m.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0), clientv3.Compare(clientv3.CreateRevision(keepOut), "=", 0)).
+			If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0), clientv3.Compare(clientv3.CreateRevision(keepOut), "=", 0),
+				clientv3.Compare(clientv3.ModRevision(runKey), "=", m.runRev)).
 			Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(m.lease))).
-			Else(clientv3.OpGet(m.key), clientv3.OpGet(keepOut)).Commit()
+			Else(clientv3.OpGet(m.key), clientv3.OpGet(keepOut), clientv3.OpGet(runKey)).Commit()
 		if err != nil {
 			return fmt.Errorf("membership: join %s/%s: %w", m.cfg.Job, m.cfg.ID, ctxErr(ctx, err))
 		}
@@ -259,6 +295,9 @@ func (m *Member) register(ctx context.Context) error {
 			m.inc = tr.Header.Revision
 			m.rec.Incarnation = m.inc
 			return nil
+		}
+		if m.checkRun(tr.Responses[2].GetResponseRange().Kvs) != nil {
+			return errRunMoved
 		}
 		if kos := tr.Responses[1].GetResponseRange().Kvs; len(kos) > 0 {
 			var ko KeepOut
@@ -474,25 +513,29 @@ type CommitRecord struct {
 const keptCommitRecords = 1024
 
 // RecordCommit makes this member's commit of step in epoch durable: it
-// creates the step's commit record, or finds one. ok is true when the
-// record names epoch (this member's epoch owns the step); false when
-// another epoch committed the step first (rec says which), and this
-// member must not apply it.
+// creates the step's commit record of the member's run, or finds one. ok
+// is true when the record names epoch (this member's epoch owns the
+// step); false when another epoch committed the step first (rec says
+// which), and this member must not apply it. A *RunEndedError: the
+// member's run is over (it records nothing).
 func (m *Member) RecordCommit(ctx context.Context, step int64, epoch uint64) (rec CommitRecord, ok bool, err error) {
-	k := m.keys.Commit(m.cfg.Job, step)
+	k, runKey := m.keys.Commit(m.cfg.Job, step), m.keys.Run(m.cfg.Job)
 	mine := CommitRecord{Step: step, Epoch: epoch, By: m.cfg.ID, At: time.Now()}
 	val, _ := json.Marshal(mine)
 	then := []clientv3.Op{clientv3.OpPut(k, string(val))}
 	if step >= keptCommitRecords {
 		then = append(then, clientv3.OpDelete(m.keys.Commit(m.cfg.Job, step-keptCommitRecords)))
 	}
-	tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-		Then(then...).Else(clientv3.OpGet(k)).Commit()
+	tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0), clientv3.Compare(clientv3.ModRevision(runKey), "=", m.runRev)).
+		Then(then...).Else(clientv3.OpGet(k), clientv3.OpGet(runKey)).Commit()
 	if err != nil {
 		return CommitRecord{}, false, fmt.Errorf("membership: record commit of step %d: %w", step, ctxErr(ctx, err))
 	}
 	if tr.Succeeded {
 		return mine, true, nil
+	}
+	if err := m.checkRun(tr.Responses[1].GetResponseRange().Kvs); err != nil {
+		return CommitRecord{}, false, fmt.Errorf("membership: record commit of step %d: %w", step, err)
 	}
 	kvs := tr.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 { // deleted in between: only records far behind are
@@ -504,19 +547,27 @@ func (m *Member) RecordCommit(ctx context.Context, step int64, epoch uint64) (re
 	return rec, rec.Epoch == epoch, nil
 }
 
-// LastCommit returns the job's newest durable commit record (ok false
-// when there is none).
+// LastCommit returns the newest durable commit record of the member's
+// run (ok false when there is none; a *RunEndedError when the run is
+// over).
 func (m *Member) LastCommit(ctx context.Context) (rec CommitRecord, ok bool, err error) {
-	resp, err := m.cli.Get(ctx, m.keys.Commits(m.cfg.Job), clientv3.WithPrefix(),
-		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1))
+	tr, err := m.cli.Txn(ctx).Then(
+		clientv3.OpGet(m.keys.Commits(m.cfg.Job), clientv3.WithPrefix(),
+			clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1)),
+		clientv3.OpGet(m.keys.Run(m.cfg.Job)),
+	).Commit()
 	if err != nil {
 		return CommitRecord{}, false, fmt.Errorf("membership: read commit records: %w", ctxErr(ctx, err))
 	}
-	if len(resp.Kvs) == 0 {
+	if err := m.checkRun(tr.Responses[1].GetResponseRange().Kvs); err != nil {
+		return CommitRecord{}, false, fmt.Errorf("membership: read commit records: %w", err)
+	}
+	kvs := tr.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
 		return CommitRecord{}, false, nil
 	}
-	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
-		return CommitRecord{}, false, fmt.Errorf("membership: commit record %s: %w", resp.Kvs[0].Key, err)
+	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+		return CommitRecord{}, false, fmt.Errorf("membership: commit record %s: %w", kvs[0].Key, err)
 	}
 	return rec, true, nil
 }

@@ -214,6 +214,14 @@ type MemberRecord struct {
 	// Formed is the epoch whose communicators the member formed and holds
 	// (ReportFormed); the coordinator sets Quorum.Base from it.
 	Formed uint64 `json:"formed,omitempty"`
+	// Run is the run of the job the member belongs to (see RunRecord).
+	Run string `json:"run,omitempty"`
+	// WaitingFor, when above 0, is the job's committed step the member
+	// waits for a holder of before it can take another step (ft's
+	// DurableCommit: no participant of its epoch holds it); Waiting says
+	// so for people. Member.SetWaiting sets them.
+	WaitingFor int64  `json:"waitingFor,omitempty"`
+	Waiting    string `json:"waiting,omitempty"`
 	// Finished: the member's training loop ended the run at Step
 	// (ft.Comm.Finish); it takes part in no further quorum, and the
 	// coordinator publishes the run's end (Quorum.Final).
@@ -254,7 +262,8 @@ func checkName(kind, s string) error {
 //	<root>/<job>/members/<id>                        member record, bound to its lease
 //	<root>/<job>/epoch/revoked/<epoch>               revocation records
 //	<root>/<job>/rdzv/<epoch>/…                      per-epoch rendezvous (Store)
-//	<root>/<job>/commits/<step>                      durable commit records (RecordCommit)
+//	<root>/<job>/commits/<step>                      durable commit records of the run (RecordCommit)
+//	<root>/<job>/run                                 the job's current run (RunRecord)
 //	<root>/_coordinator/jobs/<job>/quorum            the current quorum
 //	<root>/_coordinator/jobs/<job>/history/<epoch>   past quorums (bounded)
 //	<root>/_coordinator/jobs/<job>/evicted/<id>      keep-out records of evicted members
@@ -307,6 +316,7 @@ func (k Keys) Revocation(job string, e uint64) string {
 func (k Keys) HistoryEntry(job string, e uint64) string { return k.History(job) + epochKey(e) }
 func (k Keys) Commits(job string) string                { return k.Job(job) + "commits/" }
 func (k Keys) Commit(job string, step int64) string     { return k.Commits(job) + epochKey(uint64(step)) }
+func (k Keys) Run(job string) string                    { return k.Job(job) + "run" }
 
 // RendezvousPrefix is the Store prefix of one epoch of a job.
 func (k Keys) RendezvousPrefix(job string, e uint64) string {

@@ -142,6 +142,8 @@ type proxy struct {
 	cut     chan struct{}
 	once    sync.Once
 	wg      sync.WaitGroup
+	spoiled chan struct{} // closed at the first corrupted read
+	spoil   sync.Once
 }
 
 func newProxy(t *testing.T, target string, limit int64, corrupt bool) *proxy {
@@ -149,7 +151,7 @@ func newProxy(t *testing.T, target string, limit int64, corrupt bool) *proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proxy{ln: ln, target: target, limit: limit, corrupt: corrupt, cut: make(chan struct{})}
+	p := &proxy{ln: ln, target: target, limit: limit, corrupt: corrupt, cut: make(chan struct{}), spoiled: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -189,6 +191,7 @@ func (p *proxy) down(c, up net.Conn) {
 					return
 				}
 				buf[n-1] ^= 0xff // once past the limit, corrupt the tail of every read
+				p.spoil.Do(func() { close(p.spoiled) })
 			}
 			if _, werr := c.Write(buf[:n]); werr != nil {
 				return
@@ -238,9 +241,19 @@ func TestSourceDiesMidTransfer(t *testing.T) {
 
 func TestCorruptChunksAreRefetched(t *testing.T) {
 	state := randomBlobs(3, 1<<20)
-	ss := servers(t, 2, 1, state)
+	ss := servers(t, 1, 1, state)
 	bad := newProxy(t, ss[0].Addr(), 100<<10, true)
-	srcs := []string{bad.ln.Addr().String(), ss[1].Addr()}
+	// The good source offers the state only once the bad one has sent a
+	// corrupted chunk, so that the healer always meets the corruption.
+	good := servers(t, 1, 0, nil)[0]
+	go func() {
+		select {
+		case <-bad.spoiled:
+			good.Offer(1, state)
+		case <-bad.cut:
+		}
+	}()
+	srcs := []string{bad.ln.Addr().String(), good.Addr()}
 	dst := emptyLike(state)
 	st, err := recovery.Fetch(ctx10s(t), fetchCfg(), 1, srcs, dst)
 	if err != nil {

@@ -490,7 +490,7 @@ func (w *laneRun) idle(wantTx uint64) error {
 			return err
 		}
 	}
-	spin(b.crowded, sp.rounds)
+	spin(b.crowded, false, sp.rounds)
 	return nil
 }
 

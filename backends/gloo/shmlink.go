@@ -150,12 +150,18 @@ func newShmState(seg *shmSeg) *shmState {
 // the other ranks wanted. Measured on the 16-core host (4 KiB all-reduce,
 // 3 interleaved rounds against yielding every round): 2 ranks 4.0 µs
 // against 6.5–7.0, 4 ranks 9.3–15 against 13–20.
-func spin(crowded bool, round int) {
+//
+// A waiter on a goroutine locked to its OS thread (Config.LockedCallers)
+// never calls runtime.Gosched: the scheduler hands a locked thread's P to
+// another thread and back, which costs more than the wait it fills.
+func spin(crowded, locked bool, round int) {
 	switch {
 	case crowded:
-		runtime.Gosched()
+		if !locked {
+			runtime.Gosched()
+		}
 		syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
-	case round%spinYield == 0:
+	case round%spinYield == 0 && !locked:
 		runtime.Gosched()
 	}
 }
@@ -754,7 +760,7 @@ func (b *Backend) shmIdle(ctx context.Context, w *shmWait, sp *spinner) error {
 			polling = now.Sub(sp.since) < limit
 		}
 		if polling {
-			spin(b.crowded, sp.rounds)
+			spin(b.crowded, b.cfg.LockedCallers, sp.rounds)
 			if sp.rounds%spinClock == 0 && ctx.Err() != nil {
 				return fmt.Errorf("gloo: %w: %w", comm.ErrAborted, ctxEnded(ctx))
 			}

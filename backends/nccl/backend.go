@@ -88,6 +88,12 @@ type Backend struct {
 	// release never destroys the stream under a waiting op.
 	opMu sync.Mutex
 
+	// ordered are the ops that returned once enqueued (StreamOrder), in
+	// order, for the watchdog to follow; nOrdered is their number.
+	ordMu    sync.Mutex
+	ordered  []orderedOp
+	nOrdered atomic.Int64
+
 	revokeReq chan struct{} // to the watchdog: run the native revoke
 	started   bool          // the watchdog runs (start was called)
 	closeOnce sync.Once
@@ -361,7 +367,7 @@ func (b *Backend) fail(err error) bool {
 	b.failErr, b.failAt = err, time.Now()
 	b.failed.Store(true)
 	close(b.wake)
-	if b.opActive.Load() {
+	if b.opActive.Load() || b.nOrdered.Load() > 0 {
 		b.dirty.Store(true)
 	}
 	return true
@@ -464,8 +470,12 @@ func (b *Backend) watchdog() {
 		case h := <-b.abortQ:
 			b.abortData(h, "the control comm is being shrunk after a failure")
 		case <-tick.C:
-			if b.opActive.Load() && !b.failed.Load() {
+			ordered := b.nOrdered.Load() > 0
+			if (b.opActive.Load() || ordered) && !b.failed.Load() {
 				b.checkAsync()
+			}
+			if ordered {
+				b.checkOrdered()
 			}
 			if b.cfg.AbortDelay > 0 && b.dirty.Load() {
 				b.fmu.Lock()
@@ -641,6 +651,7 @@ func (b *Backend) release() error {
 		b.log.Error("stream did not drain after abort; leaking it and the scratch memory", zap.Error(err))
 		return errors.Join(append(errs, fmt.Errorf("nccl: stream did not drain: %w", err))...)
 	}
+	b.dropOrdered()
 	b.evMu.Lock()
 	for _, ev := range b.events {
 		errs = append(errs, b.lib.eventDestroy(b.dev, ev))
@@ -863,12 +874,25 @@ func (b *Backend) waitFor(ctx context.Context, what string, ev eventHandle) erro
 	}
 }
 
-// run issues one call and waits for it.
+// run issues one call and waits for it; with a StreamOrder (not Async)
+// it returns once the call is enqueued.
 func (b *Backend) run(ctx context.Context, what string, a collArgs) error {
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
+	so, ordered := streamOrderOf(ctx)
+	if ordered {
+		if err := b.usable(); err != nil {
+			return err
+		}
+		if err := b.waitOn(so.Stream, what); err != nil {
+			return err
+		}
+	}
 	if err := b.launch(ctx, what, &a, nil); err != nil {
 		return err
+	}
+	if ordered && !so.Async && !pointToPoint(a.kind) {
+		return b.signal(ctx, so.Stream, what)
 	}
 	return b.waitStream(ctx, what)
 }
@@ -880,6 +904,12 @@ func (b *Backend) runGroup(ctx context.Context, what string, copyDst, copySrc ui
 	defer b.opMu.Unlock()
 	if err := b.usable(); err != nil {
 		return err
+	}
+	if so, ok := streamOrderOf(ctx); ok {
+		// Waited for on the host below, so the stream needs no signal.
+		if err := b.waitOn(so.Stream, what); err != nil {
+			return err
+		}
 	}
 	if copyBytes > 0 {
 		if err := b.lib.copyDtoD(b.dev, copyDst, copySrc, copyBytes, b.stream); err != nil {
@@ -943,12 +973,24 @@ func (b *Backend) Start(ctx context.Context, op comm.Op) (comm.Completion, error
 	}
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
+	so, ordered := streamOrderOf(ctx)
+	if ordered {
+		if err := b.usable(); err != nil {
+			return nil, err
+		}
+		if err := b.waitOn(so.Stream, what); err != nil {
+			return nil, err
+		}
+	}
 	if err := b.launch(ctx, what, &a, nil); err != nil {
 		return nil, err
 	}
 	ev, err := b.event()
 	if err == nil {
 		err = b.lib.eventRecord(b.dev, ev, b.stream)
+		if err == nil && ordered && !so.Async {
+			err = b.lib.streamWaitEvent(b.dev, streamHandle(so.Stream), ev)
+		}
 		if err != nil {
 			b.putEvent(ev)
 		}

@@ -114,6 +114,7 @@ typedef struct {
 	int (*eventCreateWithFlags)(void**, unsigned int);
 	int (*eventDestroy)(void*);
 	int (*eventRecord)(void*, ft_stream);
+	int (*streamWaitEvent)(ft_stream, void*, unsigned int);
 	int (*eventQuery)(void*);
 	int (*eventElapsedTime)(float*, void*, void*);
 	const char* (*cudaGetErrorString)(int);
@@ -189,6 +190,7 @@ static void ft_resolve(ft_lib* L, const char** missing) {
 	FT_SYM(c, eventCreateWithFlags, "cudaEventCreateWithFlags", 1);
 	FT_SYM(c, eventDestroy, "cudaEventDestroy", 1);
 	FT_SYM(c, eventRecord, "cudaEventRecord", 1);
+	FT_SYM(c, streamWaitEvent, "cudaStreamWaitEvent", 1);
 	FT_SYM(c, eventQuery, "cudaEventQuery", 1);
 	FT_SYM(c, eventElapsedTime, "cudaEventElapsedTime", 1);
 	FT_SYM(c, cudaGetErrorString, "cudaGetErrorString", 1);
@@ -423,6 +425,12 @@ static int ft_event_record(ft_lib* L, int dev, uintptr_t ev, uintptr_t s) {
 	int e = ft_use(L, dev);
 	if (e != 0) return e;
 	return L->eventRecord((void*)ev, (ft_stream)s);
+}
+
+static int ft_stream_wait_event(ft_lib* L, int dev, uintptr_t s, uintptr_t ev) {
+	int e = ft_use(L, dev);
+	if (e != 0) return e;
+	return L->streamWaitEvent((ft_stream)s, (void*)ev, 0);
 }
 
 static int ft_event_query(ft_lib* L, uintptr_t ev) { return L->eventQuery((void*)ev); }
@@ -783,6 +791,10 @@ func (d *dlLibrary) eventDestroy(dev int, ev eventHandle) error {
 
 func (d *dlLibrary) eventRecord(dev int, ev eventHandle, s streamHandle) error {
 	return d.cudaErr("cudaEventRecord", C.ft_event_record(d.L, C.int(dev), C.uintptr_t(ev), C.uintptr_t(s)))
+}
+
+func (d *dlLibrary) streamWaitEvent(dev int, s streamHandle, ev eventHandle) error {
+	return d.cudaErr("cudaStreamWaitEvent", C.ft_stream_wait_event(d.L, C.int(dev), C.uintptr_t(s), C.uintptr_t(ev)))
 }
 
 func (d *dlLibrary) eventQuery(ev eventHandle) (bool, error) {

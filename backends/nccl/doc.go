@@ -139,7 +139,7 @@
 //     the process (parseCommConfig); New refuses it where it contradicts
 //     the mode.
 //
-// Seen on 2×H200 (DESIGN §7): a dead peer's survivor sees no async error
+// Seen on 2×H200 (a C probe, one process per GPU): a dead peer's survivor sees no async error
 // (its kernel just waits); a nonblocking comm needs ncclCommGetAsyncError
 // polled after every call until it leaves ncclInProgress, or it is
 // poisoned; ncclCommAbort after a peer's death took 0.51 s. On one H100,
@@ -155,6 +155,16 @@
 // ctx. On a nonblocking comm, after every NCCL call ncclCommGetAsyncError
 // is polled until it leaves ncclInProgress, as NCCL requires before the
 // next call; a blocking comm's call returns its result.
+//
+// An op whose ctx carries a StreamOrder (WithStreamOrder) is ordered with
+// a stream the caller owns, as torch.distributed orders collectives with
+// PyTorch's current stream: the comm's stream waits for the caller's work
+// so far (an event and cudaStreamWaitEvent), and unless Async the caller's
+// stream waits for the op, which then returns once enqueued (for the
+// collectives that are one NCCL call); the watchdog follows its
+// completion against its deadline and, past it, fails the comm with
+// comm.ErrTimeout and aborts its NCCL comms. The Python package uses it
+// for CUDA tensors; see StreamOrder.
 //
 // # Faults
 //
@@ -219,10 +229,10 @@
 // fewer GPUs than it needs (one for the single-rank tests, two for most,
 // three for TestGPUShrinkSecondDeath). gpurun.sh builds and runs them:
 //
-//	backends/nccl/gpurun.sh build /work/main     # nccl.test, ncclbench, ftbench into /work/main/.gpu/nccl
-//	bash .gpu/nccl/gpurun.sh run1                # one GPU (nvidia-h100-x1), carry [".gpu/nccl"]
-//	bash .gpu/nccl/gpurun.sh run-tests           # 2-8 GPUs (nvidia-h200-x2/-x4/-x8), carry [".gpu/nccl"],
-//	bash .gpu/nccl/gpurun.sh run-torch           #   one device call each (< 10 minutes)
+//	backends/nccl/gpurun.sh build <checkout>     # nccl.test, ncclbench, ftbench into <checkout>/.gpu/nccl
+//	bash .gpu/nccl/gpurun.sh run1                # on a host with one GPU, from the checkout's copy
+//	bash .gpu/nccl/gpurun.sh run-tests           # on a host with 2-8 GPUs (each under 10 minutes)
+//	bash .gpu/nccl/gpurun.sh run-torch
 //	bash .gpu/nccl/gpurun.sh run-bench
 //
 // run-tests runs every GPU test (collectives against host references,
@@ -238,9 +248,10 @@
 //	NCCL_NVLS_ENABLE=0 ./ftbench -backend nccl -np n -b 8 -e 1G -f 8 -n 50 -async
 //	NCCL_NVLS_ENABLE=0 ./ncclbench -g n -b 8 -e 1G -f 8 -n 50 -mode stream -commmode blocking-data
 //
-// The targets (issue 10): 8-byte all-reduce ≤ nccl-tests + 3 µs and busbw
-// ≥ 97 % of nccl-tests at ≥ 16 MiB in the default mode (ftbench -async
-// against reference/ANCHORS.md), no call past its deadline.
+// The targets: 8-byte all-reduce ≤ nccl-tests + 3 µs and busbw ≥ 97 % of
+// nccl-tests at ≥ 16 MiB in the default mode (ftbench -async against
+// nccl-tests' all_reduce_perf on the same host), no call past its deadline.
+// docs/measurements.md has the figures.
 //
 // cmd/ncclbench measures the collectives in nccl-tests' format;
 // subpackage health watches the GPUs through NVML.

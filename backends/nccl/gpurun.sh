@@ -2,11 +2,11 @@
 # Builds the GPU tests and benchmarks into <main checkout>/.gpu/nccl (here) or
 # runs them (on the device machine, from the checkout root):
 #
-#   backends/nccl/gpurun.sh build /work/main     # here: binaries + scripts into /work/main/.gpu/nccl
-#   bash .gpu/nccl/gpurun.sh run-tests           # there, 2-8 GPUs (device tool, carry [".gpu/nccl"],
-#   bash .gpu/nccl/gpurun.sh run-torch           #   kind nvidia-h200-x2, -x4 or -x8): three calls,
-#   bash .gpu/nccl/gpurun.sh run-bench           #   each under the tool's 10-minute limit
-#   bash .gpu/nccl/gpurun.sh run1                # there, one GPU (kind nvidia-h100-x1)
+#   backends/nccl/gpurun.sh build <checkout>     # here: binaries + scripts into <checkout>/.gpu/nccl
+#   bash .gpu/nccl/gpurun.sh run-tests           # there, 2-8 GPUs; each of these three
+#   bash .gpu/nccl/gpurun.sh run-torch           #   runs in under 10 minutes
+#   bash .gpu/nccl/gpurun.sh run-bench
+#   bash .gpu/nccl/gpurun.sh run1                # there, one GPU
 #
 # run-tests: every GPU test with the system NCCL (collectives vs host
 # references, peer that never posts, revoke modes, SIGKILL + shrink + grow

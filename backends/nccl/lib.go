@@ -241,6 +241,9 @@ type cudaAPI interface {
 	eventCreate(dev int, timing bool) (eventHandle, error)
 	eventDestroy(dev int, ev eventHandle) error
 	eventRecord(dev int, ev eventHandle, s streamHandle) error
+	// streamWaitEvent makes the work queued on s from now on wait for the
+	// event's latest record (cudaStreamWaitEvent).
+	streamWaitEvent(dev int, s streamHandle, ev eventHandle) error
 	// eventQuery reports whether the work before the event's record is done.
 	eventQuery(ev eventHandle) (bool, error)
 	// eventElapsed is the time between two recorded timing events, in ms.

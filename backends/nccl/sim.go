@@ -81,6 +81,7 @@ type Simulation struct {
 	hostAllocs  int // live page-locked allocations
 	comms       map[commHandle]*simComm
 	streams     map[streamHandle]*simStream
+	nullStreams map[int]streamHandle // device → its legacy default stream (handle 0)
 	events      map[eventHandle]*simEvent
 	cells       map[cellHandle]commHandle
 	inits       map[uniqueID]*simRdv
@@ -121,6 +122,7 @@ type simStream struct {
 
 type simEvent struct {
 	done bool
+	last *simEventItem // the latest record
 }
 
 // simClique is one NCCL communicator across its ranks.
@@ -354,7 +356,7 @@ func (w *Simulation) Restart(dev int) {
 		}
 		for _, it := range st.items {
 			if e, ok := it.(*simEventItem); ok {
-				e.ev.done = true
+				e.step(w)
 			}
 		}
 		st.items = nil
@@ -1180,9 +1182,24 @@ func (it *simCopyItem) step(w *Simulation) bool {
 	return true
 }
 
-type simEventItem struct{ ev *simEvent }
+type simEventItem struct {
+	ev    *simEvent
+	fired bool
+}
 
-func (it *simEventItem) step(*Simulation) bool { it.ev.done = true; return true }
+func (it *simEventItem) step(*Simulation) bool {
+	it.fired = true
+	if it.ev.last == it {
+		it.ev.done = true
+	}
+	return true
+}
+
+// simWaitItem holds its stream until one record of an event has fired
+// (cudaStreamWaitEvent).
+type simWaitItem struct{ rec *simEventItem }
+
+func (it *simWaitItem) step(*Simulation) bool { return it.rec.fired }
 
 func (w *Simulation) progress(s *simStream) {
 	if w.dead[s.dev] {
@@ -1246,6 +1263,23 @@ func (w *Simulation) free(dev int, p uintptr) error {
 func (a *simAlloc) contains(p uintptr) bool { return p >= a.base && p < a.base+uintptr(len(a.mem)) }
 
 func (w *Simulation) stream(dev int, s streamHandle, what string) (*simStream, error) {
+	if s == 0 {
+		// The legacy default stream of dev (PyTorch's default stream is
+		// this handle): a plain stream here, made on first use.
+		if err := w.checkDev(dev); err != nil {
+			return nil, err
+		}
+		if w.nullStreams == nil {
+			w.nullStreams = map[int]streamHandle{}
+		}
+		h, ok := w.nullStreams[dev]
+		if !ok {
+			h = streamHandle(w.handle())
+			w.streams[h] = &simStream{dev: dev}
+			w.nullStreams[dev] = h
+		}
+		s = h
+	}
 	st := w.streams[s]
 	if st == nil {
 		w.faultf("%s: unknown stream %#x", what, s)
@@ -1465,7 +1499,26 @@ func (w *Simulation) eventRecord(dev int, ev eventHandle, s streamHandle) error 
 	}
 	e := w.events[ev]
 	e.done = false
-	st.items = append(st.items, &simEventItem{ev: e})
+	e.last = &simEventItem{ev: e}
+	st.items = append(st.items, e.last)
+	return nil
+}
+
+func (w *Simulation) streamWaitEvent(dev int, s streamHandle, ev eventHandle) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.stream(dev, s, "cudaStreamWaitEvent")
+	if err != nil {
+		return err
+	}
+	e := w.events[ev]
+	if e == nil {
+		w.faultf("cudaStreamWaitEvent: unknown event %#x", ev)
+		return &cudaError{Op: "cudaStreamWaitEvent", Code: 400, Msg: "invalid resource handle"}
+	}
+	if e.last != nil && !e.last.fired { // a never-recorded event is complete
+		st.items = append(st.items, &simWaitItem{rec: e.last})
+	}
 	return nil
 }
 

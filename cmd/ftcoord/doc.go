@@ -5,6 +5,7 @@
 //	ftcoord serve                          # embedded single-node etcd in ./ftcoord-data, secured
 //	ftcoord serve -etcd h1:2379,h2:2379    # an external etcd cluster; run several for failover
 //	ftcoord status -addr http://host:8080 [-job J]
+//	ftcoord job new-run [-run ID] J        # a new run of job J: its trainers start from step 0
 //	ftcoord credentials                    # print the trainers' credentials file serve wrote
 //	ftcoord version                        # or --version: version, revision, Go, platform
 //	ftcoord certs | secrets | etcd-init    # set up an external etcd: CA and certificates, shared keys, users/roles/auth
@@ -26,8 +27,15 @@
 // milliseconds, members and watches attached or not): it resigns
 // leadership (a standby takes over at once), finishes HTTP requests and
 // stops its embedded etcd, ending clients' streams first. Restarted on the
-// same data directory faster than the members' lease TTL, it costs no
-// epoch: leases live in etcd's data, and members reconnect within 0.5 s.
+// same data directory, the embedded etcd listens where it did (the ports
+// of the first start are kept in <data-dir>/ftcomm-addresses.json; the
+// trainers' credentials name them); if another process took its client
+// port meanwhile, ftcoord says so and exits with status 1 rather than
+// move. A restart faster than the members' lease TTL costs no epoch:
+// leases live in etcd's data, and members reconnect within 0.5 s. When
+// the endpoints do change (-etcd-client-addr, -etcd-advertise-addr), a
+// trainer whose endpoints all fail reads its credentials file again and
+// moves to the ones it names.
 // At start an instance waits up to 30 s for an external etcd that does not
 // answer yet (logging each retry); wrong credentials fail it at once.
 //
@@ -95,20 +103,26 @@
 //	GET  /api/v1/jobs/{job}/quorum               current quorum (404 when none)
 //	GET  /api/v1/jobs/{job}/history?limit=N      past quorums, newest first
 //	POST /api/v1/jobs/{job}/members/{id}/evict   body optional: {"by": …, "reason": …, "keepOut": "10m"}
+//	POST /api/v1/jobs/{job}/runs                 a new run; body optional: {"run": id, "by": …}
 //
 // An evicted member may not register again for -evict-keep-out (default
 // 1m; a request's "keepOut" overrides, "0s": not kept out); the answer
 // gives "keptOutUntil", and the member's Join fails with
-// membership.KeptOutError saying until when. Lease ids are JSON strings
-// (they exceed 2^53). Errors are {"error": "…"} with 400 (bad input), 401
-// (token), 404 (no such job, member or endpoint), 405 with an Allow header
-// (a known path, another method), 413 (a body over 64 KiB) or 503 (etcd
-// unavailable). Each connection is cut after 5 s without its headers, 30 s
+// membership.KeptOutError saying until when. A new run (`ftcoord job
+// new-run`) becomes the job's current run and clears its commit records,
+// so that trainers with an empty ft.Config.Run begin it from step 0; it is
+// refused while the job has live members, or for an id the job used
+// before. `ftcoord status -job` names the run and the members that wait
+// for a holder of a committed step (ft's DurableCommit), with why. Lease
+// ids are JSON strings (they exceed 2^53). Errors are {"error": "…"} with
+// 400 (bad input), 401 (token), 404 (no such job, member or endpoint),
+// 405 with an Allow header (a known path, another method), 409 (a new run
+// refused), 413 (a body over 64 KiB) or 503 (etcd unavailable). Each connection is cut after 5 s without its headers, 30 s
 // without its body or without reading the answer, 60 s idle.
 //
 // Metrics name a job with the label ftcomm_job (not "job", which
 // Prometheus sets to the scrape job and would rename to exported_job):
-// ftcomm_coordinator_{epoch,members,participants}{ftcomm_job},
+// ftcomm_coordinator_{epoch,members,participants,waiting_members}{ftcomm_job},
 // ftcomm_coordinator_{quorums,joins,foreign_quorum_writes}_total{ftcomm_job},
 // ftcomm_coordinator_removals_total{ftcomm_job,cause},
 // ftcomm_coordinator_{leader,jobs,gossip_alive},

@@ -17,6 +17,7 @@ const usage = `ftcoord: the ftcomm coordinator service.
 Usage:
   ftcoord serve       [flags]   run a coordinator (embedded etcd by default)
   ftcoord status      [flags]   print jobs, or one job with -job, as tables
+  ftcoord job new-run [flags] <job>   start a new run of a job: its trainers start from step 0
   ftcoord credentials [flags]   print the trainers' credentials file that serve wrote
   ftcoord version               print the version (also: ftcoord --version)
 
@@ -82,33 +83,39 @@ type command struct {
 	flags func(*flag.FlagSet)
 	check func() error
 	run   func(ctx context.Context, stdout, stderr io.Writer) error
+	// positional takes the arguments after the flags (nil: none allowed).
+	positional func([]string) error
 }
 
 func commands() map[string]func() command {
 	return map[string]func() command{
 		"serve": func() command {
 			cfg := defaultServeConfig()
-			return command{"[flags]", cfg.flags, cfg.validate, func(ctx context.Context, _, stderr io.Writer) error { return serve(ctx, cfg, stderr) }}
+			return command{"[flags]", cfg.flags, cfg.validate, func(ctx context.Context, _, stderr io.Writer) error { return serve(ctx, cfg, stderr) }, nil}
 		},
 		"status": func() command {
 			var cfg statusConfig
-			return command{"[flags]", cfg.flags, cfg.validate, func(ctx context.Context, stdout, _ io.Writer) error { return status(ctx, cfg, stdout) }}
+			return command{"[flags]", cfg.flags, cfg.validate, func(ctx context.Context, stdout, _ io.Writer) error { return status(ctx, cfg, stdout) }, nil}
+		},
+		"job new-run": func() command {
+			var cfg newRunConfig
+			return command{"[flags] <job>", cfg.flags, cfg.validate, func(ctx context.Context, stdout, _ io.Writer) error { return newRun(ctx, cfg, stdout) }, cfg.setJob}
 		},
 		"credentials": func() command {
 			cfg := defaultCredentialsConfig()
-			return command{"[flags]", cfg.flags, cfg.validate, func(_ context.Context, stdout, _ io.Writer) error { return cfg.print(stdout) }}
+			return command{"[flags]", cfg.flags, cfg.validate, func(_ context.Context, stdout, _ io.Writer) error { return cfg.print(stdout) }, nil}
 		},
 		"certs": func() command {
 			cfg := defaultCertsConfig()
-			return command{"[flags]", cfg.flags, cfg.validate, func(_ context.Context, stdout, _ io.Writer) error { return cfg.make(stdout) }}
+			return command{"[flags]", cfg.flags, cfg.validate, func(_ context.Context, stdout, _ io.Writer) error { return cfg.make(stdout) }, nil}
 		},
 		"secrets": func() command {
 			cfg := defaultSecretsConfig()
-			return command{"[flags]", cfg.flags, cfg.validate, func(_ context.Context, stdout, _ io.Writer) error { return cfg.make(stdout) }}
+			return command{"[flags]", cfg.flags, cfg.validate, func(_ context.Context, stdout, _ io.Writer) error { return cfg.make(stdout) }, nil}
 		},
 		"etcd-init": func() command {
 			cfg := defaultEtcdInitConfig()
-			return command{"[flags]", cfg.flags, cfg.validate, func(ctx context.Context, stdout, _ io.Writer) error { return cfg.init(ctx, stdout) }}
+			return command{"[flags]", cfg.flags, cfg.validate, func(ctx context.Context, stdout, _ io.Writer) error { return cfg.init(ctx, stdout) }, nil}
 		},
 	}
 }
@@ -128,33 +135,42 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprintln(stdout, currentBuild())
 		return 0
 	}
-	mk, ok := commands()[args[0]]
+	name, rest := args[0], args[1:]
+	if name == "job" && len(rest) > 0 { // a group of commands: "job new-run"
+		name, rest = name+" "+rest[0], rest[1:]
+	}
+	mk, ok := commands()[name]
 	if !ok {
-		fmt.Fprintf(stderr, "ftcoord: unknown command %q\n\n%s", args[0], usage)
+		fmt.Fprintf(stderr, "ftcoord: unknown command %q\n\n%s", name, usage)
 		return 2
 	}
 	c := mk()
-	fs := newFlagSet(args[0], c.args, c.flags)
+	fs := newFlagSet(name, c.args, c.flags)
 	fs.SetOutput(stderr)
-	if err := parseFlags(fs, args[1:], getenv); err != nil {
+	if err := parseFlags(fs, rest, getenv); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
-		fmt.Fprintf(stderr, "ftcoord %s: %v\n", args[0], err)
+		fmt.Fprintf(stderr, "ftcoord %s: %v\n", name, err)
 		return 2
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "ftcoord %s: unexpected arguments %q\n", args[0], fs.Args())
+	if c.positional != nil {
+		if err := c.positional(fs.Args()); err != nil {
+			fmt.Fprintf(stderr, "ftcoord %s: %v\n", name, err)
+			return 2
+		}
+	} else if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "ftcoord %s: unexpected arguments %q\n", name, fs.Args())
 		return 2
 	}
 	if err := c.check(); err != nil {
-		fmt.Fprintf(stderr, "ftcoord %s: %v\n", args[0], err)
+		fmt.Fprintf(stderr, "ftcoord %s: %v\n", name, err)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := c.run(ctx, stdout, stderr); err != nil {
-		fmt.Fprintf(stderr, "ftcoord %s: %v\n", args[0], err)
+		fmt.Fprintf(stderr, "ftcoord %s: %v\n", name, err)
 		return 1
 	}
 	return 0

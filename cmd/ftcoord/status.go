@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -69,9 +70,26 @@ func (c *statusConfig) client() (*http.Client, error) {
 }
 
 func (c *statusConfig) get(ctx context.Context, hc *http.Client, path string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(c.Addr, "/")+path, nil)
+	return c.do(ctx, hc, http.MethodGet, path, nil, out)
+}
+
+// do sends an API request (in: the JSON body, or nil) and decodes the
+// answer into out.
+func (c *statusConfig) do(ctx context.Context, hc *http.Client, method, path string, in, out any) error {
+	var reqBody io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		reqBody = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(c.Addr, "/")+path, reqBody)
 	if err != nil {
 		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	if c.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.Token)
@@ -123,12 +141,23 @@ func status(ctx context.Context, c statusConfig, w io.Writer) error {
 		return err
 	}
 	if q := d.Quorum; q != nil {
-		fmt.Fprintf(tw, "epoch %d\t%d participant(s), max step %d, %s: %s\n", q.Epoch, len(q.Participants), q.MaxStep, since(q.Created), q.Reason)
+		fmt.Fprintf(tw, "epoch %d\t%d participant(s), formed %s: %s\n", q.Epoch, len(q.Participants), since(q.Created), q.Reason)
 	} else {
 		fmt.Fprintln(tw, "no quorum yet")
 	}
+	if r := d.Run; r != nil {
+		fmt.Fprintf(tw, "run\t%s, started %s by %s\n", r.ID, since(r.Started), r.By)
+	}
+	if len(d.Members) > 0 {
+		fmt.Fprintf(tw, "step\t%d (the highest a member reported; members report with their heartbeats)\n", d.Step)
+	}
 	if d.Waiting != "" {
 		fmt.Fprintf(tw, "waiting\t%s\n", d.Waiting)
+	}
+	for _, m := range d.Members {
+		if m.WaitingFor > 0 {
+			fmt.Fprintf(tw, "%s waits\tfor a holder of step %d: %s\n", m.ID, m.WaitingFor, m.Waiting)
+		}
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "MEMBER\tRANK\tSTATE\tHEALTH\tSTEP\tGROUP\tADDR\tINCARNATION")
@@ -142,6 +171,9 @@ func status(ctx context.Context, c statusConfig, w io.Writer) error {
 			if m.Healing {
 				state = "healing"
 			}
+		}
+		if m.WaitingFor > 0 {
+			state = "waiting"
 		}
 		health := m.Health.String()
 		if m.HealthReason != "" {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 //go:embed dashboard/index.html
@@ -60,6 +61,7 @@ func (a *api) handler() http.Handler {
 	mux.Handle("GET /api/v1/jobs/{job}/quorum", a.auth(http.HandlerFunc(a.quorum)))
 	mux.Handle("GET /api/v1/jobs/{job}/history", a.auth(http.HandlerFunc(a.history)))
 	mux.Handle("POST /api/v1/jobs/{job}/members/{id}/evict", a.auth(http.HandlerFunc(a.evict)))
+	mux.Handle("POST /api/v1/jobs/{job}/runs", a.auth(http.HandlerFunc(a.newRun)))
 	mux.Handle("/api/", a.auth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if allow := allowed(mux, r); len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
@@ -127,6 +129,8 @@ func (a *api) fail(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusBadRequest, err)
 	case errors.Is(err, coordinator.ErrNotFound), errors.Is(err, coordinator.ErrNoQuorum):
 		writeError(w, http.StatusNotFound, err)
+	case errors.Is(err, membership.ErrRunBusy), errors.Is(err, membership.ErrRunEnded):
+		writeError(w, http.StatusConflict, err)
 	case errors.Is(err, context.DeadlineExceeded):
 		writeError(w, http.StatusGatewayTimeout, err)
 	default:
@@ -257,6 +261,59 @@ func (a *api) history(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, h)
 }
 
+type newRunRequest struct {
+	// Run is the new run's id (default: a fresh one).
+	Run string `json:"run"`
+	By  string `json:"by"`
+}
+
+// readBody decodes an optional JSON body into v, answering 400 or 413
+// itself (ok false) when it cannot.
+func readBody(w http.ResponseWriter, r *http.Request, v any, want string) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Errorf("body larger than %d bytes", tooBig.Limit))
+			return false
+		}
+		writeError(w, http.StatusBadRequest, fmt.Errorf("reading body: %v", err))
+		return false
+	}
+	if len(strings.TrimSpace(string(body))) > 0 {
+		dec := json.NewDecoder(strings.NewReader(string(body)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(v); err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("body: want %s: %v", want, err))
+			return false
+		}
+	}
+	return true
+}
+
+// newRun starts a new run of a job (coordinator.Admin.NewRun): 200 with
+// the run record, 409 while the job has live members or for a used id.
+func (a *api) newRun(w http.ResponseWriter, r *http.Request) {
+	var req newRunRequest
+	if !readBody(w, r, &req, `{"run": …, "by": …}`) {
+		return
+	}
+	by := "api"
+	if req.By != "" {
+		by = req.By
+	}
+	job := r.PathValue("job")
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	run, err := a.admin.NewRun(ctx, job, req.Run, by)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	a.lg.Info("new run", zap.String("job", job), zap.String("run", run.ID), zap.String("by", by), zap.Strings("ended", run.Ended[:min(len(run.Ended), 1)]))
+	writeJSON(w, http.StatusOK, run)
+}
+
 type evictRequest struct {
 	By     string `json:"by"`
 	Reason string `json:"reason"`
@@ -277,25 +334,11 @@ type EvictAnswer struct {
 
 func (a *api) evict(w http.ResponseWriter, r *http.Request) {
 	var req evictRequest
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Errorf("body larger than %d bytes", tooBig.Limit))
-			return
-		}
-		writeError(w, http.StatusBadRequest, fmt.Errorf("reading body: %v", err))
+	if !readBody(w, r, &req, `{"by": …, "reason": …, "keepOut": "10m"}`) {
 		return
 	}
-	if len(strings.TrimSpace(string(body))) > 0 {
-		dec := json.NewDecoder(strings.NewReader(string(body)))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil {
-			writeError(w, http.StatusBadRequest, fmt.Errorf("body: want {\"by\": …, \"reason\": …, \"keepOut\": \"10m\"}: %v", err))
-			return
-		}
-	}
 	keepOut := a.keepOut
+	var err error
 	if req.KeepOut != "" {
 		if keepOut, err = time.ParseDuration(req.KeepOut); err != nil || keepOut < 0 {
 			writeError(w, http.StatusBadRequest, fmt.Errorf("keepOut %q: want a duration such as \"10m\" (\"0s\": none)", req.KeepOut))

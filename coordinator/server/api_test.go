@@ -59,7 +59,7 @@ func TestAPI(t *testing.T) {
 		t.Fatalf("jobs %+v", jobs)
 	}
 	d := decode[JobDetail](t, lc.request(t, "GET", "/api/v1/jobs/llama", "", false), 200)
-	if d.Leader != "coord-a" || d.Quorum == nil || d.Quorum.Epoch != q.Epoch || len(d.Members) != 2 {
+	if d.Leader != "coord-a" || d.Quorum == nil || d.Quorum.Epoch != q.Epoch || len(d.Members) != 2 || d.Step != 17 {
 		t.Fatalf("job %+v", d)
 	}
 	var sawA bool
@@ -209,5 +209,45 @@ func TestAPIToken(t *testing.T) {
 		if resp := lc.request(t, "GET", p, "", false); resp.StatusCode != 200 {
 			t.Errorf("%s: %d", p, resp.StatusCode)
 		}
+	}
+}
+
+// POST /api/v1/jobs/{job}/runs starts a new run of a job: refused (409,
+// naming them) while the job has live members, then 200 with the run; an
+// id used before is refused; the job's view shows the run and its
+// members' waits.
+func TestAPINewRun(t *testing.T) {
+	lc := startLiveCoordinator(t, "", false)
+	a := lc.join(t, "llama", "a")
+	ctx := testCtx(t, 20*time.Second)
+	first := a.Run()
+	e := decode[APIError](t, lc.request(t, "POST", "/api/v1/jobs/llama/runs", `{"run":"r2"}`, false), http.StatusConflict)
+	if !strings.Contains(e.Error, "live members (a)") {
+		t.Fatalf("a new run beside a live member: %q", e.Error)
+	}
+	if err := a.SetWaiting(ctx, 12, "step 12 was committed by epoch 3; no participant holds it"); err != nil {
+		t.Fatal(err)
+	}
+	d := decode[JobDetail](t, lc.request(t, "GET", "/api/v1/jobs/llama", "", false), 200)
+	if d.Run == nil || d.Run.ID != first || len(d.WaitingMembers) != 1 || d.Members[0].WaitingFor != 12 {
+		t.Fatalf("job %+v", d.JobView)
+	}
+	if err := a.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	run := decode[membership.RunRecord](t, lc.request(t, "POST", "/api/v1/jobs/llama/runs", `{"run":"r2","by":"ops"}`, false), 200)
+	if run.ID != "r2" || run.By != "ops" || len(run.Ended) != 1 || run.Ended[0] != first {
+		t.Fatalf("run %+v", run)
+	}
+	fresh := decode[membership.RunRecord](t, lc.request(t, "POST", "/api/v1/jobs/llama/runs", "", false), 200)
+	if fresh.ID == "" || fresh.By != "api" || fresh.Ended[0] != "r2" {
+		t.Fatalf("a run with a fresh id: %+v", fresh)
+	}
+	if e := decode[APIError](t, lc.request(t, "POST", "/api/v1/jobs/llama/runs", `{"run":"r2"}`, false), http.StatusConflict); !strings.Contains(e.Error, "ended") {
+		t.Fatalf("a used run id: %q", e.Error)
+	}
+	decode[APIError](t, lc.request(t, "POST", "/api/v1/jobs/llama/runs", `{"run":"no good"}`, false), http.StatusBadRequest)
+	if d := decode[JobDetail](t, lc.request(t, "GET", "/api/v1/jobs/llama", "", false), 200); d.Run == nil || d.Run.ID != fresh.ID {
+		t.Fatalf("job after the new runs: %+v", d.JobView)
 	}
 }

@@ -54,7 +54,8 @@ type Config struct {
 	// an external etcd it holds the last two.
 	DataDir string
 	// EtcdClientAddr and EtcdPeerAddr are where the embedded etcd listens
-	// (port 0: a free one).
+	// (port 0: the port of its last start on DataDir, which the trainers'
+	// credentials name, else a free one; see etcdhost.EmbeddedConfig).
 	EtcdClientAddr, EtcdPeerAddr string
 	// EtcdAdvertiseAddr is the host:port trainers reach the embedded etcd
 	// at, written into their credentials (default: EtcdClientAddr, or
@@ -127,8 +128,8 @@ type Config struct {
 }
 
 // DefaultConfig returns what `ftcoord serve` runs with no flags: the API
-// on 127.0.0.1:8080, an embedded etcd in ./ftcoord-data on free loopback
-// ports, gossip on.
+// on 127.0.0.1:8080, an embedded etcd in ./ftcoord-data on loopback ports
+// (free ones at the first start, the same ones after), gossip on.
 func DefaultConfig() Config {
 	cc := coordinator.DefaultConfig()
 	g := membership.DefaultGossipConfig()

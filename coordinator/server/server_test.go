@@ -237,6 +237,9 @@ func TestServerExternalEtcdConnect(t *testing.T) {
 	}
 	external := func(endpoint, password string) Config {
 		cfg := DefaultConfig()
+		// The secrets and credentials files go to the data directory even
+		// with an external etcd: never the working directory's default.
+		cfg.DataDir = t.TempDir()
 		cfg.Listen, cfg.Name, cfg.Insecure = "127.0.0.1:0", "ext", true
 		cfg.Etcd, cfg.EtcdUser, cfg.EtcdPassword = []string{endpoint}, "root", password
 		return cfg

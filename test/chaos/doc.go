@@ -1,4 +1,4 @@
-// Command chaos is ftcomm's process-level chaos harness (DESIGN §8): it
+// Command chaos is ftcomm's process-level chaos harness: it
 // starts the coordinators (an etcd server and three ftcoord instances on
 // it, or one ftcoord with its embedded etcd) and N replica processes of a
 // deterministic toy job on ft.Comm, injects faults on a schedule or at

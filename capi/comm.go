@@ -1,0 +1,583 @@
+package main
+
+/*
+#include <stdint.h>
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+	"unsafe"
+
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/backends/gloo"
+	"github.com/ftcomm/ftcomm/backends/nccl"
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// commSettings are ftcomm_comm_new's settings (JSON).
+type commSettings struct {
+	Rank     int     `json:"rank"`
+	Size     int     `json:"size"`
+	Name     string  `json:"name"`
+	Prefix   string  `json:"prefix"`
+	Epoch    uint64  `json:"epoch"`
+	TimeoutS float64 `json:"timeout_s"` // per op; also bounds the rendezvous
+	Device   *int    `json:"device"`    // CUDA ordinal (nccl)
+	JobID    string  `json:"job_id"`
+	Secret   string  `json:"secret"`
+	LogLevel string  `json:"log_level"`
+	// gloo
+	ListenAddr   string `json:"listen_addr"`
+	SharedMemory *bool  `json:"shared_memory"`
+	// nccl
+	NCCLLib   string `json:"nccl_lib"`
+	CUDARTLib string `json:"cudart_lib"`
+	Revoke    string `json:"revoke"` // "deferred" (default) or "native"
+}
+
+// commObj is what a comm handle names.
+type commObj struct {
+	c       *comm.Comm
+	can     *canceler
+	backend string
+	device  int // -1: host memory
+	log     *zap.Logger
+}
+
+// ncclLibrary is the NCCL every comm of this process shares (opened at
+// the first nccl comm; libraries are never unloaded).
+var ncclLibrary struct {
+	sync.Mutex
+	L *nccl.Library
+}
+
+func sharedNCCL(cfg nccl.LibraryConfig) (*nccl.Library, error) {
+	ncclLibrary.Lock()
+	defer ncclLibrary.Unlock()
+	if ncclLibrary.L == nil {
+		L, err := nccl.Open(cfg)
+		if err != nil {
+			return nil, err
+		}
+		ncclLibrary.L = L
+	}
+	return ncclLibrary.L, nil
+}
+
+func (s *commSettings) options(backend string, store comm.Store, log *zap.Logger) (comm.Options, error) {
+	o := comm.Options{Rank: s.Rank, Size: s.Size, Name: s.Name, Prefix: s.Prefix, Epoch: s.Epoch,
+		Timeout: seconds(s.TimeoutS), JobID: s.JobID, Secret: []byte(s.Secret), Store: store, Logger: log}
+	switch backend {
+	case "gloo":
+		if s.Device != nil && *s.Device >= 0 {
+			return o, fmt.Errorf("%w: backend gloo keeps host memory; device %d given", comm.ErrInvalidArgument, *s.Device)
+		}
+		g := gloo.DefaultConfig()
+		g.LockedCallers = true // every op here runs on a cgo callback
+		if s.ListenAddr != "" {
+			g.ListenAddr = s.ListenAddr
+		}
+		if s.SharedMemory != nil {
+			g.SharedMemory = *s.SharedMemory && g.SharedMemory
+		}
+		o.BackendConfig = g
+	case "nccl":
+		if s.Device == nil || *s.Device < 0 {
+			return o, fmt.Errorf("%w: backend nccl needs a CUDA device", comm.ErrInvalidArgument)
+		}
+		o.Device = *s.Device
+		L, err := sharedNCCL(ncclLibraryConfig(s.NCCLLib, s.CUDARTLib))
+		if err != nil {
+			return o, err
+		}
+		cfg := ncclConfigWith(L)
+		switch s.Revoke {
+		case "", "deferred":
+		case "native":
+			cfg.Revoke = nccl.RevokeNative
+		default:
+			return o, fmt.Errorf("%w: revoke %q (want deferred or native)", comm.ErrInvalidArgument, s.Revoke)
+		}
+		o.BackendConfig = cfg
+	}
+	return o, nil
+}
+
+func ncclLibraryConfig(ncclLib, cudartLib string) nccl.LibraryConfig {
+	return nccl.LibraryConfig{NCCLPath: ncclLib, CUDARuntimePath: cudartLib}
+}
+
+func ncclConfigWith(L *nccl.Library) *nccl.Config {
+	cfg := nccl.DefaultConfig()
+	cfg.Library = L
+	return &cfg
+}
+
+// ftcomm_nccl_info copies what NCCL and CUDA runtime this process's nccl
+// comms use (JSON: nccl.Info, with "loaded": false before the first nccl
+// comm) into buf. NCCL is dlopened by soname: in a process where PyTorch
+// loaded its own libnccl.so.2 and libcudart, these are PyTorch's.
+//
+//export ftcomm_nccl_info
+func ftcomm_nccl_info(buf unsafe.Pointer, capacity C.int64_t, n *C.int64_t) C.int32_t {
+	return guard(func() error {
+		ncclLibrary.Lock()
+		L := ncclLibrary.L
+		ncclLibrary.Unlock()
+		if L == nil {
+			return putJSON(map[string]any{"loaded": false}, buf, capacity, n)
+		}
+		i := L.Info()
+		return putJSON(map[string]any{"loaded": true, "nccl": i.NCCL.String(), "nccl_path": i.NCCLPath,
+			"cudart_path": i.CUDARuntimePath, "cuda_runtime": i.CUDARuntime, "cuda_driver": i.CUDADriver,
+			"features": i.Features, "eager_connect": i.EagerConnect}, buf, capacity, n)
+	})
+}
+
+func goString(p *C.char) string {
+	if p == nil {
+		return ""
+	}
+	return C.GoString(p)
+}
+
+// ftcomm_comm_new creates this rank's communicator on backend ("gloo" or
+// "nccl") and blocks until it is connected to its peers (within the
+// settings' timeout_s, default 300 s; interruptible). store is a store
+// handle (ftcomm_store_*) the ranks rendezvous through, 0 only for a
+// single rank.
+//
+//export ftcomm_comm_new
+func ftcomm_comm_new(backend *C.char, settings *C.char, store C.uint64_t, out *C.uint64_t) C.int32_t {
+	return guard(func() error {
+		var s commSettings
+		if err := decode(goString(settings), &s); err != nil {
+			return err
+		}
+		b := goString(backend)
+		var st comm.Store
+		if store != 0 {
+			so, err := lookup[*storeObj](uint64(store))
+			if err != nil {
+				return err
+			}
+			st = so.store
+		}
+		log, err := newLogger(s.LogLevel, "ftcomm."+b)
+		if err != nil {
+			return err
+		}
+		o, err := s.options(b, st, log)
+		if err != nil {
+			return err
+		}
+		can := newCanceler()
+		ctx := can.enter()
+		defer can.leave()
+		limit := 300 * time.Second
+		if o.Timeout > 0 {
+			limit = o.Timeout
+		}
+		ctx, cancel := context.WithTimeout(ctx, limit)
+		defer cancel()
+		c, err := comm.New(ctx, b, o)
+		if err != nil {
+			can.release()
+			return interrupted(ctx, err)
+		}
+		dev := -1
+		if c.Backend().Memory() == comm.DeviceMemory {
+			dev = o.Device
+		}
+		*out = C.uint64_t(abi.put(&commObj{c: c, can: can, backend: b, device: dev, log: log}))
+		return nil
+	})
+}
+
+// ftcomm_comm_free closes the comm (a pending op fails with ErrClosed)
+// and frees its handle.
+//
+//export ftcomm_comm_free
+func ftcomm_comm_free(h C.uint64_t) C.int32_t {
+	return guard(func() error {
+		o, err := take[*commObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		o.can.release()
+		err = o.c.Close()
+		o.log.Sync()
+		return err
+	})
+}
+
+type commInfo struct {
+	Rank    int    `json:"rank"`
+	Size    int    `json:"size"`
+	Epoch   uint64 `json:"epoch"`
+	Name    string `json:"name"`
+	Backend string `json:"backend"`
+	Device  int    `json:"device"`
+	Err     string `json:"error,omitempty"`
+}
+
+// ftcomm_comm_info copies {rank, size, epoch, name, backend, device,
+// error} (JSON) into buf.
+//
+//export ftcomm_comm_info
+func ftcomm_comm_info(h C.uint64_t, buf unsafe.Pointer, capacity C.int64_t, n *C.int64_t) C.int32_t {
+	return guard(func() error {
+		o, err := lookup[*commObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		info := commInfo{Rank: o.c.Rank(), Size: o.c.Size(), Epoch: o.c.Epoch(), Name: o.c.Name(), Backend: o.backend, Device: o.device}
+		if e := o.c.Err(); e != nil {
+			info.Err = e.Error()
+		}
+		return putJSON(info, buf, capacity, n)
+	})
+}
+
+// ftcomm_comm_dump copies the comm's flight recorder (JSON) into buf.
+//
+//export ftcomm_comm_dump
+func ftcomm_comm_dump(h C.uint64_t, buf unsafe.Pointer, capacity C.int64_t, n *C.int64_t) C.int32_t {
+	return guard(func() error {
+		o, err := lookup[*commObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		return putBytes(o.c.Dump(), buf, capacity, n)
+	})
+}
+
+// opArgs are one op's arguments as they cross the ABI.
+type opArgs struct {
+	kind    int32
+	out, in comm.Tensor
+	redop   comm.ReduceOp
+	root    int
+	stream  uintptr
+	device  bool
+	timeout time.Duration
+	async   bool
+}
+
+func makeArgs(kind C.int32_t, out unsafe.Pointer, outCount C.int64_t, in unsafe.Pointer, inCount C.int64_t,
+	dtype, device, redop, root C.int32_t, stream C.uint64_t, timeoutNs C.int64_t, flags C.int32_t) (opArgs, error) {
+	a := opArgs{kind: int32(kind), redop: comm.ReduceOp(redop), root: int(root), stream: uintptr(stream),
+		device: device >= 0, timeout: time.Duration(timeoutNs), async: flags&flagAsync != 0}
+	if redop < 0 || redop > 255 {
+		return a, fmt.Errorf("%w: reduce op %d", comm.ErrInvalidArgument, redop)
+	}
+	var err error
+	if kind != opBarrier {
+		if a.out, err = tensor(out, int64(outCount), int32(dtype), int32(device)); err != nil {
+			return a, err
+		}
+	}
+	if in != nil || inCount > 0 {
+		if a.in, err = tensor(in, int64(inCount), int32(dtype), int32(device)); err != nil {
+			return a, err
+		}
+	}
+	return a, nil
+}
+
+// issue starts the op on c: sync (returns nil once done) or async (w).
+func (a *opArgs) issue(ctx context.Context, c *comm.Comm) (w *comm.Work, err error) {
+	if a.async {
+		switch a.kind {
+		case opAllReduce:
+			return c.AllReduceAsync(ctx, a.out, a.redop), nil
+		case opReduceScatter:
+			return c.ReduceScatterAsync(ctx, a.out, a.in, a.redop), nil
+		case opAllGather:
+			return c.AllGatherAsync(ctx, a.out, a.in), nil
+		case opBroadcast:
+			return c.BroadcastAsync(ctx, a.out, a.root), nil
+		case opReduce:
+			return c.ReduceAsync(ctx, a.out, a.redop, a.root), nil
+		case opScatter:
+			return c.ScatterAsync(ctx, a.out, a.in, a.root), nil
+		case opGather:
+			return c.GatherAsync(ctx, a.out, a.in, a.root), nil
+		case opAllToAll:
+			return c.AllToAllAsync(ctx, a.out, a.in), nil
+		case opBarrier:
+			return c.BarrierAsync(ctx), nil
+		case opSend:
+			return c.SendAsync(ctx, a.out, a.root), nil
+		case opRecv:
+			return c.RecvAsync(ctx, a.out, a.root), nil
+		}
+		return nil, fmt.Errorf("%w: op kind %d", comm.ErrInvalidArgument, a.kind)
+	}
+	switch a.kind {
+	case opAllReduce:
+		return nil, c.AllReduce(ctx, a.out, a.redop)
+	case opReduceScatter:
+		return nil, c.ReduceScatter(ctx, a.out, a.in, a.redop)
+	case opAllGather:
+		return nil, c.AllGather(ctx, a.out, a.in)
+	case opBroadcast:
+		return nil, c.Broadcast(ctx, a.out, a.root)
+	case opReduce:
+		return nil, c.Reduce(ctx, a.out, a.redop, a.root)
+	case opScatter:
+		return nil, c.Scatter(ctx, a.out, a.in, a.root)
+	case opGather:
+		return nil, c.Gather(ctx, a.out, a.in, a.root)
+	case opAllToAll:
+		return nil, c.AllToAll(ctx, a.out, a.in)
+	case opBarrier:
+		return nil, c.Barrier(ctx)
+	case opSend:
+		return nil, c.Send(ctx, a.out, a.root)
+	case opRecv:
+		return nil, c.Recv(ctx, a.out, a.root)
+	}
+	return nil, fmt.Errorf("%w: op kind %d", comm.ErrInvalidArgument, a.kind)
+}
+
+// ftcomm_comm_op runs one op on the comm. kind is FTCOMM_OP_*; out and in
+// are the op's tensors (count elements of dtype each; in may be NULL for
+// single-tensor ops); device is the CUDA ordinal of both, or -1 for host
+// memory; redop a reduce op (1 sum, 2 product, 3 min, 4 max, 5 avg);
+// root the root, or the peer of send and recv; timeout_ns the op's
+// deadline (0: the comm's timeout). For CUDA tensors, stream is the
+// caller's cudaStream_t: the op runs after the work queued there, and
+// unless the op is async the stream waits for it and the call returns
+// once it is enqueued (see nccl.StreamOrder). With FTCOMM_ASYNC in flags
+// the call returns a work handle in *work at once; otherwise it returns
+// when the op is done (host) or enqueued (CUDA), interruptibly.
+//
+//export ftcomm_comm_op
+func ftcomm_comm_op(h C.uint64_t, kind C.int32_t, out unsafe.Pointer, outCount C.int64_t, in unsafe.Pointer, inCount C.int64_t,
+	dtype, device, redop, root C.int32_t, stream C.uint64_t, timeoutNs C.int64_t, flags C.int32_t, work *C.uint64_t) C.int32_t {
+	return guard(func() error {
+		o, err := lookup[*commObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		a, err := makeArgs(kind, out, outCount, in, inCount, dtype, device, redop, root, stream, timeoutNs, flags)
+		if err != nil {
+			return err
+		}
+		return runOp(o.can, o.c, &a, work)
+	})
+}
+
+// ftcomm_comm_run is ftcomm_comm_op's fast path for the common case: a
+// sync op on one host tensor (all-reduce, broadcast, reduce, send, recv,
+// barrier) under the comm's timeout, with its small arguments packed in
+// desc: bits 0–7 the op kind, 8–15 the dtype, 16–23 the reduce op, 24–55
+// the root or peer. Four arguments cross the ABI instead of fourteen,
+// which is most of a Python call's cost.
+//
+//export ftcomm_comm_run
+func ftcomm_comm_run(h C.uint64_t, desc C.uint64_t, ptr unsafe.Pointer, count C.int64_t) C.int32_t {
+	return guard(func() error {
+		o, err := lookup[*commObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		d := uint64(desc)
+		a := opArgs{kind: int32(d & 0xff), redop: comm.ReduceOp(d >> 16 & 0xff), root: int(int32(uint32(d >> 24)))}
+		switch a.kind {
+		case opAllReduce, opBroadcast, opReduce, opSend, opRecv:
+			if a.out, err = tensor(ptr, int64(count), int32(d>>8&0xff), -1); err != nil {
+				return err
+			}
+		case opBarrier:
+		default:
+			return fmt.Errorf("%w: ftcomm_comm_run: op kind %d takes two tensors", comm.ErrInvalidArgument, a.kind)
+		}
+		ctx := o.can.enter()
+		_, err = a.issue(ctx, o.c)
+		o.can.leave()
+		return interrupted(ctx, err)
+	})
+}
+
+// runOp issues a on c: sync under the canceler's ctx, or async as a work
+// handle stored in *work.
+func runOp(can *canceler, c *comm.Comm, a *opArgs, work *C.uint64_t) error {
+	if a.async {
+		if work == nil {
+			return fmt.Errorf("%w: async op without a work pointer", comm.ErrInvalidArgument)
+		}
+		wk := newWork(can, a)
+		w, err := a.issue(wk.ctx, c)
+		if err != nil {
+			wk.release()
+			return err
+		}
+		wk.w = w
+		*work = C.uint64_t(abi.put(wk))
+		return nil
+	}
+	ctx := can.enter()
+	defer can.leave()
+	if a.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, a.timeout)
+		defer cancel()
+	}
+	if a.device {
+		ctx = nccl.WithStreamOrder(ctx, nccl.StreamOrder{Stream: a.stream})
+	}
+	_, err := a.issue(ctx, c)
+	return interrupted(ctx, err)
+}
+
+// ftcomm_comm_loop runs a sync all-reduce of count elements of dtype at
+// ptr (host memory) iters times in a loop in Go, and stores the time it
+// took in *elapsed_ns: what the op costs through the Go API, next to the
+// same op called from the caller's language (bench/python_overhead.py).
+//
+//export ftcomm_comm_loop
+func ftcomm_comm_loop(h C.uint64_t, ptr unsafe.Pointer, count C.int64_t, dtype, redop C.int32_t, iters C.int64_t, elapsed *C.int64_t) C.int32_t {
+	return guard(func() error {
+		o, err := lookup[*commObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		t, err := tensor(ptr, int64(count), int32(dtype), -1)
+		if err != nil {
+			return err
+		}
+		ctx := o.can.enter()
+		defer o.can.leave()
+		op := comm.ReduceOp(redop)
+		t0 := time.Now()
+		for range int64(iters) {
+			if err := o.c.AllReduce(ctx, t, op); err != nil {
+				return err
+			}
+		}
+		*elapsed = C.int64_t(time.Since(t0))
+		return nil
+	})
+}
+
+// ftcomm_comm_revoke revokes the comm (here and, as it propagates, at
+// every rank): pending and later ops fail with ErrRevoked; shrink and
+// free still work.
+//
+//export ftcomm_comm_revoke
+func ftcomm_comm_revoke(h C.uint64_t, reason *C.char) C.int32_t {
+	return guard(func() error {
+		o, err := lookup[*commObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		o.c.Revoke(fmt.Errorf("%s", defaultStr(goString(reason), "revoked by the caller")))
+		return nil
+	})
+}
+
+// ftcomm_comm_abort aborts the comm: the running op fails at once and
+// the comm refuses collectives until shrunk, grown or freed.
+//
+//export ftcomm_comm_abort
+func ftcomm_comm_abort(h C.uint64_t, reason *C.char) C.int32_t {
+	return guard(func() error {
+		o, err := lookup[*commObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		o.c.Abort(fmt.Errorf("%s", defaultStr(goString(reason), "aborted by the caller")))
+		return nil
+	})
+}
+
+func defaultStr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// reconfigure runs f (a Shrink, Grow or Split) under an interruptible ctx
+// with the given timeout and stores the new comm's handle in *out (0 when
+// f returns none: a Split with no color).
+func reconfigure(h C.uint64_t, timeoutNs C.int64_t, out *C.uint64_t, f func(ctx context.Context, c *comm.Comm) (*comm.Comm, error)) C.int32_t {
+	return guard(func() error {
+		o, err := lookup[*commObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		ctx := o.can.enter()
+		defer o.can.leave()
+		if timeoutNs > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutNs))
+			defer cancel()
+		}
+		nc, err := f(ctx, o.c)
+		if err != nil {
+			return interrupted(ctx, err)
+		}
+		*out = 0
+		if nc != nil {
+			*out = C.uint64_t(abi.put(&commObj{c: nc, can: newCanceler(), backend: o.backend, device: o.device, log: o.log}))
+		}
+		return nil
+	})
+}
+
+// ftcomm_comm_shrink: the survivors (every rank not in exclude[0:n],
+// which is sorted) form a comm at epoch (< 0: this comm's epoch + 1),
+// renumbered in old-rank order; this comm is closed. The handle of the
+// new comm is stored in *out; the old handle must still be freed.
+//
+//export ftcomm_comm_shrink
+func ftcomm_comm_shrink(h C.uint64_t, exclude *C.int64_t, n C.int64_t, epoch C.int64_t, timeoutNs C.int64_t, out *C.uint64_t) C.int32_t {
+	return reconfigure(h, timeoutNs, out, func(ctx context.Context, c *comm.Comm) (*comm.Comm, error) {
+		if n < 0 || (n > 0 && exclude == nil) {
+			return nil, fmt.Errorf("%w: exclude list", comm.ErrInvalidArgument)
+		}
+		ex := make([]int, int(n))
+		for i, r := range unsafe.Slice((*int64)(unsafe.Pointer(exclude)), int(n)) {
+			ex[i] = int(r)
+		}
+		return c.Shrink(ctx, ex, nextEpoch(c, epoch))
+	})
+}
+
+// ftcomm_comm_grow: this comm's ranks and size - (this size) joiners form
+// a comm of size ranks at epoch (< 0: this epoch + 1); joiners call
+// ftcomm_comm_new with rank ≥ the old size, the new size, the same prefix
+// and that epoch. This comm is closed; *out gets the new one.
+//
+//export ftcomm_comm_grow
+func ftcomm_comm_grow(h C.uint64_t, size C.int64_t, epoch C.int64_t, timeoutNs C.int64_t, out *C.uint64_t) C.int32_t {
+	return reconfigure(h, timeoutNs, out, func(ctx context.Context, c *comm.Comm) (*comm.Comm, error) {
+		return c.Grow(ctx, int(size), nextEpoch(c, epoch))
+	})
+}
+
+// ftcomm_comm_split: ranks passing the same color form a comm ordered by
+// (key, rank); color -1 takes part and gets none (*out = 0). This comm
+// stays as it was.
+//
+//export ftcomm_comm_split
+func ftcomm_comm_split(h C.uint64_t, color, key C.int64_t, timeoutNs C.int64_t, out *C.uint64_t) C.int32_t {
+	return reconfigure(h, timeoutNs, out, func(ctx context.Context, c *comm.Comm) (*comm.Comm, error) {
+		return c.Split(ctx, int(color), int(key))
+	})
+}
+
+func nextEpoch(c *comm.Comm, e C.int64_t) uint64 {
+	if e < 0 {
+		return c.Epoch() + 1
+	}
+	return uint64(e)
+}

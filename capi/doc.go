@@ -1,0 +1,98 @@
+// Command capi is ftcomm's C ABI: built with
+//
+//	go build -buildmode=c-shared -o libftcomm.so ./capi
+//
+// it gives C (and Python, through ctypes: the package under python/) the
+// communicator (comm.Comm on gloo or nccl), the rendezvous store
+// (comm/httpstore), the fault-tolerant training-loop API (ft.Comm) and an
+// embedded coordinator (ftcoord's service), with libftcomm.h declaring
+// every entry point.
+//
+// # Conventions
+//
+// Every function but ftcomm_abi_version and ftcomm_last_error returns an
+// int32 status: 0 (FTCOMM_OK), 1 (FTCOMM_PENDING: a bounded wait ended
+// before the op did) or a negative error kind (the FTCOMM_ERR_* constants
+// in status.go, one per Go sentinel: timeout, revoked, peer failed,
+// mismatch, invalid argument, closed, rolled back, …). On an error the
+// calling OS thread's last error is set: ftcomm_last_error copies it, as
+// JSON ({"status", "kinds", "message", "ranks", "rollback"}), into a
+// buffer the caller owns, and clears it. It is per thread, like errno:
+// read it on the thread that got the status, before that thread's next
+// failing call. "kinds" lists every sentinel the error matches (a peer's
+// death seen at a deadline is both peer_failed and timeout); "ranks" are
+// the failed ranks (comm.FailedRanks).
+//
+// Values cross the boundary as integers, C strings, and buffers the
+// caller owns; no Go pointer ever does (cgo's rules). Objects are named
+// by handles: uint64 values that are never 0 and never reused. Results
+// that are variable-length (addresses, JSON) are copied into a caller's
+// buffer of cap bytes; the call reports the length it needed, and a
+// caller with too small a buffer calls again (these calls are
+// idempotent). Settings are passed as JSON objects (field names in
+// status.go and the Python package), so the ABI keeps its shape as they
+// grow. ftcomm_abi_version says which ABI this library speaks
+// (ABIVersion); a caller checks it first.
+//
+// # Lifecycle: who frees what
+//
+// A handle lives from the call that returns it until the caller frees it
+// with the matching *_free (comm, work, store, ft, coordinator): freeing
+// closes the object (a comm is closed, an ft.Comm leaves its job, a
+// coordinator stops). Freeing twice, or using a freed handle, returns
+// FTCOMM_ERR_BAD_HANDLE and touches nothing. The memory of a tensor
+// passed to an op is the caller's and must stay valid until the op
+// completes: for a sync op on host memory until the call returns; for an
+// async op until its work handle reports completion; for a CUDA op as the
+// stream order says (the caller's stream waits for it). Freeing a work
+// handle does not cancel its op. Shrink and Grow close the comm they are
+// called on and return a new handle; the old handle must still be freed.
+//
+// # Threading
+//
+// Every function may be called from any thread, concurrently. Calls that
+// wait (rendezvous, collectives, Step, Commit, waits on works and store
+// gets) block the calling thread only: ctypes releases the GIL around
+// them, so other Python threads run. A blocking call can be ended early
+// in two ways: ftcomm_interrupt cancels every blocking call in progress,
+// and ftcomm_interrupt_install chains a SIGINT handler in front of the
+// one installed (Python's) that does the same, so Ctrl-C ends a blocked
+// collective at once (the comm is aborted: a collective cannot be left
+// half-way) and the call returns FTCOMM_ERR_INTERRUPTED; the chained
+// handler then runs, and Python raises KeyboardInterrupt. Python
+// replacing its SIGINT handler (signal.signal) removes the chain; the
+// package reinstalls it when it creates a comm. The library runs the Go
+// runtime's threads from the moment it is loaded. A process forked from
+// one that loaded the library must not call into it (the child has none
+// of those threads): the Python package refuses such calls.
+//
+// # State
+//
+// The ABI keeps one package-level value (abi, in handles.go): the handle
+// table, the per-thread last errors and the interruptible calls. It is
+// unavoidable: C holds integers, so the objects they name must live
+// somewhere on the Go side. Two more things are process-wide by nature:
+// the signal chain and its pipe (one SIGINT handler per process; a
+// goroutine reads that pipe from the first install until the process
+// exits), and the loaded NCCL and CUDA runtime (ncclLibrary, opened by the
+// first nccl comm and shared by every later one, as the libraries are
+// never unloaded). No handle shares anything else with another.
+//
+// # Loading
+//
+// go-nvml (GPU health, through backends/nccl) leaves NVML's entry points
+// undefined until it dlopens libnvidia-ml; ctypes loads libraries with
+// RTLD_NOW, which refuses undefined symbols, so the library defines
+// stand-ins (nvml_stubs.c, go generate) that return "library not found".
+// A caller that loads libnvidia-ml.so.1 with RTLD_GLOBAL first (the Python
+// package does, where it exists) gets the real ones.
+//
+// # Failures
+//
+// A panic inside a call is recovered at the boundary and returned as
+// FTCOMM_ERR_INTERNAL with its stack in the message: a Go bug never
+// takes the Python process down. Logs go to stderr through a zap logger
+// each handle builds from its settings ("log_level": debug, info, warn,
+// error, off; default $FTCOMM_LOG_LEVEL, else warn): a C caller cannot
+// pass a Go logger in.
+package main

@@ -1,0 +1,6 @@
+package main
+
+//go:generate go run gen_nvmlstubs.go
+
+// main is required by -buildmode=c-shared and never runs.
+func main() {}

@@ -1,0 +1,74 @@
+"""ftcomm: fault-tolerant collective communication for PyTorch, over ftcomm's
+Go core (libftcomm.so, through ctypes).
+
+Two APIs:
+
+- the communicator, with torchcomms' names::
+
+      from ftcomm import new_comm, ReduceOp
+      comm = new_comm("nccl", torch.device("cuda"), name="main")   # under torchrun
+      comm.all_reduce(t, ReduceOp.SUM)
+      comm.finalize()
+
+- ``ftcomm.ft.Comm``, the fault-tolerant training loop: per-step quorum,
+  shrink and grow around failed replicas, live healing, commit.
+
+See docs/python.md in the repository.
+"""
+
+from . import _lib, errors
+from ._lib import interrupt, library_path, live_handles
+from .comm import Communicator, ReduceOp, Work, new_comm
+from .errors import (
+    AbortedError,
+    BackendUnavailableError,
+    BadHandleError,
+    ClosedError,
+    CommTimeoutError,
+    ForkError,
+    FtcommError,
+    GroupDivergedError,
+    InternalError,
+    InterruptedOpError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    MembershipLostError,
+    MismatchError,
+    NotParticipatingError,
+    PeerFailedError,
+    RevokedError,
+    RolledBackError,
+    FinishedError,
+    TooManyCommitFailuresError,
+)
+from .store import Store
+from . import coordinator, ft
+
+__version__ = "0.1.0"
+
+
+def nccl_info() -> dict:
+    """Which NCCL and CUDA runtime ftcomm's nccl comms use (loaded by soname
+    at the first nccl comm: PyTorch's own when torch is imported first), and
+    the libraries mapped into this process."""
+    import json
+    info = json.loads(_lib.get_bytes(_lib.lib().ftcomm_nccl_info))
+    maps = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                p = line.split()[-1]
+                if "libnccl" in p or "libcudart" in p:
+                    maps.add(p)
+    except OSError:
+        pass
+    info["mapped"] = sorted(maps)
+    return info
+
+__all__ = [
+    "new_comm", "nccl_info", "Communicator", "ReduceOp", "Work", "Store", "interrupt", "live_handles", "library_path",
+    "errors", "FtcommError", "InvalidArgumentError", "InvalidTypeError", "CommTimeoutError", "RevokedError",
+    "PeerFailedError", "MismatchError", "AbortedError", "ClosedError", "BackendUnavailableError",
+    "RolledBackError", "FinishedError", "GroupDivergedError", "NotParticipatingError", "TooManyCommitFailuresError",
+    "MembershipLostError", "BadHandleError", "InternalError", "InterruptedOpError", "ForkError",
+]

@@ -1,0 +1,179 @@
+"""What ftcomm needs to know of a tensor: address, element count, dtype,
+device; for torch tensors (CPU and CUDA) and numpy arrays (CPU)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Tuple
+
+from .errors import InvalidArgumentError, InvalidTypeError
+
+# comm.DType values.
+FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT8, UINT8, INT32, INT64 = range(1, 9)
+DTYPE_NAMES = {FLOAT32: "float32", FLOAT64: "float64", FLOAT16: "float16", BFLOAT16: "bfloat16",
+               INT8: "int8", UINT8: "uint8", INT32: "int32", INT64: "int64"}
+FLOATS = frozenset((FLOAT32, FLOAT64, FLOAT16, BFLOAT16))
+
+_torch = None
+_torch_dtypes: dict = {}
+_np = None
+_np_dtypes: dict = {}
+_raw_stream = None
+
+
+def _inv(msg: str) -> InvalidArgumentError:
+    return InvalidArgumentError("ftcomm: " + msg, kinds=("invalid_argument",))
+
+
+def _typ(msg: str) -> InvalidTypeError:
+    return InvalidTypeError("ftcomm: " + msg, kinds=("invalid_argument",))
+
+
+def _load_torch():
+    global _torch, _torch_dtypes
+    t = sys.modules.get("torch")
+    if t is None:
+        return None
+    _torch_dtypes = {t.float32: FLOAT32, t.float64: FLOAT64, t.float16: FLOAT16, t.bfloat16: BFLOAT16,
+                     t.int8: INT8, t.uint8: UINT8, t.int32: INT32, t.int64: INT64}
+    _torch = t
+    return t
+
+
+def _load_numpy():
+    global _np, _np_dtypes
+    n = sys.modules.get("numpy")
+    if n is None:
+        return None
+    _np_dtypes = {n.dtype(n.float32): FLOAT32, n.dtype(n.float64): FLOAT64, n.dtype(n.float16): FLOAT16,
+                  n.dtype(n.int8): INT8, n.dtype(n.uint8): UINT8, n.dtype(n.int32): INT32, n.dtype(n.int64): INT64}
+    try:  # bfloat16, where ml_dtypes provides it
+        import ml_dtypes  # type: ignore
+        _np_dtypes[n.dtype(ml_dtypes.bfloat16)] = BFLOAT16
+    except ImportError:
+        pass
+    _np = n
+    return n
+
+
+_Tensor = None  # torch.Tensor, once torch is loaded
+_ndarray = None
+_np_ptrs: dict = {}  # id(array) → (weakref, address): numpy's .ctypes.data costs ~1 µs
+
+
+def _fast_types():
+    global _Tensor, _ndarray
+    if _Tensor is None and (_torch or _load_torch()) is not None:
+        _Tensor = _torch.Tensor
+    if _ndarray is None and (_np or _load_numpy()) is not None:
+        _ndarray = _np.ndarray
+
+
+def host(t: Any):
+    """(address, count, dtype) of a contiguous CPU torch.Tensor or writable
+    C-contiguous numpy array of a supported dtype, found the fast way; None
+    for anything else (describe then says what is wrong, if anything)."""
+    tp = type(t)
+    if tp is _Tensor:
+        if t.is_cpu and t.is_contiguous():
+            dt = _torch_dtypes.get(t.dtype)
+            if dt is not None:
+                return t.data_ptr(), t.numel(), dt
+        return None
+    if tp is _ndarray:
+        fl = t.flags
+        if fl.c_contiguous and fl.writeable:
+            dt = _np_dtypes.get(t.dtype)
+            if dt is not None:
+                e = _np_ptrs.get(id(t))
+                if e is None or e[0]() is not t or e[2] != t.size:
+                    e = _np_entry(t)
+                return e[1], t.size, dt
+        return None
+    if _Tensor is None or _ndarray is None:
+        _fast_types()
+        if type(t) in (_Tensor, _ndarray):
+            return host(t)
+    return None
+
+
+def _np_entry(t):
+    import weakref
+    if len(_np_ptrs) > 4096:
+        for k in [k for k, v in _np_ptrs.items() if v[0]() is None]:
+            del _np_ptrs[k]
+        if len(_np_ptrs) > 4096:
+            _np_ptrs.clear()
+    e = (weakref.ref(t), t.ctypes.data, t.size)
+    _np_ptrs[id(t)] = e
+    return e
+
+
+def is_torch(t: Any) -> bool:
+    torch = _torch or _load_torch()
+    return torch is not None and isinstance(t, torch.Tensor)
+
+
+def describe(t: Any, name: str = "tensor") -> Tuple[int, int, int, int]:
+    """(address, element count, dtype, CUDA device or -1) of a contiguous
+    torch tensor or numpy array; raises InvalidArgumentError or
+    InvalidTypeError for anything else."""
+    torch = _torch or _load_torch()
+    if torch is not None and isinstance(t, torch.Tensor):
+        dt = _torch_dtypes.get(t.dtype)
+        if dt is None:
+            raise _typ("%s: dtype %s is not supported (float32/64, float16, bfloat16, int8/32/64, uint8)" % (name, t.dtype))
+        if not t.is_contiguous():
+            raise _inv("%s: not contiguous (call .contiguous() first)" % name)
+        if t.is_cuda:
+            return t.data_ptr(), t.numel(), dt, t.get_device()
+        if t.layout is not torch.strided or t.is_meta or t.device.type != "cpu":
+            raise _inv("%s: on %s; ftcomm takes CPU and CUDA tensors" % (name, t.device))
+        return t.data_ptr(), t.numel(), dt, -1
+    np = _np or _load_numpy()
+    if np is not None and isinstance(t, np.ndarray):
+        dt = _np_dtypes.get(t.dtype)
+        if dt is None:
+            raise _typ("%s: dtype %s is not supported" % (name, t.dtype))
+        if not t.flags.c_contiguous:
+            raise _inv("%s: not C-contiguous (use numpy.ascontiguousarray)" % name)
+        if not t.flags.writeable:
+            raise _inv("%s: read-only array" % name)
+        return t.ctypes.data, t.size, dt, -1
+    raise _typ("%s: %s is neither a torch.Tensor nor a numpy.ndarray" % (name, type(t).__name__))
+
+
+def current_stream(device: int) -> int:
+    """The raw cudaStream_t of PyTorch's current stream on device."""
+    global _raw_stream
+    if _raw_stream is None:
+        torch = _torch or _load_torch()
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _raw_stream = raw if raw is not None else (lambda d: torch.cuda.current_stream(d).cuda_stream)
+    return _raw_stream(device)
+
+
+def empty_like_flat(t: Any, n: int):
+    """A new contiguous 1-D tensor (or array) of n elements, t's dtype and device."""
+    if is_torch(t):
+        return _torch.empty((n,), dtype=t.dtype, device=t.device)
+    return _np.empty((n,), dtype=t.dtype)
+
+
+def flat(t: Any):
+    """t as a 1-D view (t is contiguous)."""
+    return t.reshape(-1)
+
+
+def concat(ts):
+    if is_torch(ts[0]):
+        return _torch.cat([x.reshape(-1) for x in ts])
+    return _np.concatenate([x.reshape(-1) for x in ts])
+
+
+def copy_into(dst: Any, src: Any) -> None:
+    """dst[...] = src (shapes may differ, sizes equal)."""
+    if is_torch(dst):
+        dst.copy_(src.view(dst.shape))
+    else:
+        dst[...] = src.reshape(dst.shape)

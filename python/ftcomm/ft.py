@@ -1,0 +1,284 @@
+"""ftcomm.ft: the fault-tolerant training loop (Go's ft.Comm).
+
+::
+
+    with ftcomm.ft.Comm(job="gpt", group="r0", secret=s, credentials=path) as c:
+        c.register("params", flat_params)          # what a healing replica receives
+        for batch in data:
+            c.step()                                # quorum; reconfigure; heal if behind
+            loss = model(batch); loss.backward()
+            c.all_reduce(grads, ReduceOp.AVG)       # a failure here is recorded, not raised
+            if c.commit():                          # True: the step is part of the job's history
+                optimizer.step()
+
+Each replica is a process: the coordinator (``ftcomm.coordinator.serve`` in
+Python, or ``ftcoord serve``) forms a quorum of the live replicas every
+time one dies or comes back; the survivors shrink their communicator and go
+on, and a returning replica copies the committed state from its peers
+before its first step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from ctypes import byref, c_int32, c_int64, c_uint64
+from typing import Any, Callable, List, Optional, Sequence
+
+from . import _lib, _tensors
+from ._tensors import describe
+from .comm import ReduceOp, Work, _VALID_OPS, _device_index, _device_type
+from .errors import FtcommError, InvalidArgumentError, InvalidTypeError
+
+__all__ = ["Comm", "Event", "Work"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """Something that happened to this replica (ft.Event): kind is
+    "reconfigured", "sat out", "healed", "rolled back", "commit failed" or
+    "waiting"."""
+
+    kind: str
+    time: float
+    epoch: int
+    step: int
+    participants: int
+    how: str = ""
+    from_step: int = 0
+    to_step: int = 0
+    bytes: int = 0
+    took_s: float = 0.0
+    reason: str = ""
+    text: str = ""
+
+    def __str__(self) -> str:
+        return self.text or self.kind
+
+
+class FTWork(Work):
+    """An ft collective's Work. A failed op does not raise: ft records it,
+    and the step's commit returns False. ``wait`` returns True if the op
+    succeeded; ``exception()`` says why it did not."""
+
+    __slots__ = ()
+
+    def wait(self, timeout=None) -> bool:
+        if not self._done:
+            self._wait(None if timeout is None else _lib.timeout_ns(timeout))
+        return self._err is None
+
+    def exception(self) -> Optional[BaseException]:
+        if not self._done:
+            self.wait()
+        return self._err
+
+
+class Comm:
+    """A replica's fault-tolerant communicator. Settings mirror Go's
+    ft.Config (see docs/python.md): job and group name this replica;
+    coordinator lists etcd endpoints, or credentials names a trainer
+    credentials file (default $FTCOMM_CREDENTIALS) that also carries them;
+    secret (default $FTCOMM_SECRET) authenticates the replicas; backend
+    "gloo" (CPU tensors) or "nccl" (CUDA tensors, on device). timeout is
+    each collective's deadline (seconds; default 30). on_event, if given,
+    is called with each Event after step() and commit() return.
+    """
+
+    def __init__(self, job: str, group: str, *, backend: str = "gloo", device: Any = None,
+                 coordinator: Optional[Sequence[str]] = None, credentials: Optional[str] = None,
+                 secret: Optional[str] = None, group_rank: int = 0, group_size: int = 1, min_replicas: int = 1,
+                 timeout=None, max_commit_failures: Optional[int] = None, recovery_addr: Optional[str] = None,
+                 heal_chunk_size: Optional[int] = None, heal_streams: Optional[int] = None,
+                 durable_commit: bool = False, disable_health_watch: bool = False, lease_ttl=None,
+                 heartbeat=None, gossip: bool = False, control_backend: Optional[str] = None,
+                 log_level: Optional[str] = None, on_event: Optional[Callable[[Event], None]] = None):
+        if _lib.forked:
+            raise _lib._fork_error()
+        self._h: Optional[int] = None
+        self._keep: List[Any] = []
+        self._on_event = on_event
+        backend = {"cuda": "nccl"}.get(backend, backend)
+        secret = secret if secret is not None else os.environ.get("FTCOMM_SECRET", "")
+        settings = {"job": job, "group": group, "group_rank": group_rank, "group_size": group_size,
+                    "secret": secret, "backend": backend, "min_replicas": min_replicas,
+                    "durable_commit": durable_commit, "disable_health_watch": disable_health_watch,
+                    "gossip": gossip, "device": -1}
+        self._dev = -1
+        if backend == "nccl":
+            import torch
+            idx = _device_index(device) if device is not None else None
+            if idx is None:
+                idx = int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1)
+            torch.cuda.set_device(idx)
+            settings["device"] = self._dev = idx
+            self.device = torch.device("cuda", idx)
+        else:
+            if device is not None and _device_type(device) != "cpu":
+                raise InvalidArgumentError("ftcomm: backend %s takes CPU tensors; device %r" % (backend, device),
+                                           kinds=("invalid_argument",))
+            self.device = "cpu"
+        for key, val in (("coordinator", list(coordinator) if coordinator else None), ("credentials", credentials),
+                         ("max_commit_failures", max_commit_failures), ("recovery_addr", recovery_addr),
+                         ("heal_chunk_size", heal_chunk_size), ("heal_streams", heal_streams),
+                         ("control_backend", control_backend), ("log_level", log_level)):
+            if val is not None:
+                settings[key] = val
+        for key, val in (("timeout_s", timeout), ("lease_ttl_s", lease_ttl), ("heartbeat_s", heartbeat)):
+            if val is not None:
+                settings[key] = _lib.timeout_ns(val) / 1e9
+        _lib.ensure_interrupt_chain()
+        h = c_uint64()
+        _lib.check(_lib.lib().ftcomm_ft_new(json.dumps(settings).encode(), byref(h)))
+        self._h = h.value
+        self.job, self.group = job, group
+
+    def _handle(self) -> int:
+        if _lib.forked:
+            raise _lib._fork_error()
+        if self._h is None:
+            raise FtcommError("ftcomm: ft.Comm is closed", kinds=("closed",))
+        return self._h
+
+    def register(self, name: str, tensor) -> None:
+        """Name memory of this replica's state: what a healing replica
+        receives. Before the first step, in the same order on every replica;
+        written only after a successful commit. The tensor must outlive the
+        Comm (it is kept alive here)."""
+        ptr, n, dt, dev = describe(tensor, name)
+        _lib.check(_lib.lib().ftcomm_ft_register(self._handle(), name.encode(), ptr, n, dt, dev))
+        self._keep.append(tensor)
+
+    def _deliver(self) -> None:
+        if self._on_event is not None:
+            for e in self.events():
+                self._on_event(e)
+
+    def step(self, timeout=None) -> None:
+        """Start a step: join the epoch's quorum, reconfigure, heal if behind.
+        Raises RolledBackError (with the step started) if this replica's
+        committed steps were rolled back, FinishedError once a replica
+        ended the run."""
+        try:
+            _lib.check(_lib.lib().ftcomm_ft_step(self._handle(), _lib.timeout_ns(timeout)))
+        finally:
+            self._deliver()
+
+    def commit(self, timeout=None) -> bool:
+        """Vote on the step: True if it committed (apply the optimizer step),
+        False if it rolled back (skip it; the next step reconfigures)."""
+        ok = c_int32()
+        try:
+            _lib.check(_lib.lib().ftcomm_ft_commit(self._handle(), _lib.timeout_ns(timeout), byref(ok)))
+        finally:
+            self._deliver()
+        return bool(ok.value)
+
+    def finish(self, timeout=None) -> None:
+        """End the run at this replica's committed step: the other replicas'
+        next step() raises FinishedError instead of going on without it.
+        Call it when the training loop is done, between commit() and
+        step(), then close()."""
+        _lib.check(_lib.lib().ftcomm_ft_finish(self._handle(), _lib.timeout_ns(timeout)))
+
+    def _op(self, kind: int, out, inp, op: int, root: int, async_op: bool, timeout, keep) -> FTWork:
+        h = self._handle()
+        optr, on, dt, dev = describe(out, "output" if inp is not None else "tensor")
+        if dev != self._dev:
+            raise InvalidArgumentError("ftcomm: tensor on %s; this ft.Comm's data backend takes %s tensors" % (
+                "cpu" if dev < 0 else "cuda:%d" % dev, "CPU" if self._dev < 0 else "cuda:%d" % self._dev),
+                kinds=("invalid_argument",))
+        iptr, inn = None, 0
+        if inp is not None:
+            iptr, inn, idt, idev = describe(inp, "input")
+            if idt != dt or idev != dev:
+                raise InvalidArgumentError("ftcomm: input and output differ in dtype or device", kinds=("invalid_argument",))
+        if op not in _VALID_OPS:
+            raise InvalidTypeError("ftcomm: reduce op %r" % (op,), kinds=("invalid_argument",))
+        if op == ReduceOp.AVG and dt not in _tensors.FLOATS:
+            raise InvalidArgumentError("ftcomm: AVG is for floating-point tensors", kinds=("invalid_argument",))
+        stream = _tensors.current_stream(dev) if dev >= 0 else 0
+        w = c_uint64()
+        st = _lib.lib().ftcomm_ft_op(h, kind, optr, on, iptr, inn, dt, dev, int(op), root, stream,
+                                     _lib.timeout_ns(timeout), _lib.ASYNC, byref(w))
+        if st < 0:
+            _lib.fail(st)  # refused before it ran: a bad argument
+        work = FTWork(w.value, keep)
+        if not async_op:
+            work.wait()
+        return work
+
+    def all_reduce(self, tensor, op=ReduceOp.AVG, async_op: bool = False, timeout=None) -> FTWork:
+        """Reduce tensor across the participating replicas (AVG divides by
+        this step's participants). A failure is recorded for commit."""
+        return self._op(_lib.OP_ALL_REDUCE, tensor, None, int(op), 0, async_op, timeout, tensor)
+
+    def reduce_scatter_single(self, output, input, op=ReduceOp.AVG, async_op: bool = False, timeout=None) -> FTWork:
+        return self._op(_lib.OP_REDUCE_SCATTER, output, input, int(op), 0, async_op, timeout, (output, input))
+
+    def all_gather_single(self, output, input, async_op: bool = False, timeout=None) -> FTWork:
+        return self._op(_lib.OP_ALL_GATHER, output, input, int(ReduceOp.SUM), 0, async_op, timeout, (output, input))
+
+    def broadcast(self, tensor, root: int, async_op: bool = False, timeout=None) -> FTWork:
+        return self._op(_lib.OP_BROADCAST, tensor, None, int(ReduceOp.SUM), int(root), async_op, timeout, tensor)
+
+    def all_to_all_single(self, output, input, async_op: bool = False, timeout=None) -> FTWork:
+        return self._op(_lib.OP_ALL_TO_ALL, output, input, int(ReduceOp.SUM), 0, async_op, timeout, (output, input))
+
+    def _info(self):
+        e, p, r, s = c_uint64(), c_int64(), c_int64(), c_int64()
+        _lib.check(_lib.lib().ftcomm_ft_info(self._handle(), byref(e), byref(p), byref(r), byref(s)))
+        return e.value, p.value, r.value, s.value
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current configuration."""
+        return self._info()[0]
+
+    @property
+    def participants(self) -> int:
+        """Replica groups in the current FT comm (0 while sitting out)."""
+        return self._info()[1]
+
+    @property
+    def rank(self) -> int:
+        """This replica's rank in the FT comm, -1 while sitting out."""
+        return self._info()[2]
+
+    @property
+    def committed_step(self) -> int:
+        """Steps this replica has committed (or healed to)."""
+        return self._info()[3]
+
+    def events(self) -> List[Event]:
+        """The events since the last call (reconfigurations, heals, rollbacks,
+        failed commits), oldest first."""
+        d = json.loads(_lib.get_bytes(_lib.lib().ftcomm_ft_events, self._handle()))
+        return [Event(**e) for e in d["events"]]
+
+    def close(self) -> None:
+        """Leave the job and release everything (with CUDA data: once no GPU
+        work of this Comm uses the registered tensors). Safe to call twice."""
+        h, self._h = self._h, None
+        if h is not None and not _lib.forked:
+            _lib.check(_lib.lib().ftcomm_ft_free(h))
+        self._keep = []
+
+    def __enter__(self) -> "Comm":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        if self._h is None:
+            return "ft.Comm(%s/%s, closed)" % (self.job, self.group)
+        e, p, r, s = self._info()
+        return "ft.Comm(%s/%s, epoch %d, rank %d of %d, step %d)" % (self.job, self.group, e, r, p, s)

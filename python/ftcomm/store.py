@@ -1,0 +1,161 @@
+"""Stores ranks rendezvous through: ftcomm's own (comm/httpstore: one process
+hosts it, the others connect), reached directly or bootstrapped through a
+torch.distributed store (torchrun's)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+from ctypes import byref, c_int64, c_uint64
+from typing import Optional
+
+from . import _lib
+from .errors import InvalidArgumentError
+
+
+class Store:
+    """A key-value store for rendezvous. ``Store.listen(addr)`` hosts one
+    (rank 0, say); ``Store.connect(addr)`` reaches it. Keys are strings,
+    values bytes; ``get`` waits until the key exists."""
+
+    def __init__(self, handle: int, hosted: bool):
+        self._h = handle
+        self.hosted = hosted
+        self.address = _lib.get_bytes(_lib.lib().ftcomm_store_addr, handle).decode()
+
+    @classmethod
+    def listen(cls, addr: str = "127.0.0.1:0", token: str = "") -> "Store":
+        """Host a store on addr ("host:port"; port 0 picks a free one, see
+        ``.address``)."""
+        h = c_uint64()
+        _lib.check(_lib.lib().ftcomm_store_listen(addr.encode(), token.encode(), byref(h)))
+        return cls(h.value, True)
+
+    @classmethod
+    def connect(cls, addr: str, token: str = "") -> "Store":
+        """Reach the store hosted at addr; requests retry until it is up."""
+        h = c_uint64()
+        _lib.check(_lib.lib().ftcomm_store_connect(addr.encode(), token.encode(), byref(h)))
+        return cls(h.value, False)
+
+    def _handle(self) -> int:
+        if self._h is None:
+            raise InvalidArgumentError("ftcomm: store is closed", kinds=("invalid_argument",))
+        return self._h
+
+    def set(self, key: str, value, timeout=None) -> None:
+        if isinstance(value, str):
+            value = value.encode()
+        v = bytes(value)
+        _lib.check(_lib.lib().ftcomm_store_set(self._handle(), key.encode(), v, len(v), _lib.timeout_ns(timeout)))
+
+    def get(self, key: str, timeout=None) -> bytes:
+        """The value of key, waiting for it (up to timeout; interruptible)."""
+        L = _lib.lib()
+        size, n = 256, c_int64()
+        t = _lib.timeout_ns(timeout)
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            st = L.ftcomm_store_get(self._handle(), key.encode(), buf, size, byref(n), t)
+            if st == _lib.ERR_SHORT_BUFFER:
+                _lib.last_error(st)
+                size = n.value + 1
+                continue
+            _lib.check(st)
+            return buf.raw[: n.value]
+
+    def add(self, key: str, delta: int = 1, timeout=None) -> int:
+        out = c_int64()
+        _lib.check(_lib.lib().ftcomm_store_add(self._handle(), key.encode(), int(delta), byref(out), _lib.timeout_ns(timeout)))
+        return out.value
+
+    def close(self) -> None:
+        """Close the store (a hosted one stops serving). Safe to call twice."""
+        h, self._h = self._h, None
+        if h is not None and not _lib.forked:
+            _lib.check(_lib.lib().ftcomm_store_free(h))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return "Store(%s%s)" % (self.address, ", hosted" if self.hosted else "")
+
+
+def _is_torch_store(s) -> bool:
+    import sys
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and hasattr(dist, "Store") and isinstance(s, dist.Store)
+
+
+def _bind_host(master_addr: str) -> str:
+    """Where rank 0 binds its store: MASTER_ADDR when it is an address of
+    this host (it is, on the node that runs rank 0), else all interfaces."""
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind((master_addr, 0))
+            return master_addr
+        finally:
+            s.close()
+    except OSError:
+        return "0.0.0.0"
+
+
+def through_torch_store(tstore, key: str, rank: int, advertise: str, timeout) -> Store:
+    """Rank 0 hosts an ftcomm store and publishes its address under key in
+    the torch.distributed store tstore; the other ranks read it there."""
+    if rank == 0:
+        s = Store.listen("%s:0" % _bind_host(advertise))
+        port = s.address.rsplit(":", 1)[1]
+        tstore.set(key, "%s:%s" % (advertise, port))
+        return s
+    if timeout is not None:
+        import datetime
+        tstore.set_timeout(datetime.timedelta(seconds=_lib.timeout_ns(timeout) / 1e9))
+    addr = tstore.get(key).decode()
+    return Store.connect(addr)
+
+
+def from_environment(rank: int, size: int, key: str, timeout) -> Optional[Store]:
+    """The store named by torchrun's environment (MASTER_ADDR, MASTER_PORT):
+
+    - under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the agent hosts a
+      torch TCPStore there: rank 0 publishes an ftcomm store through it;
+    - otherwise, with torch, rank 0 hosts a torch TCPStore there, as
+      torch.distributed's env:// does, and the same happens;
+    - without torch, rank 0 hosts an ftcomm store on MASTER_PORT itself.
+
+    None when MASTER_ADDR or MASTER_PORT is unset.
+    """
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        return None
+    try:
+        import datetime
+        import torch.distributed as dist
+    except ImportError:
+        dist = None
+    if dist is None or not hasattr(dist, "TCPStore"):
+        if rank == 0:
+            return Store.listen("%s:%s" % (_bind_host(addr), port))
+        return Store.connect("%s:%s" % (addr, port))
+    t = datetime.timedelta(seconds=(_lib.timeout_ns(timeout) / 1e9) if timeout is not None else 300)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        tstore = dist.PrefixStore("/worker/attempt_%s" % attempt, dist.TCPStore(addr, int(port), size, False, t))
+    else:
+        tstore = dist.TCPStore(addr, int(port), size, rank == 0, t)
+    s = through_torch_store(tstore, key, rank, addr, None)
+    s._torch_store = tstore  # rank 0's TCPStore server must live as long as the rendezvous
+    return s

@@ -1,0 +1,38 @@
+"""One replica of test_ft.py's job: a step per "step" line on stdin, one
+JSON line per step on stdout."""
+
+import hashlib
+import json
+import sys
+
+import torch
+
+import ftcomm
+import ftcomm.ft
+from ftcomm import ReduceOp
+
+group = sys.argv[1]
+rid = int(group[1:])
+params = torch.zeros(256, dtype=torch.float64)
+with ftcomm.ft.Comm(job="pytest-ft", group=group, min_replicas=2, timeout=10, lease_ttl=2, heartbeat=0.5,
+                    log_level="error") as c:
+    c.register("params", params)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "step":
+            break
+        out = {}
+        try:
+            c.step()
+        except ftcomm.RolledBackError as e:
+            out["rolled_back"] = [e.from_step, e.to_step]
+        s = c.committed_step
+        grad = torch.full((256,), float(s + 1)) * (rid + 1)
+        c.all_reduce(grad, ReduceOp.AVG)
+        ok = c.commit()
+        if ok:
+            params.add_(grad, alpha=0.01)
+        out.update(committed=ok, step=c.committed_step, epoch=c.epoch, participants=c.participants,
+                   state=hashlib.sha1(params.numpy().tobytes()).hexdigest()[:12],
+                   events=[e.kind for e in c.events()])
+        print(json.dumps(out), flush=True)

@@ -1,0 +1,40 @@
+"""The CUDA (nccl) path on 2 GPUs: every collective and dtype against a host
+reference, ordering with PyTorch's streams, async ops, a deadline, memory.
+Skipped without torch and 2 CUDA devices (CI); run on the GPU machines."""
+
+import workers
+from conftest import needs_cuda
+
+
+@needs_cuda
+def test_cuda_every_collective(two, store, name):
+    res = two.run(workers.cuda_suite, store.address, name, timeout=300)
+    for bad, info in res:
+        assert bad == []
+    print("NCCL used:", res[0][1])
+
+
+@needs_cuda
+def test_cuda_stream_order(two, store, name):
+    for r in two.run(workers.cuda_stream_order, store.address, name):
+        assert r["x"] == 3 and r["y"] == 6, r
+        assert r["z"] == 2 and r["async"] == 3, r
+        assert r["stream_busy_after_call"], r  # the call returned while the stream still worked
+        print(r)
+
+
+@needs_cuda
+def test_cuda_deadline(two, store, name):
+    r0, _ = two.run(workers.cuda_timeout, store.address, name)
+    assert r0["call_s"] < 1, r0
+    assert r0["stream_free_s"] < 20, r0
+    assert r0["next"] == "CommTimeoutError" and r0["timeout"], r0
+    print(r0)
+
+
+@needs_cuda
+def test_cuda_no_memory_growth(two, store, name):
+    for grow, handles, per_op in two.run(workers.cuda_memory, store.address, name):
+        assert handles == 0
+        assert grow < 16 << 20, grow
+        print("RSS growth %d bytes, %.1f µs per 4 KiB all-reduce" % (grow, per_op * 1e6))
