@@ -137,8 +137,10 @@ func (c QuorumConfig) silentEpochs() int {
 //   - The end of the run: a finished member (MemberRecord.Finished) is no
 //     candidate and does not count among the live members; once one
 //     finished, the next quorum is published at once, waiting for
-//     nothing, and it and every later one carry Final, the highest step a
-//     member finished at.
+//     nothing, and it and every later one of the run carry Final, the
+//     highest step a member finished at. A quorum of a new run
+//     (MemberRecord.Run, Quorum.Run) starts afresh: no Final, and no wait
+//     for the last run's members (the history rule below).
 //   - History: the job's last known step is the highest step the
 //     previous quorum's participants reported, or its MaxStep. A
 //     candidate holds it when it reported it, or when it is a caught-up
@@ -183,6 +185,7 @@ type Machine struct {
 	waited       bool                 // the last Advance decided to wait
 
 	final    int64            // the highest step a member finished the run at
+	finalRun string           // the run final belongs to
 	caughtUp map[string]int64 // id → the incarnation that holds the job's step
 
 	blame    map[blamePair]*blameEdge
@@ -218,7 +221,7 @@ func NewMachine(job string, cfg QuorumConfig, prev *Quorum) *Machine {
 	if prev != nil {
 		q := *prev
 		m.prev = &q
-		m.final = q.Final
+		m.final, m.finalRun = q.Final, q.Run
 	}
 	return m
 }
@@ -258,7 +261,11 @@ func (m *Machine) Upsert(now time.Time, rec MemberRecord) bool {
 		delete(m.suspects, rec.ID)
 	}
 	if r.Finished {
-		m.final = max(m.final, r.Step)
+		if r.Run != "" && r.Run != m.finalRun {
+			m.final, m.finalRun = r.Step, r.Run
+		} else {
+			m.final = max(m.final, r.Step)
+		}
 	}
 	if !had || old.Incarnation != r.Incarnation {
 		m.forget(r.ID) // a new incarnation starts afresh
@@ -431,7 +438,11 @@ func (m *Machine) Published(q Quorum) {
 	}
 	qq := q
 	m.prev = &qq
-	m.final = max(m.final, q.Final)
+	if q.Run != "" && q.Run != m.finalRun {
+		m.final, m.finalRun = q.Final, q.Run // a new run
+	} else {
+		m.final = max(m.final, q.Final)
+	}
 	for _, p := range q.Participants {
 		if r, ok := m.members[p.ID]; ok && r.Incarnation == p.Incarnation && r.Step >= q.MaxStep && m.caughtUp[p.ID] != p.Incarnation {
 			m.caughtUp[p.ID] = p.Incarnation
@@ -560,7 +571,18 @@ func (m *Machine) advance(now time.Time) Decision {
 	}
 	survivors, admitted = keep(survivors), keep(admitted)
 
-	finalNew := m.final > 0 && (m.prev == nil || m.final > m.prev.Final)
+	// A new run (its members never share a quorum with the last run's)
+	// starts afresh: no Final, no wait for the last run's members.
+	run := m.runOf(append(survivors[:len(survivors):len(survivors)], admitted...))
+	newRun := m.prev != nil && run != "" && m.prev.Run != "" && run != m.prev.Run
+	if run == "" && m.prev != nil {
+		run = m.prev.Run // no candidate says (none left, say): the run goes on
+	}
+	final := m.final
+	if run != "" && m.finalRun != "" && run != m.finalRun {
+		final = 0
+	}
+	finalNew := final > 0 && (m.prev == nil || newRun || final > m.prev.Final)
 	needed := false
 	switch {
 	case m.prev == nil:
@@ -616,7 +638,7 @@ func (m *Machine) advance(now time.Time) Decision {
 		}
 	}
 	if finalNew {
-		why = append(why, fmt.Sprintf("the run ended at step %d", m.final))
+		why = append(why, fmt.Sprintf("the run ended at step %d", final))
 	}
 	// Revoke a broken epoch at once, even when its successor must wait:
 	// members stop their collectives instead of waiting out a timeout. An
@@ -677,7 +699,7 @@ func (m *Machine) advance(now time.Time) Decision {
 			return wait("verifying the reported death of "+strings.Join(checking, ","), checkAt)
 		}
 		if !fast {
-			if w, at := m.awaitHolders(now, candidates, inPrev, js); w != "" {
+			if w, at := m.awaitHolders(now, candidates, inPrev, js); w != "" && !newRun {
 				return wait(w, at)
 			}
 			if minN := m.minReplicas(); len(candidates) < minN {
@@ -694,7 +716,7 @@ func (m *Machine) advance(now time.Time) Decision {
 		}
 	}
 
-	q := &Quorum{Job: m.job, Epoch: 1, Participants: candidates, Created: now, Removed: gone, Final: m.final}
+	q := &Quorum{Job: m.job, Epoch: 1, Participants: candidates, Created: now, Removed: gone, Final: final, Run: run}
 	if m.prev != nil {
 		q.Epoch = m.prev.Epoch + 1
 	}
@@ -717,6 +739,16 @@ func (m *Machine) advance(now time.Time) Decision {
 		rev.Reason = q.Reason
 	}
 	return Decision{Quorum: q, Revocation: rev, WakeAt: wakeAt}
+}
+
+// runOf is the run the members ps belong to ("" when none says).
+func (m *Machine) runOf(ps []Participant) string {
+	for _, p := range ps {
+		if r, ok := m.members[p.ID]; ok && r.Run != "" {
+			return r.Run
+		}
+	}
+	return ""
 }
 
 // lastStep is the job's last known step: the previous quorum's MaxStep, or

@@ -130,6 +130,25 @@ func TestQuorumHistoryScripts(t *testing.T) {
 		epoch 3 [a#3] maxstep=500
 		  reason: b lease expired; c lease expired
 		`,
+		"a new run does not wait for the last run's members": `
+		> config min=1
+		> run r1
+		> join a b
+		> ask a b
+		> tick 0s
+		epoch 1 [a#1 b#2] maxstep=0
+		  reason: initial quorum
+		> step a=300 b=300
+		# the run is stopped while no coordinator watches; the next starts
+		# from step 0
+		> reload lost=a,b
+		> run r2
+		> restart c
+		> tick 0s
+		epoch 2 [c#3] maxstep=0
+		  reason: a gone; b gone; joined c
+		  revoke 1 failed=[a b]
+		`,
 		"members gone while no coordinator watched count as lapsed": `
 		> config min=1
 		> join b c
@@ -542,6 +561,33 @@ func TestQuorumFinishScripts(t *testing.T) {
 		> tick 0s
 		waiting: waiting up to 10s for 1 straggler(s) (wake +10s)
 		  revoke 2 failed=[b]: b died (gossip)
+		`,
+		"a new run starts afresh": `
+		> config min=1
+		> run r1
+		> join a b
+		> ask a b
+		> tick 0s
+		epoch 1 [a#1 b#2] maxstep=0
+		  reason: initial quorum
+		> step a=90 b=90
+		> finish a 100
+		> finish b 100
+		> tick 0s
+		epoch 2 [] maxstep=0 final=100
+		  reason: a finished at step 100; b finished at step 100; the run ended at step 100
+		  revoke 1 failed=[a b]
+		> leave a b
+		# the job's next run: its replicas start from step 0, and neither the
+		# last run's end nor its members hold them back, also after a new
+		# coordinator took over
+		> reload
+		> run r2
+		> restart c
+		> restart d
+		> tick 0s
+		epoch 3 [c#3 d#4] maxstep=0
+		  reason: joined c,d
 		`,
 		"a new coordinator keeps the end from the quorum record": `
 		> config min=1

@@ -31,6 +31,7 @@ import (
 //	leave|die|evict a …         members go for good (reason printed in the quorum)
 //	lapse a …                   members' leases expire (they may come back)
 //	restart a [step=S]          a new incarnation of a registers (asking)
+//	run R                       members that register from now on belong to run R
 //	reload [lost=a,b]           a new coordinator takes over: a machine made
 //	                            from the last quorum and the live records,
 //	                            less those that went while none watched
@@ -38,12 +39,13 @@ import (
 //	                            the quorum (then published), "waiting: …"
 //	                            or "-" (with "wake +D" when a timer is due)
 type quorumScript struct {
-	t   *testing.T
-	m   *Machine
-	cfg QuorumConfig
-	now time.Time
-	inc int64
-	ids []string // every id that ever registered
+	t     *testing.T
+	m     *Machine
+	cfg   QuorumConfig
+	now   time.Time
+	inc   int64
+	ids   []string // every id that ever registered
+	runID string   // the run of the members that register
 }
 
 func (s *quorumScript) rec(id string) MemberRecord {
@@ -96,7 +98,7 @@ func (s *quorumScript) run(line string) []string {
 		for _, id := range args {
 			s.inc++
 			s.ids = append(s.ids, id)
-			s.m.Upsert(s.now, MemberRecord{Job: "job", ID: id, Addr: id + ":1", Incarnation: s.inc})
+			s.m.Upsert(s.now, MemberRecord{Job: "job", ID: id, Addr: id + ":1", Incarnation: s.inc, Run: s.runID})
 		}
 	case "restart":
 		var step int64
@@ -109,7 +111,9 @@ func (s *quorumScript) run(line string) []string {
 		}
 		s.inc++
 		s.ids = append(s.ids, args[0])
-		s.m.Upsert(s.now, MemberRecord{Job: "job", ID: args[0], Addr: args[0] + ":1", Incarnation: s.inc, WantQuorum: true, Step: step})
+		s.m.Upsert(s.now, MemberRecord{Job: "job", ID: args[0], Addr: args[0] + ":1", Incarnation: s.inc, WantQuorum: true, Step: step, Run: s.runID})
+	case "run":
+		s.runID = args[0]
 	case "reload":
 		lost := map[string]bool{}
 		if len(args) > 0 {

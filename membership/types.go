@@ -142,10 +142,14 @@ type Quorum struct {
 	// here, once, from the reports, and every rank follows it.
 	Base uint64 `json:"base,omitempty"`
 	// Final, when above 0, says the run ended at that step: a member
-	// finished it there (MemberRecord.Finished). Every later quorum keeps
-	// it; a replica that reads it stops (ft: ErrFinished) instead of
-	// redoing steps its peers will never take again.
+	// finished it there (MemberRecord.Finished). Every later quorum of the
+	// run keeps it; a replica that reads it stops (ft: ErrFinished)
+	// instead of redoing steps its peers will never take again.
 	Final int64 `json:"final,omitempty"`
+	// Run is the run of the job the participants belong to
+	// (MemberRecord.Run; "" before runs were recorded). A quorum of a new
+	// run starts afresh: no Final, no wait for the last run's members.
+	Run string `json:"run,omitempty"`
 	// Signature, when the coordinator signs its quorums
 	// (coordinator.Config.QuorumSigner), proves that a coordinator holding
 	// the key published this record; members with a QuorumVerifier act
