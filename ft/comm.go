@@ -56,10 +56,15 @@ type Comm struct {
 	evWake chan struct{}
 
 	// Owned by the training goroutine.
-	state []registered
-	cur   stepComms // the comms of the step in progress
-	works []*comm.Work
+	state  []registered
+	cur    stepComms // the comms of the step in progress
+	works  []*comm.Work
+	stepAt time.Time // when Step returned, until the step's time is reported
 }
+
+// stepTimer is what a membership offers to carry each step's compute time
+// to the coordinator's straggler policy (*membership.Member has it).
+type stepTimer interface{ SetStepTime(time.Duration) }
 
 // memberRef boxes the current registration (it changes when ft registers
 // again).
@@ -287,14 +292,32 @@ func (c *Comm) Step(ctx context.Context) error {
 	c.started.Store(true)
 	c.works = c.works[:0]
 	c.cur = stepComms{}
+	c.stepAt = time.Time{}
 	r, err := c.ask(ctx, stepCalled{}, func(err error) input { return stepCancelled{err} })
 	if err != nil {
 		return err
 	}
 	if r.err == nil || errors.Is(r.err, ErrRolledBack) {
 		c.cur = r.comms
+		if c.cur.ft.data != nil {
+			c.stepAt = time.Now()
+		}
 	}
 	return r.err
+}
+
+// stepTime reports this replica's own time on the step, from Step's
+// return to its first collective (or Commit): the loop's compute, without
+// the waits for its peers. The straggler policy compares it across the
+// job (membership.StragglerPolicy).
+func (c *Comm) stepTime() {
+	if c.stepAt.IsZero() {
+		return
+	}
+	if t, ok := c.member().(stepTimer); ok {
+		t.SetStepTime(time.Since(c.stepAt))
+	}
+	c.stepAt = time.Time{}
 }
 
 // Commit ends the step: it waits for the step's collectives and votes.
@@ -306,6 +329,7 @@ func (c *Comm) Step(ctx context.Context) error {
 // After MaxCommitFailures failures in a row Commit returns
 // ErrTooManyCommitFailures.
 func (c *Comm) Commit(ctx context.Context) (bool, error) {
+	c.stepTime()
 	var errs []error
 	for _, w := range c.works {
 		if err := w.Wait(ctx); err != nil {
@@ -324,6 +348,7 @@ func (c *Comm) Commit(ctx context.Context) (bool, error) {
 // forward issues an op on the step's FT data comm and remembers its Work
 // so Commit can collect its error.
 func (c *Comm) forward(issue func(*comm.Comm) *comm.Work) *comm.Work {
+	c.stepTime()
 	var w *comm.Work
 	if d := c.cur.ft.data; d == nil {
 		w = comm.FailedWork(ErrNotParticipating)

@@ -99,8 +99,11 @@ type Config struct {
 	// Coordinator lists the etcd endpoints of the ftcoord cluster.
 	Coordinator []string
 	// Member configures the registration made through Coordinator (lease
-	// TTL, heartbeat interval, gossip, etcd root); ft fills in the client,
-	// job, id, group, address and min replicas.
+	// TTL, heartbeat interval, gossip, etcd root, straggler policy); ft
+	// fills in the client, job, id, group, address and min replicas. Under
+	// a straggler policy (Member.Stragglers, or ftcoord's) each step's
+	// compute time counts from Step's return to the loop's first ft
+	// collective, or to Commit.
 	Member membership.MemberConfig
 	// EtcdTLS and EtcdUsername/EtcdPassword reach a secured etcd.
 	EtcdTLS                    *tls.Config

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,6 +63,7 @@ type replica struct {
 	err      error
 	progress chan struct{} // signalled after every commit
 	satOut   chan struct{} // signalled when the replica sits an epoch out
+	compute  atomic.Int64  // the loop's compute time per step (ns): a sleep between Step and the all-reduce
 }
 
 type commitRecord struct {
@@ -137,6 +139,9 @@ func (r *replica) train(ctx context.Context, l *ledger, until int64) {
 		if err := r.c.Step(ctx); err != nil && !errors.Is(err, ErrRolledBack) {
 			r.setErr(err)
 			return
+		}
+		if d := time.Duration(r.compute.Load()); d > 0 {
+			time.Sleep(d) // the workload's compute, not a synchronisation
 		}
 		step := r.c.CommittedStep()
 		for i := range grads { // depends on the step and the replica; the average does not depend on who computed it
@@ -616,4 +621,41 @@ func TestCloseAtEveryPointOfReconfiguration(t *testing.T) {
 			j.check(a0, a1, b0)
 		})
 	}
+}
+
+// A replica whose compute is much slower than its peers' is taken out of
+// the job under a straggler policy (ft reports each step's compute time),
+// the others train on at their pace, and it is let back after its
+// probation once it keeps up.
+func TestStragglerIsTakenOutAndLetBack(t *testing.T) {
+	qc := quick()
+	qc.Stragglers = membership.StragglerPolicy{Factor: 4, Window: 300 * time.Millisecond, Probation: 500 * time.Millisecond}
+	j := newJob(t, qc, 1)
+	var rs []*replica
+	for _, g := range []string{"a", "b", "c"} {
+		r := j.open(g, 0, 1)
+		r.compute.Store(int64(2 * time.Millisecond))
+		rs = append(rs, r)
+	}
+	rs[2].compute.Store(int64(60 * time.Millisecond))
+	for _, r := range rs {
+		ctx, cancel := context.WithCancel(context.Background())
+		r.cancel = cancel
+		go r.train(ctx, j.ledger, forever)
+	}
+	rs[0].waitParticipants(3)
+	rs[0].waitParticipants(2) // c is out
+	if rec, _ := j.coord.Record("c.0"); rec.StepTime < 30*time.Millisecond {
+		t.Errorf("c's reported step time is %v, its compute 60ms", rec.StepTime)
+	}
+	q, _ := j.coord.Latest()
+	for _, p := range q.Participants {
+		if p.ID == "c.0" {
+			t.Fatalf("c is still a participant of epoch %d: %+v", q.Epoch, q.Participants)
+		}
+	}
+	rs[2].compute.Store(int64(2 * time.Millisecond))
+	rs[0].waitParticipants(3) // back after its probation
+	rs[2].waitParticipants(3)
+	j.stopAll(rs...)
 }

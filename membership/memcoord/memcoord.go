@@ -275,6 +275,13 @@ func (m *Member) SetStep(step int64) {
 	m.mu.Unlock()
 }
 
+// SetStepTime reports the member's own compute time of a step at once,
+// as a heartbeat would carry it: the straggler policy's input
+// (membership.StragglerPolicy, QuorumConfig.Stragglers).
+func (m *Member) SetStepTime(d time.Duration) {
+	_ = m.report(func(r *membership.MemberRecord) { r.StepTime = d })
+}
+
 // Step is the step last given to SetStep.
 func (m *Member) Step() int64 {
 	m.mu.Lock()
