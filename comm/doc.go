@@ -75,8 +75,9 @@
 // Errors wrap the sentinels ErrTimeout, ErrAborted, ErrRevoked,
 // ErrPeerFailed, ErrMismatch, ErrInvalidArgument, ErrBackendUnavailable and
 // ErrClosed, for errors.Is (ErrPeerClosed beside ErrPeerFailed marks a
-// peer that closed its comm in an orderly way while no op needed it); failures tied to a rank are *RankError, for
-// errors.As, and FailedRanks lists them. An op ended by Abort, Revoke,
+// peer that closed its comm in an orderly way: alive, not crashed);
+// failures tied to a rank are *RankError, for errors.As, and FailedRanks
+// lists them. An op ended by Abort, Revoke,
 // Close or its deadline matches that cause and also what its backend saw
 // (a peer that had died meanwhile stays in FailedRanks). A Shrink or Grow
 // keeps Options.Timeout too, on a broken comm as well; Close while one

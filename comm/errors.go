@@ -20,9 +20,10 @@ var (
 	// *RankError that names the rank.
 	ErrPeerFailed = errors.New("comm: peer failed")
 	// ErrPeerClosed: a peer closed its communicator in an orderly way (it
-	// left, or moved on to another epoch) while no op of this rank needed
-	// it. Found beside ErrPeerFailed (the peer is gone all the same), so a
-	// caller may tell a departure from a crash.
+	// left, or moved on to another epoch): its process said goodbye. Found
+	// beside ErrPeerFailed (the peer is gone from the comm all the same,
+	// and an op that needed it fails), so a caller may tell a departure
+	// from a crash.
 	ErrPeerClosed = errors.New("comm: peer closed its communicator")
 	// ErrMismatch: ranks disagree on an op's kind, dtype, count or root.
 	ErrMismatch = errors.New("comm: ranks disagree on the op")

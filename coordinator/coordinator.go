@@ -496,6 +496,7 @@ type memberRef struct {
 type verdict struct {
 	memberRef
 	dead bool
+	err  error // the dial's (nil: it connected)
 }
 
 type jobState struct {
@@ -723,9 +724,12 @@ func (l *leadership) remove(now time.Time, job, id string, inc int64, why, metri
 	}
 	delete(l.byNode, membership.GossipNodeName(job, id, old.Lease))
 	l.noteStalled(job, j, membership.MemberRecord{ID: id})
-	if metric == "lease" || metric == "gossip" {
+	switch metric {
+	case "lease", "gossip":
 		j.m.Lapsed(now, id, old.Incarnation, why)
-	} else {
+	case "left":
+		j.m.Left(now, id, old.Incarnation, why)
+	default:
 		j.m.Remove(now, id, old.Incarnation, why)
 	}
 	j.dirty = true
@@ -769,21 +773,47 @@ func (l *leadership) verifyReported(job string, r membership.Revocation) {
 		j.m.Suspect(now, id, rec.Incarnation, now.Add(verifyTimeout+100*time.Millisecond))
 		addr, ctx := rec.Addr, l.ctx
 		go func() {
-			d := net.Dialer{Timeout: verifyTimeout}
-			c, err := d.DialContext(ctx, "tcp", addr)
-			if err == nil {
-				c.Close()
-			}
+			dead, err := probeDead(ctx, addr)
 			select {
-			case l.verified <- verdict{ref, err != nil && errors.Is(err, syscall.ECONNREFUSED)}:
+			case l.verified <- verdict{ref, dead, err}:
 			case <-ctx.Done():
 			}
 		}()
 	}
 }
 
-// verifyTimeout bounds the dial that confirms a reported death.
+// verifyTimeout bounds the dials that confirm a reported death.
 const verifyTimeout = 500 * time.Millisecond
+
+// probeDead dials addr until it refuses a connection (dead: no process
+// listens there), for up to verifyTimeout. A process killed a moment ago
+// may still accept: the kernel closes its listener only when the exit has
+// torn down its memory, which takes a big process a few hundred
+// milliseconds after its peers saw their connections to it end. A dial
+// that times out or fails otherwise (unreachable) decides at once: not
+// dead. err is the last dial's (nil: it connected).
+func probeDead(ctx context.Context, addr string) (dead bool, err error) {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 50*time.Millisecond, 150*time.Millisecond, verifyTimeout
+	deadline := time.Now().Add(verifyTimeout)
+	_ = backoff.Retry(func() error {
+		d := net.Dialer{Deadline: deadline}
+		var c net.Conn
+		c, err = d.DialContext(ctx, "tcp", addr)
+		switch {
+		case err == nil:
+			c.Close()
+			return errors.New("it accepted") // perhaps still exiting: again
+		case errors.Is(err, syscall.ECONNRESET):
+			return err // its listener closing under the dial: again
+		case errors.Is(err, syscall.ECONNREFUSED):
+			dead = true
+			return nil
+		}
+		return backoff.Permanent(err)
+	}, backoff.WithContext(b, ctx))
+	return dead, err
+}
 
 // verifiedDeath removes a member whose reported death the coordinator
 // confirmed, like a gossip death.
@@ -795,6 +825,8 @@ func (l *leadership) verifiedDeath(now time.Time, v verdict) {
 		return
 	}
 	if !v.dead { // answering, or unreachable: left to gossip and the lease
+		l.c.lg.Info("a member reported dead did not refuse a connection; left to gossip and its lease",
+			zap.String("job", ref.job), zap.String("member", ref.id), zap.String("addr", rec.Addr), zap.NamedError("dial", v.err))
 		j.m.Unsuspect(ref.id, ref.inc)
 		j.dirty = true
 		return

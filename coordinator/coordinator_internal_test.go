@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"errors"
+	"net"
 	"testing"
 	"time"
 
@@ -79,5 +80,37 @@ func TestOwnLateQuorumEventIsNotForeign(t *testing.T) {
 	l.apply(time.Now(), &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: key, Value: []byte(`{"epoch":3}`), ModRevision: 21}})
 	if j.foreign == nil || j.foreign.epoch != 3 || logs.Len() != 1 {
 		t.Fatalf("foreign write at 21 missed: %+v %v", j.foreign, logs.All())
+	}
+}
+
+// A reported death is confirmed by a refused connection, also when the
+// killed process still accepts for a moment while it exits; a process
+// that keeps answering is not dead.
+func TestProbeDead(t *testing.T) {
+	ctx := context.Background()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if dead, err := probeDead(ctx, addr); dead || err != nil {
+		t.Fatalf("a listening process: dead %v, %v", dead, err)
+	}
+	// Exiting: it accepts the first dial, then its listener goes.
+	accepted := make(chan struct{})
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			c.Close()
+		}
+		ln.Close()
+		close(accepted)
+	}()
+	if dead, err := probeDead(ctx, addr); !dead {
+		t.Fatalf("a process whose listener closed after one accept: dead %v, %v", dead, err)
+	}
+	<-accepted
+	if dead, _ := probeDead(ctx, addr); !dead {
+		t.Fatal("a closed port: not dead")
 	}
 }

@@ -54,8 +54,9 @@
 // connection at once), and the peer the failure names is blamed to the
 // coordinator, which confirms the death by the peer's closed port without
 // waiting for gossip or its lease. A formation that passes its deadline
-// blames the peers that never came. A peer that merely closed its comm
-// after the ops that needed it (comm.ErrPeerClosed) fails nothing.
+// blames the peers that never came. A peer that closed its comm in an
+// orderly way (comm.ErrPeerClosed: it left, or moved on to a newer epoch)
+// is never blamed, and fails the step only where one of its ops needed it.
 //
 // # The end of a run
 //

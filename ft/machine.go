@@ -584,10 +584,12 @@ func (m *machine) onQuorum(now time.Time, q membership.Quorum) {
 		return
 	}
 	// A member of the current comms is gone: revoke them at once, so no
-	// survivor waits out a collective timeout for it.
+	// survivor waits out a collective timeout for it. One that departed
+	// (left or finished after its last step) is not waited for by any op
+	// still running, and an op that needed it ends by its connection.
 	gone := func(members []participant) bool {
 		return slices.ContainsFunc(members, func(p participant) bool {
-			return p.ID != "" && !q.Includes(p.ID, p.Incarnation)
+			return p.ID != "" && !q.Includes(p.ID, p.Incarnation) && !slices.Contains(q.Departed, p.ID)
 		})
 	}
 	cause := fmt.Sprintf("ft: epoch %d: %s", q.Epoch, q.Reason)

@@ -26,7 +26,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of ft/tes
 // and logs left out). "#" starts a comment; blank lines separate.
 //
 //	config id=a.0 size=1 min=1 [durable] [maxfail=N] [inc=N]  (first)
-//	quorum E [base=B] [final=S] ids…  publish quorum E (ids "g.r" or "g.r@inc")
+//	quorum E [base=B] [final=S] [departed=id,…] ids…  publish quorum E (ids "g.r" or "g.r@inc")
 //	revocation E                    epoch E revoked
 //	step | cancel-step              the training loop calls Step / gives up
 //	commit [err…] | cancel-commit   the training loop calls Commit (its ops' errors)
@@ -133,6 +133,10 @@ func (s *machineScript) run(line string) []string {
 			}
 			if f, ok := strings.CutPrefix(a, "final="); ok {
 				q.Final, _ = strconv.ParseInt(f, 10, 64)
+				continue
+			}
+			if d, ok := strings.CutPrefix(a, "departed="); ok {
+				q.Departed = strings.Split(d, ",")
 				continue
 			}
 			id, incs, _ := strings.Cut(a, "@")

@@ -121,6 +121,9 @@ func (c QuorumConfig) silentEpochs() int {
 //     was evicted, finished or turned Critical, or a rule below leaves it
 //     out; a joiner asks in), or when the current epoch failed (a
 //     participant reported a commit failure or revoked it).
+//   - A participant that left (Machine.Left) or finished the run went
+//     after its last step: the quorum without it names it Departed and
+//     does not revoke the epoch it leaves. Any other loss revokes it.
 //   - Fast quorum: when every participant of the previous quorum is still
 //     live and fit, the next quorum forms at once.
 //   - Otherwise it needs at least MinReplicas candidates and a strict
@@ -201,6 +204,7 @@ type departure struct {
 	why     string
 	at      time.Time
 	lapsed  bool  // its process may be alive and come back holding its state
+	left    bool  // it went in an orderly way (Left), after its last step
 	step    int64 // its last reported step
 	unknown bool  // it went while no coordinator watched: its step is unknown
 }
@@ -348,6 +352,20 @@ func (m *Machine) Lapsed(now time.Time, id string, incarnation int64, why string
 	m.remove(now, id, incarnation, why, true)
 }
 
+// Left records that a member left gracefully (MemberRecord.Leaving), after
+// its last step: the quorum without it does not revoke the epoch it
+// leaves (Quorum.Departed). incarnation as for Remove.
+func (m *Machine) Left(now time.Time, id string, incarnation int64, why string) {
+	if m.prev != nil && m.prev.Rank(id) >= 0 {
+		if old, ok := m.members[id]; ok && (incarnation == 0 || old.Incarnation == incarnation) {
+			if _, seen := m.removed[id]; !seen {
+				m.removed[id] = departure{why: why, at: now, step: old.Step, left: true}
+			}
+		}
+	}
+	m.remove(now, id, incarnation, why, false)
+}
+
 func (m *Machine) remove(now time.Time, id string, incarnation int64, why string, lapsed bool) {
 	old, ok := m.members[id]
 	if !ok || incarnation != 0 && old.Incarnation != incarnation {
@@ -482,6 +500,7 @@ func (m *Machine) advance(now time.Time) Decision {
 		shrink    bool
 		inPrev    = map[string]bool{}
 		lost      []string // previous participants not surviving
+		departed  []string // those of lost that left or finished in an orderly way
 		finishing bool     // one of them finished the run
 	)
 	part := func(r *MemberRecord) Participant {
@@ -496,7 +515,11 @@ func (m *Machine) advance(now time.Time) Decision {
 				shrink = shrink || r.ShrinkOnly
 			} else {
 				lost = append(lost, p.ID)
-				finishing = finishing || ok && r.Incarnation == p.Incarnation && r.Finished
+				finished := ok && r.Incarnation == p.Incarnation && r.Finished
+				finishing = finishing || finished
+				if d, gone := m.removed[p.ID]; finished || gone && d.left {
+					departed = append(departed, p.ID)
+				}
 				if !ok {
 					if _, seen := m.removed[p.ID]; !seen {
 						// Gone before this machine knew it: while no
@@ -644,10 +667,18 @@ func (m *Machine) advance(now time.Time) Decision {
 	// members stop their collectives instead of waiting out a timeout. An
 	// epoch that only gains joiners is not broken: its step in flight may
 	// finish, and members grow at their next step.
+	// Members that left or finished after their last step break nothing:
+	// a peer still ending that step must not have it revoked under it.
 	gone := append(lost[:len(lost):len(lost)], dropped...)
+	var failed []string
+	for _, id := range gone {
+		if !slices.Contains(departed, id) {
+			failed = append(failed, id)
+		}
+	}
 	var rev *Revocation
-	if m.prev != nil && m.revokedBy == nil && len(gone)+len(failedBy) > 0 {
-		rev = &Revocation{Epoch: m.prev.Epoch, Reason: strings.Join(why, "; "), Failed: gone, At: now}
+	if m.prev != nil && m.revokedBy == nil && len(failed)+len(failedBy) > 0 {
+		rev = &Revocation{Epoch: m.prev.Epoch, Reason: strings.Join(why, "; "), Failed: failed, At: now}
 	}
 	wait := func(w string, at time.Time) Decision {
 		wake(at)
@@ -716,7 +747,7 @@ func (m *Machine) advance(now time.Time) Decision {
 		}
 	}
 
-	q := &Quorum{Job: m.job, Epoch: 1, Participants: candidates, Created: now, Removed: gone, Final: final, Run: run}
+	q := &Quorum{Job: m.job, Epoch: 1, Participants: candidates, Created: now, Removed: gone, Departed: departed, Final: final, Run: run}
 	if m.prev != nil {
 		q.Epoch = m.prev.Epoch + 1
 	}

@@ -89,9 +89,9 @@ func TestQuorumHistoryScripts(t *testing.T) {
 		> die c
 		> leave b
 		> tick 0s
-		epoch 2 [a#3] maxstep=0
+		epoch 2 [a#3] maxstep=0 departed=[b]
 		  reason: b left; c died (gossip); joined a
-		  revoke 1 failed=[b c]
+		  revoke 1 failed=[c]
 		`,
 		"a caught-up survivor holds the job's step, whatever its last report": `
 		> config min=1
@@ -523,17 +523,16 @@ func TestQuorumFinishScripts(t *testing.T) {
 		# a and b reach the end of their data; c does not call Step again
 		> finish a 100
 		> tick 0s
-		epoch 2 [b#2 c#3] maxstep=99 final=100
+		epoch 2 [b#2 c#3] maxstep=99 final=100 departed=[a]
 		  reason: a finished at step 100; the run ended at step 100
-		  revoke 1 failed=[a]
 		> leave a
 		# below min replicas and with a failed epoch: the end waits for nothing
 		> commitfail c 2
 		> finish b 100
 		> tick 0s
-		epoch 3 [c#3] maxstep=99 final=100
+		epoch 3 [c#3] maxstep=99 final=100 departed=[b]
 		  reason: b finished at step 100; commit failed in epoch 2 (c)
-		  revoke 2 failed=[b]
+		  revoke 2 failed=[]
 		> leave b
 		# a replica that comes later learns it from its first quorum
 		> restart d
@@ -550,9 +549,8 @@ func TestQuorumFinishScripts(t *testing.T) {
 		  reason: initial quorum
 		> finish c 5
 		> tick 0s
-		epoch 2 [a#1 b#2] maxstep=0 final=5
+		epoch 2 [a#1 b#2] maxstep=0 final=5 departed=[c]
 		  reason: c finished at step 5; the run ended at step 5
-		  revoke 1 failed=[c]
 		# c stays registered. b dies, e asks, d has not asked yet: a and e
 		# are a majority of the three live members, d the one straggler
 		> join d
@@ -574,9 +572,8 @@ func TestQuorumFinishScripts(t *testing.T) {
 		> finish a 100
 		> finish b 100
 		> tick 0s
-		epoch 2 [] maxstep=0 final=100
+		epoch 2 [] maxstep=0 final=100 departed=[a b]
 		  reason: a finished at step 100; b finished at step 100; the run ended at step 100
-		  revoke 1 failed=[a b]
 		> leave a b
 		# the job's next run: its replicas start from step 0, and neither the
 		# last run's end nor its members hold them back, also after a new
@@ -598,9 +595,8 @@ func TestQuorumFinishScripts(t *testing.T) {
 		  reason: initial quorum
 		> finish a 7
 		> tick 0s
-		epoch 2 [b#2] maxstep=0 final=7
+		epoch 2 [b#2] maxstep=0 final=7 departed=[a]
 		  reason: a finished at step 7; the run ended at step 7
-		  revoke 1 failed=[a]
 		> leave a
 		> reload
 		> restart c

@@ -195,8 +195,12 @@ func (s *quorumScript) run(line string) []string {
 	case "revoke":
 		e, _ := strconv.ParseUint(args[0], 10, 64)
 		s.m.Revoke(s.now, Revocation{Epoch: e, By: args[1], Reason: "peer failed", Failed: args[2:]})
-	case "leave", "die", "evict":
-		why := map[string]string{"leave": "left", "die": "died (gossip)", "evict": "evicted"}[cmd]
+	case "leave":
+		for _, id := range args {
+			s.m.Left(s.now, id, 0, "left")
+		}
+	case "die", "evict":
+		why := map[string]string{"die": "died (gossip)", "evict": "evicted"}[cmd]
 		for _, id := range args {
 			s.m.Remove(s.now, id, 0, why)
 		}
@@ -224,6 +228,9 @@ func (s *quorumScript) run(line string) []string {
 			}
 			if q.Final != 0 {
 				head += fmt.Sprintf(" final=%d", q.Final)
+			}
+			if len(q.Departed) > 0 {
+				head += fmt.Sprintf(" departed=%v", q.Departed)
 			}
 			out := []string{head, "  reason: " + q.Reason}
 			if r := dec.Revocation; r != nil {
@@ -591,13 +598,13 @@ func TestQuorumScripts(t *testing.T) {
 		> leave a
 		> evict c
 		> tick 0s
-		epoch 2 [b#2] maxstep=0
+		epoch 2 [b#2] maxstep=0 departed=[a]
 		  reason: a left; c evicted
-		  revoke 1 failed=[a c]
-		> leave b
+		  revoke 1 failed=[c]
+		> die b
 		> tick 0s
 		waiting: 0 of 1 replicas needed (min_replicas)
-		  revoke 2 failed=[b]: b left
+		  revoke 2 failed=[b]: b died (gossip)
 		# offered once: the script stored it.
 		> tick 1s
 		waiting: 0 of 1 replicas needed (min_replicas)

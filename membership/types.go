@@ -131,6 +131,11 @@ type Quorum struct {
 	// previous epoch.
 	Removed []string `json:"removed,omitempty"`
 	Added   []string `json:"added,omitempty"`
+	// Departed are the members of Removed that went in an orderly way:
+	// they left or finished the run, after their last step. Their going
+	// does not revoke the previous epoch (a peer's step in flight that no
+	// longer needs them may end), and ft does not stop its comms for them.
+	Departed []string `json:"departed,omitempty"`
 	// PublishedBy names the coordinator instance that wrote it.
 	PublishedBy string `json:"publishedBy,omitempty"`
 	// Base is the previous epoch when every participant that continues

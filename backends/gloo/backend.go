@@ -588,20 +588,18 @@ func (b *Backend) peerClosed(l *link, peer int) {
 
 // peerGone breaks b because peer closed its comm: a member has left. The
 // other ranks are told if the op in progress failed for it (notify).
+//
+// Either way the error matches comm.ErrPeerClosed beside ErrPeerFailed: the
+// peer is alive (it said goodbye), which callers may tell from a crash.
 func (b *Backend) peerGone(peer int, notify bool) {
-	why := fmt.Sprintf("rank %d closed its communicator", peer)
-	cause := fmt.Errorf("gloo: %w: %s", comm.ErrPeerFailed, why)
-	if !notify {
-		// No op needed it: an orderly departure, which callers may tell
-		// from a crash.
-		cause = fmt.Errorf("gloo: %w: %w", comm.ErrPeerFailed, comm.ErrPeerClosed)
-	}
+	cause := fmt.Errorf("gloo: %w: %w", comm.ErrPeerFailed, comm.ErrPeerClosed)
 	f := faultInfo{
 		err:   &comm.RankError{Rank: peer, Op: b.opType(), Epoch: b.epoch, Err: cause},
 		quiet: true, // an orderly exit: logged at info level
 	}
 	if notify {
-		f.nt = notice{kind: noticePeerFailed, op: b.opType(), origin: int32(b.rank), subject: int32(peer), cause: why}
+		f.nt = notice{kind: noticePeerFailed, op: b.opType(), flags: noticePeerClosed, origin: int32(b.rank), subject: int32(peer),
+			cause: fmt.Sprintf("rank %d closed its communicator", peer)}
 	}
 	b.breakWith(f)
 }
@@ -673,8 +671,11 @@ func (b *Backend) remoteFault(peer int, nt notice) {
 			err = fmt.Errorf("gloo: %w: rank %d aborted: %s", comm.ErrAborted, nt.origin, nt.cause)
 		}
 	case noticePeerFailed:
-		err = &comm.RankError{Rank: int(nt.subject), Op: op, Epoch: b.epoch,
-			Err: fmt.Errorf("gloo: %w (reported by rank %d): %s", comm.ErrPeerFailed, nt.origin, nt.cause)}
+		cause := fmt.Errorf("gloo: %w (reported by rank %d): %s", comm.ErrPeerFailed, nt.origin, nt.cause)
+		if nt.flags&noticePeerClosed != 0 {
+			cause = fmt.Errorf("gloo: %w (reported by rank %d): %w", comm.ErrPeerFailed, nt.origin, comm.ErrPeerClosed)
+		}
+		err = &comm.RankError{Rank: int(nt.subject), Op: op, Epoch: b.epoch, Err: cause}
 	case noticeMismatch:
 		err = &comm.RankError{Rank: int(nt.subject), Op: op, Epoch: b.epoch,
 			Err: fmt.Errorf("gloo: %w (reported by rank %d): %s", comm.ErrMismatch, nt.origin, nt.cause)}

@@ -204,7 +204,10 @@ const (
 	// noticeTimedOut: the origin's op passed its deadline (an abort for a
 	// timeout), so the peers' errors match comm.ErrTimeout as the origin's does.
 	noticeTimedOut uint8 = 1 << 0
-	noticeFlags          = noticeTimedOut // every flag defined
+	// noticePeerClosed: the subject of a peer failure closed its comm in
+	// an orderly way (alive), so the peers' errors match comm.ErrPeerClosed.
+	noticePeerClosed uint8 = 1 << 1
+	noticeFlags            = noticeTimedOut | noticePeerClosed // every flag defined
 )
 
 // notice is the payload of a frameNotice (epoch in the header's seq):

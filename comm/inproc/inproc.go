@@ -262,7 +262,7 @@ func (b *Backend) wait(ctx context.Context, op comm.OpType, need func() (bool, i
 		if missing >= 0 && h.left[missing] {
 			h.mu.Unlock()
 			return &comm.RankError{Rank: missing, Op: op, Epoch: h.key.epoch,
-				Err: fmt.Errorf("inproc: %w: rank %d closed its communicator", comm.ErrPeerFailed, missing)}
+				Err: fmt.Errorf("inproc: %w: rank %d: %w", comm.ErrPeerFailed, missing, comm.ErrPeerClosed)}
 		}
 		ch := h.change
 		h.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -198,8 +199,14 @@ func runReplica(spec replicaSpec) int {
 	var lossSum float64
 	var lossN int
 	var trainTime time.Duration
+	finished := false // another replica ended the run (ft.ErrFinished)
 	for c.CommittedStep() < target {
 		o, err := d.Tick(ctx)
+		if errors.Is(err, ft.ErrFinished) {
+			log.Info("the run ended at another replica", zap.Error(err))
+			finished = true
+			break
+		}
 		if err != nil {
 			return fail(err)
 		}
@@ -234,8 +241,16 @@ func runReplica(spec replicaSpec) int {
 		opt.Step(model.Params, tr.Grads, lr.At(d.InnerStep()))
 		trainTime += time.Since(t0)
 	}
-	if _, err := d.Flush(ctx); err != nil {
-		return fail(err)
+	if !finished {
+		if _, err := d.Flush(ctx); err != nil && !errors.Is(err, ft.ErrFinished) {
+			return fail(err)
+		}
+		// The end of the run, agreed: a replica still ending its last
+		// step finishes it, and one behind stops instead of waiting for
+		// peers that will never step again.
+		if err := c.Finish(ctx); err != nil {
+			return fail(err)
+		}
 	}
 	p := filepath.Join(run.Snapshots, fmt.Sprintf("%s-final-r%d.f32", spec.Job, spec.Replica))
 	if err := writeFloats(p, d.Global()); err != nil {

@@ -72,7 +72,9 @@ def replica(args) -> None:
         try:
             c.step()
         except ftcomm.RolledBackError:
-            pass
+            pass  # healed to the job's history; the step has started
+        except ftcomm.FinishedError:
+            break  # another replica ended the run: no one steps again
         evs = c.events()
         weight = 1.0
         if any(e.kind == "healed" for e in evs):
@@ -108,10 +110,11 @@ def replica(args) -> None:
             out["val"] = common.evaluate(model, val, args.batch, args.block, device)
             flat.params.copy_(local)
         common.emit(**out)
-    # Wait for the others before leaving: a replica that leaves revokes
-    # the epoch, and a peer still in its last step would redo it alone.
+    # The end of the run, agreed: a peer still in its last step ends it,
+    # and one behind stops (FinishedError) instead of waiting for us.
+    if c.committed_step >= args.syncs:
+        c.finish()
     common.emit(finished=True)
-    sys.stdin.readline()
     c.close()
     common.emit(done=True)
 

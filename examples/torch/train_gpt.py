@@ -53,6 +53,8 @@ def replica(args) -> None:
             c.step()
         except ftcomm.RolledBackError:
             pass  # healed to the job's history; the step has started
+        except ftcomm.FinishedError:
+            break  # another replica ended the run: no one steps again  # healed to the job's history; the step has started
         s = c.committed_step
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + s * 1009 + args.replica)
         x, y = common.batch(train, g, args.batch, args.block, device)
@@ -72,10 +74,11 @@ def replica(args) -> None:
         if ok and args.replica == 0 and (c.committed_step % args.eval_every == 0 or c.committed_step == args.steps):
             out["val"] = common.evaluate(model, val, args.batch, args.block, device, args.eval_batches)
         common.emit(**out)
-    # Wait for the others before leaving: a replica that leaves revokes
-    # the epoch, and a peer still in its last step would redo it alone.
+    # The end of the run, agreed: a peer still in its last step ends it,
+    # and one behind stops (FinishedError) instead of waiting for us.
+    if c.committed_step >= args.steps:
+        c.finish()
     common.emit(finished=True)
-    sys.stdin.readline()
     c.close()
     common.emit(done=True)
 

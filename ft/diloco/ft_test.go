@@ -101,6 +101,7 @@ type replica struct {
 	mu       sync.Mutex
 	outcomes []diloco.Outcome
 	err      error
+	finished *ft.FinishedError // the run ended at another replica first
 	progress chan struct{}
 }
 
@@ -134,12 +135,18 @@ func (j *job) start(group string, k int, until int64) *replica {
 	r := &replica{id: group, c: c, d: d, cancel: cancel, done: make(chan struct{}), progress: make(chan struct{}, 1)}
 	go func() {
 		defer close(r.done)
+		fail := func(err error) {
+			r.mu.Lock()
+			r.err = err
+			r.mu.Unlock()
+		}
 		for c.CommittedStep() < until {
 			out, err := d.Tick(ctx)
+			if errors.As(err, &r.finished) {
+				return // another replica ended the run
+			}
 			if err != nil {
-				r.mu.Lock()
-				r.err = err
-				r.mu.Unlock()
+				fail(err)
 				return
 			}
 			if out.Synced {
@@ -157,6 +164,13 @@ func (j *job) start(group string, k int, until int64) *replica {
 			for i := range params {
 				params[i] -= 0.1 * (params[i] - target[i])
 			}
+		}
+		// The end of the run: a peer still in its last step ends it, one
+		// behind is told (ft.ErrFinished) instead of waiting for us.
+		if _, err := d.Flush(ctx); err != nil {
+			fail(err)
+		} else if err := c.Finish(ctx); err != nil {
+			fail(err)
 		}
 	}()
 	return r
@@ -219,10 +233,16 @@ func TestStreamingOverFT(t *testing.T) {
 			j := newJob(t, cfg)
 			const until = 60
 			rs := []*replica{j.start("a", 0, until), j.start("b", 1, until), j.start("c", 2, until)}
+			// A replica that stops stepping (its loop is done) holds no
+			// one up: every replica ends, at the last step or told that
+			// the run finished there.
 			for _, r := range rs {
 				<-r.done
 				if r.err != nil {
 					t.Fatalf("%s: %v", r.id, r.err)
+				}
+				if f := r.finished; f != nil && f.Final < until {
+					t.Errorf("%s: the run finished at step %d, before %d", r.id, f.Final, until)
 				}
 			}
 			j.check()

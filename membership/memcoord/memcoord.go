@@ -366,7 +366,7 @@ func (m *Member) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if cur, ok := c.members[m.id]; ok && cur == m {
-		c.m.Remove(time.Now(), m.id, m.inc, "left")
+		c.m.Left(time.Now(), m.id, m.inc, "left")
 		delete(c.members, m.id)
 		c.advanceLocked()
 	}
