@@ -13,6 +13,8 @@
 //
 //	FTCOMM_JOB             the job's name (required)
 //	FTCOMM_GROUP           this replica's group id (default: g<JOB_COMPLETION_INDEX>, else the host name)
+//	FTCOMM_RUN             the run of the job (ft.Config.Run; default: the job's current run). One
+//	                       id per launch starts a new run from step 0 (or: `ftcoord job new-run`)
 //	FTCOMM_CREDENTIALS     the trainers' credentials file (read by ft itself; `ftcoord credentials` prints it)
 //	FTCOMM_SECRET_FILE     file holding the job's shared secret (peer authentication); or FTCOMM_SECRET
 //	FTCOMM_ADVERTISE_HOST  the address peers reach this replica at (a pod: its IP); every
@@ -21,7 +23,7 @@
 //	FTCOMM_GOSSIP_PORT     port of the failure-detection gossip, TCP and UDP (default 7947; 0: any)
 //	                       the gloo backend takes a free port per communicator
 //	FTCOMM_MIN_REPLICAS    fewest replicas a step commits with (default 1)
-//	FTCOMM_STEPS           committed steps to train, then exit 0 (default 1000)
+//	FTCOMM_STEPS           committed steps to train, then end the run (ft.Comm.Finish) and exit 0 (default 1000)
 //	FTCOMM_STEP_TIME       simulated compute per step (default 100ms)
 //	FTCOMM_PROBE_ADDR      HTTP address of /healthz and /readyz (default :8081; off: none)
 //	FTCOMM_STALL_TIMEOUT   /healthz fails when one call of the loop takes longer (default 10m)
@@ -67,7 +69,7 @@ import (
 const dim = 1024
 
 type config struct {
-	Job, Group               string
+	Job, Group, Run          string
 	Secret                   []byte
 	Host                     string
 	RecoveryPort, GossipPort int
@@ -92,7 +94,7 @@ func main() {
 }
 
 func configFromEnv(getenv func(string) string) (config, error) {
-	c := config{Job: getenv("FTCOMM_JOB"), Group: getenv("FTCOMM_GROUP"), Host: getenv("FTCOMM_ADVERTISE_HOST"),
+	c := config{Job: getenv("FTCOMM_JOB"), Group: getenv("FTCOMM_GROUP"), Run: getenv("FTCOMM_RUN"), Host: getenv("FTCOMM_ADVERTISE_HOST"),
 		ProbeAddr: ":8081", LogFormat: "json", RecoveryPort: 29600, GossipPort: 7947, MinReplicas: 1, Steps: 1000,
 		StepTime: 100 * time.Millisecond, Stall: 10 * time.Minute}
 	var errs []error
@@ -227,7 +229,7 @@ func train(ctx context.Context, cfg config, lg *zap.Logger) error {
 	gc := gloo.DefaultConfig()
 	gc.ListenAddr = hostPort(0) // one listener per communicator
 	c, err := ft.New(ctx, ft.Config{
-		Job: cfg.Job, Group: cfg.Group, Secret: cfg.Secret, MinReplicas: cfg.MinReplicas,
+		Job: cfg.Job, Group: cfg.Group, Run: cfg.Run, Secret: cfg.Secret, MinReplicas: cfg.MinReplicas,
 		Backend: "gloo", BackendConfig: gc, Member: mc,
 		RecoveryAddr: hostPort(cfg.RecoveryPort), // ft reads FTCOMM_CREDENTIALS for etcd and the keys
 		Logger:       lg,
@@ -264,6 +266,9 @@ func train(ctx context.Context, cfg config, lg *zap.Logger) error {
 		switch {
 		case ctx.Err() != nil:
 			lg.Info("stopping", zap.Int64("committed", c.CommittedStep()))
+			return nil
+		case errors.Is(err, ft.ErrFinished):
+			lg.Info("another replica ended the run", zap.Error(err))
 			return nil
 		case errors.As(err, &rb):
 			lg.Warn("rolled back", zap.Error(err))
@@ -310,6 +315,11 @@ func train(ctx context.Context, cfg config, lg *zap.Logger) error {
 			lg.Info("committed", zap.Int64("step", s), zap.Uint64("epoch", c.Epoch()), zap.Int("participants", c.Participants()),
 				zap.Float64("distance", math.Sqrt(d)))
 		}
+	}
+	// The end of the run, agreed: a peer still in its last step ends it,
+	// and one behind stops (ft.ErrFinished) instead of waiting for us.
+	if err := c.Finish(ctx); err != nil {
+		return err
 	}
 	lg.Info("done", zap.Int64("steps", c.CommittedStep()))
 	return nil
