@@ -13,7 +13,7 @@ import (
 	"github.com/ftcomm/ftcomm/membership"
 )
 
-// Issue 14 item 8: an evicted member used to register again at once (ft
+// An evicted member used to register again at once (ft
 // re-registers within 50 ms). It is kept out for the time asked, told
 // until when, and let back in after.
 func TestEvictKeepsOut(t *testing.T) {

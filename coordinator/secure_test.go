@@ -17,7 +17,7 @@ import (
 	"github.com/ftcomm/ftcomm/membership"
 )
 
-// Issue 14 item 4: a quorum record written by someone who is not the
+// A quorum record written by someone who is not the
 // leader (here with etcd's root credentials, which pass every access
 // check) used to be obeyed by every member within milliseconds and never
 // corrected. Members now ignore it (not signed by the coordinator's key),

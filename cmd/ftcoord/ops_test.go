@@ -89,7 +89,7 @@ func waitParticipants(t *testing.T, m *membership.Member, n int) membership.Quor
 	return q
 }
 
-// Issue 14 item 5: a second ftcoord on a data directory in use used to
+// A second ftcoord on a data directory in use used to
 // block forever in bbolt's file lock, deaf to SIGTERM. It must say so and
 // exit non-zero at once.
 func TestServeProcessDataDirInUse(t *testing.T) {
@@ -109,7 +109,7 @@ func TestServeProcessDataDirInUse(t *testing.T) {
 	}
 }
 
-// Issue 14 item 6: SIGTERM used to take 7–9 s while members or a watch
+// SIGTERM used to take 7–9 s while members or a watch
 // were attached (etcd's graceful stop waited for their streams), so the
 // members' leases could expire and a restart cost epochs. Now it stops
 // within -shutdown-timeout, and a restart on the same data directory that
@@ -149,7 +149,7 @@ func TestServeProcessRestartKeepsEpoch(t *testing.T) {
 	}
 }
 
-// Issue 14 item 7: a member started before ftcoord used to wait in its
+// A member started before ftcoord used to wait in its
 // lease grant without a word and join up to 15 s after etcd came up (gRPC
 // reconnect backoff). Now it says what it waits for and joins within
 // about membership.ReconnectMaxDelay of etcd being up.

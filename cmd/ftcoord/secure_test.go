@@ -34,7 +34,7 @@ func signalOn(s string) (*zap.Logger, <-chan struct{}) {
 	return lg, ch
 }
 
-// Issue 14 item 4, as the issue found it, against a real `ftcoord serve`
+// A foreign quorum record, as it was first found, against a real `ftcoord serve`
 // with its defaults: the embedded etcd had no authentication, and a forged
 // <root>/<job>/epoch/quorum with one participant was obeyed by every
 // replica within ~40 ms while the coordinator only logged a warning (which

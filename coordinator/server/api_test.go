@@ -75,7 +75,7 @@ func TestAPI(t *testing.T) {
 	if len(ms) != 2 {
 		t.Fatalf("members %+v", ms)
 	}
-	// Issue 14 item 8: lease ids pass 2^53; JSON carries them as strings.
+	// Lease ids pass 2^53; JSON carries them as strings.
 	resp := lc.request(t, "GET", "/api/v1/jobs/llama/members", "", false)
 	var raw []map[string]any
 	if err := json.NewDecoder(resp.Body).Decode(&raw); err != nil {
@@ -108,7 +108,7 @@ func TestAPI(t *testing.T) {
 	if err != nil || len(q2.Participants) != 1 || q2.Reason != "b evicted by test (flaky nic)" {
 		t.Fatalf("after evict %+v, %v", q2, err)
 	}
-	// Issue 14 item 8: an evicted member used to register again within
+	// An evicted member used to register again within
 	// 50 ms. It is kept out, and told until when.
 	var kept *membership.KeptOutError
 	mc := membership.DefaultMemberConfig()
@@ -124,7 +124,7 @@ func TestAPI(t *testing.T) {
 	// Metrics and health.
 	resp = lc.request(t, "GET", "/metrics", "", false)
 	body, _ := io.ReadAll(resp.Body)
-	// Issue 14 item 8: not "job", which Prometheus renames exported_job.
+	// Not "job", which Prometheus renames exported_job.
 	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`ftcomm_coordinator_epoch{ftcomm_job="llama"}`)) ||
 		!bytes.Contains(body, []byte(`ftcomm_coordinator_removals_total{cause="evicted",ftcomm_job="llama"} 1`)) ||
 		bytes.Contains(body, []byte(`{job=`)) {

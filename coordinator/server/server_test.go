@@ -140,7 +140,7 @@ func TestServerCloseWithoutServe(t *testing.T) {
 	}
 }
 
-// Issue 14 item 8: the HTTP server had no read or idle timeouts, so slow
+// The HTTP server had no read or idle timeouts, so slow
 // or idle clients held a goroutine each for as long as they liked. A
 // client that sends its headers or body too slowly, or idles between
 // requests, is now cut off.
