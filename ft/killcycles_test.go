@@ -70,8 +70,14 @@ func (d *childDevice) stepOut(ctx context.Context, grads []float32) error {
 //	FTCOMM_FT_KILL_CYCLES=10 go test -run TestKillCycles -v ./ft                  # gloo, 4 replicas
 //	FTCOMM_FT_KILL_CYCLES=20 FTCOMM_FT_KILL_BACKEND=nccl ./ft.test -test.run TestKillCycles -test.v  # a replica per GPU
 //
-// FTCOMM_FT_KILL_REPLICAS (default 4, or one per GPU) and
-// FTCOMM_FT_KILL_PARAMS (float32 state per replica, default 1 Mi) tune it.
+// FTCOMM_FT_KILL_REPLICAS (default 4, or as many as the GPUs hold) and
+// FTCOMM_FT_KILL_PARAMS (float32 state per process, default 1 Mi) tune it.
+// FTCOMM_FT_KILL_GROUP_SIZE=2 makes each replica a group of two ranks
+// (HSDP: one process and GPU per rank): a cycle kills one rank, the other
+// groups commit without its group, then the whole group restarts, heals
+// both shards and rejoins. FTCOMM_FT_KILL_DOUBLE=N kills two replicas at
+// once in N of the cycles (every other one from the second; 3 or more
+// replicas).
 func TestKillCycles(t *testing.T) {
 	cycles, _ := strconv.Atoi(os.Getenv("FTCOMM_FT_KILL_CYCLES"))
 	if cycles <= 0 {
@@ -80,6 +86,9 @@ func TestKillCycles(t *testing.T) {
 	backend := os.Getenv("FTCOMM_FT_KILL_BACKEND")
 	replicas, _ := strconv.Atoi(os.Getenv("FTCOMM_FT_KILL_REPLICAS"))
 	params, _ := strconv.Atoi(os.Getenv("FTCOMM_FT_KILL_PARAMS"))
+	groupSize, _ := strconv.Atoi(os.Getenv("FTCOMM_FT_KILL_GROUP_SIZE"))
+	doubles, _ := strconv.Atoi(os.Getenv("FTCOMM_FT_KILL_DOUBLE"))
+	groupSize = max(groupSize, 1)
 	params = max(params, 0)
 	if params == 0 {
 		params = 1 << 20
@@ -90,11 +99,11 @@ func TestKillCycles(t *testing.T) {
 			t.Fatal(err)
 		}
 		n, err := lib.DeviceCount()
-		if err != nil || n < 2 {
-			t.Skipf("%d GPUs (%v): the kill cycles need two", n, err)
+		if err != nil || n < 2*groupSize {
+			t.Skipf("%d GPUs (%v): the kill cycles need %d", n, err, 2*groupSize)
 		}
-		if replicas == 0 || replicas > n {
-			replicas = n
+		if replicas == 0 || replicas*groupSize > n {
+			replicas = n / groupSize
 		}
 		t.Logf("NCCL %s, %d GPUs", lib.Info().NCCL, n)
 	} else {
@@ -103,39 +112,67 @@ func TestKillCycles(t *testing.T) {
 	if replicas < 2 {
 		replicas = 4
 	}
+	if doubles > 0 && replicas < 3 {
+		t.Fatalf("two kills at once need 3 or more replicas, not %d", replicas)
+	}
 	j := newProcJob(t)
 	groups := make([]string, replicas)
-	spawn := func(i int) {
-		j.spawnCmd(childCmd(), groups[i], 0, 1, params, "FTCOMM_FT_BACKEND="+backend, "FTCOMM_FT_DEVICE="+strconv.Itoa(i))
+	spawn := func(g int) {
+		for r := range groupSize {
+			j.spawnCmd(childCmd(), groups[g], r, groupSize, params, "FTCOMM_FT_BACKEND="+backend,
+				"FTCOMM_FT_DEVICE="+strconv.Itoa(g*groupSize+r))
+		}
 	}
-	for i := range groups {
-		groups[i] = string(rune('a' + i))
-		spawn(i)
+	for g := range groups {
+		groups[g] = string(rune('a' + g))
+		spawn(g)
 	}
+	procs := replicas * groupSize
+	var heals []childEvent
 	together := func(what string, since time.Time) {
 		seen := map[string]bool{}
 		j.await(what, func(ev childEvent) bool {
-			if ev.Kind == "" && ev.Participants == replicas && time.Unix(0, ev.UnixNano).After(since) {
+			at := time.Unix(0, ev.UnixNano)
+			switch {
+			case ev.Kind == "heal" && at.After(since):
+				heals = append(heals, ev)
+			case ev.Kind == "" && ev.Participants == replicas && at.After(since):
 				seen[ev.ID] = true
 			}
-			return len(seen) == replicas
+			return len(seen) == procs
 		})
 	}
 	together("every replica committing together", time.Time{})
 	var perKill, perSurvivor []time.Duration
+	double := 0
 	for cycle := range cycles {
-		victim := cycle % replicas
-		id := memberID(groups[victim], 0)
-		t0 := j.kill(id)
+		victims := []int{cycle % replicas}
+		if double < doubles && cycle%2 == 1 {
+			double++
+			victims = append(victims, (cycle+1)%replicas)
+		}
+		var t0 time.Time
+		var ids []string
+		dead := map[string]bool{}
+		for _, g := range victims {
+			rank := cycle / replicas % groupSize // alternate the rank killed
+			id := memberID(groups[g], rank)
+			ids = append(ids, id)
+			if at := j.kill(id); t0.IsZero() {
+				t0 = at
+			}
+			dead[groups[g]] = true
+		}
 		got := map[string]time.Duration{}
-		j.await(fmt.Sprintf("cycle %d: the survivors' next commits without %s", cycle, id), func(ev childEvent) bool {
+		want := (replicas - len(victims)) * groupSize
+		j.await(fmt.Sprintf("cycle %d: the survivors' next commits without %v", cycle, ids), func(ev childEvent) bool {
 			at := time.Unix(0, ev.UnixNano)
-			if ev.Kind == "" && ev.ID != id && ev.Participants == replicas-1 && at.After(t0) {
+			if g, _, _ := parseMemberID(ev.ID); ev.Kind == "" && !dead[g] && ev.Participants == replicas-len(victims) && at.After(t0) {
 				if _, ok := got[ev.ID]; !ok {
 					got[ev.ID] = at.Sub(t0)
 				}
 			}
-			return len(got) == replicas-1
+			return len(got) == want
 		})
 		var worst time.Duration
 		for _, d := range got {
@@ -143,10 +180,20 @@ func TestKillCycles(t *testing.T) {
 			worst = max(worst, d)
 		}
 		perKill = append(perKill, worst)
-		t.Logf("cycle %d: SIGKILL %s → survivors' next commit in %v (%v)", cycle, id, worst.Round(time.Millisecond), got)
+		t.Logf("cycle %d: SIGKILL %v → survivors' next commit in %v (%v)", cycle, ids, worst.Round(time.Millisecond), got)
+		// The rest of a victim's group goes too: the group restarts whole.
+		for _, g := range victims {
+			for r := range groupSize {
+				if id := memberID(groups[g], r); !slices.Contains(ids, id) {
+					j.kill(id)
+				}
+			}
+		}
 		restarted := time.Now()
-		spawn(victim)
-		together(fmt.Sprintf("cycle %d: %s healed and committing with the others", cycle, id), restarted)
+		for _, g := range victims {
+			spawn(g)
+		}
+		together(fmt.Sprintf("cycle %d: %v healed and committing with the others", cycle, ids), restarted)
 	}
 	j.stopAll()
 	j.check()
@@ -155,6 +202,18 @@ func TestKillCycles(t *testing.T) {
 		slices.Sort(s)
 		return s[min(len(s)-1, int(p*float64(len(s))))].Round(time.Millisecond)
 	}
-	t.Logf("FIGURE %s, %d replicas, %d kills, %d float32 per replica: kill → survivors' next commit (all of them) p50 %v p99 %v max %v; per survivor p50 %v p99 %v",
-		backend, replicas, cycles, params, pct(perKill, 0.5), pct(perKill, 0.99), pct(perKill, 1), pct(perSurvivor, 0.5), pct(perSurvivor, 0.99))
+	t.Logf("FIGURE %s, %d replicas of %d rank(s), %d kill cycles (%d of two at once), %d float32 per rank: kill → survivors' next commit (all of them) p50 %v p99 %v max %v; per survivor p50 %v p99 %v",
+		backend, replicas, groupSize, cycles, double, params, pct(perKill, 0.5), pct(perKill, 0.99), pct(perKill, 1), pct(perSurvivor, 0.5), pct(perSurvivor, 0.99))
+	if len(heals) > 0 {
+		var took []time.Duration
+		var bytes int64
+		var secs float64
+		for _, h := range heals {
+			took = append(took, time.Duration(h.TookNs))
+			bytes += h.Bytes
+			secs += time.Duration(h.TookNs).Seconds()
+		}
+		t.Logf("FIGURE heals: %d, %d bytes each on average; took p50 %v max %v; %.2f GB/s over all of them",
+			len(heals), bytes/int64(len(heals)), pct(took, 0.5), pct(took, 1), float64(bytes)/secs/1e9)
+	}
 }

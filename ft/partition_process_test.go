@@ -182,7 +182,7 @@ func checkPartitionHistory(t *testing.T, evs []childEvent, durable bool) {
 		case "rollback":
 			rolledBack[h] = append(rolledBack[h], ev)
 			continue
-		case "waiting":
+		case "waiting", "heal":
 			continue
 		}
 		if ev.Step <= last[ev.Pid] {

@@ -56,6 +56,8 @@ type childEvent struct {
 	Hash         uint64 `json:"hash"`
 	UnixNano     int64  `json:"t"`
 	Err          string `json:"err,omitempty"` // kind "error": why Step failed
+	Bytes        int64  `json:"bytes,omitempty"` // kind "heal": bytes received
+	TookNs       int64  `json:"took,omitempty"`  // kind "heal": how long it took
 }
 
 func runChild() int {
@@ -96,8 +98,12 @@ func runChild() int {
 	out := json.NewEncoder(os.Stdout)
 	id := memberID(env("GROUP"), atoi("GROUP_RANK"))
 	onEvent := func(e Event) {
-		if e.Kind == EventWaiting {
+		switch e.Kind {
+		case EventWaiting:
 			out.Encode(childEvent{Kind: "waiting", ID: id, Pid: os.Getpid(), Step: e.Step, Epoch: e.Epoch, UnixNano: e.Time.UnixNano()})
+		case EventHealed:
+			out.Encode(childEvent{Kind: "heal", ID: id, Pid: os.Getpid(), Step: e.Step, Epoch: e.Epoch, UnixNano: e.Time.UnixNano(),
+				Bytes: e.Bytes, TookNs: int64(e.Took)})
 		}
 	}
 	c, err := New(ctx, Config{Job: "proc", OnEvent: onEvent, Group: env("GROUP"), GroupRank: atoi("GROUP_RANK"), GroupSize: atoi("GROUP_SIZE"),
