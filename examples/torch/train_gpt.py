@@ -159,8 +159,8 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
                         print("  %s: step %d loss %.3f (%d replicas)%s" % (job, m["step"], m["loss"], m["participants"],
                               "  val %.3f" % m["val"] if "val" in m else ""), flush=True)
                 if kill and i == victim and killed_at is None and m["committed"] and m["step"] >= kill_step:
+                    killed_at = time.time()  # the signal, not the end of the process's teardown
                     p.kill()
-                    killed_at = time.time()
                     res["kill_step"] = m["step"]
                     print("  %s: replica %d SIGKILLed after committing step %d" % (job, victim, m["step"]), flush=True)
                     if args.restart_delay >= 0:
