@@ -35,6 +35,29 @@ func TestBrokenWithNoOpRunning(t *testing.T) {
 			t.Fatalf("Err() = %v; want rank 1 named, ErrPeerFailed and ErrPeerClosed", err)
 		}
 	})
+	t.Run("orderly, while an op needs it", func(t *testing.T) {
+		// Ranks 0 and 1 wait in an all-reduce for rank 2, which closes:
+		// the op fails at both, naming rank 2 as closed, not crashed
+		// (rank 1 may learn it from rank 0's notice).
+		j := newJob(t, 3, nil)
+		defer j.close()
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for r := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[r] = j.comms[r].AllReduce(context.Background(), comm.Float32s(make([]float32, 1024)), comm.Sum)
+			}()
+		}
+		j.comms[2].Close()
+		wg.Wait()
+		for r, err := range errs {
+			if !errors.Is(err, comm.ErrPeerFailed) || !errors.Is(err, comm.ErrPeerClosed) || !slices.Contains(comm.FailedRanks(err), 2) {
+				t.Errorf("rank %d: %v; want rank 2 named, ErrPeerFailed and ErrPeerClosed", r, err)
+			}
+		}
+	})
 	t.Run("connection reset", func(t *testing.T) {
 		j := newJob(t, 2, nil)
 		defer j.close()
