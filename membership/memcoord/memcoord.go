@@ -44,12 +44,13 @@ type Coordinator struct {
 	history []membership.Quorum
 	commits map[int64]membership.CommitRecord
 	closed  bool
+	timed   bool // a straggler policy needs the members' step times
 }
 
 // New returns the coordinator of job with the given quorum rules.
 func New(job string, cfg membership.QuorumConfig) *Coordinator {
 	return &Coordinator{m: membership.NewMachine(job, cfg, nil), members: map[string]*Member{}, store: memstore.New(),
-		commits: map[int64]membership.CommitRecord{}}
+		commits: map[int64]membership.CommitRecord{}, timed: cfg.Stragglers.Factor > 0}
 }
 
 // Member is one registration with a Coordinator.
@@ -277,8 +278,12 @@ func (m *Member) SetStep(step int64) {
 
 // SetStepTime reports the member's own compute time of a step at once,
 // as a heartbeat would carry it: the straggler policy's input
-// (membership.StragglerPolicy, QuorumConfig.Stragglers).
+// (membership.StragglerPolicy, QuorumConfig.Stragglers). Without a policy
+// it does nothing (it would cost every step a decision).
 func (m *Member) SetStepTime(d time.Duration) {
+	if !m.c.timed {
+		return
+	}
 	_ = m.report(func(r *membership.MemberRecord) { r.StepTime = d })
 }
 
