@@ -64,7 +64,10 @@
 // coordinator publishes the run's last step (membership.Quorum.Final), and
 // every other replica's Step returns a *FinishedError (ErrFinished) — a
 // replica that lagged behind or joined late never redoes a step its peers
-// will never take again, and no replica waits for one that stopped.
+// will never take again, and no replica waits for one that stopped. A
+// replica that finished or left departs without revoking its epoch
+// (membership.Quorum.Departed): a peer still ending the same step commits
+// it.
 //
 // # What Commit promises
 //
