@@ -55,7 +55,7 @@ type childEvent struct {
 	Participants int    `json:"participants"`
 	Hash         uint64 `json:"hash"`
 	UnixNano     int64  `json:"t"`
-	Err          string `json:"err,omitempty"` // kind "error": why Step failed
+	Err          string `json:"err,omitempty"`   // kind "error": why Step failed
 	Bytes        int64  `json:"bytes,omitempty"` // kind "heal": bytes received
 	TookNs       int64  `json:"took,omitempty"`  // kind "heal": how long it took
 }
