@@ -407,7 +407,7 @@ func TestProcessKillAndRejoin(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	j.await("all four replicas committing together", func(ev childEvent) bool {
-		if ev.Participants == 4 {
+		if ev.Kind == "" && ev.Participants == 4 {
 			seen[ev.ID] = true
 		}
 		return len(seen) == 4
@@ -415,7 +415,7 @@ func TestProcessKillAndRejoin(t *testing.T) {
 	t0 := j.kill("d.0")
 	latency := map[string]time.Duration{}
 	j.await("the survivors' next commits with 3 participants", func(ev childEvent) bool {
-		if ev.Participants == 3 && time.Unix(0, ev.UnixNano).After(t0) {
+		if ev.Kind == "" && ev.Participants == 3 && time.Unix(0, ev.UnixNano).After(t0) {
 			if _, ok := latency[ev.ID]; !ok {
 				latency[ev.ID] = time.Unix(0, ev.UnixNano).Sub(t0)
 			}
@@ -432,7 +432,7 @@ func TestProcessKillAndRejoin(t *testing.T) {
 	t.Logf("SIGKILL of a replica → survivors' next committed step: max %v (%v)", worst.Round(time.Millisecond), latency)
 	killedAt := j.all[len(j.all)-1].Step
 	j.spawn("d", 0, 1, params)
-	first := j.await("the restarted replica's first commit", func(ev childEvent) bool { return ev.ID == "d.0" })
+	first := j.await("the restarted replica's first commit", func(ev childEvent) bool { return ev.Kind == "" && ev.ID == "d.0" })
 	if first.Step <= killedAt-3 || first.Participants != 4 {
 		t.Fatalf("the restarted replica did not heal and rejoin: %+v (killed near step %d)", first, killedAt)
 	}

@@ -338,7 +338,10 @@ func TestWithdrawStopsServing(t *testing.T) {
 	if err := ss[0].Withdraw(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	// Long enough for the source to answer its manifest on a loaded
+	// machine (under -race); the fetch then waits for an offer that
+	// never comes.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_, err := recovery.Fetch(ctx, fetchCfg(), 1, addrs(ss), emptyLike(state))
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no committed state offered") {
