@@ -335,12 +335,13 @@ func (m *Machine) forget(id string) {
 	m.forgetBlame(id)
 }
 
-// Remove records that a member is gone for good: it left, finished, was
-// evicted, or its process is gone (its port refused connections).
+// Remove records that a member is gone for good: it was evicted, or its
+// process is gone (its port refused connections). One that left
+// gracefully goes by Left.
 // incarnation 0 matches any; a mismatch (an older incarnation) is
 // ignored.
 func (m *Machine) Remove(now time.Time, id string, incarnation int64, why string) {
-	m.remove(now, id, incarnation, why, false)
+	m.remove(now, id, incarnation, departure{why: why})
 }
 
 // Lapsed records that a member's registration ended while its process
@@ -349,24 +350,19 @@ func (m *Machine) Remove(now time.Time, id string, incarnation int64, why string
 // process) — so that a quorum needing the job's step waits a while for
 // it to come back (QuorumConfig.HolderGrace). incarnation as for Remove.
 func (m *Machine) Lapsed(now time.Time, id string, incarnation int64, why string) {
-	m.remove(now, id, incarnation, why, true)
+	m.remove(now, id, incarnation, departure{why: why, lapsed: true})
 }
 
 // Left records that a member left gracefully (MemberRecord.Leaving), after
 // its last step: the quorum without it does not revoke the epoch it
 // leaves (Quorum.Departed). incarnation as for Remove.
 func (m *Machine) Left(now time.Time, id string, incarnation int64, why string) {
-	if m.prev != nil && m.prev.Rank(id) >= 0 {
-		if old, ok := m.members[id]; ok && (incarnation == 0 || old.Incarnation == incarnation) {
-			if _, seen := m.removed[id]; !seen {
-				m.removed[id] = departure{why: why, at: now, step: old.Step, left: true}
-			}
-		}
-	}
-	m.remove(now, id, incarnation, why, false)
+	m.remove(now, id, incarnation, departure{why: why, left: true})
 }
 
-func (m *Machine) remove(now time.Time, id string, incarnation int64, why string, lapsed bool) {
+// remove ends a member's registration; a participant of the previous
+// quorum is recorded as departed (d, with its time and last step).
+func (m *Machine) remove(now time.Time, id string, incarnation int64, d departure) {
 	old, ok := m.members[id]
 	if !ok || incarnation != 0 && old.Incarnation != incarnation {
 		return
@@ -376,7 +372,8 @@ func (m *Machine) remove(now time.Time, id string, incarnation int64, why string
 	m.forget(id)
 	if m.prev != nil && m.prev.Rank(id) >= 0 {
 		if _, seen := m.removed[id]; !seen {
-			m.removed[id] = departure{why: why, at: now, lapsed: lapsed, step: old.Step}
+			d.at, d.step = now, old.Step
+			m.removed[id] = d
 		}
 	}
 }
