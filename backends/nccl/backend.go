@@ -59,7 +59,8 @@ type Backend struct {
 	// ctl is the comm that init, Shrink, Grow, Split, the native revoke
 	// and (in ModeBlockingData) the point-to-point ops use; data is where
 	// collectives are enqueued: a blocking comm split from ctl in
-	// ModeBlockingData, ctl itself otherwise. 0 once aborted.
+	// ModeBlockingData with two or more ranks (see separateData), ctl
+	// itself otherwise. 0 once aborted.
 	ctl, data    commHandle
 	ctlBlocking  bool // ctl was made with blocking = 1 (ModeBlocking)
 	dataBlocking bool // data was made with blocking = 1
@@ -277,7 +278,7 @@ func newBackend(L *Library, cfg Config, o comm.Options, rank, size int, epoch ui
 		L: L, lib: L.lib, cfg: cfg, opts: o, rank: rank, size: size, dev: o.Device, epoch: epoch,
 		wake: make(chan struct{}), revokeReq: make(chan struct{}, 1), abortQ: make(chan commHandle, 1),
 		closing: make(chan struct{}), released: make(chan struct{}),
-		ctlBlocking: cfg.Mode == ModeBlocking, dataBlocking: cfg.Mode != ModeNonblocking,
+		ctlBlocking: cfg.Mode == ModeBlocking, dataBlocking: cfg.Mode == ModeBlocking || separateData(cfg.Mode, size),
 	}
 	b.log = log.With(zap.String("backend", "nccl"), zap.String("comm", o.Name), zap.Int("rank", rank),
 		zap.Int("size", size), zap.Uint64("epoch", epoch), zap.Int("device", o.Device))
@@ -296,16 +297,13 @@ func newBackend(L *Library, cfg Config, o comm.Options, rank, size int, epoch ui
 }
 
 // start adopts the NCCL comm h as the control comm, starts the watchdog,
-// splits the data comm off it (ModeBlockingData) and warms the comm up.
+// splits the data comm off it (see separateData) and warms the comm up.
 func (b *Backend) start(ctx context.Context, h commHandle) error {
-	b.ctl = h
-	if b.cfg.Mode != ModeBlockingData {
-		b.data = h
-	}
+	b.ctl, b.data = h, h
 	b.started = true
 	go b.watchdog()
 	t0 := time.Now()
-	if b.cfg.Mode == ModeBlockingData {
+	if separateData(b.cfg.Mode, b.size) {
 		if err := b.splitData(ctx); err != nil {
 			return err
 		}
@@ -320,6 +318,15 @@ func (b *Backend) start(ctx context.Context, h commHandle) error {
 		zap.Duration("warm_up", time.Since(t1)))
 	return nil
 }
+
+// separateData says whether a comm of size ranks in mode has a blocking
+// data comm of its own. ModeBlockingData makes one only with two or more
+// ranks: a one-rank collective is a local copy that NCCL runs without its
+// group launch, so on the nonblocking control comm it costs what it costs
+// on a blocking one (3.7–6.1 µs either way, TestGPULaunchCost), while the
+// split costs 80 ms more per comm made (TestGPUOneRank, H100). This is
+// the comm a survivor of a two-replica job shrinks to.
+func separateData(mode Mode, size int) bool { return mode == ModeBlockingData && size > 1 }
 
 // splitData makes the data comm: ncclCommSplit of the (nonblocking)
 // control comm, every rank in one color in its own order, with a config of

@@ -49,7 +49,8 @@ const (
 	// connect lazily), so each can be abandoned at its deadline and
 	// aborted. The data comm is a blocking comm split from it
 	// (ncclCommSplit with blocking = 1; the split call itself follows the
-	// nonblocking parent): the collectives are enqueued on it directly,
+	// nonblocking parent; none for a one-rank comm, whose collectives
+	// are local copies): the collectives are enqueued on it directly,
 	// with no helper thread per call. With eager connection set-up
 	// (LibraryConfig.LazyConnect false) its calls only enqueue work: they
 	// never wait for a peer, so a dead peer stalls the GPU, not the call,

@@ -91,12 +91,19 @@ func TestCommBlockingEnvRefused(t *testing.T) {
 // TestBlockingDataFailureShrink: a collective stuck on the blocking data
 // comm fails at Revoke; Shrink hands the data comm to the watchdog, which
 // aborts it (its kernels end) while the control comm shrinks with
-// NCCL_SHRINK_ABORT; the new comm has a fresh data comm and works.
+// NCCL_SHRINK_ABORT. The survivor's one-rank comm has no data comm of its
+// own (no split on the way to it) and works; grown back to two ranks it
+// has a blocking data comm again.
 func TestBlockingDataFailureShrink(t *testing.T) {
 	ctx := testCtx(t)
-	w := newFakeWorld(t, 2)
+	w := newFakeWorld(t, 3)
+	var joiner comm.Options // rank 0's, for the joiner of the grow below
+	var joinerCfg Config
 	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond
+		if o.Rank == 0 {
+			joiner, joinerCfg = *o, *c
+		}
 	})
 	work, _ := stuckAllReduce(t, ctx, w, ranks)
 	ranks[0].c.Revoke(errors.New("membership: rank 1 left"))
@@ -104,7 +111,7 @@ func TestBlockingDataFailureShrink(t *testing.T) {
 		t.Fatalf("stuck op after Revoke: %v", err)
 	}
 	old := ranks[0].c.Backend().(*Backend)
-	aborts := w.Calls("ncclCommAbort")
+	aborts, splits := w.Calls("ncclCommAbort"), w.Calls("ncclCommSplit")
 	nc, err := ranks[0].c.Shrink(ctx, []int{1}, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -113,15 +120,51 @@ func TestBlockingDataFailureShrink(t *testing.T) {
 	if n := w.Calls("ncclCommShrink(abort)"); n != 1 {
 		t.Errorf("ncclCommShrink with NCCL_SHRINK_ABORT called %d times, want 1", n)
 	}
+	if n := w.Calls("ncclCommSplit") - splits; n != 0 {
+		t.Errorf("the shrink to one rank split %d data comms, want none", n)
+	}
 	eventually(t, "the old data comm to be aborted", func() bool { return w.Calls("ncclCommAbort") > aborts })
 	eventually(t, "the old comm's stream to drain", func() bool { return w.streamIdle(old.stream) })
+	nb := nc.Backend().(*Backend)
+	if nb.data != nb.ctl || nb.dataBlocking {
+		t.Errorf("one-rank comm: data comm %#x (blocking %v), control comm %#x: want the control comm for both",
+			nb.data, nb.dataBlocking, nb.ctl)
+	}
+	if nb.dirty.Load() {
+		t.Error("the shrunk comm is marked dirty: NCCL_SHRINK_ABORT ended every kernel it had")
+	}
+	x, err := ranks[0].alloc(comm.Float32, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.b.Free()
+	if err := nc.AllReduce(ctx, x.t(), comm.Sum); err != nil {
+		t.Fatal(err)
+	}
 	if err := nc.Barrier(ctx); err != nil {
 		t.Fatal(err)
 	}
-	nb := nc.Backend().(*Backend)
-	if nb.data == 0 || nb.data == nb.ctl {
-		t.Errorf("shrunk comm has data comm %#x, control comm %#x: want a separate data comm", nb.data, nb.ctl)
+	// A replica comes back: grown to two ranks, the comm splits a data comm again.
+	joiner.Rank, joiner.Size, joiner.Epoch, joiner.Device, joiner.BackendConfig = 1, 2, 3, 2, &joinerCfg
+	grown := []*rank{{r: 0, L: w.Library(), dev: 0}, {r: 1, L: w.Library(), dev: 2}}
+	each(t, grown, func(rk *rank) error {
+		var err error
+		if rk.r == 1 {
+			rk.c, err = comm.New(ctx, "nccl", joiner)
+		} else {
+			rk.c, err = nc.Grow(ctx, 2, 3)
+		}
+		return err
+	})
+	for _, rk := range grown {
+		b := rk.c.Backend().(*Backend)
+		if b.data == 0 || b.data == b.ctl || !b.dataBlocking {
+			t.Errorf("rank %d of two after the grow: data comm %#x (blocking %v), control comm %#x: want a blocking data comm of its own",
+				rk.r, b.data, b.dataBlocking, b.ctl)
+		}
 	}
+	collectiveSuite(t, ctx, grown, []comm.DType{comm.Float32}, 3, 5)
+	closeJob(t, grown)
 }
 
 // TestNoHangWhenPeersDieDuringReconfiguration: every Shrink, Grow and
@@ -224,9 +267,10 @@ func TestNoHangWhenPeersDieDuringReconfiguration(t *testing.T) {
 		if w.Calls("ncclCommInitRankConfig") != inits+1 {
 			t.Errorf("grow made %d inits, want 1", w.Calls("ncclCommInitRankConfig")-inits)
 		}
-		// The half-made comm was aborted: only the 1-rank comm's two remain.
-		if n := w.LiveComms(); n != 2 {
-			t.Errorf("%d NCCL comms alive, want 2", n)
+		// The half-made comm was aborted: only the 1-rank comm remains
+		// (one rank has no data comm of its own).
+		if n := w.LiveComms(); n != 1 {
+			t.Errorf("%d NCCL comms alive, want 1", n)
 		}
 	})
 	t.Run("peer dies during init", func(t *testing.T) {

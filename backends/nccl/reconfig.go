@@ -223,6 +223,7 @@ func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (commHandle, 
 		return 0, "ncclCommShrink", b.failure()
 	}
 	flags, mode := shrinkDefault, "ncclCommShrink"
+	ownKernels := b.data == h // no separate data comm: the abort below ends every kernel of this Backend
 	if b.failed.Load() && !b.quiescent {
 		flags, mode = shrinkAbort, "ncclCommShrink(NCCL_SHRINK_ABORT)"
 		// NCCL_SHRINK_ABORT stops the control comm's kernels; a separate
@@ -245,7 +246,7 @@ func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (commHandle, 
 	if nh == 0 {
 		return 0, mode, fmt.Errorf("nccl: %w: %s finished without a new comm", comm.ErrAborted, mode)
 	}
-	if flags == shrinkAbort && b.cfg.Mode != ModeBlockingData {
+	if flags == shrinkAbort && ownKernels {
 		b.dirty.Store(false) // the parent's kernels were terminated
 	}
 	return nh, mode, nil
