@@ -199,6 +199,10 @@ func (c *Config) Validate() error {
 		return bad("group %q: want 1–128 of [A-Za-z0-9._-]", c.Group)
 	case c.Run != "" && !membership.ValidName(c.Run):
 		return bad("run %q: want 1–128 of [A-Za-z0-9._-]", c.Run)
+	case c.Run != "" && c.Membership != nil:
+		// ft would not pass it on: a Membership of the caller's was
+		// registered (in its run) before New.
+		return bad("run %q with a Membership of your own: its registration names the run (membership.MemberConfig.Run), not ft", c.Run)
 	case c.GroupSize < 0 || c.GroupRank < 0 || (c.GroupSize > 0 && c.GroupRank >= c.GroupSize) || (c.GroupSize == 0 && c.GroupRank > 0):
 		return bad("group rank %d outside [0, %d)", c.GroupRank, max(c.GroupSize, 1))
 	case c.Membership == nil && len(c.Coordinator) == 0 && c.Credentials == "" && os.Getenv(membership.CredentialsEnv) == "":

@@ -659,3 +659,36 @@ func TestStragglerIsTakenOutAndLetBack(t *testing.T) {
 	rs[2].waitParticipants(3)
 	j.stopAll(rs...)
 }
+
+// New refuses a misconfiguration with comm.ErrInvalidArgument and a
+// message naming the setting, before it registers anything: the job's
+// Membership stays without a member.
+func TestNewRefusesMisconfiguration(t *testing.T) {
+	j := newJob(t, quick(), 1)
+	for _, tc := range []struct {
+		name, want string
+		mod        func(*Config)
+	}{
+		{"run with a Membership of one's own", "run", func(c *Config) { c.Run = "r2" }},
+		{"bad job name", "job", func(c *Config) { c.Job = "a job" }},
+		{"group rank outside the group", "group rank", func(c *Config) { c.GroupSize, c.GroupRank = 2, 2 }},
+		{"no secret", "Secret", func(c *Config) { c.Secret = nil }},
+		{"negative timeout", "Timeout", func(c *Config) { c.Timeout = -time.Second }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := j.cfg
+			cfg.Group = "a"
+			cfg.Membership = joinAs(j.coord, "a.0", 1)
+			defer cfg.Membership.Close()
+			tc.mod(&cfg)
+			c, err := New(context.Background(), cfg)
+			if err == nil {
+				c.Close()
+				t.Fatal("New accepted it")
+			}
+			if !errors.Is(err, comm.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("New: %v, want comm.ErrInvalidArgument naming %q", err, tc.want)
+			}
+		})
+	}
+}
