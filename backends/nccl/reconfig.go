@@ -189,6 +189,7 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 	newSize := b.size - len(exclude)
 	t0 := time.Now()
 	var h commHandle
+	var call time.Duration // of ncclCommShrink itself: with NCCL_SHRINK_ABORT, the wait for the old kernels
 	mode := "fresh init"
 	native, err := b.agreeNative(ctx, epoch, newRank, newSize,
 		b.L.info.Features.Shrink && !b.cfg.DisableNativeShrink && b.holdsComm())
@@ -196,7 +197,7 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 		return nil, fmt.Errorf("nccl: shrink to %d ranks: %w", newSize, err)
 	}
 	if native {
-		h, mode, err = b.nativeShrink(ctx, exclude)
+		h, mode, call, err = b.nativeShrink(ctx, exclude)
 		if err != nil {
 			return nil, fmt.Errorf("nccl: shrink to %d ranks: %w", newSize, err)
 		}
@@ -207,22 +208,27 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 		return nil, fmt.Errorf("nccl: shrink to %d ranks (%s): %w", newSize, mode, err)
 	}
 	b.log.Info("shrunk", zap.Ints("exclude", exclude), zap.String("how", mode), zap.Int("new_rank", newRank),
-		zap.Int("new_size", newSize), zap.Duration("shrink", t1.Sub(t0)), zap.Duration("total", time.Since(t0)))
+		zap.Int("new_size", newSize), zap.Duration("shrink", t1.Sub(t0)), zap.Duration("shrink_call", call),
+		zap.Duration("total", time.Since(t0)))
 	return nb, nil
 }
 
-// nativeShrink runs ncclCommShrink on this comm.
-func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (commHandle, string, error) {
+// nativeShrink runs ncclCommShrink on this comm. call is how long the
+// call itself took: with NCCL_SHRINK_ABORT it raises the comm's abort
+// flags and synchronises its device stream before it starts the child's
+// initialisation as the comm's job (ncclCommShrink, src/init.cc).
+func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (h commHandle, mode string, call time.Duration, err error) {
 	b.hmu.Lock()
 	defer b.hmu.Unlock()
-	h := b.ctl
+	h = b.ctl
 	if h == 0 {
 		// Aborted since this rank said it could shrink natively: the
 		// others' shrink fails with the comm's Timeout, as for any rank
 		// lost during one.
-		return 0, "ncclCommShrink", b.failure()
+		return 0, "ncclCommShrink", 0, b.failure()
 	}
-	flags, mode := shrinkDefault, "ncclCommShrink"
+	flags := shrinkDefault
+	mode = "ncclCommShrink"
 	ownKernels := b.data == h // no separate data comm: the abort below ends every kernel of this Backend
 	if b.failed.Load() && !b.quiescent {
 		flags, mode = shrinkAbort, "ncclCommShrink(NCCL_SHRINK_ABORT)"
@@ -238,18 +244,20 @@ func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (commHandle, 
 		ex[i] = int32(e)
 	}
 	cell := b.lib.newCell()
+	t0 := time.Now()
 	r := b.lib.commShrink(h, ex, cell, flags)
+	call = time.Since(t0)
 	nh, err := b.awaitChild(ctx, h, cell, mode, r)
 	if err != nil {
-		return 0, mode, err
+		return 0, mode, call, err
 	}
 	if nh == 0 {
-		return 0, mode, fmt.Errorf("nccl: %w: %s finished without a new comm", comm.ErrAborted, mode)
+		return 0, mode, call, fmt.Errorf("nccl: %w: %s finished without a new comm", comm.ErrAborted, mode)
 	}
 	if flags == shrinkAbort && ownKernels {
 		b.dirty.Store(false) // the parent's kernels were terminated
 	}
-	return nh, mode, nil
+	return nh, mode, call, nil
 }
 
 // Grow implements comm.Grower. With ncclCommGrow (NCCL 2.29.2+) and a
