@@ -62,8 +62,10 @@ func TestGroupLeaseMemberDeath(t *testing.T) {
 	ms := joinGroup(tj, "g.0", "g.1", "g.2")
 	q := clustertest.WaitQuorum(t, ms[0], 0, "g.0", "g.1", "g.2")
 	lease := ms[0].Lease()
+	killed := time.Now()
 	ms[2].Crash()
 	clustertest.WaitQuorum(t, ms[0], q.Epoch, "g.0", "g.1")
+	t.Logf("FIGURE a group member's death (links closed) → new quorum at the leader: %v", time.Since(killed).Round(time.Millisecond))
 	for _, m := range ms[:2] {
 		if m.Err() != nil || m.Lease() != lease {
 			t.Fatalf("%s: err %v lease %x, want alive on %x", m.ID(), m.Err(), int64(m.Lease()), int64(lease))
@@ -80,8 +82,10 @@ func TestGroupLeaseLeaderDeath(t *testing.T) {
 	q := clustertest.WaitQuorum(t, ms[1], 0, "g.0", "g.1", "g.2")
 	old := ms[0].Lease()
 	incs := []int64{ms[1].Incarnation(), ms[2].Incarnation()}
+	killed := time.Now()
 	ms[0].Crash()
 	next := clustertest.WaitQuorum(t, ms[1], q.Epoch, "g.1", "g.2")
+	t.Logf("FIGURE the group leader's death (links closed) → new quorum at a member: %v", time.Since(killed).Round(time.Millisecond))
 	if next.Epoch != q.Epoch+1 {
 		t.Errorf("epoch %d after %d: the leader's death cost more than one epoch", next.Epoch, q.Epoch)
 	}
