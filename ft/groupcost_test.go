@@ -145,4 +145,3 @@ func etcdCounter(t *testing.T, name string) float64 {
 	t.Fatalf("etcd metric %s not registered", name)
 	return 0
 }
-

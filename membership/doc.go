@@ -178,7 +178,9 @@
 // Store, Member, Gossip and QuorumVerifier are safe for concurrent use;
 // Machine is not (its owner drives it from one goroutine). A Member runs
 // goroutines for lease renewal, the epoch watch, the watch of its own key,
-// heartbeats and gossip; they exit at Leave or Close, or soon after the
+// heartbeats and gossip, and with GroupLease the group's links (at the
+// leader one per linked member, at the others the link and a watch of the
+// group's record); they exit at Leave or Close, or soon after the
 // membership is lost (Close waits for them). Gossip runs one
 // event-forwarding goroutine until Close, and one short-lived goroutine
 // per leave-handshake message it sends (Close waits for them). Every call
