@@ -278,7 +278,7 @@ func (a *Admin) EvictFor(ctx context.Context, job, id, by string, keepOut time.D
 	if _, err := a.cli.Txn(ctx).If(same).Then(clientv3.OpDelete(key)).Commit(); err != nil {
 		return fail(err)
 	}
-	if r.Lease != 0 {
+	if r.Lease != 0 && !r.SharedLease { // a group's lease stays with the group's other members
 		if _, err := a.cli.Revoke(ctx, clientv3.LeaseID(r.Lease)); err != nil && ctx.Err() != nil {
 			return fail(err)
 		}

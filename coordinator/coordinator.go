@@ -844,7 +844,8 @@ func (l *leadership) deleteDoomed(ctx context.Context) {
 }
 
 // deleteMember deletes a member's key if this leader still leads and the
-// incarnation still holds it, then revokes its lease.
+// incarnation still holds it, then revokes its lease unless the lease is
+// its replica group's.
 func (l *leadership) deleteMember(ctx context.Context, job string, rec membership.MemberRecord) {
 	key := l.c.keys.Member(job, rec.ID)
 	tr, err := l.c.cli.Txn(ctx).If(
@@ -854,7 +855,7 @@ func (l *leadership) deleteMember(ctx context.Context, job string, rec membershi
 	if err != nil || !tr.Succeeded {
 		return
 	}
-	if rec.Lease != 0 {
+	if rec.Lease != 0 && !rec.SharedLease { // a group's lease stays with the group's other members
 		l.c.cli.Revoke(ctx, clientv3.LeaseID(rec.Lease))
 	}
 }

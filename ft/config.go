@@ -164,8 +164,18 @@ type Config struct {
 	// the run with `ftcoord job new-run`.
 	Run string
 
+	// RankLeases gives every rank of a replica group its own etcd lease,
+	// heartbeats and gossip node, as before group leases. By default
+	// (GroupSize > 1 through Coordinator) the group shares one lease
+	// (membership.MemberConfig.GroupLease): its leader renews it,
+	// heartbeats and gossips; the other ranks link to the leader, which
+	// removes a rank whose link ends, and take the lease over when the
+	// leader's link ends.
+	RankLeases bool
+
 	// DurableCommit records every committed step in etcd before Commit
-	// returns true (one transaction per rank per step): a step one replica
+	// returns true (one transaction per replica group per step, written by
+	// the group's rank 0 after the group's vote): a step one replica
 	// reports committed is then never redone by another epoch, even across
 	// a partition — replicas that lose such a step wait for one of its
 	// holders instead of redoing it. Without it (the default) that rare

@@ -107,8 +107,23 @@
 //     records are the job's current run's (below): replicas none of which
 //     holds any step, facing records of their run, fail at once with a
 //     *StaleRunError — no wait could end. Cost: one etcd transaction per
-//     rank per step (measured in docs/measurements.md), and availability
-//     during such a partition.
+//     replica group per step (docs/scaling.md), and availability during
+//     such a partition.
+//
+// In a replica group (GroupSize > 1) the group's rank 0 alone writes the
+// record, after the group's vote said yes at every rank, and broadcasts
+// whether the record names this epoch on the group's control comm; the
+// other ranks commit only on that word. Why this keeps the guarantee: a
+// rank commits step s in epoch e only if the record of s names e — the
+// leader read it from etcd's one transaction, the others heard it from
+// the leader over a comm of epoch e (the group comm is per epoch, so the
+// word is about e, never an older epoch's record). The record is written
+// once (create-if-absent, fenced on the run), so no other epoch can own s
+// afterwards: no rank commits a step twice, nor a step the job's history
+// lacks. The leader commits on its record whatever becomes of the
+// broadcast (its record stands); a rank that never hears it does not
+// commit and stands one step behind the rest of its group — the known
+// limit below, with the record showing the step to heal to.
 //
 // TestPartitionProcesses cuts four replica processes apart in network
 // namespaces mid-all-reduce, in both modes.
@@ -128,7 +143,13 @@
 //
 // With GroupSize > 1, rank i of every complete group forms FT comm i (the
 // replicate dimension) and the group's ranks share a group comm (the shard
-// dimension, Group()). When any rank of a group dies, the group is
+// dimension, Group()). Through Coordinator, the group's ranks share one
+// etcd lease (membership.MemberConfig.GroupLease; Config.RankLeases opts
+// out): the rank that joined first renews it, heartbeats and gossips for
+// the group, the others hold a link to it; a rank whose link ends is
+// removed by that leader, and when the leader's ends a rank takes the
+// lease over — either way the coordinator sees one member gone, one
+// epoch, as before. When any rank of a group dies, the group is
 // incomplete in the next quorum and all its ranks sit out (ErrNotParticipating
 // on their collectives); when the rank returns the group rejoins whole and
 // its ranks heal shard by shard. The group comms are made anew at every epoch.

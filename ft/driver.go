@@ -255,6 +255,16 @@ func (d *driver) exec(a action) {
 		})
 	case recordCommit:
 		d.record(a)
+	case shareOutcome:
+		ctl := d.comms[commKey{dimGroup, a.epoch}].ctl
+		d.spawn(a.task, func(ctx context.Context) taskResult {
+			v := []int32{0}
+			if a.ok {
+				v[0] = 1
+			}
+			err := ctl.Broadcast(ctx, comm.Int32s(v), 0)
+			return taskResult{in: outcomeShared{task: a.task, ok: v[0] == 1, err: err}}
+		})
 	case withdrawState:
 		// Without reads in flight (every step but one that serves a
 		// healer) the withdrawal is done at once: no task.

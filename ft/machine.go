@@ -141,6 +141,14 @@ type (
 		ok     bool
 		reason string
 	}
+	// outcomeShared: with DurableCommit in a replica group, the group's
+	// leader (group rank 0) told its ranks whether it recorded the commit
+	// (ok); err: the message failed.
+	outcomeShared struct {
+		task int
+		ok   bool
+		err  error
+	}
 	// withdrawn: the recovery server stopped serving the step's state.
 	withdrawn struct {
 		task int
@@ -165,6 +173,7 @@ func (stateHealed) isInput()     {}
 func (groupChecked) isInput()    {}
 func (voted) isInput()           {}
 func (commitRecorded) isInput()  {}
+func (outcomeShared) isInput()   {}
 func (withdrawn) isInput()       {}
 
 // ---- actions ----
@@ -224,6 +233,15 @@ type (
 		step  int64
 		epoch uint64
 	}
+	// shareOutcome: the group's leader (root) tells its ranks whether it
+	// recorded the commit (ok); the others receive it. One broadcast on
+	// the group's control comm of epoch.
+	shareOutcome struct {
+		task  int
+		epoch uint64
+		root  bool
+		ok    bool
+	}
 	withdrawState struct{ task int }
 	offerState    struct {
 		step int64
@@ -281,6 +299,7 @@ func (fetchState) isAction()       {}
 func (checkGroup) isAction()       {}
 func (castVote) isAction()         {}
 func (recordCommit) isAction()     {}
+func (shareOutcome) isAction()     {}
 func (withdrawState) isAction()    {}
 func (offerState) isAction()       {}
 func (reportFormed) isAction()     {}
@@ -324,6 +343,7 @@ const (
 	stageCheckGroup
 	stageVote
 	stageRecord
+	stageOutcome
 	stageWithdraw
 )
 
@@ -471,6 +491,10 @@ func (m *machine) handle(now time.Time, in input) []action {
 	case commitRecorded:
 		if m.done(in.task, stageRecord) {
 			m.onRecorded(now, in)
+		}
+	case outcomeShared:
+		if m.done(in.task, stageOutcome) {
+			m.onOutcome(now, in)
 		}
 	case withdrawn:
 		if m.done(in.task, stageWithdraw) {
@@ -1072,16 +1096,53 @@ func (m *machine) onVoted(now time.Time, in voted) {
 	m.afterVote(now)
 }
 
+// afterVote makes a yes durable (DurableCommit): one record per replica
+// group, written by its leader (group rank 0), which tells the group's
+// other ranks the outcome over the group's control comm; without a group
+// (GroupSize 1) each rank is its own leader.
 func (m *machine) afterVote(now time.Time) {
 	if m.vote && m.cfg.durable && m.cancelled == nil {
+		if m.sharesRecord() && m.cfg.groupRank != 0 {
+			m.do(shareOutcome{task: m.start(stageOutcome), epoch: m.epoch})
+			return
+		}
 		m.do(recordCommit{task: m.start(stageRecord), step: m.step + 1, epoch: m.epoch})
 		return
 	}
 	m.do(withdrawState{task: m.start(stageWithdraw)})
 }
 
+// sharesRecord: this rank's replica group voted over its group comm, so
+// its leader records the commit for it.
+func (m *machine) sharesRecord() bool {
+	return m.cfg.groupSize > 1 && m.holds(dimGroup)
+}
+
 func (m *machine) onRecorded(now time.Time, in commitRecorded) {
 	m.vote, m.reason = in.ok, in.reason
+	if m.sharesRecord() && m.cancelled == nil {
+		m.do(shareOutcome{task: m.start(stageOutcome), epoch: m.epoch, root: true, ok: in.ok})
+		return
+	}
+	m.do(withdrawState{task: m.start(stageWithdraw)})
+}
+
+// onOutcome: the leader's record decides. The leader keeps its own
+// outcome whatever became of the message (its record stands); another
+// rank commits only on the leader's word that the record names this
+// epoch.
+func (m *machine) onOutcome(now time.Time, in outcomeShared) {
+	switch {
+	case m.cfg.groupRank == 0:
+		if in.err != nil {
+			m.logf(true, "could not tell the replica group the outcome of step %d's record: %v", m.step+1, in.err)
+		}
+	case in.err != nil:
+		m.vote, m.reason = false, "the replica group's leader did not say whether it recorded the commit: "+in.err.Error()
+		m.groupErrs = append(m.groupErrs, in.err)
+	case !in.ok:
+		m.vote, m.reason = false, "the replica group's leader could not record the commit (another epoch owns the step, or etcd failed)"
+	}
 	m.do(withdrawState{task: m.start(stageWithdraw)})
 }
 
@@ -1234,6 +1295,11 @@ func describe(a action) string {
 		return fmt.Sprintf("vote e%d yes=%v", a.epoch, a.yes)
 	case recordCommit:
 		return fmt.Sprintf("record step %d e%d", a.step, a.epoch)
+	case shareOutcome:
+		if a.root {
+			return fmt.Sprintf("tell group e%d recorded=%v", a.epoch, a.ok)
+		}
+		return fmt.Sprintf("hear group e%d", a.epoch)
 	case withdrawState:
 		return "withdraw"
 	case offerState:

@@ -39,6 +39,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of ft/tes
 //	checked LO HI | checked err…    the group's step check
 //	voted yes|no | voted err…       the group's vote
 //	recorded ok | recorded no WHY   the durable record
+//	outcome ok|no | outcome err…    the group leader's word on its record
 //	withdrawn [err…]                the served state withdrawn
 //	task-error err…                 the task in flight fails (any kind)
 //	reregistered INC | lost
@@ -224,6 +225,13 @@ func (s *machineScript) run(line string) []string {
 		}
 	case "recorded":
 		in = commitRecorded{task: s.task, ok: args[0] == "ok", reason: strings.Join(args[1:], " ")}
+	case "outcome":
+		switch args[0] {
+		case "ok", "no":
+			in = outcomeShared{task: s.task, ok: args[0] == "ok"}
+		default:
+			in = outcomeShared{task: s.task, err: s.parseErr(args)}
+		}
 	case "withdrawn":
 		in = withdrawn{task: s.task, err: s.parseErr(args)}
 	case "task-error":
@@ -250,7 +258,7 @@ func (s *machineScript) run(line string) []string {
 		switch a := a.(type) {
 		case formComms:
 			s.task, s.kind = a.task, "form"
-		case gatherRecords, readLastCommit, fetchState, checkGroup, castVote, recordCommit, withdrawState:
+		case gatherRecords, readLastCommit, fetchState, checkGroup, castVote, recordCommit, shareOutcome, withdrawState:
 			s.task, s.kind = taskOf(a), fmt.Sprintf("%T", a)
 		}
 		if d := describe(a); d != "" {
@@ -280,6 +288,8 @@ func (s *machineScript) taskError(err error) input {
 		return voted{task: t, err: err}
 	case stageRecord:
 		return commitRecorded{task: t, reason: err.Error()}
+	case stageOutcome:
+		return outcomeShared{task: t, err: err}
 	case stageWithdraw:
 		return withdrawn{task: t, err: err}
 	}
@@ -299,6 +309,8 @@ func taskOf(a action) int {
 	case castVote:
 		return a.task
 	case recordCommit:
+		return a.task
+	case shareOutcome:
 		return a.task
 	case withdrawState:
 		return a.task

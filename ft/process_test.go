@@ -109,7 +109,7 @@ func runChild() int {
 	c, err := New(ctx, Config{Job: "proc", OnEvent: onEvent, Group: env("GROUP"), GroupRank: atoi("GROUP_RANK"), GroupSize: atoi("GROUP_SIZE"),
 		Coordinator: endpoints, Member: mc, Backend: backend, BackendConfig: bcfg, Device: atoi("DEVICE"),
 		ControlBackend: "gloo", ControlBackendConfig: gcfg, Secret: []byte("proc-secret"),
-		RecoveryAddr: net.JoinHostPort(host, "0"), DurableCommit: env("DURABLE") == "1", Run: env("RUN"),
+		RecoveryAddr: net.JoinHostPort(host, "0"), DurableCommit: env("DURABLE") == "1", Run: env("RUN"), RankLeases: env("RANK_LEASES") == "1",
 		MinReplicas: 1, Timeout: 5 * time.Second, Logger: log.Named(env("GROUP"))})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child: new:", err)

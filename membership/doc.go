@@ -141,6 +141,23 @@
 // takes out a replica whose steps stay slower than a factor of its
 // peers'.
 //
+// # Replica groups: one lease per group
+//
+// With MemberConfig.GroupLease the members of one replica group (Group)
+// share one lease, recorded at Keys.GroupLease: the group's first member
+// to join creates and renews it and is the group's leader (heartbeats and
+// gossip run there only); the others bind their registrations to it and
+// hold a TCP link to the leader, pinged both ways (GroupLinkInterval,
+// GroupLinkTimeout). A link that ends without a goodbye is a death: the
+// leader deletes the registration of a member whose link ended; a member
+// whose link to the leader ended takes the lease over in one transaction
+// fenced on the group's record (a new lease, its registration moved, the
+// old leader's deleted), and the others move their registrations to the
+// new lease keeping their incarnations. Either way the coordinator sees
+// one member gone. A registration marked SharedLease is removed without
+// revoking its lease. Anyone who can read the job's keys can open a link
+// (the hello carries the lease id, not a secret of its own).
+//
 // # Failure detection
 //
 // Layered: TCP errors inside a collective, which a member reports by
@@ -161,7 +178,9 @@
 // Store, Member, Gossip and QuorumVerifier are safe for concurrent use;
 // Machine is not (its owner drives it from one goroutine). A Member runs
 // goroutines for lease renewal, the epoch watch, the watch of its own key,
-// heartbeats and gossip; they exit at Leave or Close, or soon after the
+// heartbeats and gossip, and with GroupLease the group's links (at the
+// leader one per linked member, at the others the link and a watch of the
+// group's record); they exit at Leave or Close, or soon after the
 // membership is lost (Close waits for them). Gossip runs one
 // event-forwarding goroutine until Close, and one short-lived goroutine
 // per leave-handshake message it sends (Close waits for them). Every call

@@ -11,9 +11,10 @@ import (
 // revocation, no gossip leave (for the tests in package membership_test).
 func (m *Member) Crash() {
 	m.closeOnce.Do(func() {
+		m.crashed.Store(true)
 		m.finish(fmt.Errorf("%w: member crashed", comm.ErrClosed))
-		if m.gsp != nil {
-			m.gsp.Close()
+		if g := m.gossip(); g != nil {
+			g.Close()
 		}
 		m.wg.Wait()
 	})
@@ -22,10 +23,11 @@ func (m *Member) Crash() {
 // GossipStats returns the counters of m's gossip node (ok false without
 // gossip).
 func (m *Member) GossipStats() (s GossipStats, ok bool) {
-	if m.gsp == nil {
+	g := m.gossip()
+	if g == nil {
 		return GossipStats{}, false
 	}
-	return m.gsp.Stats(), true
+	return g.Stats(), true
 }
 
 // Durations formats measured durations: one, or n, min, median and max.

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -65,6 +66,19 @@ type MemberConfig struct {
 	// Join fails with a *RunBusyError.
 	Run      string
 	StartRun bool
+	// GroupLease binds the registration to its replica group's shared
+	// lease instead of a lease of its own (Group required): the group's
+	// first member to join creates and renews it (the group's leader:
+	// heartbeats and gossip run there only) and the others link to that
+	// member, which removes a member whose link ends; when the leader's
+	// link ends, a member takes the lease over (see Keys.GroupLease).
+	// GroupLinkAddr is where this member listens for links if it leads
+	// (default: Addr's host, a port from the OS); the links ping every
+	// GroupLinkInterval (default 200 ms) and end after GroupLinkTimeout
+	// of silence (default 1 s).
+	GroupLease                          bool
+	GroupLinkAddr                       string
+	GroupLinkInterval, GroupLinkTimeout time.Duration
 	// Gossip enables failure detection by gossip with the coordinators
 	// and other members (nil: off; lease expiry alone detects death).
 	Gossip *GossipConfig
@@ -85,7 +99,8 @@ type MemberConfig struct {
 // DefaultMemberConfig returns the defaults of the optional fields; fill
 // Client, Job, ID and Addr.
 func DefaultMemberConfig() MemberConfig {
-	return MemberConfig{Root: DefaultRoot, LeaseTTL: 5 * time.Second, HeartbeatInterval: 10 * time.Second}
+	return MemberConfig{Root: DefaultRoot, LeaseTTL: 5 * time.Second, HeartbeatInterval: 10 * time.Second,
+		GroupLinkInterval: 200 * time.Millisecond, GroupLinkTimeout: time.Second}
 }
 
 // Validate says what is wrong with the configuration, if anything.
@@ -111,6 +126,12 @@ func (c MemberConfig) Validate() error {
 	if c.StartRun && c.Run == "" {
 		return fmt.Errorf("%w: membership: StartRun needs a Run to start", comm.ErrInvalidArgument)
 	}
+	if c.GroupLease && c.Group == "" {
+		return fmt.Errorf("%w: membership: member %q: GroupLease needs a Group", comm.ErrInvalidArgument, c.ID)
+	}
+	if c.GroupLease && (c.GroupLinkInterval <= 0 || c.GroupLinkTimeout <= c.GroupLinkInterval) {
+		return fmt.Errorf("%w: membership: group link interval %v must be positive and below its timeout %v", comm.ErrInvalidArgument, c.GroupLinkInterval, c.GroupLinkTimeout)
+	}
 	if c.HeartbeatInterval < 0 || c.MinReplicas < 0 {
 		return fmt.Errorf("%w: membership: HeartbeatInterval %v and MinReplicas %d must not be negative", comm.ErrInvalidArgument, c.HeartbeatInterval, c.MinReplicas)
 	}
@@ -126,26 +147,38 @@ func (c MemberConfig) Validate() error {
 // Member is a registered member of a job. See the package documentation
 // for its lifecycle. Its methods are safe for concurrent use.
 type Member struct {
-	cfg   MemberConfig
-	cli   *clientv3.Client
-	keys  Keys
-	key   string
-	lease clientv3.LeaseID
-	inc   int64
+	cfg  MemberConfig
+	cli  *clientv3.Client
+	keys Keys
+	key  string
+	inc  int64
 	// run is the run the member joined, runRev the revision of its
 	// record (0: none, the default run): registration and commit records
 	// are fenced on it.
 	run    string
 	runRev int64
 	lg     *zap.Logger
-	gsp    *Gossip
+	gsp    *Gossip // nil without gossip; set before the goroutines start, or under mu by takeOver
+	ka     <-chan *clientv3.LeaseKeepAliveResponse
+	// link listens for the group's liveness links (MemberConfig.GroupLease).
+	link    net.Listener
+	crashed atomic.Bool // Crash: links end without saying goodbye
 
 	life   context.Context // ends at Leave, Close or loss
 	stop   context.CancelFunc
 	wg     sync.WaitGroup
 	writeM sync.Mutex // orders record writes
 
-	mu          sync.Mutex
+	mu sync.Mutex
+	// lease is the lease the registration is bound to; holds says
+	// whether this member keeps it alive (always, without GroupLease; the
+	// group's leader, with it). group and groupRev are the group lease
+	// record the registration is bound under and its mod revision.
+	lease       clientv3.LeaseID
+	holds       bool
+	group       GroupLease
+	groupRev    int64
+	links       map[net.Conn]bool // the group links this member serves (true: said goodbye)
 	rec         MemberRecord
 	dirty       bool
 	stepTimes   time.Duration // the sum of the step times set since the last write
@@ -170,6 +203,12 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	}
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = d.LeaseTTL
+	}
+	if cfg.GroupLinkInterval == 0 {
+		cfg.GroupLinkInterval = d.GroupLinkInterval
+	}
+	if cfg.GroupLinkTimeout == 0 {
+		cfg.GroupLinkTimeout = max(d.GroupLinkTimeout, 2*cfg.GroupLinkInterval)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -196,38 +235,22 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		}
 	}()
 
-	// The first call to etcd waits for a connection (a member may start
-	// before its coordinator): say what it waits for while it does.
-	stopNotice := waitNotice(m.cli, m.lg, "grant a lease")
-	lr, err := m.cli.Grant(ctx, int64((cfg.LeaseTTL+time.Second-1)/time.Second))
-	stopNotice()
-	if err != nil {
-		return nil, fmt.Errorf("membership: join %s/%s: grant lease: %w", cfg.Job, cfg.ID, ctxErr(ctx, err))
-	}
-	m.lease = lr.ID
-	// Renew from the start: registering may wait for a previous
-	// incarnation (WaitForDuplicate) longer than the TTL.
 	m.life, m.stop = context.WithCancel(context.Background())
-	ka, err := m.cli.KeepAlive(m.life, m.lease)
-	if err != nil {
-		return nil, fmt.Errorf("membership: join %s/%s: keepalive: %w", cfg.Job, cfg.ID, err)
-	}
-	if cfg.Gossip != nil {
-		if m.gsp, err = StartGossip(GossipNodeName(cfg.Job, cfg.ID, int64(lr.ID)), *cfg.Gossip); err != nil {
-			return nil, err
-		}
-	}
 	now := time.Now()
 	m.rec = MemberRecord{
-		Job: cfg.Job, ID: cfg.ID, Addr: cfg.Addr, Group: cfg.Group, Lease: int64(lr.ID),
+		Job: cfg.Job, ID: cfg.ID, Addr: cfg.Addr, Group: cfg.Group, SharedLease: cfg.GroupLease,
 		Step: cfg.Step, WantQuorum: cfg.WantQuorum, MinReplicas: cfg.MinReplicas, Joined: now, Updated: now,
 	}
 	if cfg.Stragglers.on() {
 		p := cfg.Stragglers
 		m.rec.Stragglers = &p
 	}
-	if m.gsp != nil {
-		m.rec.Gossip = m.gsp.Addr()
+	if cfg.GroupLease {
+		if err := m.listenGroupLink(); err != nil {
+			return nil, err
+		}
+	} else if err := m.ownLease(ctx); err != nil {
+		return nil, err
 	}
 	for {
 		run, rev, err := m.enterRun(ctx)
@@ -235,7 +258,17 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 			return nil, err
 		}
 		m.run, m.runRev, m.rec.Run = run.ID, rev, run.ID
-		if err = m.register(ctx); !errors.Is(err, errRunMoved) {
+		if cfg.GroupLease {
+			if err := m.enterGroup(ctx); err != nil {
+				return nil, err
+			}
+		}
+		err = m.register(ctx)
+		if errors.Is(err, errGroupMoved) {
+			m.dropOwnLease()
+			continue
+		}
+		if !errors.Is(err, errRunMoved) {
 			if err != nil {
 				return nil, err
 			}
@@ -255,14 +288,20 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		}
 	}
 	ok = true
-	m.spawn(func() { m.renew(ka) })
+	if m.holdsLease() {
+		m.spawn(func() { m.renew(m.ka) })
+	}
 	m.spawn(func() { m.watchEpochs(rev) })
 	m.spawn(m.watchSelf)
-	if cfg.HeartbeatInterval > 0 {
+	if cfg.HeartbeatInterval > 0 && m.holdsLease() {
 		m.spawn(m.heartbeats)
 	}
 	if m.gsp != nil {
 		m.spawn(m.drainGossip)
+	}
+	if cfg.GroupLease {
+		m.spawn(m.acceptGroupLinks)
+		m.spawn(m.followGroup)
 	}
 	m.lg.Info("joined", zap.Int64("incarnation", m.inc), zap.String("addr", cfg.Addr))
 	return m, nil
@@ -280,24 +319,43 @@ var errRunMoved = errors.New("membership: the job's run changed")
 // the job's run is the one the member entered (errRunMoved: it changed).
 func (m *Member) register(ctx context.Context) error {
 	for {
+		m.mu.Lock()
+		m.rec.Lease = int64(m.lease)
 		val, _ := json.Marshal(m.rec)
+		lease := m.lease
+		m.mu.Unlock()
 		keepOut := m.keys.Evicted(m.cfg.Job, m.cfg.ID)
 		runKey := m.keys.Run(m.cfg.Job)
-		tr, err := m.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0), clientv3.Compare(clientv3.CreateRevision(keepOut), "=", 0),
-				clientv3.Compare(clientv3.ModRevision(runKey), "=", m.runRev)).
-			Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(m.lease))).
-			Else(clientv3.OpGet(m.key), clientv3.OpGet(keepOut), clientv3.OpGet(runKey)).Commit()
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0), clientv3.Compare(clientv3.CreateRevision(keepOut), "=", 0),
+			clientv3.Compare(clientv3.ModRevision(runKey), "=", m.runRev)}
+		then := []clientv3.Op{clientv3.OpPut(m.key, string(val), clientv3.WithLease(lease))}
+		els := []clientv3.Op{clientv3.OpGet(m.key), clientv3.OpGet(keepOut), clientv3.OpGet(runKey)}
+		if m.cfg.GroupLease {
+			c, op := m.groupBinding()
+			cmps, els = append(cmps, c), append(els, clientv3.OpGet(m.groupKey()))
+			if op != nil {
+				then = append(then, *op)
+			}
+		}
+		tr, err := m.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 		if err != nil {
 			return fmt.Errorf("membership: join %s/%s: %w", m.cfg.Job, m.cfg.ID, ctxErr(ctx, err))
 		}
 		if tr.Succeeded {
 			m.inc = tr.Header.Revision
 			m.rec.Incarnation = m.inc
+			if m.cfg.GroupLease && m.holdsLease() {
+				m.mu.Lock()
+				m.groupRev = tr.Header.Revision
+				m.mu.Unlock()
+			}
 			return nil
 		}
 		if m.checkRun(tr.Responses[2].GetResponseRange().Kvs) != nil {
 			return errRunMoved
+		}
+		if m.cfg.GroupLease && m.groupMoved(tr.Responses[3].GetResponseRange().Kvs) {
+			return errGroupMoved
 		}
 		if kos := tr.Responses[1].GetResponseRange().Kvs; len(kos) > 0 {
 			var ko KeepOut
@@ -357,7 +415,7 @@ func (m *Member) joinGossip(ctx context.Context) error {
 		}
 	}
 	rand.Shuffle(len(seeds), func(i, j int) { seeds[i], seeds[j] = seeds[j], seeds[i] })
-	_, err = m.gsp.Join(ctx, seeds)
+	_, err = m.gossip().Join(ctx, seeds)
 	return err
 }
 
@@ -371,15 +429,27 @@ func (m *Member) ID() string { return m.cfg.ID }
 // member has a larger one.
 func (m *Member) Incarnation() int64 { return m.inc }
 
-// Lease returns the etcd lease the registration is bound to.
-func (m *Member) Lease() clientv3.LeaseID { return m.lease }
+// Lease returns the etcd lease the registration is bound to: with
+// MemberConfig.GroupLease, its replica group's (it changes when another
+// member of the group takes the lease over).
+func (m *Member) Lease() clientv3.LeaseID {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lease
+}
 
 // GossipAddr returns the member's gossip address ("" without gossip).
 func (m *Member) GossipAddr() string {
-	if m.gsp == nil {
-		return ""
+	if g := m.gossip(); g != nil {
+		return g.Addr()
 	}
-	return m.gsp.Addr()
+	return ""
+}
+
+func (m *Member) gossip() *Gossip {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.gsp
 }
 
 // Record returns the member's record as it will next be written.
@@ -590,10 +660,11 @@ func (m *Member) write(ctx context.Context, why string) error {
 	}
 	val, _ := json.Marshal(m.rec)
 	m.dirty = false
+	lease := m.lease
 	m.mu.Unlock()
 	tr, err := m.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc)).
-		Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(m.lease))).Commit()
+		Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(lease))).Commit()
 	if err != nil {
 		m.mu.Lock()
 		m.dirty = true
@@ -926,7 +997,7 @@ func (m *Member) renew(ka <-chan *clientv3.LeaseKeepAliveResponse) {
 	for range ka {
 	}
 	if m.life.Err() == nil {
-		m.lost(fmt.Errorf("%w: %s/%s: lease %x expired or revoked", ErrEvicted, m.cfg.Job, m.cfg.ID, int64(m.lease)))
+		m.lost(fmt.Errorf("%w: %s/%s: lease %x expired or revoked", ErrEvicted, m.cfg.Job, m.cfg.ID, int64(m.Lease())))
 	}
 }
 
@@ -953,9 +1024,10 @@ func (m *Member) heartbeats() {
 }
 
 func (m *Member) drainGossip() {
+	g := m.gossip()
 	for {
 		select {
-		case ev := <-m.gsp.Events():
+		case ev := <-g.Events():
 			if ev.Kind != GossipJoin {
 				m.lg.Debug("gossip", zap.Stringer("event", ev.Kind), zap.String("node", ev.Name))
 			}
@@ -1002,13 +1074,9 @@ func (m *Member) finish(err error) {
 
 // release frees what Join acquired, for a Join that failed.
 func (m *Member) release() {
-	if m.gsp != nil {
-		m.gsp.Close()
-	}
-	if m.lease != 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		m.cli.Revoke(ctx, m.lease)
-		cancel()
+	m.dropOwnLease()
+	if m.link != nil {
+		m.link.Close()
 	}
 	if m.stop != nil {
 		m.stop()
@@ -1022,6 +1090,7 @@ func (m *Member) Leave(ctx context.Context) error {
 	var err error
 	m.closeOnce.Do(func() {
 		alive := m.Err() == nil
+		shared := m.leaseShared()
 		m.finish(fmt.Errorf("%w: member left", comm.ErrClosed))
 		if alive {
 			// Say "leaving" first so the coordinator tells a leave from
@@ -1031,22 +1100,34 @@ func (m *Member) Leave(ctx context.Context) error {
 			m.mu.Lock()
 			m.rec.Leaving = true
 			val, _ := json.Marshal(m.rec)
+			lease, holds := m.lease, m.holds
 			m.mu.Unlock()
 			_, e1 := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc)).
-				Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(m.lease))).Commit()
-			_, e2 := m.cli.Revoke(ctx, m.lease)
+				Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(lease))).Commit()
+			var e2 error
+			if holds && !shared {
+				_, e2 = m.cli.Revoke(ctx, lease)
+			} else {
+				// The group's other members keep the lease (one of them
+				// takes it over when this leader's links end).
+				_, e2 = m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc)).
+					Then(clientv3.OpDelete(m.key)).Commit()
+			}
 			m.writeM.Unlock()
 			if e1 != nil || e2 != nil {
 				err = fmt.Errorf("membership: leave %s/%s: %w", m.cfg.Job, m.cfg.ID, ctxErr(ctx, errors.Join(e1, e2)))
 			}
-			if m.gsp != nil {
-				if e := m.gsp.Leave(ctx); e != nil {
+			if g := m.gossip(); g != nil {
+				if e := g.Leave(ctx); e != nil {
 					m.lg.Info("gossip leave", zap.Error(e))
 				}
 			}
 		}
-		if m.gsp != nil {
-			m.gsp.Close()
+		if g := m.gossip(); g != nil {
+			g.Close()
+		}
+		if m.link != nil {
+			m.link.Close()
 		}
 		m.wg.Wait()
 	})

@@ -202,9 +202,12 @@ type MemberRecord struct {
 	// Lease is the etcd lease of the registration. JSON carries it as a
 	// decimal string: lease ids are often above 2^53, where JSON parsers
 	// that read numbers as doubles lose digits.
-	Lease  int64  `json:"lease,string"`
-	Step   int64  `json:"step"`
-	Health Health `json:"health"`
+	Lease int64 `json:"lease,string"`
+	// SharedLease: the lease is the member's replica group's
+	// (MemberConfig.GroupLease); removing the member must not revoke it.
+	SharedLease bool   `json:"sharedLease,omitempty"`
+	Step        int64  `json:"step"`
+	Health      Health `json:"health"`
 	// HealthReason says why the health is not Healthy.
 	HealthReason string `json:"healthReason,omitempty"`
 	// WantQuorum: the member asks to take part in the next quorum (set by
@@ -326,6 +329,10 @@ func (k Keys) HistoryEntry(job string, e uint64) string { return k.History(job) 
 func (k Keys) Commits(job string) string                { return k.Job(job) + "commits/" }
 func (k Keys) Commit(job string, step int64) string     { return k.Commits(job) + epochKey(uint64(step)) }
 func (k Keys) Run(job string) string                    { return k.Job(job) + "run" }
+
+// GroupLease is where a replica group's shared lease is recorded
+// (GroupLease; MemberConfig.GroupLease).
+func (k Keys) GroupLease(job, group string) string { return k.Job(job) + "groups/" + group }
 
 // RendezvousPrefix is the Store prefix of one epoch of a job.
 func (k Keys) RendezvousPrefix(job string, e uint64) string {

@@ -1,0 +1,559 @@
+package membership
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// A replica group's members share one lease (MemberConfig.GroupLease).
+// The group's record, at Keys.GroupLease and bound to the lease itself,
+// names the lease, the member that keeps it alive (the group's leader:
+// whichever member created the record) and where the leader serves the
+// group's liveness links. Every member keeps its own registration, bound
+// to that lease, so quorums, incarnations and the coordinator's rules are
+// those of any member; what the group saves is the leases, their
+// keepalives, the periodic heartbeats and the gossip nodes of all but one
+// member.
+//
+// Failure detection inside the group is the links: each other member
+// holds a TCP connection to the leader, and both ends send a byte every
+// GroupLinkInterval. A link silent for GroupLinkTimeout, or closed without
+// a goodbye, is a death:
+//
+//   - the leader deletes the registration of a member whose link ended
+//     (fenced on its incarnation): the coordinator sees one member gone and
+//     takes the group out in one epoch;
+//   - a member whose link to the leader ended takes the lease over: one
+//     transaction, fenced on the group record it knew, grants the group a
+//     new lease, names itself leader, moves its own registration to the new
+//     lease and deletes the old leader's registration if it is still on the
+//     old lease. The other members, racing, lose the transaction and see the
+//     record move: each moves its own registration to the new lease (its
+//     incarnation unchanged) and links to the new leader. The coordinator
+//     sees the old leader gone, once; the old lease, unrenewed, expires
+//     holding nothing.
+//
+// A member that is lost (its registration deleted, the lease expired)
+// registers again as any member does.
+
+// GroupLease is the record of a replica group's shared lease.
+type GroupLease struct {
+	// Lease is the group's etcd lease (decimal in JSON, as MemberRecord's).
+	Lease int64 `json:"lease,string"`
+	// Leader is the member that keeps the lease alive.
+	Leader string `json:"leader"`
+	// Link is where the leader serves the group's liveness links.
+	Link  string    `json:"link"`
+	Since time.Time `json:"since"`
+}
+
+// errGroupMoved: the group's lease record changed while the member
+// registered.
+var errGroupMoved = errors.New("membership: the group's lease moved")
+
+// The link protocol: a hello line (JSON linkHello) from the member, then
+// single bytes both ways: linkPing every GroupLinkInterval, linkBye before
+// an orderly close.
+const (
+	linkPing byte = 'p'
+	linkBye  byte = 'b'
+)
+
+type linkHello struct {
+	ID          string `json:"id"`
+	Incarnation int64  `json:"inc"`
+	// Lease must be the group's current lease: only a reader of the job's
+	// keys knows it, and a member of another lease links elsewhere.
+	Lease int64 `json:"lease,string"`
+}
+
+func (m *Member) groupKey() string { return m.keys.GroupLease(m.cfg.Job, m.cfg.Group) }
+
+func (m *Member) holdsLease() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.holds
+}
+
+// leaseShared reports whether other members are bound to the lease this
+// member holds (they linked to it).
+func (m *Member) leaseShared() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.holds && m.cfg.GroupLease && len(m.links) > 0
+}
+
+// ownLease grants this member a lease of its own, keeps it alive from now
+// (registering may wait for a previous incarnation longer than the TTL)
+// and starts gossip under it.
+func (m *Member) ownLease(ctx context.Context) error {
+	// The first call to etcd waits for a connection (a member may start
+	// before its coordinator): say what it waits for while it does.
+	stopNotice := waitNotice(m.cli, m.lg, "grant a lease")
+	lr, err := m.cli.Grant(ctx, m.ttlSeconds())
+	stopNotice()
+	if err != nil {
+		return fmt.Errorf("membership: join %s/%s: grant lease: %w", m.cfg.Job, m.cfg.ID, ctxErr(ctx, err))
+	}
+	ka, err := m.cli.KeepAlive(m.life, lr.ID)
+	if err != nil {
+		m.revokeQuietly(lr.ID)
+		return fmt.Errorf("membership: join %s/%s: keepalive: %w", m.cfg.Job, m.cfg.ID, err)
+	}
+	var g *Gossip
+	if m.cfg.Gossip != nil {
+		if g, err = StartGossip(GossipNodeName(m.cfg.Job, m.cfg.ID, int64(lr.ID)), *m.cfg.Gossip); err != nil {
+			m.revokeQuietly(lr.ID)
+			return err
+		}
+	}
+	m.mu.Lock()
+	m.lease, m.holds, m.ka, m.gsp = lr.ID, true, ka, g
+	m.rec.Lease = int64(lr.ID)
+	if g != nil {
+		m.rec.Gossip = g.Addr()
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+// dropOwnLease undoes ownLease for a Join that did not complete with it.
+func (m *Member) dropOwnLease() {
+	m.mu.Lock()
+	lease, holds, g := m.lease, m.holds, m.gsp
+	m.lease, m.holds, m.ka, m.gsp = 0, false, nil, nil
+	m.rec.Lease, m.rec.Gossip = 0, ""
+	m.mu.Unlock()
+	if g != nil {
+		g.Close()
+	}
+	if holds && lease != 0 {
+		m.revokeQuietly(lease)
+	}
+}
+
+func (m *Member) revokeQuietly(lease clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	m.cli.Revoke(ctx, lease)
+}
+
+func (m *Member) ttlSeconds() int64 {
+	return int64((m.cfg.LeaseTTL + time.Second - 1) / time.Second)
+}
+
+// enterGroup binds the registration to the group's lease: the current
+// one, or a new one this member holds when the group has none.
+func (m *Member) enterGroup(ctx context.Context) error {
+	stopNotice := waitNotice(m.cli, m.lg, "read the group's lease")
+	resp, err := m.cli.Get(ctx, m.groupKey())
+	stopNotice()
+	if err != nil {
+		return fmt.Errorf("membership: join %s/%s: read the group's lease: %w", m.cfg.Job, m.cfg.ID, ctxErr(ctx, err))
+	}
+	if len(resp.Kvs) == 0 {
+		m.mu.Lock()
+		m.group, m.groupRev = GroupLease{}, 0
+		m.mu.Unlock()
+		return m.ownLease(ctx) // the registration creates the record
+	}
+	var g GroupLease
+	if err := json.Unmarshal(resp.Kvs[0].Value, &g); err != nil || g.Lease == 0 {
+		return fmt.Errorf("membership: join %s/%s: unreadable group lease record %s", m.cfg.Job, m.cfg.ID, m.groupKey())
+	}
+	m.mu.Lock()
+	m.group, m.groupRev = g, resp.Kvs[0].ModRevision
+	m.lease, m.holds = clientv3.LeaseID(g.Lease), false
+	m.rec.Lease = g.Lease
+	m.mu.Unlock()
+	return nil
+}
+
+// groupBinding is what registering adds for the group lease: a leader
+// creates the group's record (none may exist), a member checks that the
+// record it binds under is still current.
+func (m *Member) groupBinding() (clientv3.Cmp, *clientv3.Op) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	k := m.groupKey()
+	if !m.holds {
+		return clientv3.Compare(clientv3.ModRevision(k), "=", m.groupRev), nil
+	}
+	m.group = GroupLease{Lease: int64(m.lease), Leader: m.cfg.ID, Link: m.link.Addr().String(), Since: time.Now()}
+	val, _ := json.Marshal(m.group)
+	op := clientv3.OpPut(k, string(val), clientv3.WithLease(m.lease))
+	return clientv3.Compare(clientv3.CreateRevision(k), "=", 0), &op
+}
+
+// groupMoved reports whether the group's record (kvs: as read when a
+// registration failed) is no longer the one the member bound under.
+func (m *Member) groupMoved(kvs []*mvccpb.KeyValue) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.holds {
+		return len(kvs) > 0
+	}
+	return len(kvs) == 0 || kvs[0].ModRevision != m.groupRev
+}
+
+// listenGroupLink opens the listener for the group's links, on the host
+// of the member's Addr (or GroupLinkAddr).
+func (m *Member) listenGroupLink() error {
+	addr := m.cfg.GroupLinkAddr
+	if addr == "" {
+		host, _, err := net.SplitHostPort(m.cfg.Addr)
+		if err != nil {
+			host = ""
+		}
+		addr = net.JoinHostPort(host, "0")
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("membership: join %s/%s: group link listener: %w", m.cfg.Job, m.cfg.ID, err)
+	}
+	m.link = l
+	m.links = map[net.Conn]bool{}
+	return nil
+}
+
+// acceptGroupLinks serves the group's links until the membership ends
+// (Leave and Close close the listener).
+func (m *Member) acceptGroupLinks() {
+	go func() { <-m.life.Done(); m.link.Close() }()
+	for {
+		c, err := m.link.Accept()
+		if err != nil {
+			return
+		}
+		m.spawn(func() { m.serveGroupLink(c) })
+	}
+}
+
+// serveGroupLink is the leader's end of one member's link. A link that
+// ends without a goodbye while this member leads is that member's death.
+func (m *Member) serveGroupLink(c net.Conn) {
+	defer c.Close()
+	timeout := m.cfg.GroupLinkTimeout
+	c.SetReadDeadline(time.Now().Add(timeout))
+	r := bufio.NewReader(c)
+	line, err := r.ReadBytes('\n')
+	var h linkHello
+	if err != nil || json.Unmarshal(line, &h) != nil {
+		return
+	}
+	m.mu.Lock()
+	ok := m.holds && h.Lease == int64(m.lease) && m.life.Err() == nil
+	if ok {
+		m.links[c] = false
+	}
+	m.mu.Unlock()
+	if !ok {
+		return // not this group's current lease: the member reads the record again
+	}
+	bye := m.pingLink(c, r, timeout)
+	m.mu.Lock()
+	delete(m.links, c)
+	leading := m.holds
+	m.mu.Unlock()
+	if !bye && leading && m.life.Err() == nil {
+		m.reportGroupDeath(h)
+	}
+}
+
+// pingLink sends a ping every GroupLinkInterval and reads the peer's until
+// the link ends: bye is true when the peer said goodbye. At the end of
+// the membership this end says goodbye (unless crashed) and closes.
+func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration) (bye bool) {
+	got := make(chan bool, 1)
+	go func() { // exits when c is closed or the peer goes quiet
+		for {
+			c.SetReadDeadline(time.Now().Add(timeout))
+			b, err := r.ReadByte()
+			if err != nil {
+				got <- false
+				return
+			}
+			if b == linkBye {
+				got <- true
+				return
+			}
+		}
+	}()
+	t := time.NewTicker(m.cfg.GroupLinkInterval)
+	defer t.Stop()
+	for {
+		select {
+		case bye = <-got:
+			c.Close()
+			return bye
+		case <-t.C:
+			c.SetWriteDeadline(time.Now().Add(timeout))
+			if _, err := c.Write([]byte{linkPing}); err != nil {
+				c.Close()
+				return <-got
+			}
+		case <-m.life.Done():
+			if !m.crashed.Load() {
+				c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+				c.Write([]byte{linkBye})
+			}
+			c.Close()
+			<-got
+			return true
+		}
+	}
+}
+
+// reportGroupDeath deletes the registration of a member whose link ended:
+// the group's own failure detection, seen by the coordinator as that
+// member gone.
+func (m *Member) reportGroupDeath(h linkHello) {
+	k := m.keys.Member(m.cfg.Job, h.ID)
+	ctx, cancel := context.WithTimeout(m.life, 5*time.Second)
+	defer cancel()
+	tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", h.Incarnation)).
+		Then(clientv3.OpDelete(k)).Commit()
+	switch {
+	case err != nil:
+		m.lg.Warn("could not remove a group member whose link ended; left to the collectives and the coordinator", zap.String("peer", h.ID), zap.Error(err))
+	case tr.Succeeded:
+		m.lg.Info("group member's link ended without a goodbye: removed its registration", zap.String("peer", h.ID), zap.Int64("incarnation", h.Incarnation))
+	}
+}
+
+// followGroup is a non-leader's side of the group: it links to the leader
+// and follows the group's record until the membership ends, moving its
+// registration when the lease moves and taking the lease over when the
+// leader's link ends. Once this member holds the lease it has nothing
+// more to follow.
+func (m *Member) followGroup() {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, time.Second, 0
+	for m.life.Err() == nil && !m.holdsLease() {
+		m.mu.Lock()
+		g, rev := m.group, m.groupRev
+		m.mu.Unlock()
+		var err error
+		switch m.followLeader(g, rev) {
+		case leaderGone:
+			if err = m.takeOver(g, rev); err == nil && !m.holdsLease() {
+				err = m.rebind() // another member took it over
+			}
+		case recordMoved:
+			err = m.rebind()
+		}
+		if err == nil {
+			bo.Reset()
+			continue
+		}
+		if m.life.Err() == nil {
+			m.lg.Info("group lease", zap.Error(err))
+		}
+		select {
+		case <-time.After(bo.NextBackOff()):
+		case <-m.life.Done():
+		}
+	}
+}
+
+type followEnd int
+
+const (
+	membershipOver followEnd = iota
+	leaderGone               // the link ended: take over
+	recordMoved              // the group's record changed: bind to it
+)
+
+// followLeader links to the leader g names and watches the group's record
+// from rev until one of them ends.
+func (m *Member) followLeader(g GroupLease, rev int64) followEnd {
+	ctx, cancel := context.WithCancel(m.life)
+	defer cancel()
+	moved := make(chan struct{})
+	go func() { // exits with ctx
+		for wr := range m.cli.Watch(clientv3.WithRequireLeader(ctx), m.groupKey(), clientv3.WithRev(rev+1)) {
+			if wr.Err() != nil || len(wr.Events) > 0 {
+				close(moved)
+				return
+			}
+		}
+	}()
+	linkEnded := make(chan struct{})
+	go func() { // exits when the link ends, at the latest with the membership
+		defer close(linkEnded)
+		timeout := m.cfg.GroupLinkTimeout
+		d := net.Dialer{Timeout: timeout}
+		c, err := d.DialContext(ctx, "tcp", g.Link)
+		if err != nil {
+			return
+		}
+		hello, _ := json.Marshal(linkHello{ID: m.cfg.ID, Incarnation: m.inc, Lease: g.Lease})
+		c.SetWriteDeadline(time.Now().Add(timeout))
+		if _, err := c.Write(append(hello, '\n')); err != nil {
+			c.Close()
+			return
+		}
+		go func() { <-ctx.Done(); c.SetReadDeadline(time.Now()) }() // a moved record ends the link
+		m.pingLink(c, bufio.NewReader(c), timeout)
+	}()
+	select {
+	case <-linkEnded:
+		if m.life.Err() != nil {
+			return membershipOver
+		}
+		select {
+		case <-moved:
+			return recordMoved
+		default:
+			return leaderGone
+		}
+	case <-moved:
+		cancel()
+		<-linkEnded
+		return recordMoved
+	case <-m.life.Done():
+		<-linkEnded
+		return membershipOver
+	}
+}
+
+// rebind binds the registration to the group's current record: another
+// member took the lease over. The incarnation stays.
+func (m *Member) rebind() error {
+	ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
+	defer cancel()
+	resp, err := m.cli.Get(ctx, m.groupKey())
+	if err != nil {
+		return fmt.Errorf("read the group's lease: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		// The lease ended, and the registration with it: watchSelf sees
+		// it go. A record gone without it (deleted by hand) is taken over.
+		m.mu.Lock()
+		g := m.group
+		m.mu.Unlock()
+		return m.takeOver(g, 0)
+	}
+	var g GroupLease
+	if err := json.Unmarshal(resp.Kvs[0].Value, &g); err != nil {
+		return fmt.Errorf("unreadable group lease record: %w", err)
+	}
+	rev := resp.Kvs[0].ModRevision
+	m.mu.Lock()
+	same := rev == m.groupRev
+	m.mu.Unlock()
+	if same {
+		return errors.New("the group's leader is unreachable and its record has not moved")
+	}
+	m.writeM.Lock()
+	defer m.writeM.Unlock()
+	m.mu.Lock()
+	rec := m.rec
+	rec.Lease = g.Lease
+	m.mu.Unlock()
+	val, _ := json.Marshal(rec)
+	tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc),
+		clientv3.Compare(clientv3.ModRevision(m.groupKey()), "=", rev)).
+		Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(clientv3.LeaseID(g.Lease)))).Commit()
+	if err != nil {
+		return fmt.Errorf("move to the group's new lease: %w", err)
+	}
+	if !tr.Succeeded {
+		return nil // moved again, or this registration is gone: follow again
+	}
+	m.mu.Lock()
+	m.group, m.groupRev, m.lease, m.rec.Lease = g, rev, clientv3.LeaseID(g.Lease), g.Lease
+	m.mu.Unlock()
+	m.lg.Info("moved to the group's new lease", zap.String("leader", g.Leader), zap.Int64("lease", g.Lease))
+	return nil
+}
+
+// takeOver makes this member the group's leader after the leader's link
+// ended: a new lease, the group's record naming this member, this
+// member's registration moved to the lease, the old leader's registration
+// deleted if it is still on the old lease — one transaction, fenced on the
+// group record at rev (0: none). Losing the race is not an error: the
+// winner's record moves the others.
+func (m *Member) takeOver(old GroupLease, rev int64) error {
+	ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
+	defer cancel()
+	lr, err := m.cli.Grant(ctx, m.ttlSeconds())
+	if err != nil {
+		return fmt.Errorf("take the group's lease over: grant: %w", err)
+	}
+	g := GroupLease{Lease: int64(lr.ID), Leader: m.cfg.ID, Link: m.link.Addr().String(), Since: time.Now()}
+	gval, _ := json.Marshal(g)
+	var gsp *Gossip
+	if m.cfg.Gossip != nil {
+		if gsp, err = StartGossip(GossipNodeName(m.cfg.Job, m.cfg.ID, int64(lr.ID)), *m.cfg.Gossip); err != nil {
+			m.revokeQuietly(lr.ID)
+			return err
+		}
+	}
+	m.writeM.Lock()
+	m.mu.Lock()
+	rec := m.rec
+	rec.Lease = int64(lr.ID)
+	if gsp != nil {
+		rec.Gossip = gsp.Addr()
+	}
+	m.mu.Unlock()
+	val, _ := json.Marshal(rec)
+	cmp := clientv3.Compare(clientv3.ModRevision(m.groupKey()), "=", rev)
+	if rev == 0 {
+		cmp = clientv3.Compare(clientv3.CreateRevision(m.groupKey()), "=", 0)
+	}
+	then := []clientv3.Op{
+		clientv3.OpPut(m.groupKey(), string(gval), clientv3.WithLease(lr.ID)),
+		clientv3.OpPut(m.key, string(val), clientv3.WithLease(lr.ID)),
+	}
+	if old.Leader != "" && old.Leader != m.cfg.ID {
+		lk := m.keys.Member(m.cfg.Job, old.Leader)
+		then = append(then, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(lk), "=", old.Lease)},
+			[]clientv3.Op{clientv3.OpDelete(lk)}, nil))
+	}
+	tr, err := m.cli.Txn(ctx).If(cmp, clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc)).Then(then...).Commit()
+	if err != nil || !tr.Succeeded {
+		m.writeM.Unlock()
+		if gsp != nil {
+			gsp.Close()
+		}
+		m.revokeQuietly(lr.ID)
+		if err != nil {
+			return fmt.Errorf("take the group's lease over: %w", err)
+		}
+		return nil // another member was faster, or this registration is gone
+	}
+	ka, kerr := m.cli.KeepAlive(m.life, lr.ID)
+	m.mu.Lock()
+	m.group, m.groupRev = g, tr.Header.Revision
+	m.lease, m.holds, m.gsp = lr.ID, true, gsp
+	m.rec.Lease, m.rec.Gossip = rec.Lease, rec.Gossip
+	m.mu.Unlock()
+	m.writeM.Unlock()
+	if kerr != nil { // only when the membership is over
+		return nil
+	}
+	m.lg.Info("took the group's lease over", zap.String("previous_leader", old.Leader), zap.Int64("lease", int64(lr.ID)))
+	m.spawn(func() { m.renew(ka) })
+	if m.cfg.HeartbeatInterval > 0 {
+		m.spawn(m.heartbeats)
+	}
+	if gsp != nil {
+		m.spawn(m.drainGossip)
+		if err := m.joinGossip(ctx); err != nil {
+			m.lg.Warn("gossip join failed; lease expiry remains the failure detector", zap.Error(err))
+		}
+	}
+	return nil
+}

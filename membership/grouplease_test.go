@@ -1,0 +1,128 @@
+package membership_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftcomm/ftcomm/internal/clustertest"
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// joinGroup joins members ids of replica group "g" on the group's shared
+// lease, in order (the first leads).
+func joinGroup(tj *clustertest.Job, ids ...string) []*membership.Member {
+	var ms []*membership.Member
+	for _, id := range ids {
+		ms = append(ms, tj.Join(id, func(c *membership.MemberConfig) {
+			c.Group, c.GroupLease, c.GroupLinkAddr = "g", true, "127.0.0.1:0"
+		}))
+	}
+	return ms
+}
+
+// memberLeases counts the leases bound to the job's member keys.
+func memberLeases(t *testing.T, cli *clientv3.Client, job string) map[int64]int {
+	t.Helper()
+	resp, err := cli.Get(clustertest.Ctx(t, 10*time.Second), membership.Keys{}.Members(job), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int64]int{}
+	for _, kv := range resp.Kvs {
+		out[kv.Lease]++
+	}
+	return out
+}
+
+// A replica group holds one lease whatever its size: its members'
+// registrations are all bound to the lease of the member that leads it.
+func TestGroupLeaseOnePerGroup(t *testing.T) {
+	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	ms := joinGroup(tj, "g.0", "g.1", "g.2", "g.3")
+	clustertest.WaitQuorum(t, ms[0], 0, "g.0", "g.1", "g.2", "g.3")
+	leases := memberLeases(t, tj.Client, tj.Name)
+	if len(leases) != 1 || leases[int64(ms[0].Lease())] != 4 {
+		t.Fatalf("member keys by lease %v, want all 4 on the leader's lease %x", leases, int64(ms[0].Lease()))
+	}
+	for _, m := range ms {
+		if r := m.Record(); !r.SharedLease || m.Lease() != ms[0].Lease() {
+			t.Fatalf("%s: shared %v lease %x, want the group's %x", m.ID(), r.SharedLease, int64(m.Lease()), int64(ms[0].Lease()))
+		}
+	}
+}
+
+// A member of the group that dies is removed by the group's leader (its
+// link ends without a goodbye): one member gone, the others registered
+// as before, on the same lease.
+func TestGroupLeaseMemberDeath(t *testing.T) {
+	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	ms := joinGroup(tj, "g.0", "g.1", "g.2")
+	q := clustertest.WaitQuorum(t, ms[0], 0, "g.0", "g.1", "g.2")
+	lease := ms[0].Lease()
+	killed := time.Now()
+	ms[2].Crash()
+	clustertest.WaitQuorum(t, ms[0], q.Epoch, "g.0", "g.1")
+	t.Logf("FIGURE a group member's death (links closed) → new quorum at the leader: %v", time.Since(killed).Round(time.Millisecond))
+	for _, m := range ms[:2] {
+		if m.Err() != nil || m.Lease() != lease {
+			t.Fatalf("%s: err %v lease %x, want alive on %x", m.ID(), m.Err(), int64(m.Lease()), int64(lease))
+		}
+	}
+}
+
+// When the leader dies, one of the others takes the lease over: the
+// survivors keep their incarnations, move to the new lease, and the
+// coordinator sees one member gone — one new epoch.
+func TestGroupLeaseLeaderDeath(t *testing.T) {
+	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	ms := joinGroup(tj, "g.0", "g.1", "g.2")
+	q := clustertest.WaitQuorum(t, ms[1], 0, "g.0", "g.1", "g.2")
+	old := ms[0].Lease()
+	incs := []int64{ms[1].Incarnation(), ms[2].Incarnation()}
+	killed := time.Now()
+	ms[0].Crash()
+	next := clustertest.WaitQuorum(t, ms[1], q.Epoch, "g.1", "g.2")
+	t.Logf("FIGURE the group leader's death (links closed) → new quorum at a member: %v", time.Since(killed).Round(time.Millisecond))
+	if next.Epoch != q.Epoch+1 {
+		t.Errorf("epoch %d after %d: the leader's death cost more than one epoch", next.Epoch, q.Epoch)
+	}
+	ctx := clustertest.Ctx(t, 20*time.Second)
+	for ctx.Err() == nil {
+		l := memberLeases(t, tj.Client, tj.Name)
+		if len(l) == 1 && l[int64(old)] == 0 && l[int64(ms[1].Lease())] == 2 && ms[1].Lease() == ms[2].Lease() {
+			break
+		}
+		waitChange(ctx, ms[1])
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("member keys by lease %v; g.1 on %x, g.2 on %x", memberLeases(t, tj.Client, tj.Name), int64(ms[1].Lease()), int64(ms[2].Lease()))
+	}
+	for i, m := range ms[1:] {
+		if m.Err() != nil || m.Incarnation() != incs[i] {
+			t.Fatalf("%s: err %v incarnation %d, want alive as %d", m.ID(), m.Err(), m.Incarnation(), incs[i])
+		}
+	}
+	// The new leader keeps the group alive past the old lease's TTL, and a
+	// restarted g.0 joins it.
+	<-time.After(3 * time.Second)
+	r := joinGroup(tj, "g.0")[0]
+	clustertest.WaitQuorum(t, ms[1], next.Epoch, "g.1", "g.2", "g.0")
+	if r.Lease() != ms[1].Lease() || ms[1].Err() != nil || ms[2].Err() != nil {
+		t.Fatalf("restarted g.0 on %x, group on %x; errs %v %v", int64(r.Lease()), int64(ms[1].Lease()), ms[1].Err(), ms[2].Err())
+	}
+}
+
+// waitChange waits a little for a quorum change (or not): the lease moves
+// produce none, so this only paces the polling of etcd.
+func waitChange(ctx context.Context, m *membership.Member) {
+	t := time.NewTimer(50 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-m.Changed():
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
