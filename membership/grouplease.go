@@ -316,12 +316,15 @@ func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration) (b
 
 // reportGroupDeath deletes the registration of a member whose link ended:
 // the group's own failure detection, seen by the coordinator as that
-// member gone.
+// member gone. Fenced on the incarnation the hello named and on the
+// group's lease: a hello naming a member of another group (or a stranger's
+// that knew the lease) can delete no registration but one on this lease.
 func (m *Member) reportGroupDeath(h linkHello) {
 	k := m.keys.Member(m.cfg.Job, h.ID)
 	ctx, cancel := context.WithTimeout(m.life, 5*time.Second)
 	defer cancel()
-	tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", h.Incarnation)).
+	tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", h.Incarnation),
+		clientv3.Compare(clientv3.LeaseValue(k), "=", clientv3.LeaseID(h.Lease))).
 		Then(clientv3.OpDelete(k)).Commit()
 	switch {
 	case err != nil:

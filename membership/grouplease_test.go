@@ -2,6 +2,9 @@ package membership_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -105,9 +108,15 @@ func TestGroupLeaseLeaderDeath(t *testing.T) {
 			t.Fatalf("%s: err %v incarnation %d, want alive as %d", m.ID(), m.Err(), m.Incarnation(), incs[i])
 		}
 	}
-	// The new leader keeps the group alive past the old lease's TTL, and a
-	// restarted g.0 joins it.
-	<-time.After(3 * time.Second)
+	// The new leader keeps the group alive past the old lease's expiry,
+	// and a restarted g.0 joins it.
+	for ctx.Err() == nil {
+		ttl, err := tj.Client.TimeToLive(ctx, old)
+		if err == nil && ttl.TTL == -1 {
+			break
+		}
+		waitChange(ctx, ms[1])
+	}
 	r := joinGroup(tj, "g.0")[0]
 	clustertest.WaitQuorum(t, ms[1], next.Epoch, "g.1", "g.2", "g.0")
 	if r.Lease() != ms[1].Lease() || ms[1].Err() != nil || ms[2].Err() != nil {
@@ -124,5 +133,45 @@ func waitChange(ctx context.Context, m *membership.Member) {
 	case <-m.Changed():
 	case <-t.C:
 	case <-ctx.Done():
+	}
+}
+
+// The leader's link port takes no orders from strangers: a hello that is
+// not JSON, or names the group's lease but a member of another group,
+// closed without a goodbye, removes no registration.
+func TestGroupLeaseLinkStrangers(t *testing.T) {
+	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	ms := joinGroup(tj, "g.0", "g.1")
+	other := tj.Join("h.0", func(c *membership.MemberConfig) { c.Group = "h" })
+	q := clustertest.WaitQuorum(t, ms[0], 0, "g.0", "g.1", "h.0")
+	ctx := clustertest.Ctx(t, 20*time.Second)
+	resp, err := tj.Client.Get(ctx, membership.Keys{}.GroupLease(tj.Name, "g"))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the group's lease record: %v (%d keys)", err, len(resp.Kvs))
+	}
+	var g membership.GroupLease
+	if err := json.Unmarshal(resp.Kvs[0].Value, &g); err != nil {
+		t.Fatal(err)
+	}
+	for _, hello := range []string{
+		"GET / HTTP/1.1\r\n\r\n",
+		fmt.Sprintf(`{"id":"h.0","inc":%d,"lease":"%d"}`+"\n", other.Incarnation(), g.Lease),
+		fmt.Sprintf(`{"id":"nobody","inc":1,"lease":"%d"}`+"\n", g.Lease),
+	} {
+		c, err := net.Dial("tcp", g.Link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write([]byte(hello)); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+	// A real member's departure after the strangers' shows the leader has
+	// handled them: the next quorum must be exactly g.0 and h.0.
+	ms[1].Crash()
+	next := clustertest.WaitQuorum(t, ms[0], q.Epoch, "g.0", "h.0")
+	if next.Epoch != q.Epoch+1 || other.Err() != nil {
+		t.Fatalf("epoch %d after %d, h.0 err %v: a stranger's hello removed a member", next.Epoch, q.Epoch, other.Err())
 	}
 }
