@@ -156,7 +156,9 @@
 // new lease keeping their incarnations. Either way the coordinator sees
 // one member gone. A registration marked SharedLease is removed without
 // revoking its lease. Anyone who can read the job's keys can open a link
-// (the hello carries the lease id, not a secret of its own).
+// (the hello carries the lease id, not a secret of its own), but the
+// leader's delete is fenced on the named incarnation and on the group's
+// lease: a stranger's link can remove no registration outside the group.
 //
 // # Failure detection
 //
