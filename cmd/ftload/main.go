@@ -86,7 +86,7 @@ func main() {
 	flag.DurationVar(&o.steady, "steady", 10*time.Second, "how long to watch the formed jobs with nothing changing")
 	flag.StringVar(&o.death, "death", "report", "how the one member dies: report (a peer revokes the epoch blaming it and its port refuses: ft's path after a SIGKILL), lease (its lease is revoked: what lease expiry does, minus the TTL), none")
 	flag.StringVar(&o.dir, "dir", "", "directory for etcd's data (default: a temporary one, removed)")
-	flag.DurationVar(&o.formWindow, "form-window", -1, "coordinator's QuorumConfig.FormWindow (negative: its default)")
+	flag.DurationVar(&o.formWindow, "form-window", -1, "coordinator's QuorumConfig.FormWindow (0: none, one epoch per joiner as before; negative: its default)")
 	flag.DurationVar(&o.formMaxWait, "form-max-wait", -1, "coordinator's QuorumConfig.FormMaxWait (negative: its default)")
 	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
 	flag.StringVar(&o.name, "name", "", "child: etcd member name")
@@ -672,5 +672,14 @@ func machine() string {
 	return runtime.GOARCH
 }
 
-// setFormWindow sets the coordinator's forming window (batched joins).
-func setFormWindow(q *membership.QuorumConfig, window, maxWait time.Duration) {}
+// setFormWindow sets the coordinator's forming window (batched joins; 0:
+// none).
+func setFormWindow(q *membership.QuorumConfig, window, maxWait time.Duration) {
+	q.FormWindow = window
+	if window == 0 {
+		q.FormWindow = -1
+	}
+	if maxWait > 0 {
+		q.FormMaxWait = maxWait
+	}
+}
