@@ -88,7 +88,9 @@ func TestQuorumViewSize(t *testing.T) {
 func TestQuorumViewSigned(t *testing.T) {
 	pub, key, _ := ed25519.GenerateKey(nil)
 	k := NewQuorumKey(pub)
-	sign := func(msg []byte) *QuorumSignature { return &QuorumSignature{KeyID: k.ID, Ed25519: ed25519.Sign(key, msg)} }
+	sign := func(msg []byte) *QuorumSignature {
+		return &QuorumSignature{KeyID: k.ID, Ed25519: ed25519.Sign(key, msg)}
+	}
 	v := NewQuorumVerifier(k)
 	q := viewQuorum(1, "a", "b")
 	raw, _ := EncodeQuorumView(nil, q, sign)
