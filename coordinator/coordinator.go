@@ -1179,15 +1179,25 @@ func (l *leadership) publish(ctx context.Context, job string, j *jobState, d mem
 		if cur, ok := j.m.Current(); ok {
 			prev = &cur
 		}
-		view, err := membership.EncodeQuorumView(prev, *q, sign)
+		rev := d.Revocation
+		if r, ok := j.m.Revocation(); ok && rev == nil {
+			rev = &r
+		}
+		view, err := membership.EncodeQuorumView(prev, *q, rev, sign)
 		if err != nil {
 			return fmt.Errorf("coordinator: encode quorum view: %w", err)
+		}
+		whole := view
+		if prev != nil {
+			if whole, err = membership.EncodeQuorumView(nil, *q, rev, sign); err != nil {
+				return fmt.Errorf("coordinator: encode quorum view: %w", err)
+			}
 		}
 		j.inflight, j.inflightQ = val, *q
 		// The view after the record: the watch delivers the record's
 		// event first (see applyQuorumEvent).
 		ops = append(ops, clientv3.OpPut(qk, string(val)), clientv3.OpPut(k.QuorumView(job), string(view)),
-			clientv3.OpPut(k.HistoryEntry(job, q.Epoch), string(val)))
+			clientv3.OpPut(k.QuorumViewFull(job), string(whole)), clientv3.OpPut(k.HistoryEntry(job, q.Epoch), string(val)))
 		if lim := uint64(l.c.cfg.HistoryLimit); q.Epoch > lim {
 			ops = append(ops,
 				clientv3.OpDelete(k.HistoryEntry(job, 0), clientv3.WithRange(k.HistoryEntry(job, q.Epoch-lim))),

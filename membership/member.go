@@ -739,7 +739,7 @@ func (m *Member) notifyLocked() {
 func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
 	k := string(kv.Key)
 	switch k {
-	case m.keys.QuorumView(m.cfg.Job):
+	case m.keys.QuorumView(m.cfg.Job), m.keys.QuorumViewFull(m.cfg.Job):
 		h, added, err := decodeView(kv.Value, m.cfg.QuorumVerifier)
 		if err == nil && h.Job != m.cfg.Job {
 			err = fmt.Errorf("%w: the record is of job %q", ErrForgedQuorum, h.Job)
@@ -750,6 +750,11 @@ func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
 		}
 		if m.quorum != nil && h.Epoch <= m.quorum.Epoch {
 			return false, false
+		}
+		if r := h.Revocation; r != nil {
+			if _, ok := m.revocations[r.Epoch]; !ok {
+				m.revocations[r.Epoch] = *r
+			}
 		}
 		q, ok := applyView(h, added, m.quorum)
 		if !ok {
@@ -782,22 +787,34 @@ func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
 	return true, false
 }
 
-// readFull reads the full quorum record, for a view the member could not
-// apply, and takes it in.
-func (m *Member) readFull(ctx context.Context) error {
-	resp, err := m.cli.Get(ctx, m.keys.Quorum(m.cfg.Job))
-	if err != nil {
-		return fmt.Errorf("membership: read quorum of %s: %w", m.cfg.Job, ctxErr(ctx, err))
+// readFull reads the whole list of the quorum (Keys.QuorumViewFull) as of
+// rev (0: the latest), for a view the member could not apply, and takes
+// it in; the full record when that does not reach epoch want (a
+// coordinator that writes no whole list).
+func (m *Member) readFull(ctx context.Context, rev int64, want uint64) error {
+	var opts []clientv3.OpOption
+	if rev > 0 {
+		opts = append(opts, clientv3.WithRev(rev))
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	changed := false
-	for _, kv := range resp.Kvs {
-		c, _ := m.applyLocked(kv)
-		changed = changed || c
-	}
-	if changed {
-		m.notifyLocked()
+	for _, key := range []string{m.keys.QuorumViewFull(m.cfg.Job), m.keys.Quorum(m.cfg.Job)} {
+		resp, err := m.cli.Get(ctx, key, opts...)
+		if err != nil {
+			return fmt.Errorf("membership: read quorum of %s: %w", m.cfg.Job, ctxErr(ctx, err))
+		}
+		m.mu.Lock()
+		changed := false
+		for _, kv := range resp.Kvs {
+			c, _ := m.applyLocked(kv)
+			changed = changed || c
+		}
+		if changed {
+			m.notifyLocked()
+		}
+		done := m.quorum != nil && m.quorum.Epoch >= want
+		m.mu.Unlock()
+		if done {
+			return nil
+		}
 	}
 	return nil
 }
@@ -845,22 +862,11 @@ func (m *Member) loadEpochs(ctx context.Context) (int64, error) {
 	}
 	m.mu.Unlock()
 	if needFull {
-		// The full record of the same revision: view and record are
+		// The whole list of the same revision: views and record are
 		// written together.
-		resp, err := m.cli.Get(ctx, m.keys.Quorum(m.cfg.Job), clientv3.WithRev(rev))
-		if err != nil {
-			return 0, fmt.Errorf("membership: read quorum of %s: %w", m.cfg.Job, ctxErr(ctx, err))
+		if err := m.readFull(ctx, rev, 0); err != nil {
+			return 0, err
 		}
-		m.mu.Lock()
-		changed := false
-		for _, kv := range resp.Kvs {
-			c, _ := m.applyLocked(kv)
-			changed = changed || c
-		}
-		if changed {
-			m.notifyLocked()
-		}
-		m.mu.Unlock()
 	}
 	return rev, nil
 }
@@ -893,7 +899,7 @@ func (m *Member) watchEpochs(rev int64) {
 				break
 			}
 			bo.Reset()
-			if isQuorum {
+			if isQuorum && m.needsCatchUp(wr.Events) {
 				// The two watches are not ordered with each other: read
 				// the revocations a new quorum may have overtaken, so
 				// that Revoked never fires before Revocation has its
@@ -913,7 +919,7 @@ func (m *Member) watchEpochs(rev int64) {
 			}
 			m.mu.Unlock()
 			if needFull {
-				if err := m.readFull(wctx); err != nil && m.life.Err() == nil {
+				if err := m.readFull(wctx, 0, 0); err != nil && m.life.Err() == nil {
 					m.lg.Info("reading the quorum record failed; reading again", zap.Error(err))
 					break
 				}
@@ -935,6 +941,25 @@ func (m *Member) watchEpochs(rev int64) {
 			}
 		}
 	}
+}
+
+// needsCatchUp reports whether a new view may have overtaken a
+// revocation record: not when the member had no quorum (nothing of its
+// to revoke) nor when the view carries the revocation of the epoch it
+// ends. Reading them costs etcd a range request per member per epoch.
+func (m *Member) needsCatchUp(evs []*clientv3.Event) bool {
+	m.mu.Lock()
+	none := m.quorum == nil
+	m.mu.Unlock()
+	if none {
+		return false
+	}
+	for _, ev := range evs {
+		if h, ok := viewHeader(ev.Kv.Value); !ok || h.Revocation == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // catchUpRevocations reads the revocation records of the current epoch

@@ -452,6 +452,15 @@ func (m *Machine) Revoke(now time.Time, r Revocation) {
 	}
 }
 
+// Revocation returns the stored revocation of the current epoch, if one
+// was recorded (Revoke).
+func (m *Machine) Revocation() (Revocation, bool) {
+	if m.revokedBy == nil {
+		return Revocation{}, false
+	}
+	return *m.revokedBy, true
+}
+
 // Member returns the record of member id, if live.
 func (m *Machine) Member(id string) (MemberRecord, bool) {
 	r, ok := m.members[id]

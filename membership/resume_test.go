@@ -112,7 +112,7 @@ func TestMemberWatchResumesAfterCompaction(t *testing.T) {
 		// What a coordinator writes: the record and its view.
 		q := membership.Quorum{Job: "j", Epoch: epoch, Participants: []membership.Participant{{ID: "a", Incarnation: m.Incarnation()}}}
 		v, _ := json.Marshal(q)
-		view, err := membership.EncodeQuorumView(nil, q, nil)
+		view, err := membership.EncodeQuorumView(nil, q, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

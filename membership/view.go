@@ -27,12 +27,15 @@ import (
 // Removed, then the added ones: the quorum rules keep survivors in order
 // and append joiners) or, with From 0, the whole list. The participants
 // are packed (ids and groups front-coded, incarnations as varint deltas),
-// so even the whole list costs a few bytes per participant. Digest (of
-// the resulting list) checks the result, and a signature covers the
-// header, Digest included: a member that cannot apply a view (it does not
-// hold epoch From, or the digest differs) reads the full record instead.
+// so even the whole list costs a few bytes per participant. A signature
+// covers the header, and the header the packed bytes (their digest): a
+// member that cannot apply a view (it does not hold epoch From) reads the
+// whole list instead.
 //
-// Encoding: the header as JSON, a newline, the packed participants.
+// Encoding: the header as JSON, a newline, the packed participants. The
+// coordinator also writes the whole list (Keys.QuorumViewFull), which a
+// member reads when it cannot apply a change (it joined, or missed an
+// epoch): some bytes per participant instead of the full record's ~90.
 
 // quorumView is a view's header.
 type quorumView struct {
@@ -40,8 +43,12 @@ type quorumView struct {
 	Epoch   uint64 `json:"epoch"`
 	From    uint64 `json:"from,omitempty"` // 0: the packed list is every participant
 	N       int    `json:"n"`              // participants
-	Digest  string `json:"digest"`         // viewDigest of the participants
+	Packed  string `json:"packed"`         // packDigest of the packed participants
 	MaxStep int64  `json:"maxStep"`
+	// Revocation is the previous epoch's, when the coordinator knew it: a
+	// member takes it before the quorum, so that Revocation has the record
+	// when Revoked fires.
+	Revocation *Revocation `json:"revocation,omitempty"`
 	// Created, Reason (capped at maxViewReason), Removed, Departed, Base,
 	// Final, Run and PublishedBy are the quorum's.
 	Created     time.Time        `json:"created"`
@@ -62,11 +69,11 @@ const maxViewReason = 256
 const viewSigContext = "ftcomm-quorum-view-v1\n"
 
 // EncodeQuorumView returns the view of q that members watch: a change of
-// prev when q's participants are prev's less some, then others (as the
-// quorum rules make them), else the whole list. sign, when not nil, signs
-// the header's canonical bytes (coordinator.QuorumSigner.Sign).
-func EncodeQuorumView(prev *Quorum, q Quorum, sign func(msg []byte) *QuorumSignature) ([]byte, error) {
-	v := quorumView{Job: q.Job, Epoch: q.Epoch, N: len(q.Participants), Digest: viewDigest(q.Participants), MaxStep: q.MaxStep,
+// prev (nil: the whole list), with rev, the revocation of prev's epoch
+// when known (nil: none). sign, when not nil, signs the header's
+// canonical bytes (coordinator.QuorumSigner.Sign).
+func EncodeQuorumView(prev *Quorum, q Quorum, rev *Revocation, sign func(msg []byte) *QuorumSignature) ([]byte, error) {
+	v := quorumView{Job: q.Job, Epoch: q.Epoch, N: len(q.Participants), MaxStep: q.MaxStep, Revocation: rev,
 		Created: q.Created, Reason: q.Reason, Departed: q.Departed, Base: q.Base, Final: q.Final, Run: q.Run, PublishedBy: q.PublishedBy}
 	if len(v.Reason) > maxViewReason {
 		v.Reason = v.Reason[:maxViewReason-3] + "..."
@@ -79,6 +86,8 @@ func EncodeQuorumView(prev *Quorum, q Quorum, sign func(msg []byte) *QuorumSigna
 	if v.From == 0 {
 		v.Removed = q.Removed
 	}
+	packed := packParticipants(added)
+	v.Packed = packDigest(packed)
 	head, err := json.Marshal(v)
 	if err != nil {
 		return nil, err
@@ -93,7 +102,7 @@ func EncodeQuorumView(prev *Quorum, q Quorum, sign func(msg []byte) *QuorumSigna
 			return nil, err
 		}
 	}
-	return append(append(head, '\n'), packParticipants(added)...), nil
+	return append(append(head, '\n'), packed...), nil
 }
 
 // changeOf expresses next as prev less removed, then tail: the survivors
@@ -111,20 +120,13 @@ func changeOf(prev, next []Participant) (removed []string, tail []Participant) {
 	return removed, next[j:]
 }
 
-// viewDigest is the first 16 bytes of the SHA-256 of the participants'
-// ids, incarnations and groups in rank order, hex.
-func viewDigest(ps []Participant) string {
-	h := sha256.New()
-	var b [8]byte
-	for _, p := range ps {
-		h.Write([]byte(p.ID))
-		binary.LittleEndian.PutUint64(b[:], uint64(p.Incarnation))
-		h.Write([]byte{0})
-		h.Write(b[:])
-		h.Write([]byte(p.Group))
-		h.Write([]byte{0})
-	}
-	return hex.EncodeToString(h.Sum(nil)[:16])
+// packDigest is the first 16 bytes of the SHA-256 of a view's packed
+// participants, hex: the signed header binds them through it. The list a
+// change yields is right when the list it changes was (the member's
+// previous view, or the full record), and the count checks it again.
+func packDigest(packed []byte) string {
+	sum := sha256.Sum256(packed)
+	return hex.EncodeToString(sum[:16])
 }
 
 // packParticipants front-codes ids and groups (the length shared with
@@ -211,14 +213,23 @@ func decodeView(raw []byte, v *QuorumVerifier) (quorumView, []Participant, error
 	if err := json.Unmarshal(raw[:i], &h); err != nil {
 		return h, nil, fmt.Errorf("%w: %v", errBadView, err)
 	}
+	if packDigest(raw[i+1:]) != h.Packed {
+		return h, nil, fmt.Errorf("%w: the participants do not match the header", errBadView)
+	}
 	added, err := unpackParticipants(raw[i+1:], h.N)
 	return h, added, err
 }
 
+// viewHeader decodes a view's header alone (unverified).
+func viewHeader(raw []byte) (quorumView, bool) {
+	var h quorumView
+	i := bytes.IndexByte(raw, '\n')
+	return h, i > 0 && json.Unmarshal(raw[:i], &h) == nil
+}
+
 // applyView returns the quorum a view describes, given the member's
 // current one (nil: none); ok false when the view is a change of an epoch
-// the member does not hold, or the result is not what the view's digest
-// says.
+// the member does not hold, or the result has not the view's count.
 func applyView(h quorumView, added []Participant, cur *Quorum) (Quorum, bool) {
 	var ps []Participant
 	var addedIDs []string
@@ -243,7 +254,7 @@ func applyView(h quorumView, added []Participant, cur *Quorum) (Quorum, bool) {
 	default:
 		return Quorum{}, false
 	}
-	if len(ps) != h.N || viewDigest(ps) != h.Digest {
+	if len(ps) != h.N {
 		return Quorum{}, false
 	}
 	return Quorum{Job: h.Job, Epoch: h.Epoch, Participants: ps, MaxStep: h.MaxStep, Created: h.Created, Reason: h.Reason,

@@ -33,7 +33,7 @@ func decodeApply(t *testing.T, raw []byte, v *QuorumVerifier, cur *Quorum) (Quor
 // the full record).
 func TestQuorumViewRoundTrip(t *testing.T) {
 	q1 := viewQuorum(1, "a", "b", "c", "d")
-	raw, err := EncodeQuorumView(nil, q1, nil)
+	raw, err := EncodeQuorumView(nil, q1, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +46,7 @@ func TestQuorumViewRoundTrip(t *testing.T) {
 	q2.Participants[0], q2.Participants[1] = q1.Participants[0], q1.Participants[3]
 	q2.Participants[2].Incarnation = 999
 	q2.Removed, q2.Departed = []string{"b", "c"}, []string{"b"}
-	raw, err = EncodeQuorumView(&q1, q2, nil)
+	raw, err = EncodeQuorumView(&q1, q2, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,9 +59,9 @@ func TestQuorumViewRoundTrip(t *testing.T) {
 		t.Fatal("a change applied without the epoch it changes")
 	}
 	wrong := compact(q1)
-	wrong.Participants[0].Incarnation++
+	wrong.Epoch = 7
 	if _, ok := decodeApply(t, raw, nil, &wrong); ok {
-		t.Fatal("a change applied to a list other than the one it changes")
+		t.Fatal("a change applied to an epoch other than the one it changes")
 	}
 }
 
@@ -73,10 +73,10 @@ func TestQuorumViewSize(t *testing.T) {
 		ids = append(ids, fmt.Sprintf("m%06d", i))
 	}
 	q := viewQuorum(1, ids...)
-	full, _ := EncodeQuorumView(nil, q, nil)
+	full, _ := EncodeQuorumView(nil, q, nil, nil)
 	q2 := q
 	q2.Epoch, q2.Participants = 2, q.Participants[1:]
-	change, _ := EncodeQuorumView(&q, q2, nil)
+	change, _ := EncodeQuorumView(&q, q2, nil, nil)
 	t.Logf("10,000 participants: the whole list %d bytes (%.1f per participant), a death %d bytes", len(full), float64(len(full))/1e4, len(change))
 	if len(full) > 10*10000 || len(change) > 512 {
 		t.Fatalf("views of %d and %d bytes", len(full), len(change))
@@ -93,11 +93,11 @@ func TestQuorumViewSigned(t *testing.T) {
 	}
 	v := NewQuorumVerifier(k)
 	q := viewQuorum(1, "a", "b")
-	raw, _ := EncodeQuorumView(nil, q, sign)
+	raw, _ := EncodeQuorumView(nil, q, nil, sign)
 	if _, ok := decodeApply(t, raw, v, nil); !ok {
 		t.Fatal("signed view not applied")
 	}
-	unsigned, _ := EncodeQuorumView(nil, q, nil)
+	unsigned, _ := EncodeQuorumView(nil, q, nil, nil)
 	if _, _, err := decodeView(unsigned, v); !errors.Is(err, ErrForgedQuorum) {
 		t.Fatalf("unsigned view: %v", err)
 	}
@@ -108,10 +108,8 @@ func TestQuorumViewSigned(t *testing.T) {
 	}
 	tampered := append([]byte{}, raw...)
 	tampered[len(tampered)-2] ^= 1 // in the packed list
-	if h, added, err := decodeView(tampered, v); err == nil {
-		if _, ok := applyView(h, added, nil); ok {
-			t.Fatal("an altered list was applied")
-		}
+	if _, _, err := decodeView(tampered, v); !errors.Is(err, errBadView) {
+		t.Fatalf("altered list: %v", err)
 	}
 }
 

@@ -32,6 +32,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,6 +66,7 @@ type options struct {
 	dir                      string
 	formWindow, formMaxWait  time.Duration
 	timeout                  time.Duration
+	profile                  string
 
 	// children
 	name, clientAddr, peerAddr, initialCluster, dataDir, endpoints string
@@ -89,6 +91,7 @@ func main() {
 	flag.DurationVar(&o.formWindow, "form-window", -1, "coordinator's QuorumConfig.FormWindow (0: none, one epoch per joiner as before; negative: its default)")
 	flag.DurationVar(&o.formMaxWait, "form-max-wait", -1, "coordinator's QuorumConfig.FormMaxWait (negative: its default)")
 	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
+	flag.StringVar(&o.profile, "profile", "", "write CPU profiles of this process and the coordinator to this directory (load.pprof, coordinator.pprof)")
 	flag.StringVar(&o.name, "name", "", "child: etcd member name")
 	flag.StringVar(&o.clientAddr, "client-addr", "", "child: etcd client address")
 	flag.StringVar(&o.peerAddr, "peer-addr", "", "child: etcd peer address")
@@ -96,6 +99,13 @@ func main() {
 	flag.StringVar(&o.dataDir, "data-dir", "", "child: etcd data directory")
 	flag.StringVar(&o.endpoints, "endpoints", "", "child: etcd endpoints of the coordinator")
 	flag.Parse()
+	if o.profile != "" {
+		f, err := os.Create(filepath.Join(o.profile, o.role+".pprof"))
+		if err == nil {
+			pprof.StartCPUProfile(f)
+			defer pprof.StopCPUProfile()
+		}
+	}
 	var err error
 	switch o.role {
 	case "etcd":
@@ -108,6 +118,7 @@ func main() {
 		err = fmt.Errorf("unknown -role %q", o.role)
 	}
 	if err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "ftload:", err)
 		os.Exit(1)
 	}
@@ -317,7 +328,7 @@ func runLoad(o options) error {
 		}
 	}
 	args := []string{"-role", "coordinator", "-endpoints", strings.Join(clientAddrs, ","),
-		"-form-window", o.formWindow.String(), "-form-max-wait", o.formMaxWait.String()}
+		"-form-window", o.formWindow.String(), "-form-max-wait", o.formMaxWait.String(), "-profile", o.profile}
 	coord, err := startChild("coordinator", args...)
 	if err != nil {
 		return err
