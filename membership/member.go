@@ -789,9 +789,9 @@ func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
 
 // readFull reads the whole list of the quorum (Keys.QuorumViewFull) as of
 // rev (0: the latest), for a view the member could not apply, and takes
-// it in; the full record when that does not reach epoch want (a
-// coordinator that writes no whole list).
-func (m *Member) readFull(ctx context.Context, rev int64, want uint64) error {
+// it in; the full record when that brings nothing new (a coordinator that
+// writes no whole list).
+func (m *Member) readFull(ctx context.Context, rev int64) error {
 	var opts []clientv3.OpOption
 	if rev > 0 {
 		opts = append(opts, clientv3.WithRev(rev))
@@ -810,9 +810,8 @@ func (m *Member) readFull(ctx context.Context, rev int64, want uint64) error {
 		if changed {
 			m.notifyLocked()
 		}
-		done := m.quorum != nil && m.quorum.Epoch >= want
 		m.mu.Unlock()
-		if done {
+		if changed {
 			return nil
 		}
 	}
@@ -864,7 +863,7 @@ func (m *Member) loadEpochs(ctx context.Context) (int64, error) {
 	if needFull {
 		// The whole list of the same revision: views and record are
 		// written together.
-		if err := m.readFull(ctx, rev, 0); err != nil {
+		if err := m.readFull(ctx, rev); err != nil {
 			return 0, err
 		}
 	}
@@ -919,7 +918,7 @@ func (m *Member) watchEpochs(rev int64) {
 			}
 			m.mu.Unlock()
 			if needFull {
-				if err := m.readFull(wctx, 0, 0); err != nil && m.life.Err() == nil {
+				if err := m.readFull(wctx, 0); err != nil && m.life.Err() == nil {
 					m.lg.Info("reading the quorum record failed; reading again", zap.Error(err))
 					break
 				}
