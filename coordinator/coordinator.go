@@ -520,9 +520,10 @@ type jobState struct {
 
 // foreignWrite is a write of a job's quorum key that no leader made.
 type foreignWrite struct {
-	rev     int64  // its mod revision (0: the key was deleted)
+	rev     int64  // its mod revision (0: the key was deleted); of the record when view
 	epoch   uint64 // the epoch it claims, if readable
 	deleted bool
+	view    bool // a write of the view, not the record
 }
 
 func (l *leadership) job(name string) *jobState {
@@ -978,6 +979,8 @@ func (l *leadership) apply(now time.Time, ev *clientv3.Event) {
 		}
 	case kind == "_quorum":
 		l.applyQuorumEvent(job, ev)
+	case kind == "_view":
+		l.applyViewEvent(job, ev)
 	}
 }
 
@@ -1011,6 +1014,29 @@ func (l *leadership) applyQuorumEvent(job string, ev *clientv3.Event) {
 	l.c.metrics.foreign.WithLabelValues(job).Inc()
 }
 
+// applyViewEvent tells a foreign write of a job's quorum view (what
+// members act on) from the leader's own, which it writes in the same
+// transaction as the record and so with the record's revision.
+func (l *leadership) applyViewEvent(job string, ev *clientv3.Event) {
+	j := l.job(job)
+	if ev.Kv.ModRevision <= max(j.quorumRev, j.ownRev) {
+		return
+	}
+	f := &foreignWrite{rev: j.quorumRev, view: true, deleted: ev.Type == mvccpb.DELETE}
+	if !f.deleted {
+		var h struct {
+			Epoch uint64 `json:"epoch"`
+		}
+		if i := bytes.IndexByte(ev.Kv.Value, '\n'); i > 0 && json.Unmarshal(ev.Kv.Value[:i], &h) == nil {
+			f.epoch = h.Epoch
+		}
+	}
+	l.c.lg.Warn("quorum view written by someone else; republishing the leader's", zap.String("job", job),
+		zap.Int64("revision", ev.Kv.ModRevision), zap.Bool("deleted", f.deleted), zap.Uint64("claimed epoch", f.epoch))
+	j.foreign, j.dirty = f, true
+	l.c.metrics.foreign.WithLabelValues(job).Inc()
+}
+
 // repair undoes a foreign write of a job's quorum key: it restores the
 // leader's record; without one, it deletes the foreign record. Without a
 // signer, members cannot tell a foreign record from the leader's and may
@@ -1021,6 +1047,26 @@ func (l *leadership) repair(ctx context.Context, job string, j *jobState) error 
 	j.foreign = nil
 	qk := l.c.keys.Quorum(job)
 	cur, have := j.m.Current()
+	if f.view {
+		// Members may have taken it (unsigned) or ignored it (signed): a
+		// new epoch above it, with the leader's participants, is right
+		// either way.
+		if !have {
+			_, err := l.c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(l.fenceKey), "=", l.fenceRev)).
+				Then(clientv3.OpDelete(l.c.keys.QuorumView(job))).Commit()
+			if err != nil {
+				j.foreign, j.dirty = f, true
+			}
+			return ctx.Err()
+		}
+		q := cur
+		q.Epoch, q.Created, q.Base, q.Removed, q.Added = cur.Epoch+1, time.Now(), 0, nil, nil
+		if f.epoch >= cur.Epoch && f.epoch < math.MaxUint64-1 {
+			q.Epoch = f.epoch + 1
+		}
+		q.Reason = "the quorum view was overwritten by someone else; republished"
+		return l.publish(ctx, job, j, membership.Decision{Quorum: &q})
+	}
 	if l.c.cfg.QuorumSigner == nil && have && !f.deleted && f.epoch >= cur.Epoch && f.epoch < math.MaxUint64-1 {
 		q := cur
 		q.Epoch, q.Created, q.Base, q.Removed, q.Added = f.epoch+1, time.Now(), 0, nil, nil
@@ -1124,8 +1170,35 @@ func (l *leadership) publish(ctx context.Context, job string, j *jobState, d mem
 		if err != nil {
 			return fmt.Errorf("coordinator: encode quorum: %w", err)
 		}
+		// Members watch the view, not the record: a change of the
+		// previous epoch, a few bytes per participant that changed.
+		var sign func([]byte) *membership.QuorumSignature
+		if s := l.c.cfg.QuorumSigner; s != nil {
+			sign = s.Sign
+		}
+		var prev *membership.Quorum
+		if cur, ok := j.m.Current(); ok {
+			prev = &cur
+		}
+		rev := d.Revocation
+		if r, ok := j.m.Revocation(); ok && rev == nil {
+			rev = &r
+		}
+		view, err := membership.EncodeQuorumView(prev, *q, rev, sign)
+		if err != nil {
+			return fmt.Errorf("coordinator: encode quorum view: %w", err)
+		}
+		whole := view
+		if prev != nil {
+			if whole, err = membership.EncodeQuorumView(nil, *q, rev, sign); err != nil {
+				return fmt.Errorf("coordinator: encode quorum view: %w", err)
+			}
+		}
 		j.inflight, j.inflightQ = val, *q
-		ops = append(ops, clientv3.OpPut(qk, string(val)), clientv3.OpPut(k.HistoryEntry(job, q.Epoch), string(val)))
+		// The view after the record: the watch delivers the record's
+		// event first (see applyQuorumEvent).
+		ops = append(ops, clientv3.OpPut(qk, string(val)), clientv3.OpPut(k.QuorumView(job), string(view)),
+			clientv3.OpPut(k.QuorumViewFull(job), string(whole)), clientv3.OpPut(k.HistoryEntry(job, q.Epoch), string(val)))
 		if lim := uint64(l.c.cfg.HistoryLimit); q.Epoch > lim {
 			ops = append(ops,
 				clientv3.OpDelete(k.HistoryEntry(job, 0), clientv3.WithRange(k.HistoryEntry(job, q.Epoch-lim))),

@@ -29,7 +29,9 @@
 // member's lease), epoch/revoked/<epoch>, rdzv/<epoch>/…, commits/<step>,
 // run.
 // What only coordinators write is under <root>/_coordinator/:
-// jobs/<job>/quorum, jobs/<job>/history/<epoch>, jobs/<job>/evicted/<id>,
+// jobs/<job>/quorum (the full record), jobs/<job>/view and viewfull (the
+// compact form members read: see Member.Quorum), jobs/<job>/history/<epoch>,
+// jobs/<job>/evicted/<id>,
 // the election, and the coordinators' gossip addresses and key ids.
 //
 // # Security
@@ -71,7 +73,10 @@
 //	m.Leave(ctx)                               // or Close
 //
 // Steady state costs the coordinator nothing: a member learns a new epoch
-// from its watch on <root>/<job>/epoch/ (pushed by etcd), not by asking. What
+// from its watches (pushed by etcd), not by asking: the quorum's view — a
+// change of the previous epoch, a few bytes per participant that changed,
+// not the full record — and the job's revocations; of the member records,
+// only its own. What
 // reaches the coordinator is what changes a decision: joins
 // (RequestQuorum), deaths (gossip, lease expiry), leaves, evictions, health
 // changes (SetHealth) and commit failures (ReportCommitFailure). The
@@ -125,7 +130,8 @@
 // candidates and a strict majority of live members taking part (no split
 // brain), waiting up to JoinTimeout for stragglers (live members that
 // have not asked); ShrinkOnly keeps joiners out while a participant holds
-// it; the epoch grows by one at every quorum, which is published only when
+// it; joins are batched (FormWindow of quiet, at most FormMaxWait), so a
+// job whose members start together forms in one epoch; the epoch grows by one at every quorum, which is published only when
 // the participants change or the epoch failed.
 //
 // Beyond the lighthouse (QuorumConfig; the Machine's documentation has

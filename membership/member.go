@@ -694,7 +694,10 @@ func (m *Member) Revoke(ctx context.Context, epoch uint64, reason string, failed
 	return nil
 }
 
-// Quorum returns the latest published quorum of the job (no I/O).
+// Quorum returns the latest published quorum of the job (no I/O), as a
+// member sees it: its participants carry their ID, Group and Incarnation
+// (not Addr or Step, which the full record holds: coordinator.Admin's
+// Quorum reads it), and its Reason may be shortened.
 func (m *Member) Quorum() (Quorum, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -800,32 +803,90 @@ func (m *Member) notifyLocked() {
 	}
 }
 
-// applyLocked takes the quorum record or a revocation record. Called
-// with mu held.
-func (m *Member) applyLocked(kv *mvccpb.KeyValue) bool {
+// applyLocked takes a quorum view, the full quorum record or a revocation
+// record. needFull: a view the member could not apply (a change of an
+// epoch it does not hold); read the full record (readFull). Called with
+// mu held.
+func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
 	k := string(kv.Key)
-	if k == m.keys.Quorum(m.cfg.Job) {
+	switch k {
+	case m.keys.QuorumView(m.cfg.Job), m.keys.QuorumViewFull(m.cfg.Job):
+		h, added, err := decodeView(kv.Value, m.cfg.QuorumVerifier)
+		if err == nil && h.Job != m.cfg.Job {
+			err = fmt.Errorf("%w: the record is of job %q", ErrForgedQuorum, h.Job)
+		}
+		if err != nil {
+			m.lg.Warn("ignored a quorum record", zap.Int64("revision", kv.ModRevision), zap.Error(err))
+			return false, false
+		}
+		if m.quorum != nil && h.Epoch <= m.quorum.Epoch {
+			return false, false
+		}
+		if r := h.Revocation; r != nil {
+			if _, ok := m.revocations[r.Epoch]; !ok {
+				m.revocations[r.Epoch] = *r
+			}
+		}
+		q, ok := applyView(h, added, m.quorum)
+		if !ok {
+			return false, true
+		}
+		m.quorum = &q
+		return true, false
+	case m.keys.Quorum(m.cfg.Job):
 		q, err := m.readQuorum(kv.Value)
 		if err != nil {
 			m.lg.Warn("ignored a quorum record", zap.Int64("revision", kv.ModRevision), zap.Error(err))
-			return false
+			return false, false
 		}
 		if m.quorum == nil || q.Epoch > m.quorum.Epoch {
+			q = compact(q)
 			m.quorum = &q
-			return true
+			return true, false
 		}
-		return false
+		return false, false
 	}
 	var r Revocation
 	if err := json.Unmarshal(kv.Value, &r); err != nil {
 		m.lg.Warn("unreadable revocation record", zap.String("key", k), zap.Error(err))
-		return false
+		return false, false
 	}
 	if _, ok := m.revocations[r.Epoch]; ok {
-		return false
+		return false, false
 	}
 	m.revocations[r.Epoch] = r
-	return true
+	return true, false
+}
+
+// readFull reads the whole list of the quorum (Keys.QuorumViewFull) as of
+// rev (0: the latest), for a view the member could not apply, and takes
+// it in; the full record when that brings nothing new (a coordinator that
+// writes no whole list).
+func (m *Member) readFull(ctx context.Context, rev int64) error {
+	var opts []clientv3.OpOption
+	if rev > 0 {
+		opts = append(opts, clientv3.WithRev(rev))
+	}
+	for _, key := range []string{m.keys.QuorumViewFull(m.cfg.Job), m.keys.Quorum(m.cfg.Job)} {
+		resp, err := m.cli.Get(ctx, key, opts...)
+		if err != nil {
+			return fmt.Errorf("membership: read quorum of %s: %w", m.cfg.Job, ctxErr(ctx, err))
+		}
+		m.mu.Lock()
+		changed := false
+		for _, kv := range resp.Kvs {
+			c, _ := m.applyLocked(kv)
+			changed = changed || c
+		}
+		if changed {
+			m.notifyLocked()
+		}
+		m.mu.Unlock()
+		if changed {
+			return nil
+		}
+	}
+	return nil
 }
 
 // readQuorum decodes a quorum record of the member's job, verifying its
@@ -846,40 +907,52 @@ func (m *Member) readQuorum(raw []byte) (Quorum, error) {
 	return q, nil
 }
 
-// loadEpochs reads the quorum and revocations and returns the revision
-// read at.
+// loadEpochs reads the quorum (its view; the full record when the view is
+// a change of an epoch the member does not hold) and revocations and
+// returns the revision read at.
 func (m *Member) loadEpochs(ctx context.Context) (int64, error) {
 	resp, err := m.cli.Txn(ctx).Then(
-		clientv3.OpGet(m.keys.Quorum(m.cfg.Job)),
+		clientv3.OpGet(m.keys.QuorumView(m.cfg.Job)),
 		clientv3.OpGet(m.keys.Revocations(m.cfg.Job), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return 0, fmt.Errorf("membership: read quorum of %s: %w", m.cfg.Job, ctxErr(ctx, err))
 	}
+	rev := resp.Header.Revision
 	m.mu.Lock()
-	changed := false
+	changed, needFull := false, false
 	for _, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
-			changed = m.applyLocked(kv) || changed
+			c, f := m.applyLocked(kv)
+			changed, needFull = changed || c, needFull || f
 		}
 	}
 	if changed {
 		m.notifyLocked()
 	}
 	m.mu.Unlock()
-	return resp.Header.Revision, nil
+	if needFull {
+		// The whole list of the same revision: views and record are
+		// written together.
+		if err := m.readFull(ctx, rev); err != nil {
+			return 0, err
+		}
+	}
+	return rev, nil
 }
 
-// watchEpochs follows the quorum record and the revocations (two watches:
+// watchEpochs follows the quorum view and the revocations (two watches:
 // only coordinators write the one, members the others) from rev+1 until
 // the membership ends, re-reading both after a compaction or a broken
-// watch.
+// watch. It does not watch the full quorum record, nor any member's
+// record: per epoch a member receives the view, a few bytes per
+// participant that changed.
 func (m *Member) watchEpochs(rev int64) {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
 	for m.life.Err() == nil {
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(m.life))
-		quorum := m.cli.Watch(wctx, m.keys.Quorum(m.cfg.Job), clientv3.WithRev(rev+1))
+		quorum := m.cli.Watch(wctx, m.keys.QuorumView(m.cfg.Job), clientv3.WithRev(rev+1))
 		revoked := m.cli.Watch(wctx, m.keys.Revocations(m.cfg.Job), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 		for {
 			var wr clientv3.WatchResponse
@@ -896,7 +969,7 @@ func (m *Member) watchEpochs(rev int64) {
 				break
 			}
 			bo.Reset()
-			if isQuorum {
+			if isQuorum && m.needsCatchUp(wr.Events) {
 				// The two watches are not ordered with each other: read
 				// the revocations a new quorum may have overtaken, so
 				// that Revoked never fires before Revocation has its
@@ -904,16 +977,23 @@ func (m *Member) watchEpochs(rev int64) {
 				m.catchUpRevocations(wctx, wr.Header.Revision)
 			}
 			m.mu.Lock()
-			changed := false
+			changed, needFull := false, false
 			for _, ev := range wr.Events {
 				if ev.Type == mvccpb.PUT {
-					changed = m.applyLocked(ev.Kv) || changed
+					c, f := m.applyLocked(ev.Kv)
+					changed, needFull = changed || c, needFull || f
 				}
 			}
 			if changed {
 				m.notifyLocked()
 			}
 			m.mu.Unlock()
+			if needFull {
+				if err := m.readFull(wctx, 0); err != nil && m.life.Err() == nil {
+					m.lg.Info("reading the quorum record failed; reading again", zap.Error(err))
+					break
+				}
+			}
 		}
 		cancel()
 		if m.life.Err() != nil {
@@ -931,6 +1011,25 @@ func (m *Member) watchEpochs(rev int64) {
 			}
 		}
 	}
+}
+
+// needsCatchUp reports whether a new view may have overtaken a
+// revocation record: not when the member had no quorum (nothing of its
+// to revoke) nor when the view carries the revocation of the epoch it
+// ends. Reading them costs etcd a range request per member per epoch.
+func (m *Member) needsCatchUp(evs []*clientv3.Event) bool {
+	m.mu.Lock()
+	none := m.quorum == nil
+	m.mu.Unlock()
+	if none {
+		return false
+	}
+	for _, ev := range evs {
+		if h, ok := viewHeader(ev.Kv.Value); !ok || h.Revocation == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // catchUpRevocations reads the revocation records of the current epoch
@@ -952,7 +1051,8 @@ func (m *Member) catchUpRevocations(ctx context.Context, rev int64) {
 	m.mu.Lock()
 	changed := false
 	for _, kv := range resp.Kvs {
-		changed = m.applyLocked(kv) || changed
+		c, _ := m.applyLocked(kv)
+		changed = changed || c
 	}
 	if changed {
 		m.notifyLocked()

@@ -194,6 +194,7 @@ func TestProcessDeathDetection(t *testing.T) {
 	tj := clustertest.StartJob(t, membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, true)
 	long := func(c *membership.MemberConfig) { c.LeaseTTL = 30 * time.Second } // gossip, not the lease, must find them
 	obs := tj.Join("observer", long)
+	clustertest.WaitQuorum(t, obs, 0, "observer") // before b and c: rank 0
 	var kills, stops []time.Duration
 	for round := 0; round < *detectRounds; round++ {
 		cur, _ := obs.Quorum()

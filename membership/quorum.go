@@ -53,6 +53,17 @@ type QuorumConfig struct {
 	// Stragglers is the straggler policy of the jobs whose members ask
 	// for none (MemberConfig.Stragglers); the zero value is off.
 	Stragglers StragglerPolicy
+	// FormWindow batches joins: a quorum whose only change would be to
+	// admit joiners (a job forming or growing) waits until no member has
+	// registered or asked to take part for this long, so that members
+	// that start together form one epoch, not one per joiner (every epoch
+	// goes to every member, and each costs the participants a
+	// reconfiguration). 0: DefaultFormWindow; negative: none.
+	FormWindow time.Duration
+	// FormMaxWait bounds that wait: such a quorum forms at the latest this
+	// long after it was first needed, however joins keep coming. 0:
+	// DefaultFormMaxWait.
+	FormMaxWait time.Duration
 }
 
 // blamedReportWait is how many FailureSettles a failed epoch waits for a
@@ -65,14 +76,17 @@ const (
 	DefaultHolderGrace  = 15 * time.Second
 	DefaultBlameHold    = 30 * time.Second
 	DefaultSilentEpochs = 2
+	DefaultFormWindow   = 200 * time.Millisecond
+	DefaultFormMaxWait  = 2 * time.Second
 )
 
 // DefaultQuorumConfig returns MinReplicas 1, JoinTimeout 10 s,
-// FailureSettle 100 ms, HolderGrace 15 s, BlameHold 30 s, SilentEpochs 2
-// and no straggler policy.
+// FailureSettle 100 ms, HolderGrace 15 s, BlameHold 30 s, SilentEpochs 2,
+// FormWindow 200 ms, FormMaxWait 2 s and no straggler policy.
 func DefaultQuorumConfig() QuorumConfig {
 	return QuorumConfig{MinReplicas: 1, JoinTimeout: 10 * time.Second, FailureSettle: 100 * time.Millisecond,
-		HolderGrace: DefaultHolderGrace, BlameHold: DefaultBlameHold, SilentEpochs: DefaultSilentEpochs}
+		HolderGrace: DefaultHolderGrace, BlameHold: DefaultBlameHold, SilentEpochs: DefaultSilentEpochs,
+		FormWindow: DefaultFormWindow, FormMaxWait: DefaultFormMaxWait}
 }
 
 // Validate says what is wrong with the configuration, if anything.
@@ -85,6 +99,9 @@ func (c QuorumConfig) Validate() error {
 	}
 	if c.JoinTimeout < 0 {
 		return fmt.Errorf("%w: membership: JoinTimeout %v is negative", comm.ErrInvalidArgument, c.JoinTimeout)
+	}
+	if c.FormMaxWait < 0 {
+		return fmt.Errorf("%w: membership: FormMaxWait %v is negative", comm.ErrInvalidArgument, c.FormMaxWait)
 	}
 	return c.Stragglers.Validate()
 }
@@ -101,6 +118,20 @@ func (c QuorumConfig) blameHold() time.Duration {
 		return DefaultBlameHold
 	}
 	return max(c.BlameHold, 0)
+}
+
+func (c QuorumConfig) formWindow() time.Duration {
+	if c.FormWindow == 0 {
+		return DefaultFormWindow
+	}
+	return max(c.FormWindow, 0)
+}
+
+func (c QuorumConfig) formMaxWait() time.Duration {
+	if c.FormMaxWait == 0 {
+		return DefaultFormMaxWait
+	}
+	return c.FormMaxWait
 }
 
 func (c QuorumConfig) silentEpochs() int {
@@ -131,6 +162,10 @@ func (c QuorumConfig) silentEpochs() int {
 //     brain), and waits up to JoinTimeout for live members that have not
 //     asked yet.
 //   - While a participant holds ShrinkOnly, joiners are not admitted.
+//   - Joins are batched: a quorum that would only admit joiners (no
+//     participant lost, no failure) waits until no member registered or
+//     asked for FormWindow, and at most FormMaxWait from when it was
+//     first needed.
 //   - Ranks: survivors keep their relative order, joiners follow sorted by
 //     id. The epoch grows by one at every published quorum.
 //   - Base: the previous epoch when every survivor reported holding its
@@ -186,6 +221,7 @@ type Machine struct {
 	suspects     map[string]suspicion // reported dead by a peer, being verified
 	revokedBy    *Revocation          // a revocation of the current epoch
 	waited       bool                 // the last Advance decided to wait
+	lastArrival  time.Time            // when a member last registered or asked to take part
 
 	final    int64            // the highest step a member finished the run at
 	finalRun string           // the run final belongs to
@@ -274,7 +310,11 @@ func (m *Machine) Upsert(now time.Time, rec MemberRecord) bool {
 	if !had || old.Incarnation != r.Incarnation {
 		m.forget(r.ID) // a new incarnation starts afresh
 		m.observe(now, nil, &r)
+		m.lastArrival = now
 		return true
+	}
+	if r.WantQuorum && !old.WantQuorum {
+		m.lastArrival = now
 	}
 	wasSilent := m.silent[r.ID] > 0
 	m.observe(now, old, &r)
@@ -410,6 +450,15 @@ func (m *Machine) Revoke(now time.Time, r Revocation) {
 		delete(m.silent, r.By)
 		m.addBlame(now, r.Epoch, r.By, r.Failed)
 	}
+}
+
+// Revocation returns the stored revocation of the current epoch, if one
+// was recorded (Revoke).
+func (m *Machine) Revocation() (Revocation, bool) {
+	if m.revokedBy == nil {
+		return Revocation{}, false
+	}
+	return *m.revokedBy, true
 }
 
 // Member returns the record of member id, if live.
@@ -742,6 +791,11 @@ func (m *Machine) advance(now time.Time) Decision {
 				}
 			}
 		}
+		if len(admitted) > 0 && len(gone) == 0 && !epochFailed {
+			if w, at := m.formWait(now); w != "" {
+				return wait(w, at)
+			}
+		}
 	}
 
 	q := &Quorum{Job: m.job, Epoch: 1, Participants: candidates, Created: now, Removed: gone, Departed: departed, Final: final, Run: run}
@@ -767,6 +821,25 @@ func (m *Machine) advance(now time.Time) Decision {
 		rev.Reason = q.Reason
 	}
 	return Decision{Quorum: q, Revocation: rev, WakeAt: wakeAt}
+}
+
+// formWait applies the batching of joins: it says what a quorum that
+// only admits joiners waits for, and until when ("" when it need not).
+func (m *Machine) formWait(now time.Time) (string, time.Time) {
+	window := m.cfg.formWindow()
+	if window <= 0 {
+		return "", time.Time{}
+	}
+	quiet, limit := m.lastArrival.Add(window), m.pendingSince.Add(m.cfg.formMaxWait())
+	at := quiet
+	if limit.Before(at) {
+		at = limit
+	}
+	if !now.Before(at) {
+		return "", time.Time{}
+	}
+	return fmt.Sprintf("forming: admitting joiners once none arrived for %v (at most %v more)",
+		window, limit.Sub(now).Round(time.Millisecond)), at
 }
 
 // runOf is the run the members ps belong to ("" when none says).

@@ -719,7 +719,7 @@ func TestQuorumUpsertSaysWhatMatters(t *testing.T) {
 	if !m.Upsert(now, base) || !m.Upsert(now, MemberRecord{ID: "b", Incarnation: 2, WantQuorum: true}) {
 		t.Fatal("a new member does not matter")
 	}
-	d := m.Advance(now)
+	d := m.Advance(now.Add(DefaultFormWindow)) // once joins are quiet
 	m.Published(*d.Quorum)
 	for _, c := range []struct {
 		name string
@@ -744,7 +744,7 @@ func TestQuorumUpsertSaysWhatMatters(t *testing.T) {
 		m = NewMachine("j", DefaultQuorumConfig(), nil)
 		m.Upsert(now, base)
 		m.Upsert(now, MemberRecord{ID: "b", Incarnation: 2, WantQuorum: true})
-		d := m.Advance(now)
+		d := m.Advance(now.Add(DefaultFormWindow))
 		m.Published(*d.Quorum)
 	}
 	// With a policy, step times matter; while a quorum waits, steps do.
@@ -762,5 +762,98 @@ func TestQuorumUpsertSaysWhatMatters(t *testing.T) {
 	}
 	if r, _ := m.Member("a"); !m.Upsert(now, func() MemberRecord { r.Step = 4; return r }()) {
 		t.Error("a step while the quorum waits does not matter")
+	}
+}
+
+// Joins are batched: a quorum that would only admit joiners waits for a
+// quiet FormWindow, and no longer than FormMaxWait; a loss or a failure
+// is never held back by it.
+func TestQuorumFormingScripts(t *testing.T) {
+	for name, script := range map[string]string{
+		"members that start together form one epoch": `
+		> config min=1 form=200ms formmax=2s
+		> join a
+		> ask a
+		> tick 0s
+		waiting: forming: admitting joiners once none arrived for 200ms (at most 2s more) (wake +200ms)
+		> tick 100ms
+		waiting: forming: admitting joiners once none arrived for 200ms (at most 1.9s more) (wake +100ms)
+		> join b c
+		> ask b c
+		> tick 150ms
+		waiting: forming: admitting joiners once none arrived for 200ms (at most 1.75s more) (wake +50ms)
+		> tick 50ms
+		epoch 1 [a#1 b#2 c#3] maxstep=0
+		  reason: initial quorum
+		`,
+		"joins that keep coming form at FormMaxWait": `
+		> config min=1 form=200ms formmax=500ms
+		> join a
+		> ask a
+		> tick 0s
+		waiting: forming: admitting joiners once none arrived for 200ms (at most 500ms more) (wake +200ms)
+		> tick 150ms
+		waiting: forming: admitting joiners once none arrived for 200ms (at most 350ms more) (wake +50ms)
+		> join b
+		> tick 150ms
+		waiting: 1 of 2 live members take part: not a strict majority
+		> join c
+		> ask b c
+		> tick 150ms
+		waiting: forming: admitting joiners once none arrived for 200ms (at most 50ms more) (wake +50ms)
+		> join d
+		> ask d
+		> tick 50ms
+		epoch 1 [a#1 b#2 c#3 d#4] maxstep=0
+		  reason: initial quorum
+		`,
+		"a growing job batches its joiners; a death does not wait": `
+		> config min=1 form=200ms formmax=2s
+		> join a b
+		> ask a b
+		> tick 200ms
+		epoch 1 [a#1 b#2] maxstep=0
+		  reason: initial quorum
+		> join c
+		> ask c
+		> tick 100ms
+		waiting: forming: admitting joiners once none arrived for 200ms (at most 2s more) (wake +100ms)
+		> join d
+		> ask d
+		> tick 200ms
+		epoch 2 [a#1 b#2 c#3 d#4] maxstep=0
+		  reason: joined c,d
+		# a death with a joiner at the same moment: at once, joiner included
+		> join e
+		> ask e
+		> die b
+		> tick 0s
+		epoch 3 [a#1 c#3 d#4 e#5] maxstep=0
+		  reason: b died (gossip); joined e
+		  revoke 2 failed=[b]
+		# a failed commit is not held back either
+		> join f
+		> ask f
+		> commitfail a 3
+		> tick 0s
+		epoch 4 [a#1 c#3 d#4 e#5 f#6] maxstep=0
+		  reason: commit failed in epoch 3 (a); joined f
+		  revoke 3 failed=[]
+		`,
+		"off: one epoch per joiner": `
+		> config min=1
+		> join a
+		> ask a
+		> tick 0s
+		epoch 1 [a#1] maxstep=0
+		  reason: initial quorum
+		> join b
+		> ask b
+		> tick 0s
+		epoch 2 [a#1 b#2] maxstep=0
+		  reason: joined b
+		`,
+	} {
+		t.Run(name, func(t *testing.T) { runQuorumScript(t, script) })
 	}
 }

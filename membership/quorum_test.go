@@ -12,7 +12,7 @@ import (
 // manner of etcd-io/raft's interaction tests. Lines starting with "> " are
 // commands; the lines after a command are the output it must print.
 //
-//	config min=N timeout=D settle=D grace=D hold=D silent=N
+//	config min=N timeout=D settle=D grace=D hold=D silent=N form=D formmax=D
 //	       factor=F window=D probation=D     (before anything else; the
 //	                            last three: the straggler policy)
 //	join a b …                  register members (not asking yet)
@@ -63,6 +63,7 @@ func (s *quorumScript) run(line string) []string {
 	case "config":
 		cfg := DefaultQuorumConfig()
 		cfg.FailureSettle = 0 // scripts that want it say settle=D
+		cfg.FormWindow = -1   // and form=D
 		for _, a := range args {
 			k, v, _ := strings.Cut(a, "=")
 			d, _ := time.ParseDuration(v)
@@ -73,6 +74,10 @@ func (s *quorumScript) run(line string) []string {
 				cfg.JoinTimeout = d
 			case "settle":
 				cfg.FailureSettle = d
+			case "form":
+				cfg.FormWindow = d
+			case "formmax":
+				cfg.FormMaxWait = d
 			case "grace":
 				cfg.HolderGrace = d
 			case "hold":
@@ -651,7 +656,7 @@ func TestQuorumManyMembers(t *testing.T) {
 			}
 		}
 	}
-	d := m.Advance(now)
+	d := m.Advance(now.Add(DefaultFormWindow)) // once joins are quiet
 	if d.Quorum == nil || len(d.Quorum.Participants) != n || d.Quorum.MaxStep != 6 {
 		t.Fatalf("decision %+v", d)
 	}

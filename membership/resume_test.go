@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/ftcomm/ftcomm/internal/clustertest"
@@ -108,8 +109,14 @@ func TestMemberWatchResumesAfterCompaction(t *testing.T) {
 	defer m.Close()
 	keys := membership.Keys{}
 	put := func(epoch uint64) int64 {
-		v, _ := json.Marshal(membership.Quorum{Job: "j", Epoch: epoch, Participants: []membership.Participant{{ID: "a", Incarnation: m.Incarnation()}}})
-		resp, err := admin.Put(ctx, keys.Quorum("j"), string(v))
+		// What a coordinator writes: the record and its view.
+		q := membership.Quorum{Job: "j", Epoch: epoch, Participants: []membership.Participant{{ID: "a", Incarnation: m.Incarnation()}}}
+		v, _ := json.Marshal(q)
+		view, err := membership.EncodeQuorumView(nil, q, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := admin.Txn(ctx).Then(clientv3.OpPut(keys.Quorum("j"), string(v)), clientv3.OpPut(keys.QuorumView("j"), string(view))).Commit()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -99,6 +99,11 @@ const quorumSigContext = "ftcomm-quorum-v1\n"
 // written: fields a newer coordinator adds are covered too, and an older
 // member still verifies them.
 func CanonicalQuorum(raw []byte) (msg []byte, sig *QuorumSignature, err error) {
+	return canonicalRecord(quorumSigContext, raw)
+}
+
+// canonicalRecord is CanonicalQuorum for a record signed under context.
+func canonicalRecord(context string, raw []byte) (msg []byte, sig *QuorumSignature, err error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &fields); err != nil {
 		return nil, nil, fmt.Errorf("membership: quorum record: %w", err)
@@ -116,5 +121,5 @@ func CanonicalQuorum(raw []byte) (msg []byte, sig *QuorumSignature, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return append([]byte(quorumSigContext), body...), sig, nil
+	return append([]byte(context), body...), sig, nil
 }

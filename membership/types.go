@@ -277,6 +277,8 @@ func checkName(kind, s string) error {
 //	<root>/<job>/commits/<step>                      durable commit records of the run (RecordCommit)
 //	<root>/<job>/run                                 the job's current run (RunRecord)
 //	<root>/_coordinator/jobs/<job>/quorum            the current quorum
+//	<root>/_coordinator/jobs/<job>/view              the same, compact: what members watch
+//	<root>/_coordinator/jobs/<job>/viewfull          the same, compact, the whole list
 //	<root>/_coordinator/jobs/<job>/history/<epoch>   past quorums (bounded)
 //	<root>/_coordinator/jobs/<job>/evicted/<id>      keep-out records of evicted members
 //	<root>/_coordinator/election/…                   coordinator leader election
@@ -318,7 +320,11 @@ func (k Keys) CoordinatorJobs() string       { return k.Coordinator() + "jobs/" 
 func (k Keys) CoordinatorJob(job string) string {
 	return k.CoordinatorJobs() + job + "/"
 }
-func (k Keys) Quorum(job string) string        { return k.CoordinatorJob(job) + "quorum" }
+func (k Keys) Quorum(job string) string     { return k.CoordinatorJob(job) + "quorum" }
+func (k Keys) QuorumView(job string) string { return k.CoordinatorJob(job) + "view" }
+func (k Keys) QuorumViewFull(job string) string {
+	return k.CoordinatorJob(job) + "viewfull"
+}
 func (k Keys) History(job string) string       { return k.CoordinatorJob(job) + "history/" }
 func (k Keys) EvictedPrefix(job string) string { return k.CoordinatorJob(job) + "evicted/" }
 func (k Keys) Evicted(job, id string) string   { return k.EvictedPrefix(job) + id }
