@@ -56,6 +56,7 @@ type options struct {
 
 	// load
 	jobs, members, groupSize int
+	groupLease               bool
 	clients, parallel        int
 	etcdMembers              int
 	fsync                    bool
@@ -78,6 +79,7 @@ func main() {
 	flag.IntVar(&o.jobs, "jobs", 1, "jobs")
 	flag.IntVar(&o.members, "members", 100, "members per job (for ft.Comm: one per replica group's leader)")
 	flag.IntVar(&o.groupSize, "group-size", 1, "members per replica group name (MemberConfig.Group)")
+	flag.BoolVar(&o.groupLease, "group-lease", false, "with -group-size above 1, each group's members share one lease held by its leader (MemberConfig.GroupLease, what ft does for replica groups)")
 	flag.IntVar(&o.clients, "clients", 32, "etcd clients (gRPC connections) the members share")
 	flag.IntVar(&o.parallel, "parallel", 128, "joins in flight at once")
 	flag.IntVar(&o.etcdMembers, "etcd", 3, "etcd cluster members (child processes)")
@@ -410,6 +412,9 @@ func runLoad(o options) error {
 			mc.Client, mc.Job, mc.ID = clients[i%len(clients)], jobName(s.job), fmt.Sprintf("m%06d", s.idx)
 			mc.Addr, mc.Group, mc.WantQuorum = shared.Addr().String(), fmt.Sprintf("g%06d", s.idx/o.groupSize), true
 			mc.LeaseTTL, mc.HeartbeatInterval, mc.MinReplicas = o.leaseTTL, o.heartbeat, o.minReplicas
+			if o.groupLease && o.groupSize > 1 {
+				mc.GroupLease, mc.GroupLinkAddr = true, "127.0.0.1:0"
+			}
 			if i == 0 {
 				mc.Addr = victimL.Addr().String()
 			}
@@ -486,6 +491,20 @@ func runLoad(o options) error {
 	}
 	fig("steady.members_process_cores", (selfCPU()-self0).Seconds()/el, "%.3f cores (this process)", (selfCPU()-self0).Seconds()/el)
 	fig("steady.watch_bytes_per_member_s", float64(bytes.watch.Load()-b0)/float64(n)/el, "%.1f B/s per member on watches", float64(bytes.watch.Load()-b0)/float64(n)/el)
+	// The leases the members' registrations are bound to: one per member,
+	// or one per replica group with -group-lease.
+	leases := map[int64]bool{}
+	for j := range o.jobs {
+		resp, err := admin.Get(ctx, keys.Members(jobName(j)), clientv3.WithPrefix())
+		if err != nil {
+			return fmt.Errorf("count leases: %w", err)
+		}
+		for _, kv := range resp.Kvs {
+			leases[kv.Lease] = true
+		}
+	}
+	fig("steady.member_leases", float64(len(leases)), "%d leases hold the %d members' registrations (%.0f renewals/s at TTL %v)",
+		len(leases), n, float64(len(leases))*3/o.leaseTTL.Seconds(), o.leaseTTL)
 
 	// Phase 3: one member of job 0 dies.
 	if o.death == "none" || o.members < 2 {
