@@ -210,6 +210,7 @@ func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, erro
 	m := &Embedded{cfg: cfg}
 	ec := embed.NewConfig()
 	ec.Name = cfg.Name
+	ec.MaxRequestBytes = membership.MaxRequestBytes // a large job's epoch is one transaction
 	var err error
 	if cfg.Dir == "" {
 		if m.tempDir, err = os.MkdirTemp("", "ftcomm-etcd-"); err != nil {

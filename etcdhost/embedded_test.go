@@ -248,3 +248,32 @@ func TestEmbeddedDataDirInUse(t *testing.T) {
 	}
 	e2.Close()
 }
+
+// The embedded etcd takes, from a client made with ftcomm's settings, a
+// transaction as large as a coordinator's publication of one epoch of a
+// 20,000-member job (the record and its history entry, ~97 B per
+// participant each): etcd's default limit (1.5 MiB) refused one of 10,000.
+func TestEmbeddedTakesALargeJobsEpoch(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	cfg := DefaultEmbeddedConfig()
+	cfg.UnsafeNoFsync = true
+	e, err := StartEmbedded(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	cli, err := membership.NewClient(e.Endpoints(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	record := strings.Repeat("x", 20000*97)
+	if _, err := cli.Txn(ctx).Then(clientv3.OpPut("/q", record), clientv3.OpPut("/h", record)).Commit(); err != nil {
+		t.Fatalf("a %d-byte transaction: %v", 2*len(record), err)
+	}
+	// Past the limit, a clear error, not a hang.
+	huge := strings.Repeat("x", membership.MaxRequestBytes)
+	if _, err := cli.Put(ctx, "/huge", huge); err == nil {
+		t.Fatalf("a %d-byte put was taken, past membership.MaxRequestBytes", len(huge))
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,12 +24,19 @@ import (
 func TestSecureEmbeddedAccessControl(t *testing.T) {
 	sj := clustertest.StartSecureJob(t)
 	a := sj.Join("a")
-	q := clustertest.WaitQuorum(t, a, 0, "a")
-	if q.Signature == nil || q.Signature.KeyID != sj.Signer.KeyID() {
-		t.Fatalf("quorum not signed: %+v", q.Signature)
-	}
+	clustertest.WaitQuorum(t, a, 0, "a")
 	ctx := clustertest.Ctx(t, 30*time.Second)
 	k := membership.Keys{}
+	// Members read the signed view (a member with a verifier refuses an
+	// unsigned one); the record beside it is signed too.
+	resp, err := sj.CoordClient.Get(ctx, k.Quorum(sj.Name))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("quorum record: %v", err)
+	}
+	var q membership.Quorum
+	if err := json.Unmarshal(resp.Kvs[0].Value, &q); err != nil || q.Signature == nil || q.Signature.KeyID != sj.Signer.KeyID() {
+		t.Fatalf("quorum record not signed by the coordinator's key: %+v, %v", q.Signature, err)
+	}
 	tr := sj.TrainerClient()
 	denied := func(what string, err error) {
 		t.Helper()
@@ -36,7 +44,7 @@ func TestSecureEmbeddedAccessControl(t *testing.T) {
 			t.Errorf("trainer %s: %v, want permission denied", what, err)
 		}
 	}
-	_, err := tr.Put(ctx, k.Quorum(sj.Name), `{"job":"job1","epoch":99}`)
+	_, err = tr.Put(ctx, k.Quorum(sj.Name), `{"job":"job1","epoch":99}`)
 	denied("writes the quorum", err)
 	_, err = tr.Put(ctx, k.HistoryEntry(sj.Name, 99), "x")
 	denied("writes history", err)

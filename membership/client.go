@@ -53,13 +53,27 @@ func ClientConfig(endpoints []string, lg *zap.Logger) clientv3.Config {
 			},
 			MinConnectTimeout: 2 * time.Second,
 		})},
-		Logger: lg,
+		// A coordinator's publication of a large job's epoch is one
+		// transaction: see MaxRequestBytes.
+		MaxCallSendMsgSize: MaxRequestBytes + 1<<20,
+		Logger:             lg,
 	}
 }
 
 // ReconnectMaxDelay is the longest wait between two connection attempts
 // of a client made by ClientConfig.
 const ReconnectMaxDelay = 500 * time.Millisecond
+
+// MaxRequestBytes is the largest request ftcomm's etcd must accept
+// (etcd's --max-request-bytes; 1.5 MiB by default). The coordinator
+// publishes an epoch in one transaction holding the quorum record and
+// its history entry, about 97 bytes per participant each, plus the view
+// members watch (6.3 bytes per participant): 2.1 MB for a job of 10,000
+// members, more than etcd's default takes ("request is too large"). The
+// embedded etcd (etcdhost) and the deployment's manifests set this, which
+// allows jobs of up to about 40,000 members; a larger job needs a
+// smaller record (docs/capacity.md).
+const MaxRequestBytes = 8 << 20
 
 // clientLogCore passes on the etcd client's logs at Info and above but
 // its retry lines.
