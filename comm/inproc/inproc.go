@@ -549,8 +549,21 @@ func (b *Backend) BatchP2P(ctx context.Context, ops []comm.P2POp) error {
 	return nil
 }
 
+// movedOn tells this comm's other ranks that this one posts nothing more
+// on it (it is shrinking or growing into a new epoch): a peer still in an
+// op that waits for it fails at once with ErrPeerClosed, as gloo's peers
+// do when its links are handed to the new comm, instead of waiting out
+// the op's timeout while this rank waits for it in the new epoch.
+func (b *Backend) movedOn() {
+	b.h.mu.Lock()
+	b.h.left[b.rank] = true
+	b.h.broadcastLocked()
+	b.h.mu.Unlock()
+}
+
 // Shrink implements comm.Shrinker.
 func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm.Backend, error) {
+	b.movedOn()
 	newRank := b.rank
 	for _, x := range exclude {
 		if x < b.rank {
@@ -562,6 +575,7 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 
 // Grow implements comm.Grower.
 func (b *Backend) Grow(ctx context.Context, size int, epoch uint64) (comm.Backend, error) {
+	b.movedOn()
 	return b.h.cl.Join(ctx, b.h.key.prefix, epoch, b.rank, size)
 }
 

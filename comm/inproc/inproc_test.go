@@ -415,3 +415,37 @@ func TestSplit(t *testing.T) {
 	// the parent still works
 	noErr(t, each(5, func(r int) error { return cs[r].Barrier(ctx) }))
 }
+
+// A rank that grows into a new epoch posts nothing more on the old comm:
+// a peer still in an op of the old comm that waits for it fails at once
+// with ErrPeerClosed (as gloo's peers do when its links move to the new
+// comm), then grows too. Before, the peer waited out the op's timeout
+// while the grower waited for it in the new epoch.
+func TestGrowWhilePeerInOldOp(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cl := inproc.NewCluster()
+	cs := world(t, cl, 2, 1)
+	grown := make([]*comm.Comm, 3)
+	errs := each(3, func(r int) error {
+		var err error
+		switch r {
+		case 0:
+			grown[0], err = cs[0].Grow(ctx, 3, 2)
+		case 1: // still in the old epoch's step
+			opErr := cs[1].AllReduce(ctx, comm.Float32s([]float32{1}), comm.Sum)
+			if !errors.Is(opErr, comm.ErrPeerClosed) {
+				return fmt.Errorf("op on the old comm while rank 0 grew: %v, want ErrPeerClosed", opErr)
+			}
+			grown[1], err = cs[1].Grow(ctx, 3, 2)
+		case 2:
+			grown[2], err = comm.New(ctx, "inproc", comm.Options{Rank: 2, Size: 3, Epoch: 2, Store: memstore.New(), BackendConfig: cl})
+		}
+		return err
+	})
+	noErr(t, errs)
+	noErr(t, each(3, func(r int) error {
+		defer grown[r].Close()
+		return grown[r].AllReduce(ctx, comm.Float32s([]float32{1}), comm.Sum)
+	}))
+}
