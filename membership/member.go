@@ -872,17 +872,7 @@ func (m *Member) readFull(ctx context.Context, rev int64) error {
 		if err != nil {
 			return fmt.Errorf("membership: read quorum of %s: %w", m.cfg.Job, ctxErr(ctx, err))
 		}
-		m.mu.Lock()
-		changed := false
-		for _, kv := range resp.Kvs {
-			c, _ := m.applyLocked(kv)
-			changed = changed || c
-		}
-		if changed {
-			m.notifyLocked()
-		}
-		m.mu.Unlock()
-		if changed {
+		if m.applyAll(resp.Kvs) {
 			return nil
 		}
 	}
@@ -1048,16 +1038,23 @@ func (m *Member) catchUpRevocations(ctx context.Context, rev int64) {
 	if err != nil {
 		return // the watch delivers them anyway, later
 	}
+	m.applyAll(resp.Kvs)
+}
+
+// applyAll applies records read from etcd and wakes the waiters if any
+// changed what the member knows; it reports whether one did.
+func (m *Member) applyAll(kvs []*mvccpb.KeyValue) bool {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	changed := false
-	for _, kv := range resp.Kvs {
+	for _, kv := range kvs {
 		c, _ := m.applyLocked(kv)
 		changed = changed || c
 	}
 	if changed {
 		m.notifyLocked()
 	}
-	m.mu.Unlock()
+	return changed
 }
 
 // watchSelf ends the membership when the member key is deleted (eviction,
