@@ -2,13 +2,17 @@ package main
 
 /*
 #include <stdint.h>
+#include <stdlib.h>
 */
 import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -38,6 +42,9 @@ type commSettings struct {
 	NCCLLib   string `json:"nccl_lib"`
 	CUDARTLib string `json:"cudart_lib"`
 	Revoke    string `json:"revoke"` // "deferred" (default) or "native"
+	// AbortProcess: a timeout or failure that breaks the comm aborts the
+	// process (SIGABRT), as torchcomms' abort_process_on_timeout_or_error.
+	AbortProcess bool `json:"abort_process_on_error"`
 }
 
 // commObj is what a comm handle names.
@@ -47,6 +54,37 @@ type commObj struct {
 	backend string
 	device  int // -1: host memory
 	log     *zap.Logger
+	// abortProcess: the settings' abort_process_on_error (inherited by the
+	// comms a shrink, grow or split makes); callerStopped: the caller
+	// aborted or revoked the comm itself, which is no reason to abort.
+	abortProcess  bool
+	callerStopped atomic.Bool
+}
+
+// watchFatal makes a comm that breaks on a timeout or a failure abort the
+// process, with the reason and the flight recorder on stderr, unless the
+// caller broke it (abort, revoke, an interrupt) or closed it. The goroutine exits when
+// the comm breaks or is closed (Broken is closed either way).
+func (o *commObj) watchFatal() {
+	if !o.abortProcess {
+		return
+	}
+	go func() {
+		<-o.c.Broken()
+		err := o.c.Err()
+		if err == nil || errors.Is(err, comm.ErrClosed) || errors.Is(err, ErrInterrupted) || o.callerStopped.Load() {
+			return
+		}
+		why := "error"
+		if errors.Is(err, comm.ErrTimeout) {
+			why = "timeout"
+		}
+		fmt.Fprintf(os.Stderr, "ftcomm: Aborting process due to %s (abort_process_on_timeout_or_error): comm %s rank %d of %d: %v\n",
+			why, o.c.Name(), o.c.Rank(), o.c.Size(), err)
+		os.Stderr.Write(o.c.Dump())
+		os.Stderr.Write([]byte("\n"))
+		C.abort()
+	}()
 }
 
 // ncclLibrary is the NCCL every comm of this process shares (opened at
@@ -194,7 +232,9 @@ func ftcomm_comm_new(backend *C.char, settings *C.char, store C.uint64_t, out *C
 		if c.Backend().Memory() == comm.DeviceMemory {
 			dev = o.Device
 		}
-		*out = C.uint64_t(abi.put(&commObj{c: c, can: can, backend: b, device: dev, log: log}))
+		obj := &commObj{c: c, can: can, backend: b, device: dev, log: log, abortProcess: s.AbortProcess}
+		obj.watchFatal()
+		*out = C.uint64_t(abi.put(obj))
 		return nil
 	})
 }
@@ -259,14 +299,17 @@ func ftcomm_comm_dump(h C.uint64_t, buf unsafe.Pointer, capacity C.int64_t, n *C
 
 // opArgs are one op's arguments as they cross the ABI.
 type opArgs struct {
-	kind    int32
-	out, in comm.Tensor
-	redop   comm.ReduceOp
-	root    int
-	stream  uintptr
-	device  bool
-	timeout time.Duration
-	async   bool
+	kind     int32
+	out, in  comm.Tensor
+	redop    comm.ReduceOp
+	root     int
+	counts   []int // all_gather_v, reduce_scatter_v; all_to_all_v's out counts
+	inCounts []int // all_to_all_v
+	p2p      []comm.P2POp
+	stream   uintptr
+	device   bool
+	timeout  time.Duration
+	async    bool
 }
 
 func makeArgs(kind C.int32_t, out unsafe.Pointer, outCount C.int64_t, in unsafe.Pointer, inCount C.int64_t,
@@ -316,6 +359,14 @@ func (a *opArgs) issue(ctx context.Context, c *comm.Comm) (w *comm.Work, err err
 			return c.SendAsync(ctx, a.out, a.root), nil
 		case opRecv:
 			return c.RecvAsync(ctx, a.out, a.root), nil
+		case opAllGatherV:
+			return c.AllGatherVAsync(ctx, a.out, a.in, a.counts), nil
+		case opReduceScatterV:
+			return c.ReduceScatterVAsync(ctx, a.out, a.in, a.counts, a.redop), nil
+		case opAllToAllV:
+			return c.AllToAllVAsync(ctx, a.out, a.counts, a.in, a.inCounts), nil
+		case opBatch:
+			return c.BatchP2PAsync(ctx, a.p2p), nil
 		}
 		return nil, fmt.Errorf("%w: op kind %d", comm.ErrInvalidArgument, a.kind)
 	}
@@ -342,6 +393,14 @@ func (a *opArgs) issue(ctx context.Context, c *comm.Comm) (w *comm.Work, err err
 		return nil, c.Send(ctx, a.out, a.root)
 	case opRecv:
 		return nil, c.Recv(ctx, a.out, a.root)
+	case opAllGatherV:
+		return nil, c.AllGatherV(ctx, a.out, a.in, a.counts)
+	case opReduceScatterV:
+		return nil, c.ReduceScatterV(ctx, a.out, a.in, a.counts, a.redop)
+	case opAllToAllV:
+		return nil, c.AllToAllV(ctx, a.out, a.counts, a.in, a.inCounts)
+	case opBatch:
+		return nil, c.BatchP2P(ctx, a.p2p)
 	}
 	return nil, fmt.Errorf("%w: op kind %d", comm.ErrInvalidArgument, a.kind)
 }
@@ -369,6 +428,97 @@ func ftcomm_comm_op(h C.uint64_t, kind C.int32_t, out unsafe.Pointer, outCount C
 		a, err := makeArgs(kind, out, outCount, in, inCount, dtype, device, redop, root, stream, timeoutNs, flags)
 		if err != nil {
 			return err
+		}
+		return runOp(o.can, o.c, &a, work)
+	})
+}
+
+// ftcomm_comm_opv runs an op with per-rank counts: FTCOMM_OP_ALL_GATHER_V
+// (counts[r]: rank r's elements of out; in has counts[rank]),
+// FTCOMM_OP_REDUCE_SCATTER_V (counts[r]: block r of in; out has
+// counts[rank]) or FTCOMM_OP_ALL_TO_ALL_V (counts: the blocks of out, by
+// source rank; in_counts: the blocks of in, by destination rank). Each
+// counts array has one entry per rank (n and n_in). The other arguments
+// are ftcomm_comm_op's.
+//
+//export ftcomm_comm_opv
+func ftcomm_comm_opv(h C.uint64_t, kind C.int32_t, out unsafe.Pointer, outCount C.int64_t, in unsafe.Pointer, inCount C.int64_t,
+	dtype, device, redop C.int32_t, counts *C.int64_t, n C.int64_t, inCounts *C.int64_t, nIn C.int64_t,
+	stream C.uint64_t, timeoutNs C.int64_t, flags C.int32_t, work *C.uint64_t) C.int32_t {
+	return guard(func() error {
+		o, err := lookup[*commObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		switch kind {
+		case opAllGatherV, opReduceScatterV, opAllToAllV:
+		default:
+			return fmt.Errorf("%w: ftcomm_comm_opv: op kind %d has no counts", comm.ErrInvalidArgument, kind)
+		}
+		a, err := makeArgs(kind, out, outCount, in, inCount, dtype, device, redop, 0, stream, timeoutNs, flags)
+		if err != nil {
+			return err
+		}
+		if a.counts, err = ints(counts, n, "counts"); err != nil {
+			return err
+		}
+		if kind == opAllToAllV {
+			if a.inCounts, err = ints(inCounts, nIn, "in_counts"); err != nil {
+				return err
+			}
+		}
+		return runOp(o.can, o.c, &a, work)
+	})
+}
+
+// ints copies n int64s from the caller's array.
+func ints(p *C.int64_t, n C.int64_t, what string) ([]int, error) {
+	if n < 0 || n > 1<<24 || (n > 0 && p == nil) {
+		return nil, fmt.Errorf("%w: %s: %d entries at %p", comm.ErrInvalidArgument, what, n, p)
+	}
+	out := make([]int, int(n))
+	for i, v := range unsafe.Slice((*int64)(unsafe.Pointer(p)), int(n)) {
+		out[i] = int(v)
+	}
+	return out, nil
+}
+
+// ftcomm_comm_batch runs n sends and receives concurrently (torchcomms'
+// batched point-to-point): entry i is kinds[i] (FTCOMM_P2P_SEND or
+// FTCOMM_P2P_RECV) of counts[i] elements of dtypes[i] at ptrs[i] with
+// peers[i]. device, stream, timeout_ns, flags and work are
+// ftcomm_comm_op's; the op completes when every entry has.
+//
+//export ftcomm_comm_batch
+func ftcomm_comm_batch(h C.uint64_t, n C.int64_t, kinds *C.int32_t, ptrs *unsafe.Pointer, counts *C.int64_t, dtypes, peers *C.int32_t,
+	device C.int32_t, stream C.uint64_t, timeoutNs C.int64_t, flags C.int32_t, work *C.uint64_t) C.int32_t {
+	return guard(func() error {
+		o, err := lookup[*commObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		if n <= 0 || n > 1<<20 || kinds == nil || ptrs == nil || counts == nil || dtypes == nil || peers == nil {
+			return fmt.Errorf("%w: ftcomm_comm_batch: %d entries", comm.ErrInvalidArgument, n)
+		}
+		a := opArgs{kind: opBatch, stream: uintptr(stream), device: device >= 0, timeout: time.Duration(timeoutNs),
+			async: flags&flagAsync != 0, p2p: make([]comm.P2POp, int(n))}
+		ks, ps := unsafe.Slice((*int32)(unsafe.Pointer(kinds)), int(n)), unsafe.Slice(ptrs, int(n))
+		cs, ds := unsafe.Slice((*int64)(unsafe.Pointer(counts)), int(n)), unsafe.Slice((*int32)(unsafe.Pointer(dtypes)), int(n))
+		peer := unsafe.Slice((*int32)(unsafe.Pointer(peers)), int(n))
+		for i := range a.p2p {
+			switch ks[i] {
+			case p2pSend:
+				a.p2p[i].Kind = comm.P2PSend
+			case p2pRecv:
+				a.p2p[i].Kind = comm.P2PRecv
+			default:
+				return fmt.Errorf("%w: ftcomm_comm_batch: entry %d: kind %d", comm.ErrInvalidArgument, i, ks[i])
+			}
+			t, err := tensor(ps[i], cs[i], ds[i], int32(device))
+			if err != nil {
+				return fmt.Errorf("ftcomm_comm_batch: entry %d: %w", i, err)
+			}
+			a.p2p[i].Tensor, a.p2p[i].Peer = t, int(peer[i])
 		}
 		return runOp(o.can, o.c, &a, work)
 	})
@@ -478,6 +628,7 @@ func ftcomm_comm_revoke(h C.uint64_t, reason *C.char) C.int32_t {
 		if err != nil {
 			return err
 		}
+		o.callerStopped.Store(true)
 		o.c.Revoke(fmt.Errorf("%s", defaultStr(goString(reason), "revoked by the caller")))
 		return nil
 	})
@@ -493,6 +644,7 @@ func ftcomm_comm_abort(h C.uint64_t, reason *C.char) C.int32_t {
 		if err != nil {
 			return err
 		}
+		o.callerStopped.Store(true)
 		o.c.Abort(fmt.Errorf("%s", defaultStr(goString(reason), "aborted by the caller")))
 		return nil
 	})
@@ -527,7 +679,9 @@ func reconfigure(h C.uint64_t, timeoutNs C.int64_t, out *C.uint64_t, f func(ctx 
 		}
 		*out = 0
 		if nc != nil {
-			*out = C.uint64_t(abi.put(&commObj{c: nc, can: newCanceler(), backend: o.backend, device: o.device, log: o.log}))
+			no := &commObj{c: nc, can: newCanceler(), backend: o.backend, device: o.device, log: o.log, abortProcess: o.abortProcess}
+			no.watchFatal()
+			*out = C.uint64_t(abi.put(no))
 		}
 		return nil
 	})

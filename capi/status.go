@@ -42,8 +42,14 @@ enum {
 	FTCOMM_OP_ALL_TO_ALL = 8,
 	FTCOMM_OP_BARRIER = 9,
 	FTCOMM_OP_SEND = 10,
-	FTCOMM_OP_RECV = 11
+	FTCOMM_OP_RECV = 11,
+	FTCOMM_OP_ALL_GATHER_V = 12,     // ftcomm_comm_opv
+	FTCOMM_OP_REDUCE_SCATTER_V = 13, // ftcomm_comm_opv
+	FTCOMM_OP_ALL_TO_ALL_V = 14      // ftcomm_comm_opv
 };
+
+// Kinds of a ftcomm_comm_batch entry.
+enum { FTCOMM_P2P_SEND = 1, FTCOMM_P2P_RECV = 2 };
 
 // Op flags.
 enum { FTCOMM_ASYNC = 1 };
@@ -53,7 +59,10 @@ enum {
 	FTCOMM_FLOAT32 = 1, FTCOMM_FLOAT64 = 2, FTCOMM_FLOAT16 = 3, FTCOMM_BFLOAT16 = 4,
 	FTCOMM_INT8 = 5, FTCOMM_UINT8 = 6, FTCOMM_INT32 = 7, FTCOMM_INT64 = 8
 };
-enum { FTCOMM_SUM = 1, FTCOMM_PRODUCT = 2, FTCOMM_MIN = 3, FTCOMM_MAX = 4, FTCOMM_AVG = 5 };
+enum {
+	FTCOMM_SUM = 1, FTCOMM_PRODUCT = 2, FTCOMM_MIN = 3, FTCOMM_MAX = 4, FTCOMM_AVG = 5,
+	FTCOMM_BAND = 6, FTCOMM_BOR = 7, FTCOMM_BXOR = 8
+};
 */
 import "C"
 
@@ -72,7 +81,7 @@ import (
 
 // ABIVersion is what ftcomm_abi_version returns; it changes whenever an
 // entry point's signature or meaning does.
-const ABIVersion = 1
+const ABIVersion = 2
 
 // Statuses. The order of kinds below is their priority: a call's status
 // is the first kind its error matches; the JSON lists all of them.
@@ -116,17 +125,28 @@ var (
 
 // Op kinds of ftcomm_comm_op and ftcomm_ft_op.
 const (
-	opAllReduce     = C.FTCOMM_OP_ALL_REDUCE
-	opReduceScatter = C.FTCOMM_OP_REDUCE_SCATTER
-	opAllGather     = C.FTCOMM_OP_ALL_GATHER
-	opBroadcast     = C.FTCOMM_OP_BROADCAST
-	opReduce        = C.FTCOMM_OP_REDUCE
-	opScatter       = C.FTCOMM_OP_SCATTER
-	opGather        = C.FTCOMM_OP_GATHER
-	opAllToAll      = C.FTCOMM_OP_ALL_TO_ALL
-	opBarrier       = C.FTCOMM_OP_BARRIER
-	opSend          = C.FTCOMM_OP_SEND
-	opRecv          = C.FTCOMM_OP_RECV
+	opAllReduce      = C.FTCOMM_OP_ALL_REDUCE
+	opReduceScatter  = C.FTCOMM_OP_REDUCE_SCATTER
+	opAllGather      = C.FTCOMM_OP_ALL_GATHER
+	opBroadcast      = C.FTCOMM_OP_BROADCAST
+	opReduce         = C.FTCOMM_OP_REDUCE
+	opScatter        = C.FTCOMM_OP_SCATTER
+	opGather         = C.FTCOMM_OP_GATHER
+	opAllToAll       = C.FTCOMM_OP_ALL_TO_ALL
+	opBarrier        = C.FTCOMM_OP_BARRIER
+	opSend           = C.FTCOMM_OP_SEND
+	opRecv           = C.FTCOMM_OP_RECV
+	opAllGatherV     = C.FTCOMM_OP_ALL_GATHER_V
+	opReduceScatterV = C.FTCOMM_OP_REDUCE_SCATTER_V
+	opAllToAllV      = C.FTCOMM_OP_ALL_TO_ALL_V
+	// opBatch is ftcomm_comm_batch's (not a value of the C enum).
+	opBatch = 100
+)
+
+// Kinds of a ftcomm_comm_batch entry.
+const (
+	p2pSend = C.FTCOMM_P2P_SEND
+	p2pRecv = C.FTCOMM_P2P_RECV
 )
 
 // flagAsync: return a work handle at once instead of completing the op.

@@ -36,6 +36,7 @@ const (
 	OpShrink
 	OpGrow
 	OpSplit
+	OpReduceScatterV // last: the numbers above are on the wire (gloo's frames)
 	numOpTypes
 )
 
@@ -45,6 +46,7 @@ var opNames = [numOpTypes]string{
 	OpReduce: "reduce", OpScatter: "scatter", OpGather: "gather", OpAllToAll: "alltoall",
 	OpAllToAllV: "alltoallv", OpBarrier: "barrier", OpSend: "send", OpRecv: "recv",
 	OpBatchP2P: "batchp2p", OpShrink: "shrink", OpGrow: "grow", OpSplit: "split",
+	OpReduceScatterV: "reducescatterv",
 }
 
 func (o OpType) String() string {
@@ -110,6 +112,9 @@ type Backend interface {
 	// ReduceScatter reduces in (Size()*out.Count() elements) and leaves block
 	// Rank() of the result in out.
 	ReduceScatter(ctx context.Context, out, in Tensor, op ReduceOp) error
+	// ReduceScatterV is ReduceScatter with blocks of counts[r] elements,
+	// packed in rank order in in; out holds counts[Rank()].
+	ReduceScatterV(ctx context.Context, out, in Tensor, counts []int, op ReduceOp) error
 	// AllGather concatenates every rank's in (equal counts) into out in rank order.
 	AllGather(ctx context.Context, out, in Tensor) error
 	// AllGatherV concatenates in from every rank; rank r contributes counts[r] elements.

@@ -676,6 +676,8 @@ func (c *Comm) dispatch(w *Work) error {
 		return b.AllReduce(ctx, d.t, d.op)
 	case OpReduceScatter:
 		return b.ReduceScatter(ctx, d.t, d.in, d.op)
+	case OpReduceScatterV:
+		return b.ReduceScatterV(ctx, d.t, d.in, d.counts, d.op)
 	case OpAllGather:
 		return b.AllGather(ctx, d.t, d.in)
 	case OpAllGatherV:

@@ -90,17 +90,23 @@ func ParseDType(s string) (DType, error) {
 type ReduceOp uint8
 
 // The reductions. Avg is Sum divided by the number of participating ranks;
-// it is defined for floating-point types only.
+// on an integer type the division truncates toward zero after the sum
+// (which wraps like the type), as NCCL's ncclAvg does. BAnd, BOr and BXor
+// are bitwise, for integer types only.
 const (
 	Sum ReduceOp = iota + 1
 	Prod
 	Min
 	Max
 	Avg
+	BAnd
+	BOr
+	BXor
 	numReduceOps
 )
 
-var reduceNames = [numReduceOps]string{Sum: "sum", Prod: "prod", Min: "min", Max: "max", Avg: "avg"}
+var reduceNames = [numReduceOps]string{Sum: "sum", Prod: "prod", Min: "min", Max: "max", Avg: "avg",
+	BAnd: "band", BOr: "bor", BXor: "bxor"}
 
 // Valid reports whether o is a defined reduction.
 func (o ReduceOp) Valid() bool { return o > 0 && o < numReduceOps }
@@ -112,7 +118,8 @@ func (o ReduceOp) String() string {
 	return reduceNames[o]
 }
 
-// ParseReduceOp accepts "sum", "prod", "min", "max" and "avg" (any case).
+// ParseReduceOp accepts the names String returns: "sum", "prod", "min",
+// "max", "avg", "band", "bor" and "bxor" (any case).
 func ParseReduceOp(s string) (ReduceOp, error) {
 	want := strings.ToLower(strings.TrimSpace(s))
 	for o := Sum; o < numReduceOps; o++ {
@@ -123,14 +130,17 @@ func ParseReduceOp(s string) (ReduceOp, error) {
 	return 0, fmt.Errorf("%w: unknown reduce op %q", ErrInvalidArgument, s)
 }
 
-// Supports reports whether the pair (op, d) is defined. Avg on an integer type
-// is not: truncating division would silently lose the remainder.
+// Supports reports whether the pair (op, d) is defined: every op on every
+// type, except the bitwise ones on floating-point types.
 func (o ReduceOp) Supports(d DType) bool {
 	if !o.Valid() || !d.Valid() {
 		return false
 	}
-	return o != Avg || d.IsFloat()
+	return !o.Bitwise() || !d.IsFloat()
 }
+
+// Bitwise reports whether o is BAnd, BOr or BXor.
+func (o ReduceOp) Bitwise() bool { return o == BAnd || o == BOr || o == BXor }
 
 // F16 is an IEEE 754 binary16 value stored as its 16-bit pattern.
 type F16 uint16

@@ -38,16 +38,17 @@ func TestDTypeNamesAndSizes(t *testing.T) {
 	if comm.DType(0).Valid() || comm.DType(0).Size() != 0 || comm.DType(99).String() != "dtype(99)" {
 		t.Error("invalid dtypes must say so")
 	}
-	for _, s := range []string{"sum", "prod", "min", "max", "avg"} {
+	for _, s := range []string{"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"} {
 		o, err := comm.ParseReduceOp(s)
 		if err != nil || o.String() != s {
 			t.Errorf("ParseReduceOp(%q) = %v, %v", s, o, err)
 		}
 	}
-	if _, err := comm.ParseReduceOp("band"); !errors.Is(err, comm.ErrInvalidArgument) {
+	if _, err := comm.ParseReduceOp("premul_sum"); !errors.Is(err, comm.ErrInvalidArgument) {
 		t.Error(err)
 	}
-	if comm.Avg.Supports(comm.Int32) || !comm.Avg.Supports(comm.BFloat16) || !comm.Max.Supports(comm.Uint8) {
+	if !comm.Avg.Supports(comm.Int32) || !comm.Avg.Supports(comm.BFloat16) || !comm.Max.Supports(comm.Uint8) ||
+		comm.BAnd.Supports(comm.Float32) || !comm.BXor.Supports(comm.Int8) {
 		t.Error("Supports table wrong")
 	}
 }

@@ -83,6 +83,9 @@ func (f *fake) AllReduce(ctx context.Context, t comm.Tensor, op comm.ReduceOp) e
 func (f *fake) ReduceScatter(ctx context.Context, out, in comm.Tensor, op comm.ReduceOp) error {
 	return f.run(ctx, comm.OpReduceScatter)
 }
+func (f *fake) ReduceScatterV(ctx context.Context, out, in comm.Tensor, counts []int, op comm.ReduceOp) error {
+	return f.run(ctx, comm.OpReduceScatterV)
+}
 func (f *fake) AllGather(ctx context.Context, out, in comm.Tensor) error {
 	return f.run(ctx, comm.OpAllGather)
 }

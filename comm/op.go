@@ -148,6 +148,23 @@ func validate(d *opDesc, rank, size int, mem Memory) error {
 		if d.in.count != d.t.count*size {
 			return invalidf("in has %d elements, want out's %d × size %d = %d", d.in.count, d.t.count, size, d.t.count*size)
 		}
+	case OpReduceScatterV:
+		if err := checkPair("out", "in"); err != nil {
+			return err
+		}
+		if err := checkOp(); err != nil {
+			return err
+		}
+		sum, err := checkCounts(d.counts, "counts")
+		if err != nil {
+			return err
+		}
+		if d.counts[rank] != d.t.count {
+			return invalidf("counts[%d] = %d but out has %d elements", rank, d.counts[rank], d.t.count)
+		}
+		if sum != d.in.count {
+			return invalidf("in has %d elements, want sum(counts) = %d", d.in.count, sum)
+		}
 	case OpAllGather:
 		if err := checkPair("out", "in"); err != nil {
 			return err

@@ -30,6 +30,19 @@ func (c *Comm) ReduceScatterAsync(ctx context.Context, out, in Tensor, op Reduce
 	return c.start(ctx, opDesc{kind: OpReduceScatter, t: out, in: in, op: op})
 }
 
+// ReduceScatterV reduces in, whose block r has counts[r] elements (packed
+// in rank order), and leaves block Rank() of the result in out (counts[Rank()]
+// elements). Every rank passes the same counts.
+func (c *Comm) ReduceScatterV(ctx context.Context, out, in Tensor, counts []int, op ReduceOp) error {
+	_, err := c.do(ctx, opDesc{kind: OpReduceScatterV, t: out, in: in, counts: counts, op: op})
+	return err
+}
+
+// ReduceScatterVAsync is the async form of ReduceScatterV.
+func (c *Comm) ReduceScatterVAsync(ctx context.Context, out, in Tensor, counts []int, op ReduceOp) *Work {
+	return c.start(ctx, opDesc{kind: OpReduceScatterV, t: out, in: in, counts: counts, op: op})
+}
+
 // AllGather gathers every rank's in into out (Size()×in.Count() elements) in rank order.
 func (c *Comm) AllGather(ctx context.Context, out, in Tensor) error {
 	_, err := c.do(ctx, opDesc{kind: OpAllGather, t: out, in: in})

@@ -24,7 +24,7 @@ type mcase struct {
 	in       [][]byte // by rank
 	want     [][]byte // by rank: expected out (or buffer, for in-place ops)
 	outLen   []int    // by rank: bytes of the out buffer
-	counts   []int    // AllGatherV
+	counts   []int    // AllGatherV, ReduceScatterV
 	inCounts [][]int  // AllToAllV, by rank
 	outCnts  [][]int
 	p2pSize  int // Send/Recv, BatchP2P: elements per message
@@ -149,6 +149,32 @@ func matrixCases(n int) []*mcase {
 		cs = append(cs, &mcase{name: fmt.Sprintf("allgatherv %s counts %v", dt, counts), kind: comm.OpAllGatherV,
 			dt: dt, in: ins, counts: counts, want: same(bytes.Join(ins, nil)), outLen: lens(sum(counts) * es)})
 
+		// ReduceScatterV with uneven blocks, some empty, each op once.
+		for _, op := range allOps {
+			if !op.Supports(dt) {
+				continue
+			}
+			salt++
+			counts := make([]int, n)
+			for q := range n {
+				counts[q] = (q*5 + salt) % 4 * (1 + q%2*200)
+			}
+			in := all(dt, op, sum(counts))
+			ref := refReduce(dt, op, in)
+			want := make([][]byte, n)
+			off := 0
+			for q := range n {
+				want[q] = ref[off*es : (off+counts[q])*es]
+				off += counts[q]
+			}
+			outLen := make([]int, n)
+			for q := range n {
+				outLen[q] = counts[q] * es
+			}
+			cs = append(cs, &mcase{name: fmt.Sprintf("reducescatterv %s %s counts %v", dt, op, counts), kind: comm.OpReduceScatterV,
+				dt: dt, op: op, in: in, counts: counts, want: want, outLen: outLen})
+		}
+
 		// AllToAllV: rank q sends m(q, p) elements to p.
 		salt++
 		s := salt
@@ -241,6 +267,8 @@ func runCase(ctx context.Context, cm *comm.Comm, c *mcase, n, r int) error {
 		err = cm.AllGather(ctx, tensor(dt, out), tensor(dt, in))
 	case comm.OpAllGatherV:
 		err = cm.AllGatherV(ctx, tensor(dt, out), tensor(dt, in), c.counts)
+	case comm.OpReduceScatterV:
+		err = cm.ReduceScatterV(ctx, tensor(dt, out), tensor(dt, in), c.counts, c.op)
 	case comm.OpGather:
 		var o comm.Tensor
 		if r == c.root {

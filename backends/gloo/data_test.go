@@ -11,7 +11,7 @@ import (
 )
 
 var allDTypes = []comm.DType{comm.Float32, comm.Float64, comm.BFloat16, comm.Float16, comm.Int32, comm.Int8, comm.Uint8, comm.Int64}
-var allOps = []comm.ReduceOp{comm.Sum, comm.Prod, comm.Min, comm.Max, comm.Avg}
+var allOps = []comm.ReduceOp{comm.Sum, comm.Prod, comm.Min, comm.Max, comm.Avg, comm.BAnd, comm.BOr, comm.BXor}
 
 // put stores v (an exactly representable small number) as element i of buf.
 func put(dt comm.DType, buf []byte, i int, v float64) {

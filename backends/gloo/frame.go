@@ -149,7 +149,7 @@ func decodeHeader(b []byte) (header, error) {
 	h.d.aux = binary.LittleEndian.Uint32(b[36:])
 	switch h.typ {
 	case frameOp:
-		if h.d.op == comm.OpNone || h.d.op >= comm.OpShrink && h.d.op != comm.OpSplit {
+		if h.d.op == comm.OpNone || h.d.op >= comm.OpShrink && h.d.op != comm.OpSplit && h.d.op != comm.OpReduceScatterV {
 			return h, fmt.Errorf("%w: op frame for %s", errMalformed, h.d.op)
 		}
 		if h.d.dtype != 0 && !h.d.dtype.Valid() {

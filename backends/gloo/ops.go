@@ -567,32 +567,63 @@ func (b *Backend) ReduceScatter(ctx context.Context, out, in comm.Tensor, op com
 	if err := b.begin(ctx, comm.OpReduceScatter); err != nil {
 		return err
 	}
-	ob, ib := out.Bytes(), in.Bytes()
+	off := b.intBuf(b.size + 1)
+	for i := range off {
+		off[i] = i * out.NumBytes()
+	}
+	d := desc{op: comm.OpReduceScatter, dtype: in.DType(), redop: op, root: -1, count: uint64(out.Count())}
+	return b.end(b.reduceScatter(ctx, d, out.Bytes(), in.Bytes(), off))
+}
+
+// ReduceScatterV implements comm.Backend: ReduceScatter over blocks of
+// counts[r] elements. in is never modified.
+func (b *Backend) ReduceScatterV(ctx context.Context, out, in comm.Tensor, counts []int, op comm.ReduceOp) error {
+	if err := b.begin(ctx, comm.OpReduceScatterV); err != nil {
+		return err
+	}
+	es := in.DType().Size()
+	off := b.intBuf(b.size + 1)
+	off[0] = 0
+	for i := range b.size {
+		off[i+1] = off[i] + counts[i]*es
+	}
+	d := desc{op: comm.OpReduceScatterV, dtype: in.DType(), redop: op, root: -1, count: uint64(in.Count()), aux: uint32(hashInts(counts))}
+	return b.end(b.reduceScatter(ctx, d, out.Bytes(), in.Bytes(), off))
+}
+
+// reduceScatter leaves block Rank() of the reduction of in in out, block r
+// being in[off[r]:off[r+1]]: recursive doubling over a copy of the whole
+// input for small messages, else the ring.
+func (b *Backend) reduceScatter(ctx context.Context, d desc, out, in []byte, off []int) error {
 	if b.size == 1 {
-		copy(ob, ib)
-		return b.end(nil)
+		copy(out, in)
+		return nil
 	}
-	d := desc{op: comm.OpReduceScatter, dtype: in.DType(), redop: op, algo: b.pick(len(ib)), root: -1, count: uint64(out.Count())}
+	d.algo = b.pick(len(in))
 	if d.algo == AlgorithmRecursiveDoubling {
-		tmp := b.buf(5, len(ib))
-		copy(tmp, ib)
+		tmp := b.buf(5, len(in))
+		copy(tmp, in)
 		if err := b.allReduceRD(ctx, d, tmp); err != nil {
-			return b.end(err)
+			return err
 		}
-		copy(ob, tmp[b.rank*len(ob):(b.rank+1)*len(ob)])
-		return b.end(nil)
+		copy(out, tmp[off[b.rank]:off[b.rank+1]])
+		return nil
 	}
-	return b.end(b.reduceScatterRing(ctx, d, ob, ib))
+	return b.reduceScatterRing(ctx, d, out, in, off)
 }
 
 // reduceScatterRing: step s sends chunk r-s-1 (from in at step 0, else the
 // partial sum received at step s-1) and receives chunk r-s-2, which the
 // reader reduces with in into a scratch buffer (into out at the last step).
-// Three rotating buffers let the reader run a step ahead of the sends.
-func (b *Backend) reduceScatterRing(ctx context.Context, d desc, out, in []byte) error {
+// Three rotating buffers, each as large as the largest block, let the
+// reader run a step ahead of the sends. Chunk c is in[off[c]:off[c+1]].
+func (b *Backend) reduceScatterRing(ctx context.Context, d desc, out, in []byte, off []int) error {
 	n, r := b.size, b.rank
 	left, right := mod(r-1, n), mod(r+1, n)
-	B := len(out)
+	B := 0
+	for c := range n {
+		B = max(B, off[c+1]-off[c])
+	}
 	b.want[left] += n - 1
 	seq := b.collective(d, true)
 	if err := b.agree(ctx, seq, d); err != nil {
@@ -600,15 +631,17 @@ func (b *Backend) reduceScatterRing(ctx context.Context, d desc, out, in []byte)
 	}
 	bufs := [3][]byte{b.buf(6, B), b.buf(7, B), b.buf(8, B)}
 	marks := b.markBuf(n - 1)
+	chunk := func(c int) []byte { return in[off[c]:off[c+1]] }
+	// dstOf is where step s's incoming chunk r-s-2 is reduced.
 	dstOf := func(s int) []byte {
 		if s == n-2 {
 			return out
 		}
-		return bufs[s%3]
+		c := mod(r-s-2, n)
+		return bufs[s%3][:off[c+1]-off[c]]
 	}
 	postStep := func(s int) {
-		c := mod(r-s-2, n)
-		marks[s], _ = b.post(left, entry{seq: seq, tag: uint32(s), d: d, mode: modeReduce, dst: dstOf(s), src: in[c*B : (c+1)*B]})
+		marks[s], _ = b.post(left, entry{seq: seq, tag: uint32(s), d: d, mode: modeReduce, dst: dstOf(s), src: chunk(mod(r-s-2, n))})
 	}
 	postStep(0)
 	if n-1 > 1 {
@@ -620,8 +653,7 @@ func (b *Backend) reduceScatterRing(ctx context.Context, d desc, out, in []byte)
 		}
 		var err error
 		if s == 0 {
-			c := mod(r-1, n)
-			err = b.sendData(ctx, right, opHeader(d, seq, s), in[c*B:(c+1)*B])
+			err = b.sendData(ctx, right, opHeader(d, seq, s), chunk(mod(r-1, n)))
 		} else {
 			err = b.forward(ctx, left, marks[s-1], right, opHeader(d, seq, s), dstOf(s-1), 0)
 		}

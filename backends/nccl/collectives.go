@@ -96,6 +96,40 @@ func (b *Backend) ReduceScatter(ctx context.Context, out, in comm.Tensor, op com
 	return b.run(ctx, "reducescatter", a)
 }
 
+// ReduceScatterV implements comm.Backend as one group of reduces, one per
+// rank with a non-empty block (NCCL has no reduce-scatter with uneven
+// blocks; torchcomms' NCCL backend does the same).
+func (b *Backend) ReduceScatterV(ctx context.Context, out, in comm.Tensor, counts []int, op comm.ReduceOp) error {
+	dt, err := b.checkPair(out, in)
+	if err != nil {
+		return err
+	}
+	rop, err := redOp(op, out.DType())
+	if err != nil {
+		return err
+	}
+	if len(counts) != b.size || counts[b.rank] != out.Count() {
+		return fmt.Errorf("nccl: %w: reducescatterv: counts %v do not fit size %d and out's %d elements", comm.ErrInvalidArgument, counts, b.size, out.Count())
+	}
+	es := uintptr(in.DType().Size())
+	b.group = b.group[:0]
+	off := 0
+	for r, c := range counts {
+		if c < 0 || off+c > in.Count() {
+			return fmt.Errorf("nccl: %w: reducescatterv: counts %v overflow in's %d elements", comm.ErrInvalidArgument, counts, in.Count())
+		}
+		if c > 0 {
+			var recv uintptr
+			if r == b.rank {
+				recv = out.Ptr()
+			}
+			b.group = append(b.group, collArgs{kind: kReduce, dtype: dt, redop: rop, peer: int32(r), send: in.Ptr() + uintptr(off)*es, recv: recv, count: uint64(c)})
+		}
+		off += c
+	}
+	return b.runGroup(ctx, "reducescatterv", 0, 0, 0)
+}
+
 func (b *Backend) allGatherArgs(out, in comm.Tensor) (collArgs, error) {
 	dt, err := b.checkPair(out, in)
 	if err != nil {

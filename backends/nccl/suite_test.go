@@ -202,6 +202,18 @@ func reduceVals(op comm.ReduceOp, parts [][]float64) []float64 {
 	return out
 }
 
+// reduceValsOf is reduceVals with an integer type's Avg truncated toward
+// zero, as ncclAvg computes it.
+func reduceValsOf(dt comm.DType, op comm.ReduceOp, parts [][]float64) []float64 {
+	out := reduceVals(op, parts)
+	if op == comm.Avg && !dt.IsFloat() {
+		for i := range out {
+			out[i] = math.Trunc(out[i])
+		}
+	}
+	return out
+}
+
 // tolerance is the largest relative error accepted: results of small
 // integers are exact, except Avg, which rounds to the dtype.
 func tolerance(dt comm.DType, op comm.ReduceOp) float64 {
@@ -276,16 +288,14 @@ func collectiveSuite(t *testing.T, ctx context.Context, ranks []*rank, dtypes []
 	for _, dt := range dtypes {
 		rng := rand.New(rand.NewPCG(seed, uint64(dt)))
 		t.Run(dt.String(), func(t *testing.T) {
-			ops := []comm.ReduceOp{comm.Sum, comm.Prod, comm.Min, comm.Max}
-			if dt.IsFloat() {
-				ops = append(ops, comm.Avg)
-			}
+			// Avg on an integer type truncates (ncclAvg).
+			ops := []comm.ReduceOp{comm.Sum, comm.Prod, comm.Min, comm.Max, comm.Avg}
 			for _, op := range ops {
 				in := make([][]float64, size)
 				for r := range in {
 					in[r] = randVals(rng, dt, n)
 				}
-				want := reduceVals(op, in)
+				want := reduceValsOf(dt, op, in)
 				runOp(t, ctx, ranks, "allreduce/"+op.String(), dt, func(rk *rank, bufs *bufSet) error {
 					x, err := bufs.with(in[rk.r])
 					if err != nil {
@@ -318,6 +328,40 @@ func collectiveSuite(t *testing.T, ctx context.Context, ranks []*rank, dtypes []
 				}
 				return bufs.expect(out, rsSum[rk.r*n:(rk.r+1)*n], 0)
 			})
+
+			// ReduceScatterV: uneven blocks (one empty where n allows), sum
+			// and avg.
+			rsvCounts := make([]int, size)
+			total := 0
+			for r := range rsvCounts {
+				rsvCounts[r] = (r*n/3 + 2) % (n + 1)
+				total += rsvCounts[r]
+			}
+			for _, op := range []comm.ReduceOp{comm.Sum, comm.Avg} {
+				rsvIn := make([][]float64, size)
+				for r := range rsvIn {
+					rsvIn[r] = randVals(rng, dt, total)
+				}
+				rsvWant := reduceValsOf(dt, op, rsvIn)
+				runOp(t, ctx, ranks, "reducescatterv/"+op.String(), dt, func(rk *rank, bufs *bufSet) error {
+					in, err := bufs.with(rsvIn[rk.r])
+					if err != nil {
+						return err
+					}
+					out, err := bufs.poisoned(rsvCounts[rk.r])
+					if err != nil {
+						return err
+					}
+					if err := rk.c.ReduceScatterV(ctx, out.t(), in.t(), rsvCounts, op); err != nil {
+						return err
+					}
+					off := 0
+					for _, c := range rsvCounts[:rk.r] {
+						off += c
+					}
+					return bufs.expect(out, rsvWant[off:off+rsvCounts[rk.r]], tolerance(dt, op))
+				})
+			}
 
 			// AllGather and AllGatherV.
 			agIn := make([][]float64, size)

@@ -367,6 +367,22 @@ func (b *Backend) ReduceScatter(ctx context.Context, out, in comm.Tensor, op com
 	return nil
 }
 
+func (b *Backend) ReduceScatterV(ctx context.Context, out, in comm.Tensor, counts []int, op comm.ReduceOp) error {
+	r, err := b.exchange(ctx, header{op: comm.OpReduceScatterV, dtype: in.DType(), count: in.Count(), rop: op}, in.Bytes(), counts)
+	if err != nil {
+		return err
+	}
+	if err := b.agree(r, comm.OpReduceScatterV, "counts"); err != nil {
+		return err
+	}
+	es, off := in.DType().Size(), 0
+	for _, c := range counts[:b.rank] {
+		off += c * es
+	}
+	copy(out.Bytes(), reduceAll(r, in.DType(), op, b.h.size)[off:off+out.NumBytes()])
+	return nil
+}
+
 func (b *Backend) AllGather(ctx context.Context, out, in comm.Tensor) error {
 	r, err := b.exchange(ctx, header{op: comm.OpAllGather, dtype: in.DType(), count: in.Count()}, in.Bytes(), nil)
 	if err != nil {

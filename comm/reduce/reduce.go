@@ -12,6 +12,10 @@ type number interface {
 	~float32 | ~float64 | ~int8 | ~uint8 | ~int32 | ~int64
 }
 
+type integer interface {
+	~int8 | ~uint8 | ~int32 | ~int64
+}
+
 func view[T any](b []byte) []T {
 	if len(b) == 0 {
 		return nil
@@ -37,6 +41,10 @@ func Into(dt comm.DType, op comm.ReduceOp, dst, src []byte) {
 	case dt == comm.Float64 && sum:
 		d := view[float64](dst)
 		sumF64(d, d, view[float64](src))
+		return
+	}
+	if op.Bitwise() {
+		Into3(dt, op, dst, dst, src)
 		return
 	}
 	switch dt {
@@ -77,6 +85,21 @@ func Into3(dt comm.DType, op comm.ReduceOp, dst, a, b []byte) {
 		return
 	case dt == comm.Float64 && sum:
 		sumF64(view[float64](dst), view[float64](a), view[float64](b))
+		return
+	}
+	if op.Bitwise() {
+		switch dt {
+		case comm.Int8:
+			bitwise3(op, view[int8](dst), view[int8](a), view[int8](b))
+		case comm.Uint8:
+			bitwise3(op, view[uint8](dst), view[uint8](a), view[uint8](b))
+		case comm.Int32:
+			bitwise3(op, view[int32](dst), view[int32](a), view[int32](b))
+		case comm.Int64:
+			bitwise3(op, view[int64](dst), view[int64](a), view[int64](b))
+		default:
+			panic("reduce: bitwise " + op.String() + " on " + dt.String())
+		}
 		return
 	}
 	switch dt {
@@ -145,6 +168,28 @@ func apply3[T number](op comm.ReduceOp, d, a, b []T) {
 		}
 	default:
 		panic("reduce: invalid op " + op.String())
+	}
+}
+
+// bitwise3 sets d = op(a, b) for the bitwise ops of integer types (d may
+// alias a or b exactly).
+func bitwise3[T integer](op comm.ReduceOp, d, a, b []T) {
+	a, b = a[:len(d)], b[:len(d)]
+	switch op {
+	case comm.BAnd:
+		for i := range d {
+			d[i] = a[i] & b[i]
+		}
+	case comm.BOr:
+		for i := range d {
+			d[i] = a[i] | b[i]
+		}
+	case comm.BXor:
+		for i := range d {
+			d[i] = a[i] ^ b[i]
+		}
+	default:
+		panic("reduce: invalid bitwise op " + op.String())
 	}
 }
 
@@ -277,11 +322,19 @@ func bf16(op comm.ReduceOp, d, a, b []comm.BF16) {
 	}
 }
 
-// Divide divides every element of buf by n (the last step of Avg). Integer
-// types are not divided: Avg is defined for floating-point types only.
+// Divide divides every element of buf by n (the last step of Avg); an
+// integer type's division truncates toward zero.
 func Divide(dt comm.DType, buf []byte, n int) {
 	f := float64(n)
 	switch dt {
+	case comm.Int8:
+		divInt(view[int8](buf), n)
+	case comm.Uint8:
+		divInt(view[uint8](buf), n)
+	case comm.Int32:
+		divInt(view[int32](buf), n)
+	case comm.Int64:
+		divInt(view[int64](buf), n)
 	case comm.Float32:
 		b := view[float32](buf)
 		for i := range b {
@@ -302,5 +355,24 @@ func Divide(dt comm.DType, buf []byte, n int) {
 		for i := range b {
 			b[i] = comm.NewBF16(b[i].Float32() / float32(f))
 		}
+	}
+}
+
+// divInt divides by n, truncating toward zero. An n the type cannot hold
+// (more ranks than int8's 127, say) divides by the type's maximum: the
+// average of such a job's values rounds to 0 or -1 either way.
+func divInt[T integer](b []T, n int) {
+	d := T(n)
+	if int(d) != n || d <= 0 {
+		var z T
+		bits := 8 * uint64(unsafe.Sizeof(z))
+		if z-1 < 0 { // signed
+			bits--
+		}
+		m := uint64(1)<<bits - 1
+		d = T(m)
+	}
+	for i := range b {
+		b[i] /= d
 	}
 }

@@ -2,6 +2,7 @@ package reduce_test
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"unsafe"
 
@@ -65,10 +66,86 @@ func TestDivide(t *testing.T) {
 	if g[0] != 0.25 || !math.IsInf(g[1], 1) {
 		t.Fatal(g)
 	}
-	i := []int32{7}
-	reduce.Divide(comm.Int32, bytesOf(i), 2) // integers are left alone
-	if i[0] != 7 {
-		t.Fatal(i)
+}
+
+// An integer Avg divides the (wrapped) sum and truncates toward zero, as
+// NCCL's ncclAvg does; a rank count the type cannot hold divides by the
+// type's maximum.
+func TestDivideIntegersTruncates(t *testing.T) {
+	i := []int32{7, -7, 6, 0}
+	reduce.Divide(comm.Int32, bytesOf(i), 2)
+	if want := []int32{3, -3, 3, 0}; !slices.Equal(i, want) {
+		t.Fatalf("int32 / 2: %v, want %v", i, want)
+	}
+	b := []int8{127, -128, 5}
+	reduce.Divide(comm.Int8, bytesOf(b), 4)
+	if want := []int8{31, -32, 1}; !slices.Equal(b, want) {
+		t.Fatalf("int8 / 4: %v, want %v", b, want)
+	}
+	u := []uint8{255, 9}
+	reduce.Divide(comm.Uint8, bytesOf(u), 300) // more ranks than uint8 holds: / 255
+	if want := []uint8{1, 0}; !slices.Equal(u, want) {
+		t.Fatalf("uint8 / 300: %v, want %v", u, want)
+	}
+	l := []int64{-9}
+	reduce.Divide(comm.Int64, bytesOf(l), 4)
+	if l[0] != -2 {
+		t.Fatalf("int64 -9 / 4: %d, want -2", l[0])
+	}
+}
+
+func TestIntoBitwise(t *testing.T) {
+	for _, tc := range []struct {
+		op   comm.ReduceOp
+		want []int64
+	}{
+		{comm.BAnd, []int64{0b1000, 0, -8}},
+		{comm.BOr, []int64{0b1110, 5, -1}},
+		{comm.BXor, []int64{0b0110, 5, 7}},
+	} {
+		d, s := []int64{0b1100, 5, -8}, []int64{0b1010, 0, -1}
+		reduce.Into(comm.Int64, tc.op, bytesOf(d), bytesOf(s))
+		if !slices.Equal(d, tc.want) {
+			t.Fatalf("int64 %s: %v, want %v", tc.op, d, tc.want)
+		}
+		x, y := []uint8{0b1100, 1, 0}, []uint8{0b1010, 1, 1}
+		dst := make([]uint8, 3)
+		reduce.Into3(comm.Uint8, tc.op, bytesOf(dst), bytesOf(x), bytesOf(y))
+		for i := range dst {
+			var w uint8
+			switch tc.op {
+			case comm.BAnd:
+				w = x[i] & y[i]
+			case comm.BOr:
+				w = x[i] | y[i]
+			default:
+				w = x[i] ^ y[i]
+			}
+			if dst[i] != w {
+				t.Fatalf("uint8 %s: %v, want element %d = %d", tc.op, dst, i, w)
+			}
+		}
+	}
+}
+
+func TestBitwiseOnlyForIntegers(t *testing.T) {
+	for _, op := range []comm.ReduceOp{comm.BAnd, comm.BOr, comm.BXor} {
+		for _, dt := range []comm.DType{comm.Float32, comm.Float64, comm.Float16, comm.BFloat16} {
+			if op.Supports(dt) {
+				t.Errorf("%s supports %s", op, dt)
+			}
+		}
+		for _, dt := range []comm.DType{comm.Int8, comm.Uint8, comm.Int32, comm.Int64} {
+			if !op.Supports(dt) {
+				t.Errorf("%s does not support %s", op, dt)
+			}
+		}
+		if got, err := comm.ParseReduceOp(op.String()); err != nil || got != op {
+			t.Errorf("ParseReduceOp(%q) = %v, %v", op, got, err)
+		}
+	}
+	if !comm.Avg.Supports(comm.Int32) {
+		t.Error("avg does not support int32")
 	}
 }
 
