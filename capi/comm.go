@@ -30,7 +30,9 @@ type commSettings struct {
 	Name     string  `json:"name"`
 	Prefix   string  `json:"prefix"`
 	Epoch    uint64  `json:"epoch"`
-	TimeoutS float64 `json:"timeout_s"` // per op; also bounds the rendezvous
+	TimeoutS float64 `json:"timeout_s"` // per op; also bounds the rendezvous, unless:
+	// RendezvousS bounds the rendezvous (connecting to the peers), when set.
+	RendezvousS float64 `json:"rendezvous_timeout_s"`
 	Device   *int    `json:"device"`    // CUDA ordinal (nccl)
 	JobID    string  `json:"job_id"`
 	Secret   string  `json:"secret"`
@@ -218,7 +220,10 @@ func ftcomm_comm_new(backend *C.char, settings *C.char, store C.uint64_t, out *C
 		ctx := can.enter()
 		defer can.leave()
 		limit := 300 * time.Second
-		if o.Timeout > 0 {
+		switch {
+		case s.RendezvousS > 0:
+			limit = seconds(s.RendezvousS)
+		case o.Timeout > 0:
 			limit = o.Timeout
 		}
 		ctx, cancel := context.WithTimeout(ctx, limit)
@@ -325,10 +330,16 @@ func makeArgs(kind C.int32_t, out unsafe.Pointer, outCount C.int64_t, in unsafe.
 			return a, err
 		}
 	}
-	if in != nil || inCount > 0 {
-		if a.in, err = tensor(in, int64(inCount), int32(dtype), int32(device)); err != nil {
-			return a, err
+	switch kind {
+	case opReduceScatter, opAllGather, opAllToAll, opScatter, opGather, opAllGatherV, opReduceScatterV, opAllToAllV:
+		// Two-tensor ops take in even when it is empty (0 elements at NULL).
+	default:
+		if in == nil && inCount == 0 {
+			return a, nil
 		}
+	}
+	if a.in, err = tensor(in, int64(inCount), int32(dtype), int32(device)); err != nil {
+		return a, err
 	}
 	return a, nil
 }

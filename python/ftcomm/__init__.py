@@ -3,7 +3,8 @@ Go core (libftcomm.so, through ctypes).
 
 Two APIs:
 
-- the communicator, with torchcomms' names::
+- the communicator, with torchcomms' names (torchcomms' own integration
+  tests run against it: python/conformance)::
 
       from ftcomm import new_comm, ReduceOp
       comm = new_comm("nccl", torch.device("cuda"), name="main")   # under torchrun
@@ -18,7 +19,18 @@ See docs/python.md in the repository.
 
 from . import _lib, errors
 from ._lib import interrupt, library_path, live_handles
-from .comm import Communicator, ReduceOp, Work, new_comm
+from .comm import (
+    BatchP2POptions,
+    BatchSendRecv,
+    CommOptions,
+    Communicator,
+    P2POp,
+    P2POpType,
+    TorchComm,
+    new_comm,
+)
+from .reduce_op import RedOpType, ReduceOp
+from .work import Work, WorkStatus
 from .errors import (
     AbortedError,
     BackendUnavailableError,
@@ -42,7 +54,9 @@ from .errors import (
     TooManyCommitFailuresError,
 )
 from .store import Store
-from . import coordinator, ft
+from . import coordinator, ft, objcol
+
+TorchWork = Work
 
 __version__ = "0.1.0"
 
@@ -65,8 +79,19 @@ def nccl_info() -> dict:
     info["mapped"] = sorted(maps)
     return info
 
+def is_backend_built(backend: str) -> bool:
+    """Whether new_comm takes this backend name (torchcomms' check)."""
+    return backend in ("gloo", "nccl", "ncclx", "cuda")
+
+
+def built_backends() -> list:
+    return ["gloo", "nccl"]
+
+
 __all__ = [
-    "new_comm", "nccl_info", "Communicator", "ReduceOp", "Work", "Store", "interrupt", "live_handles", "library_path",
+    "new_comm", "nccl_info", "Communicator", "TorchComm", "ReduceOp", "RedOpType", "Work", "TorchWork", "WorkStatus",
+    "CommOptions", "BatchSendRecv", "BatchP2POptions", "P2POp", "P2POpType", "objcol", "is_backend_built",
+    "built_backends", "Store", "interrupt", "live_handles", "library_path",
     "errors", "FtcommError", "InvalidArgumentError", "InvalidTypeError", "CommTimeoutError", "RevokedError",
     "PeerFailedError", "MismatchError", "AbortedError", "ClosedError", "BackendUnavailableError",
     "RolledBackError", "FinishedError", "GroupDivergedError", "NotParticipatingError", "TooManyCommitFailuresError",

@@ -16,11 +16,12 @@ from typing import Optional
 
 from . import errors
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # Statuses (libftcomm.h).
 OK = 0
 PENDING = 1
+ERR_BAD_HANDLE = -1
 ERR_INTERRUPTED = -3
 ERR_SHORT_BUFFER = -16
 
@@ -36,6 +37,11 @@ OP_ALL_TO_ALL = 8
 OP_BARRIER = 9
 OP_SEND = 10
 OP_RECV = 11
+OP_ALL_GATHER_V = 12  # ftcomm_comm_opv
+OP_REDUCE_SCATTER_V = 13
+OP_ALL_TO_ALL_V = 14
+P2P_SEND = 1  # ftcomm_comm_batch
+P2P_RECV = 2
 ASYNC = 1
 
 _u64, _i64, _i32, _vp, _cp = c_uint64, c_int64, c_int32, c_void_p, c_char_p
@@ -56,6 +62,10 @@ _SIGNATURES = {
     "ftcomm_comm_info": ([_u64] + _buf, _i32),
     "ftcomm_comm_dump": ([_u64] + _buf, _i32),
     "ftcomm_comm_op": (_opargs, _i32),
+    "ftcomm_comm_opv": ([_u64, _i32, _vp, _i64, _vp, _i64, _i32, _i32, _i32, _pi64, _i64, _pi64, _i64, _u64, _i64,
+                         _i32, _pu64], _i32),
+    "ftcomm_comm_batch": ([_u64, _i64, _pi32, POINTER(c_void_p), _pi64, _pi32, _pi32, _i32, _u64, _i64, _i32, _pu64],
+                          _i32),
     "ftcomm_nccl_info": (_buf, _i32),
     "ftcomm_comm_run": ([_u64, _u64, _vp, _i64], _i32),
     "ftcomm_comm_loop": ([_u64, _vp, _i64, _i32, _i32, _i64, _pi64], _i32),

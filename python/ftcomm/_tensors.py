@@ -8,11 +8,19 @@ from typing import Any, Tuple
 
 from .errors import InvalidArgumentError, InvalidTypeError
 
-# comm.DType values.
+# comm.DType values, and BOOL: torch.bool and numpy's bool_, which cross the
+# ABI as UINT8 (their bytes are 0 or 1) with the reductions mapped (abi_dtype,
+# and Communicator's reductions).
 FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT8, UINT8, INT32, INT64 = range(1, 9)
+BOOL = 100
 DTYPE_NAMES = {FLOAT32: "float32", FLOAT64: "float64", FLOAT16: "float16", BFLOAT16: "bfloat16",
-               INT8: "int8", UINT8: "uint8", INT32: "int32", INT64: "int64"}
+               INT8: "int8", UINT8: "uint8", INT32: "int32", INT64: "int64", BOOL: "bool"}
 FLOATS = frozenset((FLOAT32, FLOAT64, FLOAT16, BFLOAT16))
+
+
+def abi_dtype(dt: int) -> int:
+    """The comm.DType a dtype crosses the ABI as."""
+    return UINT8 if dt == BOOL else dt
 
 _torch = None
 _torch_dtypes: dict = {}
@@ -122,7 +130,10 @@ def describe(t: Any, name: str = "tensor") -> Tuple[int, int, int, int]:
     if torch is not None and isinstance(t, torch.Tensor):
         dt = _torch_dtypes.get(t.dtype)
         if dt is None:
-            raise _typ("%s: dtype %s is not supported (float32/64, float16, bfloat16, int8/32/64, uint8)" % (name, t.dtype))
+            if t.dtype is not torch.bool:
+                raise _typ("%s: dtype %s is not supported (float32/64, float16, bfloat16, int8/32/64, uint8, bool)" % (
+                    name, t.dtype))
+            dt = BOOL
         if not t.is_contiguous():
             raise _inv("%s: not contiguous (call .contiguous() first)" % name)
         if t.is_cuda:
@@ -134,7 +145,9 @@ def describe(t: Any, name: str = "tensor") -> Tuple[int, int, int, int]:
     if np is not None and isinstance(t, np.ndarray):
         dt = _np_dtypes.get(t.dtype)
         if dt is None:
-            raise _typ("%s: dtype %s is not supported" % (name, t.dtype))
+            if t.dtype != np.bool_:
+                raise _typ("%s: dtype %s is not supported" % (name, t.dtype))
+            dt = BOOL
         if not t.flags.c_contiguous:
             raise _inv("%s: not C-contiguous (use numpy.ascontiguousarray)" % name)
         if not t.flags.writeable:
@@ -177,3 +190,44 @@ def copy_into(dst: Any, src: Any) -> None:
         dst.copy_(src.view(dst.shape))
     else:
         dst[...] = src.reshape(dst.shape)
+
+
+def numel(t: Any) -> int:
+    return t.numel() if is_torch(t) else int(t.size)
+
+
+def shape(t: Any) -> tuple:
+    return tuple(t.shape)
+
+
+_ITEMSIZE = {FLOAT32: 4, FLOAT64: 8, FLOAT16: 2, BFLOAT16: 2, INT8: 1, UINT8: 1, INT32: 4, INT64: 8, BOOL: 1}
+
+
+def itemsize(dt: int) -> int:
+    return _ITEMSIZE[dt]
+
+
+def _factor_for(t: Any, factor: Any):
+    """A PREMUL_SUM factor usable with t: a tensor factor on t's device."""
+    if is_torch(factor) and is_torch(t):
+        return factor.to(device=t.device)
+    if is_torch(factor):
+        return float(factor.reshape(-1)[0])
+    return factor
+
+
+def scale_(t: Any, factor: Any) -> None:
+    """t *= factor, in t's dtype (on the current stream, for CUDA)."""
+    f = _factor_for(t, factor)
+    if is_torch(t):
+        t.mul_(f)
+    else:
+        _np.multiply(t, f, out=t, casting="unsafe")
+
+
+def scaled(t: Any, factor: Any):
+    """A new contiguous copy of t multiplied by factor, in t's dtype."""
+    f = _factor_for(t, factor)
+    if is_torch(t):
+        return (t * f).to(t.dtype).contiguous()
+    return _np.ascontiguousarray(_np.multiply(t, f).astype(t.dtype))

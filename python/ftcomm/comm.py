@@ -1,131 +1,39 @@
 """The communicator, with torchcomms' names: new_comm, ReduceOp, Work and
-Communicator's collectives, point-to-point ops and reconfiguration."""
+TorchComm's collectives, point-to-point ops (single and batched),
+split, reconfigure, and ftcomm's shrink, grow and revoke.
+
+Every argument is checked before anything is sent, and the checks depend
+only on what every rank passes alike (sizes, dtypes, ops, roots, rank
+lists), so a refused call is refused on every rank and the communicator
+stays usable. Arguments only the root has (scatter's inputs, gather's
+outputs) are checked at the root alone; a root that refuses its own
+arguments leaves the other ranks to the op's deadline.
+"""
 
 from __future__ import annotations
 
 import datetime
-import enum
+import hashlib
 import json
 import os
 import secrets
+import socket
 import threading
-from ctypes import byref, c_int32, c_int64, c_uint64
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from ctypes import byref, c_int32, c_int64, c_uint64, c_void_p
+from typing import Any, Dict, List, Optional, Sequence, Set, Union
 
 from . import _lib, _tensors
-from ._tensors import describe
-from .errors import ClosedError, CommTimeoutError, FtcommError, InvalidArgumentError, InvalidTypeError
+from ._tensors import BOOL, FLOATS, abi_dtype, describe
+from .errors import ClosedError, FtcommError, InvalidArgumentError, InvalidTypeError
+from .reduce_op import RedOpType, ReduceOp, as_reduce_op
 from .store import Store, _is_torch_store, from_environment, through_torch_store
+from .work import DONE, InFlight, Work
 
-
-class ReduceOp(enum.IntEnum):
-    """Reductions of all_reduce, reduce and reduce_scatter. AVG divides by
-    the number of ranks and is defined for floating-point dtypes only."""
-
-    SUM = 1
-    PRODUCT = 2
-    MIN = 3
-    MAX = 4
-    AVG = 5
-
-
-_VALID_OPS = frozenset(int(o) for o in ReduceOp)
-
-_WAIT_SLICE_NS = 200_000_000  # a blocked wait returns to Python this often (signals)
+_SUM = 1
 
 
 def _inv(msg: str) -> InvalidArgumentError:
     return InvalidArgumentError("ftcomm: " + msg, kinds=("invalid_argument",))
-
-
-class Work:
-    """The handle of an async op (``async_op=True``).
-
-    ``wait(timeout=None)`` blocks until the op is done and raises its error
-    if it failed (a timeout raises CommTimeoutError and leaves the op
-    running); ``is_completed()`` says whether it is done. The tensors passed
-    to the op must stay untouched until then; the Work keeps them alive.
-    Ctrl-C in ``wait`` cancels the op (its communicator is aborted: a
-    collective cannot be left half-way) and raises KeyboardInterrupt.
-    For CUDA tensors, ``wait`` also blocks the host until the op is done;
-    work queued on the current stream afterwards sees the result.
-    """
-
-    __slots__ = ("_h", "_keep", "_after", "_done", "_err", "__weakref__")
-
-    def __init__(self, handle: int = 0, keep: Any = None, after: Optional[Callable[[], None]] = None):
-        self._h = handle
-        self._keep = keep
-        self._after = after
-        self._done = handle == 0
-        self._err: Optional[BaseException] = None
-
-    def _finish(self, err: Optional[BaseException]) -> None:
-        self._done, self._err = True, err
-        h, self._h = self._h, 0
-        if h and not _lib.forked:
-            _lib.lib().ftcomm_work_free(h)
-        if err is None and self._after is not None:
-            after, self._after = self._after, None
-            after()
-        self._keep = None
-
-    def is_completed(self) -> bool:
-        if self._done:
-            return True
-        done = c_int32()
-        _lib.check(_lib.lib().ftcomm_work_test(self._h, byref(done)))
-        return bool(done.value)
-
-    def wait(self, timeout=None) -> bool:
-        if not self._done:
-            self._wait(None if timeout is None else _lib.timeout_ns(timeout))
-        if self._err is not None:
-            raise self._err
-        return True
-
-    def _wait(self, limit_ns: Optional[int]) -> None:
-        L = _lib.lib()
-        import time
-        deadline = None if limit_ns is None else time.monotonic_ns() + limit_ns
-        try:
-            while True:
-                s = _WAIT_SLICE_NS
-                if deadline is not None:
-                    s = min(s, max(deadline - time.monotonic_ns(), 1))
-                st = L.ftcomm_work_wait(self._h, s)
-                if st == _lib.OK:
-                    self._finish(None)
-                    return
-                if st < 0:
-                    try:
-                        _lib.fail(st)
-                    except FtcommError as e:
-                        self._finish(e)
-                        return
-                if deadline is not None and time.monotonic_ns() >= deadline:
-                    raise CommTimeoutError("ftcomm: wait timed out; the op is still running", kinds=("timeout",))
-        except KeyboardInterrupt:
-            # Cancel the op (it cannot be abandoned half-way, so its comm
-            # is aborted), wait for it to end, then let Ctrl-C through.
-            L.ftcomm_work_cancel(self._h)
-            st = L.ftcomm_work_wait(self._h, -1)
-            self._finish(_lib.last_error(st) if st < 0 else None)
-            raise
-
-    def __del__(self):
-        h = self._h
-        if h and not _lib.forked:
-            try:
-                _lib.lib().ftcomm_work_free(h)
-            except Exception:
-                pass
-
-    def __repr__(self):
-        return "Work(%s)" % ("done" if self._done else "pending")
-
-
-_DONE = Work()
 
 
 def _device_index(device) -> Optional[int]:
@@ -151,29 +59,167 @@ def _env_int(name: str) -> Optional[int]:
     return int(v) if v not in (None, "") else None
 
 
-_generations: Dict[str, int] = {}
-_gen_lock = threading.Lock()
+def _timedelta(t) -> Optional[datetime.timedelta]:
+    if t is None or isinstance(t, datetime.timedelta):
+        return t
+    return datetime.timedelta(seconds=float(t))
+
+
+class CommOptions:
+    """A communicator's options (torchcomms' CommOptions), as get_options()
+    reports them."""
+
+    def __init__(self, abort_process_on_timeout_or_error: bool = False, timeout=None, store=None, name: str = "",
+                 enable_reconfigure: bool = False, hints: Optional[Dict[str, str]] = None):
+        self.abort_process_on_timeout_or_error = bool(abort_process_on_timeout_or_error)
+        self.timeout = _timedelta(timeout) if timeout is not None else datetime.timedelta(seconds=60)
+        self.store = store
+        self.name = name
+        self.enable_reconfigure = bool(enable_reconfigure)
+        self.hints = dict(hints or {})
+
+    def __repr__(self):
+        return "CommOptions(name=%r, timeout=%s, abort_process_on_timeout_or_error=%s, enable_reconfigure=%s, hints=%r)" % (
+            self.name, self.timeout, self.abort_process_on_timeout_or_error, self.enable_reconfigure, self.hints)
+
+
+class BatchP2POptions:
+    """Options of BatchSendRecv.issue."""
+
+    def __init__(self, timeout=None, hints: Optional[Dict[str, str]] = None):
+        self.timeout = timeout
+        self.hints = dict(hints or {})
+
+
+class P2POpType:
+    SEND = "send"
+    RECV = "recv"
+
+
+class P2POp:
+    """One send or receive of a batch."""
+
+    __slots__ = ("type", "tensor", "peer")
+
+    def __init__(self, type: str, tensor: Any, peer: int):
+        self.type, self.tensor, self.peer = type, tensor, peer
+
+    def __repr__(self):
+        return "P2POp(%s, peer %d)" % (self.type, self.peer)
+
+
+class BatchSendRecv:
+    """Sends and receives issued together and run concurrently
+    (torchcomms' batched point-to-point): ``b = comm.batch_op_create()``,
+    ``b.send(t, dst)``, ``b.recv(t, src)``, then ``b.issue(async_op)``.
+    Every peer posts the matching counterparts in its own batch."""
+
+    def __init__(self, comm: "Communicator"):
+        self._comm = comm
+        self.ops: List[P2POp] = []
+
+    def send(self, tensor, dst: int) -> None:
+        self.ops.append(P2POp(P2POpType.SEND, tensor, dst))
+
+    def recv(self, tensor, src: int) -> None:
+        self.ops.append(P2POp(P2POpType.RECV, tensor, src))
+
+    def issue(self, async_op: bool = False, options: Optional[BatchP2POptions] = None, timeout=None) -> Work:
+        c = self._comm
+        if options is not None and timeout is None:
+            timeout = options.timeout
+        if not self.ops:
+            raise _inv("batch: no sends or receives")
+        entries = []
+        for i, p in enumerate(self.ops):
+            ptr, n, dt = c._check_tensor(p.tensor, "batch[%d]" % i)
+            entries.append((_lib.P2P_SEND if p.type == P2POpType.SEND else _lib.P2P_RECV, ptr, n, dt, c._peer(p.peer)))
+        return c._batch(entries, async_op, timeout, [p.tensor for p in self.ops])
+
+
+class _Generations:
+    """How many comms of each name this process made: the n of each comm's
+    key prefix ftcomm/<name>/<n> (ranks make their comms in the same order)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._n: Dict[str, int] = {}
+
+    def next(self, name: str) -> int:
+        with self._lock:
+            g = self._n.get(name, 0)
+            self._n[name] = g + 1
+            return g
+
+
+_generations = _Generations()
+
+
+def _adjacent(parts: Sequence[tuple], es: int) -> bool:
+    """Whether buffers (ptr, count) follow each other in memory, in order."""
+    for (p, n), (q, _) in zip(parts, parts[1:]):
+        if p + n * es != q:
+            return False
+    return True
+
+
+def _rows(t, splits: Optional[Sequence[int]], size: int, what: str) -> List[int]:
+    """Element counts of the blocks of t cut along dim 0 by splits (rows);
+    an empty or missing splits cuts t in size equal blocks."""
+    n = _tensors.numel(t)
+    shape = _tensors.shape(t)
+    rows = shape[0] if shape else 1
+    inner = n // rows if rows else 0
+    if not splits:
+        if rows % size:
+            raise _inv("%s: %d rows do not divide into %d equal blocks" % (what, rows, size))
+        return [rows // size * inner] * size
+    if len(splits) != size:
+        raise _inv("%s: %d split sizes for %d ranks" % (what, len(splits), size))
+    s = [int(x) for x in splits]
+    if any(x < 0 for x in s) or sum(s) != rows:
+        raise _inv("%s: split sizes %s do not cut %d rows" % (what, s, rows))
+    return [x * inner for x in s]
 
 
 class Communicator:
-    """One rank's communicator (comm.Comm over gloo or nccl). Make it with
-    :func:`new_comm`. Safe to use from several threads; ops run in issue
-    order. Every blocking call releases the GIL."""
+    """One rank's communicator (torchcomms' TorchComm; comm.Comm over gloo
+    or nccl). Make it with :func:`new_comm`. Safe to use from several
+    threads; ops run in issue order. Every blocking call releases the GIL.
 
-    def __init__(self, handle: int, store: Optional[Store], own_store: bool, device, backend: str, prefix: str,
-                 timeout, log_level: Optional[str]):
+    Each op takes ``async_op`` (return at once with a pending Work),
+    ``hints`` (accepted; ftcomm's ops take none) and ``timeout`` (this op's
+    deadline: seconds or a timedelta; default the comm's).
+    """
+
+    def __init__(self, handle: Optional[int], store: Optional[Store], own_store: bool, device, backend: str,
+                 prefix: str, options: CommOptions, log_level: Optional[str], name: str,
+                 init_handle: Optional[str] = None):
         self._h = handle
         self._store = store
         self._own_store = own_store
         self._device = device
         self._backend = backend
         self._prefix = prefix
-        self._timeout = timeout
+        self._options = options
         self._log_level = log_level
-        info = json.loads(_lib.get_bytes(_lib.lib().ftcomm_comm_info, handle))
-        self._rank, self._size, self._epoch, self._name = info["rank"], info["size"], info["epoch"], info["name"]
-        self._dev = info["device"]  # CUDA ordinal, -1 for host memory
+        self._name = name
         self._children: List["Communicator"] = []
+        self._inflight = InFlight()
+        self._aborted = False
+        self._init_handle = init_handle or "%s:%d:%s:%s" % (socket.gethostname(), os.getpid(), name,
+                                                             secrets.token_hex(8))
+        self._members: Optional[List[str]] = None  # init handles, by rank, of a reconfigurable comm
+        self._rank, self._size, self._epoch, self._dev = 0, 0, 0, -1
+        if handle is not None:
+            self._load_info()
+        elif _device_type(device) == "cuda":
+            self._dev = _device_index(device)
+
+    def _load_info(self) -> None:
+        info = json.loads(_lib.get_bytes(_lib.lib().ftcomm_comm_info, self._h))
+        self._rank, self._size, self._epoch = info["rank"], info["size"], info["epoch"]
+        self._dev = info["device"]  # CUDA ordinal, -1 for host memory
 
     # ---- what it is ----
 
@@ -192,9 +238,24 @@ class Communicator:
     def get_backend(self) -> str:
         return self._backend
 
+    def get_backend_version(self) -> str:
+        if self._backend == "nccl":
+            return "nccl " + str(json.loads(_lib.get_bytes(_lib.lib().ftcomm_nccl_info)).get("nccl", "?"))
+        return "ftcomm gloo"
+
+    def get_options(self) -> CommOptions:
+        return self._options
+
     def get_epoch(self) -> int:
-        """The membership generation: 0 at creation, raised by shrink and grow."""
+        """The membership generation: 0 at creation, raised by shrink, grow
+        and reconfigure."""
         return self._epoch
+
+    def get_init_handle(self) -> str:
+        """This comm's handle for reconfigure(): unique to it, the same on
+        every call. Every rank of a reconfiguration passes the list of the
+        members' handles."""
+        return self._init_handle
 
     @property
     def prefix(self) -> str:
@@ -214,77 +275,172 @@ class Communicator:
         return json.loads(_lib.get_bytes(_lib.lib().ftcomm_comm_dump, self._handle()))
 
     def _handle(self) -> int:
+        if _lib.forked:
+            raise _lib._fork_error()
         h = self._h
         if h is None:
+            if self._members is None and self._options.enable_reconfigure and not self._finalized:
+                raise ClosedError("ftcomm: communicator %r is not configured yet: call reconfigure() first" % self._name,
+                                  kinds=("closed",))
             raise ClosedError("ftcomm: communicator %r was finalized" % self._name, kinds=("closed",))
         return h
 
-    # ---- ops ----
+    _finalized = False
+    _boot = None  # a reconfigurable comm's bootstrap store (see new_comm)
+
+    # ---- checking arguments ----
 
     def _check_tensor(self, t, name):
         ptr, n, dt, dev = describe(t, name)
         if dev != self._dev:
             if self._dev < 0:
                 raise _inv("%s is on cuda:%d; this %s communicator takes CPU tensors" % (name, dev, self._backend))
-            raise _inv("%s is %s; this communicator runs on cuda:%d" % (name, "on the CPU" if dev < 0 else "on cuda:%d" % dev, self._dev))
+            raise _inv("%s is %s; this communicator runs on cuda:%d" % (
+                name, "on the CPU" if dev < 0 else "on cuda:%d" % dev, self._dev))
         return ptr, n, dt
 
-    def _op(self, kind: int, out, inp, dtype_of, op: int, root: int, async_op: bool, timeout, keep, after=None):
-        """Issue one op: out/in are (ptr, count) pairs already checked."""
-        if _lib.forked:
-            raise _lib._fork_error()
-        h = self._h
-        if h is None:
-            self._handle()
+    def _same(self, ts: Sequence, what: str, n: Optional[int] = None, dt: Optional[int] = None):
+        """(ptr, count) of each tensor of a list, all of dtype dt (and n
+        elements each, when n is given)."""
+        out = []
+        for i, t in enumerate(ts):
+            p, k, d = self._check_tensor(t, "%s[%d]" % (what, i))
+            if dt is not None and d != dt:
+                raise _inv("%s[%d] is %s, want %s" % (what, i, _tensors.DTYPE_NAMES[d], _tensors.DTYPE_NAMES[dt]))
+            if n is not None and k != n:
+                raise _inv("%s[%d] has %d elements, want %d" % (what, i, k, n))
+            dt = d
+            out.append((p, k))
+        return out
+
+    def _list(self, ts, what: str) -> Sequence:
+        if ts is None or isinstance(ts, (str, bytes)) or not hasattr(ts, "__len__"):
+            raise _inv("%s: want a list of %d tensors" % (what, self._size))
+        if len(ts) != self._size:
+            raise _inv("%s: %d tensors for %d ranks" % (what, len(ts), self._size))
+        return ts
+
+    def _root(self, root, what="root") -> int:
+        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self._size:
+            raise _inv("%s %r outside [0, %d)" % (what, root, self._size))
+        return root
+
+    def _peer(self, p) -> int:
+        p = self._root(p, "peer")
+        if p == self._rank:
+            raise _inv("peer %d is this rank" % p)
+        return p
+
+    def _reduction(self, op, dt: int):
+        """(comm.ReduceOp code, PREMUL_SUM factor or None) of op on dt."""
+        r = as_reduce_op(op)
+        t = r._type
+        name = _tensors.DTYPE_NAMES[dt]
+        if dt == BOOL:
+            if t in (RedOpType.SUM, RedOpType.MAX, RedOpType.BOR):
+                return 4, None  # logical or
+            if t in (RedOpType.PRODUCT, RedOpType.MIN, RedOpType.BAND):
+                return 3, None  # logical and
+            if t is RedOpType.BXOR:
+                return 8, None
+            raise _inv("%s is not defined for bool tensors" % t.name)
+        if t is RedOpType.PREMUL_SUM:
+            if dt not in FLOATS:
+                raise _inv("PREMUL_SUM is defined for floating-point tensors only (got %s)" % name)
+            return _SUM, r._factor
+        if t in (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR):
+            if dt in FLOATS:
+                raise _inv("%s is defined for integer and bool tensors only (got %s)" % (t.name, name))
+            if self._backend == "nccl":
+                raise _inv("%s: NCCL has no bitwise reductions (use the gloo backend)" % t.name)
+        return r._code, None
+
+    # ---- issuing ----
+
+    def _op(self, kind: int, out, inp, dt: int, redop: int, root: int, async_op: bool, timeout, keep) -> Work:
+        """Issue one op: out/inp are (ptr, count) pairs already checked."""
+        h = self._handle()
+        if self._inflight:
+            self._inflight.reap()
         optr, on = out
         iptr, inn = inp if inp is not None else (None, 0)
         dev = self._dev
         stream = _tensors.current_stream(dev) if dev >= 0 else 0
-        t = _lib.timeout_ns(timeout) if timeout is not None else 0
+        t = _lib.timeout_ns(timeout)
         L = _lib._lib
+        adt = abi_dtype(dt)
         if not async_op:
-            st = L.ftcomm_comm_op(h, kind, optr, on, iptr, inn, dtype_of, dev, op, root, stream, t, 0, None)
+            st = L.ftcomm_comm_op(h, kind, optr, on, iptr, inn, adt, dev, redop, root, stream, t, 0, None)
             if st:
                 _lib.fail(st)
-            if after is not None:
-                after()
-            return _DONE
+            return DONE
         w = c_uint64()
-        st = L.ftcomm_comm_op(h, kind, optr, on, iptr, inn, dtype_of, dev, op, root, stream, t, _lib.ASYNC, byref(w))
+        st = L.ftcomm_comm_op(h, kind, optr, on, iptr, inn, adt, dev, redop, root, stream, t, _lib.ASYNC, byref(w))
         if st:
             _lib.fail(st)
-        return Work(w.value, keep, after)
+        return Work(self._inflight.add(w.value, keep), self._inflight)
 
-    def _redop(self, op, dt) -> int:
-        o = int(op) if isinstance(op, (int, ReduceOp)) else getattr(op, "value", op)
-        if o not in _VALID_OPS:
-            raise InvalidTypeError("ftcomm: reduce op %r: want a ReduceOp" % (op,), kinds=("invalid_argument",))
-        if o == ReduceOp.AVG and dt not in _tensors.FLOATS:
-            raise _inv("AVG is defined for floating-point tensors only (got %s)" % _tensors.DTYPE_NAMES[dt])
-        return o
+    def _opv(self, kind: int, out, inp, dt: int, redop: int, counts: Sequence[int], in_counts: Optional[Sequence[int]],
+             async_op: bool, timeout, keep) -> Work:
+        h = self._handle()
+        if self._inflight:
+            self._inflight.reap()
+        c = (c_int64 * len(counts))(*counts)
+        ic = (c_int64 * len(in_counts))(*in_counts) if in_counts is not None else None
+        dev = self._dev
+        stream = _tensors.current_stream(dev) if dev >= 0 else 0
+        w = c_uint64()
+        st = _lib.lib().ftcomm_comm_opv(h, kind, out[0], out[1], inp[0], inp[1], abi_dtype(dt), dev, redop, c,
+                                        len(counts), ic, len(in_counts) if in_counts is not None else 0, stream,
+                                        _lib.timeout_ns(timeout), _lib.ASYNC if async_op else 0,
+                                        byref(w) if async_op else None)
+        if st:
+            _lib.fail(st)
+        return Work(self._inflight.add(w.value, keep), self._inflight) if async_op else DONE
 
-    def _root(self, root, what="root") -> int:
-        if not isinstance(root, int) or not 0 <= root < self._size:
-            raise _inv("%s %r outside [0, %d)" % (what, root, self._size))
-        return root
+    def _batch(self, entries: List[tuple], async_op: bool, timeout, keep) -> Work:
+        """Run sends and receives (kind, ptr, count, dtype, peer) together;
+        empty ones are skipped (both sides know the count)."""
+        h = self._handle()
+        entries = [e for e in entries if e[2] > 0]
+        if not entries:
+            return DONE
+        if self._inflight:
+            self._inflight.reap()
+        n = len(entries)
+        kinds = (c_int32 * n)(*[e[0] for e in entries])
+        ptrs = (c_void_p * n)(*[e[1] for e in entries])
+        counts = (c_int64 * n)(*[e[2] for e in entries])
+        dtypes = (c_int32 * n)(*[abi_dtype(e[3]) for e in entries])
+        peers = (c_int32 * n)(*[e[4] for e in entries])
+        dev = self._dev
+        stream = _tensors.current_stream(dev) if dev >= 0 else 0
+        w = c_uint64()
+        st = _lib.lib().ftcomm_comm_batch(h, n, kinds, ptrs, counts, dtypes, peers, dev, stream, _lib.timeout_ns(timeout),
+                                          _lib.ASYNC if async_op else 0, byref(w) if async_op else None)
+        if st:
+            _lib.fail(st)
+        return Work(self._inflight.add(w.value, keep), self._inflight) if async_op else DONE
 
     def _run(self, kind: int, d, op: int, root: int):
         """The fast path: a sync op on one host tensor, comm timeout."""
-        if op not in _VALID_OPS or (op == 5 and d[2] not in _tensors.FLOATS):
-            return False
         h = self._h
         if h is None or _lib.forked:
             return False
+        if self._inflight:
+            self._inflight.reap()
         st = _lib._lib.ftcomm_comm_run(h, kind | d[2] << 8 | op << 16 | (root & 0xffffffff) << 24, d[0], d[1])
         if st:
             _lib.fail(st)
         return True
 
-    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op: bool = False, hints=None, timeout=None):
+    # ---- collectives ----
+
+    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Reduce tensor across all ranks, in place."""
         # The fast path (a sync op on a plain CPU tensor or array), written
         # out: each Python call it saves is ~0.1 µs of a ~4 µs op.
-        if not async_op and timeout is None and self._dev < 0:
+        if not async_op and timeout is None and self._dev < 0 and type(op) is ReduceOp and op._factor is None:
             tp = type(tensor)
             d = None
             if tp is _tensors._Tensor:
@@ -294,28 +450,41 @@ class Communicator:
                         d = (tensor.data_ptr(), tensor.numel(), dt)
             else:
                 d = _tensors.host(tensor)
-            if d is not None and op in _VALID_OPS and (op != 5 or d[2] in _tensors.FLOATS) and self._h is not None \
-                    and not _lib.forked:
-                st = _lib._lib.ftcomm_comm_run(self._h, 1 | d[2] << 8 | op << 16, d[0], d[1])
+            if d is not None and self._h is not None and not _lib.forked:
+                if self._inflight:
+                    self._inflight.reap()
+                st = _lib._lib.ftcomm_comm_run(self._h, 1 | d[2] << 8 | op._code << 16, d[0], d[1])
                 if st:
                     _lib.fail(st)
-                return _DONE
+                return DONE
         ptr, n, dt = self._check_tensor(tensor, "tensor")
-        return self._op(_lib.OP_ALL_REDUCE, (ptr, n), None, dt, self._redop(op, dt), 0, async_op, timeout, tensor)
+        code, factor = self._reduction(op, dt)
+        if factor is not None:
+            _tensors.scale_(tensor, factor)
+        return self._op(_lib.OP_ALL_REDUCE, (ptr, n), None, dt, code, 0, async_op, timeout, tensor)
 
-    def reduce(self, tensor, root: int, op=ReduceOp.SUM, async_op: bool = False, hints=None, timeout=None):
+    def reduce(self, tensor, root: int, op=ReduceOp.SUM, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Reduce tensor into root's tensor; other ranks' tensors are unchanged."""
         ptr, n, dt = self._check_tensor(tensor, "tensor")
-        return self._op(_lib.OP_REDUCE, (ptr, n), None, dt, self._redop(op, dt), self._root(root), async_op, timeout, tensor)
+        code, factor = self._reduction(op, dt)
+        root = self._root(root)
+        keep = tensor
+        if factor is not None:
+            if self._rank == root:
+                _tensors.scale_(tensor, factor)
+            else:  # only read here, and left as it was: a scaled copy
+                keep = _tensors.scaled(tensor, factor)
+                ptr = self._check_tensor(keep, "tensor")[0]
+        return self._op(_lib.OP_REDUCE, (ptr, n), None, dt, code, root, async_op, timeout, keep)
 
-    def broadcast(self, tensor, root: int, async_op: bool = False, hints=None, timeout=None):
+    def broadcast(self, tensor, root: int, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Copy root's tensor into every rank's tensor."""
         if not async_op and timeout is None and self._dev < 0 and type(root) is int and 0 <= root < self._size:
             d = _tensors.host(tensor)
-            if d is not None and self._run(4, d, 1, root):
-                return _DONE
+            if d is not None and self._run(_lib.OP_BROADCAST, d, _SUM, root):
+                return DONE
         ptr, n, dt = self._check_tensor(tensor, "tensor")
-        return self._op(_lib.OP_BROADCAST, (ptr, n), None, dt, ReduceOp.SUM, self._root(root), async_op, timeout, tensor)
+        return self._op(_lib.OP_BROADCAST, (ptr, n), None, dt, _SUM, self._root(root), async_op, timeout, tensor)
 
     def _pair(self, output, input, what):
         optr, on, odt = self._check_tensor(output, "output")
@@ -324,111 +493,190 @@ class Communicator:
             raise _inv("%s: output is %s, input %s" % (what, _tensors.DTYPE_NAMES[odt], _tensors.DTYPE_NAMES[idt]))
         return (optr, on), (iptr, inn), odt
 
-    def all_gather_single(self, output, input, async_op: bool = False, hints=None, timeout=None):
+    def all_gather_single(self, output, input, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Gather every rank's input into output (size × input elements) in rank order."""
         o, i, dt = self._pair(output, input, "all_gather_single")
         if o[1] != i[1] * self._size:
             raise _inv("all_gather_single: output has %d elements, want %d × %d" % (o[1], self._size, i[1]))
-        return self._op(_lib.OP_ALL_GATHER, o, i, dt, ReduceOp.SUM, 0, async_op, timeout, (output, input))
+        return self._op(_lib.OP_ALL_GATHER, o, i, dt, _SUM, 0, async_op, timeout, (output, input))
 
-    def all_gather(self, tensor_list: Sequence, tensor, async_op: bool = False, hints=None, timeout=None):
+    def all_gather(self, tensor_list: Sequence, tensor, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Gather every rank's tensor into tensor_list[rank]."""
-        if len(tensor_list) != self._size:
-            raise _inv("all_gather: %d output tensors for %d ranks" % (len(tensor_list), self._size))
-        _, n, dt = self._check_tensor(tensor, "tensor")
-        for i, t in enumerate(tensor_list):
-            _, tn, tdt = self._check_tensor(t, "tensor_list[%d]" % i)
-            if tn != n or tdt != dt:
-                raise _inv("all_gather: tensor_list[%d] differs from tensor in size or dtype" % i)
-        buf = _tensors.empty_like_flat(tensor, n * self._size)
+        ptr, n, dt = self._check_tensor(tensor, "tensor")
+        outs = self._same(self._list(tensor_list, "all_gather: tensor_list"), "tensor_list", n, dt)
+        keep = (tensor, tensor_list)
+        return self._exchange(dt, [(ptr, n) if r != self._rank else None for r in range(self._size)], outs,
+                              tensor, tensor_list[self._rank], async_op, timeout, keep)
 
-        def scatter_out():
-            for r, t in enumerate(tensor_list):
-                _tensors.copy_into(t, buf[r * n:(r + 1) * n])
+    def all_gather_v(self, tensor_list: Sequence, tensor, async_op: bool = False, hints=None, timeout=None) -> Work:
+        """Gather every rank's tensor into tensor_list[rank]; the ranks'
+        tensors may differ in size (tensor_list[r] has rank r's size)."""
+        ptr, n, dt = self._check_tensor(tensor, "tensor")
+        outs = self._same(self._list(tensor_list, "all_gather_v: tensor_list"), "tensor_list", None, dt)
+        if outs[self._rank][1] != n:
+            raise _inv("all_gather_v: tensor has %d elements, tensor_list[%d] %d" % (n, self._rank, outs[self._rank][1]))
+        keep = (tensor, tensor_list)
+        return self._exchange(dt, [(ptr, n) if r != self._rank else None for r in range(self._size)], outs,
+                              tensor, tensor_list[self._rank], async_op, timeout, keep)
 
-        o, i, _ = self._pair(buf, tensor, "all_gather")
-        return self._op(_lib.OP_ALL_GATHER, o, i, dt, ReduceOp.SUM, 0, async_op, timeout, (buf, tensor, tensor_list), scatter_out)
+    def _exchange(self, dt: int, sends: List[Optional[tuple]], recvs: List[Optional[tuple]], local_src, local_dst,
+                  async_op: bool, timeout, keep) -> Work:
+        """A collective as one batch of point-to-point ops: sends[r] goes to
+        rank r and recvs[r] comes from it (None: nothing); local_src is
+        copied into local_dst here, first. The collectives over lists of
+        tensors run this way, whatever the lists' layout: every rank issues
+        the same kind of op (a layout is one rank's own business), every
+        tensor is written in place (nothing is copied after the op, so a
+        dropped Work loses nothing), and per-peer sizes may differ."""
+        if local_dst is not None:
+            _tensors.copy_into(local_dst, local_src)
+        entries = []
+        for r in range(self._size):
+            if r == self._rank:
+                continue
+            if sends[r] is not None:
+                entries.append((_lib.P2P_SEND, sends[r][0], sends[r][1], dt, r))
+            if recvs[r] is not None:
+                entries.append((_lib.P2P_RECV, recvs[r][0], recvs[r][1], dt, r))
+        return self._batch(entries, async_op, timeout, keep)
 
-    def reduce_scatter_single(self, output, input, op=ReduceOp.SUM, async_op: bool = False, hints=None, timeout=None):
+    def reduce_scatter_single(self, output, input, op=ReduceOp.SUM, async_op: bool = False, hints=None,
+                              timeout=None) -> Work:
         """Reduce input (size × output elements) and leave block rank in output."""
         o, i, dt = self._pair(output, input, "reduce_scatter_single")
         if i[1] != o[1] * self._size:
             raise _inv("reduce_scatter_single: input has %d elements, want %d × %d" % (i[1], self._size, o[1]))
-        return self._op(_lib.OP_REDUCE_SCATTER, o, i, dt, self._redop(op, dt), 0, async_op, timeout, (output, input))
+        code, factor = self._reduction(op, dt)
+        keep = (output, input)
+        if factor is not None:
+            keep = (output, _tensors.scaled(input, factor))
+            i = (self._check_tensor(keep[1], "input")[0], i[1])
+        return self._op(_lib.OP_REDUCE_SCATTER, o, i, dt, code, 0, async_op, timeout, keep)
 
-    def reduce_scatter(self, output, input_list: Sequence, op=ReduceOp.SUM, async_op: bool = False, hints=None, timeout=None):
+    def _joined(self, ins: List[tuple], input_list: Sequence, factor, dt: int):
+        """(ptr, count) of the input list as one buffer, and what keeps it:
+        the list itself when its tensors are adjacent, else a copy (scaled
+        by a PREMUL_SUM factor, which is never applied to the caller's
+        tensors)."""
+        total = sum(k for _, k in ins)
+        if factor is None and _adjacent(ins, _tensors.itemsize(dt)) and ins:
+            return (ins[0][0], total), input_list
+        buf = _tensors.concat(input_list) if total else _tensors.empty_like_flat(input_list[0], 0)
+        if factor is not None:
+            _tensors.scale_(buf, factor)
+        return (self._check_tensor(buf, "input_list")[0], total), buf
+
+    def reduce_scatter(self, output, input_list: Sequence, op=ReduceOp.SUM, async_op: bool = False, hints=None,
+                       timeout=None) -> Work:
         """Reduce input_list[r] across ranks into rank r's output."""
-        if len(input_list) != self._size:
-            raise _inv("reduce_scatter: %d input tensors for %d ranks" % (len(input_list), self._size))
-        _, n, dt = self._check_tensor(output, "output")
-        for i, t in enumerate(input_list):
-            _, tn, tdt = self._check_tensor(t, "input_list[%d]" % i)
-            if tn != n or tdt != dt:
-                raise _inv("reduce_scatter: input_list[%d] differs from output in size or dtype" % i)
-        return self.reduce_scatter_single(output, _tensors.concat(input_list), op, async_op, hints, timeout)
+        optr, n, dt = self._check_tensor(output, "output")
+        ins = self._same(self._list(input_list, "reduce_scatter: input_list"), "input_list", n, dt)
+        code, factor = self._reduction(op, dt)
+        joined, kept = self._joined(ins, input_list, factor, dt)
+        return self._op(_lib.OP_REDUCE_SCATTER, (optr, n), joined, dt, code, 0, async_op, timeout, (output, kept))
 
-    def all_to_all_single(self, output, input, async_op: bool = False, hints=None, timeout=None):
+    def reduce_scatter_v(self, output, input_list: Sequence, op=ReduceOp.SUM, async_op: bool = False, hints=None,
+                         timeout=None) -> Work:
+        """Reduce input_list[r] across ranks into rank r's output; the blocks
+        may differ in size (input_list[r] has rank r's output size)."""
+        optr, n, dt = self._check_tensor(output, "output")
+        ins = self._same(self._list(input_list, "reduce_scatter_v: input_list"), "input_list", None, dt)
+        if ins[self._rank][1] != n:
+            raise _inv("reduce_scatter_v: output has %d elements, input_list[%d] %d" % (n, self._rank, ins[self._rank][1]))
+        code, factor = self._reduction(op, dt)
+        joined, kept = self._joined(ins, input_list, factor, dt)
+        return self._opv(_lib.OP_REDUCE_SCATTER_V, (optr, n), joined, dt, code, [k for _, k in ins], None, async_op,
+                         timeout, (output, kept))
+
+    def all_to_all_single(self, output, input, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Send block r of input to rank r; receive rank r's block into block r of output."""
         o, i, dt = self._pair(output, input, "all_to_all_single")
         if o[1] != i[1] or i[1] % self._size:
             raise _inv("all_to_all_single: %d and %d elements; want equal counts divisible by %d" % (o[1], i[1], self._size))
-        return self._op(_lib.OP_ALL_TO_ALL, o, i, dt, ReduceOp.SUM, 0, async_op, timeout, (output, input))
+        return self._op(_lib.OP_ALL_TO_ALL, o, i, dt, _SUM, 0, async_op, timeout, (output, input))
 
-    def scatter(self, output_tensor, input_tensor_list: Optional[Sequence], root: int, async_op: bool = False, hints=None, timeout=None):
-        """Send input_tensor_list[r] of root to rank r's output_tensor."""
+    def all_to_all_v_single(self, output, input, output_split_sizes: Optional[Sequence[int]],
+                            input_split_sizes: Optional[Sequence[int]], async_op: bool = False, hints=None,
+                            timeout=None) -> Work:
+        """all_to_all_single with blocks of different sizes: input is cut
+        along dim 0 by input_split_sizes (rows; block r goes to rank r),
+        output by output_split_sizes (block r comes from rank r). An empty
+        or None list cuts in equal blocks."""
+        o, i, dt = self._pair(output, input, "all_to_all_v_single")
+        out_counts = _rows(output, output_split_sizes, self._size, "all_to_all_v_single: output")
+        in_counts = _rows(input, input_split_sizes, self._size, "all_to_all_v_single: input")
+        return self._opv(_lib.OP_ALL_TO_ALL_V, o, i, dt, _SUM, out_counts, in_counts, async_op, timeout, (output, input))
+
+    def all_to_all(self, output_tensor_list: Sequence, input_tensor_list: Sequence, async_op: bool = False, hints=None,
+                   timeout=None) -> Work:
+        """Send input_tensor_list[r] to rank r and receive rank r's tensor
+        into output_tensor_list[r]; sizes may differ per peer."""
+        ins = self._same(self._list(input_tensor_list, "all_to_all: input_tensor_list"), "input_tensor_list")
+        dt = self._check_tensor(input_tensor_list[0], "input_tensor_list[0]")[2]
+        outs = self._same(self._list(output_tensor_list, "all_to_all: output_tensor_list"), "output_tensor_list", None,
+                          dt)
+        me = self._rank
+        if outs[me][1] != ins[me][1]:
+            raise _inv("all_to_all: output_tensor_list[%d] has %d elements, input_tensor_list[%d] %d" % (
+                me, outs[me][1], me, ins[me][1]))
+        keep = (output_tensor_list, input_tensor_list)
+        return self._exchange(dt, ins, outs, input_tensor_list[me], output_tensor_list[me], async_op, timeout, keep)
+
+    def scatter(self, output_tensor, input_tensor_list: Optional[Sequence], root: int, async_op: bool = False,
+                hints=None, timeout=None) -> Work:
+        """Send input_tensor_list[r] of root to rank r's output_tensor (as
+        point-to-point sends from root; see _exchange)."""
         optr, n, dt = self._check_tensor(output_tensor, "output_tensor")
         root = self._root(root)
-        if self._rank == root:
-            if input_tensor_list is None or len(input_tensor_list) != self._size:
-                raise _inv("scatter: root needs %d input tensors" % self._size)
-            src = _tensors.concat(input_tensor_list)
-            o, i, dt = self._pair(output_tensor, src, "scatter")
-            if i[1] != n * self._size:
-                raise _inv("scatter: input tensors differ from output_tensor in size")
-            keep = (output_tensor, src)
-        else:
-            o, i, keep = (optr, n), None, output_tensor
-        return self._op(_lib.OP_SCATTER, o, i, dt, ReduceOp.SUM, root, async_op, timeout, keep)
+        if self._rank != root:
+            return self._exchange(dt, [None] * self._size, [(optr, n) if r == root else None for r in range(self._size)],
+                                  None, None, async_op, timeout, output_tensor)
+        ins = self._same(self._list(input_tensor_list, "scatter: input_tensor_list"), "input_tensor_list", n, dt)
+        return self._exchange(dt, ins, [None] * self._size, input_tensor_list[root], output_tensor, async_op, timeout,
+                              (output_tensor, input_tensor_list))
 
-    def gather(self, output_tensor_list: Optional[Sequence], input_tensor, root: int, async_op: bool = False, hints=None, timeout=None):
-        """Collect every rank's input_tensor into root's output_tensor_list."""
+    def gather(self, output_tensor_list: Optional[Sequence], input_tensor, root: int, async_op: bool = False,
+               hints=None, timeout=None) -> Work:
+        """Collect every rank's input_tensor into root's output_tensor_list
+        (as point-to-point sends to root; see _exchange)."""
         iptr, n, dt = self._check_tensor(input_tensor, "input_tensor")
         root = self._root(root)
-        after, keep = None, input_tensor
-        if self._rank == root:
-            if output_tensor_list is None or len(output_tensor_list) != self._size:
-                raise _inv("gather: root needs %d output tensors" % self._size)
-            buf = _tensors.empty_like_flat(input_tensor, n * self._size)
+        if self._rank != root:
+            return self._exchange(dt, [(iptr, n) if r == root else None for r in range(self._size)], [None] * self._size,
+                                  None, None, async_op, timeout, input_tensor)
+        outs = self._same(self._list(output_tensor_list, "gather: output_tensor_list"), "output_tensor_list", n, dt)
+        return self._exchange(dt, [None] * self._size, outs, input_tensor, output_tensor_list[root], async_op, timeout,
+                              (output_tensor_list, input_tensor))
 
-            def after():
-                for r, t in enumerate(output_tensor_list):
-                    _tensors.copy_into(t, buf[r * n:(r + 1) * n])
+    def gather_single(self, output, input, root: int, async_op: bool = False, hints=None, timeout=None) -> Work:
+        """Collect every rank's input into root's output (size × input
+        elements, rank order); output is ignored off root."""
+        iptr, n, dt = self._check_tensor(input, "input")
+        root = self._root(root)
+        if self._rank != root:
+            return self._op(_lib.OP_GATHER, (None, 0), (iptr, n), dt, _SUM, root, async_op, timeout, input)
+        o, i, dt = self._pair(output, input, "gather_single")
+        if o[1] != n * self._size:
+            raise _inv("gather_single: output has %d elements, want %d × %d" % (o[1], self._size, n))
+        return self._op(_lib.OP_GATHER, o, i, dt, _SUM, root, async_op, timeout, (output, input))
 
-            o, i, _ = self._pair(buf, input_tensor, "gather")
-            keep = (buf, input_tensor, output_tensor_list)
-        else:
-            o, i = (0, 0), (iptr, n)
-        return self._op(_lib.OP_GATHER, o, i, dt, ReduceOp.SUM, root, async_op, timeout, keep, after)
-
-    def barrier(self, async_op: bool = False, hints=None, timeout=None):
+    def barrier(self, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Return once every rank has entered the barrier."""
-        return self._op(_lib.OP_BARRIER, (None, 0), None, _tensors.FLOAT32, ReduceOp.SUM, 0, async_op, timeout, None)
+        return self._op(_lib.OP_BARRIER, (None, 0), None, _tensors.FLOAT32, _SUM, 0, async_op, timeout, None)
 
-    def send(self, tensor, dst: int, async_op: bool = False, hints=None, timeout=None):
+    def send(self, tensor, dst: int, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Send tensor to rank dst, which posts a matching recv."""
         ptr, n, dt = self._check_tensor(tensor, "tensor")
-        return self._op(_lib.OP_SEND, (ptr, n), None, dt, ReduceOp.SUM, self._peer(dst), async_op, timeout, tensor)
+        return self._op(_lib.OP_SEND, (ptr, n), None, dt, _SUM, self._peer(dst), async_op, timeout, tensor)
 
-    def recv(self, tensor, src: int, async_op: bool = False, hints=None, timeout=None):
+    def recv(self, tensor, src: int, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Receive into tensor from rank src."""
         ptr, n, dt = self._check_tensor(tensor, "tensor")
-        return self._op(_lib.OP_RECV, (ptr, n), None, dt, ReduceOp.SUM, self._peer(src), async_op, timeout, tensor)
+        return self._op(_lib.OP_RECV, (ptr, n), None, dt, _SUM, self._peer(src), async_op, timeout, tensor)
 
-    def _peer(self, p) -> int:
-        p = self._root(p, "peer")
-        if p == self._rank:
-            raise _inv("peer %d is this rank" % p)
-        return p
+    def batch_op_create(self) -> BatchSendRecv:
+        """A batch of sends and receives to issue together."""
+        return BatchSendRecv(self)
 
     # ---- failure handling and reconfiguration ----
 
@@ -439,11 +687,22 @@ class Communicator:
         _lib.check(_lib.lib().ftcomm_comm_revoke(self._handle(), reason.encode()))
 
     def abort(self, reason: str = "") -> None:
-        """Abort the comm: the running op fails at once; no more collectives."""
-        _lib.check(_lib.lib().ftcomm_comm_abort(self._handle(), reason.encode()))
+        """Abort the comm: the running op fails at once; no more collectives
+        (shrink, reconfigure and finalize still work)."""
+        if self._h is not None:
+            _lib.check(_lib.lib().ftcomm_comm_abort(self._h, reason.encode()))
+        self._aborted = True
 
-    def _derived(self, h: int, store, own, prefix=None) -> "Communicator":
-        c = Communicator(h, store, own, self._device, self._backend, prefix or self._prefix, self._timeout, self._log_level)
+    def is_abort_supported(self) -> bool:
+        return True
+
+    def is_aborted(self) -> bool:
+        return self._aborted
+
+    def _derived(self, h: int, store, own, name=None, prefix=None, members=None) -> "Communicator":
+        c = Communicator(h, store, own, self._device, self._backend, prefix or self._prefix, self._options,
+                         self._log_level, name or self._name)
+        c._members = members
         return c
 
     def _move_to(self, h: int) -> "Communicator":
@@ -479,37 +738,160 @@ class Communicator:
 
     def split(self, ranks: Sequence[int], name: Optional[str] = None, hints=None, timeout=None) -> Optional["Communicator"]:
         """A new comm of the listed ranks, numbered in list order. Every rank
-        calls it, each with the ranks of its own new comm (disjoint lists);
-        a rank in no list passes [] and gets None. This comm stays usable."""
-        ranks = [int(r) for r in ranks]
-        if self._rank in ranks:
-            color, key = min(ranks), ranks.index(self._rank)
-        else:
-            color, key = -1, 0
+        calls it, each with the ranks of its own new comm (disjoint lists); a
+        rank in no new comm passes [] and gets None. This comm stays usable.
+
+        A list with duplicates, or without the calling rank, raises
+        InvalidArgumentError (a RuntimeError). A rank that refuses its list
+        still takes part in the exchange (as a rank in no comm), so ranks
+        that listed it fail too instead of waiting: the members of a new
+        comm each check that every rank of their list made the same list.
+        """
+        h = self._handle()
+        bad = None
+        try:
+            ranks = [int(r) for r in ranks]
+        except (TypeError, ValueError):
+            bad, ranks = _inv("split: ranks %r: want a list of ints" % (ranks,)), []
+        if bad is None and len(set(ranks)) != len(ranks):
+            bad = _inv("split: ranks %s list a rank twice" % ranks)
+        if bad is None and ranks and self._rank not in ranks:
+            bad = _inv("split: ranks %s do not include this rank (%d); a rank in no new comm passes []" % (
+                ranks, self._rank))
+        if bad is None and any(not 0 <= r < self._size for r in ranks):
+            bad = _inv("split: ranks %s outside [0, %d)" % (ranks, self._size))
+        color, key = -1, 0
+        if bad is None and ranks:
+            # The color names the list itself: only ranks that made exactly
+            # this list end up in the same comm.
+            # (31 bits: NCCL's colors are non-negative C ints.)
+            digest = hashlib.blake2b(json.dumps(ranks).encode(), digest_size=4).digest()
+            color, key = int.from_bytes(digest, "little") & 0x7fffffff, ranks.index(self._rank)
         out = c_uint64()
-        _lib.check(_lib.lib().ftcomm_comm_split(self._handle(), color, key, _lib.timeout_ns(timeout), byref(out)))
+        _lib.check(_lib.lib().ftcomm_comm_split(h, color, key, _lib.timeout_ns(timeout), byref(out)))
+        if bad is not None:
+            raise bad
         if not out.value:
             return None
-        c = self._derived(out.value, self._store, False)
-        if name:
-            c._name = name
+        c = self._derived(out.value, self._store, False, name=name or "%s.split" % self._name)
+        if c._size != len(ranks) or c._rank != key:
+            c._free()
+            raise _inv("split: ranks %s: only %d of them passed this same list (every rank of a new comm must)" % (
+                ranks, c._size))
         self._children.append(c)
         return c
 
+    def reconfigure(self, uuid: int, init_handles: Union[Sequence[str], Set[str]], timeout=None,
+                    hints=None) -> Work:
+        """Make this comm the comm of the ranks whose init handles are listed
+        (torchcomms' reconfigure; the comm must come from new_comm(...,
+        enable_reconfigure=True)). A list gives the ranks in its order, a set
+        in sorted order; every member passes the same handles and uuid. When
+        the members are a subset of this comm's, in the same order, this is
+        a shrink (the others are left out: dead or gone ranks need not take
+        part); when this comm's members keep their ranks and others join, a
+        grow; otherwise a new comm. Runs to completion before it returns
+        (the Work is done)."""
+        if not self._options.enable_reconfigure:
+            raise _inv("reconfigure: this communicator was made without enable_reconfigure=True")
+        if isinstance(init_handles, (set, frozenset)):
+            members = sorted(str(x) for x in init_handles)
+        else:
+            members = [str(x) for x in init_handles]
+        if not members or len(set(members)) != len(members):
+            raise _inv("reconfigure: init_handles %r: want distinct handles" % (members,))
+        if self._init_handle not in members:
+            raise _inv("reconfigure: this comm's init handle is not among init_handles")
+        if self._finalized:
+            raise ClosedError("ftcomm: communicator %r was finalized" % self._name, kinds=("closed",))
+        digest = hashlib.blake2b("\n".join(members).encode(), digest_size=8).hexdigest()
+        key = "ftcomm/%s/reconfigure/%d/%s" % (self._name, int(uuid), digest)
+        old = self._members if self._h is not None else None
+        if old is not None and len(members) < len(old) and members == [m for m in old if m in set(members)]:
+            # Every member is in this comm, in its order: all of them decide
+            # the same (they share this comm's member list). The same
+            # members again make a new comm (below): that repairs a broken
+            # one.
+            nc, prefix = self._shrunk([r for r, m in enumerate(old) if m not in set(members)], timeout), self._prefix
+        elif old is not None and len(members) > len(old) and members[:len(old)] == old:
+            nc, prefix = self._grown(len(members), key, timeout), self._prefix  # this comm's rank 0 is the new one's
+        elif members[0] == self._init_handle:
+            nc, prefix = self._fresh(members, key, timeout), key  # rank 0 of a comm that is neither
+        elif self._store_get(key + "/how") == b"grow":  # rank 0 decided
+            nc, prefix = self._join(members, key, timeout)
+        else:
+            nc, prefix = self._fresh(members, key, timeout), key
+        self._prefix = prefix
+        self._adopt(nc, members)
+        return DONE
+
+    def _store_get(self, key: str) -> bytes:
+        return self._store.get(key, timeout=_rendezvous_s(self._options.timeout))
+
+    def _shrunk(self, exclude: List[int], timeout) -> int:
+        out = c_uint64()
+        arr = (c_int64 * max(len(exclude), 1))(*exclude)
+        _lib.check(_lib.lib().ftcomm_comm_shrink(self._h, arr, len(exclude), -1, _lib.timeout_ns(timeout), byref(out)))
+        return out.value
+
+    def _grown(self, size: int, key: str, timeout) -> int:
+        if self._rank == 0 and self._store is not None:
+            self._store.set(key + "/grow", json.dumps({"prefix": self._prefix, "epoch": self._epoch + 1}))
+            self._store.set(key + "/how", "grow")
+        out = c_uint64()
+        _lib.check(_lib.lib().ftcomm_comm_grow(self._h, int(size), self._epoch + 1, _lib.timeout_ns(timeout), byref(out)))
+        return out.value
+
+    def _join(self, members: List[str], key: str, timeout):
+        g = json.loads(self._store_get(key + "/grow"))
+        h = self._connect(members.index(self._init_handle), len(members), g["prefix"], g["epoch"], True, timeout)
+        return h, g["prefix"]
+
+    def _fresh(self, members: List[str], key: str, timeout) -> int:
+        rank = members.index(self._init_handle)
+        if rank == 0 and self._store is not None:
+            self._store.set(key + "/how", "new")
+        # Epoch 0 at a prefix of its own: members may come from comms of
+        # different epochs.
+        return self._connect(rank, len(members), key, 0, False, timeout)
+
+    def _connect(self, rank: int, size: int, prefix: str, epoch: int, joining: bool, timeout) -> int:
+        if size > 1 and self._store is None:
+            raise _inv("reconfigure: %d members need a store (pass store= to new_comm)" % size)
+        return _connect(self._backend, self._name, rank, size, prefix, epoch, joining, self._store, self._options,
+                        self._dev if self._dev >= 0 else None, self._log_level, timeout)
+
+    def _adopt(self, h: int, members: List[str]) -> None:
+        """Become the comm of handle h (the old one, if any, is closed)."""
+        old, self._h = self._h, h
+        if old is not None and old != h and not _lib.forked:
+            _lib.lib().ftcomm_comm_free(old)
+            self._inflight.release()
+        self._members = members
+        self._aborted = False
+        self._load_info()
+
+    # ---- ending ----
+
     def _free(self) -> None:
         h, self._h = self._h, None
+        self._finalized = True
         if h is not None and not _lib.forked:
-            _lib.check(_lib.lib().ftcomm_comm_free(h))
+            st = _lib.lib().ftcomm_comm_free(h)
+            self._inflight.release()  # the comm is closed: every op has ended
+            _lib.check(st)
 
     def finalize(self) -> None:
         """Close the comm (a pending op fails with ClosedError) and release
         what it holds; the store it hosted stops after the comms split from
         it are finalized too. Safe to call twice."""
-        if self._h is None:
+        if self._finalized:
             return
         self._free()
         if self._own_store and self._store is not None and not any(c._h is not None for c in self._children):
             self._store.close()
+        if self._boot is not None:
+            self._boot.close()
 
     def __enter__(self):
         return self
@@ -522,6 +904,7 @@ class Communicator:
             if self._h is not None and not _lib.forked:
                 _lib.lib().ftcomm_comm_free(self._h)
                 self._h = None
+                self._inflight.release()
         except Exception:
             pass
 
@@ -530,25 +913,86 @@ class Communicator:
             self._name, self._backend, self._rank, self._size, self._epoch, "" if self._h else ", finalized")
 
 
-def new_comm(backend: str, device: Any = "cpu", *, name: Optional[str] = None, timeout=None, store=None,
-             rank: Optional[int] = None, size: Optional[int] = None, epoch: int = 0, prefix: Optional[str] = None,
-             hints: Optional[Dict[str, str]] = None, abort_process_on_timeout_or_error: Optional[bool] = None,
-             log_level: Optional[str] = None, **_ignored) -> Communicator:
-    """This rank's communicator, as torchcomms.new_comm.
+TorchComm = Communicator
+
+
+# The least time a rendezvous waits for the other ranks (processes start at
+# different times), whatever the comm's op timeout.
+RENDEZVOUS_FLOOR_S = 60.0
+
+
+def _rendezvous_s(timeout) -> float:
+    return max(_timedelta(timeout).total_seconds() if timeout is not None else 300.0, RENDEZVOUS_FLOOR_S)
+
+
+def _connect(backend: str, name: str, rank: int, size: int, prefix: str, epoch: int, joining: bool,
+             store: Optional[Store], options: CommOptions, device: Optional[int], log_level: Optional[str],
+             timeout=None) -> int:
+    """Make one rank's comm at prefix: rank 0 of a new comm writes the
+    secret that authenticates its links; the others (and joiners) read it."""
+    t = _rendezvous_s(timeout if timeout is not None else options.timeout)
+    secret = ""
+    if store is not None:
+        if rank == 0 and not joining:
+            secret = secrets.token_hex(16)
+            store.set(prefix + "/secret", secret, timeout=t)
+        else:
+            secret = store.get(prefix + "/secret", timeout=t).decode()
+    settings: Dict[str, Any] = {"rank": rank, "size": size, "name": name, "prefix": prefix, "epoch": int(epoch),
+                                "job_id": name, "secret": secret,
+                                "timeout_s": options.timeout.total_seconds(), "rendezvous_timeout_s": t,
+                                "abort_process_on_error": options.abort_process_on_timeout_or_error}
+    if device is not None:
+        settings["device"] = device
+    if log_level:
+        settings["log_level"] = log_level
+    for k, v in options.hints.items():
+        if k == "listen_addr":
+            settings["listen_addr"] = v
+        elif k == "shared_memory":
+            settings["shared_memory"] = v not in ("0", "false", False, 0)
+        elif k in ("revoke", "nccl_lib", "cudart_lib"):
+            settings[k] = v
+    h = c_uint64()
+    _lib.check(_lib.lib().ftcomm_comm_new(backend.encode(), json.dumps(settings).encode(),
+                                          store._h if store is not None else 0, byref(h)))
+    return h.value
+
+
+def new_comm(backend: str, device: Any = "cpu", name: Optional[str] = None,
+             abort_process_on_timeout_or_error: Optional[bool] = None, timeout=None,
+             is_high_priority_stream: Optional[bool] = None, store=None, enable_reconfigure: bool = False,
+             hints: Optional[Dict[str, str]] = None, *, rank: Optional[int] = None, size: Optional[int] = None,
+             epoch: int = 0, prefix: Optional[str] = None, log_level: Optional[str] = None) -> Communicator:
+    """This rank's communicator, as torchcomms.new_comm (same arguments, in
+    the same order).
 
     backend: "gloo" (CPU tensors, numpy arrays) or "nccl" (CUDA tensors).
     device: "cpu", or a CUDA device; a CUDA device without an index means
     cuda:LOCAL_RANK (torchrun's), and becomes the current device.
-    rank, size: default RANK and WORLD_SIZE from the environment (one rank
-    when neither is set and no store is given).
+    name: the comm's name (default "main"); its keys in the store are
+    ftcomm/<name>/<n>, n counting this process's comms of that name.
+    abort_process_on_timeout_or_error: a timeout or failure that breaks the
+    comm aborts the process (SIGABRT), as torchcomms does by default. Default
+    False here: the error is raised, and the comm can be shrunk, regrown or
+    reconfigured (ftcomm's point).
+    timeout: each op's default deadline (seconds or timedelta; default
+    60 s), also the bound of the rendezvous (which waits at least 60 s:
+    processes start at different times).
+    is_high_priority_stream: accepted; ftcomm's NCCL streams have the
+    default priority.
     store: where the ranks meet: None (torchrun's MASTER_ADDR/MASTER_PORT),
     an ftcomm.Store, "host:port" of an ftcomm store, or a
     torch.distributed.Store.
-    timeout: each op's default deadline (seconds or timedelta; default
-    60 s), also the bound of the rendezvous.
-    epoch, prefix: for joiners of a grow (see Communicator.grow).
+    enable_reconfigure: make the comm unconnected, to be formed by
+    reconfigure() from the members' init handles (torchcomms' fault
+    tolerance API).
     hints: backend settings: "listen_addr" (gloo, for ranks on several
-    hosts), "shared_memory" ("0" off), "revoke" (nccl: "native").
+    hosts), "shared_memory" ("0" off), "revoke" (nccl: "native"); others are
+    accepted and ignored.
+    rank, size: default RANK and WORLD_SIZE from the environment (one rank
+    when neither is set and no store is given).
+    epoch, prefix: for joiners of a grow (see Communicator.grow).
     """
     if _lib.forked:
         raise _lib._fork_error()
@@ -560,22 +1004,23 @@ def new_comm(backend: str, device: Any = "cpu", *, name: Optional[str] = None, t
         rank = _env_int("RANK")
     if size is None:
         size = _env_int("WORLD_SIZE")
-    if rank is None and size is None and store is None:
-        rank, size = 0, 1
+    if rank is None and size is None and (store is None or enable_reconfigure):
+        rank, size = 0, 1  # a reconfigurable comm's members are named by reconfigure()
     if rank is None or size is None:
         raise _inv("rank and size: pass them or set RANK and WORLD_SIZE")
+    options = CommOptions(abort_process_on_timeout_or_error=bool(abort_process_on_timeout_or_error), timeout=timeout,
+                          store=store, name=name, enable_reconfigure=enable_reconfigure, hints=hints)
     dev_settings: Optional[int] = None
     if backend == "nccl":
         if _device_type(device) != "cuda":
             raise _inv("backend nccl takes a CUDA device, got %r" % (device,))
         idx = _device_index(device)
+        import torch
         if idx is None:
             local = _env_int("LOCAL_RANK")
             idx = local if local is not None else rank
-            import torch
             if torch.cuda.device_count() > 0:
                 idx %= torch.cuda.device_count()
-        import torch
         torch.cuda.set_device(idx)
         device = torch.device("cuda", idx)
         dev_settings = idx
@@ -583,14 +1028,13 @@ def new_comm(backend: str, device: Any = "cpu", *, name: Optional[str] = None, t
         raise _inv("backend gloo takes device 'cpu', got %r" % (device,))
     _lib.ensure_interrupt_chain()
 
-    with _gen_lock:
-        gen = _generations.get(name, 0)
-        _generations[name] = gen + 1
+    gen = _generations.next(name)
     joining = prefix is not None
     pfx = prefix or "ftcomm/%s/%d" % (name, gen)
     own = False
+    boot = None  # the bootstrap store at MASTER_PORT, released once the comm is formed
     st: Optional[Store]
-    if size == 1 and store is None:
+    if size == 1 and store is None and not enable_reconfigure:
         st = None
     elif isinstance(store, Store):
         st = store
@@ -598,43 +1042,34 @@ def new_comm(backend: str, device: Any = "cpu", *, name: Optional[str] = None, t
         st, own = Store.connect(store), True
     elif store is not None and _is_torch_store(store):
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        st, own = through_torch_store(store, pfx + "/store", rank, host, timeout), True
+        st, own = through_torch_store(store, pfx + "/store", rank, host, _rendezvous_s(timeout)), True
     elif store is None:
-        st = from_environment(rank, size, pfx + "/store", timeout)
+        st, boot = from_environment(rank, size, pfx + "/store", _rendezvous_s(timeout))
         if st is None:
-            raise _inv("no store: pass store= or set MASTER_ADDR and MASTER_PORT (torchrun does)")
-        own = True
+            if not enable_reconfigure:
+                raise _inv("no store: pass store= or set MASTER_ADDR and MASTER_PORT (torchrun does)")
+        else:
+            own = True
     else:
         raise InvalidTypeError("ftcomm: store %r: want an ftcomm.Store, 'host:port' or a torch.distributed.Store" % (store,),
                                kinds=("invalid_argument",))
+    if enable_reconfigure:
+        # Unconnected until reconfigure() names its members; the bootstrap
+        # (peers may still read it) goes with the comm.
+        c = Communicator(None, st, own, device, backend, pfx, options, log_level, name)
+        c._boot = boot
+        return c
     try:
-        secret = ""
-        if st is not None:
-            if rank == 0 and not joining:
-                secret = secrets.token_hex(16)
-                st.set(pfx + "/secret", secret, timeout=timeout)
-            else:
-                secret = st.get(pfx + "/secret", timeout=timeout or 300).decode()
-        settings: Dict[str, Any] = {"rank": rank, "size": size, "name": name, "prefix": pfx, "epoch": int(epoch),
-                                    "job_id": name, "secret": secret}
-        if timeout is not None:
-            settings["timeout_s"] = _lib.timeout_ns(timeout) / 1e9
-        if dev_settings is not None:
-            settings["device"] = dev_settings
-        if log_level:
-            settings["log_level"] = log_level
-        for k, v in (hints or {}).items():
-            if k == "listen_addr":
-                settings["listen_addr"] = v
-            elif k == "shared_memory":
-                settings["shared_memory"] = v not in ("0", "false", False, 0)
-            elif k in ("revoke", "nccl_lib", "cudart_lib"):
-                settings[k] = v
-        h = c_uint64()
-        _lib.check(_lib.lib().ftcomm_comm_new(backend.encode(), json.dumps(settings).encode(),
-                                              st._h if st is not None else 0, byref(h)))
+        h = _connect(backend, name, rank, size, pfx, epoch, joining, st, options, dev_settings, log_level)
     except BaseException:
         if own and st is not None:
             st.close()
+        if boot is not None:
+            boot.close()
         raise
-    return Communicator(h.value, st, own, device, backend, pfx, timeout, log_level)
+    c = Communicator(h, st, own, device, backend, pfx, options, log_level, name)
+    if boot is not None:
+        # MASTER_PORT is free again once every rank has let go of it.
+        boot.close()
+        c.barrier()
+    return c

@@ -4,7 +4,9 @@ Every error raised by a call into the library is an :class:`FtcommError`
 subclass. An error can be of several kinds at once (a peer's death seen at
 an op's deadline is both a peer failure and a timeout); its class then
 derives from each (``except TimeoutError`` and ``except PeerFailedError``
-both catch it), and ``.kinds`` lists them all.
+both catch it), and ``.kinds`` lists them all. FtcommError is a
+RuntimeError, as torchcomms' and torch.distributed's errors are, so code
+written for them catches ftcomm's.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 from typing import Dict, List, Optional, Tuple, Type
 
 
-class FtcommError(Exception):
+class FtcommError(RuntimeError):
     """A failure reported by ftcomm.
 
     Attributes: ``kinds`` (the Go sentinels the error matches, e.g.

@@ -28,8 +28,10 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from . import _lib, _tensors
 from ._tensors import describe
-from .comm import ReduceOp, Work, _VALID_OPS, _device_index, _device_type
-from .errors import FtcommError, InvalidArgumentError, InvalidTypeError
+from .comm import _device_index, _device_type
+from .errors import FtcommError, InvalidArgumentError
+from .reduce_op import ReduceOp, as_reduce_op
+from .work import InFlight, Work
 
 __all__ = ["Comm", "Event", "Work"]
 
@@ -98,6 +100,7 @@ class Comm:
             raise _lib._fork_error()
         self._h: Optional[int] = None
         self._keep: List[Any] = []
+        self._inflight = InFlight()
         self._on_event = on_event
         backend = {"cuda": "nccl"}.get(backend, backend)
         secret = secret if secret is not None else os.environ.get("FTCOMM_SECRET", "")
@@ -182,8 +185,10 @@ class Comm:
         step(), then close()."""
         _lib.check(_lib.lib().ftcomm_ft_finish(self._handle(), _lib.timeout_ns(timeout)))
 
-    def _op(self, kind: int, out, inp, op: int, root: int, async_op: bool, timeout, keep) -> FTWork:
+    def _op(self, kind: int, out, inp, op, root: int, async_op: bool, timeout, keep) -> FTWork:
         h = self._handle()
+        if self._inflight:
+            self._inflight.reap()
         optr, on, dt, dev = describe(out, "output" if inp is not None else "tensor")
         if dev != self._dev:
             raise InvalidArgumentError("ftcomm: tensor on %s; this ft.Comm's data backend takes %s tensors" % (
@@ -194,17 +199,18 @@ class Comm:
             iptr, inn, idt, idev = describe(inp, "input")
             if idt != dt or idev != dev:
                 raise InvalidArgumentError("ftcomm: input and output differ in dtype or device", kinds=("invalid_argument",))
-        if op not in _VALID_OPS:
-            raise InvalidTypeError("ftcomm: reduce op %r" % (op,), kinds=("invalid_argument",))
-        if op == ReduceOp.AVG and dt not in _tensors.FLOATS:
-            raise InvalidArgumentError("ftcomm: AVG is for floating-point tensors", kinds=("invalid_argument",))
+        r = as_reduce_op(op)
+        if r.factor is not None or dt == _tensors.BOOL:
+            raise InvalidArgumentError("ftcomm: ft collectives take SUM, PRODUCT, MIN, MAX, AVG or a bitwise op on "
+                                       "non-bool tensors (got %r on %s)" % (r, _tensors.DTYPE_NAMES[dt]),
+                                       kinds=("invalid_argument",))
         stream = _tensors.current_stream(dev) if dev >= 0 else 0
         w = c_uint64()
-        st = _lib.lib().ftcomm_ft_op(h, kind, optr, on, iptr, inn, dt, dev, int(op), root, stream,
+        st = _lib.lib().ftcomm_ft_op(h, kind, optr, on, iptr, inn, dt, dev, r._code, root, stream,
                                      _lib.timeout_ns(timeout), _lib.ASYNC, byref(w))
         if st < 0:
             _lib.fail(st)  # refused before it ran: a bad argument
-        work = FTWork(w.value, keep)
+        work = FTWork(self._inflight.add(w.value, keep), self._inflight)
         if not async_op:
             work.wait()
         return work
@@ -212,19 +218,19 @@ class Comm:
     def all_reduce(self, tensor, op=ReduceOp.AVG, async_op: bool = False, timeout=None) -> FTWork:
         """Reduce tensor across the participating replicas (AVG divides by
         this step's participants). A failure is recorded for commit."""
-        return self._op(_lib.OP_ALL_REDUCE, tensor, None, int(op), 0, async_op, timeout, tensor)
+        return self._op(_lib.OP_ALL_REDUCE, tensor, None, op, 0, async_op, timeout, tensor)
 
     def reduce_scatter_single(self, output, input, op=ReduceOp.AVG, async_op: bool = False, timeout=None) -> FTWork:
-        return self._op(_lib.OP_REDUCE_SCATTER, output, input, int(op), 0, async_op, timeout, (output, input))
+        return self._op(_lib.OP_REDUCE_SCATTER, output, input, op, 0, async_op, timeout, (output, input))
 
     def all_gather_single(self, output, input, async_op: bool = False, timeout=None) -> FTWork:
-        return self._op(_lib.OP_ALL_GATHER, output, input, int(ReduceOp.SUM), 0, async_op, timeout, (output, input))
+        return self._op(_lib.OP_ALL_GATHER, output, input, ReduceOp.SUM, 0, async_op, timeout, (output, input))
 
     def broadcast(self, tensor, root: int, async_op: bool = False, timeout=None) -> FTWork:
-        return self._op(_lib.OP_BROADCAST, tensor, None, int(ReduceOp.SUM), int(root), async_op, timeout, tensor)
+        return self._op(_lib.OP_BROADCAST, tensor, None, ReduceOp.SUM, int(root), async_op, timeout, tensor)
 
     def all_to_all_single(self, output, input, async_op: bool = False, timeout=None) -> FTWork:
-        return self._op(_lib.OP_ALL_TO_ALL, output, input, int(ReduceOp.SUM), 0, async_op, timeout, (output, input))
+        return self._op(_lib.OP_ALL_TO_ALL, output, input, ReduceOp.SUM, 0, async_op, timeout, (output, input))
 
     def _info(self):
         e, p, r, s = c_uint64(), c_int64(), c_int64(), c_int64()
@@ -262,7 +268,9 @@ class Comm:
         work of this Comm uses the registered tensors). Safe to call twice."""
         h, self._h = self._h, None
         if h is not None and not _lib.forked:
-            _lib.check(_lib.lib().ftcomm_ft_free(h))
+            st = _lib.lib().ftcomm_ft_free(h)
+            self._inflight.release()  # its comms are closed: every op has ended
+            _lib.check(st)
         self._keep = []
 
     def __enter__(self) -> "Comm":

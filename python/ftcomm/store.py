@@ -127,35 +127,57 @@ def through_torch_store(tstore, key: str, rank: int, advertise: str, timeout) ->
     return Store.connect(addr)
 
 
-def from_environment(rank: int, size: int, key: str, timeout) -> Optional[Store]:
-    """The store named by torchrun's environment (MASTER_ADDR, MASTER_PORT):
+def from_environment(rank: int, size: int, key: str, timeout):
+    """The store named by torchrun's environment (MASTER_ADDR, MASTER_PORT),
+    as (store, bootstrap): rank 0 hosts an ftcomm store on a free port and
+    publishes its address under key in a bootstrap store at MASTER_PORT,
+    where the other ranks read it:
 
-    - under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the agent hosts a
-      torch TCPStore there: rank 0 publishes an ftcomm store through it;
-    - otherwise, with torch, rank 0 hosts a torch TCPStore there, as
-      torch.distributed's env:// does, and the same happens;
-    - without torch, rank 0 hosts an ftcomm store on MASTER_PORT itself.
+    - under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the bootstrap is
+      the agent's TCPStore;
+    - otherwise, with torch, rank 0 hosts a TCPStore there, as
+      torch.distributed's env:// does; without torch, an ftcomm store.
 
-    None when MASTER_ADDR or MASTER_PORT is unset.
+    The caller closes the bootstrap once its comm is formed and then runs a
+    barrier on the comm (torchcomms does the same), so MASTER_PORT is free
+    again for the next comm made this way before any rank makes it.
+    (None, None) when MASTER_ADDR or MASTER_PORT is unset.
     """
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not addr or not port:
-        return None
+        return None, None
     try:
         import datetime
         import torch.distributed as dist
     except ImportError:
         dist = None
     if dist is None or not hasattr(dist, "TCPStore"):
-        if rank == 0:
-            return Store.listen("%s:%s" % (_bind_host(addr), port))
-        return Store.connect("%s:%s" % (addr, port))
+        boot = Store.listen("%s:%s" % (_bind_host(addr), port)) if rank == 0 else Store.connect("%s:%s" % (addr, port))
+        try:
+            if rank == 0:
+                s = Store.listen("%s:0" % _bind_host(addr))
+                boot.set(key, "%s:%s" % (addr, s.address.rsplit(":", 1)[1]))
+            else:
+                s = Store.connect(boot.get(key, timeout=timeout).decode())
+        except BaseException:
+            boot.close()
+            raise
+        return s, boot
     t = datetime.timedelta(seconds=(_lib.timeout_ns(timeout) / 1e9) if timeout is not None else 300)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         tstore = dist.PrefixStore("/worker/attempt_%s" % attempt, dist.TCPStore(addr, int(port), size, False, t))
     else:
         tstore = dist.TCPStore(addr, int(port), size, rank == 0, t)
-    s = through_torch_store(tstore, key, rank, addr, None)
-    s._torch_store = tstore  # rank 0's TCPStore server must live as long as the rendezvous
-    return s
+    return through_torch_store(tstore, key, rank, addr, None), _Dropped(tstore)
+
+
+class _Dropped:
+    """A torch store to let go of: its server (rank 0's) stops when the
+    last reference does."""
+
+    def __init__(self, tstore):
+        self.tstore = tstore
+
+    def close(self) -> None:
+        self.tstore = None

@@ -65,6 +65,9 @@ class Lib:
 
 def reduce_ref(op, parts, dtype):
     a = np.stack(parts).astype(np.float64)
+    if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
+        f = {ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor}[op]
+        return f.reduce(a.astype(np.int64), axis=0).astype(dtype).astype(np.float64)
     if op == ReduceOp.SUM:
         r = a.sum(0)
     elif op == ReduceOp.PRODUCT:
@@ -74,7 +77,11 @@ def reduce_ref(op, parts, dtype):
     elif op == ReduceOp.MAX:
         r = a.max(0)
     else:
-        r = a.sum(0) / len(parts)
+        r = a.sum(0)
+        if dtype in FLOATS:
+            r = r / len(parts)
+        else:  # the sum wraps like the dtype, then divides truncating (ncclAvg)
+            r = np.trunc(r.astype(np.int64).astype(dtype).astype(np.float64) / len(parts))
     if dtype in ("int8", "uint8"):  # the reduction wraps like the dtype
         r = r.astype(np.int64).astype(dtype).astype(np.float64)
     return r
@@ -99,15 +106,18 @@ def suite(rank, store, name, size=2, kinds=("torch", "numpy"), backend="gloo", d
         L = Lib(kind, device)
         for dt in (TORCH_DTYPES if kind == "torch" else NUMPY_DTYPES):
             tag = "%s/%s" % (kind, dt)
-            ops = [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX] + ([ReduceOp.AVG] if dt in FLOATS else [])
+            ops = [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG]
+            if dt not in FLOATS and backend == "gloo":
+                ops += [ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR]
             for op in ops:
+                salt = op.type.value
                 for async_op in (False, True):
-                    x = L.make(dt, vals(rank, n, int(op)))
+                    x = L.make(dt, vals(rank, n, salt))
                     w = c.all_reduce(x, op, async_op=async_op)
                     if async_op:
                         w.wait()
                     expect("%s all_reduce %s async=%s" % (tag, op.name, async_op), L.host(x),
-                           reduce_ref(op, [vals(r, n, int(op)) for r in range(size)], dt), dt)
+                           reduce_ref(op, [vals(r, n, salt) for r in range(size)], dt), dt)
             root = size - 1
             x = L.make(dt, vals(rank, n))
             c.reduce(x, root, ReduceOp.MAX)
@@ -393,9 +403,15 @@ def bad_input(rank, store, name):
     cases = {
         "non-contiguous": lambda: c.all_reduce(torch.ones(4, 4).t()),
         "meta tensor": lambda: c.all_reduce(torch.ones(4, device="meta")),
-        "bool dtype": lambda: c.all_reduce(torch.ones(4, dtype=torch.bool)),
+        "complex dtype": lambda: c.all_reduce(torch.ones(4, dtype=torch.complex64)),
         "not a tensor": lambda: c.all_reduce([1.0, 2.0]),
-        "avg on ints": lambda: c.all_reduce(torch.ones(4, dtype=torch.int32), ReduceOp.AVG),
+        "bitwise on floats": lambda: c.all_reduce(torch.ones(4), ReduceOp.BOR),
+        "premul on ints": lambda: c.all_reduce(torch.ones(4, dtype=torch.int32), ReduceOp.PREMUL_SUM(2.0)),
+        "avg on bool": lambda: c.all_reduce(torch.ones(4, dtype=torch.bool), ReduceOp.AVG),
+        "split duplicates": lambda: c.split([0, 1, 0]),
+        "split without self": lambda: c.split([1 - rank]),
+        "reduce_scatter_v sizes": lambda: c.reduce_scatter_v(torch.ones(3), [torch.ones(2), torch.ones(2)]),
+        "all_to_all_v splits": lambda: c.all_to_all_v_single(torch.ones(4), torch.ones(4), [1, 2], [3, 1]),
         "bad op": lambda: c.all_reduce(torch.ones(4), 17),
         "dtype mismatch": lambda: c.all_gather_single(torch.ones(8), torch.ones(4, dtype=torch.float64)),
         "size mismatch": lambda: c.all_gather_single(torch.ones(7), torch.ones(4)),

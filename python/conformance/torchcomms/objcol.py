@@ -1,0 +1,3 @@
+"""torchcomms.objcol is ftcomm.objcol."""
+
+from ftcomm.objcol import *  # noqa: F401,F403

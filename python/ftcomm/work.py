@@ -1,0 +1,231 @@
+"""Work: the handle of an async op, and what keeps an op's tensors alive.
+
+An op reads and writes its tensors until it completes, whatever the caller
+does with the Work: ``comm.all_reduce(t, op, async_op=True)`` with the Work
+dropped at once, or ``del t`` before ``wait``, must not free memory the op
+still uses. So each async op is recorded in its communicator's ``InFlight``
+(issue order), holding the Work's library handle and every tensor the op
+touches, until the op is seen to end: by ``wait``/``is_completed``, by the
+comm issuing its next op (ops complete in issue order, so the oldest are
+checked first), or by ``finalize`` (which closes the comm: every op ends
+before it returns). Only then are the tensors released and the handle
+freed. A dropped Work's op still runs to the end; its outputs are complete
+once a later op on the same comm has completed, or the comm is finalized.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import threading
+import time
+from ctypes import byref, c_int32
+from typing import Any, Callable, Optional
+
+from . import _lib
+from .errors import CommTimeoutError, FtcommError
+
+_WAIT_SLICE_NS = 200_000_000  # a blocked wait returns to Python this often (signals)
+
+
+class WorkStatus(enum.Enum):
+    """What a Work's op is doing (torchcomms' WorkStatus)."""
+
+    NOT_STARTED = 1
+    INPROGRESS = 2
+    COMPLETED = 3
+    TIMEDOUT = 4
+    ERROR = 5
+
+
+class _Op:
+    """One async op in flight: its library handle (0 once settled), what
+    keeps its tensors alive, and its outcome once settled."""
+
+    __slots__ = ("h", "keep", "done", "err")
+
+    def __init__(self, h: int, keep: Any):
+        self.h, self.keep, self.done, self.err = h, keep, False, None
+
+
+class InFlight:
+    """The async ops of one communicator not yet seen to end, in issue order.
+    Safe for concurrent use."""
+
+    __slots__ = ("_q", "_lock")
+
+    def __init__(self):
+        self._q: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+
+    def __bool__(self) -> bool:
+        return bool(self._q)
+
+    def add(self, h: int, keep: Any) -> _Op:
+        op = _Op(h, keep)
+        with self._lock:
+            self._q.append(op)
+        return op
+
+    def settle(self, op: _Op, status: int) -> None:
+        """Record the outcome of op, which has ended (status of a wait on
+        it, on this thread), free its handle and release its tensors."""
+        err = _lib.last_error(status) if status < 0 else None
+        with self._lock:
+            if op.done:
+                return
+            op.done, op.err = True, err
+            h, op.h, op.keep = op.h, 0, None
+            try:
+                self._q.remove(op)
+            except ValueError:
+                pass
+        if h and not _lib.forked:
+            _lib.lib().ftcomm_work_free(h)
+
+    def reap(self) -> None:
+        """Settle the oldest ops that have ended (the rest are younger)."""
+        L = _lib.lib()
+        while True:
+            with self._lock:
+                if not self._q:
+                    return
+                op = self._q[0]
+                h = op.h
+            if not h:  # released with its comm
+                with self._lock:
+                    if self._q and self._q[0] is op:
+                        self._q.popleft()
+                continue
+            st = L.ftcomm_work_wait(h, 0)
+            if st == _lib.PENDING:
+                return
+            self.settle(op, st)
+
+    def release(self) -> None:
+        """Forget every op: their comm is closed, so all of them have ended
+        (the library's handles go with the comm's)."""
+        with self._lock:
+            ops, self._q = list(self._q), collections.deque()
+        for op in ops:
+            h, op.h, op.keep, op.done = op.h, 0, None, True
+            if op.err is None:
+                op.err = FtcommError("ftcomm: the communicator was finalized before this op was waited for",
+                                     kinds=("closed",))
+            if h and not _lib.forked:
+                _lib.lib().ftcomm_work_free(h)
+
+
+class Work:
+    """The handle of an op (torchcomms' TorchWork).
+
+    ``wait(timeout=None)`` blocks until the op is done and raises its error
+    if it failed (a timeout raises CommTimeoutError and leaves the op
+    running); ``wait_blocking()`` is the same (the host always waits here,
+    also for CUDA ops: work queued on the current stream afterwards sees the
+    result); ``is_completed()`` says whether it is done; ``exception()`` is
+    the error of a completed op, or None. Dropping a Work does not cancel or
+    orphan its op: the communicator keeps the op's tensors alive until it
+    ends. Ctrl-C in ``wait`` cancels the op (its communicator is aborted: a
+    collective cannot be left half-way) and raises KeyboardInterrupt.
+    """
+
+    __slots__ = ("_op", "_inflight", "_after", "__weakref__")
+
+    def __init__(self, op: Optional[_Op] = None, inflight: Optional[InFlight] = None,
+                 after: Optional[Callable[[], None]] = None):
+        self._op, self._inflight, self._after = op, inflight, after
+
+    @property
+    def _done(self) -> bool:
+        return self._op is None or self._op.done
+
+    @property
+    def _err(self) -> Optional[BaseException]:
+        return None if self._op is None else self._op.err
+
+    def _settled(self) -> None:
+        if self._after is not None and self._op.err is None:
+            after, self._after = self._after, None
+            after()
+
+    def is_completed(self) -> bool:
+        op = self._op
+        if op is None or op.done:
+            return True
+        h = op.h
+        if h:
+            done = c_int32()
+            st = _lib.lib().ftcomm_work_test(h, byref(done))
+            if st == 0 and done.value:
+                self._inflight.settle(op, _lib.lib().ftcomm_work_wait(h, 0))
+        if op.done:
+            self._settled()
+        return op.done
+
+    def is_success(self) -> bool:
+        """True once the op has completed without an error."""
+        return self.is_completed() and self._err is None
+
+    def exception(self) -> Optional[BaseException]:
+        """The op's error once it has completed with one, else None."""
+        return self._err if self.is_completed() else None
+
+    def status(self) -> WorkStatus:
+        if not self.is_completed():
+            return WorkStatus.INPROGRESS
+        err = self._err
+        if err is None:
+            return WorkStatus.COMPLETED
+        return WorkStatus.TIMEDOUT if isinstance(err, TimeoutError) else WorkStatus.ERROR
+
+    def wait(self, timeout=None) -> bool:
+        if not self._done:
+            self._wait(None if timeout is None else _lib.timeout_ns(timeout))
+        err = self._err
+        if err is not None:
+            raise err
+        if self._after is not None:
+            self._settled()
+        return True
+
+    def wait_blocking(self, timeout=None) -> bool:
+        """Block the host until the op is done (as ``wait``)."""
+        return self.wait(timeout)
+
+    def _wait(self, limit_ns: Optional[int]) -> None:
+        op, L = self._op, _lib.lib()
+        deadline = None if limit_ns is None else time.monotonic_ns() + limit_ns
+        try:
+            while not op.done:
+                h = op.h
+                if not h:
+                    return  # settled by another thread
+                s = _WAIT_SLICE_NS
+                if deadline is not None:
+                    s = min(s, max(deadline - time.monotonic_ns(), 1))
+                st = L.ftcomm_work_wait(h, s)
+                if st != _lib.PENDING:
+                    if st == _lib.ERR_BAD_HANDLE and op.done:
+                        _lib.last_error(st)  # settled meanwhile; clear this thread's error
+                        return
+                    self._inflight.settle(op, st)
+                    return
+                if deadline is not None and time.monotonic_ns() >= deadline:
+                    raise CommTimeoutError("ftcomm: wait timed out; the op is still running", kinds=("timeout",))
+        except KeyboardInterrupt:
+            # Cancel the op (it cannot be abandoned half-way, so its comm
+            # is aborted), wait for it to end, then let Ctrl-C through.
+            h = op.h
+            if h:
+                L.ftcomm_work_cancel(h)
+                self._inflight.settle(op, L.ftcomm_work_wait(h, -1))
+            raise
+
+    def __repr__(self):
+        if not self._done:
+            return "Work(pending)"
+        return "Work(done)" if self._err is None else "Work(failed: %s)" % (self._err,)
+
+
+DONE = Work()
