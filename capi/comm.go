@@ -33,10 +33,10 @@ type commSettings struct {
 	TimeoutS float64 `json:"timeout_s"` // per op; also bounds the rendezvous, unless:
 	// RendezvousS bounds the rendezvous (connecting to the peers), when set.
 	RendezvousS float64 `json:"rendezvous_timeout_s"`
-	Device   *int    `json:"device"`    // CUDA ordinal (nccl)
-	JobID    string  `json:"job_id"`
-	Secret   string  `json:"secret"`
-	LogLevel string  `json:"log_level"`
+	Device      *int    `json:"device"` // CUDA ordinal (nccl)
+	JobID       string  `json:"job_id"`
+	Secret      string  `json:"secret"`
+	LogLevel    string  `json:"log_level"`
 	// gloo
 	ListenAddr   string `json:"listen_addr"`
 	SharedMemory *bool  `json:"shared_memory"`
