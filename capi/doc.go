@@ -40,13 +40,30 @@
 // with the matching *_free (comm, work, store, ft, coordinator): freeing
 // closes the object (a comm is closed, an ft.Comm leaves its job, a
 // coordinator stops). Freeing twice, or using a freed handle, returns
-// FTCOMM_ERR_BAD_HANDLE and touches nothing. The memory of a tensor
-// passed to an op is the caller's and must stay valid until the op
-// completes: for a sync op on host memory until the call returns; for an
-// async op until its work handle reports completion; for a CUDA op as the
-// stream order says (the caller's stream waits for it). Freeing a work
-// handle does not cancel its op. Shrink and Grow close the comm they are
-// called on and return a new handle; the old handle must still be freed.
+// FTCOMM_ERR_BAD_HANDLE and touches nothing. Shrink and Grow close the
+// comm they are called on and return a new handle; the old handle must
+// still be freed.
+//
+// # Tensor memory: the rule
+//
+// The memory of a tensor passed to an op is the caller's, and the library
+// reads or writes it until the op has ended, whatever happens to the work
+// handle:
+//
+//   - a sync op on host memory: until the call returns;
+//   - a CUDA op: as the stream order says (a sync op makes the caller's
+//     stream wait for it; memory freed to an allocator that reuses it on
+//     that stream is safe);
+//   - an async op: until ftcomm_work_test or ftcomm_work_wait has reported
+//     it done, or the comm's ftcomm_comm_free (or ftcomm_ft_free) has
+//     returned: freeing a comm ends every op of it before it returns.
+//
+// Freeing a work handle neither cancels its op nor ends the caller's duty:
+// without the handle the caller can no longer learn when the op ends, so it
+// must keep the memory until it frees the comm. Ops of a comm end in issue
+// order, so an async op has ended once any later op of the same comm has.
+// The Python package keeps every async op's tensors (and handle) in its
+// communicator until it sees the op end, so a dropped Work is safe there.
 //
 // # Threading
 //

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import os
 import socket
+import time
 from ctypes import byref, c_int64, c_uint64
 from typing import Optional
 
@@ -118,7 +119,11 @@ def through_torch_store(tstore, key: str, rank: int, advertise: str, timeout) ->
     if rank == 0:
         s = Store.listen("%s:0" % _bind_host(advertise))
         port = s.address.rsplit(":", 1)[1]
-        tstore.set(key, "%s:%s" % (advertise, port))
+        try:
+            tstore.set(key, "%s:%s" % (advertise, port))
+        except BaseException:
+            s.close()
+            raise
         return s
     if timeout is not None:
         import datetime
@@ -163,13 +168,35 @@ def from_environment(rank: int, size: int, key: str, timeout):
             boot.close()
             raise
         return s, boot
-    t = datetime.timedelta(seconds=(_lib.timeout_ns(timeout) / 1e9) if timeout is not None else 300)
+    secs = (_lib.timeout_ns(timeout) / 1e9) if timeout is not None else 300
+    t = datetime.timedelta(seconds=secs)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         tstore = dist.PrefixStore("/worker/attempt_%s" % attempt, dist.TCPStore(addr, int(port), size, False, t))
-    else:
-        tstore = dist.TCPStore(addr, int(port), size, rank == 0, t)
-    return through_torch_store(tstore, key, rank, addr, None), _Dropped(tstore)
+        return through_torch_store(tstore, key, rank, addr, None), _Dropped(tstore)
+    # MASTER_PORT may still be held for a moment by the bootstrap of a comm
+    # made just before (a rank lets go of it only after its comm formed): a
+    # client can then reach that server as it goes away, and rank 0 cannot
+    # bind yet. Both are retried, with a short backoff, until the timeout.
+    deadline = time.monotonic() + secs
+    pause = 0.01
+    while True:
+        try:
+            tstore = dist.TCPStore(addr, int(port), size, rank == 0, t, wait_for_workers=False)
+            return through_torch_store(tstore, key, rank, addr, None), _Dropped(tstore)
+        except RuntimeError as e:
+            if time.monotonic() + pause >= deadline or not _transient(e):
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
+
+
+def _transient(e: Exception) -> bool:
+    """Whether a torch store error comes from a bootstrap server going away
+    or not gone yet (see from_environment)."""
+    m = str(e).lower()
+    return any(w in m for w in ("reset by peer", "broken pipe", "address already in use", "connection refused",
+                                "socket timeout", "failed to bind"))
 
 
 class _Dropped:

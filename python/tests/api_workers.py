@@ -19,12 +19,29 @@ def _t():
     return torch
 
 
-def zero_elements(rank, store, name, size=2):
+def _device(rank, backend):
+    return "cuda:%d" % rank if backend == "nccl" else "cpu"
+
+
+class _On:
+    """torch's tensor constructors, on one device."""
+
+    def __init__(self, device):
+        self.torch, self.device = _t(), device
+
+    def __getattr__(self, name):
+        f = getattr(self.torch, name)
+        if name in ("ones", "zeros", "full", "empty", "tensor", "arange"):
+            return lambda *a, **k: f(*a, **k).to(self.device)
+        return f
+
+
+def zero_elements(rank, store, name, size=2, backend="gloo"):
     """Every op with 0-element tensors, on every rank: no error, no
     desync; the comm then still runs a collective. Returns the ops that
     raised."""
-    torch = _t()
-    c = comm(rank, store, name, size)
+    torch = _On(_device(rank, backend))
+    c = comm(rank, store, name, size, backend, _device(rank, backend))
     e = lambda: torch.empty(0)  # noqa: E731
     calls = {
         "all_reduce": lambda: c.all_reduce(e(), ReduceOp.SUM),
@@ -54,17 +71,19 @@ def zero_elements(rank, store, name, size=2):
     x = torch.full((4,), float(rank + 1))
     c.all_reduce(x)
     finalize(rank, name)
-    return failed, float(x[0])
+    return failed, float(x[0].cpu())
 
 
-def reductions(rank, store, name, size=2):
-    """PREMUL_SUM (scalar and tensor factors), AVG on integers, bitwise ops,
-    bool; returns {case: (got, want)} for the cases that differ."""
-    torch = _t()
-    c = comm(rank, store, name, size)
+def reductions(rank, store, name, size=2, backend="gloo"):
+    """PREMUL_SUM (scalar and tensor factors), AVG on integers, bitwise ops
+    (gloo; NCCL refuses them), bool; returns {case: (got, want)} for the
+    cases that differ."""
+    torch = _On(_device(rank, backend))
+    c = comm(rank, store, name, size, backend, _device(rank, backend))
     bad = {}
 
     def check(what, got, want):
+        got, want = got.cpu(), want.cpu()
         if not torch.equal(got, want):
             bad[what] = (got.tolist(), want.tolist())
 
@@ -102,6 +121,13 @@ def reductions(rank, store, name, size=2):
         want[RedOpType.BXOR] ^= p
     for op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
         x = v.clone()
+        if backend == "nccl":
+            try:
+                c.all_reduce(x, op)
+                bad["bitwise %s on nccl" % op.name] = ("no error", "InvalidArgumentError")
+            except ftcomm.InvalidArgumentError:
+                pass
+            continue
         c.all_reduce(x, op)
         check("bitwise %s" % op.name, x, want[op.type])
     # bool: SUM and MAX are or, PRODUCT and MIN are and.
@@ -109,6 +135,8 @@ def reductions(rank, store, name, size=2):
     for op, w in ((ReduceOp.SUM, [True, False, True]), (ReduceOp.MAX, [True, False, True]),
                   (ReduceOp.PRODUCT, [size == 1, False, True]), (ReduceOp.MIN, [size == 1, False, True]),
                   (ReduceOp.BXOR, [True, False, size % 2 == 1])):
+        if backend == "nccl" and op == ReduceOp.BXOR:
+            continue
         x = b.clone()
         c.all_reduce(x, op)
         check("bool %s" % op.name, x, torch.tensor(w))
@@ -120,15 +148,16 @@ def reductions(rank, store, name, size=2):
     return bad
 
 
-def v_and_list_ops(rank, store, name, size=2):
+def v_and_list_ops(rank, store, name, size=2, backend="gloo"):
     """all_gather_v, reduce_scatter_v, all_to_all (lists, sizes per peer),
     all_to_all_v_single (rows of a 2-D tensor), gather_single and the list
     ops on tensors that are not adjacent in memory; returns what differs."""
-    torch = _t()
-    c = comm(rank, store, name, size)
+    torch = _On(_device(rank, backend))
+    c = comm(rank, store, name, size, backend, _device(rank, backend))
     bad = {}
 
     def check(what, got, want):
+        got, want = got.cpu(), want.cpu()
         if not torch.equal(got, want):
             bad[what] = (got.tolist(), want.tolist())
 
@@ -177,10 +206,10 @@ def v_and_list_ops(rank, store, name, size=2):
     return bad
 
 
-def batch_p2p(rank, store, name, size=2):
+def batch_p2p(rank, store, name, size=2, backend="gloo"):
     """A ring exchange through batch_op_create, sync and async."""
-    torch = _t()
-    c = comm(rank, store, name, size)
+    torch = _On(_device(rank, backend))
+    c = comm(rank, store, name, size, backend, _device(rank, backend))
     nxt, prv = (rank + 1) % size, (rank - 1) % size
     got = []
     for async_op in (False, True):
@@ -192,7 +221,7 @@ def batch_p2p(rank, store, name, size=2):
         b.recv(recvs[1], prv)
         w = b.issue(async_op)
         w.wait()
-        got.append((recvs[0].tolist(), recvs[1].tolist(), len(b.ops)))
+        got.append((recvs[0].cpu().tolist(), recvs[1].cpu().tolist(), len(b.ops)))
     try:
         c.batch_op_create().issue(False)
         empty = "no error"

@@ -25,13 +25,13 @@ def _churn():
     gc.collect()
 
 
-def _issue_dropped(c, rank, size, n, kind, lib):
+def _issue_dropped(c, rank, size, n, kind, lib, device="cpu"):
     """Issue one async op of `kind` on fresh tensors and keep nothing but
     the tensor that receives the result (returned with what it must hold
     once a later op on the comm has completed)."""
     if lib == "torch":
         import torch
-        full = lambda v, k: torch.full((k,), float(v), dtype=torch.float32)  # noqa: E731
+        full = lambda v, k: torch.full((k,), float(v), dtype=torch.float32, device=device)  # noqa: E731
     else:
         full = lambda v, k: np.full(k, v, dtype=np.float32)  # noqa: E731
     if kind == "all_reduce":
@@ -95,21 +95,32 @@ KINDS = ["all_reduce", "broadcast", "reduce", "all_gather_single", "all_gather",
          "reduce_scatter", "all_to_all_single", "all_to_all", "scatter", "gather", "send_recv"]
 
 
-def dropped_works(rank, store, name, size=2, rounds=6, lib="torch", kinds=KINDS):
+def dropped_works(rank, store, name, size=2, rounds=6, lib="torch", kinds=KINDS, device="cpu"):
     """Every op, async, its Work dropped at once and its inputs with it,
     BIG and SMALL, with memory churn in between; after a sync barrier each
-    kept output must hold its result. Returns the wrong results."""
-    c = comm(rank, store, name, size)
+    kept output must hold its result. Returns the wrong results. With
+    device="cuda", on NCCL (each rank on cuda:rank), the barrier's
+    completion is awaited on the host."""
+    backend = "gloo"
+    if device == "cuda":
+        import torch
+        device, backend = "cuda:%d" % rank, "nccl"
+    c = comm(rank, store, name, size, backend, device)
     bad = []
     for rnd in range(rounds):
         for kind in kinds:
             n = BIG if rnd % 2 == 0 else SMALL
-            kept = [_issue_dropped(c, rank, size, n, kind, lib) for _ in range(3)]
+            kept = [_issue_dropped(c, rank, size, n, kind, lib, device) for _ in range(3)]
             _churn()
-            c.barrier()  # ops run in issue order: every op above is done now
+            if backend == "nccl":
+                torch.cuda.empty_cache()  # freed blocks go back: reuse would corrupt
+                c.barrier(async_op=True).wait()
+            else:
+                c.barrier()  # ops run in issue order: every op above is done now
             for out, want in kept:
-                if out is not None and not (np.asarray(out[:8]) == want).all():
-                    bad.append("%s n=%d: %s, want %s" % (kind, n, np.asarray(out[:8]).tolist(), want))
+                got = np.asarray(out[:8].cpu()) if hasattr(out, "cpu") else np.asarray(out[:8]) if out is not None else None
+                if out is not None and not (got == want).all():
+                    bad.append("%s n=%d: %s, want %s" % (kind, n, got.tolist(), want))
     finalize(rank, name)
     return bad
 

@@ -38,3 +38,40 @@ def test_cuda_no_memory_growth(two, store, name):
         assert handles == 0
         assert grow < 16 << 20, grow
         print("RSS growth %d bytes, %.1f µs per 4 KiB all-reduce" % (grow, per_op * 1e6))
+
+
+# torchcomms' API on NCCL (test_torchcomms_api.py runs the same on gloo).
+
+@needs_cuda
+def test_cuda_zero_element_tensors(two, store, name):
+    import api_workers
+    for failed, after in two.run(api_workers.zero_elements, store.address, name, backend="nccl"):
+        assert failed == []
+        assert after == 3.0
+
+
+@needs_cuda
+def test_cuda_reductions(two, store, name):
+    import api_workers
+    assert two.run(api_workers.reductions, store.address, name, backend="nccl", timeout=300) == [{}, {}]
+
+
+@needs_cuda
+def test_cuda_v_and_list_ops(two, store, name):
+    import api_workers
+    assert two.run(api_workers.v_and_list_ops, store.address, name, backend="nccl", timeout=300) == [{}, {}]
+
+
+@needs_cuda
+def test_cuda_batched_send_recv(two, store, name):
+    import api_workers
+    for rank, (got, empty) in enumerate(two.run(api_workers.batch_p2p, store.address, name, backend="nccl")):
+        assert got == [([float(1 - rank)] * 3, [(1 - rank) * 10] * 5, 4)] * 2
+        assert empty == "InvalidArgumentError"
+
+
+@needs_cuda
+def test_cuda_dropped_works_keep_their_tensors(two, store, name):
+    import lifetime
+    assert two.run(lifetime.dropped_works, store.address, name, lib="torch", device="cuda", rounds=2,
+                   timeout=300) == [[], []]
