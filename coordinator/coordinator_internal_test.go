@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -37,7 +38,7 @@ func startLeader(t *testing.T) (*Coordinator, *clientv3.Client) {
 	t.Cleanup(func() { cancel(); <-done })
 	select {
 	case <-c.Leading():
-	case <-testCtx(t, 20*time.Second).Done():
+	case <-testutil.Ctx(t, 20*time.Second).Done():
 		t.Fatal("c0 did not become leader")
 	}
 	return c, cfg.Client
@@ -50,11 +51,11 @@ func TestFencedPublish(t *testing.T) {
 	l := &leadership{c: coord, fenceKey: coord.keys.Election() + "/stale", fenceRev: 1, jobs: map[string]*jobState{}}
 	j := l.job(job)
 	d := membership.Decision{Quorum: &membership.Quorum{Job: job, Epoch: 7}}
-	err := l.publish(testCtx(t, 5*time.Second), job, j, d)
+	err := l.publish(testutil.Ctx(t, 5*time.Second), job, j, d)
 	if !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("stale publish = %v", err)
 	}
-	if _, err := NewAdmin(cli, "").Quorum(testCtx(t, 5*time.Second), job); !errors.Is(err, ErrNoQuorum) {
+	if _, err := NewAdmin(cli, "").Quorum(testutil.Ctx(t, 5*time.Second), job); !errors.Is(err, ErrNoQuorum) {
 		t.Fatalf("a quorum was written: %v", err)
 	}
 }

@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 )
 
 // startGossipCell starts n nodes joined into one cluster and waits until
 // every node sees all of them.
 func startGossipCell(t testing.TB, n int, cfg GossipConfig) []*Gossip {
 	t.Helper()
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testutil.Ctx(t, 30*time.Second)
 	nodes := make([]*Gossip, n)
 	for i := range nodes {
 		g, err := StartGossip(fmt.Sprintf("node-%d", i), cfg)
@@ -99,7 +100,7 @@ func (w *gossipWatch) bystander(ev GossipEvent) {
 
 func TestGossipDetectsDeathAndLeave(t *testing.T) {
 	nodes := startGossipCell(t, 5, DefaultGossipConfig())
-	w := &gossipWatch{t, testCtx(t, 30*time.Second), nodes[0]}
+	w := &gossipWatch{t, testutil.Ctx(t, 30*time.Second), nodes[0]}
 	// Node 4 stops without a word: the others declare it dead.
 	stopped := time.Now()
 	nodes[4].Close()
@@ -127,7 +128,7 @@ func TestGossipDetectsDeathAndLeave(t *testing.T) {
 // a leave: here the metadata is left out entirely.
 func TestGossipLeaveHandshake(t *testing.T) {
 	nodes := startGossipCell(t, 4, DefaultGossipConfig())
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testutil.Ctx(t, 30*time.Second)
 	// Strays on the user-message path change nothing.
 	for _, msg := range [][]byte{nil, {msgLeaving}, {'x', 'n'}, {msgLeaving, 200, 1, 'n'},
 		{msgLeaving, 1, 'n', ':', '1'}, append([]byte{msgLeaveAck, 6}, "node-9"...)} {
@@ -178,7 +179,7 @@ func TestGossipEncryptedRejectsStranger(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stranger.Close()
-	ctx := testCtx(t, 10*time.Second)
+	ctx := testutil.Ctx(t, 10*time.Second)
 	if _, err := stranger.Join(ctx, []string{nodes[0].Addr()}); err == nil {
 		t.Fatal("a node without the key joined an encrypted cluster")
 	}
@@ -194,7 +195,7 @@ func TestGossipKeyKeepsStrangersOut(t *testing.T) {
 	cfg := DefaultGossipConfig()
 	cfg.SecretKey = []byte("0123456789abcdef0123456789abcdef")
 	nodes := startGossipCell(t, 2, cfg)
-	ctx := testCtx(t, 20*time.Second)
+	ctx := testutil.Ctx(t, 20*time.Second)
 	for _, key := range [][]byte{nil, []byte("fedcba9876543210fedcba9876543210")} {
 		sc := DefaultGossipConfig()
 		sc.SecretKey, sc.TCPTimeout = key, time.Second
@@ -210,10 +211,4 @@ func TestGossipKeyKeepsStrangersOut(t *testing.T) {
 		}
 		stranger.Close()
 	}
-}
-
-func testCtx(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
 }

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ftcomm/ftcomm/internal/testutil"
 )
 
 var gossipCell = flag.Int("membership.cell", 0, "nodes in the gossip cell detection test (0: skip)")
@@ -23,7 +25,7 @@ func TestGossipCellDetection(t *testing.T) {
 	n := *gossipCell
 	cfg := DefaultGossipConfig()
 	cfg.TCPTimeout = 10 * time.Second // n nodes share this machine's cores
-	ctx := testCtx(t, 5*time.Minute)
+	ctx := testutil.Ctx(t, 5*time.Minute)
 	nodes := make([]*Gossip, n)
 	start := time.Now()
 	for i := range nodes {

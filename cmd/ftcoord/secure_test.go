@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -58,8 +59,8 @@ func TestServeProcessForgedQuorum(t *testing.T) {
 	a, b := joinMember(t, cli, creds, "job", "a", lgA), joinMember(t, cli, creds, "job", "b", lgB)
 	q := waitParticipants(t, a, 2)
 	waitParticipants(t, b, 2)
-	ctx := testCtx(t, 60*time.Second)
-	short := func() context.Context { return testCtx(t, 2*time.Second) }
+	ctx := testutil.Ctx(t, 60*time.Second)
+	short := func() context.Context { return testutil.Ctx(t, 2*time.Second) }
 	k := membership.Keys{}
 
 	// Someone who merely reaches the port gets nothing.

@@ -12,15 +12,12 @@ import (
 
 	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/etcdhost"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
 // Ctx returns a context that ends after d or when the test ends.
-func Ctx(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
+func Ctx(t testing.TB, d time.Duration) context.Context { return testutil.Ctx(t, d) }
 
 // StartEtcd starts a single-member embedded etcd (no fsync) for one test
 // and stops it when the test ends.
