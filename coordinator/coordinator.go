@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -38,7 +40,7 @@ type Config struct {
 	Name string
 	// Quorum holds the rules for every job; members may raise
 	// MinReplicas for theirs.
-	Quorum membership.QuorumConfig
+	Quorum quorum.Config
 	// SessionTTL is the lease of the leader's election key: a killed
 	// leader is replaced about this long after it stops (min 2 s,
 	// default 3 s).
@@ -72,7 +74,7 @@ func DefaultConfig() Config {
 	return Config{
 		Root:         membership.DefaultRoot,
 		Name:         fmt.Sprintf("%s-%d", host, os.Getpid()),
-		Quorum:       membership.DefaultQuorumConfig(),
+		Quorum:       quorum.DefaultConfig(),
 		SessionTTL:   3 * time.Second,
 		HistoryLimit: 100,
 		EvictKeepOut: DefaultEvictKeepOut,
@@ -140,7 +142,7 @@ func New(cfg Config) (*Coordinator, error) {
 	if cfg.Name == "" {
 		cfg.Name = d.Name
 	}
-	if cfg.Quorum == (membership.QuorumConfig{}) {
+	if cfg.Quorum == (quorum.Config{}) {
 		cfg.Quorum = d.Quorum
 	}
 	if cfg.SessionTTL == 0 {
@@ -500,7 +502,7 @@ type verdict struct {
 }
 
 type jobState struct {
-	m         *membership.Machine
+	m         *quorum.Machine
 	quorumRev int64  // mod revision of the quorum key we last wrote or read (0: no key)
 	ownRev    int64  // revision of our last write of the key, a deletion included
 	lastValue []byte // the record we last wrote (or loaded and trusted)
@@ -529,7 +531,7 @@ type foreignWrite struct {
 func (l *leadership) job(name string) *jobState {
 	j, ok := l.jobs[name]
 	if !ok {
-		j = &jobState{m: membership.NewMachine(name, l.c.cfg.Quorum, nil)}
+		j = &jobState{m: quorum.NewMachine(name, l.c.cfg.Quorum, nil)}
 		l.jobs[name] = j
 	}
 	return j
@@ -645,7 +647,7 @@ func (l *leadership) loadQuorum(job string, kv *mvccpb.KeyValue, history []*mvcc
 			ok = bytes.Equal(kv.Value, real.Value)
 		}
 		if ok {
-			return &jobState{m: membership.NewMachine(job, l.c.cfg.Quorum, &q), quorumRev: kv.ModRevision, lastValue: kv.Value}
+			return &jobState{m: quorum.NewMachine(job, l.c.cfg.Quorum, &q), quorumRev: kv.ModRevision, lastValue: kv.Value}
 		}
 		f := &foreignWrite{rev: kv.ModRevision}
 		var fq membership.Quorum
@@ -658,21 +660,21 @@ func (l *leadership) loadQuorum(job string, kv *mvccpb.KeyValue, history []*mvcc
 		j := &jobState{quorumRev: kv.ModRevision, foreign: f}
 		switch {
 		case real != nil:
-			j.m, j.lastValue = membership.NewMachine(job, l.c.cfg.Quorum, &realQ), real.Value
+			j.m, j.lastValue = quorum.NewMachine(job, l.c.cfg.Quorum, &realQ), real.Value
 		case floor > 0:
 			// Nothing trusted to restore; never go back below an epoch
 			// members may have seen.
-			j.m = membership.NewMachine(job, l.c.cfg.Quorum, &membership.Quorum{Job: job, Epoch: floor})
+			j.m = quorum.NewMachine(job, l.c.cfg.Quorum, &membership.Quorum{Job: job, Epoch: floor})
 		default:
-			j.m = membership.NewMachine(job, l.c.cfg.Quorum, nil)
+			j.m = quorum.NewMachine(job, l.c.cfg.Quorum, nil)
 		}
 		return j
 	}
 	if real == nil {
-		return &jobState{m: membership.NewMachine(job, l.c.cfg.Quorum, nil)}
+		return &jobState{m: quorum.NewMachine(job, l.c.cfg.Quorum, nil)}
 	}
 	l.c.lg.Warn("quorum record deleted by someone else; restoring it", zap.String("job", job), zap.Uint64("epoch", realQ.Epoch))
-	return &jobState{m: membership.NewMachine(job, l.c.cfg.Quorum, &realQ), lastValue: real.Value, foreign: &foreignWrite{deleted: true, epoch: realQ.Epoch}}
+	return &jobState{m: quorum.NewMachine(job, l.c.cfg.Quorum, &realQ), lastValue: real.Value, foreign: &foreignWrite{deleted: true, epoch: realQ.Epoch}}
 }
 
 // upsert applies a member record (or its eviction or leave).
@@ -681,7 +683,7 @@ func (l *leadership) upsert(now time.Time, job string, r membership.MemberRecord
 	l.noteStalled(job, j, r)
 	switch {
 	case r.Evicted != "":
-		l.remove(now, job, r.ID, r.Incarnation, "evicted by "+r.Evicted, "evicted")
+		l.remove(now, job, r.ID, r.Incarnation, quorum.Removal{Cause: quorum.Evicted, By: r.Evicted})
 		return
 	case r.Leaving && r.Finished:
 		// Where the run ended outlives the member (a coordinator that
@@ -689,10 +691,10 @@ func (l *leadership) upsert(now time.Time, job string, r membership.MemberRecord
 		if old, ok := j.m.Member(r.ID); ok && old.Incarnation == r.Incarnation {
 			j.m.Upsert(now, r)
 		}
-		l.remove(now, job, r.ID, r.Incarnation, fmt.Sprintf("finished at step %d", r.Step), "left")
+		l.remove(now, job, r.ID, r.Incarnation, quorum.Removal{Cause: quorum.Finished, Step: r.Step})
 		return
 	case r.Leaving:
-		l.remove(now, job, r.ID, r.Incarnation, "left", "left")
+		l.remove(now, job, r.ID, r.Incarnation, quorum.Removal{Cause: quorum.Left})
 		return
 	}
 	old, ok := j.m.Member(r.ID)
@@ -713,11 +715,9 @@ func (l *leadership) upsert(now time.Time, job string, r membership.MemberRecord
 	}
 }
 
-// remove applies a member's end. metric names its cause: "lease" (its
-// lease expired) and "gossip" (gossip lost it) leave a process that may be
-// alive and come back holding its state (the machine's Lapsed); "left",
-// "evicted" and "reported" (its port refused connections) do not.
-func (l *leadership) remove(now time.Time, job, id string, inc int64, why, metric string) {
+// remove applies a member's end; what follows is its cause's (see
+// quorum.Cause).
+func (l *leadership) remove(now time.Time, job, id string, inc int64, r quorum.Removal) {
 	j := l.job(job)
 	old, ok := j.m.Member(id)
 	if !ok || inc != 0 && old.Incarnation != inc {
@@ -725,17 +725,10 @@ func (l *leadership) remove(now time.Time, job, id string, inc int64, why, metri
 	}
 	delete(l.byNode, membership.GossipNodeName(job, id, old.Lease))
 	l.noteStalled(job, j, membership.MemberRecord{ID: id})
-	switch metric {
-	case "lease", "gossip":
-		j.m.Lapsed(now, id, old.Incarnation, why)
-	case "left":
-		j.m.Left(now, id, old.Incarnation, why)
-	default:
-		j.m.Remove(now, id, old.Incarnation, why)
-	}
+	j.m.Remove(now, id, old.Incarnation, r)
 	j.dirty = true
-	l.c.metrics.removals.WithLabelValues(job, metric).Inc()
-	l.c.lg.Info("member removed", zap.String("job", job), zap.String("member", id), zap.String("why", why))
+	l.c.metrics.removals.WithLabelValues(job, removalLabel(r.Cause)).Inc()
+	l.c.lg.Info("member removed", zap.String("job", job), zap.String("member", id), zap.String("why", r.String()))
 }
 
 // gossipDeath removes the member behind a dead gossip node and deletes
@@ -750,7 +743,7 @@ func (l *leadership) gossipDeath(ctx context.Context, now time.Time, node string
 	if !ok || rec.Incarnation != ref.inc {
 		return
 	}
-	l.remove(now, ref.job, ref.id, ref.inc, "died (gossip)", "gossip")
+	l.remove(now, ref.job, ref.id, ref.inc, quorum.Removal{Cause: quorum.GossipDeath})
 	// Deleted after the next publication, off the critical path.
 	l.doomed = append(l.doomed, doomedMember{ref.job, rec})
 }
@@ -832,7 +825,7 @@ func (l *leadership) verifiedDeath(now time.Time, v verdict) {
 		j.dirty = true
 		return
 	}
-	l.remove(now, ref.job, ref.id, ref.inc, "died (reported by a peer, port closed)", "reported")
+	l.remove(now, ref.job, ref.id, ref.inc, quorum.Removal{Cause: quorum.PortClosed})
 	l.doomed = append(l.doomed, doomedMember{ref.job, rec})
 }
 
@@ -995,7 +988,7 @@ func (l *leadership) apply(now time.Time, ev *clientv3.Event) {
 		if ev.PrevKv != nil {
 			inc = ev.PrevKv.CreateRevision
 		}
-		l.remove(now, job, rest, inc, "lease expired", "lease")
+		l.remove(now, job, rest, inc, quorum.Removal{Cause: quorum.LeaseExpired})
 	case kind == "epoch" && strings.HasPrefix(rest, "revoked/") && ev.Type == mvccpb.PUT:
 		var r membership.Revocation
 		if json.Unmarshal(ev.Kv.Value, &r) == nil {
@@ -1092,14 +1085,14 @@ func (l *leadership) repair(ctx context.Context, job string, j *jobState) error 
 			q.Epoch = f.epoch + 1
 		}
 		q.Reason = "the quorum view was overwritten by someone else; republished"
-		return l.publish(ctx, job, j, membership.Decision{Quorum: &q})
+		return l.publish(ctx, job, j, quorum.Decision{Quorum: &q})
 	}
 	if l.c.cfg.QuorumSigner == nil && have && !f.deleted && f.epoch >= cur.Epoch && f.epoch < math.MaxUint64-1 {
 		q := cur
 		q.Epoch, q.Created, q.Base, q.Removed, q.Added = f.epoch+1, time.Now(), 0, nil, nil
 		q.Reason = "the quorum record was overwritten by someone else; republished"
 		j.quorumRev = f.rev
-		return l.publish(ctx, job, j, membership.Decision{Quorum: &q})
+		return l.publish(ctx, job, j, quorum.Decision{Quorum: &q})
 	}
 	op, what := clientv3.OpDelete(qk), "deleted the foreign quorum record"
 	if j.lastValue != nil {
@@ -1173,7 +1166,7 @@ func (l *leadership) report(name string, j *jobState) {
 
 // publish writes a decision in one Txn fenced by the leader key and the
 // quorum key's revision.
-func (l *leadership) publish(ctx context.Context, job string, j *jobState, d membership.Decision) error {
+func (l *leadership) publish(ctx context.Context, job string, j *jobState, d quorum.Decision) error {
 	k := l.c.keys
 	qk := k.Quorum(job)
 	var ops []clientv3.Op
@@ -1265,6 +1258,15 @@ func (l *leadership) publish(ctx context.Context, job string, j *jobState, d mem
 		l.c.lg.Info("epoch revoked", zap.String("job", job), zap.Uint64("epoch", d.Revocation.Epoch), zap.String("reason", d.Revocation.Reason))
 	}
 	return nil
+}
+
+// removalLabel is the cause label of ftcomm_coordinator_removals_total: a
+// member that finished the run counts as one that left.
+func removalLabel(c quorum.Cause) string {
+	if c == quorum.Finished {
+		return quorum.Left.String()
+	}
+	return c.String()
 }
 
 // jobLabel is the label naming a job in the coordinator's metrics. Not

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -50,7 +52,7 @@ func TestFencedPublish(t *testing.T) {
 	const job = "job1"
 	l := &leadership{c: coord, fenceKey: coord.keys.Election() + "/stale", fenceRev: 1, jobs: map[string]*jobState{}}
 	j := l.job(job)
-	d := membership.Decision{Quorum: &membership.Quorum{Job: job, Epoch: 7}}
+	d := quorum.Decision{Quorum: &membership.Quorum{Job: job, Epoch: 7}}
 	err := l.publish(testutil.Ctx(t, 5*time.Second), job, j, d)
 	if !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("stale publish = %v", err)

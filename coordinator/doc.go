@@ -5,7 +5,7 @@
 //
 //   - Coordinator (New, then Run): campaigns in an etcd election and,
 //     while it leads, follows every job and publishes the decisions of
-//     each job's membership.Machine.
+//     each job's quorum.Machine.
 //   - Admin: reads and manages jobs through etcd directly, on any
 //     instance, leader or not (the ftcoord API uses it): jobs, quorum,
 //     history, Evict, NewRun (a new run of a job: membership.StartRun).
@@ -22,7 +22,7 @@
 // reads every job under the root, then follows one watch on the root
 // (resuming from its revision; a compaction or broken watch makes it read
 // again) plus its gossip node's deaths, feeds the per-job Machines and
-// publishes each membership.Decision in one Txn whose compares are the
+// publishes each quorum.Decision in one Txn whose compares are the
 // leader key's create revision and the quorum key's mod revision: a
 // deposed leader's write fails (ErrNotLeader) and it campaigns again. On
 // a gossip death the leader also deletes the member's registration
@@ -30,7 +30,7 @@
 // collective is dialled at its address, and removed at once if the port
 // refuses connections. Config.EvictKeepOut (default DefaultEvictKeepOut)
 // keeps an evicted member out for a while. A lease that expired or a
-// gossip death is a lapse (membership.Machine.Lapsed: the process may be
+// gossip death is a lapse (quorum.Cause.Lapsed: the process may be
 // alive, as after an etcd outage, and come back holding the job's step);
 // a leave, an eviction or a closed port is not. Members that wait for a
 // holder of a step the job committed (MemberRecord.WaitingFor) are logged

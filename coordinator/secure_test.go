@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -130,7 +132,7 @@ func TestForgedQuorumOfUnknownJobDeleted(t *testing.T) {
 // then republishes its participants above the forged epoch at once, so
 // they come back.
 func TestForgedQuorumRepairedWithoutSignatures(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	a, b := tj.Join("a", nil), tj.Join("b", nil)
 	q := clustertest.WaitQuorum(t, a, 0, "a", "b")
 	forged := q

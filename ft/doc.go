@@ -253,7 +253,7 @@
 //
 // # Without a cluster
 //
-// membership/memcoord runs the coordinator's quorum machine in memory:
+// coordinator/memcoord runs the coordinator's quorum machine in memory:
 // Config.Membership = coord.Join(…) runs a whole job in one process (the
 // package Example does), for tests and for trying ft out.
 package ft

@@ -13,12 +13,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"go.uber.org/zap/zaptest"
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/inproc"
+	"github.com/ftcomm/ftcomm/coordinator/memcoord"
 	"github.com/ftcomm/ftcomm/membership"
-	"github.com/ftcomm/ftcomm/membership/memcoord"
 )
 
 // A toy training job: every replica holds the same parameters; each step
@@ -81,7 +83,7 @@ type job struct {
 	nParams int
 }
 
-func newJob(t *testing.T, qc membership.QuorumConfig, minReplicas int) *job {
+func newJob(t *testing.T, qc quorum.Config, minReplicas int) *job {
 	j := &job{t: t, coord: memcoord.New("toy", qc), cluster: inproc.NewCluster(), ledger: &ledger{hashes: map[int64]uint64{}}, nParams: defaultParams}
 	j.cfg = Config{Job: "toy", Backend: "inproc", BackendConfig: j.cluster, Secret: []byte("k"),
 		MinReplicas: minReplicas, Timeout: 10 * time.Second, HealChunkSize: 4096}
@@ -212,7 +214,7 @@ func (j *job) kill(r *replica) {
 		ft.Backend().(*inproc.Backend).Fail()
 	}
 	r.cancel()
-	j.coord.Remove(r.id, "killed")
+	j.coord.Remove(r.id, quorum.PortClosed)
 	<-r.done
 	r.c.server.Close() // its state endpoint dies with it
 }
@@ -276,8 +278,8 @@ func (l *ledger) check(t *testing.T, rs ...*replica) {
 	}
 }
 
-func quick() membership.QuorumConfig {
-	return membership.QuorumConfig{MinReplicas: 1, JoinTimeout: 200 * time.Millisecond}
+func quick() quorum.Config {
+	return quorum.Config{MinReplicas: 1, JoinTimeout: 200 * time.Millisecond}
 }
 
 // forever makes a replica train until it is stopped.

@@ -12,7 +12,7 @@ import (
 )
 
 // This file is the step protocol of one rank as a state machine with no
-// goroutines, clock or I/O (the model is membership.Machine and etcd-io/raft's
+// goroutines, clock or I/O (the model is quorum.Machine and etcd-io/raft's
 // Ready). Its inputs say what happened — a quorum or revocation published,
 // the training loop calling Step, Commit or Close, a comm formed or failed,
 // step records gathered, state healed, the vote counted — each with the

@@ -1,15 +1,14 @@
 // Package membership is what a trainer links to take part in ftcomm's
-// jobs: the member client, the quorum state machine, and the records and
-// key layout it shares with the coordinator (package coordinator), which
-// decides who takes part in each epoch and publishes it in etcd. It links
-// neither etcd's server (package etcdhost) nor the coordinator.
+// jobs: the member client, and the records and key layout it shares with
+// the coordinator (package coordinator), which decides who takes part in
+// each epoch (its rules: package coordinator/quorum) and publishes it in
+// etcd. It links neither etcd's server (package etcdhost) nor the
+// coordinator.
 //
 // # Pieces
 //
 //   - Member (Join): one member of a job (for ft.Comm, one replica
 //     group's leader).
-//   - Machine: the quorum state machine, pure (no I/O, time as input);
-//     the coordinator drives one per job.
 //   - Quorum, Revocation, MemberRecord, CommitRecord, KeepOut, RunRecord:
 //     the records in etcd; Keys: where they live.
 //   - Runs: a job's runs come and go under its name (RunRecord, StartRun,
@@ -123,7 +122,7 @@
 // app) excludes the member from the next quorum until it reports Healthy
 // or Degraded; it stays registered.
 //
-// # Quorum rules (Machine)
+// # Quorum rules (package coordinator/quorum)
 //
 // After torchft's lighthouse: fast quorum when every member of the
 // previous quorum is still live and fit; otherwise at least MinReplicas
@@ -134,8 +133,8 @@
 // job whose members start together forms in one epoch; the epoch grows by one at every quorum, which is published only when
 // the participants change or the epoch failed.
 //
-// Beyond the lighthouse (QuorumConfig; the Machine's documentation has
-// the exact rules): a finished member (Finish) counts for nothing and the
+// Beyond the lighthouse (quorum.Config; quorum.Machine's documentation
+// has the exact rules): a finished member (Finish) counts for nothing and the
 // run's end (Quorum.Final) goes out at once and stays; a quorum none of
 // whose members holds the job's last known step waits up to HolderGrace
 // for members that held it and lapsed (an etcd outage) to come back; live
@@ -183,8 +182,8 @@
 //
 // # Concurrency and goroutines
 //
-// Store, Member, Gossip and QuorumVerifier are safe for concurrent use;
-// Machine is not (its owner drives it from one goroutine). A Member runs
+// Store, Member, Gossip and QuorumVerifier are safe for concurrent use.
+// A Member runs
 // goroutines for lease renewal, the epoch watch, the watch of its own key,
 // heartbeats and gossip, and with GroupLease the group's links (at the
 // leader one per linked member, at the others the link and a watch of the

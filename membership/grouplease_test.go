@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/internal/clustertest"
@@ -43,7 +45,7 @@ func memberLeases(t *testing.T, cli *clientv3.Client, job string) map[int64]int 
 // A replica group holds one lease whatever its size: its members'
 // registrations are all bound to the lease of the member that leads it.
 func TestGroupLeaseOnePerGroup(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	ms := joinGroup(tj, "g.0", "g.1", "g.2", "g.3")
 	clustertest.WaitQuorum(t, ms[0], 0, "g.0", "g.1", "g.2", "g.3")
 	leases := memberLeases(t, tj.Client, tj.Name)
@@ -61,7 +63,7 @@ func TestGroupLeaseOnePerGroup(t *testing.T) {
 // link ends without a goodbye): one member gone, the others registered
 // as before, on the same lease.
 func TestGroupLeaseMemberDeath(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	ms := joinGroup(tj, "g.0", "g.1", "g.2")
 	q := clustertest.WaitQuorum(t, ms[0], 0, "g.0", "g.1", "g.2")
 	lease := ms[0].Lease()
@@ -80,7 +82,7 @@ func TestGroupLeaseMemberDeath(t *testing.T) {
 // survivors keep their incarnations, move to the new lease, and the
 // coordinator sees one member gone — one new epoch.
 func TestGroupLeaseLeaderDeath(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	ms := joinGroup(tj, "g.0", "g.1", "g.2")
 	q := clustertest.WaitQuorum(t, ms[1], 0, "g.0", "g.1", "g.2")
 	old := ms[0].Lease()
@@ -140,7 +142,7 @@ func waitChange(ctx context.Context, m *membership.Member) {
 // not JSON, or names the group's lease but a member of another group,
 // closed without a goodbye, removes no registration.
 func TestGroupLeaseLinkStrangers(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	ms := joinGroup(tj, "g.0", "g.1")
 	other := tj.Join("h.0", func(c *membership.MemberConfig) { c.Group = "h" })
 	q := clustertest.WaitQuorum(t, ms[0], 0, "g.0", "g.1", "h.0")

@@ -241,7 +241,7 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		Job: cfg.Job, ID: cfg.ID, Addr: cfg.Addr, Group: cfg.Group, SharedLease: cfg.GroupLease,
 		Step: cfg.Step, WantQuorum: cfg.WantQuorum, MinReplicas: cfg.MinReplicas, Joined: now, Updated: now,
 	}
-	if cfg.Stragglers.on() {
+	if cfg.Stragglers.Factor > 0 {
 		p := cfg.Stragglers
 		m.rec.Stragglers = &p
 	}

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
 )
@@ -191,7 +193,7 @@ var detectRounds = flag.Int("membership.detect.rounds", 1, "rounds of the SIGKIL
 // coordinator (a gossip node) publishes an epoch without them. The times
 // are reported, not asserted (targets: 1.5 s and 2 s).
 func TestProcessDeathDetection(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, true)
+	tj := clustertest.StartJob(t, quorum.Config{MinReplicas: 1, JoinTimeout: time.Second}, true)
 	long := func(c *membership.MemberConfig) { c.LeaseTTL = 30 * time.Second } // gossip, not the lease, must find them
 	obs := tj.Join("observer", long)
 	clustertest.WaitQuorum(t, obs, 0, "observer") // before b and c: rank 0

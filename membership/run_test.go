@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
 )
@@ -15,7 +17,7 @@ import (
 // used again, and a member of an ended run can neither register again nor
 // record or read a commit.
 func TestRuns(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	ctx := clustertest.Ctx(t, 30*time.Second)
 	a := tj.Join("a", nil)
 	first := a.Run()

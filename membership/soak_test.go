@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
@@ -29,7 +31,7 @@ func TestGossipSoak(t *testing.T) {
 		t.Skip("soak test: enable with -membership.soak=10m")
 	}
 	// Production timeouts: leases of 5 s, a leader session of 3 s.
-	tj := clustertest.StartJobTTL(t, membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, true, coordinator.DefaultConfig().SessionTTL)
+	tj := clustertest.StartJobTTL(t, quorum.Config{MinReplicas: 1, JoinTimeout: time.Second}, true, coordinator.DefaultConfig().SessionTTL)
 	obs := tj.Join("observer", func(c *membership.MemberConfig) { c.LeaseTTL = membership.DefaultMemberConfig().LeaseTTL })
 	var procs []*memberProc
 	for i := 0; i < *soakMembers; i++ {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/coordinator/server"
 	"github.com/ftcomm/ftcomm/membership"
@@ -441,14 +443,14 @@ func (c *serveConfig) token() (string, error) {
 }
 
 // quorum is the coordinator's quorum rules; 0 turns a rule off.
-func (c *serveConfig) quorum() membership.QuorumConfig {
+func (c *serveConfig) quorum() quorum.Config {
 	off := func(d time.Duration) time.Duration {
 		if d == 0 {
 			return -1
 		}
 		return d
 	}
-	q := membership.QuorumConfig{MinReplicas: c.MinReplicas, JoinTimeout: c.JoinTimeout, FailureSettle: c.FailureSettle,
+	q := quorum.Config{MinReplicas: c.MinReplicas, JoinTimeout: c.JoinTimeout, FailureSettle: c.FailureSettle,
 		HolderGrace: off(c.HolderGrace), BlameHold: off(c.BlameHold), SilentEpochs: c.SilentEpochs, Stragglers: c.stragglers()}
 	if c.SilentEpochs == 0 {
 		q.SilentEpochs = -1

@@ -40,6 +40,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -704,7 +706,7 @@ func machine() string {
 
 // setFormWindow sets the coordinator's forming window (batched joins; 0:
 // none).
-func setFormWindow(q *membership.QuorumConfig, window, maxWait time.Duration) {
+func setFormWindow(q *quorum.Config, window, maxWait time.Duration) {
 	q.FormWindow = window
 	if window == 0 {
 		q.FormWindow = -1
