@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/coordinator/quorum"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -46,18 +44,22 @@ func startLeader(t *testing.T) (*Coordinator, *clientv3.Client) {
 	return c, cfg.Client
 }
 
-// A deposed leader's write is refused by the fence.
+// A deposed leader's write is refused by the fence, and its leadership
+// ends there.
 func TestFencedPublish(t *testing.T) {
 	coord, cli := startLeader(t)
 	const job = "job1"
-	l := &leadership{c: coord, fenceKey: coord.keys.Election() + "/stale", fenceRev: 1, jobs: map[string]*jobState{}}
-	j := l.job(job)
-	d := quorum.Decision{Quorum: &membership.Quorum{Job: job, Epoch: 7}}
-	err := l.publish(testutil.Ctx(t, 5*time.Second), job, j, d)
-	if !errors.Is(err, ErrNotLeader) {
+	l := newLeadership(coord, nil, coord.keys.Election()+"/stale", 1)
+	ctx := testutil.Ctx(t, 5*time.Second)
+	now := time.Now()
+	if err := l.feed(ctx, now, recordPut{job, membership.MemberRecord{Job: job, ID: "a", Addr: "a:1", Incarnation: 7, WantQuorum: true}}); err != nil {
+		t.Fatal(err)
+	}
+	// Once joins are quiet, the quorum of a is due; its write is refused.
+	if err := l.feed(ctx, now.Add(time.Second), tick{}); !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("stale publish = %v", err)
 	}
-	if _, err := NewAdmin(cli, "").Quorum(testutil.Ctx(t, 5*time.Second), job); !errors.Is(err, ErrNoQuorum) {
+	if _, err := NewAdmin(cli, "").Quorum(ctx, job); !errors.Is(err, ErrNoQuorum) {
 		t.Fatalf("a quorum was written: %v", err)
 	}
 }
@@ -72,15 +74,21 @@ func TestOwnLateQuorumEventIsNotForeign(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.metrics = m
-	l := &leadership{c: c, jobs: map[string]*jobState{}}
-	j := l.job("j")
+	l := newLeadership(c, nil, "", 0)
+	ctx := testutil.Ctx(t, 5*time.Second)
+	j := l.m.job("j")
 	j.quorumRev = 20 // the leader's newest write
 	key := []byte(membership.Keys{}.Quorum("j"))
-	l.apply(time.Now(), &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: key, Value: []byte(`{}`), ModRevision: 17}})
+	feed := func(ev *clientv3.Event) {
+		if err := l.feed(ctx, time.Now(), l.event(ev)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	feed(&clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: key, Value: []byte(`{}`), ModRevision: 17}})
 	if j.foreign != nil || logs.Len() != 0 {
 		t.Fatalf("own write at 17 taken as foreign: %+v %v", j.foreign, logs.All())
 	}
-	l.apply(time.Now(), &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: key, Value: []byte(`{"epoch":3}`), ModRevision: 21}})
+	feed(&clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: key, Value: []byte(`{"epoch":3}`), ModRevision: 21}})
 	if j.foreign == nil || j.foreign.epoch != 3 || logs.Len() != 1 {
 		t.Fatalf("foreign write at 21 missed: %+v %v", j.foreign, logs.All())
 	}
