@@ -11,7 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
+	"github.com/ftcomm/ftcomm/internal/gossip"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,7 +30,7 @@ import (
 type Config struct {
 	// Client is the etcd client (required; the caller closes it).
 	Client *clientv3.Client
-	// Root is the key prefix (default membership.DefaultRoot).
+	// Root is the key prefix (default keys.DefaultRoot).
 	Root string
 	// Name tells coordinator instances apart (default host-pid).
 	Name string
@@ -65,7 +68,7 @@ type Config struct {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
-		Root:         membership.DefaultRoot,
+		Root:         keys.DefaultRoot,
 		Name:         fmt.Sprintf("%s-%d", host, os.Getpid()),
 		Quorum:       quorum.DefaultConfig(),
 		SessionTTL:   3 * time.Second,
@@ -103,10 +106,10 @@ func (c Config) Validate() error {
 type Coordinator struct {
 	cfg     Config
 	cli     *clientv3.Client
-	keys    membership.Keys
+	keys    keys.Layout
 	lg      *zap.Logger
 	metrics *coordMetrics
-	gsp     *membership.Gossip
+	gsp     *gossip.Node
 
 	leader atomic.Bool
 	leadCh chan struct{} // closed while leading
@@ -116,6 +119,11 @@ type Coordinator struct {
 	deadSeen map[string]time.Time // gossip deaths seen, by node name
 	running  bool
 }
+
+// GossipStats counts what the coordinator's gossip node saw since it
+// started: suspicions of peers, refutations of suspicions of itself, and
+// deaths.
+type GossipStats = gossip.Stats
 
 // JobStatus is the leader's live view of a job.
 type JobStatus struct {
@@ -153,7 +161,7 @@ func New(cfg Config) (*Coordinator, error) {
 	c := &Coordinator{
 		cfg:      cfg,
 		cli:      cfg.Client,
-		keys:     membership.Keys{Root: cfg.Root},
+		keys:     keys.Layout{Root: cfg.Root},
 		lg:       cfg.Logger,
 		status:   map[string]JobStatus{},
 		leadCh:   make(chan struct{}),
@@ -190,11 +198,11 @@ func (c *Coordinator) GossipAddr() string {
 
 // GossipStats returns the counters of the coordinator's gossip node
 // (zero without gossip, or before Run started it).
-func (c *Coordinator) GossipStats() membership.GossipStats {
+func (c *Coordinator) GossipStats() GossipStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.gsp == nil {
-		return membership.GossipStats{}
+		return GossipStats{}
 	}
 	return c.gsp.Stats()
 }
@@ -240,9 +248,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	gossipEvents := make(chan membership.GossipEvent, 1024)
+	gossipEvents := make(chan gossip.Event, 1024)
 	if c.cfg.Gossip != nil {
-		g, err := membership.StartGossip("_coordinator/"+c.cfg.Name, *c.cfg.Gossip)
+		g, err := gossip.Start("_coordinator/"+c.cfg.Name, *c.cfg.Gossip)
 		if err != nil {
 			return err
 		}
@@ -305,12 +313,12 @@ func (c *Coordinator) Leading() <-chan struct{} {
 // pumpGossip remembers deaths (for a leadership that starts later) and
 // passes events on; it joins the coordinator's gossip node to the others
 // and re-joins when it finds itself alone.
-func (c *Coordinator) pumpGossip(ctx context.Context, g *membership.Gossip, out chan<- membership.GossipEvent) {
+func (c *Coordinator) pumpGossip(ctx context.Context, g *gossip.Node, out chan<- gossip.Event) {
 	for {
 		select {
 		case ev := <-g.Events():
 			c.metrics.gossipAlive.Set(float64(g.NumAlive()))
-			if ev.Kind == membership.GossipDead {
+			if ev.Kind == gossip.Dead {
 				c.mu.Lock()
 				c.deadSeen[ev.Name] = ev.At
 				for n, at := range c.deadSeen {
@@ -320,7 +328,7 @@ func (c *Coordinator) pumpGossip(ctx context.Context, g *membership.Gossip, out 
 				}
 				c.mu.Unlock()
 			}
-			if ev.Kind != membership.GossipDead {
+			if ev.Kind != gossip.Dead {
 				continue
 			}
 			select {
@@ -371,7 +379,7 @@ func (c *Coordinator) joinGossipPeers(ctx context.Context) {
 	}
 }
 
-func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan membership.GossipEvent) error {
+func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan gossip.Event) error {
 	// The session outlives ctx by the few calls of a graceful exit, so
 	// that it can resign and revoke its lease: a standby then takes over
 	// at once instead of after SessionTTL.

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -128,7 +130,7 @@ func TestCoordinatorFailover(t *testing.T) {
 		t.Fatal("two leaders")
 	}
 	// Stop the leader's session as a crash would: revoke its lease.
-	resp, err := tj.Client.Get(clustertest.Ctx(t, 5*time.Second), membership.Keys{}.Election()+"/", clientv3.WithFirstCreate()...)
+	resp, err := tj.Client.Get(clustertest.Ctx(t, 5*time.Second), keys.Layout{}.Election()+"/", clientv3.WithFirstCreate()...)
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatal(resp, err)
 	}

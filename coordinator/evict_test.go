@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -39,7 +41,7 @@ func TestEvictKeepsOut(t *testing.T) {
 		t.Fatalf("rejoin: %v", err)
 	}
 	// The record goes with its lease; then b may come back.
-	k := membership.Keys{}.Evicted(tj.Name, "b")
+	k := keys.Layout{}.Evicted(tj.Name, "b")
 	resp, err := tj.Client.Get(ctx, k)
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("keep-out record: %v %v", resp, err)

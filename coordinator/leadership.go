@@ -13,6 +13,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 
+	"github.com/ftcomm/ftcomm/internal/gossip"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -57,7 +58,7 @@ func (c *Coordinator) encode(q membership.Quorum) ([]byte, error) {
 	return json.Marshal(q)
 }
 
-func (l *leadership) run(ctx context.Context, gossipEvents <-chan membership.GossipEvent) error {
+func (l *leadership) run(ctx context.Context, gossipEvents <-chan gossip.Event) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	l.ctx = ctx
@@ -144,7 +145,7 @@ const maxBatch = 50 * time.Millisecond
 // follow feeds the machine watch events from rev+1, gossip deaths, probes'
 // verdicts and its timer, and decides after each, until the watch breaks
 // (nil) or leadership ends (an error).
-func (l *leadership) follow(ctx context.Context, rev int64, timer *time.Timer, gossipEvents <-chan membership.GossipEvent) error {
+func (l *leadership) follow(ctx context.Context, rev int64, timer *time.Timer, gossipEvents <-chan gossip.Event) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	keys := l.c.keys
@@ -192,7 +193,7 @@ func (l *leadership) follow(ctx context.Context, rev int64, timer *time.Timer, g
 				break
 			}
 		case ev := <-gossipEvents:
-			if ev.Kind == membership.GossipDead {
+			if ev.Kind == gossip.Dead {
 				if err := l.feed(ctx, time.Now(), gossipDied{ev.Name}); err != nil {
 					return err
 				}

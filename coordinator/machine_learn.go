@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
+	"github.com/ftcomm/ftcomm/internal/gossip"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -135,12 +136,12 @@ func (m *machine) upsert(now time.Time, job string, r membership.MemberRecord) {
 	newInc := !ok || old.Incarnation != r.Incarnation
 	if newInc {
 		if ok {
-			delete(m.byNode, membership.GossipNodeName(job, old.ID, old.Lease))
+			delete(m.byNode, gossip.NodeName(job, old.ID, old.Lease))
 		}
 		m.do(observe{what: metricJoin, job: job, value: 1})
 	}
 	if r.Gossip != "" {
-		m.byNode[membership.GossipNodeName(job, r.ID, r.Lease)] = memberRef{job, r.ID, r.Incarnation}
+		m.byNode[gossip.NodeName(job, r.ID, r.Lease)] = memberRef{job, r.ID, r.Incarnation}
 	}
 	if j.m.Upsert(now, r) {
 		j.dirty = true
@@ -158,7 +159,7 @@ func (m *machine) remove(now time.Time, job, id string, inc int64, r quorum.Remo
 	if !ok || inc != 0 && old.Incarnation != inc {
 		return
 	}
-	delete(m.byNode, membership.GossipNodeName(job, id, old.Lease))
+	delete(m.byNode, gossip.NodeName(job, id, old.Lease))
 	m.noteStalled(job, j, membership.MemberRecord{ID: id})
 	j.m.Remove(now, id, old.Incarnation, r)
 	j.dirty = true

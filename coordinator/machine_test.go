@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
+	"github.com/ftcomm/ftcomm/internal/gossip"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -487,7 +488,7 @@ func (s *machineScript) run(line string) []string {
 		case ok:
 			lease = r.Lease
 		}
-		s.feed(gossipDied{membership.GossipNodeName(scriptJob, id, lease)})
+		s.feed(gossipDied{gossip.NodeName(scriptJob, id, lease)})
 	case "probed":
 		inc, ok := s.probed[args[0]]
 		if !ok {
@@ -543,7 +544,7 @@ func (s *machineScript) run(line string) []string {
 			v, _ := strings.CutPrefix(args[0], "deaths=")
 			for _, id := range strings.Split(v, ",") {
 				if r, ok := s.record(id); ok {
-					in.deaths = append(in.deaths, membership.GossipNodeName(scriptJob, r.ID, r.Lease))
+					in.deaths = append(in.deaths, gossip.NodeName(scriptJob, r.ID, r.Lease))
 				}
 			}
 		}

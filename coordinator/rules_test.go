@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -45,7 +47,7 @@ func TestLapsedHoldersAreAwaited(t *testing.T) {
 	q := clustertest.WaitQuorum(t, b, 0, "b", "c")
 	ctx := clustertest.Ctx(t, 30*time.Second)
 	for _, m := range []*membership.Member{b, c} {
-		if _, err := tj.Client.Revoke(ctx, m.Lease()); err != nil { // the lease lapses
+		if _, err := tj.Client.Revoke(ctx, clientv3.LeaseID(m.Record().Lease)); err != nil { // the lease lapses
 			t.Fatal(err)
 		}
 	}
@@ -124,7 +126,7 @@ func TestFinishedRunOutlivesTheLeader(t *testing.T) {
 	if q2.Final != 42 {
 		t.Fatalf("epoch %d: final %d", q2.Epoch, q2.Final)
 	}
-	resp, err := tj.Client.Get(ctx, membership.Keys{}.Election()+"/", clientv3.WithFirstCreate()...)
+	resp, err := tj.Client.Get(ctx, keys.Layout{}.Election()+"/", clientv3.WithFirstCreate()...)
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatal(resp, err)
 	}

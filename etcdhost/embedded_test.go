@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/comm"
@@ -88,7 +90,7 @@ func TestEmbeddedRestartKeepsEndpoints(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := cli.Get(ctx, membership.DefaultRoot+"/k"); err != nil {
+			if _, err := cli.Get(ctx, keys.DefaultRoot+"/k"); err != nil {
 				t.Fatal(err)
 			}
 			e.Close()

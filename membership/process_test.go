@@ -18,6 +18,8 @@ import (
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
 	"github.com/ftcomm/ftcomm/internal/clustertest"
+	"github.com/ftcomm/ftcomm/internal/gossip"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -145,7 +147,7 @@ func startMemberProc(t testing.TB, etcd []string, job, id string, ttl time.Durat
 
 // gossipStats asks the process for its gossip counters (SIGUSR1) and
 // waits for the answer.
-func (p *memberProc) gossipStats(t testing.TB) membership.GossipStats {
+func (p *memberProc) gossipStats(t testing.TB) gossip.Stats {
 	t.Helper()
 	p.mu.Lock()
 	n := len(p.out)
@@ -171,8 +173,8 @@ func (p *memberProc) gossipStats(t testing.TB) membership.GossipStats {
 	}
 }
 
-func parseStats(l string) (membership.GossipStats, bool) {
-	var st membership.GossipStats
+func parseStats(l string) (gossip.Stats, bool) {
+	var st gossip.Stats
 	s, ok := strings.CutPrefix(l, "stats ")
 	if !ok {
 		return st, false
@@ -231,6 +233,6 @@ func TestProcessDeathDetection(t *testing.T) {
 		}
 		<-c.done
 	}
-	t.Logf("SIGKILL → epoch without it: %s", membership.Durations(kills))
-	t.Logf("SIGSTOP → epoch without it: %s", membership.Durations(stops))
+	t.Logf("SIGKILL → epoch without it: %s", testutil.Durations(kills))
+	t.Logf("SIGSTOP → epoch without it: %s", testutil.Durations(stops))
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
 	"github.com/ftcomm/ftcomm/internal/clustertest"
@@ -65,7 +67,7 @@ func TestRuns(t *testing.T) {
 	}
 	// A member whose registration is gone (a lost lease) while run r3
 	// starts can record nothing, read nothing and not register again.
-	if _, err := tj.Client.Delete(ctx, membership.Keys{}.Member(tj.Name, "b")); err != nil {
+	if _, err := tj.Client.Delete(ctx, keys.Layout{}.Member(tj.Name, "b")); err != nil {
 		t.Fatal(err)
 	}
 	<-b.Done()

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
 	"github.com/ftcomm/ftcomm/coordinator"
@@ -85,7 +87,7 @@ func defaultServeConfig() serveConfig {
 		DataDir:            "./ftcoord-data",
 		EtcdClientAddr:     "127.0.0.1:0",
 		EtcdPeerAddr:       "127.0.0.1:0",
-		Root:               membership.DefaultRoot,
+		Root:               keys.DefaultRoot,
 		Name:               defaultName(os.Hostname),
 		MinReplicas:        cc.Quorum.MinReplicas,
 		JoinTimeout:        cc.Quorum.JoinTimeout,

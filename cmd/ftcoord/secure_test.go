@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -61,7 +63,7 @@ func TestServeProcessForgedQuorum(t *testing.T) {
 	waitParticipants(t, b, 2)
 	ctx := testutil.Ctx(t, 60*time.Second)
 	short := func() context.Context { return testutil.Ctx(t, 2*time.Second) }
-	k := membership.Keys{}
+	k := keys.Layout{}
 
 	// Someone who merely reaches the port gets nothing.
 	plain, err := membership.NewClient(creds.Endpoints, nil)

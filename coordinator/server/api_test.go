@@ -82,7 +82,7 @@ func TestAPI(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&raw); err != nil {
 		t.Fatal(err)
 	}
-	if l, ok := raw[0]["lease"].(string); !ok || l != strconv.FormatInt(int64(a.Lease()), 10) && l != strconv.FormatInt(int64(b.Lease()), 10) {
+	if l, ok := raw[0]["lease"].(string); !ok || l != strconv.FormatInt(a.Record().Lease, 10) && l != strconv.FormatInt(b.Record().Lease, 10) {
 		t.Fatalf("lease %#v (%T)", raw[0]["lease"], raw[0]["lease"])
 	}
 	gq := decode[membership.Quorum](t, lc.request(t, "GET", "/api/v1/jobs/llama/quorum", "", false), 200)

@@ -6,6 +6,8 @@ package testutil
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 )
@@ -39,4 +41,16 @@ func WaitFor(t testing.TB, ctx context.Context, what string, cond func() bool) {
 		wait = min(2*wait, maxPoll)
 		timer.Reset(wait)
 	}
+}
+
+// Durations formats measured durations for a test's log: the one, or their
+// count, min, median and max.
+func Durations(ds []time.Duration) string {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if len(s) == 1 {
+		return s[0].Round(time.Millisecond).String()
+	}
+	return fmt.Sprintf("n=%d min %v median %v max %v", len(s), s[0].Round(time.Millisecond),
+		s[len(s)/2].Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
 }
