@@ -216,7 +216,7 @@ func (j *job) kill(r *replica) {
 	r.cancel()
 	j.coord.Remove(r.id, quorum.PortClosed)
 	<-r.done
-	r.c.server.Close() // its state endpoint dies with it
+	r.c.d.server.Close() // its state endpoint dies with it
 }
 
 // waitStep blocks until r has committed step s.
@@ -453,7 +453,7 @@ func TestHealingSourceDiesMidTransfer(t *testing.T) {
 	j.cfg.HealChunkSize = 64 << 10
 	a, b, c := j.start("a", 0, 1, forever), j.start("b", 0, 1, forever), j.start("c", 0, 1, forever)
 	a.waitParticipants(3)
-	cut := a.c.server.ServedAtLeast(64 << 10)
+	cut := a.c.d.server.ServedAtLeast(64 << 10)
 	d := j.start("d", 0, 1, forever)
 	select {
 	case <-cut:
@@ -548,7 +548,7 @@ func TestCloseWhileHealing(t *testing.T) {
 	j.cfg.HealChunkSize = 4 << 10
 	b := j.start("b", 0, 1, forever)
 	b.waitStep(2)
-	healing := b.c.server.ServedAtLeast(64 << 10)
+	healing := b.c.d.server.ServedAtLeast(64 << 10)
 	d := j.start("d", 0, 1, forever)
 	select {
 	case <-healing:
@@ -562,7 +562,7 @@ func TestCloseWhileHealing(t *testing.T) {
 	if err := d.wait(); !errors.Is(err, ErrClosed) {
 		t.Fatalf("the healer's loop ended with %v, want ErrClosed", err)
 	}
-	served := b.c.server.Served()
+	served := b.c.d.server.Served()
 	b.waitStep(b.c.CommittedStep() + 2)
 	if !slices.Equal(after, d.params) {
 		t.Fatal("the healer's state changed after Close returned")

@@ -72,8 +72,9 @@ type (
 	reregistered struct{ inc int64 }
 	// membershipLost: the registration ended for good.
 	membershipLost struct{ err error }
-	// stepCalled: the training loop called Step.
-	stepCalled struct{}
+	// stepCalled: the training loop called Step; state is what it
+	// registered (Comm.Register), for the driver to serve and heal.
+	stepCalled struct{ state []registered }
 	// stepCancelled: the training loop's Step ctx ended before the step started.
 	stepCancelled struct{ err error }
 	// commitCalled: the training loop called Commit; errs are its step's

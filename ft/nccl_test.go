@@ -601,7 +601,7 @@ func (j *gpuJob) kill(r *gpuReplica) {
 	r.cancel()
 	j.coord.Remove(r.id, quorum.PortClosed)
 	<-r.done
-	r.c.server.Close() // its state endpoint dies with it
+	r.c.d.server.Close() // its state endpoint dies with it
 }
 
 // restart starts a new process in place of the killed r, on its GPU, with
