@@ -19,8 +19,9 @@
 // # Leading
 //
 // Run campaigns in an etcd election (concurrency.Election). While it
-// leads, every decision is made by a pure machine (machine*.go: no
-// goroutines, clock or I/O), the way ft's step protocol is: its inputs are
+// leads, every decision is made by a pure machine (machine.go; a new term
+// in machine_load.go: no goroutines, clock or I/O), the way ft's step
+// protocol is: its inputs are
 // what the leader learns — a member's record, a key deleted, a revocation,
 // a foreign write of a quorum key, a gossip death, a probe's verdict, the
 // answer to its own write, a tick with the time — and its outputs are

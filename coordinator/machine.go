@@ -1,9 +1,16 @@
 package coordinator
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
 	"time"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
+	"github.com/ftcomm/ftcomm/internal/gossip"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -388,4 +395,365 @@ func (m *machine) wake() time.Time {
 		}
 	}
 	return next
+}
+
+// ---- what the leader learns ----
+
+// upsert applies a member's record: an eviction, a leave or the end of its
+// run ends its registration; anything else goes to the quorum rules, and
+// the members it blames for a failed commit are probed.
+func (m *machine) upsert(now time.Time, job string, r membership.MemberRecord) {
+	j := m.job(job)
+	m.noteStalled(job, j, r)
+	switch {
+	case r.Evicted != "":
+		m.remove(now, job, r.ID, r.Incarnation, quorum.Removal{Cause: quorum.Evicted, By: r.Evicted})
+		return
+	case r.Leaving && r.Finished:
+		// Where the run ended outlives the member (a coordinator that
+		// loads only the leaving record learns it here).
+		if old, ok := j.m.Member(r.ID); ok && old.Incarnation == r.Incarnation {
+			j.m.Upsert(now, r)
+		}
+		m.remove(now, job, r.ID, r.Incarnation, quorum.Removal{Cause: quorum.Finished, Step: r.Step})
+		return
+	case r.Leaving:
+		m.remove(now, job, r.ID, r.Incarnation, quorum.Removal{Cause: quorum.Left})
+		return
+	}
+	old, ok := j.m.Member(r.ID)
+	newInc := !ok || old.Incarnation != r.Incarnation
+	if newInc {
+		if ok {
+			delete(m.byNode, gossip.NodeName(job, old.ID, old.Lease))
+		}
+		m.do(observe{what: metricJoin, job: job, value: 1})
+	}
+	if r.Gossip != "" {
+		m.byNode[gossip.NodeName(job, r.ID, r.Lease)] = memberRef{job, r.ID, r.Incarnation}
+	}
+	if j.m.Upsert(now, r) {
+		j.dirty = true
+	}
+	if len(r.Blamed) > 0 && (newInc || old.CommitFailed != r.CommitFailed || !slices.Equal(old.Blamed, r.Blamed)) {
+		m.probeBlamed(now, job, membership.Revocation{Epoch: r.CommitFailed, Failed: r.Blamed})
+	}
+}
+
+// remove ends incarnation inc of member id (0: whichever is live) for r's
+// cause.
+func (m *machine) remove(now time.Time, job, id string, inc int64, r quorum.Removal) {
+	j := m.job(job)
+	old, ok := j.m.Member(id)
+	if !ok || inc != 0 && old.Incarnation != inc {
+		return
+	}
+	delete(m.byNode, gossip.NodeName(job, id, old.Lease))
+	m.noteStalled(job, j, membership.MemberRecord{ID: id})
+	j.m.Remove(now, id, old.Incarnation, r)
+	j.dirty = true
+	m.do(removed{job: job, id: id, removal: r})
+}
+
+// gossipDeath ends the registration of the member behind a dead gossip
+// node; its key is deleted at the end of the pass (fenced), so that a
+// restarted process may register at once.
+func (m *machine) gossipDeath(now time.Time, node string) {
+	ref, ok := m.byNode[node]
+	if !ok {
+		return
+	}
+	rec, ok := m.job(ref.job).m.Member(ref.id)
+	if !ok || rec.Incarnation != ref.inc {
+		return
+	}
+	m.remove(now, ref.job, ref.id, ref.inc, quorum.Removal{Cause: quorum.GossipDeath})
+	m.doomed = append(m.doomed, doomedMember{ref.job, rec})
+}
+
+// probeBlamed has the members r blames probed (a peer saw its connection to
+// them fail): a member whose address refuses a TCP connection has no
+// process listening there any more and goes at once, instead of after
+// gossip's suspicion or its lease. The next quorum that would keep it
+// waits for the verdict, at most probeWait: one death costs one epoch,
+// not two.
+func (m *machine) probeBlamed(now time.Time, job string, r membership.Revocation) {
+	j := m.job(job)
+	for _, id := range r.Failed {
+		rec, ok := j.m.Member(id)
+		if !ok || rec.Addr == "" {
+			continue
+		}
+		j.m.Suspect(now, id, rec.Incarnation, now.Add(m.cfg.probeWait))
+		m.do(probe{job: job, id: id, inc: rec.Incarnation, addr: rec.Addr})
+	}
+}
+
+// onProbed applies a probe's verdict: a refused port ends the member (its
+// key goes at the end of the pass); an answer, or a host that cannot be
+// reached, leaves it to gossip and its lease.
+func (m *machine) onProbed(now time.Time, v probed) {
+	j := m.job(v.job)
+	rec, ok := j.m.Member(v.id)
+	if !ok || rec.Incarnation != v.inc {
+		return
+	}
+	if !v.dead {
+		m.log(false, "a member reported dead did not refuse a connection; left to gossip and its lease",
+			field{"job", v.job}, field{"member", v.id}, field{"addr", rec.Addr}, field{"dial", v.err})
+		j.m.Unsuspect(v.id, v.inc)
+		j.dirty = true
+		return
+	}
+	m.remove(now, v.job, v.id, v.inc, quorum.Removal{Cause: quorum.PortClosed})
+	m.doomed = append(m.doomed, doomedMember{v.job, rec})
+}
+
+// onQuorumWritten tells the leader's own writes of a quorum record, seen
+// in the watch (late, possibly after a newer one), from anyone else's,
+// which it repairs at the next pass. Only a leader passes the fence, so
+// another writer is not a coordinator: an operator, or an intruder.
+func (m *machine) onQuorumWritten(w quorumWritten) {
+	j := m.job(w.job)
+	if w.rev <= max(j.quorumRev, j.ownRev) {
+		return // ours, or older than ours
+	}
+	if !w.deleted && j.unanswered != nil && bytes.Equal(w.value, j.unanswered) {
+		// Ours after all: a write whose answer was lost.
+		j.quorumRev, j.ownRev, j.lastValue, j.unanswered = w.rev, w.rev, j.unanswered, nil
+		j.m.Published(j.unansweredQ)
+		return
+	}
+	f := &foreignWrite{rev: w.rev, deleted: w.deleted}
+	if f.deleted {
+		f.rev = 0
+	} else {
+		var q membership.Quorum
+		if json.Unmarshal(w.value, &q) == nil {
+			f.epoch = q.Epoch
+		}
+	}
+	m.log(true, "quorum record written by someone else; restoring the leader's", field{"job", w.job},
+		field{"revision", w.rev}, field{"deleted", f.deleted}, field{"claimed epoch", f.epoch})
+	j.foreign, j.dirty = f, true
+	m.do(observe{what: metricForeign, job: w.job, value: 1})
+}
+
+// onViewWritten tells a foreign write of a job's quorum view (what
+// members act on) from the leader's own, which it writes in the same
+// transaction as the record and so with the record's revision.
+func (m *machine) onViewWritten(w viewWritten) {
+	j := m.job(w.job)
+	if w.rev <= max(j.quorumRev, j.ownRev) {
+		return
+	}
+	f := &foreignWrite{rev: j.quorumRev, view: true, deleted: w.deleted}
+	if !f.deleted {
+		var h struct {
+			Epoch uint64 `json:"epoch"`
+		}
+		if i := bytes.IndexByte(w.value, '\n'); i > 0 && json.Unmarshal(w.value[:i], &h) == nil {
+			f.epoch = h.Epoch
+		}
+	}
+	m.log(true, "quorum view written by someone else; republishing the leader's", field{"job", w.job},
+		field{"revision", w.rev}, field{"deleted", f.deleted}, field{"claimed epoch", f.epoch})
+	j.foreign, j.dirty = f, true
+	m.do(observe{what: metricForeign, job: w.job, value: 1})
+}
+
+// noteStalled keeps the set of a job's members that wait for a holder of
+// a step the job committed (MemberRecord.WaitingFor), for the metric
+// ftcomm_coordinator_waiting_members and the log; r is the member's new
+// record (one with no WaitingFor when it left).
+func (m *machine) noteStalled(job string, j *jobState, r membership.MemberRecord) {
+	waits := r.WaitingFor > 0 && r.Evicted == "" && !r.Leaving
+	if waits == j.stalled[r.ID] {
+		return
+	}
+	if waits {
+		if j.stalled == nil {
+			j.stalled = map[string]bool{}
+		}
+		j.stalled[r.ID] = true
+		m.log(true, "member waits for a holder of a committed step", field{"job", job}, field{"member", r.ID},
+			field{"step", r.WaitingFor}, field{"why", r.Waiting})
+	} else {
+		delete(j.stalled, r.ID)
+	}
+	m.do(observe{what: metricStalled, job: job, value: float64(len(j.stalled))})
+}
+
+// ---- deciding: passes ----
+
+// startPass begins a pass over the jobs with news or a timer due.
+func (m *machine) startPass(now time.Time) {
+	p := &pass{now: now}
+	for name, j := range m.jobs {
+		if j.dirty || !j.wakeAt.IsZero() && !now.Before(j.wakeAt) {
+			p.jobs = append(p.jobs, name)
+		}
+	}
+	sort.Strings(p.jobs)
+	m.pass = p
+}
+
+// run carries the pass on until it ends or waits for a write's answer.
+func (m *machine) run() {
+	for m.pass != nil && m.write == nil {
+		p := m.pass
+		if p.next == len(p.jobs) {
+			m.pass = nil
+			// Deleted after the pass's publications, off the critical path.
+			for _, d := range m.doomed {
+				m.do(deleteRegistration{job: d.job, rec: d.rec})
+			}
+			m.doomed = m.doomed[:0]
+			return
+		}
+		name := p.jobs[p.next]
+		j := m.jobs[name]
+		switch p.stage {
+		case stageRepair:
+			j.dirty = false
+			p.stage = stageDecide
+			if j.foreign != nil {
+				m.repair(p.now, name, j)
+			}
+		case stageDecide:
+			p.stage = stageReport
+			d := j.m.Advance(p.now)
+			j.wakeAt, j.waiting = d.WakeAt, d.Waiting
+			if d.Quorum != nil || d.Revocation != nil {
+				m.publish(name, j, d)
+			}
+		case stageReport:
+			st := status{job: name, members: j.m.Len(), waiting: j.waiting, wakeAt: j.wakeAt, stalled: len(j.stalled), at: p.now}
+			if q, ok := j.m.Current(); ok {
+				st.quorum = &q
+			}
+			m.do(st)
+			p.next, p.stage = p.next+1, stageRepair
+		}
+	}
+}
+
+// publish starts the write of decision d.
+func (m *machine) publish(job string, j *jobState, d quorum.Decision) {
+	a := publish{job: job, quorum: d.Quorum, revocation: d.Revocation, ifRev: j.quorumRev}
+	if r := d.Revocation; r != nil {
+		r.By = "coordinator " + m.cfg.name
+	}
+	if q := d.Quorum; q != nil {
+		q.PublishedBy = m.cfg.name
+		if cur, ok := j.m.Current(); ok {
+			a.prev = &cur
+		}
+		a.viewRev = d.Revocation
+		if r, ok := j.m.Revocation(); ok && a.viewRev == nil {
+			a.viewRev = &r
+		}
+	}
+	m.write = &inflight{job: job, publish: &d}
+	m.do(a)
+}
+
+// repair undoes a foreign write of a job's quorum key: it restores the
+// leader's record; without one, it deletes the foreign record. Without a
+// signer, members cannot tell a foreign record from the leader's and may
+// have obeyed it, so a foreign epoch at or above the leader's is answered
+// with the leader's participants republished above it. A foreign view is
+// answered the same way (members may have taken it, unsigned, or ignored
+// it, signed: a new epoch above it is right either way), or deleted when
+// the leader has no quorum.
+func (m *machine) repair(now time.Time, job string, j *jobState) {
+	f := j.foreign
+	j.foreign = nil
+	cur, have := j.m.Current()
+	republish := func(reason string) {
+		q := cur
+		q.Epoch, q.Created, q.Base, q.Removed, q.Added = cur.Epoch+1, now, 0, nil, nil
+		if f.epoch >= cur.Epoch && f.epoch < math.MaxUint64-1 {
+			q.Epoch = f.epoch + 1
+		}
+		q.Reason = reason
+		m.publish(job, j, quorum.Decision{Quorum: &q})
+		m.write.foreign = f
+	}
+	switch {
+	case f.view && !have:
+		m.write = &inflight{job: job, foreign: f}
+		m.do(deleteView{job: job})
+	case f.view:
+		republish("the quorum view was overwritten by someone else; republished")
+	case !m.cfg.signed && have && !f.deleted && f.epoch >= cur.Epoch && f.epoch < math.MaxUint64-1:
+		j.quorumRev = f.rev // fenced on the foreign write
+		republish("the quorum record was overwritten by someone else; republished")
+	case j.lastValue != nil:
+		m.write = &inflight{job: job, foreign: f, what: "restored the quorum record"}
+		m.do(restoreRecord{job: job, value: j.lastValue, ifRev: f.rev})
+	default:
+		m.write = &inflight{job: job, foreign: f, what: "deleted the foreign quorum record"}
+		m.do(deleteRecord{job: job, ifRev: f.rev})
+	}
+}
+
+// onWritten takes the answer to the write in flight.
+func (m *machine) onWritten(now time.Time, w written) {
+	wr := m.write
+	if wr == nil {
+		return
+	}
+	m.write = nil
+	j := m.job(wr.job)
+	switch {
+	case wr.publish != nil:
+		m.onPublished(now, wr, j, w)
+	case wr.what == "": // the view's deletion: only a failure matters
+		if w.err != nil {
+			j.foreign, j.dirty = wr.foreign, true // try again at the next pass
+		}
+	case w.err != nil:
+		j.foreign, j.dirty = wr.foreign, true
+		m.log(true, "quorum repair failed", field{"job", wr.job}, field{"error", w.err})
+	case !w.ok:
+		m.refused(fmt.Sprintf("fenced repair of job %s refused", wr.job))
+	default: // the record restored or deleted
+		j.quorumRev, j.ownRev = w.rev, w.rev
+		if j.lastValue == nil {
+			j.quorumRev = 0 // deleted: the next publication creates the key
+		}
+		cur, _ := j.m.Current()
+		m.log(false, wr.what, field{"job", wr.job}, field{"epoch", cur.Epoch})
+	}
+}
+
+func (m *machine) onPublished(now time.Time, wr *inflight, j *jobState, w written) {
+	d := wr.publish
+	switch {
+	case w.err != nil:
+		if d.Quorum != nil {
+			j.unanswered, j.unansweredQ = w.value, *d.Quorum
+		}
+		j.dirty = true // try again at the next pass
+		m.log(true, "publish failed", field{"job", wr.job}, field{"error", w.err})
+	case !w.ok:
+		j.unanswered = nil
+		m.refused(fmt.Sprintf("fenced write of job %s refused", wr.job))
+	case d.Quorum != nil:
+		j.quorumRev, j.ownRev, j.lastValue, j.unanswered = w.rev, w.rev, w.value, nil
+		j.m.Published(*d.Quorum)
+		m.do(observe{what: metricQuorum, job: wr.job, value: 1})
+		m.log(false, "quorum published", field{"job", wr.job}, field{"epoch", d.Quorum.Epoch},
+			field{"participants", len(d.Quorum.Participants)}, field{"reason", d.Quorum.Reason})
+	default:
+		j.m.Revoke(now, *d.Revocation)
+		m.log(false, "epoch revoked", field{"job", wr.job}, field{"epoch", d.Revocation.Epoch}, field{"reason", d.Revocation.Reason})
+	}
+}
+
+// refused ends the pass: another instance leads.
+func (m *machine) refused(what string) {
+	m.pass = nil
+	m.do(notLeader{what: what})
 }
