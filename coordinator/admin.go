@@ -7,6 +7,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/comm"
@@ -17,12 +19,12 @@ import (
 // any coordinator instance (leader or not). Safe for concurrent use.
 type Admin struct {
 	cli  *clientv3.Client
-	keys membership.Keys
+	keys keys.Layout
 }
 
-// NewAdmin returns an Admin over the keys under root ("" : membership.DefaultRoot).
+// NewAdmin returns an Admin over the keys under root ("" : keys.DefaultRoot).
 func NewAdmin(cli *clientv3.Client, root string) *Admin {
-	return &Admin{cli: cli, keys: membership.Keys{Root: root}}
+	return &Admin{cli: cli, keys: keys.Layout{Root: root}}
 }
 
 // JobSummary is one line of Jobs.

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -15,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -37,24 +40,28 @@ func startLeader(t *testing.T) (*Coordinator, *clientv3.Client) {
 	t.Cleanup(func() { cancel(); <-done })
 	select {
 	case <-c.Leading():
-	case <-testCtx(t, 20*time.Second).Done():
+	case <-testutil.Ctx(t, 20*time.Second).Done():
 		t.Fatal("c0 did not become leader")
 	}
 	return c, cfg.Client
 }
 
-// A deposed leader's write is refused by the fence.
+// A deposed leader's write is refused by the fence, and its leadership
+// ends there.
 func TestFencedPublish(t *testing.T) {
 	coord, cli := startLeader(t)
 	const job = "job1"
-	l := &leadership{c: coord, fenceKey: coord.keys.Election() + "/stale", fenceRev: 1, jobs: map[string]*jobState{}}
-	j := l.job(job)
-	d := membership.Decision{Quorum: &membership.Quorum{Job: job, Epoch: 7}}
-	err := l.publish(testCtx(t, 5*time.Second), job, j, d)
-	if !errors.Is(err, ErrNotLeader) {
+	l := newLeadership(coord, nil, coord.keys.Election()+"/stale", 1)
+	ctx := testutil.Ctx(t, 5*time.Second)
+	now := time.Now()
+	if err := l.feed(ctx, now, recordPut{job, membership.MemberRecord{Job: job, ID: "a", Addr: "a:1", Incarnation: 7, WantQuorum: true}}); err != nil {
+		t.Fatal(err)
+	}
+	// Once joins are quiet, the quorum of a is due; its write is refused.
+	if err := l.feed(ctx, now.Add(time.Second), tick{}); !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("stale publish = %v", err)
 	}
-	if _, err := NewAdmin(cli, "").Quorum(testCtx(t, 5*time.Second), job); !errors.Is(err, ErrNoQuorum) {
+	if _, err := NewAdmin(cli, "").Quorum(ctx, job); !errors.Is(err, ErrNoQuorum) {
 		t.Fatalf("a quorum was written: %v", err)
 	}
 }
@@ -63,21 +70,27 @@ func TestFencedPublish(t *testing.T) {
 // one) are its own, not a foreign write: no false alarm, no repair.
 func TestOwnLateQuorumEventIsNotForeign(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
-	c := &Coordinator{keys: membership.Keys{}, lg: zap.New(core), cfg: DefaultConfig()}
+	c := &Coordinator{keys: keys.Layout{}, lg: zap.New(core), cfg: DefaultConfig()}
 	m, err := newCoordMetrics(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.metrics = m
-	l := &leadership{c: c, jobs: map[string]*jobState{}}
-	j := l.job("j")
+	l := newLeadership(c, nil, "", 0)
+	ctx := testutil.Ctx(t, 5*time.Second)
+	j := l.m.job("j")
 	j.quorumRev = 20 // the leader's newest write
-	key := []byte(membership.Keys{}.Quorum("j"))
-	l.apply(time.Now(), &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: key, Value: []byte(`{}`), ModRevision: 17}})
+	key := []byte(keys.Layout{}.Quorum("j"))
+	feed := func(ev *clientv3.Event) {
+		if err := l.feed(ctx, time.Now(), l.event(ev)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	feed(&clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: key, Value: []byte(`{}`), ModRevision: 17}})
 	if j.foreign != nil || logs.Len() != 0 {
 		t.Fatalf("own write at 17 taken as foreign: %+v %v", j.foreign, logs.All())
 	}
-	l.apply(time.Now(), &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: key, Value: []byte(`{"epoch":3}`), ModRevision: 21}})
+	feed(&clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: key, Value: []byte(`{"epoch":3}`), ModRevision: 21}})
 	if j.foreign == nil || j.foreign.epoch != 3 || logs.Len() != 1 {
 		t.Fatalf("foreign write at 21 missed: %+v %v", j.foreign, logs.All())
 	}

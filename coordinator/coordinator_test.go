@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/coordinator"
@@ -16,7 +20,7 @@ import (
 )
 
 func TestCoordinatorFormsQuorumAndMembersLeave(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.QuorumConfig{MinReplicas: 2, JoinTimeout: 10 * time.Second}, false)
+	tj := clustertest.StartJob(t, quorum.Config{MinReplicas: 2, JoinTimeout: 10 * time.Second}, false)
 	a, b, c := tj.Join("a", nil), tj.Join("b", nil), tj.Join("c", nil)
 	q := clustertest.WaitQuorum(t, a, 0, "a", "b", "c")
 	for _, m := range []*membership.Member{b, c} {
@@ -61,7 +65,7 @@ func TestCoordinatorFormsQuorumAndMembersLeave(t *testing.T) {
 }
 
 func TestCommitFailureAndCriticalHealth(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, false)
+	tj := clustertest.StartJob(t, quorum.Config{MinReplicas: 1, JoinTimeout: time.Second}, false)
 	a, b := tj.Join("a", nil), tj.Join("b", nil)
 	q := clustertest.WaitQuorum(t, a, 0, "a", "b")
 	ctx := clustertest.Ctx(t, 20*time.Second)
@@ -90,7 +94,7 @@ func TestCommitFailureAndCriticalHealth(t *testing.T) {
 }
 
 func TestEvict(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	a, b := tj.Join("a", nil), tj.Join("b", nil)
 	q := clustertest.WaitQuorum(t, a, 0, "a", "b")
 	ctx := clustertest.Ctx(t, 20*time.Second)
@@ -118,15 +122,15 @@ func TestEvict(t *testing.T) {
 }
 
 func TestCoordinatorFailover(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
-	standby := tj.StartCoordinator("c1", membership.DefaultQuorumConfig())
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
+	standby := tj.StartCoordinator("c1", quorum.DefaultConfig())
 	a, b := tj.Join("a", nil), tj.Join("b", nil)
 	q := clustertest.WaitQuorum(t, a, 0, "a", "b")
 	if standby.IsLeader() {
 		t.Fatal("two leaders")
 	}
 	// Stop the leader's session as a crash would: revoke its lease.
-	resp, err := tj.Client.Get(clustertest.Ctx(t, 5*time.Second), membership.Keys{}.Election()+"/", clientv3.WithFirstCreate()...)
+	resp, err := tj.Client.Get(clustertest.Ctx(t, 5*time.Second), keys.Layout{}.Election()+"/", clientv3.WithFirstCreate()...)
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatal(resp, err)
 	}
@@ -145,7 +149,7 @@ func TestCoordinatorFailover(t *testing.T) {
 
 // One coordinator serves several jobs; their epochs are independent.
 func TestCoordinatorManyJobs(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	inJob := func(job string) func(*membership.MemberConfig) {
 		return func(c *membership.MemberConfig) { c.Job = job }
 	}
@@ -184,7 +188,7 @@ func TestCoordinatorManyJobs(t *testing.T) {
 // connections (its process is gone), and kept when something still listens
 // there (the peer's link broke, not the member).
 func TestReportedDeathVerified(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false) // no gossip, long enough leases: only the report can remove c
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false) // no gossip, long enough leases: only the report can remove c
 	alive, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +217,7 @@ func TestReportedDeathVerified(t *testing.T) {
 // Members that report forming an epoch's comms get a next quorum whose Base
 // is that epoch, through the real coordinator.
 func TestQuorumBaseFromFormedReports(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, false)
+	tj := clustertest.StartJob(t, quorum.Config{MinReplicas: 1, JoinTimeout: time.Second}, false)
 	a, b := tj.Join("a", nil), tj.Join("b", nil)
 	q := clustertest.WaitQuorum(t, a, 0, "a", "b")
 	ctx := clustertest.Ctx(t, 20*time.Second)

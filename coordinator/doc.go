@@ -5,7 +5,7 @@
 //
 //   - Coordinator (New, then Run): campaigns in an etcd election and,
 //     while it leads, follows every job and publishes the decisions of
-//     each job's membership.Machine.
+//     each job's quorum.Machine.
 //   - Admin: reads and manages jobs through etcd directly, on any
 //     instance, leader or not (the ftcoord API uses it): jobs, quorum,
 //     history, Evict, NewRun (a new run of a job: membership.StartRun).
@@ -18,23 +18,37 @@
 //
 // # Leading
 //
-// Run campaigns in an etcd election (concurrency.Election). The leader
-// reads every job under the root, then follows one watch on the root
-// (resuming from its revision; a compaction or broken watch makes it read
-// again) plus its gossip node's deaths, feeds the per-job Machines and
-// publishes each membership.Decision in one Txn whose compares are the
-// leader key's create revision and the quorum key's mod revision: a
-// deposed leader's write fails (ErrNotLeader) and it campaigns again. On
-// a gossip death the leader also deletes the member's registration
-// (fenced), so a restarted process can register at once. A member that a peer blames for a failed
-// collective is dialled at its address, and removed at once if the port
-// refuses connections. Config.EvictKeepOut (default DefaultEvictKeepOut)
-// keeps an evicted member out for a while. A lease that expired or a
-// gossip death is a lapse (membership.Machine.Lapsed: the process may be
-// alive, as after an etcd outage, and come back holding the job's step);
-// a leave, an eviction or a closed port is not. Members that wait for a
-// holder of a step the job committed (MemberRecord.WaitingFor) are logged
-// and counted (ftcomm_coordinator_waiting_members).
+// Run campaigns in an etcd election (concurrency.Election). While it
+// leads, every decision is made by a pure machine (machine.go; a new term
+// in machine_load.go: no goroutines, clock or I/O), the way ft's step
+// protocol is: its inputs are
+// what the leader learns — a member's record, a key deleted, a revocation,
+// a foreign write of a quorum key, a gossip death, a probe's verdict, the
+// answer to its own write, a tick with the time — and its outputs are
+// actions: publish an epoch, probe a member's port, delete a registration,
+// repair a quorum key. Each job's quorum rules are a quorum.Machine inside
+// it. The leadership (leadership.go) is its thin driver: it reads every job
+// under the root, then follows one watch on the root (resuming from its
+// revision; a compaction or broken watch makes it read again), its gossip
+// node's deaths and its probes' dials, feeds each to the machine, and
+// carries out the actions. Every write is one Txn whose compares are the
+// leader key's create revision and, for a quorum, the quorum key's mod
+// revision: a deposed leader's write fails (ErrNotLeader) and it
+// campaigns again. The machine's scripts (testdata/machine/*.txt) state
+// these decisions one scenario at a time.
+//
+// What a member's going means is its quorum.Cause: a lease that expired
+// or a gossip death is a lapse (the process may be alive, as after an
+// etcd outage, and come back holding the job's step); a leave or the end
+// of its run is orderly (the epoch it leaves is not revoked); an eviction
+// or a closed port is neither. On a gossip death the leader also deletes
+// the member's registration (fenced), so a restarted process can register
+// at once. A member that a peer blames for a failed collective is dialled
+// at its address, and removed at once if the port refuses connections.
+// Config.EvictKeepOut (default DefaultEvictKeepOut) keeps an evicted
+// member out for a while. Members that wait for a holder of a step the job
+// committed (MemberRecord.WaitingFor) are logged and counted
+// (ftcomm_coordinator_waiting_members).
 //
 // With Config.QuorumSigner every quorum carries an ed25519 signature over
 // its canonical bytes (membership.CanonicalQuorum); a member with the

@@ -1,13 +1,13 @@
 package coordinator
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/etcdhost"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 )
 
 // The tests of this package that need its internals cannot use
@@ -19,7 +19,7 @@ func startEtcd(t testing.TB) *etcdhost.Embedded {
 	t.Helper()
 	cfg := etcdhost.DefaultEmbeddedConfig()
 	cfg.UnsafeNoFsync = true
-	e, err := etcdhost.StartEmbedded(testCtx(t, 30*time.Second), cfg)
+	e, err := etcdhost.StartEmbedded(testutil.Ctx(t, 30*time.Second), cfg)
 	if err != nil {
 		t.Fatalf("start etcd: %v", err)
 	}
@@ -36,10 +36,4 @@ func newClient(t testing.TB, e *etcdhost.Embedded) *clientv3.Client {
 	}
 	t.Cleanup(func() { cli.Close() })
 	return cli
-}
-
-func testCtx(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
 }

@@ -6,6 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -17,7 +21,7 @@ import (
 // re-registers within 50 ms). It is kept out for the time asked, told
 // until when, and let back in after.
 func TestEvictKeepsOut(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	a, b := tj.Join("a", nil), tj.Join("b", nil)
 	q := clustertest.WaitQuorum(t, a, 0, "a", "b")
 	ctx := clustertest.Ctx(t, 30*time.Second)
@@ -37,7 +41,7 @@ func TestEvictKeepsOut(t *testing.T) {
 		t.Fatalf("rejoin: %v", err)
 	}
 	// The record goes with its lease; then b may come back.
-	k := membership.Keys{}.Evicted(tj.Name, "b")
+	k := keys.Layout{}.Evicted(tj.Name, "b")
 	resp, err := tj.Client.Get(ctx, k)
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("keep-out record: %v %v", resp, err)

@@ -6,6 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/coordinator"
@@ -37,13 +41,13 @@ func waitStatus(t *testing.T, c *coordinator.Coordinator, job string, d time.Dur
 // outage) while a replica at step 0 asks in, no quorum of that replica
 // alone is published: the quorum waits for a holder to come back.
 func TestLapsedHoldersAreAwaited(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, false)
+	tj := clustertest.StartJob(t, quorum.Config{MinReplicas: 1, JoinTimeout: time.Second}, false)
 	at500 := func(c *membership.MemberConfig) { c.Step = 500 }
 	b, c := tj.Join("b", at500), tj.Join("c", at500)
 	q := clustertest.WaitQuorum(t, b, 0, "b", "c")
 	ctx := clustertest.Ctx(t, 30*time.Second)
 	for _, m := range []*membership.Member{b, c} {
-		if _, err := tj.Client.Revoke(ctx, m.Lease()); err != nil { // the lease lapses
+		if _, err := tj.Client.Revoke(ctx, clientv3.LeaseID(m.Record().Lease)); err != nil { // the lease lapses
 			t.Fatal(err)
 		}
 	}
@@ -69,7 +73,7 @@ func TestLapsedHoldersAreAwaited(t *testing.T) {
 // coordinator publishes one side (the first ids on a tie), and the other
 // joins again once the blame's hold ends.
 func TestCutKeepsOneSide(t *testing.T) {
-	qc := membership.DefaultQuorumConfig()
+	qc := quorum.DefaultConfig()
 	qc.BlameHold = time.Second
 	tj := clustertest.StartJob(t, qc, false)
 	long := func(c *membership.MemberConfig) { c.LeaseTTL = time.Minute }
@@ -107,8 +111,8 @@ func TestCutKeepsOneSide(t *testing.T) {
 // every later quorum says where the run ended, also one published by
 // another coordinator.
 func TestFinishedRunOutlivesTheLeader(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.QuorumConfig{MinReplicas: 2, JoinTimeout: time.Second}, false)
-	standby := tj.StartCoordinator("c1", membership.QuorumConfig{MinReplicas: 2, JoinTimeout: time.Second})
+	tj := clustertest.StartJob(t, quorum.Config{MinReplicas: 2, JoinTimeout: time.Second}, false)
+	standby := tj.StartCoordinator("c1", quorum.Config{MinReplicas: 2, JoinTimeout: time.Second})
 	a, b, c := tj.Join("a", nil), tj.Join("b", nil), tj.Join("c", nil)
 	q := clustertest.WaitQuorum(t, b, 0, "a", "b", "c")
 	ctx := clustertest.Ctx(t, 30*time.Second)
@@ -122,7 +126,7 @@ func TestFinishedRunOutlivesTheLeader(t *testing.T) {
 	if q2.Final != 42 {
 		t.Fatalf("epoch %d: final %d", q2.Epoch, q2.Final)
 	}
-	resp, err := tj.Client.Get(ctx, membership.Keys{}.Election()+"/", clientv3.WithFirstCreate()...)
+	resp, err := tj.Client.Get(ctx, keys.Layout{}.Election()+"/", clientv3.WithFirstCreate()...)
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatal(resp, err)
 	}
@@ -143,7 +147,7 @@ func TestFinishedRunOutlivesTheLeader(t *testing.T) {
 // A replica whose step time stays above the policy's factor of its peers'
 // is taken out, and back as soon as it reports keeping up.
 func TestStragglerOutAndBack(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, false)
+	tj := clustertest.StartJob(t, quorum.Config{MinReplicas: 1, JoinTimeout: time.Second}, false)
 	policy := func(c *membership.MemberConfig) {
 		c.Stragglers = membership.StragglerPolicy{Factor: 2, Window: 500 * time.Millisecond, Probation: time.Hour}
 		c.HeartbeatInterval = 0 // the test writes

@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -28,7 +32,7 @@ func TestForgedQuorumIgnoredAndRepaired(t *testing.T) {
 	q := clustertest.WaitQuorum(t, a, 0, "a", "b")
 	clustertest.WaitQuorum(t, b, 0, "a", "b")
 	ctx := clustertest.Ctx(t, 30*time.Second)
-	k := membership.Keys{}
+	k := keys.Layout{}
 	resp, err := sj.CoordClient.Get(ctx, k.Quorum(sj.Name))
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +111,7 @@ func TestForgedQuorumOfUnknownJobDeleted(t *testing.T) {
 	}
 	defer root.Close()
 	ctx := clustertest.Ctx(t, 20*time.Second)
-	k := membership.Keys{}.Quorum("ghost")
+	k := keys.Layout{}.Quorum("ghost")
 	put, err := root.Put(ctx, k, `{"job":"ghost","epoch":9}`)
 	if err != nil {
 		t.Fatal(err)
@@ -130,13 +134,13 @@ func TestForgedQuorumOfUnknownJobDeleted(t *testing.T) {
 // then republishes its participants above the forged epoch at once, so
 // they come back.
 func TestForgedQuorumRepairedWithoutSignatures(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	a, b := tj.Join("a", nil), tj.Join("b", nil)
 	q := clustertest.WaitQuorum(t, a, 0, "a", "b")
 	forged := q
 	forged.Epoch, forged.Participants, forged.Reason = q.Epoch+5, q.Participants[:1], "forged"
 	v, _ := json.Marshal(forged)
-	if _, err := tj.Client.Put(clustertest.Ctx(t, 5*time.Second), membership.Keys{}.Quorum(tj.Name), string(v)); err != nil {
+	if _, err := tj.Client.Put(clustertest.Ctx(t, 5*time.Second), keys.Layout{}.Quorum(tj.Name), string(v)); err != nil {
 		t.Fatal(err)
 	}
 	q2 := clustertest.WaitQuorum(t, b, q.Epoch+5, "a", "b")

@@ -21,12 +21,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"sigs.k8s.io/yaml"
 
 	"github.com/ftcomm/ftcomm/coordinator/server"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -225,7 +228,7 @@ func startTopology(t *testing.T, ctx context.Context) *topology {
 	}
 	api := &apiClient{token: token}
 	var info server.CoordinatorInfo
-	waitFor(t, ctx, "a leader", func() bool {
+	testutil.WaitFor(t, ctx, "a leader", func() bool {
 		return api.get(apis["ftcoord-0"]+"/api/v1/coordinator", &info) == nil && info.Leader != ""
 	})
 	if info.URL != apis["ftcoord-0"] {
@@ -260,7 +263,7 @@ func checkEtcdSecured(t *testing.T, ctx context.Context, credsFile string, endpo
 	defer cli.Close()
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err = cli.Put(wctx, membership.Keys{Root: creds.Root}.Quorum("demo-job"), "{}")
+	_, err = cli.Put(wctx, keys.Layout{Root: creds.Root}.Quorum("demo-job"), "{}")
 	if err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("a trainer wrote a quorum: %v", err)
 	}
@@ -455,22 +458,9 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
-	t.Helper()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("no %s: %v", what, ctx.Err())
-		case <-tick.C:
-		}
-	}
-}
-
 func waitHTTP(t *testing.T, ctx context.Context, url string) {
 	t.Helper()
-	waitFor(t, ctx, url, func() bool {
+	testutil.WaitFor(t, ctx, url, func() bool {
 		resp, err := http.Get(url)
 		if err != nil {
 			return false
@@ -502,7 +492,7 @@ func (a *apiClient) get(url string, out any) error {
 func waitQuorum(t *testing.T, ctx context.Context, api *apiClient, apis map[string]string, job string, epoch uint64, participants int, notBy string) membership.Quorum {
 	t.Helper()
 	var q membership.Quorum
-	waitFor(t, ctx, fmt.Sprintf("epoch after %d with %d participants", epoch, participants), func() bool {
+	testutil.WaitFor(t, ctx, fmt.Sprintf("epoch after %d with %d participants", epoch, participants), func() bool {
 		for _, url := range apis {
 			if api.get(url+"/api/v1/jobs/"+job+"/quorum", &q) == nil && q.Epoch > epoch && len(q.Participants) == participants && q.PublishedBy != notBy {
 				return true

@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/ftcomm/ftcomm/membership"
 )
 
 // The etcd roles ConfigureAuth creates.
@@ -27,7 +27,7 @@ const (
 //     records, the election or the coordinators' keys, which live under
 //     <root>/_coordinator/ (job names cannot start with '_').
 func AuthRanges(root string) (all, trainerWrite [][2]string) {
-	p := membership.Keys{Root: root}.Prefix()
+	p := keys.Layout{Root: root}.Prefix()
 	end := clientv3.GetPrefixRangeEnd(p)
 	all = [][2]string{{p, end}}
 	// '_' + 1 is '`': the two ranges leave out exactly <root>/_….

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -87,7 +89,7 @@ type EmbeddedConfig struct {
 	// when ClientAddr's host is unspecified (0.0.0.0, ::).
 	AdvertiseClientAddr string
 	// Root is the ftcomm key prefix the roles of a Secure server cover
-	// (default membership.DefaultRoot).
+	// (default keys.DefaultRoot).
 	Root string
 }
 
@@ -510,7 +512,7 @@ func (m *Embedded) Secure() bool { return m.pki != nil }
 // certificate and key. Add the coordinators' quorum keys and the gossip
 // key before handing a trainer's out (ftcoord does).
 func (m *Embedded) Credentials(user string) (*membership.Credentials, error) {
-	root := strings.TrimSuffix(membership.Keys{Root: m.cfg.Root}.Prefix(), "/")
+	root := strings.TrimSuffix(keys.Layout{Root: m.cfg.Root}.Prefix(), "/")
 	c := &membership.Credentials{Version: membership.CredentialsVersion, Endpoints: m.Endpoints(), Root: root}
 	if m.pki == nil {
 		return c, nil

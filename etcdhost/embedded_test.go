@@ -10,15 +10,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
 func TestEmbeddedRestartKeepsData(t *testing.T) {
 	dir := t.TempDir()
-	ctx := testCtx(t, 60*time.Second)
+	ctx := testutil.Ctx(t, 60*time.Second)
 	cfg := DefaultEmbeddedConfig()
 	cfg.Dir = dir
 	cfg.UnsafeNoFsync = true
@@ -65,7 +68,7 @@ func TestEmbeddedRestartKeepsData(t *testing.T) {
 func TestEmbeddedRestartKeepsEndpoints(t *testing.T) {
 	for _, secure := range []bool{false, true} {
 		t.Run(fmt.Sprintf("secure=%v", secure), func(t *testing.T) {
-			ctx := testCtx(t, 60*time.Second)
+			ctx := testutil.Ctx(t, 60*time.Second)
 			cfg := DefaultEmbeddedConfig()
 			cfg.Dir, cfg.UnsafeNoFsync, cfg.Secure = t.TempDir(), true, secure
 			start := func() *Embedded {
@@ -87,7 +90,7 @@ func TestEmbeddedRestartKeepsEndpoints(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := cli.Get(ctx, membership.DefaultRoot+"/k"); err != nil {
+			if _, err := cli.Get(ctx, keys.DefaultRoot+"/k"); err != nil {
 				t.Fatal(err)
 			}
 			e.Close()
@@ -130,7 +133,7 @@ func TestEmbeddedTwoInstancesApart(t *testing.T) {
 	if a.Endpoints()[0] == b.Endpoints()[0] {
 		t.Fatalf("both on %v", a.Endpoints())
 	}
-	ctx := testCtx(t, 20*time.Second)
+	ctx := testutil.Ctx(t, 20*time.Second)
 	if _, err := newClient(t, a).Put(ctx, "/only-a", "1"); err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +169,7 @@ func TestEmbeddedConfigValidate(t *testing.T) {
 // A 3-member cluster keeps serving, with a Store on it, when one member
 // stops.
 func TestEmbeddedClusterSurvivesOneMember(t *testing.T) {
-	ctx := testCtx(t, 90*time.Second)
+	ctx := testutil.Ctx(t, 90*time.Second)
 	cfg := DefaultEmbeddedConfig()
 	cfg.UnsafeNoFsync = true
 	c, err := StartEmbeddedCluster(ctx, cfg, 3)
@@ -214,7 +217,7 @@ func TestEmbeddedClusterSurvivesOneMember(t *testing.T) {
 // directory is free again after Close. Close does not wait for a watch
 // that stays attached.
 func TestEmbeddedDataDirInUse(t *testing.T) {
-	ctx := testCtx(t, 60*time.Second)
+	ctx := testutil.Ctx(t, 60*time.Second)
 	cfg := DefaultEmbeddedConfig()
 	cfg.Dir, cfg.UnsafeNoFsync = t.TempDir(), true
 	e, err := StartEmbedded(ctx, cfg)
@@ -254,7 +257,7 @@ func TestEmbeddedDataDirInUse(t *testing.T) {
 // 20,000-member job (the record and its history entry, ~97 B per
 // participant each): etcd's default limit (1.5 MiB) refused one of 10,000.
 func TestEmbeddedTakesALargeJobsEpoch(t *testing.T) {
-	ctx := testCtx(t, 60*time.Second)
+	ctx := testutil.Ctx(t, 60*time.Second)
 	cfg := DefaultEmbeddedConfig()
 	cfg.UnsafeNoFsync = true
 	e, err := StartEmbedded(ctx, cfg)

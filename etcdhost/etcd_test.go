@@ -34,9 +34,3 @@ func newClient(t testing.TB, e *Embedded) *clientv3.Client {
 	t.Cleanup(func() { cli.Close() })
 	return cli
 }
-
-func testCtx(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/etcdhost"
@@ -26,7 +28,7 @@ func TestSecureEmbeddedAccessControl(t *testing.T) {
 	a := sj.Join("a")
 	clustertest.WaitQuorum(t, a, 0, "a")
 	ctx := clustertest.Ctx(t, 30*time.Second)
-	k := membership.Keys{}
+	k := keys.Layout{}
 	// Members read the signed view (a member with a verifier refuses an
 	// unsigned one); the record beside it is signed too.
 	resp, err := sj.CoordClient.Get(ctx, k.Quorum(sj.Name))
@@ -119,7 +121,7 @@ func TestCredentialsFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv(membership.CredentialsEnv, path)
-	c, err := membership.CredentialsFromEnv()
+	c, err := membership.LoadCredentialsOrEnv("")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +149,7 @@ func TestCredentialsFile(t *testing.T) {
 		}
 	}
 	t.Setenv(membership.CredentialsEnv, "")
-	if c, err := membership.CredentialsFromEnv(); c != nil || err != nil {
+	if c, err := membership.LoadCredentialsOrEnv(""); c != nil || err != nil {
 		t.Fatalf("unset env: %v %v", c, err)
 	}
 	// A secured data directory cannot be opened without Secure.

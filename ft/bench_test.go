@@ -6,14 +6,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/inproc"
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/coordinator/memcoord"
 	"github.com/ftcomm/ftcomm/etcdhost"
-	"github.com/ftcomm/ftcomm/membership"
-	"github.com/ftcomm/ftcomm/membership/memcoord"
 )
 
 // benchReplicas runs n replicas of a one-float job in lockstep: every
@@ -100,7 +101,7 @@ func BenchmarkStepOverhead(b *testing.B) {
 		}
 	})
 	b.Run("ft-step", func(b *testing.B) {
-		coord := memcoord.New("bench", membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second})
+		coord := memcoord.New("bench", quorum.Config{MinReplicas: 1, JoinTimeout: time.Second})
 		defer coord.Close()
 		cl := inproc.NewCluster()
 		var cs []*Comm

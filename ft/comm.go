@@ -30,30 +30,16 @@ import (
 // and Close. The training goroutine uses the comms of a step it was
 // handed between Step and Commit, and touches nothing else.
 type Comm struct {
-	cfg     Config
-	log     *zap.Logger
-	server  *recovery.Server
-	metrics *metrics
-	id      string
-
-	in      chan input    // to the driver: calls, task results, failures
-	replies chan reply    // from the driver: the answer to the call in flight
-	done    chan struct{} // closed when the driver has ended
-	mem     atomic.Pointer[memberRef]
-	snap    atomic.Pointer[snapshot]
-	step    atomic.Int64 // the committed step (it changes every step: not in snap)
-	d       *driver      // the driver's own state; only its goroutine touches it
+	*link // to and from the driver
+	cfg   Config
+	log   *zap.Logger
+	id    string
+	// d is the driver: only its goroutine touches it (tests look at it
+	// once it has ended).
+	d       *driver
 	busy    atomic.Bool
 	started atomic.Bool // the first Step was called: Register is over
 	close   sync.Once
-	stopped chan struct{} // closed when Close has finished
-
-	// Events the driver emitted, for the training goroutine to hand to
-	// Config.OnEvent while it waits in Step or Commit, or when it next
-	// calls them.
-	evMu   sync.Mutex
-	evq    []Event
-	evWake chan struct{}
 
 	// Owned by the training goroutine.
 	state  []registered
@@ -168,21 +154,11 @@ func New(ctx context.Context, cfg Config) (*Comm, error) {
 		m.Close()
 		return nil, fmt.Errorf("%w: ft: config: DurableCommit needs a Membership with RecordCommit and LastCommit", comm.ErrInvalidArgument)
 	}
-	c := &Comm{
-		cfg: cfg, server: server, metrics: met, id: id,
-		log: cfg.Logger.With(zap.String("job", cfg.Job), zap.String("member", id)),
-		in:  make(chan input), replies: make(chan reply, 1), done: make(chan struct{}), stopped: make(chan struct{}),
-		evWake: make(chan struct{}, 1),
-	}
-	c.mem.Store(&memberRef{m})
-	c.snap.Store(&snapshot{rank: -1})
-	c.d = newDriver(c, m, own)
+	c := &Comm{link: newLink(m), cfg: cfg, id: id, log: cfg.Logger.With(zap.String("job", cfg.Job), zap.String("member", id))}
+	c.d = newDriver(cfg, c.log, id, c.link, server, met, m, own)
 	go c.d.run()
 	return c, nil
 }
-
-// member returns the current registration.
-func (c *Comm) member() Membership { return c.mem.Load().m }
 
 // Register names memory that makes up this replica's state: what a healing
 // peer receives (and this replica receives when it heals). Host tensors
@@ -253,28 +229,13 @@ func (c *Comm) ask(ctx context.Context, in input, cancel func(error) input) (rep
 	}
 }
 
-// queueEvent is the driver's side of event delivery.
-func (c *Comm) queueEvent(e Event) {
-	c.evMu.Lock()
-	c.evq = append(c.evq, e)
-	c.evMu.Unlock()
-	select {
-	case c.evWake <- struct{}{}:
-	default:
-	}
-}
-
 // deliver hands the events the driver queued to Config.OnEvent, on the
 // training goroutine.
 func (c *Comm) deliver() {
 	if c.cfg.OnEvent == nil {
 		return
 	}
-	c.evMu.Lock()
-	evs := c.evq
-	c.evq = nil
-	c.evMu.Unlock()
-	for _, e := range evs {
+	for _, e := range c.takeEvents() {
 		c.cfg.OnEvent(e)
 	}
 }
@@ -293,7 +254,7 @@ func (c *Comm) Step(ctx context.Context) error {
 	c.works = c.works[:0]
 	c.cur = stepComms{}
 	c.stepAt = time.Time{}
-	r, err := c.ask(ctx, stepCalled{}, func(err error) input { return stepCancelled{err} })
+	r, err := c.ask(ctx, stepCalled{state: c.state}, func(err error) input { return stepCancelled{err} })
 	if err != nil {
 		return err
 	}
@@ -407,10 +368,16 @@ func (c *Comm) Finish(ctx context.Context) error {
 // replica sits out until it reports Healthy again. With a GPU data backend
 // ft does this itself (Config.DisableHealthWatch). Safe from any goroutine.
 func (c *Comm) ReportHealth(ctx context.Context, h membership.Health, reason string) error {
-	if err := c.member().SetHealth(ctx, h, reason); err != nil {
+	return reportHealth(ctx, c.member(), c.log, h, reason)
+}
+
+// reportHealth tells the coordinator m's health (ReportHealth, and the
+// driver's GPU health watch).
+func reportHealth(ctx context.Context, m Membership, log *zap.Logger, h membership.Health, reason string) error {
+	if err := m.SetHealth(ctx, h, reason); err != nil {
 		return fmt.Errorf("ft: report health: %w", err)
 	}
-	c.log.Info("reported health", zap.Stringer("health", h), zap.String("reason", reason))
+	log.Info("reported health", zap.Stringer("health", h), zap.String("reason", reason))
 	return nil
 }
 
@@ -457,13 +424,11 @@ func (c *Comm) Close() error {
 		case c.in <- closeCalled{}:
 		case <-c.done:
 		}
-		<-c.done
-		err = c.d.shutdown()
-		c.metrics.unregister()
-		close(c.stopped)
+		<-c.released
+		err = c.closeErr
 	})
 	if !first {
-		<-c.stopped
+		<-c.released
 	}
 	return err
 }

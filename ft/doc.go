@@ -21,11 +21,16 @@
 // a state machine with no goroutines, clock or I/O (machine.go, tested by
 // the scripts in testdata/machine), whose inputs are what happened — a
 // quorum, a comm formed or failed, records gathered, state healed, the
-// vote, Step, Commit, Close — and whose outputs are actions; one goroutine
-// of the Comm, the driver, owns every comm and carries them out. Every
-// decision is a pure function of what all ranks of the epoch know alike
-// (protocol.go, tested by driving membership's real quorum machine
-// through random histories), never of what one rank happened to form:
+// vote, Step, Commit, Close — and whose outputs are actions; where the
+// training loop stands is its phase (idle, stepping, in a step,
+// committing), as raft names a node's state. One goroutine of the Comm,
+// the driver, owns every comm, the registration, the recovery server and
+// the reports, and carries the actions out; the Comm's methods only hand
+// it requests and read what it publishes, through their link (link.go).
+// Every decision is a pure function of what all ranks of the epoch know
+// alike (protocol.go, tested by driving the coordinator's real quorum
+// machine through random histories), never of what one rank happened to
+// form:
 //
 //  1. Who takes part: from the quorum, the replica groups that are
 //     complete; rank i of each forms FT comm i (view.go).
@@ -244,7 +249,8 @@
 // # Concurrency
 //
 // A Comm runs its driver goroutine, which follows the membership's quorums
-// and revocations and owns every comm; beside it at most one task of the
+// and revocations and owns every comm; it releases what it holds when its
+// loop ends at Close. Beside it at most one task of the
 // driver's (forming comms, gathering records, healing, voting), one
 // watcher per comm (it exits when the comm breaks or closes), and a
 // reporter that sends the coordinator its reports in order. All exit by the
@@ -253,7 +259,7 @@
 //
 // # Without a cluster
 //
-// membership/memcoord runs the coordinator's quorum machine in memory:
+// coordinator/memcoord runs the coordinator's quorum machine in memory:
 // Config.Membership = coord.Join(…) runs a whole job in one process (the
 // package Example does), for tests and for trying ft out.
 package ft

@@ -18,15 +18,20 @@ import (
 )
 
 // driver is the one goroutine of a Comm: it feeds the step machine what
-// happens and carries out what it decides. It owns every comm (comms),
-// starts one task at a time for the machine (forming comms, gathering
-// records, healing, voting), watches each comm for failure, and sends the
-// coordinator its reports in order (reporter). Only run's goroutine
-// touches its fields, except where noted.
+// happens and carries out what it decides. It owns every comm (comms), the
+// registration, the recovery server and the metrics; starts one task at a
+// time for the machine (forming comms, gathering records, healing,
+// voting), watches each comm for failure, and sends the coordinator its
+// reports in order (reporter). It meets the Comm only through their link.
+// Only run's goroutine touches its fields, except where noted.
 type driver struct {
-	c       *Comm
+	link    *link
 	cfg     Config
 	log     *zap.Logger
+	id      string
+	server  *recovery.Server
+	metrics *metrics
+	state   []registered // what the training loop registered (stepCalled)
 	mach    *machine
 	m       Membership // the current registration
 	own     bool       // m was made from Config.Coordinator: ft may register again
@@ -106,23 +111,27 @@ type releaser interface {
 	ReleaseErr() error
 }
 
-func newDriver(c *Comm, m Membership, own bool) *driver {
-	cfg := c.cfg
-	mc := machineConfig{id: c.id, group: cfg.Group, groupRank: cfg.GroupRank, groupSize: cfg.GroupSize,
+func newDriver(cfg Config, log *zap.Logger, id string, l *link, server *recovery.Server, met *metrics, m Membership, own bool) *driver {
+	mc := machineConfig{id: id, group: cfg.Group, groupRank: cfg.GroupRank, groupSize: cfg.GroupSize,
 		minReplicas: cfg.MinReplicas, durable: cfg.DurableCommit, maxCommitFailures: cfg.MaxCommitFailures}
-	return &driver{c: c, cfg: cfg, log: c.log, mach: newMachine(mc, m.Incarnation()), m: m, own: own,
-		comms: map[commKey]comms{}, cancels: map[int]context.CancelCauseFunc{}, reports: newReporter(c.log, cfg.Timeout)}
+	return &driver{link: l, cfg: cfg, log: log, id: id, server: server, metrics: met, mach: newMachine(mc, m.Incarnation()), m: m, own: own,
+		comms: map[commKey]comms{}, cancels: map[int]context.CancelCauseFunc{}, reports: newReporter(log, cfg.Timeout)}
 }
 
 // run is the driver's loop. It ends when the machine has closed every
-// comm after Close; shutdown (from Close) releases the rest.
+// comm after Close; then it releases the rest (shutdown) and closes the
+// link's released.
 func (d *driver) run() {
-	defer close(d.c.done)
+	defer func() {
+		close(d.link.done)
+		d.link.closeErr = d.shutdown()
+		close(d.link.released)
+	}()
 	d.changed, d.ended = d.m.Changed(), d.m.Done()
 	d.readMembership()
 	for !d.stopped {
 		select {
-		case in := <-d.c.in:
+		case in := <-d.link.in:
 			d.receive(in)
 		case <-d.changed:
 			d.changed = d.m.Changed() // before reading, so no change is missed
@@ -157,9 +166,12 @@ func (d *driver) receive(in input) {
 	case inspect:
 		in.f(d)
 		close(in.done)
+	case stepCalled:
+		d.state = in.state
+		d.feed(in)
 	case memberSwap:
 		d.m = in.m
-		d.c.mem.Store(&memberRef{in.m})
+		d.link.mem.Store(&memberRef{in.m})
 		d.changed, d.ended = in.m.Changed(), in.m.Done()
 		d.feed(reregistered{inc: in.m.Incarnation()})
 		d.readMembership()
@@ -268,18 +280,18 @@ func (d *driver) exec(a action) {
 	case withdrawState:
 		// Without reads in flight (every step but one that serves a
 		// healer) the withdrawal is done at once: no task.
-		if d.c.server.Withdraw(expired) == nil {
+		if d.server.Withdraw(expired) == nil {
 			d.later = append(d.later, withdrawn{task: a.task})
 			return
 		}
 		d.spawn(a.task, func(ctx context.Context) taskResult {
-			return taskResult{in: withdrawn{task: a.task, err: d.c.server.Withdraw(ctx)}}
+			return taskResult{in: withdrawn{task: a.task, err: d.server.Withdraw(ctx)}}
 		})
 	case offerState:
 		if d.histBytes == nil || len(a.hist) != len(d.histOf) || a.hist.last() != d.histOf.last() {
 			d.histBytes, d.histOf = a.hist.encode(), a.hist
 		}
-		d.c.server.OfferWithMeta(a.step, d.histBytes, d.blobs)
+		d.server.OfferWithMeta(a.step, d.histBytes, d.blobs)
 	case reportFormed:
 		d.report("reporting the formed epoch", func(ctx context.Context, m Membership) error { return m.ReportFormed(ctx, a.epoch) })
 	case reportFailure:
@@ -318,12 +330,12 @@ func (d *driver) exec(a action) {
 		})
 	case setStep:
 		d.m.SetStep(a.step)
-		d.c.metrics.step.Set(float64(a.step))
+		d.metrics.step.Set(float64(a.step))
 	case emit:
 		if d.cfg.OnEvent != nil {
 			a.ev.Time = time.Now()
 			d.publish() // the hook may read Rank, Epoch…
-			d.c.queueEvent(a.ev)
+			d.link.queueEvent(a.ev)
 		}
 	case observe:
 		d.observe(a)
@@ -345,7 +357,7 @@ func (d *driver) exec(a action) {
 func (d *driver) answer(r reply) {
 	d.publish() // the caller reads CommittedStep, Epoch… next
 	select {
-	case d.c.replies <- r:
+	case d.link.replies <- r:
 	default:
 		d.log.Error("ft: no caller waits for the driver's answer (a bug)")
 	}
@@ -366,18 +378,18 @@ func (d *driver) stepComms() stepComms {
 // publish updates what readers on other goroutines see.
 func (d *driver) publish() {
 	epoch, rank, n := d.mach.status()
-	d.c.step.Store(d.mach.step)
+	d.link.step.Store(d.mach.step)
 	s := snapshot{epoch: epoch, rank: rank, participants: n}
 	if d.mach.holds(dimGroup) {
 		s.group = d.comms[commKey{dimGroup, epoch}].data
 	}
-	if *d.c.snap.Load() != s {
-		d.c.snap.Store(&s)
+	if *d.link.snap.Load() != s {
+		d.link.snap.Store(&s)
 	}
 }
 
 func (d *driver) observe(a observe) {
-	mt := d.c.metrics
+	mt := d.metrics
 	switch a.what {
 	case metricEpochSeen:
 		mt.epochSeen.Set(a.value)
@@ -408,7 +420,7 @@ func (d *driver) spawn(task int, fn func(ctx context.Context) taskResult) {
 		r := fn(ctx)
 		r.task = task
 		cancel(nil)
-		d.c.in <- r // run receives until every task has answered
+		d.link.in <- r // run receives until every task has answered
 	}()
 }
 
@@ -419,12 +431,12 @@ func (d *driver) adopt(key commKey, x comms) {
 		go func() {
 			select {
 			case <-c.Broken():
-			case <-d.c.done:
+			case <-d.link.done:
 				return
 			}
 			select {
-			case d.c.in <- commFailed{dim: key.dim, epoch: key.epoch, part: p, err: c.Err()}:
-			case <-d.c.done:
+			case d.link.in <- commFailed{dim: key.dim, epoch: key.epoch, part: p, err: c.Err()}:
+			case <-d.link.done:
 			}
 		}()
 	}
@@ -470,7 +482,7 @@ func (d *driver) registrationEnded() {
 		var nm *etcdMember
 		err := backoff.Retry(func() error {
 			var err error
-			nm, err = em.registerAgain(ctx, d.cfg, d.c.id, d.c.server.Addr())
+			nm, err = em.registerAgain(ctx, d.cfg, d.id, d.server.Addr())
 			if errors.Is(err, membership.ErrRunEnded) {
 				return backoff.Permanent(err) // its state is of a run that is over
 			}
@@ -482,8 +494,8 @@ func (d *driver) registrationEnded() {
 		if errors.Is(err, membership.ErrRunEnded) {
 			d.log.Error("cannot register again", zap.Error(err))
 			select {
-			case d.c.in <- membershipLost{err: err}:
-			case <-d.c.done:
+			case d.link.in <- membershipLost{err: err}:
+			case <-d.link.done:
 			}
 			return
 		}
@@ -494,16 +506,16 @@ func (d *driver) registrationEnded() {
 		em.Close()
 		d.log.Info("registered again", zap.Int64("incarnation", nm.Incarnation()))
 		select {
-		case d.c.in <- memberSwap{nm}:
-		case <-d.c.done:
+		case d.link.in <- memberSwap{nm}:
+		case <-d.link.done:
 			nm.Close()
 		}
 	}()
 }
 
-// shutdown releases what the driver held once run has ended (Close): the
-// registration, the recovery server, and — with device comms — waits
-// until their GPU work stopped, Config.Timeout at most.
+// shutdown releases what the driver held once its loop has ended (Close):
+// the registration, the recovery server, the metrics, and — with device
+// comms — waits until their GPU work stopped, Config.Timeout at most.
 func (d *driver) shutdown() error {
 	if d.health != nil {
 		d.health()
@@ -513,10 +525,11 @@ func (d *driver) shutdown() error {
 	}
 	d.rereg.Wait()
 	d.reports.stop()
-	m := d.c.member()
+	defer d.metrics.unregister()
+	m := d.link.member()
 	lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()
-	err := errors.Join(m.Leave(lctx), m.Close(), d.c.server.Close())
+	err := errors.Join(m.Leave(lctx), m.Close(), d.server.Close())
 	deadline := time.Now().Add(d.cfg.Timeout)
 	if d.staging != nil {
 		// After the server: no chunk is staged any more.
@@ -594,7 +607,7 @@ func (d *driver) watchHealth(data *comm.Comm) {
 		}
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if err := d.c.ReportHealth(rctx, membership.Critical, e.Reason); err != nil {
+		if err := reportHealth(rctx, d.link.member(), d.log, membership.Critical, e.Reason); err != nil {
 			d.log.Error("reporting device health", zap.Int("device", e.Device), zap.String("reason", e.Reason), zap.Error(err))
 		}
 	})

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
@@ -182,7 +184,7 @@ func TestEtcdRestartWhileOldLeaseLives(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, _ := json.Marshal(membership.MemberRecord{Job: "toy", ID: "a.0", Group: "a", Addr: "127.0.0.1:1", Lease: int64(lease.ID)})
-	if _, err := cli.Put(ctx, membership.Keys{}.Member("toy", "a.0"), string(rec), clientv3.WithLease(lease.ID)); err != nil {
+	if _, err := cli.Put(ctx, keys.Layout{}.Member("toy", "a.0"), string(rec), clientv3.WithLease(lease.ID)); err != nil {
 		t.Fatal(err)
 	}
 	a := j.start("a", forever, 256) // New returns once the old lease is gone

@@ -6,11 +6,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	_ "github.com/ftcomm/ftcomm/backends/gloo" // the data backend, by name
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/coordinator/memcoord"
 	"github.com/ftcomm/ftcomm/ft"
-	"github.com/ftcomm/ftcomm/membership"
-	"github.com/ftcomm/ftcomm/membership/memcoord"
 )
 
 // Two replicas of a data-parallel job average their gradients through
@@ -18,7 +19,7 @@ import (
 // memory here (memcoord); a real job points Config.Coordinator (or
 // FTCOMM_CREDENTIALS) at `ftcoord serve`.
 func Example() {
-	coord := memcoord.New("demo", membership.DefaultQuorumConfig())
+	coord := memcoord.New("demo", quorum.DefaultConfig())
 	defer coord.Close()
 	var wg sync.WaitGroup
 	out := make([]string, 2)

@@ -61,7 +61,7 @@ func (d *driver) formDim(ctx context.Context, a formComms, old comms, store comm
 		}
 		return comm.New(ctx, backend, comm.Options{Name: prefix, Rank: a.rank, Size: a.size, Epoch: a.epoch,
 			JobID: d.cfg.Job, Secret: d.cfg.Secret, Store: store, Prefix: prefix, Timeout: d.cfg.Timeout,
-			Device: d.cfg.Device, Logger: d.log, Metrics: d.c.metrics.comm, BackendConfig: bcfg})
+			Device: d.cfg.Device, Logger: d.log, Metrics: d.metrics.comm, BackendConfig: bcfg})
 	}
 	data, err := move(old.data, prefix, d.cfg.Backend, d.cfg.BackendConfig)
 	if err != nil {
@@ -108,8 +108,8 @@ func (d *driver) prepareState(data *comm.Comm) error {
 		return nil
 	}
 	device := data.Backend().Memory() == comm.DeviceMemory
-	blobs := make([]recovery.Blob, 0, len(d.c.state))
-	for _, r := range d.c.state {
+	blobs := make([]recovery.Blob, 0, len(d.state))
+	for _, r := range d.state {
 		switch {
 		case !r.t.IsDevice():
 			blobs = append(blobs, recovery.Blob{Name: r.name, Data: r.t.Bytes()})
@@ -141,7 +141,7 @@ const stagingBuffers = 16
 // comm.
 func (d *driver) gather(a gatherRecords) {
 	ctl := d.comms[commKey{dimFT, a.epoch}].ctl
-	mine := stepRecord{Step: a.step, Epoch: a.last, Addr: d.c.server.Addr()}
+	mine := stepRecord{Step: a.step, Epoch: a.last, Addr: d.server.Addr()}
 	d.spawn(a.task, func(ctx context.Context) taskResult {
 		recs, err := gatherStepRecords(ctx, ctl, mine)
 		return taskResult{in: recordsGathered{task: a.task, recs: recs, err: err}}
@@ -173,7 +173,7 @@ func gatherStepRecords(ctx context.Context, ctl *comm.Comm, mine stepRecord) ([]
 func (d *driver) fetch(a fetchState) {
 	fc := d.cfg.fetchConfig()
 	fc.Progress = &d.healed
-	blobs, mt := d.blobs, d.c.metrics
+	blobs, mt := d.blobs, d.metrics
 	d.spawn(a.task, func(ctx context.Context) taskResult {
 		st, err := recovery.Fetch(ctx, fc, a.Step, a.Sources, blobs)
 		mt.healedBytes.Add(float64(st.Bytes))

@@ -13,12 +13,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"go.uber.org/zap/zaptest"
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/inproc"
+	"github.com/ftcomm/ftcomm/coordinator/memcoord"
 	"github.com/ftcomm/ftcomm/membership"
-	"github.com/ftcomm/ftcomm/membership/memcoord"
 )
 
 // A toy training job: every replica holds the same parameters; each step
@@ -81,7 +83,7 @@ type job struct {
 	nParams int
 }
 
-func newJob(t *testing.T, qc membership.QuorumConfig, minReplicas int) *job {
+func newJob(t *testing.T, qc quorum.Config, minReplicas int) *job {
 	j := &job{t: t, coord: memcoord.New("toy", qc), cluster: inproc.NewCluster(), ledger: &ledger{hashes: map[int64]uint64{}}, nParams: defaultParams}
 	j.cfg = Config{Job: "toy", Backend: "inproc", BackendConfig: j.cluster, Secret: []byte("k"),
 		MinReplicas: minReplicas, Timeout: 10 * time.Second, HealChunkSize: 4096}
@@ -212,9 +214,9 @@ func (j *job) kill(r *replica) {
 		ft.Backend().(*inproc.Backend).Fail()
 	}
 	r.cancel()
-	j.coord.Remove(r.id, "killed")
+	j.coord.Remove(r.id, quorum.PortClosed)
 	<-r.done
-	r.c.server.Close() // its state endpoint dies with it
+	r.c.d.server.Close() // its state endpoint dies with it
 }
 
 // waitStep blocks until r has committed step s.
@@ -276,8 +278,8 @@ func (l *ledger) check(t *testing.T, rs ...*replica) {
 	}
 }
 
-func quick() membership.QuorumConfig {
-	return membership.QuorumConfig{MinReplicas: 1, JoinTimeout: 200 * time.Millisecond}
+func quick() quorum.Config {
+	return quorum.Config{MinReplicas: 1, JoinTimeout: 200 * time.Millisecond}
 }
 
 // forever makes a replica train until it is stopped.
@@ -451,7 +453,7 @@ func TestHealingSourceDiesMidTransfer(t *testing.T) {
 	j.cfg.HealChunkSize = 64 << 10
 	a, b, c := j.start("a", 0, 1, forever), j.start("b", 0, 1, forever), j.start("c", 0, 1, forever)
 	a.waitParticipants(3)
-	cut := a.c.server.ServedAtLeast(64 << 10)
+	cut := a.c.d.server.ServedAtLeast(64 << 10)
 	d := j.start("d", 0, 1, forever)
 	select {
 	case <-cut:
@@ -546,7 +548,7 @@ func TestCloseWhileHealing(t *testing.T) {
 	j.cfg.HealChunkSize = 4 << 10
 	b := j.start("b", 0, 1, forever)
 	b.waitStep(2)
-	healing := b.c.server.ServedAtLeast(64 << 10)
+	healing := b.c.d.server.ServedAtLeast(64 << 10)
 	d := j.start("d", 0, 1, forever)
 	select {
 	case <-healing:
@@ -560,7 +562,7 @@ func TestCloseWhileHealing(t *testing.T) {
 	if err := d.wait(); !errors.Is(err, ErrClosed) {
 		t.Fatalf("the healer's loop ended with %v, want ErrClosed", err)
 	}
-	served := b.c.server.Served()
+	served := b.c.d.server.Served()
 	b.waitStep(b.c.CommittedStep() + 2)
 	if !slices.Equal(after, d.params) {
 		t.Fatal("the healer's state changed after Close returned")

@@ -21,7 +21,7 @@ import (
 
 	"github.com/ftcomm/ftcomm/backends/nccl"
 	"github.com/ftcomm/ftcomm/comm"
-	"github.com/ftcomm/ftcomm/membership/memcoord"
+	"github.com/ftcomm/ftcomm/coordinator/memcoord"
 	"github.com/ftcomm/ftcomm/recovery"
 )
 

@@ -2,7 +2,7 @@ package ft
 
 import (
 	"github.com/ftcomm/ftcomm/comm"
-	"github.com/ftcomm/ftcomm/membership/memcoord"
+	"github.com/ftcomm/ftcomm/coordinator/memcoord"
 )
 
 // onDriver runs f on c's driver goroutine; false once the driver ended.

@@ -7,6 +7,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"github.com/cenkalti/backoff/v4"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -157,7 +159,7 @@ func registerIn(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr 
 	if err != nil {
 		return nil, fmt.Errorf("ft: register %s with the coordinator: %w", id, err)
 	}
-	keys := membership.Keys{Root: mc.Root}
+	keys := keys.Layout{Root: mc.Root}
 	return &etcdMember{Member: mem, store: membership.NewStore(cli, keys.Rendezvous(cfg.Job)+rendezvousRoot)}, nil
 }
 

@@ -12,7 +12,7 @@ import (
 )
 
 // This file is the step protocol of one rank as a state machine with no
-// goroutines, clock or I/O (the model is membership.Machine and etcd-io/raft's
+// goroutines, clock or I/O (the model is quorum.Machine and etcd-io/raft's
 // Ready). Its inputs say what happened — a quorum or revocation published,
 // the training loop calling Step, Commit or Close, a comm formed or failed,
 // step records gathered, state healed, the vote counted — each with the
@@ -72,8 +72,9 @@ type (
 	reregistered struct{ inc int64 }
 	// membershipLost: the registration ended for good.
 	membershipLost struct{ err error }
-	// stepCalled: the training loop called Step.
-	stepCalled struct{}
+	// stepCalled: the training loop called Step; state is what it
+	// registered (Comm.Register), for the driver to serve and heal.
+	stepCalled struct{ state []registered }
 	// stepCancelled: the training loop's Step ctx ended before the step started.
 	stepCancelled struct{ err error }
 	// commitCalled: the training loop called Commit; errs are its step's
@@ -356,6 +357,37 @@ func formStage(d dim) stage {
 
 func (s stage) reconfiguring() bool { return s >= stageFormGroup && s <= stageCheckGroup }
 
+// phase is where the training loop stands with the step protocol, as
+// raft's StateType names where a node stands: which call it waits in, or
+// that a step it started runs.
+type phase uint8
+
+const (
+	phaseIdle       phase = iota // between Commit (or New) and Step
+	phaseStepping                // Step was called and waits for its answer
+	phaseInStep                  // Step returned: the step runs until Commit
+	phaseCommitting              // Commit was called and waits for its answer
+)
+
+// lifecycle is whether the Comm is closing: Close cancels the task in
+// flight, and once none runs the machine closes every comm and stops.
+type lifecycle uint8
+
+const (
+	running lifecycle = iota
+	closing           // Close was called
+	closed            // every comm is closed; the machine takes no more input
+)
+
+// readiness is the state of the current epoch's comms for a step.
+type readiness uint8
+
+const (
+	unready     readiness = iota // forming, or never formed
+	commsReady                   // formed and the step agreed: a step may start
+	commsBroken                  // one failed or was revoked: the next step needs a new epoch
+)
+
 // machineConfig is what the machine needs of Config.
 type machineConfig struct {
 	id                string
@@ -388,8 +420,7 @@ type machine struct {
 	split bool
 	// revokedParts: which of epoch's comms were revoked, per dim.
 	revokedParts [2]part
-	ready        bool     // epoch's comms formed and its step agreed
-	broken       bool     // a comm of epoch failed: the next step needs a new epoch
+	comms        readiness
 	blamed       []string // members this rank blamed in epoch
 
 	stage     stage
@@ -405,18 +436,15 @@ type machine struct {
 	prevGroup uint64 // the group comms' epoch before this reconfiguration
 
 	// The training loop.
-	stepWaiting   bool
-	commitWaiting bool
-	inStep        bool // between a Step that returned and its Commit
-	stepErrs      []error
-	groupErrs     []error
-	vote          bool
-	reason        string
-	closing       bool
-	closed        bool
-	lost          error
-	fatal         error
-	gaveUp        error // the training loop's ctx ended: why
+	phase     phase
+	life      lifecycle
+	stepErrs  []error
+	groupErrs []error
+	vote      bool
+	reason    string
+	lost      error
+	fatal     error
+	gaveUp    error // the training loop's ctx ended: why
 
 	step          int64
 	hist          history
@@ -436,7 +464,7 @@ func newMachine(cfg machineConfig, inc int64) *machine {
 // out, in order. The slice is reused by the next call.
 func (m *machine) handle(now time.Time, in input) []action {
 	m.out = m.out[:0]
-	if m.closed {
+	if m.life == closed {
 		return m.out
 	}
 	switch in := in.(type) {
@@ -449,8 +477,7 @@ func (m *machine) handle(now time.Time, in input) []action {
 	case membershipLost:
 		m.lost = fmt.Errorf("%w: %w", ErrMembershipLost, in.err)
 	case stepCalled:
-		m.stepWaiting, m.gaveUp = true, nil
-		m.inStep = false // a step that never reached Commit is abandoned
+		m.phase, m.gaveUp = phaseStepping, nil // a step that never reached Commit is abandoned
 	case stepCancelled:
 		m.giveUp(in.err, m.task != 0 && m.stage.reconfiguring())
 	case commitCalled:
@@ -458,8 +485,8 @@ func (m *machine) handle(now time.Time, in input) []action {
 	case commitCancelled:
 		m.giveUp(in.err, m.task != 0 && m.stage >= stageVote)
 	case closeCalled:
-		if !m.closing {
-			m.closing = true
+		if m.life == running {
+			m.life = closing
 			m.cancel(ErrClosed)
 		}
 	case commFailed:
@@ -540,7 +567,7 @@ func (m *machine) cancel(cause error) {
 // Commit (voting): the task is cancelled, and the call returns once it
 // ended.
 func (m *machine) giveUp(err error, running bool) {
-	if !m.stepWaiting && !m.commitWaiting {
+	if m.phase != phaseStepping && m.phase != phaseCommitting {
 		return
 	}
 	m.gaveUp = err
@@ -554,12 +581,12 @@ func (m *machine) giveUp(err error, running bool) {
 func (m *machine) replyGaveUp() {
 	err := m.gaveUp
 	m.gaveUp = nil
-	if m.stepWaiting {
-		m.stepWaiting = false
+	switch m.phase {
+	case phaseStepping:
+		m.phase = phaseIdle
 		m.do(stepDone{err: fmt.Errorf("ft: step: %w", err)})
-	}
-	if m.commitWaiting {
-		m.commitWaiting = false
+	case phaseCommitting:
+		m.phase = phaseIdle
 		m.do(commitDone{err: fmt.Errorf("ft: commit: %w", err)})
 	}
 }
@@ -590,7 +617,7 @@ func (m *machine) revoke(d dim, p part, cause string) {
 		return
 	}
 	m.revokedParts[d] |= p
-	m.broken = true
+	m.comms = commsBroken
 	m.do(revokeComms{dim: d, epoch: m.epoch, part: p, cause: cause})
 }
 
@@ -629,7 +656,7 @@ func (m *machine) onQuorum(now time.Time, q membership.Quorum) {
 	// so the step's device ops stop now. Only the data comms: the control
 	// comms keep the replica group's vote whole (a vote cut at one rank
 	// but not the other would split the group's commit).
-	if m.inStep && m.split {
+	if m.phase == phaseInStep && m.split {
 		cause := fmt.Sprintf("ft: epoch %d began mid-step: the old epoch's device ops may wait for peers that moved on", q.Epoch)
 		m.revoke(dimFT, partData, cause)
 		m.revoke(dimGroup, partData, cause)
@@ -650,12 +677,12 @@ func (m *machine) onRevocation(r membership.Revocation) {
 // gossip or its lease. A failed control comm fails the step; a peer that
 // merely closed its comm after the ops that needed it fails nothing.
 func (m *machine) onCommFailed(in commFailed) {
-	if m.closing || in.epoch != m.epoch || !m.holds(in.dim) {
+	if m.life != running || in.epoch != m.epoch || !m.holds(in.dim) {
 		return
 	}
-	m.broken = true
+	m.comms = commsBroken
 	orderly := errors.Is(in.err, comm.ErrPeerClosed)
-	if m.inStep && !orderly && m.split {
+	if m.phase == phaseInStep && !orderly && m.split {
 		// The step's own ops report their errors through Commit; a comm
 		// that broke after they completed does not undo them (revoking
 		// the epoch is the coordinator's policy, not a failure of the
@@ -682,7 +709,7 @@ func (m *machine) onCommFailed(in commFailed) {
 	}
 	if ids := m.newlyBlamed(in.dim, []error{in.err}); len(ids) > 0 {
 		m.do(revokeEpoch{epoch: m.epoch, reason: fmt.Sprintf("%s %s comm failed: %v", in.dim, in.part, in.err), blamed: ids})
-	} else if !m.inStep && !errors.Is(in.err, comm.ErrRevoked) {
+	} else if m.phase != phaseInStep && !errors.Is(in.err, comm.ErrRevoked) {
 		// Broken between steps with no one to blame: make sure the
 		// next step gets a new epoch.
 		m.do(reportFailure{epoch: m.epoch})
@@ -722,31 +749,31 @@ func (m *machine) advance(now time.Time) {
 	if m.cancelled != nil {
 		m.cancelled = nil
 	}
-	if m.closing {
+	if m.life != running {
 		m.finishClose()
 		return
 	}
 	if m.gaveUp != nil {
 		m.replyGaveUp()
 	}
-	if !m.stepWaiting {
+	if m.phase != phaseStepping {
 		return
 	}
 	switch {
 	case m.fatal != nil:
-		m.stepWaiting = false
+		m.phase = phaseIdle
 		m.do(stepDone{err: m.fatal})
 		return
 	case m.lost != nil:
-		m.stepWaiting = false
+		m.phase = phaseIdle
 		m.do(stepDone{err: m.lost})
 		return
 	case m.final > 0:
 		// A replica finished the run: nobody takes another step.
-		m.stepWaiting = false
+		m.phase = phaseIdle
 		m.do(stepDone{err: &FinishedError{Final: m.final, Step: m.step}})
 		return
-	case m.ready && !m.broken && m.latest != nil && m.latest.Epoch == m.epoch:
+	case m.comms == commsReady && m.latest != nil && m.latest.Epoch == m.epoch:
 		m.startStep(now)
 		return
 	}
@@ -778,7 +805,7 @@ func (m *machine) sitOut(q membership.Quorum) {
 // enter makes epoch the current one, with nothing of it formed yet.
 func (m *machine) enter(epoch uint64, v view) {
 	m.epoch, m.view = epoch, v
-	m.ready, m.broken, m.blamed, m.revokedParts = false, false, nil, [2]part{}
+	m.comms, m.blamed, m.revokedParts = unready, nil, [2]part{}
 }
 
 func (m *machine) closeHeld() {
@@ -992,7 +1019,9 @@ func (m *machine) onGroupChecked(now time.Time, in groupChecked) {
 }
 
 func (m *machine) reconfigured(now time.Time) {
-	m.ready = true
+	if m.comms != commsBroken { // a comm that broke meanwhile stays broken
+		m.comms = commsReady
+	}
 	m.do(observe{what: metricReconfig, value: now.Sub(m.reconfAt).Seconds(), label: m.how.String()})
 	// advance starts the step.
 }
@@ -1000,14 +1029,16 @@ func (m *machine) reconfigured(now time.Time) {
 // failReconfig ends a reconfiguration that did not reach its step. res is
 // the failed task's result (its error may name peers that never came).
 func (m *machine) failReconfig(now time.Time, err error, res input) {
-	m.ready = false
+	if m.comms == commsReady {
+		m.comms = unready
+	}
 	cancelled := m.cancelled
 	switch {
-	case m.closing || errors.Is(err, ErrClosed):
+	case m.life != running || errors.Is(err, ErrClosed):
 		return
 	case errors.Is(err, comm.ErrBackendUnavailable) || errors.Is(err, comm.ErrInvalidArgument):
 		// A configuration error: no other epoch will do better.
-		m.stepWaiting = false
+		m.phase = phaseIdle
 		m.do(stepDone{err: fmt.Errorf("ft: step: %w", err)})
 		return
 	case errors.Is(err, errHolderAbsent):
@@ -1039,7 +1070,7 @@ func (m *machine) failReconfig(now time.Time, err error, res input) {
 
 // startStep starts the step the training loop asked for.
 func (m *machine) startStep(now time.Time) {
-	m.stepWaiting, m.inStep = false, true
+	m.phase = phaseInStep
 	m.stepErrs, m.groupErrs = m.stepErrs[:0], m.groupErrs[:0]
 	m.stepAt = now
 	m.do(offerState{step: m.step, hist: m.hist})
@@ -1059,15 +1090,14 @@ func (m *machine) onCommit(now time.Time, errs []error) {
 		m.do(commitDone{err: fmt.Errorf("%w: ft: Commit while the step is not started", comm.ErrInvalidArgument)})
 		return
 	}
-	if !m.inStep && !m.closing {
+	if m.phase != phaseInStep && m.life == running {
 		m.do(commitDone{err: fmt.Errorf("%w: ft: Commit without a started step (call Step first)", comm.ErrInvalidArgument)})
 		return
 	}
-	m.commitWaiting = true
-	if m.closing {
+	m.phase = phaseCommitting
+	if m.life != running {
 		return // advance replies
 	}
-	m.inStep = false
 	for _, err := range errs {
 		m.stepErrs = append(m.stepErrs, err)
 	}
@@ -1156,10 +1186,10 @@ func (m *machine) onWithdrawn(now time.Time, in withdrawn) {
 		m.gaveUp = nil
 		m.vote = false // the caller gave up: its step does not commit
 	}
-	if !m.commitWaiting {
+	if m.phase != phaseCommitting {
 		return
 	}
-	m.commitWaiting = false
+	m.phase = phaseIdle
 	if m.vote {
 		m.hist = m.hist.commit(m.step+1, m.epoch)
 		m.step++
@@ -1225,16 +1255,13 @@ func (m *machine) onWithdrawn(now time.Time, in withdrawn) {
 // training loop.
 func (m *machine) finishClose() {
 	m.closeHeld()
-	if m.stepWaiting {
-		m.stepWaiting = false
+	switch m.phase {
+	case phaseStepping:
 		m.do(stepDone{err: ErrClosed})
-	}
-	if m.commitWaiting {
-		m.commitWaiting = false
+	case phaseCommitting:
 		m.do(commitDone{err: ErrClosed})
 	}
-	m.inStep = false
-	m.closed = true
+	m.phase, m.life = phaseIdle, closed
 	m.do(stopped{})
 }
 

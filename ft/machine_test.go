@@ -334,8 +334,9 @@ func (s *machineScript) state() string {
 	for _, f := range []struct {
 		on   bool
 		name string
-	}{{m.ready, "ready"}, {m.broken, "broken"}, {m.inStep, "in-step"}, {m.stepWaiting, "step-waiting"},
-		{m.commitWaiting, "commit-waiting"}, {m.closed, "closed"}, {m.task != 0, "task"}, {m.fatal != nil, "fatal"}} {
+	}{{m.comms == commsReady, "ready"}, {m.comms == commsBroken, "broken"}, {m.phase == phaseInStep, "in-step"},
+		{m.phase == phaseStepping, "step-waiting"}, {m.phase == phaseCommitting, "commit-waiting"}, {m.life == closed, "closed"},
+		{m.task != 0, "task"}, {m.fatal != nil, "fatal"}} {
 		if f.on {
 			b.WriteString(" " + f.name)
 		}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
@@ -20,8 +22,8 @@ import (
 	"github.com/ftcomm/ftcomm/backends/nccl"
 	"github.com/ftcomm/ftcomm/backends/nccl/health"
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/coordinator/memcoord"
 	"github.com/ftcomm/ftcomm/membership"
-	"github.com/ftcomm/ftcomm/membership/memcoord"
 )
 
 // ft over the NCCL backend with the simulated NCCL and CUDA
@@ -597,9 +599,9 @@ func (j *gpuJob) kill(r *gpuReplica) {
 		}
 	}
 	r.cancel()
-	j.coord.Remove(r.id, "killed")
+	j.coord.Remove(r.id, quorum.PortClosed)
 	<-r.done
-	r.c.server.Close() // its state endpoint dies with it
+	r.c.d.server.Close() // its state endpoint dies with it
 }
 
 // restart starts a new process in place of the killed r, on its GPU, with

@@ -14,8 +14,8 @@ import (
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/inproc"
+	"github.com/ftcomm/ftcomm/coordinator/memcoord"
 	"github.com/ftcomm/ftcomm/membership"
-	"github.com/ftcomm/ftcomm/membership/memcoord"
 )
 
 // A partition in process and deterministic: at step

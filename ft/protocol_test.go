@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -20,7 +22,7 @@ import (
 type planSim struct {
 	t         *testing.T
 	rng       *rand.Rand
-	m         *membership.Machine
+	m         *quorum.Machine
 	now       time.Time
 	inc       int64
 	groupSize int
@@ -40,7 +42,7 @@ type simRank struct {
 func newPlanSim(t *testing.T, seed uint64, groups, groupSize int) *planSim {
 	s := &planSim{t: t, rng: rand.New(rand.NewPCG(seed, 1)), now: time.Unix(1000, 0), groupSize: groupSize,
 		ranks: map[string]*simRank{}, choices: map[string]int{}}
-	s.m = membership.NewMachine("job", membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, nil)
+	s.m = quorum.NewMachine("job", quorum.Config{MinReplicas: 1, JoinTimeout: time.Second}, nil)
 	for g := range groups {
 		for r := range groupSize {
 			s.start(memberID(fmt.Sprintf("g%d", g), r))
@@ -87,7 +89,7 @@ func (s *planSim) event() {
 	switch k := s.rng.IntN(10); {
 	case k < 2 && len(s.dead) < len(ids)-1: // a SIGKILL; the process comes back later
 		if !slices.Contains(s.dead, id) {
-			s.m.Remove(s.now, id, s.ranks[id].inc, "killed")
+			s.m.Remove(s.now, id, s.ranks[id].inc, quorum.Removal{Cause: quorum.PortClosed})
 			s.dead = append(s.dead, id)
 			s.log = append(s.log, "kill "+id)
 		}
@@ -98,7 +100,7 @@ func (s *planSim) event() {
 		s.log = append(s.log, "restart "+id)
 	case k < 5: // killed and restarted before the coordinator noticed
 		if !slices.Contains(s.dead, id) {
-			s.m.Remove(s.now, id, s.ranks[id].inc, "killed")
+			s.m.Remove(s.now, id, s.ranks[id].inc, quorum.Removal{Cause: quorum.PortClosed})
 			s.start(id)
 			s.log = append(s.log, "kill+restart "+id)
 		}

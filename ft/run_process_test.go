@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/coordinator"
@@ -103,7 +105,7 @@ func TestProcessNewRunOfAnOldJob(t *testing.T) {
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	gone := cli.Watch(ctx, membership.Keys{}.Members("proc"), clientv3.WithPrefix())
+	gone := cli.Watch(ctx, keys.Layout{}.Members("proc"), clientv3.WithPrefix())
 	for {
 		_, err := coordinator.NewAdmin(cli, "").NewRun(ctx, "proc", "third", "test")
 		if err == nil {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/comm"
-	"github.com/ftcomm/ftcomm/membership/memcoord"
+	"github.com/ftcomm/ftcomm/coordinator/memcoord"
 )
 
 // unreachableMember is a member whose writes to the coordinator hang, as

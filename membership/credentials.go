@@ -74,9 +74,9 @@ func LoadCredentials(path string) (*Credentials, error) {
 	return &c, nil
 }
 
-// CredentialsFromEnv loads the file CredentialsEnv names; nil and no
+// credentialsFromEnv loads the file CredentialsEnv names; nil and no
 // error when it is unset.
-func CredentialsFromEnv() (*Credentials, error) {
+func credentialsFromEnv() (*Credentials, error) {
 	path := os.Getenv(CredentialsEnv)
 	if path == "" {
 		return nil, nil
@@ -93,7 +93,7 @@ func CredentialsFromEnv() (*Credentials, error) {
 // methods of a nil *Credentials add nothing (ClientConfig, ApplyMember).
 func LoadCredentialsOrEnv(path string) (*Credentials, error) {
 	if path == "" {
-		return CredentialsFromEnv()
+		return credentialsFromEnv()
 	}
 	return LoadCredentials(path)
 }
@@ -214,14 +214,14 @@ func (c *Credentials) ApplyMember(mc *MemberConfig) {
 	}
 }
 
-// FollowInterval is how often Follow reads the credentials file while its
+// followInterval is how often Follow reads the credentials file while its
 // client has no working connection.
-const FollowInterval = time.Second
+const followInterval = time.Second
 
 // Follow keeps cli, made with credentials c, on the endpoints of the
 // credentials file at path, until ctx ends (give it cli.Ctx(): for the
 // client's life). While cli has no working connection (its endpoints all
-// fail), Follow reads the file every FollowInterval; when the endpoints
+// fail), Follow reads the file every followInterval; when the endpoints
 // there differ from cli's — the coordinator was restarted elsewhere or on
 // another port, and rewrote the file — it moves cli to them
 // (SetEndpoints), and the calls, watches and lease keepalives made through
@@ -233,7 +233,7 @@ func (c *Credentials) Follow(ctx context.Context, cli *clientv3.Client, path str
 	if lg == nil {
 		lg = zap.NewNop()
 	}
-	t := time.NewTicker(FollowInterval)
+	t := time.NewTicker(followInterval)
 	defer t.Stop()
 	var refused []string // the endpoints of a file not followed, said once
 	for {

@@ -1,30 +1,35 @@
 // Package membership is what a trainer links to take part in ftcomm's
-// jobs: the member client, the quorum state machine, and the records and
-// key layout it shares with the coordinator (package coordinator), which
-// decides who takes part in each epoch and publishes it in etcd. It links
-// neither etcd's server (package etcdhost) nor the coordinator.
+// jobs: the member client, and the records it shares with the coordinator
+// (package coordinator), which decides who takes part in each epoch (its
+// rules: package coordinator/quorum) and publishes it in etcd. It links
+// neither etcd's server (package etcdhost) nor the coordinator; what only
+// the coordinator and tools use lives with them, and what both sides share
+// underneath (the key layout, the gossip node) in internal packages.
 //
 // # Pieces
 //
 //   - Member (Join): one member of a job (for ft.Comm, one replica
-//     group's leader).
-//   - Machine: the quorum state machine, pure (no I/O, time as input);
-//     the coordinator drives one per job.
+//     group's leader). Its code is split by concern: member.go (config,
+//     Join, Leave), liveness.go (registration, lease, heartbeats, gossip,
+//     the watch of its own key), grouplease.go (one lease per replica
+//     group), reports.go (what it tells the coordinator, commit records),
+//     epochs.go (the watch of quorums and revocations), run.go (runs).
 //   - Quorum, Revocation, MemberRecord, CommitRecord, KeepOut, RunRecord:
-//     the records in etcd; Keys: where they live.
+//     the records in etcd; EncodeQuorumView and CanonicalQuorum: the
+//     compact and signed forms of a quorum (view.go, sign.go).
 //   - Runs: a job's runs come and go under its name (RunRecord, StartRun,
 //     MemberConfig.Run); the commit records are the current run's.
-//   - Store: an etcd comm.Store for rendezvous (NewStore; Member.Store
-//     gives one per epoch).
-//   - Gossip: SWIM failure detection (hashicorp/memberlist) among members
-//     and coordinators.
+//   - NewStore: an etcd comm.Store for rendezvous (Member.Store gives one
+//     per epoch).
+//   - GossipConfig: SWIM failure detection (hashicorp/memberlist) among
+//     members and coordinators.
 //   - NewClient and ClientConfig: etcd clients with ftcomm's settings;
 //     Credentials and QuorumVerifier: a trainer's side of a secured
 //     deployment (below).
 //
 // # Keys
 //
-// Everything lives under a root (default "/ftcomm"); see Keys. What
+// Everything lives under a root (default "/ftcomm"). What
 // members write is under <root>/<job>/: members/<id> (bound to the
 // member's lease), epoch/revoked/<epoch>, rdzv/<epoch>/…, commits/<step>,
 // run.
@@ -123,7 +128,7 @@
 // app) excludes the member from the next quorum until it reports Healthy
 // or Degraded; it stays registered.
 //
-// # Quorum rules (Machine)
+// # Quorum rules (package coordinator/quorum)
 //
 // After torchft's lighthouse: fast quorum when every member of the
 // previous quorum is still live and fit; otherwise at least MinReplicas
@@ -134,8 +139,8 @@
 // job whose members start together forms in one epoch; the epoch grows by one at every quorum, which is published only when
 // the participants change or the epoch failed.
 //
-// Beyond the lighthouse (QuorumConfig; the Machine's documentation has
-// the exact rules): a finished member (Finish) counts for nothing and the
+// Beyond the lighthouse (quorum.Config; quorum.Machine's documentation
+// has the exact rules): a finished member (Finish) counts for nothing and the
 // run's end (Quorum.Final) goes out at once and stays; a quorum none of
 // whose members holds the job's last known step waits up to HolderGrace
 // for members that held it and lapsed (an etcd outage) to come back; live
@@ -150,7 +155,7 @@
 // # Replica groups: one lease per group
 //
 // With MemberConfig.GroupLease the members of one replica group (Group)
-// share one lease, recorded at Keys.GroupLease: the group's first member
+// share one lease, recorded at <root>/<job>/groups/<group>: the group's first member
 // to join creates and renews it and is the group's leader (heartbeats and
 // gossip run there only); the others bind their registrations to it and
 // hold a TCP link to the leader, pinged both ways (GroupLinkInterval,
@@ -173,7 +178,7 @@
 // coordinator dials each blamed member's Addr and removes it at once if
 // the port refuses connections (its process is gone; an answer or an
 // unreachable host leaves it to the other layers), which takes tens of
-// milliseconds after a SIGKILL; gossip (Gossip, about 1 s with
+// milliseconds after a SIGKILL; gossip (GossipConfig, about 1 s with
 // DefaultGossipConfig for a killed or stopped process, the coordinator
 // being a gossip node itself); lease expiry (LeaseTTL, ≥ 2 s) as the
 // backstop. Whichever fires first ends the epoch. A member that leaves
@@ -183,13 +188,13 @@
 //
 // # Concurrency and goroutines
 //
-// Store, Member, Gossip and QuorumVerifier are safe for concurrent use;
-// Machine is not (its owner drives it from one goroutine). A Member runs
-// goroutines for lease renewal, the epoch watch, the watch of its own key,
+// Member, the Stores NewStore returns and QuorumVerifier are safe for
+// concurrent use. A Member runs goroutines for lease renewal, the epoch
+// watch, the watch of its own key,
 // heartbeats and gossip, and with GroupLease the group's links (at the
 // leader one per linked member, at the others the link and a watch of the
 // group's record); they exit at Leave or Close, or soon after the
-// membership is lost (Close waits for them). Gossip runs one
+// membership is lost (Close waits for them); its gossip node runs one
 // event-forwarding goroutine until Close, and one short-lived goroutine
 // per leave-handshake message it sends (Close waits for them). Every call
 // that can block takes a ctx and ends at its deadline. The caller owns

@@ -2,9 +2,9 @@ package membership
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/internal/gossip"
 )
 
 // Crash stops m as a killed process would: no key deletion, no lease
@@ -22,13 +22,10 @@ func (m *Member) Crash() {
 
 // GossipStats returns the counters of m's gossip node (ok false without
 // gossip).
-func (m *Member) GossipStats() (s GossipStats, ok bool) {
+func (m *Member) GossipStats() (s gossip.Stats, ok bool) {
 	g := m.gossip()
 	if g == nil {
-		return GossipStats{}, false
+		return gossip.Stats{}, false
 	}
 	return g.Stats(), true
 }
-
-// Durations formats measured durations: one, or n, min, median and max.
-func Durations(ds []time.Duration) string { return durations(ds) }

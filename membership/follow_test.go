@@ -8,11 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"go.uber.org/zap/zaptest"
 
 	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/internal/clustertest"
-	"github.com/ftcomm/ftcomm/membership"
 )
 
 // A client whose etcd moved (restarted on another port, the credentials
@@ -47,7 +48,7 @@ func TestCredentialsFollow(t *testing.T) {
 				creds.Follow(cli.Ctx(), cli, path, zaptest.NewLogger(t))
 			}()
 			defer func() { cli.Close(); <-followed }()
-			key := membership.DefaultRoot + "/job/k"
+			key := keys.DefaultRoot + "/job/k"
 			if _, err := cli.Put(ctx, key, "v"); err != nil {
 				t.Fatal(err)
 			}

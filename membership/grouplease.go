@@ -13,10 +13,12 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/internal/gossip"
 )
 
 // A replica group's members share one lease (MemberConfig.GroupLease).
-// The group's record, at Keys.GroupLease and bound to the lease itself,
+// The group's record, at keys.Layout.GroupLease and bound to the lease itself,
 // names the lease, the member that keeps it alive (the group's leader:
 // whichever member created the record) and where the leader serves the
 // group's liveness links. Every member keeps its own registration, bound
@@ -46,8 +48,8 @@ import (
 // A member that is lost (its registration deleted, the lease expired)
 // registers again as any member does.
 
-// GroupLease is the record of a replica group's shared lease.
-type GroupLease struct {
+// groupLease is the record of a replica group's shared lease.
+type groupLease struct {
 	// Lease is the group's etcd lease (decimal in JSON, as MemberRecord's).
 	Lease int64 `json:"lease,string"`
 	// Leader is the member that keeps the lease alive.
@@ -110,9 +112,9 @@ func (m *Member) ownLease(ctx context.Context) error {
 		m.revokeQuietly(lr.ID)
 		return fmt.Errorf("membership: join %s/%s: keepalive: %w", m.cfg.Job, m.cfg.ID, err)
 	}
-	var g *Gossip
+	var g *gossip.Node
 	if m.cfg.Gossip != nil {
-		if g, err = StartGossip(GossipNodeName(m.cfg.Job, m.cfg.ID, int64(lr.ID)), *m.cfg.Gossip); err != nil {
+		if g, err = gossip.Start(gossip.NodeName(m.cfg.Job, m.cfg.ID, int64(lr.ID)), *m.cfg.Gossip); err != nil {
 			m.revokeQuietly(lr.ID)
 			return err
 		}
@@ -163,11 +165,11 @@ func (m *Member) enterGroup(ctx context.Context) error {
 	}
 	if len(resp.Kvs) == 0 {
 		m.mu.Lock()
-		m.group, m.groupRev = GroupLease{}, 0
+		m.group, m.groupRev = groupLease{}, 0
 		m.mu.Unlock()
 		return m.ownLease(ctx) // the registration creates the record
 	}
-	var g GroupLease
+	var g groupLease
 	if err := json.Unmarshal(resp.Kvs[0].Value, &g); err != nil || g.Lease == 0 {
 		return fmt.Errorf("membership: join %s/%s: unreadable group lease record %s", m.cfg.Job, m.cfg.ID, m.groupKey())
 	}
@@ -189,7 +191,7 @@ func (m *Member) groupBinding() (clientv3.Cmp, *clientv3.Op) {
 	if !m.holds {
 		return clientv3.Compare(clientv3.ModRevision(k), "=", m.groupRev), nil
 	}
-	m.group = GroupLease{Lease: int64(m.lease), Leader: m.cfg.ID, Link: m.link.Addr().String(), Since: time.Now()}
+	m.group = groupLease{Lease: int64(m.lease), Leader: m.cfg.ID, Link: m.link.Addr().String(), Since: time.Now()}
 	val, _ := json.Marshal(m.group)
 	op := clientv3.OpPut(k, string(val), clientv3.WithLease(m.lease))
 	return clientv3.Compare(clientv3.CreateRevision(k), "=", 0), &op
@@ -379,7 +381,7 @@ const (
 
 // followLeader links to the leader g names and watches the group's record
 // from rev until one of them ends.
-func (m *Member) followLeader(g GroupLease, rev int64) followEnd {
+func (m *Member) followLeader(g groupLease, rev int64) followEnd {
 	ctx, cancel := context.WithCancel(m.life)
 	defer cancel()
 	moved := make(chan struct{})
@@ -447,7 +449,7 @@ func (m *Member) rebind() error {
 		m.mu.Unlock()
 		return m.takeOver(g, 0)
 	}
-	var g GroupLease
+	var g groupLease
 	if err := json.Unmarshal(resp.Kvs[0].Value, &g); err != nil {
 		return fmt.Errorf("unreadable group lease record: %w", err)
 	}
@@ -487,18 +489,18 @@ func (m *Member) rebind() error {
 // deleted if it is still on the old lease — one transaction, fenced on the
 // group record at rev (0: none). Losing the race is not an error: the
 // winner's record moves the others.
-func (m *Member) takeOver(old GroupLease, rev int64) error {
+func (m *Member) takeOver(old groupLease, rev int64) error {
 	ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
 	defer cancel()
 	lr, err := m.cli.Grant(ctx, m.ttlSeconds())
 	if err != nil {
 		return fmt.Errorf("take the group's lease over: grant: %w", err)
 	}
-	g := GroupLease{Lease: int64(lr.ID), Leader: m.cfg.ID, Link: m.link.Addr().String(), Since: time.Now()}
+	g := groupLease{Lease: int64(lr.ID), Leader: m.cfg.ID, Link: m.link.Addr().String(), Since: time.Now()}
 	gval, _ := json.Marshal(g)
-	var gsp *Gossip
+	var gsp *gossip.Node
 	if m.cfg.Gossip != nil {
-		if gsp, err = StartGossip(GossipNodeName(m.cfg.Job, m.cfg.ID, int64(lr.ID)), *m.cfg.Gossip); err != nil {
+		if gsp, err = gossip.Start(gossip.NodeName(m.cfg.Job, m.cfg.ID, int64(lr.ID)), *m.cfg.Gossip); err != nil {
 			m.revokeQuietly(lr.ID)
 			return err
 		}

@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/internal/clustertest"
@@ -29,7 +33,7 @@ func joinGroup(tj *clustertest.Job, ids ...string) []*membership.Member {
 // memberLeases counts the leases bound to the job's member keys.
 func memberLeases(t *testing.T, cli *clientv3.Client, job string) map[int64]int {
 	t.Helper()
-	resp, err := cli.Get(clustertest.Ctx(t, 10*time.Second), membership.Keys{}.Members(job), clientv3.WithPrefix())
+	resp, err := cli.Get(clustertest.Ctx(t, 10*time.Second), keys.Layout{}.Members(job), clientv3.WithPrefix())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,16 +47,16 @@ func memberLeases(t *testing.T, cli *clientv3.Client, job string) map[int64]int 
 // A replica group holds one lease whatever its size: its members'
 // registrations are all bound to the lease of the member that leads it.
 func TestGroupLeaseOnePerGroup(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	ms := joinGroup(tj, "g.0", "g.1", "g.2", "g.3")
 	clustertest.WaitQuorum(t, ms[0], 0, "g.0", "g.1", "g.2", "g.3")
 	leases := memberLeases(t, tj.Client, tj.Name)
-	if len(leases) != 1 || leases[int64(ms[0].Lease())] != 4 {
-		t.Fatalf("member keys by lease %v, want all 4 on the leader's lease %x", leases, int64(ms[0].Lease()))
+	if len(leases) != 1 || leases[ms[0].Record().Lease] != 4 {
+		t.Fatalf("member keys by lease %v, want all 4 on the leader's lease %x", leases, ms[0].Record().Lease)
 	}
 	for _, m := range ms {
-		if r := m.Record(); !r.SharedLease || m.Lease() != ms[0].Lease() {
-			t.Fatalf("%s: shared %v lease %x, want the group's %x", m.ID(), r.SharedLease, int64(m.Lease()), int64(ms[0].Lease()))
+		if r := m.Record(); !r.SharedLease || clientv3.LeaseID(m.Record().Lease) != clientv3.LeaseID(ms[0].Record().Lease) {
+			t.Fatalf("%s: shared %v lease %x, want the group's %x", m.ID(), r.SharedLease, m.Record().Lease, ms[0].Record().Lease)
 		}
 	}
 }
@@ -61,17 +65,17 @@ func TestGroupLeaseOnePerGroup(t *testing.T) {
 // link ends without a goodbye): one member gone, the others registered
 // as before, on the same lease.
 func TestGroupLeaseMemberDeath(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	ms := joinGroup(tj, "g.0", "g.1", "g.2")
 	q := clustertest.WaitQuorum(t, ms[0], 0, "g.0", "g.1", "g.2")
-	lease := ms[0].Lease()
+	lease := clientv3.LeaseID(ms[0].Record().Lease)
 	killed := time.Now()
 	ms[2].Crash()
 	clustertest.WaitQuorum(t, ms[0], q.Epoch, "g.0", "g.1")
 	t.Logf("FIGURE a group member's death (links closed) → new quorum at the leader: %v", time.Since(killed).Round(time.Millisecond))
 	for _, m := range ms[:2] {
-		if m.Err() != nil || m.Lease() != lease {
-			t.Fatalf("%s: err %v lease %x, want alive on %x", m.ID(), m.Err(), int64(m.Lease()), int64(lease))
+		if m.Err() != nil || clientv3.LeaseID(m.Record().Lease) != lease {
+			t.Fatalf("%s: err %v lease %x, want alive on %x", m.ID(), m.Err(), m.Record().Lease, int64(lease))
 		}
 	}
 }
@@ -80,10 +84,10 @@ func TestGroupLeaseMemberDeath(t *testing.T) {
 // survivors keep their incarnations, move to the new lease, and the
 // coordinator sees one member gone — one new epoch.
 func TestGroupLeaseLeaderDeath(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	ms := joinGroup(tj, "g.0", "g.1", "g.2")
 	q := clustertest.WaitQuorum(t, ms[1], 0, "g.0", "g.1", "g.2")
-	old := ms[0].Lease()
+	old := clientv3.LeaseID(ms[0].Record().Lease)
 	incs := []int64{ms[1].Incarnation(), ms[2].Incarnation()}
 	killed := time.Now()
 	ms[0].Crash()
@@ -95,13 +99,13 @@ func TestGroupLeaseLeaderDeath(t *testing.T) {
 	ctx := clustertest.Ctx(t, 20*time.Second)
 	for ctx.Err() == nil {
 		l := memberLeases(t, tj.Client, tj.Name)
-		if len(l) == 1 && l[int64(old)] == 0 && l[int64(ms[1].Lease())] == 2 && ms[1].Lease() == ms[2].Lease() {
+		if len(l) == 1 && l[int64(old)] == 0 && l[ms[1].Record().Lease] == 2 && clientv3.LeaseID(ms[1].Record().Lease) == clientv3.LeaseID(ms[2].Record().Lease) {
 			break
 		}
 		waitChange(ctx, ms[1])
 	}
 	if ctx.Err() != nil {
-		t.Fatalf("member keys by lease %v; g.1 on %x, g.2 on %x", memberLeases(t, tj.Client, tj.Name), int64(ms[1].Lease()), int64(ms[2].Lease()))
+		t.Fatalf("member keys by lease %v; g.1 on %x, g.2 on %x", memberLeases(t, tj.Client, tj.Name), ms[1].Record().Lease, ms[2].Record().Lease)
 	}
 	for i, m := range ms[1:] {
 		if m.Err() != nil || m.Incarnation() != incs[i] {
@@ -119,8 +123,8 @@ func TestGroupLeaseLeaderDeath(t *testing.T) {
 	}
 	r := joinGroup(tj, "g.0")[0]
 	clustertest.WaitQuorum(t, ms[1], next.Epoch, "g.1", "g.2", "g.0")
-	if r.Lease() != ms[1].Lease() || ms[1].Err() != nil || ms[2].Err() != nil {
-		t.Fatalf("restarted g.0 on %x, group on %x; errs %v %v", int64(r.Lease()), int64(ms[1].Lease()), ms[1].Err(), ms[2].Err())
+	if clientv3.LeaseID(r.Record().Lease) != clientv3.LeaseID(ms[1].Record().Lease) || ms[1].Err() != nil || ms[2].Err() != nil {
+		t.Fatalf("restarted g.0 on %x, group on %x; errs %v %v", r.Record().Lease, ms[1].Record().Lease, ms[1].Err(), ms[2].Err())
 	}
 }
 
@@ -140,16 +144,19 @@ func waitChange(ctx context.Context, m *membership.Member) {
 // not JSON, or names the group's lease but a member of another group,
 // closed without a goodbye, removes no registration.
 func TestGroupLeaseLinkStrangers(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	ms := joinGroup(tj, "g.0", "g.1")
 	other := tj.Join("h.0", func(c *membership.MemberConfig) { c.Group = "h" })
 	q := clustertest.WaitQuorum(t, ms[0], 0, "g.0", "g.1", "h.0")
 	ctx := clustertest.Ctx(t, 20*time.Second)
-	resp, err := tj.Client.Get(ctx, membership.Keys{}.GroupLease(tj.Name, "g"))
+	resp, err := tj.Client.Get(ctx, keys.Layout{}.GroupLease(tj.Name, "g"))
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("the group's lease record: %v (%d keys)", err, len(resp.Kvs))
 	}
-	var g membership.GroupLease
+	var g struct { // the group's lease record, as any reader of the job's keys sees it
+		Lease int64  `json:"lease,string"`
+		Link  string `json:"link"`
+	}
 	if err := json.Unmarshal(resp.Kvs[0].Value, &g); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
@@ -106,7 +108,7 @@ func TestLeaveAfterWriteInFlight(t *testing.T) {
 	}
 	defer cli.Close()
 	m := joinLifecycle(t, cli, "m0")
-	key := membership.Keys{Root: membership.DefaultRoot}.Member("job1", "m0")
+	key := keys.Layout{Root: keys.DefaultRoot}.Member("job1", "m0")
 	wctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	wch := clustertest.NewClient(t, e).Watch(wctx, key, clientv3.WithRev(m.Incarnation()+1), clientv3.WithPrevKV(), clientv3.WithFilterPut())

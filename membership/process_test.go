@@ -15,7 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"github.com/ftcomm/ftcomm/internal/clustertest"
+	"github.com/ftcomm/ftcomm/internal/gossip"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -143,7 +147,7 @@ func startMemberProc(t testing.TB, etcd []string, job, id string, ttl time.Durat
 
 // gossipStats asks the process for its gossip counters (SIGUSR1) and
 // waits for the answer.
-func (p *memberProc) gossipStats(t testing.TB) membership.GossipStats {
+func (p *memberProc) gossipStats(t testing.TB) gossip.Stats {
 	t.Helper()
 	p.mu.Lock()
 	n := len(p.out)
@@ -169,8 +173,8 @@ func (p *memberProc) gossipStats(t testing.TB) membership.GossipStats {
 	}
 }
 
-func parseStats(l string) (membership.GossipStats, bool) {
-	var st membership.GossipStats
+func parseStats(l string) (gossip.Stats, bool) {
+	var st gossip.Stats
 	s, ok := strings.CutPrefix(l, "stats ")
 	if !ok {
 		return st, false
@@ -191,7 +195,7 @@ var detectRounds = flag.Int("membership.detect.rounds", 1, "rounds of the SIGKIL
 // coordinator (a gossip node) publishes an epoch without them. The times
 // are reported, not asserted (targets: 1.5 s and 2 s).
 func TestProcessDeathDetection(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, true)
+	tj := clustertest.StartJob(t, quorum.Config{MinReplicas: 1, JoinTimeout: time.Second}, true)
 	long := func(c *membership.MemberConfig) { c.LeaseTTL = 30 * time.Second } // gossip, not the lease, must find them
 	obs := tj.Join("observer", long)
 	clustertest.WaitQuorum(t, obs, 0, "observer") // before b and c: rank 0
@@ -229,6 +233,6 @@ func TestProcessDeathDetection(t *testing.T) {
 		}
 		<-c.done
 	}
-	t.Logf("SIGKILL → epoch without it: %s", membership.Durations(kills))
-	t.Logf("SIGSTOP → epoch without it: %s", membership.Durations(stops))
+	t.Logf("SIGKILL → epoch without it: %s", testutil.Durations(kills))
+	t.Logf("SIGSTOP → epoch without it: %s", testutil.Durations(stops))
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
 
@@ -107,7 +109,7 @@ func TestMemberWatchResumesAfterCompaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	keys := membership.Keys{}
+	keys := keys.Layout{}
 	put := func(epoch uint64) int64 {
 		// What a coordinator writes: the record and its view.
 		q := membership.Quorum{Job: "j", Epoch: epoch, Participants: []membership.Participant{{ID: "a", Incarnation: m.Incarnation()}}}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -20,8 +22,8 @@ import (
 
 // A run is one training of a job from its first step: the job's name
 // stays, its runs come and go. The job's current run is recorded at
-// Keys.Run; the first member to join a job with no record names its run
-// (NewRunID). Every member belongs to the run that was current when it
+// <root>/<job>/run; the first member to join a job with no record names its run
+// (newRunID). Every member belongs to the run that was current when it
 // joined (MemberRecord.Run), and the job's commit records (RecordCommit)
 // are the current run's: starting a run (StartRun, or a member's
 // MemberConfig.Run) clears them. A run starts only while the job has no
@@ -38,7 +40,7 @@ var (
 	ErrRunBusy = errors.New("membership: the job's current run has live members")
 )
 
-// RunRecord is a job's current run, at Keys.Run.
+// RunRecord is a job's current run, at <root>/<job>/run.
 type RunRecord struct {
 	ID      string    `json:"id"`
 	Started time.Time `json:"started"`
@@ -87,8 +89,8 @@ func runName(id string) string {
 	return fmt.Sprintf("%q", id)
 }
 
-// NewRunID returns a fresh run id: the time (UTC) and a random suffix.
-func NewRunID() string {
+// newRunID returns a fresh run id: the time (UTC) and a random suffix.
+func newRunID() string {
 	var b [3]byte
 	rand.Read(b[:])
 	return time.Now().UTC().Format("20060102-150405") + "-" + hex.EncodeToString(b[:])
@@ -96,8 +98,8 @@ func NewRunID() string {
 
 // currentRun reads the job's run record: the record and its mod revision
 // (0: none, the default run).
-func currentRun(ctx context.Context, cli *clientv3.Client, keys Keys, job string) (RunRecord, int64, error) {
-	resp, err := cli.Get(ctx, keys.Run(job))
+func currentRun(ctx context.Context, cli *clientv3.Client, layout keys.Layout, job string) (RunRecord, int64, error) {
+	resp, err := cli.Get(ctx, layout.Run(job))
 	if err != nil {
 		return RunRecord{}, 0, fmt.Errorf("membership: read the run of job %s: %w", job, ctxErr(ctx, err))
 	}
@@ -115,7 +117,7 @@ func decodeRun(kvs []*mvccpb.KeyValue) (RunRecord, int64, error) {
 	return r, kvs[0].ModRevision, nil
 }
 
-// StartRun makes id the job's current run (a fresh id from NewRunID when
+// StartRun makes id the job's current run (a fresh id from newRunID when
 // id is empty) and clears the job's commit records, in one transaction,
 // if the job has no live member; by says who starts it. It fails with a
 // *RunBusyError while members are registered, and with a *RunEndedError
@@ -127,21 +129,21 @@ func StartRun(ctx context.Context, cli *clientv3.Client, root, job, id, by strin
 		return RunRecord{}, err
 	}
 	if id == "" {
-		id = NewRunID()
+		id = newRunID()
 	}
 	if err := checkName("run", id); err != nil {
 		return RunRecord{}, err
 	}
-	keys := Keys{Root: root}
+	layout := keys.Layout{Root: root}
 	for {
-		cur, rev, err := currentRun(ctx, cli, keys, job)
+		cur, rev, err := currentRun(ctx, cli, layout, job)
 		if err != nil {
 			return RunRecord{}, err
 		}
 		if id == cur.ID && rev != 0 || slices.Contains(cur.Ended, id) {
 			return RunRecord{}, &RunEndedError{Job: job, Run: id, Current: cur}
 		}
-		r, _, ok, err := startRun(ctx, cli, keys, job, id, by, cur, rev)
+		r, _, ok, err := startRun(ctx, cli, layout, job, id, by, cur, rev)
 		if err != nil || ok {
 			return r, err
 		}
@@ -152,20 +154,20 @@ func StartRun(ctx context.Context, cli *clientv3.Client, root, job, id, by strin
 // run id, clearing the commit records, if the job has no live member; it
 // returns the new record and its revision. ok false: the run record
 // changed meanwhile (read it again).
-func startRun(ctx context.Context, cli *clientv3.Client, keys Keys, job, id, by string, cur RunRecord, rev int64) (_ RunRecord, newRev int64, ok bool, _ error) {
+func startRun(ctx context.Context, cli *clientv3.Client, layout keys.Layout, job, id, by string, cur RunRecord, rev int64) (_ RunRecord, newRev int64, ok bool, _ error) {
 	ended := cur.Ended
 	if rev != 0 || cur.ID != "" {
 		ended = append([]string{cur.ID}, ended...)
 	}
 	r := RunRecord{ID: id, Started: time.Now(), By: by, Ended: ended[:min(len(ended), maxEndedRuns)]}
 	val, _ := json.Marshal(r)
-	rk, members := keys.Run(job), keys.Members(job)
+	rk, members := layout.Run(job), layout.Members(job)
 	tr, err := cli.Txn(ctx).If(
 		clientv3.Compare(clientv3.ModRevision(rk), "=", rev),
 		clientv3.Compare(clientv3.CreateRevision(members), "=", 0).WithPrefix(),
 	).Then(
 		clientv3.OpPut(rk, string(val)),
-		clientv3.OpDelete(keys.Commits(job), clientv3.WithPrefix()),
+		clientv3.OpDelete(layout.Commits(job), clientv3.WithPrefix()),
 	).Else(
 		clientv3.OpGet(rk),
 		clientv3.OpGet(members, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(8)),
@@ -189,10 +191,10 @@ func startRun(ctx context.Context, cli *clientv3.Client, keys Keys, job, id, by 
 // nameFirstRun records a job's first run, with a fresh id, if the job has
 // no run record (ok false: it has one now). Unlike startRun it keeps the
 // commit records: they are this run's.
-func nameFirstRun(ctx context.Context, cli *clientv3.Client, keys Keys, job, by string) (_ RunRecord, rev int64, ok bool, _ error) {
-	r := RunRecord{ID: NewRunID(), Started: time.Now(), By: by}
+func nameFirstRun(ctx context.Context, cli *clientv3.Client, layout keys.Layout, job, by string) (_ RunRecord, rev int64, ok bool, _ error) {
+	r := RunRecord{ID: newRunID(), Started: time.Now(), By: by}
 	val, _ := json.Marshal(r)
-	rk := keys.Run(job)
+	rk := layout.Run(job)
 	tr, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(rk), "=", 0)).Then(clientv3.OpPut(rk, string(val))).Commit()
 	if err != nil {
 		return RunRecord{}, 0, false, fmt.Errorf("membership: name the run of job %s: %w", job, ctxErr(ctx, err))

@@ -5,6 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
 )
@@ -15,7 +19,7 @@ import (
 // used again, and a member of an ended run can neither register again nor
 // record or read a commit.
 func TestRuns(t *testing.T) {
-	tj := clustertest.StartJob(t, membership.DefaultQuorumConfig(), false)
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	ctx := clustertest.Ctx(t, 30*time.Second)
 	a := tj.Join("a", nil)
 	first := a.Run()
@@ -63,7 +67,7 @@ func TestRuns(t *testing.T) {
 	}
 	// A member whose registration is gone (a lost lease) while run r3
 	// starts can record nothing, read nothing and not register again.
-	if _, err := tj.Client.Delete(ctx, membership.Keys{}.Member(tj.Name, "b")); err != nil {
+	if _, err := tj.Client.Delete(ctx, keys.Layout{}.Member(tj.Name, "b")); err != nil {
 		t.Fatal(err)
 	}
 	<-b.Done()

@@ -9,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/internal/clustertest"
+	"github.com/ftcomm/ftcomm/internal/gossip"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -29,7 +32,7 @@ func TestGossipSoak(t *testing.T) {
 		t.Skip("soak test: enable with -membership.soak=10m")
 	}
 	// Production timeouts: leases of 5 s, a leader session of 3 s.
-	tj := clustertest.StartJobTTL(t, membership.QuorumConfig{MinReplicas: 1, JoinTimeout: time.Second}, true, coordinator.DefaultConfig().SessionTTL)
+	tj := clustertest.StartJobTTL(t, quorum.Config{MinReplicas: 1, JoinTimeout: time.Second}, true, coordinator.DefaultConfig().SessionTTL)
 	obs := tj.Join("observer", func(c *membership.MemberConfig) { c.LeaseTTL = membership.DefaultMemberConfig().LeaseTTL })
 	var procs []*memberProc
 	for i := 0; i < *soakMembers; i++ {
@@ -51,11 +54,11 @@ func TestGossipSoak(t *testing.T) {
 	}
 	t.Logf("soak: %d member processes + observer + coordinator, %d busy processes, for %v, epoch %d",
 		len(procs), runtime.NumCPU(), *soakFor, q.Epoch)
-	obsStats := func() membership.GossipStats { s, _ := obs.GossipStats(); return s }
+	obsStats := func() gossip.Stats { s, _ := obs.GossipStats(); return s }
 	// Count only what happens under load.
-	total := func() membership.GossipStats {
-		var sum membership.GossipStats
-		add := func(s membership.GossipStats) {
+	total := func() gossip.Stats {
+		var sum gossip.Stats
+		add := func(s gossip.Stats) {
 			sum.Suspicions += s.Suspicions
 			sum.Refutations += s.Refutations
 			sum.Deaths += s.Deaths
@@ -67,8 +70,8 @@ func TestGossipSoak(t *testing.T) {
 		}
 		return sum
 	}
-	perNode := func() map[string]membership.GossipStats {
-		m := map[string]membership.GossipStats{"coordinator": tj.Coord.GossipStats(), "observer": obsStats()}
+	perNode := func() map[string]gossip.Stats {
+		m := map[string]gossip.Stats{"coordinator": tj.Coord.GossipStats(), "observer": obsStats()}
 		for _, p := range procs {
 			m[p.id] = p.gossipStats(t)
 		}
@@ -99,7 +102,7 @@ func TestGossipSoak(t *testing.T) {
 	after := total()
 	for name, st := range perNode() {
 		b := nodesBefore[name]
-		if d := (membership.GossipStats{st.Suspicions - b.Suspicions, st.Refutations - b.Refutations, st.Deaths - b.Deaths}); d != (membership.GossipStats{}) {
+		if d := (gossip.Stats{Suspicions: st.Suspicions - b.Suspicions, Refutations: st.Refutations - b.Refutations, Deaths: st.Deaths - b.Deaths}); d != (gossip.Stats{}) {
 			t.Logf("  %s: suspected others %d, refuted suspicion of itself %d, deaths seen %d", name, d.Suspicions, d.Refutations, d.Deaths)
 		}
 	}

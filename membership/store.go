@@ -14,37 +14,32 @@ import (
 	"github.com/ftcomm/ftcomm/comm"
 )
 
-// Store is a comm.Store kept in etcd under a key prefix. It is safe for
-// concurrent use and holds no goroutines between calls; the caller owns the
-// client and closes it.
+// store is a comm.Store kept in etcd under a key prefix (NewStore).
 //
 // Get waits on an etcd watch started just after the revision of its first
 // read, so a value written between the read and the watch is never missed
 // and nothing polls. Add is a compare-and-swap loop in a Txn, so concurrent
 // adders never lose an update.
-type Store struct {
+type store struct {
 	cli    *clientv3.Client
 	prefix string
 }
 
-var _ comm.Store = (*Store)(nil)
+var _ comm.Store = (*store)(nil)
 
-// NewStore returns a Store that keeps every key under prefix + "/" (prefix
-// "" keeps keys as they are). Choose a prefix per job and epoch, e.g.
-// RendezvousPrefix(job, epoch), and DeletePrefix("") it when the epoch is
-// over.
-func NewStore(cli *clientv3.Client, prefix string) *Store {
+// NewStore returns a comm.Store kept in etcd that keeps every key under
+// prefix + "/" (prefix "" keeps keys as they are); Member.Store gives one
+// per epoch of a job. It is safe for concurrent use and holds no
+// goroutines between calls; the caller owns the client and closes it.
+func NewStore(cli *clientv3.Client, prefix string) comm.Store {
 	prefix = strings.TrimSuffix(prefix, "/")
 	if prefix != "" {
 		prefix += "/"
 	}
-	return &Store{cli: cli, prefix: prefix}
+	return &store{cli: cli, prefix: prefix}
 }
 
-// Prefix returns the etcd key prefix (with its trailing "/").
-func (s *Store) Prefix() string { return s.prefix }
-
-func (s *Store) wrap(op, key string, err error) error {
+func (s *store) wrap(op, key string, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -55,14 +50,14 @@ func (s *Store) wrap(op, key string, err error) error {
 }
 
 // Set implements comm.Store.
-func (s *Store) Set(ctx context.Context, key string, value []byte) error {
+func (s *store) Set(ctx context.Context, key string, value []byte) error {
 	_, err := s.cli.Put(ctx, s.prefix+key, string(value))
 	return s.wrap("set", key, err)
 }
 
 // Get implements comm.Store: it returns at once when key exists, else
 // waits for its creation on a watch.
-func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
+func (s *store) Get(ctx context.Context, key string) ([]byte, error) {
 	full := s.prefix + key
 	for {
 		resp, err := s.cli.Get(ctx, full)
@@ -86,7 +81,7 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 
 // waitPut watches key from rev and returns the first value put. found is
 // false when the watch ended without one and the caller should re-read.
-func (s *Store) waitPut(ctx context.Context, key string, rev int64) (v []byte, found bool, err error) {
+func (s *store) waitPut(ctx context.Context, key string, rev int64) (v []byte, found bool, err error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	for wr := range s.cli.Watch(wctx, key, clientv3.WithRev(rev)) {
@@ -114,7 +109,7 @@ func (s *Store) waitPut(ctx context.Context, key string, rev int64) (v []byte, f
 // Add implements comm.Store with a compare-and-swap loop: read the value
 // and its revision, write value+delta if the key has not changed since,
 // else read again.
-func (s *Store) Add(ctx context.Context, key string, delta int64) (int64, error) {
+func (s *store) Add(ctx context.Context, key string, delta int64) (int64, error) {
 	full := s.prefix + key
 	for {
 		resp, err := s.cli.Get(ctx, full)
@@ -143,14 +138,14 @@ func (s *Store) Add(ctx context.Context, key string, delta int64) (int64, error)
 }
 
 // Delete implements comm.Store.
-func (s *Store) Delete(ctx context.Context, key string) error {
+func (s *store) Delete(ctx context.Context, key string) error {
 	_, err := s.cli.Delete(ctx, s.prefix+key)
 	return s.wrap("delete", key, err)
 }
 
 // DeletePrefix implements comm.Store; DeletePrefix("") removes every key of
 // this Store.
-func (s *Store) DeletePrefix(ctx context.Context, prefix string) error {
+func (s *store) DeletePrefix(ctx context.Context, prefix string) error {
 	full := s.prefix + prefix
 	if full == "" {
 		return fmt.Errorf("%w: membership: store delete of the whole keyspace refused", comm.ErrInvalidArgument)

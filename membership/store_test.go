@@ -20,9 +20,6 @@ func TestStoreSetGetDelete(t *testing.T) {
 	cli := clustertest.NewClient(t, e)
 	ctx := clustertest.Ctx(t, 20*time.Second)
 	s := membership.NewStore(cli, "/ftcomm/job/rdzv/1/")
-	if got := s.Prefix(); got != "/ftcomm/job/rdzv/1/" {
-		t.Fatalf("prefix %q", got)
-	}
 	if err := s.Set(ctx, "addr/0", []byte("127.0.0.1:1")); err != nil {
 		t.Fatal(err)
 	}

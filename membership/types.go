@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strings"
 	"time"
 
 	"github.com/ftcomm/ftcomm/comm"
@@ -96,7 +95,7 @@ func (h *Health) UnmarshalText(b []byte) error {
 }
 
 // KeepOut is the record that keeps an evicted member out, at
-// Keys.Evicted and bound to a lease that ends with it: the coordinator's
+// <root>/_coordinator/jobs/<job>/evicted/<id> and bound to a lease that ends with it: the coordinator's
 // eviction writes it, and Join fails with a *KeptOutError while it
 // exists.
 type KeepOut struct {
@@ -267,112 +266,4 @@ func checkName(kind, s string) error {
 		return fmt.Errorf("%w: membership: %s %q: want 1–128 of [A-Za-z0-9._-], starting with a letter or digit", comm.ErrInvalidArgument, kind, s)
 	}
 	return nil
-}
-
-// Keys is the etcd key layout under a root (default "/ftcomm"):
-//
-//	<root>/<job>/members/<id>                        member record, bound to its lease
-//	<root>/<job>/epoch/revoked/<epoch>               revocation records
-//	<root>/<job>/rdzv/<epoch>/…                      per-epoch rendezvous (Store)
-//	<root>/<job>/commits/<step>                      durable commit records of the run (RecordCommit)
-//	<root>/<job>/run                                 the job's current run (RunRecord)
-//	<root>/_coordinator/jobs/<job>/quorum            the current quorum
-//	<root>/_coordinator/jobs/<job>/view              the same, compact: what members watch
-//	<root>/_coordinator/jobs/<job>/viewfull          the same, compact, the whole list
-//	<root>/_coordinator/jobs/<job>/history/<epoch>   past quorums (bounded)
-//	<root>/_coordinator/jobs/<job>/evicted/<id>      keep-out records of evicted members
-//	<root>/_coordinator/election/…                   coordinator leader election
-//	<root>/_coordinator/gossip/<name>                coordinators' gossip addresses
-//	<root>/_coordinator/keys/<name>                  coordinators' quorum-signing key ids
-//
-// What members write lives under <root>/<job>/; what only coordinators
-// write lives under <root>/_coordinator/ (job names cannot start with
-// '_'), so that one pair of key ranges grants it in etcd's role-based
-// access control (see etcdhost.ConfigureAuth). Epochs and steps in keys
-// are zero-padded to 20 digits so they sort.
-type Keys struct{ Root string }
-
-// DefaultRoot is the key prefix when none is configured.
-const DefaultRoot = "/ftcomm"
-
-func (k Keys) root() string {
-	if k.Root == "" {
-		return DefaultRoot
-	}
-	return strings.TrimSuffix(k.Root, "/")
-}
-
-// Prefix returns "<root>/" (DefaultRoot when Root is empty): every key of
-// the layout starts with it.
-func (k Keys) Prefix() string { return k.root() + "/" }
-
-func (k Keys) Job(job string) string         { return k.root() + "/" + job + "/" }
-func (k Keys) Members(job string) string     { return k.Job(job) + "members/" }
-func (k Keys) Member(job, id string) string  { return k.Members(job) + id }
-func (k Keys) EpochPrefix(job string) string { return k.Job(job) + "epoch/" }
-func (k Keys) Revocations(job string) string { return k.EpochPrefix(job) + "revoked/" }
-func (k Keys) Rendezvous(job string) string  { return k.Job(job) + "rdzv/" }
-func (k Keys) Coordinator() string           { return k.root() + "/_coordinator/" }
-func (k Keys) Election() string              { return k.Coordinator() + "election" }
-func (k Keys) CoordinatorGossip() string     { return k.Coordinator() + "gossip/" }
-func (k Keys) CoordinatorKeys() string       { return k.Coordinator() + "keys/" }
-func (k Keys) CoordinatorJobs() string       { return k.Coordinator() + "jobs/" }
-func (k Keys) CoordinatorJob(job string) string {
-	return k.CoordinatorJobs() + job + "/"
-}
-func (k Keys) Quorum(job string) string     { return k.CoordinatorJob(job) + "quorum" }
-func (k Keys) QuorumView(job string) string { return k.CoordinatorJob(job) + "view" }
-func (k Keys) QuorumViewFull(job string) string {
-	return k.CoordinatorJob(job) + "viewfull"
-}
-func (k Keys) History(job string) string       { return k.CoordinatorJob(job) + "history/" }
-func (k Keys) EvictedPrefix(job string) string { return k.CoordinatorJob(job) + "evicted/" }
-func (k Keys) Evicted(job, id string) string   { return k.EvictedPrefix(job) + id }
-func (k Keys) Revocation(job string, e uint64) string {
-	return k.Revocations(job) + epochKey(e)
-}
-func (k Keys) HistoryEntry(job string, e uint64) string { return k.History(job) + epochKey(e) }
-func (k Keys) Commits(job string) string                { return k.Job(job) + "commits/" }
-func (k Keys) Commit(job string, step int64) string     { return k.Commits(job) + epochKey(uint64(step)) }
-func (k Keys) Run(job string) string                    { return k.Job(job) + "run" }
-
-// GroupLease is where a replica group's shared lease is recorded
-// (GroupLease; MemberConfig.GroupLease).
-func (k Keys) GroupLease(job, group string) string { return k.Job(job) + "groups/" + group }
-
-// RendezvousPrefix is the Store prefix of one epoch of a job.
-func (k Keys) RendezvousPrefix(job string, e uint64) string {
-	return k.Rendezvous(job) + epochKey(e)
-}
-
-func epochKey(e uint64) string { return fmt.Sprintf("%020d", e) }
-
-// Parse splits a key under the root into job, kind and rest:
-// "/ftcomm/j/members/a" → ("j", "members", "a"); a coordinator's key of a
-// job has its kind prefixed with "_": "/ftcomm/_coordinator/jobs/j/quorum"
-// → ("j", "_quorum", ""), ".../history/<e>" → ("j", "_history", "<e>").
-// ok is false for a key that is not a job's.
-func (k Keys) Parse(key string) (job, kind, rest string, ok bool) {
-	r := k.Prefix()
-	if !strings.HasPrefix(key, r) {
-		return "", "", "", false
-	}
-	if cj := k.CoordinatorJobs(); strings.HasPrefix(key, cj) {
-		parts := strings.SplitN(key[len(cj):], "/", 3)
-		switch {
-		case len(parts) < 2 || parts[0] == "":
-			return "", "", "", false
-		case len(parts) == 2:
-			return parts[0], "_" + parts[1], "", true
-		}
-		return parts[0], "_" + parts[1], parts[2], true
-	}
-	parts := strings.SplitN(key[len(r):], "/", 3)
-	if len(parts) < 2 || strings.HasPrefix(parts[0], "_") {
-		return "", "", "", false
-	}
-	if len(parts) == 2 {
-		return parts[0], parts[1], "", true
-	}
-	return parts[0], parts[1], parts[2], true
 }

@@ -12,9 +12,9 @@ import (
 	"time"
 )
 
-// The quorum view is what members watch (Keys.QuorumView): a quorum in a
+// The quorum view is what members watch (<root>/_coordinator/jobs/<job>/view): a quorum in a
 // compact form, written by the coordinator in the same transaction as the
-// full record (Keys.Quorum), which the coordinator, its API and a member
+// full record (…/quorum), which the coordinator, its API and a member
 // without the previous epoch read. A member needs of a quorum only what
 // it acts on — the epoch, each participant's id, group and incarnation in
 // rank order, and the epoch's facts (MaxStep, Base, Final, Run, Departed)
@@ -33,7 +33,7 @@ import (
 // whole list instead.
 //
 // Encoding: the header as JSON, a newline, the packed participants. The
-// coordinator also writes the whole list (Keys.QuorumViewFull), which a
+// coordinator also writes the whole list (…/viewfull), which a
 // member reads when it cannot apply a change (it joined, or missed an
 // epoch): some bytes per participant instead of the full record's ~90.
 

@@ -120,6 +120,8 @@ type Backend struct {
 	wg      sync.WaitGroup
 }
 
+var _ comm.Backend = (*Backend)(nil)
+
 var (
 	_ comm.Backend         = (*Backend)(nil)
 	_ comm.Revoker         = (*Backend)(nil)

@@ -16,18 +16,13 @@ import (
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/memstore"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 )
 
 // waitFor polls cond (an observable event, not a timer) until it holds.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.WaitFor(t, testutil.Ctx(t, 20*time.Second), what, cond)
 }
 
 func backendOf(c *comm.Comm) *Backend { return c.Backend().(*Backend) }

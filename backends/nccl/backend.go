@@ -107,6 +107,8 @@ type Backend struct {
 	stats opStats
 }
 
+var _ comm.Backend = (*Backend)(nil)
+
 // opStats are counters of the op path, read by Stats.
 type opStats struct {
 	ops, inProgress, settlePolls, waitPolls atomic.Int64

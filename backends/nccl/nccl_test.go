@@ -10,15 +10,12 @@ import (
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/memstore"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 )
 
 // These tests run everywhere: the library is the Simulation (sim.go).
 
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t *testing.T) context.Context { return testutil.Ctx(t, 60*time.Second) }
 
 func devs(n int) []int {
 	d := make([]int, n)

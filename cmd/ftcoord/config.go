@@ -10,6 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/coordinator/server"
 	"github.com/ftcomm/ftcomm/membership"
@@ -83,7 +87,7 @@ func defaultServeConfig() serveConfig {
 		DataDir:            "./ftcoord-data",
 		EtcdClientAddr:     "127.0.0.1:0",
 		EtcdPeerAddr:       "127.0.0.1:0",
-		Root:               membership.DefaultRoot,
+		Root:               keys.DefaultRoot,
 		Name:               defaultName(os.Hostname),
 		MinReplicas:        cc.Quorum.MinReplicas,
 		JoinTimeout:        cc.Quorum.JoinTimeout,
@@ -441,14 +445,14 @@ func (c *serveConfig) token() (string, error) {
 }
 
 // quorum is the coordinator's quorum rules; 0 turns a rule off.
-func (c *serveConfig) quorum() membership.QuorumConfig {
+func (c *serveConfig) quorum() quorum.Config {
 	off := func(d time.Duration) time.Duration {
 		if d == 0 {
 			return -1
 		}
 		return d
 	}
-	q := membership.QuorumConfig{MinReplicas: c.MinReplicas, JoinTimeout: c.JoinTimeout, FailureSettle: c.FailureSettle,
+	q := quorum.Config{MinReplicas: c.MinReplicas, JoinTimeout: c.JoinTimeout, FailureSettle: c.FailureSettle,
 		HolderGrace: off(c.HolderGrace), BlameHold: off(c.BlameHold), SilentEpochs: c.SilentEpochs, Stragglers: c.stragglers()}
 	if c.SilentEpochs == 0 {
 		q.SilentEpochs = -1

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -67,7 +68,7 @@ func joinMember(t *testing.T, cli *clientv3.Client, creds *membership.Credential
 	g := membership.DefaultGossipConfig()
 	mc.Gossip, mc.Logger = &g, lg
 	creds.ApplyMember(&mc)
-	m, err := membership.Join(testCtx(t, 30*time.Second), mc)
+	m, err := membership.Join(testutil.Ctx(t, 30*time.Second), mc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +79,7 @@ func joinMember(t *testing.T, cli *clientv3.Client, creds *membership.Credential
 // waitParticipants waits for a quorum of m's job with n participants.
 func waitParticipants(t *testing.T, m *membership.Member, n int) membership.Quorum {
 	t.Helper()
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testutil.Ctx(t, 30*time.Second)
 	q, err := m.NextQuorum(ctx, 0)
 	for err == nil && len(q.Participants) != n {
 		q, err = m.NextQuorum(ctx, q.Epoch)
@@ -122,7 +123,7 @@ func TestServeProcessRestartKeepsEpoch(t *testing.T) {
 	a, b := joinMember(t, cli, creds, "job", "a", nil), joinMember(t, cli, creds, "job", "b", nil)
 	q := waitParticipants(t, a, 2)
 	// An etcdctl-like watch on everything stays attached too.
-	cli.Watch(testCtx(t, time.Minute), "/", clientv3.WithPrefix())
+	cli.Watch(testutil.Ctx(t, time.Minute), "/", clientv3.WithPrefix())
 
 	stopped := time.Now()
 	p.cmd.Process.Signal(syscall.SIGTERM)
@@ -183,7 +184,7 @@ func TestMemberStartedBeforeFtcoord(t *testing.T) {
 		mc := membership.DefaultMemberConfig()
 		mc.Client, mc.Job, mc.ID, mc.Addr, mc.WantQuorum, mc.Logger = cli, "job", "early", "early:1", true, lg
 		creds.ApplyMember(&mc)
-		m, err := membership.Join(testCtx(t, 60*time.Second), mc)
+		m, err := membership.Join(testutil.Ctx(t, 60*time.Second), mc)
 		if err != nil {
 			t.Error(err)
 		}
@@ -192,7 +193,7 @@ func TestMemberStartedBeforeFtcoord(t *testing.T) {
 	// It says what it waits for.
 	select {
 	case <-waiting:
-	case <-testCtx(t, 30*time.Second).Done():
+	case <-testutil.Ctx(t, 30*time.Second).Done():
 		t.Fatal("the member did not say what it waits for")
 	}
 	w := logs.FilterMessageSnippet("waiting for the coordinator's etcd").All()[0]

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/etcdhost"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -47,12 +47,6 @@ func buildFtcoord(t *testing.T) string {
 		t.Fatal(ftcoordBin.err)
 	}
 	return ftcoordBin.path
-}
-
-func testCtx(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 func TestMain(m *testing.M) {
@@ -227,7 +221,7 @@ var sessionTTL = flag.Duration("ftcoord.session-ttl", 2*time.Second, "-session-t
 // SIGKILLed while a commit failure waits for the next epoch: another
 // instance must publish it.
 func TestLeaderKillAmongThree(t *testing.T) {
-	ctx := testCtx(t, 120*time.Second)
+	ctx := testutil.Ctx(t, 120*time.Second)
 	ec := etcdhost.DefaultEmbeddedConfig()
 	ec.UnsafeNoFsync = true
 	cluster, err := etcdhost.StartEmbeddedCluster(ctx, ec, 3)

@@ -16,6 +16,7 @@ import (
 	_ "github.com/ftcomm/ftcomm/backends/gloo"
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/ft"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 )
 
 // trainer is an ft.Comm replica training in a goroutine of the test
@@ -42,7 +43,7 @@ func startTrainer(t *testing.T, group, credentials string) *trainer {
 	cfg := ft.Config{Job: "keep", Group: group, Credentials: credentials, Backend: "gloo", Secret: []byte("k"),
 		MinReplicas: 1, Timeout: 10 * time.Second, MaxCommitFailures: 1000,
 		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named(group)}
-	c, err := ft.New(testCtx(t, 60*time.Second), cfg)
+	c, err := ft.New(testutil.Ctx(t, 60*time.Second), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

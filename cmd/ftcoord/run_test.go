@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/coordinator/server"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -17,7 +18,7 @@ import (
 func TestJobNewRunCommand(t *testing.T) {
 	sc := server.DefaultConfig()
 	sc.DataDir, sc.Listen, sc.Name, sc.Insecure, sc.UnsafeNoFsync, sc.Gossip = t.TempDir(), "127.0.0.1:0", "c", true, true, nil
-	s, err := server.New(testCtx(t, 30*time.Second), sc)
+	s, err := server.New(testutil.Ctx(t, 30*time.Second), sc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +45,7 @@ func TestJobNewRunCommand(t *testing.T) {
 	if code, _, errs := cmd("job", "new-run", "-addr", s.URL(), "demo"); code != 1 || !strings.Contains(errs, "409") || !strings.Contains(errs, "live members (a)") {
 		t.Fatalf("new-run beside a live member: %d %s", code, errs)
 	}
-	if err := a.Leave(testCtx(t, 10*time.Second)); err != nil {
+	if err := a.Leave(testutil.Ctx(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	code, out, errs := cmd("job", "new-run", "-addr", s.URL(), "-run", "r2", "demo")

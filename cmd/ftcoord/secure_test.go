@@ -10,12 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -58,9 +61,9 @@ func TestServeProcessForgedQuorum(t *testing.T) {
 	a, b := joinMember(t, cli, creds, "job", "a", lgA), joinMember(t, cli, creds, "job", "b", lgB)
 	q := waitParticipants(t, a, 2)
 	waitParticipants(t, b, 2)
-	ctx := testCtx(t, 60*time.Second)
-	short := func() context.Context { return testCtx(t, 2*time.Second) }
-	k := membership.Keys{}
+	ctx := testutil.Ctx(t, 60*time.Second)
+	short := func() context.Context { return testutil.Ctx(t, 2*time.Second) }
+	k := keys.Layout{}
 
 	// Someone who merely reaches the port gets nothing.
 	plain, err := membership.NewClient(creds.Endpoints, nil)

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -160,7 +162,7 @@ type etcdInitConfig struct {
 }
 
 func defaultEtcdInitConfig() etcdInitConfig {
-	return etcdInitConfig{Root: membership.DefaultRoot, Timeout: 30 * time.Second}
+	return etcdInitConfig{Root: keys.DefaultRoot, Timeout: 30 * time.Second}
 }
 
 func (c *etcdInitConfig) flags(fs *flag.FlagSet) {

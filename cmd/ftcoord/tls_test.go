@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/etcdhost"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 )
 
 // selfSigned writes a certificate for 127.0.0.1 and its key to dir.
@@ -57,7 +58,7 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string) {
 
 // HTTPS API with a token; etcd auth passed through to an external etcd.
 func TestServeProcessTLSAndEtcdAuth(t *testing.T) {
-	ctx := testCtx(t, 90*time.Second)
+	ctx := testutil.Ctx(t, 90*time.Second)
 	// An external etcd with authentication on.
 	ec := etcdhost.DefaultEmbeddedConfig()
 	ec.UnsafeNoFsync = true

@@ -40,6 +40,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -336,7 +340,7 @@ func runLoad(o options) error {
 		return err
 	}
 	defer coord.stop()
-	keys := membership.Keys{}
+	keys := keys.Layout{}
 	for {
 		resp, err := admin.Get(ctx, keys.Election(), clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err == nil && resp.Count > 0 {
@@ -526,7 +530,8 @@ func runLoad(o options) error {
 			return err
 		}
 	case "lease":
-		if _, err := victim.m.Client().Revoke(ctx, victim.m.Lease()); err != nil {
+		cli := clients[0] // the victim's: sims[i] uses clients[i%len(clients)]
+		if _, err := cli.Revoke(ctx, clientv3.LeaseID(victim.m.Record().Lease)); err != nil {
 			return err
 		}
 	default:
@@ -704,7 +709,7 @@ func machine() string {
 
 // setFormWindow sets the coordinator's forming window (batched joins; 0:
 // none).
-func setFormWindow(q *membership.QuorumConfig, window, maxWait time.Duration) {
+func setFormWindow(q *quorum.Config, window, maxWait time.Duration) {
 	q.FormWindow = window
 	if window == 0 {
 		q.FormWindow = -1

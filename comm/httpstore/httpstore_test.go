@@ -10,13 +10,10 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/comm/httpstore"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 )
 
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t *testing.T) context.Context { return testutil.Ctx(t, 20*time.Second) }
 
 func serve(t *testing.T, cfg httpstore.Config) (*httpstore.Server, *httpstore.Client) {
 	t.Helper()

@@ -187,6 +187,8 @@ type Backend struct {
 	abortErr  error
 }
 
+var _ comm.Backend = (*Backend)(nil)
+
 var (
 	_ comm.Backend  = (*Backend)(nil)
 	_ comm.Shrinker = (*Backend)(nil)

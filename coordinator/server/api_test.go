@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -41,7 +42,7 @@ func decode[T any](t *testing.T, resp *http.Response, wantStatus int) T {
 func TestAPI(t *testing.T) {
 	lc := startLiveCoordinator(t, "", false)
 	a, b := lc.join(t, "llama", "a"), lc.join(t, "llama", "b")
-	ctx := testCtx(t, 20*time.Second)
+	ctx := testutil.Ctx(t, 20*time.Second)
 	q, err := a.NextQuorum(ctx, 0)
 	for err == nil && len(q.Participants) < 2 {
 		q, err = a.NextQuorum(ctx, q.Epoch)
@@ -81,7 +82,7 @@ func TestAPI(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&raw); err != nil {
 		t.Fatal(err)
 	}
-	if l, ok := raw[0]["lease"].(string); !ok || l != strconv.FormatInt(int64(a.Lease()), 10) && l != strconv.FormatInt(int64(b.Lease()), 10) {
+	if l, ok := raw[0]["lease"].(string); !ok || l != strconv.FormatInt(a.Record().Lease, 10) && l != strconv.FormatInt(b.Record().Lease, 10) {
 		t.Fatalf("lease %#v (%T)", raw[0]["lease"], raw[0]["lease"])
 	}
 	gq := decode[membership.Quorum](t, lc.request(t, "GET", "/api/v1/jobs/llama/quorum", "", false), 200)
@@ -219,7 +220,7 @@ func TestAPIToken(t *testing.T) {
 func TestAPINewRun(t *testing.T) {
 	lc := startLiveCoordinator(t, "", false)
 	a := lc.join(t, "llama", "a")
-	ctx := testCtx(t, 20*time.Second)
+	ctx := testutil.Ctx(t, 20*time.Second)
 	first := a.Run()
 	e := decode[APIError](t, lc.request(t, "POST", "/api/v1/jobs/llama/runs", `{"run":"r2"}`, false), http.StatusConflict)
 	if !strings.Contains(e.Error, "live members (a)") {

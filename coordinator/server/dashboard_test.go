@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/ftcomm/ftcomm/internal/testutil"
 )
 
 // browser starts headless Chromium for one test, or skips the test when
@@ -79,7 +81,7 @@ func TestDashboardInChromium(t *testing.T) {
 	// Members appear on the live page as they join.
 	a, b := lc.join(t, "llama", "a"), lc.join(t, "llama", "b")
 	a.SetStep(12)
-	if err := a.Heartbeat(testCtx(t, 5*time.Second)); err != nil {
+	if err := a.Heartbeat(testutil.Ctx(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	run("see the members", chromedp.WaitVisible(chromedp.CSS(`tr[data-member="a"]`)), chromedp.WaitVisible(chromedp.CSS(`tr[data-member="b"]`)))
@@ -93,7 +95,7 @@ func TestDashboardInChromium(t *testing.T) {
 	run("click evict", chromedp.Click(chromedp.CSS(`button.evict[data-member="b"]`)))
 	select {
 	case <-b.Done():
-	case <-testCtx(t, 20*time.Second).Done():
+	case <-testutil.Ctx(t, 20*time.Second).Done():
 		t.Fatal("b was not evicted")
 	}
 	run("see b go",

@@ -7,20 +7,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/etcdhost"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
-
-func testCtx(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 // liveCoordinator is an in-process ftcoord: embedded etcd, a leading
 // coordinator and the HTTP API on a free loopback port.
@@ -34,7 +31,7 @@ type liveCoordinator struct {
 
 func startLiveCoordinator(t *testing.T, token string, gossip bool) *liveCoordinator {
 	t.Helper()
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testutil.Ctx(t, 30*time.Second)
 	ec := etcdhost.DefaultEmbeddedConfig()
 	ec.UnsafeNoFsync = true
 	e, err := etcdhost.StartEmbedded(ctx, ec)
@@ -69,7 +66,7 @@ func startLiveCoordinator(t *testing.T, token string, gossip bool) *liveCoordina
 		t.Fatal("coordinator did not lead")
 	}
 	a := &api{admin: coordinator.NewAdmin(cli, ""), coord: coord, cli: cli, token: token, gatherer: reg, lg: cc.Logger,
-		keepOut: coordinator.DefaultEvictKeepOut, healthKey: membership.DefaultRoot + "/_health"}
+		keepOut: coordinator.DefaultEvictKeepOut, healthKey: keys.DefaultRoot + "/_health"}
 	srv := httptest.NewServer(a.handler())
 	t.Cleanup(srv.Close)
 	return &liveCoordinator{etcd: e, cli: cli, coord: coord, srv: srv, token: token}
@@ -81,7 +78,7 @@ func (lc *liveCoordinator) join(t *testing.T, job, id string) *membership.Member
 	mc.Client, mc.Job, mc.ID, mc.Addr, mc.Group = lc.cli, job, id, id+".host:7000", "g-"+id
 	mc.WantQuorum = true
 	mc.LeaseTTL = 2 * time.Second
-	m, err := membership.Join(testCtx(t, 10*time.Second), mc)
+	m, err := membership.Join(testutil.Ctx(t, 10*time.Second), mc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +89,7 @@ func (lc *liveCoordinator) join(t *testing.T, job, id string) *membership.Member
 // request sends an API request with the token (when withToken).
 func (lc *liveCoordinator) request(t *testing.T, method, path, body string, withToken bool) *http.Response {
 	t.Helper()
-	req, err := http.NewRequestWithContext(testCtx(t, 10*time.Second), method, lc.srv.URL+path, stringsReader(body))
+	req, err := http.NewRequestWithContext(testutil.Ctx(t, 10*time.Second), method, lc.srv.URL+path, stringsReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -99,7 +101,7 @@ type Config struct {
 	// Name tells coordinator instances apart.
 	Name string
 	// Quorum holds the default rules of every job.
-	Quorum membership.QuorumConfig
+	Quorum quorum.Config
 	// SessionTTL: a dead leader is replaced about this long after it
 	// stops (≥ 2 s).
 	SessionTTL time.Duration

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/etcdhost"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -24,7 +25,7 @@ func startServer(t *testing.T, edit func(*Config)) *Server {
 	if edit != nil {
 		edit(&cfg)
 	}
-	s, err := New(testCtx(t, 30*time.Second), cfg)
+	s, err := New(testutil.Ctx(t, 30*time.Second), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +67,7 @@ func TestServerInProcess(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("healthz: %d %s", resp.StatusCode, hz)
 	}
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testutil.Ctx(t, 30*time.Second)
 	// Members connect with the credentials file it wrote (TLS, a client
 	// certificate, the quorum-verification and gossip keys).
 	creds, err := membership.LoadCredentials(s.CredentialsPath())
@@ -115,12 +116,12 @@ func TestServerInsecure(t *testing.T) {
 	defer cli.Close()
 	mc := membership.DefaultMemberConfig()
 	mc.Client, mc.Job, mc.ID, mc.Addr, mc.WantQuorum = cli, "demo", "a", "a:1", true
-	m, err := membership.Join(testCtx(t, 30*time.Second), mc)
+	m, err := membership.Join(testutil.Ctx(t, 30*time.Second), mc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	if q, err := m.NextQuorum(testCtx(t, 30*time.Second), 0); err != nil || q.Signature != nil {
+	if q, err := m.NextQuorum(testutil.Ctx(t, 30*time.Second), 0); err != nil || q.Signature != nil {
 		t.Fatalf("quorum %+v, %v", q, err)
 	}
 }
@@ -128,7 +129,7 @@ func TestServerInsecure(t *testing.T) {
 func TestServerCloseWithoutServe(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.DataDir, cfg.Listen, cfg.UnsafeNoFsync = t.TempDir(), "127.0.0.1:0", true
-	s, err := New(testCtx(t, 30*time.Second), cfg)
+	s, err := New(testutil.Ctx(t, 30*time.Second), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +216,7 @@ func TestServerAdvertiseAndBuildInfo(t *testing.T) {
 // once with etcd's answer (no retries can help), while an etcd that is not
 // answering yet is waited for (retried, logged) until ctx ends.
 func TestServerExternalEtcdConnect(t *testing.T) {
-	ctx := testCtx(t, 60*time.Second)
+	ctx := testutil.Ctx(t, 60*time.Second)
 	ec := etcdhost.DefaultEmbeddedConfig()
 	ec.UnsafeNoFsync = true
 	e, err := etcdhost.StartEmbedded(ctx, ec)

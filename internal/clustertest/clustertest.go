@@ -6,21 +6,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/etcdhost"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
 // Ctx returns a context that ends after d or when the test ends.
-func Ctx(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
+func Ctx(t testing.TB, d time.Duration) context.Context { return testutil.Ctx(t, d) }
 
 // StartEtcd starts a single-member embedded etcd (no fsync) for one test
 // and stops it when the test ends.
@@ -62,13 +61,13 @@ type Job struct {
 
 // StartJob starts etcd and a leading coordinator "c0" (with gossip when
 // gossip is true), with a 2 s session TTL.
-func StartJob(t *testing.T, qc membership.QuorumConfig, gossip bool) *Job {
+func StartJob(t *testing.T, qc quorum.Config, gossip bool) *Job {
 	t.Helper()
 	return StartJobTTL(t, qc, gossip, 2*time.Second)
 }
 
 // StartJobTTL is StartJob with the coordinators' session TTL.
-func StartJobTTL(t *testing.T, qc membership.QuorumConfig, gossip bool, sessionTTL time.Duration) *Job {
+func StartJobTTL(t *testing.T, qc quorum.Config, gossip bool, sessionTTL time.Duration) *Job {
 	t.Helper()
 	j := &Job{T: t, Etcd: StartEtcd(t), Name: "job1", SessionTTL: sessionTTL}
 	j.Client = NewClient(t, j.Etcd)
@@ -83,7 +82,7 @@ func StartJobTTL(t *testing.T, qc membership.QuorumConfig, gossip bool, sessionT
 
 // StartCoordinator runs another coordinator on the job's etcd until the
 // test ends; it may not lead.
-func (j *Job) StartCoordinator(name string, qc membership.QuorumConfig) *coordinator.Coordinator {
+func (j *Job) StartCoordinator(name string, qc quorum.Config) *coordinator.Coordinator {
 	t := j.T
 	t.Helper()
 	cfg := coordinator.DefaultConfig()

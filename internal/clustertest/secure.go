@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
+
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -138,7 +140,7 @@ func (sj *SecureJob) WaitRecord(want []byte) {
 	t := sj.T
 	t.Helper()
 	ctx := Ctx(t, 20*time.Second)
-	k := membership.Keys{}.Quorum(sj.Name)
+	k := keys.Layout{}.Quorum(sj.Name)
 	for {
 		resp, err := sj.CoordClient.Get(ctx, k)
 		if err != nil {

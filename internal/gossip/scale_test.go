@@ -1,33 +1,34 @@
-package membership
+package gossip
 
 import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"sort"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ftcomm/ftcomm/internal/testutil"
 )
 
-var gossipCell = flag.Int("membership.cell", 0, "nodes in the gossip cell detection test (0: skip)")
+var gossipCell = flag.Int("gossip.cell", 0, "nodes in the gossip cell detection test (0: skip)")
 
 // TestGossipCellDetection: a cell of N gossip nodes in this process; one
 // stops without leaving; how long until the others declare it dead.
 //
-//	go test -run TestGossipCellDetection ./membership -args -membership.cell=256
+//	go test -run TestGossipCellDetection ./internal/gossip -args -gossip.cell=256
 func TestGossipCellDetection(t *testing.T) {
 	if *gossipCell == 0 {
-		t.Skip("gossip cell test: enable with -membership.cell=256")
+		t.Skip("gossip cell test: enable with -gossip.cell=256")
 	}
 	n := *gossipCell
-	cfg := DefaultGossipConfig()
+	cfg := DefaultConfig()
 	cfg.TCPTimeout = 10 * time.Second // n nodes share this machine's cores
-	ctx := testCtx(t, 5*time.Minute)
-	nodes := make([]*Gossip, n)
+	ctx := testutil.Ctx(t, 5*time.Minute)
+	nodes := make([]*Node, n)
 	start := time.Now()
 	for i := range nodes {
-		g, err := StartGossip(fmt.Sprintf("node-%03d", i), cfg)
+		g, err := Start(fmt.Sprintf("node-%03d", i), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,9 +59,9 @@ func TestGossipCellDetection(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	joins := waitGossipEvents(t, ctx, nodes[0], GossipJoin, n)
+	joins := waitGossipEvents(t, ctx, nodes[0], Joined, n)
 	t.Logf("cell of %d formed in %v (observer saw %d joins)", n, time.Since(start).Round(time.Millisecond), len(joins))
-	var before GossipStats
+	var before Stats
 	for _, g := range nodes[:n-5] {
 		s := g.Stats()
 		before.Suspicions += s.Suspicions
@@ -72,7 +73,7 @@ func TestGossipCellDetection(t *testing.T) {
 		stopped := time.Now()
 		victim.Close()
 		for {
-			ev := waitGossipEvents(t, ctx, nodes[0], GossipDead, 1)[0]
+			ev := waitGossipEvents(t, ctx, nodes[0], Dead, 1)[0]
 			if ev.Name == victim.Name() {
 				times = append(times, ev.At.Sub(stopped))
 				break
@@ -80,22 +81,12 @@ func TestGossipCellDetection(t *testing.T) {
 			t.Errorf("false death of %s", ev.Name)
 		}
 	}
-	var after GossipStats
+	var after Stats
 	for _, g := range nodes[:n-5] {
 		s := g.Stats()
 		after.Suspicions += s.Suspicions
 		after.Deaths += s.Deaths
 	}
 	t.Logf("cell of %d: stopped node declared dead at the observer after %s; suspicions during the rounds %d",
-		n, durations(times), after.Suspicions-before.Suspicions)
-}
-
-func durations(ds []time.Duration) string {
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	if len(s) == 1 {
-		return s[0].Round(time.Millisecond).String()
-	}
-	return fmt.Sprintf("n=%d min %v median %v max %v", len(s), s[0].Round(time.Millisecond),
-		s[len(s)/2].Round(time.Millisecond), s[len(s)-1].Round(time.Millisecond))
+		n, testutil.Durations(times), after.Suspicions-before.Suspicions)
 }

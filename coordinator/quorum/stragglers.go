@@ -1,4 +1,4 @@
-package membership
+package quorum
 
 import (
 	"fmt"
@@ -6,75 +6,32 @@ import (
 	"sort"
 	"time"
 
-	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership"
 )
 
-// StragglerPolicy takes a replica whose steps stay slow out of its job's
-// quorums, so that it no longer sets the job's pace, and lets it back when
-// it keeps up. Step times come from the members' heartbeats
-// (Member.SetStepTime: each replica's own compute time per step, without
-// the collectives that wait for the others). The zero value is off.
-//
-//   - Out: a participant whose step time stays above Factor times the
-//     median of the other participants' for Window. Never so many that
-//     fewer than MinReplicas, or half the participants, remain; the
-//     slowest go first.
-//   - Back: a replica that is out joins the next quorum as soon as it
-//     reports a new step time within Factor of the participants' median
-//     (a loop that keeps computing while it sits out), or else when its
-//     probation ends (Probation, doubling with each take-out in a row up
-//     to 8×), to be judged in the job again. A replica back in the job
-//     that keeps up for Window starts its count of take-outs afresh.
-type StragglerPolicy struct {
-	// Factor: a participant is slow while its step time is above Factor
-	// times the median of the other participants' (0: off; else above
-	// 1).
-	Factor float64 `json:"factor,omitempty"`
-	// Window is how long a participant must stay slow before it is taken
-	// out (0: DefaultStragglerWindow).
-	Window time.Duration `json:"windowNs,omitempty"`
-	// Probation is how long a replica taken out stays out unless it
-	// reports keeping up sooner (0: DefaultStragglerProbation).
-	Probation time.Duration `json:"probationNs,omitempty"`
-}
-
-// Defaults of StragglerPolicy's zero fields.
-const (
-	DefaultStragglerWindow    = 30 * time.Second
-	DefaultStragglerProbation = time.Minute
-)
+// The straggler policy (membership.StragglerPolicy) as the Machine applies
+// it.
 
 // maxProbationDoublings caps a probation at Probation × 2^3.
 const maxProbationDoublings = 3
 
-// Validate says what is wrong with the policy, if anything.
-func (p StragglerPolicy) Validate() error {
-	if p.Factor < 0 || p.Factor > 0 && p.Factor <= 1 {
-		return fmt.Errorf("%w: membership: straggler factor %g: want 0 (off) or above 1", comm.ErrInvalidArgument, p.Factor)
-	}
-	if p.Window < 0 || p.Probation < 0 {
-		return fmt.Errorf("%w: membership: straggler window %v and probation %v must not be negative", comm.ErrInvalidArgument, p.Window, p.Probation)
-	}
-	return nil
-}
+func policyOn(p membership.StragglerPolicy) bool { return p.Factor > 0 }
 
-func (p StragglerPolicy) on() bool { return p.Factor > 0 }
-
-func (p StragglerPolicy) window() time.Duration {
+func policyWindow(p membership.StragglerPolicy) time.Duration {
 	if p.Window == 0 {
-		return DefaultStragglerWindow
+		return membership.DefaultStragglerWindow
 	}
 	return p.Window
 }
 
-func (p StragglerPolicy) probation() time.Duration {
+func policyProbation(p membership.StragglerPolicy) time.Duration {
 	if p.Probation == 0 {
-		return DefaultStragglerProbation
+		return membership.DefaultStragglerProbation
 	}
 	return p.Probation
 }
 
-func (p *StragglerPolicy) equal(o *StragglerPolicy) bool {
+func samePolicy(p, o *membership.StragglerPolicy) bool {
 	if p == nil || o == nil {
 		return p == o
 	}
@@ -84,20 +41,20 @@ func (p *StragglerPolicy) equal(o *StragglerPolicy) bool {
 // policy is the job's straggler policy: the members' when any asks for
 // one (the most lenient of theirs: the largest factor, the longest
 // window, the shortest probation), else the coordinator's.
-func (m *Machine) policy() StragglerPolicy {
-	var pol StragglerPolicy
+func (m *Machine) policy() membership.StragglerPolicy {
+	var pol membership.StragglerPolicy
 	for _, r := range m.members {
 		s := r.Stragglers
-		if s == nil || !s.on() {
+		if s == nil || !policyOn(*s) {
 			continue
 		}
-		if !pol.on() {
-			pol = StragglerPolicy{Factor: s.Factor, Window: s.window(), Probation: s.probation()}
+		if !policyOn(pol) {
+			pol = membership.StragglerPolicy{Factor: s.Factor, Window: policyWindow(*s), Probation: policyProbation(*s)}
 			continue
 		}
-		pol.Factor, pol.Window, pol.Probation = max(pol.Factor, s.Factor), max(pol.Window, s.window()), min(pol.Probation, s.probation())
+		pol.Factor, pol.Window, pol.Probation = max(pol.Factor, s.Factor), max(pol.Window, policyWindow(*s)), min(pol.Probation, policyProbation(*s))
 	}
-	if !pol.on() {
+	if !policyOn(pol) {
 		return m.cfg.Stragglers
 	}
 	return pol
@@ -114,7 +71,7 @@ type straggler struct {
 	back    time.Time     // let back in at (zero: not since its last take-out)
 }
 
-func (m *Machine) stragglerOf(p Participant) *straggler {
+func (m *Machine) stragglerOf(p membership.Participant) *straggler {
 	s := m.slow[p.ID]
 	if s == nil || s.inc != p.Incarnation {
 		s = &straggler{inc: p.Incarnation}
@@ -136,9 +93,9 @@ func medianOf(ds []time.Duration) time.Duration {
 // stragglers applies the policy: it adds to out the survivors to take out
 // and the joiners still out, and returns when a verdict may change
 // without new input (zero: not before new input).
-func (m *Machine) stragglers(now time.Time, survivors, admitted []Participant, out map[string]string) time.Time {
+func (m *Machine) stragglers(now time.Time, survivors, admitted []membership.Participant, out map[string]string) time.Time {
 	pol := m.policy()
-	if !pol.on() || m.prev == nil {
+	if !policyOn(pol) || m.prev == nil {
 		return time.Time{}
 	}
 	var wake time.Time
@@ -147,7 +104,7 @@ func (m *Machine) stragglers(now time.Time, survivors, admitted []Participant, o
 			wake = t
 		}
 	}
-	stepTime := func(p Participant) time.Duration { return m.members[p.ID].StepTime }
+	stepTime := func(p membership.Participant) time.Duration { return m.members[p.ID].StepTime }
 	var ref []time.Duration // the survivors' step times
 	for _, p := range survivors {
 		if st := stepTime(p); st > 0 {
@@ -175,7 +132,7 @@ func (m *Machine) stragglers(now time.Time, survivors, admitted []Participant, o
 		med := medianOf(others)
 		if float64(st) <= pol.Factor*float64(med) {
 			s.since = time.Time{}
-			if !s.back.IsZero() && !now.Before(s.back.Add(pol.window())) {
+			if !s.back.IsZero() && !now.Before(s.back.Add(policyWindow(pol))) {
 				s.strikes, s.back = 0, time.Time{}
 			}
 			continue
@@ -183,7 +140,7 @@ func (m *Machine) stragglers(now time.Time, survivors, admitted []Participant, o
 		if s.since.IsZero() {
 			s.since = now
 		}
-		if end := s.since.Add(pol.window()); now.Before(end) {
+		if end := s.since.Add(policyWindow(pol)); now.Before(end) {
 			soon(end)
 			continue
 		}
@@ -226,19 +183,19 @@ func (m *Machine) stragglers(now time.Time, survivors, admitted []Participant, o
 
 // stragglersPublished records the take-outs and returns of q, the quorum
 // that follows old.
-func (m *Machine) stragglersPublished(old, q Quorum) {
+func (m *Machine) stragglersPublished(old, q membership.Quorum) {
 	pol := m.policy()
-	if !pol.on() {
+	if !policyOn(pol) {
 		return
 	}
 	for _, p := range old.Participants {
 		s := m.slow[p.ID]
-		if s == nil || s.inc != p.Incarnation || s.since.IsZero() || q.Includes(p.ID, p.Incarnation) || q.Created.Sub(s.since) < pol.window() {
+		if s == nil || s.inc != p.Incarnation || s.since.IsZero() || q.Includes(p.ID, p.Incarnation) || q.Created.Sub(s.since) < policyWindow(pol) {
 			continue
 		}
 		s.out, s.since, s.back = true, time.Time{}, time.Time{}
 		s.strikes++
-		s.until = q.Created.Add(pol.probation() << min(s.strikes-1, maxProbationDoublings))
+		s.until = q.Created.Add(policyProbation(pol) << min(s.strikes-1, maxProbationDoublings))
 		if r, ok := m.members[p.ID]; ok {
 			s.outTime = r.StepTime
 		}

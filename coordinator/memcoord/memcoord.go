@@ -1,12 +1,12 @@
-// Package memcoord is a coordinator in memory: membership's real quorum
-// machine (membership.Machine) run in one process, with no etcd and no
+// Package memcoord is a coordinator in memory: the real quorum machine
+// (quorum.Machine) run in one process, with no etcd and no
 // gossip. Members join, report and leave through method calls, and every
 // decision reaches every member at once. A Member satisfies ft.Membership
 // (and DurableCommit's records), so a whole job can run in one process:
 // for examples, for tests of the step protocol that do not test etcd, and
 // for trying ft without a cluster.
 //
-//	coord := memcoord.New("job", membership.DefaultQuorumConfig())
+//	coord := memcoord.New("job", quorum.DefaultConfig())
 //	defer coord.Close()
 //	c, err := ft.New(ctx, ft.Config{Job: "job", Group: "g0", Secret: secret,
 //		Membership: coord.Join("g0.0", "g0", 1)})
@@ -30,13 +30,14 @@ import (
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/memstore"
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
 // Coordinator is one job's quorums, decided in memory.
 type Coordinator struct {
 	mu      sync.Mutex
-	m       *membership.Machine
+	m       *quorum.Machine
 	members map[string]*Member
 	inc     int64
 	store   *memstore.Store
@@ -48,8 +49,8 @@ type Coordinator struct {
 }
 
 // New returns the coordinator of job with the given quorum rules.
-func New(job string, cfg membership.QuorumConfig) *Coordinator {
-	return &Coordinator{m: membership.NewMachine(job, cfg, nil), members: map[string]*Member{}, store: memstore.New(),
+func New(job string, cfg quorum.Config) *Coordinator {
+	return &Coordinator{m: quorum.NewMachine(job, cfg, nil), members: map[string]*Member{}, store: memstore.New(),
 		commits: map[int64]membership.CommitRecord{}, timed: cfg.Stragglers.Factor > 0}
 }
 
@@ -103,13 +104,14 @@ func (c *Coordinator) Sever(id string) {
 	}
 }
 
-// Remove takes member id out as gossip or a lease expiry would after its
-// death (why says so in the next quorum); its Done channel closes.
-func (c *Coordinator) Remove(id, why string) {
+// Remove takes member id out as the coordinator would after its death,
+// for the given cause (quorum.PortClosed for a killed process; the next
+// quorum's reason names it); its Done channel closes.
+func (c *Coordinator) Remove(id string, cause quorum.Cause) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if m, ok := c.members[id]; ok {
-		c.m.Remove(time.Now(), id, m.inc, why)
+		c.m.Remove(time.Now(), id, m.inc, quorum.Removal{Cause: cause})
 		delete(c.members, id)
 		m.endLocked()
 	}
@@ -278,7 +280,7 @@ func (m *Member) SetStep(step int64) {
 
 // SetStepTime reports the member's own compute time of a step at once,
 // as a heartbeat would carry it: the straggler policy's input
-// (membership.StragglerPolicy, QuorumConfig.Stragglers). Without a policy
+// (membership.StragglerPolicy, quorum.Config.Stragglers). Without a policy
 // it does nothing (it would cost every step a decision).
 func (m *Member) SetStepTime(d time.Duration) {
 	if !m.c.timed {
@@ -371,7 +373,7 @@ func (m *Member) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if cur, ok := c.members[m.id]; ok && cur == m {
-		c.m.Left(time.Now(), m.id, m.inc, "left")
+		c.m.Remove(time.Now(), m.id, m.inc, quorum.Removal{Cause: quorum.Left})
 		delete(c.members, m.id)
 		c.advanceLocked()
 	}

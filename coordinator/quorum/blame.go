@@ -1,4 +1,4 @@
-package membership
+package quorum
 
 import (
 	"fmt"
@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 // The Machine's rules on blame (see Machine): cuts between live members
@@ -101,7 +103,7 @@ func (m *Machine) silentIn(id string, epoch uint64) bool {
 
 // silence leaves out the members blamed in SilentEpochs failed epochs in
 // a row in which they reported nothing, counting the current epoch.
-func (m *Machine) silence(survivors, admitted []Participant, out map[string]string) {
+func (m *Machine) silence(survivors, admitted []membership.Participant, out map[string]string) {
 	n := m.cfg.silentEpochs()
 	if n <= 0 || m.prev == nil {
 		return
@@ -135,7 +137,7 @@ const maxExactCut = 16
 // cut applies the cut rule to the candidates (survivors then admitted):
 // it adds to out the members left out, and returns when the earliest
 // blame among them ends (zero: none).
-func (m *Machine) cut(now time.Time, survivors, admitted []Participant, inPrev map[string]bool, js jobStep, out map[string]string) time.Time {
+func (m *Machine) cut(now time.Time, survivors, admitted []membership.Participant, inPrev map[string]bool, js jobStep, out map[string]string) time.Time {
 	if len(m.blame) == 0 {
 		return time.Time{}
 	}
@@ -211,7 +213,7 @@ func (m *Machine) cut(now time.Time, survivors, admitted []Participant, inPrev m
 // cutSide ranks the sets of members the cut rule may keep.
 type cutSide struct {
 	m           *Machine
-	pool        []Participant
+	pool        []membership.Participant
 	inPrev      map[string]bool
 	js          jobStep
 	holderFixed bool

@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+
+	"github.com/ftcomm/ftcomm/coordinator/memcoord"
 	"github.com/ftcomm/ftcomm/membership"
-	"github.com/ftcomm/ftcomm/membership/memcoord"
 )
 
 // next waits for m's next quorum after epoch.
@@ -33,7 +35,7 @@ func ids(q membership.Quorum) string { return fmt.Sprint(q.Participants) }
 // revocation of the broken epoch), a severed member's lost reports, a
 // commit failure forcing the next epoch, and durable commit records.
 func TestCoordinator(t *testing.T) {
-	cfg := membership.QuorumConfig{MinReplicas: 2, JoinTimeout: time.Second}
+	cfg := quorum.Config{MinReplicas: 2, JoinTimeout: time.Second}
 	c := memcoord.New("job", cfg)
 	defer c.Close()
 	a, b := c.Join("a.0", "a", 0), c.Join("b.0", "b", 0)
@@ -61,7 +63,7 @@ func TestCoordinator(t *testing.T) {
 	if err := cc.ReportFormed(ctx, q3.Epoch); err != memcoord.ErrSevered {
 		t.Fatalf("a severed member's report: %v", err)
 	}
-	c.Remove("c.0", "killed")
+	c.Remove("c.0", quorum.PortClosed)
 	q4 := next(t, a, q3.Epoch)
 	if len(q4.Participants) != 2 {
 		t.Fatalf("after c was removed: %v", ids(q4))

@@ -1,4 +1,4 @@
-package membership
+package quorum
 
 import (
 	"fmt"
@@ -7,139 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/membership"
 )
-
-// QuorumConfig holds the rules of quorum formation for one job.
-type QuorumConfig struct {
-	// MinReplicas is the fewest participants a new (not fast) quorum may
-	// have. Members may ask for more (MemberRecord.MinReplicas); the
-	// largest wins. Default 1.
-	MinReplicas int
-	// JoinTimeout is how long a pending quorum waits for live members
-	// that have not asked to take part yet (stragglers) before it forms
-	// without them. Default 10 s.
-	JoinTimeout time.Duration
-	// FailureSettle is how long an epoch that failed with every
-	// participant still alive (a commit failure, a revocation) waits for
-	// more reports before the next one forms: when a replica dies, its
-	// peers' failures arrive first and the blame naming it (checked by
-	// the coordinator) a moment later, and waiting for it makes one death
-	// cost one epoch, not two. It waits up to ten times as long for a
-	// participant that a peer blamed to report (a cut is seen from both
-	// sides). Default 100 ms; 0: none.
-	FailureSettle time.Duration
-	// HolderGrace is how long a quorum none of whose candidates holds the
-	// job's last known step waits for a participant that held it and
-	// lapsed (Machine.Lapsed: its lease expired or gossip lost it, or it
-	// was gone when the coordinator began to lead) to come back: an etcd
-	// or coordinator outage lapses the leases of live replicas, which
-	// register again within about a lease TTL. 0: DefaultHolderGrace;
-	// negative: no wait.
-	HolderGrace time.Duration
-	// BlameHold is how long a blame between two live members (a peer
-	// named the other in a failed epoch: a connection that failed or
-	// never came) keeps them out of one quorum; it doubles each time the
-	// pair fails again after its hold ended, up to 16 times, and is
-	// forgotten once both form an epoch together. 0: DefaultBlameHold;
-	// negative: blame never splits the job.
-	BlameHold time.Duration
-	// SilentEpochs is how many failed epochs in a row a participant may
-	// be blamed by its peers while reporting nothing itself (a live
-	// process whose training loop stopped calling Step) before quorums
-	// leave it out, until it shows life. 0: DefaultSilentEpochs;
-	// negative: never.
-	SilentEpochs int
-	// Stragglers is the straggler policy of the jobs whose members ask
-	// for none (MemberConfig.Stragglers); the zero value is off.
-	Stragglers StragglerPolicy
-	// FormWindow batches joins: a quorum whose only change would be to
-	// admit joiners (a job forming or growing) waits until no member has
-	// registered or asked to take part for this long, so that members
-	// that start together form one epoch, not one per joiner (every epoch
-	// goes to every member, and each costs the participants a
-	// reconfiguration). 0: DefaultFormWindow; negative: none.
-	FormWindow time.Duration
-	// FormMaxWait bounds that wait: such a quorum forms at the latest this
-	// long after it was first needed, however joins keep coming. 0:
-	// DefaultFormMaxWait.
-	FormMaxWait time.Duration
-}
-
-// blamedReportWait is how many FailureSettles a failed epoch waits for a
-// report from a participant that a peer blamed.
-const blamedReportWait = 10
-
-// Defaults of the QuorumConfig fields whose zero value means "the
-// default".
-const (
-	DefaultHolderGrace  = 15 * time.Second
-	DefaultBlameHold    = 30 * time.Second
-	DefaultSilentEpochs = 2
-	DefaultFormWindow   = 200 * time.Millisecond
-	DefaultFormMaxWait  = 2 * time.Second
-)
-
-// DefaultQuorumConfig returns MinReplicas 1, JoinTimeout 10 s,
-// FailureSettle 100 ms, HolderGrace 15 s, BlameHold 30 s, SilentEpochs 2,
-// FormWindow 200 ms, FormMaxWait 2 s and no straggler policy.
-func DefaultQuorumConfig() QuorumConfig {
-	return QuorumConfig{MinReplicas: 1, JoinTimeout: 10 * time.Second, FailureSettle: 100 * time.Millisecond,
-		HolderGrace: DefaultHolderGrace, BlameHold: DefaultBlameHold, SilentEpochs: DefaultSilentEpochs,
-		FormWindow: DefaultFormWindow, FormMaxWait: DefaultFormMaxWait}
-}
-
-// Validate says what is wrong with the configuration, if anything.
-func (c QuorumConfig) Validate() error {
-	if c.MinReplicas < 1 {
-		return fmt.Errorf("%w: membership: MinReplicas %d must be at least 1", comm.ErrInvalidArgument, c.MinReplicas)
-	}
-	if c.FailureSettle < 0 {
-		return fmt.Errorf("%w: membership: FailureSettle %v is negative", comm.ErrInvalidArgument, c.FailureSettle)
-	}
-	if c.JoinTimeout < 0 {
-		return fmt.Errorf("%w: membership: JoinTimeout %v is negative", comm.ErrInvalidArgument, c.JoinTimeout)
-	}
-	if c.FormMaxWait < 0 {
-		return fmt.Errorf("%w: membership: FormMaxWait %v is negative", comm.ErrInvalidArgument, c.FormMaxWait)
-	}
-	return c.Stragglers.Validate()
-}
-
-func (c QuorumConfig) holderGrace() time.Duration {
-	if c.HolderGrace == 0 {
-		return DefaultHolderGrace
-	}
-	return max(c.HolderGrace, 0)
-}
-
-func (c QuorumConfig) blameHold() time.Duration {
-	if c.BlameHold == 0 {
-		return DefaultBlameHold
-	}
-	return max(c.BlameHold, 0)
-}
-
-func (c QuorumConfig) formWindow() time.Duration {
-	if c.FormWindow == 0 {
-		return DefaultFormWindow
-	}
-	return max(c.FormWindow, 0)
-}
-
-func (c QuorumConfig) formMaxWait() time.Duration {
-	if c.FormMaxWait == 0 {
-		return DefaultFormMaxWait
-	}
-	return c.FormMaxWait
-}
-
-func (c QuorumConfig) silentEpochs() int {
-	if c.SilentEpochs == 0 {
-		return DefaultSilentEpochs
-	}
-	return max(c.SilentEpochs, 0)
-}
 
 // Machine is the quorum state machine of one job. It does no I/O and reads
 // no clock: the caller feeds it inputs and the time, calls Advance, stores
@@ -152,7 +21,7 @@ func (c QuorumConfig) silentEpochs() int {
 //     was evicted, finished or turned Critical, or a rule below leaves it
 //     out; a joiner asks in), or when the current epoch failed (a
 //     participant reported a commit failure or revoked it).
-//   - A participant that left (Machine.Left) or finished the run went
+//   - A participant that left (Cause.Orderly: Left) or finished the run went
 //     after its last step: the quorum without it names it Departed and
 //     does not revoke the epoch it leaves. Any other loss revokes it.
 //   - Fast quorum: when every participant of the previous quorum is still
@@ -184,7 +53,7 @@ func (c QuorumConfig) silentEpochs() int {
 //     candidate holds it when it reported it, or when it is a caught-up
 //     survivor (it reported a step at or above the MaxStep of a quorum it
 //     took part in). A quorum in which no candidate holds it waits for the
-//     previous participants that lapsed (Lapsed, or gone unseen before
+//     previous participants that lapsed (Cause.Lapsed, or gone unseen before
 //     this machine's first Advance) less than HolderGrace ago and held
 //     more than the candidates: until each is back (a new incarnation of
 //     it live, whatever its step) or its grace ends.
@@ -211,17 +80,17 @@ func (c QuorumConfig) silentEpochs() int {
 //     doubling with each consecutive take-out) to be judged in the job.
 type Machine struct {
 	job     string
-	cfg     QuorumConfig
-	members map[string]*MemberRecord
-	prev    *Quorum
+	cfg     Config
+	members map[string]*membership.MemberRecord
+	prev    *membership.Quorum
 
 	pendingSince time.Time
-	failedSince  time.Time            // when the current epoch's failure was first seen
-	removed      map[string]departure // previous participants gone since the last quorum
-	suspects     map[string]suspicion // reported dead by a peer, being verified
-	revokedBy    *Revocation          // a revocation of the current epoch
-	waited       bool                 // the last Advance decided to wait
-	lastArrival  time.Time            // when a member last registered or asked to take part
+	failedSince  time.Time              // when the current epoch's failure was first seen
+	removed      map[string]departure   // previous participants gone since the last quorum
+	suspects     map[string]suspicion   // reported dead by a peer, being verified
+	revokedBy    *membership.Revocation // a revocation of the current epoch
+	waited       bool                   // the last Advance decided to wait
+	lastArrival  time.Time              // when a member last registered or asked to take part
 
 	final    int64            // the highest step a member finished the run at
 	finalRun string           // the run final belongs to
@@ -240,7 +109,7 @@ type departure struct {
 	why     string
 	at      time.Time
 	lapsed  bool  // its process may be alive and come back holding its state
-	left    bool  // it went in an orderly way (Left), after its last step
+	left    bool  // it went in an orderly way (Cause.Orderly), after its last step
 	step    int64 // its last reported step
 	unknown bool  // it went while no coordinator watched: its step is unknown
 }
@@ -254,8 +123,8 @@ type suspicion struct {
 // prev (nil: none yet). A participant of prev that is not live when
 // Advance first runs counts as lapsed then: it may have gone while no
 // coordinator watched.
-func NewMachine(job string, cfg QuorumConfig, prev *Quorum) *Machine {
-	m := &Machine{job: job, cfg: cfg, members: map[string]*MemberRecord{}, removed: map[string]departure{},
+func NewMachine(job string, cfg Config, prev *membership.Quorum) *Machine {
+	m := &Machine{job: job, cfg: cfg, members: map[string]*membership.MemberRecord{}, removed: map[string]departure{},
 		suspects: map[string]suspicion{}, caughtUp: map[string]int64{}, blame: map[blamePair]*blameEdge{},
 		blamedIn: map[string]uint64{}, active: map[string]uint64{}, silent: map[string]int{}, slow: map[string]*straggler{}}
 	if prev != nil {
@@ -269,12 +138,12 @@ func NewMachine(job string, cfg QuorumConfig, prev *Quorum) *Machine {
 // Decision is what Advance decided.
 type Decision struct {
 	// Quorum to publish now; nil when none.
-	Quorum *Quorum
+	Quorum *membership.Quorum
 	// Revocation of the current epoch to store (with Quorum when there is
 	// one, else alone: the epoch is broken and its successor must wait).
 	// Advance offers it again until Revoke or Published reports it
 	// stored.
-	Revocation *Revocation
+	Revocation *membership.Revocation
 	// Waiting says why a needed quorum has not formed ("" when none is
 	// needed or one was decided).
 	Waiting string
@@ -290,7 +159,7 @@ type Decision struct {
 // incarnation replaces the old one, which thereby has died. It reports
 // whether the change may alter Advance's decision (a heartbeat that only
 // moves the step usually cannot).
-func (m *Machine) Upsert(now time.Time, rec MemberRecord) bool {
+func (m *Machine) Upsert(now time.Time, rec membership.MemberRecord) bool {
 	old, had := m.members[rec.ID]
 	if had && old.Incarnation > rec.Incarnation {
 		return false // a stale record of an older incarnation
@@ -321,7 +190,7 @@ func (m *Machine) Upsert(now time.Time, rec MemberRecord) bool {
 	switch {
 	case old.Health != r.Health, old.WantQuorum != r.WantQuorum, old.ShrinkOnly != r.ShrinkOnly,
 		old.CommitFailed != r.CommitFailed, !slices.Equal(old.Blamed, r.Blamed), old.MinReplicas != r.MinReplicas,
-		old.Finished != r.Finished, !old.Stragglers.equal(r.Stragglers):
+		old.Finished != r.Finished, !samePolicy(old.Stragglers, r.Stragglers):
 		return true
 	case old.Formed != r.Formed && (len(m.blame) > 0 || wasSilent):
 		// It may clear a blame, or be a silent member's sign of life;
@@ -331,7 +200,7 @@ func (m *Machine) Upsert(now time.Time, rec MemberRecord) bool {
 		// The step matters to a quorum waiting for the job's step, and
 		// as a sign of life from a member left out for its silence.
 		return true
-	case old.StepTime != r.StepTime && m.policy().on():
+	case old.StepTime != r.StepTime && policyOn(m.policy()):
 		return true
 	}
 	return false
@@ -340,7 +209,7 @@ func (m *Machine) Upsert(now time.Time, rec MemberRecord) bool {
 // observe learns from a member's new record (old is nil for a new
 // incarnation): whether it holds the job's step, signs of life, blame,
 // and epochs formed together.
-func (m *Machine) observe(now time.Time, old, r *MemberRecord) {
+func (m *Machine) observe(now time.Time, old, r *membership.MemberRecord) {
 	var epoch uint64
 	inPrev := false
 	if m.prev != nil {
@@ -375,29 +244,11 @@ func (m *Machine) forget(id string) {
 	m.forgetBlame(id)
 }
 
-// Remove records that a member is gone for good: it was evicted, or its
-// process is gone (its port refused connections). One that left
-// gracefully goes by Left.
-// incarnation 0 matches any; a mismatch (an older incarnation) is
-// ignored.
-func (m *Machine) Remove(now time.Time, id string, incarnation int64, why string) {
-	m.remove(now, id, incarnation, departure{why: why})
-}
-
-// Lapsed records that a member's registration ended while its process
-// may still be alive and hold its state — its lease expired (an etcd
-// outage lapses live members' leases too) or gossip lost it (a paused
-// process) — so that a quorum needing the job's step waits a while for
-// it to come back (QuorumConfig.HolderGrace). incarnation as for Remove.
-func (m *Machine) Lapsed(now time.Time, id string, incarnation int64, why string) {
-	m.remove(now, id, incarnation, departure{why: why, lapsed: true})
-}
-
-// Left records that a member left gracefully (MemberRecord.Leaving), after
-// its last step: the quorum without it does not revoke the epoch it
-// leaves (Quorum.Departed). incarnation as for Remove.
-func (m *Machine) Left(now time.Time, id string, incarnation int64, why string) {
-	m.remove(now, id, incarnation, departure{why: why, left: true})
+// Remove records the end of incarnation inc of member id (0 matches any;
+// an older incarnation's end is ignored) and why: the rules follow its
+// cause (see Cause), and the next quorum's Reason names it.
+func (m *Machine) Remove(now time.Time, id string, inc int64, r Removal) {
+	m.remove(now, id, inc, departure{why: r.String(), lapsed: r.Cause.Lapsed(), left: r.Cause.Orderly()})
 }
 
 // remove ends a member's registration; a participant of the previous
@@ -440,7 +291,7 @@ func (m *Machine) Unsuspect(id string, inc int64) {
 // A revoked epoch can never be used again, so revoking the current epoch
 // forces the next one (like a commit failure); older epochs are over. A
 // member's revocation is also a sign of its life and carries its blame.
-func (m *Machine) Revoke(now time.Time, r Revocation) {
+func (m *Machine) Revoke(now time.Time, r membership.Revocation) {
 	if m.prev != nil && r.Epoch == m.prev.Epoch && m.revokedBy == nil {
 		rr := r
 		m.revokedBy = &rr
@@ -454,18 +305,18 @@ func (m *Machine) Revoke(now time.Time, r Revocation) {
 
 // Revocation returns the stored revocation of the current epoch, if one
 // was recorded (Revoke).
-func (m *Machine) Revocation() (Revocation, bool) {
+func (m *Machine) Revocation() (membership.Revocation, bool) {
 	if m.revokedBy == nil {
-		return Revocation{}, false
+		return membership.Revocation{}, false
 	}
 	return *m.revokedBy, true
 }
 
 // Member returns the record of member id, if live.
-func (m *Machine) Member(id string) (MemberRecord, bool) {
+func (m *Machine) Member(id string) (membership.MemberRecord, bool) {
 	r, ok := m.members[id]
 	if !ok {
-		return MemberRecord{}, false
+		return membership.MemberRecord{}, false
 	}
 	return *r, true
 }
@@ -474,16 +325,16 @@ func (m *Machine) Member(id string) (MemberRecord, bool) {
 func (m *Machine) Len() int { return len(m.members) }
 
 // Current returns the last published quorum.
-func (m *Machine) Current() (Quorum, bool) {
+func (m *Machine) Current() (membership.Quorum, bool) {
 	if m.prev == nil {
-		return Quorum{}, false
+		return membership.Quorum{}, false
 	}
 	return *m.prev, true
 }
 
 // Published tells the machine that q was stored: it becomes the previous
 // quorum of the next decision.
-func (m *Machine) Published(q Quorum) {
+func (m *Machine) Published(q membership.Quorum) {
 	if old := m.prev; old != nil {
 		// Silence is counted per epoch that ended. The blame that named a
 		// silent member said it was silent, not that a link failed: it
@@ -525,10 +376,10 @@ func (m *Machine) minReplicas() int {
 	return n
 }
 
-func fit(r *MemberRecord) bool { return r.Health != Critical }
+func fit(r *membership.MemberRecord) bool { return r.Health != membership.Critical }
 
 // eligible: a member that may take part (fit, and its run not finished).
-func eligible(r *MemberRecord) bool { return fit(r) && !r.Finished }
+func eligible(r *membership.MemberRecord) bool { return fit(r) && !r.Finished }
 
 // Advance decides whether a new quorum forms now.
 func (m *Machine) Advance(now time.Time) Decision {
@@ -539,9 +390,9 @@ func (m *Machine) Advance(now time.Time) Decision {
 
 func (m *Machine) advance(now time.Time) Decision {
 	var (
-		survivors []Participant // previous participants still live and eligible
-		joiners   []Participant // live eligible askers not in the previous quorum
-		asking    int           // survivors + every eligible asker
+		survivors []membership.Participant // previous participants still live and eligible
+		joiners   []membership.Participant // live eligible askers not in the previous quorum
+		asking    int                      // survivors + every eligible asker
 		fitLive   int
 		shrink    bool
 		inPrev    = map[string]bool{}
@@ -549,8 +400,8 @@ func (m *Machine) advance(now time.Time) Decision {
 		departed  []string // those of lost that left or finished in an orderly way
 		finishing bool     // one of them finished the run
 	)
-	part := func(r *MemberRecord) Participant {
-		return Participant{ID: r.ID, Addr: r.Addr, Group: r.Group, Step: r.Step, Incarnation: r.Incarnation}
+	part := func(r *membership.MemberRecord) membership.Participant {
+		return membership.Participant{ID: r.ID, Addr: r.Addr, Group: r.Group, Step: r.Step, Incarnation: r.Incarnation}
 	}
 	if m.prev != nil {
 		for _, p := range m.prev.Participants {
@@ -617,11 +468,11 @@ func (m *Machine) advance(now time.Time) Decision {
 	out := map[string]string{}
 	wake(m.stragglers(now, survivors, admitted, out))
 	m.silence(survivors, admitted, out)
-	keep := func(ps []Participant) []Participant {
+	keep := func(ps []membership.Participant) []membership.Participant {
 		if len(out) == 0 {
 			return ps
 		}
-		var k []Participant
+		var k []membership.Participant
 		for _, p := range ps {
 			if _, o := out[p.ID]; !o {
 				k = append(k, p)
@@ -722,9 +573,9 @@ func (m *Machine) advance(now time.Time) Decision {
 			failed = append(failed, id)
 		}
 	}
-	var rev *Revocation
+	var rev *membership.Revocation
 	if m.prev != nil && m.revokedBy == nil && len(failed)+len(failedBy) > 0 {
-		rev = &Revocation{Epoch: m.prev.Epoch, Reason: strings.Join(why, "; "), Failed: failed, At: now}
+		rev = &membership.Revocation{Epoch: m.prev.Epoch, Reason: strings.Join(why, "; "), Failed: failed, At: now}
 	}
 	wait := func(w string, at time.Time) Decision {
 		wake(at)
@@ -798,7 +649,7 @@ func (m *Machine) advance(now time.Time) Decision {
 		}
 	}
 
-	q := &Quorum{Job: m.job, Epoch: 1, Participants: candidates, Created: now, Removed: gone, Departed: departed, Final: final, Run: run}
+	q := &membership.Quorum{Job: m.job, Epoch: 1, Participants: candidates, Created: now, Removed: gone, Departed: departed, Final: final, Run: run}
 	if m.prev != nil {
 		q.Epoch = m.prev.Epoch + 1
 	}
@@ -808,7 +659,7 @@ func (m *Machine) advance(now time.Time) Decision {
 	for _, p := range admitted {
 		q.Added = append(q.Added, p.ID)
 	}
-	if m.prev != nil && len(survivors) > 0 && !slices.ContainsFunc(survivors, func(p Participant) bool {
+	if m.prev != nil && len(survivors) > 0 && !slices.ContainsFunc(survivors, func(p membership.Participant) bool {
 		return m.members[p.ID].Formed != m.prev.Epoch
 	}) {
 		q.Base = m.prev.Epoch
@@ -843,83 +694,11 @@ func (m *Machine) formWait(now time.Time) (string, time.Time) {
 }
 
 // runOf is the run the members ps belong to ("" when none says).
-func (m *Machine) runOf(ps []Participant) string {
+func (m *Machine) runOf(ps []membership.Participant) string {
 	for _, p := range ps {
 		if r, ok := m.members[p.ID]; ok && r.Run != "" {
 			return r.Run
 		}
 	}
 	return ""
-}
-
-// lastStep is the job's last known step: the previous quorum's MaxStep, or
-// a higher step one of its participants reported since. unknown: some
-// participant went while no coordinator watched, so the job may be
-// further.
-func (m *Machine) lastStep() (step int64, unknown bool) {
-	if m.prev == nil {
-		return 0, false
-	}
-	step = m.prev.MaxStep
-	for _, p := range m.prev.Participants {
-		if r, ok := m.members[p.ID]; ok && r.Incarnation == p.Incarnation {
-			step = max(step, r.Step)
-		} else if d, ok := m.removed[p.ID]; ok {
-			step, unknown = max(step, d.step), unknown || d.unknown
-		}
-	}
-	return step, unknown
-}
-
-// jobStep is what the rules know of the job's step.
-type jobStep struct {
-	step    int64
-	unknown bool
-}
-
-// holds reports whether candidate p holds the job's step: a caught-up
-// survivor, or any candidate that reported it.
-func (m *Machine) holds(p Participant, inPrev map[string]bool, js jobStep) bool {
-	return inPrev[p.ID] && m.caughtUp[p.ID] == p.Incarnation || !js.unknown && p.Step >= js.step
-}
-
-// awaitHolders applies the history rule: when no candidate holds the
-// job's step, it says what the quorum waits for (and until when), or ""
-// when it need not wait.
-func (m *Machine) awaitHolders(now time.Time, candidates []Participant, inPrev map[string]bool, js jobStep) (string, time.Time) {
-	grace := m.cfg.holderGrace()
-	if grace <= 0 || m.prev == nil {
-		return "", time.Time{}
-	}
-	var candMax int64 = -1
-	for _, p := range candidates {
-		if m.holds(p, inPrev, js) {
-			return "", time.Time{}
-		}
-		candMax = max(candMax, p.Step)
-	}
-	var awaited []string
-	var until time.Time
-	for id, d := range m.removed {
-		if _, back := m.members[id]; back || !d.lapsed || d.step <= candMax && !d.unknown || !now.Before(d.at.Add(grace)) {
-			continue
-		}
-		awaited = append(awaited, id)
-		if end := d.at.Add(grace); until.IsZero() || end.Before(until) {
-			until = end
-		}
-	}
-	if len(awaited) == 0 {
-		return "", time.Time{}
-	}
-	slices.Sort(awaited)
-	have, at := "no candidate", fmt.Sprintf("step %d", js.step)
-	if candMax >= 0 {
-		have = fmt.Sprintf("the candidates hold step %d at most", candMax)
-	}
-	if js.unknown {
-		at += " or beyond"
-	}
-	return fmt.Sprintf("%s, the job is at %s: waiting up to %v for %s to come back",
-		have, at, until.Sub(now).Round(time.Millisecond), strings.Join(awaited, ",")), until
 }

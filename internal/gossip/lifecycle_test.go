@@ -1,4 +1,4 @@
-package membership
+package gossip
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 // returns ErrClosed. Before, it reached memberlist, which panics "leave
 // after shutdown".
 func TestGossipLeaveAfterClose(t *testing.T) {
-	g, err := StartGossip("a", DefaultGossipConfig())
+	g, err := Start("a", DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestGossipLeaveAfterClose(t *testing.T) {
 // acknowledges the leave handshake (a frozen process, a node that does
 // not speak it). Before, it waited a third of the ctx's deadline.
 func TestGossipLeaveHonoursCancel(t *testing.T) {
-	g, err := StartGossip("a", DefaultGossipConfig())
+	g, err := Start("a", DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,9 +83,9 @@ func TestGossipLeaveHonoursCancel(t *testing.T) {
 // still runs. Before, memberlist.Join went on in Join's goroutine (up to
 // TCPTimeout per seed) after Close, and could advertise the closed node.
 func TestGossipCloseWaitsForJoin(t *testing.T) {
-	cfg := DefaultGossipConfig()
+	cfg := DefaultConfig()
 	cfg.TCPTimeout = 3 * time.Second // Close waits this long for the seed being contacted
-	g, err := StartGossip("a", cfg)
+	g, err := Start("a", cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestGossipCloseWaitsForJoin(t *testing.T) {
 	for _, s := range strings.Split(stacks, "\n\n") {
 		// The goroutine may still be on its way out (past the wait group
 		// Close waits for); what must not run is memberlist's Join.
-		if strings.Contains(s, "(*Gossip).Join.func") && strings.Contains(s, "memberlist.(*Memberlist).Join") {
+		if strings.Contains(s, "(*Node).Join.func") && strings.Contains(s, "memberlist.(*Memberlist).Join") {
 			t.Fatalf("after Close returned, Join's goroutine still runs memberlist.Join:\n%s", s)
 		}
 	}

@@ -1,4 +1,4 @@
-package membership
+package gossip
 
 import (
 	"context"
@@ -8,16 +8,17 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 )
 
 // startGossipCell starts n nodes joined into one cluster and waits until
 // every node sees all of them.
-func startGossipCell(t testing.TB, n int, cfg GossipConfig) []*Gossip {
+func startGossipCell(t testing.TB, n int, cfg Config) []*Node {
 	t.Helper()
-	ctx := testCtx(t, 30*time.Second)
-	nodes := make([]*Gossip, n)
+	ctx := testutil.Ctx(t, 30*time.Second)
+	nodes := make([]*Node, n)
 	for i := range nodes {
-		g, err := StartGossip(fmt.Sprintf("node-%d", i), cfg)
+		g, err := Start(fmt.Sprintf("node-%d", i), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -30,15 +31,15 @@ func startGossipCell(t testing.TB, n int, cfg GossipConfig) []*Gossip {
 		}
 	}
 	for _, g := range nodes {
-		waitGossipEvents(t, ctx, g, GossipJoin, n) // itself included
+		waitGossipEvents(t, ctx, g, Joined, n) // itself included
 	}
 	return nodes
 }
 
 // waitGossipEvents reads g's events until count of kind arrived.
-func waitGossipEvents(t testing.TB, ctx context.Context, g *Gossip, kind GossipEventKind, count int) []GossipEvent {
+func waitGossipEvents(t testing.TB, ctx context.Context, g *Node, kind EventKind, count int) []Event {
 	t.Helper()
-	var got []GossipEvent
+	var got []Event
 	for len(got) < count {
 		select {
 		case ev := <-g.Events():
@@ -59,16 +60,16 @@ func waitGossipEvents(t testing.TB, ctx context.Context, g *Gossip, kind GossipE
 type gossipWatch struct {
 	t   testing.TB
 	ctx context.Context
-	g   *Gossip
+	g   *Node
 }
 
 // next returns g's next event about name other than a join.
-func (w *gossipWatch) next(name string) GossipEvent {
+func (w *gossipWatch) next(name string) Event {
 	w.t.Helper()
 	for {
 		select {
 		case ev := <-w.g.Events():
-			if ev.Name == name && ev.Kind != GossipJoin {
+			if ev.Name == name && ev.Kind != Joined {
 				return ev
 			}
 			w.bystander(ev)
@@ -92,18 +93,18 @@ func (w *gossipWatch) alive(n int) {
 	}
 }
 
-func (w *gossipWatch) bystander(ev GossipEvent) {
+func (w *gossipWatch) bystander(ev Event) {
 	// startGossipCell read the joins of the cell's forming: this is news.
 	w.t.Logf("%s: %v of %s (a bystander; SWIM under load)", w.g.Name(), ev.Kind, ev.Name)
 }
 
 func TestGossipDetectsDeathAndLeave(t *testing.T) {
-	nodes := startGossipCell(t, 5, DefaultGossipConfig())
-	w := &gossipWatch{t, testCtx(t, 30*time.Second), nodes[0]}
+	nodes := startGossipCell(t, 5, DefaultConfig())
+	w := &gossipWatch{t, testutil.Ctx(t, 30*time.Second), nodes[0]}
 	// Node 4 stops without a word: the others declare it dead.
 	stopped := time.Now()
 	nodes[4].Close()
-	if ev := w.next("node-4"); ev.Kind != GossipDead {
+	if ev := w.next("node-4"); ev.Kind != Dead {
 		t.Fatalf("node-4 stopped; node-0 saw %v", ev.Kind)
 	} else {
 		t.Logf("death of a stopped node seen after %v", ev.At.Sub(stopped))
@@ -112,7 +113,7 @@ func TestGossipDetectsDeathAndLeave(t *testing.T) {
 	if err := nodes[3].Leave(w.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if ev := w.next("node-3"); ev.Kind != GossipLeave {
+	if ev := w.next("node-3"); ev.Kind != Left {
 		t.Fatalf("node-3 left; node-0 saw %v", ev.Kind)
 	}
 	w.alive(3)
@@ -126,8 +127,8 @@ func TestGossipDetectsDeathAndLeave(t *testing.T) {
 // death (CI saw it once). The handshake alone must make every peer report
 // a leave: here the metadata is left out entirely.
 func TestGossipLeaveHandshake(t *testing.T) {
-	nodes := startGossipCell(t, 4, DefaultGossipConfig())
-	ctx := testCtx(t, 30*time.Second)
+	nodes := startGossipCell(t, 4, DefaultConfig())
+	ctx := testutil.Ctx(t, 30*time.Second)
 	// Strays on the user-message path change nothing.
 	for _, msg := range [][]byte{nil, {msgLeaving}, {'x', 'n'}, {msgLeaving, 200, 1, 'n'},
 		{msgLeaving, 1, 'n', ':', '1'}, append([]byte{msgLeaveAck, 6}, "node-9"...)} {
@@ -142,43 +143,43 @@ func TestGossipLeaveHandshake(t *testing.T) {
 	}
 	for _, g := range nodes[:3] {
 		w := &gossipWatch{t, ctx, g}
-		if ev := w.next("node-3"); ev.Kind != GossipLeave {
+		if ev := w.next("node-3"); ev.Kind != Left {
 			t.Fatalf("%s saw %v of node-3, want a leave", g.Name(), ev.Kind)
 		}
 	}
 }
 
 func TestGossipConfigValidate(t *testing.T) {
-	base := DefaultGossipConfig()
-	for name, mut := range map[string]func(*GossipConfig){
-		"bind":     func(c *GossipConfig) { c.BindAddr = "x" },
-		"timeout":  func(c *GossipConfig) { c.ProbeTimeout = c.ProbeInterval },
-		"key":      func(c *GossipConfig) { c.SecretKey = []byte("short") },
-		"nodes":    func(c *GossipConfig) { c.GossipNodes = 0 },
-		"suspect":  func(c *GossipConfig) { c.SuspicionMult = 0 },
-		"pushpull": func(c *GossipConfig) { c.PushPullInterval = 0 },
+	base := DefaultConfig()
+	for name, mut := range map[string]func(*Config){
+		"bind":     func(c *Config) { c.BindAddr = "x" },
+		"timeout":  func(c *Config) { c.ProbeTimeout = c.ProbeInterval },
+		"key":      func(c *Config) { c.SecretKey = []byte("short") },
+		"nodes":    func(c *Config) { c.GossipNodes = 0 },
+		"suspect":  func(c *Config) { c.SuspicionMult = 0 },
+		"pushpull": func(c *Config) { c.PushPullInterval = 0 },
 	} {
 		c := base
 		mut(&c)
 		if err := c.Validate(); !errors.Is(err, comm.ErrInvalidArgument) {
 			t.Errorf("%s: %v", name, err)
 		}
-		if _, err := StartGossip("x", c); !errors.Is(err, comm.ErrInvalidArgument) {
+		if _, err := Start("x", c); !errors.Is(err, comm.ErrInvalidArgument) {
 			t.Errorf("%s: start: %v", name, err)
 		}
 	}
 }
 
 func TestGossipEncryptedRejectsStranger(t *testing.T) {
-	cfg := DefaultGossipConfig()
+	cfg := DefaultConfig()
 	cfg.SecretKey = []byte("0123456789abcdef")
 	nodes := startGossipCell(t, 2, cfg)
-	stranger, err := StartGossip("stranger", DefaultGossipConfig())
+	stranger, err := Start("stranger", DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stranger.Close()
-	ctx := testCtx(t, 10*time.Second)
+	ctx := testutil.Ctx(t, 10*time.Second)
 	if _, err := stranger.Join(ctx, []string{nodes[0].Addr()}); err == nil {
 		t.Fatal("a node without the key joined an encrypted cluster")
 	}
@@ -191,14 +192,14 @@ func TestGossipEncryptedRejectsStranger(t *testing.T) {
 // the key (or with another) cannot join the cell, so it cannot report
 // deaths that would delete registrations.
 func TestGossipKeyKeepsStrangersOut(t *testing.T) {
-	cfg := DefaultGossipConfig()
+	cfg := DefaultConfig()
 	cfg.SecretKey = []byte("0123456789abcdef0123456789abcdef")
 	nodes := startGossipCell(t, 2, cfg)
-	ctx := testCtx(t, 20*time.Second)
+	ctx := testutil.Ctx(t, 20*time.Second)
 	for _, key := range [][]byte{nil, []byte("fedcba9876543210fedcba9876543210")} {
-		sc := DefaultGossipConfig()
+		sc := DefaultConfig()
 		sc.SecretKey, sc.TCPTimeout = key, time.Second
-		stranger, err := StartGossip(fmt.Sprintf("stranger-%d", len(key)), sc)
+		stranger, err := Start(fmt.Sprintf("stranger-%d", len(key)), sc)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -210,10 +211,4 @@ func TestGossipKeyKeepsStrangersOut(t *testing.T) {
 		}
 		stranger.Close()
 	}
-}
-
-func testCtx(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
 }

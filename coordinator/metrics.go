@@ -1,0 +1,61 @@
+package coordinator
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
+)
+
+// removalLabel is the cause label of ftcomm_coordinator_removals_total: a
+// member that finished the run counts as one that left.
+func removalLabel(c quorum.Cause) string {
+	if c == quorum.Finished {
+		return quorum.Left.String()
+	}
+	return c.String()
+}
+
+// jobLabel is the label naming a job in the coordinator's metrics. Not
+// "job": Prometheus sets that one to the scrape job's name and renames a
+// target's own to "exported_job".
+const jobLabel = "ftcomm_job"
+
+// coordMetrics are the coordinator's Prometheus metrics.
+type coordMetrics struct {
+	leader, jobs, gossipAlive    prometheus.Gauge
+	members, epoch, participants *prometheus.GaugeVec
+	quorums, joins, removals     *prometheus.CounterVec
+	foreign                      *prometheus.CounterVec
+	stalled                      *prometheus.GaugeVec
+	publishSeconds               prometheus.Histogram
+}
+
+func newCoordMetrics(reg prometheus.Registerer) (*coordMetrics, error) {
+	m := &coordMetrics{
+		leader:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "ftcomm_coordinator_leader", Help: "1 while this instance leads."}),
+		jobs:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "ftcomm_coordinator_jobs", Help: "Jobs the leader serves."}),
+		gossipAlive:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "ftcomm_coordinator_gossip_alive", Help: "Gossip nodes this instance believes alive."}),
+		members:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_members", Help: "Live members per job."}, []string{jobLabel}),
+		epoch:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_epoch", Help: "Current epoch per job."}, []string{jobLabel}),
+		participants: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_participants", Help: "Participants of the current quorum per job."}, []string{jobLabel}),
+		quorums:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_quorums_total", Help: "Quorums published per job."}, []string{jobLabel}),
+		joins:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_joins_total", Help: "Member incarnations seen per job."}, []string{jobLabel}),
+		removals:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_removals_total", Help: "Members removed per job and cause (left, evicted, gossip, reported, lease)."}, []string{jobLabel, "cause"}),
+		foreign:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_foreign_quorum_writes_total", Help: "Writes of a job's quorum record by someone other than a coordinator (repaired at once)."}, []string{jobLabel}),
+		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_waiting_members",
+			Help: "Members per job that wait for a holder of a step the job committed (ft's DurableCommit), and cannot step meanwhile."}, []string{jobLabel}),
+		publishSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ftcomm_coordinator_publish_seconds", Help: "Latency of fenced quorum writes.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, col := range []prometheus.Collector{m.leader, m.jobs, m.gossipAlive, m.members, m.epoch, m.participants, m.quorums, m.joins, m.removals, m.foreign, m.stalled, m.publishSeconds} {
+		if err := reg.Register(col); err != nil {
+			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,494 @@
+package quorum
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of coordinator/quorum/testdata scripts")
+
+// quorumScript drives a Machine with a small command language, in the
+// manner of etcd-io/raft's interaction tests. Lines starting with "> " are
+// commands; the lines after a command, up to a blank line, a comment or the
+// next command, are the output it must print. "#" starts a comment.
+//
+//	config min=N timeout=D settle=D grace=D hold=D silent=N form=D formmax=D
+//	       factor=F window=D probation=D     (starts a scenario: a new
+//	                            machine, clock and incarnations; the last
+//	                            three: the straggler policy)
+//	join a b …                  register members (not asking yet)
+//	ask a b … [shrink]          members ask to take part (shrink: ShrinkOnly)
+//	unshrink a …                members drop ShrinkOnly
+//	step a=5 b=7                members report steps
+//	steptime a=50ms b=60ms      members report their step times
+//	health a critical|degraded|healthy [why]
+//	commitfail a E              a's commit failed in epoch E
+//	blame a E b c …             a's commit failed in epoch E, blaming b, c …
+//	formed a b … E              members report holding epoch E's comms
+//	finish a S                  a's loop ended the run at step S
+//	suspect a D                 a peer reported a dead; verdict due within D
+//	unsuspect a                 the check found a alive
+//	revoke E by [b c …]         member "by" revokes epoch E (blaming b, c …)
+//	leave a …                   members leave gracefully (Left)
+//	die a …                     members' ports refuse connections (PortClosed)
+//	evict a …                   an operator evicts members (Evicted)
+//	lapse a …                   members' leases expire (LeaseExpired: they
+//	                            may come back)
+//	restart a [step=S]          a new incarnation of a registers (asking)
+//	run R                       members that register from now on belong to run R
+//	reload [lost=a,b]           a new coordinator takes over: a machine made
+//	                            from the last quorum and the live records,
+//	                            less those that went while none watched
+//	tick D                      advance the clock by D, then Advance: prints
+//	                            the quorum (then published), "waiting: …"
+//	                            or "-" (with "wake +D" when a timer is due)
+type quorumScript struct {
+	t     *testing.T
+	m     *Machine
+	cfg   Config
+	now   time.Time
+	inc   int64
+	ids   []string // every id that ever registered
+	runID string   // the run of the members that register
+}
+
+func (s *quorumScript) rec(id string) membership.MemberRecord {
+	r, ok := s.m.Member(id)
+	if !ok {
+		s.t.Fatalf("no live member %q", id)
+	}
+	return r
+}
+
+func (s *quorumScript) run(line string) []string {
+	f := strings.Fields(line)
+	cmd, args := f[0], f[1:]
+	switch cmd {
+	case "config":
+		cfg := DefaultConfig()
+		cfg.FailureSettle = 0 // scripts that want it say settle=D
+		cfg.FormWindow = -1   // and form=D
+		for _, a := range args {
+			k, v, _ := strings.Cut(a, "=")
+			d, _ := time.ParseDuration(v)
+			switch k {
+			case "min":
+				cfg.MinReplicas, _ = strconv.Atoi(v)
+			case "timeout":
+				cfg.JoinTimeout = d
+			case "settle":
+				cfg.FailureSettle = d
+			case "form":
+				cfg.FormWindow = d
+			case "formmax":
+				cfg.FormMaxWait = d
+			case "grace":
+				cfg.HolderGrace = d
+			case "hold":
+				cfg.BlameHold = d
+			case "silent":
+				cfg.SilentEpochs, _ = strconv.Atoi(v)
+			case "factor":
+				cfg.Stragglers.Factor, _ = strconv.ParseFloat(v, 64)
+			case "window":
+				cfg.Stragglers.Window = d
+			case "probation":
+				cfg.Stragglers.Probation = d
+			default:
+				s.t.Fatalf("unknown config %q", a)
+			}
+		}
+		if err := cfg.Validate(); err != nil {
+			s.t.Fatal(err)
+		}
+		*s = quorumScript{t: s.t, cfg: cfg, now: time.Unix(1000, 0), m: NewMachine("job", cfg, nil)}
+	case "join":
+		for _, id := range args {
+			s.inc++
+			s.ids = append(s.ids, id)
+			s.m.Upsert(s.now, membership.MemberRecord{Job: "job", ID: id, Addr: id + ":1", Incarnation: s.inc, Run: s.runID})
+		}
+	case "restart":
+		var step int64
+		if len(args) > 1 {
+			v, ok := strings.CutPrefix(args[1], "step=")
+			if !ok {
+				s.t.Fatalf("restart: %q", line)
+			}
+			step, _ = strconv.ParseInt(v, 10, 64)
+		}
+		s.inc++
+		s.ids = append(s.ids, args[0])
+		s.m.Upsert(s.now, membership.MemberRecord{Job: "job", ID: args[0], Addr: args[0] + ":1", Incarnation: s.inc, WantQuorum: true, Step: step, Run: s.runID})
+	case "run":
+		s.runID = args[0]
+	case "reload":
+		lost := map[string]bool{}
+		if len(args) > 0 {
+			v, _ := strings.CutPrefix(args[0], "lost=")
+			for _, id := range strings.Split(v, ",") {
+				lost[id] = true
+			}
+		}
+		q, ok := s.m.Current()
+		m := NewMachine("job", s.cfg, nil)
+		if ok {
+			m = NewMachine("job", s.cfg, &q)
+		}
+		for _, id := range s.ids {
+			if r, live := s.m.Member(id); live && !lost[id] {
+				m.Upsert(s.now, r)
+			}
+		}
+		s.m = m
+	case "ask":
+		shrink := args[len(args)-1] == "shrink"
+		if shrink {
+			args = args[:len(args)-1]
+		}
+		for _, id := range args {
+			r := s.rec(id)
+			r.WantQuorum, r.ShrinkOnly = true, shrink
+			s.m.Upsert(s.now, r)
+		}
+	case "unshrink":
+		for _, id := range args {
+			r := s.rec(id)
+			r.ShrinkOnly = false
+			s.m.Upsert(s.now, r)
+		}
+	case "step":
+		for _, a := range args {
+			id, v, _ := strings.Cut(a, "=")
+			r := s.rec(id)
+			r.Step, _ = strconv.ParseInt(v, 10, 64)
+			s.m.Upsert(s.now, r)
+		}
+	case "health":
+		r := s.rec(args[0])
+		if err := r.Health.UnmarshalText([]byte(args[1])); err != nil {
+			s.t.Fatal(err)
+		}
+		r.HealthReason = strings.Join(args[2:], " ")
+		s.m.Upsert(s.now, r)
+	case "steptime":
+		for _, a := range args {
+			id, v, _ := strings.Cut(a, "=")
+			r := s.rec(id)
+			r.StepTime, _ = time.ParseDuration(v)
+			s.m.Upsert(s.now, r)
+		}
+	case "commitfail", "blame":
+		r := s.rec(args[0])
+		e, _ := strconv.ParseUint(args[1], 10, 64)
+		r.CommitFailed, r.Blamed = e, args[2:]
+		s.m.Upsert(s.now, r)
+	case "finish":
+		r := s.rec(args[0])
+		r.Step, _ = strconv.ParseInt(args[1], 10, 64)
+		r.Finished, r.WantQuorum = true, false
+		s.m.Upsert(s.now, r)
+	case "suspect":
+		d, _ := time.ParseDuration(args[1])
+		s.m.Suspect(s.now, args[0], s.rec(args[0]).Incarnation, s.now.Add(d))
+	case "unsuspect":
+		s.m.Unsuspect(args[0], s.rec(args[0]).Incarnation)
+	case "formed":
+		e, _ := strconv.ParseUint(args[len(args)-1], 10, 64)
+		for _, id := range args[:len(args)-1] {
+			r := s.rec(id)
+			r.Formed = e
+			s.m.Upsert(s.now, r)
+		}
+	case "revoke":
+		e, _ := strconv.ParseUint(args[0], 10, 64)
+		s.m.Revoke(s.now, membership.Revocation{Epoch: e, By: args[1], Reason: "peer failed", Failed: args[2:]})
+	case "leave", "die", "evict", "lapse":
+		cause := map[string]Cause{"leave": Left, "die": PortClosed, "evict": Evicted, "lapse": LeaseExpired}[cmd]
+		for _, id := range args {
+			s.m.Remove(s.now, id, 0, Removal{Cause: cause})
+		}
+	case "tick":
+		d, err := time.ParseDuration(args[0])
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		s.now = s.now.Add(d)
+		dec := s.m.Advance(s.now)
+		switch {
+		case dec.Quorum != nil:
+			q := dec.Quorum
+			var ids []string
+			for _, p := range q.Participants {
+				ids = append(ids, fmt.Sprintf("%s#%d", p.ID, p.Incarnation))
+			}
+			head := fmt.Sprintf("epoch %d [%s] maxstep=%d", q.Epoch, strings.Join(ids, " "), q.MaxStep)
+			if q.Base != 0 {
+				head += fmt.Sprintf(" base=%d", q.Base)
+			}
+			if q.Final != 0 {
+				head += fmt.Sprintf(" final=%d", q.Final)
+			}
+			if len(q.Departed) > 0 {
+				head += fmt.Sprintf(" departed=%v", q.Departed)
+			}
+			out := []string{head, "  reason: " + q.Reason}
+			if r := dec.Revocation; r != nil {
+				out = append(out, fmt.Sprintf("  revoke %d failed=%v", r.Epoch, r.Failed))
+			}
+			s.m.Published(*q)
+			return out
+		case dec.Waiting != "":
+			w := "waiting: " + dec.Waiting
+			if !dec.WakeAt.IsZero() {
+				w += fmt.Sprintf(" (wake +%v)", dec.WakeAt.Sub(s.now))
+			}
+			out := []string{w}
+			if r := dec.Revocation; r != nil {
+				out = append(out, fmt.Sprintf("  revoke %d failed=%v: %s", r.Epoch, r.Failed, r.Reason))
+				r.By = "coordinator"
+				s.m.Revoke(s.now, *r)
+			}
+			return out
+		case !dec.WakeAt.IsZero():
+			return []string{fmt.Sprintf("- (wake +%v)", dec.WakeAt.Sub(s.now))}
+		default:
+			return []string{"-"}
+		}
+	default:
+		s.t.Fatalf("unknown command %q", line)
+	}
+	return nil
+}
+
+// TestQuorumScripts runs every script in testdata: the rules of
+// docs/quorum.md, one file per rule (lighthouse: torchft's; history: the
+// lapsed holders; cut; silence; finish: the end of a run and departed
+// members; stragglers; forming: batched joins). go test -run
+// TestQuorumScripts ./coordinator/quorum -args -rewrite updates the expected
+// output after a deliberate change; review the diff.
+func TestQuorumScripts(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scripts: %v", err)
+	}
+	for _, file := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) {
+			runQuorumScript(t, file)
+		})
+	}
+}
+
+func runQuorumScript(t *testing.T, file string) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &quorumScript{t: t, now: time.Unix(1000, 0)}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	var out []string // the file, rewritten
+	for i := 0; i < len(lines); i++ {
+		line := lines[i]
+		out = append(out, line)
+		cmd, isCmd := strings.CutPrefix(line, "> ")
+		if !isCmd {
+			continue
+		}
+		var want []string
+		for i+1 < len(lines) && lines[i+1] != "" && !strings.HasPrefix(lines[i+1], "> ") && !strings.HasPrefix(lines[i+1], "#") {
+			i++
+			want = append(want, lines[i])
+		}
+		got := s.run(cmd)
+		out = append(out, got...)
+		if !*rewrite && !slices.Equal(got, want) {
+			t.Errorf("%s:%d: > %s\ngot:\n  %s\nwant:\n  %s", file, i+1, cmd, strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+		}
+	}
+	if *rewrite {
+		if err := os.WriteFile(file, []byte(strings.Join(out, "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestQuorumStaleRemoveAndUpsert(t *testing.T) {
+	m := NewMachine("j", DefaultConfig(), nil)
+	now := time.Unix(0, 0)
+	m.Upsert(now, membership.MemberRecord{ID: "a", Incarnation: 5, WantQuorum: true})
+	m.Upsert(now, membership.MemberRecord{ID: "a", Incarnation: 3, WantQuorum: true, Step: 99}) // older: ignored
+	if r, _ := m.Member("a"); r.Incarnation != 5 || r.Step != 0 {
+		t.Fatalf("stale upsert applied: %+v", r)
+	}
+	m.Remove(now, "a", 3, Removal{Cause: PortClosed})
+	if _, ok := m.Member("a"); !ok {
+		t.Fatal("removal of an older incarnation removed the newer")
+	}
+	m.Remove(now, "a", 5, Removal{Cause: PortClosed})
+	if m.Len() != 0 {
+		t.Fatal("not removed")
+	}
+}
+
+// Many members: 1000 join over time; the quorum forms once when all have
+// asked, then each death and each join is one epoch.
+func TestQuorumManyMembers(t *testing.T) {
+	m := NewMachine("j", Config{MinReplicas: 500, JoinTimeout: time.Minute}, nil)
+	now := time.Unix(0, 0)
+	const n = 1000
+	for i := 0; i < n; i++ {
+		m.Upsert(now, membership.MemberRecord{ID: fmt.Sprintf("m%04d", i), Incarnation: int64(i + 1), Step: int64(i % 7)})
+	}
+	for i := 0; i < n; i++ {
+		r, _ := m.Member(fmt.Sprintf("m%04d", i))
+		r.WantQuorum = true
+		m.Upsert(now, r)
+		if i < n-1 {
+			if d := m.Advance(now); d.Quorum != nil || d.Waiting == "" {
+				t.Fatalf("after %d askers: %+v", i+1, d)
+			}
+		}
+	}
+	d := m.Advance(now.Add(DefaultFormWindow)) // once joins are quiet
+	if d.Quorum == nil || len(d.Quorum.Participants) != n || d.Quorum.MaxStep != 6 {
+		t.Fatalf("decision %+v", d)
+	}
+	for i, p := range d.Quorum.Participants {
+		if p.ID != fmt.Sprintf("m%04d", i) {
+			t.Fatalf("rank %d is %s", i, p.ID)
+		}
+	}
+	m.Published(*d.Quorum)
+	for i := 0; i < 10; i++ {
+		m.Remove(now, fmt.Sprintf("m%04d", i*100), 0, Removal{Cause: PortClosed})
+	}
+	d = m.Advance(now)
+	if d.Quorum == nil || d.Quorum.Epoch != 2 || len(d.Quorum.Participants) != n-10 || len(d.Revocation.Failed) != 10 {
+		t.Fatalf("after deaths: %+v", d.Quorum)
+	}
+	// Survivors keep their order: rank 0 is now m0001.
+	if d.Quorum.Participants[0].ID != "m0001" {
+		t.Fatalf("rank 0 is %s", d.Quorum.Participants[0].ID)
+	}
+}
+
+func BenchmarkQuorumAdvance10K(b *testing.B) {
+	const n = 10000
+	now := time.Unix(0, 0)
+	m := NewMachine("j", Config{MinReplicas: n / 2, JoinTimeout: time.Minute}, nil)
+	for i := 0; i < n; i++ {
+		m.Upsert(now, membership.MemberRecord{ID: fmt.Sprintf("member-%05d", i), Incarnation: int64(i + 1), WantQuorum: true})
+	}
+	d := m.Advance(now)
+	if d.Quorum == nil {
+		b.Fatal("no initial quorum")
+	}
+	m.Published(*d.Quorum)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		// One death and its replacement per round: each Advance forms a
+		// new quorum over 10K members (the expensive path).
+		id := fmt.Sprintf("member-%05d", i%n)
+		r, _ := m.Member(id)
+		m.Remove(now, id, 0, Removal{Cause: PortClosed})
+		d := m.Advance(now)
+		if d.Quorum == nil {
+			b.Fatal("no quorum after a death")
+		}
+		m.Published(*d.Quorum)
+		r.Incarnation += n
+		m.Upsert(now, r)
+		if d := m.Advance(now); d.Quorum == nil {
+			b.Fatal("no quorum after a join")
+		} else {
+			m.Published(*d.Quorum)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(2*b.N)/1e6, "ms/decision")
+}
+
+// The first quorum of 10K members that all asked: one decision.
+func BenchmarkQuorumForm10K(b *testing.B) {
+	const n = 10000
+	now := time.Unix(0, 0)
+	recs := make([]membership.MemberRecord, n)
+	for i := range recs {
+		recs[i] = membership.MemberRecord{ID: fmt.Sprintf("member-%05d", i), Incarnation: int64(i + 1), WantQuorum: true, Step: int64(i)}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		m := NewMachine("j", Config{MinReplicas: n / 2, JoinTimeout: time.Minute}, nil)
+		for _, r := range recs {
+			m.Upsert(now, r)
+		}
+		b.StartTimer()
+		if d := m.Advance(now); d.Quorum == nil || len(d.Quorum.Participants) != n {
+			b.Fatal("no quorum")
+		}
+	}
+}
+
+// Upsert says when a record may change the decision, so that the
+// coordinator runs Advance for those only (not for every heartbeat).
+func TestQuorumUpsertSaysWhatMatters(t *testing.T) {
+	now := time.Unix(0, 0)
+	m := NewMachine("j", DefaultConfig(), nil)
+	base := membership.MemberRecord{ID: "a", Incarnation: 1, WantQuorum: true}
+	if !m.Upsert(now, base) || !m.Upsert(now, membership.MemberRecord{ID: "b", Incarnation: 2, WantQuorum: true}) {
+		t.Fatal("a new member does not matter")
+	}
+	d := m.Advance(now.Add(DefaultFormWindow)) // once joins are quiet
+	m.Published(*d.Quorum)
+	for _, c := range []struct {
+		name string
+		mut  func(*membership.MemberRecord)
+		want bool
+	}{
+		{"step", func(r *membership.MemberRecord) { r.Step = 9 }, false},
+		{"step time without a policy", func(r *membership.MemberRecord) { r.StepTime = time.Second }, false},
+		{"formed", func(r *membership.MemberRecord) { r.Formed = 1 }, false},
+		{"health", func(r *membership.MemberRecord) { r.Health = membership.Critical }, true},
+		{"commit failure", func(r *membership.MemberRecord) { r.CommitFailed = 1 }, true},
+		{"blame", func(r *membership.MemberRecord) { r.CommitFailed, r.Blamed = 1, []string{"b"} }, true},
+		{"finished", func(r *membership.MemberRecord) { r.Finished = true }, true},
+		{"a straggler policy", func(r *membership.MemberRecord) { r.Stragglers = &membership.StragglerPolicy{Factor: 2} }, true},
+		{"new incarnation", func(r *membership.MemberRecord) { r.Incarnation = 3 }, true},
+	} {
+		r := base
+		c.mut(&r)
+		if got := m.Upsert(now, r); got != c.want {
+			t.Errorf("%s: Upsert = %v, want %v", c.name, got, c.want)
+		}
+		m = NewMachine("j", DefaultConfig(), nil)
+		m.Upsert(now, base)
+		m.Upsert(now, membership.MemberRecord{ID: "b", Incarnation: 2, WantQuorum: true})
+		d := m.Advance(now.Add(DefaultFormWindow))
+		m.Published(*d.Quorum)
+	}
+	// With a policy, step times matter; while a quorum waits, steps do.
+	m.Upsert(now, membership.MemberRecord{ID: "a", Incarnation: 1, WantQuorum: true, Stragglers: &membership.StragglerPolicy{Factor: 2}})
+	if r, _ := m.Member("a"); !m.Upsert(now, func() membership.MemberRecord { r.StepTime = time.Second; return r }()) {
+		t.Error("a step time under a straggler policy does not matter")
+	}
+	if r, _ := m.Member("a"); !m.Upsert(now, func() membership.MemberRecord { r.Step, r.StepTime = r.Step+1, 2*time.Second; return r }()) {
+		t.Error("a step time that comes with a new step (every heartbeat) does not matter")
+	}
+	m.Upsert(now, membership.MemberRecord{ID: "c", Incarnation: 5, MinReplicas: 9})
+	m.Remove(now, "b", 0, Removal{Cause: Left})
+	if d := m.Advance(now); d.Waiting == "" {
+		t.Fatalf("no wait: %+v", d)
+	}
+	if r, _ := m.Member("a"); !m.Upsert(now, func() membership.MemberRecord { r.Step = 4; return r }()) {
+		t.Error("a step while the quorum waits does not matter")
+	}
+}

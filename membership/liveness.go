@@ -1,0 +1,266 @@
+package membership
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/internal/gossip"
+)
+
+// A member's liveness: its registration under a lease (its own, or its
+// replica group's: grouplease.go), the watch of its own key, lease renewal,
+// heartbeats and gossip. Whichever ends first ends the membership.
+
+// errRunMoved: the job's run changed while the member registered.
+var errRunMoved = errors.New("membership: the job's run changed")
+
+// register creates the member key if no other incarnation holds it and
+// the job's run is the one the member entered (errRunMoved: it changed).
+func (m *Member) register(ctx context.Context) error {
+	for {
+		m.mu.Lock()
+		m.rec.Lease = int64(m.lease)
+		val, _ := json.Marshal(m.rec)
+		lease := m.lease
+		m.mu.Unlock()
+		keepOut := m.keys.Evicted(m.cfg.Job, m.cfg.ID)
+		runKey := m.keys.Run(m.cfg.Job)
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0), clientv3.Compare(clientv3.CreateRevision(keepOut), "=", 0),
+			clientv3.Compare(clientv3.ModRevision(runKey), "=", m.runRev)}
+		then := []clientv3.Op{clientv3.OpPut(m.key, string(val), clientv3.WithLease(lease))}
+		els := []clientv3.Op{clientv3.OpGet(m.key), clientv3.OpGet(keepOut), clientv3.OpGet(runKey)}
+		if m.cfg.GroupLease {
+			c, op := m.groupBinding()
+			cmps, els = append(cmps, c), append(els, clientv3.OpGet(m.groupKey()))
+			if op != nil {
+				then = append(then, *op)
+			}
+		}
+		tr, err := m.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+		if err != nil {
+			return fmt.Errorf("membership: join %s/%s: %w", m.cfg.Job, m.cfg.ID, ctxErr(ctx, err))
+		}
+		if tr.Succeeded {
+			m.inc = tr.Header.Revision
+			m.rec.Incarnation = m.inc
+			if m.cfg.GroupLease && m.holdsLease() {
+				m.mu.Lock()
+				m.groupRev = tr.Header.Revision
+				m.mu.Unlock()
+			}
+			return nil
+		}
+		if m.checkRun(tr.Responses[2].GetResponseRange().Kvs) != nil {
+			return errRunMoved
+		}
+		if m.cfg.GroupLease && m.groupMoved(tr.Responses[3].GetResponseRange().Kvs) {
+			return errGroupMoved
+		}
+		if kos := tr.Responses[1].GetResponseRange().Kvs; len(kos) > 0 {
+			var ko KeepOut
+			_ = json.Unmarshal(kos[0].Value, &ko)
+			return &KeptOutError{Job: m.cfg.Job, ID: m.cfg.ID, By: ko.By, Until: ko.Until}
+		}
+		kvs := tr.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			continue // gone in between
+		}
+		var holder MemberRecord
+		_ = json.Unmarshal(kvs[0].Value, &holder)
+		dup := &DuplicateMemberError{Job: m.cfg.Job, ID: m.cfg.ID, Incarnation: kvs[0].CreateRevision, Addr: holder.Addr}
+		if !m.cfg.WaitForDuplicate {
+			return dup
+		}
+		m.lg.Info("waiting for the previous incarnation to go", zap.Int64("holder", dup.Incarnation))
+		if err := m.waitDeleted(ctx, tr.Header.Revision+1); err != nil {
+			return fmt.Errorf("%w (waited: %v)", dup, err)
+		}
+	}
+}
+
+// waitDeleted watches the member key from rev until it is deleted.
+func (m *Member) waitDeleted(ctx context.Context, rev int64) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for wr := range m.cli.Watch(wctx, m.key, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
+		if err := wr.Err(); err != nil {
+			return nil // compacted or similar: the caller reads again
+		}
+		if len(wr.Events) > 0 {
+			return nil
+		}
+	}
+	return context.Cause(ctx)
+}
+
+// joinGossip contacts the coordinators and a few members of the job.
+func (m *Member) joinGossip(ctx context.Context) error {
+	var seeds []string
+	resp, err := m.cli.Get(ctx, m.keys.CoordinatorGossip(), clientv3.WithPrefix())
+	if err != nil {
+		return err
+	}
+	for _, kv := range resp.Kvs {
+		seeds = append(seeds, string(kv.Value))
+	}
+	resp, err = m.cli.Get(ctx, m.keys.Members(m.cfg.Job), clientv3.WithPrefix(), clientv3.WithLimit(8))
+	if err != nil {
+		return err
+	}
+	for _, kv := range resp.Kvs {
+		var r MemberRecord
+		if json.Unmarshal(kv.Value, &r) == nil && r.Gossip != "" && r.ID != m.cfg.ID {
+			seeds = append(seeds, r.Gossip)
+		}
+	}
+	rand.Shuffle(len(seeds), func(i, j int) { seeds[i], seeds[j] = seeds[j], seeds[i] })
+	_, err = m.gossip().Join(ctx, seeds)
+	return err
+}
+
+func (m *Member) gossip() *gossip.Node {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.gsp
+}
+
+// watchSelf ends the membership when the member key is deleted (eviction,
+// lease expiry, a coordinator's verdict of death).
+func (m *Member) watchSelf() {
+	rev := m.inc + 1
+	for m.life.Err() == nil {
+		for wr := range m.cli.Watch(m.life, m.key, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
+			if wr.Err() != nil {
+				break
+			}
+			if len(wr.Events) > 0 {
+				m.lost(fmt.Errorf("%w: %s/%s: registration deleted", ErrEvicted, m.cfg.Job, m.cfg.ID))
+				return
+			}
+			rev = wr.Header.Revision + 1
+		}
+		if m.life.Err() != nil {
+			return
+		}
+		// Compacted past our revision: look at the key itself.
+		resp, err := m.cli.Get(m.life, m.key)
+		if err != nil {
+			continue
+		}
+		if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != m.inc {
+			m.lost(fmt.Errorf("%w: %s/%s: registration gone", ErrEvicted, m.cfg.Job, m.cfg.ID))
+			return
+		}
+		rev = resp.Header.Revision + 1
+	}
+}
+
+// renew drains lease keepalive responses; the channel closes when the
+// lease is gone (expired, revoked) or the membership ends.
+func (m *Member) renew(ka <-chan *clientv3.LeaseKeepAliveResponse) {
+	for range ka {
+	}
+	if m.life.Err() == nil {
+		m.lost(fmt.Errorf("%w: %s/%s: lease %x expired or revoked", ErrEvicted, m.cfg.Job, m.cfg.ID, m.Record().Lease))
+	}
+}
+
+func (m *Member) heartbeats() {
+	t := time.NewTicker(m.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			m.mu.Lock()
+			dirty := m.dirty
+			m.mu.Unlock()
+			if dirty {
+				ctx, cancel := context.WithTimeout(m.life, m.cfg.HeartbeatInterval)
+				if err := m.write(ctx, "heartbeat"); err != nil && !errors.Is(err, ErrEvicted) && m.life.Err() == nil {
+					m.lg.Warn("heartbeat failed", zap.Error(err))
+				}
+				cancel()
+			}
+		case <-m.life.Done():
+			return
+		}
+	}
+}
+
+func (m *Member) drainGossip() {
+	g := m.gossip()
+	for {
+		select {
+		case ev := <-g.Events():
+			if ev.Kind != gossip.Joined {
+				m.lg.Debug("gossip", zap.Stringer("event", ev.Kind), zap.String("node", ev.Name))
+			}
+		case <-m.life.Done():
+			return
+		}
+	}
+}
+
+// waitNoticeAfter is how long an etcd call may wait before waitNotice
+// says what it waits for; waitNoticeEvery how often it says it again.
+const (
+	waitNoticeAfter = time.Second
+	waitNoticeEvery = 5 * time.Second
+)
+
+// waitNotice logs, while the call it was started for has not returned,
+// that it waits for etcd, where, and what is in the way (the port refuses
+// connections, or answers but the client cannot connect: TLS or
+// credentials). The returned func stops it and waits for its goroutine.
+func waitNotice(cli *clientv3.Client, lg *zap.Logger, what string) (stop func()) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTimer(waitNoticeAfter)
+		defer t.Stop()
+		start := time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			eps := cli.Endpoints()
+			fields := []zap.Field{zap.Strings("endpoints", eps), zap.Duration("waited", time.Since(start).Round(time.Millisecond))}
+			if cc := cli.ActiveConnection(); cc != nil {
+				fields = append(fields, zap.Stringer("connection", cc.GetState()))
+			}
+			var probs []string
+			for _, ep := range eps {
+				host := ep
+				if u, err := url.Parse(ep); err == nil && u.Host != "" {
+					host = u.Host
+				}
+				c, err := net.DialTimeout("tcp", host, 500*time.Millisecond)
+				if err != nil {
+					probs = append(probs, err.Error())
+					continue
+				}
+				c.Close()
+				probs = append(probs, host+" accepts connections but the client is not connected (TLS or credentials?)")
+			}
+			fields = append(fields, zap.Strings("why", probs))
+			lg.Warn("waiting for the coordinator's etcd to "+what+" (is ftcoord running and reachable?)", fields...)
+			t.Reset(waitNoticeEvery)
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(done); <-exited }) }
+}

@@ -1,0 +1,243 @@
+package membership
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// What a member tells the coordinator: its record's changes (step,
+// health, requests, failures, formed epochs, the end of its run), written
+// at once or with the next heartbeat; revocations; durable commit records.
+
+// SetStep records the member's step locally (no I/O); it travels with the
+// next heartbeat, RequestQuorum or SetHealth.
+func (m *Member) SetStep(step int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.rec.Step != step {
+		m.rec.Step = step
+		m.dirty = true
+	}
+}
+
+// SetStepTime records the member's own compute time of one step (no
+// I/O): the mean of those set since the member's last write travels with
+// its next heartbeat (MemberRecord.StepTime), for the straggler policy
+// (MemberConfig.Stragglers). Measure what this replica alone spends on a
+// step, not the collectives that wait for its peers: ft.Comm passes the
+// time from Step's return to the loop's first collective (or to Commit).
+func (m *Member) SetStepTime(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.stepTimes += d
+	m.stepTimesN++
+	m.dirty = true
+}
+
+// SetHealth reports the member's health at once when it changed. A
+// Critical member is excluded from the next quorum (the current epoch is
+// revoked) until it reports Healthy or Degraded again.
+func (m *Member) SetHealth(ctx context.Context, h Health, reason string) error {
+	if h < Healthy || h > Critical {
+		return fmt.Errorf("%w: membership: health %d", comm.ErrInvalidArgument, int(h))
+	}
+	m.mu.Lock()
+	changed := m.rec.Health != h || m.rec.HealthReason != reason
+	m.rec.Health, m.rec.HealthReason = h, reason
+	m.mu.Unlock()
+	if !changed {
+		return nil
+	}
+	return m.write(ctx, "health")
+}
+
+// Finish records that this member's training loop ended the run at step:
+// the member takes part in no further quorum, and the coordinator publishes
+// the run's end (Quorum.Final). Leave after it.
+func (m *Member) Finish(ctx context.Context, step int64) error {
+	m.mu.Lock()
+	m.rec.Step, m.rec.Finished, m.rec.WantQuorum = step, true, false
+	m.mu.Unlock()
+	return m.write(ctx, "finish")
+}
+
+// Heartbeat writes the member's step and health now.
+func (m *Member) Heartbeat(ctx context.Context) error { return m.write(ctx, "heartbeat") }
+
+// RequestQuorum asks to take part in the next quorum (a joiner, or a
+// member dropped from the last one). It returns once the request is
+// stored; wait for the quorum with NextQuorum or Changed. shrinkOnly
+// (from a participant) keeps joiners out of quorums until it calls
+// RequestQuorum(ctx, false).
+func (m *Member) RequestQuorum(ctx context.Context, shrinkOnly bool) error {
+	m.mu.Lock()
+	m.rec.WantQuorum, m.rec.ShrinkOnly = true, shrinkOnly
+	m.mu.Unlock()
+	return m.write(ctx, "request")
+}
+
+// ReportCommitFailure tells the coordinator that this member's commit of
+// the given epoch failed: the next epoch follows (with the same
+// participants when all are alive). blamed names the members whose
+// connections failed in it (a reset: their process is likely gone); the
+// coordinator checks them — a closed port is a death — before it forms the
+// next epoch, so one death costs one epoch.
+func (m *Member) ReportCommitFailure(ctx context.Context, epoch uint64, blamed ...string) error {
+	m.mu.Lock()
+	if epoch < m.rec.CommitFailed || epoch == m.rec.CommitFailed && len(blamed) == 0 {
+		m.mu.Unlock()
+		return nil
+	}
+	m.rec.CommitFailed, m.rec.Blamed = epoch, blamed
+	m.mu.Unlock()
+	return m.write(ctx, "commit failure")
+}
+
+// ReportFormed tells the coordinator at once that this member formed, and
+// holds, the communicators of epoch: when every continuing participant
+// has, the next quorum's Base lets them shrink or grow those instead of
+// forming new ones.
+func (m *Member) ReportFormed(ctx context.Context, epoch uint64) error {
+	m.mu.Lock()
+	if m.rec.Formed == epoch {
+		m.mu.Unlock()
+		return nil
+	}
+	m.rec.Formed = epoch
+	m.mu.Unlock()
+	return m.write(ctx, "formed")
+}
+
+// CommitRecord is a durable commit record: the epoch whose participants
+// committed a step. One exists per step; the first writer wins.
+type CommitRecord struct {
+	Step  int64     `json:"step"`
+	Epoch uint64    `json:"epoch"`
+	By    string    `json:"by"`
+	At    time.Time `json:"at"`
+}
+
+// keptCommitRecords is how many recent commit records a job keeps; each
+// RecordCommit that creates one deletes the one this many steps older.
+const keptCommitRecords = 1024
+
+// RecordCommit makes this member's commit of step in epoch durable: it
+// creates the step's commit record of the member's run, or finds one. ok
+// is true when the record names epoch (this member's epoch owns the
+// step); false when another epoch committed the step first (rec says
+// which), and this member must not apply it. A *RunEndedError: the
+// member's run is over (it records nothing).
+func (m *Member) RecordCommit(ctx context.Context, step int64, epoch uint64) (rec CommitRecord, ok bool, err error) {
+	k, runKey := m.keys.Commit(m.cfg.Job, step), m.keys.Run(m.cfg.Job)
+	mine := CommitRecord{Step: step, Epoch: epoch, By: m.cfg.ID, At: time.Now()}
+	val, _ := json.Marshal(mine)
+	then := []clientv3.Op{clientv3.OpPut(k, string(val))}
+	if step >= keptCommitRecords {
+		then = append(then, clientv3.OpDelete(m.keys.Commit(m.cfg.Job, step-keptCommitRecords)))
+	}
+	tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0), clientv3.Compare(clientv3.ModRevision(runKey), "=", m.runRev)).
+		Then(then...).Else(clientv3.OpGet(k), clientv3.OpGet(runKey)).Commit()
+	if err != nil {
+		return CommitRecord{}, false, fmt.Errorf("membership: record commit of step %d: %w", step, ctxErr(ctx, err))
+	}
+	if tr.Succeeded {
+		return mine, true, nil
+	}
+	if err := m.checkRun(tr.Responses[1].GetResponseRange().Kvs); err != nil {
+		return CommitRecord{}, false, fmt.Errorf("membership: record commit of step %d: %w", step, err)
+	}
+	kvs := tr.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 { // deleted in between: only records far behind are
+		return CommitRecord{}, false, fmt.Errorf("membership: commit record of step %d vanished", step)
+	}
+	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+		return CommitRecord{}, false, fmt.Errorf("membership: commit record of step %d: %w", step, err)
+	}
+	return rec, rec.Epoch == epoch, nil
+}
+
+// LastCommit returns the newest durable commit record of the member's
+// run (ok false when there is none; a *RunEndedError when the run is
+// over).
+func (m *Member) LastCommit(ctx context.Context) (rec CommitRecord, ok bool, err error) {
+	tr, err := m.cli.Txn(ctx).Then(
+		clientv3.OpGet(m.keys.Commits(m.cfg.Job), clientv3.WithPrefix(),
+			clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1)),
+		clientv3.OpGet(m.keys.Run(m.cfg.Job)),
+	).Commit()
+	if err != nil {
+		return CommitRecord{}, false, fmt.Errorf("membership: read commit records: %w", ctxErr(ctx, err))
+	}
+	if err := m.checkRun(tr.Responses[1].GetResponseRange().Kvs); err != nil {
+		return CommitRecord{}, false, fmt.Errorf("membership: read commit records: %w", err)
+	}
+	kvs := tr.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return CommitRecord{}, false, nil
+	}
+	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+		return CommitRecord{}, false, fmt.Errorf("membership: commit record %s: %w", kvs[0].Key, err)
+	}
+	return rec, true, nil
+}
+
+// write stores the record if this incarnation still holds the key.
+func (m *Member) write(ctx context.Context, why string) error {
+	if err := m.Err(); err != nil {
+		return err
+	}
+	m.writeM.Lock()
+	defer m.writeM.Unlock()
+	if err := m.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.rec.Updated = time.Now()
+	if m.stepTimesN > 0 {
+		m.rec.StepTime = m.stepTimes / time.Duration(m.stepTimesN)
+		m.stepTimes, m.stepTimesN = 0, 0
+	}
+	val, _ := json.Marshal(m.rec)
+	m.dirty = false
+	lease := m.lease
+	m.mu.Unlock()
+	tr, err := m.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc)).
+		Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(lease))).Commit()
+	if err != nil {
+		m.mu.Lock()
+		m.dirty = true
+		m.mu.Unlock()
+		return fmt.Errorf("membership: %s/%s %s: %w", m.cfg.Job, m.cfg.ID, why, ctxErr(ctx, err))
+	}
+	if !tr.Succeeded {
+		m.lost(fmt.Errorf("%w: %s/%s: registration gone", ErrEvicted, m.cfg.Job, m.cfg.ID))
+		return m.Err()
+	}
+	return nil
+}
+
+// Revoke records that an epoch must stop (e.g. a peer failed in a
+// collective), so every member's Revoked(epoch) fires. The first record of
+// an epoch wins; revoking again is a no-op. The coordinator then forms the
+// next epoch.
+func (m *Member) Revoke(ctx context.Context, epoch uint64, reason string, failed ...string) error {
+	r := Revocation{Epoch: epoch, Reason: reason, Failed: failed, By: m.cfg.ID, At: time.Now()}
+	val, _ := json.Marshal(r)
+	k := m.keys.Revocation(m.cfg.Job, epoch)
+	_, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(clientv3.OpPut(k, string(val))).Commit()
+	if err != nil {
+		return fmt.Errorf("membership: revoke epoch %d: %w", epoch, ctxErr(ctx, err))
+	}
+	return nil
+}
