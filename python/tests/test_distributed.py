@@ -1,0 +1,62 @@
+"""torch.distributed over the "ftcomm" backend (ftcomm.distributed) on CPU
+tensors, in rank processes: every op DDP and FSDP call gives what torch's
+own gloo backend gives on the same inputs; DDP trains to the same gradients
+and parameters; a killed rank fails its peers' collective with a torch
+distributed error that names it, well within the group's deadline.
+
+(FSDP itself needs CUDA on torch 1.13: test_cuda_distributed.py runs it on
+GPUs; the ops it calls — all-gather and reduce-scatter into and out of flat
+tensors, all-reduce, broadcast — are tested here.)"""
+
+import pytest
+
+from conftest import needs_torch
+
+pytestmark = needs_torch
+
+
+@pytest.fixture(scope="module")
+def group(two, tmp_path_factory):
+    import dist_workers
+    path = str(tmp_path_factory.mktemp("dist") / "store")
+    got = two.run(dist_workers.init, path, timeout=120)
+    assert got == [("ftcomm", "ProcessGroupFtcomm")] * 2
+    yield two, path
+
+
+def test_every_op_matches_torch_gloo(group):
+    import dist_workers
+    two, _ = group
+    assert two.run(dist_workers.ops) == [[], []]
+
+
+def test_ddp_same_gradients_as_torch_gloo(group):
+    """Same seed, same batches, parameters started apart (DDP's broadcast
+    aligns them): every gradient and parameter equal after 3 steps, with
+    small buckets so that several all-reduces are in flight."""
+    import dist_workers
+    two, _ = group
+    assert two.run(dist_workers.ddp_grads) == [0.0, 0.0]
+
+
+def test_ddp_comm_hook_chains_on_futures(group):
+    import dist_workers
+    two, _ = group
+    assert two.run(dist_workers.ddp_comm_hook) == [0.0, 0.0]
+
+
+def test_killed_rank_raises_a_dist_error_naming_it(group, store, name):
+    """Rank 1 is SIGKILLed while rank 0 waits in an all-reduce: rank 0's
+    all_reduce raises DistBackendError (also ftcomm's PeerFailedError) whose
+    message and .ranks name rank 1, long before the group's 20 s deadline."""
+    import dist_workers
+    two, path = group
+    pend = two.submit(0, dist_workers.blocked_all_reduce, 0, store.address, name)
+    store.get(name, timeout=60)
+    two.kill(1)
+    r = pend.result(60)
+    assert not r["ok"] and r["dist"] and r["peer_failed"], r
+    assert r["ranks"] == [1] and "rank 1" in r["msg"], r
+    assert r["took"] < 10, r
+    two.restart(1)
+    two.run(dist_workers.shutdown, ranks=[0])
