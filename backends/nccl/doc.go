@@ -230,6 +230,13 @@
 // memory (ReadDevice, WriteDevice), and collects the misuse the real
 // library would punish (Faults), which a test should fail on.
 //
+// The simulator (sim.go, sim_nvml.go, with go-nvml's mock) is built unless
+// the build tag ftcomm_nosim is set; release builds set it (python/setup.py's
+// libftcomm.so, deploy/build-image.sh's binaries), so no production binary
+// carries it. (Without the tag the linker drops it anyway from a binary
+// that never calls NewSimulation: no symbol of go-nvml's mock is in an
+// untagged libftcomm.so either.)
+//
 // # Tests on GPUs
 //
 // The unit tests run anywhere against the Simulation. The GPU tests skip unless FTCOMM_NCCL_GPU=1, and each skips on a machine with

@@ -1,3 +1,5 @@
+//go:build !ftcomm_nosim
+
 package nccl
 
 import (
