@@ -194,6 +194,20 @@ def _device_of(tensors: Sequence[torch.Tensor]) -> torch.device:
 
 # ---------------------------------------------------------------- works
 
+# Torch's C++ calls a Python Work's wait()/get_future() through the Python
+# object; torch versions without PyWorkHolder (1.13) keep only the C++ half
+# of a Work returned to C++, so a group holds each of its Works until it has
+# been waited for or its future has completed (at most HOLD of them: a Work
+# nobody waits for goes after HOLD younger ones).
+HOLD = 4096
+
+
+def hold_work(held: "collections.OrderedDict", w) -> None:
+    held[id(w)] = w
+    while len(held) > HOLD:
+        held.popitem(last=False)
+
+
 class _Completer:
     """One thread per communicator that completes the futures of its host
     ops in issue order (ops end in issue order). It starts with the first
@@ -407,6 +421,7 @@ class _Group(_Work):
     def wait(self, timeout=None) -> bool:
         for w in self._works:
             w.wait(timeout)
+        self._release()
         return True
 
     def is_completed(self) -> bool:
@@ -420,6 +435,7 @@ class _Group(_Work):
         return None
 
     def get_future(self) -> torch.futures.Future:
+        self._release()
         futs = [w.get_future() for w in self._works]
         if len(futs) == 1:
             return futs[0].then(lambda f: self._result)
@@ -428,6 +444,7 @@ class _Group(_Work):
 
 class _DoneWork(_Work):
     def wait(self, timeout=None) -> bool:
+        self._release()
         return True
 
     def is_completed(self) -> bool:
@@ -437,6 +454,7 @@ class _DoneWork(_Work):
         return None
 
     def get_future(self):
+        self._release()
         f = torch.futures.Future()
         f.set_result(self._result)
         return f
@@ -481,18 +499,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         self._closed = False
         self._held: "collections.OrderedDict[int, _Work]" = collections.OrderedDict()
 
-    # Torch's C++ calls a Python Work's wait()/get_future() through the Python
-    # object; torch versions without PyWorkHolder (1.13) keep only the C++
-    # half of a Work returned to C++, so the group holds each Work until it
-    # has been waited for or its future has completed (at most HOLD of them:
-    # a Work nobody waits for goes after HOLD younger ones).
-    HOLD = 4096
-
     def _hold(self, w: "_Work") -> None:
-        h = self._held
-        h[id(w)] = w
-        while len(h) > self.HOLD:
-            h.popitem(last=False)
+        hold_work(self._held, w)
 
     # ---- what it is ----
 
