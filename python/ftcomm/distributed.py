@@ -478,7 +478,10 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     def __init__(self, rank: int, size: int, *, comms: Optional[Dict[str, Communicator]] = None,
                  store: Optional[Store] = None, own_store: bool = False, timeout=None, name: Optional[str] = None,
                  own_comms: bool = True, hints: Optional[Dict[str, str]] = None):
-        super().__init__(rank, size)
+        try:
+            super().__init__(rank, size)
+        except TypeError:  # a torch whose ProcessGroup takes a store first
+            super().__init__(dist.HashStore(), rank, size)
         self._r, self._n = rank, size
         self._comms: Dict[Any, Communicator] = {}
         for k, c in (comms or {}).items():
@@ -529,6 +532,12 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
 
     def _set_group_desc(self, desc: str) -> None:
         self._group_desc = desc
+
+    def _get_backend(self, device=None) -> "_BackendView":
+        """What torch asks of a group's per-device backend (and torchcomms'
+        BackendWrapper: get_comm())."""
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        return _BackendView(self, dev)
 
     def comm(self, device="cpu") -> Communicator:
         """The communicator of a device type ("cpu" or "cuda[:i]"), made if
@@ -947,6 +956,35 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                 c.close()
         except Exception:
             pass
+
+
+class _BackendView:
+    """A ProcessGroupFtcomm seen as torch's per-device Backend."""
+
+    supports_splitting = False
+    supports_coalescing = False
+    options = None
+
+    def __init__(self, pg: ProcessGroupFtcomm, device: torch.device):
+        self._pg, self._device = pg, device
+
+    def name(self) -> str:
+        return BACKEND
+
+    def get_comm(self) -> Communicator:
+        return self._pg._comm_for(self._device, True)
+
+    def rank(self) -> int:
+        return self._pg.rank()
+
+    def size(self) -> int:
+        return self._pg.size()
+
+    def _set_sequence_number_for_group(self) -> None:
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._pg, name)
 
 
 class _SyncedCudaWork(_CudaWork):
