@@ -40,19 +40,25 @@ def _create_torchcomm_process_group(comm: Communicator, group_name: str, backend
     c10d = dist.distributed_c10d
     pg = process_group(comm, name=group_name)
     pg._set_group_name(group_name)
-    w = c10d._world
     store = dist.HashStore()
-    w.pg_map[pg] = (backend_str if backend_str.upper() in getattr(dist.Backend, "_plugins", {}) else BACKEND, store)
+    backend = backend_str if backend_str.upper() in getattr(dist.Backend, "_plugins", {}) else BACKEND
+    ranks = dict(global_ranks_mapping) if global_ranks_mapping is not None else {i: i for i in range(comm.get_size())}
+    w = getattr(c10d, "_world", None)
+    if w is None:  # torch < 2.0: module-level tables
+        c10d._pg_map[pg] = (backend, store)
+        c10d._pg_names[pg] = group_name
+        c10d._pg_group_ranks[pg] = ranks
+        return pg
+    w.pg_map[pg] = (backend, store)
     w.pg_names[pg] = group_name
     try:
         w.pg_backend_config[pg] = str(dist.BackendConfig(dist.Backend(BACKEND)))
-    except Exception:  # noqa: B902 - older torch: no BackendConfig
+    except Exception:  # noqa: B902 - a torch without BackendConfig
         w.pg_backend_config[pg] = BACKEND
     reg = getattr(c10d, "_register_process_group", None)
     if reg is not None:
         reg(group_name, pg)
-    w.pg_group_ranks[pg] = dict(global_ranks_mapping) if global_ranks_mapping is not None else {
-        i: i for i in range(comm.get_size())}
+    w.pg_group_ranks[pg] = ranks
     tag = "ptd:%s" % group_name
     w.tags_to_pg.setdefault(tag, []).append(pg)
     w.pg_to_tag[pg] = tag

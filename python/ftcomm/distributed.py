@@ -60,6 +60,7 @@ import os
 import queue
 import secrets
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -915,13 +916,50 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         return w
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        c = self._comms.get("cpu")
-        if c is None:
-            raise _unsupported("monitored_barrier needs the group's CPU communicator")
-        try:
-            c.barrier(timeout=timeout)
-        except FtcommError as e:
-            raise dist_error(e, self) from None
+        """gloo's health-checking barrier, through the group's store: every
+        rank but 0 checks in, rank 0 waits for each until the deadline and
+        raises a RuntimeError naming those that did not (the first one, or
+        all with wait_all_ranks), then lets the others go. Nothing is
+        broken by a straggler: the comms stay usable."""
+        store = self._store
+        if store is None:
+            c = next(iter(self._comms.values()), None)
+            store = c.store if c is not None else None
+        if store is None:
+            if self._n == 1:
+                return None
+            raise _unsupported("monitored_barrier needs the group's store (this group has none)")
+        t = _timeout_s(timeout) or _timeout_s(self._timeout) or 1800.0
+        self._mb = getattr(self, "_mb", 0) + 1
+        key = "ftcomm/%s/monitored_barrier/%d" % (self._name, self._mb)
+        deadline = time.monotonic() + t
+        if self._r != 0:
+            store.set("%s/%d" % (key, self._r), "1")
+            try:
+                store.get(key + "/done", timeout=max(deadline - time.monotonic(), 0.001))
+            except FtcommError as e:
+                raise dist_error(FtcommError("ftcomm: rank %d: monitoredBarrier: rank 0 did not release it in %d ms "
+                                             "(%s)" % (self._r, t * 1000, e.message), kinds=("timeout",)), self) from None
+            return None
+        missing = []
+        for r in range(1, self._n):
+            try:
+                store.get("%s/%d" % (key, r), timeout=max(deadline - time.monotonic(), 0.001))
+            except FtcommError:
+                missing.append(r)
+                if not wait_all_ranks:
+                    break
+        if missing:
+            if len(missing) == 1 and not wait_all_ranks:
+                msg = "Rank %d failed to pass monitoredBarrier in %d ms" % (missing[0], t * 1000)
+            else:
+                msg = "Ranks %s failed to pass monitoredBarrier in %d ms" % (", ".join(map(str, missing)), t * 1000)
+            g = _global_ranks(self) or {}
+            err = dist_error(FtcommError("ftcomm: [Rank 0]: " + msg, kinds=("timeout",),
+                                         ranks=[g.get(r, r) for r in missing]), self)
+            raise err
+        store.set(key + "/done", "1")
+        return None
 
     # ---- lifetime ----
 

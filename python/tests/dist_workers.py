@@ -124,6 +124,9 @@ def ops(rank):
     dist.barrier()
     w = dist.barrier(async_op=True)
     w.wait()
+    # gloo's health-checking barrier (torch's dist.monitored_barrier accepts
+    # only its gloo backend: the group's method).
+    dist.distributed_c10d._get_default_group().monitored_barrier(datetime.timedelta(seconds=20), wait_all_ranks=True)
     # A Work's future, and the Work's state after it.
     t = _vals(rank, n)
     w = dist.all_reduce(t, async_op=True)
