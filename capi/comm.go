@@ -119,6 +119,9 @@ func (s *commSettings) options(backend string, store comm.Store, log *zap.Logger
 		}
 		g := gloo.DefaultConfig()
 		g.LockedCallers = true // every op here runs on a cgo callback
+		// torchcomms semantics: ranks done with their part may finalize
+		// while others still exchange point to point.
+		g.KeepPointToPointAfterLeave = true
 		if s.ListenAddr != "" {
 			g.ListenAddr = s.ListenAddr
 		}

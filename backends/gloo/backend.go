@@ -80,6 +80,9 @@ type Backend struct {
 	curDMu  sync.Mutex
 	active  atomic.Bool  // an op is pending (the liveness check runs only then)
 	left    atomic.Int64 // 1 + a peer that closed its comm while an op no longer needed it; the op's end breaks b
+	// departed: 1 + a peer that closed its comm while no op needed it, when
+	// Config.KeepPointToPointAfterLeave kept b going; the next collective breaks b.
+	departed atomic.Int64
 	notify  chan struct{}
 	exp     []rxMark // per link: what the entries posted so far will have delivered
 	want    []int    // per link: entries planned for the op being set up
@@ -578,6 +581,10 @@ func (b *Backend) peerClosed(l *link, peer int) {
 	if needed {
 		b.peerGone(peer, true)
 		return
+	}
+	if b.cfg.KeepPointToPointAfterLeave {
+		b.departed.CompareAndSwap(0, int64(peer)+1)
+		return // a receive posted from it, or a send to it, fails that op (post, the closed link)
 	}
 	if b.active.Load() {
 		b.left.Store(int64(peer) + 1)

@@ -158,6 +158,17 @@ type Config struct {
 	// package (2 ranks, 4 KiB all-reduce, 2-core VM, 2026-11-26): +7.9 µs
 	// per op over the Go API with the yields, +3.9 µs without.
 	LockedCallers bool
+	// KeepPointToPointAfterLeave: a peer that closes its comm in an orderly
+	// way (a goodbye) while no op of this rank needs it no longer breaks
+	// the comm at once; the next collective fails (every collective needs
+	// every member), as does a send to or receive from that peer, while
+	// sends and receives between the others go on. This is torchcomms'
+	// semantics (a rank done with its part may finalize while two others
+	// still exchange), what the C ABI's comms use. Off (the default), the
+	// comm breaks at the goodbye, so its owner learns of the departure
+	// before its next op (ft reconfigures between steps instead of failing
+	// one).
+	KeepPointToPointAfterLeave bool
 }
 
 // EnvSharedMemory, set to 0, off or false, disables Config.SharedMemory

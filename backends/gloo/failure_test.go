@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -602,5 +603,59 @@ func TestRecvAfterSenderClosed(t *testing.T) {
 				t.Fatalf("recv from a rank that left: %v, want ErrPeerFailed naming rank 0", err)
 			}
 		})
+	}
+}
+
+// With Config.KeepPointToPointAfterLeave, ranks that finalize after their
+// part leave the comm usable for point-to-point between the others (the
+// sends and receives they still exchange complete), while a collective,
+// and a receive from a rank that left, fail with ErrPeerClosed naming it.
+// Without it (the default) the goodbye breaks the comm for every later op.
+func TestPointToPointAfterOthersLeft(t *testing.T) {
+	for _, keep := range []bool{true, false} {
+		for _, shm := range []bool{true, false} {
+			t.Run(fmt.Sprintf("keep=%v/%s", keep, transportName(shm)), func(t *testing.T) {
+				j := newJob(t, 4, func(c *Config) { c.SharedMemory = shm; c.KeepPointToPointAfterLeave = keep })
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				for _, r := range []int{2, 3} {
+					if err := j.comms[r].Close(); err != nil {
+						t.Fatal(err)
+					}
+					j.comms[r] = nil
+				}
+				for _, r := range []int{2, 3} {
+					waitFor(t, "the goodbyes", func() bool {
+						return backendOf(j.comms[0]).links[r].isClosed() && backendOf(j.comms[1]).links[r].isClosed()
+					})
+				}
+				got := make([]int32, 1<<16)
+				errs := make(chan error, 1)
+				go func() {
+					errs <- j.comms[1].BatchP2P(ctx, []comm.P2POp{{Kind: comm.P2PRecv, Tensor: comm.Int32s(got), Peer: 0}})
+				}()
+				sendErr := j.comms[0].Send(ctx, comm.Int32s(make([]int32, 1<<16)), 1)
+				recvErr := <-errs
+				if keep != (sendErr == nil && recvErr == nil) {
+					t.Fatalf("keep=%v: send %v, receive %v", keep, sendErr, recvErr)
+				}
+				if !keep {
+					for _, err := range []error{sendErr, recvErr} {
+						if !errors.Is(err, comm.ErrPeerClosed) {
+							t.Fatalf("point to point after a rank left: %v, want ErrPeerClosed", err)
+						}
+					}
+					return
+				}
+				err := j.comms[0].Barrier(ctx)
+				if !errors.Is(err, comm.ErrPeerClosed) || !slices.Contains([]int{2, 3}, rankOf(err)) {
+					t.Fatalf("a collective after ranks left: %v, want ErrPeerClosed naming rank 2 or 3", err)
+				}
+				err = j.comms[1].Recv(ctx, comm.Int32s(got), 3)
+				if !errors.Is(err, comm.ErrPeerFailed) || rankOf(err) != 3 {
+					t.Fatalf("a receive from a rank that left: %v, want ErrPeerFailed naming rank 3", err)
+				}
+			})
+		}
 	}
 }

@@ -77,6 +77,10 @@ func (b *Backend) begin(ctx context.Context, op comm.OpType) error {
 	if b.isBroken() {
 		return b.err()
 	}
+	if peer := b.departed.Load(); peer > 0 && op != comm.OpSend && op != comm.OpRecv && op != comm.OpBatchP2P {
+		b.peerGone(int(peer-1), false) // a collective needs every member (Config.KeepPointToPointAfterLeave)
+		return b.err()
+	}
 	b.curOp.Store(uint32(op))
 	for p, l := range b.links {
 		if l != nil {

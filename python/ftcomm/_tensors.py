@@ -231,3 +231,13 @@ def scaled(t: Any, factor: Any):
     if is_torch(t):
         return (t * f).to(t.dtype).contiguous()
     return _np.ascontiguousarray(_np.multiply(t, f).astype(t.dtype))
+
+
+def copy_blocks(buf: Any, tensors, counts) -> None:
+    """Copy consecutive blocks of the flat buf (counts[i] elements) into
+    tensors[i] (on the current stream, for CUDA)."""
+    off = 0
+    for t, k in zip(tensors, counts):
+        if k:
+            copy_into(t, buf[off:off + k])
+        off += k

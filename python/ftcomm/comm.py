@@ -357,10 +357,14 @@ class Communicator:
 
     # ---- issuing ----
 
-    def _op(self, kind: int, out, inp, dt: int, redop: int, root: int, async_op: bool, timeout, keep) -> Work:
-        """Issue one op: out/inp are (ptr, count) pairs already checked."""
+    def _op(self, kind: int, out, inp, dt: int, redop: int, root: int, async_op: bool, timeout, keep,
+            after=None) -> Work:
+        """Issue one op: out/inp are (ptr, count) pairs already checked.
+        after runs once the op has succeeded: at once after a sync op (for
+        CUDA, stream-ordered behind it), when the op is seen to end after an
+        async one."""
         h = self._handle()
-        if self._inflight:
+        if self._inflight._q:
             self._inflight.reap()
         optr, on = out
         iptr, inn = inp if inp is not None else (None, 0)
@@ -373,17 +377,26 @@ class Communicator:
             st = L.ftcomm_comm_op(h, kind, optr, on, iptr, inn, adt, dev, redop, root, stream, t, 0, None)
             if st:
                 _lib.fail(st)
-            return DONE
+            return self._synced(after)
         w = c_uint64()
         st = L.ftcomm_comm_op(h, kind, optr, on, iptr, inn, adt, dev, redop, root, stream, t, _lib.ASYNC, byref(w))
         if st:
             _lib.fail(st)
-        return Work(self._inflight.add(w.value, keep), self._inflight)
+        return Work(self._inflight.add(w.value, keep, after), self._inflight)
+
+    def _synced(self, after) -> Work:
+        """A sync op has returned: run its after step, and settle the async
+        ops before it (ops end in issue order)."""
+        if after is not None:
+            after()
+        if self._inflight._q:
+            self._inflight.reap()
+        return DONE
 
     def _opv(self, kind: int, out, inp, dt: int, redop: int, counts: Sequence[int], in_counts: Optional[Sequence[int]],
-             async_op: bool, timeout, keep) -> Work:
+             async_op: bool, timeout, keep, after=None) -> Work:
         h = self._handle()
-        if self._inflight:
+        if self._inflight._q:
             self._inflight.reap()
         c = (c_int64 * len(counts))(*counts)
         ic = (c_int64 * len(in_counts))(*in_counts) if in_counts is not None else None
@@ -396,7 +409,9 @@ class Communicator:
                                         byref(w) if async_op else None)
         if st:
             _lib.fail(st)
-        return Work(self._inflight.add(w.value, keep), self._inflight) if async_op else DONE
+        if async_op:
+            return Work(self._inflight.add(w.value, keep, after), self._inflight)
+        return self._synced(after)
 
     def _batch(self, entries: List[tuple], async_op: bool, timeout, keep) -> Work:
         """Run sends and receives (kind, ptr, count, dtype, peer) together;
@@ -405,7 +420,7 @@ class Communicator:
         entries = [e for e in entries if e[2] > 0]
         if not entries:
             return DONE
-        if self._inflight:
+        if self._inflight._q:
             self._inflight.reap()
         n = len(entries)
         kinds = (c_int32 * n)(*[e[0] for e in entries])
@@ -420,18 +435,21 @@ class Communicator:
                                           _lib.ASYNC if async_op else 0, byref(w) if async_op else None)
         if st:
             _lib.fail(st)
-        return Work(self._inflight.add(w.value, keep), self._inflight) if async_op else DONE
+        return Work(self._inflight.add(w.value, keep), self._inflight) if async_op else self._synced(None)
 
     def _run(self, kind: int, d, op: int, root: int):
         """The fast path: a sync op on one host tensor, comm timeout."""
         h = self._h
         if h is None or _lib.forked:
             return False
-        if self._inflight:
+        q = self._inflight._q
+        if q:
             self._inflight.reap()
         st = _lib._lib.ftcomm_comm_run(h, kind | d[2] << 8 | op << 16 | (root & 0xffffffff) << 24, d[0], d[1])
         if st:
             _lib.fail(st)
+        if q:
+            self._inflight.reap()
         return True
 
     # ---- collectives ----
@@ -451,11 +469,14 @@ class Communicator:
             else:
                 d = _tensors.host(tensor)
             if d is not None and self._h is not None and not _lib.forked:
-                if self._inflight:
+                q = self._inflight._q
+                if q:
                     self._inflight.reap()
                 st = _lib._lib.ftcomm_comm_run(self._h, 1 | d[2] << 8 | op._code << 16, d[0], d[1])
                 if st:
                     _lib.fail(st)
+                if q:
+                    self._inflight.reap()
                 return DONE
         ptr, n, dt = self._check_tensor(tensor, "tensor")
         code, factor = self._reduction(op, dt)
@@ -500,13 +521,26 @@ class Communicator:
             raise _inv("all_gather_single: output has %d elements, want %d × %d" % (o[1], self._size, i[1]))
         return self._op(_lib.OP_ALL_GATHER, o, i, dt, _SUM, 0, async_op, timeout, (output, input))
 
+    def _landing(self, outs: List[tuple], tensors: Sequence, dt: int, like):
+        """Where a collective writes a list of output tensors: straight into
+        them when they are one buffer ((ptr, count) of it, no after step),
+        else into a scratch buffer copied into each tensor once the op has
+        succeeded. The op is the same either way: a layout is one rank's
+        own business and must not change what its peers see."""
+        total = sum(k for _, k in outs)
+        if outs and _adjacent(outs, _tensors.itemsize(dt)):
+            return (outs[0][0], total), None, tensors
+        buf = _tensors.empty_like_flat(like, total)
+        counts = [k for _, k in outs]
+        return (self._check_tensor(buf, "output")[0], total), lambda: _tensors.copy_blocks(buf, tensors, counts), \
+            (buf, tensors)
+
     def all_gather(self, tensor_list: Sequence, tensor, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Gather every rank's tensor into tensor_list[rank]."""
         ptr, n, dt = self._check_tensor(tensor, "tensor")
         outs = self._same(self._list(tensor_list, "all_gather: tensor_list"), "tensor_list", n, dt)
-        keep = (tensor, tensor_list)
-        return self._exchange(dt, [(ptr, n) if r != self._rank else None for r in range(self._size)], outs,
-                              tensor, tensor_list[self._rank], async_op, timeout, keep)
+        out, after, kept = self._landing(outs, tensor_list, dt, tensor)
+        return self._op(_lib.OP_ALL_GATHER, out, (ptr, n), dt, _SUM, 0, async_op, timeout, (tensor, kept), after)
 
     def all_gather_v(self, tensor_list: Sequence, tensor, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Gather every rank's tensor into tensor_list[rank]; the ranks'
@@ -515,30 +549,9 @@ class Communicator:
         outs = self._same(self._list(tensor_list, "all_gather_v: tensor_list"), "tensor_list", None, dt)
         if outs[self._rank][1] != n:
             raise _inv("all_gather_v: tensor has %d elements, tensor_list[%d] %d" % (n, self._rank, outs[self._rank][1]))
-        keep = (tensor, tensor_list)
-        return self._exchange(dt, [(ptr, n) if r != self._rank else None for r in range(self._size)], outs,
-                              tensor, tensor_list[self._rank], async_op, timeout, keep)
-
-    def _exchange(self, dt: int, sends: List[Optional[tuple]], recvs: List[Optional[tuple]], local_src, local_dst,
-                  async_op: bool, timeout, keep) -> Work:
-        """A collective as one batch of point-to-point ops: sends[r] goes to
-        rank r and recvs[r] comes from it (None: nothing); local_src is
-        copied into local_dst here, first. The collectives over lists of
-        tensors run this way, whatever the lists' layout: every rank issues
-        the same kind of op (a layout is one rank's own business), every
-        tensor is written in place (nothing is copied after the op, so a
-        dropped Work loses nothing), and per-peer sizes may differ."""
-        if local_dst is not None:
-            _tensors.copy_into(local_dst, local_src)
-        entries = []
-        for r in range(self._size):
-            if r == self._rank:
-                continue
-            if sends[r] is not None:
-                entries.append((_lib.P2P_SEND, sends[r][0], sends[r][1], dt, r))
-            if recvs[r] is not None:
-                entries.append((_lib.P2P_RECV, recvs[r][0], recvs[r][1], dt, r))
-        return self._batch(entries, async_op, timeout, keep)
+        out, after, kept = self._landing(outs, tensor_list, dt, tensor)
+        return self._opv(_lib.OP_ALL_GATHER_V, out, (ptr, n), dt, _SUM, [k for _, k in outs], None, async_op, timeout,
+                         (tensor, kept), after)
 
     def reduce_scatter_single(self, output, input, op=ReduceOp.SUM, async_op: bool = False, hints=None,
                               timeout=None) -> Work:
@@ -615,38 +628,32 @@ class Communicator:
         dt = self._check_tensor(input_tensor_list[0], "input_tensor_list[0]")[2]
         outs = self._same(self._list(output_tensor_list, "all_to_all: output_tensor_list"), "output_tensor_list", None,
                           dt)
-        me = self._rank
-        if outs[me][1] != ins[me][1]:
-            raise _inv("all_to_all: output_tensor_list[%d] has %d elements, input_tensor_list[%d] %d" % (
-                me, outs[me][1], me, ins[me][1]))
-        keep = (output_tensor_list, input_tensor_list)
-        return self._exchange(dt, ins, outs, input_tensor_list[me], output_tensor_list[me], async_op, timeout, keep)
+        joined, kept_in = self._joined(ins, input_tensor_list, None, dt)
+        out, after, kept_out = self._landing(outs, output_tensor_list, dt, input_tensor_list[0])
+        return self._opv(_lib.OP_ALL_TO_ALL_V, out, joined, dt, _SUM, [k for _, k in outs], [k for _, k in ins],
+                         async_op, timeout, (kept_in, kept_out), after)
 
     def scatter(self, output_tensor, input_tensor_list: Optional[Sequence], root: int, async_op: bool = False,
                 hints=None, timeout=None) -> Work:
-        """Send input_tensor_list[r] of root to rank r's output_tensor (as
-        point-to-point sends from root; see _exchange)."""
+        """Send input_tensor_list[r] of root to rank r's output_tensor."""
         optr, n, dt = self._check_tensor(output_tensor, "output_tensor")
         root = self._root(root)
         if self._rank != root:
-            return self._exchange(dt, [None] * self._size, [(optr, n) if r == root else None for r in range(self._size)],
-                                  None, None, async_op, timeout, output_tensor)
+            return self._op(_lib.OP_SCATTER, (optr, n), None, dt, _SUM, root, async_op, timeout, output_tensor)
         ins = self._same(self._list(input_tensor_list, "scatter: input_tensor_list"), "input_tensor_list", n, dt)
-        return self._exchange(dt, ins, [None] * self._size, input_tensor_list[root], output_tensor, async_op, timeout,
-                              (output_tensor, input_tensor_list))
+        joined, kept = self._joined(ins, input_tensor_list, None, dt)
+        return self._op(_lib.OP_SCATTER, (optr, n), joined, dt, _SUM, root, async_op, timeout, (output_tensor, kept))
 
     def gather(self, output_tensor_list: Optional[Sequence], input_tensor, root: int, async_op: bool = False,
                hints=None, timeout=None) -> Work:
-        """Collect every rank's input_tensor into root's output_tensor_list
-        (as point-to-point sends to root; see _exchange)."""
+        """Collect every rank's input_tensor into root's output_tensor_list."""
         iptr, n, dt = self._check_tensor(input_tensor, "input_tensor")
         root = self._root(root)
         if self._rank != root:
-            return self._exchange(dt, [(iptr, n) if r == root else None for r in range(self._size)], [None] * self._size,
-                                  None, None, async_op, timeout, input_tensor)
+            return self._op(_lib.OP_GATHER, (None, 0), (iptr, n), dt, _SUM, root, async_op, timeout, input_tensor)
         outs = self._same(self._list(output_tensor_list, "gather: output_tensor_list"), "output_tensor_list", n, dt)
-        return self._exchange(dt, [None] * self._size, outs, input_tensor, output_tensor_list[root], async_op, timeout,
-                              (output_tensor_list, input_tensor))
+        out, after, kept = self._landing(outs, output_tensor_list, dt, input_tensor)
+        return self._op(_lib.OP_GATHER, out, (iptr, n), dt, _SUM, root, async_op, timeout, (input_tensor, kept), after)
 
     def gather_single(self, output, input, root: int, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Collect every rank's input into root's output (size × input
@@ -1009,7 +1016,7 @@ def new_comm(backend: str, device: Any = "cpu", name: Optional[str] = None,
     if rank is None or size is None:
         raise _inv("rank and size: pass them or set RANK and WORLD_SIZE")
     options = CommOptions(abort_process_on_timeout_or_error=bool(abort_process_on_timeout_or_error), timeout=timeout,
-                          store=store, name=name, enable_reconfigure=enable_reconfigure, hints=hints)
+                          name=name, enable_reconfigure=enable_reconfigure, hints=hints)
     dev_settings: Optional[int] = None
     if backend == "nccl":
         if _device_type(device) != "cuda":
@@ -1053,6 +1060,10 @@ def new_comm(backend: str, device: Any = "cpu", name: Optional[str] = None,
     else:
         raise InvalidTypeError("ftcomm: store %r: want an ftcomm.Store, 'host:port' or a torch.distributed.Store" % (store,),
                                kinds=("invalid_argument",))
+    # The options name the store the comm uses (an ftcomm.Store), not a
+    # torch store it was bootstrapped through: holding that would keep its
+    # server (MASTER_PORT, often) for as long as the comm lives.
+    options.store = st
     if enable_reconfigure:
         # Unconnected until reconfigure() names its members; the bootstrap
         # (peers may still read it) goes with the comm.

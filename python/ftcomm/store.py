@@ -174,16 +174,26 @@ def from_environment(rank: int, size: int, key: str, timeout):
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         tstore = dist.PrefixStore("/worker/attempt_%s" % attempt, dist.TCPStore(addr, int(port), size, False, t))
         return through_torch_store(tstore, key, rank, addr, None), _Dropped(tstore)
-    # MASTER_PORT may still be held for a moment by the bootstrap of a comm
-    # made just before (a rank lets go of it only after its comm formed): a
-    # client can then reach that server as it goes away, and rank 0 cannot
-    # bind yet. Both are retried, with a short backoff, until the timeout.
+    # MASTER_PORT may still be held for a moment by a server of a store made
+    # just before (the caller's, or the bootstrap of a comm made just
+    # before: a rank lets go of it only after its comm formed), and a
+    # client can reach that server instead of rank 0's new one (it is going
+    # away, or it listens beside the new one: the kernel spreads
+    # connections over listeners that share the port). So rank 0 retries
+    # its bind, and the others look for the key with a short wait, each
+    # attempt on a new connection, with a backoff, until the timeout.
     deadline = time.monotonic() + secs
     pause = 0.01
     while True:
         try:
-            tstore = dist.TCPStore(addr, int(port), size, rank == 0, t, wait_for_workers=False)
-            return through_torch_store(tstore, key, rank, addr, None), _Dropped(tstore)
+            if rank == 0:
+                tstore = dist.TCPStore(addr, int(port), size, True, t, wait_for_workers=False)
+                return through_torch_store(tstore, key, rank, addr, None), _Dropped(tstore)
+            left = deadline - time.monotonic()
+            tstore = dist.TCPStore(addr, int(port), size, False, datetime.timedelta(seconds=max(min(left, 2.0), 0.1)),
+                                   wait_for_workers=False)
+            s = Store.connect(tstore.get(key).decode())
+            return s, _Dropped(tstore)
         except RuntimeError as e:
             if time.monotonic() + pause >= deadline or not _transient(e):
                 raise
@@ -196,7 +206,7 @@ def _transient(e: Exception) -> bool:
     or not gone yet (see from_environment)."""
     m = str(e).lower()
     return any(w in m for w in ("reset by peer", "broken pipe", "address already in use", "connection refused",
-                                "socket timeout", "failed to bind"))
+                                "timeout", "timed out", "failed to bind"))
 
 
 class _Dropped:

@@ -6,11 +6,14 @@ dropped at once, or ``del t`` before ``wait``, must not free memory the op
 still uses. So each async op is recorded in its communicator's ``InFlight``
 (issue order), holding the Work's library handle and every tensor the op
 touches, until the op is seen to end: by ``wait``/``is_completed``, by the
-comm issuing its next op (ops complete in issue order, so the oldest are
-checked first), or by ``finalize`` (which closes the comm: every op ends
-before it returns). Only then are the tensors released and the handle
-freed. A dropped Work's op still runs to the end; its outputs are complete
-once a later op on the same comm has completed, or the comm is finalized.
+comm issuing its next op or finishing a sync one (ops complete in issue
+order, so the oldest are checked first), or by ``finalize`` (which closes
+the comm: every op ends before it returns). Only then are the tensors
+released and the handle freed. An op may carry an ``after`` step, run once
+when it is seen to have succeeded (the list collectives copy a scratch
+buffer into the caller's tensors there). A dropped Work's op still runs to
+the end; its outputs are complete once a later op on the same comm has
+completed, or the comm is finalized.
 """
 
 from __future__ import annotations
@@ -40,48 +43,66 @@ class WorkStatus(enum.Enum):
 
 class _Op:
     """One async op in flight: its library handle (0 once settled), what
-    keeps its tensors alive, and its outcome once settled."""
+    keeps its tensors alive, what to run once it has succeeded, and its
+    outcome once settled."""
 
-    __slots__ = ("h", "keep", "done", "err")
+    __slots__ = ("h", "keep", "after", "done", "err")
 
-    def __init__(self, h: int, keep: Any):
-        self.h, self.keep, self.done, self.err = h, keep, False, None
+    def __init__(self, h: int, keep: Any, after: Optional[Callable[[], None]] = None):
+        self.h, self.keep, self.after, self.done, self.err = h, keep, after, False, None
 
 
 class InFlight:
     """The async ops of one communicator not yet seen to end, in issue order.
     Safe for concurrent use."""
 
-    __slots__ = ("_q", "_lock")
+    __slots__ = ("_q", "_lock", "_settled")
 
     def __init__(self):
         self._q: collections.deque = collections.deque()
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)  # an op became done
 
     def __bool__(self) -> bool:
         return bool(self._q)
 
-    def add(self, h: int, keep: Any) -> _Op:
-        op = _Op(h, keep)
+    def add(self, h: int, keep: Any, after: Optional[Callable[[], None]] = None) -> _Op:
+        op = _Op(h, keep, after)
         with self._lock:
             self._q.append(op)
         return op
 
     def settle(self, op: _Op, status: int) -> None:
         """Record the outcome of op, which has ended (status of a wait on
-        it, on this thread), free its handle and release its tensors."""
+        it, on this thread), run its after step if it succeeded, free its
+        handle and release its tensors."""
         err = _lib.last_error(status) if status < 0 else None
         with self._lock:
-            if op.done:
-                return
-            op.done, op.err = True, err
-            h, op.h, op.keep = op.h, 0, None
+            if op.done or not op.h:
+                return  # settled, or being settled by another thread
+            h, keep, after = op.h, op.keep, op.after
+            op.h, op.keep, op.after = 0, None, None
             try:
                 self._q.remove(op)
             except ValueError:
                 pass
-        if h and not _lib.forked:
+        if err is None and after is not None:
+            try:
+                after()
+            except Exception as e:  # noqa: BLE001 - the op's error now
+                err = e
+        del keep
+        if not _lib.forked:
             _lib.lib().ftcomm_work_free(h)
+        with self._lock:
+            op.err, op.done = err, True
+            self._settled.notify_all()
+
+    def await_settled(self, op: _Op) -> None:
+        """Wait until another thread has finished settling op."""
+        with self._lock:
+            while not op.done:
+                self._settled.wait()
 
     def reap(self) -> None:
         """Settle the oldest ops that have ended (the rest are younger)."""
@@ -92,10 +113,8 @@ class InFlight:
                     return
                 op = self._q[0]
                 h = op.h
-            if not h:  # released with its comm
-                with self._lock:
-                    if self._q and self._q[0] is op:
-                        self._q.popleft()
+            if not h:  # being settled by another thread (it leaves the queue)
+                self.await_settled(op)
                 continue
             st = L.ftcomm_work_wait(h, 0)
             if st == _lib.PENDING:
@@ -103,17 +122,16 @@ class InFlight:
             self.settle(op, st)
 
     def release(self) -> None:
-        """Forget every op: their comm is closed, so all of them have ended
-        (the library's handles go with the comm's)."""
+        """Settle every op: their comm is closed, so all of them have ended
+        (an op that completed before the close still runs its after step)."""
         with self._lock:
-            ops, self._q = list(self._q), collections.deque()
+            ops = list(self._q)
         for op in ops:
-            h, op.h, op.keep, op.done = op.h, 0, None, True
-            if op.err is None:
-                op.err = FtcommError("ftcomm: the communicator was finalized before this op was waited for",
-                                     kinds=("closed",))
-            if h and not _lib.forked:
-                _lib.lib().ftcomm_work_free(h)
+            h = op.h
+            if _lib.forked:
+                op.h, op.keep, op.after, op.done = 0, None, None, True
+            elif h:
+                self.settle(op, _lib.lib().ftcomm_work_wait(h, 0))
 
 
 class Work:
@@ -130,11 +148,10 @@ class Work:
     collective cannot be left half-way) and raises KeyboardInterrupt.
     """
 
-    __slots__ = ("_op", "_inflight", "_after", "__weakref__")
+    __slots__ = ("_op", "_inflight", "__weakref__")
 
-    def __init__(self, op: Optional[_Op] = None, inflight: Optional[InFlight] = None,
-                 after: Optional[Callable[[], None]] = None):
-        self._op, self._inflight, self._after = op, inflight, after
+    def __init__(self, op: Optional[_Op] = None, inflight: Optional[InFlight] = None):
+        self._op, self._inflight = op, inflight
 
     @property
     def _done(self) -> bool:
@@ -144,23 +161,16 @@ class Work:
     def _err(self) -> Optional[BaseException]:
         return None if self._op is None else self._op.err
 
-    def _settled(self) -> None:
-        if self._after is not None and self._op.err is None:
-            after, self._after = self._after, None
-            after()
-
     def is_completed(self) -> bool:
         op = self._op
         if op is None or op.done:
             return True
         h = op.h
-        if h:
+        if h:  # (0: being settled by another thread; done soon)
             done = c_int32()
             st = _lib.lib().ftcomm_work_test(h, byref(done))
             if st == 0 and done.value:
                 self._inflight.settle(op, _lib.lib().ftcomm_work_wait(h, 0))
-        if op.done:
-            self._settled()
         return op.done
 
     def is_success(self) -> bool:
@@ -185,8 +195,6 @@ class Work:
         err = self._err
         if err is not None:
             raise err
-        if self._after is not None:
-            self._settled()
         return True
 
     def wait_blocking(self, timeout=None) -> bool:
@@ -200,14 +208,16 @@ class Work:
             while not op.done:
                 h = op.h
                 if not h:
-                    return  # settled by another thread
+                    self._inflight.await_settled(op)  # being settled by another thread
+                    return
                 s = _WAIT_SLICE_NS
                 if deadline is not None:
                     s = min(s, max(deadline - time.monotonic_ns(), 1))
                 st = L.ftcomm_work_wait(h, s)
                 if st != _lib.PENDING:
-                    if st == _lib.ERR_BAD_HANDLE and op.done:
+                    if st == _lib.ERR_BAD_HANDLE and not op.h:
                         _lib.last_error(st)  # settled meanwhile; clear this thread's error
+                        self._inflight.await_settled(op)
                         return
                     self._inflight.settle(op, st)
                     return

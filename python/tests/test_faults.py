@@ -12,7 +12,9 @@ def test_async_ops_and_bounded_waits(two, store, name):
 
 def test_op_deadline(two, store, name):
     r0, r1 = two.run(workers.op_timeout, store.address, name)
-    assert r0["error"] == "CommTimeoutError"
+    # A CommTimeoutError (under load it may also name rank 1 as failed:
+    # its heartbeat, late, makes the error a peer failure too).
+    assert r0["error"].startswith("CommTimeout"), r0
     assert r0["took"] < 5, r0  # the 0.5 s deadline, not the comm's 30 s
     assert r0["after"] != "ok" and r1["after"] != "ok"  # the comm stays broken on both ranks
 
