@@ -83,13 +83,13 @@ type Backend struct {
 	// departed: 1 + a peer that closed its comm while no op needed it, when
 	// Config.KeepPointToPointAfterLeave kept b going; the next collective breaks b.
 	departed atomic.Int64
-	notify  chan struct{}
-	exp     []rxMark // per link: what the entries posted so far will have delivered
-	want    []int    // per link: entries planned for the op being set up
-	scratch [][]byte
-	srcs    [][]byte
-	flags   []bool
-	one     oneShotWait // the wait of a one-shot all-reduce (kept here: no allocation per op)
+	notify   chan struct{}
+	exp      []rxMark // per link: what the entries posted so far will have delivered
+	want     []int    // per link: entries planned for the op being set up
+	scratch  [][]byte
+	srcs     [][]byte
+	flags    []bool
+	one      oneShotWait // the wait of a one-shot all-reduce (kept here: no allocation per op)
 
 	// lane helpers (lanes.go): the op goroutine starts them (laneHelpers
 	// counts them and publishes their channels) and hands them work
