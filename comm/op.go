@@ -100,7 +100,7 @@ func validate(d *opDesc, rank, size int, mem Memory) error {
 		if d.t.dtype != d.in.dtype {
 			return invalidf("%s dtype %s differs from %s dtype %s", outName, d.t.dtype, inName, d.in.dtype)
 		}
-		if overlaps(d.t, d.in) {
+		if overlaps(d.t, d.in) && !inPlace(d, rank) {
 			return invalidf("%s and %s overlap", outName, inName)
 		}
 		return nil
@@ -281,6 +281,20 @@ func validate(d *opDesc, rank, size int, mem Memory) error {
 		return invalidf("unknown op %s", d.kind)
 	}
 	return nil
+}
+
+// inPlace reports whether d is an in-place all-gather (in is exactly block
+// rank of out) or reduce-scatter (out is exactly block rank of in), the
+// only overlaps allowed: NCCL runs them in place, and FSDP2 relies on it.
+func inPlace(d *opDesc, rank int) bool {
+	es := uintptr(d.t.dtype.Size())
+	switch d.kind {
+	case OpAllGather:
+		return d.in.Ptr() == d.t.Ptr()+uintptr(rank*d.in.count)*es
+	case OpReduceScatter:
+		return d.in.Ptr() == d.t.Ptr()-uintptr(rank*d.t.count)*es
+	}
+	return false
 }
 
 func checkPeer(peer, rank, size int) error {

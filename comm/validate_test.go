@@ -40,7 +40,10 @@ func TestValidation(t *testing.T) {
 		{"reducescatter sizes", func() error { return c.ReduceScatter(ctx, f32(2), f32(7), comm.Sum) }, "in has 7 elements, want out's 2 × size 4 = 8"},
 		{"reducescatter dtypes", func() error { return c.ReduceScatter(ctx, f32(1), i32, comm.Sum) }, "out dtype float32 differs from in dtype int32"},
 		{"overlap", func() error {
-			return c.AllGather(ctx, comm.Float32s(buf), comm.Float32s(buf[2:4]))
+			return c.AllGather(ctx, comm.Float32s(buf), comm.Float32s(buf[1:3]))
+		}, "out and in overlap"},
+		{"overlap, another rank's block", func() error {
+			return c.ReduceScatter(ctx, comm.Float32s(buf[4:6]), comm.Float32s(buf), comm.Sum)
 		}, "out and in overlap"},
 		{"allgather sizes", func() error { return c.AllGather(ctx, f32(7), f32(2)) }, "out has 7 elements, want in's 2 × size 4 = 8"},
 		{"allgatherv len", func() error { return c.AllGatherV(ctx, f32(3), f32(1), []int{1, 1, 1}) }, "counts has 3 entries, want one per rank (4)"},
@@ -97,6 +100,14 @@ func TestValidation(t *testing.T) {
 	}
 	if err := c.Gather(ctx, comm.Tensor{}, f32(2), 0); err != nil {
 		t.Fatal(err)
+	}
+	// In place, as NCCL allows and FSDP2 does: in is this rank's block of
+	// out (all-gather), out is this rank's block of in (reduce-scatter).
+	if err := c.AllGather(ctx, comm.Float32s(buf), comm.Float32s(buf[2:4])); err != nil {
+		t.Fatalf("in-place all-gather: %v", err)
+	}
+	if err := c.ReduceScatter(ctx, comm.Float32s(buf[2:4]), comm.Float32s(buf), comm.Sum); err != nil {
+		t.Fatalf("in-place reduce-scatter: %v", err)
 	}
 }
 

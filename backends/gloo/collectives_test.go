@@ -423,3 +423,47 @@ func TestCollectivesAgainstReference(t *testing.T) {
 		t.Errorf("%s: %v", res.name, res.err)
 	}
 }
+
+// In-place all-gather (in is this rank's block of out) and reduce-scatter
+// (out is this rank's block of in) give the results of the out-of-place
+// ops, with every algorithm and transport.
+func TestInPlaceAllGatherAndReduceScatter(t *testing.T) {
+	for _, job := range matrixJobs() {
+		t.Run(fmt.Sprintf("%s/%s", job.algo, transportName(job.shm)), func(t *testing.T) {
+			const n, count = 3, 1000
+			j := newJob(t, n, func(c *Config) { c.Algorithm = job.algo; c.SharedMemory = job.shm; c.SegmentSize = 4 << 10; c.SmallThreshold = 256 })
+			defer j.close()
+			j.mustRun(func(r int, cm *comm.Comm) error {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				buf := make([]float32, n*count)
+				for i := range count {
+					buf[r*count+i] = float32(r*10 + i%7)
+				}
+				if err := cm.AllGather(ctx, comm.Float32s(buf), comm.Float32s(buf[r*count:(r+1)*count])); err != nil {
+					return err
+				}
+				for q := range n {
+					for i := range count {
+						if want := float32(q*10 + i%7); buf[q*count+i] != want {
+							return fmt.Errorf("all-gather: element %d of block %d is %v, want %v", i, q, buf[q*count+i], want)
+						}
+					}
+				}
+				for i := range buf {
+					buf[i] = float32(r + 1 + i%5)
+				}
+				if err := cm.ReduceScatter(ctx, comm.Float32s(buf[r*count:(r+1)*count]), comm.Float32s(buf), comm.Sum); err != nil {
+					return err
+				}
+				for i := range count {
+					k := r*count + i
+					if want := float32(n*(n+1)/2 + n*(k%5)); buf[k] != want {
+						return fmt.Errorf("reduce-scatter: element %d is %v, want %v", i, buf[k], want)
+					}
+				}
+				return nil
+			})
+		})
+	}
+}
