@@ -29,6 +29,7 @@ running torch has none, so the tests run there too.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -50,7 +51,7 @@ CORE = [
     "AbortTest.py", "AllGatherSingleTest.py", "AllGatherTest.py", "AllGatherVTest.py", "AllReduceTest.py",
     "AllToAllSingleTest.py", "AllToAllTest.py", "AllToAllvSingleTest.py", "BarrierTest.py",
     "BatchSendRecvTest.py", "BroadcastTest.py", "ExpandableSegmentsTest.py", "FinalizeWarningTest.py",
-    "GatherSingleTest.py", "GatherTest.py", "GetInitHandleTest.py", "LazyP2PTest.py", "MemPoolTest.py",
+    "GatherSingleTest.py", "GatherTest.py", "GetInitHandleTest.py", "LazyP2PTest.py",
     "MultiCommTest.py", "ObjColTest.py", "OptionsTest.py", "ReconfigureTest.py", "ReduceScatterSingleTest.py",
     "ReduceScatterTest.py", "ReduceScatterVTest.py", "ReduceTest.py", "RegisterTensorTest.py", "ScatterTest.py",
     "SendRecvTest.py", "SplitTest.py", "WaitBlockingTest.py",
@@ -76,6 +77,7 @@ OUTSIDE = {
     "FullgraphCompileAutogradTest.py": "torch.compile of torchcomms' functional collectives (torchcomms.functional)",
     "FullgraphCompileTest.py": "torch.compile of torchcomms' functional collectives (torchcomms.functional)",
     "LazySetupChannelsTest.py": "NCCLX only",
+    "MemPoolTest.py": "get_mem_allocator (an ncclMemAlloc pool for torch.cuda.MemPool): ftcomm has none",
     "SymmMemRendezvousTest.py": "symmetric memory",
     "TimeoutTest.py": "every test is NCCLX-only (skip_unless_ncclx: the watchdog aborting the process, CUDA graphs); "
                       "ftcomm's own test_abort_process_on_timeout_or_error covers abort_process_on_timeout_or_error",
@@ -203,6 +205,7 @@ def main() -> int:
     ap.add_argument("--set", default="core", choices=["core", "torch", "all"], help="which files (default core)")
     ap.add_argument("--files", default="", help="comma-separated files instead of --set")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per file and configuration")
+    ap.add_argument("--jobs", type=int, default=1, help="files run at once (each with its own ranks; default 1)")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--json", default="", help="write the results here")
     ap.add_argument("--logs", default="", help="keep the rank logs here (default: a temporary directory)")
@@ -216,39 +219,41 @@ def main() -> int:
     files = [f for f in args.files.split(",") if f] or {"core": CORE, "torch": TORCH, "all": CORE + TORCH}[args.set]
 
     report = {"backend": args.backend, "python": args.python, "torchcomms": args.torchcomms, "runs": []}
+    configs = [(ranks, sweep, f) for ranks in [int(x) for x in args.ranks.split(",")]
+               for sweep in [int(x) for x in args.sweep.split(",")] for f in files]
+
+    def one(cfg):
+        ranks, sweep, f = cfg
+        return cfg, run_file(pkg, f, args.backend, ranks, sweep, args.timeout, shims, args.python, logdir)
+
     worst = 0
-    for ranks in [int(x) for x in args.ranks.split(",")]:
-        for sweep in [int(x) for x in args.sweep.split(",")]:
-            for f in files:
-                res, status, secs = run_file(pkg, f, args.backend, ranks, sweep, args.timeout, shims, args.python,
-                                             logdir)
-                counts = {"passed": 0, "failed": 0, "error": 0, "skipped": 0, "not_applicable": 0}
-                bad = []
-                for name, out in sorted(res.items()):
-                    if name in NOT_APPLICABLE:
-                        counts["not_applicable"] += 1
-                    elif out in ("PASSED", "XFAIL"):
-                        counts["passed"] += 1
-                    elif out == "SKIPPED":
-                        counts["skipped"] += 1
-                    else:
-                        counts["failed" if out in ("FAILED", "XPASS") else "error"] += 1
-                        bad.append("%s %s" % (out, name))
-                if status == "timeout":
-                    bad.append("TIMEOUT after %.0f s" % secs)
-                if bad:
-                    worst = 1
-                    if status == "failed":  # a rank's pytest failed: on tests counted above
-                        pass
-                elif status == "failed":
-                    status = "ok"  # only tests that cannot apply failed
-                report["runs"].append({"file": f, "ranks": ranks, "sweep": sweep, "status": status,
-                                       "seconds": round(secs, 1), "counts": counts, "not_passed": bad})
-                print("%-38s n=%d sweep=%d %-7s %6.1fs  pass %3d  fail %d  error %d  skip %d  n/a %d" % (
-                    f, ranks, sweep, status, secs, counts["passed"], counts["failed"], counts["error"],
-                    counts["skipped"], counts["not_applicable"]), flush=True)
-                for b in bad:
-                    print("    " + b, flush=True)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for (ranks, sweep, f), (res, status, secs) in pool.map(one, configs):
+            counts = {"passed": 0, "failed": 0, "error": 0, "skipped": 0, "not_applicable": 0}
+            bad = []
+            for name, out in sorted(res.items()):
+                if name in NOT_APPLICABLE:
+                    counts["not_applicable"] += 1
+                elif out in ("PASSED", "XFAIL"):
+                    counts["passed"] += 1
+                elif out == "SKIPPED":
+                    counts["skipped"] += 1
+                else:
+                    counts["failed" if out in ("FAILED", "XPASS") else "error"] += 1
+                    bad.append("%s %s" % (out, name))
+            if status == "timeout":
+                bad.append("TIMEOUT after %.0f s" % secs)
+            if bad:
+                worst = 1
+            elif status == "failed":
+                status = "ok"  # only tests that cannot apply failed
+            report["runs"].append({"file": f, "ranks": ranks, "sweep": sweep, "status": status,
+                                   "seconds": round(secs, 1), "counts": counts, "not_passed": bad})
+            print("%-38s n=%d sweep=%d %-7s %6.1fs  pass %3d  fail %d  error %d  skip %d  n/a %d" % (
+                f, ranks, sweep, status, secs, counts["passed"], counts["failed"], counts["error"],
+                counts["skipped"], counts["not_applicable"]), flush=True)
+            for b in bad:
+                print("    " + b, flush=True)
     if args.json:
         with open(args.json, "w") as out:
             json.dump(report, out, indent=1)

@@ -1003,7 +1003,10 @@ def new_comm(backend: str, device: Any = "cpu", name: Optional[str] = None,
     """
     if _lib.forked:
         raise _lib._fork_error()
-    backend = {"ncclx": "nccl", "cuda": "nccl"}.get(backend, backend)
+    # torchcomms' other names of an NCCL comm: ncclx (Meta's NCCL) and
+    # nccl-lazy (pair comms made at the first send or receive; ftcomm's NCCL
+    # comm serves point to point from the start).
+    backend = {"ncclx": "nccl", "cuda": "nccl", "nccl-lazy": "nccl"}.get(backend, backend)
     if backend not in ("gloo", "nccl"):
         raise _inv("backend %r: want 'gloo' or 'nccl'" % (backend,))
     name = name or "main"

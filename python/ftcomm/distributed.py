@@ -581,7 +581,10 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         with self._lock:
             c = self._comms.get(key)
             if c is None:
-                c = new_comm("nccl", torch.device("cuda", key[1]), name=self._name + "-cuda%d" % key[1],
+                # The name is the same at every rank (each runs its own
+                # device: the ordinal is no part of it, or the ranks would
+                # look for each other under different keys).
+                c = new_comm("nccl", torch.device("cuda", key[1]), name=self._name + "-cuda",
                              store=self._store, rank=self._r, size=self._n, timeout=self._timeout, hints=self._hints)
                 self._comms[key] = c
         return c

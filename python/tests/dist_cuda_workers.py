@@ -63,7 +63,8 @@ def ops(rank):
         for op in ("SUM", "MAX", "MIN", "AVG") if dt.is_floating_point else ("SUM", "MAX", "MIN"):
             both("all_reduce %s %s" % (dt, op), lambda t, g: dist.all_reduce(t, getattr(dist.ReduceOp, op), group=g),
                  lambda: _vals(rank, n, dt))
-    both("all_reduce async", lambda t, g: dist.all_reduce(t, group=g, async_op=True).wait(), lambda: _vals(rank, n))
+    both("all_reduce async", lambda t, g: dist.all_reduce(t, group=g, async_op=True).wait() and None,
+         lambda: _vals(rank, n))
     both("broadcast", lambda t, g: dist.broadcast(t, 1, group=g), lambda: _vals(rank, n))
     both("all_gather_into_tensor", lambda t, g: (lambda o: (dist.all_gather_into_tensor(o, t, group=g), o)[1])(
         torch.zeros(size * n, device="cuda")), lambda: _vals(rank, n))
