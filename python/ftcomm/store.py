@@ -194,7 +194,7 @@ def from_environment(rank: int, size: int, key: str, timeout):
                                    wait_for_workers=False)
             s = Store.connect(tstore.get(key).decode())
             return s, _Dropped(tstore)
-        except RuntimeError as e:
+        except (RuntimeError, OSError) as e:  # torch raises TimeoutError (an OSError) for a connect
             if time.monotonic() + pause >= deadline or not _transient(e):
                 raise
         time.sleep(pause)
