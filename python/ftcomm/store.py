@@ -11,7 +11,7 @@ import time
 from ctypes import byref, c_int64, c_uint64
 from typing import Optional
 
-from . import _lib
+from . import _lib, errors
 from .errors import InvalidArgumentError
 
 
@@ -140,8 +140,8 @@ def from_environment(rank: int, size: int, key: str, timeout):
 
     - under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the bootstrap is
       the agent's TCPStore;
-    - otherwise, with torch, rank 0 hosts a TCPStore there, as
-      torch.distributed's env:// does; without torch, an ftcomm store.
+    - otherwise rank 0 hosts an ftcomm store there, for this comm's
+      rendezvous only.
 
     The caller closes the bootstrap once its comm is formed and then runs a
     barrier on the comm (torchcomms does the same), so MASTER_PORT is free
@@ -151,62 +151,44 @@ def from_environment(rank: int, size: int, key: str, timeout):
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not addr or not port:
         return None, None
-    try:
+    secs = (_lib.timeout_ns(timeout) / 1e9) if timeout is not None else 300
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         import datetime
         import torch.distributed as dist
-    except ImportError:
-        dist = None
-    if dist is None or not hasattr(dist, "TCPStore"):
-        boot = Store.listen("%s:%s" % (_bind_host(addr), port)) if rank == 0 else Store.connect("%s:%s" % (addr, port))
-        try:
-            if rank == 0:
-                s = Store.listen("%s:0" % _bind_host(addr))
-                boot.set(key, "%s:%s" % (addr, s.address.rsplit(":", 1)[1]))
-            else:
-                s = Store.connect(boot.get(key, timeout=timeout).decode())
-        except BaseException:
-            boot.close()
-            raise
-        return s, boot
-    secs = (_lib.timeout_ns(timeout) / 1e9) if timeout is not None else 300
-    t = datetime.timedelta(seconds=secs)
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        t = datetime.timedelta(seconds=secs)
         tstore = dist.PrefixStore("/worker/attempt_%s" % attempt, dist.TCPStore(addr, int(port), size, False, t))
         return through_torch_store(tstore, key, rank, addr, None), _Dropped(tstore)
     # MASTER_PORT may still be held for a moment by a server of a store made
-    # just before (the caller's, or the bootstrap of a comm made just
-    # before: a rank lets go of it only after its comm formed), and a
-    # client can reach that server instead of rank 0's new one (it is going
-    # away, or it listens beside the new one: the kernel spreads
-    # connections over listeners that share the port). So rank 0 retries
-    # its bind, and the others look for the key with a short wait, each
-    # attempt on a new connection, with a backoff, until the timeout.
+    # just before (the caller's own TCPStore, or the bootstrap of a comm
+    # made just before: a rank lets go of it only after its comm formed),
+    # and a rank can reach that server instead of rank 0's new one. So rank
+    # 0 retries its bind, and the others look for the key with short waits,
+    # each on a new connection, with a backoff, until the timeout.
     deadline = time.monotonic() + secs
     pause = 0.01
     while True:
+        boot = None
         try:
             if rank == 0:
-                tstore = dist.TCPStore(addr, int(port), size, True, t, wait_for_workers=False)
-                return through_torch_store(tstore, key, rank, addr, None), _Dropped(tstore)
+                boot = Store.listen("%s:%s" % (_bind_host(addr), port))
+                s = Store.listen("%s:0" % _bind_host(addr))
+                try:
+                    boot.set(key, "%s:%s" % (addr, s.address.rsplit(":", 1)[1]))
+                except BaseException:
+                    s.close()
+                    raise
+                return s, boot
+            boot = Store.connect("%s:%s" % (addr, port))
             left = deadline - time.monotonic()
-            tstore = dist.TCPStore(addr, int(port), size, False, datetime.timedelta(seconds=max(min(left, 2.0), 0.1)),
-                                   wait_for_workers=False)
-            s = Store.connect(tstore.get(key).decode())
-            return s, _Dropped(tstore)
-        except (RuntimeError, OSError) as e:  # torch raises TimeoutError (an OSError) for a connect
-            if time.monotonic() + pause >= deadline or not _transient(e):
+            return Store.connect(boot.get(key, timeout=max(min(left, 2.0), 0.1)).decode()), boot
+        except errors.FtcommError as e:
+            if boot is not None:
+                boot.close()
+            if time.monotonic() + pause >= deadline or isinstance(e, errors.InvalidArgumentError):
                 raise
         time.sleep(pause)
         pause = min(pause * 2, 0.5)
-
-
-def _transient(e: Exception) -> bool:
-    """Whether a torch store error comes from a bootstrap server going away
-    or not gone yet (see from_environment)."""
-    m = str(e).lower()
-    return any(w in m for w in ("reset by peer", "broken pipe", "address already in use", "connection refused",
-                                "timeout", "timed out", "failed to bind"))
 
 
 class _Dropped:
