@@ -156,7 +156,7 @@ func (c *Config) Validate() error {
 		return usagef("the sweep from %d to %d bytes has more than 4096 sizes", c.MinSize, c.MaxSize)
 	}
 	if len(c.plan()) == 0 {
-		return usagef("no (op, dtype, redop) combination of -op %s -d %s -o %s is defined (avg needs a float dtype)",
+		return usagef("no (op, dtype, redop) combination of -op %s -d %s -o %s is defined (bitwise ops need an integer dtype)",
 			strings.Join(c.Ops, ","), strings.Join(c.DTypes, ","), strings.Join(c.RedOps, ","))
 	}
 	return nil

@@ -84,7 +84,7 @@ func TestParseFlags(t *testing.T) {
 	bad := [][]string{
 		{"-np", "1"}, {"-np", "1000"}, {"-b", "64M", "-e", "8"}, {"-b", "0"}, {"-f", "1"}, {"-n", "0"}, {"-w", "-1"},
 		{"-op", "allreduce,bogus"}, {"-d", "float128"}, {"-o", "xor"}, {"-r", "2"}, {"-timeout", "0s"},
-		{"-d", "int32", "-o", "avg"}, {"-a", "4"}, {"-e", "nonsense"}, {"extra"}, {"-b", "1", "-e", "1G", "-i", "1"},
+		{"-d", "float32", "-o", "band"}, {"-a", "4"}, {"-e", "nonsense"}, {"extra"}, {"-b", "1", "-e", "1G", "-i", "1"},
 	}
 	for _, args := range bad {
 		if _, err := parseFlags(args); !errors.Is(err, errUsage) {
@@ -97,13 +97,13 @@ func TestPlanSkipsUndefinedCombinations(t *testing.T) {
 	c := DefaultConfig()
 	c.Ops = []string{"allreduce", "allgather"}
 	c.DTypes = []string{"int32", "float32"}
-	c.RedOps = []string{"sum", "avg"}
+	c.RedOps = []string{"sum", "avg", "bor"}
 	var got []string
 	for _, s := range c.plan() {
 		got = append(got, s.Op.name+"/"+s.DType.String()+"/"+s.Red.String())
 	}
-	want := []string{"allreduce/int32/sum", "allreduce/float32/sum", "allreduce/float32/avg",
-		"allgather/int32/reduceop(0)", "allgather/float32/reduceop(0)"}
+	want := []string{"allreduce/int32/sum", "allreduce/int32/avg", "allreduce/int32/bor", "allreduce/float32/sum",
+		"allreduce/float32/avg", "allgather/int32/reduceop(0)", "allgather/float32/reduceop(0)"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("plan = %v\nwant %v", got, want)
 	}

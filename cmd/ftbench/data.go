@@ -113,7 +113,7 @@ func (d dataset) reduced(i int) float64 {
 	for r := 1; r < d.n; r++ {
 		x := int64(d.input(r, i))
 		switch d.red {
-		case comm.Sum:
+		case comm.Sum, comm.Avg:
 			acc += x
 		case comm.Prod:
 			acc *= x // wraps mod 2^64, which wrapTo narrows consistently
@@ -121,15 +121,24 @@ func (d dataset) reduced(i int) float64 {
 			acc = min(acc, x)
 		case comm.Max:
 			acc = max(acc, x)
+		case comm.BAnd:
+			acc &= x
+		case comm.BOr:
+			acc |= x
+		case comm.BXor:
+			acc ^= x
 		}
+	}
+	if d.red == comm.Avg { // the wrapped sum divided, truncating (ncclAvg)
+		return float64(int64(wrapTo(d.dt, acc)) / int64(d.n))
 	}
 	return wrapTo(d.dt, acc)
 }
 
-// tolerance is how far a result may be from want: one ulp of dt for avg,
-// zero (exact) for everything else.
+// tolerance is how far a result may be from want: one ulp of a float dt
+// for avg, zero (exact) for everything else.
 func (d dataset) tolerance(want float64) float64 {
-	if d.red != comm.Avg || want == 0 || math.IsInf(want, 0) {
+	if d.red != comm.Avg || !d.dt.IsFloat() || want == 0 || math.IsInf(want, 0) {
 		return 0
 	}
 	_, exp := math.Frexp(want)

@@ -14,7 +14,7 @@ import (
 func TestDatasetExpectationsAreExact(t *testing.T) {
 	const count = 4096
 	for _, dt := range []comm.DType{comm.Float32, comm.Float64, comm.Float16, comm.BFloat16, comm.Int8, comm.Uint8, comm.Int32, comm.Int64} {
-		for _, red := range []comm.ReduceOp{comm.Sum, comm.Prod, comm.Min, comm.Max, comm.Avg} {
+		for _, red := range []comm.ReduceOp{comm.Sum, comm.Prod, comm.Min, comm.Max, comm.Avg, comm.BAnd, comm.BOr, comm.BXor} {
 			if !red.Supports(dt) {
 				continue
 			}
