@@ -65,9 +65,9 @@ const (
 	evRollback = "rollback"  // committed steps From..To discarded
 	evSatOut   = "satout"
 	evWaiting  = "waiting"
-	evTooMany  = "toomany" // Commit returned ErrTooManyCommitFailures
-	evFatal    = "fatal"   // the replica gave up (Err)
-	evFinal    = "final"   // reached the target: its final state
+	evTooMany  = "toomany"  // Commit returned ErrTooManyCommitFailures
+	evFatal    = "fatal"    // the replica gave up (Err)
+	evFinal    = "final"    // reached the target: its final state
 	evSettings = "settings" // the job's settings Version in force from step From (epoch Epoch)
 )
 
