@@ -67,8 +67,8 @@ type DiLoCo struct {
 	// The job's inner step at committed step baseOff: the period changed
 	// there (Retune), so InnerStep counts from it.
 	innerOff, baseOff int64
-	x      exchange
-	stats  Stats
+	x                 exchange
+	stats             Stats
 }
 
 type ownerKey struct{ rank, size int }
