@@ -62,8 +62,10 @@ import (
 //     Revocation.Failed) says that two live members could not reach each
 //     other. Among the candidates, those in no blame are kept; of the
 //     others the largest set none of whom blames another stays and the
-//     rest wait out, the blame's hold (BlameHold, doubling each time the
-//     pair fails again), then join as joiners. The set that holds the
+//     rest wait out the blame's hold, then join as joiners: until one of
+//     the pair reports reaching the other again (MemberRecord.Reached) and
+//     BlameMinHold has passed, or else BlameHold — both doubling each time
+//     the pair fails again. The set that holds the
 //     job's step wins, then the one with more survivors (a side that
 //     trains on is not interrupted for joiners), then the larger, then
 //     the one holding the highest reported step, then the one whose
@@ -73,6 +75,17 @@ import (
 //   - Silence: a participant blamed in SilentEpochs failed epochs in a row
 //     in which it reported nothing (no commit failure, formed epoch,
 //     revocation or step) is left out until it reports something.
+//   - Stalls: a participant that reports its loop has not stepped
+//     (MemberRecord.Stall, not Waiting) at the step a peer reports waiting
+//     in (both past their own bounds, derived from the job's step times)
+//     is left out at once, until it forms or sits out a later epoch (its
+//     loop stepped again).
+//   - Settings: every quorum carries the job's settings in force
+//     (SetSettings); a new version forms an epoch at once, with the same
+//     participants, revoking nothing.
+//   - The run's step: every quorum carries the highest step the run is
+//     known to have reached (RunStep), so that participants holding no
+//     step of a run that reached one can refuse to restart its history.
 //   - Stragglers (StragglerPolicy, off by default): a participant whose
 //     reported step time stays above Factor times the median of the other
 //     participants' for Window is left out — never so many that fewer than
