@@ -124,6 +124,14 @@ func (m *Member) dialTargets(targets map[string]reachTarget) map[string]uint64 {
 			d := net.Dialer{Timeout: reachTimeout}
 			c, err := d.DialContext(ctx, "tcp", addr)
 			if err != nil {
+				// Read its record again next time: it may be gone (then
+				// the coordinator decides) or registered elsewhere.
+				m.mu.Lock()
+				if cur, ok := m.reach[id]; ok && cur.epoch == t.epoch {
+					cur.addr = ""
+					m.reach[id] = cur
+				}
+				m.mu.Unlock()
 				return
 			}
 			c.Close()
