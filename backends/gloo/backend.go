@@ -802,7 +802,11 @@ func (b *Backend) SilentPeers() []int {
 	limit := b.silentAfter()
 	var out []int
 	for p, l := range links {
-		if l == nil || l.isClosed() || l.byeSeen() {
+		// As the liveness check: only a reader blocked on the socket with
+		// nothing queued hears nothing; one busy with a frame, or held
+		// until this rank posts its op, has data from the peer.
+		if l == nil || l.isClosed() || l.byeSeen() || !l.ownedBy(b) || l.rstate.Load() != rsReading ||
+			l.inq() > 0 || l.shm != nil && l.shmPending() {
 			continue
 		}
 		if time.Duration(l.now()-l.lastRecv.Load()) > limit {
