@@ -218,6 +218,7 @@ func (m *Machine) Upsert(now time.Time, rec membership.MemberRecord) bool {
 		m.lastArrival = now
 	}
 	wasSilent := m.silent[r.ID] > 0
+	_, wasStalled := m.stalled[r.ID]
 	m.observe(now, old, &r)
 	switch {
 	case old.Health != r.Health, old.WantQuorum != r.WantQuorum, old.ShrinkOnly != r.ShrinkOnly,
@@ -225,9 +226,9 @@ func (m *Machine) Upsert(now time.Time, rec membership.MemberRecord) bool {
 		old.Finished != r.Finished, !samePolicy(old.Stragglers, r.Stragglers), !sameStall(old.Stall, r.Stall),
 		!maps.Equal(old.Reached, r.Reached):
 		return true
-	case old.Formed != r.Formed && (len(m.blame) > 0 || wasSilent):
-		// It may clear a blame, or be a silent member's sign of life;
-		// otherwise it only sets the next quorum's Base.
+	case old.Formed != r.Formed && (len(m.blame) > 0 || wasSilent || wasStalled):
+		// It may clear a blame, or be a silent or stalled member's sign
+		// of life; otherwise it only sets the next quorum's Base.
 		return true
 	case old.Step != r.Step && (m.waited || wasSilent):
 		// The step matters to a quorum waiting for the job's step, and

@@ -514,6 +514,35 @@ func TestQuorumUpsertSaysWhatMatters(t *testing.T) {
 		d := m.Advance(now.Add(DefaultFormWindow))
 		m.Published(*d.Quorum)
 	}
+	// A member left out for its stall shows life by forming (sitting out)
+	// a later epoch: that report matters, though no blame is held.
+	m = NewMachine("j", DefaultConfig(), nil)
+	m.Upsert(now, membership.MemberRecord{ID: "a", Incarnation: 1, WantQuorum: true})
+	m.Upsert(now, membership.MemberRecord{ID: "b", Incarnation: 2, WantQuorum: true})
+	m.Published(*m.Advance(now.Add(DefaultFormWindow)).Quorum)
+	ra, _ := m.Member("a")
+	rb, _ := m.Member("b")
+	ra.Stall = &membership.StepStall{Epoch: 1, Step: 3, Waiting: true}
+	rb.Stall = &membership.StepStall{Epoch: 1, Step: 3}
+	m.Upsert(now, ra)
+	m.Upsert(now, rb)
+	if d := m.Advance(now); d.Quorum == nil || len(d.Quorum.Participants) != 1 {
+		t.Fatalf("the stalled member was not left out: %+v", d)
+	} else {
+		m.Published(*d.Quorum)
+	}
+	rb.Formed = 2
+	if !m.Upsert(now, rb) {
+		t.Error("a stalled member's sign of life does not matter")
+	}
+	if d := m.Advance(now.Add(DefaultFormWindow)); d.Quorum == nil || len(d.Quorum.Participants) != 2 {
+		t.Fatalf("the stalled member, back, was not admitted: %+v", d)
+	}
+	m = NewMachine("j", DefaultConfig(), nil)
+	m.Upsert(now, base)
+	m.Upsert(now, membership.MemberRecord{ID: "b", Incarnation: 2, WantQuorum: true})
+	m.Published(*m.Advance(now.Add(DefaultFormWindow)).Quorum)
+
 	// With a policy, step times matter; while a quorum waits, steps do.
 	m.Upsert(now, membership.MemberRecord{ID: "a", Incarnation: 1, WantQuorum: true, Stragglers: &membership.StragglerPolicy{Factor: 2}})
 	if r, _ := m.Member("a"); !m.Upsert(now, func() membership.MemberRecord { r.StepTime = time.Second; return r }()) {
