@@ -38,6 +38,9 @@ type ftSettings struct {
 	HealChunkSize     int      `json:"heal_chunk_size"`
 	HealStreams       int      `json:"heal_streams"`
 	DurableCommit     bool     `json:"durable_commit"`
+	StallFactor       float64  `json:"stall_factor"`
+	StallMinS         float64  `json:"stall_min_s"`
+	InitialStep       int64    `json:"initial_step"`
 	DisableHealth     bool     `json:"disable_health_watch"`
 	LeaseTTLS         float64  `json:"lease_ttl_s"`
 	HeartbeatS        float64  `json:"heartbeat_s"`
@@ -78,6 +81,7 @@ type ftEvent struct {
 	TookS        float64 `json:"took_s"`
 	Reason       string  `json:"reason,omitempty"`
 	Text         string  `json:"text"`
+	Version      uint64  `json:"version,omitempty"` // settings: the version in force from from_step
 }
 
 func (f *ftObj) onEvent(e ft.Event) {
@@ -89,7 +93,7 @@ func (f *ftObj) onEvent(e ft.Event) {
 	}
 	f.events = append(f.events, ftEvent{Kind: e.Kind.String(), Time: float64(e.Time.UnixNano()) / 1e9, Epoch: e.Epoch,
 		Step: e.Step, Participants: e.Participants, How: e.How, FromStep: e.FromStep, ToStep: e.ToStep,
-		Bytes: e.Bytes, TookS: e.Took.Seconds(), Reason: e.Reason, Text: e.String()})
+		Bytes: e.Bytes, TookS: e.Took.Seconds(), Reason: e.Reason, Text: e.String(), Version: e.Version})
 }
 
 func (s *ftSettings) config(obj *ftObj) (ft.Config, error) {
@@ -98,6 +102,7 @@ func (s *ftSettings) config(obj *ftObj) (ft.Config, error) {
 		Device: max(s.Device, 0), ControlBackend: s.ControlBackend, MinReplicas: s.MinReplicas, Timeout: seconds(s.TimeoutS),
 		MaxCommitFailures: s.MaxCommitFailures, RecoveryAddr: s.RecoveryAddr, HealChunkSize: s.HealChunkSize,
 		HealStreams: s.HealStreams, DurableCommit: s.DurableCommit, DisableHealthWatch: s.DisableHealth,
+		StallFactor: s.StallFactor, StallMin: seconds(s.StallMinS), InitialStep: s.InitialStep,
 		Logger: obj.log, OnEvent: obj.onEvent}
 	cfg.Member = membership.DefaultMemberConfig()
 	if s.LeaseTTLS > 0 {
@@ -348,6 +353,35 @@ func ftcomm_ft_events(h C.uint64_t, buf unsafe.Pointer, capacity C.int64_t, n *C
 		}
 		f.events, f.dropped = nil, 0
 		return nil
+	})
+}
+
+// ftSettingsJSON is ft.Comm.Settings as ftcomm_ft_settings reports it.
+type ftSettingsJSON struct {
+	Version  uint64                        `json:"version"`
+	Epoch    uint64                        `json:"epoch"`
+	FromStep int64                         `json:"from_step"`
+	Values   map[string]membership.Setting `json:"values"`
+}
+
+// ftcomm_ft_settings stores the job's settings in force for this
+// replica's step (ft.Comm.Settings) in buf as a JSON object {"version",
+// "epoch", "from_step", "values": {key: {"type", "value"}}}; with a
+// buffer too small it returns FTCOMM_ERR_SHORT_BUFFER.
+//
+//export ftcomm_ft_settings
+func ftcomm_ft_settings(h C.uint64_t, buf unsafe.Pointer, capacity C.int64_t, n *C.int64_t) C.int32_t {
+	return guard(func() error {
+		f, err := lookup[*ftObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		s := f.c.Settings()
+		out := ftSettingsJSON{Version: s.Version, Epoch: s.Epoch, FromStep: s.FromStep, Values: s.Values}
+		if out.Values == nil {
+			out.Values = map[string]membership.Setting{}
+		}
+		return putJSON(out, buf, capacity, n)
 	})
 }
 

@@ -256,6 +256,19 @@ type HealthWatcher interface {
 	WatchHealth(ctx context.Context, report func(HealthEvent)) error
 }
 
+// SilenceReporter is a backend whose peers send it something regularly
+// (data or heartbeats, whether or not an op runs), so it can tell which of
+// them have gone silent: a link cut somewhere between the two hosts, or a
+// peer process stopped. ft names them when a step fails or stalls, so the
+// coordinator sees a cut from both of its sides at once.
+type SilenceReporter interface {
+	// SilentPeers returns the ranks from which nothing has arrived for
+	// longer than a live, connected peer stays silent (a few heartbeat
+	// intervals), or nil when this process's own timers run late (a
+	// starved process hears from no one, and that proves nothing).
+	SilentPeers() []int
+}
+
 // Completion is an op started by an Enqueuer.
 type Completion interface {
 	// Wait blocks until the op has completed (nil), failed, been woken by

@@ -63,6 +63,9 @@ type JobView struct {
 	// WaitingMembers are the members that wait for a holder of a step
 	// the job committed (MemberRecord.WaitingFor), by id.
 	WaitingMembers []string `json:"waitingMembers,omitempty"`
+	// Settings is the job's settings document (nil: none was set); the
+	// quorum's Settings says which version is in force.
+	Settings *membership.JobSettings `json:"settings,omitempty"`
 }
 
 // Jobs lists the jobs that have members or a quorum.
@@ -130,11 +133,19 @@ func (a *Admin) Job(ctx context.Context, job string) (JobView, error) {
 		clientv3.OpGet(a.keys.Revocations(job), clientv3.WithPrefix()),
 		clientv3.OpGet(a.keys.Quorum(job)),
 		clientv3.OpGet(a.keys.Run(job)),
+		clientv3.OpGet(a.keys.Settings(job)),
 	).Commit()
 	if err != nil {
 		return JobView{}, fmt.Errorf("coordinator: read job %s: %w", job, ctxErr(ctx, err))
 	}
 	v := JobView{Job: job, Members: []MemberView{}}
+	for _, kv := range resp.Responses[4].GetResponseRange().Kvs {
+		var st membership.JobSettings
+		if json.Unmarshal(kv.Value, &st) == nil {
+			st.Signature = nil
+			v.Settings = &st
+		}
+	}
 	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
 		var r membership.RunRecord
 		if json.Unmarshal(kv.Value, &r) == nil {

@@ -44,7 +44,10 @@
 // or a closed port is neither. On a gossip death the leader also deletes
 // the member's registration (fenced), so a restarted process can register
 // at once. A member that a peer blames for a failed collective is dialled
-// at its address, and removed at once if the port refuses connections.
+// at its address, and removed at once if the port refuses connections;
+// so is the holder a new process of the same id claims (membership.Claim):
+// a restarted replica need not wait for its old lease, its own or its
+// group's.
 // Config.EvictKeepOut (default DefaultEvictKeepOut) keeps an evicted
 // member out for a while. Members that wait for a holder of a step the job
 // committed (MemberRecord.WaitingFor) are logged and counted
@@ -62,6 +65,13 @@
 // (without a signer: the one its history agrees with) and restores the
 // newest trusted history entry otherwise. Coordinators publish their key
 // ids and refuse to run beside an instance with another (ErrKeyMismatch).
+//
+// A job's settings (membership.JobSettings) are changed by any instance
+// (Coordinator.SetSettings, the API, `ftcoord job set`): validated whole,
+// versioned, signed with the quorum key, stored unless another change came
+// first. The leader adopts a document a coordinator signed and publishes it
+// as a new epoch with the same participants; every replica of that epoch
+// uses it from the epoch's first step. See docs/quorum.md.
 //
 // # Lifecycle and concurrency
 //

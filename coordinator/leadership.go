@@ -34,7 +34,8 @@ type leadership struct {
 }
 
 func newLeadership(c *Coordinator, sess *concurrency.Session, fenceKey string, fenceRev int64) *leadership {
-	cfg := machineConfig{name: c.cfg.Name, quorum: c.cfg.Quorum, signed: c.cfg.QuorumSigner != nil, trust: c.trust, probeWait: probeWait}
+	cfg := machineConfig{name: c.cfg.Name, quorum: c.cfg.Quorum, signed: c.cfg.QuorumSigner != nil, trust: c.trust,
+		trustSettings: c.trustSettings, probeWait: probeWait}
 	return &leadership{c: c, sess: sess, fenceKey: fenceKey, fenceRev: fenceRev, m: newMachine(cfg), verified: make(chan probed, 64)}
 }
 
@@ -48,6 +49,19 @@ func (c *Coordinator) trust(job string, raw []byte) (membership.Quorum, bool) {
 		return q, err == nil && q.Job == job
 	}
 	return q, json.Unmarshal(raw, &q) == nil && q.Job == job
+}
+
+// trustSettings returns the settings document of job that raw holds when
+// a coordinator wrote it: signed by its key (with a signer), or at least
+// well-formed.
+func (c *Coordinator) trustSettings(job string, raw []byte) (membership.JobSettings, bool) {
+	var doc membership.JobSettings
+	if s := c.cfg.QuorumSigner; s != nil {
+		var err error
+		doc, err = s.Verifier().VerifySettings(raw)
+		return doc, err == nil && doc.Job == job
+	}
+	return doc, json.Unmarshal(raw, &doc) == nil && doc.Job == job
 }
 
 // encode is a quorum record as the leader stores it (signed when it signs).
@@ -120,6 +134,12 @@ func (l *leadership) load(ctx context.Context) (int64, error) {
 			var r membership.Revocation
 			if json.Unmarshal(kv.Value, &r) == nil {
 				snap(job).revocations = append(snap(job).revocations, r)
+			}
+		case kind == "_settings":
+			snap(job).settings = kv.Value
+		case kind == "claims":
+			if c, ok := claimOf(job, rest, kv); ok {
+				snap(job).claims = append(snap(job).claims, c)
 			}
 		}
 	}
@@ -249,12 +269,27 @@ func (l *leadership) event(ev *clientv3.Event) input {
 		if json.Unmarshal(ev.Kv.Value, &r) == nil {
 			return revocationPut{job, r}
 		}
+	case kind == "claims" && ev.Type == mvccpb.PUT:
+		if c, ok := claimOf(job, rest, ev.Kv); ok {
+			return c
+		}
+	case kind == "_settings" && ev.Type == mvccpb.PUT:
+		return settingsPut{job, ev.Kv.Value}
 	case kind == "_quorum":
 		return quorumWritten{job, ev.Kv.ModRevision, ev.Kv.Value, ev.Type == mvccpb.DELETE}
 	case kind == "_view":
 		return viewWritten{job, ev.Kv.ModRevision, ev.Kv.Value, ev.Type == mvccpb.DELETE}
 	}
 	return nil
+}
+
+// claimOf reads a claim on member id.
+func claimOf(job, id string, kv *mvccpb.KeyValue) (claimed, bool) {
+	var c membership.Claim
+	if json.Unmarshal(kv.Value, &c) != nil || id == "" {
+		return claimed{}, false
+	}
+	return claimed{job: job, id: id, claim: c, rev: kv.ModRevision}, true
 }
 
 func (l *leadership) armTimer(t *time.Timer) {
@@ -293,6 +328,9 @@ func (l *leadership) feed(ctx context.Context, now time.Time, in input) error {
 			answer = &w
 		case probe:
 			l.probe(a)
+		case deleteClaim:
+			key := l.c.keys.Claim(a.job, a.id)
+			l.fencedTxn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", a.rev)}, clientv3.OpDelete(key))
 		case deleteRegistration:
 			l.deleteMember(ctx, a.job, a.rec)
 		case removed:
@@ -357,13 +395,13 @@ func (l *leadership) publish(ctx context.Context, a publish) (written, error) {
 		if s := l.c.cfg.QuorumSigner; s != nil {
 			sign = s.Sign
 		}
-		view, err := membership.EncodeQuorumView(a.prev, *q, a.viewRev, sign)
+		view, err := membership.EncodeQuorumViewWith(a.prev, *q, a.viewRev, a.settings, sign)
 		if err != nil {
 			return written{}, fmt.Errorf("coordinator: encode quorum view: %w", err)
 		}
 		whole := view
 		if a.prev != nil {
-			if whole, err = membership.EncodeQuorumView(nil, *q, a.viewRev, sign); err != nil {
+			if whole, err = membership.EncodeQuorumViewWith(nil, *q, a.viewRev, a.settings, sign); err != nil {
 				return written{}, fmt.Errorf("coordinator: encode quorum view: %w", err)
 			}
 		}

@@ -91,6 +91,20 @@ type (
 		dead    bool
 		err     error
 	}
+	// claimed: a new incarnation of member id found its id held and asks
+	// for the holder (claim.Incarnation) to be confirmed dead; rev is the
+	// claim key's mod revision.
+	claimed struct {
+		job, id string
+		claim   membership.Claim
+		rev     int64
+	}
+	// settingsPut: the job's settings document was written (raw, as
+	// stored).
+	settingsPut struct {
+		job string
+		raw []byte
+	}
 	// tick: decide now, for every job with news or a timer due.
 	tick struct{}
 	// written: the answer to the write in flight. ok: the fenced write
@@ -114,6 +128,8 @@ func (quorumWritten) isInput() {}
 func (viewWritten) isInput()   {}
 func (gossipDied) isInput()    {}
 func (probed) isInput()        {}
+func (claimed) isInput()       {}
+func (settingsPut) isInput()   {}
 func (tick) isInput()          {}
 func (written) isInput()       {}
 
@@ -123,6 +139,8 @@ type jobSnapshot struct {
 	quorum      *storedValue  // the quorum record (nil: no key)
 	history     []storedValue // the history entries, oldest epoch first
 	revocations []membership.Revocation
+	settings    []byte    // the settings document (nil: none)
+	claims      []claimed // claims not yet answered
 }
 
 // storedValue is a key's value with its mod revision.
@@ -149,6 +167,9 @@ type (
 		prev       *membership.Quorum
 		viewRev    *membership.Revocation
 		ifRev      int64
+		// settings is the document quorum.Settings names, for the view
+		// to carry (nil: none, or not known to this leader).
+		settings *membership.JobSettings
 	}
 	// restoreRecord writes value back as the job's quorum record, fenced
 	// by the leader key and the foreign write's revision (ifRev).
@@ -173,6 +194,12 @@ type (
 		job, id string
 		inc     int64
 		addr    string
+	}
+	// deleteClaim deletes an answered claim (if still at rev). Not
+	// answered.
+	deleteClaim struct {
+		job, id string
+		rev     int64
 	}
 	// deleteRegistration deletes a dead member's key, fenced by the
 	// leader key and its incarnation, and revokes its lease unless the
@@ -217,6 +244,7 @@ func (restoreRecord) isAction()      {}
 func (deleteRecord) isAction()       {}
 func (deleteView) isAction()         {}
 func (probe) isAction()              {}
+func (deleteClaim) isAction()        {}
 func (deleteRegistration) isAction() {}
 func (removed) isAction()            {}
 func (status) isAction()             {}
@@ -251,6 +279,10 @@ type machineConfig struct {
 	// it: signed by its key (signed), or at least well-formed; always of
 	// job.
 	trust func(job string, raw []byte) (membership.Quorum, bool)
+	// trustSettings returns the settings document raw holds when it is
+	// the job's and a coordinator wrote it (signed by a trusted key, when
+	// the leader signs).
+	trustSettings func(job string, raw []byte) (membership.JobSettings, bool)
 	// probeWait is how long a quorum waits for a probe's verdict.
 	probeWait time.Duration
 }
@@ -295,6 +327,8 @@ type jobState struct {
 	// stalled are the members that wait for a holder of a committed step
 	// (MemberRecord.WaitingFor), by id.
 	stalled map[string]bool
+	// settings is the job's settings document in force (nil: none).
+	settings *membership.JobSettings
 }
 
 // foreignWrite is a write of a job's quorum key that no leader made.
@@ -359,6 +393,10 @@ func (m *machine) handle(now time.Time, in input) []action {
 		m.gossipDeath(now, in.node)
 	case probed:
 		m.onProbed(now, in)
+	case claimed:
+		m.onClaim(now, in)
+	case settingsPut:
+		m.onSettings(in)
 	case tick:
 		if m.pass == nil {
 			m.startPass(now)
@@ -509,6 +547,44 @@ func (m *machine) onProbed(now time.Time, v probed) {
 	m.doomed = append(m.doomed, doomedMember{v.job, rec})
 }
 
+// onClaim answers a new incarnation's claim on its member id: the holder
+// the claim names is probed like a blamed member, and a refused port ends
+// its registration at once (onProbed), for a lease of its own as for its
+// group's, so the new process registers without waiting for the lease.
+// A claim on another incarnation (the holder went, or is newer) is only
+// deleted.
+func (m *machine) onClaim(now time.Time, c claimed) {
+	m.do(deleteClaim{job: c.job, id: c.id, rev: c.rev})
+	j := m.job(c.job)
+	rec, ok := j.m.Member(c.id)
+	if !ok || rec.Incarnation != c.claim.Incarnation || rec.Addr == "" {
+		return
+	}
+	m.log(false, "a new process claims a member id; probing the holder", field{"job", c.job}, field{"member", c.id},
+		field{"holder", rec.Incarnation}, field{"addr", rec.Addr}, field{"claimant", c.claim.By})
+	j.m.Suspect(now, c.id, rec.Incarnation, now.Add(m.cfg.probeWait))
+	m.do(probe{job: c.job, id: c.id, inc: rec.Incarnation, addr: rec.Addr})
+}
+
+// onSettings takes a job's settings document: one a coordinator wrote
+// becomes the settings in force, and the job's next quorum carries it; any
+// other is ignored (members verify the quorum that names it).
+func (m *machine) onSettings(in settingsPut) {
+	doc, ok := m.cfg.trustSettings(in.job, in.raw)
+	if !ok {
+		m.log(true, "settings document not written by a coordinator; ignored", field{"job", in.job})
+		return
+	}
+	j := m.job(in.job)
+	if j.settings != nil && j.settings.Version >= doc.Version {
+		return
+	}
+	j.settings = &doc
+	j.m.SetSettings(doc.Ref())
+	j.dirty = true
+	m.log(false, "job settings changed", field{"job", in.job}, field{"version", doc.Version}, field{"settings", doc.Summary()})
+}
+
 // onQuorumWritten tells the leader's own writes of a quorum record, seen
 // in the watch (late, possibly after a newer one), from anyone else's,
 // which it repairs at the next pass. Only a leader passes the fence, so
@@ -648,6 +724,9 @@ func (m *machine) publish(job string, j *jobState, d quorum.Decision) {
 		q.PublishedBy = m.cfg.name
 		if cur, ok := j.m.Current(); ok {
 			a.prev = &cur
+		}
+		if st := j.settings; st != nil && q.Settings != nil && st.Ref() == *q.Settings {
+			a.settings = st
 		}
 		a.viewRev = d.Revocation
 		if r, ok := j.m.Revocation(); ok && a.viewRev == nil {

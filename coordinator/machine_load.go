@@ -37,8 +37,18 @@ func (m *machine) load(now time.Time, in loaded) {
 		}
 	}
 	for _, name := range names {
+		if raw := in.jobs[name].settings; raw != nil {
+			m.onSettings(settingsPut{job: name, raw: raw})
+		}
+	}
+	for _, name := range names {
 		for _, r := range in.jobs[name].revocations {
 			m.job(name).m.Revoke(now, r)
+		}
+	}
+	for _, name := range names {
+		for _, c := range in.jobs[name].claims {
+			m.onClaim(now, c)
 		}
 	}
 	for _, j := range m.jobs {

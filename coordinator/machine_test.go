@@ -43,6 +43,10 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of coordi
 //	gossip-dead a|a#I         gossip declares a's node dead (a#I: the node of
 //	                          a's incarnation I)
 //	probed a dead|alive       the verdict on a's port (the last probe of a)
+//	claim a [inc=I]           a new process of a claims its id, held by a's
+//	                          live incarnation (or incarnation I)
+//	settings V k=v …          a coordinator writes version V of the job's settings
+//	                          (forged: someone else does)
 //	tick D                    advance the clock by D and decide
 //	forge record E|deleted    someone else writes the quorum record (epoch E) or deletes it
 //	forge view E|deleted      the same for the quorum view
@@ -161,6 +165,8 @@ func (s *machineScript) feed(in input) {
 		case probe:
 			s.say("probe %s#%d at %s", a.id, a.inc, a.addr)
 			s.probed[a.id] = a.inc
+		case deleteClaim:
+			s.say("delete claim %s", a.id)
 		case deleteRegistration:
 			s.say("delete registration %s#%d", a.rec.ID, a.rec.Incarnation)
 			if kv, ok := s.kv["members/"+a.rec.ID]; ok && kv.create == a.rec.Incarnation && !s.deposed {
@@ -274,6 +280,12 @@ func (s *machineScript) publish(a publish) *written {
 		if len(q.Departed) > 0 {
 			head += fmt.Sprintf(" departed=%v", q.Departed)
 		}
+		if q.Settings != nil {
+			head += fmt.Sprintf(" settings=v%d", q.Settings.Version)
+			if a.settings != nil {
+				head += " (" + a.settings.Summary() + ")"
+			}
+		}
 		s.say("%s", head)
 		s.say("  reason: %s", q.Reason)
 		if r := a.revocation; r != nil {
@@ -334,6 +346,15 @@ func (s *machineScript) sign() func([]byte) *membership.QuorumSignature {
 	return s.signer.Sign
 }
 
+func (s *machineScript) trustSettings(job string, raw []byte) (membership.JobSettings, bool) {
+	var doc membership.JobSettings
+	if s.signer != nil {
+		doc, err := s.signer.Verifier().VerifySettings(raw)
+		return doc, err == nil && doc.Job == job
+	}
+	return doc, json.Unmarshal(raw, &doc) == nil && doc.Job == job
+}
+
 func (s *machineScript) trust(job string, raw []byte) (membership.Quorum, bool) {
 	var q membership.Quorum
 	if s.signer != nil {
@@ -367,6 +388,8 @@ func (s *machineScript) snapshot() loaded {
 			var r membership.Revocation
 			json.Unmarshal(kv.value, &r)
 			snap.revocations = append(snap.revocations, r)
+		case k == "settings":
+			snap.settings = kv.value
 		}
 	}
 	return loaded{jobs: map[string]*jobSnapshot{scriptJob: snap}}
@@ -413,7 +436,7 @@ func (s *machineScript) run(line string) []string {
 		cfg.quorum, cfg.signed = qc, signer != nil
 		*s = machineScript{t: s.t, cfg: cfg, signer: signer, now: time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC),
 			kv: map[string]*fakeKV{}, etcd: "up", probed: map[string]int64{}, leading: true}
-		s.cfg.trust = s.trust
+		s.cfg.trust, s.cfg.trustSettings = s.trust, s.trustSettings
 		s.m = newMachine(s.cfg)
 	case "join":
 		ask := args[len(args)-1] != "idle"
@@ -495,6 +518,46 @@ func (s *machineScript) run(line string) []string {
 			s.t.Fatalf("%s was not probed", args[0])
 		}
 		s.feed(probed{job: scriptJob, id: args[0], inc: inc, dead: args[1] == "dead"})
+	case "claim":
+		r, ok := s.record(args[0])
+		inc := r.Incarnation
+		if len(args) > 1 {
+			v, _ := strings.CutPrefix(args[1], "inc=")
+			inc, _ = strconv.ParseInt(v, 10, 64)
+		} else if !ok {
+			s.t.Fatalf("no member %s", args[0])
+		}
+		c := membership.Claim{Incarnation: inc, Addr: args[0] + ":1", By: args[0] + ":9", At: s.now}
+		b, _ := json.Marshal(c)
+		kv := s.put("claims/"+args[0], b)
+		s.feed(claimed{job: scriptJob, id: args[0], claim: c, rev: kv.mod})
+	case "settings":
+		v, _ := strconv.ParseUint(args[0], 10, 64)
+		doc := membership.JobSettings{Job: scriptJob, Version: v - 1, Values: map[string]membership.Setting{}}
+		forged := false
+		var changes []string
+		for _, a := range args[1:] {
+			if a == "forged" {
+				forged = true
+				continue
+			}
+			changes = append(changes, a)
+		}
+		cs, err := membership.ParseSettingChanges(changes)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		if doc, err = doc.Apply(cs); err != nil {
+			s.t.Fatal(err)
+		}
+		raw, _ := json.Marshal(doc)
+		if s.signer != nil && !forged {
+			msg, _, _ := membership.CanonicalSettings(raw)
+			doc.Signature = s.signer.Sign(msg)
+			raw, _ = json.Marshal(doc)
+		}
+		s.put("settings", raw)
+		s.feed(settingsPut{scriptJob, raw})
 	case "tick":
 		d, err := time.ParseDuration(args[0])
 		if err != nil {

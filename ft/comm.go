@@ -351,15 +351,51 @@ func (c *Comm) AllToAll(ctx context.Context, out, in comm.Tensor) *comm.Work {
 // Finish ends the run at this replica's committed step: the coordinator
 // publishes it as the run's end (membership.Quorum.Final), so that every
 // other replica's Step returns a *FinishedError (ErrFinished) rather than
-// go on without it or redo a step it will never take again. Call it when
-// the training loop is done (every replica of a job normally stops at the
-// same step), between Commit and Step, then Close.
+// go on without it or redo a step it will never take again; a replica
+// behind the final step first heals to it from the replicas that
+// finished. Call it when the training loop is done (every replica of a
+// job normally stops at the same step), between Commit and Step, then
+// Close. From Finish on, the registered state is served as the run's
+// final state: do not write it until Close returns. Close then waits
+// (Config.Timeout at most) until no replica is left behind the final
+// step to heal from this one.
 func (c *Comm) Finish(ctx context.Context) error {
+	r, err := c.ask(ctx, finishCalled{}, func(err error) input { return nil })
+	if err == nil {
+		err = r.err
+	}
+	if err != nil {
+		return fmt.Errorf("ft: finish: %w", err)
+	}
 	if err := c.member().Finish(ctx, c.CommittedStep()); err != nil {
 		return fmt.Errorf("ft: finish: %w", err)
 	}
 	c.log.Info("finished the run", zap.Int64("step", c.CommittedStep()))
 	return nil
+}
+
+// Settings are the job's settings in force at a replica: a document the
+// operator changes while the job runs (`ftcoord job set`, the
+// coordinator's API), in force from step FromStep, the first step of
+// Epoch, at every replica of that epoch alike.
+type Settings struct {
+	membership.JobSettings
+	Epoch    uint64
+	FromStep int64
+}
+
+// Settings returns the job's settings in force for this replica's current
+// step (Version 0 and no values before any were set). They change only
+// inside Step, at the start of an epoch whose first step every
+// participant agreed on, and Config.OnEvent then gets an EventSettings:
+// a loop that reads them after Step (its learning rate, its sync period)
+// uses the same version at the same step as every other replica. Safe
+// from any goroutine.
+func (c *Comm) Settings() Settings {
+	if s := c.settings.Load(); s != nil {
+		return *s
+	}
+	return Settings{}
 }
 
 // ReportHealth tells the coordinator this replica's health. A device monitor

@@ -86,6 +86,12 @@ type durableCommitter interface {
 // backend keeps device memory.
 const DefaultControlBackend = "gloo"
 
+// The stall bound's defaults (Config.StallFactor, Config.StallMin).
+const (
+	DefaultStallFactor = 10
+	DefaultStallMin    = time.Second
+)
+
 // Config configures a Comm. Job, Group and Secret are required, and a way
 // to the coordinator: Coordinator endpoints, a credentials file
 // (Credentials or $FTCOMM_CREDENTIALS), or a Membership.
@@ -141,6 +147,29 @@ type Config struct {
 	// MaxCommitFailures is how many commits in a row may fail before
 	// Commit returns ErrTooManyCommitFailures; default 10.
 	MaxCommitFailures int
+	// StallFactor and StallMin make the stall bound: StallFactor times the
+	// slowest of this replica's last 64 steps (from one Step's return to
+	// the next: compute, collectives, commit and the loop's own time
+	// between steps), and at least StallMin. A step that waited that long
+	// in its collectives (or its epoch's formation) for its peers, or that
+	// this replica's loop has not taken for that long, is reported to the
+	// coordinator, which leaves out at once a replica that does not step
+	// while a peer waits for it — instead of after the collective's
+	// Timeout — and lets it back when its loop steps again. A peer it
+	// hears nothing from at all while it waits (a cut link) is blamed. The
+	// bound is known after a few steps; a job whose loop pauses longer
+	// than that now and then (an evaluation on some replicas only, a
+	// checkpoint) raises StallMin above the pause. Defaults 10 and 1 s; a
+	// negative StallFactor turns stall reports off.
+	StallFactor float64
+	StallMin    time.Duration
+	// InitialStep is the committed step of the state this replica
+	// registers: 0 for a model's initial state, or the step of a
+	// checkpoint it restored. A job restarted against a coordinator that
+	// kept its data continues its run from such a state; with no replica
+	// holding any step of a run that reached one, Step fails with a
+	// *StaleRunError rather than restart the run's history from 0.
+	InitialStep int64
 	// Secret authenticates the job's peers (backend handshakes and state
 	// transfer).
 	Secret []byte
@@ -225,6 +254,8 @@ func (c *Config) Validate() error {
 		return bad("negative Timeout %v", c.Timeout)
 	case c.MaxCommitFailures < 0:
 		return bad("negative MaxCommitFailures %d", c.MaxCommitFailures)
+	case c.StallMin < 0 || c.InitialStep < 0:
+		return bad("negative StallMin %v or InitialStep %d", c.StallMin, c.InitialStep)
 	case c.HealChunkSize < 0 || c.HealStreams < 0:
 		return bad("negative heal chunk size or streams")
 	case c.Device < 0:
@@ -248,6 +279,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxCommitFailures == 0 {
 		c.MaxCommitFailures = 10
+	}
+	if c.StallFactor == 0 {
+		c.StallFactor = DefaultStallFactor
+	}
+	if c.StallMin == 0 {
+		c.StallMin = DefaultStallMin
 	}
 	if c.RecoveryAddr == "" {
 		c.RecoveryAddr = "127.0.0.1:0"

@@ -62,6 +62,28 @@
 // blames the peers that never came. A peer that closed its comm in an
 // orderly way (comm.ErrPeerClosed: it left, or moved on to a newer epoch)
 // is never blamed, and fails the step only where one of its ops needed it.
+// A rank whose step fails also blames every peer its control comm has
+// heard nothing from at all (comm.SilenceReporter: gloo hears every peer
+// every heartbeat): when one rank's op fails on a cut link, the others'
+// end by the revocation, and this way the coordinator still sees the cut
+// from both sides at once and keeps one of them.
+//
+// # Stalls
+//
+// Each rank keeps how long its last 64 steps took (from one Step's return
+// to the next). Past its stall bound — Config.StallFactor times the
+// slowest of them, at least Config.StallMin — a step that has not moved is
+// reported to the coordinator, once: waiting (an op of the epoch, or the
+// epoch's formation, has waited that long for peers; peers it hears
+// nothing from at all are blamed instead, as above) or not stepping (the
+// loop is idle since its last Commit, or computes without having started
+// the step's collectives). The coordinator leaves out at once a
+// participant that does not step while a peer waits for it, and lets it
+// back when its loop steps again (it heals if behind): a hung data loader
+// costs its peers about a second instead of the collective's Timeout. A
+// replica merely slower than its peers makes the job's steps longer and
+// its peers wait about one of their own steps for it, well within their
+// bound. See docs/quorum.md, "Stalls".
 //
 // # The end of a run
 //
@@ -72,7 +94,12 @@
 // will never take again, and no replica waits for one that stopped. A
 // replica that finished or left departs without revoking its epoch
 // (membership.Quorum.Departed): a peer still ending the same step commits
-// it.
+// it. Every replica ends with the run's final state: Finish serves it
+// (membership.Quorum.FinalFrom says where), Close after Finish waits —
+// Config.Timeout at most — until no replica of the run is left that has
+// not finished, and a replica behind the final step heals to it from
+// those that finished before its Step returns the *FinishedError (whose
+// Step is then Final), then says it finished too.
 //
 // # What Commit promises
 //
@@ -133,6 +160,14 @@
 // TestPartitionProcesses cuts four replica processes apart in network
 // namespaces mid-all-reduce, in both modes.
 //
+// What ends the wait of ranks whose collective spans a cut does not
+// change this: the op's Timeout, a liveness check, a stall report or the
+// coordinator's revocation. The epoch's collectives cross the cut, so
+// no rank commits in it once the cut is complete; the coordinator (one
+// fenced writer) keeps one side in the next epoch and revokes the old
+// one; the other side sits the next epoch out with no comms. Ending the
+// wait sooner only ends the same epoch sooner.
+//
 // # Runs
 //
 // A run is one training of a job from step 0, recorded with the job
@@ -143,6 +178,27 @@
 // starts with no commit records; a replica whose registration was lost
 // registers again only in its own run, and Step fails with
 // ErrMembershipLost (errors.Is membership.ErrRunEnded) once that ended.
+//
+// A run's history is never restarted from step 0 untold, in either mode:
+// every quorum carries the highest step the run is known to have reached
+// (membership.Quorum.RunStep; with DurableCommit the commit records say
+// it too), and when no participant holds any step of a run that reached
+// one — a job restarted with fresh replicas against a coordinator that
+// kept its data — Step returns a *StaleRunError naming the choice: a new
+// run (`ftcoord job new-run <job>`, or Config.Run), or this run continued
+// from a restored state (Config.InitialStep: the step of the checkpoint
+// the replica registered).
+//
+// # Settings
+//
+// A job's settings (`ftcoord job set JOB key=value…`, the coordinator's
+// API) reach the replicas through their quorums: a new version forms an
+// epoch, and every participant of it takes the version from the epoch's
+// first step, which their step agreement fixes. Settings returns what is
+// in force for the current step; it changes only inside Step, with an
+// EventSettings. A training loop that reads its learning rate or sync
+// period from it after Step uses the same values at the same step as
+// every other replica.
 //
 // # Replica groups (HSDP)
 //
@@ -184,8 +240,10 @@
 //     Step, which returns ErrClosed.
 //   - Treat a *RollbackError from Step as a started step whose registered
 //     state moved to the job's history (rewind the data position).
-//   - At the end of the run call Finish, then Close; a *FinishedError
-//     from Step means another replica ended the run.
+//   - At the end of the run call Finish, then Close (it may wait for
+//     replicas behind to heal from this one: do not write the registered
+//     state between the two); a *FinishedError from Step means another
+//     replica ended the run.
 //   - Close the Comm; it leaves the job gracefully. With a device data
 //     backend, free the device tensors the Comm used (registered or passed
 //     to its collectives) only after Close returns: Close waits until
@@ -227,7 +285,7 @@
 // # Events
 //
 // Config.OnEvent receives every reconfiguration (and how), heal, rollback,
-// sit-out, wait and failed commit, in order, on the training goroutine
+// sit-out, wait, failed commit and change of settings, in order, on the training goroutine
 // while it waits in Step or Commit (or at its next call): what a progress
 // display or a data loader needs to follow. An Event carries what it
 // reports (epoch, step, rank, participants); the Comm's accessors may

@@ -62,6 +62,9 @@ type driver struct {
 	releasing []releaser // device comms whose release Close waits for
 
 	hook func(action) // tests: called before each action is carried out
+
+	timer   *time.Timer // the machine's tick (armTimer)
+	timerOn bool
 }
 
 // expired is a ctx that has ended: a call under it does only what needs
@@ -113,7 +116,8 @@ type releaser interface {
 
 func newDriver(cfg Config, log *zap.Logger, id string, l *link, server *recovery.Server, met *metrics, m Membership, own bool) *driver {
 	mc := machineConfig{id: id, group: cfg.Group, groupRank: cfg.GroupRank, groupSize: cfg.GroupSize,
-		minReplicas: cfg.MinReplicas, durable: cfg.DurableCommit, maxCommitFailures: cfg.MaxCommitFailures}
+		minReplicas: cfg.MinReplicas, durable: cfg.DurableCommit, maxCommitFailures: cfg.MaxCommitFailures,
+		stallFactor: cfg.StallFactor, stallMin: cfg.StallMin, linger: cfg.Timeout, initialStep: cfg.InitialStep}
 	return &driver{link: l, cfg: cfg, log: log, id: id, server: server, metrics: met, mach: newMachine(mc, m.Incarnation()), m: m, own: own,
 		comms: map[commKey]comms{}, cancels: map[int]context.CancelCauseFunc{}, reports: newReporter(log, cfg.Timeout)}
 }
@@ -128,9 +132,19 @@ func (d *driver) run() {
 		close(d.link.released)
 	}()
 	d.changed, d.ended = d.m.Changed(), d.m.Done()
+	d.timer = time.NewTimer(time.Hour)
+	d.timer.Stop()
+	defer d.timer.Stop()
 	d.readMembership()
 	for !d.stopped {
+		var tc <-chan time.Time
+		if d.timerOn {
+			tc = d.timer.C
+		}
 		select {
+		case <-tc:
+			d.timerOn = false
+			d.feed(d.tick())
 		case in := <-d.link.in:
 			d.receive(in)
 		case <-d.changed:
@@ -175,7 +189,13 @@ func (d *driver) receive(in input) {
 		d.changed, d.ended = in.m.Changed(), in.m.Done()
 		d.feed(reregistered{inc: in.m.Incarnation()})
 		d.readMembership()
+	case commFailed:
+		if in.dim == dimFT {
+			in.silent = d.silentFT(in.epoch)
+		}
+		d.feed(in)
 	case commitCalled:
+		in.silent = d.silentFT(d.mach.epoch)
 		// A comm that broke just before Commit fails the step, whether or
 		// not its watcher has told the machine yet.
 		for key, x := range d.comms {
@@ -351,7 +371,91 @@ func (d *driver) exec(a action) {
 		d.answer(reply{ok: a.ok, err: a.err})
 	case stopped:
 		d.stopped = true
+	case armTimer:
+		if d.timerOn && !d.timer.Stop() {
+			<-d.timer.C
+		}
+		d.timerOn = !a.at.IsZero()
+		if d.timerOn {
+			d.timer.Reset(max(time.Until(a.at), 0))
+		}
+	case reportStall:
+		d.report("reporting a stalled step", func(ctx context.Context, m Membership) error {
+			if r, ok := m.(interface {
+				ReportStall(context.Context, membership.StepStall) error
+			}); ok {
+				return r.ReportStall(ctx, a.s)
+			}
+			return nil
+		})
+	case reportFinish:
+		d.report("reporting the run's end", func(ctx context.Context, m Membership) error { return m.Finish(ctx, a.step) })
+	case finishDone:
+		d.answer(reply{err: a.err})
+	case applySettings:
+		d.applySettings(a)
 	}
+}
+
+// tick is the machine's tick, with what it looks at: the oldest op still
+// running on the current epoch's comms, and the FT peers its backend
+// hears nothing from.
+func (d *driver) tick() tick {
+	t := tick{silent: d.silentFT(d.mach.epoch)}
+	for key, x := range d.comms {
+		if key.epoch != d.mach.epoch {
+			continue
+		}
+		for _, c := range x.all() {
+			if p := oldestPending(c); !p.IsZero() && (t.pending.IsZero() || p.Before(t.pending)) {
+				t.pending = p
+			}
+		}
+	}
+	return t
+}
+
+// oldestPending is when the oldest op of c that has not completed was
+// issued (zero: none), from its flight recorder.
+func oldestPending(c *comm.Comm) time.Time {
+	for _, op := range c.FlightRecord().Ops {
+		if op.State == comm.OpEnqueued || op.State == comm.OpStarted {
+			return op.Enqueued
+		}
+	}
+	return time.Time{}
+}
+
+// silentFT returns the ranks of epoch's FT control comm that its backend
+// hears nothing from (comm.SilenceReporter), if it can tell.
+func (d *driver) silentFT(epoch uint64) []int {
+	x, ok := d.comms[commKey{dimFT, epoch}]
+	if !ok || x.ctl == nil || x.ctl.Err() != nil && !errors.Is(x.ctl.Err(), comm.ErrRevoked) {
+		return nil
+	}
+	if sr, ok := x.ctl.Backend().(comm.SilenceReporter); ok {
+		return sr.SilentPeers()
+	}
+	return nil
+}
+
+// applySettings makes the settings document a.ref names the one
+// Comm.Settings returns, from step a.from.
+func (d *driver) applySettings(a applySettings) {
+	src, ok := d.m.(interface {
+		Settings(membership.SettingsRef) (membership.JobSettings, bool)
+	})
+	var doc membership.JobSettings
+	if ok {
+		doc, ok = src.Settings(*a.ref)
+	}
+	if !ok {
+		d.log.Warn("the epoch names job settings this member does not hold; keeping the previous ones",
+			zap.Uint64("epoch", a.epoch), zap.Uint64("version", a.ref.Version))
+		return
+	}
+	d.link.settings.Store(&Settings{JobSettings: doc, Epoch: a.epoch, FromStep: a.from})
+	d.log.Info("job settings in force", zap.Uint64("version", doc.Version), zap.Int64("from_step", a.from), zap.String("settings", doc.Summary()))
 }
 
 func (d *driver) answer(r reply) {

@@ -32,6 +32,11 @@ const (
 	// is held by no participant of this epoch; Step waits for a quorum
 	// that brings one of its holders back (Reason says which step).
 	EventWaiting
+	// EventSettings: the job's settings changed (`ftcoord job set`):
+	// version Version is in force from step FromStep, the first step of
+	// Epoch, at every participant of the epoch alike. Comm.Settings has
+	// the values.
+	EventSettings
 )
 
 func (k EventKind) String() string {
@@ -48,6 +53,8 @@ func (k EventKind) String() string {
 		return "commit failed"
 	case EventWaiting:
 		return "waiting"
+	case EventSettings:
+		return "settings"
 	}
 	return fmt.Sprintf("event(%d)", int(k))
 }
@@ -67,6 +74,7 @@ type Event struct {
 	Bytes        int64         // healed: bytes received
 	Took         time.Duration // reconfigured, healed: how long it took
 	Reason       string
+	Version      uint64 // settings: the settings version in force from FromStep
 }
 
 func (e Event) String() string {
@@ -77,6 +85,8 @@ func (e Event) String() string {
 		return fmt.Sprintf("epoch %d: healed %d → %d (%d bytes in %v)", e.Epoch, e.FromStep, e.Step, e.Bytes, e.Took.Round(time.Millisecond))
 	case EventRolledBack:
 		return fmt.Sprintf("epoch %d: rolled back steps %d..%d, now at %d", e.Epoch, e.FromStep, e.ToStep, e.Step)
+	case EventSettings:
+		return fmt.Sprintf("epoch %d: settings version %d from step %d", e.Epoch, e.Version, e.FromStep)
 	}
 	s := fmt.Sprintf("epoch %d: %s", e.Epoch, e.Kind)
 	if e.Reason != "" {
@@ -163,26 +173,35 @@ func (e *FinishedError) Unwrap() error { return ErrFinished }
 // ErrStaleRun is matched by a *StaleRunError.
 var ErrStaleRun = errors.New("ft: the job's run recorded steps no replica holds")
 
-// StaleRunError is what Step returns, with DurableCommit, when the job's
-// run has recorded commits up to Step (committed by Epoch) while no
-// participant of this replica's epoch holds any committed state: every
-// one starts from step 0. Waiting for a holder of Step, as replicas that
-// hold older steps do (EventWaiting), could not end unless replicas of
-// the run that hold it come back. It is most likely a new run of a job
-// whose earlier run recorded its steps: start one (Config.Run set to a
-// new id, or `ftcoord job new-run <job>`). Step keeps returning it.
+// StaleRunError is what Step returns when the job's run reached step Step
+// while no participant of this replica's epoch holds any committed state:
+// every one starts from step 0, and going on would restart the run's
+// history from step 0 under its name. In both modes alike: with
+// DurableCommit the run's commit records say so (Epoch, By and At name
+// the newest), by default the coordinator's quorums do
+// (membership.Quorum.RunStep; Epoch 0 and By empty). Most likely a job
+// was restarted against a coordinator that kept its data: start a new
+// run (Config.Run set to a new id, or `ftcoord job new-run <job>`), or
+// continue this one from a restored state (Config.InitialStep). Step
+// keeps returning it.
 type StaleRunError struct {
-	Step  int64  // the job's newest recorded step
-	Epoch uint64 // the epoch that committed it
-	By    string // the member that recorded it
+	Step  int64  // the run's newest step
+	Epoch uint64 // the epoch that committed it (DurableCommit)
+	By    string // the member that recorded it (DurableCommit)
 	At    time.Time
 }
 
 func (e *StaleRunError) Error() string {
-	return fmt.Sprintf("ft: the job's run has committed steps up to %d (epoch %d, recorded by %s at %s), and no participant of this epoch holds any step: "+
-		"no replica can continue the run. If this is a new run of the job, start one: set ft.Config.Run to a new id, "+
-		"or run `ftcoord job new-run <job>`; if replicas that hold step %d are coming back, start this one after them",
-		e.Step, e.Epoch, e.By, e.At.UTC().Format(time.RFC3339), e.Step)
+	where := "as the coordinator last saw it"
+	if e.By != "" {
+		where = fmt.Sprintf("epoch %d, recorded by %s at %s", e.Epoch, e.By, e.At.UTC().Format(time.RFC3339))
+	}
+	return fmt.Sprintf("ft: the job's run has committed steps up to %d (%s), and no participant of this epoch holds any step: "+
+		"going on would restart the run's history from step 0 under its name. Choose: to start a new run of the job, "+
+		"set ft.Config.Run to a new id or run `ftcoord job new-run <job>`; to continue this run, start the replicas from "+
+		"a restored state (ft.Config.InitialStep: the step of the checkpoint they registered); if replicas that hold "+
+		"step %d are coming back, start this one after them",
+		e.Step, where, e.Step)
 }
 
 func (e *StaleRunError) Unwrap() error { return ErrStaleRun }

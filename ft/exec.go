@@ -107,12 +107,14 @@ func (d *driver) prepareState(data *comm.Comm) error {
 	if d.blobs != nil {
 		return nil
 	}
-	device := data.Backend().Memory() == comm.DeviceMemory
+	device := data != nil && data.Backend().Memory() == comm.DeviceMemory
 	blobs := make([]recovery.Blob, 0, len(d.state))
 	for _, r := range d.state {
 		switch {
 		case !r.t.IsDevice():
 			blobs = append(blobs, recovery.Blob{Name: r.name, Data: r.t.Bytes()})
+		case data == nil:
+			return fmt.Errorf("%w: ft: %q is a device tensor, and no comm of the data backend is formed to copy it", comm.ErrBackendUnavailable, r.name)
 		case !device:
 			return fmt.Errorf("%w: ft: %q is a device tensor, but backend %s keeps host memory", comm.ErrInvalidArgument, r.name, d.cfg.Backend)
 		default:
@@ -171,6 +173,14 @@ func gatherStepRecords(ctx context.Context, ctl *comm.Comm, mine stepRecord) ([]
 // holds it (package recovery). A heal cut short keeps its progress, and
 // the next epoch's heal of the same step fetches only the rest.
 func (d *driver) fetch(a fetchState) {
+	if d.blobs == nil {
+		// No comm formed yet (a replica that heals to the run's final
+		// state right after it started): host state needs none.
+		if err := d.prepareState(nil); err != nil {
+			d.later = append(d.later, stateHealed{task: a.task, err: err})
+			return
+		}
+	}
 	fc := d.cfg.fetchConfig()
 	fc.Progress = &d.healed
 	blobs, mt := d.blobs, d.metrics

@@ -148,6 +148,9 @@ func registerIn(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr 
 	}
 	creds.ApplyMember(&mc) // quorum verification and the gossip key; nil: none
 	mc.WantQuorum = true
+	if mc.Step == 0 {
+		mc.Step = cfg.InitialStep // the coordinator's history rule counts a restored state
+	}
 	mc.GroupLease = cfg.GroupSize > 1 && !cfg.RankLeases
 	if mc.MinReplicas == 0 {
 		mc.MinReplicas = cfg.MinReplicas * cfg.GroupSize

@@ -129,6 +129,7 @@ func TestKillCycles(t *testing.T) {
 	}
 	procs := replicas * groupSize
 	var heals []childEvent
+	var rejoins []time.Duration // restart → the restarted ranks committing with the others
 	together := func(what string, since time.Time) {
 		seen := map[string]bool{}
 		j.await(what, func(ev childEvent) bool {
@@ -194,6 +195,8 @@ func TestKillCycles(t *testing.T) {
 			spawn(g)
 		}
 		together(fmt.Sprintf("cycle %d: %v healed and committing with the others", cycle, ids), restarted)
+		rejoins = append(rejoins, time.Since(restarted))
+		t.Logf("cycle %d: restarted %v → committing with the others in %v", cycle, ids, time.Since(restarted).Round(time.Millisecond))
 	}
 	j.stopAll()
 	j.check()
@@ -215,5 +218,8 @@ func TestKillCycles(t *testing.T) {
 		}
 		t.Logf("FIGURE heals: %d, %d bytes each on average; took p50 %v max %v; %.2f GB/s over all of them",
 			len(heals), bytes/int64(len(heals)), pct(took, 0.5), pct(took, 1), float64(bytes)/secs/1e9)
+	}
+	if len(rejoins) > 0 {
+		t.Logf("FIGURE restart → the restarted group committing with the others: p50 %v max %v", pct(rejoins, 0.5), pct(rejoins, 1))
 	}
 }

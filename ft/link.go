@@ -24,6 +24,8 @@ type link struct {
 	mem  atomic.Pointer[memberRef] // the current registration
 	snap atomic.Pointer[snapshot]
 	step atomic.Int64 // the committed step (it changes every step: not in snap)
+	// settings are the job's settings in force (nil: none yet).
+	settings atomic.Pointer[Settings]
 
 	// Events the driver emitted, for the training goroutine to hand to
 	// Config.OnEvent while it waits in Step or Commit, or when it next

@@ -78,8 +78,22 @@ type (
 	// stepCancelled: the training loop's Step ctx ended before the step started.
 	stepCancelled struct{ err error }
 	// commitCalled: the training loop called Commit; errs are its step's
-	// collectives' errors.
-	commitCalled struct{ errs []error }
+	// collectives' errors, silent the FT ranks its backend hears nothing
+	// from (comm.SilenceReporter).
+	commitCalled struct {
+		errs   []error
+		silent []int
+	}
+	// finishCalled: the training loop called Finish (between Commit and
+	// Step).
+	finishCalled struct{}
+	// tick: the time the machine asked for (armTimer) came. pending is
+	// when the oldest op of the epoch's comms still running was issued
+	// (zero: none), silent the FT ranks its backend hears nothing from.
+	tick struct {
+		pending time.Time
+		silent  []int
+	}
 	// commitCancelled: the training loop's Commit ctx ended.
 	commitCancelled struct{ err error }
 	// closeCalled: Close was called.
@@ -95,12 +109,15 @@ type (
 		failed part
 		err    error
 	}
-	// commFailed: a comm this rank holds stopped accepting ops (Comm.Broken).
+	// commFailed: a comm this rank holds stopped accepting ops
+	// (Comm.Broken); silent are the FT ranks its backend hears nothing
+	// from.
 	commFailed struct {
-		dim   dim
-		epoch uint64
-		part  part
-		err   error
+		dim    dim
+		epoch  uint64
+		part   part
+		err    error
+		silent []int
 	}
 	// recordsGathered: the epoch's step records, in FT rank order.
 	recordsGathered struct {
@@ -166,6 +183,8 @@ func (stepCancelled) isInput()   {}
 func (commitCalled) isInput()    {}
 func (commitCancelled) isInput() {}
 func (closeCalled) isInput()     {}
+func (finishCalled) isInput()    {}
+func (tick) isInput()            {}
 func (commsFormed) isInput()     {}
 func (commFailed) isInput()      {}
 func (recordsGathered) isInput() {}
@@ -288,6 +307,23 @@ type (
 	}
 	// stopped: Close is done with the comms; the driver's loop ends.
 	stopped struct{}
+	// armTimer: feed a tick at (zero: no tick wanted).
+	armTimer struct{ at time.Time }
+	// reportStall: tell the coordinator the step stalled
+	// (membership.MemberRecord.Stall).
+	reportStall struct{ s membership.StepStall }
+	// reportFinish: tell the coordinator this rank finished the run at
+	// step (it holds the final state and serves it until Close).
+	reportFinish struct{ step int64 }
+	// finishDone answers Finish.
+	finishDone struct{ err error }
+	// applySettings: the job's settings ref are in force from step from
+	// (the epoch's first step).
+	applySettings struct {
+		ref   *membership.SettingsRef
+		epoch uint64
+		from  int64
+	}
 )
 
 func (formComms) isAction()        {}
@@ -316,6 +352,11 @@ func (logLine) isAction()          {}
 func (stepDone) isAction()         {}
 func (commitDone) isAction()       {}
 func (stopped) isAction()          {}
+func (armTimer) isAction()         {}
+func (reportStall) isAction()      {}
+func (reportFinish) isAction()     {}
+func (finishDone) isAction()       {}
+func (applySettings) isAction()    {}
 
 // metric names what an observe action measures.
 type metric uint8
@@ -346,6 +387,7 @@ const (
 	stageRecord
 	stageOutcome
 	stageWithdraw
+	stageFinalHeal // healing to the run's final state, to stop with it
 )
 
 func formStage(d dim) stage {
@@ -397,6 +439,17 @@ type machineConfig struct {
 	minReplicas       int
 	durable           bool
 	maxCommitFailures int
+	// stallFactor and stallMin make the stall bound (stall.go); a factor
+	// of 0 or less turns stall reports off.
+	stallFactor float64
+	stallMin    time.Duration
+	// linger bounds how long Close waits, after Finish, for the replicas
+	// behind the final step to heal from this one.
+	linger time.Duration
+	// initialStep is the committed step of the state the loop registered
+	// (Config.InitialStep: restored from a checkpoint; 0: the initial
+	// state).
+	initialStep int64
 }
 
 // machine is the step protocol of one rank. Not safe for concurrent use.
@@ -453,11 +506,33 @@ type machine struct {
 	stepAt        time.Time
 	waitingFor    int64 // durable: the step no participant holds, logged once
 
+	// Stalls (stall.go): recent steps' durations, the next look, what was
+	// reported last.
+	cycles      [stallWindow]time.Duration
+	cycleN      int
+	lastStart   time.Time // when the last step started
+	reconfSince bool      // a reconfiguration came since lastStart
+	idleSince   time.Time // when the loop last left Commit
+	taskAt      time.Time // when the task in flight began
+	seenTask    int
+	stallLook   time.Time
+	stallSent   membership.StepStall
+	armed       time.Time // the tick the driver holds
+
+	// The end of the run: Finish was called (this rank serves the final
+	// state until Close, which waits for those behind, until lingerUntil),
+	// and whether a heal to Final was tried.
+	finishing      bool
+	lingerUntil    time.Time
+	finalHealTried bool
+
+	settings *membership.SettingsRef // the job's settings in force
+
 	out []action
 }
 
 func newMachine(cfg machineConfig, inc int64) *machine {
-	return &machine{cfg: cfg, inc: inc, view: view{ftRank: -1}, held: view{ftRank: -1}}
+	return &machine{cfg: cfg, inc: inc, view: view{ftRank: -1}, held: view{ftRank: -1}, step: cfg.initialStep}
 }
 
 // handle feeds one input to the machine and returns the actions to carry
@@ -481,12 +556,20 @@ func (m *machine) handle(now time.Time, in input) []action {
 	case stepCancelled:
 		m.giveUp(in.err, m.task != 0 && m.stage.reconfiguring())
 	case commitCalled:
+		m.blameSilent(in.silent)
 		m.onCommit(now, in.errs)
+	case finishCalled:
+		m.onFinish(now)
+	case tick:
+		m.onTick(now, in)
 	case commitCancelled:
 		m.giveUp(in.err, m.task != 0 && m.stage >= stageVote)
 	case closeCalled:
 		if m.life == running {
 			m.life = closing
+			if m.finishing && m.cfg.linger > 0 {
+				m.lingerUntil = now.Add(m.cfg.linger)
+			}
 			m.cancel(ErrClosed)
 		}
 	case commFailed:
@@ -528,7 +611,20 @@ func (m *machine) handle(now time.Time, in input) []action {
 			m.onWithdrawn(now, in)
 		}
 	}
+	if h, ok := in.(stateHealed); ok && m.done(h.task, stageFinalHeal) {
+		m.onFinalHealed(now, h)
+	}
 	m.advance(now)
+	if m.task != m.seenTask {
+		m.seenTask, m.taskAt = m.task, now
+		if m.task != 0 && formingStage(m.stage) {
+			m.lookAt(now)
+		}
+	}
+	if at := m.wakeAt(); !at.Equal(m.armed) && m.life != closed {
+		m.armed = at
+		m.do(armTimer{at: at})
+	}
 	return m.out
 }
 
@@ -707,12 +803,16 @@ func (m *machine) onCommFailed(in commFailed) {
 	if orderly {
 		return
 	}
+	// Peers it hears nothing from at all are blamed too: when one rank's
+	// op fails on a cut link, the others' ops end by the revocation and
+	// name no one, and the coordinator would see the cut from one side.
+	silent := m.blameSilent(in.silent)
 	if ids := m.newlyBlamed(in.dim, []error{in.err}); len(ids) > 0 {
-		m.do(revokeEpoch{epoch: m.epoch, reason: fmt.Sprintf("%s %s comm failed: %v", in.dim, in.part, in.err), blamed: ids})
-	} else if m.phase != phaseInStep && !errors.Is(in.err, comm.ErrRevoked) {
-		// Broken between steps with no one to blame: make sure the
-		// next step gets a new epoch.
-		m.do(reportFailure{epoch: m.epoch})
+		m.do(revokeEpoch{epoch: m.epoch, reason: fmt.Sprintf("%s %s comm failed: %v", in.dim, in.part, in.err), blamed: append(ids, silent...)})
+	} else if m.phase != phaseInStep && (!errors.Is(in.err, comm.ErrRevoked) || len(silent) > 0) {
+		// Broken between steps: make sure the next step gets a new
+		// epoch, and say whom this rank cannot hear.
+		m.do(reportFailure{epoch: m.epoch, blamed: m.blamed})
 	}
 }
 
@@ -750,6 +850,9 @@ func (m *machine) advance(now time.Time) {
 		m.cancelled = nil
 	}
 	if m.life != running {
+		if m.lingering(now) {
+			return
+		}
 		m.finishClose()
 		return
 	}
@@ -767,6 +870,15 @@ func (m *machine) advance(now time.Time) {
 	case m.lost != nil:
 		m.phase = phaseIdle
 		m.do(stepDone{err: m.lost})
+		return
+	case m.final > 0 && m.step < m.final && !m.finalHealTried && m.latest != nil && len(m.latest.FinalFrom) > 0:
+		// A replica finished the run ahead of this one: take the final
+		// state from those that hold it, then stop with it.
+		m.finalHealTried = true
+		m.closeHeld()
+		m.agreed = agreement{Step: m.final, Sources: m.latest.FinalFrom}
+		m.logf(false, "the run finished at step %d; healing from step %d to it before stopping", m.final, m.step)
+		m.do(fetchState{task: m.start(stageFinalHeal), epoch: m.latest.Epoch, agreement: m.agreed})
 		return
 	case m.final > 0:
 		// A replica finished the run: nobody takes another step.
@@ -795,6 +907,7 @@ func (m *machine) advance(now time.Time) {
 // sitOut leaves the comms the others are leaving, and holds what epoch
 // asks of this rank: nothing.
 func (m *machine) sitOut(q membership.Quorum) {
+	m.reconfSince = true
 	m.closeHeld()
 	m.enter(q.Epoch, view{epoch: q.Epoch, ftRank: -1})
 	m.held = view{epoch: q.Epoch, ftRank: -1}
@@ -832,6 +945,7 @@ func (m *machine) reconfigure(now time.Time, q membership.Quorum, v view) {
 		m.do(observe{what: metricDetect, value: now.Sub(m.failedAt).Seconds()})
 	}
 	m.target, m.tview, m.reconfAt, m.rollback = q, v, now, nil
+	m.reconfSince = true
 	m.prevGroup = m.group
 	m.closeGroup()
 	m.enter(q.Epoch, view{epoch: q.Epoch, ftRank: -1})
@@ -910,6 +1024,17 @@ func (m *machine) onGathered(now time.Time, in recordsGathered) {
 		return
 	}
 	m.agreed = agree(in.recs)
+	if m.agreed.Step == 0 && m.target.RunStep > 0 {
+		// No participant holds any step of a run that reached one: going
+		// on would restart the run's history from step 0 under its name.
+		m.logf(true, "the job's run reached step %d, and no participant holds any step of it", m.target.RunStep)
+		m.fatal = &StaleRunError{Step: m.target.RunStep}
+		return
+	}
+	if m.agreed.Step < m.target.RunStep {
+		m.logf(true, "continuing the run from step %d; it had reached step %d: the steps after %d are taken again",
+			m.agreed.Step, m.target.RunStep, m.agreed.Step)
+	}
 	if m.cfg.durable {
 		m.do(readLastCommit{task: m.start(stageLastCommit)})
 		return
@@ -1022,6 +1147,13 @@ func (m *machine) reconfigured(now time.Time) {
 	if m.comms != commsBroken { // a comm that broke meanwhile stays broken
 		m.comms = commsReady
 	}
+	if s := m.target.Settings; s != nil && (m.settings == nil || *m.settings != *s) {
+		// Every participant of the epoch agreed on this step: the
+		// settings the epoch names are in force from the next one.
+		m.settings = s
+		m.do(applySettings{ref: s, epoch: m.epoch, from: m.step + 1})
+		m.emit(Event{Kind: EventSettings, Epoch: m.epoch, FromStep: m.step + 1, Version: s.Version})
+	}
 	m.do(observe{what: metricReconfig, value: now.Sub(m.reconfAt).Seconds(), label: m.how.String()})
 	// advance starts the step.
 }
@@ -1071,6 +1203,7 @@ func (m *machine) failReconfig(now time.Time, err error, res input) {
 // startStep starts the step the training loop asked for.
 func (m *machine) startStep(now time.Time) {
 	m.phase = phaseInStep
+	m.noteStart(now)
 	m.stepErrs, m.groupErrs = m.stepErrs[:0], m.groupErrs[:0]
 	m.stepAt = now
 	m.do(offerState{step: m.step, hist: m.hist})
@@ -1190,6 +1323,8 @@ func (m *machine) onWithdrawn(now time.Time, in withdrawn) {
 		return
 	}
 	m.phase = phaseIdle
+	m.idleSince = now
+	m.lookAt(now)
 	if m.vote {
 		m.hist = m.hist.commit(m.step+1, m.epoch)
 		m.step++
@@ -1249,6 +1384,49 @@ func (m *machine) onWithdrawn(now time.Time, in withdrawn) {
 		err = fmt.Errorf("%w: %d in a row, last: %s", ErrTooManyCommitFailures, m.failedCommits, reason)
 	}
 	m.do(commitDone{err: err})
+}
+
+// onFinish: the training loop ended the run at its committed step. This
+// rank serves that state from now until Close, which waits (Config.
+// Timeout at most) until no replica behind the final step is left to
+// heal from it.
+func (m *machine) onFinish(now time.Time) {
+	if m.phase != phaseIdle || m.task != 0 {
+		m.do(finishDone{err: fmt.Errorf("%w: ft: Finish between Commit and Step only", comm.ErrInvalidArgument)})
+		return
+	}
+	m.finishing = true
+	m.closeHeld()
+	m.do(offerState{step: m.step, hist: m.hist})
+	m.do(finishDone{})
+}
+
+// lingering reports whether Close still waits, after Finish, for replicas
+// behind the final step: the latest quorum of the finished run still has
+// participants (those that did not finish), and the wait's bound has not
+// passed.
+func (m *machine) lingering(now time.Time) bool {
+	if !m.finishing || m.lingerUntil.IsZero() || !now.Before(m.lingerUntil) {
+		return false
+	}
+	q := m.latest
+	return q == nil || q.Final == 0 || len(q.Participants) > 0
+}
+
+// onFinalHealed: the final state arrived (or not); the run is over either
+// way. A rank that holds the final state says so, and serves it too.
+func (m *machine) onFinalHealed(now time.Time, in stateHealed) {
+	if in.err != nil {
+		m.logf(true, "could not heal to the run's final step %d (staying at %d): %v", m.final, m.step, in.err)
+		return
+	}
+	from := m.step
+	m.hist, m.step = in.hist, m.final
+	m.do(setStep{step: m.step})
+	m.emit(Event{Kind: EventHealed, Epoch: m.epoch, FromStep: from, Bytes: in.bytes, Took: in.took})
+	m.finishing = true
+	m.do(offerState{step: m.step, hist: m.hist})
+	m.do(reportFinish{step: m.step})
 }
 
 // finishClose closes every comm once no task runs, and answers the
@@ -1370,6 +1548,22 @@ func describe(a action) string {
 		return fmt.Sprintf("commit returns %v", a.ok)
 	case stopped:
 		return "stopped"
+	case armTimer:
+		if a.at.IsZero() {
+			return "timer off"
+		}
+		return fmt.Sprintf("timer at %s", a.at.UTC().Format("15:04:05.000"))
+	case reportStall:
+		return "report stall: " + a.s.String()
+	case reportFinish:
+		return fmt.Sprintf("report finished at step %d", a.step)
+	case finishDone:
+		if a.err != nil {
+			return fmt.Sprintf("finish returns: %v", a.err)
+		}
+		return "finish returns"
+	case applySettings:
+		return fmt.Sprintf("settings v%d from step %d (e%d)", a.ref.Version, a.from, a.epoch)
 	}
 	return fmt.Sprintf("%T", a)
 }

@@ -25,14 +25,19 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of ft/tes
 // lines after one are the actions it must produce, one per line (metrics
 // and logs left out). "#" starts a comment; blank lines separate.
 //
-//	config id=a.0 size=1 min=1 [durable] [maxfail=N] [inc=N]  (first)
-//	quorum E [base=B] [final=S] [departed=id,…] ids…  publish quorum E (ids "g.r" or "g.r@inc")
+//	config id=a.0 size=1 min=1 [durable] [maxfail=N] [inc=N] [stall=F] [stallmin=D] [linger=D] [initial=S]  (first)
+//	quorum E [base=B] [final=S] [from=addr,…] [runstep=S] [settings=V] [departed=id,…] ids…
+//	                                publish quorum E (ids "g.r" or "g.r@inc")
 //	revocation E                    epoch E revoked
 //	step | cancel-step              the training loop calls Step / gives up
-//	commit [err…] | cancel-commit   the training loop calls Commit (its ops' errors)
+//	commit [silent=R,…] [err…] | cancel-commit   the training loop calls Commit (its ops' errors;
+//	                                the FT ranks its backend hears nothing from)
+//	finish                          the training loop calls Finish
+//	look [pending=D] [silent=R,…]   the machine's timer fires: an op of the epoch has been
+//	                                running for D (none: no op runs)
 //	close                           Close
 //	formed ft|group [split] [err…]  the formation task answers
-//	failed ft|group E data|ctl|both err…   a comm broke (Comm.Broken)
+//	failed ft|group E data|ctl|both [silent=R,…] err…   a comm broke (Comm.Broken)
 //	gathered S@E …                  the step records, in FT rank order
 //	lastcommit S@E | none           the durable commit record (by c.0, now)
 //	healed E:S,… | healed err…      the heal (the sources' history: epoch:from)
@@ -120,6 +125,15 @@ func (s *machineScript) run(line string) []string {
 				cfg.maxCommitFailures = n
 			case "inc":
 				inc = int64(n)
+			case "stall":
+				cfg.stallFactor, _ = strconv.ParseFloat(v, 64)
+				cfg.stallMin = time.Second
+			case "stallmin":
+				cfg.stallMin, _ = time.ParseDuration(v)
+			case "linger":
+				cfg.linger, _ = time.ParseDuration(v)
+			case "initial":
+				cfg.initialStep, _ = strconv.ParseInt(v, 10, 64)
 			}
 		}
 		s.m = newMachine(cfg, inc)
@@ -140,6 +154,19 @@ func (s *machineScript) run(line string) []string {
 				q.Departed = strings.Split(d, ",")
 				continue
 			}
+			if f, ok := strings.CutPrefix(a, "from="); ok {
+				q.FinalFrom = strings.Split(f, ",")
+				continue
+			}
+			if r, ok := strings.CutPrefix(a, "runstep="); ok {
+				q.RunStep, _ = strconv.ParseInt(r, 10, 64)
+				continue
+			}
+			if v, ok := strings.CutPrefix(a, "settings="); ok {
+				n, _ := strconv.ParseUint(v, 10, 64)
+				q.Settings = &membership.SettingsRef{Version: n, Digest: "d" + v}
+				continue
+			}
 			id, incs, _ := strings.Cut(a, "@")
 			inc := int64(1)
 			if incs != "" {
@@ -158,10 +185,23 @@ func (s *machineScript) run(line string) []string {
 		in = stepCancelled{context.Canceled}
 	case "commit":
 		var errs []error
+		silent, args := parseSilent(args)
 		if err := s.parseErr(args); err != nil {
 			errs = append(errs, err)
 		}
-		in = commitCalled{errs: errs}
+		in = commitCalled{errs: errs, silent: silent}
+	case "finish":
+		in = finishCalled{}
+	case "look":
+		t := tick{}
+		t.silent, args = parseSilent(args)
+		for _, a := range args {
+			if v, ok := strings.CutPrefix(a, "pending="); ok {
+				d, _ := time.ParseDuration(v)
+				t.pending = s.now.Add(time.Millisecond - d) // the clock moves 1 ms as the input is fed
+			}
+		}
+		in = t
 	case "cancel-commit":
 		in = commitCancelled{context.Canceled}
 	case "close":
@@ -177,7 +217,8 @@ func (s *machineScript) run(line string) []string {
 	case "failed":
 		e, _ := strconv.ParseUint(args[1], 10, 64)
 		p := map[string]part{"data": partData, "ctl": partCtl, "both": partBoth}[args[2]]
-		in = commFailed{dim: parseDim(args[0]), epoch: e, part: p, err: s.parseErr(args[3:])}
+		silent, rest := parseSilent(args[3:])
+		in = commFailed{dim: parseDim(args[0]), epoch: e, part: p, err: s.parseErr(rest), silent: silent}
 	case "gathered":
 		var recs []stepRecord
 		for _, a := range args {
@@ -261,11 +302,33 @@ func (s *machineScript) run(line string) []string {
 		case gatherRecords, readLastCommit, fetchState, checkGroup, castVote, recordCommit, shareOutcome, withdrawState:
 			s.task, s.kind = taskOf(a), fmt.Sprintf("%T", a)
 		}
+		if t, ok := a.(armTimer); ok && !t.at.IsZero() {
+			out = append(out, fmt.Sprintf("timer +%v", t.at.Sub(s.now)))
+			continue
+		}
 		if d := describe(a); d != "" {
 			out = append(out, strings.ReplaceAll(d, "\n", "; ")) // errors.Join's lines
 		}
 	}
 	return out
+}
+
+// parseSilent takes a "silent=R,…" argument out of args.
+func parseSilent(args []string) ([]int, []string) {
+	var silent []int
+	var rest []string
+	for _, a := range args {
+		v, ok := strings.CutPrefix(a, "silent=")
+		if !ok {
+			rest = append(rest, a)
+			continue
+		}
+		for _, r := range strings.Split(v, ",") {
+			n, _ := strconv.Atoi(r)
+			silent = append(silent, n)
+		}
+	}
+	return silent, rest
 }
 
 // taskError is the result of the task in flight failing with err.
@@ -280,7 +343,7 @@ func (s *machineScript) taskError(err error) input {
 		return recordsGathered{task: t, err: err}
 	case stageLastCommit:
 		return lastCommitRead{task: t, err: err}
-	case stageHeal:
+	case stageHeal, stageFinalHeal:
 		return stateHealed{task: t, err: err}
 	case stageCheckGroup:
 		return groupChecked{task: t, err: err}

@@ -32,11 +32,11 @@
 // Everything lives under a root (default "/ftcomm"). What
 // members write is under <root>/<job>/: members/<id> (bound to the
 // member's lease), epoch/revoked/<epoch>, rdzv/<epoch>/…, commits/<step>,
-// run.
+// run, claims/<id> (Claim).
 // What only coordinators write is under <root>/_coordinator/:
 // jobs/<job>/quorum (the full record), jobs/<job>/view and viewfull (the
 // compact form members read: see Member.Quorum), jobs/<job>/history/<epoch>,
-// jobs/<job>/evicted/<id>,
+// jobs/<job>/evicted/<id>, jobs/<job>/settings (JobSettings),
 // the election, and the coordinators' gossip addresses and key ids.
 //
 // # Security
@@ -111,7 +111,11 @@
 // every method that writes fails with it. Join again for a new
 // incarnation; a restarted process is always a new incarnation, and Join
 // fails with *DuplicateMemberError while the old one is alive (or waits
-// with WaitForDuplicate). An evicted member is kept out for a while
+// with WaitForDuplicate). Finding its id held, Join writes a Claim: the
+// coordinator dials the holder's Addr, and a refused connection (its
+// process is gone) ends the holder's registration at once, for a lease of
+// its own or its group's, so a restarted process does not wait for the
+// old lease. An evicted member is kept out for a while
 // (coordinator.Admin.EvictFor, coordinator.Config.EvictKeepOut, default
 // 1 min): Join fails with a *KeptOutError (errors.Is ErrKeptOut) that
 // says by whom and until when; the keep-out record is bound to an etcd
@@ -145,12 +149,19 @@
 // whose members holds the job's last known step waits up to HolderGrace
 // for members that held it and lapsed (an etcd outage) to come back; live
 // members that blame each other (Blamed, a revocation's Failed) do not
-// share a quorum for BlameHold — one side trains on; a member blamed in
+// share a quorum — one side trains on, the other rejoins once one of a
+// pair reports reaching the other again (Reached: a member keeps dialling
+// the peers it blamed; past BlameMinHold) or after BlameHold; a
+// participant that reports its loop does not step while a peer reports
+// waiting for it in that step (ReportStall, each past its own bound) is
+// left out until it steps again; a member blamed in
 // SilentEpochs failed epochs while reporting nothing (a loop that stopped
 // calling Step) is left out until it shows life; and an opt-in straggler
 // policy (StragglerPolicy, MemberConfig.Stragglers, fed by SetStepTime)
 // takes out a replica whose steps stay slower than a factor of its
-// peers'.
+// peers'. Every quorum also carries the run's last known step (RunStep)
+// and the job's settings in force (Settings; the view that changes them
+// carries the document, which Settings(ref) returns).
 //
 // # Replica groups: one lease per group
 //
@@ -190,7 +201,8 @@
 //
 // Member, the Stores NewStore returns and QuorumVerifier are safe for
 // concurrent use. A Member runs goroutines for lease renewal, the epoch
-// watch, the watch of its own key,
+// watch, the watch of its own key, the dials of the peers it blamed
+// (Reached),
 // heartbeats and gossip, and with GroupLease the group's links (at the
 // leader one per linked member, at the others the link and a watch of the
 // group's record); they exit at Leave or Close, or soon after the

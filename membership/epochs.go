@@ -30,6 +30,35 @@ func (m *Member) Quorum() (Quorum, bool) {
 	return *m.quorum, true
 }
 
+// Settings returns the job's settings document that ref names, if the
+// member has it: every view that changes the settings, and every whole
+// list, carries the document in force (covered by the view's signature).
+func (m *Member) Settings(ref SettingsRef) (JobSettings, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.settings[ref.Version]
+	if !ok || s.Ref() != ref {
+		return JobSettings{}, false
+	}
+	return s, true
+}
+
+// keepSettingsDocs is how many versions of the settings a member keeps.
+const keepSettingsDocs = 4
+
+// keepSettings remembers a settings document (mu held).
+func (m *Member) keepSettings(s JobSettings) {
+	if m.settings == nil {
+		m.settings = map[uint64]JobSettings{}
+	}
+	m.settings[s.Version] = s
+	for v := range m.settings {
+		if v+keepSettingsDocs <= s.Version {
+			delete(m.settings, v)
+		}
+	}
+}
+
 // Changed returns a channel closed at the next change of the published
 // quorum or of the revocations; call again for the one after.
 func (m *Member) Changed() <-chan struct{} {
@@ -136,6 +165,9 @@ func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
 			if _, ok := m.revocations[r.Epoch]; !ok {
 				m.revocations[r.Epoch] = *r
 			}
+		}
+		if d := h.SettingsDoc; d != nil && h.Settings != nil && d.Ref() == *h.Settings {
+			m.keepSettings(*d)
 		}
 		q, ok := applyView(h, added, m.quorum)
 		if !ok {

@@ -79,6 +79,7 @@ func (m *Member) register(ctx context.Context) error {
 		var holder MemberRecord
 		_ = json.Unmarshal(kvs[0].Value, &holder)
 		dup := &DuplicateMemberError{Job: m.cfg.Job, ID: m.cfg.ID, Incarnation: kvs[0].CreateRevision, Addr: holder.Addr}
+		m.claim(ctx, dup)
 		if !m.cfg.WaitForDuplicate {
 			return dup
 		}
@@ -86,6 +87,36 @@ func (m *Member) register(ctx context.Context) error {
 		if err := m.waitDeleted(ctx, tr.Header.Revision+1); err != nil {
 			return fmt.Errorf("%w (waited: %v)", dup, err)
 		}
+	}
+}
+
+// Claim asks the coordinator to confirm that the incarnation holding a
+// member id is dead (at keys.Layout.Claim): a new process of the member
+// found its id taken, most often by its own previous process, killed a
+// moment ago, whose lease has not expired yet. The coordinator dials the
+// holder's address; a refused connection (no process listens there) ends
+// the holder's registration at once, for a lease of its own or its
+// group's, and the new process registers without waiting for the lease.
+// A holder that answers is left alone: another live process with the
+// same id, or one that is not dead yet.
+type Claim struct {
+	Incarnation int64     `json:"incarnation"` // the holder's
+	Addr        string    `json:"addr"`        // the holder's address, as its record gives it
+	By          string    `json:"by"`          // the claimant's address
+	At          time.Time `json:"at"`
+}
+
+// claim writes a Claim for the holder dup names (best effort: the wait
+// for its lease remains the fallback).
+func (m *Member) claim(ctx context.Context, dup *DuplicateMemberError) {
+	if dup.Addr == "" || dup.Addr == m.cfg.Addr {
+		return // the same address: a dial cannot tell the two apart
+	}
+	val, _ := json.Marshal(Claim{Incarnation: dup.Incarnation, Addr: dup.Addr, By: m.cfg.Addr, At: time.Now()})
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := m.cli.Put(cctx, m.keys.Claim(m.cfg.Job, m.cfg.ID), string(val)); err != nil {
+		m.lg.Info("asking the coordinator to confirm the previous incarnation dead", zap.Error(err))
 	}
 }
 

@@ -183,6 +183,9 @@ type Member struct {
 	stepTimesN  int64
 	quorum      *Quorum
 	revocations map[uint64]Revocation
+	settings    map[uint64]JobSettings // by version: the documents views carried
+	reach       map[string]reachTarget // blamed peers to dial (reach.go)
+	reachWake   chan struct{}
 	changed     chan struct{}
 	revokedCh   map[uint64]chan struct{}
 	err         error // why the membership ended
@@ -219,6 +222,7 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		revocations: map[uint64]Revocation{},
 		changed:     make(chan struct{}),
 		revokedCh:   map[uint64]chan struct{}{},
+		reachWake:   make(chan struct{}, 1),
 		done:        make(chan struct{}),
 	}
 	if m.lg == nil {
@@ -291,6 +295,7 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	}
 	m.spawn(func() { m.watchEpochs(rev) })
 	m.spawn(m.watchSelf)
+	m.spawn(m.reachPeers)
 	if cfg.HeartbeatInterval > 0 && m.holdsLease() {
 		m.spawn(m.heartbeats)
 	}

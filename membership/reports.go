@@ -99,7 +99,23 @@ func (m *Member) ReportCommitFailure(ctx context.Context, epoch uint64, blamed .
 	}
 	m.rec.CommitFailed, m.rec.Blamed = epoch, blamed
 	m.mu.Unlock()
+	m.probeReach(epoch, blamed)
 	return m.write(ctx, "commit failure")
+}
+
+// ReportStall tells the coordinator at once that this member's step has
+// not moved for longer than its stall bound (MemberRecord.Stall): waiting
+// in a collective for its peers, or (s.Waiting false) not stepping. A
+// report equal to the last one is not written again.
+func (m *Member) ReportStall(ctx context.Context, s StepStall) error {
+	m.mu.Lock()
+	if old := m.rec.Stall; old != nil && old.Epoch == s.Epoch && old.Step == s.Step && old.Waiting == s.Waiting {
+		m.mu.Unlock()
+		return nil
+	}
+	m.rec.Stall = &s
+	m.mu.Unlock()
+	return m.write(ctx, "stall")
 }
 
 // ReportFormed tells the coordinator at once that this member formed, and
@@ -231,6 +247,7 @@ func (m *Member) write(ctx context.Context, why string) error {
 // an epoch wins; revoking again is a no-op. The coordinator then forms the
 // next epoch.
 func (m *Member) Revoke(ctx context.Context, epoch uint64, reason string, failed ...string) error {
+	m.probeReach(epoch, failed)
 	r := Revocation{Epoch: epoch, Reason: reason, Failed: failed, By: m.cfg.ID, At: time.Now()}
 	val, _ := json.Marshal(r)
 	k := m.keys.Revocation(m.cfg.Job, epoch)

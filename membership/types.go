@@ -150,10 +150,27 @@ type Quorum struct {
 	// run keeps it; a replica that reads it stops (ft: ErrFinished)
 	// instead of redoing steps its peers will never take again.
 	Final int64 `json:"final,omitempty"`
+	// FinalFrom, with Final, are the addresses where members that finished
+	// the run at Final serve its final state (MemberRecord.Addr): a
+	// replica behind Final heals to it from them before it stops (ft:
+	// ErrFinished with the final state).
+	FinalFrom []string `json:"finalFrom,omitempty"`
 	// Run is the run of the job the participants belong to
 	// (MemberRecord.Run; "" before runs were recorded). A quorum of a new
 	// run starts afresh: no Final, no wait for the last run's members.
 	Run string `json:"run,omitempty"`
+	// RunStep is the highest step the run is known to have reached before
+	// this epoch (a previous quorum's MaxStep, or a higher step one of its
+	// participants reported), 0 for a new run. Participants none of which
+	// holds any step of a run whose RunStep is above 0 would restart its
+	// history from step 0: ft refuses to (StaleRunError) and names the
+	// choices (restore a state, or start a new run).
+	RunStep int64 `json:"runStep,omitempty"`
+	// Settings names the job's settings document in force from this
+	// epoch's first step (nil: none was ever set). The document is at
+	// keys.Layout.Settings; its digest, covered by the quorum's
+	// signature, proves which one.
+	Settings *SettingsRef `json:"settings,omitempty"`
 	// Signature, when the coordinator signs its quorums
 	// (coordinator.Config.QuorumSigner), proves that a coordinator holding
 	// the key published this record; members with a QuorumVerifier act
@@ -244,6 +261,19 @@ type MemberRecord struct {
 	// Stragglers is the straggler policy the member asks for its job
 	// (MemberConfig.Stragglers); nil: the coordinator's.
 	Stragglers *StragglerPolicy `json:"stragglers,omitempty"`
+	// Stall, when set, says that this member's step has not moved for
+	// longer than its stall bound (ft: Config.Stall): it waits in a
+	// collective for its peers (Waiting), or its training loop does not
+	// step (idle since its last commit, or computing without having
+	// started the step's collectives). A peer waiting in a step its loop
+	// does not take leaves it out (docs/quorum.md, "Stalls"). Written once
+	// per stall; a report of an older step is history.
+	Stall *StepStall `json:"stall,omitempty"`
+	// Reached are members this one blamed (Blamed, Revocation.Failed)
+	// whose address it connected to again since, each with the epoch of
+	// the blame it answers: the link works again, and the coordinator ends
+	// the blame's hold (past its floor, Config.BlameMinHold).
+	Reached map[string]uint64 `json:"reached,omitempty"`
 	// Leaving: the member is leaving gracefully (its key goes next).
 	Leaving bool `json:"leaving,omitempty"`
 	// Evicted says who evicted the member (its key goes next).
@@ -253,6 +283,33 @@ type MemberRecord struct {
 	// Incarnation is the etcd create revision of the record; filled when
 	// read, not stored.
 	Incarnation int64 `json:"-"`
+}
+
+// StepStall is a member's report of a step that did not move for longer
+// than the member's stall bound (MemberRecord.Stall).
+type StepStall struct {
+	// Epoch and Step say where: the epoch the member is in and the step it
+	// is on (its committed step + 1).
+	Epoch uint64 `json:"epoch"`
+	Step  int64  `json:"step"`
+	// Waiting: a collective of the step (or the epoch's formation) has
+	// waited For for its peers. Otherwise the member's own loop has not
+	// stepped for For: idle since its last commit, or computing without
+	// having issued the step's first collective.
+	Waiting bool          `json:"waiting,omitempty"`
+	For     time.Duration `json:"forNs"`
+	// Bound is the member's stall bound: what its recent steps allow.
+	Bound time.Duration `json:"boundNs"`
+}
+
+// String says what the report says, for reasons and logs.
+func (s StepStall) String() string {
+	what := "has not stepped"
+	if s.Waiting {
+		what = "waited in its collectives"
+	}
+	return fmt.Sprintf("%s for %v at step %d of epoch %d (bound %v)", what, s.For.Round(time.Millisecond), s.Step, s.Epoch,
+		s.Bound.Round(time.Millisecond))
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)

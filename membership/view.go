@@ -51,14 +51,21 @@ type quorumView struct {
 	Revocation *Revocation `json:"revocation,omitempty"`
 	// Created, Reason (capped at maxViewReason), Removed, Departed, Base,
 	// Final, Run and PublishedBy are the quorum's.
-	Created     time.Time        `json:"created"`
-	Reason      string           `json:"reason,omitempty"`
-	Removed     []string         `json:"removed,omitempty"`
-	Departed    []string         `json:"departed,omitempty"`
-	Base        uint64           `json:"base,omitempty"`
-	Final       int64            `json:"final,omitempty"`
-	Run         string           `json:"run,omitempty"`
-	PublishedBy string           `json:"publishedBy,omitempty"`
+	Created     time.Time `json:"created"`
+	Reason      string    `json:"reason,omitempty"`
+	Removed     []string  `json:"removed,omitempty"`
+	Departed    []string  `json:"departed,omitempty"`
+	Base        uint64    `json:"base,omitempty"`
+	Final       int64     `json:"final,omitempty"`
+	FinalFrom   []string  `json:"finalFrom,omitempty"`
+	Run         string    `json:"run,omitempty"`
+	RunStep     int64     `json:"runStep,omitempty"`
+	PublishedBy string    `json:"publishedBy,omitempty"`
+	// Settings names the job's settings in force (Quorum.Settings);
+	// SettingsDoc is that document, carried by the view that changes it
+	// and by every whole list, so a member needs no other read.
+	Settings    *SettingsRef     `json:"settings,omitempty"`
+	SettingsDoc *JobSettings     `json:"settingsDoc,omitempty"`
 	Signature   *QuorumSignature `json:"signature,omitempty"`
 }
 
@@ -73,8 +80,20 @@ const viewSigContext = "ftcomm-quorum-view-v1\n"
 // when known (nil: none). sign, when not nil, signs the header's
 // canonical bytes (coordinator.QuorumSigner.Sign).
 func EncodeQuorumView(prev *Quorum, q Quorum, rev *Revocation, sign func(msg []byte) *QuorumSignature) ([]byte, error) {
+	return EncodeQuorumViewWith(prev, q, rev, nil, sign)
+}
+
+// EncodeQuorumViewWith is EncodeQuorumView with the settings document q
+// names (q.Settings; nil when it names none): the view carries it when it
+// is a whole list or the settings changed since prev.
+func EncodeQuorumViewWith(prev *Quorum, q Quorum, rev *Revocation, settings *JobSettings, sign func(msg []byte) *QuorumSignature) ([]byte, error) {
 	v := quorumView{Job: q.Job, Epoch: q.Epoch, N: len(q.Participants), MaxStep: q.MaxStep, Revocation: rev,
-		Created: q.Created, Reason: q.Reason, Departed: q.Departed, Base: q.Base, Final: q.Final, Run: q.Run, PublishedBy: q.PublishedBy}
+		Created: q.Created, Reason: q.Reason, Departed: q.Departed, Base: q.Base, Final: q.Final, FinalFrom: q.FinalFrom,
+		Run: q.Run, RunStep: q.RunStep, PublishedBy: q.PublishedBy, Settings: q.Settings}
+	if q.Settings != nil && settings != nil && (prev == nil || prev.Settings == nil || *prev.Settings != *q.Settings) {
+		doc := *settings
+		v.SettingsDoc = &doc
+	}
 	if len(v.Reason) > maxViewReason {
 		v.Reason = v.Reason[:maxViewReason-3] + "..."
 	}
@@ -258,7 +277,8 @@ func applyView(h quorumView, added []Participant, cur *Quorum) (Quorum, bool) {
 		return Quorum{}, false
 	}
 	return Quorum{Job: h.Job, Epoch: h.Epoch, Participants: ps, MaxStep: h.MaxStep, Created: h.Created, Reason: h.Reason,
-		Removed: h.Removed, Added: addedIDs, Departed: h.Departed, PublishedBy: h.PublishedBy, Base: h.Base, Final: h.Final, Run: h.Run}, true
+		Removed: h.Removed, Added: addedIDs, Departed: h.Departed, PublishedBy: h.PublishedBy, Base: h.Base, Final: h.Final,
+		FinalFrom: h.FinalFrom, Run: h.Run, RunStep: h.RunStep, Settings: h.Settings}, true
 }
 
 // compact strips from q what a view does not carry (participants'

@@ -79,6 +79,7 @@ type Backend struct {
 	curD    desc
 	curDMu  sync.Mutex
 	active  atomic.Bool  // an op is pending (the liveness check runs only then)
+	late    atomic.Bool  // the monitor runs late (this process is starved): silence proves nothing
 	left    atomic.Int64 // 1 + a peer that closed its comm while an op no longer needed it; the op's end breaks b
 	// departed: 1 + a peer that closed its comm while no op needed it, when
 	// Config.KeepPointToPointAfterLeave kept b going; the next collective breaks b.
@@ -133,6 +134,7 @@ var (
 	_ comm.Splitter        = (*Backend)(nil)
 	_ comm.CtxWatcher      = (*Backend)(nil)
 	_ comm.FailureNotifier = (*Backend)(nil)
+	_ comm.SilenceReporter = (*Backend)(nil)
 )
 
 // WatchesCtx implements comm.CtxWatcher: every wait of an op selects on
@@ -786,6 +788,41 @@ func (b *Backend) Close() error {
 	return nil
 }
 
+// silentAfter is how long a connected peer may send nothing before
+// SilentPeers names it: a few heartbeats, or half the peer timeout.
+func (b *Backend) silentAfter() time.Duration {
+	return max(3*b.cfg.HeartbeatInterval, b.cfg.PeerTimeout/2)
+}
+
+// SilentPeers returns the ranks from which nothing has arrived for longer
+// than a few heartbeat intervals (max(3 × HeartbeatInterval, PeerTimeout /
+// 2)), or nil while this process's monitor runs late (see
+// comm.SilenceReporter). A closed link is not silent: its end is a
+// failure of its own, told as such.
+func (b *Backend) SilentPeers() []int {
+	if b.late.Load() {
+		return nil
+	}
+	b.mu.Lock()
+	links := b.links
+	b.mu.Unlock()
+	limit := b.silentAfter()
+	var out []int
+	for p, l := range links {
+		// As the liveness check: only a reader blocked on the socket with
+		// nothing queued hears nothing; one busy with a frame, or held
+		// until this rank posts its op, has data from the peer.
+		if l == nil || l.isClosed() || l.byeSeen() || !l.ownedBy(b) || l.rstate.Load() != rsReading ||
+			l.inq() > 0 || l.shm != nil && l.shmPending() {
+			continue
+		}
+		if time.Duration(l.now()-l.lastRecv.Load()) > limit {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // monitor sends heartbeats on idle connections, declares silent peers
 // failed while an op is pending (see liveness.go), and tells peers about a
 // failure. It exits when b is closed.
@@ -813,6 +850,7 @@ func (b *Backend) monitor() {
 		if !woken {
 			health.tick(now.Sub(last)-iv, iv)
 		}
+		b.late.Store(!healthy || health.score > 0)
 		last = now
 		b.mu.Lock()
 		fault, revoke, links := b.fault, b.revoke, b.links

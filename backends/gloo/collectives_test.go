@@ -431,7 +431,12 @@ func TestInPlaceAllGatherAndReduceScatter(t *testing.T) {
 	for _, job := range matrixJobs() {
 		t.Run(fmt.Sprintf("%s/%s", job.algo, transportName(job.shm)), func(t *testing.T) {
 			const n, count = 3, 1000
-			j := newJob(t, n, func(c *Config) { c.Algorithm = job.algo; c.SharedMemory = job.shm; c.SegmentSize = 4 << 10; c.SmallThreshold = 256 })
+			j := newJob(t, n, func(c *Config) {
+				c.Algorithm = job.algo
+				c.SharedMemory = job.shm
+				c.SegmentSize = 4 << 10
+				c.SmallThreshold = 256
+			})
 			defer j.close()
 			j.mustRun(func(r int, cm *comm.Comm) error {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -69,6 +69,7 @@ type serveConfig struct {
 	FailureSettle      time.Duration
 	HolderGrace        time.Duration
 	BlameHold          time.Duration
+	BlameMinHold       time.Duration
 	SilentEpochs       int
 	StragglerFactor    float64
 	StragglerWindow    time.Duration
@@ -102,6 +103,7 @@ func defaultServeConfig() serveConfig {
 		FailureSettle:      cc.Quorum.FailureSettle,
 		HolderGrace:        cc.Quorum.HolderGrace,
 		BlameHold:          cc.Quorum.BlameHold,
+		BlameMinHold:       cc.Quorum.BlameMinHold,
 		SilentEpochs:       cc.Quorum.SilentEpochs,
 		StragglerWindow:    membership.DefaultStragglerWindow,
 		StragglerProbation: membership.DefaultStragglerProbation,
@@ -177,6 +179,7 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.FailureSettle, "failure-settle", c.FailureSettle, "how long a failed epoch waits for more reports (a blame) before the next forms (0: not at all)")
 	fs.DurationVar(&c.HolderGrace, "holder-grace", c.HolderGrace, "how long a quorum none of whose members holds the job's step waits for lapsed members that held it to come back (0: not at all)")
 	fs.DurationVar(&c.BlameHold, "blame-hold", c.BlameHold, "how long live members that could not reach each other stay in different quorums, doubling while it recurs (0: blame never splits a job)")
+	fs.DurationVar(&c.BlameMinHold, "blame-min-hold", c.BlameMinHold, "the shortest such a hold lasts once one of the two reports reaching the other again, doubling while it recurs (0: the report ends it at once)")
 	fs.IntVar(&c.SilentEpochs, "silent-epochs", c.SilentEpochs, "failed epochs in a row a member may be blamed in while reporting nothing before quorums leave it out (0: never)")
 	fs.Float64Var(&c.StragglerFactor, "straggler-factor", c.StragglerFactor, "take a replica out of its job's quorums while its step time stays above this many times its peers' median (0: off; a job's members may ask for a policy)")
 	fs.DurationVar(&c.StragglerWindow, "straggler-window", c.StragglerWindow, "how long a replica must stay slow before it is taken out")
@@ -305,7 +308,7 @@ func (c *serveConfig) validate() error {
 	if c.SessionTTL < 2*time.Second {
 		bad("-session-ttl %v is below etcd's minimum of 2s", c.SessionTTL)
 	}
-	if c.FailureSettle < 0 || c.HolderGrace < 0 || c.BlameHold < 0 || c.SilentEpochs < 0 {
+	if c.FailureSettle < 0 || c.HolderGrace < 0 || c.BlameHold < 0 || c.BlameMinHold < 0 || c.SilentEpochs < 0 {
 		bad("-failure-settle %v, -holder-grace %v, -blame-hold %v and -silent-epochs %d must not be negative", c.FailureSettle, c.HolderGrace, c.BlameHold, c.SilentEpochs)
 	}
 	if err := c.stragglers().Validate(); err != nil || c.StragglerWindow <= 0 || c.StragglerProbation <= 0 {
@@ -453,7 +456,8 @@ func (c *serveConfig) quorum() quorum.Config {
 		return d
 	}
 	q := quorum.Config{MinReplicas: c.MinReplicas, JoinTimeout: c.JoinTimeout, FailureSettle: c.FailureSettle,
-		HolderGrace: off(c.HolderGrace), BlameHold: off(c.BlameHold), SilentEpochs: c.SilentEpochs, Stragglers: c.stragglers()}
+		HolderGrace: off(c.HolderGrace), BlameHold: off(c.BlameHold), BlameMinHold: off(c.BlameMinHold), SilentEpochs: c.SilentEpochs,
+		Stragglers: c.stragglers()}
 	if c.SilentEpochs == 0 {
 		q.SilentEpochs = -1
 	}

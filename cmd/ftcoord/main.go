@@ -18,6 +18,7 @@ Usage:
   ftcoord serve       [flags]   run a coordinator (embedded etcd by default)
   ftcoord status      [flags]   print jobs, or one job with -job, as tables
   ftcoord job new-run [flags] <job>   start a new run of a job: its trainers start from step 0
+  ftcoord job set [flags] <job> key=value…   change a running job's settings (key:type=value, -key to unset)
   ftcoord credentials [flags]   print the trainers' credentials file that serve wrote
   ftcoord version               print the version (also: ftcoord --version)
 
@@ -100,6 +101,11 @@ func commands() map[string]func() command {
 		"job new-run": func() command {
 			var cfg newRunConfig
 			return command{"[flags] <job>", cfg.flags, cfg.validate, func(ctx context.Context, stdout, _ io.Writer) error { return newRun(ctx, cfg, stdout) }, cfg.setJob}
+		},
+		"job set": func() command {
+			var cfg setConfig
+			return command{"[flags] <job> key=value|key:type=value|-key …", cfg.flags, cfg.validate,
+				func(ctx context.Context, stdout, _ io.Writer) error { return setSettings(ctx, cfg, stdout) }, cfg.setArgs}
 		},
 		"credentials": func() command {
 			cfg := defaultCredentialsConfig()

@@ -151,6 +151,13 @@ func status(ctx context.Context, c statusConfig, w io.Writer) error {
 	if len(d.Members) > 0 {
 		fmt.Fprintf(tw, "step\t%d (the highest a member reported; members report with their heartbeats)\n", d.Step)
 	}
+	if st := d.Settings; st != nil {
+		inForce := "not in force yet"
+		if q := d.Quorum; q != nil && q.Settings != nil && q.Settings.Version == st.Version {
+			inForce = fmt.Sprintf("in force from epoch %d", q.Epoch)
+		}
+		fmt.Fprintf(tw, "settings\tversion %d (%s, set %s by %s): %s\n", st.Version, inForce, since(st.Updated), st.By, st.Summary())
+	}
 	if d.Waiting != "" {
 		fmt.Fprintf(tw, "waiting\t%s\n", d.Waiting)
 	}

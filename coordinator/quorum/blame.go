@@ -26,6 +26,8 @@ func pairOf(x, y string) blamePair {
 // blameEdge records that two live members could not reach each other.
 type blameEdge struct {
 	until   time.Time // the blame keeps them apart until then
+	at      time.Time // when it was last blamed
+	epoch   uint64    // the epoch of the last blame
 	strikes int       // how often the pair failed again after a hold ended
 }
 
@@ -63,7 +65,27 @@ func (m *Machine) addBlame(now time.Time, epoch uint64, by string, ids []string)
 			e.strikes++ // failed again once allowed back together
 		}
 		e.until = now.Add(hold << min(e.strikes, maxBlameDoublings))
+		e.at, e.epoch = now, max(e.epoch, epoch)
 	}
+}
+
+// reached records that member by connected again to id, which it had
+// blamed in epoch (MemberRecord.Reached): the link between them works, so
+// the pair's hold ends — at once, or when its floor (BlameMinHold, doubled
+// like the hold with each repeat) has passed since the last blame, so
+// that a pair that keeps failing still backs off. It returns when the
+// hold now ends (zero: no hold to end).
+func (m *Machine) reached(now time.Time, by, id string, epoch uint64) time.Time {
+	e := m.blame[pairOf(by, id)]
+	if e == nil || epoch < e.epoch || !now.Before(e.until) {
+		return time.Time{}
+	}
+	floor := e.at.Add(m.cfg.blameMinHold() << min(e.strikes, maxBlameDoublings))
+	e.until = now
+	if floor.After(now) {
+		e.until = floor
+	}
+	return e.until
 }
 
 // forgetBlame drops every blame involving id.

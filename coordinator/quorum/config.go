@@ -42,6 +42,15 @@ type Config struct {
 	// forgotten once both form an epoch together. 0: DefaultBlameHold;
 	// negative: blame never splits the job.
 	BlameHold time.Duration
+	// BlameMinHold is the shortest a blame keeps two members apart: once
+	// one of them reports that it reaches the other again
+	// (MemberRecord.Reached: the link works, the cause ended), the hold
+	// ends as soon as BlameMinHold has passed since the last blame, doubled
+	// like BlameHold each time the pair fails again after a hold ended —
+	// a cut that healed costs seconds, a link that keeps failing still
+	// backs off. 0: DefaultBlameMinHold; negative: reports end holds at
+	// once.
+	BlameMinHold time.Duration
 	// SilentEpochs is how many failed epochs in a row a participant may
 	// be blamed by its peers while reporting nothing itself (a live
 	// process whose training loop stopped calling Step) before quorums
@@ -73,18 +82,20 @@ const blamedReportWait = 10
 const (
 	DefaultHolderGrace  = 15 * time.Second
 	DefaultBlameHold    = 30 * time.Second
+	DefaultBlameMinHold = time.Second
 	DefaultSilentEpochs = 2
 	DefaultFormWindow   = 200 * time.Millisecond
 	DefaultFormMaxWait  = 2 * time.Second
 )
 
 // DefaultConfig returns MinReplicas 1, JoinTimeout 10 s,
-// FailureSettle 100 ms, HolderGrace 15 s, BlameHold 30 s, SilentEpochs 2,
-// FormWindow 200 ms, FormMaxWait 2 s and no straggler policy.
+// FailureSettle 100 ms, HolderGrace 15 s, BlameHold 30 s, BlameMinHold
+// 1 s, SilentEpochs 2, FormWindow 200 ms, FormMaxWait 2 s and no
+// straggler policy.
 func DefaultConfig() Config {
 	return Config{MinReplicas: 1, JoinTimeout: 10 * time.Second, FailureSettle: 100 * time.Millisecond,
-		HolderGrace: DefaultHolderGrace, BlameHold: DefaultBlameHold, SilentEpochs: DefaultSilentEpochs,
-		FormWindow: DefaultFormWindow, FormMaxWait: DefaultFormMaxWait}
+		HolderGrace: DefaultHolderGrace, BlameHold: DefaultBlameHold, BlameMinHold: DefaultBlameMinHold,
+		SilentEpochs: DefaultSilentEpochs, FormWindow: DefaultFormWindow, FormMaxWait: DefaultFormMaxWait}
 }
 
 // Validate says what is wrong with the configuration, if anything.
@@ -116,6 +127,13 @@ func (c Config) blameHold() time.Duration {
 		return DefaultBlameHold
 	}
 	return max(c.BlameHold, 0)
+}
+
+func (c Config) blameMinHold() time.Duration {
+	if c.BlameMinHold == 0 {
+		return DefaultBlameMinHold
+	}
+	return max(c.BlameMinHold, 0)
 }
 
 func (c Config) formWindow() time.Duration {

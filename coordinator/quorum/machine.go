@@ -2,6 +2,7 @@ package quorum
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -61,8 +62,10 @@ import (
 //     Revocation.Failed) says that two live members could not reach each
 //     other. Among the candidates, those in no blame are kept; of the
 //     others the largest set none of whom blames another stays and the
-//     rest wait out, the blame's hold (BlameHold, doubling each time the
-//     pair fails again), then join as joiners. The set that holds the
+//     rest wait out the blame's hold, then join as joiners: until one of
+//     the pair reports reaching the other again (MemberRecord.Reached) and
+//     BlameMinHold has passed, or else BlameHold — both doubling each time
+//     the pair fails again. The set that holds the
 //     job's step wins, then the one with more survivors (a side that
 //     trains on is not interrupted for joiners), then the larger, then
 //     the one holding the highest reported step, then the one whose
@@ -72,6 +75,17 @@ import (
 //   - Silence: a participant blamed in SilentEpochs failed epochs in a row
 //     in which it reported nothing (no commit failure, formed epoch,
 //     revocation or step) is left out until it reports something.
+//   - Stalls: a participant that reports its loop has not stepped
+//     (MemberRecord.Stall, not Waiting) at the step a peer reports waiting
+//     in (both past their own bounds, derived from the job's step times)
+//     is left out at once, until it forms or sits out a later epoch (its
+//     loop stepped again).
+//   - Settings: every quorum carries the job's settings in force
+//     (SetSettings); a new version forms an epoch at once, with the same
+//     participants, revoking nothing.
+//   - The run's step: every quorum carries the highest step the run is
+//     known to have reached (RunStep), so that participants holding no
+//     step of a run that reached one can refuse to restart its history.
 //   - Stragglers (StragglerPolicy, off by default): a participant whose
 //     reported step time stays above Factor times the median of the other
 //     participants' for Window is left out — never so many that fewer than
@@ -101,7 +115,10 @@ type Machine struct {
 	active   map[string]uint64 // id → the newest epoch in which it reported anything
 	silent   map[string]int    // id → failed epochs in a row it was blamed in and silent
 
-	slow map[string]*straggler // straggler policy state, by id
+	slow    map[string]*straggler // straggler policy state, by id
+	stalled map[string]stallMark  // left out for a stall, until they show life
+
+	settings *membership.SettingsRef // the job's settings (SetSettings)
 }
 
 // departure is how a previous participant went.
@@ -126,13 +143,28 @@ type suspicion struct {
 func NewMachine(job string, cfg Config, prev *membership.Quorum) *Machine {
 	m := &Machine{job: job, cfg: cfg, members: map[string]*membership.MemberRecord{}, removed: map[string]departure{},
 		suspects: map[string]suspicion{}, caughtUp: map[string]int64{}, blame: map[blamePair]*blameEdge{},
-		blamedIn: map[string]uint64{}, active: map[string]uint64{}, silent: map[string]int{}, slow: map[string]*straggler{}}
+		blamedIn: map[string]uint64{}, active: map[string]uint64{}, silent: map[string]int{}, slow: map[string]*straggler{},
+		stalled: map[string]stallMark{}}
 	if prev != nil {
 		q := *prev
 		m.prev = &q
 		m.final, m.finalRun = q.Final, q.Run
+		m.settings = q.Settings
 	}
 	return m
+}
+
+// SetSettings records the job's settings document in force from now (its
+// version and digest): the next quorum carries it (Quorum.Settings), and
+// a version the current epoch does not carry forms one at once, with the
+// same participants when all are fit, without revoking the epoch (the
+// step in flight commits; every participant takes the new settings from
+// the next epoch's first step).
+func (m *Machine) SetSettings(ref membership.SettingsRef) {
+	if m.settings == nil || *m.settings != ref {
+		r := ref
+		m.settings = &r
+	}
 }
 
 // Decision is what Advance decided.
@@ -186,15 +218,17 @@ func (m *Machine) Upsert(now time.Time, rec membership.MemberRecord) bool {
 		m.lastArrival = now
 	}
 	wasSilent := m.silent[r.ID] > 0
+	_, wasStalled := m.stalled[r.ID]
 	m.observe(now, old, &r)
 	switch {
 	case old.Health != r.Health, old.WantQuorum != r.WantQuorum, old.ShrinkOnly != r.ShrinkOnly,
 		old.CommitFailed != r.CommitFailed, !slices.Equal(old.Blamed, r.Blamed), old.MinReplicas != r.MinReplicas,
-		old.Finished != r.Finished, !samePolicy(old.Stragglers, r.Stragglers):
+		old.Finished != r.Finished, !samePolicy(old.Stragglers, r.Stragglers), !sameStall(old.Stall, r.Stall),
+		!maps.Equal(old.Reached, r.Reached):
 		return true
-	case old.Formed != r.Formed && (len(m.blame) > 0 || wasSilent):
-		// It may clear a blame, or be a silent member's sign of life;
-		// otherwise it only sets the next quorum's Base.
+	case old.Formed != r.Formed && (len(m.blame) > 0 || wasSilent || wasStalled):
+		// It may clear a blame, or be a silent or stalled member's sign
+		// of life; otherwise it only sets the next quorum's Base.
 		return true
 	case old.Step != r.Step && (m.waited || wasSilent):
 		// The step matters to a quorum waiting for the job's step, and
@@ -226,8 +260,20 @@ func (m *Machine) observe(now time.Time, old, r *membership.MemberRecord) {
 		m.active[r.ID] = max(m.active[r.ID], epoch)
 		delete(m.silent, r.ID)
 	}
+	if s := r.Stall; s != nil && s.Waiting && !sameStall(old.Stall, s) {
+		// A member waiting in its step's collectives is in the step: a
+		// sign of life, whoever it waits for.
+		m.active[r.ID] = max(m.active[r.ID], s.Epoch)
+		delete(m.silent, r.ID)
+	}
+	m.stallEnded(r)
 	if r.CommitFailed != 0 && len(r.Blamed) > 0 && (r.CommitFailed != old.CommitFailed || !slices.Equal(r.Blamed, old.Blamed)) {
 		m.addBlame(now, r.CommitFailed, r.ID, r.Blamed)
+	}
+	for id, e := range r.Reached {
+		if old.Reached[id] != e {
+			m.reached(now, r.ID, id, e)
+		}
 	}
 	if inPrev && r.Formed == epoch && old.Formed != epoch {
 		m.formedTogether(r.ID)
@@ -241,7 +287,12 @@ func (m *Machine) forget(id string) {
 	delete(m.silent, id)
 	delete(m.blamedIn, id)
 	delete(m.slow, id)
+	delete(m.stalled, id)
 	m.forgetBlame(id)
+}
+
+func sameStall(a, b *membership.StepStall) bool {
+	return a == nil && b == nil || a != nil && b != nil && *a == *b
 }
 
 // Remove records the end of incarnation inc of member id (0 matches any;
@@ -466,8 +517,15 @@ func (m *Machine) advance(now time.Time) Decision {
 		}
 	}
 	out := map[string]string{}
-	wake(m.stragglers(now, survivors, admitted, out))
-	m.silence(survivors, admitted, out)
+	// Once the run ended nobody takes another step: every live member is
+	// told, whatever rule kept it out (a replica behind heals to the end).
+	runAll := m.runOf(candidates(survivors, admitted))
+	ended := m.final > 0 && (runAll == "" || m.finalRun == "" || runAll == m.finalRun)
+	if !ended {
+		wake(m.stragglers(now, survivors, admitted, out))
+		m.silence(survivors, admitted, out)
+		m.stalls(survivors, admitted, out)
+	}
 	keep := func(ps []membership.Participant) []membership.Participant {
 		if len(out) == 0 {
 			return ps
@@ -482,7 +540,9 @@ func (m *Machine) advance(now time.Time) Decision {
 	}
 	var js jobStep
 	js.step, js.unknown = m.lastStep()
-	wake(m.cut(now, keep(survivors), keep(admitted), inPrev, js, out))
+	if !ended {
+		wake(m.cut(now, keep(survivors), keep(admitted), inPrev, js, out))
+	}
 	var dropped []string // survivors left out
 	for _, p := range survivors {
 		if _, o := out[p.ID]; o {
@@ -503,12 +563,18 @@ func (m *Machine) advance(now time.Time) Decision {
 		final = 0
 	}
 	finalNew := final > 0 && (m.prev == nil || newRun || final > m.prev.Final)
+	var finalFrom []string
+	if final > 0 {
+		finalFrom = m.finalSources(final, run)
+	}
+	settingsNew := m.settings != nil && (m.prev == nil || m.prev.Settings == nil || *m.prev.Settings != *m.settings)
 	needed := false
 	switch {
 	case m.prev == nil:
 		needed = len(admitted) > 0 || finalNew
 	default:
-		needed = len(lost) > 0 || len(dropped) > 0 || len(admitted) > 0 || epochFailed || finalNew
+		needed = len(lost) > 0 || len(dropped) > 0 || len(admitted) > 0 || epochFailed || finalNew || settingsNew ||
+			final > 0 && !slices.Equal(finalFrom, m.prev.FinalFrom) && len(candidates(survivors, admitted)) > 0
 	}
 	if !needed {
 		m.pendingSince = time.Time{}
@@ -559,6 +625,9 @@ func (m *Machine) advance(now time.Time) Decision {
 	}
 	if finalNew {
 		why = append(why, fmt.Sprintf("the run ended at step %d", final))
+	}
+	if settingsNew && m.prev != nil {
+		why = append(why, fmt.Sprintf("settings version %d", m.settings.Version))
 	}
 	// Revoke a broken epoch at once, even when its successor must wait:
 	// members stop their collectives instead of waiting out a timeout. An
@@ -649,9 +718,13 @@ func (m *Machine) advance(now time.Time) Decision {
 		}
 	}
 
-	q := &membership.Quorum{Job: m.job, Epoch: 1, Participants: candidates, Created: now, Removed: gone, Departed: departed, Final: final, Run: run}
+	q := &membership.Quorum{Job: m.job, Epoch: 1, Participants: candidates, Created: now, Removed: gone, Departed: departed, Final: final,
+		FinalFrom: finalFrom, Run: run, Settings: m.settings}
 	if m.prev != nil {
 		q.Epoch = m.prev.Epoch + 1
+		if !newRun {
+			q.RunStep = max(m.prev.RunStep, js.step)
+		}
 	}
 	for _, p := range candidates {
 		q.MaxStep = max(q.MaxStep, p.Step)
@@ -672,6 +745,25 @@ func (m *Machine) advance(now time.Time) Decision {
 		rev.Reason = q.Reason
 	}
 	return Decision{Quorum: q, Revocation: rev, WakeAt: wakeAt}
+}
+
+// candidates is survivors then admitted.
+func candidates(survivors, admitted []membership.Participant) []membership.Participant {
+	return append(survivors[:len(survivors):len(survivors)], admitted...)
+}
+
+// finalSources are the addresses of the members of run that finished it
+// at step final and are still registered: they serve the final state to
+// replicas behind it.
+func (m *Machine) finalSources(final int64, run string) []string {
+	var out []string
+	for _, r := range m.members {
+		if r.Finished && r.Step == final && r.Addr != "" && (run == "" || r.Run == "" || r.Run == run) {
+			out = append(out, r.Addr)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // formWait applies the batching of joins: it says what a quorum that

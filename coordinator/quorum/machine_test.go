@@ -3,6 +3,7 @@ package quorum
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -38,6 +39,10 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of coordi
 //	suspect a D                 a peer reported a dead; verdict due within D
 //	unsuspect a                 the check found a alive
 //	revoke E by [b c …]         member "by" revokes epoch E (blaming b, c …)
+//	stall a E S waiting|idle [for=D]  a reports its step S of epoch E stalled:
+//	                            waiting in its collectives, or not stepping
+//	reached a b=E c=E …         a connected again to b, c … (blamed in epoch E)
+//	settings V                  the job's settings document becomes version V
 //	leave a …                   members leave gracefully (Left)
 //	die a …                     members' ports refuse connections (PortClosed)
 //	evict a …                   an operator evicts members (Evicted)
@@ -209,6 +214,31 @@ func (s *quorumScript) run(line string) []string {
 			r.Formed = e
 			s.m.Upsert(s.now, r)
 		}
+	case "stall":
+		r := s.rec(args[0])
+		e, _ := strconv.ParseUint(args[1], 10, 64)
+		st, _ := strconv.ParseInt(args[2], 10, 64)
+		rep := membership.StepStall{Epoch: e, Step: st, Waiting: args[3] == "waiting", For: time.Second, Bound: time.Second}
+		if len(args) > 4 {
+			v, _ := strings.CutPrefix(args[4], "for=")
+			rep.For, _ = time.ParseDuration(v)
+		}
+		r.Stall = &rep
+		s.m.Upsert(s.now, r)
+	case "reached":
+		r := s.rec(args[0])
+		r.Reached = maps.Clone(r.Reached)
+		if r.Reached == nil {
+			r.Reached = map[string]uint64{}
+		}
+		for _, a := range args[1:] {
+			id, v, _ := strings.Cut(a, "=")
+			r.Reached[id], _ = strconv.ParseUint(v, 10, 64)
+		}
+		s.m.Upsert(s.now, r)
+	case "settings":
+		v, _ := strconv.ParseUint(args[0], 10, 64)
+		s.m.SetSettings(membership.SettingsRef{Version: v, Digest: fmt.Sprintf("d%d", v)})
 	case "revoke":
 		e, _ := strconv.ParseUint(args[0], 10, 64)
 		s.m.Revoke(s.now, membership.Revocation{Epoch: e, By: args[1], Reason: "peer failed", Failed: args[2:]})
@@ -237,6 +267,15 @@ func (s *quorumScript) run(line string) []string {
 			}
 			if q.Final != 0 {
 				head += fmt.Sprintf(" final=%d", q.Final)
+			}
+			if len(q.FinalFrom) > 0 {
+				head += fmt.Sprintf(" from=%v", q.FinalFrom)
+			}
+			if q.RunStep > q.MaxStep {
+				head += fmt.Sprintf(" runstep=%d", q.RunStep)
+			}
+			if q.Settings != nil {
+				head += fmt.Sprintf(" settings=v%d", q.Settings.Version)
 			}
 			if len(q.Departed) > 0 {
 				head += fmt.Sprintf(" departed=%v", q.Departed)
@@ -475,6 +514,35 @@ func TestQuorumUpsertSaysWhatMatters(t *testing.T) {
 		d := m.Advance(now.Add(DefaultFormWindow))
 		m.Published(*d.Quorum)
 	}
+	// A member left out for its stall shows life by forming (sitting out)
+	// a later epoch: that report matters, though no blame is held.
+	m = NewMachine("j", DefaultConfig(), nil)
+	m.Upsert(now, membership.MemberRecord{ID: "a", Incarnation: 1, WantQuorum: true})
+	m.Upsert(now, membership.MemberRecord{ID: "b", Incarnation: 2, WantQuorum: true})
+	m.Published(*m.Advance(now.Add(DefaultFormWindow)).Quorum)
+	ra, _ := m.Member("a")
+	rb, _ := m.Member("b")
+	ra.Stall = &membership.StepStall{Epoch: 1, Step: 3, Waiting: true}
+	rb.Stall = &membership.StepStall{Epoch: 1, Step: 3}
+	m.Upsert(now, ra)
+	m.Upsert(now, rb)
+	if d := m.Advance(now); d.Quorum == nil || len(d.Quorum.Participants) != 1 {
+		t.Fatalf("the stalled member was not left out: %+v", d)
+	} else {
+		m.Published(*d.Quorum)
+	}
+	rb.Formed = 2
+	if !m.Upsert(now, rb) {
+		t.Error("a stalled member's sign of life does not matter")
+	}
+	if d := m.Advance(now.Add(DefaultFormWindow)); d.Quorum == nil || len(d.Quorum.Participants) != 2 {
+		t.Fatalf("the stalled member, back, was not admitted: %+v", d)
+	}
+	m = NewMachine("j", DefaultConfig(), nil)
+	m.Upsert(now, base)
+	m.Upsert(now, membership.MemberRecord{ID: "b", Incarnation: 2, WantQuorum: true})
+	m.Published(*m.Advance(now.Add(DefaultFormWindow)).Quorum)
+
 	// With a policy, step times matter; while a quorum waits, steps do.
 	m.Upsert(now, membership.MemberRecord{ID: "a", Incarnation: 1, WantQuorum: true, Stragglers: &membership.StragglerPolicy{Factor: 2}})
 	if r, _ := m.Member("a"); !m.Upsert(now, func() membership.MemberRecord { r.StepTime = time.Second; return r }()) {

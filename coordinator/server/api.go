@@ -62,6 +62,8 @@ func (a *api) handler() http.Handler {
 	mux.Handle("GET /api/v1/jobs/{job}/history", a.auth(http.HandlerFunc(a.history)))
 	mux.Handle("POST /api/v1/jobs/{job}/members/{id}/evict", a.auth(http.HandlerFunc(a.evict)))
 	mux.Handle("POST /api/v1/jobs/{job}/runs", a.auth(http.HandlerFunc(a.newRun)))
+	mux.Handle("GET /api/v1/jobs/{job}/settings", a.auth(http.HandlerFunc(a.settings)))
+	mux.Handle("POST /api/v1/jobs/{job}/settings", a.auth(http.HandlerFunc(a.setSettings)))
 	mux.Handle("/api/", a.auth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if allow := allowed(mux, r); len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
@@ -312,6 +314,57 @@ func (a *api) newRun(w http.ResponseWriter, r *http.Request) {
 	}
 	a.lg.Info("new run", zap.String("job", job), zap.String("run", run.ID), zap.String("by", by), zap.Strings("ended", run.Ended[:min(len(run.Ended), 1)]))
 	writeJSON(w, http.StatusOK, run)
+}
+
+// settings answers a job's settings document (version 0 when none was
+// set).
+func (a *api) settings(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	doc, err := a.admin.Settings(ctx, r.PathValue("job"))
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	doc.Signature = nil
+	writeJSON(w, http.StatusOK, doc)
+}
+
+// SettingsRequest changes a job's settings: each change is "key=value",
+// "key:type=value" (type: string, int, float, bool or duration) or "-key"
+// (unset), all applied or none.
+type SettingsRequest struct {
+	Changes []string `json:"changes"`
+	By      string   `json:"by,omitempty"`
+}
+
+// setSettings changes a job's settings (coordinator.SetSettings): 200
+// with the new version and the epoch it is in force from, 400 with what
+// is wrong when any change is malformed (nothing is stored).
+func (a *api) setSettings(w http.ResponseWriter, r *http.Request) {
+	var req SettingsRequest
+	if !readBody(w, r, &req, `{"changes": ["lr=0.1", "sync_every:int=50", "-old"], "by": …}`) {
+		return
+	}
+	changes, err := membership.ParseSettingChanges(req.Changes)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	by := "api"
+	if req.By != "" {
+		by = req.By
+	}
+	job := r.PathValue("job")
+	ctx, cancel := reqCtx(r)
+	defer cancel()
+	up, err := a.coord.SetSettings(ctx, job, changes, by)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	up.Settings.Signature = nil
+	writeJSON(w, http.StatusOK, up)
 }
 
 type evictRequest struct {

@@ -252,3 +252,53 @@ func TestAPINewRun(t *testing.T) {
 		t.Fatalf("job after the new runs: %+v", d.JobView)
 	}
 }
+
+// Settings: a change is stored whole or not at all (a value that does not
+// parse as its key's type is refused, saying why), versioned, and in
+// force from the quorum that carries it, whose members hold the document.
+func TestAPISettings(t *testing.T) {
+	lc := startLiveCoordinator(t, "", false)
+	a, _ := lc.join(t, "llama", "a"), lc.join(t, "llama", "b")
+	ctx := testutil.Ctx(t, 20*time.Second)
+	q, err := a.NextQuorum(ctx, 0)
+	for err == nil && len(q.Participants) < 2 {
+		q, err = a.NextQuorum(ctx, q.Epoch)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := decode[coordinator.SettingsUpdate](t, lc.request(t, "POST", "/api/v1/jobs/llama/settings",
+		`{"changes": ["lr=0.1", "sync_every=50", "warmup=2s"], "by": "test"}`, false), 200)
+	if up.Settings.Version != 1 || up.Epoch <= q.Epoch || up.Settings.Values["sync_every"].Type != membership.SettingInt {
+		t.Fatalf("update %+v", up)
+	}
+	for q.Epoch < up.Epoch && err == nil {
+		q, err = a.NextQuorum(ctx, q.Epoch)
+	}
+	if err != nil || q.Settings == nil || q.Settings.Version != 1 {
+		t.Fatalf("quorum %+v: %v", q, err)
+	}
+	doc, ok := a.Settings(*q.Settings)
+	if lr, _ := doc.Float("lr"); !ok || lr != 0.1 {
+		t.Fatalf("member's settings %+v (%v)", doc, ok)
+	}
+	for _, bad := range []struct{ body, says string }{
+		{`{"changes": ["lr=abc"]}`, "lr is a setting of type float"},
+		{`{"changes": ["lr=0.2", "sync_every=2.5"]}`, "sync_every is a setting of type int"},
+		{`{"changes": ["-nosuch"]}`, "no such setting"},
+		{`{"changes": ["9lives=1"]}`, "not a setting key"},
+	} {
+		e := decode[APIError](t, lc.request(t, "POST", "/api/v1/jobs/llama/settings", bad.body, false), 400)
+		if !strings.Contains(e.Error, bad.says) {
+			t.Errorf("%s: %q, want it to say %q", bad.body, e.Error, bad.says)
+		}
+	}
+	got := decode[membership.JobSettings](t, lc.request(t, "GET", "/api/v1/jobs/llama/settings", "", false), 200)
+	if got.Version != 1 || got.Values["lr"].Value != "0.1" {
+		t.Fatalf("after refused changes: %+v (nothing may be half-applied)", got)
+	}
+	d := decode[JobDetail](t, lc.request(t, "GET", "/api/v1/jobs/llama", "", false), 200)
+	if d.Settings == nil || d.Settings.Version != 1 {
+		t.Fatalf("job detail settings %+v", d.Settings)
+	}
+}

@@ -63,13 +63,14 @@ type point struct {
 
 // jobState is what the demo knows of one training job.
 type jobState struct {
-	name     string
-	faulty   bool
-	procs    []*proc
-	pending  []Failure // failures still to inject
-	kills    []*kill
-	started  time.Time
-	finished time.Time
+	name         string
+	faulty       bool
+	procs        []*proc
+	pending      []Failure // failures still to inject
+	kills        []*kill
+	settingsSeen map[int64]bool // syncs from which new job settings were taken (ftcoord job set)
+	started      time.Time
+	finished     time.Time
 
 	step         int64
 	epoch        uint64
@@ -431,6 +432,14 @@ func (d *demo) handle(e event) {
 		d.syncEvent(j, e, t)
 	case "ft":
 		d.ftEvent(j, e)
+	case "settings":
+		if !j.settingsSeen[e.Step] {
+			if j.settingsSeen == nil {
+				j.settingsSeen = map[int64]bool{}
+			}
+			j.settingsSeen[e.Step] = true
+			d.note(j, "job settings from sync %d (epoch %d): %s", e.Step, e.Epoch, e.Method)
+		}
 	case "snapshot":
 		d.evals <- evalReq{job: j, step: e.Step, path: e.Path, n: d.cfg.EvalN}
 	case "done":

@@ -11,6 +11,20 @@
 // the same job without failures for comparison, and writes a summary and
 // a loss-curve plot into the report folder (diloco-report/).
 //
+// # Settings while it runs
+//
+// The replicas follow their job's settings (ft.Comm.Settings): lr, the
+// peak inner learning rate; outer_lr; and sync_every, H (a multiple of F).
+// Change them while the demo runs, against the API of its dashboard's
+// address:
+//
+//	ftcoord job set -addr http://127.0.0.1:PORT with-failures outer_lr=0.5 sync_every=200
+//
+// Every replica takes the new values at the same sync (the first of the
+// epoch that carries them); the demo notes it. A run changed so no longer
+// ends where the run without failures ends, unless that job gets the same
+// changes at the same sync.
+//
 // # Roles
 //
 // The program is the demo (the parent) unless FTCOMM_DILOCO_REPLICA holds

@@ -199,7 +199,8 @@ func runReplica(spec replicaSpec) int {
 	var lossSum float64
 	var lossN int
 	var trainTime time.Duration
-	finished := false // another replica ended the run (ft.ErrFinished)
+	finished := false   // another replica ended the run (ft.ErrFinished)
+	var settings uint64 // the job's settings version this replica follows
 	for c.CommittedStep() < target {
 		o, err := d.Tick(ctx)
 		if errors.Is(err, ft.ErrFinished) {
@@ -209,6 +210,14 @@ func runReplica(spec replicaSpec) int {
 		}
 		if err != nil {
 			return fail(err)
+		}
+		if st := c.Settings(); st.Version != settings {
+			// The job's settings changed (ftcoord job set): every replica
+			// sees the new version from the same sync, right after its
+			// Tick, and retunes there alike.
+			settings = st.Version
+			followSettings(st, d, &lr, log)
+			emit(event{Kind: "settings", Step: st.FromStep, Epoch: st.Epoch, Method: st.Summary()})
 		}
 		if o.Synced {
 			if o.Healed {
@@ -260,4 +269,23 @@ func runReplica(spec replicaSpec) int {
 	emit(event{Kind: "done", Step: c.CommittedStep(), Path: p, Hash: hashFloats(d.Global()) + hashFloats(d.Momentum()),
 		Payload: s.PeakPayload, Wire: s.Wire, BlockedMs: s.Blocked.Seconds() * 1e3})
 	return 0
+}
+
+// followSettings applies the job's settings the example reads: lr (the
+// peak inner learning rate), outer_lr and sync_every (H, inner steps
+// between two syncs of the same parameter). A value the run cannot take
+// (an H the fragments do not divide) is refused the same way at every
+// replica, and logged.
+func followSettings(st ft.Settings, d *diloco.DiLoCo, lr *charlm.Schedule, log *zap.Logger) {
+	if v, ok := st.Float("lr"); ok && v > 0 {
+		lr.Peak = float32(v)
+	}
+	outer, _ := st.Float("outer_lr")
+	h, _ := st.Int("sync_every")
+	if err := d.Retune(outer, int(h)); err != nil {
+		log.Warn("job settings not applied", zap.Uint64("version", st.Version), zap.Error(err))
+		return
+	}
+	log.Info("following the job's settings", zap.Uint64("version", st.Version), zap.Int64("from_step", st.FromStep),
+		zap.String("settings", st.Summary()))
 }

@@ -12,6 +12,9 @@ parameters and momentum from them.
     python3 examples/torch/diloco.py --device cuda   # one replica per GPU
 
 The algorithm mirrors ft/diloco (Go); here the outer loop is plain torch.
+The replicas follow the job's settings while they run (``ftcoord job set
+<job> lr=… outer_lr=… sync_every=…``): every replica takes a new version
+from the same sync.
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ def replica(args) -> None:
     every = max(1, args.H // F)
     step_in = 0  # inner steps taken by this replica
     losses = []
+    # The job's settings (ftcoord job set) may change lr, outer_lr and
+    # sync_every (H) while it runs: every replica sees a new version from
+    # the same sync, right after step(), and follows it there alike.
+    tune = {"version": 0, "lr": args.lr, "outer_lr": args.outer_lr}
 
     def inner_step():
         nonlocal step_in
@@ -61,7 +68,7 @@ def replica(args) -> None:
         loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        inner.step(flat.params, flat.grads, common.lr_at(c.committed_step * every, args.syncs * every, args.lr))
+        inner.step(flat.params, flat.grads, common.lr_at(c.committed_step * every, args.syncs * every, tune["lr"]))
         losses.append(loss.item())
         step_in += 1
 
@@ -76,6 +83,12 @@ def replica(args) -> None:
         except ftcomm.FinishedError:
             break  # another replica ended the run: no one steps again
         evs = c.events()
+        st = c.settings()
+        if st.version != tune["version"]:
+            tune.update(version=st.version, lr=float(st.get("lr", tune["lr"])), outer_lr=float(st.get("outer_lr", tune["outer_lr"])))
+            h = int(st.get("sync_every", 0) or 0)
+            if h // F > args.tau:
+                every = max(1, h // F)  # from the next sync on
         weight = 1.0
         if any(e.kind == "healed" for e in evs):
             # Healed: the global parameters and momentum are the job's;
@@ -97,7 +110,7 @@ def replica(args) -> None:
             g = buf[:-1] / buf[-1]
             with torch.no_grad():
                 mom[lo:hi].mul_(args.outer_momentum).add_(g)
-                glob[lo:hi].sub_(g + args.outer_momentum * mom[lo:hi], alpha=args.outer_lr)
+                glob[lo:hi].sub_(g + args.outer_momentum * mom[lo:hi], alpha=tune["outer_lr"])
                 flat.params[lo:hi].mul_(args.alpha).add_(glob[lo:hi], alpha=1 - args.alpha)
         out = dict(step=c.committed_step, committed=ok, fragment=f, inner=step_in, participants=c.participants,
                    loss=sum(losses) / max(1, len(losses)), t=time.time(), sync_s=time.monotonic() - t0)

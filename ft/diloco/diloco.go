@@ -64,8 +64,11 @@ type DiLoCo struct {
 	sync   *pending // the sync in flight, or nil
 	base   int64    // committed step at the latest sync start
 	baseAt int      // done at the latest sync start
-	x      exchange
-	stats  Stats
+	// The job's inner step at committed step baseOff: the period changed
+	// there (Retune), so InnerStep counts from it.
+	innerOff, baseOff int64
+	x                 exchange
+	stats             Stats
 }
 
 type ownerKey struct{ rank, size int }
@@ -286,7 +289,37 @@ func (d *DiLoCo) finish(ctx context.Context) (Outcome, error) {
 // A replica that healed jumps to the job's count, so a learning-rate
 // schedule driven by it stays in line with the others.
 func (d *DiLoCo) InnerStep() int64 {
-	return d.base*int64(d.sched.Every) + int64(d.done-d.baseAt)
+	return d.innerOff + (d.base-d.baseOff)*int64(d.sched.Every) + int64(d.done-d.baseAt)
+}
+
+// Retune changes the outer learning rate and the sync period H (inner
+// steps between two syncs of the same parameter) while training: the
+// outer learning rate from the next outer update, H from the sync that
+// started last (the next one starts H/F inner steps after it). 0 keeps a
+// value. Replicas that retune at the same sync keep syncing together: a
+// training loop that follows the job's settings (ft.Comm.Settings, which
+// every replica of an epoch takes from the same step) retunes right after
+// the Tick whose sync brought a new version. A replica that joins after a
+// change counts InnerStep from its own first sync with the new H.
+func (d *DiLoCo) Retune(outerLR float64, innerSteps int) error {
+	cfg := d.cfg
+	if outerLR > 0 {
+		cfg.OuterLR = outerLR
+	}
+	if innerSteps > 0 {
+		cfg.InnerSteps = innerSteps
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if every := cfg.Every(); every != d.sched.Every {
+		d.innerOff += (d.base - d.baseOff) * int64(d.sched.Every)
+		d.baseOff = d.base
+		d.sched.Every, d.sched.From = every, d.baseAt
+	}
+	d.cfg = cfg
+	d.outer.LR = float32(cfg.OuterLR)
+	return nil
 }
 
 // Global is the job's parameters as of the last committed sync (every

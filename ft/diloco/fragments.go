@@ -29,11 +29,14 @@ func split(n, f, align int) []span {
 // the first (its join), and the sync started at t finishes after t+τ.
 type Schedule struct {
 	Every, Overlap int // H/F and τ
+	// From is the inner step the period counts from: 0, or the start of
+	// the sync at which the period last changed (DiLoCo.Retune).
+	From int
 }
 
 // StartsAt reports whether a sync starts once `done` inner steps have run
 // since the replica started (done = 0 is the join sync before any step).
-func (s Schedule) StartsAt(done int) bool { return done%s.Every == 0 }
+func (s Schedule) StartsAt(done int) bool { return done >= s.From && (done-s.From)%s.Every == 0 }
 
 // FinishesAt reports whether the sync started at `started` is finished
 // once `done` inner steps have run.

@@ -1,7 +1,9 @@
 package diloco
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -335,5 +337,78 @@ func TestOuterStepIsApplyThenMix(t *testing.T) {
 		if !close(g1[i], g2[i]) || !close(m1[i], m2[i]) || !close(l1[i], l2[i]) {
 			t.Fatalf("element %d: %v %v %v, fused %v %v %v", i, g1[i], m1[i], l1[i], g2[i], m2[i], l2[i])
 		}
+	}
+}
+
+// A period that changed at a sync counts from that sync's start.
+func TestScheduleFrom(t *testing.T) {
+	s := Schedule{Every: 3, From: 4}
+	var starts []int
+	for done := 0; done <= 12; done++ {
+		if s.StartsAt(done) {
+			starts = append(starts, done)
+		}
+	}
+	if fmt.Sprint(starts) != "[4 7 10]" {
+		t.Fatalf("starts %v, want [4 7 10]", starts)
+	}
+}
+
+// soloComm is a replica alone (every step commits), enough to drive
+// DiLoCo's schedule.
+type soloComm struct{ step int64 }
+
+func (c *soloComm) Register(string, comm.Tensor) error { return nil }
+func (c *soloComm) Step(context.Context) error         { return nil }
+func (c *soloComm) AllReduce(context.Context, comm.Tensor, comm.ReduceOp) *comm.Work {
+	return comm.FailedWork(nil)
+}
+func (c *soloComm) AllGather(context.Context, comm.Tensor, comm.Tensor) *comm.Work {
+	return comm.FailedWork(nil)
+}
+func (c *soloComm) Commit(context.Context) (bool, error) { c.step++; return true, nil }
+func (c *soloComm) CommittedStep() int64                 { return c.step }
+func (c *soloComm) Epoch() uint64                        { return 1 }
+func (c *soloComm) Participants() int                    { return 1 }
+func (c *soloComm) Rank() int                            { return 0 }
+
+// Retune changes the sync period from the sync that started last, keeps
+// InnerStep counting on, and refuses a period the fragments do not divide.
+func TestRetune(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.InnerSteps = 4
+	d, err := New(&soloComm{}, make([]float32, 8), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var syncs []int64
+	for i := 0; i < 20; i++ {
+		o, err := d.Tick(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Synced {
+			syncs = append(syncs, d.InnerStep())
+			if len(syncs) == 3 { // retune at the third sync: every 2 from there
+				if err := d.Retune(0.5, 2); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	if fmt.Sprint(syncs) != "[1 5 9 11 13 15 17 19]" { // counted after the sync's own inner step
+		t.Fatalf("inner steps at the syncs %v", syncs)
+	}
+	cfg.Fragments = 2
+	d2, err := New(&soloComm{}, make([]float32, 8), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d2.Retune(0, 3); !errors.Is(err, comm.ErrInvalidArgument) {
+		t.Fatalf("a period the fragments do not divide: %v", err)
+	}
+	if err := d.Retune(-1, 0); err != nil {
+		t.Fatalf("nothing to change: %v", err)
 	}
 }

@@ -18,11 +18,13 @@ import (
 //	<root>/<job>/rdzv/<epoch>/…                      per-epoch rendezvous (Store)
 //	<root>/<job>/commits/<step>                      durable commit records of the run (RecordCommit)
 //	<root>/<job>/run                                 the job's current run (RunRecord)
+//	<root>/<job>/claims/<id>                         a new incarnation asks the coordinator to confirm the old one dead
 //	<root>/_coordinator/jobs/<job>/quorum            the current quorum
 //	<root>/_coordinator/jobs/<job>/view              the same, compact: what members watch
 //	<root>/_coordinator/jobs/<job>/viewfull          the same, compact, the whole list
 //	<root>/_coordinator/jobs/<job>/history/<epoch>   past quorums (bounded)
 //	<root>/_coordinator/jobs/<job>/evicted/<id>      keep-out records of evicted members
+//	<root>/_coordinator/jobs/<job>/settings          the job's settings document (JobSettings, signed)
 //	<root>/_coordinator/election/…                   coordinator leader election
 //	<root>/_coordinator/gossip/<name>                coordinators' gossip addresses
 //	<root>/_coordinator/keys/<name>                  coordinators' quorum-signing key ids
@@ -77,6 +79,9 @@ func (k Layout) HistoryEntry(job string, e uint64) string { return k.History(job
 func (k Layout) Commits(job string) string                { return k.Job(job) + "commits/" }
 func (k Layout) Commit(job string, step int64) string     { return k.Commits(job) + epochKey(uint64(step)) }
 func (k Layout) Run(job string) string                    { return k.Job(job) + "run" }
+func (k Layout) Claims(job string) string                 { return k.Job(job) + "claims/" }
+func (k Layout) Claim(job, id string) string              { return k.Claims(job) + id }
+func (k Layout) Settings(job string) string               { return k.CoordinatorJob(job) + "settings" }
 
 // GroupLease is where a replica group's shared lease is recorded
 // (membership.MemberConfig.GroupLease).

@@ -23,8 +23,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from ctypes import byref, c_int32, c_int64, c_uint64
-from typing import Any, Callable, List, Optional, Sequence
+from ctypes import POINTER, byref, c_int32, c_int64, c_uint64, c_void_p
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from . import _lib, _tensors
 from ._tensors import describe
@@ -33,14 +33,15 @@ from .errors import FtcommError, InvalidArgumentError
 from .reduce_op import ReduceOp, as_reduce_op
 from .work import InFlight, Work
 
-__all__ = ["Comm", "Event", "Work"]
+__all__ = ["Comm", "Event", "Settings", "Work"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Event:
     """Something that happened to this replica (ft.Event): kind is
-    "reconfigured", "sat out", "healed", "rolled back", "commit failed" or
-    "waiting"."""
+    "reconfigured", "sat out", "healed", "rolled back", "commit failed",
+    "waiting" or "settings" (the job's settings version ``version`` is in
+    force from step ``from_step``, at every replica of ``epoch`` alike)."""
 
     kind: str
     time: float
@@ -54,9 +55,69 @@ class Event:
     took_s: float = 0.0
     reason: str = ""
     text: str = ""
+    version: int = 0
 
     def __str__(self) -> str:
         return self.text or self.kind
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The job's settings in force for this replica's step (ft.Comm.Settings):
+    a document the operator changes while the job runs (``ftcoord job set``),
+    version ``version``, in force from step ``from_step`` (the first of
+    ``epoch``) at every replica of that epoch alike. ``values`` maps each key
+    to its value, typed (int, float, bool, str; durations in seconds)."""
+
+    version: int = 0
+    epoch: int = 0
+    from_step: int = 0
+    values: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+
+def _setting_value(typ: str, value: str) -> Any:
+    if typ == "int":
+        return int(value)
+    if typ == "float":
+        return float(value)
+    if typ == "bool":
+        return value == "true"
+    if typ == "duration":
+        return _duration_s(value)
+    return value
+
+
+def _duration_s(s: str) -> float:
+    """A Go duration string ("1m30s", "250ms") in seconds."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+    total, num, sign = 0.0, "", 1.0
+    i = 0
+    if s.startswith("-"):
+        sign, i = -1.0, 1
+    while i < len(s):
+        c = s[i]
+        if c.isdigit() or c == ".":
+            num += c
+            i += 1
+            continue
+        unit = c
+        i += 1
+        while i < len(s) and not (s[i].isdigit() or s[i] == "."):
+            unit += s[i]
+            i += 1
+        total += float(num) * units[unit]
+        num = ""
+    return sign * total
+
+
+def _settings_fn():
+    fn = _lib.lib().ftcomm_ft_settings
+    fn.argtypes = [c_uint64, c_void_p, c_int64, POINTER(c_int64)]
+    fn.restype = c_int32
+    return fn
 
 
 class FTWork(Work):
@@ -86,6 +147,10 @@ class Comm:
     "gloo" (CPU tensors) or "nccl" (CUDA tensors, on device). timeout is
     each collective's deadline (seconds; default 30). on_event, if given,
     is called with each Event after step() and commit() return.
+    stall_factor and stall_min make the stall bound (ft.Config.StallFactor,
+    StallMin: a peer that stops stepping is left out after that long);
+    initial_step is the step of a restored state this replica registers
+    (ft.Config.InitialStep). settings() is the job's settings in force.
     """
 
     def __init__(self, job: str, group: str, *, backend: str = "gloo", device: Any = None,
@@ -95,7 +160,8 @@ class Comm:
                  heal_chunk_size: Optional[int] = None, heal_streams: Optional[int] = None,
                  durable_commit: bool = False, disable_health_watch: bool = False, lease_ttl=None,
                  heartbeat=None, gossip: bool = False, control_backend: Optional[str] = None,
-                 log_level: Optional[str] = None, on_event: Optional[Callable[[Event], None]] = None):
+                 log_level: Optional[str] = None, on_event: Optional[Callable[[Event], None]] = None,
+                 stall_factor: Optional[float] = None, stall_min=None, initial_step: int = 0):
         if _lib.forked:
             raise _lib._fork_error()
         self._h: Optional[int] = None
@@ -125,10 +191,12 @@ class Comm:
         for key, val in (("coordinator", list(coordinator) if coordinator else None), ("credentials", credentials),
                          ("max_commit_failures", max_commit_failures), ("recovery_addr", recovery_addr),
                          ("heal_chunk_size", heal_chunk_size), ("heal_streams", heal_streams),
-                         ("control_backend", control_backend), ("log_level", log_level)):
+                         ("control_backend", control_backend), ("log_level", log_level),
+                         ("stall_factor", stall_factor), ("initial_step", initial_step or None)):
             if val is not None:
                 settings[key] = val
-        for key, val in (("timeout_s", timeout), ("lease_ttl_s", lease_ttl), ("heartbeat_s", heartbeat)):
+        for key, val in (("timeout_s", timeout), ("lease_ttl_s", lease_ttl), ("heartbeat_s", heartbeat),
+                         ("stall_min_s", stall_min)):
             if val is not None:
                 settings[key] = _lib.timeout_ns(val) / 1e9
         _lib.ensure_interrupt_chain()
@@ -256,6 +324,15 @@ class Comm:
     def committed_step(self) -> int:
         """Steps this replica has committed (or healed to)."""
         return self._info()[3]
+
+    def settings(self) -> Settings:
+        """The job's settings in force for this replica's current step. They
+        change only inside step(), at the first step of an epoch that every
+        replica of it agreed on; a "settings" event says so. Version 0 and
+        no values before any were set."""
+        d = json.loads(_lib.get_bytes(_settings_fn(), self._handle()))
+        vals = {k: _setting_value(v["type"], v["value"]) for k, v in d["values"].items()}
+        return Settings(version=d["version"], epoch=d["epoch"], from_step=d["from_step"], values=vals)
 
     def events(self) -> List[Event]:
         """The events since the last call (reconfigurations, heals, rollbacks,

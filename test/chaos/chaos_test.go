@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -95,32 +96,42 @@ func oneFault(kind FaultKind, length time.Duration) Config {
 	return cfg
 }
 
-// A 2|2 cut between replicas that all still reach the coordinator: one
-// side commits again while the cut lasts, and the other rejoins once it
-// heals.
+// A 2|2 cut between replicas that all still reach the coordinator, with
+// ft's default collective Timeout (30 s, longer than the cut): one side
+// commits again while the cut lasts — the Timeout is not what ends the
+// wait, the replicas' reports are — and the other rejoins once it heals,
+// before the blame's hold (quorum.DefaultBlameHold) could have ended: a
+// report that the link works ends it.
 func TestChaosCut(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a minute of replica processes")
 	}
-	cfg := oneFault(FaultCut, 25*time.Second)
+	cfg := oneFault(FaultCut, 12*time.Second)
+	cfg.Timeout = ftDefaultTimeout
 	rep, _ := runChaos(t, cfg)
 	st := rep.ByKind[FaultCut]
 	t.Logf("cut → one side's next commit %.2fs; healed → the other side's first commit %.2fs", st.Recovery.Max, st.Rejoin.Max)
 	if st.Recovery.N != 1 || st.Recovery.Max >= cfg.FaultLength.Seconds() {
-		t.Errorf("no side committed in a newer epoch while the cut lasted (%v): %+v", cfg.FaultLength, st)
+		t.Errorf("no side committed in a newer epoch while the cut lasted (%v; Timeout %v): %+v", cfg.FaultLength, cfg.Timeout, st)
 	}
-	if st.Rejoin.N != 1 {
-		t.Errorf("the cut-off side did not commit with the others after the cut healed: %+v", st)
+	if hold := (quorum.DefaultBlameHold - cfg.FaultLength).Seconds(); st.Rejoin.N != 1 || st.Rejoin.Max >= hold {
+		t.Errorf("the cut-off side did not commit with the others after the cut healed, before its blame's hold ended (%.0fs later): %+v", hold, st)
 	}
 }
 
-// A replica whose loop stops calling Step while its process lives on: the
-// others commit again while it stalls, and it rejoins when it goes on.
+// ftDefaultTimeout is ft.Config.Timeout's default.
+const ftDefaultTimeout = 30 * time.Second
+
+// A replica whose loop stops calling Step while its process lives on, with
+// ft's default collective Timeout (30 s, longer than the stall): the others
+// commit again while it stalls — its peers' stall reports leave it out —
+// and it rejoins when it goes on.
 func TestChaosStall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a minute of replica processes")
 	}
-	cfg := oneFault(FaultStall, 30*time.Second)
+	cfg := oneFault(FaultStall, 20*time.Second)
+	cfg.Timeout = ftDefaultTimeout
 	rep, _ := runChaos(t, cfg)
 	st := rep.ByKind[FaultStall]
 	t.Logf("stall → the others' next commit %.2fs; resumed → its first commit %.2fs", st.Recovery.Max, st.Rejoin.Max)
@@ -129,6 +140,24 @@ func TestChaosStall(t *testing.T) {
 	}
 	if st.Rejoin.N != 1 {
 		t.Errorf("the stalled replica did not commit again after it went on: %+v", st)
+	}
+}
+
+// Settings changed while the job trains (`ftcoord job set`, three times):
+// every replica takes each version from one step, the first of the epoch
+// that carries it (the settings invariant), and all four in that epoch.
+func TestChaosSettings(t *testing.T) {
+	if testing.Short() {
+		t.Skip("half a minute of replica processes")
+	}
+	cfg := oneFault(FaultSettings, 0)
+	cfg.MTBF, cfg.Duration = 4*time.Second, 13*time.Second
+	rep, faults := runChaos(t, cfg)
+	for _, f := range faults {
+		t.Logf("version %d: in force from step %d at %d replicas, %d steps after ftcoord job set returned", f.Version, f.SettingsAt, f.SettingsN, f.SettingsLag)
+	}
+	if rep.SettingsChanges != 3 || rep.SettingsAllAtOnce != 3 {
+		t.Errorf("%d settings changes, %d of them in force at all %d replicas from one step; want 3 and 3", rep.SettingsChanges, rep.SettingsAllAtOnce, cfg.Replicas)
 	}
 }
 

@@ -23,6 +23,7 @@ const (
 	invLiveness   = "liveness"    // replicas do not give up; the job reaches its target
 	invFencing    = "fencing"     // a zombie (stopped past its lease) commits nothing more in its old epoch
 	invRollback   = "rollback"    // a rollback names only steps the job's history has from another epoch
+	invSettings   = "settings"    // the replicas of an epoch take its settings version from one step
 )
 
 // Violation is one broken invariant.
@@ -102,6 +103,25 @@ func check(in checkInput) *analysis {
 		initState(s)
 		return stateHash(s)
 	}()
+
+	// Settings: the replicas of an epoch that took a settings version all
+	// took it from the same step (the epoch's agreed first step).
+	type settingsFrom struct {
+		step int64
+		who  string
+	}
+	tookAt := map[[2]uint64]settingsFrom{}
+	for _, e := range in.Events {
+		if e.Kind != evSettings {
+			continue
+		}
+		k := [2]uint64{e.Epoch, e.Version}
+		if f, ok := tookAt[k]; !ok {
+			tookAt[k] = settingsFrom{e.From, e.Replica}
+		} else if f.step != e.From {
+			bad(e.T, invSettings, "epoch %d: %s took settings version %d from step %d, %s from step %d", e.Epoch, f.who, e.Version, f.step, e.Replica, e.From)
+		}
+	}
 
 	// Who held which rank in each epoch: from the quorums, and from what
 	// the commits' slots say.

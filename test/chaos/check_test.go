@@ -428,3 +428,20 @@ func TestCheckZombieFenced(t *testing.T) {
 		})
 	}
 }
+
+// The replicas of an epoch take its settings version from one step; a
+// replica that joins later takes it from its own epoch's first step.
+func TestCheckSettings(t *testing.T) {
+	s := newSim(t)
+	s.start("a#1", "b#1", "c#1")
+	s.commit(1, 0b111, "a#1", "b#1", "c#1")
+	s.add("a#1", Event{Kind: evSettings, Epoch: 2, Version: 1, From: 2})
+	s.add("b#1", Event{Kind: evSettings, Epoch: 2, Version: 1, From: 2})
+	s.add("c#1", Event{Kind: evSettings, Epoch: 3, Version: 1, From: 5}) // joined later
+	s.commit(2, 0b111, "a#1", "b#1", "c#1")
+	s.final("a#1", "b#1", "c#1")
+	expect(t, s.check(false, false))
+	s.add("b#1", Event{Kind: evSettings, Epoch: 4, Version: 2, From: 9})
+	s.add("a#1", Event{Kind: evSettings, Epoch: 4, Version: 2, From: 10})
+	expect(t, s.check(false, false), invSettings)
+}

@@ -251,6 +251,29 @@ func (c *cluster) leader(ctx context.Context) (int, error) {
 	return -1, fmt.Errorf("no coordinator is named %q", info.Leader)
 }
 
+// setSettings runs `ftcoord job set` against a running coordinator and
+// returns the version it stored, once the command returned.
+func (c *cluster) setSettings(ctx context.Context, job string, changes ...string) (uint64, error) {
+	running := c.running()
+	if len(running) == 0 {
+		return 0, errors.New("no coordinator is running")
+	}
+	c.mu.Lock()
+	url := c.coords[running[0]].url
+	c.mu.Unlock()
+	args := append([]string{"job", "set", "-addr", url, "-by", "chaos", "-timeout", "15s", job}, changes...)
+	out, err := exec.CommandContext(ctx, c.ftcoord, args...).CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("ftcoord job set: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	var v uint64
+	if _, err := fmt.Sscanf(strings.TrimPrefix(string(out), "job "+job+": "), "settings version %d", &v); err != nil {
+		return 0, fmt.Errorf("ftcoord job set said %q", strings.TrimSpace(string(out)))
+	}
+	c.rec.harness(Event{Kind: evCoord, Reason: "ftcoord job set: " + strings.TrimSpace(string(out)), Version: v})
+	return v, nil
+}
+
 // history returns the job's past quorums, newest first.
 func (c *cluster) history(ctx context.Context, job string) ([]membership.Quorum, error) {
 	var qs []membership.Quorum

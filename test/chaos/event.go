@@ -42,6 +42,8 @@ type Event struct {
 	Failed  []int  `json:"failed,omitempty"`
 	Err     string `json:"err,omitempty"`
 	Reason  string `json:"reason,omitempty"`
+	// settings: the job's settings version in force from step From.
+	Version uint64 `json:"ver,omitempty"`
 
 	// Harness events: a fault (its id, targets), a quorum (participants,
 	// removed).
@@ -63,9 +65,10 @@ const (
 	evRollback = "rollback"  // committed steps From..To discarded
 	evSatOut   = "satout"
 	evWaiting  = "waiting"
-	evTooMany  = "toomany" // Commit returned ErrTooManyCommitFailures
-	evFatal    = "fatal"   // the replica gave up (Err)
-	evFinal    = "final"   // reached the target: its final state
+	evTooMany  = "toomany"  // Commit returned ErrTooManyCommitFailures
+	evFatal    = "fatal"    // the replica gave up (Err)
+	evFinal    = "final"    // reached the target: its final state
+	evSettings = "settings" // the job's settings Version in force from step From (epoch Epoch)
 )
 
 // Harness event kinds.

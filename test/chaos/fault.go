@@ -46,6 +46,10 @@ const (
 	// (a stuck data loader) while its process lives on, then lets it go
 	// on.
 	FaultStall FaultKind = "stall"
+	// FaultSettings changes the job's settings with `ftcoord job set`
+	// while it trains: every replica of the epoch that carries the new
+	// version must take it from the same step.
+	FaultSettings FaultKind = "settings"
 	// FaultStarve pins one replica's process to one CPU beside busy
 	// loops pinned to the same CPU (Config.StarveLoops), then lets it
 	// run anywhere again. It slows a replica that computes on the CPU
@@ -59,7 +63,7 @@ var AllFaults = []FaultKind{FaultKill, FaultStop, FaultCoordKill, FaultCoordTerm
 
 // MoreFaults are the kinds only named ones select: "all" keeps the
 // schedules of earlier seeds.
-var MoreFaults = []FaultKind{FaultCut, FaultStall, FaultStarve}
+var MoreFaults = []FaultKind{FaultCut, FaultStall, FaultStarve, FaultSettings}
 
 // needsNetwork: kinds that cut or shape links.
 func (k FaultKind) needsNetwork() bool {
@@ -120,6 +124,15 @@ type Fault struct {
 	// long after it was undone (or to the end of the run).
 	RateDuring float64 `json:"rateDuring"`
 	RateAfter  float64 `json:"rateAfter"`
+
+	// settings: the version `ftcoord job set` stored (0: none); the step
+	// it was in force from at the replicas, and how many steps the job
+	// committed after the command returned before that step (-1: none
+	// took it); how many replicas took it in that epoch.
+	Version     uint64 `json:"version,omitempty"`
+	SettingsAt  int64  `json:"settingsAt,omitempty"`
+	SettingsLag int64  `json:"settingsLag,omitempty"`
+	SettingsN   int    `json:"settingsN,omitempty"`
 }
 
 // affects reports whether f touches replica r at time t (with linger after

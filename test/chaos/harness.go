@@ -50,6 +50,8 @@ type harness struct {
 	printed  map[string]bool
 	quorums  map[uint64]bool
 	hogProcs []*child
+	// settingsSet counts the settings faults (each sets the next values).
+	settingsSet int
 }
 
 type replica struct {

@@ -242,6 +242,20 @@ func (h *harness) inject(ctx context.Context, f *Fault) {
 		fail(h.tell(r, "pause"))
 		pause(d)
 		fail(h.tell(r, "resume"))
+	case FaultSettings:
+		h.mu.Lock()
+		h.settingsSet++
+		n := h.settingsSet
+		h.mu.Unlock()
+		lr, every := fmt.Sprintf("%.4g", 0.7/float64(n)), fmt.Sprint(10*n)
+		f.Targets = []string{"ftcoord"}
+		note("ftcoord job set %s lr=%s sync_every=%s", job, lr, every)
+		begin()
+		v, err := h.cl.setSettings(ctx, job, "lr="+lr, "sync_every="+every)
+		h.mu.Lock()
+		f.Version = v
+		h.mu.Unlock()
+		fail(err)
 	case FaultStarve:
 		r := h.pick(h.names)
 		d := h.length(40*time.Second, 60*time.Second)

@@ -171,6 +171,8 @@ func runReplica(specJSON string) int {
 			ev.Kind = evSatOut
 		case ft.EventWaiting:
 			ev.Kind = evWaiting
+		case ft.EventSettings:
+			ev.Kind, ev.Version, ev.From = evSettings, e.Version, e.FromStep
 		case ft.EventCommitFailed:
 			failReason = e.Reason // reported by the loop
 			return

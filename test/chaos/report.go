@@ -73,6 +73,13 @@ type Report struct {
 	// outage (their registrations lapsed with it), not counted as false
 	// deaths.
 	OutageRemovals int `json:"outageRemovals"`
+	// Settings changes (`ftcoord job set`): how many, how many reached
+	// every replica at one step in the epoch that carried them, and the
+	// steps the job committed between the command's return and that step.
+	SettingsChanges   int   `json:"settingsChanges,omitempty"`
+	SettingsAllAtOnce int   `json:"settingsAllAtOnce,omitempty"`
+	SettingsLagMax    int64 `json:"settingsLagMax,omitempty"`
+	SettingsLagP50    int64 `json:"settingsLagP50,omitempty"`
 
 	Violations []Violation `json:"violations"`
 }
@@ -176,6 +183,10 @@ func measure(evs []Event, faults []*Fault) {
 			}
 			f.RateAfter = stepRate(evs, f.End, to)
 		}
+		if f.Kind == FaultSettings {
+			measureSettings(evs, f)
+			continue
+		}
 		start := f.Start.UnixNano()
 		affects := map[string]bool{}
 		for _, a := range f.Affects {
@@ -209,6 +220,33 @@ func measure(evs []Event, faults []*Fault) {
 			}
 		}
 	}
+}
+
+// measureSettings finds where a settings fault's version took effect:
+// the first epoch that carried it, the step from which its replicas took
+// it, how many did, and how many steps the job committed between
+// `ftcoord job set` returning and that step.
+func measureSettings(evs []Event, f *Fault) {
+	f.SettingsLag = -1
+	if f.Version == 0 || f.End.IsZero() {
+		return
+	}
+	var epoch uint64
+	for _, e := range evs {
+		if e.Kind == evSettings && e.Version == f.Version && (epoch == 0 || e.Epoch < epoch) {
+			epoch = e.Epoch
+		}
+	}
+	if epoch == 0 {
+		return
+	}
+	for _, e := range evs {
+		if e.Kind == evSettings && e.Version == f.Version && e.Epoch == epoch {
+			f.SettingsAt = e.From
+			f.SettingsN++
+		}
+	}
+	f.SettingsLag = max(f.SettingsAt-1-stepAt(evs, f.End), 0)
 }
 
 func buildReport(cfg Config, network string, evs []Event, faults []*Fault, a *analysis, nemesisStart, nemesisEnd time.Time) *Report {
@@ -284,6 +322,23 @@ func buildReport(cfg Config, network string, evs []Event, faults []*Fault, a *an
 		byKind[f.Kind] = k
 	}
 	r.Detection, r.Recovery, r.Rejoin = percentiles(det), percentiles(rec), percentiles(rej)
+	var lags []int64
+	for _, f := range faults {
+		if f.Kind != FaultSettings {
+			continue
+		}
+		r.SettingsChanges++
+		if f.SettingsN == cfg.Replicas {
+			r.SettingsAllAtOnce++
+		}
+		if f.SettingsLag >= 0 {
+			lags = append(lags, f.SettingsLag)
+		}
+	}
+	if len(lags) > 0 {
+		sort.Slice(lags, func(i, j int) bool { return lags[i] < lags[j] })
+		r.SettingsLagP50, r.SettingsLagMax = lags[len(lags)/2], lags[len(lags)-1]
+	}
 	for kind, k := range byKind {
 		r.ByKind[kind] = KindStat{N: r.FaultsByKind[kind], Detection: percentiles(k[0]), Recovery: percentiles(k[1]), Rejoin: percentiles(k[2])}
 	}
@@ -320,6 +375,10 @@ func (r *Report) Table() string {
 		}
 		sort.Strings(ks)
 		fmt.Fprintf(&b, "  a SIGKILLed peer reached the survivors' ops pending at its death as: %s\n", strings.Join(ks, ", "))
+	}
+	if r.SettingsChanges > 0 {
+		fmt.Fprintf(&b, "  settings changes (ftcoord job set): %d; in force at every replica from one step: %d; steps committed after the command returned, before that step: p50 %d, max %d\n",
+			r.SettingsChanges, r.SettingsAllAtOnce, r.SettingsLagP50, r.SettingsLagMax)
 	}
 	b.WriteString("\n")
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)

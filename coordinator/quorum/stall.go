@@ -1,0 +1,74 @@
+package quorum
+
+import (
+	"fmt"
+
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// The stall rule: a live participant whose training loop stopped stepping
+// (a hung data loader, a paused loop) while its peers wait for it in the
+// step's collectives. Both sides say so themselves (MemberRecord.Stall),
+// each once its own bound has passed, a bound derived from the job's own
+// step times (ft: Config.Stall): the peers that wait, and the participant
+// that does not step. Only the two together leave it out: a replica that
+// is merely slow is in its step, not idle, and its peers wait less than a
+// few of their own steps; a loop that pauses for everyone at once (an
+// evaluation between steps) has no one waiting in a collective.
+
+// stallMark is why a member was left out for its stall, and in which
+// epoch: it stays out until it shows life after that epoch (it formed, or
+// sat out, a later one: its loop called Step again).
+type stallMark struct {
+	epoch uint64
+	why   string
+}
+
+// stalls adds to out the participants that do not step at a step a peer
+// waits in, and keeps out those left out before until they show life.
+func (m *Machine) stalls(survivors, admitted []membership.Participant, out map[string]string) {
+	if m.prev == nil {
+		return
+	}
+	e := m.prev.Epoch
+	waiter := map[int64]string{} // step → the first id that waits in it
+	for _, p := range survivors {
+		if s := m.members[p.ID].Stall; s != nil && s.Waiting && s.Epoch == e {
+			if w, ok := waiter[s.Step]; !ok || p.ID < w {
+				waiter[s.Step] = p.ID
+			}
+		}
+	}
+	for _, ps := range [][]membership.Participant{survivors, admitted} {
+		for _, p := range ps {
+			if _, o := out[p.ID]; o {
+				continue
+			}
+			if mark, ok := m.stalled[p.ID]; ok {
+				out[p.ID] = mark.why
+				continue
+			}
+			r := m.members[p.ID]
+			s := r.Stall
+			// A report of this epoch, or of an older one while the member
+			// has not moved on since (it formed no later epoch).
+			if s == nil || s.Waiting || s.Epoch > e || s.Epoch < e && r.Formed >= e || !m.prev.Includes(p.ID, p.Incarnation) {
+				continue
+			}
+			w, ok := waiter[s.Step]
+			if !ok {
+				continue
+			}
+			why := fmt.Sprintf("stalled (its loop %s; %s %s)", s.String(), w, m.members[w].Stall.String())
+			m.stalled[p.ID] = stallMark{epoch: e, why: why}
+			out[p.ID] = why
+		}
+	}
+}
+
+// stallEnded forgets a stall once the member shows life after it.
+func (m *Machine) stallEnded(r *membership.MemberRecord) {
+	if mark, ok := m.stalled[r.ID]; ok && r.Formed > mark.epoch {
+		delete(m.stalled, r.ID)
+	}
+}
