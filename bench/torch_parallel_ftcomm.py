@@ -31,7 +31,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples", "torch"))
 import common  # noqa: E402
 
 import ftcomm  # noqa: E402
+import ftcomm.coordinator  # noqa: E402
 import ftcomm.distributed  # noqa: E402
+import ftcomm.ft  # noqa: E402
 
 
 def timed(step, steps, sync):
@@ -113,8 +115,6 @@ def main():
             rows.append(("FSDP2", trainer(sharded(mesh), device, args, rank), trainer(sharded(ref_mesh), device, args,
                                                                                        rank)))
         if "hsdp" in only:
-            import ftcomm.coordinator
-            import ftcomm.ft
             co = None
             if rank == 0:
                 co = ftcomm.coordinator.serve(log_level="off")
@@ -124,7 +124,10 @@ def main():
                 creds = store.get("bench/creds").decode()
             ft = ftcomm.ft.Comm(job="bench-hsdp", group="g%d" % rank, backend=backend, device=device,
                                 credentials=creds, secret="bench", min_replicas=size, timeout=60, log_level="error")
-            one = ftcomm.new_comm(backend, device, name="bench-shard-%d" % rank)  # a group of one rank
+            # A group of one rank (its own store: torchrun's environment
+            # names the world, not the group).
+            one_store = ftcomm.Store.listen("127.0.0.1:0")
+            one = ftcomm.new_comm(backend, device, name="bench-shard-%d" % rank, store=one_store, rank=0, size=1)
             one_mesh = fdm.init_device_mesh(mesh_dim_comms=(one,), mesh_dim_names=("shard%d" % rank,))
             m = apply_hsdp(model(), ft, one_mesh, blocks=None)
             m2 = model()

@@ -118,8 +118,9 @@ type registered struct {
 }
 
 // New registers this rank with the coordinator (or uses cfg.Membership),
-// starts its recovery server and the driver, and returns. The first Step
-// joins a quorum.
+// starts its recovery server and the driver, and returns. The
+// registration does not ask to take part: the first Step does, and joins
+// a quorum.
 func New(ctx context.Context, cfg Config) (*Comm, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -250,7 +251,9 @@ func (c *Comm) deliver() {
 // as after nil, but this replica's last committed steps were replaced by
 // the job's history; see RollbackError.
 func (c *Comm) Step(ctx context.Context) error {
-	c.started.Store(true)
+	if !c.started.Swap(true) {
+		c.askToTakePart(ctx)
+	}
 	c.works = c.works[:0]
 	c.cur = stepComms{}
 	c.stepAt = time.Time{}
@@ -265,6 +268,28 @@ func (c *Comm) Step(ctx context.Context) error {
 		}
 	}
 	return r.err
+}
+
+// quorumAsker is a membership whose registration takes part in quorums
+// only once it asks (*membership.Member): ft registers in New without
+// asking, and asks here, at the first Step.
+type quorumAsker interface {
+	RequestQuorum(ctx context.Context, shrinkOnly bool) error
+}
+
+// askToTakePart asks the coordinator to admit this replica, at its first
+// Step: until then the job does not count on it, so a replica that builds
+// its model after New holds nobody up (a quorum that included it would
+// wait for its first Step in the reconfiguration). A request that fails
+// to reach etcd is carried by the next heartbeat.
+func (c *Comm) askToTakePart(ctx context.Context) {
+	m, ok := c.member().(quorumAsker)
+	if !ok {
+		return // a Membership from Config asks as it was made to
+	}
+	if err := m.RequestQuorum(ctx, false); err != nil {
+		c.log.Warn("asking to take part; the next heartbeat carries the request", zap.Error(err))
+	}
 }
 
 // stepTime reports this replica's own time on the step, from Step's

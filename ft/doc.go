@@ -15,7 +15,11 @@
 // # The step protocol
 //
 // Each process registers with the coordinator (membership) as member
-// "<group>.<group rank>". The coordinator publishes quorums (epochs); the
+// "<group>.<group rank>" in New, and asks to take part at its first Step:
+// a replica that builds its model and optimizer after New (seconds, for a
+// PyTorch job) is not counted on until then, so the others train on
+// instead of waiting for it in a reconfiguration; it joins with the next
+// grow. The coordinator publishes quorums (epochs); the
 // Comm follows them by watch, so a step whose epoch is unchanged costs no
 // round trip. Step moves to a new epoch when there is one. The protocol is
 // a state machine with no goroutines, clock or I/O (machine.go, tested by

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -87,6 +88,14 @@ func (j *etcdJob) stopCoordinator() {
 }
 
 func (j *etcdJob) start(group string, until int64, params int) *replica {
+	r := j.register(group, params)
+	r.startTraining(j.ledger, until)
+	return r
+}
+
+// register makes a replica's Comm (New) and registers its state, without
+// stepping yet.
+func (j *etcdJob) register(group string, params int) *replica {
 	cfg := j.cfg
 	cfg.Group = group
 	cfg.Logger = zaptest.NewLogger(j.t).Named(group)
@@ -101,10 +110,70 @@ func (j *etcdJob) start(group string, until int64, params int) *replica {
 	if err := c.Register("params", comm.Float32s(r.params)); err != nil {
 		j.t.Fatal(err)
 	}
+	r.cancel = func() {}
+	return r
+}
+
+// startTraining runs r's training loop until its committed step reaches
+// until (or r.cancel).
+func (r *replica) startTraining(l *ledger, until int64) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
-	go r.train(ctx, j.ledger, until)
-	return r
+	go r.train(ctx, l, until)
+}
+
+// A replica asks to take part at its first Step, not when New registers
+// it: while it builds its model after New (seconds for a PyTorch job) the
+// others train on in their epoch — before, the coordinator admitted it at
+// once and every other replica waited in the grow for its first Step.
+func TestEtcdJoinerAsksAtItsFirstStep(t *testing.T) {
+	j := newEtcdJob(t, "inproc", inproc.NewCluster())
+	a, b := j.start("a", forever, 256), j.start("b", forever, 256)
+	a.waitParticipants(2)
+	cli, err := j.etcd.NewClient(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx := testutil.Ctx(t, time.Minute)
+	record := func() membership.MemberRecord {
+		resp, err := cli.Get(ctx, keys.Layout{}.Member("toy", "c.0"))
+		if err != nil || len(resp.Kvs) != 1 {
+			t.Fatalf("c's registration: %v (%d keys)", err, len(resp.Kvs))
+		}
+		var rec membership.MemberRecord
+		if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+			t.Fatal(err)
+		}
+		return rec
+	}
+
+	c := j.register("c", 256) // New: registered, not stepping yet
+	if rec := record(); rec.WantQuorum {
+		t.Fatalf("c asks to take part before its first Step: %+v", rec)
+	}
+	// The coordinator knows c is there; the others keep their epoch.
+	testutil.WaitFor(t, ctx, "the coordinator seeing c", func() bool {
+		s, ok := j.coord.Status("toy")
+		return ok && s.Members == 3
+	})
+	// A joiner that steps at once makes the coordinator decide with c
+	// registered: one grow, without c (before: a grow that took c in,
+	// failed for want of its first Step, and another without it).
+	epoch := a.c.Epoch()
+	d := j.start("d", forever, 256)
+	d.waitParticipants(3)
+	a.waitParticipants(3)
+	if got := a.c.Epoch(); got != epoch+1 {
+		t.Fatalf("d's join took a from epoch %d to %d: not one grow", epoch, got)
+	}
+
+	c.startTraining(j.ledger, forever) // its first Step asks
+	c.waitParticipants(4)
+	if rec := record(); !rec.WantQuorum {
+		t.Fatalf("c takes part without asking: %+v", rec)
+	}
+	stopAll(t, j.ledger, a, b, c, d)
 }
 
 // Training goes on while the coordinator is down (steady state needs no

@@ -132,13 +132,17 @@ func registerWhenFree(ctx context.Context, cfg Config, cli *clientv3.Client, id,
 
 // register makes the membership.Member of this rank on cli, in the run
 // cfg.Run names (starting it if new).
+// The registration does not ask to take part yet: the first Step does
+// (Comm.Step), so that the job is not held in a reconfiguration while this
+// replica still builds its model and optimizer after New (seconds, for a
+// PyTorch job) — the others train on, and it joins when it steps.
 func register(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr string) (*etcdMember, error) {
-	return registerIn(ctx, cfg, cli, id, addr, cfg.Run != "")
+	return registerIn(ctx, cfg, cli, id, addr, cfg.Run != "", false)
 }
 
 // registerIn is register; start says whether a Run the job has not used
-// yet may start.
-func registerIn(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr string, start bool) (*etcdMember, error) {
+// yet may start, ask whether the registration asks to take part at once.
+func registerIn(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr string, start, ask bool) (*etcdMember, error) {
 	mc := cfg.Member
 	mc.Client, mc.Job, mc.ID, mc.Addr, mc.Group = cli, cfg.Job, id, addr, cfg.Group
 	mc.Run, mc.StartRun = cfg.Run, start
@@ -147,7 +151,7 @@ func registerIn(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr 
 		return nil, fmt.Errorf("ft: %w", err)
 	}
 	creds.ApplyMember(&mc) // quorum verification and the gossip key; nil: none
-	mc.WantQuorum = true
+	mc.WantQuorum = ask
 	if mc.Step == 0 {
 		mc.Step = cfg.InitialStep // the coordinator's history rule counts a restored state
 	}
@@ -172,5 +176,5 @@ func registerIn(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr 
 // *membership.RunEndedError.
 func (m *etcdMember) registerAgain(ctx context.Context, cfg Config, id, addr string) (*etcdMember, error) {
 	cfg.Run = m.Run()
-	return registerIn(ctx, cfg, m.cli, id, addr, false)
+	return registerIn(ctx, cfg, m.cli, id, addr, false, true) // its loop steps already
 }

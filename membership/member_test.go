@@ -13,6 +13,8 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/ftcomm/ftcomm/internal/clustertest"
+	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -112,7 +114,13 @@ func TestDeathByGossip(t *testing.T) {
 	if q2.Reason != "b died (gossip)" {
 		t.Fatalf("reason %q", q2.Reason)
 	}
-	// The coordinator deleted the dead registration: b may come back at once.
+	// The coordinator deletes the dead registration (right after the
+	// publication): b comes back without waiting out its minute's lease.
+	ctx := clustertest.Ctx(t, 20*time.Second)
+	testutil.WaitFor(t, ctx, "b's registration deleted", func() bool {
+		resp, err := tj.Client.Get(ctx, keys.Layout{}.Member(tj.Name, "b"))
+		return err == nil && len(resp.Kvs) == 0
+	})
 	b2 := tj.Join("b", long)
 	clustertest.WaitQuorum(t, a, q2.Epoch, "a", "c", "b")
 	if b2.Incarnation() <= b.Incarnation() {

@@ -35,10 +35,11 @@ func TestDemoSmall(t *testing.T) {
 	}
 	dir := t.TempDir()
 	var out bytes.Buffer
-	// Long enough after the kill for the restarted process (a -race binary
-	// on a loaded machine) to register, heal and rejoin before the end.
+	// Long enough after the kill (at 10 % of the run) for the restarted
+	// process (a -race binary on a loaded machine) to register, ask at its
+	// first step, heal and rejoin before the end.
 	args := []string{"-replicas", "3", "-steps", "1200", "-H", "40", "-F", "2", "-tau", "1", "-batch", "16",
-		"-context", "8", "-embed", "8", "-hidden", "64", "-eval", "256", "-final-eval", "2048", "-fail", "1@20%:0s", "-report", dir, "-progress", "lines", "-timeout", "4m"}
+		"-context", "8", "-embed", "8", "-hidden", "64", "-eval", "256", "-final-eval", "2048", "-fail", "1@10%:0s", "-report", dir, "-progress", "lines", "-timeout", "4m"}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	err := run(ctx, args, &out, &out)

@@ -17,7 +17,8 @@
 #      healed, the run without failure; hsdp-report/ to $OUT.
 # Everything goes to $OUT (default /tmp/gpu-distributed): pytest.log,
 # bench.md, hsdp-report/{summary.txt,loss.svg,*.log}. STAGES="tests bench
-# example" picks stages; HSDP_STEPS sets the example's steps (default 600).
+# example" picks stages; HSDP_STEPS sets the example's steps (default: the
+# example's own, 1500 on CUDA).
 set -u
 export NCCL_NVLS_ENABLE=0
 
@@ -60,14 +61,14 @@ run)
 			;;
 		bench)
 			echo "== 2. bench (2 GPUs)"
-			timeout 120 torchrun --standalone --nproc_per_node 2 bench/torch_parallel_ftcomm.py >"$OUT/bench.log" 2>&1
+			timeout 150 torchrun --standalone --nproc_per_node 2 bench/torch_parallel_ftcomm.py >"$OUT/bench.log" 2>&1
 			echo "rc=$?"
 			grep "^|" "$OUT/bench.log" | tee "$OUT/bench.md"
 			grep -E "Error|error:" "$OUT/bench.log" | head -5
 			;;
 		example)
 			echo "== 3. examples/torch/train_hsdp.py --device cuda"
-			timeout 270 "$PY" examples/torch/train_hsdp.py --device cuda --steps "${HSDP_STEPS:-600}" \
+			timeout 400 "$PY" examples/torch/train_hsdp.py --device cuda ${HSDP_STEPS:+--steps "$HSDP_STEPS"} \
 				--out "$OUT/hsdp-report" >"$OUT/hsdp.log" 2>&1
 			echo "rc=$?"
 			grep -v "^20..-" "$OUT/hsdp.log" | tail -25

@@ -3,6 +3,7 @@ takes the rank first."""
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -522,9 +523,13 @@ def cuda_memory(rank, store, name, ops=10_000):
     dev = torch.device("cuda", rank)
     c = comm(rank, store, name, 2, "nccl", dev)
     x = torch.ones(1024, device=dev)
-    for _ in range(1000):
+    # A warm-up as long as the measured run: what ops in flight at once
+    # need at their peak (the stream runs behind the calls) is reached
+    # here, so that only what the measured run keeps shows as growth.
+    for _ in range(ops):
         c.all_reduce(x, ReduceOp.MAX)
     torch.cuda.synchronize(dev)
+    gc.collect()
     h0, rss0 = ftcomm.live_handles(), _rss()
     t0 = time.monotonic()
     for i in range(ops):
