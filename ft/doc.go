@@ -191,7 +191,10 @@
 // kept its data — Step returns a *StaleRunError naming the choice: a new
 // run (`ftcoord job new-run <job>`, or Config.Run), or this run continued
 // from a restored state (Config.InitialStep: the step of the checkpoint
-// the replica registered).
+// the replica registered). By default the coordinator knows a run's step
+// from the members' heartbeats (Member.HeartbeatInterval), so a run that
+// ended within its first heartbeat interval is not known to have reached
+// a step; DurableCommit records every step.
 //
 // # Settings
 //

@@ -2,6 +2,7 @@ package ft
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"strings"
@@ -16,20 +17,27 @@ import (
 	"github.com/ftcomm/ftcomm/membership"
 )
 
-// A new run of a job whose earlier run recorded its steps (DurableCommit),
-// between processes. Fresh replicas of the job that say nothing of a run
-// fail at once, saying why and what to do, instead of waiting forever for
-// a holder of the old run's last step. A new run started by the replicas
+// A new run of a job whose earlier run committed steps, between
+// processes, with DurableCommit (the run's steps recorded) and by default
+// (the coordinator's quorums carry how far the run got). Fresh replicas of
+// the job that say nothing of a run fail at once, saying why and what to
+// do, instead of restarting the run's history from step 0 under its name
+// (by default, before) or waiting forever for a holder of the old run's
+// last step (DurableCommit, before). A new run started by the replicas
 // (ft.Config.Run) or by an operator (`ftcoord job new-run`, here its
-// Admin.NewRun) trains from step 1 and records its commits over the old
-// run's.
+// Admin.NewRun) trains from step 1.
 func TestProcessNewRunOfAnOldJob(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts replica processes")
 	}
+	t.Run("durable", func(t *testing.T) { testNewRunOfAnOldJob(t, "FTCOMM_FT_DURABLE=1") })
+	t.Run("default", func(t *testing.T) { testNewRunOfAnOldJob(t) })
+}
+
+func testNewRunOfAnOldJob(t *testing.T, mode ...string) {
 	j := newProcJob(t)
 	spawn := func(group string, env ...string) {
-		j.spawnCmd(exec.Command(os.Args[0], "-test.run=^$"), group, 0, 1, 1024, append([]string{"FTCOMM_FT_DURABLE=1"}, env...)...)
+		j.spawnCmd(exec.Command(os.Args[0], "-test.run=^$"), group, 0, 1, 1024, append(mode, env...)...)
 	}
 	// runStart waits until each of ids has committed a step and returns
 	// the run's first commit: whichever replica made it, step 1.
@@ -62,6 +70,9 @@ func TestProcessNewRunOfAnOldJob(t *testing.T) {
 		}
 		return len(seen) == 2
 	})
+	// By default the coordinator knows how far the run got from the
+	// members' heartbeats (every second here): once one carried step 5.
+	awaitReportedStep(t, j.endpoints, "proc", 5)
 	j.stopAll()
 
 	// Fresh replicas of the job, as the old run's were started.
@@ -127,4 +138,44 @@ func TestProcessNewRunOfAnOldJob(t *testing.T) {
 	}
 	j.stopAll()
 	j.check()
+}
+
+// awaitReportedStep waits until a member of job has reported step (or a
+// later one) in its record, as its heartbeat does.
+func awaitReportedStep(t *testing.T, endpoints []string, job string, step int64) {
+	t.Helper()
+	cli, err := membership.NewClient(endpoints, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	prefix := keys.Layout{}.Members(job)
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reported := func(kvs ...[]byte) bool {
+		for _, v := range kvs {
+			var rec membership.MemberRecord
+			if json.Unmarshal(v, &rec) == nil && rec.Step >= step {
+				return true
+			}
+		}
+		return false
+	}
+	for _, kv := range resp.Kvs {
+		if reported(kv.Value) {
+			return
+		}
+	}
+	for wr := range cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+		for _, ev := range wr.Events {
+			if reported(ev.Kv.Value) {
+				return
+			}
+		}
+	}
+	t.Fatalf("no member of %s reported step %d: %v", job, step, ctx.Err())
 }
