@@ -192,8 +192,8 @@
 // run (`ftcoord job new-run <job>`, or Config.Run), or this run continued
 // from a restored state (Config.InitialStep: the step of the checkpoint
 // the replica registered). By default the coordinator knows a run's step
-// from the members' heartbeats (Member.HeartbeatInterval), so a run that
-// ended within its first heartbeat interval is not known to have reached
+// from the members' heartbeats (membership.MemberConfig.HeartbeatInterval),
+// so a run that ended within its first heartbeat interval is not known to have reached
 // a step; DurableCommit records every step.
 //
 // # Settings
