@@ -193,8 +193,8 @@
 // from a restored state (Config.InitialStep: the step of the checkpoint
 // the replica registered). By default the coordinator knows a run's step
 // from the members' heartbeats (membership.MemberConfig.HeartbeatInterval),
-// so a run that ended within its first heartbeat interval is not known to have reached
-// a step; DurableCommit records every step.
+// so a run that ended within its first heartbeat interval is not known to
+// have reached a step; DurableCommit records every step.
 //
 // # Settings
 //
