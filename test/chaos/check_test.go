@@ -445,3 +445,27 @@ func TestCheckSettings(t *testing.T) {
 	s.add("a#1", Event{Kind: evSettings, Epoch: 4, Version: 2, From: 10})
 	expect(t, s.check(false, false), invSettings)
 }
+
+// A fault another one began during (before it was over: rejoined, or
+// recovered) is marked overlapped; one that ended before the next began,
+// and a settings change during a fault, are not.
+func TestMarkOverlaps(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	cut := &Fault{Kind: FaultCut, Start: at(0), End: at(20), Recovery: 1500 * time.Millisecond, Rejoin: 900 * time.Millisecond}
+	settings := &Fault{Kind: FaultSettings, Start: at(10), End: at(10), Recovery: -1, Rejoin: -1}
+	stall := &Fault{Kind: FaultStall, Start: at(20.5), End: at(40), Recovery: time.Second, Rejoin: 100 * time.Millisecond}
+	coord := &Fault{Kind: FaultCoordAll, Start: at(40.05), End: at(45), Recovery: 50 * time.Millisecond, Rejoin: -1}
+	kill := &Fault{Kind: FaultKill, Start: at(60), End: at(61), Recovery: 100 * time.Millisecond, Rejoin: 300 * time.Millisecond}
+	markOverlaps([]*Fault{cut, settings, stall, coord, kill})
+	for _, c := range []struct {
+		name string
+		f    *Fault
+		want bool
+	}{{"cut (a stall began before it rejoined)", cut, true}, {"settings", settings, false},
+		{"stall (every replica down before it rejoined)", stall, true}, {"coord-all", coord, false}, {"kill", kill, false}} {
+		if c.f.Overlapped != c.want {
+			t.Errorf("%s: overlapped %v", c.name, c.f.Overlapped)
+		}
+	}
+}

@@ -120,6 +120,9 @@ type Fault struct {
 	Detection time.Duration `json:"detectionNs"` // Start → the first epoch without a target
 	Recovery  time.Duration `json:"recoveryNs"`  // Start → the first commit of a newer epoch (or any commit, for faults that need none)
 	Rejoin    time.Duration `json:"rejoinNs"`    // End → the target's first commit again
+	// Overlapped: another fault (settings changes aside) began between
+	// Start and the rejoin, so Recovery and Rejoin measure both.
+	Overlapped bool `json:"overlapped,omitempty"`
 	// The job's committed steps per second while it lasted, and for as
 	// long after it was undone (or to the end of the run).
 	RateDuring float64 `json:"rateDuring"`

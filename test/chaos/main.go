@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 )
@@ -20,7 +23,44 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "show" {
 		os.Exit(show(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "remeasure" {
+		os.Exit(remeasure(os.Args[2:]))
+	}
 	os.Exit(soak(os.Args[1:]))
+}
+
+// remeasure prints a recorded run's report with its fault figures
+// measured again from its events (what this build measures: the "alone"
+// columns for runs recorded before them). The invariants' verdict is the
+// recorded one.
+func remeasure(args []string) int {
+	fs := flag.NewFlagSet("chaos remeasure", flag.ContinueOnError)
+	dir := fs.String("dir", ".", "the run's output directory")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	evs, faults, err := loadRun(*dir)
+	if err == nil && len(faults) == 0 {
+		err = errors.New("no faults.json")
+	}
+	var r Report
+	if err == nil {
+		var b []byte
+		if b, err = os.ReadFile(filepath.Join(*dir, "report.json")); err == nil {
+			err = json.Unmarshal(b, &r)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos remeasure:", err)
+		return 1
+	}
+	for _, f := range faults {
+		f.Detection, f.Recovery, f.Rejoin, f.Overlapped = -1, -1, -1, false
+	}
+	measure(evs, faults)
+	r.faultFigures(faults, r.Settings.Replicas)
+	fmt.Print(r.Table())
+	return 0
 }
 
 // show prints part of a recorded run's timeline: around a fault, or a
