@@ -69,6 +69,7 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--block", type=int, default=256)
     ap.add_argument("--only", default="ddp,fsdp2,hsdp")
+    ap.add_argument("--profile", default="", help="write a cProfile of rank 0's ftcomm steps (each row's) to this file")
     args = ap.parse_args()
     cuda = args.device == "cuda"
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -151,6 +152,8 @@ def main():
             ta.append(timed(a, args.steps, sync))
             tb.append(timed(b, args.steps, sync))
         results.append((name, statistics.median(ta), statistics.median(tb)))
+    if args.profile:
+        profile(rows, args, sync, rank)
     if rank == 0:
         print("| what | ftcomm ms/step | torch %s ms/step | ftcomm / torch |" % ("NCCL" if cuda else "gloo"))
         print("|---|---|---|---|")
@@ -158,6 +161,27 @@ def main():
             print("| %s | %.2f | %.2f | %.3fx |" % (name, a * 1e3, b * 1e3, a / b))
     sync()
     os._exit(0)  # the groups' comms and the coordinator go with the process
+
+
+def profile(rows, args, sync, rank) -> None:
+    """Where the host's time goes in each row's ftcomm steps: every rank
+    runs them (they are collective), rank 0 writes the functions with the
+    most cumulative time."""
+    import cProfile
+    import io
+    import pstats
+    out = io.StringIO()
+    for name, a, _ in rows:
+        p = cProfile.Profile()
+        p.enable()
+        timed(a, args.steps, sync)
+        p.disable()
+        s = io.StringIO()
+        pstats.Stats(p, stream=s).sort_stats("cumulative").print_stats(30)
+        out.write("== %s: %d steps\n%s\n" % (name, args.steps + 1, s.getvalue()))
+    if rank == 0:
+        with open(args.profile, "w") as f:
+            f.write(out.getvalue())
 
 
 if __name__ == "__main__":

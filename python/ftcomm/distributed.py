@@ -91,6 +91,35 @@ else:  # torch < 2.1: torch's own backends raise RuntimeError
 _combined: Dict[type, Optional[type]] = {}
 
 
+def _combined_class(cls: type) -> Optional[type]:
+    """The class that is both cls (an FtcommError) and DistBackendError,
+    made once and kept in this module as Dist<name>: pickle finds it there
+    (a CUDA Future pickles an exception set on it to look for tensors)."""
+    comb = _combined.get(cls, False)
+    if comb is False:
+        qual = "Dist" + cls.__name__
+        try:
+            comb = type(cls.__name__, (cls, DistBackendError), {"__module__": __name__, "__qualname__": qual})
+        except TypeError:
+            comb = None
+        else:
+            globals()[qual] = comb
+        _combined[cls] = comb
+    return comb
+
+
+def _combine_all() -> None:
+    """Every error class of ftcomm.errors combined at import, so that a
+    process that unpickles one finds its class."""
+    from . import errors
+    for v in list(vars(errors).values()):
+        if isinstance(v, type) and issubclass(v, FtcommError):
+            _combined_class(v)
+
+
+_combine_all()
+
+
 def _global_ranks(pg) -> Optional[Dict[int, int]]:
     """group rank -> global rank of pg, when torch knows the group."""
     try:
@@ -110,14 +139,7 @@ def dist_error(e: BaseException, pg: Optional["ProcessGroupFtcomm"] = None) -> B
     e's own ftcomm class, naming the failed ranks by their global rank."""
     if not isinstance(e, FtcommError) or isinstance(e, DistBackendError):
         return e
-    cls = type(e)
-    comb = _combined.get(cls, False)
-    if comb is False:
-        try:
-            comb = type(cls.__name__, (cls, DistBackendError), {"__module__": __name__})
-        except TypeError:
-            comb = None
-        _combined[cls] = comb
+    comb = _combined_class(type(e))
     if comb is None:
         return e
     granks = list(e.ranks)

@@ -60,3 +60,21 @@ def test_killed_rank_raises_a_dist_error_naming_it(group, store, name):
     assert r["took"] < 10, r
     two.restart(1)
     two.run(dist_workers.shutdown, ranks=[0])
+
+
+def test_dist_errors_pickle():
+    """A CUDA Future pickles an exception set on it (to look for tensors):
+    DDP's comm hooks failed with "Can't pickle <class
+    'ftcomm.distributed.PeerFailedError'>". Each ftcomm error made a torch
+    distributed error is kept in ftcomm.distributed, so it pickles."""
+    import pickle
+
+    import ftcomm.distributed as fd
+    from ftcomm.errors import CommTimeoutError, PeerFailedError
+    for err in (PeerFailedError("comm x: peer failed", kinds=("peer_failed",), ranks=(1,)),
+                CommTimeoutError("comm x: timeout", kinds=("timeout",))):
+        e = fd.dist_error(err)
+        back = pickle.loads(pickle.dumps(e))
+        assert type(back) is type(e)
+        assert isinstance(back, fd.DistBackendError) and isinstance(back, type(err))
+        assert back.ranks == err.ranks and back.kinds == err.kinds and str(back) == str(e)
