@@ -142,14 +142,15 @@ func (m *Member) notifyLocked() {
 	}
 }
 
-// applyLocked takes a quorum view, the full quorum record or a revocation
-// record. needFull: a view the member could not apply (a change of an
-// epoch it does not hold); read the full record (readFull). Called with
-// mu held.
+// applyLocked takes a quorum view, the quorum record (the whole list) or a
+// revocation record. needFull: a view the member could not apply (a
+// change of an epoch it does not hold); read the record (readFull).
+// Called with mu held.
 func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
 	k := string(kv.Key)
-	switch k {
-	case m.keys.QuorumView(m.cfg.Job), m.keys.QuorumViewFull(m.cfg.Job):
+	record := k == m.keys.Quorum(m.cfg.Job)
+	switch {
+	case k == m.keys.QuorumView(m.cfg.Job) || record && !legacyRecord(kv.Value):
 		h, added, err := decodeView(kv.Value, m.cfg.QuorumVerifier)
 		if err == nil && h.Job != m.cfg.Job {
 			err = fmt.Errorf("%w: the record is of job %q", ErrForgedQuorum, h.Job)
@@ -175,7 +176,7 @@ func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
 		}
 		m.quorum = &q
 		return true, false
-	case m.keys.Quorum(m.cfg.Job):
+	case record: // the old encoding, restored by a coordinator that loaded it
 		q, err := m.readQuorum(kv.Value)
 		if err != nil {
 			m.lg.Warn("ignored a quorum record", zap.Int64("revision", kv.ModRevision), zap.Error(err))
@@ -200,38 +201,27 @@ func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
 	return true, false
 }
 
-// readFull reads the whole list of the quorum (keys.Layout.QuorumViewFull) as of
-// rev (0: the latest), for a view the member could not apply, and takes
-// it in; the full record when that brings nothing new (a coordinator that
-// writes no whole list).
+// readFull reads the quorum record (the whole list) as of rev (0: the
+// latest), for a view the member could not apply, and takes it in.
 func (m *Member) readFull(ctx context.Context, rev int64) error {
 	var opts []clientv3.OpOption
 	if rev > 0 {
 		opts = append(opts, clientv3.WithRev(rev))
 	}
-	for _, key := range []string{m.keys.QuorumViewFull(m.cfg.Job), m.keys.Quorum(m.cfg.Job)} {
-		resp, err := m.cli.Get(ctx, key, opts...)
-		if err != nil {
-			return fmt.Errorf("membership: read quorum of %s: %w", m.cfg.Job, ctxErr(ctx, err))
-		}
-		if m.applyAll(resp.Kvs) {
-			return nil
-		}
+	resp, err := m.cli.Get(ctx, m.keys.Quorum(m.cfg.Job), opts...)
+	if err != nil {
+		return fmt.Errorf("membership: read quorum of %s: %w", m.cfg.Job, ctxErr(ctx, err))
 	}
+	m.applyAll(resp.Kvs)
 	return nil
 }
 
-// readQuorum decodes a quorum record of the member's job, verifying its
-// signature when the member has a verifier.
+// readQuorum decodes a quorum record of the old encoding of the member's
+// job, verifying its signature when the member has a verifier.
 func (m *Member) readQuorum(raw []byte) (Quorum, error) {
-	var q Quorum
-	if v := m.cfg.QuorumVerifier; v != nil {
-		var err error
-		if q, err = v.Verify(raw); err != nil {
-			return Quorum{}, err
-		}
-	} else if err := json.Unmarshal(raw, &q); err != nil {
-		return Quorum{}, fmt.Errorf("membership: unreadable quorum record: %w", err)
+	q, err := DecodeQuorumRecord(raw, m.cfg.QuorumVerifier)
+	if err != nil {
+		return Quorum{}, err
 	}
 	if q.Job != m.cfg.Job {
 		return Quorum{}, fmt.Errorf("%w: the record is of job %q", ErrForgedQuorum, q.Job)
