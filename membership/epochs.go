@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -143,15 +144,24 @@ func (m *Member) notifyLocked() {
 }
 
 // applyLocked takes a quorum view, the quorum record (the whole list) or a
-// revocation record. needFull: a view the member could not apply (a
-// change of an epoch it does not hold); read the record (readFull).
-// Called with mu held.
+// revocation record, from etcd or from the group's leader. needFull: a
+// view the member could not apply (a change of an epoch it does not
+// hold); read the record (readFull). A group's leader forwards what
+// changed its state to the group (groupquorum.go). Called with mu held.
 func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
+	changed, needFull = m.applyKV(kv)
+	if changed {
+		m.forwardLocked(kv)
+	}
+	return changed, needFull
+}
+
+func (m *Member) applyKV(kv *mvccpb.KeyValue) (changed, needFull bool) {
 	k := string(kv.Key)
 	record := k == m.keys.Quorum(m.cfg.Job)
 	switch {
 	case k == m.keys.QuorumView(m.cfg.Job) || record && !legacyRecord(kv.Value):
-		h, added, err := decodeView(kv.Value, m.cfg.QuorumVerifier)
+		h, added, err := m.cfg.Quorums.decode(kv, m.cfg.QuorumVerifier)
 		if err == nil && h.Job != m.cfg.Job {
 			err = fmt.Errorf("%w: the record is of job %q", ErrForgedQuorum, h.Job)
 		}
@@ -170,11 +180,11 @@ func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
 		if d := h.SettingsDoc; d != nil && h.Settings != nil && d.Ref() == *h.Settings {
 			m.keepSettings(*d)
 		}
-		q, ok := applyView(h, added, m.quorum)
+		q, ok := m.cfg.Quorums.apply(kv, h, added, m.quorum)
 		if !ok {
 			return false, true
 		}
-		m.quorum = &q
+		m.quorum = q
 		return true, false
 	case record: // the old encoding, restored by a coordinator that loaded it
 		q, err := m.readQuorum(kv.Value)
@@ -188,6 +198,9 @@ func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
 			return true, false
 		}
 		return false, false
+	}
+	if !strings.HasPrefix(k, m.keys.Revocations(m.cfg.Job)) {
+		return false, false // not a key of the member's job's epochs (a leader's bad forward)
 	}
 	var r Revocation
 	if err := json.Unmarshal(kv.Value, &r); err != nil {
@@ -270,6 +283,8 @@ func (m *Member) loadEpochs(ctx context.Context) (int64, error) {
 // record: per epoch a member receives the view, a few bytes per
 // participant that changed.
 func (m *Member) watchEpochs(rev int64) {
+	m.watching.Add(1)
+	defer m.watching.Add(-1)
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
 	for m.life.Err() == nil {
