@@ -397,7 +397,7 @@ func (s *machineScript) run(line string) []string {
 	switch cmd {
 	case "config":
 		qc := quorum.DefaultConfig()
-		qc.FailureSettle, qc.FormWindow = 0, -1 // scripts that want them say settle=D, form=D
+		qc.FailureSettle, qc.FormWindow, qc.LossWindow = 0, -1, -1 // scripts that want them say settle=D, form=D
 		cfg := machineConfig{name: "c0", probeWait: probeWait}
 		var signer *QuorumSigner
 		for _, a := range args {
