@@ -20,8 +20,8 @@ import (
 
 // Quorum returns the latest published quorum of the job (no I/O), as a
 // member sees it: its participants carry their ID, Group and Incarnation
-// (not Addr or Step, which the full record holds: coordinator.Admin's
-// Quorum reads it), and its Reason may be shortened.
+// (not Addr or Step, which are in the members' own records:
+// coordinator.Admin's Job fills them in), and its Reason may be shortened.
 func (m *Member) Quorum() (Quorum, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -242,7 +242,7 @@ func (m *Member) readQuorum(raw []byte) (Quorum, error) {
 	return q, nil
 }
 
-// loadEpochs reads the quorum (its view; the full record when the view is
+// loadEpochs reads the quorum (its view; the record when the view is
 // a change of an epoch the member does not hold) and revocations and
 // returns the revision read at.
 func (m *Member) loadEpochs(ctx context.Context) (int64, error) {

@@ -292,8 +292,18 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	}
 
 	// Read the epoch state before the member counts as joined, so Quorum()
-	// is current when Join returns.
-	rev, err := m.loadEpochs(ctx)
+	// is current when Join returns: the view (and the record if need be),
+	// or for a group's leader the record, which it replays to the members
+	// that link. A group's other member reads nothing: its leader sends it
+	// what it holds as soon as it links (Quorum is empty until then).
+	var rev int64
+	var err error
+	switch {
+	case !cfg.GroupLease || cfg.GroupEachWatches:
+		rev, err = m.loadEpochs(ctx)
+	case m.holdsLease():
+		rev, err = m.seedForward(ctx)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -306,11 +316,8 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	if m.holdsLease() {
 		m.spawn(func() { m.renew(m.ka) })
 	}
-	switch {
-	case !cfg.GroupLease || cfg.GroupEachWatches:
-		m.spawn(func() { m.watchEpochs(rev) })
-	case m.holdsLease():
-		m.spawn(m.leadEpochs) // the group's leader: it forwards what it learns
+	if !cfg.GroupLease || cfg.GroupEachWatches || m.holdsLease() {
+		m.spawn(func() { m.watchEpochs(rev) }) // a group's leader forwards what it learns
 	}
 	m.spawn(m.watchSelf)
 	m.spawn(m.reachPeers)

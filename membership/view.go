@@ -72,7 +72,7 @@ type quorumView struct {
 }
 
 // maxViewReason caps the reason a view carries ("joined …" names every
-// joiner); the full record has it whole.
+// joiner).
 const maxViewReason = 256
 
 const viewSigContext = "ftcomm-quorum-view-v1\n"
@@ -151,7 +151,7 @@ func changeOf(prev, next []Participant) (removed []string, tail []Participant) {
 // packDigest is the first 16 bytes of the SHA-256 of a view's packed
 // participants, hex: the signed header binds them through it. The list a
 // change yields is right when the list it changes was (the member's
-// previous view, or the full record), and the count checks it again.
+// previous view, or the record), and the count checks it again.
 func packDigest(packed []byte) string {
 	sum := sha256.Sum256(packed)
 	return hex.EncodeToString(sum[:16])
@@ -356,7 +356,7 @@ func applyView(h quorumView, added []Participant, cur *Quorum) (Quorum, bool) {
 
 // compact strips from q what a view does not carry (participants'
 // addresses and steps; the signature), so that a member's quorum looks
-// the same whether it came from a view or the full record.
+// the same whether it came from a view or a record of the old encoding.
 func compact(q Quorum) Quorum {
 	ps := make([]Participant, len(q.Participants))
 	for i, p := range q.Participants {
