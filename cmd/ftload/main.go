@@ -66,23 +66,24 @@ type options struct {
 	role string
 
 	// load
-	jobs, members, groupSize int
-	groupLease               bool
-	clients, parallel        int
-	etcdMembers              int
-	fsync                    bool
-	leaseTTL, heartbeat      time.Duration
-	minReplicas              int
-	steady                   time.Duration
-	death                    string
-	dir                      string
-	formWindow, formMaxWait  time.Duration
-	timeout                  time.Duration
-	profile                  string
-	shards                   int
-	massDeath                float64
-	epochs                   int
-	shareQuorums, linkIPs    bool
+	jobs, members, groupSize  int
+	groupLease                bool
+	clients, parallel         int
+	etcdMembers               int
+	fsync                     bool
+	leaseTTL, heartbeat       time.Duration
+	minReplicas               int
+	steady                    time.Duration
+	death                     string
+	dir                       string
+	formWindow, formMaxWait   time.Duration
+	timeout                   time.Duration
+	profile                   string
+	shards                    int
+	massDeath                 float64
+	epochs                    int
+	shareQuorums, linkIPs     bool
+	linkInterval, linkTimeout time.Duration
 
 	// children
 	name, clientAddr, peerAddr, initialCluster, dataDir, endpoints string
@@ -114,6 +115,8 @@ func main() {
 	flag.Float64Var(&o.massDeath, "mass-death", 0.01, "with -shards, the share of job 0's ranks that die at once (every 1/share-th rank, in a process of their own; 0: no such phase)")
 	flag.IntVar(&o.epochs, "epochs", 0, "after the deaths, publish this many epochs (a member revokes each: a failed commit's path) and report etcd's database size")
 	flag.BoolVar(&o.shareQuorums, "share-quorums", true, "the members of one process share decoded quorums (membership.QuorumCache): one copy per process, not per member")
+	flag.DurationVar(&o.linkInterval, "link-interval", 200*time.Millisecond, "group links' ping interval (MemberConfig.GroupLinkInterval)")
+	flag.DurationVar(&o.linkTimeout, "link-timeout", time.Second, "group links' silence that is a death (MemberConfig.GroupLinkTimeout; a killed process's link resets at once)")
 	flag.BoolVar(&o.linkIPs, "link-ips", true, "spread the group links' listeners over 127.1.x.1 (one loopback address has 64K ports)")
 	flag.StringVar(&o.ranks, "ranks", "", "child members: the global member indices it simulates (\"0-99,150\")")
 	flag.StringVar(&o.name, "name", "", "child: etcd member name")
@@ -404,7 +407,8 @@ func runLoad(o options) error {
 		}
 		s, err := newShardServer(shardConfig{endpoints: clientAddrs, jobs: o.jobs, members: o.members, groupSize: o.groupSize,
 			groupLease: o.groupLease, clients: o.clients, parallel: o.parallel, leaseTTL: o.leaseTTL, heartbeat: o.heartbeat,
-			minReplicas: o.minReplicas, shareQuorums: o.shareQuorums, linkIPs: o.linkIPs, ranks: all, victimAddrOwn: 0})
+			minReplicas: o.minReplicas, shareQuorums: o.shareQuorums, linkIPs: o.linkIPs, linkInterval: o.linkInterval,
+			linkTimeout: o.linkTimeout, ranks: all, victimAddrOwn: 0})
 		if err != nil {
 			return err
 		}
@@ -414,7 +418,7 @@ func runLoad(o options) error {
 			"-group-size", strconv.Itoa(o.groupSize), "-group-lease=" + strconv.FormatBool(o.groupLease), "-clients", strconv.Itoa(o.clients),
 			"-parallel", strconv.Itoa(o.parallel), "-lease-ttl", o.leaseTTL.String(), "-heartbeat", o.heartbeat.String(),
 			"-min-replicas", strconv.Itoa(o.minReplicas), "-share-quorums=" + strconv.FormatBool(o.shareQuorums),
-			"-link-ips=" + strconv.FormatBool(o.linkIPs)}
+			"-link-ips=" + strconv.FormatBool(o.linkIPs), "-link-interval", o.linkInterval.String(), "-link-timeout", o.linkTimeout.String()}
 		for _, sp := range p.shards {
 			sh, err := startShard(sp.name, sp.ranks, common)
 			if err != nil {
@@ -497,6 +501,9 @@ func runLoad(o options) error {
 	fig("join.seconds", joined.Sub(start).Seconds(), "%.2f s to register %d members", joined.Sub(start).Seconds(), n)
 	decided, seenAll, epoch, err := waitShards(shardReq{Size: o.members})
 	if err != nil {
+		if q, qerr := coordinator.NewAdmin(admin, "").Quorum(context.Background(), jobName(0)); qerr == nil {
+			err = fmt.Errorf("%w; the record of job 0: epoch %d, %d participants, %s", err, q.Epoch, len(q.Participants), q.Reason)
+		}
 		return fmt.Errorf("first quorum: %w", err)
 	}
 	wb := watchBytes() - b0
@@ -809,10 +816,30 @@ func waitAll(ctx context.Context, sims []*sim, ok func(membership.Quorum, bool) 
 	wg.Wait()
 	select {
 	case err := <-failed:
-		return time.Time{}, err
+		return time.Time{}, fmt.Errorf("%w (%s)", err, stragglers(sims))
 	default:
 	}
 	return decided, nil
+}
+
+// stragglers says which members had not seen what they waited for, and
+// what they held.
+func stragglers(sims []*sim) string {
+	byEpoch := map[uint64]int{}
+	var some []string
+	n := 0
+	for _, s := range sims {
+		if s.seen.Load() != 0 {
+			continue
+		}
+		n++
+		q, _ := s.m.Quorum()
+		byEpoch[q.Epoch]++
+		if len(some) < 5 {
+			some = append(some, fmt.Sprintf("%s (epoch %d, %d participants)", s.m.ID(), q.Epoch, len(q.Participants)))
+		}
+	}
+	return fmt.Sprintf("%d of %d members had not seen it; by the epoch they held: %v; e.g. %s", n, len(sims), byEpoch, strings.Join(some, ", "))
 }
 
 func latest(sims []*sim) time.Time {

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -82,16 +83,17 @@ type shardResp struct {
 
 // shardConfig is what every shard shares.
 type shardConfig struct {
-	endpoints             []string
-	jobs, members         int
-	groupSize             int
-	groupLease            bool
-	clients, parallel     int
-	leaseTTL, heartbeat   time.Duration
-	minReplicas           int
-	shareQuorums, linkIPs bool
-	ranks                 []int // global member indices
-	victimAddrOwn         int   // the rank with an address of its own (-1: none), for -death report in one process
+	endpoints                 []string
+	jobs, members             int
+	groupSize                 int
+	groupLease                bool
+	clients, parallel         int
+	leaseTTL, heartbeat       time.Duration
+	minReplicas               int
+	shareQuorums, linkIPs     bool
+	linkInterval, linkTimeout time.Duration
+	ranks                     []int // global member indices
+	victimAddrOwn             int   // the rank with an address of its own (-1: none), for -death report in one process
 }
 
 // shardServer is a shard's members and what it answers with.
@@ -288,6 +290,7 @@ func (s *shardServer) join(ctx context.Context, wave int) (int64, error) {
 			mc.Quorums, mc.Logger = s.cache, lg
 			if s.cfg.groupLease && s.cfg.groupSize > 1 {
 				mc.GroupLease, mc.GroupLinkAddr = true, s.linkAddr(sm.rank)
+				mc.GroupLinkInterval, mc.GroupLinkTimeout = s.cfg.linkInterval, s.cfg.linkTimeout
 			}
 			if sm.rank == s.cfg.victimAddrOwn && s.victim != nil {
 				mc.Addr = s.victim.Addr().String()
@@ -316,6 +319,12 @@ func memberID(idx int) string { return fmt.Sprintf("m%06d", idx) }
 func (s *shardServer) wait(ctx context.Context, skip map[string]bool, ok func(membership.Quorum, bool) bool) (shardResp, error) {
 	var live []*sim
 	for _, sm := range s.sims {
+		if sm.m != nil && sm.m.Err() != nil && !skip[sm.m.ID()] {
+			// Its registration is gone (a link silent past its timeout, a
+			// lease that lapsed: an overloaded host): the quorum will not
+			// hold it again. Say so rather than wait.
+			return shardResp{}, fmt.Errorf("member %s ended before the wait: %w", sm.m.ID(), sm.m.Err())
+		}
 		if sm.m != nil && sm.m.Err() == nil && !skip[sm.m.ID()] {
 			sm.seen.Store(0)
 			live = append(live, sm)
@@ -372,7 +381,10 @@ func (s *shardServer) churn(ctx context.Context, n int) (uint64, error) {
 		return 0, fmt.Errorf("member %s holds no quorum", sm.m.ID())
 	}
 	for i := 0; i < n; i++ {
-		if err := sm.m.Revoke(ctx, q.Epoch, "ftload: churn"); err != nil {
+		// A revocation is idempotent (the first record of an epoch wins):
+		// try again when etcd does not answer (an overloaded host).
+		bo := backoff.WithContext(backoff.NewExponentialBackOff(backoff.WithMaxElapsedTime(30*time.Second)), ctx)
+		if err := backoff.Retry(func() error { return sm.m.Revoke(ctx, q.Epoch, "ftload: churn") }, bo); err != nil {
 			return 0, err
 		}
 		next, err := sm.m.NextQuorum(ctx, q.Epoch)
@@ -418,8 +430,8 @@ func runMembers(o options) error {
 	}
 	s, err := newShardServer(shardConfig{endpoints: strings.Split(o.endpoints, ","), jobs: o.jobs, members: o.members,
 		groupSize: o.groupSize, groupLease: o.groupLease, clients: o.clients, parallel: o.parallel, leaseTTL: o.leaseTTL,
-		heartbeat: o.heartbeat, minReplicas: o.minReplicas, shareQuorums: o.shareQuorums, linkIPs: o.linkIPs, ranks: ranks,
-		victimAddrOwn: -1})
+		heartbeat: o.heartbeat, minReplicas: o.minReplicas, shareQuorums: o.shareQuorums, linkIPs: o.linkIPs,
+		linkInterval: o.linkInterval, linkTimeout: o.linkTimeout, ranks: ranks, victimAddrOwn: -1})
 	if err != nil {
 		return err
 	}
@@ -445,11 +457,12 @@ type shard struct {
 	ranks []int
 	local *shardServer // in this process
 	// a child
-	proc *child
-	in   io.WriteCloser
-	out  *bufio.Scanner
-	mu   sync.Mutex
-	dead bool
+	proc   *child
+	in     io.WriteCloser
+	out    *bufio.Scanner
+	mu     sync.Mutex
+	dead   bool
+	broken bool // a request's answer was abandoned (ctx ended)
 }
 
 func (sh *shard) call(ctx context.Context, req shardReq) (shardResp, error) {
@@ -462,15 +475,36 @@ func (sh *shard) call(ctx context.Context, req shardReq) (shardResp, error) {
 	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if sh.broken {
+		return shardResp{}, fmt.Errorf("shard %s: an earlier request was abandoned", sh.name)
+	}
 	b, _ := json.Marshal(req)
 	if _, err := sh.in.Write(append(b, '\n')); err != nil {
 		return shardResp{}, fmt.Errorf("shard %s: %w", sh.name, err)
 	}
-	if !sh.out.Scan() {
+	// The answer, or ctx's end: a shard that waits for something that
+	// never comes must not hold the run (the shard is then abandoned,
+	// and stopped with the rest).
+	answer := make(chan []byte, 1)
+	go func() {
+		if sh.out.Scan() {
+			answer <- append([]byte(nil), sh.out.Bytes()...)
+		} else {
+			answer <- nil
+		}
+	}()
+	var line []byte
+	select {
+	case line = <-answer:
+	case <-ctx.Done():
+		sh.broken = true
+		return shardResp{}, fmt.Errorf("shard %s: %s: %w", sh.name, req.Op, ctx.Err())
+	}
+	if line == nil {
 		return shardResp{}, fmt.Errorf("shard %s: no answer to %s: %v", sh.name, req.Op, sh.out.Err())
 	}
 	var r shardResp
-	if err := json.Unmarshal(sh.out.Bytes(), &r); err != nil {
+	if err := json.Unmarshal(line, &r); err != nil {
 		return r, fmt.Errorf("shard %s: %w", sh.name, err)
 	}
 	if r.Err != "" {

@@ -97,14 +97,14 @@ const (
 	DefaultSilentEpochs = 2
 	DefaultFormWindow   = 200 * time.Millisecond
 	DefaultFormMaxWait  = 2 * time.Second
-	DefaultLossWindow   = 30 * time.Millisecond
-	DefaultLossMaxWait  = 500 * time.Millisecond
+	DefaultLossWindow   = 50 * time.Millisecond
+	DefaultLossMaxWait  = 2 * time.Second
 )
 
 // DefaultConfig returns MinReplicas 1, JoinTimeout 10 s,
 // FailureSettle 100 ms, HolderGrace 15 s, BlameHold 30 s, BlameMinHold
 // 1 s, SilentEpochs 2, FormWindow 200 ms, FormMaxWait 2 s, LossWindow
-// 30 ms, LossMaxWait 500 ms and no straggler policy.
+// 50 ms, LossMaxWait 2 s and no straggler policy.
 func DefaultConfig() Config {
 	return Config{MinReplicas: 1, JoinTimeout: 10 * time.Second, FailureSettle: 100 * time.Millisecond,
 		HolderGrace: DefaultHolderGrace, BlameHold: DefaultBlameHold, BlameMinHold: DefaultBlameMinHold,
