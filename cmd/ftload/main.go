@@ -307,6 +307,19 @@ func runLoad(o options) error {
 	if o.groupSize < 1 || o.members < 1 || o.jobs < 1 {
 		return fmt.Errorf("-members, -jobs and -group-size must be at least 1")
 	}
+	// A member holds up to about 4 files (its group link's listener and
+	// connection, its leader's end of its link, its share of clients).
+	var lim syscall.Rlimit
+	if o.groupLease && syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
+		per := n
+		if o.shards > 0 {
+			per = (n + o.shards - 1) / o.shards
+		}
+		if need := uint64(4*per + 1024); need > lim.Max {
+			return fmt.Errorf("a process of %d members needs about %d open files, and the limit is %d: use -shards %d or more",
+				per, need, lim.Max, (4*n+int(lim.Max)-1025)/(int(lim.Max)-1024))
+		}
+	}
 
 	dir := o.dir
 	if dir == "" {
@@ -518,6 +531,14 @@ func runLoad(o options) error {
 	}
 	fig("form.members_process_cores", (membersCPU()-self0).Seconds()/el, "%.2f cores (the members' processes and this one)", (membersCPU()-self0).Seconds()/el)
 	dbSizes(ctx, admin, clientAddrs, "form", fig)
+	// The largest request a publication makes is about three records
+	// (record, history entry, the view of a forming epoch): etcd runs
+	// with its default limit, and refuses anything larger.
+	if r, err := admin.Get(ctx, keys.Quorum(jobName(0))); err == nil && len(r.Kvs) > 0 {
+		b := len(r.Kvs[0].Value)
+		fig("form.record_bytes", float64(b), "%d B: the quorum record of %d participants (%.2f B each); a publication ≤ ~%d B, etcd's default limit %d B",
+			b, o.members, float64(b)/float64(o.members), 3*b, membership.MaxRequestBytes)
+	}
 
 	// Phase 2: steady.
 	epoch0 := epoch
