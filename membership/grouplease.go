@@ -577,13 +577,17 @@ func (m *Member) takeOver(old groupLease, rev int64) error {
 		}
 		return nil // another member was faster, or this registration is gone
 	}
-	ka, kerr := m.cli.KeepAlive(m.life, lr.ID)
+	// Lead at once: the others see the record move and link here within
+	// a round trip or two, and a hello this member does not yet take as
+	// its lease's would end their link (and make one of them take over
+	// from this member).
 	m.mu.Lock()
 	m.group, m.groupRev = g, tr.Header.Revision
 	m.lease, m.holds, m.gsp = lr.ID, true, gsp
 	m.rec.Lease, m.rec.Gossip = rec.Lease, rec.Gossip
 	m.mu.Unlock()
 	m.writeM.Unlock()
+	ka, kerr := m.cli.KeepAlive(m.life, lr.ID)
 	if kerr != nil { // only when the membership is over
 		return nil
 	}
