@@ -72,7 +72,7 @@ fi
 # every second (silence of 5 s is a death) instead of 200 ms: 87,500 links
 # on one host at 200 ms are 875,000 pings a second, the simulation's cost,
 # and an overloaded host's late pings end registrations; a killed
-# process's links reset at once either way. 32 joins in flight per process.
+# process's links reset at once either way. 16 joins in flight per process.
 shards=${FTLOAD_SHARDS:-}
 if [ -z "$shards" ]; then
 	shards=$(((large * 4 + nofile - 2049) / (nofile - 2048)))
@@ -81,7 +81,7 @@ fi
 left=$((530 - (SECONDS - start)))
 [ "$left" -gt 400 ] && left=400
 run after-100k "$left" "$bin/ftload" -members "$large" -group-size 8 -group-lease -shards "$shards" -clients 8 \
-	-parallel 32 -lease-ttl 15s -link-interval 1s -link-timeout 5s -steady 10s -epochs 100 -timeout $((left - 20))s
+	-parallel 16 -lease-ttl 15s -link-interval 1s -link-timeout 5s -steady 10s -epochs 100 -timeout $((left - 20))s
 
 {
 	for f in before-10k after-10k after-100k; do
