@@ -103,7 +103,9 @@ func (a *Admin) Jobs(ctx context.Context) ([]JobSummary, error) {
 	return out, nil
 }
 
-// Quorum returns a job's current quorum (ErrNoQuorum when none).
+// Quorum returns a job's current quorum (ErrNoQuorum when none), as its
+// record holds it: the participants carry ID, Group and Incarnation (their
+// addresses and steps are in the members' records: Job fills them in).
 func (a *Admin) Quorum(ctx context.Context, job string) (membership.Quorum, error) {
 	if err := checkName("job", job); err != nil {
 		return membership.Quorum{}, err
@@ -115,8 +117,8 @@ func (a *Admin) Quorum(ctx context.Context, job string) (membership.Quorum, erro
 	if len(resp.Kvs) == 0 {
 		return membership.Quorum{}, fmt.Errorf("%w for job %q", ErrNoQuorum, job)
 	}
-	var q membership.Quorum
-	if err := json.Unmarshal(resp.Kvs[0].Value, &q); err != nil {
+	q, err := membership.DecodeQuorumRecord(resp.Kvs[0].Value, nil)
+	if err != nil {
 		return membership.Quorum{}, fmt.Errorf("coordinator: quorum record of %s: %w", job, err)
 	}
 	return q, nil
@@ -153,9 +155,15 @@ func (a *Admin) Job(ctx context.Context, job string) (JobView, error) {
 		}
 	}
 	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
-		var q membership.Quorum
-		if json.Unmarshal(kv.Value, &q) == nil {
+		if q, err := membership.DecodeQuorumRecord(kv.Value, nil); err == nil {
 			v.Quorum = &q
+		}
+	}
+	var rank map[string]int // participant id → rank
+	if v.Quorum != nil {
+		rank = make(map[string]int, len(v.Quorum.Participants))
+		for i, p := range v.Quorum.Participants {
+			rank[p.ID] = i
 		}
 	}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
@@ -179,8 +187,11 @@ func (a *Admin) Job(ctx context.Context, job string) (JobView, error) {
 		}
 		mv := MemberView{MemberRecord: r, Incarnation: kv.CreateRevision, Rank: -1}
 		mv.MemberRecord.Incarnation = kv.CreateRevision
-		if v.Quorum != nil && v.Quorum.Includes(r.ID, kv.CreateRevision) {
-			mv.Rank = v.Quorum.Rank(r.ID)
+		if i, ok := rank[r.ID]; ok && v.Quorum.Participants[i].Incarnation == kv.CreateRevision {
+			// The record holds ids; the address and step are the member's.
+			p := &v.Quorum.Participants[i]
+			p.Addr, p.Step = r.Addr, r.Step
+			mv.Rank = i
 			mv.Healing = r.Step < v.Quorum.MaxStep
 		}
 		v.Members = append(v.Members, mv)
@@ -204,7 +215,8 @@ func (a *Admin) NewRun(ctx context.Context, job, id, by string) (membership.RunR
 	return membership.StartRun(ctx, a.cli, a.keys.Root, job, id, by)
 }
 
-// History returns up to limit past quorums of a job, newest first.
+// History returns up to limit past quorums of a job, newest first, as
+// their entries hold them (see Quorum).
 func (a *Admin) History(ctx context.Context, job string, limit int) ([]membership.Quorum, error) {
 	if err := checkName("job", job); err != nil {
 		return nil, err
@@ -219,8 +231,7 @@ func (a *Admin) History(ctx context.Context, job string, limit int) ([]membershi
 	}
 	out := make([]membership.Quorum, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		var q membership.Quorum
-		if json.Unmarshal(kv.Value, &q) == nil {
+		if q, err := membership.DecodeQuorumRecord(kv.Value, nil); err == nil {
 			out = append(out, q)
 		}
 	}

@@ -53,9 +53,21 @@
 // committed (MemberRecord.WaitingFor) are logged and counted
 // (ftcomm_coordinator_waiting_members).
 //
+// A publication is one transaction: the revocation, the quorum record and
+// its history entry — the whole list in the compact form members read
+// (membership.EncodeQuorumRecord: ids, groups and incarnations packed and
+// compressed, about 2.6 bytes per participant; addresses and steps are
+// in the members' own records, and Admin.Job fills them in) — and the
+// view (a change of the previous epoch). At 100,000 participants that is
+// about 0.8 MB, within etcd's default request limit. A record or history
+// entry of the JSON encoding written before is read as well (a
+// coordinator started on an older data directory goes on from it).
+//
 // With Config.QuorumSigner every quorum carries an ed25519 signature over
-// its canonical bytes (membership.CanonicalQuorum); a member with the
-// matching membership.QuorumVerifier acts on no other record. The leader
+// its canonical bytes (the view's header, which binds the packed list by
+// its digest; a record of the old encoding: membership.CanonicalQuorum); a
+// member with the matching membership.QuorumVerifier acts on no other
+// record. The leader
 // watches the quorum keys: a write that is not its own (its own are
 // recognised by revision, so its writes seen late raise no alarm) is
 // logged, counted (ftcomm_coordinator_foreign_quorum_writes_total) and

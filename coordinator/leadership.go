@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/internal/gossip"
+	"github.com/ftcomm/ftcomm/internal/keys"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -40,15 +41,16 @@ func newLeadership(c *Coordinator, sess *concurrency.Session, fenceKey string, f
 }
 
 // trust returns the quorum a record of job holds when the leader can trust
-// it: signed by its key, or (without a signer) well-formed.
+// it: signed by its key, or (without a signer) well-formed; in either
+// encoding (membership.DecodeQuorumRecord), so that a coordinator started
+// on a data directory written before the compact records loads it.
 func (c *Coordinator) trust(job string, raw []byte) (membership.Quorum, bool) {
-	var q membership.Quorum
+	var v *membership.QuorumVerifier
 	if s := c.cfg.QuorumSigner; s != nil {
-		var err error
-		q, err = s.Verifier().Verify(raw)
-		return q, err == nil && q.Job == job
+		v = s.Verifier()
 	}
-	return q, json.Unmarshal(raw, &q) == nil && q.Job == job
+	q, err := membership.DecodeQuorumRecord(raw, v)
+	return q, err == nil && q.Job == job
 }
 
 // trustSettings returns the settings document of job that raw holds when
@@ -64,12 +66,13 @@ func (c *Coordinator) trustSettings(job string, raw []byte) (membership.JobSetti
 	return doc, json.Unmarshal(raw, &doc) == nil && doc.Job == job
 }
 
-// encode is a quorum record as the leader stores it (signed when it signs).
-func (c *Coordinator) encode(q membership.Quorum) ([]byte, error) {
+// sign is the leader's signature of a record's canonical bytes (nil: it
+// does not sign).
+func (c *Coordinator) sign() func([]byte) *membership.QuorumSignature {
 	if s := c.cfg.QuorumSigner; s != nil {
-		return s.Marshal(q)
+		return s.Sign
 	}
-	return json.Marshal(q)
+	return nil
 }
 
 func (l *leadership) run(ctx context.Context, gossipEvents <-chan gossip.Event) error {
@@ -373,7 +376,29 @@ func (l *leadership) fencedTxn(ctx context.Context, cmps []clientv3.Cmp, ops ...
 // publish writes a decision in one Txn fenced by the leader key and the
 // quorum key's revision.
 func (l *leadership) publish(ctx context.Context, a publish) (written, error) {
-	k := l.c.keys
+	ops, val, err := publishOps(l.c.keys, l.c.cfg.HistoryLimit, a, l.c.sign())
+	if err != nil {
+		return written{}, err
+	}
+	start := time.Now()
+	w := l.fencedTxn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(l.c.keys.Quorum(a.job)), "=", a.ifRev)}, ops...)
+	if w.err == nil {
+		l.c.metrics.publishSeconds.Observe(time.Since(start).Seconds())
+	}
+	w.value = val
+	return w, nil
+}
+
+// publishOps are the operations of a publication (fenced by the caller),
+// and the quorum record they store (nil: a revocation alone): the
+// revocation, if any, unless one of its epoch is stored; the quorum's
+// record and history entry (the whole list, compact: EncodeQuorumRecord)
+// and its view (a change of the previous epoch); the deletion of history,
+// revocations and rendezvous keys past their time, and of the whole list
+// a coordinator of the old encoding kept apart (…/viewfull: the record is
+// that list now). At 100,000 participants they are about 0.7 MB, under
+// etcd's default request limit (TestEpochTxnFitsEtcdDefaults).
+func publishOps(k keys.Layout, historyLimit int, a publish, sign func([]byte) *membership.QuorumSignature) ([]clientv3.Op, []byte, error) {
 	job := a.job
 	var ops []clientv3.Op
 	if r := a.revocation; r != nil {
@@ -383,49 +408,36 @@ func (l *leadership) publish(ctx context.Context, a publish) (written, error) {
 			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(rk), "=", 0)},
 			[]clientv3.Op{clientv3.OpPut(rk, string(val))}, nil))
 	}
-	var val []byte
-	if q := a.quorum; q != nil {
-		var err error
-		if val, err = l.c.encode(*q); err != nil {
-			return written{}, fmt.Errorf("coordinator: encode quorum: %w", err)
-		}
-		// Members watch the view, not the record: a change of the
-		// previous epoch, a few bytes per participant that changed.
-		var sign func([]byte) *membership.QuorumSignature
-		if s := l.c.cfg.QuorumSigner; s != nil {
-			sign = s.Sign
-		}
-		view, err := membership.EncodeQuorumViewWith(a.prev, *q, a.viewRev, a.settings, sign)
-		if err != nil {
-			return written{}, fmt.Errorf("coordinator: encode quorum view: %w", err)
-		}
-		whole := view
-		if a.prev != nil {
-			if whole, err = membership.EncodeQuorumViewWith(nil, *q, a.viewRev, a.settings, sign); err != nil {
-				return written{}, fmt.Errorf("coordinator: encode quorum view: %w", err)
-			}
-		}
-		// The view after the record: the watch delivers the record's
-		// event first (see machine.onQuorumWritten).
-		ops = append(ops, clientv3.OpPut(k.Quorum(job), string(val)), clientv3.OpPut(k.QuorumView(job), string(view)),
-			clientv3.OpPut(k.QuorumViewFull(job), string(whole)), clientv3.OpPut(k.HistoryEntry(job, q.Epoch), string(val)))
-		if lim := uint64(l.c.cfg.HistoryLimit); q.Epoch > lim {
-			ops = append(ops,
-				clientv3.OpDelete(k.HistoryEntry(job, 0), clientv3.WithRange(k.HistoryEntry(job, q.Epoch-lim))),
-				clientv3.OpDelete(k.Revocation(job, 0), clientv3.WithRange(k.Revocation(job, q.Epoch-lim))))
-		}
-		if q.Epoch > 2 {
-			// Rendezvous keys of epochs before the previous one are done.
-			ops = append(ops, clientv3.OpDelete(k.RendezvousPrefix(job, 0), clientv3.WithRange(k.RendezvousPrefix(job, q.Epoch-1))))
+	q := a.quorum
+	if q == nil {
+		return ops, nil, nil
+	}
+	val, err := membership.EncodeQuorumRecord(*q, a.viewRev, a.settings, sign)
+	if err != nil {
+		return nil, nil, fmt.Errorf("coordinator: encode quorum: %w", err)
+	}
+	// Members watch the view, not the record: a change of the previous
+	// epoch, a few bytes per participant that changed.
+	view := val
+	if a.prev != nil {
+		if view, err = membership.EncodeQuorumViewWith(a.prev, *q, a.viewRev, a.settings, sign); err != nil {
+			return nil, nil, fmt.Errorf("coordinator: encode quorum view: %w", err)
 		}
 	}
-	start := time.Now()
-	w := l.fencedTxn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k.Quorum(job)), "=", a.ifRev)}, ops...)
-	if w.err == nil {
-		l.c.metrics.publishSeconds.Observe(time.Since(start).Seconds())
+	// The view after the record: the watch delivers the record's event
+	// first (see machine.onQuorumWritten).
+	ops = append(ops, clientv3.OpPut(k.Quorum(job), string(val)), clientv3.OpPut(k.QuorumView(job), string(view)),
+		clientv3.OpPut(k.HistoryEntry(job, q.Epoch), string(val)), clientv3.OpDelete(k.QuorumViewFull(job)))
+	if lim := uint64(historyLimit); q.Epoch > lim {
+		ops = append(ops,
+			clientv3.OpDelete(k.HistoryEntry(job, 0), clientv3.WithRange(k.HistoryEntry(job, q.Epoch-lim))),
+			clientv3.OpDelete(k.Revocation(job, 0), clientv3.WithRange(k.Revocation(job, q.Epoch-lim))))
 	}
-	w.value = val
-	return w, nil
+	if q.Epoch > 2 {
+		// Rendezvous keys of epochs before the previous one are done.
+		ops = append(ops, clientv3.OpDelete(k.RendezvousPrefix(job, 0), clientv3.WithRange(k.RendezvousPrefix(job, q.Epoch-1))))
+	}
+	return ops, val, nil
 }
 
 // probe dials a blamed member's address on its own goroutine, which ends

@@ -2,7 +2,6 @@ package coordinator
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
@@ -604,10 +603,7 @@ func (m *machine) onQuorumWritten(w quorumWritten) {
 	if f.deleted {
 		f.rev = 0
 	} else {
-		var q membership.Quorum
-		if json.Unmarshal(w.value, &q) == nil {
-			f.epoch = q.Epoch
-		}
+		f.epoch, _ = membership.QuorumRecordEpoch(w.value)
 	}
 	m.log(true, "quorum record written by someone else; restoring the leader's", field{"job", w.job},
 		field{"revision", w.rev}, field{"deleted", f.deleted}, field{"claimed epoch", f.epoch})
@@ -625,12 +621,7 @@ func (m *machine) onViewWritten(w viewWritten) {
 	}
 	f := &foreignWrite{rev: j.quorumRev, view: true, deleted: w.deleted}
 	if !f.deleted {
-		var h struct {
-			Epoch uint64 `json:"epoch"`
-		}
-		if i := bytes.IndexByte(w.value, '\n'); i > 0 && json.Unmarshal(w.value[:i], &h) == nil {
-			f.epoch = h.Epoch
-		}
+		f.epoch, _ = membership.QuorumRecordEpoch(w.value)
 	}
 	m.log(true, "quorum view written by someone else; republishing the leader's", field{"job", w.job},
 		field{"revision", w.rev}, field{"deleted", f.deleted}, field{"claimed epoch", f.epoch})

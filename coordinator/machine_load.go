@@ -2,7 +2,6 @@ package coordinator
 
 import (
 	"bytes"
-	"encoding/json"
 	"sort"
 	"time"
 
@@ -71,9 +70,8 @@ func (m *machine) loadQuorum(job string, rec *storedValue, history []storedValue
 	var realQ membership.Quorum
 	var floor uint64
 	for i := len(history) - 1; i >= 0; i-- {
-		var q membership.Quorum
-		if json.Unmarshal(history[i].value, &q) == nil {
-			floor = max(floor, q.Epoch)
+		if e, ok := membership.QuorumRecordEpoch(history[i].value); ok {
+			floor = max(floor, e)
 		}
 		if real == nil {
 			if q, ok := m.cfg.trust(job, history[i].value); ok {
@@ -91,10 +89,9 @@ func (m *machine) loadQuorum(job string, rec *storedValue, history []storedValue
 			return &jobState{m: newMachine(&q), quorumRev: rec.rev, lastValue: rec.value}
 		}
 		f := &foreignWrite{rev: rec.rev}
-		var fq membership.Quorum
-		if json.Unmarshal(rec.value, &fq) == nil {
-			f.epoch = fq.Epoch
-			floor = max(floor, fq.Epoch)
+		if e, ok := membership.QuorumRecordEpoch(rec.value); ok {
+			f.epoch = e
+			floor = max(floor, e)
 		}
 		m.log(true, "quorum record not written by a coordinator; restoring the last trusted one",
 			field{"job", job}, field{"revision", rec.rev}, field{"claimed epoch", f.epoch})

@@ -205,9 +205,8 @@ func (s *machineScript) say(format string, args ...any) {
 }
 
 func (s *machineScript) epochOf(raw []byte) uint64 {
-	var q membership.Quorum
-	json.Unmarshal(raw, &q)
-	return q.Epoch
+	e, _ := membership.QuorumRecordEpoch(raw)
+	return e
 }
 
 // write carries out a fenced write (ifRev: the quorum record's mod
@@ -292,7 +291,7 @@ func (s *machineScript) publish(a publish) *written {
 			s.say("  revoke e%d failed=%v", r.Epoch, r.Failed)
 		}
 		var err error
-		if val, err = s.encode(*q); err != nil {
+		if val, err = membership.EncodeQuorumRecord(*q, a.viewRev, a.settings, s.sign()); err != nil {
 			s.t.Fatal(err)
 		}
 	} else {
@@ -320,9 +319,12 @@ func (s *machineScript) publish(a publish) *written {
 		}
 		if q := a.quorum; q != nil {
 			s.echo(at("quorum", val), "quorum")
-			view, err := membership.EncodeQuorumView(a.prev, *q, a.viewRev, s.sign())
-			if err != nil {
-				s.t.Fatal(err)
+			view := val
+			if a.prev != nil {
+				var err error
+				if view, err = membership.EncodeQuorumViewWith(a.prev, *q, a.viewRev, a.settings, s.sign()); err != nil {
+					s.t.Fatal(err)
+				}
 			}
 			s.echo(at("view", view), "view")
 			at(fmt.Sprintf("history/%020d", q.Epoch), val)
@@ -330,13 +332,6 @@ func (s *machineScript) publish(a publish) *written {
 	})
 	w.value = val
 	return w
-}
-
-func (s *machineScript) encode(q membership.Quorum) ([]byte, error) {
-	if s.signer != nil {
-		return s.signer.Marshal(q)
-	}
-	return json.Marshal(q)
 }
 
 func (s *machineScript) sign() func([]byte) *membership.QuorumSignature {
@@ -356,12 +351,12 @@ func (s *machineScript) trustSettings(job string, raw []byte) (membership.JobSet
 }
 
 func (s *machineScript) trust(job string, raw []byte) (membership.Quorum, bool) {
-	var q membership.Quorum
+	var v *membership.QuorumVerifier
 	if s.signer != nil {
-		q, err := s.signer.Verifier().Verify(raw)
-		return q, err == nil && q.Job == job
+		v = s.signer.Verifier()
 	}
-	return q, json.Unmarshal(raw, &q) == nil && q.Job == job
+	q, err := membership.DecodeQuorumRecord(raw, v)
+	return q, err == nil && q.Job == job
 }
 
 // snapshot is the fake etcd as a leader that begins its term reads it.
@@ -402,7 +397,7 @@ func (s *machineScript) run(line string) []string {
 	switch cmd {
 	case "config":
 		qc := quorum.DefaultConfig()
-		qc.FailureSettle, qc.FormWindow = 0, -1 // scripts that want them say settle=D, form=D
+		qc.FailureSettle, qc.FormWindow, qc.LossWindow = 0, -1, -1 // scripts that want them say settle=D, form=D
 		cfg := machineConfig{name: "c0", probeWait: probeWait}
 		var signer *QuorumSigner
 		for _, a := range args {
@@ -590,6 +585,26 @@ func (s *machineScript) run(line string) []string {
 			s.feed(quorumWritten{scriptJob, kv.mod, raw, false})
 		} else {
 			s.feed(viewWritten{scriptJob, kv.mod, raw, false})
+		}
+	case "downgrade":
+		// The record and history as a coordinator of the old encoding
+		// wrote them: JSON, signed over membership.CanonicalQuorum.
+		for k, kv := range s.kv {
+			if k != "quorum" && !strings.HasPrefix(k, "history/") {
+				continue
+			}
+			q, err := membership.DecodeQuorumRecord(kv.value, nil)
+			if err != nil {
+				s.t.Fatal(err)
+			}
+			if s.signer != nil {
+				kv.value, err = s.signer.Marshal(q)
+			} else {
+				kv.value, err = json.Marshal(q)
+			}
+			if err != nil {
+				s.t.Fatal(err)
+			}
 		}
 	case "echo":
 		echoes := s.echoes

@@ -164,3 +164,94 @@ func TestCoordinatorKeyMismatch(t *testing.T) {
 		t.Fatalf("Run = %v, want ErrKeyMismatch", err)
 	}
 }
+
+// A coordinator started on a data directory written before the compact
+// records (quorum record and history in the old JSON encoding, signed
+// over membership.CanonicalQuorum) trusts them and goes on from their
+// epoch, publishing the compact encoding from its first decision; a
+// forged record found beside an old history is restored from it, and a
+// member that reads the restored record (old encoding) takes it.
+func TestCoordinatorLoadsRecordsOfTheOldEncoding(t *testing.T) {
+	sj := clustertest.StartSecureJob(t)
+	a, b := sj.Join("a"), sj.Join("b")
+	q := clustertest.WaitQuorum(t, a, 0, "a", "b")
+	clustertest.WaitQuorum(t, b, 0, "a", "b")
+	ctx := clustertest.Ctx(t, 40*time.Second)
+	k := keys.Layout{}
+	rootCreds, err := sj.Etcd.Credentials(etcdhost.UserRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := rootCreds.NewClient(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	// writeOld rewrites the record and every history entry as the old
+	// coordinator wrote them.
+	writeOld := func(cur membership.Quorum, record []byte) []byte {
+		t.Helper()
+		resp, err := root.Get(ctx, k.History(sj.Name), clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var last []byte
+		for _, kv := range resp.Kvs {
+			hq, err := membership.DecodeQuorumRecord(kv.Value, sj.Signer.Verifier())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if hq.Epoch == cur.Epoch {
+				hq = cur // with the addresses and steps the old record carried
+			}
+			old, err := sj.Signer.Marshal(hq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := root.Put(ctx, string(kv.Key), string(old)); err != nil {
+				t.Fatal(err)
+			}
+			last = old
+		}
+		if record == nil {
+			record = last
+		}
+		if _, err := root.Put(ctx, k.Quorum(sj.Name), string(record)); err != nil {
+			t.Fatal(err)
+		}
+		return last
+	}
+
+	sj.Stop()
+	writeOld(q, nil)
+	sj.StartCoordinator("c1")
+	c := sj.Join("c")
+	q2 := clustertest.WaitQuorum(t, c, 0, "a", "b", "c")
+	if q2.Epoch != q.Epoch+1 {
+		t.Fatalf("epoch %d on the old records, want %d", q2.Epoch, q.Epoch+1)
+	}
+	if got := clustertest.WaitQuorum(t, a, q.Epoch, "a", "b", "c"); got.Epoch != q2.Epoch {
+		t.Fatalf("a member of the old epoch: epoch %d, want %d", got.Epoch, q2.Epoch)
+	}
+	resp, err := root.Get(ctx, k.Quorum(sj.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := resp.Kvs[0].Value; bytes.HasPrefix(rec, []byte("{")) && !bytes.Contains(rec, []byte("\n")) {
+		t.Fatalf("the first decision wrote the old encoding: %.80s", rec)
+	}
+
+	// A forged record beside an old history: restored from it.
+	sj.Stop()
+	forged, _ := json.Marshal(membership.Quorum{Job: sj.Name, Epoch: q2.Epoch + 3, Reason: "forged"})
+	good := writeOld(q2, forged)
+	sj.StartCoordinator("c2")
+	sj.WaitRecord(good)
+	// A member joining now reads the restored record (the old encoding)
+	// when it cannot apply the view, and is admitted in the next epoch.
+	d := sj.Join("d")
+	q3 := clustertest.WaitQuorum(t, d, 0, "a", "b", "c", "d")
+	if q3.Epoch != q2.Epoch+1 {
+		t.Fatalf("epoch %d after the restore, want %d", q3.Epoch, q2.Epoch+1)
+	}
+}

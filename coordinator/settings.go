@@ -129,8 +129,8 @@ func (c *Coordinator) SetSettings(ctx context.Context, job string, changes []mem
 // epoch.
 func (a *Admin) awaitSettings(ctx context.Context, job string, version uint64, rev int64) (uint64, error) {
 	carries := func(raw []byte) (uint64, bool) {
-		var q membership.Quorum
-		if json.Unmarshal(raw, &q) != nil || q.Settings == nil || q.Settings.Version < version {
+		q, err := membership.DecodeQuorumRecord(raw, nil)
+		if err != nil || q.Settings == nil || q.Settings.Version < version {
 			return 0, false
 		}
 		return q.Epoch, true

@@ -68,6 +68,10 @@ type EmbeddedConfig struct {
 	CompactionRetention time.Duration
 	// QuotaBackendBytes caps the database size (0: etcd's default, 2 GiB).
 	QuotaBackendBytes int64
+	// MaxRequestBytes is the largest request etcd accepts (0: etcd's
+	// default, 1.5 MiB, which membership.MaxRequestBytes names and which
+	// one epoch of a 100,000-participant job fits).
+	MaxRequestBytes uint
 	// UnsafeNoFsync skips fsync: for tests and throwaway clusters only.
 	UnsafeNoFsync bool
 
@@ -212,7 +216,9 @@ func startEmbeddedOnce(ctx context.Context, cfg EmbeddedConfig) (*Embedded, erro
 	m := &Embedded{cfg: cfg}
 	ec := embed.NewConfig()
 	ec.Name = cfg.Name
-	ec.MaxRequestBytes = membership.MaxRequestBytes // a large job's epoch is one transaction
+	if cfg.MaxRequestBytes > 0 {
+		ec.MaxRequestBytes = cfg.MaxRequestBytes
+	}
 	var err error
 	if cfg.Dir == "" {
 		if m.tempDir, err = os.MkdirTemp("", "ftcomm-etcd-"); err != nil {

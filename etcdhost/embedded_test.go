@@ -252,31 +252,36 @@ func TestEmbeddedDataDirInUse(t *testing.T) {
 	e2.Close()
 }
 
-// The embedded etcd takes, from a client made with ftcomm's settings, a
-// transaction as large as a coordinator's publication of one epoch of a
-// 20,000-member job (the record and its history entry, ~97 B per
-// participant each): etcd's default limit (1.5 MiB) refused one of 10,000.
-func TestEmbeddedTakesALargeJobsEpoch(t *testing.T) {
+// The embedded etcd keeps etcd's default request limit
+// (membership.MaxRequestBytes: one epoch of a 100,000-participant job
+// fits, coordinator.TestEpochTxnFitsEtcdDefaults), refusing a larger
+// request with a clear error, not a hang; MaxRequestBytes raises it.
+func TestEmbeddedRequestLimit(t *testing.T) {
 	ctx := testutil.Ctx(t, 60*time.Second)
-	cfg := DefaultEmbeddedConfig()
-	cfg.UnsafeNoFsync = true
-	e, err := StartEmbedded(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	cli, err := membership.NewClient(e.Endpoints(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	record := strings.Repeat("x", 20000*97)
-	if _, err := cli.Txn(ctx).Then(clientv3.OpPut("/q", record), clientv3.OpPut("/h", record)).Commit(); err != nil {
-		t.Fatalf("a %d-byte transaction: %v", 2*len(record), err)
-	}
-	// Past the limit, a clear error, not a hang.
-	huge := strings.Repeat("x", membership.MaxRequestBytes)
-	if _, err := cli.Put(ctx, "/huge", huge); err == nil {
-		t.Fatalf("a %d-byte put was taken, past membership.MaxRequestBytes", len(huge))
+	for _, limit := range []uint{0, 4 << 20} {
+		cfg := DefaultEmbeddedConfig()
+		cfg.UnsafeNoFsync, cfg.MaxRequestBytes = true, limit
+		e, err := StartEmbedded(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cli, err := membership.NewClient(e.Endpoints(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		under := strings.Repeat("x", membership.MaxRequestBytes-64<<10)
+		if _, err := cli.Txn(ctx).Then(clientv3.OpPut("/q", under)).Commit(); err != nil {
+			t.Fatalf("limit %d: a %d-byte transaction: %v", limit, len(under), err)
+		}
+		over := strings.Repeat("x", membership.MaxRequestBytes+64<<10)
+		_, err = cli.Put(ctx, "/over", over)
+		if limit == 0 && (err == nil || !strings.Contains(err.Error(), "too large")) {
+			t.Fatalf("default limit: a %d-byte put: %v, want request too large", len(over), err)
+		}
+		if limit > 0 && err != nil {
+			t.Fatalf("limit %d: a %d-byte put: %v", limit, len(over), err)
+		}
+		cli.Close()
+		e.Close()
 	}
 }

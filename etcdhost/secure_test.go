@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,11 +34,15 @@ func TestSecureEmbeddedAccessControl(t *testing.T) {
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("quorum record: %v", err)
 	}
-	var q membership.Quorum
-	if err := json.Unmarshal(resp.Kvs[0].Value, &q); err != nil || q.Signature == nil || q.Signature.KeyID != sj.Signer.KeyID() {
-		t.Fatalf("quorum record not signed by the coordinator's key: %+v, %v", q.Signature, err)
+	q, err := membership.DecodeQuorumRecord(resp.Kvs[0].Value, sj.Signer.Verifier())
+	if err != nil {
+		t.Fatalf("quorum record not signed by the coordinator's key: %v", err)
 	}
 	tr := sj.TrainerClient()
+	// A member reads the record (the whole list) when it cannot apply a view.
+	if resp, err := tr.Get(ctx, k.Quorum(sj.Name)); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("trainer reads the quorum record: %v", err)
+	}
 	denied := func(what string, err error) {
 		t.Helper()
 		if err == nil || !strings.Contains(err.Error(), "permission denied") {

@@ -55,7 +55,7 @@ func ClientConfig(endpoints []string, lg *zap.Logger) clientv3.Config {
 		})},
 		// A coordinator's publication of a large job's epoch is one
 		// transaction: see MaxRequestBytes.
-		MaxCallSendMsgSize: MaxRequestBytes + 1<<20,
+		MaxCallSendMsgSize: MaxRequestBytes + 512<<10,
 		Logger:             lg,
 	}
 }
@@ -64,16 +64,16 @@ func ClientConfig(endpoints []string, lg *zap.Logger) clientv3.Config {
 // of a client made by ClientConfig.
 const ReconnectMaxDelay = 500 * time.Millisecond
 
-// MaxRequestBytes is the largest request ftcomm's etcd must accept
-// (etcd's --max-request-bytes; 1.5 MiB by default). The coordinator
-// publishes an epoch in one transaction holding the quorum record and
-// its history entry, about 97 bytes per participant each, plus the view
-// members watch (6.3 bytes per participant): 2.1 MB for a job of 10,000
-// members, more than etcd's default takes ("request is too large"). The
-// embedded etcd (etcdhost) and the deployment's manifests set this, which
-// allows jobs of up to about 40,000 members; a larger job needs a
-// smaller record (docs/capacity.md).
-const MaxRequestBytes = 8 << 20
+// MaxRequestBytes is the largest request ftcomm sends etcd: etcd's
+// default --max-request-bytes (1.5 MiB), which ftcomm's etcd keeps. The
+// coordinator publishes an epoch in one transaction holding the quorum
+// record and its history entry (the whole list, packed and compressed:
+// about 2.3 bytes per participant with sequential ids, at most about 7)
+// and the view members watch: about 0.7 MB for a job of 100,000
+// participants. (Before, the record was JSON of ~97 bytes per participant
+// and etcd had to accept 8 MiB.) A deployment may still raise etcd's
+// limit (etcdhost.EmbeddedConfig.MaxRequestBytes, --max-request-bytes).
+const MaxRequestBytes = 3 << 19
 
 // clientLogCore passes on the etcd client's logs at Info and above but
 // its retry lines.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -19,8 +20,8 @@ import (
 
 // Quorum returns the latest published quorum of the job (no I/O), as a
 // member sees it: its participants carry their ID, Group and Incarnation
-// (not Addr or Step, which the full record holds: coordinator.Admin's
-// Quorum reads it), and its Reason may be shortened.
+// (not Addr or Step, which are in the members' own records:
+// coordinator.Admin's Job fills them in), and its Reason may be shortened.
 func (m *Member) Quorum() (Quorum, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -142,15 +143,25 @@ func (m *Member) notifyLocked() {
 	}
 }
 
-// applyLocked takes a quorum view, the full quorum record or a revocation
-// record. needFull: a view the member could not apply (a change of an
-// epoch it does not hold); read the full record (readFull). Called with
-// mu held.
+// applyLocked takes a quorum view, the quorum record (the whole list) or a
+// revocation record, from etcd or from the group's leader. needFull: a
+// view the member could not apply (a change of an epoch it does not
+// hold); read the record (readFull). A group's leader forwards what
+// changed its state to the group (groupquorum.go). Called with mu held.
 func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
+	changed, needFull = m.applyKV(kv)
+	if changed {
+		m.forwardLocked(kv)
+	}
+	return changed, needFull
+}
+
+func (m *Member) applyKV(kv *mvccpb.KeyValue) (changed, needFull bool) {
 	k := string(kv.Key)
-	switch k {
-	case m.keys.QuorumView(m.cfg.Job), m.keys.QuorumViewFull(m.cfg.Job):
-		h, added, err := decodeView(kv.Value, m.cfg.QuorumVerifier)
+	record := k == m.keys.Quorum(m.cfg.Job)
+	switch {
+	case k == m.keys.QuorumView(m.cfg.Job) || record && !legacyRecord(kv.Value):
+		h, added, err := m.cfg.Quorums.decode(kv, m.cfg.QuorumVerifier)
 		if err == nil && h.Job != m.cfg.Job {
 			err = fmt.Errorf("%w: the record is of job %q", ErrForgedQuorum, h.Job)
 		}
@@ -169,13 +180,13 @@ func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
 		if d := h.SettingsDoc; d != nil && h.Settings != nil && d.Ref() == *h.Settings {
 			m.keepSettings(*d)
 		}
-		q, ok := applyView(h, added, m.quorum)
+		q, ok := m.cfg.Quorums.apply(kv, h, added, m.quorum)
 		if !ok {
 			return false, true
 		}
-		m.quorum = &q
+		m.quorum = q
 		return true, false
-	case m.keys.Quorum(m.cfg.Job):
+	case record: // the old encoding, restored by a coordinator that loaded it
 		q, err := m.readQuorum(kv.Value)
 		if err != nil {
 			m.lg.Warn("ignored a quorum record", zap.Int64("revision", kv.ModRevision), zap.Error(err))
@@ -187,6 +198,9 @@ func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
 			return true, false
 		}
 		return false, false
+	}
+	if !strings.HasPrefix(k, m.keys.Revocations(m.cfg.Job)) {
+		return false, false // not a key of the member's job's epochs (a leader's bad forward)
 	}
 	var r Revocation
 	if err := json.Unmarshal(kv.Value, &r); err != nil {
@@ -200,38 +214,27 @@ func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
 	return true, false
 }
 
-// readFull reads the whole list of the quorum (keys.Layout.QuorumViewFull) as of
-// rev (0: the latest), for a view the member could not apply, and takes
-// it in; the full record when that brings nothing new (a coordinator that
-// writes no whole list).
+// readFull reads the quorum record (the whole list) as of rev (0: the
+// latest), for a view the member could not apply, and takes it in.
 func (m *Member) readFull(ctx context.Context, rev int64) error {
 	var opts []clientv3.OpOption
 	if rev > 0 {
 		opts = append(opts, clientv3.WithRev(rev))
 	}
-	for _, key := range []string{m.keys.QuorumViewFull(m.cfg.Job), m.keys.Quorum(m.cfg.Job)} {
-		resp, err := m.cli.Get(ctx, key, opts...)
-		if err != nil {
-			return fmt.Errorf("membership: read quorum of %s: %w", m.cfg.Job, ctxErr(ctx, err))
-		}
-		if m.applyAll(resp.Kvs) {
-			return nil
-		}
+	resp, err := m.cli.Get(ctx, m.keys.Quorum(m.cfg.Job), opts...)
+	if err != nil {
+		return fmt.Errorf("membership: read quorum of %s: %w", m.cfg.Job, ctxErr(ctx, err))
 	}
+	m.applyAll(resp.Kvs)
 	return nil
 }
 
-// readQuorum decodes a quorum record of the member's job, verifying its
-// signature when the member has a verifier.
+// readQuorum decodes a quorum record of the old encoding of the member's
+// job, verifying its signature when the member has a verifier.
 func (m *Member) readQuorum(raw []byte) (Quorum, error) {
-	var q Quorum
-	if v := m.cfg.QuorumVerifier; v != nil {
-		var err error
-		if q, err = v.Verify(raw); err != nil {
-			return Quorum{}, err
-		}
-	} else if err := json.Unmarshal(raw, &q); err != nil {
-		return Quorum{}, fmt.Errorf("membership: unreadable quorum record: %w", err)
+	q, err := DecodeQuorumRecord(raw, m.cfg.QuorumVerifier)
+	if err != nil {
+		return Quorum{}, err
 	}
 	if q.Job != m.cfg.Job {
 		return Quorum{}, fmt.Errorf("%w: the record is of job %q", ErrForgedQuorum, q.Job)
@@ -239,7 +242,7 @@ func (m *Member) readQuorum(raw []byte) (Quorum, error) {
 	return q, nil
 }
 
-// loadEpochs reads the quorum (its view; the full record when the view is
+// loadEpochs reads the quorum (its view; the record when the view is
 // a change of an epoch the member does not hold) and revocations and
 // returns the revision read at.
 func (m *Member) loadEpochs(ctx context.Context) (int64, error) {
@@ -280,6 +283,8 @@ func (m *Member) loadEpochs(ctx context.Context) (int64, error) {
 // record: per epoch a member receives the view, a few bytes per
 // participant that changed.
 func (m *Member) watchEpochs(rev int64) {
+	m.watching.Add(1)
+	defer m.watching.Add(-1)
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
 	for m.life.Err() == nil {

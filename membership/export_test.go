@@ -29,3 +29,7 @@ func (m *Member) GossipStats() (s gossip.Stats, ok bool) {
 	}
 	return g.Stats(), true
 }
+
+// WatchesEpochs reports whether m watches the job's epochs in etcd (a
+// replica group's follower takes them from its leader instead).
+func (m *Member) WatchesEpochs() bool { return m.watching.Load() > 0 }

@@ -224,7 +224,7 @@ func (m *Member) listenGroupLink() error {
 		return fmt.Errorf("membership: join %s/%s: group link listener: %w", m.cfg.Job, m.cfg.ID, err)
 	}
 	m.link = l
-	m.links = map[net.Conn]bool{}
+	m.links = map[net.Conn]*groupLink{}
 	return nil
 }
 
@@ -253,16 +253,20 @@ func (m *Member) serveGroupLink(c net.Conn) {
 	if err != nil || json.Unmarshal(line, &h) != nil {
 		return
 	}
+	out := newGroupLink()
 	m.mu.Lock()
 	ok := m.holds && h.Lease == int64(m.lease) && m.life.Err() == nil
 	if ok {
-		m.links[c] = false
+		m.links[c] = out
+		if m.groupForwards() {
+			out.push(m.fwdLog...) // what the leader holds, first
+		}
 	}
 	m.mu.Unlock()
 	if !ok {
 		return // not this group's current lease: the member reads the record again
 	}
-	bye := m.pingLink(c, r, timeout)
+	bye := m.pingLink(c, r, timeout, out, nil)
 	m.mu.Lock()
 	delete(m.links, c)
 	leading := m.holds
@@ -274,8 +278,11 @@ func (m *Member) serveGroupLink(c net.Conn) {
 
 // pingLink sends a ping every GroupLinkInterval and reads the peer's until
 // the link ends: bye is true when the peer said goodbye. At the end of
-// the membership this end says goodbye (unless crashed) and closes.
-func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration) (bye bool) {
+// the membership this end says goodbye (unless crashed) and closes. At
+// the leader's end, out holds the records to forward (groupquorum.go); at
+// a member's, onRecord takes those the leader forwards (nil: a record
+// ends the link).
+func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, out *groupLink, onRecord func(*mvccpb.KeyValue)) (bye bool) {
 	got := make(chan bool, 1)
 	go func() { // exits when c is closed or the peer goes quiet
 		for {
@@ -285,19 +292,46 @@ func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration) (b
 				got <- false
 				return
 			}
-			if b == linkBye {
+			switch {
+			case b == linkBye:
 				got <- true
 				return
+			case b == linkRecord:
+				kv, err := readLinkRecord(r)
+				if err != nil {
+					got <- false
+					return
+				}
+				if onRecord != nil { // else not for this end: dropped
+					onRecord(kv)
+				}
 			}
 		}
 	}()
 	t := time.NewTicker(m.cfg.GroupLinkInterval)
 	defer t.Stop()
+	var wake chan struct{}
+	if out != nil {
+		wake = out.wake
+	}
 	for {
 		select {
 		case bye = <-got:
 			c.Close()
 			return bye
+		case <-wake:
+			m.mu.Lock()
+			frames := out.queue
+			out.queue = nil
+			m.mu.Unlock()
+			for _, f := range frames {
+				// A large record (the whole list) takes longer than a ping.
+				c.SetWriteDeadline(time.Now().Add(timeout + time.Duration(len(f))*time.Microsecond/64))
+				if _, err := c.Write(f); err != nil {
+					c.Close()
+					return <-got
+				}
+			}
 		case <-t.C:
 			c.SetWriteDeadline(time.Now().Add(timeout))
 			if _, err := c.Write([]byte{linkPing}); err != nil {
@@ -409,7 +443,11 @@ func (m *Member) followLeader(g groupLease, rev int64) followEnd {
 			return
 		}
 		go func() { <-ctx.Done(); c.SetReadDeadline(time.Now()) }() // a moved record ends the link
-		m.pingLink(c, bufio.NewReader(c), timeout)
+		var onRecord func(*mvccpb.KeyValue)
+		if m.groupFollows() {
+			onRecord = m.applyForwarded
+		}
+		m.pingLink(c, bufio.NewReader(c), timeout, nil, onRecord)
 	}()
 	select {
 	case <-linkEnded:
@@ -539,18 +577,23 @@ func (m *Member) takeOver(old groupLease, rev int64) error {
 		}
 		return nil // another member was faster, or this registration is gone
 	}
-	ka, kerr := m.cli.KeepAlive(m.life, lr.ID)
+	// Lead at once: the others see the record move and link here within
+	// a round trip or two, and a hello this member does not yet take as
+	// its lease's would end their link (and make one of them take over
+	// from this member).
 	m.mu.Lock()
 	m.group, m.groupRev = g, tr.Header.Revision
 	m.lease, m.holds, m.gsp = lr.ID, true, gsp
 	m.rec.Lease, m.rec.Gossip = rec.Lease, rec.Gossip
 	m.mu.Unlock()
 	m.writeM.Unlock()
+	ka, kerr := m.cli.KeepAlive(m.life, lr.ID)
 	if kerr != nil { // only when the membership is over
 		return nil
 	}
 	m.lg.Info("took the group's lease over", zap.String("previous_leader", old.Leader), zap.Int64("lease", int64(lr.ID)))
 	m.spawn(func() { m.renew(ka) })
+	m.spawn(m.leadEpochs) // the group now takes the quorum from this member
 	if m.cfg.HeartbeatInterval > 0 {
 		m.spawn(m.heartbeats)
 	}

@@ -77,6 +77,15 @@ type MemberConfig struct {
 	GroupLease                          bool
 	GroupLinkAddr                       string
 	GroupLinkInterval, GroupLinkTimeout time.Duration
+	// GroupEachWatches, with GroupLease, makes every member of the group
+	// watch the job's epochs in etcd itself. Off (the default): only the
+	// group's leader watches, and forwards what it learns on the group's
+	// links (see the package doc, "Replica groups").
+	GroupEachWatches bool
+	// Quorums, when set, is shared by the members of this process that
+	// decode each quorum record once and hold one copy of each quorum
+	// (see QuorumCache). nil: the member keeps its own.
+	Quorums *QuorumCache
 	// Gossip enables failure detection by gossip with the coordinators
 	// and other members (nil: off; lease expiry alone detects death).
 	Gossip *GossipConfig
@@ -161,6 +170,9 @@ type Member struct {
 	// link listens for the group's liveness links (MemberConfig.GroupLease).
 	link    net.Listener
 	crashed atomic.Bool // Crash: links end without saying goodbye
+	// readingFull: a read of the whole list for a forwarded view is under way.
+	readingFull atomic.Bool
+	watching    atomic.Int32 // watchEpochs runs (a group's follower does not watch)
 
 	life   context.Context // ends at Leave, Close or loss
 	stop   context.CancelFunc
@@ -176,7 +188,8 @@ type Member struct {
 	holds       bool
 	group       groupLease
 	groupRev    int64
-	links       map[net.Conn]bool // the group links this member serves (true: said goodbye)
+	links       map[net.Conn]*groupLink // the group links this member serves
+	fwdLog      [][]byte                // what a group's leader replays to a member that links (groupquorum.go)
 	rec         MemberRecord
 	dirty       bool
 	stepTimes   time.Duration // the sum of the step times set since the last write
@@ -279,8 +292,18 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	}
 
 	// Read the epoch state before the member counts as joined, so Quorum()
-	// is current when Join returns.
-	rev, err := m.loadEpochs(ctx)
+	// is current when Join returns: the view (and the record if need be),
+	// or for a group's leader the record, which it replays to the members
+	// that link. A group's other member reads nothing: its leader sends it
+	// what it holds as soon as it links (Quorum is empty until then).
+	var rev int64
+	var err error
+	switch {
+	case !cfg.GroupLease || cfg.GroupEachWatches:
+		rev, err = m.loadEpochs(ctx)
+	case m.holdsLease():
+		rev, err = m.seedForward(ctx)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -293,7 +316,9 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	if m.holdsLease() {
 		m.spawn(func() { m.renew(m.ka) })
 	}
-	m.spawn(func() { m.watchEpochs(rev) })
+	if !cfg.GroupLease || cfg.GroupEachWatches || m.holdsLease() {
+		m.spawn(func() { m.watchEpochs(rev) }) // a group's leader forwards what it learns
+	}
 	m.spawn(m.watchSelf)
 	m.spawn(m.reachPeers)
 	if cfg.HeartbeatInterval > 0 && m.holdsLease() {

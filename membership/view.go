@@ -2,6 +2,7 @@ package membership
 
 import (
 	"bytes"
+	"compress/flate"
 	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/binary"
@@ -9,41 +10,42 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 )
 
 // The quorum view is what members watch (<root>/_coordinator/jobs/<job>/view): a quorum in a
 // compact form, written by the coordinator in the same transaction as the
-// full record (…/quorum), which the coordinator, its API and a member
-// without the previous epoch read. A member needs of a quorum only what
-// it acts on — the epoch, each participant's id, group and incarnation in
-// rank order, and the epoch's facts (MaxStep, Base, Final, Run, Departed)
-// — not the participants' addresses and steps, which make the full
-// record about 90 bytes per participant. Every epoch's full record went to
-// every member's watch: at 10,000 members about 0.9 MB to each, 9 GB in
-// all, per epoch.
+// record (…/quorum, the whole list in the same form: record.go). A member
+// needs of a quorum only what it acts on — the epoch, each participant's
+// id, group and incarnation in rank order, and the epoch's facts
+// (MaxStep, Base, Final, Run, Departed) — not the participants' addresses
+// and steps, which are in the members' own records.
 //
 // A view is either a change of epoch From (the participants of From less
 // Removed, then the added ones: the quorum rules keep survivors in order
 // and append joiners) or, with From 0, the whole list. The participants
-// are packed (ids and groups front-coded, incarnations as varint deltas),
-// so even the whole list costs a few bytes per participant. A signature
-// covers the header, and the header the packed bytes (their digest): a
-// member that cannot apply a view (it does not hold epoch From) reads the
-// whole list instead.
+// are packed (ids and groups front-coded, incarnations as varint deltas)
+// and, past a few hundred bytes, compressed (deflate): the whole list of
+// 100,000 participants with sequential ids is about 230 KB. A signature
+// covers the header, and the header the stored participants (their
+// digest): a member that cannot apply a view (it does not hold epoch
+// From) reads the whole list, the record, instead.
 //
-// Encoding: the header as JSON, a newline, the packed participants. The
-// coordinator also writes the whole list (…/viewfull), which a
-// member reads when it cannot apply a change (it joined, or missed an
-// epoch): some bytes per participant instead of the full record's ~90.
+// Encoding: the header as JSON, a newline, the packed participants.
 
 // quorumView is a view's header.
 type quorumView struct {
-	Job     string `json:"job"`
-	Epoch   uint64 `json:"epoch"`
-	From    uint64 `json:"from,omitempty"` // 0: the packed list is every participant
-	N       int    `json:"n"`              // participants
-	Packed  string `json:"packed"`         // packDigest of the packed participants
+	Job    string `json:"job"`
+	Epoch  uint64 `json:"epoch"`
+	From   uint64 `json:"from,omitempty"` // 0: the packed list is every participant
+	N      int    `json:"n"`              // participants
+	Packed string `json:"packed"`         // packDigest of the packed participants (as stored, compressed or not)
+	// Enc is how the packed participants are stored: "" as they are,
+	// "deflate" compressed (RFC 1951), which a list of more than a few
+	// hundred bytes is: sequential ids and groups compress to about a
+	// third.
+	Enc     string `json:"enc,omitempty"`
 	MaxStep int64  `json:"maxStep"`
 	// Revocation is the previous epoch's, when the coordinator knew it: a
 	// member takes it before the quorum, so that Revocation has the record
@@ -70,7 +72,7 @@ type quorumView struct {
 }
 
 // maxViewReason caps the reason a view carries ("joined …" names every
-// joiner); the full record has it whole.
+// joiner).
 const maxViewReason = 256
 
 const viewSigContext = "ftcomm-quorum-view-v1\n"
@@ -106,6 +108,13 @@ func EncodeQuorumViewWith(prev *Quorum, q Quorum, rev *Revocation, settings *Job
 		v.Removed = q.Removed
 	}
 	packed := packParticipants(added)
+	if len(packed) > deflateAbove {
+		var err error
+		if packed, err = deflateBytes(packed); err != nil {
+			return nil, err
+		}
+		v.Enc = encDeflate
+	}
 	v.Packed = packDigest(packed)
 	head, err := json.Marshal(v)
 	if err != nil {
@@ -142,7 +151,7 @@ func changeOf(prev, next []Participant) (removed []string, tail []Participant) {
 // packDigest is the first 16 bytes of the SHA-256 of a view's packed
 // participants, hex: the signed header binds them through it. The list a
 // change yields is right when the list it changes was (the member's
-// previous view, or the full record), and the count checks it again.
+// previous view, or the record), and the count checks it again.
 func packDigest(packed []byte) string {
 	sum := sha256.Sum256(packed)
 	return hex.EncodeToString(sum[:16])
@@ -173,7 +182,60 @@ func packParticipants(ps []Participant) []byte {
 	return out
 }
 
-var errBadView = errors.New("membership: malformed quorum view")
+// ErrMalformedQuorum: a quorum record or view cannot be read (not one of
+// the encodings a coordinator writes, truncated, or its participants do
+// not match its header). Members ignore it; the leader repairs a record
+// it cannot read.
+var ErrMalformedQuorum = errors.New("membership: malformed quorum record")
+
+var errBadView = ErrMalformedQuorum
+
+const (
+	// encDeflate: the packed participants are compressed (quorumView.Enc).
+	encDeflate = "deflate"
+	// deflateAbove is the packed size above which a view compresses it.
+	deflateAbove = 512
+	// maxPackedParticipant bounds the packed bytes of one participant
+	// (an id and a group of at most 128 bytes each, their lengths and an
+	// incarnation): a compressed list inflates to at most N times that.
+	maxPackedParticipant = 2*(128+2*binary.MaxVarintLen64) + binary.MaxVarintLen64
+	// maxViewParticipants bounds the count a view may claim.
+	maxViewParticipants = 1 << 24
+)
+
+func deflateBytes(b []byte) ([]byte, error) {
+	var out bytes.Buffer
+	w, err := flate.NewWriter(&out, flate.BestSpeed)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := w.Write(b); err != nil {
+		return nil, err
+	}
+	if err := w.Close(); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
+}
+
+// inflateParticipants undoes deflateBytes for a list of n participants,
+// refusing more than n participants can pack to (a bomb).
+func inflateParticipants(b []byte, n int) ([]byte, error) {
+	if n < 0 || n > maxViewParticipants {
+		return nil, fmt.Errorf("%w: a view of %d participants", errBadView, n)
+	}
+	limit := int64(n) * maxPackedParticipant
+	r := flate.NewReader(bytes.NewReader(b))
+	defer r.Close()
+	out, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: the participants do not inflate: %v", errBadView, err)
+	}
+	if int64(len(out)) > limit {
+		return nil, fmt.Errorf("%w: the participants inflate past %d bytes", errBadView, limit)
+	}
+	return out, nil
+}
 
 func unpackParticipants(b []byte, n int) ([]Participant, error) {
 	if n < 0 || n > len(b) {
@@ -232,10 +294,21 @@ func decodeView(raw []byte, v *QuorumVerifier) (quorumView, []Participant, error
 	if err := json.Unmarshal(raw[:i], &h); err != nil {
 		return h, nil, fmt.Errorf("%w: %v", errBadView, err)
 	}
-	if packDigest(raw[i+1:]) != h.Packed {
+	packed := raw[i+1:]
+	if packDigest(packed) != h.Packed {
 		return h, nil, fmt.Errorf("%w: the participants do not match the header", errBadView)
 	}
-	added, err := unpackParticipants(raw[i+1:], h.N)
+	switch h.Enc {
+	case "":
+	case encDeflate:
+		var err error
+		if packed, err = inflateParticipants(packed, h.N); err != nil {
+			return h, nil, err
+		}
+	default:
+		return h, nil, fmt.Errorf("%w: unknown participants encoding %q", errBadView, h.Enc)
+	}
+	added, err := unpackParticipants(packed, h.N)
 	return h, added, err
 }
 
@@ -283,7 +356,7 @@ func applyView(h quorumView, added []Participant, cur *Quorum) (Quorum, bool) {
 
 // compact strips from q what a view does not carry (participants'
 // addresses and steps; the signature), so that a member's quorum looks
-// the same whether it came from a view or the full record.
+// the same whether it came from a view or a record of the old encoding.
 func compact(q Quorum) Quorum {
 	ps := make([]Participant, len(q.Participants))
 	for i, p := range q.Participants {

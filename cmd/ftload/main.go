@@ -1,21 +1,29 @@
 // Command ftload measures ftcomm's membership at scale: a 3-member etcd
-// cluster on loopback (child processes of this binary), a real coordinator
-// (a child process, so its CPU is its own) and N simulated members per job
-// in this process, each a real membership.Member (Join, lease keepalive,
-// watches, heartbeats) over real etcd client connections that the members
-// share (-clients). Gossip is off: thousands of memberlist nodes in one
-// process measure the process, not the membership; lease expiry and death
-// reports are the failure detectors here.
+// cluster on loopback (child processes of this binary, fsync on, etcd's
+// default request limit), a real coordinator (a child process, so its CPU
+// is its own) and N simulated members per job, each a real
+// membership.Member (Join, lease keepalive, watches, heartbeats, group
+// leases and links) over real etcd client connections that the members of
+// one process share (-clients). The members run in this process
+// (-shards 0) or in -shards child processes that it drives over their
+// stdin and stdout (a host's file and port limits bound a process, not
+// the job); the victims of the death phases then run in processes of
+// their own and die by SIGKILL. Gossip is off: thousands of memberlist
+// nodes in one process measure the process, not the membership; links,
+// death reports and lease expiry are the failure detectors here.
 //
-// It reports, per phase (forming, steady, one death): the time from the
-// last join to the first quorum holding every member (when the coordinator
-// decided it and when the last member saw it), the bytes the members'
-// clients received on their watch streams (per member per epoch), the CPU
-// and memory of the coordinator and of each etcd member, and etcd's
-// database size. See docs/scaling.md and docs/capacity.md.
+// It reports, per phase — forming, steady, one death, a group leader's
+// death, a share of the ranks dying at once, many epochs — the time from
+// the event to the quorum that follows (when the coordinator decided it
+// and when the last member saw it), epochs, the bytes the members'
+// clients received on their watch streams, the CPU and memory of the
+// coordinator and of each etcd member, and etcd's database size. See
+// docs/scaling.md and docs/capacity.md; device.sh runs the 10K and 100K
+// figures on a bigger host.
 //
 //	go build ./cmd/ftload && ./ftload -members 2000
 //	./ftload -jobs 1000 -members 10
+//	./ftload -members 20000 -group-size 8 -group-lease -shards 4 -epochs 100
 //
 // Built with CGO_ENABLED=0 it is one static binary with no dependencies,
 // for a bigger host.
@@ -47,7 +55,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
 
 	"github.com/ftcomm/ftcomm/coordinator"
@@ -59,27 +66,33 @@ type options struct {
 	role string
 
 	// load
-	jobs, members, groupSize int
-	groupLease               bool
-	clients, parallel        int
-	etcdMembers              int
-	fsync                    bool
-	leaseTTL, heartbeat      time.Duration
-	minReplicas              int
-	steady                   time.Duration
-	death                    string
-	dir                      string
-	formWindow, formMaxWait  time.Duration
-	timeout                  time.Duration
-	profile                  string
+	jobs, members, groupSize  int
+	groupLease                bool
+	clients, parallel         int
+	etcdMembers               int
+	fsync                     bool
+	leaseTTL, heartbeat       time.Duration
+	minReplicas               int
+	steady                    time.Duration
+	death                     string
+	dir                       string
+	formWindow, formMaxWait   time.Duration
+	timeout                   time.Duration
+	profile                   string
+	shards                    int
+	massDeath                 float64
+	epochs                    int
+	shareQuorums, linkIPs     bool
+	linkInterval, linkTimeout time.Duration
 
 	// children
 	name, clientAddr, peerAddr, initialCluster, dataDir, endpoints string
+	ranks                                                          string
 }
 
 func main() {
 	var o options
-	flag.StringVar(&o.role, "role", "load", "load (the default), or etcd and coordinator (the children it starts)")
+	flag.StringVar(&o.role, "role", "load", "load (the default), or etcd, coordinator and members (the children it starts)")
 	flag.IntVar(&o.jobs, "jobs", 1, "jobs")
 	flag.IntVar(&o.members, "members", 100, "members per job (for ft.Comm: one per replica group's leader)")
 	flag.IntVar(&o.groupSize, "group-size", 1, "members per replica group name (MemberConfig.Group)")
@@ -98,6 +111,14 @@ func main() {
 	flag.DurationVar(&o.formMaxWait, "form-max-wait", -1, "coordinator's QuorumConfig.FormMaxWait (negative: its default)")
 	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
 	flag.StringVar(&o.profile, "profile", "", "write CPU profiles of this process and the coordinator to this directory (load.pprof, coordinator.pprof)")
+	flag.IntVar(&o.shards, "shards", 0, "simulate the members in this many child processes (0: in this process, as before); the victims of the death phases get processes of their own, and die by SIGKILL")
+	flag.Float64Var(&o.massDeath, "mass-death", 0.01, "with -shards, the share of job 0's ranks that die at once (every 1/share-th rank, in a process of their own; 0: no such phase)")
+	flag.IntVar(&o.epochs, "epochs", 0, "after the deaths, publish this many epochs (a member revokes each: a failed commit's path) and report etcd's database size")
+	flag.BoolVar(&o.shareQuorums, "share-quorums", true, "the members of one process share decoded quorums (membership.QuorumCache): one copy per process, not per member")
+	flag.DurationVar(&o.linkInterval, "link-interval", 200*time.Millisecond, "group links' ping interval (MemberConfig.GroupLinkInterval)")
+	flag.DurationVar(&o.linkTimeout, "link-timeout", time.Second, "group links' silence that is a death (MemberConfig.GroupLinkTimeout; a killed process's link resets at once)")
+	flag.BoolVar(&o.linkIPs, "link-ips", true, "spread the group links' listeners over 127.1.x.1 (one loopback address has 64K ports)")
+	flag.StringVar(&o.ranks, "ranks", "", "child members: the global member indices it simulates (\"0-99,150\")")
 	flag.StringVar(&o.name, "name", "", "child: etcd member name")
 	flag.StringVar(&o.clientAddr, "client-addr", "", "child: etcd client address")
 	flag.StringVar(&o.peerAddr, "peer-addr", "", "child: etcd peer address")
@@ -120,6 +141,8 @@ func main() {
 		err = runCoordinator(o)
 	case "load":
 		err = runLoad(o)
+	case "members":
+		err = runMembers(o)
 	default:
 		err = fmt.Errorf("unknown -role %q", o.role)
 	}
@@ -242,6 +265,7 @@ func (b *byteCounter) HandleConn(context.Context, stats.ConnStats)              
 
 // sim is one simulated member.
 type sim struct {
+	rank     int // in all jobs' members
 	job, idx int
 	m        *membership.Member
 	seen     atomic.Int64 // unix nanos when it saw the awaited quorum
@@ -255,24 +279,47 @@ type report struct {
 	MembersPerJob int                `json:"membersPerJob"`
 	Clients       int                `json:"clients"`
 	Fsync         bool               `json:"fsync"`
+	Shards        int                `json:"shards"`
+	GroupSize     int                `json:"groupSize"`
+	GroupLease    bool               `json:"groupLease"`
+	ShareQuorums  bool               `json:"shareQuorums"`
 	Phases        map[string]float64 `json:"figures"`
 }
 
 func runLoad(o options) error {
+	raiseFileLimit()
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
 	sctx, scancel := untilSignal()
 	defer scancel()
 	go func() { <-sctx.Done(); cancel() }()
 
+	n := o.jobs * o.members
 	rep := report{Machine: machine(), CPUs: runtime.NumCPU(), Load: loadavg(), Jobs: o.jobs, MembersPerJob: o.members,
-		Clients: o.clients, Fsync: o.fsync, Phases: map[string]float64{}}
+		Clients: o.clients, Fsync: o.fsync, Shards: o.shards, GroupSize: o.groupSize, GroupLease: o.groupLease,
+		ShareQuorums: o.shareQuorums, Phases: map[string]float64{}}
 	fig := func(k string, v float64, format string, args ...any) {
 		rep.Phases[k] = v
-		fmt.Printf("%-34s "+format+"\n", append([]any{k}, args...)...)
+		fmt.Printf("%-38s "+format+"\n", append([]any{k}, args...)...)
 	}
-	fmt.Printf("ftload: %d job(s) × %d members, %d clients, %d etcd members (fsync %v), %s, %d CPUs, load %s\n",
-		o.jobs, o.members, o.clients, o.etcdMembers, o.fsync, rep.Machine, rep.CPUs, rep.Load)
+	fmt.Printf("ftload: %d job(s) × %d members (groups of %d, group lease %v), %d shard process(es), %d clients each, %d etcd members (fsync %v, etcd's default request limit), %s, %d CPUs, load %s\n",
+		o.jobs, o.members, o.groupSize, o.groupLease, max(o.shards, 1), o.clients, o.etcdMembers, o.fsync, rep.Machine, rep.CPUs, rep.Load)
+	if o.groupSize < 1 || o.members < 1 || o.jobs < 1 {
+		return fmt.Errorf("-members, -jobs and -group-size must be at least 1")
+	}
+	// A member holds up to about 4 files (its group link's listener and
+	// connection, its leader's end of its link, its share of clients).
+	var lim syscall.Rlimit
+	if o.groupLease && syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
+		per := n
+		if o.shards > 0 {
+			per = (n + o.shards - 1) / o.shards
+		}
+		if need := uint64(4*per + 1024); need > lim.Max {
+			return fmt.Errorf("a process of %d members needs about %d open files, and the limit is %d: use -shards %d or more",
+				per, need, lim.Max, (4*n+int(lim.Max)-1025)/(int(lim.Max)-1024))
+		}
+	}
 
 	dir := o.dir
 	if dir == "" {
@@ -352,127 +399,150 @@ func runLoad(o options) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	// The members' clients, counting what they receive.
-	var bytes byteCounter
-	clients := make([]*clientv3.Client, o.clients)
-	for i := range clients {
-		cfg := membership.ClientConfig(clientAddrs, nil)
-		cfg.DialOptions = append(cfg.DialOptions, grpc.WithStatsHandler(&bytes))
-		if clients[i], err = clientv3.New(cfg); err != nil {
-			return err
-		}
-		defer clients[i].Close()
-	}
-	// Addresses: every member answers at one listener but the victim,
-	// whose port closes when it dies.
-	shared, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	defer shared.Close()
-	go acceptAll(shared)
-	victimL, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	defer victimL.Close()
-	go acceptAll(victimL)
-
-	n := o.jobs * o.members
-	sims := make([]*sim, n)
-	for i := range sims {
-		sims[i] = &sim{job: i / o.members, idx: i % o.members}
-	}
+	// The shards: this process (-shards 0), or child processes, the
+	// victims of the death phases each in a shard of their own.
+	p := planShards(o)
+	var shards []*shard
 	defer func() {
-		// The coordinator first, so that the leaves publish nothing.
+		// The coordinator first, so that the members' ends publish nothing.
 		coord.stop()
 		var wg sync.WaitGroup
-		sem := make(chan struct{}, o.parallel)
-		for _, s := range sims {
-			if s.m != nil {
-				wg.Add(1)
-				sem <- struct{}{}
-				go func() { defer wg.Done(); s.m.Close(); <-sem }()
-			}
+		for _, sh := range shards {
+			wg.Add(1)
+			go func() { defer wg.Done(); sh.stop() }()
 		}
 		wg.Wait()
 	}()
-	jobName := func(j int) string { return fmt.Sprintf("load%04d", j) }
-
-	// Phase 1: join, and wait for the first quorum holding everyone.
-	cpu0, etcd0, self0, b0 := coord.cpu(), cpus(etcds), selfCPU(), bytes.watch.Load()
-	start := time.Now()
-	var lastJoin atomic.Int64
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, o.parallel)
-	errs := make(chan error, n)
-	for i, s := range sims {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			mc := membership.DefaultMemberConfig()
-			mc.Client, mc.Job, mc.ID = clients[i%len(clients)], jobName(s.job), fmt.Sprintf("m%06d", s.idx)
-			mc.Addr, mc.Group, mc.WantQuorum = shared.Addr().String(), fmt.Sprintf("g%06d", s.idx/o.groupSize), true
-			mc.LeaseTTL, mc.HeartbeatInterval, mc.MinReplicas = o.leaseTTL, o.heartbeat, o.minReplicas
-			if o.groupLease && o.groupSize > 1 {
-				mc.GroupLease, mc.GroupLinkAddr = true, "127.0.0.1:0"
-			}
-			if i == 0 {
-				mc.Addr = victimL.Addr().String()
-			}
-			m, err := membership.Join(ctx, mc)
+	if o.shards == 0 {
+		all := make([]int, n)
+		for i := range all {
+			all[i] = i
+		}
+		s, err := newShardServer(shardConfig{endpoints: clientAddrs, jobs: o.jobs, members: o.members, groupSize: o.groupSize,
+			groupLease: o.groupLease, clients: o.clients, parallel: o.parallel, leaseTTL: o.leaseTTL, heartbeat: o.heartbeat,
+			minReplicas: o.minReplicas, shareQuorums: o.shareQuorums, linkIPs: o.linkIPs, linkInterval: o.linkInterval,
+			linkTimeout: o.linkTimeout, ranks: all, victimAddrOwn: 0})
+		if err != nil {
+			return err
+		}
+		shards = append(shards, &shard{name: "local", ranks: all, local: s})
+	} else {
+		common := []string{"-endpoints", strings.Join(clientAddrs, ","), "-jobs", strconv.Itoa(o.jobs), "-members", strconv.Itoa(o.members),
+			"-group-size", strconv.Itoa(o.groupSize), "-group-lease=" + strconv.FormatBool(o.groupLease), "-clients", strconv.Itoa(o.clients),
+			"-parallel", strconv.Itoa(o.parallel), "-lease-ttl", o.leaseTTL.String(), "-heartbeat", o.heartbeat.String(),
+			"-min-replicas", strconv.Itoa(o.minReplicas), "-share-quorums=" + strconv.FormatBool(o.shareQuorums),
+			"-link-ips=" + strconv.FormatBool(o.linkIPs), "-link-interval", o.linkInterval.String(), "-link-timeout", o.linkTimeout.String()}
+		for _, sp := range p.shards {
+			sh, err := startShard(sp.name, sp.ranks, common)
 			if err != nil {
-				errs <- err
-				return
+				return err
 			}
-			s.m = m
-			lastJoin.Store(time.Now().UnixNano())
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		return fmt.Errorf("join: %w", err)
-	}
-	joined := time.Unix(0, lastJoin.Load())
-	fig("join.seconds", joined.Sub(start).Seconds(), "%.2f s to register %d members", joined.Sub(start).Seconds(), n)
-	full := func(q membership.Quorum, ok bool) bool { return ok && len(q.Participants) == o.members }
-	decided, err := waitAll(ctx, sims, full)
-	if err != nil {
-		return fmt.Errorf("first quorum: %w", err)
-	}
-	seenAll := latest(sims)
-	epochs := 0
-	for _, s := range sims {
-		if s.idx == 0 {
-			q, _ := s.m.Quorum()
-			epochs += int(q.Epoch)
+			shards = append(shards, sh)
 		}
 	}
-	wb := bytes.watch.Load() - b0
+	byName := map[string]*shard{}
+	for _, sh := range shards {
+		byName[sh.name] = sh
+	}
+	watchBytes := func() int64 {
+		var b int64
+		for _, sh := range shards {
+			if sh.local != nil {
+				b += sh.local.bytes.watch.Load()
+				continue
+			}
+			if sh.dead {
+				continue
+			}
+			if r, err := sh.call(ctx, shardReq{Op: "stats"}); err == nil {
+				b += r.WatchBytes
+			}
+		}
+		return b
+	}
+	membersCPU := func() time.Duration {
+		d := selfCPU()
+		for _, sh := range shards {
+			d += sh.cpu()
+		}
+		return d
+	}
+	live := func() []*shard {
+		var out []*shard
+		for _, sh := range shards {
+			if !sh.dead {
+				out = append(out, sh)
+			}
+		}
+		return out
+	}
+	// waitShards waits for a condition at every live shard: decided is
+	// the latest Created of the quorums, seen when the last member saw it.
+	waitShards := func(req shardReq) (decided, seen time.Time, epoch uint64, err error) {
+		rs, err := all(ctx, live(), shardReq{Op: "wait", After: req.After, Size: req.Size, Without: req.Without})
+		if err != nil {
+			return decided, seen, 0, err
+		}
+		for _, r := range rs {
+			if r.Decided > decided.UnixNano() {
+				decided = time.Unix(0, r.Decided)
+			}
+			if r.Seen > seen.UnixNano() {
+				seen = time.Unix(0, r.Seen)
+			}
+			epoch = max(epoch, r.Epoch)
+		}
+		return decided, seen, epoch, nil
+	}
+
+	// Phase 1: join (the groups' leaders first, then the others), and wait
+	// for the first quorum holding everyone.
+	cpu0, etcd0, self0, b0 := coord.cpu(), cpus(etcds), membersCPU(), watchBytes()
+	start := time.Now()
+	var joined time.Time
+	for wave := 0; wave < 2; wave++ {
+		rs, err := all(ctx, shards, shardReq{Op: "join", Wave: wave})
+		if err != nil {
+			return fmt.Errorf("join: %w", err)
+		}
+		for _, r := range rs {
+			if r.LastJoin > joined.UnixNano() {
+				joined = time.Unix(0, r.LastJoin)
+			}
+		}
+	}
+	fig("join.seconds", joined.Sub(start).Seconds(), "%.2f s to register %d members", joined.Sub(start).Seconds(), n)
+	decided, seenAll, epoch, err := waitShards(shardReq{Size: o.members})
+	if err != nil {
+		if q, qerr := coordinator.NewAdmin(admin, "").Quorum(context.Background(), jobName(0)); qerr == nil {
+			err = fmt.Errorf("%w; the record of job 0: epoch %d, %d participants, %s", err, q.Epoch, len(q.Participants), q.Reason)
+		}
+		return fmt.Errorf("first quorum: %w", err)
+	}
+	wb := watchBytes() - b0
 	fig("form.decided_after_last_join", decided.Sub(joined).Seconds(), "%.2f s (the coordinator decided the full quorum, after the last join)", decided.Sub(joined).Seconds())
 	fig("form.all_seen_after_last_join", seenAll.Sub(joined).Seconds(), "%.2f s (the last member saw it)", seenAll.Sub(joined).Seconds())
-	fig("form.epochs_per_job", float64(epochs)/float64(o.jobs), "%.1f epochs per job to the full quorum", float64(epochs)/float64(o.jobs))
+	fig("form.epochs_per_job", float64(epoch), "%d epochs (the highest job's) to the full quorum", epoch)
 	fig("form.watch_bytes_per_member", float64(wb)/float64(n), "%.0f B received on watches per member while forming", float64(wb)/float64(n))
 	el := time.Since(start).Seconds()
 	fig("form.coordinator_cores", (coord.cpu()-cpu0).Seconds()/el, "%.2f cores (coordinator, over %.1f s)", (coord.cpu()-cpu0).Seconds()/el, el)
 	for i, c := range etcds {
 		fig("form."+c.name+"_cores", (c.cpu()-etcd0[i]).Seconds()/el, "%.2f cores", (c.cpu()-etcd0[i]).Seconds()/el)
 	}
-	fig("form.members_process_cores", (selfCPU()-self0).Seconds()/el, "%.2f cores (this process: members and clients)", (selfCPU()-self0).Seconds()/el)
+	fig("form.members_process_cores", (membersCPU()-self0).Seconds()/el, "%.2f cores (the members' processes and this one)", (membersCPU()-self0).Seconds()/el)
 	dbSizes(ctx, admin, clientAddrs, "form", fig)
+	// The largest request a publication makes is about three records
+	// (record, history entry, the view of a forming epoch): etcd runs
+	// with its default limit, and refuses anything larger.
+	if r, err := admin.Get(ctx, keys.Quorum(jobName(0))); err == nil && len(r.Kvs) > 0 {
+		b := len(r.Kvs[0].Value)
+		fig("form.record_bytes", float64(b), "%d B: the quorum record of %d participants (%.2f B each); a publication ≤ ~%d B, etcd's default limit %d B",
+			b, o.members, float64(b)/float64(o.members), 3*b, membership.MaxRequestBytes)
+	}
 
 	// Phase 2: steady.
-	epoch0 := map[int]uint64{}
-	for _, s := range sims {
-		if s.idx == 1 || o.members == 1 {
-			q, _ := s.m.Quorum()
-			epoch0[s.job] = q.Epoch
-		}
-	}
-	cpu0, etcd0, self0, b0 = coord.cpu(), cpus(etcds), selfCPU(), bytes.watch.Load()
+	epoch0 := epoch
+	cpu0, etcd0, self0, b0 = coord.cpu(), cpus(etcds), membersCPU(), watchBytes()
 	t0 := time.Now()
 	select {
 	case <-time.After(o.steady):
@@ -481,11 +551,10 @@ func runLoad(o options) error {
 	}
 	el = time.Since(t0).Seconds()
 	changed := 0
-	for _, s := range sims {
-		if s.idx == 1 || o.members == 1 {
-			if q, _ := s.m.Quorum(); q.Epoch != epoch0[s.job] {
-				changed++
-			}
+	for j := range o.jobs {
+		q, err := coordinator.NewAdmin(admin, "").Quorum(ctx, jobName(j))
+		if err == nil && q.Epoch != epoch0 {
+			changed++
 		}
 	}
 	fig("steady.jobs_with_new_epochs", float64(changed), "%d jobs published an epoch in %.0f s steady (want 0)", changed, el)
@@ -493,8 +562,8 @@ func runLoad(o options) error {
 	for i, c := range etcds {
 		fig("steady."+c.name+"_cores", (c.cpu()-etcd0[i]).Seconds()/el, "%.3f cores, RSS %d MiB", (c.cpu()-etcd0[i]).Seconds()/el, c.rssMiB())
 	}
-	fig("steady.members_process_cores", (selfCPU()-self0).Seconds()/el, "%.3f cores (this process)", (selfCPU()-self0).Seconds()/el)
-	fig("steady.watch_bytes_per_member_s", float64(bytes.watch.Load()-b0)/float64(n)/el, "%.1f B/s per member on watches", float64(bytes.watch.Load()-b0)/float64(n)/el)
+	fig("steady.members_process_cores", (membersCPU()-self0).Seconds()/el, "%.3f cores (the members' processes)", (membersCPU()-self0).Seconds()/el)
+	fig("steady.watch_bytes_per_member_s", float64(watchBytes()-b0)/float64(n)/el, "%.1f B/s per member on watches", float64(watchBytes()-b0)/float64(n)/el)
 	// The leases the members' registrations are bound to: one per member,
 	// or one per replica group with -group-lease.
 	leases := map[int64]bool{}
@@ -509,54 +578,203 @@ func runLoad(o options) error {
 	}
 	fig("steady.member_leases", float64(len(leases)), "%d leases hold the %d members' registrations (%.0f renewals/s at TTL %v)",
 		len(leases), n, float64(len(leases))*3/o.leaseTTL.Seconds(), o.leaseTTL)
+	if o.death == "none" || o.members < 2 {
+		return finish(ctx, admin, clientAddrs, coord, fig, rep)
+	}
 
 	// Phase 3: one member of job 0 dies.
-	if o.death == "none" || o.members < 2 {
-		return printJSON(rep)
-	}
-	victim, witness := sims[0], sims[1]
-	q0, _ := witness.m.Quorum()
-	for _, s := range sims[:o.members] {
-		s.seen.Store(0)
-	}
-	cpu0, etcd0, b0 = coord.cpu(), cpus(etcds), bytes.watch.Load()
+	size := o.members
+	cur := epoch0
+	cpu0, b0 = coord.cpu(), watchBytes()
+	victimID := memberID(p.single)
 	killed := time.Now()
-	switch o.death {
-	case "report":
-		// Its process is gone (the port refuses) and a peer's collective
-		// failed: the peer revokes the epoch blaming it, as ft does.
-		victimL.Close()
-		if err := witness.m.Revoke(ctx, q0.Epoch, "collective failed: connection reset", victim.m.ID()); err != nil {
+	if o.shards == 0 {
+		// In one process: its address refuses (report) or its lease goes.
+		if _, err := shards[0].call(ctx, shardReq{Op: "die", Rank: p.single, How: o.death}); err != nil {
 			return err
 		}
-	case "lease":
-		cli := clients[0] // the victim's: sims[i] uses clients[i%len(clients)]
-		if _, err := cli.Revoke(ctx, clientv3.LeaseID(victim.m.Record().Lease)); err != nil {
+	} else {
+		vs := byName["victim"]
+		r, err := vs.call(ctx, shardReq{Op: "stats", Rank: p.single})
+		if err != nil {
 			return err
 		}
-	default:
-		return fmt.Errorf("unknown -death %q", o.death)
+		killed = time.Now()
+		vs.kill() // its process is gone: the port refuses, its group link resets
+		if o.death == "lease" {
+			if _, err := admin.Revoke(ctx, clientv3.LeaseID(r.Lease)); err != nil && !o.groupLease {
+				return err
+			}
+		}
 	}
-	without := func(q membership.Quorum, ok bool) bool {
-		return ok && q.Epoch > q0.Epoch && q.Rank(victim.m.ID()) < 0
+	if o.death == "report" {
+		// A peer's collective failed: it revokes the epoch blaming it, as ft does.
+		if _, err := all(ctx, live()[:1], shardReq{Op: "revoke", Epoch: cur, Blame: []string{victimID}}); err != nil {
+			return err
+		}
 	}
-	decided, err = waitAll(ctx, sims[1:o.members], without)
+	size--
+	decided, seenAll, epoch, err = waitShards(shardReq{After: cur, Size: size, Without: []string{victimID}})
 	if err != nil {
 		return fmt.Errorf("quorum after the death: %w", err)
 	}
-	seenAll = latest(sims[1:o.members])
-	q1, _ := witness.m.Quorum()
-	fig("death.decided", decided.Sub(killed).Seconds(), "%.3f s from the death (%s) to the quorum without it (epoch %d → %d)", decided.Sub(killed).Seconds(), o.death, q0.Epoch, q1.Epoch)
+	fig("death.decided", decided.Sub(killed).Seconds(), "%.3f s from the death (%s) to the quorum without it (epoch %d → %d)", decided.Sub(killed).Seconds(), o.death, cur, epoch)
 	fig("death.all_seen", seenAll.Sub(killed).Seconds(), "%.3f s until every survivor of the job saw it", seenAll.Sub(killed).Seconds())
-	// Only job 0's members take part: bytes per member of that job, per epoch.
-	de := float64(q1.Epoch - q0.Epoch)
-	fig("death.watch_bytes_per_member_epoch", float64(bytes.watch.Load()-b0)/float64(o.members)/de,
-		"%.0f B per member of the job per epoch (all watch bytes of the phase / %d members / %.0f epochs)", float64(bytes.watch.Load()-b0)/float64(o.members)/de, o.members, de)
-	el = time.Since(killed).Seconds()
-	fig("death.coordinator_cpu_seconds", (coord.cpu() - cpu0).Seconds(), "%.3f s of coordinator CPU in %.2f s", (coord.cpu() - cpu0).Seconds(), el)
-	dbSizes(ctx, admin, clientAddrs, "end", fig)
+	de := float64(epoch - cur)
+	fig("death.watch_bytes_per_member_epoch", float64(watchBytes()-b0)/float64(o.members)/de,
+		"%.0f B per member of the job per epoch (all watch bytes of the phase / %d members / %.0f epochs)", float64(watchBytes()-b0)/float64(o.members)/de, o.members, de)
+	fig("death.coordinator_cpu_seconds", (coord.cpu() - cpu0).Seconds(), "%.3f s of coordinator CPU in %.2f s", (coord.cpu() - cpu0).Seconds(), time.Since(killed).Seconds())
+	cur = epoch
+
+	// Phase 4: a group's leader dies; its group's ranks follow the member
+	// that takes the lease over.
+	if ls := byName["leader"]; ls != nil {
+		r, err := ls.call(ctx, shardReq{Op: "stats", Rank: p.leader})
+		if err != nil {
+			return err
+		}
+		group := fmt.Sprintf("g%06d", p.leader/o.groupSize)
+		leaderID := memberID(p.leader)
+		killed := time.Now()
+		ls.kill()
+		size--
+		followed := make(chan error, 1)
+		var followedAt atomic.Int64
+		go func() {
+			rs, err := all(ctx, live(), shardReq{Op: "follow", Group: group, NotLease: r.Lease})
+			for _, x := range rs {
+				followedAt.Store(max(followedAt.Load(), x.Seen))
+			}
+			followed <- err
+		}()
+		decided, seenAll, epoch, err = waitShards(shardReq{After: cur, Size: size, Without: []string{leaderID}})
+		if err != nil {
+			return fmt.Errorf("quorum after the leader's death: %w", err)
+		}
+		if err := <-followed; err != nil {
+			return fmt.Errorf("the group following its new leader: %w", err)
+		}
+		fig("leader_death.followed", time.Unix(0, followedAt.Load()).Sub(killed).Seconds(), "%.3f s from the leader's death (SIGKILL) until its group's %d other ranks were on the new leader's lease", time.Unix(0, followedAt.Load()).Sub(killed).Seconds(), o.groupSize-1)
+		fig("leader_death.decided", decided.Sub(killed).Seconds(), "%.3f s to the quorum without it (epoch %d → %d)", decided.Sub(killed).Seconds(), cur, epoch)
+		fig("leader_death.all_seen", seenAll.Sub(killed).Seconds(), "%.3f s until every survivor saw it", seenAll.Sub(killed).Seconds())
+		cur = epoch
+	}
+
+	// Phase 5: a share of the ranks (1 %) dies at once.
+	if ms := byName["mass"]; ms != nil {
+		var ids []string
+		for _, r := range ms.ranks {
+			ids = append(ids, memberID(r))
+		}
+		cpu0 = coord.cpu()
+		killed := time.Now()
+		ms.kill()
+		if o.death == "report" {
+			// The peers whose collectives failed blame them (one report
+			// naming all: the coordinator probes each address).
+			if _, err := all(ctx, live()[:1], shardReq{Op: "revoke", Epoch: cur, Blame: ids}); err != nil {
+				return err
+			}
+		}
+		size -= len(ids)
+		decided, seenAll, epoch, err = waitShards(shardReq{After: cur, Size: size, Without: ids})
+		if err != nil {
+			return fmt.Errorf("quorum after the mass death: %w", err)
+		}
+		fig("mass_death.ranks", float64(len(ids)), "%d ranks died at once (SIGKILL of their process)", len(ids))
+		fig("mass_death.epochs", float64(epoch-cur), "%d epoch(s) to the quorum without them (epoch %d → %d)", epoch-cur, cur, epoch)
+		fig("mass_death.decided", decided.Sub(killed).Seconds(), "%.3f s to the final quorum without them", decided.Sub(killed).Seconds())
+		fig("mass_death.all_seen", seenAll.Sub(killed).Seconds(), "%.3f s until every survivor was on it", seenAll.Sub(killed).Seconds())
+		fig("mass_death.coordinator_cpu_seconds", (coord.cpu() - cpu0).Seconds(), "%.3f s of coordinator CPU", (coord.cpu() - cpu0).Seconds())
+		cur = epoch
+	}
+
+	// Phase 6: many epochs (a failed commit's path: the same participants
+	// again), for the database's growth.
+	if o.epochs > 0 {
+		t0 := time.Now()
+		rs, err := all(ctx, live()[:1], shardReq{Op: "churn", N: o.epochs})
+		if err != nil {
+			return fmt.Errorf("epochs: %w", err)
+		}
+		last := rs[0].Epoch
+		if _, _, _, err := waitShards(shardReq{After: last - 1, Size: size}); err != nil {
+			return fmt.Errorf("epochs: %w", err)
+		}
+		fig("epochs.count", float64(last-cur), "%d epochs published in %.1f s, every member on the last", last-cur, time.Since(t0).Seconds())
+		dbSizes(ctx, admin, clientAddrs, "epochs", fig)
+	}
+	return finish(ctx, admin, clientAddrs, coord, fig, rep)
+}
+
+// finish reports the end figures and the JSON line.
+func finish(ctx context.Context, admin *clientv3.Client, eps []string, coord *child, fig func(string, float64, string, ...any), rep report) error {
+	dbSizes(ctx, admin, eps, "end", fig)
 	fig("end.coordinator_rss_mib", float64(coord.rssMiB()), "%d MiB", coord.rssMiB())
 	return printJSON(rep)
+}
+
+// shardPlan is what one child shard simulates.
+type shardPlan struct {
+	name  string
+	ranks []int
+}
+
+// plan is how the ranks are spread over shards, and the victims.
+type plan struct {
+	shards []shardPlan
+	single int // the member of the one-death phase
+	leader int // the group leader that dies (-1: no such phase)
+}
+
+// planShards spreads job ranks over o.shards shards (whole groups
+// together), with the victims apart: the one death (group 0's rank 1, not
+// its leader), a group's leader (group 1's), and 1 % of the ranks of job
+// 0 (every hundredth, leaders and not), each in a shard of its own.
+func planShards(o options) plan {
+	p := plan{single: 0, leader: -1}
+	if o.shards == 0 {
+		return p
+	}
+	n := o.jobs * o.members
+	apart := map[int]string{}
+	if o.groupSize > 1 {
+		p.single = 1
+	}
+	apart[p.single] = "victim"
+	if o.groupLease && o.groupSize > 1 && o.members >= 2*o.groupSize {
+		p.leader = o.groupSize
+		apart[p.leader] = "leader"
+	}
+	if o.massDeath > 0 && o.members >= 100 {
+		every := int(1 / o.massDeath)
+		for r := every - 4; r < o.members; r += every {
+			if _, ok := apart[r]; !ok {
+				apart[r] = "mass"
+			}
+		}
+	}
+	special := map[string][]int{}
+	var rest []int
+	for r := 0; r < n; r++ {
+		if name, ok := apart[r]; ok {
+			special[name] = append(special[name], r)
+		} else {
+			rest = append(rest, r)
+		}
+	}
+	for _, name := range []string{"victim", "leader", "mass"} {
+		if rs := special[name]; len(rs) > 0 {
+			p.shards = append(p.shards, shardPlan{name, rs})
+		}
+	}
+	for i := 0; i < o.shards; i++ {
+		lo, hi := len(rest)*i/o.shards, len(rest)*(i+1)/o.shards
+		if hi > lo {
+			p.shards = append(p.shards, shardPlan{fmt.Sprintf("shard-%d", i), rest[lo:hi]})
+		}
+	}
+	return p
 }
 
 func printJSON(rep report) error {
@@ -619,10 +837,30 @@ func waitAll(ctx context.Context, sims []*sim, ok func(membership.Quorum, bool) 
 	wg.Wait()
 	select {
 	case err := <-failed:
-		return time.Time{}, err
+		return time.Time{}, fmt.Errorf("%w (%s)", err, stragglers(sims))
 	default:
 	}
 	return decided, nil
+}
+
+// stragglers says which members had not seen what they waited for, and
+// what they held.
+func stragglers(sims []*sim) string {
+	byEpoch := map[uint64]int{}
+	var some []string
+	n := 0
+	for _, s := range sims {
+		if s.seen.Load() != 0 {
+			continue
+		}
+		n++
+		q, _ := s.m.Quorum()
+		byEpoch[q.Epoch]++
+		if len(some) < 5 {
+			some = append(some, fmt.Sprintf("%s (epoch %d, %d participants)", s.m.ID(), q.Epoch, len(q.Participants)))
+		}
+	}
+	return fmt.Sprintf("%d of %d members had not seen it; by the epoch they held: %v; e.g. %s", n, len(sims), byEpoch, strings.Join(some, ", "))
 }
 
 func latest(sims []*sim) time.Time {

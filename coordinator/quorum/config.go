@@ -71,6 +71,17 @@ type Config struct {
 	// long after it was first needed, however joins keep coming. 0:
 	// DefaultFormMaxWait.
 	FormMaxWait time.Duration
+	// LossWindow batches losses: a quorum that drops members waits until
+	// none was lost for this long, so that many deaths at once (a rack, a
+	// switch: a thousand ranks whose links reset, whose groups' leases
+	// are taken over, each seen a few milliseconds apart) cost one or two
+	// epochs, not one per death. It revokes the current epoch at once
+	// all the same. 0: DefaultLossWindow; negative: none, each loss
+	// publishes at once.
+	LossWindow time.Duration
+	// LossMaxWait bounds that wait from the first loss it waits for. 0:
+	// DefaultLossMaxWait.
+	LossMaxWait time.Duration
 }
 
 // blamedReportWait is how many FailureSettles a failed epoch waits for a
@@ -86,12 +97,14 @@ const (
 	DefaultSilentEpochs = 2
 	DefaultFormWindow   = 200 * time.Millisecond
 	DefaultFormMaxWait  = 2 * time.Second
+	DefaultLossWindow   = 50 * time.Millisecond
+	DefaultLossMaxWait  = 2 * time.Second
 )
 
 // DefaultConfig returns MinReplicas 1, JoinTimeout 10 s,
 // FailureSettle 100 ms, HolderGrace 15 s, BlameHold 30 s, BlameMinHold
-// 1 s, SilentEpochs 2, FormWindow 200 ms, FormMaxWait 2 s and no
-// straggler policy.
+// 1 s, SilentEpochs 2, FormWindow 200 ms, FormMaxWait 2 s, LossWindow
+// 50 ms, LossMaxWait 2 s and no straggler policy.
 func DefaultConfig() Config {
 	return Config{MinReplicas: 1, JoinTimeout: 10 * time.Second, FailureSettle: 100 * time.Millisecond,
 		HolderGrace: DefaultHolderGrace, BlameHold: DefaultBlameHold, BlameMinHold: DefaultBlameMinHold,
@@ -111,6 +124,9 @@ func (c Config) Validate() error {
 	}
 	if c.FormMaxWait < 0 {
 		return fmt.Errorf("%w: quorum: FormMaxWait %v is negative", comm.ErrInvalidArgument, c.FormMaxWait)
+	}
+	if c.LossMaxWait < 0 {
+		return fmt.Errorf("%w: quorum: LossMaxWait %v is negative", comm.ErrInvalidArgument, c.LossMaxWait)
 	}
 	return c.Stragglers.Validate()
 }
@@ -148,6 +164,20 @@ func (c Config) formMaxWait() time.Duration {
 		return DefaultFormMaxWait
 	}
 	return c.FormMaxWait
+}
+
+func (c Config) lossWindow() time.Duration {
+	if c.LossWindow == 0 {
+		return DefaultLossWindow
+	}
+	return max(c.LossWindow, 0)
+}
+
+func (c Config) lossMaxWait() time.Duration {
+	if c.LossMaxWait == 0 {
+		return DefaultLossMaxWait
+	}
+	return c.LossMaxWait
 }
 
 func (c Config) silentEpochs() int {

@@ -21,7 +21,7 @@ func Example() {
 	m.Published(*d.Quorum)
 
 	m.Remove(now, "c", 0, quorum.Removal{Cause: quorum.GossipDeath})
-	d = m.Advance(now)
+	d = m.Advance(now.Add(quorum.DefaultLossWindow)) // once losses are quiet
 	fmt.Println(d.Quorum.Epoch, len(d.Quorum.Participants), d.Quorum.Reason)
 	fmt.Println("revoke", d.Revocation.Epoch, d.Revocation.Failed)
 	// Output:

@@ -679,6 +679,11 @@ func (m *Machine) advance(now time.Time) Decision {
 				}
 			}
 		}
+		// Losses still arriving: wait for the rest (bounded), so that many
+		// deaths at once cost one epoch or two.
+		if w, at := m.lossWait(now, lost); w != "" {
+			return wait(w, at)
+		}
 		// A survivor a peer reported dead is being checked: wait for the
 		// verdict (bounded) instead of forming an epoch it may end at once.
 		var checkAt time.Time
@@ -783,6 +788,42 @@ func (m *Machine) formWait(now time.Time) (string, time.Time) {
 	}
 	return fmt.Sprintf("forming: admitting joiners once none arrived for %v (at most %v more)",
 		window, limit.Sub(now).Round(time.Millisecond)), at
+}
+
+// lossWait applies the batching of losses: while participants of the
+// previous epoch are still being lost (the last loss less than LossWindow
+// ago, the first less than LossMaxWait ago), it says what the quorum
+// waits for and until when ("" when it need not). Only losses whose time
+// the machine saw count (a removal), not a member that turned unfit.
+func (m *Machine) lossWait(now time.Time, lost []string) (string, time.Time) {
+	window := m.cfg.lossWindow()
+	if window <= 0 || len(lost) == 0 {
+		return "", time.Time{}
+	}
+	var first, last time.Time
+	for _, id := range lost {
+		d, ok := m.removed[id]
+		if !ok || d.at.IsZero() {
+			continue
+		}
+		if first.IsZero() || d.at.Before(first) {
+			first = d.at
+		}
+		if d.at.After(last) {
+			last = d.at
+		}
+	}
+	if first.IsZero() {
+		return "", time.Time{}
+	}
+	at := last.Add(window)
+	if limit := first.Add(m.cfg.lossMaxWait()); limit.Before(at) {
+		at = limit
+	}
+	if !now.Before(at) {
+		return "", time.Time{}
+	}
+	return fmt.Sprintf("%d lost: publishing once none was lost for %v", len(lost), window), at
 }
 
 // runOf is the run the members ps belong to ("" when none says).

@@ -82,6 +82,7 @@ func (s *quorumScript) run(line string) []string {
 		cfg := DefaultConfig()
 		cfg.FailureSettle = 0 // scripts that want it say settle=D
 		cfg.FormWindow = -1   // and form=D
+		cfg.LossWindow = -1   // and loss=D
 		for _, a := range args {
 			k, v, _ := strings.Cut(a, "=")
 			d, _ := time.ParseDuration(v)
@@ -96,6 +97,10 @@ func (s *quorumScript) run(line string) []string {
 				cfg.FormWindow = d
 			case "formmax":
 				cfg.FormMaxWait = d
+			case "loss":
+				cfg.LossWindow = d
+			case "lossmax":
+				cfg.LossMaxWait = d
 			case "grace":
 				cfg.HolderGrace = d
 			case "hold":
@@ -410,7 +415,7 @@ func TestQuorumManyMembers(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		m.Remove(now, fmt.Sprintf("m%04d", i*100), 0, Removal{Cause: PortClosed})
 	}
-	d = m.Advance(now)
+	d = m.Advance(now.Add(DefaultLossWindow)) // once losses are quiet: one epoch
 	if d.Quorum == nil || d.Quorum.Epoch != 2 || len(d.Quorum.Participants) != n-10 || len(d.Revocation.Failed) != 10 {
 		t.Fatalf("after deaths: %+v", d.Quorum)
 	}

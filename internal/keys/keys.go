@@ -19,10 +19,10 @@ import (
 //	<root>/<job>/commits/<step>                      durable commit records of the run (RecordCommit)
 //	<root>/<job>/run                                 the job's current run (RunRecord)
 //	<root>/<job>/claims/<id>                         a new incarnation asks the coordinator to confirm the old one dead
-//	<root>/_coordinator/jobs/<job>/quorum            the current quorum
-//	<root>/_coordinator/jobs/<job>/view              the same, compact: what members watch
-//	<root>/_coordinator/jobs/<job>/viewfull          the same, compact, the whole list
-//	<root>/_coordinator/jobs/<job>/history/<epoch>   past quorums (bounded)
+//	<root>/_coordinator/jobs/<job>/quorum            the current quorum: the whole list, compact
+//	<root>/_coordinator/jobs/<job>/view              a change of the previous epoch: what members watch
+//	<root>/_coordinator/jobs/<job>/viewfull          old layout (the whole list beside a JSON record): deleted at each publication
+//	<root>/_coordinator/jobs/<job>/history/<epoch>   past quorums, as the record (bounded)
 //	<root>/_coordinator/jobs/<job>/evicted/<id>      keep-out records of evicted members
 //	<root>/_coordinator/jobs/<job>/settings          the job's settings document (JobSettings, signed)
 //	<root>/_coordinator/election/…                   coordinator leader election

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Membership at scale on a device host's CPUs, in one call of under nine
+# minutes (docs/capacity.md): before vs after at 10,000 members with the
+# flags of capacity.md's 10K row (the no-regression comparison), then
+# after at 100,000 ranks (12,500 replica groups of 8 on group leases, the
+# leaders forwarding the quorum) with every phase: forming, steady, one
+# death, a group leader's death, 1 % of the ranks dying at once, 100
+# epochs for etcd's database size.
+#
+# Usage: cmd/ftload/device.sh BIN_DIR
+#   BIN_DIR holds two static binaries built on a machine with Go:
+#     ftload-before   cmd/ftload of main at 18ea6c5 (before issue 35)
+#     ftload          cmd/ftload of this branch
+#   Logs and one JSON line per run go to $OUT (default ./ftload-out):
+#     machine.txt, before-10k.{log,json}, after-10k.{log,json},
+#     after-100k.{log,json}, summary.txt.
+# Nothing else is needed on the host: no Go, no network beyond loopback.
+# FTLOAD_SHARDS overrides the number of member processes at 100K (default:
+# enough for the open-file limit, at least 16); FTLOAD_SKIP_10K=1 runs the
+# 100K run alone (with its whole budget); FTLOAD_SMALL and FTLOAD_LARGE
+# change the two sizes (10000 and 100000: for a try on a small machine).
+set -u
+bin=${1:?usage: $0 BIN_DIR (holding ftload-before and ftload)}
+bin=$(cd "$bin" && pwd)
+out=${OUT:-$PWD/ftload-out}
+mkdir -p "$out"
+for b in ftload-before ftload; do
+	[ -x "$bin/$b" ] || { echo "$0: no executable $bin/$b" >&2; exit 2; }
+done
+
+# Every member holds sockets (its group link and listener): take the hard
+# limit of open files (each process raises its own soft limit as well).
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+nofile=$(ulimit -n)
+{
+	echo "date: $(date -u +%FT%TZ)"
+	echo "cpus: $(nproc)"
+	grep -m1 'model name' /proc/cpuinfo
+	free -g | head -2
+	echo "load: $(cat /proc/loadavg)"
+	echo "open files: soft $(ulimit -Sn) hard $(ulimit -Hn)"
+	echo "ephemeral ports: $(cat /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null)"
+	uname -a
+} >"$out/machine.txt"
+cat "$out/machine.txt"
+
+# run NAME LIMIT_S CMD...: one run, its log and its JSON line.
+run() {
+	local name=$1 limit=$2
+	shift 2
+	echo "== $name ($(date -u +%T), load $(cut -d' ' -f1-3 /proc/loadavg), limit ${limit}s): $*"
+	(cd "$out" && timeout -k 15 "$limit" "$@") >"$out/$name.log" 2>&1
+	local rc=$?
+	echo "rc $rc" >>"$out/$name.log"
+	grep '^json ' "$out/$name.log" | sed 's/^json //' >"$out/$name.json"
+	grep -v '^json ' "$out/$name.log" | grep -E '^(ftload|[a-z_]+\.[a-z_0-9-]+ |rc |ftload:)' | tail -n 60
+	echo "   $name: rc $rc after $SECONDS s in all"
+}
+
+small=${FTLOAD_SMALL:-10000}
+large=${FTLOAD_LARGE:-100000}
+start=$SECONDS
+if [ "${FTLOAD_SKIP_10K:-}" != 1 ]; then
+	# capacity.md's 10K row: one job of 10,000 members in this process.
+	run before-10k 120 "$bin/ftload-before" -members "$small" -steady 10s -timeout 105s
+	run after-10k 120 "$bin/ftload" -members "$small" -steady 10s -timeout 105s
+fi
+
+# 100,000 ranks: 12,500 groups of 8 on group leases (12,500 leases at TTL
+# 15 s: 2,500 renewals/s), the members in child processes (about 3 open
+# files each), the victims in processes of their own. The group links ping
+# every second (silence of 5 s is a death) instead of 200 ms: 87,500 links
+# on one host at 200 ms are 875,000 pings a second, the simulation's cost,
+# and an overloaded host's late pings end registrations; a killed
+# process's links reset at once either way. 16 joins in flight per process.
+shards=${FTLOAD_SHARDS:-}
+if [ -z "$shards" ]; then
+	shards=$(((large * 4 + nofile - 2049) / (nofile - 2048)))
+	[ "$shards" -lt 16 ] && shards=16
+fi
+left=$((530 - (SECONDS - start)))
+[ "$left" -gt 400 ] && left=400
+run after-100k "$left" "$bin/ftload" -members "$large" -group-size 8 -group-lease -shards "$shards" -clients 8 \
+	-parallel 16 -lease-ttl 15s -link-interval 1s -link-timeout 5s -steady 10s -epochs 100 -timeout $((left - 20))s
+
+{
+	for f in before-10k after-10k after-100k; do
+		[ -s "$out/$f.json" ] && echo "$f $(cat "$out/$f.json")"
+	done
+} >"$out/summary.txt"
+echo "== done in $((SECONDS - start)) s; $out:"
+ls -la "$out"

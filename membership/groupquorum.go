@@ -1,0 +1,230 @@
+package membership
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// A replica group's quorum from its leader (MemberConfig.GroupLease,
+// unless GroupEachWatches). Only the group's leader watches the job's
+// epochs in etcd; it forwards every record that changed what it knows —
+// a view it applied, the record (whole list) it read, a revocation — on
+// each member's group link, byte for byte as etcd stored it, in the order
+// it applied them. A member applies a forwarded record as one read from
+// etcd: it verifies the coordinator's signature itself (the leader cannot
+// forge a quorum), takes no epoch at or below the one it holds (a late or
+// replayed forward is refused), and reads the record from etcd itself
+// when it cannot apply a view (it does not hold the epoch the view
+// changes). A member that links (joining, or to a new leader) first gets
+// what the leader holds: the last record it read and what it applied
+// since. When the leader dies, the member that takes the lease over
+// starts watching etcd (and reads the record once to seed its followers);
+// the others link to it. etcd thus serves one watcher per group, not one
+// per rank, and the whole list goes to one rank per group, not to every
+// rank, at the first quorum.
+
+// The frame that carries a record on a group link, leader to member:
+// linkRecord, then the key, the mod revision and the value, each length
+// (or value) as a uvarint.
+const linkRecord byte = 'q'
+
+// maxLinkRecord bounds a forwarded value (etcd's request limit bounds
+// what a coordinator stores well below it).
+const maxLinkRecord = 64 << 20
+
+// forwardLog bounds what a leader replays to a member that links: the
+// last record (whole list) and the changes since; past it, the oldest
+// changes go and a member that cannot apply what is left reads the record
+// from etcd.
+const forwardLog = 64
+
+// groupLink is the leader's end of one member's link.
+type groupLink struct {
+	queue [][]byte      // frames to send (under Member.mu)
+	wake  chan struct{} // a frame was queued (capacity 1)
+}
+
+func newGroupLink() *groupLink { return &groupLink{wake: make(chan struct{}, 1)} }
+
+// groupForwards reports whether this member forwards the quorum to its
+// group's links: it leads a group whose members take the quorum from it.
+// Called with mu held.
+func (m *Member) groupForwards() bool {
+	return m.cfg.GroupLease && !m.cfg.GroupEachWatches && m.holds
+}
+
+// groupFollows reports whether this member takes the quorum from its
+// group's leader instead of watching etcd.
+func (m *Member) groupFollows() bool {
+	return m.cfg.GroupLease && !m.cfg.GroupEachWatches && !m.holdsLease()
+}
+
+// forwardLocked queues kv, which changed what this leader knows, for
+// every linked member and keeps it for members that link later. Called
+// with mu held.
+func (m *Member) forwardLocked(kv *mvccpb.KeyValue) {
+	if !m.groupForwards() {
+		return
+	}
+	f := encodeLinkRecord(kv)
+	if string(kv.Key) == m.keys.Quorum(m.cfg.Job) {
+		m.fwdLog = m.fwdLog[:0] // the whole list: what came before is in it
+	}
+	m.fwdLog = append(m.fwdLog, f)
+	if len(m.fwdLog) > forwardLog {
+		m.fwdLog = append(m.fwdLog[:0], m.fwdLog[len(m.fwdLog)-forwardLog/2:]...)
+	}
+	for _, l := range m.links {
+		l.push(f)
+	}
+}
+
+// push queues frame f (mu held).
+func (l *groupLink) push(f ...[]byte) {
+	l.queue = append(l.queue, f...)
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// seedForward reads the job's quorum record and the revocations of its
+// epoch and later, applies them, and makes them what this leader replays
+// to members that link: a member that became leader by taking the lease
+// over held only what the previous leader forwarded. One read of the
+// whole list per new leader.
+func (m *Member) seedForward(ctx context.Context) (int64, error) {
+	m.mu.Lock()
+	var from uint64
+	if m.quorum != nil {
+		from = m.quorum.Epoch
+	}
+	m.mu.Unlock()
+	revs := m.keys.Revocations(m.cfg.Job)
+	resp, err := m.cli.Txn(ctx).Then(
+		clientv3.OpGet(m.keys.Quorum(m.cfg.Job)),
+		clientv3.OpGet(m.keys.Revocation(m.cfg.Job, from), clientv3.WithRange(clientv3.GetPrefixRangeEnd(revs))),
+	).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("membership: read quorum of %s: %w", m.cfg.Job, ctxErr(ctx, err))
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.fwdLog = m.fwdLog[:0]
+	changed := false
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			c, _ := m.applyKV(kv)
+			changed = changed || c
+			m.fwdLog = append(m.fwdLog, encodeLinkRecord(kv))
+		}
+	}
+	for _, l := range m.links {
+		l.push(m.fwdLog...)
+	}
+	if changed {
+		m.notifyLocked()
+	}
+	return resp.Header.Revision, nil
+}
+
+// applyForwarded takes a record the group's leader forwarded, as one read
+// from etcd (applyLocked): verified, never older than what the member
+// holds. A view it cannot apply makes it read the record from etcd.
+func (m *Member) applyForwarded(kv *mvccpb.KeyValue) {
+	m.mu.Lock()
+	changed, needFull := m.applyLocked(kv)
+	if changed {
+		m.notifyLocked()
+	}
+	m.mu.Unlock()
+	if needFull && m.readingFull.CompareAndSwap(false, true) {
+		m.spawn(func() {
+			defer m.readingFull.Store(false)
+			ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
+			defer cancel()
+			if err := m.readFull(ctx, 0); err != nil && m.life.Err() == nil {
+				m.lg.Info("reading the quorum record failed; the next forward tries again", zap.Error(err))
+			}
+		})
+	}
+}
+
+// leadEpochs is what a member that now leads its group does for the
+// quorum, until the membership ends: seed what it forwards, then watch
+// etcd (watchEpochs).
+func (m *Member) leadEpochs() {
+	if m.cfg.GroupEachWatches {
+		return // it watched all along
+	}
+	var rev int64
+	for {
+		ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
+		var err error
+		rev, err = m.seedForward(ctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if m.life.Err() != nil {
+			return
+		}
+		m.lg.Info("reading the quorum to lead the group failed; trying again", zap.Error(err))
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-m.life.Done():
+			return
+		}
+	}
+	m.watchEpochs(rev)
+}
+
+func encodeLinkRecord(kv *mvccpb.KeyValue) []byte {
+	f := make([]byte, 0, 1+3*binary.MaxVarintLen64+len(kv.Key)+len(kv.Value))
+	f = append(f, linkRecord)
+	f = binary.AppendUvarint(f, uint64(len(kv.Key)))
+	f = append(f, kv.Key...)
+	f = binary.AppendUvarint(f, uint64(kv.ModRevision))
+	f = binary.AppendUvarint(f, uint64(len(kv.Value)))
+	return append(f, kv.Value...)
+}
+
+var errBadLinkRecord = errors.New("membership: malformed record on a group link")
+
+// readLinkRecord reads a frame's body (after its linkRecord byte).
+func readLinkRecord(r *bufio.Reader) (*mvccpb.KeyValue, error) {
+	field := func(limit uint64) ([]byte, error) {
+		n, err := binary.ReadUvarint(r)
+		if err != nil {
+			return nil, err
+		}
+		if n > limit {
+			return nil, fmt.Errorf("%w: %d bytes", errBadLinkRecord, n)
+		}
+		b := make([]byte, n)
+		_, err = io.ReadFull(r, b)
+		return b, err
+	}
+	key, err := field(4096)
+	if err != nil {
+		return nil, err
+	}
+	rev, err := binary.ReadUvarint(r)
+	if err != nil {
+		return nil, err
+	}
+	val, err := field(maxLinkRecord)
+	if err != nil {
+		return nil, err
+	}
+	return &mvccpb.KeyValue{Key: key, ModRevision: int64(rev), Value: val}, nil
+}

@@ -1,0 +1,98 @@
+package membership
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"testing"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/internal/keys"
+)
+
+// A record forwarded by the group's leader is taken only as one read from
+// etcd would be: signed by a trusted key, of the member's job, and newer
+// than the quorum the member holds. A late or replayed forward, a forged
+// one and another job's change nothing; a forwarded change of the held
+// epoch applies.
+func TestForwardedQuorumFenced(t *testing.T) {
+	pub, key, _ := ed25519.GenerateKey(nil)
+	k := NewQuorumKey(pub)
+	sign := func(msg []byte) *QuorumSignature {
+		return &QuorumSignature{KeyID: k.ID, Ed25519: ed25519.Sign(key, msg)}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m := &Member{cfg: MemberConfig{Job: "j", QuorumVerifier: NewQuorumVerifier(k)}, keys: keys.Layout{}, lg: zap.NewNop(),
+		revocations: map[uint64]Revocation{}, changed: make(chan struct{}), revokedCh: map[uint64]chan struct{}{}, life: ctx}
+	lay := keys.Layout{}
+	rev := int64(10)
+	kv := func(key string, raw []byte) *mvccpb.KeyValue {
+		rev++
+		return &mvccpb.KeyValue{Key: []byte(key), Value: raw, ModRevision: rev}
+	}
+	record := func(q Quorum, sign func([]byte) *QuorumSignature) *mvccpb.KeyValue {
+		raw, err := EncodeQuorumRecord(q, nil, nil, sign)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kv(lay.Quorum(q.Job), raw)
+	}
+	epoch := func() uint64 {
+		q, ok := m.Quorum()
+		if !ok {
+			return 0
+		}
+		return q.Epoch
+	}
+	q5 := viewQuorum(5, "a", "b", "c")
+	m.applyForwarded(record(q5, sign))
+	if epoch() != 5 {
+		t.Fatalf("a signed whole list: epoch %d, want 5", epoch())
+	}
+	for name, f := range map[string]*mvccpb.KeyValue{
+		"older epoch":      record(viewQuorum(4, "a"), sign),
+		"same epoch":       record(viewQuorum(5, "a"), sign),
+		"unsigned":         record(viewQuorum(9, "a"), nil),
+		"another job":      record(Quorum{Job: "other", Epoch: 9, Participants: []Participant{{ID: "a", Incarnation: 1}}}, sign),
+		"not a quorum key": kv("/ftcomm/j/members/a", []byte(`{"epoch":9}`)),
+	} {
+		m.applyForwarded(f)
+		if q, _ := m.Quorum(); q.Epoch != 5 || len(q.Participants) != 3 {
+			t.Fatalf("%s: the member took epoch %d with %d participants", name, q.Epoch, len(q.Participants))
+		}
+	}
+	q6 := viewQuorum(6, "a", "c")
+	q6.Participants[1] = q5.Participants[2]
+	change, err := EncodeQuorumView(&q5, q6, nil, sign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.applyForwarded(kv(lay.QuorumView("j"), change))
+	if q, _ := m.Quorum(); q.Epoch != 6 || q.Rank("b") >= 0 || q.Rank("c") != 1 {
+		t.Fatalf("a forwarded change of the held epoch: %+v", q)
+	}
+}
+
+// A forwarded record crosses the link as it was stored; a frame that
+// claims more than a record may hold is refused, not allocated.
+func TestLinkRecordFrames(t *testing.T) {
+	in := &mvccpb.KeyValue{Key: []byte("/ftcomm/_coordinator/jobs/j/view"), Value: bytes.Repeat([]byte{7}, 70000), ModRevision: 1 << 40}
+	f := encodeLinkRecord(in)
+	r := bufio.NewReader(bytes.NewReader(f))
+	if b, _ := r.ReadByte(); b != linkRecord {
+		t.Fatalf("frame starts with %q", b)
+	}
+	out, err := readLinkRecord(r)
+	if err != nil || !bytes.Equal(out.Key, in.Key) || !bytes.Equal(out.Value, in.Value) || out.ModRevision != in.ModRevision {
+		t.Fatalf("round trip: %v", err)
+	}
+	huge := []byte{0xff, 0xff, 0xff, 0xff, 0x7f}
+	if _, err := readLinkRecord(bufio.NewReader(bytes.NewReader(huge))); !errors.Is(err, errBadLinkRecord) {
+		t.Fatalf("an oversized key: %v", err)
+	}
+}
