@@ -151,9 +151,10 @@
 // brain), waiting up to JoinTimeout for stragglers (live members that
 // have not asked); ShrinkOnly keeps joiners out while a participant holds
 // it; joins are batched (FormWindow of quiet, at most FormMaxWait), so a
-// job whose members start together forms in one epoch; losses are
-// batched too (LossWindow of quiet, at most LossMaxWait; the epoch is
-// revoked at once), so many deaths at once cost one or two epochs; the
+// job whose members start together forms in one epoch; losses that
+// follow a published loss are batched too (LossWindow of quiet, at most
+// LossMaxWait; the first after a quiet spell is published at once, every
+// epoch revoked at once), so many deaths at once cost two epochs; the
 // epoch grows by one at every quorum, which is published only when the
 // participants change or the epoch failed.
 //

@@ -71,13 +71,14 @@ type Config struct {
 	// long after it was first needed, however joins keep coming. 0:
 	// DefaultFormMaxWait.
 	FormMaxWait time.Duration
-	// LossWindow batches losses: a quorum that drops members waits until
-	// none was lost for this long, so that many deaths at once (a rack, a
-	// switch: a thousand ranks whose links reset, whose groups' leases
-	// are taken over, each seen a few milliseconds apart) cost one or two
-	// epochs, not one per death. It revokes the current epoch at once
-	// all the same. 0: DefaultLossWindow; negative: none, each loss
-	// publishes at once.
+	// LossWindow batches losses: the first loss after a quiet spell is
+	// published at once (a single death costs nothing more), and losses
+	// that follow a published one within LossMaxWait wait until none was
+	// lost for this long, so that many deaths at once (a rack, a switch: a
+	// thousand ranks whose links reset, whose groups' leases are taken
+	// over, each seen a few milliseconds apart) cost two epochs, not one
+	// per death. Every epoch is revoked at once all the same. 0:
+	// DefaultLossWindow; negative: none, each loss publishes at once.
 	LossWindow time.Duration
 	// LossMaxWait bounds that wait from the first loss it waits for. 0:
 	// DefaultLossMaxWait.

@@ -119,6 +119,8 @@ type Machine struct {
 	stalled map[string]stallMark  // left out for a stall, until they show life
 
 	settings *membership.SettingsRef // the job's settings (SetSettings)
+
+	lossEpochAt time.Time // when the newest loss a published quorum dropped happened (lossWait)
 }
 
 // departure is how a previous participant went.
@@ -401,6 +403,13 @@ func (m *Machine) Published(q membership.Quorum) {
 			}
 		}
 		m.stragglersPublished(*old, q)
+		// When the newest loss this quorum drops happened (lossWait).
+		for _, p := range old.Participants {
+			if d, ok := m.removed[p.ID]; ok && !d.at.IsZero() && !slices.ContainsFunc(q.Participants,
+				func(x membership.Participant) bool { return x.ID == p.ID }) {
+				m.lossEpochAt = maxTime(m.lossEpochAt, d.at)
+			}
+		}
 	}
 	qq := q
 	m.prev = &qq
@@ -795,6 +804,13 @@ func (m *Machine) formWait(now time.Time) (string, time.Time) {
 // ago, the first less than LossMaxWait ago), it says what the quorum
 // waits for and until when ("" when it need not). Only losses whose time
 // the machine saw count (a removal), not a member that turned unfit.
+//
+// The first loss after a quiet spell is not held: a single death (the
+// common case, and the one a training job waits on) is published at once.
+// Losses that follow a published loss within LossMaxWait are the rest of
+// a mass failure (a rack: links resetting, group leases taken over, each
+// seen a few milliseconds apart), and those are batched: one epoch for
+// the first, one for the rest.
 func (m *Machine) lossWait(now time.Time, lost []string) (string, time.Time) {
 	window := m.cfg.lossWindow()
 	if window <= 0 || len(lost) == 0 {
@@ -813,7 +829,7 @@ func (m *Machine) lossWait(now time.Time, lost []string) (string, time.Time) {
 			last = d.at
 		}
 	}
-	if first.IsZero() {
+	if first.IsZero() || m.lossEpochAt.IsZero() || first.Sub(m.lossEpochAt) > m.cfg.lossMaxWait() {
 		return "", time.Time{}
 	}
 	at := last.Add(window)
@@ -834,4 +850,12 @@ func (m *Machine) runOf(ps []membership.Participant) string {
 		}
 	}
 	return ""
+}
+
+// maxTime is the later of a and b.
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
