@@ -111,7 +111,7 @@ func (m *Machine) formedTogether(id string) {
 		default:
 			continue
 		}
-		if r, ok := m.members[other]; ok && r.Formed == e && m.prev.Includes(other, r.Incarnation) {
+		if r, ok := m.members[other]; ok && r.Formed == e && m.inPrev(other, r.Incarnation) {
 			delete(m.blame, k)
 		}
 	}

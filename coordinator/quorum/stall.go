@@ -52,7 +52,7 @@ func (m *Machine) stalls(survivors, admitted []membership.Participant, out map[s
 			s := r.Stall
 			// A report of this epoch, or of an older one while the member
 			// has not moved on since (it formed no later epoch).
-			if s == nil || s.Waiting || s.Epoch > e || s.Epoch < e && r.Formed >= e || !m.prev.Includes(p.ID, p.Incarnation) {
+			if s == nil || s.Waiting || s.Epoch > e || s.Epoch < e && r.Formed >= e || !m.inPrev(p.ID, p.Incarnation) {
 				continue
 			}
 			w, ok := waiter[s.Step]
