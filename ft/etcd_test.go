@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -260,4 +261,75 @@ func TestEtcdRestartWhileOldLeaseLives(t *testing.T) {
 	b := j.start("b", forever, 256)
 	a.waitParticipants(2)
 	stopAll(t, j.ledger, a, b)
+}
+
+// A replica that is behind when the run ends heals to the final step
+// before its Step returns ErrFinished: every replica ends with the job's
+// final state. c stops stepping (its loop paused) after a few commits; the
+// stall rule leaves it out, a and b train to the end and Finish; when c
+// steps again it receives the final state, then ErrFinished.
+func TestEtcdReplicaBehindEndsWithTheFinalState(t *testing.T) {
+	const end, pauseAt = 30, 5
+	j := newEtcdJob(t, "inproc", inproc.NewCluster())
+	ctx := testutil.Ctx(t, 2*time.Minute)
+	a, b, c := j.register("a", 256), j.register("b", 256), j.register("c", 256)
+	paused, resume := make(chan struct{}), make(chan struct{})
+	// loop trains r until the run's end (then Finish) or until Step
+	// returns an error; c pauses between two steps once at pauseAt.
+	loop := func(r *replica, pause bool) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			grads := make([]float32, len(r.params))
+			for r.c.CommittedStep() < end {
+				if pause && r.c.CommittedStep() >= pauseAt {
+					pause = false
+					close(paused)
+					<-resume
+				}
+				if err := r.c.Step(ctx); err != nil && !errors.Is(err, ErrRolledBack) {
+					done <- err
+					return
+				}
+				step := r.c.CommittedStep()
+				for i := range grads {
+					grads[i] = float32((int(step)*7+i)%13) / 8
+				}
+				r.c.AllReduce(ctx, comm.Float32s(grads), comm.Avg)
+				ok, err := r.c.Commit(ctx)
+				if err != nil {
+					done <- err
+					return
+				}
+				if ok {
+					for i := range r.params {
+						r.params[i] -= 0.01 * grads[i]
+					}
+				}
+			}
+			done <- r.c.Finish(ctx)
+		}()
+		return done
+	}
+	da, db, dc := loop(a, false), loop(b, false), loop(c, true)
+	<-paused
+	for _, d := range []<-chan error{da, db} {
+		if err := <-d; err != nil {
+			t.Fatalf("a or b: %v", err)
+		}
+	}
+	close(resume)
+	if err := <-dc; !errors.Is(err, ErrFinished) {
+		t.Fatalf("c after the run ended: %v, want ErrFinished", err)
+	}
+	if got := c.c.CommittedStep(); got != a.c.CommittedStep() {
+		t.Errorf("c ended at step %d, the run at %d", got, a.c.CommittedStep())
+	}
+	if !slices.Equal(c.params, a.params) || !slices.Equal(b.params, a.params) {
+		t.Errorf("the replicas' final states differ")
+	}
+	for _, r := range []*replica{a, b, c} {
+		if err := r.c.Close(); err != nil {
+			t.Errorf("close %s: %v", r.id, err)
+		}
+	}
 }
