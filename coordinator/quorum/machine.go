@@ -123,6 +123,8 @@ type Machine struct {
 	lossEpochAt time.Time // when the newest loss a published quorum dropped happened (lossWait)
 
 	prevInc map[string]int64 // prev's participants: id → incarnation (setPrev)
+
+	pol *membership.StragglerPolicy // the job's straggler policy, nil until policy computes it again
 }
 
 // setPrev makes q the previous quorum, with its index: the rules ask
@@ -220,6 +222,9 @@ func (m *Machine) Upsert(now time.Time, rec membership.MemberRecord) bool {
 	}
 	r := rec
 	m.members[rec.ID] = &r
+	if !had && r.Stragglers != nil || had && !samePolicy(old.Stragglers, r.Stragglers) {
+		m.pol = nil // the job's straggler policy may change (policy)
+	}
 	if s, ok := m.suspects[rec.ID]; ok && s.inc != rec.Incarnation {
 		delete(m.suspects, rec.ID)
 	}
@@ -332,9 +337,12 @@ func (m *Machine) remove(now time.Time, id string, incarnation int64, d departur
 		return
 	}
 	delete(m.members, id)
+	if old.Stragglers != nil {
+		m.pol = nil
+	}
 	delete(m.suspects, id)
 	m.forget(id)
-	if m.prev != nil && m.prev.Rank(id) >= 0 {
+	if _, inPrev := m.prevInc[id]; inPrev {
 		if _, seen := m.removed[id]; !seen {
 			d.at, d.step = now, old.Step
 			m.removed[id] = d

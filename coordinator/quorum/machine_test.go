@@ -425,8 +425,10 @@ func TestQuorumManyMembers(t *testing.T) {
 	}
 }
 
-func BenchmarkQuorumAdvance10K(b *testing.B) {
-	const n = 10000
+func BenchmarkQuorumAdvance10K(b *testing.B)  { benchmarkQuorumAdvance(b, 10000) }
+func BenchmarkQuorumAdvance100K(b *testing.B) { benchmarkQuorumAdvance(b, 100000) }
+
+func benchmarkQuorumAdvance(b *testing.B, n int) {
 	now := time.Unix(0, 0)
 	// No batching of joins or losses: each Advance decides.
 	m := NewMachine("j", Config{MinReplicas: n / 2, JoinTimeout: time.Minute, FormWindow: -1, LossWindow: -1}, nil)
@@ -450,7 +452,7 @@ func BenchmarkQuorumAdvance10K(b *testing.B) {
 			b.Fatal("no quorum after a death")
 		}
 		m.Published(*d.Quorum)
-		r.Incarnation += n
+		r.Incarnation += int64(n)
 		m.Upsert(now, r)
 		if d := m.Advance(now); d.Quorum == nil {
 			b.Fatal("no quorum after a join")
@@ -484,6 +486,31 @@ func BenchmarkQuorumObserve100K(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		r := &recs[(i*7919)%n] // spread over the list
 		r.Step++
+		m.Upsert(now, *r)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e3, "µs/update")
+}
+
+// A heartbeat that carries a new step time, at 100,000 members: Upsert
+// asked the job's straggler policy, which walked every member's record.
+func BenchmarkQuorumStepTime100K(b *testing.B) {
+	const n = 100000
+	now := time.Unix(0, 0)
+	m := NewMachine("j", Config{MinReplicas: 1, JoinTimeout: time.Minute, FormWindow: -1}, nil)
+	recs := make([]membership.MemberRecord, n)
+	for i := range recs {
+		recs[i] = membership.MemberRecord{ID: fmt.Sprintf("m%06d", i), Incarnation: int64(i + 1), WantQuorum: true}
+		m.Upsert(now, recs[i])
+	}
+	d := m.Advance(now)
+	if d.Quorum == nil {
+		b.Fatal("no quorum")
+	}
+	m.Published(*d.Quorum)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		r := &recs[(i*7919)%n]
+		r.StepTime += time.Millisecond
 		m.Upsert(now, *r)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e3, "µs/update")
@@ -593,4 +620,33 @@ func TestQuorumUpsertSaysWhatMatters(t *testing.T) {
 	if r, _ := m.Member("a"); !m.Upsert(now, func() membership.MemberRecord { r.Step = 4; return r }()) {
 		t.Error("a step while the quorum waits does not matter")
 	}
+}
+
+// The job's straggler policy, kept between records, follows every change
+// of a member's policy: a member that asks for one, changes it, drops it,
+// or goes.
+func TestStragglerPolicyFollowsRecords(t *testing.T) {
+	now := time.Unix(0, 0)
+	m := NewMachine("j", DefaultConfig(), nil)
+	on := func(f float64) *membership.StragglerPolicy { return &membership.StragglerPolicy{Factor: f} }
+	check := func(what string, want float64) {
+		t.Helper()
+		if got := m.policy().Factor; got != want {
+			t.Errorf("%s: policy factor %v, want %v", what, got, want)
+		}
+	}
+	m.Upsert(now, membership.MemberRecord{ID: "a", Incarnation: 1})
+	check("no member asks", m.cfg.Stragglers.Factor)
+	m.Upsert(now, membership.MemberRecord{ID: "b", Incarnation: 2, Stragglers: on(2)})
+	check("b asks", 2)
+	m.Upsert(now, membership.MemberRecord{ID: "a", Incarnation: 1, Stragglers: on(3)})
+	check("a asks for a larger factor", 3)
+	m.Upsert(now, membership.MemberRecord{ID: "a", Incarnation: 1, StepTime: time.Second, Stragglers: on(3)})
+	check("a's step time changes", 3)
+	m.Upsert(now, membership.MemberRecord{ID: "a", Incarnation: 1})
+	check("a drops its policy", 2)
+	m.Remove(now, "b", 2, Removal{Cause: PortClosed})
+	check("b goes", m.cfg.Stragglers.Factor)
+	m.Upsert(now, membership.MemberRecord{ID: "b", Incarnation: 3, Stragglers: on(4)})
+	check("b is back, asking", 4)
 }

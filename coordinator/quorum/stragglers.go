@@ -42,6 +42,17 @@ func samePolicy(p, o *membership.StragglerPolicy) bool {
 // one (the most lenient of theirs: the largest factor, the longest
 // window, the shortest probation), else the coordinator's.
 func (m *Machine) policy() membership.StragglerPolicy {
+	if m.pol == nil {
+		pol := m.computePolicy()
+		m.pol = &pol
+	}
+	return *m.pol
+}
+
+// computePolicy is policy, from every member's record: a walk Upsert made
+// for every record whose step time changed (every heartbeat of an ft
+// replica), until the result was kept.
+func (m *Machine) computePolicy() membership.StragglerPolicy {
 	var pol membership.StragglerPolicy
 	for _, r := range m.members {
 		s := r.Stragglers
