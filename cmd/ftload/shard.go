@@ -332,7 +332,7 @@ func (s *shardServer) wait(ctx context.Context, skip map[string]bool, ok func(me
 	}
 	decided, err := waitAll(ctx, live, ok)
 	if err != nil {
-		return shardResp{}, err
+		return shardResp{}, fmt.Errorf("%w (%s)", err, laggards(live, ok))
 	}
 	r := shardResp{Seen: latest(live).UnixNano(), Decided: decided.UnixNano(), Members: len(live)}
 	for _, sm := range live {
@@ -340,6 +340,31 @@ func (s *shardServer) wait(ctx context.Context, skip map[string]bool, ok func(me
 		r.Epoch = max(r.Epoch, q.Epoch)
 	}
 	return r, nil
+}
+
+// laggards says which of live a wait that ended early still waited for:
+// how many, and a few with the quorum each holds, or why it ended.
+func laggards(live []*sim, ok func(membership.Quorum, bool) bool) string {
+	var n int
+	var some []string
+	for _, sm := range live {
+		q, has := sm.m.Quorum()
+		if ok(q, has) {
+			continue
+		}
+		n++
+		if len(some) < 5 {
+			switch {
+			case sm.m.Err() != nil:
+				some = append(some, fmt.Sprintf("%s ended: %v", sm.m.ID(), sm.m.Err()))
+			case !has:
+				some = append(some, sm.m.ID()+" holds no quorum")
+			default:
+				some = append(some, fmt.Sprintf("%s holds epoch %d of %d participants", sm.m.ID(), q.Epoch, len(q.Participants)))
+			}
+		}
+	}
+	return fmt.Sprintf("%d of %d members still waiting: %s", n, len(live), strings.Join(some, "; "))
 }
 
 // follow waits until the shard's live members of group are bound to one
