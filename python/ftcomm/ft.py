@@ -151,6 +151,10 @@ class Comm:
     StallMin: a peer that stops stepping is left out after that long);
     initial_step is the step of a restored state this replica registers
     (ft.Config.InitialStep). settings() is the job's settings in force.
+
+    Making a Comm registers the replica with the coordinator; it asks to
+    take part at its first step(): build the model, shard it and register
+    its state after this call, the job does not wait for it meanwhile.
     """
 
     def __init__(self, job: str, group: str, *, backend: str = "gloo", device: Any = None,
