@@ -503,7 +503,11 @@ func (b *Backend) breakWith(f faultInfo) {
 		}
 		b.revoke = &f
 	} else {
-		if b.fault != nil {
+		if b.fault != nil || b.revoke != nil && errors.Is(f.err, comm.ErrPeerClosed) {
+			// A peer that closes its comm after the revocation (ft revokes,
+			// moves to the new epoch's comms and closes this one) left in
+			// order: the ops fail with the revocation alone, naming no
+			// failed peer.
 			b.mu.Unlock()
 			return
 		}

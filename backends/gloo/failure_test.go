@@ -659,3 +659,38 @@ func TestPointToPointAfterOthersLeft(t *testing.T) {
 		}
 	}
 }
+
+// A rank that revokes and then closes its comm (what ft does when a new
+// epoch begins) left in order: the others' ops fail with the revocation
+// alone, not also with ErrPeerFailed naming it (the chaos soak of
+// 2026-11-28 flagged exactly that: a live replica named as failed).
+func TestRevokeThenCloseNamesNoFailedPeer(t *testing.T) {
+	j := newJob(t, 3, nil)
+	errs := j.run(func(r int, c *comm.Comm) error {
+		switch r {
+		case 0, 1:
+			return c.AllReduce(context.Background(), comm.Float32s(make([]float32, 1<<15)), comm.Sum)
+		default:
+			waitFor(t, "ranks 0 and 1 blocked", func() bool { return inOp(j.comms[0]) && inOp(j.comms[1]) })
+			c.Revoke(errors.New("new quorum"))
+			return c.Close()
+		}
+	})
+	for r, err := range errs[:2] {
+		if !errors.Is(err, comm.ErrRevoked) || errors.Is(err, comm.ErrPeerFailed) {
+			t.Errorf("rank %d: got %v, want ErrRevoked alone", r, err)
+		}
+	}
+	j.comms[2] = nil
+	b := backendOf(j.comms[0])
+	waitFor(t, "rank 0 seeing rank 2's close", func() bool {
+		b.mu.Lock()
+		l := b.links[2]
+		b.mu.Unlock()
+		return l != nil && l.departed.Load()
+	})
+	err := j.comms[0].Barrier(context.Background())
+	if !errors.Is(err, comm.ErrRevoked) || errors.Is(err, comm.ErrPeerFailed) {
+		t.Errorf("rank 0 after rank 2 closed: got %v, want ErrRevoked alone", err)
+	}
+}
