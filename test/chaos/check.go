@@ -625,7 +625,7 @@ func checkErr(in checkInput, e Event, rankOf map[uint64]map[int]string, endedAt 
 		}
 	}
 	switch e.ErrKind {
-	case "", "revoked", "aborted", "not-participating", "closed":
+	case "", "revoked", "aborted", "not-participating", "closed", "peer-closed":
 	case "peer-failed":
 		if faulted(e.Replica, e.T) {
 			return // its own links were cut or slowed: anyone may look failed

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ftcomm/ftcomm/comm"
 )
 
 // sim writes made-up histories for the checker: replica processes ("a#1")
@@ -343,6 +345,8 @@ func TestCheckErrorKinds(t *testing.T) {
 			op(s, "a#1", "revoked", nil, time.Millisecond)
 		}, 0},
 		{"a revocation", func(s *sim) { op(s, "a#1", "revoked", nil, time.Millisecond) }, 0},
+		{"a live peer that closed its comm in order", func(s *sim) { op(s, "a#1", "peer-closed", []int{1}, time.Millisecond) }, 0},
+		{"a death seen as an orderly close", func(s *sim) { kill(s, "c"); op(s, "a#1", "peer-closed", []int{2}, pending) }, 1},
 		// The soak saw this one: a zombie (a) continued just as c was
 		// killed; its op in its old epoch failed at once, blaming a's own
 		// stall. That epoch had ended before the death.
@@ -467,5 +471,19 @@ func TestMarkOverlaps(t *testing.T) {
 		if c.f.Overlapped != c.want {
 			t.Errorf("%s: overlapped %v", c.name, c.f.Overlapped)
 		}
+	}
+}
+
+// An orderly close (a peer that moved to a newer epoch, or left) is its
+// own kind: alive, so the checker attributes no failure to it; a crash is
+// ErrPeerFailed alone.
+func TestErrKindPeerClosed(t *testing.T) {
+	closed := &comm.RankError{Rank: 1, Err: fmt.Errorf("gloo: %w: %w", comm.ErrPeerFailed, comm.ErrPeerClosed)}
+	crashed := &comm.RankError{Rank: 1, Err: fmt.Errorf("gloo: %w: connection reset", comm.ErrPeerFailed)}
+	if k := errKind(fmt.Errorf("comm: %w: %w", comm.ErrAborted, closed)); k != "peer-closed" {
+		t.Errorf("an orderly close: %q", k)
+	}
+	if k := errKind(crashed); k != "peer-failed" {
+		t.Errorf("a crash: %q", k)
 	}
 }

@@ -68,6 +68,10 @@ func errKind(err error) string {
 		return ""
 	case errors.Is(err, ft.ErrNotParticipating):
 		return "not-participating"
+	case errors.Is(err, comm.ErrPeerClosed):
+		// A peer that closed its comm in order (it moved to a newer
+		// epoch, or left): alive, so no failure to attribute.
+		return "peer-closed"
 	case errors.Is(err, comm.ErrPeerFailed):
 		return "peer-failed"
 	case errors.Is(err, comm.ErrTimeout):
