@@ -105,6 +105,42 @@ type Backend struct {
 	group []collArgs // reused by grouped ops (ops never overlap, by contract)
 
 	stats opStats
+	made  Creation // written before the Backend is returned, read-only after
+}
+
+// Creation says how a comm was made and what each phase of it cost, for
+// the fault path's breakdown (docs/measurements.md). The phases run one
+// after the other; Total is from the start of New, Shrink, Grow or Split
+// until the comm was returned.
+type Creation struct {
+	How string // "ncclCommInitRankConfig", "ncclCommShrink", "ncclCommShrink(NCCL_SHRINK_ABORT)", "fresh init", "ncclCommGrow", "ncclCommSplit"
+	// Agree: the vote between NCCL's native shrink or grow and a fresh
+	// init (Store round trips; 0 for New and Split).
+	Agree time.Duration
+	// Call: the NCCL call that makes the control comm, until it returns;
+	// for an init, from the start of the unique id's rendezvous through
+	// the Store. With NCCL_SHRINK_ABORT it includes the wait for the old
+	// kernels.
+	Call time.Duration
+	// Ready: from that call's return until the control comm is ready
+	// (NCCL's initialisation: bootstrap, topology, graphs, connections).
+	Ready time.Duration
+	// DataSplit: the data comm's ncclCommSplit until it is ready (0 for a
+	// comm without one).
+	DataSplit time.Duration
+	// WarmUp: the first collective (a one-element all-reduce).
+	WarmUp time.Duration
+	Total  time.Duration
+}
+
+// Creation reports how this comm was made.
+func (b *Backend) Creation() Creation { return b.made }
+
+func (b *Backend) logCreation(msg string, fields ...zap.Field) {
+	m := b.made
+	b.log.Info(msg, append(fields, zap.String("how", m.How), zap.Duration("agree", m.Agree), zap.Duration("call", m.Call),
+		zap.Duration("ready", m.Ready), zap.Duration("data_split", m.DataSplit), zap.Duration("warm_up", m.WarmUp),
+		zap.Duration("total", m.Total))...)
 }
 
 var _ comm.Backend = (*Backend)(nil)
@@ -239,6 +275,7 @@ func New(ctx context.Context, o comm.Options) (*Backend, error) {
 		b.log.Warn("NCCL connects lazily (" + envRuntimeConnect + " is not 0): the first use of an algorithm on the " +
 			"blocking data comm can wait for peers inside NCCL, past an op's deadline")
 	}
+	t0 := time.Now()
 	h, err := b.rendezvous(ctx, o.Rank, o.Size, o.Epoch)
 	if err == nil {
 		err = b.start(ctx, h)
@@ -247,6 +284,7 @@ func New(ctx context.Context, o comm.Options) (*Backend, error) {
 		b.discard()
 		return nil, fmt.Errorf("nccl: init rank %d/%d on device %d, epoch %d: %w", o.Rank, o.Size, o.Device, o.Epoch, err)
 	}
+	b.made.Total = time.Since(t0)
 	return b, nil
 }
 
@@ -316,6 +354,7 @@ func (b *Backend) start(ctx context.Context, h commHandle) error {
 			return fmt.Errorf("warm-up: %w", err)
 		}
 	}
+	b.made.DataSplit, b.made.WarmUp = t1.Sub(t0), time.Since(t1)
 	b.log.Debug("comm ready", zap.Stringer("mode", b.cfg.Mode), zap.Duration("data_split", t1.Sub(t0)),
 		zap.Duration("warm_up", time.Since(t1)))
 	return nil

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -45,16 +46,18 @@ func cycleRanks() int {
 }
 
 type cycleResult struct {
-	Cycle      int     `json:"cycle"`
-	NotifiedAt int64   `json:"notified"`
-	FailedAt   int64   `json:"failed_at"`
-	Revoked    bool    `json:"revoked"`
-	ShrunkAt   int64   `json:"shrunk_at"`
-	ResumedAt  int64   `json:"resumed_at"`
-	ShrinkOK   bool    `json:"shrink_ok"`
-	GrownAt    int64   `json:"grown_at"`
-	GrowOK     bool    `json:"grow_ok"`
-	BusBW      float64 `json:"busbw"` // GB/s at 256 MiB, in result/before and result/after
+	Cycle      int      `json:"cycle"`
+	NotifiedAt int64    `json:"notified"`
+	FailedAt   int64    `json:"failed_at"`
+	Revoked    bool     `json:"revoked"`
+	ShrunkAt   int64    `json:"shrunk_at"`
+	ResumedAt  int64    `json:"resumed_at"`
+	ShrinkOK   bool     `json:"shrink_ok"`
+	GrownAt    int64    `json:"grown_at"`
+	GrowOK     bool     `json:"grow_ok"`
+	BusBW      float64  `json:"busbw"`  // GB/s at 256 MiB, in result/before and result/after
+	Shrunk     Creation `json:"shrunk"` // how the shrunk comm was made, phase by phase
+	Grown      Creation `json:"grown"`
 }
 
 func cycleCount() int {
@@ -94,6 +97,8 @@ func TestGPUKillCycles(t *testing.T) {
 	}
 	victim := startProc(t, "victim0", env("cycle-victim", n-1, 1))
 	var detect, shrink, resume, grow []time.Duration
+	phases := map[string][]time.Duration{} // the slowest survivor's, per cycle
+	var how []string
 	for k := range cycles {
 		for r := range n {
 			if _, err := store.Get(ctx, fmt.Sprintf("ready/%d/%d", k, r)); err != nil {
@@ -110,17 +115,30 @@ func TestGPUKillCycles(t *testing.T) {
 		_ = victim.wait(t, 30*time.Second)
 		// Per cycle: the slowest survivor's times.
 		var worstDetect, worstShrink, worstResume time.Duration
+		worst := map[string]time.Duration{}
 		for r := range n - 1 {
 			var res cycleResult
 			getJSON(t, ctx, store, fmt.Sprintf("result/%d/shrink/%d", k, r), &res)
 			if !res.Revoked || !res.ShrinkOK {
 				t.Errorf("cycle %d rank %d: revoked %v, shrunk comm's all-reduce right %v", k, r, res.Revoked, res.ShrinkOK)
 			}
+			m := res.Shrunk
+			for name, d := range map[string]time.Duration{"shrink: agree": m.Agree, "shrink: call": m.Call,
+				"shrink: ready": m.Ready, "shrink: data split": m.DataSplit, "shrink: warm-up": m.WarmUp,
+				"shrink: first collective": time.Duration(res.ResumedAt - res.ShrunkAt)} {
+				worst[name] = max(worst[name], d)
+			}
+			if r == 0 {
+				how = append(how, m.How)
+			}
 			worstDetect = max(worstDetect, time.Duration(res.FailedAt-res.NotifiedAt))
 			worstShrink = max(worstShrink, time.Duration(res.ShrunkAt-res.FailedAt))
 			worstResume = max(worstResume, time.Duration(res.ResumedAt-killAt.UnixNano()))
 		}
 		detect, shrink, resume = append(detect, worstDetect), append(shrink, worstShrink), append(resume, worstResume)
+		for name, d := range worst {
+			phases[name] = append(phases[name], d)
+		}
 		growAt := time.Now()
 		victim = startProc(t, fmt.Sprintf("victim%d", k+1), env("cycle-victim", n-1, 3+2*k))
 		if err := store.Set(ctx, fmt.Sprintf("ctl/grow/%d", k), nil); err != nil {
@@ -134,8 +152,16 @@ func TestGPUKillCycles(t *testing.T) {
 				t.Errorf("cycle %d rank %d: the grown comm's all-reduce was wrong", k, r)
 			}
 			worstGrow = max(worstGrow, time.Duration(res.GrownAt-growAt.UnixNano()))
+			m := res.Grown
+			for name, d := range map[string]time.Duration{"grow: agree": m.Agree, "grow: init (rendezvous + call)": m.Call,
+				"grow: ready": m.Ready, "grow: data split": m.DataSplit, "grow: warm-up": m.WarmUp} {
+				worst[name] = max(worst[name], d)
+			}
 		}
 		grow = append(grow, worstGrow)
+		for _, name := range []string{"grow: agree", "grow: init (rendezvous + call)", "grow: ready", "grow: data split", "grow: warm-up"} {
+			phases[name] = append(phases[name], worst[name])
+		}
 	}
 	var before, after cycleResult
 	getJSON(t, ctx, store, "result/before", &before)
@@ -156,6 +182,11 @@ func TestGPUKillCycles(t *testing.T) {
 	pct("op failed->shrunk (incl. warm-up)", shrink)
 	pct("kill->first collective on the shrunk comm", resume)
 	pct("joiner started->grown comm verified", grow)
+	names := slices.Sorted(maps.Keys(phases))
+	for _, name := range names {
+		pct(name, phases[name])
+	}
+	t.Logf("FIGURE ranks=%d shrinks made by: %s", n, strings.Join(slices.Compact(slices.Sorted(slices.Values(how))), ", "))
 	t.Logf("FIGURE ranks=%d 256 MiB all-reduce busbw before the first kill %.1f GB/s, after the last grow %.1f GB/s", n, before.BusBW, after.BusBW)
 }
 
@@ -284,6 +315,7 @@ func cycleMain(role string) error {
 			return fmt.Errorf("cycle %d: shrink: %w", k, err)
 		}
 		r.ShrunkAt = time.Now().UnixNano()
+		r.Shrunk = nc.Backend().(*Backend).Creation()
 		if err := nc.AllReduce(ctx, buf.Tensor(comm.Float32), comm.Sum); err != nil {
 			return fmt.Errorf("cycle %d: first collective after shrink: %w", k, err)
 		}
@@ -306,6 +338,7 @@ func cycleMain(role string) error {
 			return err
 		}
 		r.GrownAt = time.Now().UnixNano()
+		r.Grown = gc.Backend().(*Backend).Creation()
 		b, _ = json.Marshal(r)
 		if err := store.Set(ctx, fmt.Sprintf("result/%d/grow/%d", k, rank), b); err != nil {
 			return err

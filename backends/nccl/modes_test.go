@@ -299,3 +299,35 @@ func TestNoHangWhenPeersDieDuringReconfiguration(t *testing.T) {
 		eventually(t, "every comm to be aborted", func() bool { return w.LiveComms() == 0 })
 	})
 }
+
+// TestCreationReportsPhases: every comm says how it was made and what
+// each phase took (the fault path's breakdown on GPUs reads it).
+func TestCreationReportsPhases(t *testing.T) {
+	ctx := testCtx(t)
+	w := newFakeWorld(t, 3)
+	w.SetInProgressPolls(2)
+	ranks := startJob(t, ctx, w.Library(), devs(3), 1, "job", nil)
+	for _, rk := range ranks {
+		m := rk.c.Backend().(*Backend).Creation()
+		if m.How != "ncclCommInitRankConfig" || m.Call <= 0 || m.DataSplit <= 0 || m.WarmUp <= 0 ||
+			m.Total < m.Call+m.Ready+m.DataSplit+m.WarmUp {
+			t.Errorf("rank %d: made %+v", rk.r, m)
+		}
+	}
+	survivors := ranks[:2]
+	each(t, survivors, func(rk *rank) error {
+		nc, err := rk.c.Shrink(ctx, []int{2}, 2)
+		if err == nil {
+			rk.c = nc
+		}
+		return err
+	})
+	ranks[2].c.Close()
+	for _, rk := range survivors {
+		m := rk.c.Backend().(*Backend).Creation()
+		if m.How != "ncclCommShrink" || m.Ready <= 0 || m.DataSplit <= 0 ||
+			m.Total < m.Agree+m.Call+m.Ready+m.DataSplit+m.WarmUp {
+			t.Errorf("rank %d: shrunk comm made %+v", rk.r, m)
+		}
+	}
+}

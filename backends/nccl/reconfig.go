@@ -44,6 +44,7 @@ func decodeRecord(v []byte) (kind byte, size int, id uniqueID, err error) {
 // unique id and publishes it; the others read it and join, by init or, if
 // the record says so, as joiners of a native Grow.
 func (b *Backend) rendezvous(ctx context.Context, rank, size int, epoch uint64) (commHandle, error) {
+	t0 := time.Now()
 	var id uniqueID
 	kind := recInit
 	if rank == 0 {
@@ -81,6 +82,7 @@ func (b *Backend) rendezvous(ctx context.Context, rank, size int, epoch uint64) 
 	// fills and reads them before returning, older ones from their job.
 	cell := b.lib.newCell()
 	r := b.lib.commInitRank(b.dev, cell, size, &id, rank, commConfig{blocking: b.ctlBlocking})
+	call := time.Since(t0)
 	h := b.lib.loadCell(cell)
 	if r != resSuccess && r != resInProgress {
 		if h != 0 {
@@ -95,6 +97,10 @@ func (b *Backend) rendezvous(ctx context.Context, rank, size int, epoch uint64) 
 	}
 	h, err := b.awaitComm(ctx, h, "ncclCommInitRankConfig")
 	b.lib.freeCell(cell)
+	if b.made.How == "" {
+		b.made.How = "ncclCommInitRankConfig"
+	}
+	b.made.Call, b.made.Ready = call, time.Since(t0)-call
 	return h, err
 }
 
@@ -146,8 +152,9 @@ func (b *Backend) awaitChild(ctx context.Context, h commHandle, cell cellHandle,
 	return b.awaitComm(ctx, nh, what)
 }
 
-// child makes the Backend of a comm created by Shrink, Grow or Split.
-func (b *Backend) child(ctx context.Context, o comm.Options, rank, size int, epoch uint64, h commHandle) (*Backend, error) {
+// child makes the Backend of a comm created by Shrink, Grow or Split;
+// mk is how it was made so far (a fresh init's phases are added here).
+func (b *Backend) child(ctx context.Context, o comm.Options, rank, size int, epoch uint64, h commHandle, mk Creation) (*Backend, error) {
 	nb, err := newBackend(b.L, b.cfg, o, rank, size, epoch)
 	if err != nil {
 		if h != 0 {
@@ -155,6 +162,7 @@ func (b *Backend) child(ctx context.Context, o comm.Options, rank, size int, epo
 		}
 		return nil, err
 	}
+	nb.made = mk
 	if h == 0 {
 		if h, err = nb.rendezvous(ctx, rank, size, epoch); err != nil {
 			nb.discard()
@@ -189,27 +197,25 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 	newSize := b.size - len(exclude)
 	t0 := time.Now()
 	var h commHandle
-	var call time.Duration // of ncclCommShrink itself: with NCCL_SHRINK_ABORT, the wait for the old kernels
-	mode := "fresh init"
+	mk := Creation{How: "fresh init"}
 	native, err := b.agreeNative(ctx, epoch, newRank, newSize,
 		b.L.info.Features.Shrink && !b.cfg.DisableNativeShrink && b.holdsComm())
 	if err != nil {
 		return nil, fmt.Errorf("nccl: shrink to %d ranks: %w", newSize, err)
 	}
+	mk.Agree = time.Since(t0)
 	if native {
-		h, mode, call, err = b.nativeShrink(ctx, exclude)
+		h, mk.How, mk.Call, mk.Ready, err = b.nativeShrink(ctx, exclude)
 		if err != nil {
 			return nil, fmt.Errorf("nccl: shrink to %d ranks: %w", newSize, err)
 		}
 	}
-	t1 := time.Now()
-	nb, err := b.child(ctx, b.opts, newRank, newSize, epoch, h)
+	nb, err := b.child(ctx, b.opts, newRank, newSize, epoch, h, mk)
 	if err != nil {
-		return nil, fmt.Errorf("nccl: shrink to %d ranks (%s): %w", newSize, mode, err)
+		return nil, fmt.Errorf("nccl: shrink to %d ranks (%s): %w", newSize, mk.How, err)
 	}
-	b.log.Info("shrunk", zap.Ints("exclude", exclude), zap.String("how", mode), zap.Int("new_rank", newRank),
-		zap.Int("new_size", newSize), zap.Duration("shrink", t1.Sub(t0)), zap.Duration("shrink_call", call),
-		zap.Duration("total", time.Since(t0)))
+	nb.made.Total = time.Since(t0)
+	nb.logCreation("shrunk", zap.Ints("exclude", exclude), zap.Int("new_rank", newRank), zap.Int("new_size", newSize))
 	return nb, nil
 }
 
@@ -217,7 +223,7 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 // call itself took: with NCCL_SHRINK_ABORT it raises the comm's abort
 // flags and synchronises its device stream before it starts the child's
 // initialisation as the comm's job (ncclCommShrink, src/init.cc).
-func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (h commHandle, mode string, call time.Duration, err error) {
+func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (h commHandle, mode string, call, ready time.Duration, err error) {
 	b.hmu.Lock()
 	defer b.hmu.Unlock()
 	h = b.ctl
@@ -225,7 +231,7 @@ func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (h commHandle
 		// Aborted since this rank said it could shrink natively: the
 		// others' shrink fails with the comm's Timeout, as for any rank
 		// lost during one.
-		return 0, "ncclCommShrink", 0, b.failure()
+		return 0, "ncclCommShrink", 0, 0, b.failure()
 	}
 	flags := shrinkDefault
 	mode = "ncclCommShrink"
@@ -248,16 +254,17 @@ func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (h commHandle
 	r := b.lib.commShrink(h, ex, cell, flags)
 	call = time.Since(t0)
 	nh, err := b.awaitChild(ctx, h, cell, mode, r)
+	ready = time.Since(t0) - call
 	if err != nil {
-		return 0, mode, call, err
+		return 0, mode, call, ready, err
 	}
 	if nh == 0 {
-		return 0, mode, call, fmt.Errorf("nccl: %w: %s finished without a new comm", comm.ErrAborted, mode)
+		return 0, mode, call, ready, fmt.Errorf("nccl: %w: %s finished without a new comm", comm.ErrAborted, mode)
 	}
 	if flags == shrinkAbort && ownKernels {
 		b.dirty.Store(false) // the parent's kernels were terminated
 	}
-	return nh, mode, call, nil
+	return nh, mode, call, ready, nil
 }
 
 // Grow implements comm.Grower. With ncclCommGrow (NCCL 2.29.2+) and a
@@ -273,23 +280,27 @@ func (b *Backend) Grow(ctx context.Context, size int, epoch uint64) (comm.Backen
 	}
 	t0 := time.Now()
 	var h commHandle
-	mode := "fresh init"
+	mk := Creation{How: "fresh init"}
 	native, err := b.agreeNative(ctx, epoch, b.rank, b.size,
 		b.L.info.Features.Grow && !b.cfg.DisableNativeGrow && !b.failed.Load() && b.holdsComm())
 	if err != nil {
 		return nil, fmt.Errorf("nccl: grow to %d ranks: %w", size, err)
 	}
+	mk.Agree = time.Since(t0)
 	if native {
-		mode = "ncclCommGrow"
+		mk.How = "ncclCommGrow"
+		t1 := time.Now()
 		if h, err = b.nativeGrow(ctx, size, epoch); err != nil {
 			return nil, fmt.Errorf("nccl: grow to %d ranks: %w", size, err)
 		}
+		mk.Ready = time.Since(t1)
 	}
-	nb, err := b.child(ctx, b.opts, b.rank, size, epoch, h)
+	nb, err := b.child(ctx, b.opts, b.rank, size, epoch, h, mk)
 	if err != nil {
-		return nil, fmt.Errorf("nccl: grow to %d ranks (%s): %w", size, mode, err)
+		return nil, fmt.Errorf("nccl: grow to %d ranks (%s): %w", size, mk.How, err)
 	}
-	b.log.Info("grown", zap.Int("new_size", size), zap.String("how", mode), zap.Duration("took", time.Since(t0)))
+	nb.made.Total = time.Since(t0)
+	nb.logCreation("grown")
 	return nb, nil
 }
 
@@ -444,6 +455,7 @@ func (b *Backend) Split(ctx context.Context, color, key int) (comm.Backend, erro
 	if err := b.usable(); err != nil {
 		return nil, err
 	}
+	t0 := time.Now()
 	nh, n, err := b.split(ctx, color, key)
 	if err != nil || nh == 0 {
 		return nil, err
@@ -456,7 +468,11 @@ func (b *Backend) Split(ctx context.Context, color, key int) (comm.Backend, erro
 	}
 	o := b.opts
 	o.Prefix = fmt.Sprintf("%s/split%d-%d", b.opts.Prefix, n, color)
-	return b.child(ctx, o, rank, cnt, b.epoch, nh)
+	nb, err := b.child(ctx, o, rank, cnt, b.epoch, nh, Creation{How: "ncclCommSplit", Ready: time.Since(t0)})
+	if err == nil {
+		nb.made.Total = time.Since(t0)
+	}
+	return nb, err
 }
 
 func (b *Backend) split(ctx context.Context, color, key int) (commHandle, int, error) {
