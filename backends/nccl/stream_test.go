@@ -151,3 +151,69 @@ func TestStreamOrderBadStream(t *testing.T) {
 		t.Fatalf("unknown stream: %v, want ErrInvalidArgument", err)
 	}
 }
+
+// A detached stream-ordered op runs after the work queued on the caller's
+// stream but leaves that stream free of it: work queued there afterwards
+// completes while the op still waits for its peer, and an event recorded
+// on the comm's stream (Backend.Stream) behind the op completes only with
+// it. The watchdog follows it all the same (its deadline).
+func TestStreamOrderDetached(t *testing.T) {
+	ctx := testCtx(t)
+	w := newFakeWorld(t, 2)
+	L := w.Library()
+	ranks := startJob(t, ctx, L, devs(2), 1, "job", nil)
+	bufs := make([]*devBuf, 2)
+	for i, rk := range ranks {
+		b, err := rk.alloc(comm.Float32, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.b.Free()
+		if err := b.set(ctx, []float64{float64(i + 1), 1, 1, 1}); err != nil {
+			t.Fatal(err)
+		}
+		bufs[i] = b
+	}
+	user, err := L.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer user.Close()
+	b0 := ranks[0].c.Backend().(*Backend)
+	octx := WithStreamOrder(ctx, StreamOrder{Stream: user.Handle(), Detached: true})
+	if err := ranks[0].c.AllReduce(octx, bufs[0].t(), comm.Sum); err != nil {
+		t.Fatal(err)
+	}
+	if n := b0.nOrdered.Load(); n != 1 {
+		t.Errorf("%d ops followed by the watchdog, want the detached one", n)
+	}
+	ev := func(s *Stream) *Event {
+		e, err := L.NewEvent(0, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		if err := e.Record(s); err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	onUser := ev(user)
+	onComm := ev(&Stream{l: L, dev: 0, s: streamHandle(b0.Stream())})
+	if err := onUser.Wait(ctx); err != nil {
+		t.Fatalf("the caller's stream waits for a detached op: %v", err)
+	}
+	if done, err := onComm.Done(); err != nil || done {
+		t.Fatalf("the comm's stream passed the op before its peer came (done %v, %v)", done, err)
+	}
+	if err := ranks[1].c.AllReduce(ctx, bufs[1].t(), comm.Sum); err != nil {
+		t.Fatal(err)
+	}
+	if err := onComm.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := bufs[0].get(ctx); err != nil || got[0] != 3 {
+		t.Fatalf("rank 0 after the comm stream's event: %v, %v; want 3", got, err)
+	}
+	eventually(t, "the watchdog to retire the op", func() bool { return b0.nOrdered.Load() == 0 })
+}
