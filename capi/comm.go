@@ -292,27 +292,6 @@ func ftcomm_comm_info(h C.uint64_t, buf unsafe.Pointer, capacity C.int64_t, n *C
 	})
 }
 
-// ftcomm_comm_cuda_stream stores in *stream the cudaStream_t the comm's
-// ops run on (an NCCL comm's; it lives as long as the comm), for callers
-// that order their work after ops issued with FTCOMM_DETACHED. A comm on
-// host memory has none: FTCOMM_ERR_INVALID_ARGUMENT.
-//
-//export ftcomm_comm_cuda_stream
-func ftcomm_comm_cuda_stream(h C.uint64_t, stream *C.uint64_t) C.int32_t {
-	return guard(func() error {
-		o, err := lookup[*commObj](uint64(h))
-		if err != nil {
-			return err
-		}
-		s, ok := o.c.Backend().(interface{ Stream() uintptr })
-		if !ok || stream == nil {
-			return fmt.Errorf("%w: comm %q (%s) has no CUDA stream", comm.ErrInvalidArgument, o.c.Name(), o.backend)
-		}
-		*stream = C.uint64_t(s.Stream())
-		return nil
-	})
-}
-
 // ftcomm_comm_dump copies the comm's flight recorder (JSON) into buf.
 //
 //export ftcomm_comm_dump
@@ -339,14 +318,12 @@ type opArgs struct {
 	device   bool
 	timeout  time.Duration
 	async    bool
-	detached bool
 }
 
 func makeArgs(kind C.int32_t, out unsafe.Pointer, outCount C.int64_t, in unsafe.Pointer, inCount C.int64_t,
 	dtype, device, redop, root C.int32_t, stream C.uint64_t, timeoutNs C.int64_t, flags C.int32_t) (opArgs, error) {
 	a := opArgs{kind: int32(kind), redop: comm.ReduceOp(redop), root: int(root), stream: uintptr(stream),
-		device: device >= 0, timeout: time.Duration(timeoutNs), async: flags&flagAsync != 0,
-		detached: flags&flagDetached != 0}
+		device: device >= 0, timeout: time.Duration(timeoutNs), async: flags&flagAsync != 0}
 	if redop < 0 || redop > 255 {
 		return a, fmt.Errorf("%w: reduce op %d", comm.ErrInvalidArgument, redop)
 	}
@@ -452,10 +429,7 @@ func (a *opArgs) issue(ctx context.Context, c *comm.Comm) (w *comm.Work, err err
 // unless the op is async the stream waits for it and the call returns
 // once it is enqueued (see nccl.StreamOrder). With FTCOMM_ASYNC in flags
 // the call returns a work handle in *work at once; otherwise it returns
-// when the op is done (host) or enqueued (CUDA), interruptibly. With
-// FTCOMM_DETACHED (CUDA, not async) the stream does not wait for the op:
-// the caller orders its later work after the comm's stream
-// (ftcomm_comm_cuda_stream) itself.
+// when the op is done (host) or enqueued (CUDA), interruptibly.
 //
 //export ftcomm_comm_op
 func ftcomm_comm_op(h C.uint64_t, kind C.int32_t, out unsafe.Pointer, outCount C.int64_t, in unsafe.Pointer, inCount C.int64_t,
@@ -621,7 +595,7 @@ func runOp(can *canceler, c *comm.Comm, a *opArgs, work *C.uint64_t) error {
 		defer cancel()
 	}
 	if a.device {
-		ctx = nccl.WithStreamOrder(ctx, nccl.StreamOrder{Stream: a.stream, Detached: a.detached})
+		ctx = nccl.WithStreamOrder(ctx, nccl.StreamOrder{Stream: a.stream})
 	}
 	_, err := a.issue(ctx, c)
 	return interrupted(ctx, err)

@@ -52,7 +52,7 @@ enum {
 enum { FTCOMM_P2P_SEND = 1, FTCOMM_P2P_RECV = 2 };
 
 // Op flags.
-enum { FTCOMM_ASYNC = 1, FTCOMM_DETACHED = 2 };
+enum { FTCOMM_ASYNC = 1 };
 
 // Element types (comm.DType) and reductions (comm.ReduceOp).
 enum {
@@ -81,7 +81,7 @@ import (
 
 // ABIVersion is what ftcomm_abi_version returns; it changes whenever an
 // entry point's signature or meaning does.
-const ABIVersion = 3
+const ABIVersion = 2
 
 // Statuses. The order of kinds below is their priority: a call's status
 // is the first kind its error matches; the JSON lists all of them.
@@ -151,11 +151,6 @@ const (
 
 // flagAsync: return a work handle at once instead of completing the op.
 const flagAsync = C.FTCOMM_ASYNC
-
-// flagDetached: a sync op on CUDA tensors returns once enqueued, but the
-// caller's stream does not wait for it (nccl.StreamOrder.Detached): the
-// caller waits on the comm's stream (ftcomm_comm_cuda_stream) itself.
-const flagDetached = C.FTCOMM_DETACHED
 
 type kind struct {
 	status int32

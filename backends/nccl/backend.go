@@ -136,11 +136,6 @@ type Creation struct {
 // Creation reports how this comm was made.
 func (b *Backend) Creation() Creation { return b.made }
 
-// Stream is the cudaStream_t every op of this comm runs on, for callers
-// that order their own work after ops run with a detached StreamOrder.
-// It lives until the comm is released.
-func (b *Backend) Stream() uintptr { return uintptr(b.stream) }
-
 func (b *Backend) logCreation(msg string, fields ...zap.Field) {
 	m := b.made
 	b.log.Info(msg, append(fields, zap.String("how", m.How), zap.Duration("agree", m.Agree), zap.Duration("call", m.Call),
@@ -945,7 +940,7 @@ func (b *Backend) run(ctx context.Context, what string, a collArgs) error {
 		return err
 	}
 	if ordered && !so.Async && !pointToPoint(a.kind) {
-		return b.signal(ctx, so.Stream, so.Detached, what)
+		return b.signal(ctx, so.Stream, what)
 	}
 	return b.waitStream(ctx, what)
 }
@@ -1041,7 +1036,7 @@ func (b *Backend) Start(ctx context.Context, op comm.Op) (comm.Completion, error
 	ev, err := b.event()
 	if err == nil {
 		err = b.lib.eventRecord(b.dev, ev, b.stream)
-		if err == nil && ordered && !so.Async && !so.Detached {
+		if err == nil && ordered && !so.Async {
 			err = b.lib.streamWaitEvent(b.dev, streamHandle(so.Stream), ev)
 		}
 		if err != nil {

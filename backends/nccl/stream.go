@@ -30,21 +30,13 @@ import (
 //     ops (point-to-point, grouped) still return when complete.
 //   - With Async the op returns (or its Work completes) when it has
 //     completed, as without a StreamOrder; only the first point holds.
-//   - With Detached the ops that are one NCCL call return once enqueued,
-//     followed by the watchdog against their deadline as above, but Stream
-//     does not wait for them: the caller orders its later work after the
-//     op itself, against the comm's stream (Backend.Stream), as
-//     torch.distributed's NCCL backend does with its own stream (an event
-//     recorded there after the op, waited for when the op's Work is).
-//     Other ops return when complete, as without Detached.
 //
 // Stream is a cudaStream_t of the CUDA runtime this package loaded, on the
 // comm's device; 0 is the legacy default stream. No device-wide
 // synchronisation is involved.
 type StreamOrder struct {
-	Stream   uintptr
-	Async    bool
-	Detached bool
+	Stream uintptr
+	Async  bool
 }
 
 type streamOrderKey struct{}
@@ -85,14 +77,13 @@ func (b *Backend) waitOn(s uintptr, what string) error {
 }
 
 // signal makes s wait for everything enqueued on the comm's stream so far
-// (unless detached) and hands the op to the watchdog, to be done by
-// deadline. Called with opMu held, after the op was enqueued: a failure
-// here fails the comm.
-func (b *Backend) signal(ctx context.Context, s uintptr, detached bool, what string) error {
+// and hands the op to the watchdog, to be done by deadline. Called with
+// opMu held, after the op was enqueued: a failure here fails the comm.
+func (b *Backend) signal(ctx context.Context, s uintptr, what string) error {
 	ev, err := b.event()
 	if err == nil {
 		err = b.lib.eventRecord(b.dev, ev, b.stream)
-		if err == nil && !detached {
+		if err == nil {
 			err = b.lib.streamWaitEvent(b.dev, streamHandle(s), ev)
 		}
 		if err != nil {

@@ -16,7 +16,7 @@ from typing import Optional
 
 from . import errors
 
-ABI_VERSION = 3
+ABI_VERSION = 2
 
 # Statuses (libftcomm.h).
 OK = 0
@@ -43,7 +43,6 @@ OP_ALL_TO_ALL_V = 14
 P2P_SEND = 1  # ftcomm_comm_batch
 P2P_RECV = 2
 ASYNC = 1
-DETACHED = 2  # a sync op on CUDA tensors: the caller's stream does not wait for it
 
 _u64, _i64, _i32, _vp, _cp = c_uint64, c_int64, c_int32, c_void_p, c_char_p
 _pu64, _pi64, _pi32 = POINTER(c_uint64), POINTER(c_int64), POINTER(c_int32)
@@ -62,7 +61,6 @@ _SIGNATURES = {
     "ftcomm_comm_free": ([_u64], _i32),
     "ftcomm_comm_info": ([_u64] + _buf, _i32),
     "ftcomm_comm_dump": ([_u64] + _buf, _i32),
-    "ftcomm_comm_cuda_stream": ([_u64, _pu64], _i32),
     "ftcomm_comm_op": (_opargs, _i32),
     "ftcomm_comm_opv": ([_u64, _i32, _vp, _i64, _vp, _i64, _i32, _i32, _i32, _pi64, _i64, _pi64, _i64, _u64, _i64,
                          _i32, _pu64], _i32),

@@ -29,10 +29,6 @@ from .reduce_op import RedOpType, ReduceOp, as_reduce_op
 from .store import Store, _is_torch_store, from_environment, through_torch_store
 from .work import DONE, InFlight, Work
 
-# Set by ftcomm.distributed around the sync CUDA ops it issues: each is
-# issued with FTCOMM_DETACHED (see Communicator.cuda_stream).
-_detached = threading.local()
-
 _SUM = 1
 
 
@@ -200,7 +196,6 @@ class Communicator:
                  prefix: str, options: CommOptions, log_level: Optional[str], name: str,
                  init_handle: Optional[str] = None):
         self._h = handle
-        self._stream: Optional[int] = None  # cuda_stream(), once asked
         self._store = store
         self._own_store = own_store
         self._device = device
@@ -379,8 +374,7 @@ class Communicator:
         L = _lib._lib
         adt = abi_dtype(dt)
         if not async_op:
-            flags = _lib.DETACHED if dev >= 0 and getattr(_detached, "on", False) else 0
-            st = L.ftcomm_comm_op(h, kind, optr, on, iptr, inn, adt, dev, redop, root, stream, t, flags, None)
+            st = L.ftcomm_comm_op(h, kind, optr, on, iptr, inn, adt, dev, redop, root, stream, t, 0, None)
             if st:
                 _lib.fail(st)
             return self._synced(after)
@@ -389,22 +383,6 @@ class Communicator:
         if st:
             _lib.fail(st)
         return Work(self._inflight.add(w.value, keep, after), self._inflight)
-
-    def cuda_stream(self) -> int:
-        """The raw cudaStream_t this communicator's ops run on (NCCL
-        comms; it lives until the communicator is finalized or
-        reconfigured). The torch.distributed backend (ftcomm.distributed)
-        issues its CUDA ops detached: the caller's stream does not wait for
-        them; it orders later work after this stream itself, with an event
-        recorded here."""
-        s = self._stream
-        if s is None:
-            out = c_uint64()
-            st = _lib.lib().ftcomm_comm_cuda_stream(self._handle(), byref(out))
-            if st:
-                _lib.fail(st)
-            s = self._stream = out.value
-        return s
 
     def _synced(self, after) -> Work:
         """A sync op has returned: run its after step, and settle the async
@@ -427,9 +405,7 @@ class Communicator:
         w = c_uint64()
         st = _lib.lib().ftcomm_comm_opv(h, kind, out[0], out[1], inp[0], inp[1], abi_dtype(dt), dev, redop, c,
                                         len(counts), ic, len(in_counts) if in_counts is not None else 0, stream,
-                                        _lib.timeout_ns(timeout),
-                                        _lib.ASYNC if async_op else
-                                        _lib.DETACHED if dev >= 0 and getattr(_detached, "on", False) else 0,
+                                        _lib.timeout_ns(timeout), _lib.ASYNC if async_op else 0,
                                         byref(w) if async_op else None)
         if st:
             _lib.fail(st)
@@ -895,7 +871,6 @@ class Communicator:
     def _adopt(self, h: int, members: List[str]) -> None:
         """Become the comm of handle h (the old one, if any, is closed)."""
         old, self._h = self._h, h
-        self._stream = None
         if old is not None and old != h and not _lib.forked:
             _lib.lib().ftcomm_comm_free(old)
             self._inflight.release()

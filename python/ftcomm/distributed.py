@@ -66,7 +66,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from .comm import Communicator, _detached, new_comm
+from .comm import Communicator, new_comm
 from .errors import FtcommError, InvalidArgumentError
 from .reduce_op import ReduceOp
 from .store import Store, through_torch_store
@@ -517,7 +517,6 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         self._hints = hints
         self._lock = threading.RLock()
         self._streams: Dict[Any, Any] = {}
-        self._comm_streams: Dict[int, Any] = {}  # the comms' own streams (raw cudaStream_t → torch.cuda.ExternalStream)
         self._completers: Dict[int, _Completer] = {}
         self._pending: List[Tuple[str, torch.Tensor, int, _Work]] = []
         self._coalescing: Optional[List[_Work]] = None
@@ -660,40 +659,19 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         return work
 
     def _cuda(self, comm, dev, enqueue, touched, posts, result) -> _CudaWork:
-        """Issue one op on CUDA tensors as torch's NCCL backend issues a
-        collective: on the comm's own stream, after the work queued on the
-        current stream so far, without making the current stream wait for
-        it (FTCOMM_DETACHED); the Work's event, recorded on the comm's
-        stream behind the op, is what wait() makes the current stream wait
-        for. The tensors are kept from the caching allocator until the op
-        is done through the group's side stream (a torch stream, which
-        outlives the comm's), made to wait for that event."""
-        _detached.on = True
-        try:
-            enqueue()
-        finally:
-            _detached.on = False
-        cs = self._comm_stream(comm, dev)
-        if any(p is not None for p in posts):  # copies back into non-contiguous outputs, behind the op
-            with torch.cuda.stream(cs):
-                for p in posts:
-                    if p is not None:
-                        p()
-        ev = torch.cuda.Event()
-        ev.record(cs)
+        cur = torch.cuda.current_stream(dev)
         s = self._stream(dev)
-        s.wait_event(ev)
-        for t in touched:
-            t.record_stream(s)
+        s.wait_stream(cur)
+        with torch.cuda.stream(s):
+            enqueue()
+            for p in posts:
+                if p is not None:
+                    p()
+            for t in touched:
+                t.record_stream(s)
+            ev = torch.cuda.Event()
+            ev.record(s)
         return _CudaWork(self, comm, dev, result, ev)
-
-    def _comm_stream(self, comm, dev: torch.device):
-        """The comm's own CUDA stream, as a torch stream."""
-        raw = comm.cuda_stream()
-        s = self._comm_streams.get(raw)
-        if s is None:
-            s = self._comm_streams[raw] = torch.cuda.ExternalStream(raw, device=dev)
-        return s
 
     # ---- point to point: held, then issued as one batch ----
 

@@ -49,16 +49,3 @@ def test_double_free_is_an_error_not_a_crash():
     with pytest.raises(ftcomm.BadHandleError):
         _lib.check(st)
     s.close()  # the object knows it is closed
-
-
-def test_cuda_stream_of_a_host_comm_is_refused():
-    # A gloo comm runs no CUDA stream: a typed error, not a bogus handle
-    # (ftcomm.distributed asks an NCCL comm for it to order its CUDA ops).
-    store = ftcomm.Store.listen("127.0.0.1:0")
-    c = ftcomm.new_comm("gloo", "cpu", name="no-stream", store=store, rank=0, size=1)
-    try:
-        with pytest.raises(ftcomm.InvalidArgumentError, match="no CUDA stream"):
-            c.cuda_stream()
-    finally:
-        c.finalize()
-        store.close()
