@@ -76,8 +76,12 @@ type Config struct {
 	// that follow a published one within LossMaxWait wait until none was
 	// lost for this long, so that many deaths at once (a rack, a switch: a
 	// thousand ranks whose links reset, whose groups' leases are taken
-	// over, each seen a few milliseconds apart) cost two epochs, not one
-	// per death. Every epoch is revoked at once all the same. 0:
+	// over, each seen a few milliseconds apart; or whose leases lapse,
+	// revoked by etcd in chunks 500 ms apart over the TTL/3 between
+	// renewals) cost two epochs, not one per death or per chunk. Every
+	// epoch is revoked at once all the same. A loss that follows another
+	// by less than LossMaxWait waits this long: two unrelated deaths a
+	// few seconds apart cost the second one LossWindow. 0:
 	// DefaultLossWindow; negative: none, each loss publishes at once.
 	LossWindow time.Duration
 	// LossMaxWait bounds that wait from the first loss it waits for. 0:
@@ -98,14 +102,22 @@ const (
 	DefaultSilentEpochs = 2
 	DefaultFormWindow   = 200 * time.Millisecond
 	DefaultFormMaxWait  = 2 * time.Second
-	DefaultLossWindow   = 50 * time.Millisecond
-	DefaultLossMaxWait  = 2 * time.Second
+	// DefaultLossWindow is longer than the 500 ms between etcd's
+	// revocations of expired leases (its lessor revokes those due every
+	// 500 ms, at most 500 at a time): the registrations of a rack whose
+	// leases lapsed together come in chunks 500 ms apart.
+	DefaultLossWindow = 600 * time.Millisecond
+	// DefaultLossMaxWait covers the spread of those lapses: a lease is
+	// renewed every TTL/3, so leases of processes that died at once
+	// expire up to TTL/3 apart (5 s at the TTL of 15 s a job of 100,000
+	// ranks runs with), plus etcd's 500 ms tick.
+	DefaultLossMaxWait = 6 * time.Second
 )
 
 // DefaultConfig returns MinReplicas 1, JoinTimeout 10 s,
 // FailureSettle 100 ms, HolderGrace 15 s, BlameHold 30 s, BlameMinHold
 // 1 s, SilentEpochs 2, FormWindow 200 ms, FormMaxWait 2 s, LossWindow
-// 50 ms, LossMaxWait 2 s and no straggler policy.
+// 600 ms, LossMaxWait 6 s and no straggler policy.
 func DefaultConfig() Config {
 	return Config{MinReplicas: 1, JoinTimeout: 10 * time.Second, FailureSettle: 100 * time.Millisecond,
 		HolderGrace: DefaultHolderGrace, BlameHold: DefaultBlameHold, BlameMinHold: DefaultBlameMinHold,
