@@ -130,7 +130,9 @@ func (m *Machine) count(r *membership.MemberRecord, n int) {
 	}
 }
 
-// rebuild makes the aggregates anew for a new previous quorum (setPrev).
+// rebuild makes the aggregates anew for a new previous quorum (setPrev):
+// one pass over the members, and one over the participants only when
+// some of them do not survive (after a publication, usually all do).
 func (m *Machine) rebuild() {
 	a := &m.agg
 	clear(a.prevPos)
@@ -140,20 +142,51 @@ func (m *Machine) rebuild() {
 	clear(a.minAsked)
 	clear(a.stalling)
 	a.eligible, a.shrinking, a.withRun, a.stepSeen, a.stepStale = 0, 0, 0, 0, false
+	var epoch uint64
 	if m.prev != nil {
 		for i, p := range m.prev.Participants {
 			a.prevPos[p.ID] = i
-			a.lost[p.ID] = struct{}{}
 		}
-		a.stepSeen = m.prev.MaxStep
+		a.stepSeen, epoch = m.prev.MaxStep, m.prev.Epoch
 	}
+	survivors := 0
 	for id, r := range m.members {
-		m.count(r, 1)
-		if survivor(m, r) {
-			delete(a.lost, id)
+		i, in := a.prevPos[id]
+		took := in && m.prev.Participants[i].Incarnation == r.Incarnation // the incarnation that took part
+		el := eligible(r)
+		switch {
+		case el && took:
+			survivors++
+			if r.ShrinkOnly {
+				a.shrinking++
+			}
+			if r.CommitFailed != 0 && r.CommitFailed == epoch {
+				a.failed[id] = struct{}{}
+			}
+		case el && r.WantQuorum:
+			a.joining[id] = struct{}{}
 		}
-		if m.inPrev(id, r.Incarnation) {
+		if el {
+			a.eligible++
+		}
+		if took {
 			a.stepSeen = max(a.stepSeen, r.Step)
+		}
+		if r.Stall != nil {
+			a.stalling[id] = struct{}{}
+		}
+		if r.MinReplicas > 1 {
+			a.minAsked[r.MinReplicas]++
+		}
+		if r.Run != "" {
+			a.withRun++
+		}
+	}
+	if m.prev != nil && survivors < len(m.prev.Participants) {
+		for _, p := range m.prev.Participants {
+			if !m.survives(p.ID) {
+				a.lost[p.ID] = struct{}{}
+			}
 		}
 	}
 }
