@@ -802,13 +802,26 @@ func (m *Machine) advance(now time.Time) Decision {
 	}
 	why := ending(reasons())
 	if len(q.Added) > 0 && m.prev != nil {
-		why = append(why, "joined "+strings.Join(q.Added, ","))
+		why = append(why, joinedWhy(q.Added))
 	}
 	q.Reason = strings.Join(why, "; ")
 	if rev != nil {
 		rev.Reason = q.Reason
 	}
 	return Decision{Quorum: q, Revocation: rev, WakeAt: wakeAt}
+}
+
+// maxJoinedNamed is how many joiners a quorum's Reason names: the rest
+// are counted (a job growing by 50,000 ranks named every one, 400 KB of
+// reason per epoch in the coordinator's log; Quorum.Added lists them all).
+const maxJoinedNamed = 16
+
+// joinedWhy is the reason's part for the joiners added.
+func joinedWhy(added []string) string {
+	if len(added) <= maxJoinedNamed {
+		return "joined " + strings.Join(added, ",")
+	}
+	return fmt.Sprintf("joined %s and %d more", strings.Join(added[:maxJoinedNamed], ","), len(added)-maxJoinedNamed)
 }
 
 // participant is what a quorum holds of a member.

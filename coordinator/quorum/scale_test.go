@@ -202,3 +202,26 @@ func walkLastStep(m *Machine) (step int64, unknown bool) {
 	}
 	return step, unknown
 }
+
+// A quorum that admits many joiners names the first few and counts the
+// rest: its reason goes to the log and the record at every epoch of a
+// growing job.
+func TestQuorumReasonCountsManyJoiners(t *testing.T) {
+	now := time.Unix(0, 0)
+	cfg := DefaultConfig()
+	cfg.FormWindow = -1
+	m := NewMachine("j", cfg, nil)
+	m.Upsert(now, membership.MemberRecord{ID: "a", Incarnation: 1, WantQuorum: true})
+	m.Published(*m.Advance(now).Quorum)
+	for i := 0; i < 40; i++ {
+		m.Upsert(now, membership.MemberRecord{ID: fmt.Sprintf("b%02d", i), Incarnation: int64(2 + i), WantQuorum: true})
+	}
+	q := m.Advance(now).Quorum
+	if q == nil || len(q.Added) != 40 {
+		t.Fatalf("got %+v, want a quorum adding 40", q)
+	}
+	want := "joined b00,b01,b02,b03,b04,b05,b06,b07,b08,b09,b10,b11,b12,b13,b14,b15 and 24 more"
+	if q.Reason != want {
+		t.Fatalf("reason %q, want %q", q.Reason, want)
+	}
+}
