@@ -76,17 +76,30 @@ type Config struct {
 	// that follow a published one within LossMaxWait wait until none was
 	// lost for this long, so that many deaths at once (a rack, a switch: a
 	// thousand ranks whose links reset, whose groups' leases are taken
-	// over, each seen a few milliseconds apart; or whose leases lapse,
-	// revoked by etcd in chunks 500 ms apart over the TTL/3 between
-	// renewals) cost two epochs, not one per death or per chunk. Every
-	// epoch is revoked at once all the same. A loss that follows another
-	// by less than LossMaxWait waits this long: two unrelated deaths a
-	// few seconds apart cost the second one LossWindow. 0:
+	// over, each seen a few milliseconds apart) cost two epochs, not one
+	// per death. Every epoch is revoked at once all the same. 0:
 	// DefaultLossWindow; negative: none, each loss publishes at once.
 	LossWindow time.Duration
 	// LossMaxWait bounds that wait from the first loss it waits for. 0:
 	// DefaultLossMaxWait.
 	LossMaxWait time.Duration
+	// MassLoss is how many ranks lost in one burst (losses each less than
+	// the wait's bound after the one before, those published included)
+	// make a mass failure, whose losses wait for quiet of at least
+	// MassLossWindow, at most MassLossMaxWait: a rack whose leases lapse
+	// reaches the coordinator as etcd revokes them, every 500 ms (at most
+	// 500 leases a tick), spread over the TTL/3 between the leases'
+	// renewals, and LossWindow's quiet would publish an epoch per tick. A
+	// smaller burst (a death, then an unrelated one a second later) waits
+	// LossWindow only. 0: DefaultMassLoss; negative: no mass failures.
+	MassLoss int
+	// MassLossWindow is a mass failure's quiet: longer than etcd's 500 ms
+	// between revocations of expired leases. 0: DefaultMassLossWindow.
+	MassLossWindow time.Duration
+	// MassLossMaxWait bounds a mass failure's wait: longer than the TTL/3
+	// over which leases of ranks that died at once expire, plus etcd's
+	// tick. 0: DefaultMassLossMaxWait.
+	MassLossMaxWait time.Duration
 }
 
 // blamedReportWait is how many FailureSettles a failed epoch waits for a
@@ -102,22 +115,26 @@ const (
 	DefaultSilentEpochs = 2
 	DefaultFormWindow   = 200 * time.Millisecond
 	DefaultFormMaxWait  = 2 * time.Second
-	// DefaultLossWindow is longer than the 500 ms between etcd's
+	DefaultLossWindow   = 50 * time.Millisecond
+	DefaultLossMaxWait  = 2 * time.Second
+	// DefaultMassLoss is two hosts of 8 GPUs.
+	DefaultMassLoss = 16
+	// DefaultMassLossWindow is longer than the 500 ms between etcd's
 	// revocations of expired leases (its lessor revokes those due every
-	// 500 ms, at most 500 at a time): the registrations of a rack whose
-	// leases lapsed together come in chunks 500 ms apart.
-	DefaultLossWindow = 600 * time.Millisecond
-	// DefaultLossMaxWait covers the spread of those lapses: a lease is
+	// 500 ms, at most 500 at a time).
+	DefaultMassLossWindow = 600 * time.Millisecond
+	// DefaultMassLossMaxWait covers the spread of lapses: a lease is
 	// renewed every TTL/3, so leases of processes that died at once
 	// expire up to TTL/3 apart (5 s at the TTL of 15 s a job of 100,000
 	// ranks runs with), plus etcd's 500 ms tick.
-	DefaultLossMaxWait = 6 * time.Second
+	DefaultMassLossMaxWait = 6 * time.Second
 )
 
 // DefaultConfig returns MinReplicas 1, JoinTimeout 10 s,
 // FailureSettle 100 ms, HolderGrace 15 s, BlameHold 30 s, BlameMinHold
 // 1 s, SilentEpochs 2, FormWindow 200 ms, FormMaxWait 2 s, LossWindow
-// 600 ms, LossMaxWait 6 s and no straggler policy.
+// 50 ms, LossMaxWait 2 s, MassLoss 16, MassLossWindow 600 ms,
+// MassLossMaxWait 6 s and no straggler policy.
 func DefaultConfig() Config {
 	return Config{MinReplicas: 1, JoinTimeout: 10 * time.Second, FailureSettle: 100 * time.Millisecond,
 		HolderGrace: DefaultHolderGrace, BlameHold: DefaultBlameHold, BlameMinHold: DefaultBlameMinHold,
@@ -140,6 +157,10 @@ func (c Config) Validate() error {
 	}
 	if c.LossMaxWait < 0 {
 		return fmt.Errorf("%w: quorum: LossMaxWait %v is negative", comm.ErrInvalidArgument, c.LossMaxWait)
+	}
+	if c.MassLossWindow < 0 || c.MassLossMaxWait < 0 {
+		return fmt.Errorf("%w: quorum: MassLossWindow %v or MassLossMaxWait %v is negative", comm.ErrInvalidArgument,
+			c.MassLossWindow, c.MassLossMaxWait)
 	}
 	return c.Stragglers.Validate()
 }
@@ -198,4 +219,25 @@ func (c Config) silentEpochs() int {
 		return DefaultSilentEpochs
 	}
 	return max(c.SilentEpochs, 0)
+}
+
+func (c Config) massLoss() int {
+	if c.MassLoss == 0 {
+		return DefaultMassLoss
+	}
+	return max(c.MassLoss, 0)
+}
+
+func (c Config) massLossWindow() time.Duration {
+	if c.MassLossWindow == 0 {
+		return DefaultMassLossWindow
+	}
+	return c.MassLossWindow
+}
+
+func (c Config) massLossMaxWait() time.Duration {
+	if c.MassLossMaxWait == 0 {
+		return DefaultMassLossMaxWait
+	}
+	return c.MassLossMaxWait
 }

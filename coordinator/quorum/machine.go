@@ -120,6 +120,7 @@ type Machine struct {
 	settings *membership.SettingsRef // the job's settings (SetSettings)
 
 	lossEpochAt time.Time // when the newest loss a published quorum dropped happened (lossWait)
+	lossBurst   int       // how many the published quorums of the current burst of losses dropped (lossWait)
 
 	agg aggregates // what decisions need of every member, kept as records change (aggregates.go)
 
@@ -436,12 +437,26 @@ func (m *Machine) Published(q membership.Quorum) {
 	}
 	qq := q
 	m.setPrev(&qq)
-	// When the newest loss this quorum drops happened (lossWait): the
-	// departures recorded are the old quorum's participants'.
+	// When the newest loss this quorum drops happened, and how many the
+	// burst it belongs to dropped (lossWait): the departures recorded are
+	// the old quorum's participants'.
+	var first, newest time.Time
+	dropped := 0
 	for id, d := range m.removed {
 		if _, kept := m.agg.prevPos[id]; !kept && !d.at.IsZero() {
-			m.lossEpochAt = maxTime(m.lossEpochAt, d.at)
+			dropped++
+			if first.IsZero() || d.at.Before(first) {
+				first = d.at
+			}
+			newest = maxTime(newest, d.at)
 		}
+	}
+	if dropped > 0 {
+		if _, bound := m.lossBounds(m.lossBurst + dropped); m.lossEpochAt.IsZero() || first.Sub(m.lossEpochAt) > bound {
+			m.lossBurst = 0 // a new burst
+		}
+		m.lossBurst += dropped
+		m.lossEpochAt = maxTime(m.lossEpochAt, newest)
 	}
 	if q.Run != "" && q.Run != m.finalRun {
 		m.final, m.finalRun = q.Final, q.Run // a new run
@@ -919,18 +934,20 @@ func (m *Machine) formWait(now time.Time) (string, time.Time) {
 // Losses that follow a published loss within LossMaxWait are the rest of
 // a mass failure (a rack: links resetting, group leases taken over, each
 // seen a few milliseconds apart), and those are batched: one epoch for
-// the first, one for the rest.
+// the first, one for the rest. A burst of MassLoss ranks or more waits
+// longer (lossBounds): leases that lapse together come in etcd's ticks.
 func (m *Machine) lossWait(now time.Time, lost []string) (string, time.Time) {
-	window := m.cfg.lossWindow()
-	if window <= 0 || len(lost) == 0 {
+	if m.cfg.lossWindow() <= 0 || len(lost) == 0 {
 		return "", time.Time{}
 	}
 	var first, last time.Time
+	pending := 0
 	for _, id := range lost {
 		d, ok := m.removed[id]
 		if !ok || d.at.IsZero() {
 			continue
 		}
+		pending++
 		if first.IsZero() || d.at.Before(first) {
 			first = d.at
 		}
@@ -938,17 +955,29 @@ func (m *Machine) lossWait(now time.Time, lost []string) (string, time.Time) {
 			last = d.at
 		}
 	}
-	if first.IsZero() || m.lossEpochAt.IsZero() || first.Sub(m.lossEpochAt) > m.cfg.lossMaxWait() {
+	window, bound := m.lossBounds(m.lossBurst + pending)
+	if first.IsZero() || m.lossEpochAt.IsZero() || first.Sub(m.lossEpochAt) > bound {
 		return "", time.Time{}
 	}
 	at := last.Add(window)
-	if limit := first.Add(m.cfg.lossMaxWait()); limit.Before(at) {
+	if limit := first.Add(bound); limit.Before(at) {
 		at = limit
 	}
 	if !now.Before(at) {
 		return "", time.Time{}
 	}
 	return fmt.Sprintf("%d lost: publishing once none was lost for %v", len(lost), window), at
+}
+
+// lossBounds are the quiet a burst of n lost ranks waits for, and the
+// most it waits: LossWindow and LossMaxWait, or for a mass failure
+// (MassLoss ranks or more) at least MassLossWindow and MassLossMaxWait.
+func (m *Machine) lossBounds(n int) (window, bound time.Duration) {
+	window, bound = m.cfg.lossWindow(), m.cfg.lossMaxWait()
+	if mass := m.cfg.massLoss(); mass > 0 && n >= mass {
+		window, bound = max(window, m.cfg.massLossWindow()), max(bound, m.cfg.massLossMaxWait())
+	}
+	return window, bound
 }
 
 // maxTime is the later of a and b.

@@ -23,7 +23,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of coordi
 // next command, are the output it must print. "#" starts a comment.
 //
 //	config min=N timeout=D settle=D grace=D hold=D silent=N form=D formmax=D
-//	       loss=D lossmax=D factor=F window=D probation=D
+//	       loss=D lossmax=D mass=N masswindow=D massmax=D
+//	       factor=F window=D probation=D
 //	                            (starts a scenario: a new machine, clock
 //	                            and incarnations; the last three: the
 //	                            straggler policy; D "default": the default)
@@ -84,6 +85,7 @@ func (s *quorumScript) run(line string) []string {
 		cfg.FailureSettle = 0 // scripts that want it say settle=D
 		cfg.FormWindow = -1   // and form=D
 		cfg.LossWindow = -1   // and loss=D
+		cfg.MassLoss = -1     // and mass=N
 		for _, a := range args {
 			k, v, _ := strings.Cut(a, "=")
 			d, _ := time.ParseDuration(v) // "default": 0, the default
@@ -102,6 +104,12 @@ func (s *quorumScript) run(line string) []string {
 				cfg.LossWindow = d
 			case "lossmax":
 				cfg.LossMaxWait = d
+			case "mass":
+				cfg.MassLoss, _ = strconv.Atoi(v) // "default": 0
+			case "masswindow":
+				cfg.MassLossWindow = d
+			case "massmax":
+				cfg.MassLossMaxWait = d
 			case "grace":
 				cfg.HolderGrace = d
 			case "hold":
