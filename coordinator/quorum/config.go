@@ -68,8 +68,10 @@ type Config struct {
 	// reconfiguration). 0: DefaultFormWindow; negative: none.
 	FormWindow time.Duration
 	// FormMaxWait bounds that wait: such a quorum forms at the latest this
-	// long after it was first needed, however joins keep coming. 0:
-	// DefaultFormMaxWait.
+	// long after it was first needed, however joins keep coming; each such
+	// quorum in a row that formed at its bound, joins still arriving,
+	// doubles the next one's (up to 8 times), so a mass join is a few
+	// epochs. 0: DefaultFormMaxWait.
 	FormMaxWait time.Duration
 	// LossWindow batches losses: the first loss after a quiet spell is
 	// published at once (a single death costs nothing more), and losses

@@ -34,7 +34,8 @@ import (
 //   - Joins are batched: a quorum that would only admit joiners (no
 //     participant lost, no failure) waits until no member registered or
 //     asked for FormWindow, and at most FormMaxWait from when it was
-//     first needed.
+//     first needed, doubled for each such quorum in a row that formed at
+//     that bound (up to 8 times).
 //   - Ranks: survivors keep their relative order, joiners follow sorted by
 //     id. The epoch grows by one at every published quorum.
 //   - Base: the previous epoch when every survivor reported holding its
@@ -118,6 +119,9 @@ type Machine struct {
 	stalled map[string]stallMark  // left out for a stall, until they show life
 
 	settings *membership.SettingsRef // the job's settings (SetSettings)
+
+	formBound  bool // the quorum Advance decided only admits joiners, at its bound while joins still arrive (formWait)
+	formStreak int  // published quorums in a row like that (formWait)
 
 	lossEpochAt time.Time // when the newest loss a published quorum dropped happened (lossWait)
 	lossBurst   int       // how many the published quorums of the current burst of losses dropped (lossWait)
@@ -212,11 +216,7 @@ func (m *Machine) Upsert(now time.Time, rec membership.MemberRecord) bool {
 	}
 	r := rec
 	m.members[rec.ID] = &r
-	if had {
-		m.track(r.ID, old, &r)
-	} else {
-		m.track(r.ID, nil, &r)
-	}
+	m.track(r.ID, old, &r) // old: nil when it had no record
 	if !had && r.Stragglers != nil || had && !samePolicy(old.Stragglers, r.Stragglers) {
 		m.pol = nil // the job's straggler policy may change (policy)
 	}
@@ -435,6 +435,12 @@ func (m *Machine) Published(q membership.Quorum) {
 		}
 		m.stragglersPublished(*old, q)
 	}
+	if m.formBound {
+		m.formStreak++
+	} else {
+		m.formStreak = 0
+	}
+	m.formBound = false
 	qq := q
 	m.setPrev(&qq)
 	// When the newest loss this quorum drops happened, and how many the
@@ -486,6 +492,7 @@ func (m *Machine) Advance(now time.Time) Decision {
 }
 
 func (m *Machine) advance(now time.Time) Decision {
+	m.formBound = false
 	// What changed since the previous quorum comes from the aggregates
 	// (aggregates.go); the whole list is walked only to publish a quorum
 	// or where a rule needs it (stragglers on, a blame between
@@ -823,6 +830,10 @@ func (m *Machine) advance(now time.Time) Decision {
 	if rev != nil {
 		rev.Reason = q.Reason
 	}
+	// A quorum that only admits joiners while they still arrive formed at
+	// its bound: the next such one may wait longer (formWait).
+	m.formBound = nAdmitted > 0 && len(gone) == 0 && !epochFailed && !finalNew && !settingsNew &&
+		m.cfg.formWindow() > 0 && now.Before(m.lastArrival.Add(m.cfg.formWindow()))
 	return Decision{Quorum: q, Revocation: rev, WakeAt: wakeAt}
 }
 
@@ -904,14 +915,23 @@ func (m *Machine) finalSources(final int64, run string) []string {
 	return out
 }
 
+// maxFormDoublings bounds how often FormMaxWait doubles while joins keep
+// coming (8×: 16 s at the default).
+const maxFormDoublings = 3
+
 // formWait applies the batching of joins: it says what a quorum that
 // only admits joiners waits for, and until when ("" when it need not).
+// Each such quorum in a row that formed at its bound, joins still
+// arriving, doubles the next one's bound (formStreak): a mass join of
+// 100,000 ranks over half a minute is a few epochs, not one per
+// FormMaxWait, and its last joiners are admitted a FormWindow after they
+// stop all the same.
 func (m *Machine) formWait(now time.Time) (string, time.Time) {
 	window := m.cfg.formWindow()
 	if window <= 0 {
 		return "", time.Time{}
 	}
-	quiet, limit := m.lastArrival.Add(window), m.pendingSince.Add(m.cfg.formMaxWait())
+	quiet, limit := m.lastArrival.Add(window), m.pendingSince.Add(m.cfg.formMaxWait()<<min(m.formStreak, maxFormDoublings))
 	at := quiet
 	if limit.Before(at) {
 		at = limit
