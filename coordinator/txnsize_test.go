@@ -93,3 +93,26 @@ func TestEpochTxnFitsEtcdDefaults(t *testing.T) {
 		t.Fatalf("read back: %v, %d participants", err, len(got.Participants))
 	}
 }
+
+// The operations of a death's epoch at 100,000 participants (the record
+// and history entry are the whole list, the view one removal): what the
+// leader encodes per publication.
+func BenchmarkPublishOpsDeath100K(b *testing.B) {
+	const n = 100000
+	prev := membership.Quorum{Job: "big", Epoch: 7, MaxStep: 100, Created: time.Now(), Run: "r1"}
+	for i := 0; i < n; i++ {
+		prev.Participants = append(prev.Participants, membership.Participant{ID: fmt.Sprintf("m%06d", i), Group: fmt.Sprintf("g%06d", i/8),
+			Addr: "10.1.2.3:29500", Step: 100, Incarnation: int64(1000 + i)})
+	}
+	q := prev
+	q.Epoch, q.Participants, q.Removed, q.Reason = 8, append(prev.Participants[:1:1], prev.Participants[2:]...), []string{"m000001"}, "m000001 died"
+	rev := &membership.Revocation{Epoch: 7, Reason: q.Reason, Failed: q.Removed, By: "coordinator c0", At: time.Now()}
+	a := publish{job: "big", quorum: &q, revocation: rev, prev: &prev, viewRev: rev}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, _, err := publishOps(keys.Layout{}, 100, a, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e6, "ms/epoch")
+}

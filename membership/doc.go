@@ -153,8 +153,11 @@
 // it; joins are batched (FormWindow of quiet, at most FormMaxWait), so a
 // job whose members start together forms in one epoch; losses that
 // follow a published loss are batched too (LossWindow of quiet, at most
-// LossMaxWait; the first after a quiet spell is published at once, every
-// epoch revoked at once), so many deaths at once cost two epochs; the
+// LossMaxWait; for a burst of MassLoss ranks or more, longer than etcd's
+// 500 ms between revocations of expired leases and the TTL/3 over which
+// leases of ranks that died together expire; the first after a quiet
+// spell is published at once, every epoch revoked at once), so many
+// deaths at once cost two epochs; the
 // epoch grows by one at every quorum, which is published only when the
 // participants change or the epoch failed.
 //

@@ -9,8 +9,12 @@
 #
 # Usage: cmd/ftload/device.sh BIN_DIR
 #   BIN_DIR holds two static binaries built on a machine with Go:
-#     ftload-before   cmd/ftload of main at 18ea6c5 (before issue 35)
+#     ftload-before   cmd/ftload of the commit to compare with (main at
+#                     18ea6c5: before issue 35; 79b86d3: before the
+#                     decisions that cost what changed, scale-100k-3)
 #     ftload          cmd/ftload of this branch
+#   each by: CGO_ENABLED=0 go build -ldflags='-s -w' -o BIN_DIR/NAME ./cmd/ftload
+#   (stripped, the two are ~53 MB: within what the device tool carries).
 #   Logs and one JSON line per run go to $OUT (default ./ftload-out):
 #     machine.txt, before-10k.{log,json}, after-10k.{log,json},
 #     after-100k.{log,json}, summary.txt.

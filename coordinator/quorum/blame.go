@@ -124,31 +124,59 @@ func (m *Machine) silentIn(id string, epoch uint64) bool {
 }
 
 // silence leaves out the members blamed in SilentEpochs failed epochs in
-// a row in which they reported nothing, counting the current epoch.
-func (m *Machine) silence(survivors, admitted []membership.Participant, out map[string]string) {
+// a row in which they reported nothing, counting the current epoch: the
+// survivors, and the joiners (when admitting) silent before. Only members
+// counted silent or blamed in the epoch can be: those are walked.
+func (m *Machine) silence(admitting bool, out map[string]string) {
 	n := m.cfg.silentEpochs()
 	if n <= 0 || m.prev == nil {
 		return
 	}
 	e := m.prev.Epoch
-	for _, p := range survivors {
-		streak := m.silent[p.ID]
-		if m.silentIn(p.ID, e) {
-			streak++
+	consider := func(id string) {
+		if _, o := out[id]; o {
+			return
 		}
-		if _, o := out[p.ID]; !o && streak >= n {
-			out[p.ID] = silentWhy(streak)
+		streak := m.silent[id]
+		if m.survives(id) {
+			if m.silentIn(id, e) {
+				streak++
+			}
+		} else if _, j := m.agg.joining[id]; !j || !admitting {
+			return
+		}
+		if streak >= n {
+			out[id] = silentWhy(streak)
 		}
 	}
-	for _, p := range admitted {
-		if _, o := out[p.ID]; !o && m.silent[p.ID] >= n {
-			out[p.ID] = silentWhy(m.silent[p.ID])
+	for id := range m.silent {
+		consider(id)
+	}
+	for id, be := range m.blamedIn {
+		if be == e {
+			consider(id)
 		}
 	}
 }
 
 func silentWhy(n int) string {
 	return fmt.Sprintf("silent (blamed in %d failed epochs in a row, reported nothing)", n)
+}
+
+// blameBetween reports whether a blame in force (its hold not over) is
+// between two candidates, neither of them silent in the current epoch:
+// the cut rule has something to decide.
+func (m *Machine) blameBetween(now time.Time, candidate func(string) bool) bool {
+	var epoch uint64
+	if m.prev != nil {
+		epoch = m.prev.Epoch
+	}
+	for k, e := range m.blame {
+		if now.Before(e.until) && candidate(k.a) && candidate(k.b) && !m.silentIn(k.a, epoch) && !m.silentIn(k.b, epoch) {
+			return true
+		}
+	}
+	return false
 }
 
 // maxExactCut is the most members in blame for which cut finds the best
@@ -159,7 +187,7 @@ const maxExactCut = 16
 // cut applies the cut rule to the candidates (survivors then admitted):
 // it adds to out the members left out, and returns when the earliest
 // blame among them ends (zero: none).
-func (m *Machine) cut(now time.Time, survivors, admitted []membership.Participant, inPrev map[string]bool, js jobStep, out map[string]string) time.Time {
+func (m *Machine) cut(now time.Time, survivors, admitted []membership.Participant, js jobStep, out map[string]string) time.Time {
 	if len(m.blame) == 0 {
 		return time.Time{}
 	}
@@ -200,11 +228,11 @@ func (m *Machine) cut(now time.Time, survivors, admitted []membership.Participan
 	slices.Sort(involved)
 	holderFixed := false // a member outside the blame holds the job's step
 	for i, p := range pool {
-		if _, in := adj[i]; !in && m.holds(p, inPrev, js) {
+		if _, in := adj[i]; !in && m.holds(p, js) {
 			holderFixed = true
 		}
 	}
-	side := cutSide{m: m, pool: pool, inPrev: inPrev, js: js, holderFixed: holderFixed}
+	side := cutSide{m: m, pool: pool, js: js, holderFixed: holderFixed}
 	var kept []int
 	if len(involved) <= maxExactCut {
 		kept = side.exact(involved, adj)
@@ -236,7 +264,6 @@ func (m *Machine) cut(now time.Time, survivors, admitted []membership.Participan
 type cutSide struct {
 	m           *Machine
 	pool        []membership.Participant
-	inPrev      map[string]bool
 	js          jobStep
 	holderFixed bool
 }
@@ -272,7 +299,7 @@ func (s cutSide) holder(set []int) bool {
 		return true
 	}
 	for _, i := range set {
-		if s.m.holds(s.pool[i], s.inPrev, s.js) {
+		if s.m.holds(s.pool[i], s.js) {
 			return true
 		}
 	}
@@ -282,7 +309,7 @@ func (s cutSide) holder(set []int) bool {
 func (s cutSide) survivors(set []int) int {
 	n := 0
 	for _, i := range set {
-		if s.inPrev[s.pool[i].ID] {
+		if s.m.survives(s.pool[i].ID) {
 			n++
 		}
 	}
@@ -372,7 +399,7 @@ func (s cutSide) greedy(involved []int, adj map[int][]int) []int {
 				continue
 			}
 			di, dp := degree(i), degree(pick)
-			si, sp := s.inPrev[s.pool[i].ID], s.inPrev[s.pool[pick].ID]
+			si, sp := s.m.survives(s.pool[i].ID), s.m.survives(s.pool[pick].ID)
 			switch {
 			case di != dp:
 				if di < dp {

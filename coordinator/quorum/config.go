@@ -68,8 +68,10 @@ type Config struct {
 	// reconfiguration). 0: DefaultFormWindow; negative: none.
 	FormWindow time.Duration
 	// FormMaxWait bounds that wait: such a quorum forms at the latest this
-	// long after it was first needed, however joins keep coming. 0:
-	// DefaultFormMaxWait.
+	// long after it was first needed, however joins keep coming; each such
+	// quorum in a row that formed at its bound, joins still arriving,
+	// doubles the next one's (up to 8 times), so a mass join is a few
+	// epochs. 0: DefaultFormMaxWait.
 	FormMaxWait time.Duration
 	// LossWindow batches losses: the first loss after a quiet spell is
 	// published at once (a single death costs nothing more), and losses
@@ -83,6 +85,23 @@ type Config struct {
 	// LossMaxWait bounds that wait from the first loss it waits for. 0:
 	// DefaultLossMaxWait.
 	LossMaxWait time.Duration
+	// MassLoss is how many ranks lost in one burst (losses each less than
+	// the wait's bound after the one before, those published included)
+	// make a mass failure, whose losses wait for quiet of at least
+	// MassLossWindow, at most MassLossMaxWait: a rack whose leases lapse
+	// reaches the coordinator as etcd revokes them, every 500 ms (at most
+	// 500 leases a tick), spread over the TTL/3 between the leases'
+	// renewals, and LossWindow's quiet would publish an epoch per tick. A
+	// smaller burst (a death, then an unrelated one a second later) waits
+	// LossWindow only. 0: DefaultMassLoss; negative: no mass failures.
+	MassLoss int
+	// MassLossWindow is a mass failure's quiet: longer than etcd's 500 ms
+	// between revocations of expired leases. 0: DefaultMassLossWindow.
+	MassLossWindow time.Duration
+	// MassLossMaxWait bounds a mass failure's wait: longer than the TTL/3
+	// over which leases of ranks that died at once expire, plus etcd's
+	// tick. 0: DefaultMassLossMaxWait.
+	MassLossMaxWait time.Duration
 }
 
 // blamedReportWait is how many FailureSettles a failed epoch waits for a
@@ -100,12 +119,24 @@ const (
 	DefaultFormMaxWait  = 2 * time.Second
 	DefaultLossWindow   = 50 * time.Millisecond
 	DefaultLossMaxWait  = 2 * time.Second
+	// DefaultMassLoss is two hosts of 8 GPUs.
+	DefaultMassLoss = 16
+	// DefaultMassLossWindow is longer than the 500 ms between etcd's
+	// revocations of expired leases (its lessor revokes those due every
+	// 500 ms, at most 500 at a time).
+	DefaultMassLossWindow = 600 * time.Millisecond
+	// DefaultMassLossMaxWait covers the spread of lapses: a lease is
+	// renewed every TTL/3, so leases of processes that died at once
+	// expire up to TTL/3 apart (5 s at the TTL of 15 s a job of 100,000
+	// ranks runs with), plus etcd's 500 ms tick.
+	DefaultMassLossMaxWait = 6 * time.Second
 )
 
 // DefaultConfig returns MinReplicas 1, JoinTimeout 10 s,
 // FailureSettle 100 ms, HolderGrace 15 s, BlameHold 30 s, BlameMinHold
 // 1 s, SilentEpochs 2, FormWindow 200 ms, FormMaxWait 2 s, LossWindow
-// 50 ms, LossMaxWait 2 s and no straggler policy.
+// 50 ms, LossMaxWait 2 s, MassLoss 16, MassLossWindow 600 ms,
+// MassLossMaxWait 6 s and no straggler policy.
 func DefaultConfig() Config {
 	return Config{MinReplicas: 1, JoinTimeout: 10 * time.Second, FailureSettle: 100 * time.Millisecond,
 		HolderGrace: DefaultHolderGrace, BlameHold: DefaultBlameHold, BlameMinHold: DefaultBlameMinHold,
@@ -128,6 +159,10 @@ func (c Config) Validate() error {
 	}
 	if c.LossMaxWait < 0 {
 		return fmt.Errorf("%w: quorum: LossMaxWait %v is negative", comm.ErrInvalidArgument, c.LossMaxWait)
+	}
+	if c.MassLossWindow < 0 || c.MassLossMaxWait < 0 {
+		return fmt.Errorf("%w: quorum: MassLossWindow %v or MassLossMaxWait %v is negative", comm.ErrInvalidArgument,
+			c.MassLossWindow, c.MassLossMaxWait)
 	}
 	return c.Stragglers.Validate()
 }
@@ -186,4 +221,25 @@ func (c Config) silentEpochs() int {
 		return DefaultSilentEpochs
 	}
 	return max(c.SilentEpochs, 0)
+}
+
+func (c Config) massLoss() int {
+	if c.MassLoss == 0 {
+		return DefaultMassLoss
+	}
+	return max(c.MassLoss, 0)
+}
+
+func (c Config) massLossWindow() time.Duration {
+	if c.MassLossWindow == 0 {
+		return DefaultMassLossWindow
+	}
+	return c.MassLossWindow
+}
+
+func (c Config) massLossMaxWait() time.Duration {
+	if c.MassLossMaxWait == 0 {
+		return DefaultMassLossMaxWait
+	}
+	return c.MassLossMaxWait
 }

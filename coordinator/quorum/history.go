@@ -19,13 +19,17 @@ func (m *Machine) lastStep() (step int64, unknown bool) {
 	if m.prev == nil {
 		return 0, false
 	}
-	step = m.prev.MaxStep
-	for _, p := range m.prev.Participants {
-		if r, ok := m.members[p.ID]; ok && r.Incarnation == p.Incarnation {
-			step = max(step, r.Step)
-		} else if d, ok := m.removed[p.ID]; ok {
-			step, unknown = max(step, d.step), unknown || d.unknown
+	if m.agg.stepStale {
+		m.agg.stepSeen, m.agg.stepStale = m.prev.MaxStep, false
+		for _, p := range m.prev.Participants {
+			if r, ok := m.members[p.ID]; ok && r.Incarnation == p.Incarnation {
+				m.agg.stepSeen = max(m.agg.stepSeen, r.Step)
+			}
 		}
+	}
+	step = m.agg.stepSeen
+	for _, d := range m.removed {
+		step, unknown = max(step, d.step), unknown || d.unknown
 	}
 	return step, unknown
 }
@@ -38,21 +42,21 @@ type jobStep struct {
 
 // holds reports whether candidate p holds the job's step: a caught-up
 // survivor, or any candidate that reported it.
-func (m *Machine) holds(p membership.Participant, inPrev map[string]bool, js jobStep) bool {
-	return inPrev[p.ID] && m.caughtUp[p.ID] == p.Incarnation || !js.unknown && p.Step >= js.step
+func (m *Machine) holds(p membership.Participant, js jobStep) bool {
+	return m.caughtUp[p.ID] == p.Incarnation && m.survives(p.ID) || !js.unknown && p.Step >= js.step
 }
 
 // awaitHolders applies the history rule: when no candidate holds the
 // job's step, it says what the quorum waits for (and until when), or ""
 // when it need not wait.
-func (m *Machine) awaitHolders(now time.Time, candidates []membership.Participant, inPrev map[string]bool, js jobStep) (string, time.Time) {
+func (m *Machine) awaitHolders(now time.Time, candidates []membership.Participant, js jobStep) (string, time.Time) {
 	grace := m.cfg.holderGrace()
 	if grace <= 0 || m.prev == nil {
 		return "", time.Time{}
 	}
 	var candMax int64 = -1
 	for _, p := range candidates {
-		if m.holds(p, inPrev, js) {
+		if m.holds(p, js) {
 			return "", time.Time{}
 		}
 		candMax = max(candMax, p.Step)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -35,7 +34,8 @@ import (
 //   - Joins are batched: a quorum that would only admit joiners (no
 //     participant lost, no failure) waits until no member registered or
 //     asked for FormWindow, and at most FormMaxWait from when it was
-//     first needed.
+//     first needed, doubled for each such quorum in a row that formed at
+//     that bound (up to 8 times).
 //   - Ranks: survivors keep their relative order, joiners follow sorted by
 //     id. The epoch grows by one at every published quorum.
 //   - Base: the previous epoch when every survivor reported holding its
@@ -120,9 +120,13 @@ type Machine struct {
 
 	settings *membership.SettingsRef // the job's settings (SetSettings)
 
-	lossEpochAt time.Time // when the newest loss a published quorum dropped happened (lossWait)
+	formBound  bool // the quorum Advance decided only admits joiners, at its bound while joins still arrive (formWait)
+	formStreak int  // published quorums in a row like that (formWait)
 
-	prevInc map[string]int64 // prev's participants: id → incarnation (setPrev)
+	lossEpochAt time.Time // when the newest loss a published quorum dropped happened (lossWait)
+	lossBurst   int       // how many the published quorums of the current burst of losses dropped (lossWait)
+
+	agg aggregates // what decisions need of every member, kept as records change (aggregates.go)
 
 	pol *membership.StragglerPolicy // the job's straggler policy, nil until policy computes it again
 }
@@ -132,17 +136,7 @@ type Machine struct {
 // participants made quadratic.
 func (m *Machine) setPrev(q *membership.Quorum) {
 	m.prev = q
-	m.prevInc = make(map[string]int64, len(q.Participants))
-	for _, p := range q.Participants {
-		m.prevInc[p.ID] = p.Incarnation
-	}
-}
-
-// inPrev reports whether that incarnation of member id took part in the
-// previous quorum (Quorum.Includes, indexed).
-func (m *Machine) inPrev(id string, incarnation int64) bool {
-	inc, ok := m.prevInc[id]
-	return ok && inc == incarnation
+	m.rebuild()
 }
 
 // departure is how a previous participant went.
@@ -168,7 +162,7 @@ func NewMachine(job string, cfg Config, prev *membership.Quorum) *Machine {
 	m := &Machine{job: job, cfg: cfg, members: map[string]*membership.MemberRecord{}, removed: map[string]departure{},
 		suspects: map[string]suspicion{}, caughtUp: map[string]int64{}, blame: map[blamePair]*blameEdge{},
 		blamedIn: map[string]uint64{}, active: map[string]uint64{}, silent: map[string]int{}, slow: map[string]*straggler{},
-		stalled: map[string]stallMark{}}
+		stalled: map[string]stallMark{}, agg: newAggregates()}
 	if prev != nil {
 		q := *prev
 		m.setPrev(&q)
@@ -222,6 +216,7 @@ func (m *Machine) Upsert(now time.Time, rec membership.MemberRecord) bool {
 	}
 	r := rec
 	m.members[rec.ID] = &r
+	m.track(r.ID, old, &r) // old: nil when it had no record
 	if !had && r.Stragglers != nil || had && !samePolicy(old.Stragglers, r.Stragglers) {
 		m.pol = nil // the job's straggler policy may change (policy)
 	}
@@ -342,12 +337,13 @@ func (m *Machine) remove(now time.Time, id string, incarnation int64, d departur
 	}
 	delete(m.suspects, id)
 	m.forget(id)
-	if _, inPrev := m.prevInc[id]; inPrev {
+	if _, inPrev := m.agg.prevPos[id]; inPrev {
 		if _, seen := m.removed[id]; !seen {
 			d.at, d.step = now, old.Step
 			m.removed[id] = d
 		}
 	}
+	m.track(id, old, nil)
 }
 
 // Suspect records that a peer reported incarnation inc of member id dead
@@ -419,28 +415,55 @@ func (m *Machine) Published(q membership.Quorum) {
 	if old := m.prev; old != nil {
 		// Silence is counted per epoch that ended. The blame that named a
 		// silent member said it was silent, not that a link failed: it
-		// must not keep the member out once it shows life.
-		for _, p := range old.Participants {
-			if m.blamedIn[p.ID] == old.Epoch && m.active[p.ID] < old.Epoch {
-				if r, ok := m.members[p.ID]; ok && r.Incarnation == p.Incarnation {
-					m.silent[p.ID]++
-					m.forgetBlame(p.ID)
+		// must not keep the member out once it shows life. (Only members
+		// blamed or silent can count: those are walked, not every
+		// participant.)
+		e := old.Epoch
+		silentNow := func(id string) bool { return m.blamedIn[id] == e && m.active[id] < e }
+		for id := range m.silent {
+			if _, in := m.agg.prevPos[id]; in && !silentNow(id) {
+				delete(m.silent, id)
+			}
+		}
+		for id := range m.blamedIn {
+			if i, in := m.agg.prevPos[id]; in && silentNow(id) {
+				if r, ok := m.members[id]; ok && r.Incarnation == old.Participants[i].Incarnation {
+					m.silent[id]++
+					m.forgetBlame(id)
 				}
-			} else {
-				delete(m.silent, p.ID)
 			}
 		}
 		m.stragglersPublished(*old, q)
-		// When the newest loss this quorum drops happened (lossWait).
-		for _, p := range old.Participants {
-			if d, ok := m.removed[p.ID]; ok && !d.at.IsZero() && !slices.ContainsFunc(q.Participants,
-				func(x membership.Participant) bool { return x.ID == p.ID }) {
-				m.lossEpochAt = maxTime(m.lossEpochAt, d.at)
-			}
-		}
 	}
+	if m.formBound {
+		m.formStreak++
+	} else {
+		m.formStreak = 0
+	}
+	m.formBound = false
 	qq := q
 	m.setPrev(&qq)
+	// When the newest loss this quorum drops happened, and how many the
+	// burst it belongs to dropped (lossWait): the departures recorded are
+	// the old quorum's participants'.
+	var first, newest time.Time
+	dropped := 0
+	for id, d := range m.removed {
+		if _, kept := m.agg.prevPos[id]; !kept && !d.at.IsZero() {
+			dropped++
+			if first.IsZero() || d.at.Before(first) {
+				first = d.at
+			}
+			newest = maxTime(newest, d.at)
+		}
+	}
+	if dropped > 0 {
+		if _, bound := m.lossBounds(m.lossBurst + dropped); m.lossEpochAt.IsZero() || first.Sub(m.lossEpochAt) > bound {
+			m.lossBurst = 0 // a new burst
+		}
+		m.lossBurst += dropped
+		m.lossEpochAt = maxTime(m.lossEpochAt, newest)
+	}
 	if q.Run != "" && q.Run != m.finalRun {
 		m.final, m.finalRun = q.Final, q.Run // a new run
 	} else {
@@ -456,14 +479,6 @@ func (m *Machine) Published(q membership.Quorum) {
 	m.revokedBy = nil
 }
 
-func (m *Machine) minReplicas() int {
-	n := max(m.cfg.MinReplicas, 1)
-	for _, r := range m.members {
-		n = max(n, r.MinReplicas)
-	}
-	return n
-}
-
 func fit(r *membership.MemberRecord) bool { return r.Health != membership.Critical }
 
 // eligible: a member that may take part (fit, and its run not finished).
@@ -477,73 +492,61 @@ func (m *Machine) Advance(now time.Time) Decision {
 }
 
 func (m *Machine) advance(now time.Time) Decision {
+	m.formBound = false
+	// What changed since the previous quorum comes from the aggregates
+	// (aggregates.go); the whole list is walked only to publish a quorum
+	// or where a rule needs it (stragglers on, a blame between
+	// candidates, a loss that waits for a holder of the job's step).
+	lost := m.lostInOrder() // previous participants not surviving
 	var (
-		survivors []membership.Participant // previous participants still live and eligible
-		joiners   []membership.Participant // live eligible askers not in the previous quorum
-		asking    int                      // survivors + every eligible asker
-		fitLive   int
-		shrink    bool
-		inPrev    = map[string]bool{}
-		lost      []string // previous participants not surviving
 		departed  []string // those of lost that left or finished in an orderly way
 		finishing bool     // one of them finished the run
+		nSurv     int      // survivors: previous participants still live and eligible
 	)
-	part := func(r *membership.MemberRecord) membership.Participant {
-		return membership.Participant{ID: r.ID, Addr: r.Addr, Group: r.Group, Step: r.Step, Incarnation: r.Incarnation}
-	}
 	if m.prev != nil {
-		for _, p := range m.prev.Participants {
-			r, ok := m.members[p.ID]
-			if ok && r.Incarnation == p.Incarnation && eligible(r) {
-				inPrev[p.ID] = true
-				survivors = append(survivors, part(r))
-				shrink = shrink || r.ShrinkOnly
-			} else {
-				lost = append(lost, p.ID)
-				finished := ok && r.Incarnation == p.Incarnation && r.Finished
-				finishing = finishing || finished
-				if d, gone := m.removed[p.ID]; finished || gone && d.left {
-					departed = append(departed, p.ID)
-				}
-				if !ok {
-					if _, seen := m.removed[p.ID]; !seen {
-						// Gone before this machine knew it: while no
-						// coordinator watched.
-						m.removed[p.ID] = departure{why: "gone", at: now, lapsed: true, step: max(p.Step, m.prev.MaxStep), unknown: true}
-					}
+		nSurv = len(m.prev.Participants) - len(lost)
+		for _, id := range lost {
+			p := m.prev.Participants[m.agg.prevPos[id]]
+			r, ok := m.members[id]
+			finished := ok && r.Incarnation == p.Incarnation && r.Finished
+			finishing = finishing || finished
+			if d, gone := m.removed[id]; finished || gone && d.left {
+				departed = append(departed, id)
+			}
+			if !ok {
+				if _, seen := m.removed[id]; !seen {
+					// Gone before this machine knew it: while no
+					// coordinator watched.
+					m.removed[id] = departure{why: "gone", at: now, lapsed: true, step: max(p.Step, m.prev.MaxStep), unknown: true}
 				}
 			}
 		}
 	}
-	for _, r := range m.members {
-		if !eligible(r) {
-			continue
-		}
-		fitLive++
-		if inPrev[r.ID] {
-			asking++
-			continue
-		}
-		if r.WantQuorum {
-			asking++
-			joiners = append(joiners, part(r))
-		}
-	}
-	sort.Slice(joiners, func(i, j int) bool { return joiners[i].ID < joiners[j].ID })
-	admitted := joiners
-	if shrink {
-		admitted = nil
-	}
+	admitting := m.agg.shrinking == 0 // while a survivor holds ShrinkOnly, joiners wait
+	asking := nSurv + len(m.agg.joining)
+	fitLive := m.agg.eligible
 	epochFailed := false
 	var failedBy []string
 	if m.prev != nil {
-		for _, r := range m.members {
-			if r.CommitFailed == m.prev.Epoch && inPrev[r.ID] {
-				failedBy = append(failedBy, r.ID)
-			}
+		for id := range m.agg.failed {
+			failedBy = append(failedBy, id)
 		}
 		slices.Sort(failedBy)
 		epochFailed = len(failedBy) > 0 || m.revokedBy != nil
+	}
+
+	// The lists of survivors (in the previous quorum's order) and
+	// joiners (by id), made when needed.
+	var survivors, joiners []membership.Participant
+	listed := false
+	lists := func() ([]membership.Participant, []membership.Participant) {
+		if !listed {
+			survivors, joiners, listed = m.survivorList(), nil, true
+			if admitting {
+				joiners = m.joinerList()
+			}
+		}
+		return survivors, joiners
 	}
 
 	// Who is left out, and why: stragglers, silent members, cut-off sides.
@@ -554,14 +557,31 @@ func (m *Machine) advance(now time.Time) Decision {
 		}
 	}
 	out := map[string]string{}
+	// candidate: a survivor or an admitted joiner, not left out.
+	candidate := func(id string) bool {
+		if _, o := out[id]; o {
+			return false
+		}
+		if m.survives(id) {
+			return true
+		}
+		_, j := m.agg.joining[id]
+		return admitting && j
+	}
 	// Once the run ended nobody takes another step: every live member is
 	// told, whatever rule kept it out (a replica behind heals to the end).
-	runAll := m.runOf(candidates(survivors, admitted))
-	ended := m.final > 0 && (runAll == "" || m.finalRun == "" || runAll == m.finalRun)
+	ended := false
+	if m.final > 0 {
+		runAll := m.runOfCandidates(candidate)
+		ended = runAll == "" || m.finalRun == "" || runAll == m.finalRun
+	}
 	if !ended {
-		wake(m.stragglers(now, survivors, admitted, out))
-		m.silence(survivors, admitted, out)
-		m.stalls(survivors, admitted, out)
+		if m.prev != nil && policyOn(m.policy()) {
+			s, j := lists()
+			wake(m.stragglers(now, s, j, out))
+		}
+		m.silence(admitting, out)
+		m.stalls(candidate, out)
 	}
 	keep := func(ps []membership.Participant) []membership.Participant {
 		if len(out) == 0 {
@@ -577,41 +597,55 @@ func (m *Machine) advance(now time.Time) Decision {
 	}
 	var js jobStep
 	js.step, js.unknown = m.lastStep()
-	if !ended {
-		wake(m.cut(now, keep(survivors), keep(admitted), inPrev, js, out))
+	if !ended && m.blameBetween(now, candidate) {
+		s, j := lists()
+		wake(m.cut(now, keep(s), keep(j), js, out))
 	}
 	var dropped []string // survivors left out
-	for _, p := range survivors {
-		if _, o := out[p.ID]; o {
-			dropped = append(dropped, p.ID)
+	nAdmitted := 0
+	if admitting {
+		nAdmitted = len(m.agg.joining)
+	}
+	for id := range out {
+		if m.survives(id) {
+			dropped = append(dropped, id)
+		} else if _, j := m.agg.joining[id]; j && admitting {
+			nAdmitted--
 		}
 	}
-	survivors, admitted = keep(survivors), keep(admitted)
+	m.sortByRank(dropped)
+	nCandidates := nSurv - len(dropped) + nAdmitted
 
 	// A new run (its members never share a quorum with the last run's)
 	// starts afresh: no Final, no wait for the last run's members.
-	run := m.runOf(append(survivors[:len(survivors):len(survivors)], admitted...))
-	newRun := m.prev != nil && run != "" && m.prev.Run != "" && run != m.prev.Run
-	if run == "" && m.prev != nil {
-		run = m.prev.Run // no candidate says (none left, say): the run goes on
+	runKnown, run := false, ""
+	runOf := func() string {
+		if !runKnown {
+			runKnown, run = true, m.runOfCandidates(candidate)
+			if run == "" && m.prev != nil {
+				run = m.prev.Run // no candidate says (none left, say): the run goes on
+			}
+		}
+		return run
 	}
+	newRun := m.prev != nil && m.prev.Run != "" && runOf() != m.prev.Run
 	final := m.final
-	if run != "" && m.finalRun != "" && run != m.finalRun {
+	if final > 0 && m.finalRun != "" && runOf() != "" && runOf() != m.finalRun {
 		final = 0
 	}
 	finalNew := final > 0 && (m.prev == nil || newRun || final > m.prev.Final)
 	var finalFrom []string
 	if final > 0 {
-		finalFrom = m.finalSources(final, run)
+		finalFrom = m.finalSources(final, runOf())
 	}
 	settingsNew := m.settings != nil && (m.prev == nil || m.prev.Settings == nil || *m.prev.Settings != *m.settings)
 	needed := false
 	switch {
 	case m.prev == nil:
-		needed = len(admitted) > 0 || finalNew
+		needed = nAdmitted > 0 || finalNew
 	default:
-		needed = len(lost) > 0 || len(dropped) > 0 || len(admitted) > 0 || epochFailed || finalNew || settingsNew ||
-			final > 0 && !slices.Equal(finalFrom, m.prev.FinalFrom) && len(candidates(survivors, admitted)) > 0
+		needed = len(lost) > 0 || len(dropped) > 0 || nAdmitted > 0 || epochFailed || finalNew || settingsNew ||
+			final > 0 && !slices.Equal(finalFrom, m.prev.FinalFrom) && nCandidates > 0
 	}
 	if !needed {
 		m.pendingSince = time.Time{}
@@ -620,14 +654,14 @@ func (m *Machine) advance(now time.Time) Decision {
 	if m.pendingSince.IsZero() {
 		m.pendingSince = now
 	}
-	candidates := append(survivors[:len(survivors):len(survivors)], admitted...)
 	fast := m.prev != nil && len(lost) == 0 && len(dropped) == 0
 
 	// Why the current epoch ends, for people and for the revocation.
-	var why []string
-	if m.prev == nil {
-		why = append(why, "initial quorum")
-	} else {
+	reasons := func() []string {
+		var why []string
+		if m.prev == nil {
+			return append(why, "initial quorum")
+		}
 		for _, id := range lost {
 			reason, ok := m.removed[id]
 			if ok {
@@ -659,12 +693,16 @@ func (m *Machine) advance(now time.Time) Decision {
 		if m.revokedBy != nil && len(why) == 0 {
 			why = append(why, fmt.Sprintf("epoch %d revoked by %s: %s", m.prev.Epoch, m.revokedBy.By, m.revokedBy.Reason))
 		}
+		return why
 	}
-	if finalNew {
-		why = append(why, fmt.Sprintf("the run ended at step %d", final))
-	}
-	if settingsNew && m.prev != nil {
-		why = append(why, fmt.Sprintf("settings version %d", m.settings.Version))
+	ending := func(why []string) []string {
+		if finalNew {
+			why = append(why, fmt.Sprintf("the run ended at step %d", final))
+		}
+		if settingsNew && m.prev != nil {
+			why = append(why, fmt.Sprintf("settings version %d", m.settings.Version))
+		}
+		return why
 	}
 	// Revoke a broken epoch at once, even when its successor must wait:
 	// members stop their collectives instead of waiting out a timeout. An
@@ -681,7 +719,7 @@ func (m *Machine) advance(now time.Time) Decision {
 	}
 	var rev *membership.Revocation
 	if m.prev != nil && m.revokedBy == nil && len(failed)+len(failedBy) > 0 {
-		rev = &membership.Revocation{Epoch: m.prev.Epoch, Reason: strings.Join(why, "; "), Failed: failed, At: now}
+		rev = &membership.Revocation{Epoch: m.prev.Epoch, Reason: strings.Join(ending(reasons()), "; "), Failed: failed, At: now}
 	}
 	wait := func(w string, at time.Time) Decision {
 		wake(at)
@@ -704,8 +742,8 @@ func (m *Machine) advance(now time.Time) Decision {
 			// picture of a cut. A silent one never sends it.
 			if until := m.failedSince.Add(blamedReportWait * m.cfg.FailureSettle); now.Before(until) {
 				var unheard []string
-				for id := range inPrev {
-					if m.silentIn(id, m.prev.Epoch) {
+				for id := range m.blamedIn {
+					if m.survives(id) && m.silentIn(id, m.prev.Epoch) {
 						unheard = append(unheard, id)
 					}
 				}
@@ -725,12 +763,13 @@ func (m *Machine) advance(now time.Time) Decision {
 		// verdict (bounded) instead of forming an epoch it may end at once.
 		var checkAt time.Time
 		var checking []string
-		for _, p := range survivors {
-			if s, ok := m.suspects[p.ID]; ok && s.inc == p.Incarnation && now.Before(s.until) {
-				checking = append(checking, p.ID)
-				if checkAt.IsZero() || s.until.Before(checkAt) {
-					checkAt = s.until
-				}
+		for id, s := range m.suspects {
+			if _, o := out[id]; o || !m.survives(id) || m.members[id].Incarnation != s.inc || !now.Before(s.until) {
+				continue
+			}
+			checking = append(checking, id)
+			if checkAt.IsZero() || s.until.Before(checkAt) {
+				checkAt = s.until
 			}
 		}
 		if len(checking) > 0 {
@@ -738,11 +777,12 @@ func (m *Machine) advance(now time.Time) Decision {
 			return wait("verifying the reported death of "+strings.Join(checking, ","), checkAt)
 		}
 		if !fast {
-			if w, at := m.awaitHolders(now, candidates, inPrev, js); w != "" && !newRun {
+			s, j := lists()
+			if w, at := m.awaitHolders(now, append(keep(s), keep(j)...), js); w != "" && !newRun {
 				return wait(w, at)
 			}
-			if minN := m.minReplicas(); len(candidates) < minN {
-				return wait(fmt.Sprintf("%d of %d replicas needed (min_replicas)", len(candidates), minN), time.Time{})
+			if minN := m.minReplicas(); nCandidates < minN {
+				return wait(fmt.Sprintf("%d of %d replicas needed (min_replicas)", nCandidates, minN), time.Time{})
 			}
 			if asking*2 <= fitLive {
 				return wait(fmt.Sprintf("%d of %d live members take part: not a strict majority", asking, fitLive), time.Time{})
@@ -753,15 +793,18 @@ func (m *Machine) advance(now time.Time) Decision {
 				}
 			}
 		}
-		if len(admitted) > 0 && len(gone) == 0 && !epochFailed {
+		if nAdmitted > 0 && len(gone) == 0 && !epochFailed {
 			if w, at := m.formWait(now); w != "" {
 				return wait(w, at)
 			}
 		}
 	}
 
+	s, j := lists()
+	survivors, admitted := keep(s), keep(j)
+	candidates := append(survivors[:len(survivors):len(survivors)], admitted...)
 	q := &membership.Quorum{Job: m.job, Epoch: 1, Participants: candidates, Created: now, Removed: gone, Departed: departed, Final: final,
-		FinalFrom: finalFrom, Run: run, Settings: m.settings}
+		FinalFrom: finalFrom, Run: runOf(), Settings: m.settings}
 	if m.prev != nil {
 		q.Epoch = m.prev.Epoch + 1
 		if !newRun {
@@ -779,19 +822,83 @@ func (m *Machine) advance(now time.Time) Decision {
 	}) {
 		q.Base = m.prev.Epoch
 	}
+	why := ending(reasons())
 	if len(q.Added) > 0 && m.prev != nil {
-		why = append(why, "joined "+strings.Join(q.Added, ","))
+		why = append(why, joinedWhy(q.Added))
 	}
 	q.Reason = strings.Join(why, "; ")
 	if rev != nil {
 		rev.Reason = q.Reason
 	}
+	// A quorum that only admits joiners while they still arrive formed at
+	// its bound: the next such one may wait longer (formWait).
+	m.formBound = nAdmitted > 0 && len(gone) == 0 && !epochFailed && !finalNew && !settingsNew &&
+		m.cfg.formWindow() > 0 && now.Before(m.lastArrival.Add(m.cfg.formWindow()))
 	return Decision{Quorum: q, Revocation: rev, WakeAt: wakeAt}
 }
 
-// candidates is survivors then admitted.
-func candidates(survivors, admitted []membership.Participant) []membership.Participant {
-	return append(survivors[:len(survivors):len(survivors)], admitted...)
+// maxJoinedNamed is how many joiners a quorum's Reason names: the rest
+// are counted (a job growing by 50,000 ranks named every one, 400 KB of
+// reason per epoch in the coordinator's log; Quorum.Added lists them all).
+const maxJoinedNamed = 16
+
+// joinedWhy is the reason's part for the joiners added.
+func joinedWhy(added []string) string {
+	if len(added) <= maxJoinedNamed {
+		return "joined " + strings.Join(added, ",")
+	}
+	return fmt.Sprintf("joined %s and %d more", strings.Join(added[:maxJoinedNamed], ","), len(added)-maxJoinedNamed)
+}
+
+// participant is what a quorum holds of a member.
+func participant(r *membership.MemberRecord) membership.Participant {
+	return membership.Participant{ID: r.ID, Addr: r.Addr, Group: r.Group, Step: r.Step, Incarnation: r.Incarnation}
+}
+
+// survivorList is the survivors, in the previous quorum's order.
+func (m *Machine) survivorList() []membership.Participant {
+	if m.prev == nil {
+		return nil
+	}
+	out := make([]membership.Participant, 0, len(m.prev.Participants)-len(m.agg.lost))
+	for _, p := range m.prev.Participants {
+		if _, l := m.agg.lost[p.ID]; !l {
+			out = append(out, participant(m.members[p.ID]))
+		}
+	}
+	return out
+}
+
+// joinerList is the joiners, by id.
+func (m *Machine) joinerList() []membership.Participant {
+	ids := m.joinersSorted()
+	out := make([]membership.Participant, 0, len(ids))
+	for _, id := range ids {
+		out = append(out, participant(m.members[id]))
+	}
+	return out
+}
+
+// runOfCandidates is the run of the first candidate (survivors in the
+// previous quorum's order, then joiners by id) that names one ("" when
+// none does).
+func (m *Machine) runOfCandidates(candidate func(string) bool) string {
+	if m.agg.withRun == 0 {
+		return ""
+	}
+	if m.prev != nil {
+		for _, p := range m.prev.Participants {
+			if r, ok := m.members[p.ID]; ok && r.Run != "" && candidate(p.ID) && m.survives(p.ID) {
+				return r.Run
+			}
+		}
+	}
+	for _, id := range m.joinersSorted() {
+		if r := m.members[id]; r.Run != "" && candidate(id) {
+			return r.Run
+		}
+	}
+	return ""
 }
 
 // finalSources are the addresses of the members of run that finished it
@@ -808,14 +915,23 @@ func (m *Machine) finalSources(final int64, run string) []string {
 	return out
 }
 
+// maxFormDoublings bounds how often FormMaxWait doubles while joins keep
+// coming (8×: 16 s at the default).
+const maxFormDoublings = 3
+
 // formWait applies the batching of joins: it says what a quorum that
 // only admits joiners waits for, and until when ("" when it need not).
+// Each such quorum in a row that formed at its bound, joins still
+// arriving, doubles the next one's bound (formStreak): a mass join of
+// 100,000 ranks over half a minute is a few epochs, not one per
+// FormMaxWait, and its last joiners are admitted a FormWindow after they
+// stop all the same.
 func (m *Machine) formWait(now time.Time) (string, time.Time) {
 	window := m.cfg.formWindow()
 	if window <= 0 {
 		return "", time.Time{}
 	}
-	quiet, limit := m.lastArrival.Add(window), m.pendingSince.Add(m.cfg.formMaxWait())
+	quiet, limit := m.lastArrival.Add(window), m.pendingSince.Add(m.cfg.formMaxWait()<<min(m.formStreak, maxFormDoublings))
 	at := quiet
 	if limit.Before(at) {
 		at = limit
@@ -838,18 +954,20 @@ func (m *Machine) formWait(now time.Time) (string, time.Time) {
 // Losses that follow a published loss within LossMaxWait are the rest of
 // a mass failure (a rack: links resetting, group leases taken over, each
 // seen a few milliseconds apart), and those are batched: one epoch for
-// the first, one for the rest.
+// the first, one for the rest. A burst of MassLoss ranks or more waits
+// longer (lossBounds): leases that lapse together come in etcd's ticks.
 func (m *Machine) lossWait(now time.Time, lost []string) (string, time.Time) {
-	window := m.cfg.lossWindow()
-	if window <= 0 || len(lost) == 0 {
+	if m.cfg.lossWindow() <= 0 || len(lost) == 0 {
 		return "", time.Time{}
 	}
 	var first, last time.Time
+	pending := 0
 	for _, id := range lost {
 		d, ok := m.removed[id]
 		if !ok || d.at.IsZero() {
 			continue
 		}
+		pending++
 		if first.IsZero() || d.at.Before(first) {
 			first = d.at
 		}
@@ -857,11 +975,12 @@ func (m *Machine) lossWait(now time.Time, lost []string) (string, time.Time) {
 			last = d.at
 		}
 	}
-	if first.IsZero() || m.lossEpochAt.IsZero() || first.Sub(m.lossEpochAt) > m.cfg.lossMaxWait() {
+	window, bound := m.lossBounds(m.lossBurst + pending)
+	if first.IsZero() || m.lossEpochAt.IsZero() || first.Sub(m.lossEpochAt) > bound {
 		return "", time.Time{}
 	}
 	at := last.Add(window)
-	if limit := first.Add(m.cfg.lossMaxWait()); limit.Before(at) {
+	if limit := first.Add(bound); limit.Before(at) {
 		at = limit
 	}
 	if !now.Before(at) {
@@ -870,14 +989,15 @@ func (m *Machine) lossWait(now time.Time, lost []string) (string, time.Time) {
 	return fmt.Sprintf("%d lost: publishing once none was lost for %v", len(lost), window), at
 }
 
-// runOf is the run the members ps belong to ("" when none says).
-func (m *Machine) runOf(ps []membership.Participant) string {
-	for _, p := range ps {
-		if r, ok := m.members[p.ID]; ok && r.Run != "" {
-			return r.Run
-		}
+// lossBounds are the quiet a burst of n lost ranks waits for, and the
+// most it waits: LossWindow and LossMaxWait, or for a mass failure
+// (MassLoss ranks or more) at least MassLossWindow and MassLossMaxWait.
+func (m *Machine) lossBounds(n int) (window, bound time.Duration) {
+	window, bound = m.cfg.lossWindow(), m.cfg.lossMaxWait()
+	if mass := m.cfg.massLoss(); mass > 0 && n >= mass {
+		window, bound = max(window, m.cfg.massLossWindow()), max(bound, m.cfg.massLossMaxWait())
 	}
-	return ""
+	return window, bound
 }
 
 // maxTime is the later of a and b.

@@ -23,9 +23,11 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of coordi
 // next command, are the output it must print. "#" starts a comment.
 //
 //	config min=N timeout=D settle=D grace=D hold=D silent=N form=D formmax=D
-//	       factor=F window=D probation=D     (starts a scenario: a new
-//	                            machine, clock and incarnations; the last
-//	                            three: the straggler policy)
+//	       loss=D lossmax=D mass=N masswindow=D massmax=D
+//	       factor=F window=D probation=D
+//	                            (starts a scenario: a new machine, clock
+//	                            and incarnations; the last three: the
+//	                            straggler policy; D "default": the default)
 //	join a b …                  register members (not asking yet)
 //	ask a b … [shrink]          members ask to take part (shrink: ShrinkOnly)
 //	unshrink a …                members drop ShrinkOnly
@@ -83,9 +85,10 @@ func (s *quorumScript) run(line string) []string {
 		cfg.FailureSettle = 0 // scripts that want it say settle=D
 		cfg.FormWindow = -1   // and form=D
 		cfg.LossWindow = -1   // and loss=D
+		cfg.MassLoss = -1     // and mass=N
 		for _, a := range args {
 			k, v, _ := strings.Cut(a, "=")
-			d, _ := time.ParseDuration(v)
+			d, _ := time.ParseDuration(v) // "default": 0, the default
 			switch k {
 			case "min":
 				cfg.MinReplicas, _ = strconv.Atoi(v)
@@ -101,6 +104,12 @@ func (s *quorumScript) run(line string) []string {
 				cfg.LossWindow = d
 			case "lossmax":
 				cfg.LossMaxWait = d
+			case "mass":
+				cfg.MassLoss, _ = strconv.Atoi(v) // "default": 0
+			case "masswindow":
+				cfg.MassLossWindow = d
+			case "massmax":
+				cfg.MassLossMaxWait = d
 			case "grace":
 				cfg.HolderGrace = d
 			case "hold":

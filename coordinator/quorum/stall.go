@@ -24,45 +24,51 @@ type stallMark struct {
 	why   string
 }
 
-// stalls adds to out the participants that do not step at a step a peer
+// stalls adds to out the candidates that do not step at a step a peer
 // waits in, and keeps out those left out before until they show life.
-func (m *Machine) stalls(survivors, admitted []membership.Participant, out map[string]string) {
+// Only members with a stall report, or left out for one, can be: those
+// are walked.
+func (m *Machine) stalls(candidate func(string) bool, out map[string]string) {
 	if m.prev == nil {
 		return
 	}
 	e := m.prev.Epoch
-	waiter := map[int64]string{} // step → the first id that waits in it
-	for _, p := range survivors {
-		if s := m.members[p.ID].Stall; s != nil && s.Waiting && s.Epoch == e {
-			if w, ok := waiter[s.Step]; !ok || p.ID < w {
-				waiter[s.Step] = p.ID
+	waiter := map[int64]string{} // step → the first survivor that waits in it
+	for id := range m.agg.stalling {
+		if s := m.members[id].Stall; s.Waiting && s.Epoch == e && m.survives(id) {
+			if w, ok := waiter[s.Step]; !ok || id < w {
+				waiter[s.Step] = id
 			}
 		}
 	}
-	for _, ps := range [][]membership.Participant{survivors, admitted} {
-		for _, p := range ps {
-			if _, o := out[p.ID]; o {
-				continue
-			}
-			if mark, ok := m.stalled[p.ID]; ok {
-				out[p.ID] = mark.why
-				continue
-			}
-			r := m.members[p.ID]
-			s := r.Stall
-			// A report of this epoch, or of an older one while the member
-			// has not moved on since (it formed no later epoch).
-			if s == nil || s.Waiting || s.Epoch > e || s.Epoch < e && r.Formed >= e || !m.inPrev(p.ID, p.Incarnation) {
-				continue
-			}
-			w, ok := waiter[s.Step]
-			if !ok {
-				continue
-			}
-			why := fmt.Sprintf("stalled (its loop %s; %s %s)", s.String(), w, m.members[w].Stall.String())
-			m.stalled[p.ID] = stallMark{epoch: e, why: why}
-			out[p.ID] = why
+	check := func(id string) {
+		if !candidate(id) {
+			return
 		}
+		if mark, ok := m.stalled[id]; ok {
+			out[id] = mark.why
+			return
+		}
+		r := m.members[id]
+		s := r.Stall
+		// A report of this epoch, or of an older one while the member
+		// has not moved on since (it formed no later epoch).
+		if s == nil || s.Waiting || s.Epoch > e || s.Epoch < e && r.Formed >= e || !m.inPrev(id, r.Incarnation) {
+			return
+		}
+		w, ok := waiter[s.Step]
+		if !ok {
+			return
+		}
+		why := fmt.Sprintf("stalled (its loop %s; %s %s)", s.String(), w, m.members[w].Stall.String())
+		m.stalled[id] = stallMark{epoch: e, why: why}
+		out[id] = why
+	}
+	for id := range m.stalled {
+		check(id)
+	}
+	for id := range m.agg.stalling {
+		check(id)
 	}
 }
 
