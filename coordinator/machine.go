@@ -8,6 +8,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
+
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 	"github.com/ftcomm/ftcomm/internal/gossip"
 	"github.com/ftcomm/ftcomm/membership"
@@ -323,6 +325,12 @@ type jobState struct {
 	dirty   bool
 	wakeAt  time.Time
 	waiting string
+	// holdUntil: a write of the job failed; it is tried again from then
+	// (retry's next interval), not at the next pass: passes follow every
+	// watch response, and under load (etcd answering "too many
+	// requests") retrying a large record at once made the load worse.
+	holdUntil time.Time
+	retry     *backoff.ExponentialBackOff
 	// stalled are the members that wait for a holder of a committed step
 	// (MemberRecord.WaitingFor), by id.
 	stalled map[string]bool
@@ -427,8 +435,12 @@ func (m *machine) job(name string) *jobState {
 func (m *machine) wake() time.Time {
 	var next time.Time
 	for _, j := range m.jobs {
-		if !j.wakeAt.IsZero() && (next.IsZero() || j.wakeAt.Before(next)) {
-			next = j.wakeAt
+		at := j.wakeAt
+		if j.holdUntil.After(at) && (j.dirty || !at.IsZero()) {
+			at = j.holdUntil
+		}
+		if !at.IsZero() && (next.IsZero() || at.Before(next)) {
+			next = at
 		}
 	}
 	return next
@@ -657,6 +669,9 @@ func (m *machine) noteStalled(job string, j *jobState, r membership.MemberRecord
 func (m *machine) startPass(now time.Time) {
 	p := &pass{now: now}
 	for name, j := range m.jobs {
+		if now.Before(j.holdUntil) {
+			continue // its write failed a moment ago: wake() brings it back
+		}
 		if j.dirty || !j.wakeAt.IsZero() && !now.Before(j.wakeAt) {
 			p.jobs = append(p.jobs, name)
 		}
@@ -785,6 +800,7 @@ func (m *machine) onWritten(now time.Time, w written) {
 		}
 	case w.err != nil:
 		j.foreign, j.dirty = wr.foreign, true
+		j.hold(now)
 		m.log(true, "quorum repair failed", field{"job", wr.job}, field{"error", w.err})
 	case !w.ok:
 		m.refused(fmt.Sprintf("fenced repair of job %s refused", wr.job))
@@ -805,20 +821,42 @@ func (m *machine) onPublished(now time.Time, wr *inflight, j *jobState, w writte
 		if d.Quorum != nil {
 			j.unanswered, j.unansweredQ = w.value, *d.Quorum
 		}
-		j.dirty = true // try again at the next pass
-		m.log(true, "publish failed", field{"job", wr.job}, field{"error", w.err})
+		j.dirty = true // try again after a pause
+		j.hold(now)
+		m.log(true, "publish failed", field{"job", wr.job}, field{"error", w.err}, field{"retry_in", j.holdUntil.Sub(now)})
 	case !w.ok:
 		j.unanswered = nil
 		m.refused(fmt.Sprintf("fenced write of job %s refused", wr.job))
 	case d.Quorum != nil:
+		j.released()
 		j.quorumRev, j.ownRev, j.lastValue, j.unanswered = w.rev, w.rev, w.value, nil
 		j.m.Published(*d.Quorum)
 		m.do(observe{what: metricQuorum, job: wr.job, value: 1})
 		m.log(false, "quorum published", field{"job", wr.job}, field{"epoch", d.Quorum.Epoch},
 			field{"participants", len(d.Quorum.Participants)}, field{"reason", d.Quorum.Reason})
 	default:
+		j.released()
 		j.m.Revoke(now, *d.Revocation)
 		m.log(false, "epoch revoked", field{"job", wr.job}, field{"epoch", d.Revocation.Epoch}, field{"reason", d.Revocation.Reason})
+	}
+}
+
+// hold pauses the job's writes after a failed one: 50 ms, doubling up to
+// 2 s while they keep failing.
+func (j *jobState) hold(now time.Time) {
+	if j.retry == nil {
+		j.retry = &backoff.ExponentialBackOff{InitialInterval: 50 * time.Millisecond, Multiplier: 2,
+			MaxInterval: 2 * time.Second, Clock: backoff.SystemClock}
+		j.retry.Reset()
+	}
+	j.holdUntil = now.Add(j.retry.NextBackOff())
+}
+
+// released ends the pause: a write went through.
+func (j *jobState) released() {
+	j.holdUntil = time.Time{}
+	if j.retry != nil {
+		j.retry.Reset()
 	}
 }
 

@@ -264,21 +264,23 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		if err := m.listenGroupLink(); err != nil {
 			return nil, err
 		}
-	} else if err := m.ownLease(ctx); err != nil {
+	} else if err := m.shedRetry(ctx, func() error { return m.ownLease(ctx) }); err != nil {
 		return nil, err
 	}
 	for {
-		run, rev, err := m.enterRun(ctx)
+		var run RunRecord
+		var rev int64
+		err := m.shedRetry(ctx, func() (err error) { run, rev, err = m.enterRun(ctx); return err })
 		if err != nil {
 			return nil, err
 		}
 		m.run, m.runRev, m.rec.Run = run.ID, rev, run.ID
 		if cfg.GroupLease {
-			if err := m.enterGroup(ctx); err != nil {
+			if err := m.shedRetry(ctx, func() error { return m.enterGroup(ctx) }); err != nil {
 				return nil, err
 			}
 		}
-		err = m.register(ctx)
+		err = m.shedRetry(ctx, func() error { return m.register(ctx) })
 		if errors.Is(err, errGroupMoved) {
 			m.dropOwnLease()
 			continue
@@ -300,9 +302,9 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	var err error
 	switch {
 	case !cfg.GroupLease || cfg.GroupEachWatches:
-		rev, err = m.loadEpochs(ctx)
+		err = m.shedRetry(ctx, func() (err error) { rev, err = m.loadEpochs(ctx); return err })
 	case m.holdsLease():
-		rev, err = m.seedForward(ctx)
+		err = m.shedRetry(ctx, func() (err error) { rev, err = m.seedForward(ctx); return err })
 	}
 	if err != nil {
 		return nil, err

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
 )
@@ -161,4 +164,32 @@ func ctxErr(ctx context.Context, err error) error {
 		return context.Cause(ctx)
 	}
 	return err
+}
+
+// shed says whether etcd refused a request without applying it because it
+// is shedding load ("too many requests": its applied index is far behind
+// its committed one) or has no leader: the same request may simply be
+// made again, later.
+func shed(err error) bool {
+	return errors.Is(err, rpctypes.ErrTooManyRequests) || errors.Is(err, rpctypes.ErrNoLeader)
+}
+
+// shedRetry runs f (one step of joining) until it succeeds, fails for
+// another reason, or ctx ends, pausing between tries while etcd sheds load
+// (50 ms doubling to 2 s, jittered): at 100,000 ranks joining at once a
+// 3-member etcd answered "too many requests" to some joins, which ended
+// them (ftload on the device host, 2026-11-28).
+func (m *Member) shedRetry(ctx context.Context, f func() error) error {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
+	return backoff.RetryNotify(func() error {
+		err := f()
+		if err != nil && !shed(err) {
+			return backoff.Permanent(err)
+		}
+		return err
+	}, backoff.WithContext(bo, ctx), func(err error, d time.Duration) {
+		m.lg.Debug("etcd sheds load; joining again later", zap.String("job", m.cfg.Job), zap.String("id", m.cfg.ID),
+			zap.Duration("in", d), zap.Error(err))
+	})
 }
