@@ -187,6 +187,16 @@
 // come (a second rank dies meanwhile) returns at its ctx's deadline; the
 // control comm's job is stopped when the comm is closed.
 //
+// Backend.Creation says how each comm was made and what each phase cost
+// (the native-or-fresh vote, the NCCL call, the wait until the comm is
+// ready, the data comm's split, the warm-up); TestGPUKillCycles prints it
+// per cycle. On 4× H200 (2026-11-28, docs/measurements.md) connection
+// set-up was most of every comm made — 0.22–0.24 s per comm at 2 ranks,
+// 0.41–0.47 s at 3, 0.56–0.63 s at 4, by NCCL's own init timers — and a
+// shrink makes two (the control comm's shrink, then the data comm's
+// split). A data comm split with splitShare 1 saved none of it and hung a
+// later shrink; it is not used.
+//
 // # Host copies and health
 //
 // The Backend is a comm.HostCopier: PinnedHost hands out page-locked
