@@ -189,7 +189,6 @@ func (m *Member) shedRetry(ctx context.Context, f func() error) error {
 		}
 		return err
 	}, backoff.WithContext(bo, ctx), func(err error, d time.Duration) {
-		m.lg.Debug("etcd sheds load; joining again later", zap.String("job", m.cfg.Job), zap.String("id", m.cfg.ID),
-			zap.Duration("in", d), zap.Error(err))
+		m.lg.Debug("etcd sheds load; joining again later", zap.Duration("in", d), zap.Error(err))
 	})
 }
