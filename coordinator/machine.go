@@ -796,7 +796,8 @@ func (m *machine) onWritten(now time.Time, w written) {
 		m.onPublished(now, wr, j, w)
 	case wr.what == "": // the view's deletion: only a failure matters
 		if w.err != nil {
-			j.foreign, j.dirty = wr.foreign, true // try again at the next pass
+			j.foreign, j.dirty = wr.foreign, true // try again after a pause
+			j.hold(now)
 		}
 	case w.err != nil:
 		j.foreign, j.dirty = wr.foreign, true
