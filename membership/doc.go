@@ -80,6 +80,12 @@
 //	m.Finish(ctx, step)                        // when the run is over
 //	m.Leave(ctx)                               // or Close
 //
+// Join makes each of its steps again, after a pause (50 ms doubling to
+// 2 s, until ctx ends), when etcd refused it without applying it: "too
+// many requests" (etcd shedding load, as a join storm of 100,000 ranks
+// made it) or no leader. Any other failure ends Join: a request that timed
+// out or lost its connection may have been applied.
+//
 // Steady state costs the coordinator nothing: a member learns a new epoch
 // from its watches (pushed by etcd), not by asking: the quorum's view — a
 // change of the previous epoch, a few bytes per participant that changed,
