@@ -123,7 +123,8 @@ type Creation struct {
 	// kernels.
 	Call time.Duration
 	// Ready: from that call's return until the control comm is ready
-	// (NCCL's initialisation: bootstrap, topology, graphs, connections).
+	// (NCCL's initialisation: bootstrap, topology, graphs, connections);
+	// for a Split, the call and the wait together (Call is 0).
 	Ready time.Duration
 	// DataSplit: the data comm's ncclCommSplit until it is ready (0 for a
 	// comm without one).
