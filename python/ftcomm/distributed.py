@@ -639,9 +639,13 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         return None  # the comm's own deadline (the group's timeout)
 
     def _issue(self, tensors: Sequence[torch.Tensor], run: Callable[[Communicator, bool], Any], result,
-               posts=(), touched: Optional[Sequence[torch.Tensor]] = None) -> _Work:
+               posts=(), touched: Optional[Sequence[torch.Tensor]] = None, opts=None) -> _Work:
         """Run one op over the comm of the tensors' device: run(comm,
-        async_op) issues it; posts run once it is done."""
+        async_op) issues it; posts run once it is done. opts are torch's
+        options of the call: a CUDA op that torch issues with async_op=False
+        (opts.asyncOp, torch >= 2.7) runs ordered with the current stream
+        itself, as torch's NCCL backend runs such an op, not on the group's
+        side stream."""
         dev = _device_of(tensors)
         try:
             if self._pending:
@@ -650,6 +654,16 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             if dev.type == "cpu":
                 w = run(comm, True)
                 work: _Work = _HostWork(self, comm, [w], result, posts)
+            elif getattr(opts, "asyncOp", True) is False:
+                # The current stream waits for the op (StreamOrder), so
+                # what torch queues there next, the posts' copies
+                # included, sees its result; no side stream, event or
+                # record_stream is needed, and the Work is done.
+                run(comm, False)
+                for p in posts:
+                    if p is not None:
+                        p()
+                work = _DoneWork(self, result)
             else:
                 work = self._cuda(comm, dev, lambda: run(comm, False), touched or tensors, posts, result)
         except FtcommError as e:
@@ -764,7 +778,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         if len(tensors) == 1:
             t = tensors[0]
             u, post = _dense(t, True)
-            return self._issue([t], lambda c, a: c.all_reduce(u, op, async_op=a), [t], [post], [u])
+            return self._issue([t], lambda c, a: c.all_reduce(u, op, async_op=a), [t], [post], [u], opts)
         return self.allreduce_coalesced(tensors, opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -775,7 +789,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         if len(tensors) == 1:
             t = tensors[0]
             u, post = _dense(t, True)
-            return self._issue([t], lambda c, a: c.all_reduce(u, op, async_op=a), [t], [post], [u])
+            return self._issue([t], lambda c, a: c.all_reduce(u, op, async_op=a), [t], [post], [u], opts)
         # One all-reduce per dtype over a flat copy, copied back after.
         works = []
         by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
@@ -792,7 +806,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                     off += n
 
             u, _ = _dense(flat, False)
-            works.append(self._issue([flat], lambda c, a, u=u: c.all_reduce(u, op, async_op=a), [flat], [back], [u]))
+            works.append(self._issue([flat], lambda c, a, u=u: c.all_reduce(u, op, async_op=a), [flat], [back], [u],
+                                     opts))
         return _Group(self, works, list(tensors))
 
     def broadcast(self, tensors, opts=None):
@@ -803,7 +818,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             return _Group(self, works, list(tensors))
         t = tensors[0]
         u, post = _dense(t, True)
-        return self._issue([t], lambda c, a: c.broadcast(u, root, async_op=a), [t], [post], [u])
+        return self._issue([t], lambda c, a: c.broadcast(u, root, async_op=a), [t], [post], [u], opts)
 
     def reduce(self, tensors, opts=None):
         op = _reduce_op(getattr(opts, "reduceOp", None))
@@ -812,7 +827,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             raise _unsupported("reduce takes one tensor (got %d)" % len(tensors))
         t = tensors[0]
         u, post = _dense(t, True)
-        return self._issue([t], lambda c, a: c.reduce(u, root, op, async_op=a), [t], [post], [u])
+        return self._issue([t], lambda c, a: c.reduce(u, root, op, async_op=a), [t], [post], [u], opts)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         if len(input_tensors) != 1 or len(output_tensors) != 1:
@@ -825,12 +840,13 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         dense = [_dense(o, True) for o in outs]
         us = [d[0] for d in dense]
         return self._issue([inp] + outs, lambda c, a: c.all_gather(us, i, async_op=a), outs,
-                           [d[1] for d in dense], us + [i])
+                           [d[1] for d in dense], us + [i], opts)
 
     def _allgather_base(self, output, input, opts=None):
         o, post = _dense(output, True)
         i, _ = _dense(input, False)
-        return self._issue([output, input], lambda c, a: c.all_gather_single(o, i, async_op=a), [output], [post], [o, i])
+        return self._issue([output, input], lambda c, a: c.all_gather_single(o, i, async_op=a), [output], [post],
+                           [o, i], opts)
 
     all_gather_single = _allgather_base
 
@@ -853,14 +869,15 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             raise _unsupported("reduce_scatter: %d input tensors for %d ranks" % (len(ins), self._n))
         o, post = _dense(out, True)
         us = [_dense(t, False)[0] for t in ins]
-        return self._issue([out] + ins, lambda c, a: c.reduce_scatter(o, us, op, async_op=a), [out], [post], [o] + us)
+        return self._issue([out] + ins, lambda c, a: c.reduce_scatter(o, us, op, async_op=a), [out], [post], [o] + us,
+                           opts)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = _reduce_op(getattr(opts, "reduceOp", None))
         o, post = _dense(output, True)
         i, _ = _dense(input, False)
         return self._issue([output, input], lambda c, a: c.reduce_scatter_single(o, i, op, async_op=a), [output],
-                           [post], [o, i])
+                           [post], [o, i], opts)
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -878,7 +895,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             run = lambda c, a: c.all_to_all_v_single(o, i, outs, ins, async_op=a)
         else:
             run = lambda c, a: c.all_to_all_single(o, i, async_op=a)
-        return self._issue([output, input], run, [output], [post], [o, i])
+        return self._issue([output, input], run, [output], [post], [o, i], opts)
 
     all_to_all_single = alltoall_base
 
@@ -887,7 +904,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         ins = [_dense(t, False)[0] for t in input_tensors]
         uo = [d[0] for d in outs]
         return self._issue(list(output_tensors) + list(input_tensors), lambda c, a: c.all_to_all(uo, ins, async_op=a),
-                           list(output_tensors), [d[1] for d in outs], uo + ins)
+                           list(output_tensors), [d[1] for d in outs], uo + ins, opts)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         root = getattr(opts, "rootRank", 0)
@@ -902,8 +919,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             dense = [_dense(o, True) for o in outs]
             us = [d[0] for d in dense]
             return self._issue([inp] + outs, lambda c, a: c.gather(us, i, root, async_op=a), outs,
-                               [d[1] for d in dense], us + [i])
-        return self._issue([inp], lambda c, a: c.gather(None, i, root, async_op=a), [], (), [i])
+                               [d[1] for d in dense], us + [i], opts)
+        return self._issue([inp], lambda c, a: c.gather(None, i, root, async_op=a), [], (), [i], opts)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         root = getattr(opts, "rootRank", 0)
@@ -916,8 +933,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                 raise _unsupported("scatter: the root passes one list of %d input tensors" % self._n)
             ins = [_dense(t, False)[0] for t in input_tensors[0]]
             return self._issue([out] + list(input_tensors[0]), lambda c, a: c.scatter(o, ins, root, async_op=a), [out],
-                               [post], [o] + ins)
-        return self._issue([out], lambda c, a: c.scatter(o, None, root, async_op=a), [out], [post], [o])
+                               [post], [o] + ins, opts)
+        return self._issue([out], lambda c, a: c.scatter(o, None, root, async_op=a), [out], [post], [o], opts)
 
     def barrier(self, opts=None):
         """A barrier of the hosts: on the CPU comm when the group has one,

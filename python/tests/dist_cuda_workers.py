@@ -100,8 +100,30 @@ def stream_order(rank):
     w.wait()
     t.mul_(2)  # queued after the all-reduce on the current stream
     fut = w.get_future()
-    ok_value = float(t[0].item()) == 2.0 * sum(range(1, dist.get_world_size() + 1))
-    return ok_value and fut.wait()[0].is_cuda
+    want = 2.0 * sum(range(1, dist.get_world_size() + 1))
+    ok_value = float(t[0].item()) == want
+    # A sync op (torch >= 2.7 passes asyncOp=False) is ordered with the
+    # current stream itself, as torch's NCCL backend orders it: behind the
+    # work queued there, and ahead of what is queued next, on a side stream
+    # as on the default one; a non-contiguous tensor is copied back in
+    # that order too.
+    for _ in range(20):
+        a = a @ a / 2048
+    v = torch.zeros(1 << 12, 4, device="cuda")[:, 1]
+    v.fill_(rank + 1.0)
+    dist.all_reduce(v)
+    v.mul_(2)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(20):
+            a = a @ a / 2048
+        u = torch.full((1 << 20,), rank + 1.0, device="cuda")
+        dist.all_reduce(u)
+        u.mul_(2)
+    torch.cuda.current_stream().wait_stream(side)
+    ok_sync = float(v.sum().item()) == want * v.numel() and float(u.sum().item()) == want * u.numel()
+    return ok_value and fut.wait()[0].is_cuda and ok_sync
 
 
 def _model(device="cuda"):
