@@ -19,6 +19,9 @@
 #     machine.txt, before-10k.{log,json}, after-10k.{log,json},
 #     after-100k.{log,json}, summary.txt.
 # Nothing else is needed on the host: no Go, no network beyond loopback.
+# The 100K run prints each etcd member's load every 5 s (etcd-stats lines in
+# its log: apply's lag, unsynced watchers, lease renewals and revocations);
+# FTLOAD_PROFILE=1 writes CPU profiles of every process beside the logs.
 # FTLOAD_SHARDS overrides the number of member processes at 100K (default:
 # enough for the open-file limit, at least 16); FTLOAD_SKIP_10K=1 runs the
 # 100K run alone (with its whole budget); FTLOAD_LIMIT caps that run's
@@ -87,7 +90,8 @@ left=$((530 - (SECONDS - start)))
 [ "$left" -gt 400 ] && left=400
 [ -n "${FTLOAD_LIMIT:-}" ] && left=$FTLOAD_LIMIT # a shorter call: the phases that fit report as they end
 run after-100k "$left" "$bin/ftload" -members "$large" -group-size 8 -group-lease -shards "$shards" -clients 8 \
-	-parallel 16 -lease-ttl 15s -link-interval 1s -link-timeout 5s -steady 10s -epochs 100 -timeout $((left - 20))s
+	-parallel 16 -lease-ttl 15s -link-interval 1s -link-timeout 5s -steady 10s -epochs 100 -timeout $((left - 20))s \
+	-etcd-stats 5s ${FTLOAD_PROFILE:+-profile "$out"}
 
 {
 	for f in before-10k after-10k after-100k; do

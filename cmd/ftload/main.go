@@ -84,6 +84,7 @@ type options struct {
 	epochs                    int
 	shareQuorums, linkIPs     bool
 	linkInterval, linkTimeout time.Duration
+	etcdStats                 time.Duration
 
 	// children
 	name, clientAddr, peerAddr, initialCluster, dataDir, endpoints string
@@ -110,13 +111,14 @@ func main() {
 	flag.DurationVar(&o.formWindow, "form-window", -1, "coordinator's QuorumConfig.FormWindow (0: none, one epoch per joiner as before; negative: its default)")
 	flag.DurationVar(&o.formMaxWait, "form-max-wait", -1, "coordinator's QuorumConfig.FormMaxWait (negative: its default)")
 	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
-	flag.StringVar(&o.profile, "profile", "", "write CPU profiles of this process and the coordinator to this directory (load.pprof, coordinator.pprof)")
+	flag.StringVar(&o.profile, "profile", "", "write CPU profiles of this process, the coordinator and the etcd members to this directory (load.pprof, coordinator.pprof, etcd-0.pprof, ...)")
 	flag.IntVar(&o.shards, "shards", 0, "simulate the members in this many child processes (0: in this process, as before); the victims of the death phases get processes of their own, and die by SIGKILL")
 	flag.Float64Var(&o.massDeath, "mass-death", 0.01, "with -shards, the share of job 0's ranks that die at once (every 1/share-th rank, in a process of their own; 0: no such phase)")
 	flag.IntVar(&o.epochs, "epochs", 0, "after the deaths, publish this many epochs (a member revokes each: a failed commit's path) and report etcd's database size")
 	flag.BoolVar(&o.shareQuorums, "share-quorums", true, "the members of one process share decoded quorums (membership.QuorumCache): one copy per process, not per member")
 	flag.DurationVar(&o.linkInterval, "link-interval", 200*time.Millisecond, "group links' ping interval (MemberConfig.GroupLinkInterval)")
 	flag.DurationVar(&o.linkTimeout, "link-timeout", time.Second, "group links' silence that is a death (MemberConfig.GroupLinkTimeout; a killed process's link resets at once)")
+	flag.DurationVar(&o.etcdStats, "etcd-stats", 0, "print each etcd member's load every this often (apply's lag behind commit, unsynced watchers, lease renewals and revocations, slow applies, CPU; 0: never)")
 	flag.BoolVar(&o.linkIPs, "link-ips", true, "spread the group links' listeners over 127.1.x.1 (one loopback address has 64K ports)")
 	flag.StringVar(&o.ranks, "ranks", "", "child members: the global member indices it simulates (\"0-99,150\")")
 	flag.StringVar(&o.name, "name", "", "child: etcd member name")
@@ -127,7 +129,11 @@ func main() {
 	flag.StringVar(&o.endpoints, "endpoints", "", "child: etcd endpoints of the coordinator")
 	flag.Parse()
 	if o.profile != "" {
-		f, err := os.Create(filepath.Join(o.profile, o.role+".pprof"))
+		name := o.role
+		if o.name != "" {
+			name = o.name // several etcd members and shards
+		}
+		f, err := os.Create(filepath.Join(o.profile, name+".pprof"))
 		if err == nil {
 			pprof.StartCPUProfile(f)
 			defer pprof.StopCPUProfile()
@@ -355,7 +361,7 @@ func runLoad(o options) error {
 	}()
 	for i := range names {
 		c, err := startChild(names[i], "-role", "etcd", "-name", names[i], "-client-addr", clientAddrs[i], "-peer-addr", peerAddrs[i],
-			"-initial-cluster", strings.Join(initial, ","), "-data-dir", filepath.Join(dir, names[i]), "-fsync="+strconv.FormatBool(o.fsync))
+			"-initial-cluster", strings.Join(initial, ","), "-data-dir", filepath.Join(dir, names[i]), "-fsync="+strconv.FormatBool(o.fsync), "-profile", o.profile)
 		if err != nil {
 			return err
 		}
@@ -366,6 +372,11 @@ func runLoad(o options) error {
 		return err
 	}
 	defer admin.Close()
+	if o.etcdStats > 0 {
+		sctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go logEtcdStats(sctx, os.Stderr, names, clientAddrs, o.etcdStats)
+	}
 	for _, ep := range clientAddrs {
 		for {
 			sctx, c := context.WithTimeout(ctx, time.Second)
@@ -433,7 +444,7 @@ func runLoad(o options) error {
 			"-min-replicas", strconv.Itoa(o.minReplicas), "-share-quorums=" + strconv.FormatBool(o.shareQuorums),
 			"-link-ips=" + strconv.FormatBool(o.linkIPs), "-link-interval", o.linkInterval.String(), "-link-timeout", o.linkTimeout.String()}
 		for _, sp := range p.shards {
-			sh, err := startShard(sp.name, sp.ranks, common)
+			sh, err := startShard(sp.name, sp.ranks, append(common, "-name", sp.name, "-profile", o.profile))
 			if err != nil {
 				return err
 			}
