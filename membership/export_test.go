@@ -33,3 +33,11 @@ func (m *Member) GossipStats() (s gossip.Stats, ok bool) {
 // WatchesEpochs reports whether m watches the job's epochs in etcd (a
 // replica group's follower takes them from its leader instead).
 func (m *Member) WatchesEpochs() bool { return m.watching.Load() > 0 }
+
+// GroupWatchFrom returns the revision after which a group member that
+// does not hold the lease watches the group's record.
+func (m *Member) GroupWatchFrom() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return max(m.groupRev, m.groupSeen)
+}

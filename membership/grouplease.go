@@ -165,7 +165,7 @@ func (m *Member) enterGroup(ctx context.Context) error {
 	}
 	if len(resp.Kvs) == 0 {
 		m.mu.Lock()
-		m.group, m.groupRev = groupLease{}, 0
+		m.group, m.groupRev, m.groupSeen = groupLease{}, 0, 0
 		m.mu.Unlock()
 		return m.ownLease(ctx) // the registration creates the record
 	}
@@ -174,7 +174,7 @@ func (m *Member) enterGroup(ctx context.Context) error {
 		return fmt.Errorf("membership: join %s/%s: unreadable group lease record %s", m.cfg.Job, m.cfg.ID, m.groupKey())
 	}
 	m.mu.Lock()
-	m.group, m.groupRev = g, resp.Kvs[0].ModRevision
+	m.group, m.groupRev, m.groupSeen = g, resp.Kvs[0].ModRevision, resp.Header.Revision
 	m.lease, m.holds = clientv3.LeaseID(g.Lease), false
 	m.rec.Lease = g.Lease
 	m.mu.Unlock()
@@ -380,10 +380,10 @@ func (m *Member) followGroup() {
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, time.Second, 0
 	for m.life.Err() == nil && !m.holdsLease() {
 		m.mu.Lock()
-		g, rev := m.group, m.groupRev
+		g, rev, seen := m.group, m.groupRev, max(m.groupRev, m.groupSeen)
 		m.mu.Unlock()
 		var err error
-		switch m.followLeader(g, rev) {
+		switch m.followLeader(g, seen) {
 		case leaderGone:
 			if err = m.takeOver(g, rev); err == nil && !m.holdsLease() {
 				err = m.rebind() // another member took it over
@@ -414,13 +414,13 @@ const (
 )
 
 // followLeader links to the leader g names and watches the group's record
-// from rev until one of them ends.
-func (m *Member) followLeader(g groupLease, rev int64) followEnd {
+// after seen (a revision at which it was still g) until one of them ends.
+func (m *Member) followLeader(g groupLease, seen int64) followEnd {
 	ctx, cancel := context.WithCancel(m.life)
 	defer cancel()
 	moved := make(chan struct{})
 	go func() { // exits with ctx
-		for wr := range m.cli.Watch(clientv3.WithRequireLeader(ctx), m.groupKey(), clientv3.WithRev(rev+1)) {
+		for wr := range m.cli.Watch(clientv3.WithRequireLeader(ctx), m.groupKey(), clientv3.WithRev(seen+1)) {
 			if wr.Err() != nil || len(wr.Events) > 0 {
 				close(moved)
 				return
@@ -494,6 +494,9 @@ func (m *Member) rebind() error {
 	rev := resp.Kvs[0].ModRevision
 	m.mu.Lock()
 	same := rev == m.groupRev
+	if same {
+		m.groupSeen = max(m.groupSeen, resp.Header.Revision)
+	}
 	m.mu.Unlock()
 	if same {
 		return errors.New("the group's leader is unreachable and its record has not moved")
@@ -515,7 +518,7 @@ func (m *Member) rebind() error {
 		return nil // moved again, or this registration is gone: follow again
 	}
 	m.mu.Lock()
-	m.group, m.groupRev, m.lease, m.rec.Lease = g, rev, clientv3.LeaseID(g.Lease), g.Lease
+	m.group, m.groupRev, m.groupSeen, m.lease, m.rec.Lease = g, rev, tr.Header.Revision, clientv3.LeaseID(g.Lease), g.Lease
 	m.mu.Unlock()
 	m.lg.Info("moved to the group's new lease", zap.String("leader", g.Leader), zap.Int64("lease", g.Lease))
 	return nil
@@ -582,7 +585,7 @@ func (m *Member) takeOver(old groupLease, rev int64) error {
 	// its lease's would end their link (and make one of them take over
 	// from this member).
 	m.mu.Lock()
-	m.group, m.groupRev = g, tr.Header.Revision
+	m.group, m.groupRev, m.groupSeen = g, tr.Header.Revision, tr.Header.Revision
 	m.lease, m.holds, m.gsp = lr.ID, true, gsp
 	m.rec.Lease, m.rec.Gossip = rec.Lease, rec.Gossip
 	m.mu.Unlock()

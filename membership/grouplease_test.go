@@ -128,6 +128,51 @@ func TestGroupLeaseLeaderDeath(t *testing.T) {
 	}
 }
 
+// A member that does not lead watches the group's record from its own
+// registration, which found the record unchanged, not from the record's
+// revision: etcd serves a watch that starts in the past from its log, a
+// scan of every revision since (under the lock its applies take), and the
+// group's record may be as old as the job. Here 300 writes come between
+// the group's creation and a member's join; the member's watch starts
+// after all of them, and still sees the lease move when the leader dies.
+func TestGroupFollowerWatchesFromItsRegistration(t *testing.T) {
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
+	lead := joinGroup(tj, "g.0")[0]
+	ctx := clustertest.Ctx(t, 30*time.Second)
+	created := int64(0)
+	if r, err := tj.Client.Get(ctx, keys.Layout{}.GroupLease(tj.Name, "g")); err != nil || len(r.Kvs) != 1 {
+		t.Fatalf("the group's record: %v, %v", r, err)
+	} else {
+		created = r.Kvs[0].ModRevision
+	}
+	var last int64
+	for i := range 300 {
+		r, err := tj.Client.Put(ctx, fmt.Sprintf("/unrelated/%d", i), "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r.Header.Revision
+	}
+	ms := joinGroup(tj, "g.1", "g.2")
+	for _, m := range ms {
+		if from := m.GroupWatchFrom(); from < last || from < m.Incarnation() {
+			t.Fatalf("%s watches the group's record after revision %d: the record's %d, the writes up to %d, its registration %d",
+				m.ID(), from, created, last, m.Incarnation())
+		}
+	}
+	q := clustertest.WaitQuorum(t, ms[0], 0, "g.0", "g.1", "g.2")
+	lead.Crash()
+	clustertest.WaitQuorum(t, ms[0], q.Epoch, "g.1", "g.2")
+	for ctx.Err() == nil {
+		l := memberLeases(t, tj.Client, tj.Name)
+		if len(l) == 1 && l[ms[0].Record().Lease] == 2 && ms[0].Record().Lease != lead.Record().Lease {
+			return
+		}
+		waitChange(ctx, ms[0])
+	}
+	t.Fatalf("after the leader's death: member keys by lease %v", memberLeases(t, tj.Client, tj.Name))
+}
+
 // waitChange waits a little for a quorum change (or not): the lease moves
 // produce none, so this only paces the polling of etcd.
 func waitChange(ctx context.Context, m *membership.Member) {

@@ -54,9 +54,13 @@ func (m *Member) register(ctx context.Context) error {
 		if tr.Succeeded {
 			m.inc = tr.Header.Revision
 			m.rec.Incarnation = m.inc
-			if m.cfg.GroupLease && m.holdsLease() {
+			if m.cfg.GroupLease {
 				m.mu.Lock()
-				m.groupRev = tr.Header.Revision
+				if m.holds {
+					m.groupRev = tr.Header.Revision // the record this registration created
+				}
+				// The registration compared the record: still at groupRev here.
+				m.groupSeen = tr.Header.Revision
 				m.mu.Unlock()
 			}
 			return nil

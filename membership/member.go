@@ -183,11 +183,18 @@ type Member struct {
 	// lease is the lease the registration is bound to; holds says
 	// whether this member keeps it alive (always, without GroupLease; the
 	// group's leader, with it). group and groupRev are the group lease
-	// record the registration is bound under and its mod revision.
+	// record the registration is bound under and its mod revision;
+	// groupSeen is a revision at which that record was known to be still
+	// at groupRev (a fenced write's), where a follower's watch of it
+	// starts: a watch from groupRev+1, which may be the group's first
+	// revision, is one etcd must catch up from its log, under the lock
+	// its applies take (at 100,000 ranks, tens of thousands of revisions
+	// for each of 87,500 followers).
 	lease       clientv3.LeaseID
 	holds       bool
 	group       groupLease
 	groupRev    int64
+	groupSeen   int64
 	links       map[net.Conn]*groupLink // the group links this member serves
 	fwdLog      [][]byte                // what a group's leader replays to a member that links (groupquorum.go)
 	rec         MemberRecord
