@@ -41,6 +41,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -444,7 +445,11 @@ func runLoad(o options) error {
 			"-min-replicas", strconv.Itoa(o.minReplicas), "-share-quorums=" + strconv.FormatBool(o.shareQuorums),
 			"-link-ips=" + strconv.FormatBool(o.linkIPs), "-link-interval", o.linkInterval.String(), "-link-timeout", o.linkTimeout.String()}
 		for _, sp := range p.shards {
-			sh, err := startShard(sp.name, sp.ranks, append(common, "-name", sp.name, "-profile", o.profile))
+			args := slices.Concat(common, []string{"-name", sp.name})
+			if strings.HasPrefix(sp.name, "shard-") {
+				args = append(args, "-profile", o.profile) // not the victims: SIGKILL leaves no profile
+			}
+			sh, err := startShard(sp.name, sp.ranks, args)
 			if err != nil {
 				return err
 			}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -473,6 +474,10 @@ func runMembers(o options) error {
 			return err
 		}
 	}
+	// The run is over: write the profile (-profile) before closing the
+	// members, which at thousands may outlast the parent's wait and end
+	// in SIGKILL.
+	pprof.StopCPUProfile()
 	return in.Err()
 }
 
