@@ -200,7 +200,13 @@
 // fenced on the group's record (a new lease, its registration moved, the
 // old leader's deleted), and the others move their registrations to the
 // new lease keeping their incarnations. Either way the coordinator sees
-// one member gone. A registration marked SharedLease is removed without
+// one member gone. A member watches the group's record from the revision
+// at which its last fenced write (its registration, a move) found the
+// record unchanged, not from the record's own revision, which may be as
+// old as the group: etcd serves a watch that starts in the past from its
+// log, a scan of every revision since under the lock its applies take,
+// and at 100,000 ranks such watches tipped a busy etcd into refusing
+// requests (docs/capacity.md). A registration marked SharedLease is removed without
 // revoking its lease. Anyone who can read the job's keys can open a link
 // (the hello carries the lease id, not a secret of its own), but the
 // leader's delete is fenced on the named incarnation and on the group's
