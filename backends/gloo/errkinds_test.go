@@ -82,7 +82,11 @@ func roundsFromEnv(def int) int {
 // all-reduce; one is SIGKILLed; each survivor shrinks it away as soon as
 // its own op fails. A fast survivor's resync can reach a slower one before
 // the dead rank's connection reset does: every survivor must still get a
-// *RankError naming the dead rank, wrapping comm.ErrPeerFailed.
+// *RankError naming the dead rank, wrapping comm.ErrPeerFailed. A survivor
+// whose backend learns of the death between two ops (its op ended before
+// the dead rank's part was missed) has its next op refused with the comm's
+// refusal, which wraps the same *RankError in comm.ErrAborted (Comm.Err):
+// about one survivor result in 180 here, and as good for the caller.
 func TestKilledPeerNamedAtEverySurvivorProcesses(t *testing.T) {
 	const n, victim, count = 4, 2, 1 << 10
 	rounds := roundsFromEnv(6)
@@ -109,7 +113,11 @@ func TestKilledPeerNamedAtEverySurvivorProcesses(t *testing.T) {
 			if err != nil {
 				t.Fatalf("round %d: rank %d reported nothing: %v: %s", round, r, err, k.out.String())
 			}
-			if got := string(v); !strings.HasPrefix(got, fmt.Sprintf("peerfailed=true timeout=false aborted=false ranks=[%d]", victim)) {
+			got := string(v)
+			named := func(aborted bool) bool {
+				return strings.HasPrefix(got, fmt.Sprintf("peerfailed=true timeout=false aborted=%v ranks=[%d]:", aborted, victim))
+			}
+			if !named(false) && !(named(true) && strings.Contains(got, "comm: aborted: rank "+strconv.Itoa(victim)+" (")) {
 				bad++
 				t.Errorf("round %d: rank %d: %s; want a *RankError naming rank %d, wrapping ErrPeerFailed", round, r, got, victim)
 			}
