@@ -199,7 +199,11 @@
 // whose link to the leader ended takes the lease over in one transaction
 // fenced on the group's record (a new lease, its registration moved, the
 // old leader's deleted), and the others move their registrations to the
-// new lease keeping their incarnations. Either way the coordinator sees
+// new lease keeping their incarnations. The members take their turns by
+// id among the group's members in the quorum they hold (one not in it
+// yet last), a GroupLinkInterval apart, each watching the record while it
+// waits: the first goes at once, and a group whose leader died costs etcd
+// one new lease rather than one per member. Either way the coordinator sees
 // one member gone. A member watches the group's record from the revision
 // at which its last fenced write (its registration, a move) found the
 // record unchanged, not from the record's own revision, which may be as

@@ -96,3 +96,30 @@ func TestLinkRecordFrames(t *testing.T) {
 		t.Fatalf("an oversized key: %v", err)
 	}
 }
+
+// A member's turn to take its group's lease over: the group's other
+// members before it by id, the old leader and other groups aside; one
+// the quorum does not hold yet comes last.
+func TestTakeoverTurn(t *testing.T) {
+	ps := []Participant{{ID: "a.1", Group: "a"}, {ID: "b.0", Group: "b"}, {ID: "a.0", Group: "a"},
+		{ID: "a.3", Group: "a"}, {ID: "a.2", Group: "a"}, {ID: "b.1", Group: "b"}}
+	for _, c := range []struct {
+		self, leader string
+		want         int
+	}{
+		{"a.1", "a.0", 0}, // the first after the leader goes at once
+		{"a.2", "a.0", 1},
+		{"a.3", "a.0", 2},
+		{"a.0", "a.1", 0}, // a leader of any id
+		{"a.3", "a.1", 2},
+		{"a.9", "a.0", 3}, // not in the quorum yet: after the three others
+		{"b.1", "b.0", 0},
+	} {
+		if got := takeoverTurn(ps, c.self[:1], c.self, c.leader); got != c.want {
+			t.Errorf("%s with %s gone: turn %d, want %d", c.self, c.leader, got, c.want)
+		}
+	}
+	if got := takeoverTurn(nil, "a", "a.1", "a.0"); got != 0 {
+		t.Errorf("no quorum held: turn %d, want 0 (nothing known to wait for)", got)
+	}
+}
