@@ -23,12 +23,15 @@ What it promises:
   ``get_future``, ``result``). On CPU an op runs asynchronously on the
   comm's worker; ``get_future()`` completes from a thread of the group when
   the op has ended (DDP's comm hooks chain on it).
-- CUDA: the order of torch's NCCL backend. The op runs on a stream of the
-  group (one per device) that first waits for the caller's current stream;
-  ``wait()`` makes the caller's current stream wait for the op, without
-  blocking the host; ``get_future()`` is a CUDA future whose value is ready
-  on the op's stream; the tensors are recorded on that stream for the
-  caching allocator. A failure of a CUDA op (a deadline, a dead peer)
+- CUDA: the order of torch's NCCL backend. An async op runs on a stream of
+  the group (one per device) that first waits for the caller's current
+  stream; ``wait()`` makes the caller's current stream wait for the op,
+  without blocking the host; ``get_future()`` is a CUDA future whose value
+  is ready on the op's stream; the tensors are recorded on that stream for
+  the caching allocator. An op torch issues with ``async_op=False``
+  (``opts.asyncOp``, torch >= 2.7) is ordered with the current stream
+  itself: behind the work queued there, ahead of what is queued next, and
+  its Work is done at once. A failure of a CUDA op (a deadline, a dead peer)
   breaks the comm and is raised by the group's next call and by
   ``exception()``.
 - Deadlines: every op runs under the group's timeout (init_process_group's
