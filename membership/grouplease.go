@@ -498,7 +498,7 @@ func takeoverTurn(ps []Participant, group, self, leader string) int {
 }
 
 // awaitTurn waits, before this member takes the lease over, for its turn
-// (takeoverTurn links intervals), watching the group's record after seen;
+// (takeoverTurn link intervals), watching the group's record after seen;
 // it reports whether the record moved meanwhile (another member took the
 // lease over, or the record is gone: rebind follows either). Staggered
 // turns let the first takeover move the record before the next member
