@@ -314,9 +314,13 @@ func TestSameAsInproc(t *testing.T) {
 }
 
 // TestShrinkReconnectsBrokenLink: the connection between ranks 0 and 1
-// breaks (both processes live on); the comm fails with ErrPeerFailed, and
-// Shrink replaces just that connection through the Store (rank 1 dials
-// rank 0 again) while the others are reused.
+// breaks (both processes live on); the comm fails with ErrPeerFailed at
+// both ends, and Shrink replaces just that connection through the Store
+// (rank 1 dials rank 0 again) while the others are reused. Ranks 2 and 3
+// fail too when 0's or 1's notice reaches them first; the 4 KB all-reduce
+// is one-shot (every rank sends its vector to every other), so they may
+// also complete it without the broken link (once in ~100 runs under
+// -race): either is right.
 func TestShrinkReconnectsBrokenLink(t *testing.T) {
 	j := newJob(t, 4, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -333,7 +337,7 @@ func TestShrinkReconnectsBrokenLink(t *testing.T) {
 		return c.AllReduce(ctx, comm.Float32s(make([]float32, 1000)), comm.Sum)
 	})
 	for r, err := range errs {
-		if !errors.Is(err, comm.ErrPeerFailed) {
+		if !errors.Is(err, comm.ErrPeerFailed) && (r < 2 || err != nil) {
 			t.Errorf("rank %d: got %v, want ErrPeerFailed", r, err)
 		}
 	}
