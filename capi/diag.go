@@ -22,7 +22,7 @@ var diagOps struct {
 	n, nanos atomic.Int64
 }
 
-func diagStart() time.Time { return time.Now() }
+const diagOn = true
 
 func diagEnd(t0 time.Time) {
 	diagOps.n.Add(1)

@@ -661,7 +661,11 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                 # The current stream waits for the op (StreamOrder), so
                 # what torch queues there next, the posts' copies
                 # included, sees its result; no side stream, event or
-                # record_stream is needed, and the Work is done.
+                # record_stream is needed, and the Work is done: a tensor
+                # of the current stream (the copies of _dense included)
+                # that the caller drops is reused only behind the op, as
+                # under torch's NCCL backend, which runs such an op on the
+                # current stream.
                 run(comm, False)
                 for p in posts:
                     if p is not None:
