@@ -98,6 +98,7 @@ type Backend struct {
 	revokeReq chan struct{} // to the watchdog: run the native revoke
 	started   bool          // the watchdog runs (start was called)
 	closeOnce sync.Once
+	settling  atomic.Bool   // Close is waiting for the ordered ops (settleOrdered)
 	closing   chan struct{} // closed by Close: the watchdog releases and exits
 	released  chan struct{} // closed when the watchdog has released everything
 	relErr    error         // what the release ran into; read after released
@@ -461,15 +462,70 @@ func (b *Backend) Revoke(cause error) {
 	}
 }
 
-// Close implements comm.Backend. It fails a running op, and returns at
-// once: the watchdog then aborts the NCCL comm, waits for the stream to
-// drain and frees it (Released is closed when done). Safe to call twice.
+// Close implements comm.Backend. It fails a running op; the watchdog then
+// aborts the NCCL comm, waits for the stream to drain and frees it
+// (Released is closed when done). Safe to call twice.
+//
+// On a comm that has not failed, Close first waits for the stream-ordered
+// ops (StreamOrder) that returned once enqueued: the caller holds them as
+// done, and the abort would cancel their kernels half-way and leave their
+// outputs wrong with no op left to say so. The wait ends with the ops or
+// at their deadline (ReleaseTimeout for one that has none); if they do
+// not complete, Close returns the error that names them. On a comm that
+// has failed, its error (returned by the next op or by Err) already says
+// that its ordered ops may not have completed, and Close returns at once.
 func (b *Backend) Close() error {
+	var err error
 	b.closeOnce.Do(func() {
+		err = b.settleOrdered()
 		b.fail(fmt.Errorf("nccl: %w", comm.ErrClosed))
 		close(b.closing)
 	})
-	return nil
+	return err
+}
+
+// settleOrdered waits until the comm's stream-ordered ops have completed
+// or the comm has failed (an op past its deadline fails it). Called by
+// Close before the comm is failed.
+func (b *Backend) settleOrdered() error {
+	if b.nOrdered.Load() == 0 || b.failed.Load() {
+		return nil
+	}
+	b.settling.Store(true)
+	n := b.nOrdered.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), b.orderedBound())
+	defer cancel()
+	err := pollDone(ctx, b.wake, func() (bool, error) {
+		b.checkOrdered() // retires completed ops, fails the comm at an op's deadline
+		return b.nOrdered.Load() == 0 || b.failed.Load(), nil
+	})
+	switch {
+	case b.nOrdered.Load() == 0:
+		return nil
+	case b.failed.Load():
+		return fmt.Errorf("nccl: closing with %d stream-ordered ops not completed: %w", n, b.failure())
+	default:
+		return fmt.Errorf("nccl: %w: closing: %d stream-ordered ops still running: %w", comm.ErrTimeout, b.nOrdered.Load(), err)
+	}
+}
+
+// orderedBound is how long Close may wait for the ordered ops: until the
+// latest deadline among them, or ReleaseTimeout from now if one has none.
+func (b *Backend) orderedBound() time.Duration {
+	b.ordMu.Lock()
+	defer b.ordMu.Unlock()
+	var last time.Time
+	for _, o := range b.ordered {
+		if o.deadline.IsZero() {
+			return b.cfg.ReleaseTimeout
+		}
+		if o.deadline.After(last) {
+			last = o.deadline
+		}
+	}
+	// A little past the last deadline, so that the watchdog's check at the
+	// deadline (which names the op) decides, not this bound.
+	return time.Until(last) + 2*b.cfg.WatchdogInterval + time.Millisecond
 }
 
 // ncclError turns a failed NCCL result into an error the comm layer can

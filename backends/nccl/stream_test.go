@@ -151,3 +151,92 @@ func TestStreamOrderBadStream(t *testing.T) {
 		t.Fatalf("unknown stream: %v, want ErrInvalidArgument", err)
 	}
 }
+
+// Closing a healthy comm never cancels a stream-ordered op the caller was
+// told had been enqueued: Close waits for it (here, for a peer that calls
+// late), so its output is the reduction, not what a cancelled kernel left.
+// Torch's finalize right after a sync op on CUDA is this case.
+func TestCloseSettlesOrderedOps(t *testing.T) {
+	ctx := testCtx(t)
+	w := newFakeWorld(t, 2)
+	L := w.Library()
+	ranks := startJob(t, ctx, L, devs(2), 1, "job", nil)
+	bufs := make([]*devBuf, 2)
+	for i, rk := range ranks {
+		b, err := rk.alloc(comm.Float32, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.b.Free()
+		if err := b.set(ctx, []float64{float64(i + 1), 1, 1, 1}); err != nil {
+			t.Fatal(err)
+		}
+		bufs[i] = b
+	}
+	user, err := L.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer user.Close()
+	if err := ranks[0].c.AllReduce(WithStreamOrder(ctx, StreamOrder{Stream: user.Handle()}), bufs[0].t(), comm.Sum); err != nil {
+		t.Fatal(err)
+	}
+	b0 := ranks[0].c.Backend().(*Backend)
+	closed := make(chan error, 1)
+	go func() { closed <- ranks[0].c.Close() }()
+	eventually(t, "rank 0's Close waits for its ordered op", b0.settling.Load)
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) before the ordered op could complete", err)
+	default:
+	}
+	if err := ranks[1].c.AllReduce(ctx, bufs[1].t(), comm.Sum); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("Close after the ordered op completed: %v", err)
+	}
+	waitReleased(t, b0)
+	if err := user.Synchronize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := bufs[0].get(ctx)
+	if err != nil || got[0] != 3 {
+		t.Fatalf("rank 0 after Close: %v, %v; want 3 (the ordered op was cancelled)", got, err)
+	}
+	closeJob(t, ranks[1:])
+}
+
+// A stream-ordered op that cannot complete (its peer never calls) does not
+// hold Close past its deadline, and Close says the op did not complete.
+func TestCloseReportsUnsettledOrderedOps(t *testing.T) {
+	ctx := testCtx(t)
+	w := newFakeWorld(t, 2)
+	L := w.Library()
+	ranks := startJob(t, ctx, L, devs(2), 1, "job", nil)
+	buf, err := ranks[0].alloc(comm.Float32, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, err := L.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer user.Close()
+	octx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := ranks[0].c.AllReduce(WithStreamOrder(octx, StreamOrder{Stream: user.Handle()}), buf.t(), comm.Sum); err != nil {
+		t.Fatal(err)
+	}
+	err = ranks[0].c.Close()
+	if !errors.Is(err, comm.ErrTimeout) {
+		t.Fatalf("Close with an ordered op that never completes: %v, want ErrTimeout", err)
+	}
+	if err := user.Synchronize(ctx); err != nil {
+		t.Fatalf("the caller's stream did not move on: %v", err)
+	}
+	closeJob(t, ranks)
+	if err := buf.b.Free(); err != nil {
+		t.Fatal(err)
+	}
+}

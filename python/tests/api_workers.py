@@ -74,6 +74,34 @@ def zero_elements(rank, store, name, size=2, backend="gloo"):
     return failed, float(x[0].cpu())
 
 
+def finalize_after_sync_op(rank, store, name, size=2, backend="gloo", rounds=3):
+    """A sync all-reduce, then finalize at once, while the peer issues its
+    all-reduce only after this rank has begun to finalize (told through
+    the store): the result must still be the sum. NCCL only: there a sync
+    op returns once enqueued, so a finalize that aborted the comm would
+    cancel the kernel and leave the tensor wrong with no error (on gloo a
+    sync op returns when done, so rank 0 would wait for rank 1 forever).
+    Returns the sums read, one per round."""
+    torch = _On(_device(rank, backend))
+    st = ftcomm.Store.connect(store)
+    got = []
+    for i in range(rounds):
+        n = "%s-%d" % (name, i)
+        c = comm(rank, store, n, size, backend, _device(rank, backend))
+        x = torch.full((4,), float(rank + 1))
+        if rank == 0:
+            c.all_reduce(x)
+            st.set(n + "/finalizing", b"1")
+            finalize(rank, n)
+        else:
+            st.get(n + "/finalizing", timeout=datetime.timedelta(seconds=30))
+            c.all_reduce(x)
+            finalize(rank, n)
+        got.append(float(x[0].cpu()))
+    st.close()
+    return got
+
+
 def reductions(rank, store, name, size=2, backend="gloo"):
     """PREMUL_SUM (scalar and tensor factors), AVG on integers, bitwise ops
     (gloo; NCCL refuses them), bool; returns {case: (got, want)} for the

@@ -51,6 +51,15 @@ def test_cuda_zero_element_tensors(two, store, name):
 
 
 @needs_cuda
+def test_cuda_finalize_after_sync_op(two, store, name):
+    # finalize right after a sync op (which returns once enqueued on CUDA)
+    # while the peer is late: the op completes, its sum is right.
+    import api_workers
+    for got in two.run(api_workers.finalize_after_sync_op, store.address, name, backend="nccl"):
+        assert got == [3.0] * 3, got
+
+
+@needs_cuda
 def test_cuda_reductions(two, store, name):
     import api_workers
     assert two.run(api_workers.reductions, store.address, name, backend="nccl", timeout=300) == [{}, {}]
