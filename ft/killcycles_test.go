@@ -77,7 +77,10 @@ func (d *childDevice) stepOut(ctx context.Context, grads []float32) error {
 // groups commit without its group, then the whole group restarts, heals
 // both shards and rejoins. FTCOMM_FT_KILL_DOUBLE=N kills two replicas at
 // once in N of the cycles (every other one from the second; 3 or more
-// replicas).
+// replicas). FTCOMM_FT_KILL_WHOLE_GROUP=1 SIGKILLs every rank of a
+// victim's group at once (the killed rank first, then its group-mates),
+// as torchrun's agent ends a worker group, instead of the rest of the
+// group after the survivors' commit.
 func TestKillCycles(t *testing.T) {
 	cycles, _ := strconv.Atoi(os.Getenv("FTCOMM_FT_KILL_CYCLES"))
 	if cycles <= 0 {
@@ -88,6 +91,7 @@ func TestKillCycles(t *testing.T) {
 	params, _ := strconv.Atoi(os.Getenv("FTCOMM_FT_KILL_PARAMS"))
 	groupSize, _ := strconv.Atoi(os.Getenv("FTCOMM_FT_KILL_GROUP_SIZE"))
 	doubles, _ := strconv.Atoi(os.Getenv("FTCOMM_FT_KILL_DOUBLE"))
+	wholeGroup := os.Getenv("FTCOMM_FT_KILL_WHOLE_GROUP") == "1"
 	groupSize = max(groupSize, 1)
 	params = max(params, 0)
 	if params == 0 {
@@ -163,6 +167,16 @@ func TestKillCycles(t *testing.T) {
 				t0 = at
 			}
 			dead[groups[g]] = true
+		}
+		if wholeGroup {
+			for _, g := range victims {
+				for r := range groupSize {
+					if id := memberID(groups[g], r); !slices.Contains(ids, id) {
+						j.kill(id)
+						ids = append(ids, id)
+					}
+				}
+			}
 		}
 		got := map[string]time.Duration{}
 		want := (replicas - len(victims)) * groupSize

@@ -51,7 +51,7 @@ def rank_main(args) -> None:
     model = common.GPT(args.layers, args.d, args.heads, args.block).to(device)
     c = ftcomm.ft.Comm(job=args.job, group="g%d" % g, group_rank=i, group_size=G, backend=backend, device=device,
                        min_replicas=1, timeout=args.op_timeout, lease_ttl=2, heartbeat=1, gossip=args.gossip,
-                       log_level="error")
+                       log_level=os.environ.get("FTCOMM_LOG_LEVEL", "error"))
     shard = None
     if args.mode == "hsdp":
         import ftcomm.device_mesh
