@@ -54,8 +54,8 @@ type driver struct {
 	blobs      []recovery.Blob
 	copier     comm.HostCopier
 	staging    *stagingPool
-	split      bool
-	splitKnown bool
+	split      [2]bool // per dim: data and control are separate comms
+	splitKnown [2]bool
 	healed     recovery.Progress // a heal cut short keeps its progress
 
 	relMu     sync.Mutex
@@ -199,7 +199,7 @@ func (d *driver) receive(in input) {
 		// A comm that broke just before Commit fails the step, whether or
 		// not its watcher has told the machine yet.
 		for key, x := range d.comms {
-			if key.epoch != d.mach.epoch {
+			if key.epoch != d.mach.commsEpoch(key.dim) {
 				continue
 			}
 			for _, p := range []part{partData, partCtl} {
@@ -268,6 +268,8 @@ func (d *driver) exec(a action) {
 		})
 	case fetchState:
 		d.fetch(a)
+	case keepGroup:
+		d.keepGroup(a)
 	case checkGroup:
 		ctl := d.comms[commKey{dimGroup, a.epoch}].ctl
 		d.spawn(a.task, func(ctx context.Context) taskResult {
@@ -474,7 +476,7 @@ func (d *driver) stepComms() stepComms {
 		s.ft = d.comms[commKey{dimFT, d.mach.epoch}]
 	}
 	if d.mach.holds(dimGroup) {
-		s.group = d.comms[commKey{dimGroup, d.mach.epoch}]
+		s.group = d.comms[commKey{dimGroup, d.mach.group}]
 	}
 	return s
 }
@@ -485,7 +487,7 @@ func (d *driver) publish() {
 	d.link.step.Store(d.mach.step)
 	s := snapshot{epoch: epoch, rank: rank, participants: n}
 	if d.mach.holds(dimGroup) {
-		s.group = d.comms[commKey{dimGroup, epoch}].data
+		s.group = d.comms[commKey{dimGroup, d.mach.group}].data
 	}
 	if *d.link.snap.Load() != s {
 		d.link.snap.Store(&s)

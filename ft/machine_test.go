@@ -41,6 +41,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of ft/tes
 //	gathered S@E …                  the step records, in FT rank order
 //	lastcommit S@E | none           the durable commit record (by c.0, now)
 //	healed E:S,… | healed err…      the heal (the sources' history: epoch:from)
+//	kept yes|no | kept err…         the group's vote on keeping its comms
 //	checked LO HI | checked err…    the group's step check
 //	voted yes|no | voted err…       the group's vote
 //	recorded ok | recorded no WHY   the durable record
@@ -250,6 +251,13 @@ func (s *machineScript) run(line string) []string {
 			args = args[1:]
 		}
 		in = stateHealed{task: s.task, hist: h, bytes: 1 << 20, took: time.Millisecond, err: s.parseErr(args)}
+	case "kept":
+		switch args[0] {
+		case "yes", "no":
+			in = groupKept{task: s.task, ok: args[0] == "yes"}
+		default:
+			in = groupKept{task: s.task, err: s.parseErr(args)}
+		}
 	case "checked":
 		if lo, err := strconv.ParseInt(args[0], 10, 64); err == nil {
 			hi, _ := strconv.ParseInt(args[1], 10, 64)
@@ -299,7 +307,7 @@ func (s *machineScript) run(line string) []string {
 		switch a := a.(type) {
 		case formComms:
 			s.task, s.kind = a.task, "form"
-		case gatherRecords, readLastCommit, fetchState, checkGroup, castVote, recordCommit, shareOutcome, withdrawState:
+		case gatherRecords, readLastCommit, fetchState, keepGroup, checkGroup, castVote, recordCommit, shareOutcome, withdrawState:
 			s.task, s.kind = taskOf(a), fmt.Sprintf("%T", a)
 		}
 		if t, ok := a.(armTimer); ok && !t.at.IsZero() {
@@ -366,6 +374,8 @@ func taskOf(a action) int {
 	case readLastCommit:
 		return a.task
 	case fetchState:
+		return a.task
+	case keepGroup:
 		return a.task
 	case checkGroup:
 		return a.task
