@@ -156,6 +156,7 @@ func registerIn(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr 
 		mc.Step = cfg.InitialStep // the coordinator's history rule counts a restored state
 	}
 	mc.GroupLease = cfg.GroupSize > 1 && !cfg.RankLeases
+	mc.GroupSize = cfg.GroupSize // the coordinator admits the group's ranks together
 	if mc.MinReplicas == 0 {
 		mc.MinReplicas = cfg.MinReplicas * cfg.GroupSize
 	}
