@@ -57,6 +57,10 @@ def test_cuda_finalize_after_sync_op(two, store, name):
     import api_workers
     for got in two.run(api_workers.finalize_after_sync_op, store.address, name, backend="nccl"):
         assert got == [3.0] * 3, got
+    # The peer a second late: long after an abort would have cancelled the op.
+    for got in two.run(api_workers.finalize_after_sync_op, store.address, name + "-late", backend="nccl", rounds=1,
+                       late=1.0, timeout=60):
+        assert got == [3.0], got
 
 
 @needs_cuda
