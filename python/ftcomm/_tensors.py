@@ -208,12 +208,35 @@ def itemsize(dt: int) -> int:
 
 
 def _factor_for(t: Any, factor: Any):
-    """A PREMUL_SUM factor usable with t: a tensor factor on t's device."""
-    if is_torch(factor) and is_torch(t):
-        return factor.to(device=t.device)
+    """A PREMUL_SUM factor as NCCL applies it to t: in t's dtype. NCCL takes
+    the factor as a value of the data's type T (torch's NCCL backend passes
+    T(factor): a double reaches float16 and bfloat16 through float) and
+    multiplies each element by it in T, rounding once. So a number becomes
+    the nearest value of t's dtype, and a tensor factor (one element)
+    becomes a scalar of t's dtype on t's device, or a CPU scalar, which
+    torch passes to a CUDA kernel by value: a CUDA factor costs no host
+    sync. Multiplying by that value rounds once to t's dtype, as NCCL does
+    (the exact product of two float16 or bfloat16 values fits in float32,
+    where torch multiplies them)."""
+    if is_torch(t):
+        torch = _torch
+        if is_torch(factor):
+            f = factor.reshape(())
+            if f.device != t.device and f.device.type != "cpu":
+                f = f.to(t.device)
+            return f.to(t.dtype)
+        f = float(factor)
+        if t.dtype == torch.float64:
+            return f
+        v = torch.tensor(f, dtype=torch.float32)
+        return float(v if t.dtype == torch.float32 else v.to(t.dtype))
     if is_torch(factor):
-        return float(factor.reshape(-1)[0])
-    return factor
+        factor = factor.reshape(-1)[0].item()
+    np = _np or _load_numpy()
+    f = np.float64(factor)
+    if t.dtype != f.dtype:
+        f = f.astype(np.float32).astype(t.dtype)
+    return f
 
 
 def scale_(t: Any, factor: Any) -> None:

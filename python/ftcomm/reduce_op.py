@@ -35,7 +35,8 @@ class ReduceOp:
     NCCL's ncclAvg); BAND, BOR, BXOR on integer and bool dtypes (gloo only:
     NCCL has no bitwise reductions); ``PREMUL_SUM(factor)`` multiplies each
     rank's input by factor (a number, or a one-element tensor) and sums, on
-    floating-point dtypes. On bool tensors SUM and MAX are a logical or,
+    floating-point dtypes, as NCCL's PreMulSum: the factor taken as a value
+    of the input's dtype, each product rounded once. On bool tensors SUM and MAX are a logical or,
     PRODUCT and MIN a logical and.
     """
 

@@ -1,10 +1,12 @@
 """Functions the rank processes of test_cuda_distributed.py run: the
 "ftcomm" torch.distributed backend on CUDA tensors against torch's own NCCL
-backend (DDP, FSDP, FSDP2, DeviceMesh, DTensor). Rank r uses cuda:r."""
+backend (DDP, FSDP, FSDP2, DeviceMesh, DTensor, PREMUL_SUM made by torch and
+FSDP2's gradient divide factor). Rank r uses cuda:r."""
 
 from __future__ import annotations
 
 import datetime
+import math
 import os
 
 import torch
@@ -218,6 +220,233 @@ def fsdp2_device_mesh(rank, addr, steps=3):
     dtensor_ok = torch.equal(back, full) and torch.equal(summed, full * 2)
     torch.cuda.synchronize()
     return loss_diff, dtensor_ok
+
+
+# ---- PREMUL_SUM made by torch, FSDP2's gradient divide factor ----
+
+def _premul(factor):
+    """torch's PREMUL_SUM of factor (a float, or a one-element tensor)."""
+    make = getattr(dist, "_make_nccl_premul_sum", None)
+    return make(factor) if make is not None else dist.ReduceOp.PREMUL_SUM(factor)
+
+
+def premul_ops(rank):
+    """A PREMUL_SUM built by torch on every reduction, on ftcomm and on
+    torch's NCCL: all-reduce (sync, async, coalesced, through the coalescing
+    manager), reduce to each root, reduce-scatter of a list, of a tensor
+    (sync, async) and coalesced; float32, bfloat16, float16, float64;
+    scalar factors and tensor factors (of the data's dtype on its device, as
+    torch's NCCL takes them, 0-d and [1]).
+
+    Integer-valued inputs. With factors that are powers of two every
+    product is exact, so ftcomm's results must equal NCCL's bit for bit
+    (``bad`` names those that do not). With 1/3 the products round, and
+    ftcomm's result must equal, bit for bit, what NCCL's PreMulSum computes
+    on 2 ranks: each rank's input times the factor in the dtype, rounded,
+    then the sum rounded. NCCL's own result may differ from that by one
+    rounding of a product where its kernel fuses the multiply into the sum
+    (one fma); ``near`` names the results that differ from NCCL's, and
+    ``bad`` those that differ by more than 1 ulp. A tensor factor is read
+    on the device: the calls run in torch's sync debug mode "error"."""
+    size = dist.get_world_size()
+    nccl = STATE["nccl"]
+    bad, near = [], []
+    n = 96 * size
+    dev = torch.device("cuda", rank)
+    third = 1 / 3
+    warm = torch.ones(4, device=dev)
+    dist.all_reduce(warm)  # the group's NCCL comm is made outside the sync checks
+    cm = getattr(dist, "_coalescing_manager", None)
+
+    def vals(r, k, dt):
+        return _vals(r, k, torch.float64).to(dt)
+
+    def want(dt, fT, k):
+        # NCCL's PreMulSum on 2 ranks: products rounded to dt, their sum rounded once.
+        parts = [(vals(r, k, dt) * fT).to(dt) for r in range(size)]
+        return sum(p.double() for p in parts).to(dt)
+
+    for dt in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        fdt = torch.float64 if dt == torch.float64 else torch.float32
+        factors = [
+            ("2.0", 2.0, True),
+            ("tensor 0.25", torch.full((1,), 0.25, dtype=dt, device=dev), True),
+            ("1/3", third, False),
+            ("tensor 1/3", torch.tensor(third, dtype=dt, device=dev), False),
+        ]
+        for fname, f, exact in factors:
+            fT = f.reshape(()) if isinstance(f, torch.Tensor) else torch.tensor(f, dtype=fdt, device=dev).to(dt)
+            op = _premul(f)
+            name = "%s %s" % (dt, fname)
+
+            def both(what, fn, make, expect=None, sync_check=False):
+                a, b = make(), make()
+                try:
+                    if sync_check:
+                        torch.cuda.set_sync_debug_mode("error")
+                    try:
+                        ra = fn(a, None)
+                    finally:
+                        torch.cuda.set_sync_debug_mode("default")
+                except RuntimeError as e:
+                    bad.append("%s %s: %s" % (what, name, e))
+                    return
+                rb = fn(b, nccl)
+                torch.cuda.synchronize()
+                xs = ra if ra is not None else a
+                ys = rb if rb is not None else b
+                xs = xs if isinstance(xs, (list, tuple)) else [xs]
+                ys = ys if isinstance(ys, (list, tuple)) else [ys]
+                es = expect() if expect is not None else [None] * len(xs)
+                for x, y, e in zip(xs, ys, es):
+                    if e is not None and not torch.equal(x, e):
+                        bad.append("%s %s: not NCCL's PreMulSum formula" % (what, name))
+                        return
+                    if torch.equal(x, y):
+                        continue
+                    d = (x.double() - y.double()).abs()
+                    ulp = torch.finfo(dt).eps * y.double().abs()
+                    if exact or not bool((d <= ulp).all()):
+                        bad.append("%s %s: max diff %g" % (what, name, d.max().item()))
+                        return
+                    near.append("%s %s" % (what, name))
+                    return
+
+            mine = lambda k=n: vals(rank, k, dt)  # noqa: E731
+            full = lambda k=n: want(dt, fT, k)  # noqa: E731
+            block = lambda k=n: full(k).chunk(size)[rank]  # noqa: E731
+            both("all_reduce", lambda t, g: dist.all_reduce(t, op=op, group=g), mine, lambda: [full()], True)
+            both("all_reduce async", lambda t, g: dist.all_reduce(t, op=op, group=g, async_op=True).wait() and None,
+                 mine, lambda: [full()], True)
+            for root in range(size):
+                both("reduce to %d" % root, lambda t, g: dist.reduce(t, root, op=op, group=g), mine,
+                     lambda: [full() if rank == root else mine()])
+            both("reduce_scatter", lambda t, g: (lambda o: (dist.reduce_scatter(o, list(t.chunk(size)), op=op, group=g),
+                                                            o)[1])(torch.zeros(n // size, dtype=dt, device=dev)),
+                 mine, lambda: [block()])
+            both("reduce_scatter_tensor", lambda t, g: (lambda o: (dist.reduce_scatter_tensor(o, t, op=op, group=g),
+                                                                   o)[1])(torch.zeros(n // size, dtype=dt, device=dev)),
+                 mine, lambda: [block()], True)
+            both("reduce_scatter_tensor async",
+                 lambda t, g: (lambda o: (dist.reduce_scatter_tensor(o, t, op=op, group=g, async_op=True).wait(),
+                                          o)[1])(torch.zeros(n // size, dtype=dt, device=dev)),
+                 mine, lambda: [block()], True)
+            if hasattr(dist, "all_reduce_coalesced"):
+                both("all_reduce_coalesced", lambda ts, g: (dist.all_reduce_coalesced(ts, op=op, group=g), ts)[1],
+                     lambda: [mine(), mine(2 * size)], lambda: [full(), full(2 * size)])
+            if cm is not None:
+                def coalesced_all_reduce(ts, g):
+                    with cm(group=g, async_ops=True) as c:
+                        for t in ts:
+                            dist.all_reduce(t, op=op, group=g)
+                    c.wait()
+                    return ts
+
+                def coalesced_reduce_scatter(ts, g):
+                    outs = [torch.zeros(t.numel() // size, dtype=dt, device=dev) for t in ts]
+                    with cm(group=g, async_ops=True) as c:
+                        for o, t in zip(outs, ts):
+                            dist.reduce_scatter_tensor(o, t, op=op, group=g)
+                    c.wait()
+                    return outs
+
+                both("coalesced all_reduce", coalesced_all_reduce, lambda: [mine(), mine(2 * size)],
+                     lambda: [full(), full(2 * size)])
+                both("coalesced reduce_scatter_tensor", coalesced_reduce_scatter, lambda: [mine(), mine(2 * size)],
+                     lambda: [block(), block(2 * size)])
+    dist.barrier()
+    return bad, near
+
+
+def _fsdp2_api():
+    """fully_shard, MixedPrecisionPolicy (None where this torch has none)."""
+    fully_shard = _fully_shard()
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import MixedPrecisionPolicy
+        except ImportError:
+            MixedPrecisionPolicy = None
+    return fully_shard, MixedPrecisionPolicy
+
+
+def fsdp2_divide_factor(rank, addr):
+    """FSDP2 over ftcomm.device_mesh and over a mesh of torch's NCCL group,
+    the same model and batches, with set_gradient_divide_factor(f) on every
+    FSDP module (FSDP2 reduce-scatters with PREMUL_SUM(1/f), or AVG where f
+    is the world size) for several f, in float32 and with bfloat16 reduction,
+    and with set_force_sum_reduction_for_comms(True) (SUM, then a division):
+    every local gradient shard after backward.
+
+    Returns {case: [(max |ftcomm - NCCL|, tolerance) per parameter]} (a
+    tolerance of 0 asks bit for bit), or {case: "skipped: why"}. Where 1/f
+    is a power of two, or every op is a SUM, each product is exact and both
+    must agree bit for bit. With f = 3 the products round; ftcomm rounds
+    each product, then the sum, while NCCL's kernel may fuse its multiply
+    into the sum (one fma), which moves a result by at most half an ulp of
+    one rank's product plus the sum's own rounding: under 4 eps of the
+    largest product. The tolerance is 8 eps(reduce dtype) B / f per
+    parameter, B the largest |local gradient| of any rank (measured on an
+    unsharded copy of the model, hence the margin of 2)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    import ftcomm.device_mesh as fdm
+    fully_shard, MixedPrecisionPolicy = _fsdp2_api()
+    size = dist.get_world_size()
+    comm = ftcomm.new_comm("nccl", torch.device("cuda", rank), name="fsdp2-premul", store=addr, rank=rank, size=size)
+    STATE["fsdp2_comm"] = comm
+    mesh = fdm.init_device_mesh(mesh_dim_comms=(comm,), mesh_dim_names=("dp",))
+    ref_mesh = DeviceMesh.from_group(STATE["nccl"], "cuda")
+    gen = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(8, 64, generator=gen).cuda()
+
+    # B: the largest |local gradient| of each parameter over the ranks.
+    plain = _model()
+    plain(x).pow(2).sum().backward()
+    bound = torch.stack([p.grad.abs().max() for p in plain.parameters()])
+    dist.all_reduce(bound, op=dist.ReduceOp.MAX, group=STATE["nccl"])
+
+    cases = [("f=%g" % f, f, False, None) for f in sorted({1.0, 2.0, float(size), 3.0, 4.0})]
+    cases += [("f=3 bf16 reduce", 3.0, False, torch.bfloat16), ("force sum", None, True, None),
+              ("force sum f=3", 3.0, True, None)]
+    out = {}
+    for case, f, force, reduce_dtype in cases:
+        grads = {}
+        for which, m_ in (("ftcomm", mesh), ("nccl", ref_mesh)):
+            m = _model()
+            kw = {}
+            if reduce_dtype is not None:
+                if MixedPrecisionPolicy is None:
+                    break
+                kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=reduce_dtype, reduce_dtype=reduce_dtype)
+            for layer in m:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer, mesh=m_, **kw)
+            fully_shard(m, mesh=m_, **kw)
+            mods = [mod for mod in m.modules() if hasattr(mod, "reshard")]  # the FSDP modules
+            if f is not None:
+                if not hasattr(m, "set_gradient_divide_factor"):
+                    break
+                for mod in mods:
+                    mod.set_gradient_divide_factor(f)
+            if force:
+                if not hasattr(m, "set_force_sum_reduction_for_comms"):
+                    break
+                for mod in mods:
+                    mod.set_force_sum_reduction_for_comms(True)
+            m(x).pow(2).sum().backward()
+            torch.cuda.synchronize()
+            grads[which] = [p.grad.to_local().detach().clone() for p in m.parameters()]
+        if len(grads) < 2:
+            out[case] = "skipped: this torch's FSDP2 lacks MixedPrecisionPolicy, set_gradient_divide_factor or " \
+                        "set_force_sum_reduction_for_comms"
+            continue
+        exact = force or f is None or (1 / f) == 2.0 ** round(math.log2(1 / f))
+        eps = torch.finfo(reduce_dtype or torch.float32).eps
+        out[case] = [((a - b).abs().max().item() if a.numel() else 0.0, 0.0 if exact else 8 * eps * bi / f)
+                     for a, b, bi in zip(grads["ftcomm"], grads["nccl"], bound.tolist())]
+    torch.cuda.synchronize()
+    return out
 
 
 def finalize_fsdp2(rank):

@@ -186,6 +186,136 @@ def _flat(x):
     return out
 
 
+# ---- PREMUL_SUM made by torch ----
+
+# torch >= 2.0's ReduceOp pickles as (RedOpType, factor); 1.13's does not.
+TORCH_OPS_PICKLE = isinstance(dist.ReduceOp(dist.ReduceOp.RedOpType.SUM).__getstate__(), tuple)
+
+
+class StateOp:
+    """An op that pickles as torch >= 2.0's PREMUL_SUM does, whose == and
+    hash say nothing about it (torch's see only the type): what a group
+    must decode on torch 1.13, where a real one hides its factor."""
+
+    def __init__(self, factor, kind=None):
+        self._state = (kind if kind is not None else dist.ReduceOp.RedOpType.PREMUL_SUM, factor)
+
+    def __getstate__(self):
+        return self._state
+
+    def __eq__(self, other):
+        return True
+
+    def __hash__(self):
+        return 0
+
+
+def premul_op(factor):
+    """torch's PREMUL_SUM of factor where torch shows its factor, else a
+    StateOp (torch 1.13)."""
+    if not TORCH_OPS_PICKLE:
+        return StateOp(factor)
+    make = getattr(dist, "_make_nccl_premul_sum", None)
+    return make(factor) if make is not None else dist.ReduceOp.PREMUL_SUM(factor)
+
+
+class Opts:
+    """torch's options of a reduction, as a ProcessGroup reads them."""
+
+    def __init__(self, op, root=0):
+        self.reduceOp, self.rootRank = op, root
+
+
+def premul(rank):
+    """A PREMUL_SUM built by torch on every reduction of the group, called
+    as torch calls a ProcessGroup (its methods with options) and, on torch
+    >= 2.0, through torch.distributed: each result is the sum over ranks of
+    the rank's input times the factor, inputs that are only read are left
+    as they were. Integer-valued data and factors that are powers of two:
+    exact in every dtype. Returns what differs."""
+    pg = dist.distributed_c10d._get_default_group()
+    size = dist.get_world_size()
+    n = 6 * size
+    bad = []
+
+    def check(what, got, want):
+        if not torch.equal(got, want):
+            bad.append("%s: %s != %s" % (what, got.tolist(), want.tolist()))
+
+    def done(w):
+        if w is not None:
+            w.wait()
+
+    for f in (2.0, 0.5, torch.tensor([0.25]), torch.tensor(0.5, dtype=torch.float64)):
+        fv = float(f.reshape(-1)[0]) if isinstance(f, torch.Tensor) else f
+        for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            name = "%s %s" % (dt, "tensor %s" % fv if isinstance(f, torch.Tensor) else fv)
+            op = premul_op(f)
+            mine = lambda k=n: _vals(rank, k, dt)  # noqa: E731
+            want = lambda k=n: sum(_vals(r, k, torch.float64) * fv for r in range(size)).to(dt)  # noqa: E731
+            t = mine()
+            done(pg.allreduce([t], Opts(op)))
+            check("allreduce " + name, t, want())
+            ts = [mine(3), mine(5)]
+            done(pg.allreduce(ts, Opts(op)))
+            check("allreduce of 2 tensors " + name, torch.cat(ts), torch.cat([want(3), want(5)]))
+            ts = [mine(3), mine(4).to(torch.float32)]
+            done(pg.allreduce_coalesced(ts, Opts(op)))
+            check("allreduce_coalesced " + name, torch.cat([ts[0].double(), ts[1].double()]),
+                  torch.cat([want(3).double(), want(4).to(torch.float32).double()]))
+            for root in range(size):
+                t = mine()
+                done(pg.reduce([t], Opts(op, root)))
+                check("reduce to %d %s" % (root, name), t, want() if rank == root else mine())
+            ins, out = list(mine().chunk(size)), torch.zeros(n // size, dtype=dt)
+            done(pg.reduce_scatter([out], [ins], Opts(op)))
+            check("reduce_scatter " + name, out, want().chunk(size)[rank])
+            check("reduce_scatter input " + name, torch.cat(ins), mine())
+            inp, out = mine(), torch.zeros(n // size, dtype=dt)
+            done(pg._reduce_scatter_base(out, inp, Opts(op)))
+            check("_reduce_scatter_base " + name, out, want().chunk(size)[rank])
+            check("_reduce_scatter_base input " + name, inp, mine())
+            ins, outs = [mine(), mine(2 * size)], [torch.zeros(n // size, dtype=dt), torch.zeros(2, dtype=dt)]
+            done(pg.reduce_scatter_tensor_coalesced(outs, ins, Opts(op)))
+            check("reduce_scatter_tensor_coalesced " + name, torch.cat(outs),
+                  torch.cat([want().chunk(size)[rank], want(2 * size).chunk(size)[rank]]))
+            if not TORCH_OPS_PICKLE:
+                continue
+            # torch.distributed's own calls, with torch's op.
+            t = mine()
+            dist.all_reduce(t, op=op)
+            check("dist.all_reduce " + name, t, want())
+            t = mine()
+            done(dist.all_reduce(t, op=op, async_op=True))
+            check("dist.all_reduce async " + name, t, want())
+            t = mine()
+            dist.reduce(t, 1, op=op)
+            check("dist.reduce " + name, t, want() if rank == 1 else mine())
+            out = torch.zeros(n // size, dtype=dt)
+            dist.reduce_scatter(out, list(mine().chunk(size)), op=op)
+            check("dist.reduce_scatter " + name, out, want().chunk(size)[rank])
+            out = torch.zeros(n // size, dtype=dt)
+            dist.reduce_scatter_tensor(out, mine(), op=op)
+            check("dist.reduce_scatter_tensor " + name, out, want().chunk(size)[rank])
+    return bad
+
+
+def premul_refused(rank):
+    """A PREMUL_SUM built by torch 1.13 (whose factor cannot be read): the
+    error every rank gets, and a SUM on the group after it."""
+    t = _vals(rank, 4)
+    try:
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(2.0))
+        got = {"ok": True}
+    except Exception as e:  # noqa: B902
+        got = {"ok": False, "dist": isinstance(e, ftcomm.distributed.DistBackendError),
+               "invalid": isinstance(e, ftcomm.InvalidArgumentError), "msg": str(e)}
+    got["untouched"] = torch.equal(t, _vals(rank, 4))
+    dist.all_reduce(t)
+    got["sum_after"] = torch.equal(t, sum(_vals(r, 4) for r in range(dist.get_world_size())))
+    return got
+
+
 # ---- DDP ----
 
 def _model():

@@ -53,7 +53,7 @@ run)
 		case "$s" in
 		tests)
 			echo "== 1. pytest"
-			timeout 200 "$PY" -m pytest -q -rs -p no:cacheprovider python/tests/test_cuda_distributed.py \
+			timeout 300 "$PY" -m pytest -q -rs -p no:cacheprovider python/tests/test_cuda_distributed.py \
 				python/tests/test_distributed.py python/tests/test_distributed_ft.py python/tests/test_cuda.py \
 				>"$OUT/pytest.log" 2>&1
 			echo "rc=$?"

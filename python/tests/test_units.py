@@ -49,3 +49,37 @@ def test_double_free_is_an_error_not_a_crash():
     with pytest.raises(ftcomm.BadHandleError):
         _lib.check(st)
     s.close()  # the object knows it is closed
+
+
+def test_premul_factor_in_the_tensor_dtype():
+    """A PREMUL_SUM factor is applied as NCCL applies it: as a value of the
+    tensor's dtype (a number through float32, as torch's T(double) does; a
+    tensor factor, which torch's NCCL takes only in the data's dtype, of
+    any shape with one element), the product rounded once."""
+    torch = pytest.importorskip("torch")
+    from ftcomm import _tensors
+
+    third = 1 / 3
+    for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        x = torch.arange(1, 65, dtype=dt)
+        for factor in (third, torch.tensor([third], dtype=dt), torch.tensor(third, dtype=dt)):
+            if isinstance(factor, torch.Tensor):
+                f = factor.reshape(())
+            else:
+                f = torch.tensor(third, dtype=torch.float64 if dt == torch.float64 else torch.float32).to(dt)
+            want = (x.double() * f.double()).to(dt)  # the exact product, rounded once
+            y = x.clone()
+            _tensors.scale_(y, factor)
+            assert torch.equal(y, want), (dt, factor)
+            assert torch.equal(_tensors.scaled(x, factor), want), (dt, factor)
+    z = torch.tensor(3.0)  # a 0-d tensor, a [1] factor
+    _tensors.scale_(z, torch.tensor([0.5]))
+    assert z.item() == 1.5
+    np = pytest.importorskip("numpy")
+    for dt in (np.float16, np.float32, np.float64):
+        x = np.arange(1, 65, dtype=dt)
+        f = np.float64(third) if dt == np.float64 else np.float32(third).astype(dt)
+        want = (x.astype(np.float64) * np.float64(f)).astype(dt)
+        y = x.copy()
+        _tensors.scale_(y, third)
+        assert (y == want).all() and (_tensors.scaled(x, third) == want).all(), dt
