@@ -270,6 +270,20 @@ func (d *driver) exec(a action) {
 		d.fetch(a)
 	case keepGroup:
 		d.keepGroup(a)
+	case agreeStep:
+		ctl := d.comms[commKey{dimGroup, a.epoch}].ctl
+		d.spawn(a.task, func(ctx context.Context) taskResult {
+			// Shaped unlike the group's other messages (a mismatch fails
+			// it everywhere): the newest epoch known, whether any rank
+			// cannot start, and the ranks' current epochs (max and -min).
+			notReady := int64(1)
+			if a.ready {
+				notReady = 0
+			}
+			v := []int64{int64(a.known), notReady, int64(a.now), -int64(a.now)}
+			err := ctl.AllReduce(ctx, comm.Int64s(v), comm.Max)
+			return taskResult{in: stepAgreed{task: a.task, known: uint64(v[0]), ready: v[1] == 0, same: v[2] == -v[3], err: err}}
+		})
 	case checkGroup:
 		ctl := d.comms[commKey{dimGroup, a.epoch}].ctl
 		d.spawn(a.task, func(ctx context.Context) taskResult {

@@ -149,6 +149,16 @@ type (
 		ok   bool
 		err  error
 	}
+	// stepAgreed: the replica group's ranks told each other, at Step,
+	// the newest epoch each knows (known: the highest), whether each
+	// could start the step in its current epoch (ready: all could), and
+	// whether they stand in one epoch (same); err: the exchange failed.
+	stepAgreed struct {
+		task        int
+		known       uint64
+		ready, same bool
+		err         error
+	}
 	// groupChecked: the lowest and highest committed step in the group.
 	groupChecked struct {
 		task   int
@@ -199,6 +209,7 @@ func (recordsGathered) isInput() {}
 func (lastCommitRead) isInput()  {}
 func (stateHealed) isInput()     {}
 func (groupKept) isInput()       {}
+func (stepAgreed) isInput()      {}
 func (groupChecked) isInput()    {}
 func (voted) isInput()           {}
 func (commitRecorded) isInput()  {}
@@ -227,6 +238,16 @@ type (
 	keepGroup struct {
 		task        int
 		epoch, into uint64
+	}
+	// agreeStep tells the replica group's ranks, over the group control
+	// comm of epoch, the newest epoch this rank knows and whether it could
+	// start the step in its current epoch now (stepAgreed answers).
+	agreeStep struct {
+		task  int
+		epoch uint64
+		known uint64
+		now   uint64 // this rank's current epoch
+		ready bool
 	}
 	closeComms struct {
 		dim   dim
@@ -344,6 +365,7 @@ type (
 
 func (formComms) isAction()        {}
 func (keepGroup) isAction()        {}
+func (agreeStep) isAction()        {}
 func (closeComms) isAction()       {}
 func (revokeComms) isAction()      {}
 func (cancelTask) isAction()       {}
@@ -400,6 +422,7 @@ const (
 	stageLastCommit
 	stageHeal
 	stageCheckGroup
+	stageAgree // the group's agreement at Step (gate)
 	stageVote
 	stageRecord
 	stageOutcome
@@ -492,6 +515,9 @@ type machine struct {
 	groupFor  uint64
 	groupView []participant
 	split     [2]bool // per dim: its data and control are separate comms
+	// gated: the group's ranks agreed at this Step call (gate) in this
+	// epoch; gateGo: to start the step in it.
+	gated, gateGo bool
 	// revokedParts: which of epoch's comms were revoked, per dim.
 	revokedParts [2]part
 	comms        readiness
@@ -574,8 +600,9 @@ func (m *machine) handle(now time.Time, in input) []action {
 		m.lost = fmt.Errorf("%w: %w", ErrMembershipLost, in.err)
 	case stepCalled:
 		m.phase, m.gaveUp = phaseStepping, nil // a step that never reached Commit is abandoned
+		m.gated = false
 	case stepCancelled:
-		m.giveUp(in.err, m.task != 0 && m.stage.reconfiguring())
+		m.giveUp(in.err, m.task != 0 && (m.stage.reconfiguring() || m.stage == stageAgree))
 	case commitCalled:
 		m.blameSilent(in.silent)
 		m.onCommit(now, in.errs)
@@ -614,6 +641,10 @@ func (m *machine) handle(now time.Time, in input) []action {
 	case groupKept:
 		if m.done(in.task, stageFormGroup) {
 			m.onGroupKept(now, in)
+		}
+	case stepAgreed:
+		if m.done(in.task, stageAgree) {
+			m.onStepAgreed(in)
 		}
 	case groupChecked:
 		if m.done(in.task, stageCheckGroup) {
@@ -924,8 +955,18 @@ func (m *machine) advance(now time.Time) {
 		m.do(stepDone{err: &FinishedError{Final: m.final, Step: m.step}})
 		return
 	case m.comms == commsReady && m.latest != nil && m.latest.Epoch == m.epoch:
-		m.startStep(now)
-		return
+		if m.gate(true) {
+			return
+		}
+		if !m.gates() || m.gateGo {
+			m.startStep(now)
+			return
+		}
+		// A rank of the group knows a newer epoch, or cannot start the
+		// step: the group waits for that epoch together.
+	}
+	if m.gate(false) {
+		return // about to wait or reconfigure: the group's ranks hear so first
 	}
 	q := m.latest
 	if q == nil || q.Epoch <= m.epoch {
@@ -940,6 +981,45 @@ func (m *machine) advance(now time.Time) {
 		return
 	}
 	m.reconfigure(now, *q, v)
+}
+
+// gates reports whether a Step of this rank goes through the group's gate:
+// with a replica group whose control comm of the current epoch it holds.
+// Each rank of the group decides alone whether to start a step, reconfigure
+// or wait, from the epochs it has seen; ranks that decided differently
+// would run different collectives on the comms they share outside ft (the
+// shard dimension's, under FSDP) and wait for each other until a timeout.
+// The gate is one host all-reduce at every Step by which the group's ranks
+// decide together.
+func (m *machine) gates() bool {
+	return m.cfg.groupSize > 1 && m.holds(dimGroup) && m.revokedParts[dimGroup]&partCtl == 0
+}
+
+// gate starts the group's agreement for this Step, once per Step and
+// epoch, and reports whether it did; ready says whether this rank could
+// start the step now.
+func (m *machine) gate(ready bool) bool {
+	if m.gated || !m.gates() {
+		return false
+	}
+	known := m.epoch
+	if m.latest != nil {
+		known = max(known, m.latest.Epoch)
+	}
+	m.do(agreeStep{task: m.start(stageAgree), epoch: m.group, known: known, now: m.epoch, ready: ready})
+	return true
+}
+
+// onStepAgreed takes the group's answer: the step starts only when every
+// rank could start it in the same epoch and none knows a newer one.
+// Otherwise the group waits for the newest epoch any of them knows (a
+// failed exchange: the group's comm broke, and its watcher says so).
+func (m *machine) onStepAgreed(in stepAgreed) {
+	m.gated = true
+	m.gateGo = in.err == nil && in.ready && in.same && in.known <= m.epoch
+	if in.err != nil {
+		m.logf(false, "the group's agreement at step %d failed: %v", m.step+1, in.err)
+	}
 }
 
 // sitOut leaves the comms the others are leaving, and holds what epoch
@@ -957,6 +1037,7 @@ func (m *machine) sitOut(q membership.Quorum) {
 func (m *machine) enter(epoch uint64, v view) {
 	m.epoch, m.view = epoch, v
 	m.comms, m.blamed, m.revokedParts = unready, nil, [2]part{}
+	m.gated = false
 }
 
 func (m *machine) closeHeld() {
@@ -1570,6 +1651,8 @@ func describe(a action) string {
 		return fmt.Sprintf("heal e%d to step %d (e%d) from %s", a.epoch, a.Step, a.Epoch, strings.Join(a.Sources, ","))
 	case keepGroup:
 		return fmt.Sprintf("keep group e%d into e%d", a.epoch, a.into)
+	case agreeStep:
+		return fmt.Sprintf("agree group e%d known=e%d now=e%d ready=%v", a.epoch, a.known, a.now, a.ready)
 	case checkGroup:
 		return fmt.Sprintf("check group e%d step=%d", a.epoch, a.step)
 	case castVote:
