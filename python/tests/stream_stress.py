@@ -194,9 +194,13 @@ class Streams:
         if force_cycles:
             torch.cuda._sleep(force_cycles)
             return "sleep(%d)" % force_cycles
-        k = _pick(rng, [(30, "none"), (50, "sleep"), (20, "matmul")])
-        if k == "sleep":
-            cycles = int(math.exp(rng.uniform(math.log(1e3), math.log(2e6))))
+        k = _pick(rng, [(30, "none"), (45, "sleep"), (10, "long sleep"), (15, "matmul")])
+        if k in ("sleep", "long sleep"):
+            # ~0.5 µs to 1 ms; now and then 1 to 10 ms, so that a copy
+            # queued behind it still waits when later ops look at the
+            # results (cycles at ~2 GHz).
+            lo, hi = (1e3, 2e6) if k == "sleep" else (2e6, 2e7)
+            cycles = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
             torch.cuda._sleep(cycles)
             return "sleep(%d)" % cycles
         if k == "matmul":
