@@ -706,7 +706,7 @@ func (m *machine) run() {
 		case stageDecide:
 			p.stage = stageReport
 			d := j.m.Advance(p.now)
-			if d.Waiting != "" && waitKind(d.Waiting) != waitKind(j.waiting) {
+			if d.Waiting != "" && waitKind(d.Waiting) != waitKind(j.waiting) && (d.WakeAt.IsZero() || !d.WakeAt.Before(p.now.Add(time.Second))) {
 				m.log(false, "quorum waits", field{"job", name}, field{"why", d.Waiting})
 			}
 			j.wakeAt, j.waiting = d.WakeAt, d.Waiting
@@ -726,7 +726,8 @@ func (m *machine) run() {
 
 // waitKind is what a quorum waits for, without its numbers (times left,
 // steps): the log says when a job begins to wait and when what it waits
-// for changes, not at every pass of a countdown.
+// for changes, not at every pass of a countdown — and not for the waits
+// of less than a second that batch joins, losses and reports.
 func waitKind(why string) string {
 	return strings.Map(func(r rune) rune {
 		if r >= '0' && r <= '9' || r == '.' {
