@@ -180,8 +180,9 @@
 // job has not used starts a new run once the previous run's replicas are
 // gone (`ftcoord job new-run <job>` does it from outside). A new run
 // starts with no commit records; a replica whose registration was lost
-// registers again only in its own run, and Step fails with
-// ErrMembershipLost (errors.Is membership.ErrRunEnded) once that ended.
+// registers again, with the step it holds, only in its own run, and Step
+// fails with ErrMembershipLost (errors.Is membership.ErrRunEnded) once
+// that ended.
 //
 // A run's history is never restarted from step 0 untold, in either mode:
 // every quorum carries the highest step the run is known to have reached
@@ -318,7 +319,10 @@
 // loop ends at Close. Beside it at most one task of the
 // driver's (forming comms, gathering records, healing, voting), one
 // watcher per comm (it exits when the comm breaks or closes), and a
-// reporter that sends the coordinator its reports in order. All exit by the
+// reporter that sends the coordinator its reports in order (one that etcd
+// did not take, as while the coordinator's etcd is down, is made again
+// until it is: a failed epoch and the peers it blames are what the
+// coordinator decides on, also after an outage). All exit by the
 // time Close returns; so do the membership's, the recovery server's and
 // (with a GPU data backend) the health watcher's.
 //

@@ -10,7 +10,10 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/membership"
@@ -743,18 +746,32 @@ func (d *driver) report(what string, f func(context.Context, Membership) error) 
 }
 
 // reporter sends the coordinator its reports in order, on a goroutine of
-// its own, each bounded by the op timeout: a replica cut off from etcd
-// never blocks the driver on them, and the coordinator learns of failures
-// from leases and gossip meanwhile.
+// its own, each try bounded by the op timeout: a replica cut off from
+// etcd never blocks the driver on them, and the coordinator learns of
+// failures from leases and gossip meanwhile. A report that etcd did not
+// take — no answer within the timeout, no leader, load shed — is tried
+// again (after 50 ms, doubling to 1 s) until it is taken or fails for
+// another reason (the registration it was made under ended), the later
+// ones waiting behind it: what a replica reports, a failed epoch and the
+// peers it blames above all, is what the coordinator decides on, and an
+// outage of the coordinator's etcd used to lose it (the survivors of a
+// death inside the outage then waited for the dead replica's lease).
+// Every report is idempotent: one taken twice is one.
 type reporter struct {
 	log     *zap.Logger
 	timeout time.Duration
 	mu      sync.Mutex
-	queue   []func(context.Context)
+	queue   []report
 	wake    chan struct{}
 	ctx     context.Context
 	cancel  context.CancelFunc
 	done    chan struct{}
+}
+
+// report is one report: what it is, for the log, and how to make it.
+type report struct {
+	what string
+	f    func(context.Context) error
 }
 
 func newReporter(log *zap.Logger, timeout time.Duration) *reporter {
@@ -766,11 +783,7 @@ func newReporter(log *zap.Logger, timeout time.Duration) *reporter {
 
 func (r *reporter) add(what string, f func(context.Context) error) {
 	r.mu.Lock()
-	r.queue = append(r.queue, func(ctx context.Context) {
-		if err := f(ctx); err != nil {
-			r.log.Warn(what, zap.Error(err))
-		}
-	})
+	r.queue = append(r.queue, report{what, f})
 	r.mu.Unlock()
 	select {
 	case r.wake <- struct{}{}:
@@ -786,10 +799,8 @@ func (r *reporter) run() {
 		q := r.queue
 		r.queue = nil
 		r.mu.Unlock()
-		for _, f := range q {
-			ctx, cancel := context.WithTimeout(r.ctx, r.timeout)
-			f(ctx)
-			cancel()
+		for _, rep := range q {
+			r.send(rep)
 		}
 		select {
 		case <-r.wake:
@@ -797,6 +808,44 @@ func (r *reporter) run() {
 			return
 		}
 	}
+}
+
+// send makes one report, trying again while etcd does not take it.
+func (r *reporter) send(rep report) {
+	pause := 50 * time.Millisecond
+	for tries := 1; ; tries++ {
+		ctx, cancel := context.WithTimeout(r.ctx, r.timeout)
+		err := rep.f(ctx)
+		cancel()
+		switch {
+		case err == nil:
+			if tries > 1 {
+				r.log.Info(rep.what+": taken", zap.Int("tries", tries))
+			}
+			return
+		case r.ctx.Err() != nil:
+			return
+		case !notTaken(err):
+			r.log.Warn(rep.what, zap.Error(err))
+			return
+		case tries == 1:
+			r.log.Warn(rep.what+": not taken; trying again until etcd takes it", zap.Error(err))
+		}
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, time.Second)
+	}
+}
+
+// notTaken says whether err means that etcd did not take a request that
+// may simply be made again: no answer in time (etcd down or cut off), no
+// leader, load shed.
+func notTaken(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, rpctypes.ErrNoLeader) ||
+		errors.Is(err, rpctypes.ErrTooManyRequests) || status.Code(err) == codes.Unavailable
 }
 
 func (r *reporter) stop() {

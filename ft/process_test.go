@@ -14,11 +14,13 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -46,7 +48,11 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChild())
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if ftcoordBin.path != "" {
+		os.RemoveAll(filepath.Dir(ftcoordBin.path))
+	}
+	os.Exit(code)
 }
 
 type childEvent struct {
@@ -120,10 +126,27 @@ func runChild() int {
 		fmt.Fprintln(os.Stderr, "child: new:", err)
 		return 2
 	}
-	go func() { // the parent holds our stdin: when it goes, so do we
-		io.Copy(io.Discard, os.Stdin)
+	// The parent holds our stdin: a line "finish" ends the run after the
+	// next commit (Comm.Finish); when stdin goes, so do we.
+	var finish atomic.Bool
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			if sc.Text() == "finish" {
+				finish.Store(true)
+			}
+		}
 		os.Exit(0)
 	}()
+	finished := func() int {
+		out.Encode(childEvent{Kind: "finished", ID: id, Pid: os.Getpid(), Step: c.CommittedStep(), Epoch: c.Epoch(),
+			UnixNano: time.Now().UnixNano()})
+		if err := c.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "child: close:", err)
+			return 1
+		}
+		return 0
+	}
 	params := make([]float32, atoi("PARAMS"))
 	for i := range params {
 		params[i] = 1
@@ -149,7 +172,9 @@ func runChild() int {
 	}
 	for {
 		var rb *RollbackError
-		if err := c.Step(ctx); errors.As(err, &rb) {
+		if err := c.Step(ctx); errors.Is(err, ErrFinished) {
+			return finished() // another replica ended the run
+		} else if errors.As(err, &rb) {
 			out.Encode(childEvent{Kind: "rollback", From: rb.FromStep, To: rb.ToStep, ID: id, Pid: os.Getpid(),
 				Step: rb.Step, Epoch: rb.Epoch, UnixNano: time.Now().UnixNano()})
 		} else if err != nil {
@@ -199,6 +224,13 @@ func runChild() int {
 		}
 		out.Encode(childEvent{ID: id, Pid: os.Getpid(), Step: c.CommittedStep(),
 			Epoch: c.Epoch(), Participants: c.Participants(), Hash: h.Sum64(), UnixNano: time.Now().UnixNano()})
+		if finish.Load() {
+			if err := c.Finish(ctx); err != nil {
+				fmt.Fprintln(os.Stderr, "child: finish:", err)
+				return 1
+			}
+			return finished()
+		}
 	}
 }
 
@@ -302,11 +334,30 @@ func (j *procJob) spawnCmd(cmd *exec.Cmd, group string, groupRank, groupSize, pa
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
+			line := sc.Text()
 			if testing.Verbose() {
-				j.t.Logf("%s: %s", id, sc.Text())
+				j.t.Logf("%s: %s", id, line)
+			}
+			// What befell its registration, as events: the replica
+			// says so in its log alone.
+			for _, e := range []struct{ msg, kind string }{{"registration lost", "lapsed"}, {"renewal lapsed", "lapsed"},
+				{"registered again", "registered"}} {
+				if strings.Contains(line, e.msg) {
+					j.events <- childEvent{Kind: e.kind, ID: id, Pid: cmd.Process.Pid, UnixNano: time.Now().UnixNano()}
+				}
 			}
 		}
 	}()
+}
+
+// send writes a line to a replica's stdin (runChild: "finish").
+func (j *procJob) send(id, line string) {
+	j.mu.Lock()
+	in := j.stdins[id]
+	j.mu.Unlock()
+	if _, err := io.WriteString(in, line+"\n"); err != nil {
+		j.t.Fatalf("%s's stdin: %v", id, err)
+	}
 }
 
 // kill SIGKILLs a replica process and returns when it is gone.

@@ -329,7 +329,10 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	}
 	ok = true
 	if m.holdsLease() {
-		m.spawn(func() { m.renew(m.ka) })
+		m.mu.Lock()
+		lease, ka := m.lease, m.ka
+		m.mu.Unlock()
+		m.spawn(func() { m.renew(lease, ka) })
 	}
 	if !cfg.GroupLease || cfg.GroupEachWatches || m.holdsLease() {
 		m.spawn(func() { m.watchEpochs(rev) }) // a group's leader forwards what it learns
