@@ -221,7 +221,32 @@
 // epoch, as before. When any rank of a group dies, the group is
 // incomplete in the next quorum and all its ranks sit out (ErrNotParticipating
 // on their collectives); when the rank returns the group rejoins whole and
-// its ranks heal shard by shard. The group comms are made anew at every epoch.
+// its ranks heal shard by shard. ft registers GroupSize with the
+// coordinator (membership.MemberRecord.GroupSize), which admits a group's
+// ranks only together: the rest of a group that lost a rank leaves the
+// epoch with it, so a group-mate's own death a moment later (a launcher
+// ending the rest of the group) is no participant's and costs no epoch.
+//
+// A group keeps its comms from one epoch to the next while its ranks are
+// the ones they were formed among (another group's death or return): at
+// the reconfiguration its ranks vote on it on the group's control comm —
+// every rank must hold both comms healthy — and form new ones otherwise
+// (a rank that formed new ones closed these, which fails the vote at the
+// others). Config.GroupBackend sets the backend of the group's data comm:
+// a loop that shards over comms of its own (Python's FT-HSDP: FSDP2 over
+// its own device mesh, with no Group()) sets it to the control backend,
+// so the group has one host comm and no device comm to make.
+//
+// The group's gate: at every Step the group's ranks exchange, in one host
+// all-reduce on the group's control comm, the newest epoch each knows and
+// whether each could start the step in its current one, and the step
+// starts only when every rank could, in one epoch, with no newer one known
+// to any; otherwise they wait for the newest epoch together. A rank
+// deciding alone could start the step while its group-mate reconfigures:
+// the collectives of comms the group shares outside ft (FSDP's shard comm)
+// would then differ at its two ranks and wait for each other until their
+// timeout. The gate costs each Step one host round trip within the group
+// (docs/measurements.md has the figure).
 //
 // Known limit: the group's vote is one all-reduce, so like any collective it
 // can complete at one rank and fail at the other (a rank dying or its link

@@ -486,6 +486,9 @@ type machineConfig struct {
 	// linger bounds how long Close waits, after Finish, for the replicas
 	// behind the final step to heal from this one.
 	linger time.Duration
+	// noGate turns the group's gate off: for the benchmark that measures
+	// what it costs (BenchmarkGroupGate), never in a job.
+	noGate bool
 	// initialStep is the committed step of the state the loop registered
 	// (Config.InitialStep: restored from a checkpoint; 0: the initial
 	// state).
@@ -992,7 +995,7 @@ func (m *machine) advance(now time.Time) {
 // The gate is one host all-reduce at every Step by which the group's ranks
 // decide together.
 func (m *machine) gates() bool {
-	return m.cfg.groupSize > 1 && m.holds(dimGroup) && m.revokedParts[dimGroup]&partCtl == 0
+	return m.cfg.groupSize > 1 && !m.cfg.noGate && m.holds(dimGroup) && m.revokedParts[dimGroup]&partCtl == 0
 }
 
 // gate starts the group's agreement for this Step, once per Step and
