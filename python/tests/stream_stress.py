@@ -102,15 +102,15 @@ def _pick(rng: random.Random, weighted: Sequence[Tuple[int, Any]]):
 
 class Red:
     """A reduction: name (SUM, AVG, PRODUCT, MIN, MAX, PREMUL_SUM) and, for
-    PREMUL_SUM, a factor (a number; as a one-element tensor to the
-    Communicator when tensor_factor)."""
+    PREMUL_SUM, a factor (a number; as a one-element tensor of the data's
+    dtype to the Communicator when tensor_factor)."""
 
-    def __init__(self, name: str, factor: Optional[float] = None, tensor_factor: bool = False):
-        self.name, self.factor, self.tensor_factor = name, factor, tensor_factor
+    def __init__(self, name: str, factor: Optional[float] = None, tensor_factor: bool = False, dtype=None):
+        self.name, self.factor, self.tensor_factor, self.dtype = name, factor, tensor_factor, dtype
 
     def comm(self, device) -> ReduceOp:
         if self.name == "PREMUL_SUM":
-            f = torch.tensor([self.factor], device=device) if self.tensor_factor else self.factor
+            f = torch.tensor([self.factor], dtype=self.dtype, device=device) if self.tensor_factor else self.factor
             return ReduceOp.PREMUL_SUM(f)
         return getattr(ReduceOp, self.name)
 
@@ -458,7 +458,7 @@ class Op:
         name = S.choice(names)
         red = Red(name)
         if name == "PREMUL_SUM":
-            red = Red(name, S.choice(PREMUL_FACTORS), not dist_only and S.random() < 0.3)
+            red = Red(name, S.choice(PREMUL_FACTORS), not dist_only and S.random() < 0.3, dt)
             if self.api == "dist" and (red.tensor_factor or not self.h.torch_premul):
                 self.api = "comm"  # torch's PREMUL_SUM is not taken by the backend (yet): the Communicator's
         self.desc.append(repr(red))
