@@ -347,6 +347,7 @@ class Communicator:
         if t is RedOpType.PREMUL_SUM:
             if dt not in FLOATS:
                 raise _inv("PREMUL_SUM is defined for floating-point tensors only (got %s)" % name)
+            _tensors.check_factor(r._factor, dt)
             return _SUM, r._factor
         if t in (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR):
             if dt in FLOATS:

@@ -52,9 +52,13 @@ What it promises:
   reduce-scatter of a list, of a tensor and coalesced), on CPU and CUDA
   tensors of a floating-point dtype, as torch's NCCL backend runs it: each
   rank's input is multiplied by the factor in its dtype, then summed. The
-  factor (a number, or a one-element tensor, read on its device) comes from
-  the op's pickled state, which torch >= 2.0 has; on torch 1.13 such an op
-  is refused with an ``InvalidArgumentError`` that says so.
+  factor (a number, or a one-element tensor of the data's dtype, read on
+  its device; a tensor of another dtype is refused, as torch's NCCL
+  refuses it) comes from the op's pickled state, which torch >= 2.0 has;
+  on torch 1.13 such an op is refused with an ``InvalidArgumentError``
+  that says so. On bfloat16 data torch's own NCCL backend (up to at least
+  2.11) hands NCCL a wrong factor (pytorch/pytorch#190745; docs/python.md):
+  there ftcomm's result is the right one, not torch's.
 
 What it does not do (each raises a clear error, never hangs): receiving from
 any source (``recv`` without ``src``), a ``PREMUL_SUM`` made by torch 1.13
@@ -78,6 +82,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from . import _tensors
 from .comm import Communicator, new_comm
 from .errors import FtcommError, InvalidArgumentError
 from .reduce_op import ReduceOp
@@ -866,19 +871,27 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
 
     # ---- collectives (torch's ProcessGroup methods) ----
 
-    def _reduction(self, opts) -> ReduceOp:
+    def _reduction(self, opts, tensors: Sequence[torch.Tensor] = ()) -> ReduceOp:
         """ftcomm's ReduceOp for the options of a reduction (their reduceOp;
         opts may be torch's op itself), refused as torch's distributed
-        error."""
+        error. A PREMUL_SUM's tensor factor is checked against every tensor
+        of the call here, before any of its ops is issued (a coalesced call
+        is several)."""
         try:
-            return _reduce_op(opts.reduceOp if hasattr(opts, "reduceOp") else opts)
+            op = _reduce_op(opts.reduceOp if hasattr(opts, "reduceOp") else opts)
+            if op.factor is not None:
+                for dt in {t.dtype for t in tensors}:
+                    code = _tensors.torch_dtype_code(dt)
+                    if code is not None:
+                        _tensors.check_factor(op.factor, code)
+            return op
         except FtcommError as e:
             raise dist_error(e, self) from None
 
     def allreduce(self, tensors, opts=None):
         tensors = _listed(tensors)
         if len(tensors) == 1:
-            op = self._reduction(opts)
+            op = self._reduction(opts, tensors)
             t = tensors[0]
             u, post = _dense(t, True)
             return self._issue([t], lambda c, a: c.all_reduce(u, op, async_op=a), [t], [post],
@@ -886,7 +899,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         return self.allreduce_coalesced(tensors, opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        op = self._reduction(opts)
+        op = self._reduction(opts, tensors)
         if not tensors:
             return _DoneWork(self, [])
         dev = _device_of(tensors)
@@ -926,7 +939,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         return self._issue([t], lambda c, a: c.broadcast(u, root, async_op=a), [t], [post], [u], opts)
 
     def reduce(self, tensors, opts=None):
-        op = self._reduction(opts)
+        op = self._reduction(opts, tensors)
         root = getattr(opts, "rootRank", 0)
         if len(tensors) != 1:
             raise _unsupported("reduce takes one tensor (got %d)" % len(tensors))
@@ -967,7 +980,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        op = self._reduction(opts)
+        op = self._reduction(opts, list(output_tensors) + [t for ts in input_tensors for t in ts])
         if len(output_tensors) != 1 or len(input_tensors) != 1:
             raise _unsupported("reduce_scatter takes one output tensor and one input list")
         out, ins = output_tensors[0], list(input_tensors[0])
@@ -979,7 +992,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                            [o] + us + _factor_tensor(op, out.device), opts)
 
     def _reduce_scatter_base(self, output, input, opts=None):
-        op = self._reduction(opts)
+        op = self._reduction(opts, [output, input])
         o, post = _dense(output, True)
         i, _ = _dense(input, False)
         return self._issue([output, input], lambda c, a: c.reduce_scatter_single(o, i, op, async_op=a), [output],
@@ -988,6 +1001,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        self._reduction(opts, list(outputs) + list(inputs))  # refused before any op is issued
         works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
         return _Group(self, works, list(outputs))
 

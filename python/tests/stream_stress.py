@@ -102,15 +102,15 @@ def _pick(rng: random.Random, weighted: Sequence[Tuple[int, Any]]):
 
 class Red:
     """A reduction: name (SUM, AVG, PRODUCT, MIN, MAX, PREMUL_SUM) and, for
-    PREMUL_SUM, a factor (a number; as a one-element tensor to the
-    Communicator when tensor_factor)."""
+    PREMUL_SUM, a factor (a number; as a one-element tensor of the data's
+    dtype to the Communicator when tensor_factor)."""
 
-    def __init__(self, name: str, factor: Optional[float] = None, tensor_factor: bool = False):
-        self.name, self.factor, self.tensor_factor = name, factor, tensor_factor
+    def __init__(self, name: str, factor: Optional[float] = None, tensor_factor: bool = False, dtype=None):
+        self.name, self.factor, self.tensor_factor, self.dtype = name, factor, tensor_factor, dtype
 
     def comm(self, device) -> ReduceOp:
         if self.name == "PREMUL_SUM":
-            f = torch.tensor([self.factor], device=device) if self.tensor_factor else self.factor
+            f = torch.tensor([self.factor], dtype=self.dtype, device=device) if self.tensor_factor else self.factor
             return ReduceOp.PREMUL_SUM(f)
         return getattr(ReduceOp, self.name)
 
@@ -145,6 +145,21 @@ def _values(n: int, dtype, device, salt: int, lo: int, hi: int) -> torch.Tensor:
     i = torch.arange(n, dtype=torch.int64, device=device)
     v = (i * 2654435761 + salt * 40503 + 12345) % 1000003 % (hi - lo + 1) + lo
     return v.to(dtype)
+
+
+def nccl_bf16_premul_ok(group=None, device=None) -> bool:
+    """Whether torch's NCCL backend multiplies a bfloat16 PREMUL_SUM by its
+    factor: a collective of the group's ranks (all get the same answer).
+    torch up to at least 2.11 does not (pytorch/pytorch#190745): it holds
+    the factor as a float32 and NCCL reads 2 bytes of it as the bfloat16
+    factor, the float's low mantissa bits (0 for 2.0, so this all-reduce
+    of ones gives 0, not 2 x the world size)."""
+    make = getattr(dist, "_make_nccl_premul_sum", None)
+    if make is None:
+        return False
+    t = torch.ones(4, dtype=torch.bfloat16, device=device)
+    dist.all_reduce(t, op=make(2.0), group=group)
+    return bool((t == 2.0 * dist.get_world_size(group)).all())
 
 
 def torch_premul_supported() -> bool:
@@ -233,12 +248,28 @@ class TorchRef:
 
     def __init__(self, group, rank: int, size: int):
         self.g, self.rank, self.size = group, rank, size
+        self.bf16_premul = True  # False where torch's NCCL misreads a bfloat16 PREMUL_SUM's factor
+
+    def _prep(self, red: Red, ts: List[torch.Tensor]) -> Tuple[Any, List[torch.Tensor]]:
+        """torch's op for red, and the inputs: a bfloat16 PREMUL_SUM on a
+        torch whose NCCL misreads its factor (nccl_bf16_premul_ok) is run
+        as NCCL's PreMulSum computes it, each input multiplied by the factor
+        in bfloat16 (exact: the factors are powers of two), then a SUM."""
+        if red.name == "PREMUL_SUM" and not self.bf16_premul and ts and ts[0].dtype == torch.bfloat16:
+            return dist.ReduceOp.SUM, [t * red.factor for t in ts]
+        return red.torch(), ts
 
     def all_reduce(self, t, red: Red):
-        dist.all_reduce(t, red.torch(), group=self.g)
+        op, (u,) = self._prep(red, [t])
+        dist.all_reduce(u, op, group=self.g)
+        if u is not t:
+            t.copy_(u)
 
     def reduce(self, t, root: int, red: Red):
-        dist.reduce(t, root, red.torch(), group=self.g)
+        op, (u,) = self._prep(red, [t])
+        dist.reduce(u, root, op, group=self.g)
+        if u is not t and self.rank == root:
+            t.copy_(u)
 
     def broadcast(self, t, root: int):
         dist.broadcast(t, root, group=self.g)
@@ -255,10 +286,12 @@ class TorchRef:
             self.broadcast(outs[r], r)
 
     def reduce_scatter(self, out, ins, red: Red):
-        dist.reduce_scatter(out, list(ins), red.torch(), group=self.g)
+        op, ins = self._prep(red, list(ins))
+        dist.reduce_scatter(out, ins, op, group=self.g)
 
     def reduce_scatter_tensor(self, out, x, red: Red):
-        _RS_TENSOR(out, x, red.torch(), group=self.g)
+        op, (x,) = self._prep(red, [x])
+        _RS_TENSOR(out, x, op, group=self.g)
 
     def reduce_scatter_v(self, out, ins, red: Red):
         flat = torch.cat([t.reshape(-1) for t in ins])
@@ -458,7 +491,7 @@ class Op:
         name = S.choice(names)
         red = Red(name)
         if name == "PREMUL_SUM":
-            red = Red(name, S.choice(PREMUL_FACTORS), not dist_only and S.random() < 0.3)
+            red = Red(name, S.choice(PREMUL_FACTORS), not dist_only and S.random() < 0.3, dt)
             if self.api == "dist" and (red.tensor_factor or not self.h.torch_premul):
                 self.api = "comm"  # torch's PREMUL_SUM is not taken by the backend (yet): the Communicator's
         self.desc.append(repr(red))
@@ -987,6 +1020,12 @@ class Harness:
         self.torch_premul = torch_premul_supported()
         self.streams = Streams(device)
         self.ref = (TorchRef if self.cuda else GlooRef)(None, rank, size)
+        if self.cuda:
+            self.ref.bf16_premul = nccl_bf16_premul_ok(None, device)
+            if not self.ref.bf16_premul and rank == 0:
+                print("note: torch %s's NCCL misreads a bfloat16 PREMUL_SUM's factor (pytorch/pytorch#190745): "
+                      "bfloat16 PREMUL_SUM is checked against its inputs multiplied in bfloat16, then summed by "
+                      "torch's NCCL" % torch.__version__, file=sys.stderr, flush=True)
         self.busy_cycles = 20_000_000 if cfg.inject == "unordered" else 0
         self.comm = self._new_comm()
         self.group = self._new_group()

@@ -58,6 +58,18 @@ def test_premul_sum_from_torch_on_every_reduction(group):
     assert two.run(dist_workers.premul) == [[], []]
 
 
+def test_premul_sum_factor_of_another_dtype_is_refused(group):
+    """A PREMUL_SUM whose tensor factor is not of the data's dtype (float32
+    for bfloat16 data, as torch's NCCL up to 2.11 wants it, float64 for
+    float32, ...) or not one element, on every reduction of the group:
+    refused on every rank before anything is issued (a coalesced call
+    included), with a DistBackendError that is an InvalidArgumentError
+    naming both dtypes, the tensors untouched, the group usable after."""
+    import dist_workers
+    two, _ = group
+    assert two.run(dist_workers.premul_factor_dtype_refused) == [[], []]
+
+
 def test_premul_sum_from_torch_1_13_is_refused_on_every_rank(group):
     """torch 1.13's PREMUL_SUM cannot show its factor: every rank gets a
     DistBackendError that is an InvalidArgumentError naming the cause and

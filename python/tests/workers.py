@@ -408,6 +408,13 @@ def bad_input(rank, store, name):
         "not a tensor": lambda: c.all_reduce([1.0, 2.0]),
         "bitwise on floats": lambda: c.all_reduce(torch.ones(4), ReduceOp.BOR),
         "premul on ints": lambda: c.all_reduce(torch.ones(4, dtype=torch.int32), ReduceOp.PREMUL_SUM(2.0)),
+        # A tensor factor of another dtype than the data's (torch's NCCL and
+        # torchcomms refuse it too), or of two elements.
+        "premul factor dtype": lambda: c.all_reduce(torch.ones(4, dtype=torch.bfloat16),
+                                                    ReduceOp.PREMUL_SUM(torch.tensor([0.5]))),
+        "premul factor dtype, reduce_scatter": lambda: c.reduce_scatter_single(
+            torch.ones(2), torch.ones(4), ReduceOp.PREMUL_SUM(torch.tensor(0.5, dtype=torch.float64))),
+        "premul factor of 2 elements": lambda: c.all_reduce(torch.ones(4), ReduceOp.PREMUL_SUM(torch.ones(2))),
         "avg on bool": lambda: c.all_reduce(torch.ones(4, dtype=torch.bool), ReduceOp.AVG),
         "split duplicates": lambda: c.split([0, 1, 0]),
         "split without self": lambda: c.split([1 - rank]),
