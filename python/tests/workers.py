@@ -518,6 +518,71 @@ def cuda_timeout(rank, store, name):
     return out
 
 
+def cuda_list_copy_order(rank, store, name, n=1 << 20):
+    """An async list op whose outputs are not one buffer (all_gather and
+    all_to_all into two reversed views of one buffer: the op lands in a
+    scratch buffer, copied into the outputs once it is seen to end), seen to
+    end by the next op, which is issued on another stream (b) behind a
+    ~0.2 s kernel. The copy must go to the issuing stream (a): wait(), or
+    is_completed() turning true, under a third stream (s3) must leave that
+    stream ordered after the copy (read at once there: the values), and the
+    scratch buffer, freed once the op settles, must not be handed out on a
+    (allocated there and filled with -5) before the copy has read it (the
+    values after a device synchronize). Before the fix the copy went to b,
+    behind the kernel: the read on s3 saw -1 (the outputs' fill) and the
+    final values were -5."""
+    import torch
+    from ctypes import byref, c_int32
+    dev = torch.device("cuda", rank)
+    c = comm(rank, store, name, 2, "nccl", dev)
+    L = ftcomm._lib.lib()
+    a, b, s3 = torch.cuda.Stream(dev), torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+    out = {}
+    for kind in ("all_gather", "all_to_all"):
+        for how in ("wait", "is_completed"):
+            with torch.cuda.stream(a):
+                base = torch.full((2 * n,), -1.0, device=dev)
+                outs = [base[n:], base[:n]]  # rank 0's block, then rank 1's: reversed, not one buffer
+                if kind == "all_gather":
+                    x = torch.full((n,), float(rank + 1), device=dev)
+                    w = c.all_gather(outs, x, async_op=True)
+                else:
+                    ins = [torch.full((n,), float(10 * rank + r + 1), device=dev) for r in range(2)]
+                    w = c.all_to_all(outs, ins, async_op=True)
+            assert w._op.after is not None, "the outputs were one buffer: no copy to order"
+            done = c_int32()
+            deadline = time.monotonic() + 60
+            while not done.value:  # the op ends; nothing here sees it (no settle)
+                assert L.ftcomm_work_test(w._op.h, byref(done)) == 0
+                assert time.monotonic() < deadline, "the op never ended"
+                time.sleep(0.001)
+            with torch.cuda.stream(b):
+                torch.cuda._sleep(400_000_000)  # ~0.2 s
+                y = torch.ones(8, device=dev)
+                c.all_reduce(y)  # sees the list op end (settles it) under b
+            with torch.cuda.stream(a):
+                junk = torch.empty(2 * n, device=dev)  # the scratch buffer's size, on its stream
+                junk.fill_(-5.0)
+            with torch.cuda.stream(s3):
+                if how == "wait":
+                    w.wait()
+                else:
+                    while not w.is_completed():
+                        time.sleep(0.001)
+                read = torch.cat([o.clone() for o in outs])
+            torch.cuda.synchronize(dev)
+            key = "%s/%s" % (kind, how)
+            if kind == "all_gather":
+                want = [1.0, 2.0]  # outs[r] = rank r's x
+            else:
+                want = [float(10 * r + rank + 1) for r in range(2)]  # outs[r] = rank r's ins[rank]
+            out[key] = {"read": [sorted(set(read[:n].tolist())), sorted(set(read[n:].tolist()))],
+                        "final": [sorted(set(t.tolist())) for t in outs], "want": [[v] for v in want]}
+            del junk, y
+    finalize(rank, name)
+    return out
+
+
 def cuda_memory(rank, store, name, ops=10_000):
     import torch
     dev = torch.device("cuda", rank)
