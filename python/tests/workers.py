@@ -449,6 +449,42 @@ def bad_input(rank, store, name):
     return got
 
 
+def indivisible_all_to_all(rank, store, name, size=3):
+    """all_to_all_single of a count that does not divide by the number of
+    ranks (7 elements on 3): every rank refuses it alike and at once with
+    InvalidArgumentError (the check reads only what every rank passes), sync
+    or async, through the Python API and through the C ABI (Go's check);
+    nothing is sent, and the comm then runs an all_to_all_single of 9."""
+    import torch
+    c = comm(rank, store, name, size)
+    L = ftcomm._lib.lib()
+    o7, i7 = np.zeros(7, dtype=np.float32), np.ones(7, dtype=np.float32)
+    cases = {
+        "sync": lambda: c.all_to_all_single(torch.zeros(7), torch.ones(7)),
+        "async": lambda: c.all_to_all_single(torch.zeros(7), torch.ones(7), async_op=True).wait(),
+        "numpy": lambda: c.all_to_all_single(np.zeros(7, dtype=np.float32), np.ones(7, dtype=np.float32)),
+        "v with equal splits": lambda: c.all_to_all_v_single(torch.zeros(7), torch.ones(7), None, None),
+        "go": lambda: ftcomm._lib.check(L.ftcomm_comm_op(c._h, ftcomm._lib.OP_ALL_TO_ALL, o7.ctypes.data, 7,
+                                                         i7.ctypes.data, 7, 1, -1, 1, 0, 0, 0, 0, None)),
+    }
+    got, slowest = {}, 0.0
+    for what, f in cases.items():
+        t0 = time.monotonic()
+        try:
+            f()
+            got[what] = "no error"
+        except Exception as e:  # noqa: BLE001 - the kind is the result
+            got[what] = type(e).__name__
+        slowest = max(slowest, time.monotonic() - t0)
+    x = torch.arange(9, dtype=torch.float32) + 10 * rank
+    y = torch.full((9,), -1.0)
+    c.all_to_all_single(y, x)
+    got["after"] = y.tolist()
+    got["slowest_s"] = slowest
+    finalize(rank, name)
+    return got
+
+
 # ---- CUDA (nccl) ----
 
 def cuda_suite(rank, store, name):
