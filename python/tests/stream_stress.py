@@ -85,8 +85,8 @@ _C10D = torch._C._distributed_c10d  # the options of the ProcessGroup methods (A
 # ---------------------------------------------------------------- choices
 
 # Element counts (per rank, per block: an op's tensors hold up to size
-# blocks of n): (weight, low, high). ~1M elements in about 1 op of 17, ~16M
-# in about 1 of 400 (tens of ms each, their values and copies included);
+# blocks of n): (weight, low, high). ~1M elements in about 1 op of 14, ~16M
+# in about 1 of 350 (the costliest ops: their values, copies and checks);
 # "large" is smaller on CPU, where torch's gloo and 2 shared cores are slow.
 SIZES = {
     "cuda": [(5, 0, 0), (30, 1, 7), (15, 8, 300), (20, 900, 1100), (10, 30_000, 70_000),
