@@ -166,6 +166,46 @@ def current_stream(device: int) -> int:
     return _raw_stream(device)
 
 
+def stream_object(device: int):
+    """PyTorch's current stream on device, as a torch.cuda.Stream: where an
+    async op's after step is queued (run_on_stream)."""
+    return _torch.cuda.current_stream(device)
+
+
+def _record(x: Any, stream) -> None:
+    """Record every CUDA tensor in x (nested tuples and lists) on stream for
+    the caching allocator: its memory is not handed out again, once freed,
+    before the work queued on stream so far has run."""
+    if isinstance(x, (tuple, list)):
+        for y in x:
+            _record(y, stream)
+    elif _torch is not None and isinstance(x, _torch.Tensor) and x.is_cuda:
+        x.record_stream(stream)
+
+
+def run_on_stream(stream, fn, tensors):
+    """Run fn (an async op's after step, which queues CUDA work) with stream
+    current, record tensors (what fn uses) on it, and return a CUDA event
+    recorded behind what fn queued."""
+    torch = _torch
+    with torch.cuda.stream(stream):
+        fn()
+        _record(tensors, stream)
+        ev = torch.cuda.Event()
+        ev.record(stream)
+    return ev
+
+
+def stream_wait(stream, event) -> None:
+    """Make the current stream of stream's device wait for event."""
+    _torch.cuda.current_stream(stream.device).wait_event(event)
+
+
+def event_done(event) -> bool:
+    """Whether the work event was recorded behind has run."""
+    return event.query()
+
+
 def empty_like_flat(t: Any, n: int):
     """A new contiguous 1-D tensor (or array) of n elements, t's dtype and device."""
     if is_torch(t):
