@@ -30,6 +30,13 @@ var (
 	// ErrInvalidArgument: a caller error found before anything was sent;
 	// the comm stays usable.
 	ErrInvalidArgument = errors.New("comm: invalid argument")
+	// ErrPeerRefused: a peer refused its side of the op (its arguments
+	// were invalid there: ErrInvalidArgument at that rank), so the op
+	// failed here without moving data; found inside a *RankError that
+	// names the refusing rank, its reason in the message. Like
+	// ErrInvalidArgument it leaves the comm usable: every rank's next op
+	// runs as usual (on backends that implement Refuser; see Refuser).
+	ErrPeerRefused = errors.New("comm: a peer refused the op")
 	// ErrBackendUnavailable: the backend cannot run here (no library, no
 	// device, unknown name, missing capability).
 	ErrBackendUnavailable = errors.New("comm: backend unavailable")
@@ -42,7 +49,7 @@ type RankError struct {
 	Rank  int    // the peer's rank in the comm's numbering at the time
 	Op    OpType // the op that saw the failure (OpNone outside an op)
 	Epoch uint64 // the comm's epoch
-	Err   error  // usually wraps ErrPeerFailed or ErrMismatch
+	Err   error  // usually wraps ErrPeerFailed, ErrMismatch or ErrPeerRefused
 }
 
 func (e *RankError) Error() string {
