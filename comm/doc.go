@@ -92,7 +92,7 @@
 // (gloo) the refused op therefore still takes its place in the issue
 // order, sends nothing of its data, and tells the peers: each peer's
 // matching op fails at once with a *RankError naming this rank and
-// wrapping ErrPeerRefused (the message says why), with no buffer of a
+// wrapping ErrPeerRefused and a *Refusal that says why, with no buffer of a
 // collective written, and every comm stays usable — the next op runs as
 // usual on every rank. Comm.Refuse does the same for an op that a layer
 // above rejected before issuing it. On other backends (nccl) nothing

@@ -3,8 +3,8 @@ package comm_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/ftcomm/ftcomm/comm"
@@ -160,13 +160,17 @@ func TestRefusedOpIgnoresItsCtx(t *testing.T) {
 // backend) leaves the comm usable.
 func TestPeerRefusalKeepsTheComm(t *testing.T) {
 	f := newFake(0, 2)
-	f.failNext = &comm.RankError{Rank: 1, Op: comm.OpAllReduce, Err: fmt.Errorf("%w: root 3 outside [0, 2)", comm.ErrPeerRefused)}
+	f.failNext = &comm.RankError{Rank: 1, Op: comm.OpAllReduce, Err: &comm.Refusal{Rank: 1, Op: comm.OpAllReduce, Reason: "bor is not supported for dtype float32"}}
 	c := newComm(t, f, comm.Options{})
 	ctx := context.Background()
 	err := c.AllReduce(ctx, comm.Float32s(make([]float32, 2)), comm.Sum)
 	var re *comm.RankError
-	if !errors.Is(err, comm.ErrPeerRefused) || !errors.As(err, &re) || re.Rank != 1 {
+	var ref *comm.Refusal
+	if !errors.Is(err, comm.ErrPeerRefused) || !errors.As(err, &re) || re.Rank != 1 || !errors.As(err, &ref) || ref.Op != comm.OpAllReduce {
 		t.Fatalf("got %v", err)
+	}
+	if want := "rank 1 refused its allreduce: bor is not supported"; !strings.Contains(err.Error(), want) {
+		t.Fatalf("%q does not say %q", err, want)
 	}
 	if err := c.Err(); err != nil {
 		t.Fatalf("comm broken: %v", err)

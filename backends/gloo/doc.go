@@ -225,8 +225,9 @@
 // every op, and Comm.Refuse serves layers with checks of their own) still
 // takes its place in that rank's sequence, and the peers' matching op
 // fails within a round trip with a *comm.RankError naming the refusing
-// rank and wrapping comm.ErrPeerRefused, its message the refusing rank's
-// reason ("rank 1 refused its broadcast: … root 5 outside [0, 2)"). Nothing
+// rank and wrapping comm.ErrPeerRefused, with a *comm.Refusal giving the
+// refusing rank's reason ("rank 1 refused its broadcast: root 5 outside
+// [0, 2)"). Nothing
 // breaks and nothing is aborted: every rank's next op runs as usual. The
 // refusing rank sends a refused frame on its links, on the data path (the
 // socket or the shared-memory ring), in the op's place among its op frames.

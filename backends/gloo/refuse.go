@@ -89,9 +89,9 @@ type p2pRefusal struct {
 	taken  bool // (stray) it took receives of the op in progress: forgotten when it ends
 }
 
-func refusedErr(rank int, op comm.OpType, epoch uint64, origin int, what comm.OpType, reason string) error {
+func refusedErr(op comm.OpType, epoch uint64, origin int, what comm.OpType, reason string) error {
 	return &comm.RankError{Rank: origin, Op: op, Epoch: epoch,
-		Err: fmt.Errorf("gloo: %w: rank %d refused its %s: %s", comm.ErrPeerRefused, origin, what, reason)}
+		Err: fmt.Errorf("gloo: %w", &comm.Refusal{Rank: origin, Op: what, Reason: reason})}
 }
 
 // ---- the refusing rank ----
@@ -107,7 +107,7 @@ func (b *Backend) Refuse(ctx context.Context, op comm.Op, reason error) error {
 		return nil
 	}
 	b.curOp.Store(uint32(op.Kind))
-	why := reason.Error()
+	why := strings.TrimPrefix(reason.Error(), comm.ErrInvalidArgument.Error()+": ")
 	var err error
 	switch op.Kind {
 	case comm.OpSend:
@@ -247,7 +247,7 @@ func (b *Backend) heardColl(peer int, seq uint64, origin int, op comm.OpType, wh
 	// raised before this load: begin sees the entry, or this sees opColl.
 	halt := !e.settled && b.opColl.Load() == seq && b.haltErr == nil
 	if halt {
-		b.haltErr = refusedErr(b.rank, b.opType(), b.epoch, e.origin, e.op, e.reason)
+		b.haltErr = refusedErr(b.opType(), b.epoch, e.origin, e.op, e.reason)
 		b.haltRef = *e
 		b.halted.Store(true)
 	}
@@ -282,7 +282,7 @@ func (b *Backend) refusedAtBegin(ctx context.Context, seq uint64) error {
 	b.haltErr = nil // a marker may have halted the op as it began
 	b.halted.Store(false)
 	b.opColl.Store(0)
-	err := refusedErr(b.rank, b.opType(), b.epoch, e.origin, e.op, e.reason)
+	err := refusedErr(b.opType(), b.epoch, e.origin, e.op, e.reason)
 	origin, op, why := e.origin, e.op, e.reason
 	b.retireLocked(e)
 	b.rmu.Unlock()
@@ -442,7 +442,7 @@ func (l *link) completeRefusedLocked() bool {
 		l.rxBytes.Add(int64(n))
 		l.rxDone.Add(1)
 		if b := l.owner; b != nil {
-			b.noteRefusal(refusedErr(b.rank, b.opType(), b.epoch, ref.origin, ref.op, ref.reason))
+			b.noteRefusal(refusedErr(b.opType(), b.epoch, ref.origin, ref.op, ref.reason))
 		}
 		done = true
 	}
@@ -504,7 +504,7 @@ func (b *Backend) sendMessage(ctx context.Context, p int, seq uint64, t comm.Ten
 		}
 	}
 	ref := l.txRefusal(seq)
-	b.noteRefusal(refusedErr(b.rank, b.opType(), b.epoch, ref.origin, ref.op, ref.reason))
+	b.noteRefusal(refusedErr(b.opType(), b.epoch, ref.origin, ref.op, ref.reason))
 	return nil
 }
 

@@ -197,12 +197,13 @@ func checkRefused(t *testing.T, what string, culprit int, why string, errs []err
 			continue
 		}
 		var re *comm.RankError
+		var ref *comm.Refusal
 		switch {
 		case !errors.Is(err, comm.ErrPeerRefused) || errors.Is(err, comm.ErrInvalidArgument):
 			t.Errorf("%s: rank %d: got %v, want ErrPeerRefused", what, r, err)
 		case !errors.As(err, &re) || re.Rank != culprit:
 			t.Errorf("%s: rank %d: %v does not name rank %d", what, r, err, culprit)
-		case !strings.Contains(err.Error(), why):
+		case !errors.As(err, &ref) || ref.Rank != culprit || !strings.Contains(ref.Reason, why) || !strings.Contains(err.Error(), why):
 			t.Errorf("%s: rank %d: %v does not say why (%q)", what, r, err, why)
 		case untouched != nil && !untouched[r]:
 			t.Errorf("%s: rank %d: buffer written", what, r)
