@@ -172,6 +172,7 @@ func (b *Backend) endRefused(refused error, halt *collRefusal) error {
 				l.cancelPosts(true)
 			}
 		}
+		b.settleColl(halt.seq)
 		if err := b.sendRefusals(context.Background(), halt.op, halt.seq, halt.origin, halt.reason); err != nil {
 			refused = err
 		}

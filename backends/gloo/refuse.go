@@ -341,15 +341,11 @@ func (b *Backend) settleOp() (err error, halt *collRefusal) {
 	b.rmu.Lock()
 	defer b.rmu.Unlock()
 	if b.haltErr != nil {
+		// The refusal is kept (unsettled: a later op's frame that meets a
+		// receive of the refused op is held) until the op has taken its
+		// receives back: settleColl.
 		ref := b.haltRef
 		err, halt = b.haltErr, &ref
-		for _, e := range b.refColl {
-			if e.seq == ref.seq {
-				e.settled = true
-				b.retireLocked(e)
-				break
-			}
-		}
 	} else if b.opRefusal != nil {
 		err = b.opRefusal
 	}
@@ -358,6 +354,21 @@ func (b *Backend) settleOp() (err error, halt *collRefusal) {
 	b.anyOpRefusal.Store(false)
 	b.opColl.Store(0)
 	return err, halt
+}
+
+// settleColl records that this rank's op of collective seq is over and its
+// receives are taken back, so the refusal may be forgotten once every
+// peer's marker is in.
+func (b *Backend) settleColl(seq uint64) {
+	b.rmu.Lock()
+	defer b.rmu.Unlock()
+	for _, e := range b.refColl {
+		if e.seq == seq {
+			e.settled = true
+			b.retireLocked(e)
+			return
+		}
+	}
 }
 
 // ---- point to point, at the peers ----

@@ -670,6 +670,11 @@ func (l *link) shmPeekLocked(seq uint64, d *desc, t []byte) (int, *rxMismatch, e
 	}
 	e := entry{seq: seq, tag: 0, d: *d, dst: t}
 	if why := matchFrame(&h, &e); why != nil {
+		if b != nil && b.collRefused(seq) {
+			// A later op's frame from a peer that has given up this
+			// refused collective: held, as by the receive path.
+			return peekNone, nil, nil
+		}
 		l.mu.Lock()
 		mis := &rxMismatch{l.owner, l.peer, l.epoch, why}
 		l.mu.Unlock()
