@@ -93,6 +93,7 @@ _SIGNATURES = {
     "ftcomm_ft_commit": ([_u64, _i64, _pi32], _i32),
     "ftcomm_ft_finish": ([_u64, _i64], _i32),
     "ftcomm_ft_op": (_opargs, _i32),
+    "ftcomm_ft_refuse": ([_u64, _i32, _i32, _cp], _i32),
     "ftcomm_ft_info": ([_u64, _pu64, _pi64, _pi64, _pi64], _i32),
     "ftcomm_ft_events": ([_u64] + _buf, _i32),
     "ftcomm_ft_free": ([_u64], _i32),
