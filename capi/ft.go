@@ -6,6 +6,7 @@ package main
 import "C"
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -105,6 +106,10 @@ func (s *ftSettings) config(obj *ftObj) (ft.Config, error) {
 		HealStreams: s.HealStreams, DurableCommit: s.DurableCommit, DisableHealthWatch: s.DisableHealth,
 		StallFactor: s.StallFactor, StallMin: seconds(s.StallMinS), InitialStep: s.InitialStep,
 		Logger: obj.log, OnEvent: obj.onEvent}
+	// Python shards over comms of its own (FT-HSDP: FSDP2 over its device
+	// mesh) and has no Group(): the group's one comm is a host comm that
+	// carries ft's group messages, with no device comm made for it.
+	cfg.GroupBackend = cmp.Or(cfg.ControlBackend, ft.DefaultControlBackend)
 	cfg.Member = membership.DefaultMemberConfig()
 	if s.LeaseTTLS > 0 {
 		cfg.Member.LeaseTTL = seconds(s.LeaseTTLS)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
@@ -113,6 +114,10 @@ type Coordinator struct {
 
 	leader atomic.Bool
 	leadCh chan struct{} // closed while leading
+	// previousEnded: the first campaign ended the sessions of this
+	// instance's earlier processes (endPreviousSession); Run's goroutine
+	// only.
+	previousEnded bool
 
 	mu       sync.Mutex
 	status   map[string]JobStatus // leader's view, for the API
@@ -402,6 +407,12 @@ func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan g
 		case <-time.After(2 * time.Second):
 		}
 	}()
+	if !c.previousEnded {
+		if err := c.endPreviousSession(ctx, sess); err != nil {
+			return err
+		}
+		c.previousEnded = true
+	}
 	if err := c.publishKeyID(ctx, sess); err != nil {
 		return err
 	}
@@ -423,6 +434,36 @@ func (c *Coordinator) campaignAndLead(ctx context.Context, gossipEvents <-chan g
 	c.lg.Info("leading", zap.String("key", el.Key()), zap.Int64("rev", el.Rev()))
 	c.setLeader(true)
 	return newLeadership(c, sess, el.Key(), el.Rev()).run(ctx, gossipEvents)
+}
+
+// endPreviousSession ends the sessions of this instance's earlier
+// processes: election keys that hold its name under another lease. Names
+// are unique among a root's coordinators, so such a key is this
+// instance's own from before a restart, held by a process that is gone
+// (SIGKILL, a crash) — or, if an operator started a second process under
+// the name, one that is deposed by it: the fence makes its writes fail
+// from then on, and it campaigns again behind this one (only a
+// process's first campaign ends another's session, so two such processes
+// do not depose each other in turn). Without it a restarted instance
+// waits for its own dead session to expire before it leads: SessionTTL,
+// and after a restart of its embedded etcd, which gives every lease a
+// fresh TTL and an election timeout more, longer still.
+func (c *Coordinator) endPreviousSession(ctx context.Context, sess *concurrency.Session) error {
+	resp, err := c.cli.Get(ctx, c.keys.Election()+"/", clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("coordinator: read the election: %w", ctxErr(ctx, err))
+	}
+	for _, kv := range resp.Kvs {
+		if string(kv.Value) != c.cfg.Name || kv.Lease == 0 || clientv3.LeaseID(kv.Lease) == sess.Lease() {
+			continue
+		}
+		if _, err := c.cli.Revoke(ctx, clientv3.LeaseID(kv.Lease)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return fmt.Errorf("coordinator: end the session of this instance's previous process: %w", ctxErr(ctx, err))
+		}
+		c.lg.Info("ended the session of this instance's previous process (a restart)", zap.String("key", string(kv.Key)),
+			zap.Int64("rev", kv.CreateRevision))
+	}
+	return nil
 }
 
 // unsignedKeyID stands for "no signer" among the coordinators' key ids.

@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/internal/clustertest"
@@ -144,6 +146,61 @@ func TestCoordinatorFailover(t *testing.T) {
 	q2 := clustertest.WaitQuorum(t, a, q.Epoch, "a")
 	if q2.PublishedBy != "c1" {
 		t.Fatalf("published by %q", q2.PublishedBy)
+	}
+}
+
+// A restarted instance leads at once: an election key that holds its name
+// under another lease is its previous process's (names are unique), gone
+// without resigning and its lease alive for a while (after a SIGKILL; an
+// etcd restart gives every lease a fresh TTL), and it ends that session.
+// Another instance's live key it leaves alone; and a second process under
+// a name that leads deposes it once, not in turns.
+func TestRestartedInstanceEndsItsPreviousSession(t *testing.T) {
+	e := clustertest.StartEtcd(t)
+	cli := clustertest.NewClient(t, e)
+	ctx := clustertest.Ctx(t, 60*time.Second)
+	election := keys.Layout{}.Election()
+	// c1's previous process led, then vanished; its lease lives a minute.
+	old, err := concurrency.NewSession(cli, concurrency.WithTTL(60))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := concurrency.NewElection(old, election).Campaign(ctx, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	old.Orphan()
+	tj := &clustertest.Job{T: t, Etcd: e, Client: cli, Name: "job1", SessionTTL: 2 * time.Second}
+	c1 := tj.StartCoordinator("c1", quorum.DefaultConfig())
+	clustertest.WaitLeader(t, c1)
+	if ttl, err := cli.TimeToLive(ctx, old.Lease()); err != nil || ttl.TTL > 0 {
+		t.Fatalf("the previous process's lease lives on: %+v, %v", ttl, err)
+	}
+	keysOf := func(name string) int {
+		resp, err := cli.Get(ctx, election+"/", clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, kv := range resp.Kvs {
+			if string(kv.Value) == name {
+				n++
+			}
+		}
+		return n
+	}
+	// A second process named c1 deposes the first, which campaigns
+	// again behind it without deposing it in turn.
+	c1b := tj.StartCoordinator("c1", quorum.DefaultConfig())
+	clustertest.WaitLeader(t, c1b)
+	testutil.WaitFor(t, ctx, "the first c1 campaigning again", func() bool { return keysOf("c1") == 2 })
+	if !c1b.IsLeader() || c1.IsLeader() {
+		t.Fatalf("leaders: first c1 %v, second c1 %v", c1.IsLeader(), c1b.IsLeader())
+	}
+	// Another instance campaigns behind the leader.
+	c2 := tj.StartCoordinator("c2", quorum.DefaultConfig())
+	testutil.WaitFor(t, ctx, "c2 campaigning", func() bool { return keysOf("c2") == 1 })
+	if !c1b.IsLeader() || c2.IsLeader() {
+		t.Fatalf("second c1 leads %v, c2 leads %v", c1b.IsLeader(), c2.IsLeader())
 	}
 }
 

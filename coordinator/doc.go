@@ -18,7 +18,13 @@
 //
 // # Leading
 //
-// Run campaigns in an etcd election (concurrency.Election). While it
+// Run campaigns in an etcd election (concurrency.Election). At its first
+// campaign an instance ends the session of its own previous process (an
+// election key holding its name under another lease: names are unique),
+// so a restarted instance leads at once instead of waiting for the
+// session of its killed predecessor to expire, which a restart of its
+// embedded etcd renews; a second live process under the same name is
+// deposed by it once (its writes are fenced), not in turns. While it
 // leads, every decision is made by a pure machine (machine.go; a new term
 // in machine_load.go: no goroutines, clock or I/O), the way ft's step
 // protocol is: its inputs are
@@ -35,7 +41,9 @@
 // leader key's create revision and, for a quorum, the quorum key's mod
 // revision: a deposed leader's write fails (ErrNotLeader) and it
 // campaigns again. The machine's scripts (testdata/machine/*.txt) state
-// these decisions one scenario at a time.
+// these decisions one scenario at a time. A job whose quorum waits a
+// second or more is logged ("quorum waits", with the rules' reason) when
+// the wait begins and when what it waits for changes.
 //
 // What a member's going means is its quorum.Cause: a lease that expired
 // or a gossip death is a lapse (the process may be alive, as after an
@@ -44,8 +52,10 @@
 // or a closed port is neither. On a gossip death the leader also deletes
 // the member's registration (fenced), so a restarted process can register
 // at once. A member that a peer blames for a failed collective is dialled
-// at its address, and removed at once if the port refuses connections;
-// so is the holder a new process of the same id claims (membership.Claim):
+// at its address, and removed at once if the port refuses connections
+// (also when a new term finds the blame in a revocation of the current
+// epoch, stored while no coordinator led); so is the holder a new process
+// of the same id claims (membership.Claim):
 // a restarted replica need not wait for its old lease, its own or its
 // group's.
 // Config.EvictKeepOut (default DefaultEvictKeepOut) keeps an evicted

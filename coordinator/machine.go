@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -705,6 +706,9 @@ func (m *machine) run() {
 		case stageDecide:
 			p.stage = stageReport
 			d := j.m.Advance(p.now)
+			if d.Waiting != "" && waitKind(d.Waiting) != waitKind(j.waiting) && (d.WakeAt.IsZero() || !d.WakeAt.Before(p.now.Add(time.Second))) {
+				m.log(false, "quorum waits", field{"job", name}, field{"why", d.Waiting})
+			}
 			j.wakeAt, j.waiting = d.WakeAt, d.Waiting
 			if d.Quorum != nil || d.Revocation != nil {
 				m.publish(name, j, d)
@@ -718,6 +722,19 @@ func (m *machine) run() {
 			p.next, p.stage = p.next+1, stageRepair
 		}
 	}
+}
+
+// waitKind is what a quorum waits for, without its numbers (times left,
+// steps): the log says when a job begins to wait and when what it waits
+// for changes, not at every pass of a countdown — and not for the waits
+// of less than a second that batch joins, losses and reports.
+func waitKind(why string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= '0' && r <= '9' || r == '.' {
+			return -1
+		}
+		return r
+	}, strings.NewReplacer("ms", "s", "µs", "s", "ns", "s").Replace(why))
 }
 
 // publish starts the write of decision d.

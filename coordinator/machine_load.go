@@ -14,8 +14,9 @@ import (
 // load starts afresh from a read of every job: a job's quorum comes from
 // its record when the leader trusts it (else from its history, and the
 // record is repaired at the first decision); the live records, the stored
-// revocations and the gossip deaths seen meanwhile follow; every job is
-// decided at the next pass.
+// revocations (the members one of the current epoch blames are probed)
+// and the gossip deaths seen meanwhile follow; every job is decided at
+// the next pass.
 func (m *machine) load(now time.Time, in loaded) {
 	m.jobs = map[string]*jobState{}
 	m.byNode = map[string]memberRef{}
@@ -41,8 +42,17 @@ func (m *machine) load(now time.Time, in loaded) {
 		}
 	}
 	for _, name := range names {
+		j := m.job(name)
 		for _, r := range in.jobs[name].revocations {
-			m.job(name).m.Revoke(now, r)
+			j.m.Revoke(now, r)
+			// The members a revocation of the current epoch blames are
+			// probed as when one is seen live: a revocation stored while
+			// no coordinator led (a replica that died during an outage
+			// of every coordinator) names the dead at once, and its
+			// lease, which a restart of etcd renews, is not waited for.
+			if q, ok := j.m.Current(); ok && r.Epoch == q.Epoch {
+				m.probeBlamed(now, name, r)
+			}
 		}
 	}
 	for _, name := range names {

@@ -691,3 +691,22 @@ func runMachineScript(t *testing.T, file string) {
 		}
 	}
 }
+
+// The leader logs what a job's quorum waits for when the wait begins and
+// when what it waits for changes, not at every pass of its countdown.
+func TestWaitKind(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		same bool
+	}{
+		{"waiting up to 15s for b,c,d to come back", "waiting up to 14.2s for b,c,d to come back", true},
+		{"waiting up to 1.5s for b,c,d to come back", "waiting up to 900ms for b,c,d to come back", true},
+		{"waiting up to 14s for b,c,d to come back", "waiting up to 14s for d to come back", false},
+		{"verifying the reported death of d.0", "waiting up to 14s for d.0 to come back", false},
+		{"", "verifying the reported death of d.0", false},
+	} {
+		if got := waitKind(c.a) == waitKind(c.b); got != c.same {
+			t.Errorf("%q and %q the same wait: %v", c.a, c.b, got)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ftcomm/ftcomm/backends/gloo"
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/inproc"
 	"github.com/ftcomm/ftcomm/coordinator"
@@ -116,6 +117,43 @@ func BenchmarkStepOverhead(b *testing.B) {
 		}
 		benchSteps(b, cs)
 	})
+}
+
+// BenchmarkGroupGate measures the group's gate: steady-state steps of two
+// replica groups of two ranks over gloo on loopback (the group's vote and
+// gate ride on the group's host comm, as in FT-HSDP), with the gate and
+// with it turned off, in one run: the difference is what the gate costs a
+// step.
+func BenchmarkGroupGate(b *testing.B) {
+	for _, gate := range []bool{true, false} {
+		name := "gate"
+		if !gate {
+			name = "no-gate"
+		}
+		b.Run(name, func(b *testing.B) {
+			coord := memcoord.New("bench", quorum.Config{MinReplicas: 1, JoinTimeout: time.Second})
+			defer coord.Close()
+			gcfg := gloo.DefaultConfig()
+			gcfg.ListenAddr = "127.0.0.1:0"
+			var cs []*Comm
+			for _, g := range []string{"a", "b"} {
+				for r := range 2 {
+					c, err := New(context.Background(), Config{Job: "bench", Group: g, GroupRank: r, GroupSize: 2,
+						Membership: joinAs(coord, memberID(g, r), 4), Backend: "gloo", BackendConfig: gcfg,
+						Secret: []byte("k"), MinReplicas: 2, Logger: zap.NewNop()})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer c.Close()
+					if !gate {
+						c.onDriver(func(d *driver) { d.mach.cfg.noGate = true })
+					}
+					cs = append(cs, c)
+				}
+			}
+			benchSteps(b, cs)
+		})
+	}
 }
 
 // noopStore serves inproc comms, which rendezvous through their Cluster.

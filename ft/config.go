@@ -140,6 +140,15 @@ type Config struct {
 	// epochs, through the same Store. Import it (e.g. backends/gloo).
 	ControlBackend       string
 	ControlBackendConfig any
+	// GroupBackend is the backend of the replica group's data comm (the
+	// shard dimension, Group()), with GroupBackendConfig; default Backend
+	// and BackendConfig. A training loop that shards over a comm of its
+	// own (Python's FT-HSDP runs FSDP2 over its own device mesh) sets it
+	// to the control backend: the group then has one host comm, which
+	// carries ft's group messages, and no device comm is made for the
+	// group at each reconfiguration (on GPUs that is a connection set-up).
+	GroupBackend       string
+	GroupBackendConfig any
 	// MinReplicas is the fewest replica groups a step may commit with; default 1.
 	MinReplicas int
 	// Timeout bounds each collective (comm.Options.Timeout); default 30 s.

@@ -180,8 +180,9 @@
 // job has not used starts a new run once the previous run's replicas are
 // gone (`ftcoord job new-run <job>` does it from outside). A new run
 // starts with no commit records; a replica whose registration was lost
-// registers again only in its own run, and Step fails with
-// ErrMembershipLost (errors.Is membership.ErrRunEnded) once that ended.
+// registers again, with the step it holds, only in its own run, and Step
+// fails with ErrMembershipLost (errors.Is membership.ErrRunEnded) once
+// that ended.
 //
 // A run's history is never restarted from step 0 untold, in either mode:
 // every quorum carries the highest step the run is known to have reached
@@ -220,7 +221,32 @@
 // epoch, as before. When any rank of a group dies, the group is
 // incomplete in the next quorum and all its ranks sit out (ErrNotParticipating
 // on their collectives); when the rank returns the group rejoins whole and
-// its ranks heal shard by shard. The group comms are made anew at every epoch.
+// its ranks heal shard by shard. ft registers GroupSize with the
+// coordinator (membership.MemberRecord.GroupSize), which admits a group's
+// ranks only together: the rest of a group that lost a rank leaves the
+// epoch with it, so a group-mate's own death a moment later (a launcher
+// ending the rest of the group) is no participant's and costs no epoch.
+//
+// A group keeps its comms from one epoch to the next while its ranks are
+// the ones they were formed among (another group's death or return): at
+// the reconfiguration its ranks vote on it on the group's control comm —
+// every rank must hold both comms healthy — and form new ones otherwise
+// (a rank that formed new ones closed these, which fails the vote at the
+// others). Config.GroupBackend sets the backend of the group's data comm:
+// a loop that shards over comms of its own (Python's FT-HSDP: FSDP2 over
+// its own device mesh, with no Group()) sets it to the control backend,
+// so the group has one host comm and no device comm to make.
+//
+// The group's gate: at every Step the group's ranks exchange, in one host
+// all-reduce on the group's control comm, the newest epoch each knows and
+// whether each could start the step in its current one, and the step
+// starts only when every rank could, in one epoch, with no newer one known
+// to any; otherwise they wait for the newest epoch together. A rank
+// deciding alone could start the step while its group-mate reconfigures:
+// the collectives of comms the group shares outside ft (FSDP's shard comm)
+// would then differ at its two ranks and wait for each other until their
+// timeout. The gate costs each Step one host round trip within the group
+// (docs/measurements.md has the figure).
 //
 // Known limit: the group's vote is one all-reduce, so like any collective it
 // can complete at one rank and fail at the other (a rank dying or its link
@@ -318,7 +344,10 @@
 // loop ends at Close. Beside it at most one task of the
 // driver's (forming comms, gathering records, healing, voting), one
 // watcher per comm (it exits when the comm breaks or closes), and a
-// reporter that sends the coordinator its reports in order. All exit by the
+// reporter that sends the coordinator its reports in order (one that etcd
+// did not take, as while the coordinator's etcd is down, is made again
+// until it is: a failed epoch and the peers it blames are what the
+// coordinator decides on, also after an outage). All exit by the
 // time Close returns; so do the membership's, the recovery server's and
 // (with a GPU data backend) the health watcher's.
 //

@@ -10,7 +10,10 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/membership"
@@ -54,8 +57,8 @@ type driver struct {
 	blobs      []recovery.Blob
 	copier     comm.HostCopier
 	staging    *stagingPool
-	split      bool
-	splitKnown bool
+	split      [2]bool // per dim: data and control are separate comms
+	splitKnown [2]bool
 	healed     recovery.Progress // a heal cut short keeps its progress
 
 	relMu     sync.Mutex
@@ -199,7 +202,7 @@ func (d *driver) receive(in input) {
 		// A comm that broke just before Commit fails the step, whether or
 		// not its watcher has told the machine yet.
 		for key, x := range d.comms {
-			if key.epoch != d.mach.epoch {
+			if key.epoch != d.mach.commsEpoch(key.dim) {
 				continue
 			}
 			for _, p := range []part{partData, partCtl} {
@@ -268,6 +271,22 @@ func (d *driver) exec(a action) {
 		})
 	case fetchState:
 		d.fetch(a)
+	case keepGroup:
+		d.keepGroup(a)
+	case agreeStep:
+		ctl := d.comms[commKey{dimGroup, a.epoch}].ctl
+		d.spawn(a.task, func(ctx context.Context) taskResult {
+			// Shaped unlike the group's other messages (a mismatch fails
+			// it everywhere): the newest epoch known, whether any rank
+			// cannot start, and the ranks' current epochs (max and -min).
+			notReady := int64(1)
+			if a.ready {
+				notReady = 0
+			}
+			v := []int64{int64(a.known), notReady, int64(a.now), -int64(a.now)}
+			err := ctl.AllReduce(ctx, comm.Int64s(v), comm.Max)
+			return taskResult{in: stepAgreed{task: a.task, known: uint64(v[0]), ready: v[1] == 0, same: v[2] == -v[3], err: err}}
+		})
 	case checkGroup:
 		ctl := d.comms[commKey{dimGroup, a.epoch}].ctl
 		d.spawn(a.task, func(ctx context.Context) taskResult {
@@ -474,7 +493,7 @@ func (d *driver) stepComms() stepComms {
 		s.ft = d.comms[commKey{dimFT, d.mach.epoch}]
 	}
 	if d.mach.holds(dimGroup) {
-		s.group = d.comms[commKey{dimGroup, d.mach.epoch}]
+		s.group = d.comms[commKey{dimGroup, d.mach.group}]
 	}
 	return s
 }
@@ -485,7 +504,7 @@ func (d *driver) publish() {
 	d.link.step.Store(d.mach.step)
 	s := snapshot{epoch: epoch, rank: rank, participants: n}
 	if d.mach.holds(dimGroup) {
-		s.group = d.comms[commKey{dimGroup, epoch}].data
+		s.group = d.comms[commKey{dimGroup, d.mach.group}].data
 	}
 	if *d.link.snap.Load() != s {
 		d.link.snap.Store(&s)
@@ -727,18 +746,32 @@ func (d *driver) report(what string, f func(context.Context, Membership) error) 
 }
 
 // reporter sends the coordinator its reports in order, on a goroutine of
-// its own, each bounded by the op timeout: a replica cut off from etcd
-// never blocks the driver on them, and the coordinator learns of failures
-// from leases and gossip meanwhile.
+// its own, each try bounded by the op timeout: a replica cut off from
+// etcd never blocks the driver on them, and the coordinator learns of
+// failures from leases and gossip meanwhile. A report that etcd did not
+// take — no answer within the timeout, no leader, load shed — is tried
+// again (after 50 ms, doubling to 1 s) until it is taken or fails for
+// another reason (the registration it was made under ended), the later
+// ones waiting behind it: what a replica reports, a failed epoch and the
+// peers it blames above all, is what the coordinator decides on, and an
+// outage of the coordinator's etcd used to lose it (the survivors of a
+// death inside the outage then waited for the dead replica's lease).
+// Every report is idempotent: one taken twice is one.
 type reporter struct {
 	log     *zap.Logger
 	timeout time.Duration
 	mu      sync.Mutex
-	queue   []func(context.Context)
+	queue   []report
 	wake    chan struct{}
 	ctx     context.Context
 	cancel  context.CancelFunc
 	done    chan struct{}
+}
+
+// report is one report: what it is, for the log, and how to make it.
+type report struct {
+	what string
+	f    func(context.Context) error
 }
 
 func newReporter(log *zap.Logger, timeout time.Duration) *reporter {
@@ -750,11 +783,7 @@ func newReporter(log *zap.Logger, timeout time.Duration) *reporter {
 
 func (r *reporter) add(what string, f func(context.Context) error) {
 	r.mu.Lock()
-	r.queue = append(r.queue, func(ctx context.Context) {
-		if err := f(ctx); err != nil {
-			r.log.Warn(what, zap.Error(err))
-		}
-	})
+	r.queue = append(r.queue, report{what, f})
 	r.mu.Unlock()
 	select {
 	case r.wake <- struct{}{}:
@@ -770,10 +799,8 @@ func (r *reporter) run() {
 		q := r.queue
 		r.queue = nil
 		r.mu.Unlock()
-		for _, f := range q {
-			ctx, cancel := context.WithTimeout(r.ctx, r.timeout)
-			f(ctx)
-			cancel()
+		for _, rep := range q {
+			r.send(rep)
 		}
 		select {
 		case <-r.wake:
@@ -781,6 +808,44 @@ func (r *reporter) run() {
 			return
 		}
 	}
+}
+
+// send makes one report, trying again while etcd does not take it.
+func (r *reporter) send(rep report) {
+	pause := 50 * time.Millisecond
+	for tries := 1; ; tries++ {
+		ctx, cancel := context.WithTimeout(r.ctx, r.timeout)
+		err := rep.f(ctx)
+		cancel()
+		switch {
+		case err == nil:
+			if tries > 1 {
+				r.log.Info(rep.what+": taken", zap.Int("tries", tries))
+			}
+			return
+		case r.ctx.Err() != nil:
+			return
+		case !notTaken(err):
+			r.log.Warn(rep.what, zap.Error(err))
+			return
+		case tries == 1:
+			r.log.Warn(rep.what+": not taken; trying again until etcd takes it", zap.Error(err))
+		}
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, time.Second)
+	}
+}
+
+// notTaken says whether err means that etcd did not take a request that
+// may simply be made again: no answer in time (etcd down or cut off), no
+// leader, load shed.
+func notTaken(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, rpctypes.ErrNoLeader) ||
+		errors.Is(err, rpctypes.ErrTooManyRequests) || status.Code(err) == codes.Unavailable
 }
 
 func (r *reporter) stop() {

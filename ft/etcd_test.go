@@ -263,6 +263,45 @@ func TestEtcdRestartWhileOldLeaseLives(t *testing.T) {
 	stopAll(t, j.ledger, a, b)
 }
 
+// A rank whose registration ended while its process lived on (its lease
+// expired in a pause or a partition, or a coordinator removed it)
+// registers again with the step it holds: the coordinator's history rule
+// counts a rank that holds the job's step as holding it, and one that
+// reported step 0 as holding nothing (its quorum then waited for lapsed
+// holders that the rank had caught up with).
+func TestEtcdRegisteredAgainWithItsStep(t *testing.T) {
+	j := newEtcdJob(t, "inproc", inproc.NewCluster())
+	a, b := j.start("a", forever, 256), j.start("b", forever, 256)
+	a.waitParticipants(2)
+	a.waitStep(5)
+	cli, err := j.etcd.NewClient(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx := testutil.Ctx(t, 30*time.Second)
+	key := keys.Layout{}.Member("toy", "a.0")
+	before := a.c.CommittedStep()
+	resp, err := cli.Delete(ctx, key, clientv3.WithPrevKV())
+	if err != nil || len(resp.PrevKvs) != 1 {
+		t.Fatalf("delete a's registration: %+v, %v", resp, err)
+	}
+	old := resp.PrevKvs[0].CreateRevision
+	var rec membership.MemberRecord
+	testutil.WaitFor(t, ctx, "a registered again", func() bool {
+		r, err := cli.Get(ctx, key)
+		if err != nil || len(r.Kvs) == 0 || r.Kvs[0].CreateRevision == old {
+			return false
+		}
+		return json.Unmarshal(r.Kvs[0].Value, &rec) == nil
+	})
+	if rec.Step < before {
+		t.Fatalf("a registered again at step %d, holding step %d or more", rec.Step, before)
+	}
+	a.waitParticipants(2)
+	stopAll(t, j.ledger, a, b)
+}
+
 // A replica that is behind when the run ends heals to the final step
 // before its Step returns ErrFinished: every replica ends with the job's
 // final state. c stops stepping (its loop paused) after a few commits; the

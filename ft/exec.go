@@ -51,6 +51,30 @@ func (d *driver) form(a formComms) {
 	})
 }
 
+// keepGroup runs the replica group's vote on keeping the group comms of
+// a.epoch into a.into: a rank votes yes while both its group comms are
+// healthy. The vote is an all-reduce on the group's control comm, shaped
+// unlike the step's own messages there (a mismatch fails it at every
+// rank); a rank that formed new comms instead closed these, which fails
+// the vote at the others, so every rank ends up forming new ones.
+func (d *driver) keepGroup(a keepGroup) {
+	x := d.comms[commKey{dimGroup, a.epoch}]
+	d.spawn(a.task, func(ctx context.Context) taskResult {
+		if !x.ok() || x.ctl.Err() != nil {
+			return taskResult{in: groupKept{task: a.task}}
+		}
+		yes := int64(0)
+		if x.data.Err() == nil {
+			yes = 1
+		}
+		tctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
+		defer cancel()
+		v := []int64{yes, int64(a.into), -int64(a.into)}
+		err := x.ctl.AllReduce(tctx, comm.Int64s(v), comm.Min)
+		return taskResult{in: groupKept{task: a.task, ok: err == nil && v[0] == 1 && v[1] == -v[2], err: err}}
+	})
+}
+
 func (d *driver) formDim(ctx context.Context, a formComms, old comms, store comm.Store, prefix string) (comms, part, error) {
 	move := func(x *comm.Comm, prefix, backend string, bcfg any) (*comm.Comm, error) {
 		switch a.how {
@@ -63,20 +87,25 @@ func (d *driver) formDim(ctx context.Context, a formComms, old comms, store comm
 			JobID: d.cfg.Job, Secret: d.cfg.Secret, Store: store, Prefix: prefix, Timeout: d.cfg.Timeout,
 			Device: d.cfg.Device, Logger: d.log, Metrics: d.metrics.comm, BackendConfig: bcfg})
 	}
-	data, err := move(old.data, prefix, d.cfg.Backend, d.cfg.BackendConfig)
+	backend, bcfg := d.cfg.Backend, d.cfg.BackendConfig
+	if a.dim == dimGroup && d.cfg.GroupBackend != "" {
+		backend, bcfg = d.cfg.GroupBackend, d.cfg.GroupBackendConfig
+	}
+	data, err := move(old.data, prefix, backend, bcfg)
 	if err != nil {
 		return comms{}, partData, err
 	}
 	d.track(data)
-	if !d.splitKnown {
-		// The first formation shows whether the data backend keeps host
-		// memory (one comm serves both) or device memory (control needs a
-		// host comm beside it). Every rank learns the same.
-		d.split = data.Backend().Memory() == comm.DeviceMemory ||
-			(d.cfg.ControlBackend != "" && d.cfg.ControlBackend != d.cfg.Backend)
-		d.splitKnown = true
+	if !d.splitKnown[a.dim] {
+		// The dimension's first formation shows whether its data backend
+		// keeps host memory (one comm serves both) or device memory
+		// (control needs a host comm beside it). Every rank learns the
+		// same.
+		d.split[a.dim] = data.Backend().Memory() == comm.DeviceMemory ||
+			(d.cfg.ControlBackend != "" && d.cfg.ControlBackend != backend)
+		d.splitKnown[a.dim] = true
 	}
-	if !d.split {
+	if !d.split[a.dim] {
 		return comms{ctl: data, data: data}, 0, nil
 	}
 	ctl, err := move(old.ctl, prefix+"-ctl", d.controlBackend(), d.cfg.ControlBackendConfig)

@@ -156,6 +156,7 @@ func registerIn(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr 
 		mc.Step = cfg.InitialStep // the coordinator's history rule counts a restored state
 	}
 	mc.GroupLease = cfg.GroupSize > 1 && !cfg.RankLeases
+	mc.GroupSize = cfg.GroupSize // the coordinator admits the group's ranks together
 	if mc.MinReplicas == 0 {
 		mc.MinReplicas = cfg.MinReplicas * cfg.GroupSize
 	}
@@ -171,10 +172,14 @@ func registerIn(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr 
 }
 
 // registerAgain registers this rank again, as a new incarnation, after its
-// registration m ended: in m's run only, which it never starts (its state
-// is that run's), so a run that ended meanwhile fails it with a
-// *membership.RunEndedError.
+// registration m ended, with the step m last reported: in m's run only,
+// which it never starts (its state is that run's), so a run that ended
+// meanwhile fails it with a *membership.RunEndedError.
 func (m *etcdMember) registerAgain(ctx context.Context, cfg Config, id, addr string) (*etcdMember, error) {
 	cfg.Run = m.Run()
+	// The step the rank holds goes with the new registration: a new
+	// incarnation is a joiner to the coordinator's history rule, which
+	// counts it as holding the job's step only when it reports it.
+	cfg.Member.Step = max(cfg.Member.Step, m.Record().Step)
 	return registerIn(ctx, cfg, m.cli, id, addr, false, true) // its loop steps already
 }

@@ -141,6 +141,24 @@ type (
 		took  time.Duration
 		err   error
 	}
+	// groupKept: the replica group's ranks agreed (ok) to keep the group
+	// comms they hold into the new epoch, or not (ok false, or err: the
+	// vote failed), in which case they form new ones.
+	groupKept struct {
+		task int
+		ok   bool
+		err  error
+	}
+	// stepAgreed: the replica group's ranks told each other, at Step,
+	// the newest epoch each knows (known: the highest), whether each
+	// could start the step in its current epoch (ready: all could), and
+	// whether they stand in one epoch (same); err: the exchange failed.
+	stepAgreed struct {
+		task        int
+		known       uint64
+		ready, same bool
+		err         error
+	}
 	// groupChecked: the lowest and highest committed step in the group.
 	groupChecked struct {
 		task   int
@@ -190,6 +208,8 @@ func (commFailed) isInput()      {}
 func (recordsGathered) isInput() {}
 func (lastCommitRead) isInput()  {}
 func (stateHealed) isInput()     {}
+func (groupKept) isInput()       {}
+func (stepAgreed) isInput()      {}
 func (groupChecked) isInput()    {}
 func (voted) isInput()           {}
 func (commitRecorded) isInput()  {}
@@ -211,6 +231,23 @@ type (
 		exclude    []int
 		from       uint64
 		rank, size int
+	}
+	// keepGroup asks the replica group's ranks, on the group control comm
+	// of epoch, whether every one of them keeps the group comms it holds
+	// (formed in epoch, healthy) into epoch into (groupKept answers).
+	keepGroup struct {
+		task        int
+		epoch, into uint64
+	}
+	// agreeStep tells the replica group's ranks, over the group control
+	// comm of epoch, the newest epoch this rank knows and whether it could
+	// start the step in its current epoch now (stepAgreed answers).
+	agreeStep struct {
+		task  int
+		epoch uint64
+		known uint64
+		now   uint64 // this rank's current epoch
+		ready bool
 	}
 	closeComms struct {
 		dim   dim
@@ -327,6 +364,8 @@ type (
 )
 
 func (formComms) isAction()        {}
+func (keepGroup) isAction()        {}
+func (agreeStep) isAction()        {}
 func (closeComms) isAction()       {}
 func (revokeComms) isAction()      {}
 func (cancelTask) isAction()       {}
@@ -383,6 +422,7 @@ const (
 	stageLastCommit
 	stageHeal
 	stageCheckGroup
+	stageAgree // the group's agreement at Step (gate)
 	stageVote
 	stageRecord
 	stageOutcome
@@ -446,6 +486,9 @@ type machineConfig struct {
 	// linger bounds how long Close waits, after Finish, for the replicas
 	// behind the final step to heal from this one.
 	linger time.Duration
+	// noGate turns the group's gate off: for the benchmark that measures
+	// what it costs (BenchmarkGroupGate), never in a job.
+	noGate bool
 	// initialStep is the committed step of the state the loop registered
 	// (Config.InitialStep: restored from a checkpoint; 0: the initial
 	// state).
@@ -467,10 +510,17 @@ type machine struct {
 	epoch uint64
 	view  view
 	// held is the view whose FT comms this rank holds (epoch 0: none),
-	// group the epoch of the group comms it holds (0: none).
-	held  view
-	group uint64
-	split bool
+	// group the epoch of the group comms it holds (0: none): they were
+	// formed then among groupView, and serve epoch groupFor (kept from
+	// one epoch to the next while the group's ranks stay the same).
+	held      view
+	group     uint64
+	groupFor  uint64
+	groupView []participant
+	split     [2]bool // per dim: its data and control are separate comms
+	// gated: the group's ranks agreed at this Step call (gate) in this
+	// epoch; gateGo: to start the step in it.
+	gated, gateGo bool
 	// revokedParts: which of epoch's comms were revoked, per dim.
 	revokedParts [2]part
 	comms        readiness
@@ -553,8 +603,9 @@ func (m *machine) handle(now time.Time, in input) []action {
 		m.lost = fmt.Errorf("%w: %w", ErrMembershipLost, in.err)
 	case stepCalled:
 		m.phase, m.gaveUp = phaseStepping, nil // a step that never reached Commit is abandoned
+		m.gated = false
 	case stepCancelled:
-		m.giveUp(in.err, m.task != 0 && m.stage.reconfiguring())
+		m.giveUp(in.err, m.task != 0 && (m.stage.reconfiguring() || m.stage == stageAgree))
 	case commitCalled:
 		m.blameSilent(in.silent)
 		m.onCommit(now, in.errs)
@@ -589,6 +640,14 @@ func (m *machine) handle(now time.Time, in input) []action {
 	case stateHealed:
 		if m.done(in.task, stageHeal) {
 			m.onHealed(now, in)
+		}
+	case groupKept:
+		if m.done(in.task, stageFormGroup) {
+			m.onGroupKept(now, in)
+		}
+	case stepAgreed:
+		if m.done(in.task, stageAgree) {
+			m.onStepAgreed(in)
 		}
 	case groupChecked:
 		if m.done(in.task, stageCheckGroup) {
@@ -696,9 +755,19 @@ func (m *machine) noteFailure(now time.Time) {
 // holds reports whether this rank holds dim's comms of the current epoch.
 func (m *machine) holds(d dim) bool {
 	if d == dimGroup {
-		return m.group != 0 && m.group == m.epoch
+		return m.group != 0 && m.groupFor == m.epoch
 	}
 	return m.held.epoch != 0 && m.held.epoch == m.epoch && m.held.ftRank >= 0
+}
+
+// commsEpoch is the epoch whose comms of dim this rank uses now: the
+// current epoch's FT comms, and the group comms of the epoch they were
+// formed in (kept since).
+func (m *machine) commsEpoch(d dim) uint64 {
+	if d == dimGroup {
+		return m.group
+	}
+	return m.epoch
 }
 
 // revoke revokes parts of dim's current comms (once each).
@@ -706,7 +775,7 @@ func (m *machine) revoke(d dim, p part, cause string) {
 	if !m.holds(d) {
 		return
 	}
-	if !m.split {
+	if !m.split[d] {
 		p = partBoth
 	}
 	if p &^= m.revokedParts[d]; p == 0 {
@@ -714,7 +783,7 @@ func (m *machine) revoke(d dim, p part, cause string) {
 	}
 	m.revokedParts[d] |= p
 	m.comms = commsBroken
-	m.do(revokeComms{dim: d, epoch: m.epoch, part: p, cause: cause})
+	m.do(revokeComms{dim: d, epoch: m.commsEpoch(d), part: p, cause: cause})
 }
 
 func (m *machine) onQuorum(now time.Time, q membership.Quorum) {
@@ -752,10 +821,13 @@ func (m *machine) onQuorum(now time.Time, q membership.Quorum) {
 	// so the step's device ops stop now. Only the data comms: the control
 	// comms keep the replica group's vote whole (a vote cut at one rank
 	// but not the other would split the group's commit).
-	if m.phase == phaseInStep && m.split {
+	if m.phase == phaseInStep {
 		cause := fmt.Sprintf("ft: epoch %d began mid-step: the old epoch's device ops may wait for peers that moved on", q.Epoch)
-		m.revoke(dimFT, partData, cause)
-		m.revoke(dimGroup, partData, cause)
+		for _, d := range []dim{dimFT, dimGroup} {
+			if m.split[d] {
+				m.revoke(d, partData, cause)
+			}
+		}
 	}
 }
 
@@ -773,12 +845,12 @@ func (m *machine) onRevocation(r membership.Revocation) {
 // gossip or its lease. A failed control comm fails the step; a peer that
 // merely closed its comm after the ops that needed it fails nothing.
 func (m *machine) onCommFailed(in commFailed) {
-	if m.life != running || in.epoch != m.epoch || !m.holds(in.dim) {
+	if m.life != running || in.epoch != m.commsEpoch(in.dim) || !m.holds(in.dim) {
 		return
 	}
 	m.comms = commsBroken
 	orderly := errors.Is(in.err, comm.ErrPeerClosed)
-	if m.phase == phaseInStep && !orderly && m.split {
+	if m.phase == phaseInStep && !orderly && m.split[in.dim] {
 		// The step's own ops report their errors through Commit; a comm
 		// that broke after they completed does not undo them (revoking
 		// the epoch is the coordinator's policy, not a failure of the
@@ -794,7 +866,7 @@ func (m *machine) onCommFailed(in commFailed) {
 			m.groupErrs = append(m.groupErrs, err)
 		}
 	}
-	if m.split && in.part == partCtl {
+	if m.split[in.dim] && in.part == partCtl {
 		// The data comm's ops would wait for the failed peer (NCCL sees
 		// no failure of its own). The group's control comm is never
 		// stopped: it carries the group's vote.
@@ -886,8 +958,18 @@ func (m *machine) advance(now time.Time) {
 		m.do(stepDone{err: &FinishedError{Final: m.final, Step: m.step}})
 		return
 	case m.comms == commsReady && m.latest != nil && m.latest.Epoch == m.epoch:
-		m.startStep(now)
-		return
+		if m.gate(true) {
+			return
+		}
+		if !m.gates() || m.gateGo {
+			m.startStep(now)
+			return
+		}
+		// A rank of the group knows a newer epoch, or cannot start the
+		// step: the group waits for that epoch together.
+	}
+	if m.gate(false) {
+		return // about to wait or reconfigure: the group's ranks hear so first
 	}
 	q := m.latest
 	if q == nil || q.Epoch <= m.epoch {
@@ -902,6 +984,45 @@ func (m *machine) advance(now time.Time) {
 		return
 	}
 	m.reconfigure(now, *q, v)
+}
+
+// gates reports whether a Step of this rank goes through the group's gate:
+// with a replica group whose control comm of the current epoch it holds.
+// Each rank of the group decides alone whether to start a step, reconfigure
+// or wait, from the epochs it has seen; ranks that decided differently
+// would run different collectives on the comms they share outside ft (the
+// shard dimension's, under FSDP) and wait for each other until a timeout.
+// The gate is one host all-reduce at every Step by which the group's ranks
+// decide together.
+func (m *machine) gates() bool {
+	return m.cfg.groupSize > 1 && !m.cfg.noGate && m.holds(dimGroup) && m.revokedParts[dimGroup]&partCtl == 0
+}
+
+// gate starts the group's agreement for this Step, once per Step and
+// epoch, and reports whether it did; ready says whether this rank could
+// start the step now.
+func (m *machine) gate(ready bool) bool {
+	if m.gated || !m.gates() {
+		return false
+	}
+	known := m.epoch
+	if m.latest != nil {
+		known = max(known, m.latest.Epoch)
+	}
+	m.do(agreeStep{task: m.start(stageAgree), epoch: m.group, known: known, now: m.epoch, ready: ready})
+	return true
+}
+
+// onStepAgreed takes the group's answer: the step starts only when every
+// rank could start it in the same epoch and none knows a newer one.
+// Otherwise the group waits for the newest epoch any of them knows (a
+// failed exchange: the group's comm broke, and its watcher says so).
+func (m *machine) onStepAgreed(in stepAgreed) {
+	m.gated = true
+	m.gateGo = in.err == nil && in.ready && in.same && in.known <= m.epoch
+	if in.err != nil {
+		m.logf(false, "the group's agreement at step %d failed: %v", m.step+1, in.err)
+	}
 }
 
 // sitOut leaves the comms the others are leaving, and holds what epoch
@@ -919,6 +1040,7 @@ func (m *machine) sitOut(q membership.Quorum) {
 func (m *machine) enter(epoch uint64, v view) {
 	m.epoch, m.view = epoch, v
 	m.comms, m.blamed, m.revokedParts = unready, nil, [2]part{}
+	m.gated = false
 }
 
 func (m *machine) closeHeld() {
@@ -932,14 +1054,15 @@ func (m *machine) closeHeld() {
 func (m *machine) closeGroup() {
 	if m.group != 0 {
 		m.do(closeComms{dim: dimGroup, epoch: m.group})
-		m.group = 0
+		m.group, m.groupFor, m.groupView = 0, 0, nil
 	}
 }
 
 // reconfigure moves to quorum q, whose view v includes this rank: the
-// group's comms (made anew at every epoch), then the FT comms (shrunk,
-// grown or made anew as planFor decides), then the step agreement and,
-// if behind, healing.
+// group's comms (kept when the group's ranks are those they were formed
+// among and every rank of the group agrees, else made anew), then the FT
+// comms (shrunk, grown or made anew as planFor decides), then the step
+// agreement and, if behind, healing.
 func (m *machine) reconfigure(now time.Time, q membership.Quorum, v view) {
 	if !m.failedAt.IsZero() {
 		m.do(observe{what: metricDetect, value: now.Sub(m.failedAt).Seconds()})
@@ -947,13 +1070,48 @@ func (m *machine) reconfigure(now time.Time, q membership.Quorum, v view) {
 	m.target, m.tview, m.reconfAt, m.rollback = q, v, now, nil
 	m.reconfSince = true
 	m.prevGroup = m.group
-	m.closeGroup()
 	m.enter(q.Epoch, view{epoch: q.Epoch, ftRank: -1})
 	if m.cfg.groupSize > 1 {
-		m.do(formComms{task: m.start(stageFormGroup), dim: dimGroup, epoch: q.Epoch, how: freshComm,
-			rank: m.cfg.groupRank, size: m.cfg.groupSize})
+		// Another group's death or return leaves this group's ranks as
+		// they were: their comms stay (a fresh group comm costs a
+		// connection set-up, most of a shrink on GPUs). Whether each rank
+		// still holds them healthy is local, so the ranks vote on it.
+		if m.group != 0 && sameParticipants(m.groupView, v.group) {
+			m.do(keepGroup{task: m.start(stageFormGroup), epoch: m.group, into: q.Epoch})
+			return
+		}
+		m.formGroup()
 		return
 	}
+	m.formFT()
+}
+
+// formGroup replaces the group comms this rank holds, if any, with new
+// ones for the epoch it reconfigures to.
+func (m *machine) formGroup() {
+	m.closeGroup()
+	m.do(formComms{task: m.start(stageFormGroup), dim: dimGroup, epoch: m.epoch, how: freshComm,
+		rank: m.cfg.groupRank, size: m.cfg.groupSize})
+}
+
+// onGroupKept acts on the group's vote on keeping its comms: kept, they
+// serve the new epoch, and the FT comms are formed next; otherwise new
+// ones are formed first.
+func (m *machine) onGroupKept(now time.Time, in groupKept) {
+	if m.cancelled != nil {
+		m.failReconfig(now, m.cancelled, nil)
+		return
+	}
+	if in.err != nil || !in.ok {
+		why := "a rank's comms are not healthy"
+		if in.err != nil {
+			why = in.err.Error()
+		}
+		m.logf(false, "group comms of epoch %d not kept into epoch %d (%s): forming new ones", m.group, m.epoch, why)
+		m.formGroup()
+		return
+	}
+	m.groupFor = m.epoch
 	m.formFT()
 }
 
@@ -978,7 +1136,7 @@ func (m *machine) onFormed(now time.Time, in commsFormed) {
 			m.failReconfig(now, fmt.Errorf("ft: group comm for epoch %d: %w", in.epoch, in.err), in)
 			return
 		}
-		m.group = in.epoch
+		m.group, m.groupFor, m.groupView, m.split[dimGroup] = in.epoch, in.epoch, m.tview.group, in.split
 		if m.cancelled != nil {
 			m.failReconfig(now, m.cancelled, commsFormed{})
 			return
@@ -998,7 +1156,7 @@ func (m *machine) onFormed(now time.Time, in commsFormed) {
 		m.failReconfig(now, fmt.Errorf("ft: %s the FT comm to epoch %d: %w", m.how, in.epoch, in.err), in)
 		return
 	}
-	m.held, m.view, m.split = m.tview, m.tview, in.split
+	m.held, m.view, m.split[dimFT] = m.tview, m.tview, in.split
 	if m.cancelled != nil {
 		m.failReconfig(now, m.cancelled, commsFormed{})
 		return
@@ -1008,7 +1166,7 @@ func (m *machine) onFormed(now time.Time, in commsFormed) {
 	if oldEpoch != 0 && m.tview.ftRank == 0 {
 		m.do(forgetRendezvous{dim: dimFT, epoch: oldEpoch})
 	}
-	if m.prevGroup != 0 && m.cfg.groupRank == 0 {
+	if m.prevGroup != 0 && m.prevGroup != m.group && m.cfg.groupRank == 0 {
 		m.do(forgetRendezvous{dim: dimGroup, epoch: m.prevGroup})
 	}
 	m.logf(false, "reconfigured to epoch %d (base %d): %s, rank %d of %d, %d groups", in.epoch, m.target.Base, m.how,
@@ -1122,7 +1280,7 @@ func (m *machine) checkGroupSteps(now time.Time) {
 		return
 	}
 	if m.cfg.groupSize > 1 {
-		m.do(checkGroup{task: m.start(stageCheckGroup), epoch: m.epoch, step: m.step})
+		m.do(checkGroup{task: m.start(stageCheckGroup), epoch: m.group, step: m.step})
 		return
 	}
 	m.reconfigured(now)
@@ -1242,7 +1400,7 @@ func (m *machine) onCommit(now time.Time, errs []error) {
 	m.reason = ""
 	if participating && m.holds(dimGroup) {
 		if m.revokedParts[dimGroup]&partCtl == 0 {
-			m.do(castVote{task: m.start(stageVote), epoch: m.epoch, yes: m.vote})
+			m.do(castVote{task: m.start(stageVote), epoch: m.group, yes: m.vote})
 			return
 		}
 		m.vote = false // a rank of the group is gone
@@ -1266,7 +1424,7 @@ func (m *machine) onVoted(now time.Time, in voted) {
 func (m *machine) afterVote(now time.Time) {
 	if m.vote && m.cfg.durable && m.cancelled == nil {
 		if m.sharesRecord() && m.cfg.groupRank != 0 {
-			m.do(shareOutcome{task: m.start(stageOutcome), epoch: m.epoch})
+			m.do(shareOutcome{task: m.start(stageOutcome), epoch: m.group})
 			return
 		}
 		m.do(recordCommit{task: m.start(stageRecord), step: m.step + 1, epoch: m.epoch})
@@ -1284,7 +1442,7 @@ func (m *machine) sharesRecord() bool {
 func (m *machine) onRecorded(now time.Time, in commitRecorded) {
 	m.vote, m.reason = in.ok, in.reason
 	if m.sharesRecord() && m.cancelled == nil {
-		m.do(shareOutcome{task: m.start(stageOutcome), epoch: m.epoch, root: true, ok: in.ok})
+		m.do(shareOutcome{task: m.start(stageOutcome), epoch: m.group, root: true, ok: in.ok})
 		return
 	}
 	m.do(withdrawState{task: m.start(stageWithdraw)})
@@ -1494,6 +1652,10 @@ func describe(a action) string {
 		return "read last commit"
 	case fetchState:
 		return fmt.Sprintf("heal e%d to step %d (e%d) from %s", a.epoch, a.Step, a.Epoch, strings.Join(a.Sources, ","))
+	case keepGroup:
+		return fmt.Sprintf("keep group e%d into e%d", a.epoch, a.into)
+	case agreeStep:
+		return fmt.Sprintf("agree group e%d known=e%d now=e%d ready=%v", a.epoch, a.known, a.now, a.ready)
 	case checkGroup:
 		return fmt.Sprintf("check group e%d step=%d", a.epoch, a.step)
 	case castVote:

@@ -41,6 +41,10 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of ft/tes
 //	gathered S@E …                  the step records, in FT rank order
 //	lastcommit S@E | none           the durable commit record (by c.0, now)
 //	healed E:S,… | healed err…      the heal (the sources' history: epoch:from)
+//	kept yes|no | kept err…         the group's vote on keeping its comms
+//	agreed [known=E] [notready] [apart] | agreed err…
+//	                                the group's agreement at Step (default: every
+//	                                rank ready in this epoch, none knowing a newer)
 //	checked LO HI | checked err…    the group's step check
 //	voted yes|no | voted err…       the group's vote
 //	recorded ok | recorded no WHY   the durable record
@@ -53,11 +57,12 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of ft/tes
 // Errors: peer:R (rank R failed), closed:R (rank R closed its comm),
 // timeout, revoked, unavailable, or any other word (a plain error).
 type machineScript struct {
-	t    *testing.T
-	m    *machine
-	now  time.Time
-	task int // the task in flight, as the last action that started one said
-	kind string
+	t     *testing.T
+	m     *machine
+	now   time.Time
+	task  int // the task in flight, as the last action that started one said
+	kind  string
+	agree agreeStep // the last group agreement asked for
 }
 
 func (s *machineScript) parseErr(args []string) error {
@@ -250,6 +255,33 @@ func (s *machineScript) run(line string) []string {
 			args = args[1:]
 		}
 		in = stateHealed{task: s.task, hist: h, bytes: 1 << 20, took: time.Millisecond, err: s.parseErr(args)}
+	case "kept":
+		switch args[0] {
+		case "yes", "no":
+			in = groupKept{task: s.task, ok: args[0] == "yes"}
+		default:
+			in = groupKept{task: s.task, err: s.parseErr(args)}
+		}
+	case "agreed":
+		// agreed [known=E] [notready] [apart] | agreed err…
+		// What this rank said, unless the others said more.
+		ag := stepAgreed{task: s.task, known: s.agree.known, ready: s.agree.ready, same: true}
+		var rest []string
+		for _, a := range args {
+			switch {
+			case strings.HasPrefix(a, "known="):
+				e, _ := strconv.ParseUint(strings.TrimPrefix(a, "known="), 10, 64)
+				ag.known = e
+			case a == "notready":
+				ag.ready = false
+			case a == "apart":
+				ag.same = false
+			default:
+				rest = append(rest, a)
+			}
+		}
+		ag.err = s.parseErr(rest)
+		in = ag
 	case "checked":
 		if lo, err := strconv.ParseInt(args[0], 10, 64); err == nil {
 			hi, _ := strconv.ParseInt(args[1], 10, 64)
@@ -299,7 +331,9 @@ func (s *machineScript) run(line string) []string {
 		switch a := a.(type) {
 		case formComms:
 			s.task, s.kind = a.task, "form"
-		case gatherRecords, readLastCommit, fetchState, checkGroup, castVote, recordCommit, shareOutcome, withdrawState:
+		case agreeStep:
+			s.task, s.kind, s.agree = a.task, "agree", a
+		case gatherRecords, readLastCommit, fetchState, keepGroup, checkGroup, castVote, recordCommit, shareOutcome, withdrawState:
 			s.task, s.kind = taskOf(a), fmt.Sprintf("%T", a)
 		}
 		if t, ok := a.(armTimer); ok && !t.at.IsZero() {
@@ -366,6 +400,10 @@ func taskOf(a action) int {
 	case readLastCommit:
 		return a.task
 	case fetchState:
+		return a.task
+	case keepGroup:
+		return a.task
+	case agreeStep:
 		return a.task
 	case checkGroup:
 		return a.task

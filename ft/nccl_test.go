@@ -1130,12 +1130,13 @@ func TestNCCLGrowWhilePeerMidStep(t *testing.T) {
 }
 
 // HSDP: a rank of another replica group dies while the two ranks of group
-// a are at different points of a step: a1 has committed and not yet
-// started its next step, a0 has started it (no new epoch yet) and waits in
-// its group all-reduce for a1. a1 then starts its step in the new epoch
-// and leaves the old group comm. The coordinator revokes the old epoch:
-// that must stop a0's group comm too (it belongs to the epoch), else a0
-// waits out the op's Timeout (here 2 minutes) — NCCL sees no peer leave.
+// a are at different points: a1 has committed and not yet called Step for
+// its next step, a0 has called it (no new epoch yet). a0 must not start
+// the step alone: its group comm would wait for a1, which starts the step
+// in the new epoch, until the op's Timeout (here 2 minutes; NCCL sees no
+// peer leave), and the comms the group shares outside ft (FSDP's) would
+// run different collectives at its two ranks. a0 waits at the group's gate
+// instead, and when a1 steps, both go on in the new epoch at once.
 func TestNCCLGroupCommStopsWithItsEpoch(t *testing.T) {
 	j := newGPUJob(t, 4, 1)
 	j.cfg.Timeout = 2 * time.Minute
@@ -1157,17 +1158,27 @@ func TestNCCLGroupCommStopsWithItsEpoch(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("a1 did not commit")
 	}
-	// a0 committed step k with a1 (their group vote) and starts step k+1
-	// in the old epoch; it will wait in the group all-reduce for a1.
-	a0.waitFor("a0's next step", a0.startedPast(k))
+	// a0 committed step k with a1 (their group vote) and calls Step for
+	// k+1 in the old epoch: it waits at the gate for a1.
+	a0.waitFor("a0 waiting at its group's gate", a0.atGate)
 	j.kill(b1)
 	a1.waitQuorumAfter(e0, 3)
+	if a0.startedPast(k)() {
+		t.Fatalf("a0 started step %d in epoch %d while a1 had not stepped", k+1, e0)
+	}
 	close(release)
 	for _, r := range []*gpuReplica{a0, a1} {
-		r.waitWithin(20*time.Second, "a commit of group a alone (a0's group all-reduce in the old epoch waits out the 2-minute Timeout)",
+		r.waitWithin(20*time.Second, "a commit of group a alone (a0's step in the old epoch waits out the 2-minute Timeout)",
 			func() bool { return r.commitsWith(1, k) > 0 })
 	}
 	j.stop(a0, a1, b0)
+}
+
+// atGate reports whether r's Step waits for its group's agreement.
+func (r *gpuReplica) atGate() bool {
+	at := false
+	r.c.onDriver(func(d *driver) { at = d.mach.task != 0 && d.mach.stage == stageAgree })
+	return at
 }
 
 // endingT is the test as zaptest sees it, dropping what is logged once the

@@ -9,17 +9,23 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -28,6 +34,7 @@ import (
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/etcdhost"
+	"github.com/ftcomm/ftcomm/internal/keys"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -41,7 +48,11 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(runChild())
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if ftcoordBin.path != "" {
+		os.RemoveAll(filepath.Dir(ftcoordBin.path))
+	}
+	os.Exit(code)
 }
 
 type childEvent struct {
@@ -115,10 +126,27 @@ func runChild() int {
 		fmt.Fprintln(os.Stderr, "child: new:", err)
 		return 2
 	}
-	go func() { // the parent holds our stdin: when it goes, so do we
-		io.Copy(io.Discard, os.Stdin)
+	// The parent holds our stdin: a line "finish" ends the run after the
+	// next commit (Comm.Finish); when stdin goes, so do we.
+	var finish atomic.Bool
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			if sc.Text() == "finish" {
+				finish.Store(true)
+			}
+		}
 		os.Exit(0)
 	}()
+	finished := func() int {
+		out.Encode(childEvent{Kind: "finished", ID: id, Pid: os.Getpid(), Step: c.CommittedStep(), Epoch: c.Epoch(),
+			UnixNano: time.Now().UnixNano()})
+		if err := c.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "child: close:", err)
+			return 1
+		}
+		return 0
+	}
 	params := make([]float32, atoi("PARAMS"))
 	for i := range params {
 		params[i] = 1
@@ -144,7 +172,9 @@ func runChild() int {
 	}
 	for {
 		var rb *RollbackError
-		if err := c.Step(ctx); errors.As(err, &rb) {
+		if err := c.Step(ctx); errors.Is(err, ErrFinished) {
+			return finished() // another replica ended the run
+		} else if errors.As(err, &rb) {
 			out.Encode(childEvent{Kind: "rollback", From: rb.FromStep, To: rb.ToStep, ID: id, Pid: os.Getpid(),
 				Step: rb.Step, Epoch: rb.Epoch, UnixNano: time.Now().UnixNano()})
 		} else if err != nil {
@@ -194,6 +224,13 @@ func runChild() int {
 		}
 		out.Encode(childEvent{ID: id, Pid: os.Getpid(), Step: c.CommittedStep(),
 			Epoch: c.Epoch(), Participants: c.Participants(), Hash: h.Sum64(), UnixNano: time.Now().UnixNano()})
+		if finish.Load() {
+			if err := c.Finish(ctx); err != nil {
+				fmt.Fprintln(os.Stderr, "child: finish:", err)
+				return 1
+			}
+			return finished()
+		}
 	}
 }
 
@@ -297,11 +334,30 @@ func (j *procJob) spawnCmd(cmd *exec.Cmd, group string, groupRank, groupSize, pa
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
+			line := sc.Text()
 			if testing.Verbose() {
-				j.t.Logf("%s: %s", id, sc.Text())
+				j.t.Logf("%s: %s", id, line)
+			}
+			// What befell its registration, as events: the replica
+			// says so in its log alone.
+			for _, e := range []struct{ msg, kind string }{{"registration lost", "lapsed"}, {"renewal lapsed", "lapsed"},
+				{"registered again", "registered"}} {
+				if strings.Contains(line, e.msg) {
+					j.events <- childEvent{Kind: e.kind, ID: id, Pid: cmd.Process.Pid, UnixNano: time.Now().UnixNano()}
+				}
 			}
 		}
 	}()
+}
+
+// send writes a line to a replica's stdin (runChild: "finish").
+func (j *procJob) send(id, line string) {
+	j.mu.Lock()
+	in := j.stdins[id]
+	j.mu.Unlock()
+	if _, err := io.WriteString(in, line+"\n"); err != nil {
+		j.t.Fatalf("%s's stdin: %v", id, err)
+	}
 }
 
 // kill SIGKILLs a replica process and returns when it is gone.
@@ -438,4 +494,104 @@ func TestProcessKillAndRejoin(t *testing.T) {
 	}
 	j.stopAll()
 	j.check()
+}
+
+// A replica group SIGKILLed whole (one rank, then its group-mate, as
+// torchrun's agent ends a worker group) costs the other groups one epoch:
+// they commit without it, in one epoch from then until the group is back —
+// the group-mate's own death a moment later is no participant's — and the
+// group, started again, heals both shards and rejoins. The time from the
+// kill to the survivors' next commit is a figure (TestKillCycles measures
+// it over many kills: FTCOMM_FT_KILL_WHOLE_GROUP=1).
+func TestProcessWholeGroupKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts replica processes")
+	}
+	j := newProcJob(t)
+	const params = 1 << 14
+	for _, g := range []string{"a", "b"} {
+		for r := range 2 {
+			j.spawn(g, r, 2, params)
+		}
+	}
+	seen := map[string]bool{}
+	j.await("both groups committing together", func(ev childEvent) bool {
+		if ev.Kind == "" && ev.Participants == 2 {
+			seen[ev.ID] = true
+		}
+		return len(seen) == 4
+	})
+	t0 := j.kill("b.1")
+	j.kill("b.0")
+	first := map[string]time.Duration{}
+	epochs := map[uint64]bool{}
+	without := func(ev childEvent) {
+		if ev.Kind == "" && ev.Participants == 1 && time.Unix(0, ev.UnixNano).After(t0) {
+			epochs[ev.Epoch] = true
+			if _, ok := first[ev.ID]; !ok {
+				first[ev.ID] = time.Unix(0, ev.UnixNano).Sub(t0)
+			}
+		}
+	}
+	j.await("group a's commits without group b", func(ev childEvent) bool {
+		without(ev)
+		return len(first) == 2
+	})
+	t.Logf("FIGURE whole group SIGKILLed → the other group's next commit: %v", first)
+	// Once the coordinator has seen b.0 gone too (its registration ends),
+	// group a commits on in the same epoch.
+	gone := j.awaitUnregistered("b.0")
+	after := map[string]bool{}
+	j.await("group a's commits after b.0's registration ended", func(ev childEvent) bool {
+		without(ev)
+		if ev.Kind == "" && time.Unix(0, ev.UnixNano).After(gone) && strings.HasPrefix(ev.ID, "a.") {
+			after[ev.ID] = true
+		}
+		return len(after) == 2
+	})
+	if len(epochs) != 1 {
+		t.Errorf("the other group committed without group b in epochs %v: one group's death cost more than one epoch", slices.Sorted(maps.Keys(epochs)))
+	}
+	for r := range 2 {
+		j.spawn("b", r, 2, params)
+	}
+	back := map[string]bool{}
+	j.await("group b healed and committing with group a", func(ev childEvent) bool {
+		if ev.Kind == "" && ev.Participants == 2 && (ev.ID == "b.0" || ev.ID == "b.1") {
+			back[ev.ID] = true
+		}
+		return len(back) == 2
+	})
+	j.stopAll()
+	j.check()
+}
+
+// awaitUnregistered waits until member id of the job has no registration
+// in etcd (its key gone: removed, or its lease expired) and returns when
+// it saw that.
+func (j *procJob) awaitUnregistered(id string) time.Time {
+	j.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: j.endpoints, DialTimeout: 5 * time.Second})
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	defer cli.Close()
+	key := keys.Layout{}.Member("proc", id)
+	for {
+		r, err := cli.Get(ctx, key)
+		if err != nil {
+			j.t.Fatalf("waiting for %s's registration to end: %v", id, err)
+		}
+		if len(r.Kvs) == 0 {
+			return time.Now()
+		}
+		wc := cli.Watch(ctx, key, clientv3.WithRev(r.Header.Revision+1), clientv3.WithFilterPut())
+		select {
+		case <-wc:
+		case <-ctx.Done():
+			j.t.Fatalf("%s's registration did not end", id)
+		}
+	}
 }

@@ -73,7 +73,9 @@ func (m *machine) lookAt(now time.Time) {
 
 // formingAt: a task that waits for every peer of the epoch (forming
 // comms, the step agreement) began.
-func formingStage(s stage) bool { return s == stageFormFT || s == stageFormGroup || s == stageGather }
+func formingStage(s stage) bool {
+	return s == stageFormFT || s == stageFormGroup || s == stageGather || s == stageAgree
+}
 
 // onTick looks at the step: whether it stalled, and (after Finish, in
 // Close) whether the lingering ended.

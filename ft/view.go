@@ -126,7 +126,6 @@ func (r reconfig) String() string {
 // failed, so they get a fresh comm. For shrinkTo, exclude lists the current
 // ranks to drop.
 func plan(cur, next []participant) (how reconfig, exclude []int) {
-	same := func(a, b participant) bool { return a.ID == b.ID && a.Incarnation == b.Incarnation }
 	if cur == nil || slices.EqualFunc(cur, next, same) {
 		return freshComm, nil
 	}
@@ -147,6 +146,15 @@ func plan(cur, next []participant) (how reconfig, exclude []int) {
 		return growTo, nil
 	}
 	return freshComm, nil
+}
+
+// same reports whether a and b are one incarnation of one member.
+func same(a, b participant) bool { return a.ID == b.ID && a.Incarnation == b.Incarnation }
+
+// sameParticipants reports whether a and b hold the same incarnations in
+// the same places (a group comm's ranks, say).
+func sameParticipants(a, b []participant) bool {
+	return len(a) > 0 && slices.EqualFunc(a, b, same)
 }
 
 func participantsOf(q membership.Quorum) []participant {

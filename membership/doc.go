@@ -117,7 +117,14 @@
 //
 // A member whose registration disappears (evicted, declared dead by
 // gossip, lease expired) is over: Done closes, Err wraps ErrEvicted, and
-// every method that writes fails with it. Join again for a new
+// every method that writes fails with it. Renewals that go unanswered for
+// a TTL (etcd down or cut off) are not the end of it: only etcd knows
+// whether the lease expired, and an etcd that restarts restores every
+// lease with a fresh TTL. The member asks once etcd answers again, and
+// goes on under the same lease and incarnation when etcd kept it ("lease
+// renewed again"), or is over when etcd says it expired. So a coordinator
+// outage of any length, its embedded etcd down with it, costs no member
+// its registration. Join again for a new
 // incarnation; a restarted process is always a new incarnation, and Join
 // fails with *DuplicateMemberError while the old one is alive (or waits
 // with WaitForDuplicate). Finding its id held, Join writes a Claim: the
@@ -143,8 +150,9 @@
 // refused, or TLS/credentials) and joins within about ReconnectMaxDelay
 // (0.5 s) of etcd being reachable: ClientConfig caps gRPC's reconnect
 // backoff, which otherwise grows to two minutes. Clients made by
-// ClientConfig reconnect as fast after an etcd restart, so a coordinator
-// restart faster than the members' lease TTL costs no epoch. Health
+// ClientConfig reconnect as fast after an etcd restart, and a
+// registration outlives the restart (above), so a coordinator restart
+// costs no epoch unless something changed meanwhile. Health
 // Critical (e.g. a GPU XID fault reported by the NCCL backend through the
 // app) excludes the member from the next quorum until it reports Healthy
 // or Degraded; it stays registered.

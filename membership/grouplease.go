@@ -649,7 +649,7 @@ func (m *Member) takeOver(old groupLease, rev int64) error {
 		return nil
 	}
 	m.lg.Info("took the group's lease over", zap.String("previous_leader", old.Leader), zap.Int64("lease", int64(lr.ID)))
-	m.spawn(func() { m.renew(ka) })
+	m.spawn(func() { m.renew(lr.ID, ka) })
 	m.spawn(m.leadEpochs) // the group now takes the quorum from this member
 	if m.cfg.HeartbeatInterval > 0 {
 		m.spawn(m.heartbeats)

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"go.uber.org/zap"
@@ -201,13 +202,65 @@ func (m *Member) watchSelf() {
 	}
 }
 
-// renew drains lease keepalive responses; the channel closes when the
-// lease is gone (expired, revoked) or the membership ends.
-func (m *Member) renew(ka <-chan *clientv3.LeaseKeepAliveResponse) {
-	for range ka {
+// renew keeps lease alive: it drains its keepalive responses (ka). The
+// channel closes when the lease is gone (expired, revoked), when the
+// membership ends, and also when etcd has not answered for a TTL: the
+// client gives up on a lease that "may be expired". Only etcd knows, and
+// an etcd that restarted restores every lease with a fresh TTL, so a
+// registration outlives an outage of etcd of any length (a coordinator's
+// embedded etcd, killed with it). renew then asks etcd once it answers:
+// the membership is lost if the lease is gone, and otherwise the same
+// lease is renewed again — the registration and its incarnation hold,
+// and the epoch the member takes part in is not ended by the outage.
+func (m *Member) renew(lease clientv3.LeaseID, ka <-chan *clientv3.LeaseKeepAliveResponse) {
+	for ka != nil {
+		for range ka {
+		}
+		if m.life.Err() != nil {
+			return
+		}
+		ka = m.renewAgain(lease)
 	}
-	if m.life.Err() == nil {
-		m.lost(fmt.Errorf("%w: %s/%s: lease %x expired or revoked", ErrEvicted, m.cfg.Job, m.cfg.ID, m.Record().Lease))
+}
+
+// renewAgain asks etcd, until it answers or the membership ends, whether
+// lease lives after its keepalive lapsed. It returns a new keepalive
+// channel when it does, or nil: the lease is gone (the membership is
+// lost) or the membership ended.
+func (m *Member) renewAgain(lease clientv3.LeaseID) <-chan *clientv3.LeaseKeepAliveResponse {
+	since := time.Now()
+	m.lg.Warn("lease renewal lapsed: etcd did not answer for a lease TTL; the registration holds unless etcd says its lease expired",
+		zap.String("lease", fmt.Sprintf("%x", int64(lease))))
+	stopNotice := waitNotice(m.cli, m.lg, "confirm the member's lease")
+	defer stopNotice()
+	pause := 50 * time.Millisecond
+	for {
+		ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
+		_, err := m.cli.KeepAliveOnce(ctx, lease)
+		cancel()
+		if err == nil {
+			ka, kerr := m.cli.KeepAlive(m.life, lease)
+			if kerr == nil {
+				m.lg.Info("lease renewed again: etcd kept it, the registration holds",
+					zap.Duration("lapsed_for", time.Since(since).Round(time.Millisecond)))
+				return ka
+			}
+			err = kerr
+		}
+		switch {
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			m.lost(fmt.Errorf("%w: %s/%s: lease %x expired or revoked", ErrEvicted, m.cfg.Job, m.cfg.ID, int64(lease)))
+			return nil
+		case m.cli.Ctx().Err() != nil: // closed before the member: nothing can be renewed or asked
+			m.lost(fmt.Errorf("%w: %s/%s: lease %x not renewed: the etcd client was closed", ErrEvicted, m.cfg.Job, m.cfg.ID, int64(lease)))
+			return nil
+		}
+		select {
+		case <-m.life.Done():
+			return nil
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, time.Second)
 	}
 }
 

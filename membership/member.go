@@ -32,8 +32,11 @@ type MemberConfig struct {
 	// Addr is where the member serves its peers (rendezvous, state
 	// transfer); it appears in the quorum. Required.
 	Addr string
-	// Group is the replica group's name (informational).
-	Group string
+	// Group is the replica group's name, and GroupSize, above 1, the
+	// number of its ranks: the coordinator then admits the group's
+	// members only together (MemberRecord.GroupSize).
+	Group     string
+	GroupSize int
 	// LeaseTTL: the member's registration expires this long after its
 	// process stops renewing it (etcd's minimum is 2 s; default 5 s).
 	// Without gossip this is how long a dead member goes unnoticed.
@@ -132,6 +135,9 @@ func (c MemberConfig) Validate() error {
 	}
 	if c.StartRun && c.Run == "" {
 		return fmt.Errorf("%w: membership: StartRun needs a Run to start", comm.ErrInvalidArgument)
+	}
+	if c.GroupSize < 0 || c.GroupSize > 1 && c.Group == "" {
+		return fmt.Errorf("%w: membership: member %q: group size %d (a size above 1 needs a Group)", comm.ErrInvalidArgument, c.ID, c.GroupSize)
 	}
 	if c.GroupLease && c.Group == "" {
 		return fmt.Errorf("%w: membership: member %q: GroupLease needs a Group", comm.ErrInvalidArgument, c.ID)
@@ -260,7 +266,7 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	m.life, m.stop = context.WithCancel(context.Background())
 	now := time.Now()
 	m.rec = MemberRecord{
-		Job: cfg.Job, ID: cfg.ID, Addr: cfg.Addr, Group: cfg.Group, SharedLease: cfg.GroupLease,
+		Job: cfg.Job, ID: cfg.ID, Addr: cfg.Addr, Group: cfg.Group, GroupSize: cfg.GroupSize, SharedLease: cfg.GroupLease,
 		Step: cfg.Step, WantQuorum: cfg.WantQuorum, MinReplicas: cfg.MinReplicas, Joined: now, Updated: now,
 	}
 	if cfg.Stragglers.Factor > 0 {
@@ -323,7 +329,10 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	}
 	ok = true
 	if m.holdsLease() {
-		m.spawn(func() { m.renew(m.ka) })
+		m.mu.Lock()
+		lease, ka := m.lease, m.ka
+		m.mu.Unlock()
+		m.spawn(func() { m.renew(lease, ka) })
 	}
 	if !cfg.GroupLease || cfg.GroupEachWatches || m.holdsLease() {
 		m.spawn(func() { m.watchEpochs(rev) }) // a group's leader forwards what it learns

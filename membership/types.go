@@ -213,6 +213,11 @@ type MemberRecord struct {
 	ID    string `json:"id"`
 	Addr  string `json:"addr"`
 	Group string `json:"group,omitempty"`
+	// GroupSize, above 1, is how many ranks Group has: the coordinator
+	// admits them only together (a replica group takes part whole), so
+	// the rest of a group that lost a rank, or of one still arriving, is
+	// left out of the epoch instead of taking part in it incomplete.
+	GroupSize int `json:"groupSize,omitempty"`
 	// Gossip is the member's memberlist address ("" without gossip).
 	Gossip string `json:"gossip,omitempty"`
 	// Lease is the etcd lease of the registration. JSON carries it as a

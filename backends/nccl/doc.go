@@ -171,7 +171,12 @@
 // collectives that are one NCCL call); the watchdog follows its
 // completion against its deadline and, past it, fails the comm with
 // comm.ErrTimeout and aborts its NCCL comms. The Python package uses it
-// for CUDA tensors; see StreamOrder.
+// for CUDA tensors; see StreamOrder. Such an op is done for its caller
+// while its kernel may still run, so closing a comm that has not failed
+// first waits for its ordered ops (up to their deadlines): an abort would
+// cancel them half-way and leave their outputs wrong with no op left to
+// report it (a torch finalize right after a sync op). Close returns an
+// error naming them if they do not complete.
 //
 // # Faults
 //
@@ -235,7 +240,8 @@
 // Revoke and Close may come from any goroutine at any time; the HostCopier
 // and WatchHealth methods from any goroutine, concurrently with ops. Each
 // Backend runs one watchdog goroutine, which exits after Close has
-// released everything: Close returns at once and the NCCL comms, stream
+// released everything: Close returns at once (once the stream-ordered ops
+// of a comm that has not failed completed) and the NCCL comms, stream
 // and scratch memory are released in the background (Released is closed
 // when done), so that replacing a failed comm does not wait for
 // ncclCommAbort. A copy abandoned by its ctx leaves one goroutine that

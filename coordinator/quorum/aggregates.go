@@ -33,11 +33,40 @@ type aggregates struct {
 	// incarnation replaced without a removal): lastStep then walks once.
 	stepSeen  int64
 	stepStale bool
+	// Replica groups of more than one rank (MemberRecord.GroupSize), by
+	// name: short are those with fewer ranks present (survivors and
+	// joiners) than their size, shortJoin the joiners of short groups, and
+	// shortSurv the short groups that hold survivors.
+	groups    map[string]*groupTally
+	short     map[string]struct{}
+	shortJoin int
+	shortSurv map[string]struct{}
 }
+
+// groupTally is one replica group's members and how many take part.
+type groupTally struct {
+	ids   map[string]struct{} // members naming the group
+	sizes map[int]int         // GroupSize → how many of them report it
+	surv  int                 // of them, survivors
+	join  int                 // of them, joiners
+}
+
+// size is the group's size: the largest its members report (they agree,
+// unless a tool wrote otherwise).
+func (g *groupTally) size() int {
+	n := 0
+	for k := range g.sizes {
+		n = max(n, k)
+	}
+	return n
+}
+
+func (g *groupTally) short() bool { return g.surv+g.join < g.size() }
 
 func newAggregates() aggregates {
 	return aggregates{prevPos: map[string]int{}, lost: map[string]struct{}{}, joining: map[string]struct{}{},
-		failed: map[string]struct{}{}, minAsked: map[int]int{}, stalling: map[string]struct{}{}}
+		failed: map[string]struct{}{}, minAsked: map[int]int{}, stalling: map[string]struct{}{},
+		groups: map[string]*groupTally{}, short: map[string]struct{}{}, shortSurv: map[string]struct{}{}}
 }
 
 // inPrev reports whether that incarnation of member id took part in the
@@ -128,6 +157,67 @@ func (m *Machine) count(r *membership.MemberRecord, n int) {
 	if r.Run != "" {
 		a.withRun += n
 	}
+	if grouped(r) {
+		a.tally(r, n, surv, joiner(m, r))
+	}
+}
+
+// grouped reports whether r is a rank of a replica group of more than one.
+func grouped(r *membership.MemberRecord) bool { return r.GroupSize > 1 && r.Group != "" }
+
+// tally adds (n = 1) or takes away (n = -1) r's part of its group's
+// tally, keeping short, shortJoin and shortSurv.
+func (a *aggregates) tally(r *membership.MemberRecord, n int, surv, join bool) {
+	g := a.groups[r.Group]
+	if g == nil {
+		g = &groupTally{ids: map[string]struct{}{}, sizes: map[int]int{}}
+		a.groups[r.Group] = g
+	}
+	if g.short() {
+		a.shortJoin -= g.join
+	}
+	if n > 0 {
+		g.ids[r.ID] = struct{}{}
+	} else {
+		delete(g.ids, r.ID)
+	}
+	if g.sizes[r.GroupSize] += n; g.sizes[r.GroupSize] == 0 {
+		delete(g.sizes, r.GroupSize)
+	}
+	if surv {
+		g.surv += n
+	}
+	if join {
+		g.join += n
+	}
+	switch {
+	case len(g.ids) == 0:
+		delete(a.groups, r.Group)
+		delete(a.short, r.Group)
+		delete(a.shortSurv, r.Group)
+	case g.short():
+		a.short[r.Group] = struct{}{}
+		a.shortJoin += g.join
+		if g.surv > 0 {
+			a.shortSurv[r.Group] = struct{}{}
+		} else {
+			delete(a.shortSurv, r.Group)
+		}
+	default:
+		delete(a.short, r.Group)
+		delete(a.shortSurv, r.Group)
+	}
+}
+
+// inShortGroup reports whether member id belongs to a replica group with
+// fewer ranks present than its size.
+func (m *Machine) inShortGroup(id string) bool {
+	r, ok := m.members[id]
+	if !ok || !grouped(r) {
+		return false
+	}
+	_, s := m.agg.short[r.Group]
+	return s
 }
 
 // rebuild makes the aggregates anew for a new previous quorum (setPrev):
@@ -141,7 +231,10 @@ func (m *Machine) rebuild() {
 	clear(a.failed)
 	clear(a.minAsked)
 	clear(a.stalling)
-	a.eligible, a.shrinking, a.withRun, a.stepSeen, a.stepStale = 0, 0, 0, 0, false
+	clear(a.groups)
+	clear(a.short)
+	clear(a.shortSurv)
+	a.eligible, a.shrinking, a.withRun, a.stepSeen, a.stepStale, a.shortJoin = 0, 0, 0, 0, false, 0
 	var epoch uint64
 	if m.prev != nil {
 		for i, p := range m.prev.Participants {
@@ -180,6 +273,9 @@ func (m *Machine) rebuild() {
 		}
 		if r.Run != "" {
 			a.withRun++
+		}
+		if grouped(r) {
+			a.tally(r, 1, el && took, el && r.WantQuorum && !took)
 		}
 	}
 	if m.prev != nil && survivors < len(m.prev.Participants) {

@@ -31,6 +31,13 @@ import (
 //     brain), and waits up to JoinTimeout for live members that have not
 //     asked yet.
 //   - While a participant holds ShrinkOnly, joiners are not admitted.
+//   - Replica groups (MemberRecord.GroupSize above 1) take part whole: the
+//     ranks of a group with fewer ranks present (survivors and joiners)
+//     than its size, or with a rank another rule leaves out, are left
+//     out too. A group whose rank dies leaves with it, and the later death
+//     of a group-mate (a launcher ending the rest of the group) is not a
+//     participant's and breaks no epoch; a group rejoins once all its
+//     ranks are back.
 //   - Joins are batched: a quorum that would only admit joiners (no
 //     participant lost, no failure) waits until no member registered or
 //     asked for FormWindow, and at most FormMaxWait from when it was
@@ -557,9 +564,10 @@ func (m *Machine) advance(now time.Time) Decision {
 		}
 	}
 	out := map[string]string{}
-	// candidate: a survivor or an admitted joiner, not left out.
+	// candidate: a survivor or an admitted joiner, not left out, whose
+	// replica group is all present.
 	candidate := func(id string) bool {
-		if _, o := out[id]; o {
+		if _, o := out[id]; o || m.inShortGroup(id) {
 			return false
 		}
 		if m.survives(id) {
@@ -584,12 +592,12 @@ func (m *Machine) advance(now time.Time) Decision {
 		m.stalls(candidate, out)
 	}
 	keep := func(ps []membership.Participant) []membership.Participant {
-		if len(out) == 0 {
+		if len(out) == 0 && len(m.agg.short) == 0 {
 			return ps
 		}
 		var k []membership.Participant
 		for _, p := range ps {
-			if _, o := out[p.ID]; !o {
+			if _, o := out[p.ID]; !o && !m.inShortGroup(p.ID) {
 				k = append(k, p)
 			}
 		}
@@ -601,15 +609,16 @@ func (m *Machine) advance(now time.Time) Decision {
 		s, j := lists()
 		wake(m.cut(now, keep(s), keep(j), js, out))
 	}
+	m.wholeGroups(out)
 	var dropped []string // survivors left out
 	nAdmitted := 0
 	if admitting {
-		nAdmitted = len(m.agg.joining)
+		nAdmitted = len(m.agg.joining) - m.agg.shortJoin
 	}
 	for id := range out {
 		if m.survives(id) {
 			dropped = append(dropped, id)
-		} else if _, j := m.agg.joining[id]; j && admitting {
+		} else if _, j := m.agg.joining[id]; j && admitting && !m.inShortGroup(id) {
 			nAdmitted--
 		}
 	}
@@ -835,6 +844,40 @@ func (m *Machine) advance(now time.Time) Decision {
 	m.formBound = nAdmitted > 0 && len(gone) == 0 && !epochFailed && !finalNew && !settingsNew &&
 		m.cfg.formWindow() > 0 && now.Before(m.lastArrival.Add(m.cfg.formWindow()))
 	return Decision{Quorum: q, Revocation: rev, WakeAt: wakeAt}
+}
+
+// wholeGroups leaves out the survivors of a replica group that lost a rank
+// (or is still missing one), and the survivors and joiners of a group one
+// of whose ranks another rule left out: a group takes part whole. The
+// joiners of a group not all present are passed over where they are
+// counted (shortJoin, inShortGroup), not listed here: a forming job has
+// many such groups at once.
+func (m *Machine) wholeGroups(out map[string]string) {
+	if len(m.agg.shortSurv) == 0 && len(out) == 0 {
+		return
+	}
+	why := map[string]string{} // group → why its ranks are left out
+	for g := range m.agg.shortSurv {
+		t := m.agg.groups[g]
+		why[g] = fmt.Sprintf("group %s incomplete (%d of its %d ranks)", g, t.surv+t.join, t.size())
+	}
+	for id := range out {
+		if r := m.members[id]; r != nil && grouped(r) {
+			if _, seen := why[r.Group]; !seen {
+				why[r.Group] = fmt.Sprintf("group %s incomplete (%s left out)", r.Group, id)
+			}
+		}
+	}
+	for g, w := range why {
+		for id := range m.agg.groups[g].ids {
+			if _, o := out[id]; o {
+				continue
+			}
+			if _, j := m.agg.joining[id]; j || m.survives(id) {
+				out[id] = w
+			}
+		}
+	}
 }
 
 // maxJoinedNamed is how many joiners a quorum's Reason names: the rest

@@ -28,7 +28,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of coordi
 //	                            (starts a scenario: a new machine, clock
 //	                            and incarnations; the last three: the
 //	                            straggler policy; D "default": the default)
-//	join a b …                  register members (not asking yet)
+//	join a b … [group=N]        register members (not asking yet); group=N:
+//	                            ids "g.r" are ranks of replica groups of N
 //	ask a b … [shrink]          members ask to take part (shrink: ShrinkOnly)
 //	unshrink a …                members drop ShrinkOnly
 //	step a=5 b=7                members report steps
@@ -50,7 +51,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of coordi
 //	evict a …                   an operator evicts members (Evicted)
 //	lapse a …                   members' leases expire (LeaseExpired: they
 //	                            may come back)
-//	restart a [step=S]          a new incarnation of a registers (asking)
+//	restart a [step=S] [group=N] a new incarnation of a registers (asking)
 //	run R                       members that register from now on belong to run R
 //	reload [lost=a,b]           a new coordinator takes over: a machine made
 //	                            from the last quorum and the live records,
@@ -131,12 +132,15 @@ func (s *quorumScript) run(line string) []string {
 		}
 		*s = quorumScript{t: s.t, cfg: cfg, now: time.Unix(1000, 0), m: NewMachine("job", cfg, nil)}
 	case "join":
-		for _, id := range args {
+		size, ids := groupArg(args)
+		for _, id := range ids {
 			s.inc++
 			s.ids = append(s.ids, id)
-			s.m.Upsert(s.now, membership.MemberRecord{Job: "job", ID: id, Addr: id + ":1", Incarnation: s.inc, Run: s.runID})
+			s.m.Upsert(s.now, withGroup(membership.MemberRecord{Job: "job", ID: id, Addr: id + ":1", Incarnation: s.inc, Run: s.runID}, size))
 		}
 	case "restart":
+		var size int
+		size, args = groupArg(args)
 		var step int64
 		if len(args) > 1 {
 			v, ok := strings.CutPrefix(args[1], "step=")
@@ -147,7 +151,7 @@ func (s *quorumScript) run(line string) []string {
 		}
 		s.inc++
 		s.ids = append(s.ids, args[0])
-		s.m.Upsert(s.now, membership.MemberRecord{Job: "job", ID: args[0], Addr: args[0] + ":1", Incarnation: s.inc, WantQuorum: true, Step: step, Run: s.runID})
+		s.m.Upsert(s.now, withGroup(membership.MemberRecord{Job: "job", ID: args[0], Addr: args[0] + ":1", Incarnation: s.inc, WantQuorum: true, Step: step, Run: s.runID}, size))
 	case "run":
 		s.runID = args[0]
 	case "reload":
@@ -645,4 +649,30 @@ func TestStragglerPolicyFollowsRecords(t *testing.T) {
 	check("b goes", m.cfg.Stragglers.Factor)
 	m.Upsert(now, membership.MemberRecord{ID: "b", Incarnation: 3, Stragglers: on(4)})
 	check("b is back, asking", 4)
+}
+
+// groupArg takes a "group=N" argument out of args: the members named are
+// ranks "<group>.<rank>" of replica groups of N ranks.
+func groupArg(args []string) (int, []string) {
+	var rest []string
+	size := 0
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "group="); ok {
+			size, _ = strconv.Atoi(v)
+			continue
+		}
+		rest = append(rest, a)
+	}
+	return size, rest
+}
+
+// withGroup makes r a rank of its replica group (named by r.ID up to its
+// last '.') of size ranks, when size is above 0.
+func withGroup(r membership.MemberRecord, size int) membership.MemberRecord {
+	if size > 0 {
+		if i := strings.LastIndexByte(r.ID, '.'); i > 0 {
+			r.Group, r.GroupSize = r.ID[:i], size
+		}
+	}
+	return r
 }

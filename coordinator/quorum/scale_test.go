@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,11 +20,21 @@ import (
 // formed100K returns a machine whose first quorum holds n members that
 // all asked, published at now, with the default batching.
 func formed100K(b *testing.B, n int, now time.Time) (*Machine, []membership.MemberRecord) {
+	return formedGroups(b, n, 1, now)
+}
+
+// formedGroups is formed100K with the members in replica groups of size
+// ranks (MemberRecord.GroupSize; 1: none).
+func formedGroups(b *testing.B, n, size int, now time.Time) (*Machine, []membership.MemberRecord) {
 	b.Helper()
 	m := NewMachine("j", DefaultConfig(), nil)
 	recs := make([]membership.MemberRecord, n)
 	for i := range recs {
 		recs[i] = membership.MemberRecord{ID: fmt.Sprintf("m%06d", i), Incarnation: int64(i + 1), WantQuorum: true}
+		if size > 1 {
+			recs[i].Group, recs[i].GroupSize = fmt.Sprintf("g%05d", i/size), size
+			recs[i].ID = fmt.Sprintf("%s.%d", recs[i].Group, i%size)
+		}
 		m.Upsert(now, recs[i])
 	}
 	d := m.Advance(now.Add(time.Hour))
@@ -36,15 +47,29 @@ func formed100K(b *testing.B, n int, now time.Time) (*Machine, []membership.Memb
 
 // A job growing while its members register: each decision admits no one
 // yet (FormWindow: joins still arrive), one joiner more each time.
-func BenchmarkQuorumFormingDecision100K(b *testing.B) {
+func BenchmarkQuorumFormingDecision100K(b *testing.B) { benchmarkFormingDecision(b, 1) }
+
+// The same in replica groups of 8 (MemberRecord.GroupSize): the joiners'
+// groups are incomplete until their eighth rank arrives.
+func BenchmarkQuorumFormingDecisionGroups100K(b *testing.B) { benchmarkFormingDecision(b, 8) }
+
+func benchmarkFormingDecision(b *testing.B, size int) {
 	now := time.Unix(0, 0)
-	m, _ := formed100K(b, 100000, now)
+	m, _ := formedGroups(b, 100000, size, now)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		now = now.Add(time.Microsecond)
-		m.Upsert(now, membership.MemberRecord{ID: fmt.Sprintf("x%07d", i), Incarnation: int64(1000000 + i), WantQuorum: true})
-		if d := m.Advance(now); d.Quorum != nil || d.Waiting == "" {
-			b.Fatalf("decided %v, waiting %q: want a wait for more joins", d.Quorum != nil, d.Waiting)
+		r := membership.MemberRecord{ID: fmt.Sprintf("x%07d", i), Incarnation: int64(1000000 + i), WantQuorum: true}
+		if size > 1 {
+			r.Group, r.GroupSize = fmt.Sprintf("x%06d", i/size), size
+			r.ID = fmt.Sprintf("%s.%d", r.Group, i%size)
+		}
+		m.Upsert(now, r)
+		// A group missing ranks is not a joiner yet: nothing to wait for
+		// until the first complete one.
+		complete := size == 1 || i >= size-1
+		if d := m.Advance(now); d.Quorum != nil || (d.Waiting == "") == complete {
+			b.Fatalf("decided %v, waiting %q: want a wait for more joins once a group is complete", d.Quorum != nil, d.Waiting)
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e3, "µs/decision")
@@ -106,14 +131,21 @@ func BenchmarkQuorumMassDeath100K(b *testing.B) {
 // member (rebuild), and the job's step equals a walk over the previous
 // participants, after every step of a random history: joins, restarts,
 // health, asking, ShrinkOnly, commit failures, MinReplicas, runs, stall
-// reports, finishing, steps up and down, removals and publications.
+// reports, finishing, steps up and down, replica groups (ranks of groups
+// of two, a size changed or dropped), removals and publications.
 func TestAggregatesFollowRecords(t *testing.T) {
 	rng := rand.New(rand.NewPCG(35, 100000))
 	now := time.Unix(0, 0)
 	cfg := DefaultConfig()
 	cfg.FormWindow, cfg.LossWindow = -1, -1
 	m := NewMachine("j", cfg, nil)
-	ids := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+	ids := []string{"a.0", "a.1", "b.0", "b.1", "c.0", "c.1", "d", "e"}
+	grouped := func(r membership.MemberRecord, size int) membership.MemberRecord {
+		if g, _, ok := strings.Cut(r.ID, "."); ok {
+			r.Group, r.GroupSize = g, size
+		}
+		return r
+	}
 	inc := int64(0)
 	for i := 0; i < 5000; i++ {
 		now = now.Add(time.Millisecond)
@@ -124,7 +156,7 @@ func TestAggregatesFollowRecords(t *testing.T) {
 			m.Remove(now, id, 0, Removal{Cause: Cause(rng.IntN(int(Finished) + 1))})
 		case op == 1 || !live:
 			inc++
-			m.Upsert(now, membership.MemberRecord{ID: id, Incarnation: inc, WantQuorum: rng.IntN(4) > 0, Step: int64(rng.IntN(5))})
+			m.Upsert(now, grouped(membership.MemberRecord{ID: id, Incarnation: inc, WantQuorum: rng.IntN(4) > 0, Step: int64(rng.IntN(5))}, 2))
 		case op <= 3:
 			if d := m.Advance(now); d.Quorum != nil {
 				m.Published(*d.Quorum)
@@ -153,6 +185,8 @@ func TestAggregatesFollowRecords(t *testing.T) {
 				}
 			case 7:
 				r.Finished = rng.IntN(8) == 0
+			case 8:
+				r = grouped(r, rng.IntN(4)) // sizes 0 and 1: no group rule
 			default:
 				r.Step += int64(rng.IntN(5)) - 1
 			}
@@ -162,6 +196,10 @@ func TestAggregatesFollowRecords(t *testing.T) {
 		kept.prevPos, kept.lost, kept.joining, kept.failed, kept.minAsked, kept.stalling =
 			maps.Clone(kept.prevPos), maps.Clone(kept.lost), maps.Clone(kept.joining), maps.Clone(kept.failed),
 			maps.Clone(kept.minAsked), maps.Clone(kept.stalling)
+		kept.short, kept.shortSurv, kept.groups = maps.Clone(kept.short), maps.Clone(kept.shortSurv), map[string]*groupTally{}
+		for g, t := range m.agg.groups {
+			kept.groups[g] = &groupTally{ids: maps.Clone(t.ids), sizes: maps.Clone(t.sizes), surv: t.surv, join: t.join}
+		}
 		step, unknown := m.lastStep()
 		wantStep, wantUnknown := walkLastStep(m)
 		if step != wantStep || unknown != wantUnknown {
@@ -172,7 +210,8 @@ func TestAggregatesFollowRecords(t *testing.T) {
 			name      string
 			got, want map[string]struct{}
 		}{{"lost", kept.lost, m.agg.lost}, {"joining", kept.joining, m.agg.joining}, {"failed", kept.failed, m.agg.failed},
-			{"stalling", kept.stalling, m.agg.stalling}} {
+			{"stalling", kept.stalling, m.agg.stalling}, {"short groups", kept.short, m.agg.short},
+			{"short groups with survivors", kept.shortSurv, m.agg.shortSurv}} {
 			if !maps.Equal(c.got, c.want) {
 				t.Fatalf("op %d: %s %v, made anew %v", i, c.name, slices.Sorted(maps.Keys(c.got)), slices.Sorted(maps.Keys(c.want)))
 			}
@@ -180,6 +219,16 @@ func TestAggregatesFollowRecords(t *testing.T) {
 		if !maps.Equal(kept.minAsked, m.agg.minAsked) || kept.eligible != m.agg.eligible || kept.shrinking != m.agg.shrinking ||
 			kept.withRun != m.agg.withRun {
 			t.Fatalf("op %d: counts %+v, made anew %+v", i, kept, m.agg)
+		}
+		if kept.shortJoin != m.agg.shortJoin || len(kept.groups) != len(m.agg.groups) {
+			t.Fatalf("op %d: %d groups, %d joiners in short ones; made anew %d, %d", i, len(kept.groups), kept.shortJoin,
+				len(m.agg.groups), m.agg.shortJoin)
+		}
+		for g, k := range kept.groups {
+			w := m.agg.groups[g]
+			if w == nil || !maps.Equal(k.ids, w.ids) || !maps.Equal(k.sizes, w.sizes) || k.surv != w.surv || k.join != w.join {
+				t.Fatalf("op %d: group %s %+v, made anew %+v", i, g, k, w)
+			}
 		}
 		// What rebuild does not know (the departures' steps) stays.
 		m.agg.stepSeen, m.agg.stepStale = kept.stepSeen, kept.stepStale

@@ -406,6 +406,7 @@ class Communicator:
         if t is RedOpType.PREMUL_SUM:
             if dt not in FLOATS:
                 raise _inv("PREMUL_SUM is defined for floating-point tensors only (got %s)" % name)
+            _tensors.check_factor(r._factor, dt)
             return _SUM, r._factor
         if t in (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR):
             if dt in FLOATS:
@@ -442,11 +443,20 @@ class Communicator:
         st = L.ftcomm_comm_op(h, kind, optr, on, iptr, inn, adt, dev, redop, root, stream, t, _lib.ASYNC, byref(w))
         if st:
             _lib.fail(st)
-        return Work(self._inflight.add(w.value, keep, after), self._inflight)
+        return Work(self._inflight.add(w.value, keep, after, self._after_stream(after)), self._inflight)
+
+    def _after_stream(self, after):
+        """The stream an async op's after step is queued on: the one it is
+        issued on (CUDA), not the one current where it is seen to end."""
+        if after is None or self._dev < 0:
+            return None
+        return _tensors.stream_object(self._dev)
 
     def _synced(self, after) -> Work:
-        """A sync op has returned: run its after step, and settle the async
-        ops before it (ops end in issue order)."""
+        """A sync op has returned: run its after step (on CUDA, on the
+        current stream, which waits for the op), and settle the async ops
+        before it (ops end in issue order; their after steps go to their
+        own streams)."""
         if after is not None:
             after()
         if self._inflight._q:
@@ -471,7 +481,7 @@ class Communicator:
         if st:
             _lib.fail(st)
         if async_op:
-            return Work(self._inflight.add(w.value, keep, after), self._inflight)
+            return Work(self._inflight.add(w.value, keep, after, self._after_stream(after)), self._inflight)
         return self._synced(after)
 
     def _batch(self, entries: List[tuple], async_op: bool, timeout, keep) -> Work:

@@ -52,13 +52,26 @@ What it promises:
   until the next op of the group or until one of their Works is waited on
   (or tested), then issued as one ftcomm batch: run concurrently, in any
   order of the peers' calls.
+- A ``PREMUL_SUM`` made by torch (``torch.distributed._make_nccl_premul_sum
+  (factor)``; FSDP2's reduce-scatter under ``set_gradient_divide_factor``)
+  on every reduction (all-reduce and its coalesced form, reduce,
+  reduce-scatter of a list, of a tensor and coalesced), on CPU and CUDA
+  tensors of a floating-point dtype, as torch's NCCL backend runs it: each
+  rank's input is multiplied by the factor in its dtype, then summed. The
+  factor (a number, or a one-element tensor of the data's dtype, read on
+  its device; a tensor of another dtype is refused, as torch's NCCL
+  refuses it) comes from the op's pickled state, which torch >= 2.0 has;
+  on torch 1.13 such an op is refused with an ``InvalidArgumentError``
+  that says so. On bfloat16 data torch's own NCCL backend (up to at least
+  2.11) hands NCCL a wrong factor (pytorch/pytorch#190745; docs/python.md):
+  there ftcomm's result is the right one, not torch's.
 
 What it does not do (each raises a clear error, never hangs): receiving from
-any source (``recv`` without ``src``), a ``PREMUL_SUM`` made by torch
-(its factor is not visible from Python; ftcomm's own ``ReduceOp.PREMUL_SUM``
-is supported on the communicator), tensors of several devices in one call,
-a first op on a new CUDA device that is point-to-point (the NCCL comm is
-made by a collective of every rank of the group).
+any source (``recv`` without ``src``), a ``PREMUL_SUM`` made by torch 1.13
+(its factor cannot be read there: upgrade torch, or with FSDP2
+``set_force_sum_reduction_for_comms(True)``), tensors of several devices in
+one call, a first op on a new CUDA device that is point-to-point (the NCCL
+comm is made by a collective of every rank of the group).
 """
 
 from __future__ import annotations
@@ -76,7 +89,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from . import _lib
+from . import _lib, _tensors
 from . import comm as _comm
 from .comm import Communicator, new_comm
 from .errors import FtcommError, InvalidArgumentError
@@ -216,19 +229,97 @@ def _refusing(kind: int):
 
 # ---------------------------------------------------------------- reduce ops
 
+# torch's reductions that ftcomm's ReduceOp has under the same name.
+_REDUCTIONS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
+
+
+def _op_state(op) -> Optional[tuple]:
+    """torch's op as its pickled state, (RedOpType, factor): the factor of a
+    PREMUL_SUM (a float, or a one-element tensor), None for the others.
+    None where the op has no such state: torch 1.13's ReduceOp does not
+    pickle (object.__getstate__ gives None), a RedOpType pickles as its
+    number, and torch >= 2.0 refuses to pickle a PREMUL_SUM built without
+    its factor."""
+    get = getattr(op, "__getstate__", None)
+    if get is None:
+        return None
+    try:
+        st = get()
+    except Exception:  # noqa: BLE001 - torch's check of a PREMUL_SUM without a factor
+        return None
+    return st if isinstance(st, tuple) and len(st) == 2 else None
+
+
+def _ops_pickle() -> bool:
+    """Whether this torch's ReduceOp pickles (torch >= 2.0; 1.13's does not)."""
+    try:
+        return _op_state(dist.ReduceOp(dist.ReduceOp.RedOpType.SUM)) is not None
+    except (AttributeError, TypeError):
+        return False
+
+
+def _type_name(kind) -> Optional[str]:
+    """The name of a RedOpType ("SUM", "PREMUL_SUM", …), or None."""
+    name = getattr(kind, "name", None)
+    if isinstance(name, str):
+        return name
+    members = getattr(getattr(dist.ReduceOp, "RedOpType", None), "__members__", {})
+    if isinstance(kind, int):
+        return next((n for n, v in members.items() if int(v) == kind), None)
+    # A ReduceOp that names no type: == compares the type alone, which is
+    # all that is asked here (never use it to tell two PREMUL_SUMs apart).
+    return next((n for n, v in members.items() if kind == v), None)
+
+
 def _reduce_op(op) -> ReduceOp:
-    """ftcomm's ReduceOp for torch's (an opts.reduceOp or dist.ReduceOp.X)."""
-    R = dist.ReduceOp
+    """ftcomm's ReduceOp for torch's: an opts.reduceOp (a torch ReduceOp),
+    a dist.ReduceOp.X or a RedOpType.
+
+    A PREMUL_SUM made by torch (``_make_nccl_premul_sum(factor)``, FSDP2's
+    gradient divide factor) becomes ``ReduceOp.PREMUL_SUM(factor)`` with the
+    factor read from the op's pickled state, the one place torch exposes it
+    (torch >= 2.0). torch's ReduceOp.__eq__ and __hash__ see only the type,
+    so ops are never compared or used as keys here: every PREMUL_SUM would
+    look like every other."""
     if op is None:
         return ReduceOp.SUM
-    if op == R.PREMUL_SUM:
-        raise _unsupported("PREMUL_SUM made by torch (its factor cannot be read from Python); "
-                           "scale the tensor and use SUM")
-    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"):
-        t = getattr(R, name, None)
-        if t is not None and op == t:
-            return getattr(ReduceOp, name)
+    st = _op_state(op)
+    name = _type_name(st[0] if st is not None else getattr(op, "op", op))
+    if name == "PREMUL_SUM":
+        if st is None:
+            if not _ops_pickle():
+                raise _unsupported(
+                    "PREMUL_SUM made by torch %s: its factor cannot be read (torch's ReduceOp shows it to Python only "
+                    "by pickling, from torch 2.0 on); upgrade torch, or keep the factor out of the op: with FSDP2 "
+                    "set_force_sum_reduction_for_comms(True), elsewhere scale the tensor and reduce with SUM"
+                    % torch.__version__)
+            raise _unsupported("PREMUL_SUM without a factor: make it with "
+                               "torch.distributed._make_nccl_premul_sum(factor)")
+        return ReduceOp.PREMUL_SUM(_premul_factor(st[1]))
+    if name in _REDUCTIONS:
+        return getattr(ReduceOp, name)
     raise _unsupported("reduce op %r" % (op,))
+
+
+def _premul_factor(f):
+    """A PREMUL_SUM factor from torch's op: a number, or a one-element
+    floating-point tensor (on any device; a CUDA one is read on the device,
+    never by the host)."""
+    if isinstance(f, torch.Tensor):
+        if f.numel() != 1 or not f.is_floating_point():
+            raise _unsupported("PREMUL_SUM factor %s tensor of %d elements: want one floating-point element"
+                               % (f.dtype, f.numel()))
+        return f
+    if isinstance(f, (int, float)) and not isinstance(f, bool):
+        return float(f)
+    raise _unsupported("PREMUL_SUM factor %r: want a number or a one-element tensor" % (f,))
+
+
+def _factor_tensor(op: ReduceOp, dev: torch.device) -> List[torch.Tensor]:
+    """op's factor when it is a tensor on dev: the group's stream reads it,
+    so it is recorded there for the caching allocator."""
+    f = op.factor
+    return [f] if isinstance(f, torch.Tensor) and f.device == dev and f.is_cuda else []
 
 
 # ---------------------------------------------------------------- tensors
@@ -848,26 +939,45 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
 
     # ---- collectives (torch's ProcessGroup methods) ----
 
+    def _reduction(self, opts, tensors: Sequence[torch.Tensor] = ()) -> ReduceOp:
+        """ftcomm's ReduceOp for the options of a reduction (their reduceOp;
+        opts may be torch's op itself), refused as torch's distributed
+        error. A PREMUL_SUM's tensor factor is checked against every tensor
+        of the call here, before any of its ops is issued (a coalesced call
+        is several)."""
+        try:
+            op = _reduce_op(opts.reduceOp if hasattr(opts, "reduceOp") else opts)
+            if op.factor is not None:
+                for dt in {t.dtype for t in tensors}:
+                    code = _tensors.torch_dtype_code(dt)
+                    if code is not None:
+                        _tensors.check_factor(op.factor, code)
+            return op
+        except FtcommError as e:
+            raise dist_error(e, self) from None
+
     @_refusing(_lib.OP_ALL_REDUCE)
     def allreduce(self, tensors, opts=None):
         tensors = _listed(tensors)
-        op = _reduce_op(getattr(opts, "reduceOp", None) if hasattr(opts, "reduceOp") else opts)
         if len(tensors) == 1:
+            op = self._reduction(opts, tensors)
             t = tensors[0]
             u, post = _dense(t, True)
-            return self._issue([t], lambda c, a: c.all_reduce(u, op, async_op=a), [t], [post], [u], opts)
+            return self._issue([t], lambda c, a: c.all_reduce(u, op, async_op=a), [t], [post],
+                               [u] + _factor_tensor(op, t.device), opts)
         return self.allreduce_coalesced(tensors, opts)
 
     @_refusing(_lib.OP_ALL_REDUCE)
     def allreduce_coalesced(self, tensors, opts=None):
-        op = _reduce_op(getattr(opts, "reduceOp", None))
+        op = self._reduction(opts, tensors)
         if not tensors:
             return _DoneWork(self, [])
-        _device_of(tensors)
+        dev = _device_of(tensors)
         if len(tensors) == 1:
             t = tensors[0]
             u, post = _dense(t, True)
-            return self._issue([t], lambda c, a: c.all_reduce(u, op, async_op=a), [t], [post], [u], opts)
+            return self._issue([t], lambda c, a: c.all_reduce(u, op, async_op=a), [t], [post],
+                               [u] + _factor_tensor(op, dev), opts)
         # One all-reduce per dtype over a flat copy, copied back after.
         works = []
         by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
@@ -884,8 +994,8 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                     off += n
 
             u, _ = _dense(flat, False)
-            works.append(self._issue([flat], lambda c, a, u=u: c.all_reduce(u, op, async_op=a), [flat], [back], [u],
-                                     opts))
+            works.append(self._issue([flat], lambda c, a, u=u: c.all_reduce(u, op, async_op=a), [flat], [back],
+                                     [u] + _factor_tensor(op, dev), opts))
         return _Group(self, works, list(tensors))
 
     @_refusing(_lib.OP_BROADCAST)
@@ -901,13 +1011,14 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
 
     @_refusing(_lib.OP_REDUCE)
     def reduce(self, tensors, opts=None):
-        op = _reduce_op(getattr(opts, "reduceOp", None))
+        op = self._reduction(opts, tensors)
         root = getattr(opts, "rootRank", 0)
         if len(tensors) != 1:
             raise _unsupported("reduce takes one tensor (got %d)" % len(tensors))
         t = tensors[0]
         u, post = _dense(t, True)
-        return self._issue([t], lambda c, a: c.reduce(u, root, op, async_op=a), [t], [post], [u], opts)
+        return self._issue([t], lambda c, a: c.reduce(u, root, op, async_op=a), [t], [post],
+                           [u] + _factor_tensor(op, t.device), opts)
 
     @_refusing(_lib.OP_ALL_GATHER)
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -944,7 +1055,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
 
     @_refusing(_lib.OP_REDUCE_SCATTER)
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        op = _reduce_op(getattr(opts, "reduceOp", None))
+        op = self._reduction(opts, list(output_tensors) + [t for ts in input_tensors for t in ts])
         if len(output_tensors) != 1 or len(input_tensors) != 1:
             raise _unsupported("reduce_scatter takes one output tensor and one input list")
         out, ins = output_tensors[0], list(input_tensors[0])
@@ -952,20 +1063,21 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             raise _unsupported("reduce_scatter: %d input tensors for %d ranks" % (len(ins), self._n))
         o, post = _dense(out, True)
         us = [_dense(t, False)[0] for t in ins]
-        return self._issue([out] + ins, lambda c, a: c.reduce_scatter(o, us, op, async_op=a), [out], [post], [o] + us,
-                           opts)
+        return self._issue([out] + ins, lambda c, a: c.reduce_scatter(o, us, op, async_op=a), [out], [post],
+                           [o] + us + _factor_tensor(op, out.device), opts)
 
     @_refusing(_lib.OP_REDUCE_SCATTER)
     def _reduce_scatter_base(self, output, input, opts=None):
-        op = _reduce_op(getattr(opts, "reduceOp", None))
+        op = self._reduction(opts, [output, input])
         o, post = _dense(output, True)
         i, _ = _dense(input, False)
         return self._issue([output, input], lambda c, a: c.reduce_scatter_single(o, i, op, async_op=a), [output],
-                           [post], [o, i], opts)
+                           [post], [o, i] + _factor_tensor(op, output.device), opts)
 
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        self._reduction(opts, list(outputs) + list(inputs))  # refused before any op is issued
         works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
         return _Group(self, works, list(outputs))
 

@@ -74,14 +74,17 @@ def zero_elements(rank, store, name, size=2, backend="gloo"):
     return failed, float(x[0].cpu())
 
 
-def finalize_after_sync_op(rank, store, name, size=2, backend="gloo", rounds=3):
+def finalize_after_sync_op(rank, store, name, size=2, backend="gloo", rounds=3, late=0.0):
     """A sync all-reduce, then finalize at once, while the peer issues its
     all-reduce only after this rank has begun to finalize (told through
     the store): the result must still be the sum. NCCL only: there a sync
     op returns once enqueued, so a finalize that aborted the comm would
     cancel the kernel and leave the tensor wrong with no error (on gloo a
     sync op returns when done, so rank 0 would wait for rank 1 forever).
-    Returns the sums read, one per round."""
+    With late > 0 the peer also arrives that many seconds after the
+    signal (a slow rank, not a synchronisation): long after a finalize
+    that aborted the comm would have cancelled the kernel. Returns the
+    sums read, one per round."""
     torch = _On(_device(rank, backend))
     st = ftcomm.Store.connect(store)
     got = []
@@ -95,6 +98,9 @@ def finalize_after_sync_op(rank, store, name, size=2, backend="gloo", rounds=3):
             finalize(rank, n)
         else:
             st.get(n + "/finalizing", timeout=datetime.timedelta(seconds=30))
+            if late > 0:
+                import time
+                time.sleep(late)  # a slow peer: the fault injected, not a synchronisation
             c.all_reduce(x)
             finalize(rank, n)
         got.append(float(x[0].cpu()))

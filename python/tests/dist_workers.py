@@ -186,6 +186,204 @@ def _flat(x):
     return out
 
 
+# ---- PREMUL_SUM made by torch ----
+
+# torch >= 2.0's ReduceOp pickles as (RedOpType, factor); 1.13's does not.
+TORCH_OPS_PICKLE = isinstance(dist.ReduceOp(dist.ReduceOp.RedOpType.SUM).__getstate__(), tuple)
+
+
+class StateOp:
+    """An op that pickles as torch >= 2.0's PREMUL_SUM does, whose == and
+    hash say nothing about it (torch's see only the type): what a group
+    must decode on torch 1.13, where a real one hides its factor."""
+
+    def __init__(self, factor, kind=None):
+        self._state = (kind if kind is not None else dist.ReduceOp.RedOpType.PREMUL_SUM, factor)
+
+    def __getstate__(self):
+        return self._state
+
+    def __eq__(self, other):
+        return True
+
+    def __hash__(self):
+        return 0
+
+
+def premul_op(factor):
+    """torch's PREMUL_SUM of factor where torch shows its factor, else a
+    StateOp (torch 1.13)."""
+    if not TORCH_OPS_PICKLE:
+        return StateOp(factor)
+    make = getattr(dist, "_make_nccl_premul_sum", None)
+    return make(factor) if make is not None else dist.ReduceOp.PREMUL_SUM(factor)
+
+
+class Opts:
+    """torch's options of a reduction, as a ProcessGroup reads them."""
+
+    def __init__(self, op, root=0):
+        self.reduceOp, self.rootRank = op, root
+
+
+def premul(rank):
+    """A PREMUL_SUM built by torch on every reduction of the group, called
+    as torch calls a ProcessGroup (its methods with options) and, on torch
+    >= 2.0, through torch.distributed: each result is the sum over ranks of
+    the rank's input times the factor, inputs that are only read are left
+    as they were. Integer-valued data and factors that are powers of two:
+    exact in every dtype. Returns what differs."""
+    pg = dist.distributed_c10d._get_default_group()
+    size = dist.get_world_size()
+    n = 6 * size
+    bad = []
+
+    def check(what, got, want):
+        if not torch.equal(got, want):
+            bad.append("%s: %s != %s" % (what, got.tolist(), want.tolist()))
+
+    def done(w):
+        if w is not None:
+            w.wait()
+
+    # Numbers, and tensors of the data's dtype ([1] and 0-d), which is what
+    # torch's NCCL takes (premul_factor_dtype_refused: any other dtype).
+    for fv, shape in ((2.0, None), (0.5, None), (0.25, (1,)), (0.5, ())):
+        for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            f = fv if shape is None else torch.full(shape, fv, dtype=dt)
+            name = "%s %s" % (dt, "tensor %s" % fv if isinstance(f, torch.Tensor) else fv)
+            op = premul_op(f)
+            mine = lambda k=n: _vals(rank, k, dt)  # noqa: E731
+            want = lambda k=n: sum(_vals(r, k, torch.float64) * fv for r in range(size)).to(dt)  # noqa: E731
+            t = mine()
+            done(pg.allreduce([t], Opts(op)))
+            check("allreduce " + name, t, want())
+            ts = [mine(3), mine(5)]
+            done(pg.allreduce(ts, Opts(op)))
+            check("allreduce of 2 tensors " + name, torch.cat(ts), torch.cat([want(3), want(5)]))
+            # Two dtypes in one call take a number (a tensor factor has one dtype).
+            other = torch.float32 if shape is None else dt
+            ts = [mine(3), mine(4).to(other)]
+            done(pg.allreduce_coalesced(ts, Opts(op)))
+            check("allreduce_coalesced " + name, torch.cat([ts[0].double(), ts[1].double()]),
+                  torch.cat([want(3).double(), want(4).to(other).double()]))
+            for root in range(size):
+                t = mine()
+                done(pg.reduce([t], Opts(op, root)))
+                check("reduce to %d %s" % (root, name), t, want() if rank == root else mine())
+            ins, out = list(mine().chunk(size)), torch.zeros(n // size, dtype=dt)
+            done(pg.reduce_scatter([out], [ins], Opts(op)))
+            check("reduce_scatter " + name, out, want().chunk(size)[rank])
+            check("reduce_scatter input " + name, torch.cat(ins), mine())
+            inp, out = mine(), torch.zeros(n // size, dtype=dt)
+            done(pg._reduce_scatter_base(out, inp, Opts(op)))
+            check("_reduce_scatter_base " + name, out, want().chunk(size)[rank])
+            check("_reduce_scatter_base input " + name, inp, mine())
+            ins, outs = [mine(), mine(2 * size)], [torch.zeros(n // size, dtype=dt), torch.zeros(2, dtype=dt)]
+            done(pg.reduce_scatter_tensor_coalesced(outs, ins, Opts(op)))
+            check("reduce_scatter_tensor_coalesced " + name, torch.cat(outs),
+                  torch.cat([want().chunk(size)[rank], want(2 * size).chunk(size)[rank]]))
+            if not TORCH_OPS_PICKLE:
+                continue
+            # torch.distributed's own calls, with torch's op.
+            t = mine()
+            dist.all_reduce(t, op=op)
+            check("dist.all_reduce " + name, t, want())
+            t = mine()
+            done(dist.all_reduce(t, op=op, async_op=True))
+            check("dist.all_reduce async " + name, t, want())
+            t = mine()
+            dist.reduce(t, 1, op=op)
+            check("dist.reduce " + name, t, want() if rank == 1 else mine())
+            out = torch.zeros(n // size, dtype=dt)
+            dist.reduce_scatter(out, list(mine().chunk(size)), op=op)
+            check("dist.reduce_scatter " + name, out, want().chunk(size)[rank])
+            out = torch.zeros(n // size, dtype=dt)
+            dist.reduce_scatter_tensor(out, mine(), op=op)
+            check("dist.reduce_scatter_tensor " + name, out, want().chunk(size)[rank])
+    return bad
+
+
+def premul_factor_dtype_refused(rank):
+    """A PREMUL_SUM whose tensor factor is of another dtype than the data's
+    (or not one element), on every reduction of the group: refused on every
+    rank before anything is issued, as torch's NCCL refuses it, with an
+    InvalidArgumentError that is torch's distributed error and names both
+    dtypes; the tensors untouched and the group usable after. Returns what
+    was not so."""
+    pg = dist.distributed_c10d._get_default_group()
+    size = dist.get_world_size()
+    n = 2 * size
+    bad = []
+    bf, f32, f64 = torch.bfloat16, torch.float32, torch.float64
+
+    def refused(what, call, tensors, want_in_msg):
+        before = [t.clone() for t in tensors]
+        try:
+            w = call()
+            if w is not None and hasattr(w, "wait"):
+                w.wait()
+            bad.append("%s: not refused" % what)
+            return
+        except Exception as e:  # noqa: B902
+            if not (isinstance(e, ftcomm.distributed.DistBackendError) and isinstance(e, ftcomm.InvalidArgumentError)):
+                bad.append("%s: %s: %s" % (what, type(e).__name__, e))
+            elif any(m not in str(e) for m in want_in_msg):
+                bad.append("%s: message %r does not name %s" % (what, str(e), want_in_msg))
+        for t, b in zip(tensors, before):
+            if not torch.equal(t, b):
+                bad.append("%s: a tensor changed" % what)
+
+    for fdt, dt in ((f32, bf), (f64, f32), (bf, torch.float16), (f32, f64)):
+        op = premul_op(torch.tensor([0.5], dtype=fdt))
+        names = ["a %s tensor for %s data" % (str(fdt)[6:], str(dt)[6:])]
+        name = "factor %s, data %s" % (fdt, dt)
+        t = _vals(rank, n).to(dt)
+        refused("allreduce " + name, lambda: pg.allreduce([t], Opts(op)), [t], names)
+        refused("reduce " + name, lambda: pg.reduce([t], Opts(op, 1)), [t], names)
+        out, ins = torch.zeros(2, dtype=dt), list(t.chunk(size))
+        refused("reduce_scatter " + name, lambda: pg.reduce_scatter([out], [ins], Opts(op)), [out, t], names)
+        refused("_reduce_scatter_base " + name, lambda: pg._reduce_scatter_base(out, t, Opts(op)), [out, t], names)
+        # The factor's own dtype first, then another: nothing is issued at all.
+        a = _vals(rank, n).to(fdt)
+        refused("allreduce_coalesced " + name, lambda: pg.allreduce_coalesced([a, t], Opts(op)), [a, t], names)
+        oa = torch.zeros(2, dtype=fdt)
+        refused("reduce_scatter_tensor_coalesced " + name,
+                lambda: pg.reduce_scatter_tensor_coalesced([oa, out], [a, t], Opts(op)), [oa, out, a, t], names)
+        if TORCH_OPS_PICKLE:
+            refused("dist.all_reduce " + name, lambda: dist.all_reduce(t, op=op), [t], names)
+            refused("dist.reduce_scatter_tensor " + name, lambda: dist.reduce_scatter_tensor(out, t, op=op),
+                    [out, t], names)
+    try:
+        op = premul_op(torch.tensor([0.5, 0.5]))
+    except Exception:  # noqa: B902 - a torch that refuses to make such an op itself
+        op = None
+    if op is not None:
+        t = _vals(rank, n)
+        refused("allreduce, a factor of 2 elements", lambda: pg.allreduce([t], Opts(op)), [t], ["2 elements"])
+    t = _vals(rank, 4)
+    dist.all_reduce(t)
+    if not torch.equal(t, sum(_vals(r, 4) for r in range(size))):
+        bad.append("SUM after the refusals: %s" % t.tolist())
+    return bad
+
+
+def premul_refused(rank):
+    """A PREMUL_SUM built by torch 1.13 (whose factor cannot be read): the
+    error every rank gets, and a SUM on the group after it."""
+    t = _vals(rank, 4)
+    try:
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(2.0))
+        got = {"ok": True}
+    except Exception as e:  # noqa: B902
+        got = {"ok": False, "dist": isinstance(e, ftcomm.distributed.DistBackendError),
+               "invalid": isinstance(e, ftcomm.InvalidArgumentError), "msg": str(e)}
+    got["untouched"] = torch.equal(t, _vals(rank, 4))
+    dist.all_reduce(t)
+    got["sum_after"] = torch.equal(t, sum(_vals(r, 4) for r in range(dist.get_world_size())))
+    return got
+
+
 # ---- DDP ----
 
 def _model():

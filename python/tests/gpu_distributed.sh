@@ -9,16 +9,23 @@
 #   1. pytest: test_cuda_distributed.py (every op against torch's NCCL, stream
 #      order, DDP and FSDP (1) against torch's NCCL, FSDP2 and DTensor over
 #      ftcomm.device_mesh), test_distributed.py and test_distributed_ft.py
-#      (the CPU tests, on torch 2.x's gloo), test_cuda.py;
+#      (the CPU tests, on torch 2.x's gloo), test_cuda.py (with a 1,500-op
+#      stream-order stress against torch's NCCL);
 #   2. bench/torch_parallel_ftcomm.py under torchrun on 2 GPUs: DDP, FSDP2 and
 #      FT-HSDP (no failure) step times next to torch's NCCL;
 #   3. examples/torch/train_hsdp.py --device cuda: FT-HSDP (2 groups x 2 GPUs
 #      on 4 GPUs, 2 x 1 on 2), a rank killed at 40 %, its group restarted and
 #      healed, the run without failure; hsdp-report/ to $OUT.
+#   stress (only when STAGES names it): python/tests/stream_stress.py, the
+#      randomized stream-order stress, STRESS_RUNS runs (default 5) of
+#      STRESS_OPS ops (default 10000) on every GPU (STRESS_NPROC ranks),
+#      from STRESS_SEED (default a fresh one, printed), bit for bit against
+#      torch's NCCL; STRESS_MINUTES instead bounds each run by time. The
+#      stage ends after STRESS_TIMEOUT s (default 3000).
 # Everything goes to $OUT (default /tmp/gpu-distributed): pytest.log,
-# bench.md, hsdp-report/{summary.txt,loss.svg,*.log}. STAGES="tests bench
-# example" picks stages; HSDP_STEPS sets the example's steps (default: the
-# example's own, 1500 on CUDA).
+# bench.md, hsdp-report/{summary.txt,loss.svg,*.log}, stress.log.
+# STAGES="tests bench example" (the default) picks stages; HSDP_STEPS sets
+# the example's steps (default: the example's own, 1500 on CUDA).
 set -u
 export NCCL_NVLS_ENABLE=0
 
@@ -53,7 +60,7 @@ run)
 		case "$s" in
 		tests)
 			echo "== 1. pytest"
-			timeout 200 "$PY" -m pytest -q -rs -p no:cacheprovider python/tests/test_cuda_distributed.py \
+			timeout 500 "$PY" -m pytest -q -rs -p no:cacheprovider python/tests/test_cuda_distributed.py \
 				python/tests/test_distributed.py python/tests/test_distributed_ft.py python/tests/test_cuda.py \
 				>"$OUT/pytest.log" 2>&1
 			echo "rc=$?"
@@ -72,6 +79,18 @@ run)
 				--out "$OUT/hsdp-report" >"$OUT/hsdp.log" 2>&1
 			echo "rc=$?"
 			grep -v "^20..-" "$OUT/hsdp.log" | tail -25
+			;;
+		stress)
+			ops="${STRESS_OPS:-10000}"
+			if [ -n "${STRESS_MINUTES:-}" ] && [ -z "${STRESS_OPS:-}" ]; then
+				ops=0 # the time bounds each run
+			fi
+			echo "== 4. python/tests/stream_stress.py: ${STRESS_RUNS:-5} runs of ${ops} ops${STRESS_MINUTES:+ or ${STRESS_MINUTES} min}"
+			timeout "${STRESS_TIMEOUT:-3000}" "$PY" python/tests/stream_stress.py --runs "${STRESS_RUNS:-5}" --ops "$ops" \
+				${STRESS_MINUTES:+--minutes "$STRESS_MINUTES"} ${STRESS_SEED:+--seed "$STRESS_SEED"} \
+				${STRESS_NPROC:+--nproc "$STRESS_NPROC"} --stats >"$OUT/stress.log" 2>&1
+			echo "rc=$?"
+			grep -E "^stream_stress:|^  " "$OUT/stress.log" | tail -40
 			;;
 		esac
 	done

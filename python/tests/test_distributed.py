@@ -2,7 +2,10 @@
 tensors, in rank processes: every op DDP and FSDP call gives what torch's
 own gloo backend gives on the same inputs; DDP trains to the same gradients
 and parameters; a killed rank fails its peers' collective with a torch
-distributed error that names it, well within the group's deadline.
+distributed error that names it, well within the group's deadline; a
+PREMUL_SUM built by torch (FSDP2's gradient divide factor) works on every
+reduction where torch shows its factor, and is refused clearly where it
+does not (torch 1.13).
 
 (FSDP itself needs CUDA on torch 1.13: test_cuda_distributed.py runs it on
 GPUs; the ops it calls — all-gather and reduce-scatter into and out of flat
@@ -66,6 +69,42 @@ def test_refused_call_fails_the_peer_fast_and_the_group_goes_on(group):
             assert s["after"] == 3.0, (s, rank)
 
 
+def test_premul_sum_from_torch_on_every_reduction(group):
+    """Every reduction of the group with a PREMUL_SUM built by torch (on
+    torch 1.13, whose op hides its factor, an op that pickles as torch 2's
+    does), scalar and tensor factors, four float dtypes: the sum of each
+    rank's input times the factor, bit for bit."""
+    import dist_workers
+    two, _ = group
+    assert two.run(dist_workers.premul) == [[], []]
+
+
+def test_premul_sum_factor_of_another_dtype_is_refused(group):
+    """A PREMUL_SUM whose tensor factor is not of the data's dtype (float32
+    for bfloat16 data, as torch's NCCL up to 2.11 wants it, float64 for
+    float32, ...) or not one element, on every reduction of the group:
+    refused on every rank before anything is issued (a coalesced call
+    included), with a DistBackendError that is an InvalidArgumentError
+    naming both dtypes, the tensors untouched, the group usable after."""
+    import dist_workers
+    two, _ = group
+    assert two.run(dist_workers.premul_factor_dtype_refused) == [[], []]
+
+
+def test_premul_sum_from_torch_1_13_is_refused_on_every_rank(group):
+    """torch 1.13's PREMUL_SUM cannot show its factor: every rank gets a
+    DistBackendError that is an InvalidArgumentError naming the cause and
+    the ways out, its tensor untouched, and the group still reduces."""
+    import dist_workers
+    if dist_workers.TORCH_OPS_PICKLE:
+        pytest.skip("this torch shows a PREMUL_SUM's factor (test_premul_sum_from_torch_on_every_reduction)")
+    two, _ = group
+    for got in two.run(dist_workers.premul_refused):
+        assert not got["ok"] and got["dist"] and got["invalid"], got
+        assert "upgrade torch" in got["msg"] and "set_force_sum_reduction_for_comms(True)" in got["msg"], got
+        assert got["untouched"] and got["sum_after"], got
+
+
 def test_killed_rank_raises_a_dist_error_naming_it(group, store, name):
     """Rank 1 is SIGKILLed while rank 0 waits in an all-reduce: rank 0's
     all_reduce raises DistBackendError (also ftcomm's PeerFailedError) whose
@@ -99,3 +138,48 @@ def test_dist_errors_pickle():
         assert type(back) is type(e)
         assert isinstance(back, fd.DistBackendError) and isinstance(back, type(err))
         assert back.ranks == err.ranks and back.kinds == err.kinds and str(back) == str(e)
+
+
+def test_reduce_op_decoding():
+    """torch's ops become ftcomm's: each kind by its type, a PREMUL_SUM with
+    the factor of its pickled state (a number, or the tensor itself, never
+    read on the host), two PREMUL_SUMs that torch would call equal keep
+    their own factors; torch's ops on this torch (1.13: a PREMUL_SUM is
+    refused, naming the fix)."""
+    import torch
+    import torch.distributed as dist
+
+    import dist_workers
+    import ftcomm
+    import ftcomm.distributed as fd
+    from dist_workers import StateOp
+    from ftcomm import RedOpType, ReduceOp
+
+    R = dist.ReduceOp
+    assert fd._reduce_op(None) is ReduceOp.SUM
+    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"):
+        assert fd._reduce_op(getattr(R, name)) is getattr(ReduceOp, name)
+        assert fd._reduce_op(getattr(R.RedOpType, name)) is getattr(ReduceOp, name)
+        assert fd._reduce_op(StateOp(None, getattr(R.RedOpType, name))) is getattr(ReduceOp, name)
+    assert fd._reduce_op(dist.AllreduceOptions().reduceOp) is ReduceOp.SUM
+
+    a, b = fd._reduce_op(StateOp(2.0)), fd._reduce_op(StateOp(0.5))
+    assert (a.type, a.factor, b.type, b.factor) == (RedOpType.PREMUL_SUM, 2.0, RedOpType.PREMUL_SUM, 0.5)
+    assert fd._reduce_op(StateOp(3)).factor == 3.0
+    f = torch.tensor([0.25])
+    assert fd._reduce_op(StateOp(f)).factor is f
+    for bad in (torch.tensor([1.0, 2.0]), torch.tensor([2]), "2", None, True):
+        with pytest.raises(ftcomm.InvalidArgumentError, match="PREMUL_SUM factor"):
+            fd._reduce_op(StateOp(bad))
+
+    real = dist._make_nccl_premul_sum(2.0)
+    if dist_workers.TORCH_OPS_PICKLE:
+        assert fd._reduce_op(real).factor == 2.0
+        t = fd._reduce_op(dist._make_nccl_premul_sum(torch.tensor(0.5))).factor
+        assert isinstance(t, torch.Tensor) and float(t) == 0.5
+    else:
+        with pytest.raises(ftcomm.InvalidArgumentError) as e:
+            fd._reduce_op(real)
+        msg = str(e.value)
+        assert "PREMUL_SUM made by torch " + torch.__version__ in msg, msg
+        assert "upgrade torch" in msg and "set_force_sum_reduction_for_comms(True)" in msg, msg
