@@ -37,6 +37,13 @@ type MemberConfig struct {
 	// members only together (MemberRecord.GroupSize).
 	Group     string
 	GroupSize int
+	// Spare registers the member as a warm standby of its job
+	// (MemberRecord.Spare): the coordinator admits it only when the job
+	// runs below its target size. A spare replica group registers each
+	// of its ranks with Spare and the group's GroupSize.
+	Spare bool
+	// Host is a placement hint (MemberRecord.Host): where the member runs.
+	Host string
 	// LeaseTTL: the member's registration expires this long after its
 	// process stops renewing it (etcd's minimum is 2 s; default 5 s).
 	// Without gossip this is how long a dead member goes unnoticed.
@@ -106,6 +113,9 @@ type MemberConfig struct {
 	Logger *zap.Logger
 }
 
+// maxHostLen bounds MemberConfig.Host: a DNS name's length.
+const maxHostLen = 253
+
 // DefaultMemberConfig returns the defaults of the optional fields; fill
 // Client, Job, ID and Addr.
 func DefaultMemberConfig() MemberConfig {
@@ -135,6 +145,9 @@ func (c MemberConfig) Validate() error {
 	}
 	if c.StartRun && c.Run == "" {
 		return fmt.Errorf("%w: membership: StartRun needs a Run to start", comm.ErrInvalidArgument)
+	}
+	if len(c.Host) > maxHostLen {
+		return fmt.Errorf("%w: membership: member %q: a Host of %d bytes (at most %d)", comm.ErrInvalidArgument, c.ID, len(c.Host), maxHostLen)
 	}
 	if c.GroupSize < 0 || c.GroupSize > 1 && c.Group == "" {
 		return fmt.Errorf("%w: membership: member %q: group size %d (a size above 1 needs a Group)", comm.ErrInvalidArgument, c.ID, c.GroupSize)
@@ -266,7 +279,7 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	m.life, m.stop = context.WithCancel(context.Background())
 	now := time.Now()
 	m.rec = MemberRecord{
-		Job: cfg.Job, ID: cfg.ID, Addr: cfg.Addr, Group: cfg.Group, GroupSize: cfg.GroupSize, SharedLease: cfg.GroupLease,
+		Job: cfg.Job, ID: cfg.ID, Addr: cfg.Addr, Group: cfg.Group, GroupSize: cfg.GroupSize, Spare: cfg.Spare, Host: cfg.Host, SharedLease: cfg.GroupLease,
 		Step: cfg.Step, WantQuorum: cfg.WantQuorum, MinReplicas: cfg.MinReplicas, Joined: now, Updated: now,
 	}
 	if cfg.Stragglers.Factor > 0 {

@@ -46,6 +46,13 @@ type Setting struct {
 	Value string      `json:"value"`
 }
 
+// SettingTargetReplicas is the key of the one setting the coordinator
+// itself reads: the job's target size in replica groups, which its spares
+// refill it to (int, at least 1; unset: the most replica groups a quorum
+// of the run had, Quorum.Target). Keys under "ftcomm." are the
+// coordinator's: an unknown one, or a value it cannot use, is refused.
+const SettingTargetReplicas = "ftcomm.target_replicas"
+
 // Limits of a settings document.
 const (
 	MaxSettings      = 128  // keys
@@ -330,6 +337,9 @@ func (s JobSettings) Apply(changes []SettingChange) (JobSettings, error) {
 			}
 			return JobSettings{}, settingErr("%s (%s): %v", c.Key, t, err)
 		}
+		if err := checkReserved(c.Key, t, v); err != nil {
+			return JobSettings{}, err
+		}
 		next.Values[c.Key] = Setting{Type: t, Value: v}
 	}
 	if len(next.Values) > MaxSettings {
@@ -352,4 +362,21 @@ func ParseSettingChanges(args []string) ([]SettingChange, error) {
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// checkReserved refuses what the coordinator could not use under its own
+// keys ("ftcomm."): an unknown key, a value of another type or range.
+func checkReserved(key string, t SettingType, v string) error {
+	if !strings.HasPrefix(key, "ftcomm.") {
+		return nil
+	}
+	switch key {
+	case SettingTargetReplicas:
+		n, err := strconv.ParseInt(v, 10, 64)
+		if t != SettingInt || err != nil || n < 1 || n > math.MaxInt32 {
+			return settingErr("%s: want an int of at least 1 (replica groups), got %s %q", key, t, v)
+		}
+		return nil
+	}
+	return settingErr("%q: keys under \"ftcomm.\" are the coordinator's, and it knows %s only", key, SettingTargetReplicas)
 }

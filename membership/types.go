@@ -171,6 +171,17 @@ type Quorum struct {
 	// keys.Layout.Settings; its digest, covered by the quorum's
 	// signature, proves which one.
 	Settings *SettingsRef `json:"settings,omitempty"`
+	// Target is the most replica groups a quorum of this run had: the
+	// size spares refill the job to when its settings name none
+	// (SettingTargetReplicas). 0 in records written before spares.
+	Target int `json:"target,omitempty"`
+	// Promoted are the spares this quorum admits (a subset of Added):
+	// ready spares promoted because the job ran below its target.
+	Promoted []string `json:"promoted,omitempty"`
+	// Replaced are the replica groups whose places promoted spares took:
+	// a new process of such a group (a restart) waits as a spare until
+	// the job needs it, instead of growing the job past its target.
+	Replaced []string `json:"replaced,omitempty"`
 	// Signature, when the coordinator signs its quorums
 	// (coordinator.Config.QuorumSigner), proves that a coordinator holding
 	// the key published this record; members with a QuorumVerifier act
@@ -218,6 +229,16 @@ type MemberRecord struct {
 	// the rest of a group that lost a rank, or of one still arriving, is
 	// left out of the epoch instead of taking part in it incomplete.
 	GroupSize int `json:"groupSize,omitempty"`
+	// Spare: the member is a warm standby of its job (MemberConfig.Spare).
+	// While it waits, the coordinator counts it neither among the live
+	// members nor among the joiners; it promotes a ready spare (one that
+	// asks to take part, WantQuorum) when the job runs below its target
+	// size, and the promoted incarnation is a replica like any other
+	// from then on (docs/spares.md).
+	Spare bool `json:"spare,omitempty"`
+	// Host is where the member runs (a placement hint, MemberConfig.Host):
+	// a spare on the host of the replica it replaces is promoted first.
+	Host string `json:"host,omitempty"`
 	// Gossip is the member's memberlist address ("" without gossip).
 	Gossip string `json:"gossip,omitempty"`
 	// Lease is the etcd lease of the registration. JSON carries it as a

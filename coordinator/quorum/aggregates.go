@@ -41,6 +41,12 @@ type aggregates struct {
 	short     map[string]struct{}
 	shortJoin int
 	shortSurv map[string]struct{}
+	// Spares (spares.go): ready are the waiting spares that ask to take
+	// part, prevReplicas the replica groups of prev, formed how many
+	// survivors reported holding prev's epoch.
+	ready        map[string]struct{}
+	prevReplicas int
+	formed       int
 }
 
 // groupTally is one replica group's members and how many take part.
@@ -66,7 +72,8 @@ func (g *groupTally) short() bool { return g.surv+g.join < g.size() }
 func newAggregates() aggregates {
 	return aggregates{prevPos: map[string]int{}, lost: map[string]struct{}{}, joining: map[string]struct{}{},
 		failed: map[string]struct{}{}, minAsked: map[int]int{}, stalling: map[string]struct{}{},
-		groups: map[string]*groupTally{}, short: map[string]struct{}{}, shortSurv: map[string]struct{}{}}
+		groups: map[string]*groupTally{}, short: map[string]struct{}{}, shortSurv: map[string]struct{}{},
+		ready: map[string]struct{}{}}
 }
 
 // inPrev reports whether that incarnation of member id took part in the
@@ -87,9 +94,10 @@ func survivor(m *Machine, r *membership.MemberRecord) bool {
 	return eligible(r) && m.inPrev(r.ID, r.Incarnation)
 }
 
-// joiner: an eligible member asking to take part that is no survivor.
+// joiner: an eligible member asking to take part that is no survivor
+// and no waiting spare.
 func joiner(m *Machine, r *membership.MemberRecord) bool {
-	return eligible(r) && r.WantQuorum && !m.inPrev(r.ID, r.Incarnation)
+	return eligible(r) && r.WantQuorum && !m.inPrev(r.ID, r.Incarnation) && !m.waitingSpare(r)
 }
 
 // track updates the aggregates for member id, whose record changed from
@@ -140,8 +148,13 @@ func (m *Machine) count(r *membership.MemberRecord, n int) {
 		}
 	}
 	surv := survivor(m, r)
-	if eligible(r) {
+	spare := m.waitingSpare(r)
+	if eligible(r) && !spare {
 		a.eligible += n
+	}
+	set(a.ready, spare && eligible(r) && r.WantQuorum)
+	if surv && r.Formed == m.prev.Epoch {
+		a.formed += n
 	}
 	if surv && r.ShrinkOnly {
 		a.shrinking += n
@@ -157,7 +170,7 @@ func (m *Machine) count(r *membership.MemberRecord, n int) {
 	if r.Run != "" {
 		a.withRun += n
 	}
-	if grouped(r) {
+	if grouped(r) && !spare {
 		a.tally(r, n, surv, joiner(m, r))
 	}
 }
@@ -234,12 +247,15 @@ func (m *Machine) rebuild() {
 	clear(a.groups)
 	clear(a.short)
 	clear(a.shortSurv)
+	clear(a.ready)
 	a.eligible, a.shrinking, a.withRun, a.stepSeen, a.stepStale, a.shortJoin = 0, 0, 0, 0, false, 0
+	a.prevReplicas, a.formed = 0, 0
 	var epoch uint64
 	if m.prev != nil {
 		for i, p := range m.prev.Participants {
 			a.prevPos[p.ID] = i
 		}
+		a.prevReplicas = replicasOf(m.prev.Participants)
 		a.stepSeen, epoch = m.prev.MaxStep, m.prev.Epoch
 	}
 	survivors := 0
@@ -247,19 +263,25 @@ func (m *Machine) rebuild() {
 		i, in := a.prevPos[id]
 		took := in && m.prev.Participants[i].Incarnation == r.Incarnation // the incarnation that took part
 		el := eligible(r)
+		spare := !took && m.waitingSpare(r)
 		switch {
 		case el && took:
 			survivors++
+			if r.Formed == epoch {
+				a.formed++
+			}
 			if r.ShrinkOnly {
 				a.shrinking++
 			}
 			if r.CommitFailed != 0 && r.CommitFailed == epoch {
 				a.failed[id] = struct{}{}
 			}
+		case el && r.WantQuorum && spare:
+			a.ready[id] = struct{}{}
 		case el && r.WantQuorum:
 			a.joining[id] = struct{}{}
 		}
-		if el {
+		if el && !spare {
 			a.eligible++
 		}
 		if took {
@@ -274,7 +296,7 @@ func (m *Machine) rebuild() {
 		if r.Run != "" {
 			a.withRun++
 		}
-		if grouped(r) {
+		if grouped(r) && !spare {
 			a.tally(r, 1, el && took, el && r.WantQuorum && !took)
 		}
 	}

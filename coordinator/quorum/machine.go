@@ -136,6 +136,13 @@ type Machine struct {
 	agg aggregates // what decisions need of every member, kept as records change (aggregates.go)
 
 	pol *membership.StragglerPolicy // the job's straggler policy, nil until policy computes it again
+
+	// Spares (spares.go).
+	target   int                 // the job's setting (SetTarget); 0: natural
+	natural  int                 // the most replica groups a quorum of the run had
+	promoted map[string]int64    // spares promoted for the next quorum: id → incarnation
+	replaced map[string]struct{} // groups whose new processes wait as spares
+	vacant   []vacancy           // groups lost and not refilled, oldest first
 }
 
 // setPrev makes q the previous quorum, with its index: the rules ask
@@ -154,6 +161,7 @@ type departure struct {
 	left    bool  // it went in an orderly way (Cause.Orderly), after its last step
 	step    int64 // its last reported step
 	unknown bool  // it went while no coordinator watched: its step is unknown
+	host    string
 }
 
 type suspicion struct {
@@ -175,6 +183,13 @@ func NewMachine(job string, cfg Config, prev *membership.Quorum) *Machine {
 		m.setPrev(&q)
 		m.final, m.finalRun = q.Final, q.Run
 		m.settings = q.Settings
+		m.natural = max(q.Target, replicasOf(q.Participants))
+		if len(q.Replaced) > 0 {
+			m.replaced = map[string]struct{}{}
+			for _, g := range q.Replaced {
+				m.replaced[g] = struct{}{}
+			}
+		}
 	}
 	return m
 }
@@ -239,11 +254,14 @@ func (m *Machine) Upsert(now time.Time, rec membership.MemberRecord) bool {
 	}
 	if !had || old.Incarnation != r.Incarnation {
 		m.forget(r.ID) // a new incarnation starts afresh
+		delete(m.promoted, r.ID)
 		m.observe(now, nil, &r)
-		m.lastArrival = now
+		if !m.waitingSpare(&r) { // a spare's arrival batches nothing
+			m.lastArrival = now
+		}
 		return true
 	}
-	if r.WantQuorum && !old.WantQuorum {
+	if r.WantQuorum && !old.WantQuorum && !m.waitingSpare(&r) {
 		m.lastArrival = now
 	}
 	wasSilent := m.silent[r.ID] > 0
@@ -255,9 +273,10 @@ func (m *Machine) Upsert(now time.Time, rec membership.MemberRecord) bool {
 		old.Finished != r.Finished, !samePolicy(old.Stragglers, r.Stragglers), !sameStall(old.Stall, r.Stall),
 		!maps.Equal(old.Reached, r.Reached):
 		return true
-	case old.Formed != r.Formed && (len(m.blame) > 0 || wasSilent || wasStalled):
-		// It may clear a blame, or be a silent or stalled member's sign
-		// of life; otherwise it only sets the next quorum's Base.
+	case old.Formed != r.Formed && (len(m.blame) > 0 || wasSilent || wasStalled || len(m.agg.ready) > 0):
+		// It may clear a blame, be a silent or stalled member's sign of
+		// life, or the last survivor holding the epoch a spare waits for
+		// (promote); otherwise it only sets the next quorum's Base.
 		return true
 	case old.Step != r.Step && (m.waited || wasSilent):
 		// The step matters to a quorum waiting for the job's step, and
@@ -346,11 +365,12 @@ func (m *Machine) remove(now time.Time, id string, incarnation int64, d departur
 	m.forget(id)
 	if _, inPrev := m.agg.prevPos[id]; inPrev {
 		if _, seen := m.removed[id]; !seen {
-			d.at, d.step = now, old.Step
+			d.at, d.step, d.host = now, old.Step, old.Host
 			m.removed[id] = d
 		}
 	}
 	m.track(id, old, nil)
+	delete(m.promoted, id)
 }
 
 // Suspect records that a peer reported incarnation inc of member id dead
@@ -448,8 +468,25 @@ func (m *Machine) Published(q membership.Quorum) {
 		m.formStreak = 0
 	}
 	m.formBound = false
+	m.vacant, _ = m.sparesNext(m.prev, &q)
+	m.replaced = nil
+	if len(q.Replaced) > 0 {
+		m.replaced = map[string]struct{}{}
+		for _, g := range q.Replaced {
+			m.replaced[g] = struct{}{}
+		}
+	}
+	if m.prev != nil && q.Run != "" && m.prev.Run != "" && q.Run != m.prev.Run {
+		m.natural = 0 // a new run: its own size
+	}
+	m.natural = max(m.natural, q.Target, replicasOf(q.Participants))
 	qq := q
 	m.setPrev(&qq)
+	for id, inc := range m.promoted {
+		if m.inPrev(id, inc) {
+			delete(m.promoted, id)
+		}
+	}
 	// When the newest loss this quorum drops happened, and how many the
 	// burst it belongs to dropped (lossWait): the departures recorded are
 	// the old quorum's participants'.
@@ -505,6 +542,7 @@ func (m *Machine) advance(now time.Time) Decision {
 	// or where a rule needs it (stragglers on, a blame between
 	// candidates, a loss that waits for a holder of the job's step).
 	lost := m.lostInOrder() // previous participants not surviving
+	spareAt := m.promote(now, lost, m.prev != nil && (len(m.agg.failed) > 0 || m.revokedBy != nil))
 	var (
 		departed  []string // those of lost that left or finished in an orderly way
 		finishing bool     // one of them finished the run
@@ -563,6 +601,7 @@ func (m *Machine) advance(now time.Time) Decision {
 			wakeAt = t
 		}
 	}
+	wake(spareAt)
 	out := map[string]string{}
 	// candidate: a survivor or an admitted joiner, not left out, whose
 	// replica group is all present.
@@ -826,14 +865,26 @@ func (m *Machine) advance(now time.Time) Decision {
 	for _, p := range admitted {
 		q.Added = append(q.Added, p.ID)
 	}
+	q.Promoted = m.promotedIn(q)
+	q.Target = replicasOf(candidates)
+	if !newRun {
+		q.Target = max(q.Target, m.natural)
+	}
+	_, q.Replaced = m.sparesNext(m.prev, q)
 	if m.prev != nil && len(survivors) > 0 && !slices.ContainsFunc(survivors, func(p membership.Participant) bool {
 		return m.members[p.ID].Formed != m.prev.Epoch
 	}) {
 		q.Base = m.prev.Epoch
 	}
 	why := ending(reasons())
-	if len(q.Added) > 0 && m.prev != nil {
-		why = append(why, joinedWhy(q.Added))
+	if joined := q.Added; len(joined) > len(q.Promoted) && m.prev != nil {
+		if len(q.Promoted) > 0 {
+			joined = slices.DeleteFunc(slices.Clone(joined), func(id string) bool { return slices.Contains(q.Promoted, id) })
+		}
+		why = append(why, joinedWhy(joined))
+	}
+	if len(q.Promoted) > 0 {
+		why = append(why, spareWhy(q.Promoted, slices.DeleteFunc(slices.Clone(q.Replaced), func(g string) bool { return slices.Contains(m.prev.Replaced, g) })))
 	}
 	q.Reason = strings.Join(why, "; ")
 	if rev != nil {

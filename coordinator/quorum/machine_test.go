@@ -52,6 +52,10 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of coordi
 //	lapse a …                   members' leases expire (LeaseExpired: they
 //	                            may come back)
 //	restart a [step=S] [group=N] a new incarnation of a registers (asking)
+//	spare a b … [group=N] [host=H] [wait]
+//	                            register spares (asking, unless wait)
+//	host a b … H                members run on host H (placement hint)
+//	target N                    the job's setting ftcomm.target_replicas
 //	run R                       members that register from now on belong to run R
 //	reload [lost=a,b]           a new coordinator takes over: a machine made
 //	                            from the last quorum and the live records,
@@ -152,6 +156,34 @@ func (s *quorumScript) run(line string) []string {
 		s.inc++
 		s.ids = append(s.ids, args[0])
 		s.m.Upsert(s.now, withGroup(membership.MemberRecord{Job: "job", ID: args[0], Addr: args[0] + ":1", Incarnation: s.inc, WantQuorum: true, Step: step, Run: s.runID}, size))
+	case "spare":
+		size, ids := groupArg(args)
+		host, ask := "", true
+		var named []string
+		for _, a := range ids {
+			if v, ok := strings.CutPrefix(a, "host="); ok {
+				host = v
+			} else if a == "wait" {
+				ask = false
+			} else {
+				named = append(named, a)
+			}
+		}
+		for _, id := range named {
+			s.inc++
+			s.ids = append(s.ids, id)
+			s.m.Upsert(s.now, withGroup(membership.MemberRecord{Job: "job", ID: id, Addr: id + ":1", Incarnation: s.inc, Run: s.runID,
+				Spare: true, Host: host, WantQuorum: ask, Joined: s.now}, size))
+		}
+	case "host":
+		for _, id := range args[:len(args)-1] {
+			r := s.rec(id)
+			r.Host = args[len(args)-1]
+			s.m.Upsert(s.now, r)
+		}
+	case "target":
+		n, _ := strconv.Atoi(args[0])
+		s.m.SetTarget(n)
 	case "run":
 		s.runID = args[0]
 	case "reload":
@@ -297,6 +329,12 @@ func (s *quorumScript) run(line string) []string {
 			}
 			if len(q.Departed) > 0 {
 				head += fmt.Sprintf(" departed=%v", q.Departed)
+			}
+			if len(q.Promoted) > 0 {
+				head += fmt.Sprintf(" promoted=%v", q.Promoted)
+			}
+			if len(q.Replaced) > 0 {
+				head += fmt.Sprintf(" replaced=%v", q.Replaced)
 			}
 			out := []string{head, "  reason: " + q.Reason}
 			if r := dec.Revocation; r != nil {
