@@ -140,6 +140,9 @@ func New(ctx context.Context, cfg Config) (*Comm, error) {
 		server.Close()
 		return nil, err
 	}
+	if cfg.Spare {
+		met.spare.Set(1)
+	}
 	m, own := cfg.Membership, cfg.Membership == nil
 	if own {
 		m, err = joinCoordinator(ctx, cfg, id, server.Addr())

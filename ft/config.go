@@ -149,6 +149,22 @@ type Config struct {
 	// group at each reconfiguration (on GPUs that is a connection set-up).
 	GroupBackend       string
 	GroupBackendConfig any
+	// Spare makes this process a warm standby of its job (docs/spares.md):
+	// it registers as a spare (a spare replica group registers each of
+	// its ranks so, with its GroupSize), and its first Step waits —
+	// costing the job no step — until the coordinator promotes it because
+	// the job runs below its target size; it then heals from its peers
+	// like a joining replica and returns from Step as a participant, with
+	// EventPromoted. Do in New's caller what a replica does before its
+	// first Step (model, optimizer, data loader) so that the promotion
+	// costs no more than the heal. Once promoted it is a replica: a later
+	// registration (after its lease lapsed) is not a spare's.
+	Spare bool
+	// Host is where this process runs, a placement hint for spares: the
+	// coordinator promotes the spare on the host of the replica the job
+	// lost first (its GPU is the one the death freed). Default: the
+	// machine's host name.
+	Host string
 	// MinReplicas is the fewest replica groups a step may commit with; default 1.
 	MinReplicas int
 	// Timeout bounds each collective (comm.Options.Timeout); default 30 s.
@@ -279,6 +295,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Backend == "" {
 		c.Backend = "gloo"
+	}
+	if c.Host == "" {
+		c.Host, _ = os.Hostname()
 	}
 	if c.MinReplicas == 0 {
 		c.MinReplicas = 1

@@ -371,6 +371,10 @@ func (d *driver) exec(a action) {
 		d.m.SetStep(a.step)
 		d.metrics.step.Set(float64(a.step))
 	case emit:
+		if a.ev.Kind == EventPromoted {
+			d.cfg.Spare = false // a replica now: a new registration is not a spare's
+			d.metrics.spare.Set(0)
+		}
 		if d.cfg.OnEvent != nil {
 			a.ev.Time = time.Now()
 			d.publish() // the hook may read Rank, Epoch…

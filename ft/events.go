@@ -37,6 +37,10 @@ const (
 	// Epoch, at every participant of the epoch alike. Comm.Settings has
 	// the values.
 	EventSettings
+	// EventPromoted: this spare (Config.Spare) was promoted into Epoch:
+	// the job ran below its target. Reason says whose place it takes;
+	// the replica then reconfigures and heals like a joiner.
+	EventPromoted
 )
 
 func (k EventKind) String() string {
@@ -55,6 +59,8 @@ func (k EventKind) String() string {
 		return "waiting"
 	case EventSettings:
 		return "settings"
+	case EventPromoted:
+		return "promoted"
 	}
 	return fmt.Sprintf("event(%d)", int(k))
 }

@@ -157,6 +157,7 @@ func registerIn(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr 
 	}
 	mc.GroupLease = cfg.GroupSize > 1 && !cfg.RankLeases
 	mc.GroupSize = cfg.GroupSize // the coordinator admits the group's ranks together
+	mc.Spare, mc.Host = cfg.Spare, cfg.Host
 	if mc.MinReplicas == 0 {
 		mc.MinReplicas = cfg.MinReplicas * cfg.GroupSize
 	}

@@ -1067,6 +1067,9 @@ func (m *machine) reconfigure(now time.Time, q membership.Quorum, v view) {
 	}
 	m.target, m.tview, m.reconfAt, m.rollback = q, v, now, nil
 	m.reconfSince = true
+	if slices.Contains(q.Promoted, m.cfg.id) {
+		m.emit(Event{Kind: EventPromoted, Epoch: q.Epoch, Reason: q.Reason})
+	}
 	m.prevGroup = m.group
 	m.enter(q.Epoch, view{epoch: q.Epoch, ftRank: -1})
 	if m.cfg.groupSize > 1 {

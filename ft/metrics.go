@@ -24,6 +24,7 @@ type metrics struct {
 	healThroughput  prometheus.Gauge
 	rollbacks       prometheus.Counter
 	rolledBackSteps prometheus.Counter
+	spare           prometheus.Gauge
 	// comm receives the op metrics of this Comm's communicators
 	// (ftcomm_comm_*); nil without a registerer.
 	comm comm.Metrics
@@ -45,6 +46,7 @@ func newMetrics(reg prometheus.Registerer, job, member string) (*metrics, error)
 	}
 	m.epochSeen = gauge("ftcomm_ft_epoch", "Newest quorum epoch seen.")
 	m.step = gauge("ftcomm_ft_committed_step", "Steps committed (or healed to).")
+	m.spare = gauge("ftcomm_ft_spare", "1 while this process waits as a spare (Config.Spare), 0 once promoted or for a replica.")
 	m.healThroughput = gauge("ftcomm_ft_heal_bytes_per_second", "Throughput of the last heal.")
 	m.commits = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_ft_commits_total",
 		Help: "Commit votes, by result (ok, failed).", ConstLabels: labels}, []string{"result"})

@@ -112,6 +112,8 @@ func runChild() int {
 		switch e.Kind {
 		case EventWaiting:
 			out.Encode(childEvent{Kind: "waiting", ID: id, Pid: os.Getpid(), Step: e.Step, Epoch: e.Epoch, UnixNano: e.Time.UnixNano()})
+		case EventPromoted:
+			out.Encode(childEvent{Kind: "promoted", ID: id, Pid: os.Getpid(), Step: e.Step, Epoch: e.Epoch, UnixNano: e.Time.UnixNano()})
 		case EventHealed:
 			out.Encode(childEvent{Kind: "heal", ID: id, Pid: os.Getpid(), Step: e.Step, Epoch: e.Epoch, UnixNano: e.Time.UnixNano(),
 				Bytes: e.Bytes, TookNs: int64(e.Took)})
@@ -121,7 +123,7 @@ func runChild() int {
 		Coordinator: endpoints, Member: mc, Backend: backend, BackendConfig: bcfg, Device: atoi("DEVICE"),
 		ControlBackend: "gloo", ControlBackendConfig: gcfg, Secret: []byte("proc-secret"),
 		RecoveryAddr: net.JoinHostPort(host, "0"), DurableCommit: env("DURABLE") == "1", Run: env("RUN"), RankLeases: env("RANK_LEASES") == "1",
-		MinReplicas: 1, Timeout: 5 * time.Second, Logger: log.Named(env("GROUP"))})
+		MinReplicas: 1, Timeout: 5 * time.Second, Logger: log.Named(env("GROUP")), Spare: env("SPARE") == "1"})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child: new:", err)
 		return 2

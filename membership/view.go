@@ -63,6 +63,10 @@ type quorumView struct {
 	Run         string    `json:"run,omitempty"`
 	RunStep     int64     `json:"runStep,omitempty"`
 	PublishedBy string    `json:"publishedBy,omitempty"`
+	// Target, Promoted and Replaced are the quorum's (spares).
+	Target   int      `json:"target,omitempty"`
+	Promoted []string `json:"promoted,omitempty"`
+	Replaced []string `json:"replaced,omitempty"`
 	// Settings names the job's settings in force (Quorum.Settings);
 	// SettingsDoc is that document, carried by the view that changes it
 	// and by every whole list, so a member needs no other read.
@@ -91,7 +95,8 @@ func EncodeQuorumView(prev *Quorum, q Quorum, rev *Revocation, sign func(msg []b
 func EncodeQuorumViewWith(prev *Quorum, q Quorum, rev *Revocation, settings *JobSettings, sign func(msg []byte) *QuorumSignature) ([]byte, error) {
 	v := quorumView{Job: q.Job, Epoch: q.Epoch, N: len(q.Participants), MaxStep: q.MaxStep, Revocation: rev,
 		Created: q.Created, Reason: q.Reason, Departed: q.Departed, Base: q.Base, Final: q.Final, FinalFrom: q.FinalFrom,
-		Run: q.Run, RunStep: q.RunStep, PublishedBy: q.PublishedBy, Settings: q.Settings}
+		Run: q.Run, RunStep: q.RunStep, PublishedBy: q.PublishedBy, Settings: q.Settings,
+		Target: q.Target, Promoted: q.Promoted, Replaced: q.Replaced}
 	if q.Settings != nil && settings != nil && (prev == nil || prev.Settings == nil || *prev.Settings != *q.Settings) {
 		doc := *settings
 		v.SettingsDoc = &doc
@@ -351,7 +356,8 @@ func applyView(h quorumView, added []Participant, cur *Quorum) (Quorum, bool) {
 	}
 	return Quorum{Job: h.Job, Epoch: h.Epoch, Participants: ps, MaxStep: h.MaxStep, Created: h.Created, Reason: h.Reason,
 		Removed: h.Removed, Added: addedIDs, Departed: h.Departed, PublishedBy: h.PublishedBy, Base: h.Base, Final: h.Final,
-		FinalFrom: h.FinalFrom, Run: h.Run, RunStep: h.RunStep, Settings: h.Settings}, true
+		FinalFrom: h.FinalFrom, Run: h.Run, RunStep: h.RunStep, Settings: h.Settings,
+		Target: h.Target, Promoted: h.Promoted, Replaced: h.Replaced}, true
 }
 
 // compact strips from q what a view does not carry (participants'
