@@ -1,9 +1,14 @@
 package ft
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,6 +45,19 @@ func TestProcessSpareTakesTheDeadsPlace(t *testing.T) {
 		t.Fatal("the spare committed a step while the job was at its target")
 	}
 	j.awaitReady("s.0")
+	// What a waiting spare costs: its CPU time while the job trains 1,000
+	// steps without it.
+	cpu0, w0 := j.cpuTime("s.0"), time.Now()
+	n := 0
+	j.await("1000 more steps without the spare", func(ev childEvent) bool {
+		if ev.Kind == "" && ev.ID == "a.0" {
+			n++
+		}
+		return n == 1000
+	})
+	if cpu, wall := j.cpuTime("s.0")-cpu0, time.Since(w0); cpu >= 0 {
+		t.Logf("FIGURE a waiting spare used %.3f cores (%v of CPU in %v)", cpu.Seconds()/wall.Seconds(), cpu, wall.Round(time.Millisecond))
+	}
 
 	t0 := j.kill("c.0")
 	var shrunk, full time.Duration
@@ -81,6 +99,28 @@ func TestProcessSpareTakesTheDeadsPlace(t *testing.T) {
 	j.spareCommittedFrom("c.0", t1)
 	j.stopAll()
 	j.check()
+}
+
+// cpuTime is the CPU time (user and system) process id has used so far,
+// from /proc; -1 where it cannot be read.
+func (j *procJob) cpuTime(id string) time.Duration {
+	j.mu.Lock()
+	cmd := j.procs[id]
+	j.mu.Unlock()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+	if err != nil {
+		return -1
+	}
+	// Fields after the command name (which may hold spaces): utime and
+	// stime are the 12th and 13th after it, in clock ticks (100 a second
+	// on Linux).
+	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
+	if len(f) < 13 {
+		return -1
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+s) * 10 * time.Millisecond
 }
 
 // awaitReady waits until member id is registered and asks to take part
