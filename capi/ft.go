@@ -43,6 +43,8 @@ type ftSettings struct {
 	StallFactor       float64  `json:"stall_factor"`
 	StallMinS         float64  `json:"stall_min_s"`
 	InitialStep       int64    `json:"initial_step"`
+	Spare             bool     `json:"spare"` // ft.Config.Spare: wait as a warm standby until promoted
+	Host              string   `json:"host"`  // ft.Config.Host: placement hint for spares; default the host name
 	DisableHealth     bool     `json:"disable_health_watch"`
 	LeaseTTLS         float64  `json:"lease_ttl_s"`
 	HeartbeatS        float64  `json:"heartbeat_s"`
@@ -105,7 +107,7 @@ func (s *ftSettings) config(obj *ftObj) (ft.Config, error) {
 		MaxCommitFailures: s.MaxCommitFailures, RecoveryAddr: s.RecoveryAddr, HealChunkSize: s.HealChunkSize,
 		HealStreams: s.HealStreams, DurableCommit: s.DurableCommit, DisableHealthWatch: s.DisableHealth,
 		StallFactor: s.StallFactor, StallMin: seconds(s.StallMinS), InitialStep: s.InitialStep,
-		Logger: obj.log, OnEvent: obj.onEvent}
+		Spare: s.Spare, Host: s.Host, Logger: obj.log, OnEvent: obj.onEvent}
 	// Python shards over comms of its own (FT-HSDP: FSDP2 over its device
 	// mesh) and has no Group(): the group's one comm is a host comm that
 	// carries ft's group messages, with no device comm made for it.
@@ -206,7 +208,8 @@ func (f *ftObj) call(timeoutNs C.int64_t, fn func(ctx context.Context) error) er
 }
 
 // ftcomm_ft_step starts a step: joins the epoch's quorum, reconfigures,
-// heals if behind (ft.Comm.Step; interruptible). A rollback returns
+// heals if behind (ft.Comm.Step; interruptible). A spare's first step
+// waits until it is promoted (event "promoted"), then heals. A rollback returns
 // FTCOMM_ERR_ROLLED_BACK with the step started (see ft.RollbackError);
 // FTCOMM_ERR_FINISHED says a replica ended the run (ft.FinishedError).
 //

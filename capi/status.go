@@ -82,7 +82,7 @@ import (
 
 // ABIVersion is what ftcomm_abi_version returns; it changes whenever an
 // entry point's signature or meaning does.
-const ABIVersion = 3 // 3: FTCOMM_ERR_PEER_REFUSED, "refused" in the error JSON, ftcomm_comm_refuse, ftcomm_ft_refuse
+const ABIVersion = 4 // 3: FTCOMM_ERR_PEER_REFUSED, "refused" in the error JSON, ftcomm_comm_refuse, ftcomm_ft_refuse; 4: ft settings "spare" and "host", the "promoted" event
 
 // Statuses. The order of kinds below is their priority: a call's status
 // is the first kind its error matches; the JSON lists all of them.

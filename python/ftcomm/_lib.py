@@ -16,7 +16,7 @@ from typing import Optional
 
 from . import errors
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 # Statuses (libftcomm.h).
 OK = 0

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from . import _lib, _tensors
 from ._tensors import describe
 from .comm import _device_index, _device_type
-from .errors import FtcommError, InvalidArgumentError
+from .errors import FtcommError, InvalidArgumentError, RolledBackError
 from .reduce_op import ReduceOp, as_reduce_op
 from .work import InFlight, Work
 
@@ -40,8 +40,10 @@ __all__ = ["Comm", "Event", "Settings", "Work"]
 class Event:
     """Something that happened to this replica (ft.Event): kind is
     "reconfigured", "sat out", "healed", "rolled back", "commit failed",
-    "waiting" or "settings" (the job's settings version ``version`` is in
-    force from step ``from_step``, at every replica of ``epoch`` alike)."""
+    "waiting", "settings" (the job's settings version ``version`` is in
+    force from step ``from_step``, at every replica of ``epoch`` alike) or
+    "promoted" (this spare takes part from ``epoch``; ``reason`` says whose
+    place it takes)."""
 
     kind: str
     time: float
@@ -152,6 +154,17 @@ class Comm:
     initial_step is the step of a restored state this replica registers
     (ft.Config.InitialStep). settings() is the job's settings in force.
 
+    spare=True makes this process a warm standby (ft.Config.Spare): it
+    registers as a spare (every rank of a spare group does, with its
+    group_size), and its first step() blocks, costing the job nothing,
+    until the coordinator promotes it because the job runs below its
+    target size; it then heals from its peers like a returning replica, and
+    step() returns with a "promoted" event (spare becomes False). host is
+    where this process runs (default the machine's host name): the
+    coordinator promotes the spare on the host of the replica the job lost
+    first. A dead replica restarted as a plain replica after a spare took
+    its place waits as a spare by itself.
+
     Making a Comm registers the replica with the coordinator; it asks to
     take part at its first step(): build the model, shard it and register
     its state after this call, the job does not wait for it meanwhile.
@@ -165,7 +178,8 @@ class Comm:
                  durable_commit: bool = False, disable_health_watch: bool = False, lease_ttl=None,
                  heartbeat=None, gossip: bool = False, control_backend: Optional[str] = None,
                  log_level: Optional[str] = None, on_event: Optional[Callable[[Event], None]] = None,
-                 stall_factor: Optional[float] = None, stall_min=None, initial_step: int = 0):
+                 stall_factor: Optional[float] = None, stall_min=None, initial_step: int = 0,
+                 spare: bool = False, host: Optional[str] = None):
         if _lib.forked:
             raise _lib._fork_error()
         self._h: Optional[int] = None
@@ -177,7 +191,7 @@ class Comm:
         settings = {"job": job, "group": group, "group_rank": group_rank, "group_size": group_size,
                     "secret": secret, "backend": backend, "min_replicas": min_replicas,
                     "durable_commit": durable_commit, "disable_health_watch": disable_health_watch,
-                    "gossip": gossip, "device": -1}
+                    "gossip": gossip, "device": -1, "spare": bool(spare)}
         self._dev = -1
         if backend == "nccl":
             import torch
@@ -196,7 +210,7 @@ class Comm:
                          ("max_commit_failures", max_commit_failures), ("recovery_addr", recovery_addr),
                          ("heal_chunk_size", heal_chunk_size), ("heal_streams", heal_streams),
                          ("control_backend", control_backend), ("log_level", log_level),
-                         ("stall_factor", stall_factor), ("initial_step", initial_step or None)):
+                         ("stall_factor", stall_factor), ("initial_step", initial_step or None), ("host", host)):
             if val is not None:
                 settings[key] = val
         for key, val in (("timeout_s", timeout), ("lease_ttl_s", lease_ttl), ("heartbeat_s", heartbeat),
@@ -208,6 +222,7 @@ class Comm:
         _lib.check(_lib.lib().ftcomm_ft_new(json.dumps(settings).encode(), byref(h)))
         self._h = h.value
         self.job, self.group = job, group
+        self._spare = bool(spare)
 
     def _handle(self) -> int:
         if _lib.forked:
@@ -234,11 +249,23 @@ class Comm:
         """Start a step: join the epoch's quorum, reconfigure, heal if behind.
         Raises RolledBackError (with the step started) if this replica's
         committed steps were rolled back, FinishedError once a replica
-        ended the run."""
+        ended the run. A spare's first step waits until it is promoted
+        (or the run ends: FinishedError)."""
         try:
             _lib.check(_lib.lib().ftcomm_ft_step(self._handle(), _lib.timeout_ns(timeout)))
+            self._spare = False
+        except RolledBackError:
+            self._spare = False  # the step has started: a participant
+            raise
         finally:
             self._deliver()
+
+    @property
+    def spare(self) -> bool:
+        """True while this process waits as a spare (spare=True, not yet
+        promoted); False once a step() returned: a spare's first step
+        returns only when it was promoted."""
+        return self._spare
 
     def commit(self, timeout=None) -> bool:
         """Vote on the step: True if it committed (apply the optimizer step),

@@ -1,9 +1,12 @@
 """One replica of test_ft.py's job: a step per "step" line on stdin, one
-JSON line per step on stdout."""
+JSON line per step on stdout. FTCOMM_TEST_SPARE=1 makes it a spare,
+FTCOMM_TEST_MIN_REPLICAS sets min_replicas (default 2)."""
 
 import hashlib
 import json
+import os
 import sys
+import time
 
 import torch
 
@@ -14,8 +17,10 @@ from ftcomm import ReduceOp
 group = sys.argv[1]
 rid = int(group[1:])
 params = torch.zeros(256, dtype=torch.float64)
-with ftcomm.ft.Comm(job="pytest-ft", group=group, min_replicas=2, timeout=10, lease_ttl=2, heartbeat=0.5,
-                    log_level="error") as c:
+spare = os.environ.get("FTCOMM_TEST_SPARE") == "1"
+min_replicas = int(os.environ.get("FTCOMM_TEST_MIN_REPLICAS", "2"))
+with ftcomm.ft.Comm(job="pytest-ft", group=group, min_replicas=min_replicas, timeout=10, lease_ttl=2, heartbeat=0.5,
+                    log_level="error", spare=spare, host="host-" + group) as c:
     c.register("params", params)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -32,7 +37,7 @@ with ftcomm.ft.Comm(job="pytest-ft", group=group, min_replicas=2, timeout=10, le
         ok = c.commit()
         if ok:
             params.add_(grad, alpha=0.01)
-        out.update(committed=ok, step=c.committed_step, epoch=c.epoch, participants=c.participants,
+        out.update(committed=ok, step=c.committed_step, epoch=c.epoch, participants=c.participants, t=time.time(),
                    state=hashlib.sha1(params.numpy().tobytes()).hexdigest()[:12],
-                   events=[e.kind for e in c.events()])
+                   events=[e.kind for e in c.events()], spare=c.spare)
         print(json.dumps(out), flush=True)
