@@ -62,6 +62,7 @@ type snapshot struct {
 	rank         int
 	participants int
 	group        *comm.Comm
+	spare        bool
 }
 
 // stepComms are the comms a started step uses.
@@ -159,6 +160,9 @@ func New(ctx context.Context, cfg Config) (*Comm, error) {
 		return nil, fmt.Errorf("%w: ft: config: DurableCommit needs a Membership with RecordCommit and LastCommit", comm.ErrInvalidArgument)
 	}
 	c := &Comm{link: newLink(m), cfg: cfg, id: id, log: cfg.Logger.With(zap.String("job", cfg.Job), zap.String("member", id))}
+	if cfg.Spare {
+		c.link.snap.Store(&snapshot{rank: -1, spare: true})
+	}
 	c.d = newDriver(cfg, c.log, id, c.link, server, met, m, own)
 	go c.d.run()
 	return c, nil
@@ -472,6 +476,13 @@ func (c *Comm) Participants() int { return c.snap.Load().participants }
 
 // Rank is this replica's rank in the FT comm, -1 while sitting out.
 func (c *Comm) Rank() int { return c.snap.Load().rank }
+
+// Spare reports whether this process waits as a spare: it registered as
+// one (Config.Spare) and was not promoted yet, or the job replaced its
+// group with a promoted spare and it waits for the next vacancy. A spare
+// waits in Step for as long as the job needs no one: a liveness check
+// must not count that wait as a hang.
+func (c *Comm) Spare() bool { return c.snap.Load().spare }
 
 // CommittedStep is the number of steps this replica has committed (or
 // healed to).

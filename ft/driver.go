@@ -118,7 +118,7 @@ type releaser interface {
 }
 
 func newDriver(cfg Config, log *zap.Logger, id string, l *link, server *recovery.Server, met *metrics, m Membership, own bool) *driver {
-	mc := machineConfig{id: id, group: cfg.Group, groupRank: cfg.GroupRank, groupSize: cfg.GroupSize,
+	mc := machineConfig{id: id, spare: cfg.Spare, group: cfg.Group, groupRank: cfg.GroupRank, groupSize: cfg.GroupSize,
 		minReplicas: cfg.MinReplicas, durable: cfg.DurableCommit, maxCommitFailures: cfg.MaxCommitFailures,
 		stallFactor: cfg.StallFactor, stallMin: cfg.StallMin, linger: cfg.Timeout, initialStep: cfg.InitialStep}
 	return &driver{link: l, cfg: cfg, log: log, id: id, server: server, metrics: met, mach: newMachine(mc, m.Incarnation()), m: m, own: own,
@@ -506,7 +506,7 @@ func (d *driver) stepComms() stepComms {
 func (d *driver) publish() {
 	epoch, rank, n := d.mach.status()
 	d.link.step.Store(d.mach.step)
-	s := snapshot{epoch: epoch, rank: rank, participants: n}
+	s := snapshot{epoch: epoch, rank: rank, participants: n, spare: d.mach.spare}
 	if d.mach.holds(dimGroup) {
 		s.group = d.comms[commKey{dimGroup, d.mach.group}].data
 	}

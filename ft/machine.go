@@ -473,6 +473,7 @@ const (
 // machineConfig is what the machine needs of Config.
 type machineConfig struct {
 	id                string
+	spare             bool // registered as a spare (Config.Spare), until promoted
 	group             string
 	groupRank         int
 	groupSize         int
@@ -578,11 +579,16 @@ type machine struct {
 
 	settings *membership.SettingsRef // the job's settings in force
 
+	// spare: this rank waits as a spare — registered as one, or its
+	// group's place was taken by a promoted spare (Quorum.Replaced) —
+	// until a quorum takes it in.
+	spare bool
+
 	out []action
 }
 
 func newMachine(cfg machineConfig, inc int64) *machine {
-	return &machine{cfg: cfg, inc: inc, view: view{ftRank: -1}, held: view{ftRank: -1}, step: cfg.initialStep}
+	return &machine{cfg: cfg, inc: inc, view: view{ftRank: -1}, held: view{ftRank: -1}, step: cfg.initialStep, spare: cfg.spare}
 }
 
 // handle feeds one input to the machine and returns the actions to carry
@@ -1026,6 +1032,7 @@ func (m *machine) onStepAgreed(in stepAgreed) {
 // sitOut leaves the comms the others are leaving, and holds what epoch
 // asks of this rank: nothing.
 func (m *machine) sitOut(q membership.Quorum) {
+	m.spare = m.cfg.spare || slices.Contains(q.Replaced, m.cfg.group)
 	m.reconfSince = true
 	m.closeHeld()
 	m.enter(q.Epoch, view{epoch: q.Epoch, ftRank: -1})
@@ -1070,6 +1077,7 @@ func (m *machine) reconfigure(now time.Time, q membership.Quorum, v view) {
 	if slices.Contains(q.Promoted, m.cfg.id) {
 		m.emit(Event{Kind: EventPromoted, Epoch: q.Epoch, Reason: q.Reason})
 	}
+	m.spare, m.cfg.spare = false, false // a replica from now on
 	m.prevGroup = m.group
 	m.enter(q.Epoch, view{epoch: q.Epoch, ftRank: -1})
 	if m.cfg.groupSize > 1 {

@@ -23,6 +23,9 @@
 //	FTCOMM_GOSSIP_PORT     port of the failure-detection gossip, TCP and UDP (default 7947; 0: any)
 //	                       the gloo backend takes a free port per communicator
 //	FTCOMM_MIN_REPLICAS    fewest replicas a step commits with (default 1)
+//	FTCOMM_SPARE           1: a spare (ft.Config.Spare), promoted when the job runs below its target (docs/spares.md)
+//	FTCOMM_NODE            where this replica runs, a placement hint for spares (a pod: spec.nodeName;
+//	                       default: the host name)
 //	FTCOMM_STEPS           committed steps to train, then end the run (ft.Comm.Finish) and exit 0 (default 1000)
 //	FTCOMM_STEP_TIME       simulated compute per step (default 100ms)
 //	FTCOMM_PROBE_ADDR      HTTP address of /healthz and /readyz (default :8081; off: none)
@@ -74,6 +77,8 @@ type config struct {
 	Host                     string
 	RecoveryPort, GossipPort int
 	MinReplicas              int
+	Spare                    bool
+	Node                     string
 	Steps                    int64
 	StepTime, Stall          time.Duration
 	ProbeAddr, LogFormat     string
@@ -145,6 +150,14 @@ func configFromEnv(getenv func(string) string) (config, error) {
 			*to = d
 		}
 	}
+	switch v := getenv("FTCOMM_SPARE"); v {
+	case "", "0", "false":
+	case "1", "true":
+		c.Spare = true
+	default:
+		errs = append(errs, fmt.Errorf("FTCOMM_SPARE=%q: want 1 or 0", v))
+	}
+	c.Node = getenv("FTCOMM_NODE")
 	steps := int(c.Steps)
 	num("FTCOMM_RECOVERY_PORT", &c.RecoveryPort)
 	num("FTCOMM_GOSSIP_PORT", &c.GossipPort)
@@ -180,7 +193,8 @@ func newLogger(format string) *zap.Logger {
 
 // probes is what /healthz and /readyz read.
 type probes struct {
-	callStart atomic.Int64 // unix ns when the loop entered its current call; 0 between calls
+	callStart atomic.Int64            // unix ns when the loop entered its current call; 0 between calls
+	comm      atomic.Pointer[ft.Comm] // set once made: a replica waiting as a spare is in Step, not hung
 	ready     atomic.Bool
 	stall     time.Duration
 }
@@ -188,10 +202,15 @@ type probes struct {
 func (p *probes) enter() { p.callStart.Store(time.Now().UnixNano()) }
 func (p *probes) leave() { p.callStart.Store(0) }
 
+func (p *probes) waitsAsSpare() bool {
+	c := p.comm.Load()
+	return c != nil && c.Spare()
+}
+
 func (p *probes) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		if s := p.callStart.Load(); s != 0 && time.Since(time.Unix(0, s)) > p.stall {
+		if s := p.callStart.Load(); s != 0 && time.Since(time.Unix(0, s)) > p.stall && !p.waitsAsSpare() {
 			http.Error(w, fmt.Sprintf("stuck in one call for %v", time.Since(time.Unix(0, s)).Round(time.Second)), http.StatusServiceUnavailable)
 			return
 		}
@@ -229,7 +248,7 @@ func train(ctx context.Context, cfg config, lg *zap.Logger) error {
 	gc := gloo.DefaultConfig()
 	gc.ListenAddr = hostPort(0) // one listener per communicator
 	c, err := ft.New(ctx, ft.Config{
-		Job: cfg.Job, Group: cfg.Group, Run: cfg.Run, Secret: cfg.Secret, MinReplicas: cfg.MinReplicas,
+		Job: cfg.Job, Group: cfg.Group, Run: cfg.Run, Secret: cfg.Secret, MinReplicas: cfg.MinReplicas, Spare: cfg.Spare, Host: cfg.Node,
 		Backend: "gloo", BackendConfig: gc, Member: mc,
 		RecoveryAddr: hostPort(cfg.RecoveryPort), // ft reads FTCOMM_CREDENTIALS for etcd and the keys
 		Logger:       lg,
@@ -238,6 +257,7 @@ func train(ctx context.Context, cfg config, lg *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	p.comm.Store(c)
 	defer func() {
 		t0 := time.Now()
 		err := c.Close() // leaves the job: the others go on without waiting for a lease
