@@ -69,6 +69,7 @@ func parseFailures(s string, replicas int) ([]Failure, error) {
 // read it from run.json in the report folder.
 type Config struct {
 	Replicas    int
+	Spares      int // spare replicas started with the job with failures (ft.Config.Spare)
 	MinReplicas int
 	Backend     string
 	Steps       int // inner steps each replica trains (the run ends after Steps/(H/F) syncs)
@@ -98,7 +99,7 @@ type Config struct {
 }
 
 func defaultConfig() Config {
-	return Config{Replicas: 4, MinReplicas: 2, Backend: "gloo", Steps: 4000, Batch: 64, LR: 3e-3, Seed: 1,
+	return Config{Replicas: 4, Spares: 1, MinReplicas: 2, Backend: "gloo", Steps: 4000, Batch: 64, LR: 3e-3, Seed: 1,
 		Model: charlm.DefaultConfig(), H: 100, F: 4, Tau: 1, Alpha: 0.5, OuterLR: 0.7, OuterMom: 0.9, Quant: "float32",
 		Failures: []Failure{{Replica: 2, At: 0.4, Down: 3 * time.Second}}, Baseline: true,
 		EvalN: 4096, FinalEvalN: 32768, TrainBytes: 4 << 20, ValBytes: 256 << 10,
@@ -108,6 +109,7 @@ func defaultConfig() Config {
 // flags binds the command line to c.
 func (c *Config) flags(fs *flag.FlagSet, failures *string) {
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "replica processes")
+	fs.IntVar(&c.Spares, "spares", c.Spares, "spare replica processes started with the job with failures: one is promoted in a dead replica's place (0: none; the restarted replica rejoins)")
 	fs.IntVar(&c.MinReplicas, "min-replicas", c.MinReplicas, "fewest replicas a sync may commit with")
 	fs.StringVar(&c.Backend, "backend", c.Backend, "comm backend of the fault-tolerant dimension: gloo (the demo's model lives in host memory, so a device backend such as nccl is refused)")
 	fs.IntVar(&c.Steps, "steps", c.Steps, "inner steps per replica")
@@ -151,6 +153,8 @@ func (c *Config) validate() error {
 	switch {
 	case c.Replicas < 1:
 		return errors.New("need at least one replica")
+	case c.Spares < 0:
+		return errors.New("spares must be 0 or more")
 	case c.MinReplicas < 1 || c.MinReplicas > c.Replicas:
 		return fmt.Errorf("min replicas %d: want 1…%d", c.MinReplicas, c.Replicas)
 	case c.Steps < c.H/c.F:
@@ -176,6 +180,15 @@ func (c *Config) validate() error {
 		c.EvalEvery = c.F
 	}
 	return nil
+}
+
+// replicaName is process r's group: r0… for the replicas, s0… for the
+// spares (numbered after them).
+func (c *Config) replicaName(r int) string {
+	if r >= c.Replicas {
+		return fmt.Sprintf("s%d", r-c.Replicas)
+	}
+	return fmt.Sprintf("r%d", r)
 }
 
 // Syncs is the number of committed syncs a run makes: one join sync, then

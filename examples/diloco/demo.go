@@ -39,6 +39,8 @@ type proc struct {
 	// it was told to start training.
 	registered, released bool
 	log                  *os.File
+	spare                bool // started as a spare (ft.Config.Spare)
+	tookPart             bool // committed a sync
 }
 
 // kill is one executed failure.
@@ -54,6 +56,12 @@ type kill struct {
 	Healed          bool
 	HealedBytes     int64 // what it fetched from its peers (ft's EventHealed)
 	HealTook        time.Duration
+	// Spares: who was promoted in its place (EventPromoted), its first
+	// committed sync, and kill → the first sync committed at full size
+	// again (with or without a spare: capacity back).
+	Promoted     string
+	PromotedStep int64
+	CapacityBack time.Duration
 }
 
 type point struct {
@@ -80,6 +88,7 @@ type jobState struct {
 	curve        []point             // validation loss of the global parameters
 	done         map[int]event       // replica → its done event
 	failedSyncs  map[int64]bool      // syncs that did not commit at some replica
+	capacity     map[int64]int       // committed sync → its participants (the capacity timeline)
 	epochs       map[uint64]bool
 	peakPayload  int64
 	wire         int64 // summed over the replicas' syncs
@@ -180,6 +189,8 @@ type JobSummary struct {
 	BlockedPct       float64 // time the training loops waited on syncs, % of their training time
 	Method           string
 	StatesAgree      bool
+	Spares           int
+	Timeline         string // participants per committed sync, as runs ("1-64: 4, 65: 3, 66-161: 4")
 }
 
 func newDemo(cfg Config, stdout io.Writer, log *zap.Logger) (*demo, error) {
@@ -252,10 +263,11 @@ func abs(p string) string {
 	return p
 }
 
-func (d *demo) newJob(name string, faulty bool) *jobState {
-	j := &jobState{name: name, faulty: faulty, procs: make([]*proc, d.cfg.Replicas), trainLoss: map[int64][]float64{},
+// newJob is a job of cfg.Replicas replicas and spares spare processes.
+func (d *demo) newJob(name string, faulty bool, spares int) *jobState {
+	j := &jobState{name: name, faulty: faulty, procs: make([]*proc, d.cfg.Replicas+spares), trainLoss: map[int64][]float64{},
 		done: map[int]event{}, failedSyncs: map[int64]bool{}, epochs: map[uint64]bool{}, finalHashes: map[string]int{},
-		lastEvent: "starting"}
+		capacity: map[int64]int{}, lastEvent: "starting"}
 	if faulty {
 		j.pending = slices.Clone(d.cfg.Failures)
 		slices.SortFunc(j.pending, func(a, b Failure) int { return int((a.At - b.At) * 1e6) })
@@ -264,9 +276,12 @@ func (d *demo) newJob(name string, faulty bool) *jobState {
 	return j
 }
 
-// spawn starts replica r of job j.
+// spawn starts replica r of job j (a spare from cfg.Replicas on; a
+// restart is always a plain replica: the coordinator makes it wait as a
+// spare when a spare took its place).
 func (d *demo) spawn(j *jobState, r, restart int) error {
-	spec, _ := json.Marshal(replicaSpec{Run: d.runPath, Job: j.name, Replica: r, Restart: restart})
+	spare := r >= d.cfg.Replicas && restart == 0
+	spec, _ := json.Marshal(replicaSpec{Run: d.runPath, Job: j.name, Replica: r, Restart: restart, Spare: spare})
 	cmd := exec.Command(d.exe)
 	cmd.Env = append(os.Environ(), replicaEnv+"="+string(spec))
 	stdin, err := cmd.StdinPipe()
@@ -277,7 +292,7 @@ func (d *demo) spawn(j *jobState, r, restart int) error {
 	if err != nil {
 		return err
 	}
-	logf, err := os.Create(filepath.Join(d.cfg.Report, "logs", fmt.Sprintf("%s-r%d-%d.log", j.name, r, restart)))
+	logf, err := os.Create(filepath.Join(d.cfg.Report, "logs", fmt.Sprintf("%s-%s-%d.log", j.name, d.cfg.replicaName(r), restart)))
 	if err != nil {
 		return err
 	}
@@ -290,7 +305,7 @@ func (d *demo) spawn(j *jobState, r, restart int) error {
 		logf.Close()
 		return err
 	}
-	p := &proc{job: j, replica: r, restart: restart, cmd: cmd, stdin: stdin, started: time.Now(), log: logf}
+	p := &proc{job: j, replica: r, restart: restart, cmd: cmd, stdin: stdin, started: time.Now(), log: logf, spare: spare}
 	j.procs[r] = p
 	d.wg.Add(1)
 	go func() { // reads the replica's events; exits at its EOF
@@ -426,8 +441,8 @@ func (d *demo) handle(e event) {
 		}
 		d.release(j)
 	case "error":
-		j.errors = append(j.errors, fmt.Sprintf("r%d: %s", e.Replica, e.Err))
-		d.note(j, "r%d: %s", e.Replica, e.Err)
+		j.errors = append(j.errors, fmt.Sprintf("%s: %s", d.cfg.replicaName(e.Replica), e.Err))
+		d.note(j, "%s: %s", d.cfg.replicaName(e.Replica), e.Err)
 	case "sync":
 		d.syncEvent(j, e, t)
 	case "ft":
@@ -444,8 +459,11 @@ func (d *demo) handle(e event) {
 		d.evals <- evalReq{job: j, step: e.Step, path: e.Path, n: d.cfg.EvalN}
 	case "done":
 		j.done[e.Replica] = e
+		if !e.Committed {
+			return // a spare never promoted, or a restart that waited as one: not the job's state
+		}
 		j.finalHashes[e.Hash]++
-		if len(j.done) == 1 {
+		if len(j.finalHashes) == 1 && j.finalHashes[e.Hash] == 1 {
 			d.evals <- evalReq{job: j, step: e.Step, path: e.Path, final: true, n: d.cfg.FinalEvalN}
 		}
 	}
@@ -461,12 +479,18 @@ func (d *demo) syncEvent(j *jobState, e event, t time.Time) {
 	if !e.Committed {
 		if !j.failedSyncs[e.Step+1] {
 			j.failedSyncs[e.Step+1] = true
-			d.note(j, "sync %d did not commit at r%d (epoch %d): discarded there, training goes on", e.Step+1, e.Replica, e.Epoch)
+			d.note(j, "sync %d did not commit at %s (epoch %d): discarded there, training goes on", e.Step+1, d.cfg.replicaName(e.Replica), e.Epoch)
 		}
 		return
 	}
 	if e.Loss > 0 {
 		j.trainLoss[e.Step] = append(j.trainLoss[e.Step], e.Loss)
+	}
+	if p := j.procs[e.Replica]; p != nil {
+		p.tookPart = true
+	}
+	if _, ok := j.capacity[e.Step]; !ok {
+		j.capacity[e.Step] = e.Participants
 	}
 	if e.Epoch != j.epoch || e.Participants != j.participants {
 		if j.epoch != 0 {
@@ -474,10 +498,18 @@ func (d *demo) syncEvent(j *jobState, e event, t time.Time) {
 		}
 		j.epoch, j.participants = max(j.epoch, e.Epoch), e.Participants
 	}
+	name := d.cfg.replicaName(e.Replica)
 	for _, k := range j.kills {
 		if k.Replica != e.Replica && k.SurvivorsCommit == 0 && t.After(k.KilledAt) && e.Participants < d.cfg.Replicas {
 			k.SurvivorsCommit = t.Sub(k.KilledAt)
 			d.note(j, "r%d killed → survivors committed sync %d with %d replicas after %v", k.Replica, e.Step, e.Participants, k.SurvivorsCommit.Round(time.Millisecond))
+		}
+		if k.CapacityBack == 0 && t.After(k.KilledAt) && e.Participants >= d.cfg.Replicas {
+			k.CapacityBack = t.Sub(k.KilledAt)
+			d.note(j, "r%d killed → capacity back: sync %d committed by %d replicas %v after the kill", k.Replica, e.Step, e.Participants, k.CapacityBack.Round(time.Millisecond))
+		}
+		if k.Promoted == name && k.PromotedStep == 0 {
+			k.PromotedStep, k.Healed = e.Step, k.Healed || e.Healed
 		}
 		if k.Replica == e.Replica && k.Restarted && k.Rejoined == 0 && t.After(k.RestartAt) {
 			k.Rejoined, k.RejoinedStep, k.Healed = t.Sub(k.RestartAt), e.Step, e.Healed
@@ -504,16 +536,23 @@ func (d *demo) ftEvent(j *jobState, e event) {
 			return
 		}
 		j.shownEpoch = e.Epoch
+	case "promoted":
+		for _, k := range j.kills {
+			if k.Promoted == "" {
+				k.Promoted = d.cfg.replicaName(e.Replica)
+				break
+			}
+		}
 	case "healed":
 		for _, k := range j.kills {
-			if k.Replica == e.Replica && k.Restarted && k.HealedBytes == 0 {
+			if (k.Replica == e.Replica && k.Restarted || k.Promoted == d.cfg.replicaName(e.Replica)) && k.HealedBytes == 0 {
 				k.HealedBytes, k.HealTook = e.Payload, time.Duration(e.ElapsedMs*1e6)
 			}
 		}
 	case "commit failed":
 		return // the sync events say it, once per step
 	}
-	d.note(j, "r%d: %s", e.Replica, e.Path)
+	d.note(j, "%s: %s", d.cfg.replicaName(e.Replica), e.Path)
 }
 
 // maybeKill injects the next failure once the job is far enough.
@@ -555,7 +594,11 @@ func (d *demo) restarts(now time.Time) error {
 			if err := d.spawn(j, k.Replica, p.restart+1); err != nil {
 				return err
 			}
-			d.note(j, "restarted r%d: it registers, heals and rejoins", k.Replica)
+			if j.spares() > 0 {
+				d.note(j, "restarted r%d as a plain replica: a spare took its place, so it waits as the next spare", k.Replica)
+			} else {
+				d.note(j, "restarted r%d: it registers, heals and rejoins", k.Replica)
+			}
 		}
 	}
 	return nil
@@ -570,11 +613,22 @@ func (d *demo) finished(j *jobState) bool {
 		return false
 	}
 	for r, p := range j.procs {
-		if _, ok := j.done[r]; !ok && p.restart == 0 && !p.killed {
+		if _, ok := j.done[r]; !ok && p.restart == 0 && !p.killed && (!p.spare || p.tookPart) {
 			return false
 		}
 	}
 	return true
+}
+
+// spares is how many spares j started with.
+func (j *jobState) spares() int {
+	n := 0
+	for _, p := range j.procs {
+		if p != nil && p.spare {
+			n++
+		}
+	}
+	return n
 }
 
 // stopStragglers ends the restarted replicas of a finished job that are
@@ -587,7 +641,7 @@ func (d *demo) stopStragglers(j *jobState, now time.Time) {
 		if _, ok := j.done[r]; !ok && !p.exited && !p.stopped {
 			p.stopped = true
 			p.stdin.Close()
-			d.note(j, "r%d did not finish with the others: stopped", r)
+			d.note(j, "%s did not finish with the others: stopped", d.cfg.replicaName(r))
 		}
 	}
 }
@@ -616,16 +670,21 @@ func (d *demo) Run(ctx context.Context) (*Summary, error) {
 		fmt.Fprintf(d.out, "failures: %v (replica@point of the run:downtime before restart)\n", d.cfg.Failures)
 	}
 
-	d.jobs = append(d.jobs, d.newJob("with-failures", len(d.cfg.Failures) > 0))
+	// The spares only in the job with failures: in the other they would
+	// wait, idle, to the end.
+	d.jobs = append(d.jobs, d.newJob("with-failures", len(d.cfg.Failures) > 0, d.cfg.Spares))
 	if d.cfg.Baseline && len(d.cfg.Failures) > 0 {
-		d.jobs = append(d.jobs, d.newJob("without-failures", false))
+		d.jobs = append(d.jobs, d.newJob("without-failures", false, 0))
+	}
+	if d.cfg.Spares > 0 {
+		fmt.Fprintf(d.out, "spares: %d in %s, waiting in their first sync until the coordinator promotes one in a dead replica's place\n", d.cfg.Spares, d.jobs[0].name)
 	}
 	d.setupProgress(ctx)
 	go d.evaluator()
 	defer d.stopAll()
 	for _, j := range d.jobs {
 		j.started = time.Now()
-		for r := range d.cfg.Replicas {
+		for r := range j.procs {
 			if err := d.spawn(j, r, 0); err != nil {
 				return nil, err
 			}
@@ -654,9 +713,10 @@ loop:
 		case p := <-d.exits:
 			p.exited = true
 			if _, ok := p.job.done[p.replica]; !ok && !p.killed && !p.stopped {
-				p.job.errors = append(p.job.errors, fmt.Sprintf("r%d exited unexpectedly (%v); see %s", p.replica, p.cmd.ProcessState, p.log.Name()))
-				d.note(p.job, "r%d exited unexpectedly", p.replica)
-				runErr = fmt.Errorf("%s: replica r%d exited unexpectedly (%v); its log: %s", p.job.name, p.replica, p.cmd.ProcessState, p.log.Name())
+				name := d.cfg.replicaName(p.replica)
+				p.job.errors = append(p.job.errors, fmt.Sprintf("%s exited unexpectedly (%v); see %s", name, p.cmd.ProcessState, p.log.Name()))
+				d.note(p.job, "%s exited unexpectedly", name)
+				runErr = fmt.Errorf("%s: replica %s exited unexpectedly (%v); its log: %s", p.job.name, name, p.cmd.ProcessState, p.log.Name())
 				break loop
 			}
 		case r := <-d.results:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"image/png"
 	"os"
 	"path/filepath"
@@ -26,9 +27,10 @@ func TestMain(m *testing.M) {
 }
 
 // The demo in a small configuration, as `go run ./examples/diloco` runs
-// it: coordinator, replica processes, a SIGKILL and a restart, the run
-// without failures beside it; it must end with a summary in which the
-// killed replica healed and rejoined, identical final states, and a plot.
+// it: coordinator, replica processes and a spare, a SIGKILL and a restart,
+// the run without failures beside it; it must end with a summary in which
+// the spare was promoted in the dead replica's place and healed, the job
+// was back at full size, the final states identical, and a plot.
 func TestDemoSmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts replica processes")
@@ -68,10 +70,17 @@ func TestDemoSmall(t *testing.T) {
 		t.Fatalf("kills: %+v / %+v", faulty.Kills, base.Kills)
 	}
 	k := faulty.Kills[0]
-	if k.SurvivorsCommit <= 0 || !k.Restarted || k.Rejoined <= 0 || !k.Healed || k.RejoinedStep <= k.KilledStep {
-		t.Fatalf("the killed replica did not heal and rejoin: %+v", k)
+	if k.SurvivorsCommit <= 0 || k.Promoted != "s0" || !k.Healed || k.PromotedStep <= k.KilledStep || k.CapacityBack <= 0 {
+		t.Fatalf("the spare did not take the killed replica's place: %+v", k)
 	}
-	for _, want := range []string{"Summary", "healed from its peers and rejoined", "same number of syncs"} {
+	if !k.Restarted || k.Rejoined != 0 {
+		t.Fatalf("the killed replica's restart should wait as a spare: %+v", k)
+	}
+	if faulty.Spares != 1 || !strings.Contains(faulty.Timeline, fmt.Sprintf("%d: %d", s.Syncs, 3)) {
+		t.Errorf("capacity timeline %q (spares %d): want the job at full size at its end", faulty.Timeline, faulty.Spares)
+	}
+	t.Logf("capacity back %v (survivors' commit %v)", k.CapacityBack, k.SurvivorsCommit)
+	for _, want := range []string{"Summary", "spare s0 promoted", "capacity back", "capacity timeline", "same number of syncs"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q", want)
 		}

@@ -73,6 +73,11 @@ func (d *demo) plot(path string) error {
 			if err := marker(float64(k.KilledStep), color.Black, []vg.Length{vg.Points(2), vg.Points(2)}, fmt.Sprintf("r%d killed (sync %d)", k.Replica, k.KilledStep)); err != nil {
 				return err
 			}
+			if k.PromotedStep > 0 {
+				if err := marker(float64(k.PromotedStep), color.RGBA{R: 148, G: 103, B: 189, A: 255}, []vg.Length{vg.Points(4), vg.Points(2)}, fmt.Sprintf("%s promoted in r%d's place (sync %d)", k.Promoted, k.Replica, k.PromotedStep)); err != nil {
+					return err
+				}
+			}
 			if k.Rejoined > 0 {
 				if err := marker(float64(k.RejoinedStep), color.RGBA{G: 150, A: 255}, nil, fmt.Sprintf("r%d healed and rejoined (sync %d)", k.Replica, k.RejoinedStep)); err != nil {
 					return err

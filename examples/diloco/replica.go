@@ -32,8 +32,9 @@ const replicaEnv = "FTCOMM_DILOCO_REPLICA"
 type replicaSpec struct {
 	Run     string // run.json
 	Job     string
-	Replica int
-	Restart int // how many times this replica was started before
+	Replica int  // Config.Replicas and above: a spare
+	Restart int  // how many times this replica was started before
+	Spare   bool // ft.Config.Spare: wait in the first sync until promoted
 }
 
 // runFile is run.json: the demo's config plus what it set up.
@@ -145,7 +146,8 @@ func runReplica(spec replicaSpec) int {
 	}
 
 	log, _ := zap.NewDevelopment()
-	log = log.Named(fmt.Sprintf("%s.r%d", spec.Job, spec.Replica))
+	name := cfg.replicaName(spec.Replica)
+	log = log.Named(spec.Job + "." + name)
 	mc := membership.DefaultMemberConfig()
 	mc.HeartbeatInterval = time.Second
 	if cfg.Gossip {
@@ -153,7 +155,7 @@ func runReplica(spec replicaSpec) int {
 		mc.Gossip = &g
 	}
 	ctx := context.Background()
-	fcfg := ft.Config{Job: spec.Job, Group: fmt.Sprintf("r%d", spec.Replica), Coordinator: run.Endpoints, Credentials: run.Credentials,
+	fcfg := ft.Config{Job: spec.Job, Group: name, Spare: spec.Spare, Coordinator: run.Endpoints, Credentials: run.Credentials,
 		Member: mc, Backend: cfg.Backend, MinReplicas: cfg.MinReplicas, Secret: run.Secret,
 		Timeout: 20 * time.Second, MaxCommitFailures: 50, Logger: log,
 		OnEvent: func(e ft.Event) { // on this goroutine, inside Step and Commit
@@ -201,8 +203,9 @@ func runReplica(spec replicaSpec) int {
 	var trainTime time.Duration
 	finished := false   // another replica ended the run (ft.ErrFinished)
 	var settings uint64 // the job's settings version this replica follows
+	tookPart := false   // committed a sync: a spare or a replaced replica's restart may never
 	for c.CommittedStep() < target {
-		o, err := d.Tick(ctx)
+		o, err := d.Tick(ctx) // a spare's first waits until it is promoted
 		if errors.Is(err, ft.ErrFinished) {
 			log.Info("the run ended at another replica", zap.Error(err))
 			finished = true
@@ -220,6 +223,7 @@ func runReplica(spec replicaSpec) int {
 			emit(event{Kind: "settings", Step: st.FromStep, Epoch: st.Epoch, Method: st.Summary()})
 		}
 		if o.Synced {
+			tookPart = tookPart || o.Committed
 			if o.Healed {
 				opt.Reset() // its moments belong to parameters that are gone
 			}
@@ -261,12 +265,12 @@ func runReplica(spec replicaSpec) int {
 			return fail(err)
 		}
 	}
-	p := filepath.Join(run.Snapshots, fmt.Sprintf("%s-final-r%d.f32", spec.Job, spec.Replica))
+	p := filepath.Join(run.Snapshots, fmt.Sprintf("%s-final-%s.f32", spec.Job, name))
 	if err := writeFloats(p, d.Global()); err != nil {
 		return fail(err)
 	}
 	s := d.Stats()
-	emit(event{Kind: "done", Step: c.CommittedStep(), Path: p, Hash: hashFloats(d.Global()) + hashFloats(d.Momentum()),
+	emit(event{Kind: "done", Step: c.CommittedStep(), Committed: tookPart, Path: p, Hash: hashFloats(d.Global()) + hashFloats(d.Momentum()),
 		Payload: s.PeakPayload, Wire: s.Wire, BlockedMs: s.Blocked.Seconds() * 1e3})
 	return 0
 }

@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,13 +16,14 @@ import (
 
 func (d *demo) summarize() (*Summary, error) {
 	s := &Summary{Date: time.Now().Format("2006-01-02 15:04"), Syncs: d.cfg.Syncs(),
-		Settings: fmt.Sprintf("replicas=%d backend=%s steps=%d batch=%d lr=%g H=%d F=%d tau=%d alpha=%g outer-lr=%g outer-momentum=%g quant=%s fail=%v model=%d/%d/%d (%d params)",
-			d.cfg.Replicas, d.cfg.Backend, d.cfg.Steps, d.cfg.Batch, d.cfg.LR, d.cfg.H, d.cfg.F, d.cfg.Tau, d.cfg.Alpha, d.cfg.OuterLR, d.cfg.OuterMom,
+		Settings: fmt.Sprintf("replicas=%d spares=%d backend=%s steps=%d batch=%d lr=%g H=%d F=%d tau=%d alpha=%g outer-lr=%g outer-momentum=%g quant=%s fail=%v model=%d/%d/%d (%d params)",
+			d.cfg.Replicas, d.cfg.Spares, d.cfg.Backend, d.cfg.Steps, d.cfg.Batch, d.cfg.LR, d.cfg.H, d.cfg.F, d.cfg.Tau, d.cfg.Alpha, d.cfg.OuterLR, d.cfg.OuterMom,
 			d.cfg.Quant, d.cfg.Failures, d.cfg.Model.Context, d.cfg.Model.Embed, d.cfg.Model.Hidden, d.cfg.Model.NumParams())}
 	for _, j := range d.jobs {
 		js := JobSummary{Name: j.name, Faulty: j.faulty, Committed: j.step, Wall: j.finished.Sub(j.started),
 			FinalValLoss: j.finalLoss, Kills: j.kills, FailedSyncs: len(j.failedSyncs), Epochs: len(j.epochs),
-			PeakPayloadBytes: j.peakPayload, Method: j.method, StatesAgree: len(j.finalHashes) == 1}
+			PeakPayloadBytes: j.peakPayload, Method: j.method, StatesAgree: len(j.finalHashes) == 1,
+			Spares: j.spares(), Timeline: timeline(j.capacity)}
 		if j.syncEvents > 0 {
 			js.WirePerSync = float64(j.wire) / float64(j.syncEvents)
 		}
@@ -51,6 +54,26 @@ func (d *demo) summarize() (*Summary, error) {
 	return s, os.WriteFile(filepath.Join(d.cfg.Report, "summary.json"), js, 0o644)
 }
 
+// timeline writes participants per committed sync as runs of equal
+// counts: "1-64: 4, 65: 3, 66-161: 4".
+func timeline(capacity map[int64]int) string {
+	steps := slices.Sorted(maps.Keys(capacity))
+	var parts []string
+	for i := 0; i < len(steps); {
+		k := i
+		for k+1 < len(steps) && steps[k+1] == steps[k]+1 && capacity[steps[k+1]] == capacity[steps[i]] {
+			k++
+		}
+		span := fmt.Sprint(steps[i])
+		if k > i {
+			span = fmt.Sprintf("%d-%d", steps[i], steps[k])
+		}
+		parts = append(parts, fmt.Sprintf("%s: %d", span, capacity[steps[i]]))
+		i = k + 1
+	}
+	return strings.Join(parts, ", ")
+}
+
 func kb(b float64) string {
 	switch {
 	case b >= 1<<20:
@@ -76,6 +99,7 @@ func (s *Summary) write(w io.Writer, cfg Config) {
 	row("wall time", func(j JobSummary) string { return j.Wall.Round(100 * time.Millisecond).String() })
 	row("final validation loss", func(j JobSummary) string { return fmt.Sprintf("%.4f nats/char", j.FinalValLoss) })
 	row("replicas killed", func(j JobSummary) string { return fmt.Sprint(len(j.Kills)) })
+	row("spares", func(j JobSummary) string { return fmt.Sprint(j.Spares) })
 	row("syncs that failed somewhere", func(j JobSummary) string { return fmt.Sprint(j.FailedSyncs) })
 	row("epochs", func(j JobSummary) string { return fmt.Sprint(j.Epochs) })
 	row("peak payload per sync", func(j JobSummary) string { return kb(float64(j.PeakPayloadBytes)) })
@@ -91,7 +115,21 @@ func (s *Summary) write(w io.Writer, cfg Config) {
 	for _, j := range s.Jobs {
 		for _, k := range j.Kills {
 			fmt.Fprintf(w, "  failure: SIGKILL r%d at sync %d → the survivors committed without it %v later (their inner steps up to the next sync included)", k.Replica, k.KilledStep, k.SurvivorsCommit.Round(time.Millisecond))
+			if k.CapacityBack > 0 {
+				fmt.Fprintf(w, "; capacity back (a sync committed at full size) %v after the kill", k.CapacityBack.Round(time.Millisecond))
+			}
+			if k.Promoted != "" {
+				how := ""
+				if k.HealedBytes > 0 {
+					how = fmt.Sprintf(", healed %s from its peers in %v", kb(float64(k.HealedBytes)), k.HealTook.Round(time.Millisecond))
+				}
+				fmt.Fprintf(w, "; spare %s promoted in its place%s, first commit at sync %d", k.Promoted, how, k.PromotedStep)
+			}
 			switch {
+			case k.Promoted != "" && k.Rejoined == 0 && k.Restarted:
+				fmt.Fprintf(w, "; restarted %v after the kill, r%d waited as the next spare\n", k.RestartAt.Sub(k.KilledAt).Round(100*time.Millisecond), k.Replica)
+			case k.Promoted != "" && !k.Restarted:
+				fmt.Fprintln(w)
 			case k.Rejoined > 0:
 				how := "joined"
 				if k.Healed {
@@ -110,6 +148,9 @@ func (s *Summary) write(w io.Writer, cfg Config) {
 				fmt.Fprintln(w, "; restarted, but it did not commit before the end")
 			}
 		}
+	}
+	for _, j := range s.Jobs {
+		fmt.Fprintf(w, "  capacity timeline of %s (committed sync: replicas): %s\n", j.Name, j.Timeline)
 	}
 	if len(s.Jobs) == 2 {
 		verdict := "within 2 %"
