@@ -24,6 +24,7 @@ const (
 	invFencing    = "fencing"     // a zombie (stopped past its lease) commits nothing more in its old epoch
 	invRollback   = "rollback"    // a rollback names only steps the job's history has from another epoch
 	invSettings   = "settings"    // the replicas of an epoch take its settings version from one step
+	// invSpare and invCapacity: the spare pool's (spares.go).
 )
 
 // Violation is one broken invariant.
@@ -54,6 +55,11 @@ type checkInput struct {
 	// that no fault touched: a stall mistaken for a death) a violation;
 	// otherwise it is counted.
 	StrictDeaths bool
+	// Target is the job's size in replica groups (Config.Replicas), where
+	// its quorums do not say; SpareBound bounds a loss to full size again
+	// with a spare ready (the capacity invariant; 0: not checked).
+	Target     int
+	SpareBound time.Duration
 }
 
 // analysis is the checker's verdict and what the report needs from it.
@@ -460,6 +466,8 @@ func check(in checkInput) *analysis {
 			}
 		}
 	}
+
+	checkSpares(in, touched, bad)
 
 	if !in.Final {
 		return a

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,13 +21,17 @@ type sim struct {
 	step   map[string]int64
 	faults []*Fault
 	index  map[string]int
+	// target and bound: checkInput's Target and SpareBound (0: the
+	// capacity invariant unchecked).
+	target int
+	bound  time.Duration
 }
 
 const simParams = 8
 
 func newSim(t *testing.T) *sim {
 	return &sim{t: t, now: time.Unix(1000, 0).UnixNano(), state: map[string][]float32{}, step: map[string]int64{},
-		index: map[string]int{"a": 0, "b": 1, "c": 2, "d": 3}}
+		index: map[string]int{"a": 0, "b": 1, "c": 2, "d": 3, "e": 4}}
 }
 
 func (s *sim) tick() int64 { s.now += int64(10 * time.Millisecond); return s.now }
@@ -95,7 +100,8 @@ func (s *sim) final(who ...string) {
 
 func (s *sim) check(durable, strict bool) *analysis {
 	return check(checkInput{Events: s.evs, Faults: s.faults, Durable: durable, Timeout: 5 * time.Second,
-		Margin: 2 * time.Second, Linger: 9 * time.Second, Params: simParams, Index: s.index, Final: true, StrictDeaths: strict})
+		Margin: 2 * time.Second, Linger: 9 * time.Second, Params: simParams, Index: s.index, Final: true, StrictDeaths: strict,
+		Target: s.target, SpareBound: s.bound})
 }
 
 // expect asserts the violations' invariants, in order of time.
@@ -485,5 +491,159 @@ func TestErrKindPeerClosed(t *testing.T) {
 	}
 	if k := errKind(crashed); k != "peer-failed" {
 		t.Errorf("a crash: %q", k)
+	}
+}
+
+// spawnSpare starts who as a spare (the harness's spawn, then its start).
+func (s *sim) spawnSpare(who string) {
+	s.add(who, Event{Kind: evSpawn, Reason: "spare"})
+	s.start(who)
+}
+
+// quorum publishes an epoch of replicas members ("a" → member "a.0").
+func (s *sim) quorum(epoch uint64, members, removed, promoted, replaced []string) {
+	ids := func(rs []string) []string {
+		var out []string
+		for _, r := range rs {
+			out = append(out, r+".0")
+		}
+		return out
+	}
+	s.add("", Event{Kind: evQuorum, Epoch: epoch, Members: ids(members), Removed: ids(removed), Promoted: ids(promoted),
+		Replaced: replaced, Target: s.target})
+}
+
+// spareTakesPlace: replicas a, b, c and a spare e; c is killed, the
+// survivors commit in epoch 2, e is promoted into epoch 3, heals, and the
+// job commits at full size again; late shifts the promotion that many
+// seconds after the loss.
+func spareTakesPlace(s *sim, late time.Duration) {
+	s.target = 3
+	s.quorum(1, []string{"a", "b", "c"}, nil, nil, nil)
+	s.start("a#1", "b#1", "c#1")
+	s.commit(1, 0b111, "a#1", "b#1", "c#1")
+	s.spawnSpare("e#1")
+	s.commit(1, 0b111, "a#1", "b#1", "c#1")
+	s.faults = append(s.faults, &Fault{Kind: FaultKill, Targets: []string{"c"}, Affects: []string{"c"},
+		Start: time.Unix(0, s.tick()), End: time.Unix(0, s.now+int64(time.Second)), Epoch: 1})
+	s.quorum(2, []string{"a", "b"}, []string{"c"}, nil, nil)
+	s.commit(2, 0b011, "a#1", "b#1")
+	s.now += int64(late)
+	s.quorum(3, []string{"a", "b", "e"}, nil, []string{"e"}, []string{"c"})
+	s.add("e#1", Event{Kind: evPromoted, Epoch: 3})
+	s.heal(3, "e#1", "a#1")
+	s.commit(3, 0b10011, "a#1", "b#1", "e#1")
+	s.now += int64(2 * time.Second)
+	s.commit(3, 0b10011, "a#1", "b#1", "e#1")
+	s.final("a#1", "b#1", "e#1")
+}
+
+// A spare promoted into a lost replica's place contributes from its
+// promotion's epoch on; the job is at full size again within the bound.
+func TestCheckSparePromoted(t *testing.T) {
+	s := newSim(t)
+	s.bound = time.Second
+	spareTakesPlace(s, 0)
+	expect(t, s.check(false, false))
+}
+
+// A spare contributes to no step before its promotion: neither its own
+// commit nor its peers' counting it in an epoch formed while it waited.
+func TestCheckSpareContributesBeforePromotion(t *testing.T) {
+	s := newSim(t)
+	s.quorum(1, []string{"a", "b", "c"}, nil, nil, nil)
+	s.start("a#1", "b#1", "c#1")
+	s.commit(1, 0b111, "a#1", "b#1", "c#1")
+	s.spawnSpare("e#1")
+	s.quorum(2, []string{"a", "b", "c", "e"}, nil, nil, nil) // the job grew past its target with the spare
+	s.heal(2, "e#1", "a#1")
+	s.commit(2, 0b10111, "a#1", "b#1", "c#1", "e#1")
+	s.final("a#1", "b#1", "c#1", "e#1")
+	a := s.check(false, false)
+	expect(t, a, invSpare, invSpare)
+	if !strings.Contains(a.Violations[0].Detail, "a#1 committed step 2 of epoch 2 counting spare e#1") ||
+		!strings.Contains(a.Violations[1].Detail, "spare e#1 committed step 2 in epoch 2 before its promotion (never promoted)") {
+		t.Fatalf("details: %q, %q", a.Violations[0].Detail, a.Violations[1].Detail)
+	}
+
+	// Promoted, but it committed in an epoch before its promotion's.
+	s = newSim(t)
+	spareTakesPlace(s, 0)
+	for i, e := range s.evs {
+		if e.Kind == evPromoted {
+			s.evs[i].Epoch = 4
+		}
+	}
+	expect(t, s.check(false, false), invSpare, invSpare)
+}
+
+// With a spare ready, the job at full size again within the bound after a
+// loss; late, the capacity invariant reports the loss with the times,
+// unless another fault overlaps it or the spare was not ready (a fault
+// touched it).
+func TestCheckCapacity(t *testing.T) {
+	s := newSim(t)
+	s.bound = time.Second
+	spareTakesPlace(s, 3*time.Second)
+	a := s.check(false, false)
+	expect(t, a, invCapacity)
+	if d := a.Violations[0].Detail; !strings.Contains(d, "epoch 2 removed [c.0], leaving 2 of the target 3 replica groups, while spares [e] were ready") ||
+		!strings.Contains(d, "committed with 2 participants at most (want 3; reached: 3.0") {
+		t.Fatalf("detail: %s", d)
+	}
+
+	s = newSim(t)
+	s.bound = time.Second
+	spareTakesPlace(s, 3*time.Second)
+	s.faults = append(s.faults, &Fault{Kind: FaultCoordAll, Targets: []string{"coord1"}, Start: time.Unix(0, s.evs[0].T), End: time.Unix(0, s.evs[1].T)})
+	expect(t, s.check(false, false)) // every coordinator down just before: another fault
+
+	s = newSim(t)
+	s.bound = time.Second
+	spareTakesPlace(s, 3*time.Second)
+	s.faults = append(s.faults, &Fault{Kind: FaultStop, Targets: []string{"e"}, Affects: []string{"e"}, Silent: true,
+		Start: s.faults[0].Start.Add(-time.Second), End: s.faults[0].Start})
+	s.faults[0], s.faults[1] = s.faults[1], s.faults[0]
+	expect(t, s.check(false, false)) // the spare was stopped: not ready (and another fault)
+
+	// Without a spare the job waits for the dead replica's restart.
+	s = newSim(t)
+	s.bound = time.Second
+	spareTakesPlace(s, 3*time.Second)
+	s.evs = slices.DeleteFunc(s.evs, func(e Event) bool { return e.Kind == evSpawn })
+	s.evs = slices.DeleteFunc(s.evs, func(e Event) bool { return e.Replica == "e" && e.Kind == evStart })
+	if a := s.check(false, false); slices.ContainsFunc(a.Violations, func(v Violation) bool { return v.Invariant == invCapacity }) {
+		t.Fatalf("a capacity violation with no spare: %v", a.Violations)
+	}
+}
+
+// The report's capacity figures: a kill of a replica in the job with a
+// spare ready, kill → the first commit at full size again; a kill of a
+// waiting spare (the dead replica's restart, waiting in its group's
+// place) is none.
+func TestMeasureCapacityBack(t *testing.T) {
+	s := newSim(t)
+	spareTakesPlace(s, 0)
+	s.add("c#2", Event{Kind: evSpawn}) // c, replaced, waits as a spare …
+	s.start("c#2")
+	s.now += int64(time.Second)
+	spareKill := &Fault{Kind: FaultKill, Targets: []string{"c"}, Affects: []string{"c"}, Start: time.Unix(0, s.tick()),
+		End: time.Unix(0, s.now+int64(time.Second)), Epoch: 3}
+	s.faults = append(s.faults, spareKill) // … and is killed: the job loses nothing
+	for _, f := range s.faults {
+		f.Detection, f.Recovery, f.Rejoin = -1, -1, -1
+	}
+	measure(s.evs, s.faults)
+	kill := s.faults[0]
+	if !kill.InJob || kill.ReadySpares != 1 || kill.Capacity <= 0 || kill.Overlapped {
+		t.Fatalf("the kill of c: in job %v, ready spares %d, capacity back %v, overlapped %v", kill.InJob, kill.ReadySpares, kill.Capacity, kill.Overlapped)
+	}
+	if spareKill.InJob || !spareKill.WaitingSpare {
+		t.Fatalf("the kill of a waiting spare: in job %v, waiting spare %v", spareKill.InJob, spareKill.WaitingSpare)
+	}
+	var r Report
+	r.faultFigures(s.faults, 3)
+	if r.KillsInJob != 1 || r.KillsWithSpare != 1 || r.CapacityBack.N != 1 || r.CapacityBack.Max != kill.Capacity.Seconds() {
+		t.Fatalf("kills in the job %d, with a spare %d, capacity back %+v (the kill's %v)", r.KillsInJob, r.KillsWithSpare, r.CapacityBack, kill.Capacity)
 	}
 }

@@ -11,9 +11,18 @@ import (
 
 // Config is one chaos run.
 type Config struct {
-	Replicas int           // replica processes (one replica group each), 2–8
-	Duration time.Duration // how long the nemesis injects faults
-	MTBF     time.Duration // mean time between the starts of two faults
+	Replicas int // replica processes (one replica group each), 2–8
+	// Spares is the pool of warm standby processes (ft.Config.Spare)
+	// started beside the replicas, once they commit together: each waits
+	// until the coordinator promotes it into a lost replica's place. The
+	// faults target them too; Replicas+Spares is at most 8.
+	Spares int
+	// SpareBound is how soon after a loss that left the job below its
+	// target, with a spare ready, the job must commit at full size again
+	// (the capacity invariant); 0: 10 s.
+	SpareBound time.Duration
+	Duration   time.Duration // how long the nemesis injects faults
+	MTBF       time.Duration // mean time between the starts of two faults
 	// Random: exponentially distributed gaps between faults (mean MTBF)
 	// instead of one every MTBF.
 	Random bool
@@ -83,6 +92,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.Replicas < 2 || c.Replicas > maxReplicas:
 		return fmt.Errorf("chaos: %d replicas: want 2 to %d", c.Replicas, maxReplicas)
+	case c.Spares < 0 || c.Replicas+c.Spares > maxReplicas || c.SpareBound < 0:
+		return fmt.Errorf("chaos: %d spares beside %d replicas (bound %v): want at most %d processes in all", c.Spares, c.Replicas, c.SpareBound, maxReplicas)
 	case c.Duration < 0 || c.MTBF <= 0:
 		return fmt.Errorf("chaos: duration %v, mtbf %v", c.Duration, c.MTBF)
 	case c.Topology != "embedded" && c.Topology != "cluster":
@@ -106,6 +117,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("chaos: no output directory")
 	}
 	return c.Stragglers.Validate()
+}
+
+// spareBound is SpareBound or its default.
+func (c *Config) spareBound() time.Duration {
+	if c.SpareBound > 0 {
+		return c.SpareBound
+	}
+	return 10 * time.Second
 }
 
 // hogs is the default number of CPU hogs: one per core.

@@ -51,6 +51,11 @@ type Event struct {
 	Targets []string `json:"targets,omitempty"`
 	Members []string `json:"members,omitempty"`
 	Removed []string `json:"removed,omitempty"`
+	// quorum: the spares it promoted, the replica groups whose places
+	// spares took, the job's target size in replica groups.
+	Promoted []string `json:"promoted,omitempty"`
+	Replaced []string `json:"replaced,omitempty"`
+	Target   int      `json:"target,omitempty"`
 }
 
 // Replica event kinds.
@@ -69,13 +74,14 @@ const (
 	evFatal    = "fatal"    // the replica gave up (Err)
 	evFinal    = "final"    // reached the target: its final state
 	evSettings = "settings" // the job's settings Version in force from step From (epoch Epoch)
+	evPromoted = "promoted" // a spare promoted into Epoch (Reason: whose place)
 )
 
 // Harness event kinds.
 const (
 	evFault   = "fault"   // a fault began (Reason: its kind)
 	evHealed  = "healed"  // a fault ended
-	evSpawn   = "spawn"   // a replica process started
+	evSpawn   = "spawn"   // a replica process started (Reason "spare": as a spare)
 	evExit    = "exit"    // a replica process ended (Reason: how)
 	evQuorum  = "quorum"  // the coordinator published an epoch
 	evCoord   = "coord"   // a coordinator or etcd process changed (Reason)
@@ -117,6 +123,11 @@ func (e Event) String() string {
 		add("#%d %s %v %s", e.Fault, e.Reason, e.Targets, e.Err)
 	case evQuorum:
 		add("epoch %d %v removed %v (%s)", e.Epoch, e.Members, e.Removed, e.Reason)
+		if len(e.Promoted) > 0 || len(e.Replaced) > 0 {
+			add("promoted %v replaced %v target %d", e.Promoted, e.Replaced, e.Target)
+		}
+	case evPromoted:
+		add("into epoch %d: %s", e.Epoch, e.Reason)
 	case evFinal, evStart, evSatOut, evWaiting:
 		add("step %d epoch %d hash %016x %s", e.Step, e.Epoch, e.Hash, e.Reason)
 	default:

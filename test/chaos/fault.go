@@ -120,8 +120,20 @@ type Fault struct {
 	Detection time.Duration `json:"detectionNs"` // Start → the first epoch without a target
 	Recovery  time.Duration `json:"recoveryNs"`  // Start → the first commit of a newer epoch (or any commit, for faults that need none)
 	Rejoin    time.Duration `json:"rejoinNs"`    // End → the target's first commit again
+	// Capacity: Start → the first commit of a newer epoch at the job's
+	// full size (its quorum's target) again, for faults of replicas in
+	// the job (0: none, or not measured).
+	Capacity time.Duration `json:"capacityNs,omitempty"`
+	// ReadySpares: spares waiting, ready, when it began, that it did not
+	// touch; WaitingSpare: its target was one of them (not in the job).
+	// InJob: a replica it touched was in the job (its newest quorum)
+	// when it began.
+	ReadySpares  int  `json:"readySpares,omitempty"`
+	WaitingSpare bool `json:"waitingSpare,omitempty"`
+	InJob        bool `json:"inJob,omitempty"`
 	// Overlapped: another fault (settings changes aside) began between
-	// Start and the rejoin, so Recovery and Rejoin measure both.
+	// Start and the end of its effects (the rejoin or, sooner, the job at
+	// full size again), so Recovery and Rejoin measure both.
 	Overlapped bool `json:"overlapped,omitempty"`
 	// The job's committed steps per second while it lasted, and for as
 	// long after it was undone (or to the end of the run).

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -30,17 +31,20 @@ const job = "chaos"
 // harness runs one chaos job: the coordinators, the replicas, the
 // nemesis, and the checks.
 type harness struct {
-	cfg    Config
-	rec    *recorder
-	net    network
-	cl     *cluster
-	self   string
-	names  []string
-	index  map[string]int
-	secret []byte
-	rng    *mrand.Rand
-	start  time.Time
-	work   int64 // spin rounds per step, with Compute "cpu"
+	cfg   Config
+	rec   *recorder
+	net   network
+	cl    *cluster
+	self  string
+	names []string // every process: the replicas, then the spares
+	// replicas are the processes the job starts with; the rest of names
+	// are spares.
+	replicas []string
+	index    map[string]int
+	secret   []byte
+	rng      *mrand.Rand
+	start    time.Time
+	work     int64 // spin rounds per step, with Compute "cpu"
 
 	mu       sync.Mutex
 	reps     map[string]*replica
@@ -57,6 +61,7 @@ type harness struct {
 type replica struct {
 	name   string
 	index  int
+	spare  bool // started as a spare (ft.Config.Spare), every launch
 	place  *placement
 	launch int
 	proc   *child
@@ -89,11 +94,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rng: mrand.New(mrand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))}
 	h.secret = make([]byte, 32)
 	rand.Read(h.secret)
-	for i := range cfg.Replicas {
+	for i := range cfg.Replicas + cfg.Spares {
 		n := string(rune('a' + i))
 		h.names = append(h.names, n)
 		h.index[n] = i
 	}
+	h.replicas = h.names[:cfg.Replicas]
 	logf, err := os.Create(filepath.Join(cfg.Dir, "run.log"))
 	if err != nil {
 		return nil, err
@@ -130,8 +136,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			h.logf("removing the network: %v", err)
 		}
 	}()
-	h.logf("network %s, topology %s, %d replicas, faults %v every %v (random %v), durable %v, seed %d",
-		h.net.kind(), cfg.Topology, cfg.Replicas, h.kinds(), cfg.MTBF, cfg.Random, cfg.Durable, cfg.Seed)
+	h.logf("network %s, topology %s, %d replicas, %d spares, faults %v every %v (random %v), durable %v, seed %d",
+		h.net.kind(), cfg.Topology, cfg.Replicas, cfg.Spares, h.kinds(), cfg.MTBF, cfg.Random, cfg.Durable, cfg.Seed)
 	if h.cl, err = newCluster(cfg.Topology, cfg.Ftcoord, self, cfg.Dir, h.net.serverHost(), h.rec); err != nil {
 		return nil, err
 	}
@@ -146,15 +152,33 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		h.reps[n] = &replica{name: n, index: h.index[n], place: pl}
+		h.reps[n] = &replica{name: n, index: h.index[n], place: pl, spare: !slices.Contains(h.replicas, n)}
+	}
+	for _, n := range h.replicas {
 		if err := h.spawn(n); err != nil {
 			return nil, err
 		}
 	}
-	if !h.rec.wait(time.Now().Add(2*time.Minute), func(r *recorder) bool { return r.together(h.names, h.start) }) {
+	if !h.rec.wait(time.Now().Add(2*time.Minute), func(r *recorder) bool { return r.together(h.replicas, h.start) }) {
 		return nil, fmt.Errorf("chaos: the %d replicas did not start committing together within 2 minutes (logs in %s)", cfg.Replicas, cfg.Dir)
 	}
 	h.logf("all %d replicas committing together at step %d", cfg.Replicas, h.rec.step())
+	// The spares start once the job is at its size: the target (the most
+	// replica groups a quorum had) is the replicas', and no spare waits
+	// for a job still forming.
+	spares := h.names[cfg.Replicas:]
+	for _, n := range spares {
+		if err := h.spawn(n); err != nil {
+			return nil, err
+		}
+	}
+	if len(spares) > 0 {
+		since := time.Now()
+		if !h.rec.wait(since.Add(time.Minute), func(r *recorder) bool { return r.startedSince(spares, since.Add(-time.Minute)) }) {
+			return nil, fmt.Errorf("chaos: the %d spares did not start within a minute (logs in %s)", len(spares), cfg.Dir)
+		}
+		h.logf("%d spares waiting: %v", len(spares), spares)
+	}
 	h.startHogs()
 	defer h.stopHogs()
 
@@ -213,7 +237,7 @@ func (h *harness) checkInput(evs []Event, final bool) checkInput {
 	}
 	return checkInput{Events: evs, Faults: faults, Durable: h.cfg.Durable,
 		Timeout: h.cfg.Timeout, Margin: h.cfg.Margin, Linger: h.linger(), Params: h.cfg.Params, Index: h.index,
-		EndAt: h.endAt, Final: final, StrictDeaths: h.cfg.StrictDeaths}
+		EndAt: h.endAt, Final: final, StrictDeaths: h.cfg.StrictDeaths, Target: h.cfg.Replicas, SpareBound: h.cfg.spareBound()}
 }
 
 // linger is how long after a fault was undone its effects may still show:
@@ -278,7 +302,8 @@ func (h *harness) spawn(name string) error {
 	spec := replicaSpec{Job: job, Name: name, Index: r.index, Credentials: h.cl.credentialsFile(0), Endpoints: r.place.endpoints, Host: r.place.host,
 		GlooListen: r.place.glooListen, GlooAdvertise: r.place.glooAdvertise, Gossip: r.place.gossip, GossipTuning: h.cfg.Gossip,
 		Params: h.cfg.Params, StepTime: h.cfg.StepTime, Timeout: h.cfg.Timeout, LeaseTTL: h.cfg.LeaseTTL,
-		MinReplicas: 1, Durable: h.cfg.Durable, Secret: h.secret, SlowOp: h.cfg.Timeout / 2, Work: h.work, Stragglers: h.cfg.Stragglers}
+		MinReplicas: 1, Durable: h.cfg.Durable, Secret: h.secret, SlowOp: h.cfg.Timeout / 2, Work: h.work, Stragglers: h.cfg.Stragglers,
+		Spare: r.spare}
 	b, _ := json.Marshal(spec)
 	cmd := r.place.command(h.self)
 	cmd.Env = append(append(os.Environ(), replicaEnv+"="+string(b)), r.place.env...)
@@ -301,7 +326,11 @@ func (h *harness) spawn(name string) error {
 	if pa, ok := h.net.(interface{ started(string, int) }); ok {
 		pa.started(name, p.pid())
 	}
-	h.rec.harness(Event{Kind: evSpawn, Replica: name, Launch: launch, Pid: p.pid()})
+	var role string
+	if r.spare {
+		role = "spare"
+	}
+	h.rec.harness(Event{Kind: evSpawn, Replica: name, Launch: launch, Pid: p.pid(), Reason: role})
 	go func() { // exits with the process
 		<-p.done
 		h.mu.Lock()
@@ -470,9 +499,10 @@ func (h *harness) stopReplicas() {
 	}
 }
 
-// settle ends the chaos: every link healed, every replica running; once
-// they all commit together, each is told to stop at a step a little ahead,
-// and reports its final state.
+// settle ends the chaos: every link healed, every process running; once
+// the job commits at its full size (Config.Replicas processes together),
+// the others (spares waiting) are stopped, and each of the job's is told
+// to stop at a step a little ahead, and reports its final state.
 func (h *harness) settle(ctx context.Context) {
 	h.net.heal(ctx)
 	for _, n := range h.names {
@@ -485,24 +515,36 @@ func (h *harness) settle(ctx context.Context) {
 		h.cl.startCoord(i)
 	}
 	since := time.Now()
-	h.logf("settling: waiting for every replica to commit together")
-	if !h.rec.wait(time.Now().Add(2*time.Minute), func(r *recorder) bool { return r.together(h.names, since) }) {
-		h.violation(time.Now().UnixNano(), invLiveness, "the replicas did not all commit together within 2 minutes of the last fault")
+	h.logf("settling: waiting for %d replicas to commit together", h.cfg.Replicas)
+	var job []string
+	if !h.rec.wait(time.Now().Add(2*time.Minute), func(r *recorder) bool {
+		job = r.fullSize(h.cfg.Replicas, since)
+		return job != nil
+	}) {
+		h.violation(time.Now().UnixNano(), invLiveness, fmt.Sprintf("%d replicas did not commit together within 2 minutes of the last fault", h.cfg.Replicas))
 		return
 	}
 	target := h.rec.step() + 20
 	h.mu.Lock()
 	h.endAt = time.Now().UnixNano()
-	var exits []chan struct{}
+	var exits, waiting []chan struct{}
 	for _, r := range h.reps {
 		r.expect = true
-		fmt.Fprintf(r.proc.stdin, "stop %d\n", target)
-		exits = append(exits, r.exited)
+		if slices.Contains(job, r.name) {
+			fmt.Fprintf(r.proc.stdin, "stop %d\n", target)
+			exits = append(exits, r.exited)
+		} else { // a spare waiting: it exits at once
+			r.proc.stdin.Close()
+			waiting = append(waiting, r.exited)
+		}
 	}
 	h.mu.Unlock()
+	if len(waiting) > 0 {
+		h.logf("settled: %v commit at full size; %d spares stopped", job, len(waiting))
+	}
 	h.logf("settled: stopping every replica at step %d", target)
 	deadline := time.After(2 * time.Minute)
-	for _, ch := range exits {
+	for _, ch := range append(exits, waiting...) {
 		select {
 		case <-ch:
 		case <-deadline:
@@ -556,7 +598,8 @@ func (h *harness) pollQuorums(ctx context.Context) {
 }
 
 func quorumEvent(q membership.Quorum) Event {
-	e := Event{T: q.Created.UnixNano(), Kind: evQuorum, Epoch: q.Epoch, Removed: q.Removed, Reason: q.Reason}
+	e := Event{T: q.Created.UnixNano(), Kind: evQuorum, Epoch: q.Epoch, Removed: q.Removed, Reason: q.Reason,
+		Promoted: q.Promoted, Replaced: q.Replaced, Target: q.Target}
 	for _, p := range q.Participants {
 		e.Members = append(e.Members, p.ID)
 	}

@@ -103,6 +103,8 @@ func soak(args []string) int {
 	cfg := DefaultConfig()
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replica processes (2–8)")
+	fs.IntVar(&cfg.Spares, "spares", 0, "spare processes (ft.Config.Spare) beside the replicas, promoted into lost replicas' places")
+	fs.DurationVar(&cfg.SpareBound, "spare-bound", 0, "a loss with a spare ready → the job at full size again, at most (0: 10s)")
 	fs.DurationVar(&cfg.Duration, "duration", 30*time.Minute, "how long to inject faults")
 	fs.DurationVar(&cfg.MTBF, "mtbf", cfg.MTBF, "mean time between faults")
 	fs.BoolVar(&cfg.Random, "random", true, "exponentially distributed gaps between faults (else one every -mtbf)")

@@ -22,10 +22,11 @@ type recorder struct {
 	maxEpoch   uint64
 	maxStep    int64
 	lastCommit map[string]Event // replica → its latest commit
+	lastStart  map[string]int64 // replica → its latest launch's start
 }
 
 func newRecorder(out io.Writer) *recorder {
-	return &recorder{changed: make(chan struct{}), out: out, lastCommit: map[string]Event{}}
+	return &recorder{changed: make(chan struct{}), out: out, lastCommit: map[string]Event{}, lastStart: map[string]int64{}}
 }
 
 func (r *recorder) add(e Event) {
@@ -42,6 +43,9 @@ func (r *recorder) add(e Event) {
 	if e.Kind == evCommit {
 		r.maxStep = max(r.maxStep, e.Step)
 		r.lastCommit[e.Replica] = e
+	}
+	if e.Kind == evStart {
+		r.lastStart[e.Replica] = e.T
 	}
 	close(r.changed)
 	r.changed = make(chan struct{})
@@ -111,4 +115,33 @@ func (r *recorder) together(names []string, since time.Time) bool {
 		epoch = c.Epoch
 	}
 	return true
+}
+
+// startedSince reports whether every one of names has started (registered)
+// since t.
+func (r *recorder) startedSince(names []string, since time.Time) bool {
+	for _, n := range names {
+		if r.lastStart[n] < since.UnixNano() {
+			return false
+		}
+	}
+	return true
+}
+
+// fullSize returns the n replicas whose latest commits, all since t, are
+// in one epoch of n participants (the job at full size), or nil.
+func (r *recorder) fullSize(n int, since time.Time) []string {
+	byEpoch := map[uint64][]string{}
+	for name, c := range r.lastCommit {
+		if c.T >= since.UnixNano() && c.N == n {
+			byEpoch[c.Epoch] = append(byEpoch[c.Epoch], name)
+		}
+	}
+	for _, names := range byEpoch {
+		if len(names) == n {
+			sort.Strings(names)
+			return names
+		}
+	}
+	return nil
 }

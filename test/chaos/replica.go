@@ -59,6 +59,9 @@ type replicaSpec struct {
 	Work int64
 	// Stragglers is the straggler policy the replica asks for.
 	Stragglers membership.StragglerPolicy
+	// Spare: a warm standby (ft.Config.Spare), its first Step waiting
+	// for its promotion.
+	Spare bool
 }
 
 // errKind names the kind an op's error carries, the first that applies.
@@ -177,6 +180,8 @@ func runReplica(specJSON string) int {
 			ev.Kind = evWaiting
 		case ft.EventSettings:
 			ev.Kind, ev.Version, ev.From = evSettings, e.Version, e.FromStep
+		case ft.EventPromoted:
+			ev.Kind = evPromoted
 		case ft.EventCommitFailed:
 			failReason = e.Reason // reported by the loop
 			return
@@ -189,7 +194,7 @@ func runReplica(specJSON string) int {
 	c, err := ft.New(ctx, ft.Config{Job: spec.Job, Group: spec.Name, Coordinator: spec.Endpoints, Credentials: spec.Credentials, Member: mc,
 		Backend: "gloo", BackendConfig: gcfg, Secret: spec.Secret, RecoveryAddr: net.JoinHostPort(spec.Host, "0"),
 		MinReplicas: spec.MinReplicas, Timeout: spec.Timeout, MaxCommitFailures: 1 << 20, DurableCommit: spec.Durable,
-		OnEvent: onEvent, Logger: log})
+		OnEvent: onEvent, Logger: log, Spare: spec.Spare})
 	if err != nil {
 		return fatal(fmt.Errorf("new: %w", err))
 	}

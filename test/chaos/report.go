@@ -83,6 +83,14 @@ type Report struct {
 	SettingsAllAtOnce int   `json:"settingsAllAtOnce,omitempty"`
 	SettingsLagMax    int64 `json:"settingsLagMax,omitempty"`
 	SettingsLagP50    int64 `json:"settingsLagP50,omitempty"`
+	// Spares (Config.Spares): promotions; kills of a replica in the job,
+	// and of them those with a spare ready; kill → the first commit at
+	// full size again (capacity back) over those no other fault
+	// overlapped.
+	Promotions     int         `json:"promotions,omitempty"`
+	KillsInJob     int         `json:"killsInJob,omitempty"`
+	KillsWithSpare int         `json:"killsWithSpare,omitempty"`
+	CapacityBack   Percentiles `json:"capacityBack"`
 
 	Violations []Violation `json:"violations"`
 }
@@ -90,6 +98,7 @@ type Report struct {
 // Settings are the run's configuration, as the report shows it.
 type Settings struct {
 	Replicas int         `json:"replicas"`
+	Spares   int         `json:"spares,omitempty"`
 	Duration string      `json:"duration"`
 	MTBF     string      `json:"mtbf"`
 	Random   bool        `json:"random"`
@@ -183,6 +192,10 @@ func measure(evs []Event, faults []*Fault) {
 	if len(evs) > 0 {
 		last = time.Unix(0, evs[len(evs)-1].T)
 	}
+	pool := spareLaunches(evs)
+	touched := func(r string, t int64) bool {
+		return slices.ContainsFunc(faults, func(f *Fault) bool { return f.covers(r, t, 0) })
+	}
 	for _, f := range faults {
 		if !f.End.IsZero() {
 			f.RateDuring = stepRate(evs, f.Start, f.End)
@@ -197,12 +210,45 @@ func measure(evs []Event, faults []*Fault) {
 			continue
 		}
 		start := f.Start.UnixNano()
+		f.Capacity, f.InJob, f.WaitingSpare, f.ReadySpares = 0, false, false, 0
 		affects := map[string]bool{}
 		for _, a := range f.Affects {
 			affects[a] = true
 		}
 		replicaFault := f.Kind.replicaFault()
 		detected := replicaFault || f.Kind == FaultStarve // a straggler policy may take it out
+		// The job's size and members when it began: its newest quorum's.
+		var before Event
+		for _, e := range evs {
+			if e.T >= start {
+				break
+			}
+			if e.Kind == evQuorum {
+				before = e
+			}
+		}
+		full := before.Target
+		if full == 0 {
+			full = len(before.Members)
+		}
+		inJob := slices.ContainsFunc(f.Affects, func(r string) bool {
+			return slices.ContainsFunc(before.Members, func(m string) bool { return replicaOfMember(m) == r })
+		})
+		f.InJob = replicaFault && inJob
+		if len(pool) > 0 && replicaFault {
+			f.WaitingSpare = !inJob && len(f.Affects) == 1 && slices.ContainsFunc(pool, func(l *spareLaunch) bool {
+				return l.name == f.Affects[0] && l.waiting(start)
+			})
+			f.ReadySpares = 0
+			for _, n := range readySpares(pool, start, "", touched) {
+				if !slices.Contains(f.Affects, n) {
+					f.ReadySpares++
+				}
+			}
+		}
+		if f.WaitingSpare {
+			continue // the job lost nothing: no detection, recovery or rejoin
+		}
 		for _, e := range evs {
 			if e.T < start {
 				continue
@@ -222,6 +268,9 @@ func measure(evs []Event, faults []*Fault) {
 				if f.Recovery < 0 && (!replicaFault || e.Epoch > f.Epoch) {
 					f.Recovery = time.Duration(e.T - start)
 				}
+				if f.Capacity <= 0 && replicaFault && inJob && full > 0 && e.Epoch > f.Epoch && e.N >= full {
+					f.Capacity = time.Duration(e.T - start)
+				}
 				if f.Rejoin < 0 && detected && !f.End.IsZero() && e.T > f.End.UnixNano() && affects[e.Replica] &&
 					(f.Kind != FaultPartition && f.Kind != FaultCut || e.N == 0 || len(f.Affects) == e.N) {
 					f.Rejoin = time.Duration(e.T - f.End.UnixNano())
@@ -239,6 +288,15 @@ func markOverlaps(faults []*Fault) {
 	for _, f := range faults {
 		over := f.End
 		switch {
+		case f.WaitingSpare:
+			// A spare's restart waits again: nothing more to be over.
+		case f.Capacity > 0 && (f.Rejoin < 0 || f.Start.Add(f.Capacity).Before(f.End.Add(f.Rejoin))):
+			// The job at full size again (a spare in the target's place,
+			// whose restart waits as a spare: its rejoin may be the next
+			// fault's).
+			if c := f.Start.Add(f.Capacity); c.After(over) {
+				over = c
+			}
 		case f.Rejoin >= 0 && !f.End.IsZero():
 			over = f.End.Add(f.Rejoin)
 		case f.Recovery >= 0 && f.Start.Add(f.Recovery).After(over):
@@ -283,7 +341,7 @@ func measureSettings(evs []Event, f *Fault) {
 func buildReport(cfg Config, network string, evs []Event, faults []*Fault, a *analysis, nemesisStart, nemesisEnd time.Time) *Report {
 	measure(evs, faults)
 	r := &Report{
-		Settings: Settings{Replicas: cfg.Replicas, Duration: cfg.Duration.String(), MTBF: cfg.MTBF.String(), Random: cfg.Random,
+		Settings: Settings{Replicas: cfg.Replicas, Spares: cfg.Spares, Duration: cfg.Duration.String(), MTBF: cfg.MTBF.String(), Random: cfg.Random,
 			Faults: cfg.Faults, Seed: cfg.Seed, Topology: cfg.Topology, Durable: cfg.Durable, Params: cfg.Params,
 			StepTime: cfg.StepTime.String(), Timeout: cfg.Timeout.String(), LeaseTTL: cfg.LeaseTTL.String(),
 			Margin: cfg.Margin.String(), Hog: cfg.Hog, CPUs: hogs(), Gossip: gossipString(cfg.Gossip)},
@@ -324,6 +382,8 @@ func buildReport(cfg Config, network string, evs []Event, faults []*Fault, a *an
 			r.HealedBytes += e.Bytes
 		case evQuorum:
 			epochs[e.Epoch] = true
+		case evPromoted:
+			r.Promotions++
 		}
 	}
 	r.Epochs = len(epochs)
@@ -373,6 +433,21 @@ func (r *Report) faultFigures(faults []*Fault, replicas int) {
 		byKind[f.Kind] = k
 	}
 	r.Detection, r.Recovery, r.Rejoin = percentiles(det), percentiles(rec), percentiles(rej)
+	r.KillsInJob, r.KillsWithSpare = 0, 0
+	var capBack []time.Duration
+	for _, f := range faults {
+		if f.Kind != FaultKill || !f.InJob {
+			continue // a spare's
+		}
+		r.KillsInJob++
+		if f.ReadySpares > 0 {
+			r.KillsWithSpare++
+		}
+		if f.Capacity > 0 && !f.Overlapped {
+			capBack = append(capBack, f.Capacity)
+		}
+	}
+	r.CapacityBack = percentiles(capBack)
 	r.RecoveryAlone, r.RejoinAlone = percentiles(recAlone), percentiles(rejAlone)
 	var lags []int64
 	for _, f := range faults {
@@ -404,8 +479,8 @@ func (r *Report) Passed() bool { return len(r.Violations) == 0 }
 func (r *Report) Table() string {
 	var b strings.Builder
 	s := r.Settings
-	fmt.Fprintf(&b, "chaos run: %d replicas, %s topology, %s network, durable %v, faults every %s (random %v) for %s, seed %d\n",
-		s.Replicas, s.Topology, r.Network, s.Durable, s.MTBF, s.Random, s.Duration, s.Seed)
+	fmt.Fprintf(&b, "chaos run: %d replicas (+%d spares), %s topology, %s network, durable %v, faults every %s (random %v) for %s, seed %d\n",
+		s.Replicas, s.Spares, s.Topology, r.Network, s.Durable, s.MTBF, s.Random, s.Duration, s.Seed)
 	fmt.Fprintf(&b, "  state %d float32s, step compute %s, op timeout %s, lease %s, gossip %s, %d CPUs, %d CPU hogs, load %s → %s\n",
 		s.Params, s.StepTime, s.Timeout, s.LeaseTTL, s.Gossip, s.CPUs, s.Hog, r.LoadStart, r.LoadEnd)
 	fmt.Fprintf(&b, "  %d faults in %.0f s (%d not fully injected or undone); %d epochs; final step %d\n",
@@ -427,6 +502,11 @@ func (r *Report) Table() string {
 		}
 		sort.Strings(ks)
 		fmt.Fprintf(&b, "  a SIGKILLed peer reached the survivors' ops pending at its death as: %s\n", strings.Join(ks, ", "))
+	}
+	if s.Spares > 0 {
+		c := r.CapacityBack
+		fmt.Fprintf(&b, "  spares: %d; %d promotions; %d kills of a replica in the job, %d of them with a spare ready; capacity back (kill → first commit at full size), kills no other fault overlapped: n %d, p50 %.2fs, p99 %.2fs, max %.2fs\n",
+			s.Spares, r.Promotions, r.KillsInJob, r.KillsWithSpare, c.N, c.P50, c.P99, c.Max)
 	}
 	if r.SettingsChanges > 0 {
 		fmt.Fprintf(&b, "  settings changes (ftcoord job set): %d; in force at every replica from one step: %d; steps committed after the command returned, before that step: p50 %d, max %d\n",
