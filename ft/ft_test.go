@@ -104,10 +104,15 @@ func (j *job) start(group string, groupRank, groupSize int, until int64) *replic
 // open makes replica group's Comm (rank groupRank of groupSize), joined and
 // with its state registered, not training yet.
 func (j *job) open(group string, groupRank, groupSize int) *replica {
+	return j.openWith(func(id, g string, min int) *memcoord.Member { return joinAs(j.coord, id, min) }, group, groupRank, groupSize)
+}
+
+// openWith is open, registering through join (memcoord's Join or JoinSpare).
+func (j *job) openWith(join func(id, group string, minReplicas int) *memcoord.Member, group string, groupRank, groupSize int) *replica {
 	cfg := j.cfg
 	cfg.Group, cfg.GroupRank, cfg.GroupSize = group, groupRank, groupSize
 	cfg.Logger = zaptest.NewLogger(j.t).Named(memberID(group, groupRank))
-	m := joinAs(j.coord, memberID(group, groupRank), cfg.MinReplicas*groupSize)
+	m := join(memberID(group, groupRank), group, cfg.MinReplicas*groupSize)
 	cfg.Membership = m
 	satOut := make(chan struct{}, 1)
 	cfg.OnEvent = func(e Event) {
@@ -726,4 +731,41 @@ func TestRefusedOpFailsTheStep(t *testing.T) {
 			return
 		}
 	}
+}
+
+// A spare (Config.Spare) waits in Step, reporting Spare, while the job is
+// at its size; when a replica dies it is promoted, heals and commits with
+// the survivors at full size, and is a spare no more.
+func TestSpareWaitsThenTakesAPlace(t *testing.T) {
+	j := newJob(t, quick(), 1)
+	var rs []*replica
+	for _, g := range []string{"a", "b", "c"} {
+		rs = append(rs, j.start(g, 0, 1, forever))
+	}
+	rs[0].waitParticipants(3)
+	cfg := j.cfg
+	j.cfg.Spare = true
+	s := j.openWith(j.coord.JoinSpare, "s", 0, 1)
+	j.cfg = cfg
+	if !s.c.Spare() {
+		t.Fatal("a spare's Comm does not say it is one")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	go s.train(ctx, j.ledger, forever)
+	at := rs[0].c.CommittedStep()
+	rs[0].waitStep(at + 20)
+	if n := len(s.records()); n != 0 || !s.c.Spare() {
+		t.Fatalf("the spare committed %d steps (spare: %v) while the job was at its size", n, s.c.Spare())
+	}
+	j.kill(rs[2])
+	t.Cleanup(func() { rs[2].c.Close() }) // its driver outlives the "process": stop it before the test's logger goes
+	s.waitParticipants(3)
+	if s.c.Spare() {
+		t.Error("a promoted spare still says it is one")
+	}
+	if first := s.records()[0].step; first <= at {
+		t.Errorf("the spare's first commit was step %d: it did not heal to the job's step (above %d)", first, at)
+	}
+	j.stopAll(rs[0], rs[1], s)
 }

@@ -76,6 +76,16 @@ var ErrSevered = errors.New("memcoord: the member's process is dead")
 // to take part, needing at least minReplicas participants (0: the
 // coordinator's default). A late joiner learns the current quorum at once.
 func (c *Coordinator) Join(id, group string, minReplicas int) *Member {
+	return c.join(id, group, minReplicas, false)
+}
+
+// JoinSpare is Join for a spare (membership.MemberRecord.Spare): it asks
+// to take part and waits until the job runs below its target.
+func (c *Coordinator) JoinSpare(id, group string, minReplicas int) *Member {
+	return c.join(id, group, minReplicas, true)
+}
+
+func (c *Coordinator) join(id, group string, minReplicas int, spare bool) *Member {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.inc++
@@ -85,7 +95,7 @@ func (c *Coordinator) Join(id, group string, minReplicas int) *Member {
 	}
 	c.members[id] = m
 	c.m.Upsert(time.Now(), membership.MemberRecord{ID: id, Group: group, Incarnation: m.inc, WantQuorum: true,
-		MinReplicas: minReplicas, Joined: time.Now()})
+		MinReplicas: minReplicas, Joined: time.Now(), Spare: spare})
 	if len(c.history) > 0 {
 		m.setQuorum(c.history[len(c.history)-1])
 	}
