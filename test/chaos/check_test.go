@@ -606,6 +606,26 @@ func TestCheckCapacity(t *testing.T) {
 	s.faults[0], s.faults[1] = s.faults[1], s.faults[0]
 	expect(t, s.check(false, false)) // the spare was stopped: not ready (and another fault)
 
+	// Two false deaths (no fault): the second within the first's bound
+	// disturbs the job anew; the check starts from it.
+	s = newSim(t)
+	s.bound = 5 * time.Second
+	spareTakesPlace(s, 6*time.Second)
+	s.faults = nil
+	late := slices.IndexFunc(s.evs, func(e Event) bool { return e.Kind == evQuorum && e.Epoch == 3 })
+	second := s.evs[late-1].T + 1
+	s.evs = slices.Insert(s.evs, late, Event{T: second, Kind: evQuorum, Epoch: 3, Members: []string{"a.0", "b.0"}, Removed: []string{"b.0"}, Target: 3})
+	for i := late + 1; i < len(s.evs); i++ {
+		if s.evs[i].Epoch >= 3 {
+			s.evs[i].Epoch++
+		}
+	}
+	a = s.check(false, false)
+	expect(t, a, invCapacity)
+	if d := a.Violations[0].Detail; !strings.Contains(d, "epoch 3 removed [b.0]") {
+		t.Fatalf("detail: %s", d)
+	}
+
 	// Without a spare the job waits for the dead replica's restart.
 	s = newSim(t)
 	s.bound = time.Second

@@ -18,7 +18,7 @@ const (
 	// invCapacity: after a loss that left the job below its target size
 	// while a spare was ready, the job commits at full size again (or as
 	// near it as the ready spares allow) within Config.SpareBound, unless
-	// another fault overlaps.
+	// another fault, or another loss, overlaps.
 	invCapacity = "capacity"
 )
 
@@ -233,6 +233,15 @@ func checkSpares(in checkInput, touched func(string, int64) bool, bad func(int64
 			if g.Kind != FaultSettings && !slices.Contains(causes, g) && g.overlaps(from, deadline, in.Linger) {
 				overlapped = true
 			}
+		}
+		// Another loss before the bound (false deaths under load, a
+		// member registering again) disturbs the job anew: that one is
+		// checked in its turn.
+		for _, e := range in.Events[i+1:] {
+			if e.T > deadline {
+				break
+			}
+			overlapped = overlapped || e.Kind == evQuorum && len(e.Removed) > 0
 		}
 		if overlapped {
 			continue
