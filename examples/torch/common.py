@@ -272,3 +272,51 @@ def replica_env(extra: Dict[str, str]) -> Dict[str, str]:
     env.update(extra)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+# ---- capacity: what a kill costs the job ----
+
+def capacity(recs: Sequence[dict], killed_at: float, full: int, survivors: Sequence[str], dead_gpus: int) -> dict:
+    """What one kill at killed_at cost a job of full replica groups, from
+    every rank's step records (dicts with who, committed, participants, t):
+
+    - survivor_commit_s: kill → the survivors' first commit without the dead;
+    - capacity_back_s: kill → the first step committed at full size again;
+    - stall_s: each survivor rank's stall, kill → its first commit after it;
+    - gpu_s_lost: the survivors' stalls plus each of the dead group's
+      dead_gpus GPUs missing until full size (GPU-seconds; one GPU a rank).
+    Values are None where the run never got there."""
+    after = [r for r in recs if r["committed"] and r["t"] > killed_at]
+    shrunk = [r["t"] for r in after if r["participants"] < full]
+    back = [r["t"] for r in after if r["participants"] >= full]
+    out = {"survivor_commit_s": min(shrunk) - killed_at if shrunk else None,
+           "capacity_back_s": min(back) - killed_at if back else None, "stall_s": {}}
+    for w in survivors:
+        ts = [r["t"] for r in after if r["who"] == w]
+        out["stall_s"][w] = min(ts) - killed_at if ts else None
+    if out["capacity_back_s"] is not None and all(v is not None for v in out["stall_s"].values()):
+        out["gpu_s_lost"] = sum(out["stall_s"].values()) + dead_gpus * out["capacity_back_s"]
+    else:
+        out["gpu_s_lost"] = None
+    return out
+
+
+def timeline(rows: Sequence[Tuple[int, int]]) -> str:
+    """Participants per committed step, as runs: "1-119: 2, 120: 1, 121-300: 2"."""
+    out: List[str] = []
+    start = prev = n = None
+    for step, p in rows:
+        if n is not None and p == n and step == prev + 1:
+            prev = step
+            continue
+        if n is not None:
+            out.append("%s: %d" % (str(start) if start == prev else "%d-%d" % (start, prev), n))
+        start = prev = step
+        n = p
+    if n is not None:
+        out.append("%s: %d" % (str(start) if start == prev else "%d-%d" % (start, prev), n))
+    return ", ".join(out)
+
+
+def fmt_s(v: Optional[float]) -> str:
+    return "n/a" if v is None else "%.3f s" % v

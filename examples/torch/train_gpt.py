@@ -1,13 +1,20 @@
 #!/usr/bin/env python3
 """Data-parallel training of a small GPT on this repository's own text through
-ftcomm.ft.Comm, with one replica SIGKILLed midway and restarted: it heals
-from its peers and the job goes on. One command runs the job twice, without
+ftcomm.ft.Comm, with one replica SIGKILLed midway. A spare (--spares, default
+1: a process started with the job, its model and optimizer built, waiting in
+its first step) is promoted in its place, heals from its peers, and the job
+is back at full size; the killed replica, restarted by the launcher as a
+plain replica, waits as the next spare. With --spares 0 the restarted
+replica heals and rejoins instead. One command runs the job twice, without
 and with the failure, and plots both losses:
 
-    python3 examples/torch/train_gpt.py                 # CPU, 2 replicas (gloo)
-    python3 examples/torch/train_gpt.py --device cuda   # one replica per GPU (nccl)
+    python3 examples/torch/train_gpt.py                 # CPU, 2 replicas (gloo) + 1 spare
+    python3 examples/torch/train_gpt.py --device cuda   # one replica per GPU (nccl); the spare on the last one's GPU
 
-Writes torch-report/loss.svg and torch-report/summary.txt.
+Writes torch-report/loss.svg, capacity.svg (replicas per step, both runs)
+and summary.txt (besides the losses: the survivors' first commit, capacity
+back — kill → the first step committed at full size again — and the
+GPU-seconds the kill cost).
 """
 
 from __future__ import annotations
@@ -33,28 +40,34 @@ def replica(args) -> None:
     torch.manual_seed(args.seed)  # the same initial parameters on every replica
     torch.set_num_threads(max(1, args.threads))
     cuda = args.device == "cuda"
-    device = torch.device("cuda", args.replica % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    # A spare waits on the GPU of the replica the launcher kills (the last):
+    # the GPU its death frees.
+    gpu = args.replicas - 1 if args.spare else args.replica
+    device = torch.device("cuda", gpu % torch.cuda.device_count()) if cuda else torch.device("cpu")
     train, val = common.load_corpus(args.corpus, args.corpus_bytes)
     model = common.GPT(args.layers, args.d, args.heads, args.block).to(device)
     flat = common.Flat(model, device)
     opt = common.AdamW(flat.n, device, lr=args.lr)
-    c = ftcomm.ft.Comm(job=args.job, group="r%d" % args.replica, backend="nccl" if cuda else "gloo", device=device,
+    name = "s%d" % (args.replica - args.replicas) if args.spare else "r%d" % args.replica
+    c = ftcomm.ft.Comm(job=args.job, group=name, backend="nccl" if cuda else "gloo", device=device,
                        min_replicas=1, timeout=args.op_timeout, lease_ttl=2, heartbeat=1, gossip=args.gossip,
-                       log_level="error")
+                       log_level="error", spare=args.spare)
     c.register("params", flat.params)
     c.register("adam.m", opt.m)
     c.register("adam.v", opt.v)
     c.register("adam.t", opt.t)
     common.emit(ready=True, params=flat.n)
     sys.stdin.readline()  # the launcher's go: every replica is registered
+    ended = False
     while c.committed_step < args.steps:
         t0 = time.monotonic()
         try:
-            c.step()
+            c.step()  # a spare's first step waits here until it is promoted
         except ftcomm.RolledBackError:
             pass  # healed to the job's history; the step has started
         except ftcomm.FinishedError:
-            break  # another replica ended the run: no one steps again  # healed to the job's history; the step has started
+            ended = True
+            break  # another replica ended the run: no one steps again
         s = c.committed_step
         g = torch.Generator().manual_seed(args.seed * 1_000_003 + s * 1009 + args.replica)
         x, y = common.batch(train, g, args.batch, args.block, device)
@@ -67,17 +80,22 @@ def replica(args) -> None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step(flat.params, flat.grads, common.lr_at(s, args.steps, args.lr))
         out = dict(step=c.committed_step, committed=ok, loss=loss.item(), participants=c.participants,
-                   epoch=c.epoch, t=time.time(), dt=time.monotonic() - t0)
+                   epoch=c.epoch, rank=c.rank, t=time.time(), dt=time.monotonic() - t0)
         evs = [{"kind": e.kind, "text": e.text, "bytes": e.bytes, "took": e.took_s} for e in c.events()]
         if evs:
             out["events"] = evs
-        if ok and args.replica == 0 and (c.committed_step % args.eval_every == 0 or c.committed_step == args.steps):
+        # Rank 0 of the step evaluates: r0 at first, whoever has its rank
+        # once the job changed.
+        if ok and c.rank == 0 and (c.committed_step % args.eval_every == 0 or c.committed_step == args.steps):
             out["val"] = common.evaluate(model, val, args.batch, args.block, device, args.eval_batches)
         common.emit(**out)
     # The end of the run, agreed: a peer still in its last step ends it,
     # and one behind stops (FinishedError) instead of waiting for us.
-    if c.committed_step >= args.steps:
-        c.finish()
+    if c.committed_step >= args.steps and not ended:
+        try:
+            c.finish()
+        except ftcomm.FtcommError:
+            pass
     common.emit(finished=True)
     c.close()
     common.emit(done=True)
@@ -91,131 +109,179 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
                               "OMP_NUM_THREADS": str(max(1, args.threads))})
     base = [sys.executable, os.path.abspath(__file__), "--job", job] + args.passthrough
 
-    def start(i):
-        p = common.Proc("r%d" % i, base + ["--replica", str(i)], env, os.path.join(out_dir, "%s-r%d.log" % (job, i)))
+    def start(name):
+        i = int(name[1:]) + (args.replicas if name[0] == "s" else 0)
+        extra = ["--spare"] if name[0] == "s" else []
+        p = common.Proc(name, base + ["--replica", str(i)] + extra, env, os.path.join(out_dir, "%s-%s.log" % (job, name)))
         msg = p.q.get(timeout=300)
         if not msg or not msg.get("ready"):
-            raise SystemExit("replica %d of %s did not start; see %s" % (i, job, p.log.name))
+            raise SystemExit("%s of %s did not start; see %s" % (name, job, p.log.name))
         return p
 
-    procs = [start(i) for i in range(args.replicas)]
-    for p in procs:
+    # The spares only in the run with the failure: in the other they would
+    # wait, idle, to the end.
+    names = ["r%d" % i for i in range(args.replicas)] + ["s%d" % k for k in range(args.spares if kill else 0)]
+    procs = {n: start(n) for n in names}
+    for p in procs.values():
         p.send("go")
-    victim = args.replicas - 1
+    victim = "r%d" % (args.replicas - 1)
     kill_step = int(args.steps * args.kill_at)
-    res = {"loss": {}, "val": {}, "events": [], "kill_step": None, "restart_step": None, "r0": []}
-    killed_at = restarted = r0_done = first_finished = None
+    res = {"loss": {}, "val": {}, "events": [], "kill_step": None, "restart_step": None, "r0": [], "recs": [],
+           "promoted": None, "spares": len(names) - args.replicas}
+    killed_at = restarted = None
+    killed = set()  # Proc objects the launcher killed: their end is no one's done
     done, finished = set(), set()
+    first_finished = None
     t_start = time.time()
-    while len(done) < args.replicas:
+    while len(done) < len(procs):
         if first_finished is not None and time.time() - first_finished > 120:
-            # A replica still training two minutes after another finished
+            # A process still running two minutes after another finished
             # (it could not rejoin): stop it, let the others leave.
-            for i, p in enumerate(procs):
-                if i not in finished and i not in done:
-                    print("  %s: replica %d still running after the job ended; stopping it" % (job, i), flush=True)
+            for n, p in procs.items():
+                if n not in finished and n not in done:
+                    print("  %s: %s still running after the job ended; stopping it" % (job, n), flush=True)
                     p.kill()
-                    done.add(i)
+                    done.add(n)
                 else:
                     p.send("exit")
             first_finished = None
-        for i, p in enumerate(procs):
+        for n, p in list(procs.items()):
             while True:
                 try:
                     m = p.q.get(timeout=0.05)
                 except Exception:
                     break
                 if m is None:
-                    if i != victim or not kill or restarted is not None:
-                        done.add(i)
+                    if p not in killed:
+                        done.add(n)
                     break
                 if m.get("finished"):
-                    finished.add(i)
+                    finished.add(n)
                     first_finished = first_finished or time.time()
-                    if len(finished | done) == args.replicas:
-                        for q in procs:
+                    if len(finished | done) == len(procs):
+                        for q in procs.values():
                             q.send("exit")
                     continue
                 if m.get("done"):
-                    done.add(i)
-                    if i == 0:
-                        r0_done = time.time()
+                    done.add(n)
                     continue
                 if "step" not in m:
                     continue
+                res["recs"].append({"who": n, "step": m["step"], "committed": m["committed"],
+                                    "participants": m["participants"], "t": m["t"]})
                 for e in m.get("events", []):
-                    res["events"].append(dict(e, replica=i, step=m["step"], t=m["t"] - t_start))
-                if i == 0:
+                    res["events"].append(dict(e, replica=n, step=m["step"], t=m["t"] - t_start))
+                    if e["kind"] == "promoted" and res["promoted"] is None:
+                        res["promoted"] = {"who": n, "step": m["step"],
+                                           "after_kill_s": m["t"] - killed_at if killed_at else None}
+                        print("  %s: %s, committing from step %d" % (job, e["text"], m["step"]), flush=True)
+                if m.get("rank") == 0:  # the step's rank 0 (r0 until the job changes) speaks for the job
                     res["r0"].append([m["step"], m["committed"], m["participants"], m["epoch"], round(m["t"] - t_start, 4)])
                     if m["committed"]:
                         res["loss"][m["step"]] = m["loss"]
                         if "val" in m:
                             res["val"][m["step"]] = m["val"]
-                        if killed_at is not None and "survivor_commit_s" not in res and m["participants"] < args.replicas:
-                            # The survivor's first commit without the dead
-                            # replica, on its own clock.
-                            res["survivor_commit_s"] = m["t"] - killed_at
                     if m["committed"] and m["step"] % 250 == 0:
                         print("  %s: step %d loss %.3f (%d replicas)%s" % (job, m["step"], m["loss"], m["participants"],
                               "  val %.3f" % m["val"] if "val" in m else ""), flush=True)
-                if kill and i == victim and killed_at is None and m["committed"] and m["step"] >= kill_step:
+                if kill and n == victim and killed_at is None and m["committed"] and m["step"] >= kill_step:
                     killed_at = time.time()  # the signal, not the end of the process's teardown
+                    killed.add(p)
                     p.kill()
                     res["kill_step"] = m["step"]
-                    print("  %s: replica %d SIGKILLed after committing step %d" % (job, victim, m["step"]), flush=True)
-                    if args.restart_delay >= 0:
+                    res["killed_at"] = killed_at
+                    print("  %s: %s SIGKILLed after committing step %d" % (job, victim, m["step"]), flush=True)
+                    if args.restart_delay < 0:
+                        done.add(victim)
+                    else:
                         time.sleep(args.restart_delay)  # the launcher's pace, not a synchronisation
-                        procs[victim] = start(victim)
+                        procs[victim] = start(victim)  # a plain replica: it waits as a spare if one took its place
                         procs[victim].send("go")
                         restarted = time.time()
                         res["restart_step"] = max([x[0] for x in res["r0"]] or [0])
-                        print("  %s: replica %d restarted (%.1f s after the kill)" % (job, victim, restarted - killed_at), flush=True)
+                        print("  %s: %s restarted (%.1f s after the kill)%s" % (
+                            job, victim, restarted - killed_at,
+                            "; it waits as a spare if one took its place" if res["spares"] else ""), flush=True)
                     break
-    for p in procs:
+    for p in procs.values():
         p.close()
     res["seconds"] = time.time() - t_start
     res["final_val"] = res["val"].get(args.steps)
+    if killed_at is not None:
+        res["capacity"] = common.capacity(res["recs"], killed_at, args.replicas,
+                                          ["r%d" % i for i in range(args.replicas - 1)], 1)
+        res["restart_stepped"] = any(r["who"] == victim and r["t"] > (restarted or killed_at) for r in res["recs"])
     return res
+
+
+FAILURE = "one replica killed and restarted"
 
 
 def report(args, runs: dict, out_dir: str) -> None:
     series = []
-    colours = {"no failure": "#1f77b4", "one replica killed and restarted": "#d62728"}
+    colours = {"no failure": "#1f77b4", FAILURE: "#d62728"}
     for name, r in runs.items():
         steps = sorted(r["loss"])
         series.append(("%s: training loss (EMA)" % name, steps, common.ema([r["loss"][s] for s in steps]), colours[name], False))
         vs = sorted(r["val"])
         series.append(("%s: validation loss" % name, vs, [r["val"][s] for s in vs], colours[name], True))
-    f = runs.get("one replica killed and restarted")
+    f = runs.get(FAILURE)
     vlines = []
     if f and f["kill_step"] is not None:
-        vlines = [(f["kill_step"], "kill"), (f["restart_step"] or f["kill_step"], "restart")]
+        vlines = [(f["kill_step"], "kill")]
+        if f["promoted"]:
+            vlines.append((f["promoted"]["step"], "%s promoted" % f["promoted"]["who"]))
+        else:
+            vlines.append((f["restart_step"] or f["kill_step"], "restart"))
     common.svg_plot(os.path.join(out_dir, "loss.svg"), series, vlines,
                     title="GPT (%d layers, d=%d) on this repository's text, %d replicas, %s" % (
                         args.layers, args.d, args.replicas, args.device),
                     xlabel="committed step", ylabel="loss (nats/byte)")
-    lines = ["train_gpt: %d replicas on %s, %d steps, batch %d × %d bytes per replica" % (
-        args.replicas, args.device, args.steps, args.batch, args.block)]
+    cap = []
+    for name, r in runs.items():
+        rows = [(x[0], x[2]) for x in r["r0"] if x[1]]
+        cap.append(("%s: replicas in the step" % name, [a for a, _ in rows], [b for _, b in rows], colours[name],
+                    name != FAILURE))
+    common.svg_plot(os.path.join(out_dir, "capacity.svg"), cap, vlines,
+                    title="Capacity: replicas per committed step, %d replicas + %d spare(s)" % (args.replicas, args.spares),
+                    xlabel="committed step", ylabel="replicas")
+    lines = ["train_gpt: %d replicas + %d spare(s) on %s, %d steps, batch %d × %d bytes per replica" % (
+        args.replicas, args.spares, args.device, args.steps, args.batch, args.block)]
     for name, r in runs.items():
         lines.append("%-34s final validation loss %.4f  (%.1f s)" % (name, r["final_val"] or float("nan"), r["seconds"]))
     if f and "no failure" in runs and runs["no failure"]["final_val"] and f["final_val"]:
         a, b = runs["no failure"]["final_val"], f["final_val"]
         lines.append("difference: %+.2f %% (target: within 2 %%)" % (100 * (b - a) / a))
     if f and f["kill_step"] is not None:
-        alone = [x[0] for x in f["r0"] if x[1] and x[2] < args.replicas]
-        lines.append("killed replica %d after its step %d; the survivor's first commit without it %.3f s after the kill; "
-                     "restarted at once, it rejoined %d steps later (steps %d-%d had fewer replicas)" % (
-                         args.replicas - 1, f["kill_step"], f.get("survivor_commit_s", float("nan")), len(alone),
-                         min(alone, default=0), max(alone, default=0)))
+        c = f["capacity"]
+        victim = "r%d" % (args.replicas - 1)
+        lines.append("killed %s after its step %d:" % (victim, f["kill_step"]))
+        lines.append("  survivors' first commit without it   %s after the kill" % common.fmt_s(c["survivor_commit_s"]))
+        lines.append("  capacity back (full size committed)  %s after the kill" % common.fmt_s(c["capacity_back_s"]))
+        lines.append("  GPU-seconds lost                     %s (stalls %s + 1 GPU missing until full size)" % (
+            "n/a" if c["gpu_s_lost"] is None else "%.3f" % c["gpu_s_lost"],
+            ", ".join("%s %s" % (w, common.fmt_s(v)) for w, v in sorted(c["stall_s"].items()))))
+        if f["promoted"]:
+            lines.append("  %s promoted in its place, first commit at step %d; the restarted %s %s" % (
+                f["promoted"]["who"], f["promoted"]["step"], victim,
+                "took part later" if f.get("restart_stepped") else "waited as a spare to the end"))
+        else:
+            alone = [x[0] for x in f["r0"] if x[1] and x[2] < args.replicas]
+            lines.append("  no spare: restarted at once, it rejoined %d steps later (steps %d-%d had fewer replicas)" % (
+                len(alone), min(alone, default=0), max(alone, default=0)))
         for e in f["events"]:
-            if e["kind"] in ("healed", "reconfigured", "rolled back", "commit failed"):
-                lines.append("  r%d step %d: %s" % (e["replica"], e["step"], e["text"]))
+            if e["kind"] in ("healed", "reconfigured", "rolled back", "commit failed", "promoted"):
+                lines.append("  %s step %d: %s" % (e["replica"], e["step"], e["text"]))
+    lines.append("capacity timeline (committed step: replicas):")
+    for name, r in runs.items():
+        lines.append("  %-34s %s" % (name, common.timeline([(x[0], x[2]) for x in r["r0"] if x[1]])))
     text = "\n".join(lines)
     with open(os.path.join(out_dir, "summary.txt"), "w") as fh:
         fh.write(text + "\n")
-        fh.write(json.dumps({k: {kk: vv for kk, vv in v.items() if kk not in ("loss", "r0")} for k, v in runs.items()}) + "\n")
+        fh.write(json.dumps({k: {kk: vv for kk, vv in v.items() if kk not in ("loss", "r0", "recs")}
+                             for k, v in runs.items()}) + "\n")
     print(text)
-    print("plot: %s" % os.path.join(out_dir, "loss.svg"))
+    print("plots: %s, %s" % (os.path.join(out_dir, "loss.svg"), os.path.join(out_dir, "capacity.svg")))
 
 
 def main() -> None:
@@ -225,6 +291,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="committed steps (default 300 on CPU, 2500 on CUDA)")
     ap.add_argument("--kill-at", type=float, default=0.4, help="kill the last replica after this fraction of the steps")
     ap.add_argument("--restart-delay", type=float, default=0, help="seconds between the kill and the restart (<0: never)")
+    ap.add_argument("--spares", type=int, default=1,
+                    help="spare replicas started with the job, promoted when one dies (0: none; the restart rejoins)")
     ap.add_argument("--no-gossip", dest="gossip", action="store_false",
                     help="detect deaths by lease expiry (2 s) and TCP errors only, not also by gossip (≈1 s)")
     ap.add_argument("--no-baseline", action="store_true", help="only the run with the failure")
@@ -245,6 +313,7 @@ def main() -> None:
     ap.add_argument("--corpus-bytes", type=int, default=2 << 20)
     ap.add_argument("--out", default="torch-report")
     ap.add_argument("--replica", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--spare", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--job", default="gpt", help=argparse.SUPPRESS)
     args = ap.parse_args()
     cuda = args.device == "cuda"
@@ -268,8 +337,9 @@ def main() -> None:
         if not args.no_baseline:
             print("job 1: no failure", flush=True)
             runs["no failure"] = run_job(args, co, "gpt-baseline", False, args.out)
-        print("job 2: replica %d killed after %d%% of the steps and restarted" % (args.replicas - 1, 100 * args.kill_at), flush=True)
-        runs["one replica killed and restarted"] = run_job(args, co, "gpt-failure", True, args.out)
+        print("job 2: replica %d killed after %d%% of the steps and restarted; %d spare(s)" % (
+            args.replicas - 1, 100 * args.kill_at, args.spares), flush=True)
+        runs[FAILURE] = run_job(args, co, "gpt-failure", True, args.out)
     report(args, runs, args.out)
 
 

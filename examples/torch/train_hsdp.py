@@ -5,18 +5,26 @@ over the group's own ftcomm communicator (ftcomm.device_mesh), the
 replicate dimension across groups through ftcomm.ft.Comm (FSDP2's all-reduce
 hook, ftcomm.ft_torch.apply_hsdp), an OptimizerWrapper that steps only on
 committed steps, and register_state for the sharded parameters and AdamW's
-state. One rank of the last group is SIGKILLed after 40 % of the steps; the
-launcher ends the rest of that group and restarts it whole; its ranks heal
-their shards from the same shard rank of a live group and rejoin. One
-command runs the job twice, without and with the failure, and plots both:
+state. A spare group (--spares, default 1; 0: none) starts with the job:
+G processes that build their model, FSDP2 and optimizer and wait in their
+first step. One rank of the last group is SIGKILLed after 40 % of the
+steps; the launcher ends the rest of that group and restarts it whole as a
+plain replica group. The coordinator promotes the spare group in its place
+(its ranks heal their shards from the same shard rank of a live group) and
+the restarted group waits as the next spare; without spares the restarted
+group heals and rejoins. One command runs the job twice, without and with
+the failure, and plots both:
 
-    python3 examples/torch/train_hsdp.py --device cuda     # 2 groups x 2 GPUs on 4 GPUs (2 x 1 on 2 GPUs)
-    python3 examples/torch/train_hsdp.py                   # CPU: FT-DDP (torch DDP through ft.Comm), 2 replicas
+    python3 examples/torch/train_hsdp.py --device cuda     # 2 groups x 2 GPUs on 4 GPUs (2 x 1 on 2 GPUs); the spare on the last group's GPUs
+    python3 examples/torch/train_hsdp.py                   # CPU: FT-DDP (torch DDP through ft.Comm), 2 replicas + 1 spare
 
 The CPU mode runs on torch 1.13 (no FSDP2 there): each replica is one
 process, its model in torch's DistributedDataParallel with the gradient
 buckets averaged by ft.Comm (ftcomm.ft_torch.ft_ddp). Writes
-hsdp-report/loss.svg and hsdp-report/summary.txt.
+hsdp-report/loss.svg (kill and promotion marked), capacity.svg (groups per
+step, both runs) and summary.txt: the surviving groups' first commit,
+capacity back (kill → the first step committed at full size again) and the
+GPU-seconds the kill cost.
 """
 
 from __future__ import annotations
@@ -43,15 +51,19 @@ def rank_main(args) -> None:
     torch.set_num_threads(max(1, args.threads))
     cuda = args.device == "cuda"
     G, g, i = args.group_size, args.group, args.group_rank
-    device = torch.device("cuda", (g * G + i) % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    # A spare group waits on the GPUs of the group the launcher kills (the
+    # last): the GPUs its death frees.
+    slot = args.groups - 1 if args.spare else g
+    device = torch.device("cuda", (slot * G + i) % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     backend = "nccl" if cuda else "gloo"
     train, val = common.load_corpus(args.corpus, args.corpus_bytes)
     model = common.GPT(args.layers, args.d, args.heads, args.block).to(device)
-    c = ftcomm.ft.Comm(job=args.job, group="g%d" % g, group_rank=i, group_size=G, backend=backend, device=device,
+    name = "s%d" % (g - args.groups) if args.spare else "g%d" % g
+    c = ftcomm.ft.Comm(job=args.job, group=name, group_rank=i, group_size=G, backend=backend, device=device,
                        min_replicas=1, timeout=args.op_timeout, lease_ttl=2, heartbeat=1, gossip=args.gossip,
-                       log_level=os.environ.get("FTCOMM_LOG_LEVEL", "error"))
+                       log_level=os.environ.get("FTCOMM_LOG_LEVEL", "error"), spare=args.spare)
     shard = None
     if args.mode == "hsdp":
         import ftcomm.device_mesh
@@ -72,7 +84,7 @@ def rank_main(args) -> None:
     while c.committed_step < args.steps:
         t0 = time.monotonic()
         try:
-            opt.zero_grad()  # the ft step: quorum, reconfiguration, healing
+            opt.zero_grad()  # the ft step: quorum, reconfiguration, healing (a spare waits here)
         except ftcomm.FinishedError:
             break
         s = c.committed_step
@@ -85,7 +97,7 @@ def rank_main(args) -> None:
         loss.backward()
         ok = opt.step()  # commit; AdamW only if the step counts
         out = dict(step=c.committed_step, committed=ok, loss=loss.item(), participants=c.participants,
-                   epoch=c.epoch, t=time.time(), dt=time.monotonic() - t0)
+                   epoch=c.epoch, rank=c.rank, t=time.time(), dt=time.monotonic() - t0)
         evs = [{"kind": e.kind, "text": e.text, "bytes": e.bytes, "took": e.took_s} for e in c.events()]
         if evs:
             out["events"] = evs
@@ -127,22 +139,31 @@ class Job:
         self.procs = {}
         self.stores = {}
 
+    def name(self, g: int) -> str:
+        """Group g's name: g0, g1, … for the replica groups, s0, … for the spares."""
+        return "s%d" % (g - self.args.groups) if g >= self.args.groups else "g%d" % g
+
+    def label(self, k) -> str:
+        return "%s.%d" % (self.name(k[0]), k[1])
+
     def start_group(self, g: int, go: bool = True) -> None:
+        """Start group g's ranks (a spare group's for g >= groups) and wait
+        until each is ready."""
         import ftcomm
         a = self.args
         if g in self.stores:
             self.stores[g].close()
         st = self.stores[g] = ftcomm.Store.listen("127.0.0.1:0")  # the group's rendezvous, new each start
         base = [sys.executable, os.path.abspath(__file__), "--job", self.job, "--group", str(g),
-                "--group-store", st.address] + a.passthrough
+                "--group-store", st.address] + a.passthrough + (["--spare"] if g >= a.groups else [])
         for i in range(a.group_size):
-            self.procs[(g, i)] = common.Proc("g%d.%d" % (g, i), base + ["--group-rank", str(i)], self.env,
-                                             os.path.join(self.out_dir, "%s-g%d.%d.log" % (self.job, g, i)))
+            self.procs[(g, i)] = common.Proc(self.label((g, i)), base + ["--group-rank", str(i)], self.env,
+                                             os.path.join(self.out_dir, "%s-%s.log" % (self.job, self.label((g, i)))))
         for i in range(a.group_size):
             p = self.procs[(g, i)]
             msg = p.q.get(timeout=600)
             if not msg or not msg.get("ready"):
-                raise SystemExit("rank %d of group %d (%s) did not start; see %s" % (i, g, self.job, p.log.name))
+                raise SystemExit("rank %d of group %s (%s) did not start; see %s" % (i, self.name(g), self.job, p.log.name))
             self.ready_bytes = msg.get("bytes", 0)
         if go:
             self.go(g)
@@ -167,25 +188,27 @@ class Job:
 
 def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
     j = Job(args, co, job, out_dir)
-    for g in range(args.groups):
+    # The spare groups only in the run with the failure: in the other they
+    # would wait, idle, to the end.
+    spares = args.spares if kill else 0
+    for g in range(args.groups + spares):
         j.start_group(g, go=False)
-    for g in range(args.groups):  # every group registered: they start together
+    for g in range(args.groups + spares):  # every group registered: they start together
         j.go(g)
     victim_group, victim_rank = args.groups - 1, args.group_size - 1
     kill_step = int(args.steps * args.kill_at)
-    res = {"loss": {}, "val": {}, "events": [], "kill_step": None, "restart_step": None, "r0": [],
-           "state_bytes": j.ready_bytes}
-    killed_at = None
-    restarted = False
+    res = {"loss": {}, "val": {}, "events": [], "kill_step": None, "restart_step": None, "r0": [], "recs": [],
+           "promoted": None, "spares": spares, "state_bytes": j.ready_bytes}
+    killed_at = restarted = None
+    killed = set()  # Proc objects the launcher killed: their end is no one's done
     done, finished = set(), set()
     first_finished = None
     t_start = time.time()
-    n = args.groups * args.group_size
-    while len(done) < n:
+    while len(done) < len(j.procs):
         if first_finished is not None and time.time() - first_finished > 180:
             for k, p in j.procs.items():
                 if k not in finished and k not in done:
-                    print("  %s: rank %s still running after the job ended; stopping it" % (job, k), flush=True)
+                    print("  %s: rank %s still running after the job ended; stopping it" % (job, j.label(k)), flush=True)
                     p.kill()
                     done.add(k)
             first_finished = None
@@ -196,7 +219,7 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
                 except Exception:
                     break
                 if m is None:
-                    if not (kill and k[0] == victim_group and killed_at is not None and not restarted):
+                    if p not in killed:
                         done.add(k)
                     break
                 if m.get("finished"):
@@ -208,17 +231,21 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
                     continue
                 if "step" not in m:
                     continue
+                res["recs"].append({"who": j.label(k), "step": m["step"], "committed": m["committed"],
+                                    "participants": m["participants"], "t": m["t"]})
                 for e in m.get("events", []):
-                    res["events"].append(dict(e, rank="g%d.%d" % k, step=m["step"], t=m["t"] - t_start))
-                if k == (0, 0):
+                    res["events"].append(dict(e, rank=j.label(k), step=m["step"], t=m["t"] - t_start))
+                    if e["kind"] == "promoted" and res["promoted"] is None:
+                        res["promoted"] = {"who": j.name(k[0]), "step": m["step"],
+                                           "after_kill_s": m["t"] - killed_at if killed_at else None}
+                        print("  %s: %s, committing from step %d" % (job, e["text"], m["step"]), flush=True)
+                if m.get("rank") == 0 and k[1] == 0:  # the step's first group (g0 until the job changes) speaks
                     res["r0"].append([m["step"], m["committed"], m["participants"], m["epoch"],
                                       round(m["t"] - t_start, 4)])
                     if m["committed"]:
                         res["loss"][m["step"]] = m["loss"]
                         if "val" in m:
                             res["val"][m["step"]] = m["val"]
-                        if killed_at is not None and "survivor_commit_s" not in res and m["participants"] < args.groups:
-                            res["survivor_commit_s"] = m["t"] - killed_at
                         if m["step"] % 100 == 0:
                             print("  %s: step %d loss %.3f (%d groups)%s" % (
                                 job, m["step"], m["loss"], m["participants"],
@@ -226,72 +253,114 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
                 if (kill and k == (victim_group, victim_rank) and killed_at is None and m["committed"]
                         and m["step"] >= kill_step):
                     killed_at = time.time()
+                    killed.update(j.procs[(victim_group, r)] for r in range(args.group_size))
                     j.kill_group(victim_group, victim_rank)
                     res["kill_step"] = m["step"]
+                    res["killed_at"] = killed_at
                     print("  %s: rank %d of group %d SIGKILLed after committing step %d; the rest of its group "
                           "ended" % (job, victim_rank, victim_group, m["step"]), flush=True)
                     if args.restart_delay < 0:
                         done.update((victim_group, r) for r in range(args.group_size))
                     else:
                         time.sleep(args.restart_delay)  # the launcher's pace, not a synchronisation
-                        j.start_group(victim_group)
-                        restarted = True
+                        j.start_group(victim_group)  # plain replicas: they wait as a spare if one took their place
+                        restarted = time.time()
                         res["restart_step"] = max([x[0] for x in res["r0"]] or [0])
-                        print("  %s: group %d restarted (%.1f s after the kill)" % (
-                            job, victim_group, time.time() - killed_at), flush=True)
+                        print("  %s: group %d restarted (%.1f s after the kill)%s" % (
+                            job, victim_group, restarted - killed_at,
+                            "; it waits as a spare if one took its place" if spares else ""), flush=True)
                     break
-        if len(finished | done) == n:
+        if len(finished | done) == len(j.procs):
             for p in j.procs.values():
                 p.send("exit")
     j.close()
     res["seconds"] = time.time() - t_start
     res["final_val"] = res["val"].get(args.steps)
+    if killed_at is not None:
+        survivors = ["g%d.%d" % (g, i) for g in range(args.groups - 1) for i in range(args.group_size)]
+        res["capacity"] = common.capacity(res["recs"], killed_at, args.groups, survivors, args.group_size)
+        victim = "g%d." % victim_group
+        res["restart_stepped"] = any(r["who"].startswith(victim) and r["t"] > (restarted or killed_at)
+                                     for r in res["recs"])
     return res
 
 
+FAILURE = "one rank killed, its group restarted"
+
+
 def report(args, runs: dict, out_dir: str) -> None:
-    colours = {"no failure": "#1f77b4", "one rank killed, its group restarted": "#d62728"}
+    colours = {"no failure": "#1f77b4", FAILURE: "#d62728"}
     series = []
     for name, r in runs.items():
         st = sorted(r["loss"])
         series.append(("%s: training loss (EMA)" % name, st, common.ema([r["loss"][s] for s in st]), colours[name], False))
         vs = sorted(r["val"])
         series.append(("%s: validation loss" % name, vs, [r["val"][s] for s in vs], colours[name], True))
-    f = runs.get("one rank killed, its group restarted")
-    vlines = [(f["kill_step"], "kill"), (f["restart_step"] or f["kill_step"], "restart")] if f and f["kill_step"] else []
+    f = runs.get(FAILURE)
+    vlines = []
+    if f and f["kill_step"] is not None:
+        vlines = [(f["kill_step"], "kill")]
+        if f["promoted"]:
+            vlines.append((f["promoted"]["step"], "%s promoted" % f["promoted"]["who"]))
+        else:
+            vlines.append((f["restart_step"] or f["kill_step"], "restart"))
     what = "FT-HSDP (FSDP2 in %d-rank groups)" % args.group_size if args.mode == "hsdp" else "FT-DDP"
     common.svg_plot(os.path.join(out_dir, "loss.svg"), series, vlines,
                     title="GPT (%d layers, d=%d), %s, %d groups, %s" % (args.layers, args.d, what, args.groups,
                                                                         args.device),
                     xlabel="committed step", ylabel="loss (nats/byte)")
-    lines = ["train_hsdp: %s, %d groups x %d ranks on %s, %d steps, batch %d x %d bytes per rank" % (
-        what, args.groups, args.group_size, args.device, args.steps, args.batch, args.block)]
+    cap = []
+    for name, r in runs.items():
+        rows = [(x[0], x[2]) for x in r["r0"] if x[1]]
+        cap.append(("%s: groups in the step" % name, [a for a, _ in rows], [b for _, b in rows], colours[name],
+                    name != FAILURE))
+    common.svg_plot(os.path.join(out_dir, "capacity.svg"), cap, vlines,
+                    title="Capacity: replica groups per committed step, %d groups + %d spare group(s)" % (
+                        args.groups, args.spares),
+                    xlabel="committed step", ylabel="replica groups")
+    lines = ["train_hsdp: %s, %d groups x %d ranks + %d spare group(s) on %s, %d steps, batch %d x %d bytes per rank" % (
+        what, args.groups, args.group_size, args.spares, args.device, args.steps, args.batch, args.block)]
     for name, r in runs.items():
         lines.append("%-38s final validation loss %.4f  (%.1f s)" % (name, r["final_val"] or float("nan"), r["seconds"]))
     if f and "no failure" in runs and runs["no failure"]["final_val"] and f["final_val"]:
         a, b = runs["no failure"]["final_val"], f["final_val"]
         lines.append("difference: %+.2f %% (target: within 2 %%)" % (100 * (b - a) / a))
     if f and f["kill_step"] is not None:
-        alone = [x[0] for x in f["r0"] if x[1] and x[2] < args.groups]
-        lines.append("killed rank %d of group %d after its step %d; the surviving group's first commit without it "
-                     "%.3f s after the kill; the group restarted at once and rejoined %d steps later" % (
-                         args.group_size - 1, args.groups - 1, f["kill_step"], f.get("survivor_commit_s", float("nan")),
-                         len(alone)))
+        c = f["capacity"]
+        lines.append("killed rank %d of group %d after its step %d (the rest of its group ended):" % (
+            args.group_size - 1, args.groups - 1, f["kill_step"]))
+        lines.append("  surviving groups' first commit without it  %s after the kill" % common.fmt_s(c["survivor_commit_s"]))
+        lines.append("  capacity back (full size committed)        %s after the kill" % common.fmt_s(c["capacity_back_s"]))
+        lines.append("  GPU-seconds lost                           %s (survivors' stalls %s + %d GPU(s) missing "
+                     "until full size)" % ("n/a" if c["gpu_s_lost"] is None else "%.3f" % c["gpu_s_lost"],
+                                           ", ".join("%s %s" % (w, common.fmt_s(v)) for w, v in sorted(c["stall_s"].items())),
+                                           args.group_size))
+        if f["promoted"]:
+            lines.append("  spare group %s promoted in its place, first commit at step %d; the restarted g%d %s" % (
+                f["promoted"]["who"], f["promoted"]["step"], args.groups - 1,
+                "took part later" if f.get("restart_stepped") else "waited as a spare to the end"))
+        else:
+            alone = [x[0] for x in f["r0"] if x[1] and x[2] < args.groups]
+            lines.append("  no spare: the group restarted at once and rejoined %d steps later" % len(alone))
         heals = [e for e in f["events"] if e["kind"] == "healed"]
         for e in heals:
             gbps = e["bytes"] / e["took"] / 1e9 if e["took"] else float("nan")
             lines.append("  %s healed %.1f MB in %.3f s (%.2f GB/s) at step %d" % (
                 e["rank"], e["bytes"] / 1e6, e["took"], gbps, e["step"]))
         for e in f["events"]:
-            if e["kind"] in ("reconfigured", "rolled back", "commit failed") and e["rank"] == "g0.0":
+            if (e["kind"] in ("reconfigured", "rolled back", "commit failed") and e["rank"] == "g0.0"
+                    or e["kind"] == "promoted"):
                 lines.append("  %s step %d: %s" % (e["rank"], e["step"], e["text"]))
+    lines.append("capacity timeline (committed step: replica groups):")
+    for name, r in runs.items():
+        lines.append("  %-38s %s" % (name, common.timeline([(x[0], x[2]) for x in r["r0"] if x[1]])))
     text = "\n".join(lines)
     with open(os.path.join(out_dir, "summary.txt"), "w") as fh:
         fh.write(text + "\n")
-        fh.write(json.dumps({k: {kk: vv for kk, vv in v.items() if kk not in ("loss", "r0")} for k, v in runs.items()})
-                 + "\n")
+        fh.write(json.dumps({k: {kk: vv for kk, vv in v.items() if kk not in ("loss", "r0", "recs")}
+                             for k, v in runs.items()}) + "\n")
     print(text)
-    print("plot: %s" % os.path.join(out_dir, "loss.svg"))
+    print("plots: %s, %s" % (os.path.join(out_dir, "loss.svg"), os.path.join(out_dir, "capacity.svg")))
 
 
 def main() -> None:
@@ -304,6 +373,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="committed steps (200 CPU, 1500 CUDA)")
     ap.add_argument("--kill-at", type=float, default=0.4, help="kill a rank of the last group after this fraction")
     ap.add_argument("--restart-delay", type=float, default=0, help="seconds between the kill and the restart (<0: never)")
+    ap.add_argument("--spares", type=int, default=1,
+                    help="spare groups started with the job, promoted when a group dies (0: none; the restart rejoins)")
     ap.add_argument("--no-gossip", dest="gossip", action="store_false")
     ap.add_argument("--no-baseline", action="store_true", help="only the run with the failure")
     ap.add_argument("--batch", type=int, default=None, help="sequences per rank and step (8 CPU, 16 CUDA)")
@@ -323,6 +394,7 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--group-rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--group-store", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--spare", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--job", default="hsdp", help=argparse.SUPPRESS)
     args = ap.parse_args()
     cuda = args.device == "cuda"
@@ -353,9 +425,9 @@ def main() -> None:
         if not args.no_baseline:
             print("job 1: no failure", flush=True)
             runs["no failure"] = run_job(args, co, "hsdp-baseline", False, args.out)
-        print("job 2: a rank of group %d killed after %d%% of the steps, its group restarted" % (
-            args.groups - 1, 100 * args.kill_at), flush=True)
-        runs["one rank killed, its group restarted"] = run_job(args, co, "hsdp-failure", True, args.out)
+        print("job 2: a rank of group %d killed after %d%% of the steps, its group restarted; %d spare group(s)" % (
+            args.groups - 1, 100 * args.kill_at, args.spares), flush=True)
+        runs[FAILURE] = run_job(args, co, "hsdp-failure", True, args.out)
     report(args, runs, args.out)
 
 
