@@ -45,15 +45,15 @@ func TestProcessSpareTakesTheDeadsPlace(t *testing.T) {
 		t.Fatal("the spare committed a step while the job was at its target")
 	}
 	j.awaitReady("s.0")
-	// What a waiting spare costs: its CPU time while the job trains 1,000
+	// What a waiting spare costs: its CPU time while the job trains 200
 	// steps without it.
 	cpu0, w0 := j.cpuTime("s.0"), time.Now()
 	n := 0
-	j.await("1000 more steps without the spare", func(ev childEvent) bool {
+	j.await("200 more steps without the spare", func(ev childEvent) bool {
 		if ev.Kind == "" && ev.ID == "a.0" {
 			n++
 		}
-		return n == 1000
+		return n == 200
 	})
 	if cpu, wall := j.cpuTime("s.0")-cpu0, time.Since(w0); cpu >= 0 {
 		t.Logf("FIGURE a waiting spare used %.3f cores (%v of CPU in %v)", cpu.Seconds()/wall.Seconds(), cpu, wall.Round(time.Millisecond))
