@@ -667,3 +667,18 @@ func TestMeasureCapacityBack(t *testing.T) {
 		t.Fatalf("kills in the job %d, with a spare %d, capacity back %+v (the kill's %v)", r.KillsInJob, r.KillsWithSpare, r.CapacityBack, kill.Capacity)
 	}
 }
+
+// Spares refill the job, never grow it: a quorum with more replica
+// groups than the target (a spare promoted while a lost replica came back
+// as a joiner, say) is a violation.
+func TestCheckSparesGrowTheJob(t *testing.T) {
+	s := newSim(t)
+	spareTakesPlace(s, 0)
+	expect(t, s.check(false, false))
+	s.quorum(4, []string{"a", "b", "e", "c"}, nil, nil, nil)
+	a := s.check(false, false)
+	expect(t, a, invTarget)
+	if d := a.Violations[0].Detail; !strings.Contains(d, "epoch 4 has 4 replica groups [a.0 b.0 e.0 c.0], above the job's target 3") {
+		t.Fatalf("detail: %s", d)
+	}
+}

@@ -20,6 +20,10 @@ const (
 	// near it as the ready spares allow) within Config.SpareBound, unless
 	// another fault, or another loss, overlaps.
 	invCapacity = "capacity"
+	// invTarget: no quorum has more replica groups than the job's target
+	// (Config.Replicas): spares refill the job, they do not grow it (nor,
+	// then, the target the coordinator derives from the largest quorum).
+	invTarget = "target"
 )
 
 // spareLaunch is one launch of a process that waited as a spare: started
@@ -160,6 +164,15 @@ func checkSpares(in checkInput, touched func(string, int64) bool, bad func(int64
 				bad(e.T, invSpare, "%s committed step %d of epoch %d counting spare %s among its contributors (mask %b) before its promotion (%s)",
 					e.who(), e.Step, e.Epoch, l.who, e.Mask, promotion(l))
 			}
+		}
+	}
+
+	// Spares refill the job, they do not grow it.
+	for _, q := range in.Events {
+		if n := replicaGroups(q.Members); q.Kind == evQuorum && in.Target > 0 && n > in.Target {
+			bad(q.T, invTarget, "epoch %d has %d replica groups %v, above the job's target %d (promoted %v, replaced %v, its target %d: %s)",
+				q.Epoch, n, q.Members, in.Target, q.Promoted, q.Replaced, q.Target, q.Reason)
+			break // the first says it; the target the coordinator keeps has grown with it
 		}
 	}
 
