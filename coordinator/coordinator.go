@@ -137,6 +137,17 @@ type JobStatus struct {
 	Quorum  *membership.Quorum `json:"quorum,omitempty"`
 	Waiting string             `json:"waiting,omitempty"` // why no quorum forms, if one is needed
 	Updated time.Time          `json:"updated"`
+	// Target is the job's target size in replica groups, which spares
+	// refill it to: its setting membership.SettingTargetReplicas, else
+	// the most replica groups a quorum of the run had (0: no quorum yet).
+	Target int `json:"target,omitempty"`
+	// Spares are the members waiting as spares (MemberRecord.Spare, or a
+	// restart of a replaced group), ReadySpares those of them asking to
+	// take part; UnusableSpares the spare groups that can never be
+	// promoted into the job, and why. Sorted; nil without spares.
+	Spares         []string               `json:"spares,omitempty"`
+	ReadySpares    []string               `json:"readySpares,omitempty"`
+	UnusableSpares []quorum.UnusableSpare `json:"unusableSpares,omitempty"`
 }
 
 // New checks the configuration and prepares a coordinator.

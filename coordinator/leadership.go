@@ -471,13 +471,22 @@ func (l *leadership) deleteMember(ctx context.Context, job string, rec membershi
 // report keeps the leader's view of a job for Status and the metrics.
 func (l *leadership) report(a status) {
 	m := l.c.metrics
-	st := JobStatus{Job: a.job, Members: a.members, Quorum: a.quorum, Waiting: a.waiting, Updated: a.at}
+	st := JobStatus{Job: a.job, Members: a.members, Quorum: a.quorum, Waiting: a.waiting, Updated: a.at,
+		Target: a.target, Spares: a.spares, ReadySpares: a.ready, UnusableSpares: a.unusable}
 	if q := a.quorum; q != nil {
 		m.epoch.WithLabelValues(a.job).Set(float64(q.Epoch))
 		m.participants.WithLabelValues(a.job).Set(float64(len(q.Participants)))
 	}
 	m.members.WithLabelValues(a.job).Set(float64(a.members))
 	m.stalled.WithLabelValues(a.job).Set(float64(a.stalled))
+	m.target.WithLabelValues(a.job).Set(float64(a.target))
+	m.spares.WithLabelValues(a.job, spareWaiting).Set(float64(len(a.spares)))
+	m.spares.WithLabelValues(a.job, spareReady).Set(float64(len(a.ready)))
+	unusable := 0
+	for _, u := range a.unusable {
+		unusable += len(u.Members)
+	}
+	m.spares.WithLabelValues(a.job, spareUnusable).Set(float64(unusable))
 	l.c.mu.Lock()
 	l.c.status[a.job] = st
 	m.jobs.Set(float64(len(l.c.status)))

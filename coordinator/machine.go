@@ -225,6 +225,13 @@ type (
 		wakeAt  time.Time
 		stalled int
 		at      time.Time
+		// target is the job's target size in replica groups; spares the
+		// waiting spares, ready those of them asking to take part,
+		// unusable the spare groups never promoted (all nil without
+		// spares).
+		target        int
+		spares, ready []string
+		unusable      []quorum.UnusableSpare
 	}
 	// observe: a metric of the job changed (counted: value 1).
 	observe struct {
@@ -337,6 +344,9 @@ type jobState struct {
 	stalled map[string]bool
 	// settings is the job's settings document in force (nil: none).
 	settings *membership.JobSettings
+	// unusable are the spare groups logged as never to be promoted,
+	// group → why (noteUnusable).
+	unusable map[string]string
 }
 
 // foreignWrite is a write of a job's quorum key that no leader made.
@@ -593,8 +603,22 @@ func (m *machine) onSettings(in settingsPut) {
 	}
 	j.settings = &doc
 	j.m.SetSettings(doc.Ref())
+	j.m.SetTarget(targetReplicas(doc))
 	j.dirty = true
 	m.log(false, "job settings changed", field{"job", in.job}, field{"version", doc.Version}, field{"settings", doc.Summary()})
+}
+
+// targetReplicas is the job's target size in replica groups that its
+// settings name (membership.SettingTargetReplicas; 0: unset, and the
+// quorum rules use the most replica groups a quorum of the run had).
+// Stored values are validated (JobSettings.Apply); one out of range all
+// the same counts as unset.
+func targetReplicas(doc membership.JobSettings) int {
+	n, ok := doc.Int(membership.SettingTargetReplicas)
+	if !ok || n < 1 || n > math.MaxInt32 {
+		return 0
+	}
+	return int(n)
 }
 
 // onQuorumWritten tells the leader's own writes of a quorum record, seen
@@ -664,6 +688,25 @@ func (m *machine) noteStalled(job string, j *jobState, r membership.MemberRecord
 	m.do(observe{what: metricStalled, job: job, value: float64(len(j.stalled))})
 }
 
+// noteUnusable logs each spare group that can never be promoted into the
+// job (quorum.UnusableSpare) once, when it is first seen so or its reason
+// changes; one that went or became usable is forgotten.
+func (m *machine) noteUnusable(job string, j *jobState, us []quorum.UnusableSpare) {
+	if len(us) == 0 && len(j.unusable) == 0 {
+		return
+	}
+	seen := make(map[string]string, len(us))
+	for _, u := range us {
+		seen[u.Group] = u.Reason
+		if why, ok := j.unusable[u.Group]; ok && why == u.Reason {
+			continue
+		}
+		m.log(true, "spare group cannot be promoted into the job; it waits in vain", field{"job", job},
+			field{"group", u.Group}, field{"members", u.Members}, field{"why", u.Reason})
+	}
+	j.unusable = seen
+}
+
 // ---- deciding: passes ----
 
 // startPass begins a pass over the jobs with news or a timer due.
@@ -714,10 +757,16 @@ func (m *machine) run() {
 				m.publish(name, j, d)
 			}
 		case stageReport:
-			st := status{job: name, members: j.m.Len(), waiting: j.waiting, wakeAt: j.wakeAt, stalled: len(j.stalled), at: p.now}
+			st := status{job: name, members: j.m.Len(), waiting: j.waiting, wakeAt: j.wakeAt, stalled: len(j.stalled), at: p.now,
+				target: j.m.Target()}
 			if q, ok := j.m.Current(); ok {
 				st.quorum = &q
 			}
+			if n, _ := j.m.SpareCount(); n > 0 { // the lists cost what the spares are
+				st.spares, st.ready = j.m.Spares()
+				st.unusable = j.m.UnusableSpares()
+			}
+			m.noteUnusable(name, j, st.unusable)
 			m.do(st)
 			p.next, p.stage = p.next+1, stageRepair
 		}
@@ -849,6 +898,13 @@ func (m *machine) onPublished(now time.Time, wr *inflight, j *jobState, w writte
 		j.released()
 		j.quorumRev, j.ownRev, j.lastValue, j.unanswered = w.rev, w.rev, w.value, nil
 		j.m.Published(*d.Quorum)
+		if _, ready := j.m.SpareCount(); ready > 0 {
+			// Spares are promoted in a quorum after a loss's own, once
+			// the survivors hold it or FormMaxWait after it: only a
+			// decision on the published quorum sets that timer, and
+			// survivors that never report would leave none to set it.
+			j.dirty = true
+		}
 		m.do(observe{what: metricQuorum, job: wr.job, value: 1})
 		m.log(false, "quorum published", field{"job", wr.job}, field{"epoch", d.Quorum.Epoch},
 			field{"participants", len(d.Quorum.Participants)}, field{"reason", d.Quorum.Reason})

@@ -33,6 +33,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of coordi
 //	                          (starts a scenario: a leader that found nothing
 //	                          in etcd; signed: it signs its quorums)
 //	join a b … [idle]         members register (asking to take part, unless idle)
+//	spare a b … [group=N] [idle]  spares register (ids "g.r" with group=N:
+//	                          ranks of spare replica groups of N)
 //	restart a [step=S]        a's key is deleted and a new incarnation registers
 //	ask a … | step a=S …      members ask in / report steps
 //	blame a E b …             a's commit failed in epoch E, blaming b …
@@ -72,6 +74,7 @@ type machineScript struct {
 	echoes  []input          // the events of the leader's own writes, not delivered yet
 	probed  map[string]int64 // id → the incarnation last probed
 	out     []string
+	spares  string // the spares line last printed (status)
 }
 
 type fakeKV struct {
@@ -183,6 +186,17 @@ func (s *machineScript) feed(in input) {
 				}
 				s.say("%s", w)
 			}
+			// The job's spares and target, when it has spares or had.
+			if len(a.spares) > 0 || s.spares != "" {
+				line := fmt.Sprintf("spares %v ready %v target %d", a.spares, a.ready, a.target)
+				for _, u := range a.unusable {
+					line += fmt.Sprintf("; unusable %s: %s", u.Group, u.Reason)
+				}
+				if line != s.spares {
+					s.say("%s", line)
+					s.spares = line
+				}
+			}
 		case logLine:
 			if a.warn {
 				s.say("warn: %s", a.msg)
@@ -284,6 +298,12 @@ func (s *machineScript) publish(a publish) *written {
 			if a.settings != nil {
 				head += " (" + a.settings.Summary() + ")"
 			}
+		}
+		if len(q.Promoted) > 0 {
+			head += fmt.Sprintf(" promoted=%v", q.Promoted)
+		}
+		if len(q.Replaced) > 0 {
+			head += fmt.Sprintf(" replaced=%v", q.Replaced)
 		}
 		s.say("%s", head)
 		s.say("  reason: %s", q.Reason)
@@ -440,6 +460,27 @@ func (s *machineScript) run(line string) []string {
 		}
 		for _, id := range args {
 			s.putRecord(membership.MemberRecord{ID: id, WantQuorum: ask})
+		}
+	case "spare":
+		ask := args[len(args)-1] != "idle"
+		if !ask {
+			args = args[:len(args)-1]
+		}
+		size := 0
+		for _, id := range args {
+			if v, ok := strings.CutPrefix(id, "group="); ok {
+				size, _ = strconv.Atoi(v)
+			}
+		}
+		for _, id := range args {
+			if strings.HasPrefix(id, "group=") {
+				continue
+			}
+			r := membership.MemberRecord{ID: id, WantQuorum: ask, Spare: true}
+			if i := strings.LastIndexByte(id, '.'); size > 0 && i > 0 {
+				r.Group, r.GroupSize = id[:i], size
+			}
+			s.putRecord(r)
 		}
 	case "restart":
 		id := args[0]

@@ -29,8 +29,17 @@ type coordMetrics struct {
 	quorums, joins, removals     *prometheus.CounterVec
 	foreign                      *prometheus.CounterVec
 	stalled                      *prometheus.GaugeVec
+	target, spares               *prometheus.GaugeVec
 	publishSeconds               prometheus.Histogram
 }
+
+// The state label of ftcomm_coordinator_spares: waiting counts every
+// waiting spare, ready and unusable are of them.
+const (
+	spareWaiting  = "waiting"
+	spareReady    = "ready"
+	spareUnusable = "unusable"
+)
 
 func newCoordMetrics(reg prometheus.Registerer) (*coordMetrics, error) {
 	m := &coordMetrics{
@@ -46,13 +55,17 @@ func newCoordMetrics(reg prometheus.Registerer) (*coordMetrics, error) {
 		foreign:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_foreign_quorum_writes_total", Help: "Writes of a job's quorum record by someone other than a coordinator (repaired at once)."}, []string{jobLabel}),
 		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_waiting_members",
 			Help: "Members per job that wait for a holder of a step the job committed (ft's DurableCommit), and cannot step meanwhile."}, []string{jobLabel}),
+		target: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_target_replicas",
+			Help: "Target size per job in replica groups, which spares refill it to (the setting ftcomm.target_replicas, else the most replica groups a quorum of the run had)."}, []string{jobLabel}),
+		spares: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_coordinator_spares",
+			Help: "Spare members per job: waiting (all), ready (of them, asking to take part), unusable (of them, in a spare group that can never be promoted into the job)."}, []string{jobLabel, "state"}),
 		publishSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ftcomm_coordinator_publish_seconds", Help: "Latency of fenced quorum writes.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, col := range []prometheus.Collector{m.leader, m.jobs, m.gossipAlive, m.members, m.epoch, m.participants, m.quorums, m.joins, m.removals, m.foreign, m.stalled, m.publishSeconds} {
+	for _, col := range []prometheus.Collector{m.leader, m.jobs, m.gossipAlive, m.members, m.epoch, m.participants, m.quorums, m.joins, m.removals, m.foreign, m.stalled, m.target, m.spares, m.publishSeconds} {
 		if err := reg.Register(col); err != nil {
 			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
 		}

@@ -110,6 +110,9 @@ func (c *statusConfig) do(ctx context.Context, hc *http.Client, method, path str
 	return json.Unmarshal(body, out)
 }
 
+// maxSparesNamed bounds the spares a job's status names in its header.
+const maxSparesNamed = 16
+
 // status prints the jobs, or one job, as tables.
 func status(ctx context.Context, c statusConfig, w io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
@@ -161,6 +164,19 @@ func status(ctx context.Context, c statusConfig, w io.Writer) error {
 	if d.Waiting != "" {
 		fmt.Fprintf(tw, "waiting\t%s\n", d.Waiting)
 	}
+	if d.Target > 0 { // the leader's view: a follower's API has none
+		fmt.Fprintf(tw, "target\t%d replica group(s), which spares refill the job to\n", d.Target)
+		if len(d.Spares) > 0 {
+			names := strings.Join(d.Spares[:min(len(d.Spares), maxSparesNamed)], " ")
+			if n := len(d.Spares) - maxSparesNamed; n > 0 {
+				names += fmt.Sprintf(" and %d more (the table lists them)", n)
+			}
+			fmt.Fprintf(tw, "spares\t%d waiting, %d ready: %s\n", len(d.Spares), len(d.ReadySpares), names)
+		}
+	}
+	for _, u := range d.UnusableSpares {
+		fmt.Fprintf(tw, "spare group %s\tcannot be promoted (%s): %s\n", u.Group, strings.Join(u.Members, " "), u.Reason)
+	}
 	for _, m := range d.Members {
 		if m.WaitingFor > 0 {
 			fmt.Fprintf(tw, "%s waits\tfor a holder of step %d: %s\n", m.ID, m.WaitingFor, m.Waiting)
@@ -168,9 +184,21 @@ func status(ctx context.Context, c statusConfig, w io.Writer) error {
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "MEMBER\tRANK\tSTATE\tHEALTH\tSTEP\tGROUP\tADDR\tINCARNATION")
+	spares := map[string]string{} // id → its state
+	for _, id := range d.Spares {
+		spares[id] = "spare"
+	}
+	for _, id := range d.ReadySpares {
+		spares[id] = "spare (ready)"
+	}
 	for _, m := range d.Members {
 		rank, state := "-", "idle"
-		if m.WantQuorum {
+		switch {
+		case spares[m.ID] != "":
+			state = spares[m.ID]
+		case m.Spare && d.Target == 0: // no leader's view: the record says
+			state = "spare"
+		case m.WantQuorum:
 			state = "joining"
 		}
 		if m.Rank >= 0 {

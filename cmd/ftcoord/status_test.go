@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
 	"github.com/ftcomm/ftcomm/coordinator/server"
 	"github.com/ftcomm/ftcomm/membership"
 )
@@ -68,6 +69,27 @@ func TestStatusJobShowsWaitsAndRun(t *testing.T) {
 	out := statusOf(t, fakeAPI(t, server.JobDetail{JobView: coordinator.JobView{Job: "demo", Quorum: q, Step: 5, Run: run,
 		Members: []coordinator.MemberView{w}, WaitingMembers: []string{"a.0"}}}))
 	for _, re := range []string{`(?m)^run\s+r2, started .* by ops$`, `(?m)^a\.0 waits\s+for a holder of step 7: step 7 was committed by epoch 2`, `(?m)^a\.0\s+0\s+waiting\s`} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("status lacks %s:\n%s", re, out)
+		}
+	}
+}
+
+// A job's status shows its target and its spares, waiting and ready, and
+// says why a spare group can never be promoted.
+func TestStatusJobShowsSpares(t *testing.T) {
+	q := &membership.Quorum{Job: "demo", Epoch: 2, Created: time.Now(), Participants: []membership.Participant{{ID: "a"}, {ID: "b"}}}
+	member := func(id string, rank int, spare, ask bool) coordinator.MemberView {
+		return coordinator.MemberView{MemberRecord: membership.MemberRecord{ID: id, Spare: spare, WantQuorum: ask}, Rank: rank}
+	}
+	out := statusOf(t, fakeAPI(t, server.JobDetail{JobView: coordinator.JobView{Job: "demo", Quorum: q,
+		Members: []coordinator.MemberView{member("a", 0, false, true), member("b", 1, false, true), member("s", -1, true, true),
+			member("t", -1, true, false), member("x.0", -1, true, true)}},
+		Target: 3, Spares: []string{"s", "t", "x.0"}, ReadySpares: []string{"s", "x.0"},
+		UnusableSpares: []quorum.UnusableSpare{{Group: "x", Members: []string{"x.0"}, Reason: "a replica group of 2 rank(s); the job's replica groups have 1"}}}))
+	for _, re := range []string{`(?m)^target\s+3 replica group\(s\)`, `(?m)^spares\s+3 waiting, 2 ready: s t x\.0$`,
+		`(?m)^spare group x\s+cannot be promoted \(x\.0\): a replica group of 2 rank\(s\); the job's replica groups have 1$`,
+		`(?m)^s\s+-\s+spare \(ready\)\s`, `(?m)^t\s+-\s+spare\s`, `(?m)^a\s+0\s+participant\s`} {
 		if !regexp.MustCompile(re).MatchString(out) {
 			t.Errorf("status lacks %s:\n%s", re, out)
 		}

@@ -41,11 +41,14 @@ type aggregates struct {
 	short     map[string]struct{}
 	shortJoin int
 	shortSurv map[string]struct{}
-	// Spares (spares.go): ready are the waiting spares that ask to take
-	// part, prevReplicas the replica groups of prev, formed how many
-	// survivors reported holding prev's epoch.
+	// Spares (spares.go): spares are the waiting spares, ready those of
+	// them that ask to take part, prevReplicas the replica groups of
+	// prev, prevSizes how many of them have each size (ranks), formed how
+	// many survivors reported holding prev's epoch.
+	spares       map[string]struct{}
 	ready        map[string]struct{}
 	prevReplicas int
+	prevSizes    map[int]int
 	formed       int
 }
 
@@ -73,7 +76,7 @@ func newAggregates() aggregates {
 	return aggregates{prevPos: map[string]int{}, lost: map[string]struct{}{}, joining: map[string]struct{}{},
 		failed: map[string]struct{}{}, minAsked: map[int]int{}, stalling: map[string]struct{}{},
 		groups: map[string]*groupTally{}, short: map[string]struct{}{}, shortSurv: map[string]struct{}{},
-		ready: map[string]struct{}{}}
+		spares: map[string]struct{}{}, ready: map[string]struct{}{}, prevSizes: map[int]int{}}
 }
 
 // inPrev reports whether that incarnation of member id took part in the
@@ -152,6 +155,7 @@ func (m *Machine) count(r *membership.MemberRecord, n int) {
 	if eligible(r) && !spare {
 		a.eligible += n
 	}
+	set(a.spares, spare)
 	set(a.ready, spare && eligible(r) && r.WantQuorum)
 	if surv && r.Formed == m.prev.Epoch {
 		a.formed += n
@@ -247,7 +251,9 @@ func (m *Machine) rebuild() {
 	clear(a.groups)
 	clear(a.short)
 	clear(a.shortSurv)
+	clear(a.spares)
 	clear(a.ready)
+	clear(a.prevSizes)
 	a.eligible, a.shrinking, a.withRun, a.stepSeen, a.stepStale, a.shortJoin = 0, 0, 0, 0, false, 0
 	a.prevReplicas, a.formed = 0, 0
 	var epoch uint64
@@ -255,7 +261,10 @@ func (m *Machine) rebuild() {
 		for i, p := range m.prev.Participants {
 			a.prevPos[p.ID] = i
 		}
-		a.prevReplicas = replicasOf(m.prev.Participants)
+		for _, n := range groupSizes(m.prev.Participants) {
+			a.prevSizes[n]++
+			a.prevReplicas++
+		}
 		a.stepSeen, epoch = m.prev.MaxStep, m.prev.Epoch
 	}
 	survivors := 0
@@ -264,6 +273,9 @@ func (m *Machine) rebuild() {
 		took := in && m.prev.Participants[i].Incarnation == r.Incarnation // the incarnation that took part
 		el := eligible(r)
 		spare := !took && m.waitingSpare(r)
+		if spare {
+			a.spares[id] = struct{}{}
+		}
 		switch {
 		case el && took:
 			survivors++

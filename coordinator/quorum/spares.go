@@ -54,6 +54,15 @@ func replicasOf(ps []membership.Participant) int {
 	return len(seen)
 }
 
+// groupSizes counts the ranks of each replica group among ps.
+func groupSizes(ps []membership.Participant) map[string]int {
+	n := make(map[string]int, len(ps))
+	for _, p := range ps {
+		n[groupKey(p.ID, p.Group)]++
+	}
+	return n
+}
+
 // vacancy is a replica group a quorum lost: what a spare may replace.
 type vacancy struct {
 	group string
@@ -112,19 +121,107 @@ func (m *Machine) Target() int {
 }
 
 // Spares lists the waiting spares' ids, and of them those ready (asking
-// to take part), sorted.
+// to take part), sorted. It costs what the spares are (kept as records
+// change), not what the job is.
 func (m *Machine) Spares() (all, ready []string) {
-	for id, r := range m.members {
-		if m.waitingSpare(r) {
-			all = append(all, id)
+	return maps2list(m.agg.spares), maps2list(m.agg.ready)
+}
+
+// SpareCount counts the waiting spares and, of them, those ready; a
+// few map lengths.
+func (m *Machine) SpareCount() (waiting, ready int) {
+	return len(m.agg.spares), len(m.agg.ready)
+}
+
+// UnusableSpare is a spare replica group that the machine never promotes,
+// and why (spareGroup.misfit): a group of another size than the job's
+// replica groups would leave the job's groups unequal, which its
+// collectives do not support.
+type UnusableSpare struct {
+	Group   string   `json:"group"`
+	Members []string `json:"members"` // its waiting ranks, sorted
+	Reason  string   `json:"reason"`
+}
+
+// UnusableSpares lists the waiting spare groups that can never be
+// promoted into this job, by group. It walks the waiting spares only.
+func (m *Machine) UnusableSpares() []UnusableSpare {
+	if len(m.agg.spares) == 0 {
+		return nil
+	}
+	var out []UnusableSpare
+	for _, g := range m.spareGroups(m.agg.spares) {
+		if why := m.misfit(g); why != "" {
+			slices.Sort(g.ids)
+			out = append(out, UnusableSpare{Group: g.key, Members: g.ids, Reason: why})
 		}
 	}
-	for id := range m.agg.ready {
-		ready = append(ready, id)
+	slices.SortFunc(out, func(a, b UnusableSpare) int { return cmp.Compare(a.Group, b.Group) })
+	return out
+}
+
+// spareGroup is a spare replica group: those of its ranks among a set of
+// waiting spares.
+type spareGroup struct {
+	key    string
+	ids    []string
+	host   string
+	joined time.Time   // its longest waiting rank's
+	size   int         // the size its ranks report (at least 1)
+	sizes  map[int]int // when they disagree: each size reported → how many
+}
+
+// spareGroups groups the waiting spares ids by replica group.
+func (m *Machine) spareGroups(ids map[string]struct{}) map[string]*spareGroup {
+	byGroup := map[string]*spareGroup{}
+	for id := range ids {
+		r := m.members[id]
+		k, size := groupKey(id, r.Group), max(r.GroupSize, 1)
+		g := byGroup[k]
+		if g == nil {
+			g = &spareGroup{key: k, host: r.Host, joined: r.Joined, size: size}
+			byGroup[k] = g
+		}
+		g.ids = append(g.ids, id)
+		if r.Joined.Before(g.joined) {
+			g.joined = r.Joined
+		}
+		if size != g.size || g.sizes != nil {
+			if g.sizes == nil {
+				g.sizes = map[int]int{g.size: len(g.ids) - 1}
+			}
+			g.sizes[size]++
+		}
 	}
-	slices.Sort(all)
-	slices.Sort(ready)
-	return all, ready
+	return byGroup
+}
+
+// misfit says why spare group g can never take a replica group's place
+// in this job ("" when it can): its ranks must agree on its size, and
+// that must be the size of the job's replica groups (the previous
+// quorum's; any size before the first quorum, when no spare is promoted).
+func (m *Machine) misfit(g *spareGroup) string {
+	if len(g.sizes) > 1 {
+		return fmt.Sprintf("its ranks report different group sizes (%s)", sizeList(g.sizes))
+	}
+	if len(m.agg.prevSizes) == 0 || m.agg.prevSizes[g.size] > 0 {
+		return ""
+	}
+	return fmt.Sprintf("a replica group of %d rank(s); the job's replica groups have %s", g.size, sizeList(m.agg.prevSizes))
+}
+
+// sizeList names the sizes of a size → count map: "2", "2 or 4".
+func sizeList(sizes map[int]int) string {
+	ks := make([]int, 0, len(sizes))
+	for k := range sizes {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	parts := make([]string, len(ks))
+	for i, k := range ks {
+		parts[i] = fmt.Sprint(k)
+	}
+	return strings.Join(parts, " or ")
 }
 
 // promote decides whether ready spares take part in the next quorum (see
@@ -183,48 +280,28 @@ func (m *Machine) promote(now time.Time, lost []string, failed bool) (wakeAt tim
 }
 
 // pickSpares chooses up to need complete ready spare groups and returns
-// their members' ids.
+// their members' ids. A group that does not fit the job (misfit) is never
+// chosen.
 func (m *Machine) pickSpares(need int) []string {
-	type cand struct {
-		key    string
-		ids    []string
-		host   string
-		joined time.Time
-		size   int
-	}
-	byGroup := map[string]*cand{}
-	for id := range m.agg.ready {
-		r := m.members[id]
-		k := groupKey(id, r.Group)
-		c := byGroup[k]
-		if c == nil {
-			c = &cand{key: k, host: r.Host, joined: r.Joined, size: max(r.GroupSize, 1)}
-			byGroup[k] = c
-		}
-		c.ids = append(c.ids, id)
-		if r.Joined.Before(c.joined) {
-			c.joined = r.Joined
-		}
-	}
 	freed := map[string]int{} // hosts of the vacancies
 	for _, v := range m.vacant {
 		if v.host != "" {
 			freed[v.host]++
 		}
 	}
-	var cands []*cand
-	for _, c := range byGroup {
-		if len(c.ids) == c.size {
+	var cands []*spareGroup
+	for _, c := range m.spareGroups(m.agg.ready) {
+		if len(c.ids) == c.size && m.misfit(c) == "" {
 			cands = append(cands, c)
 		}
 	}
-	onFreed := func(c *cand) int {
+	onFreed := func(c *spareGroup) int {
 		if freed[c.host] > 0 {
 			return 0
 		}
 		return 1
 	}
-	slices.SortFunc(cands, func(a, b *cand) int {
+	slices.SortFunc(cands, func(a, b *spareGroup) int {
 		return cmp.Or(cmp.Compare(onFreed(a), onFreed(b)), a.joined.Compare(b.joined), cmp.Compare(a.key, b.key))
 	})
 	var ids []string

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -203,6 +204,14 @@ type JobDetail struct {
 	// none is needed).
 	Waiting string `json:"waiting,omitempty"`
 	Leader  string `json:"leader,omitempty"`
+	// Target, Spares, ReadySpares and UnusableSpares are the leader's
+	// (coordinator.JobStatus): the job's target size in replica groups,
+	// the members waiting as spares, those of them ready, and the spare
+	// groups that can never be promoted, with why. Leader only.
+	Target         int                    `json:"target,omitempty"`
+	Spares         []string               `json:"spares,omitempty"`
+	ReadySpares    []string               `json:"readySpares,omitempty"`
+	UnusableSpares []quorum.UnusableSpare `json:"unusableSpares,omitempty"`
 }
 
 func (a *api) job(w http.ResponseWriter, r *http.Request) {
@@ -216,6 +225,7 @@ func (a *api) job(w http.ResponseWriter, r *http.Request) {
 	d := JobDetail{JobView: v}
 	if st, ok := a.coord.Status(v.Job); ok {
 		d.Waiting = st.Waiting
+		d.Target, d.Spares, d.ReadySpares, d.UnusableSpares = st.Target, st.Spares, st.ReadySpares, st.UnusableSpares
 	}
 	d.Leader, _ = a.admin.Leader(ctx)
 	writeJSON(w, http.StatusOK, d)

@@ -10,6 +10,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/ftcomm/ftcomm/internal/testutil"
+	"github.com/ftcomm/ftcomm/membership"
 )
 
 // browser starts headless Chromium for one test, or skips the test when
@@ -90,6 +91,12 @@ func TestDashboardInChromium(t *testing.T) {
 	if !strings.HasPrefix(epoch, "epoch ") || !strings.Contains(rowA, "healthy") {
 		t.Fatalf("epoch %q, row a %q", epoch, rowA)
 	}
+
+	// A spare shows as one, ready, and the job's target and spares above.
+	lc.joinWith(t, "llama", "s", func(c *membership.MemberConfig) { c.Spare = true })
+	run("see the spare",
+		chromedp.WaitVisible(chromedp.Search(`//tr[@data-member="s"]/td/span[contains(., "spare (ready)")]`)),
+		chromedp.WaitVisible(chromedp.Search(`//div[@id="spares"][contains(., "target 2 replica group(s) · 1 spare(s) waiting, 1 ready")]`)))
 
 	// Evict b with its button: b learns it, and the page drops it.
 	run("click evict", chromedp.Click(chromedp.CSS(`button.evict[data-member="b"]`)))

@@ -74,10 +74,19 @@ func startLiveCoordinator(t *testing.T, token string, gossip bool) *liveCoordina
 
 func (lc *liveCoordinator) join(t *testing.T, job, id string) *membership.Member {
 	t.Helper()
+	return lc.joinWith(t, job, id, nil)
+}
+
+// joinWith is join with mut (may be nil) changing the configuration.
+func (lc *liveCoordinator) joinWith(t *testing.T, job, id string, mut func(*membership.MemberConfig)) *membership.Member {
+	t.Helper()
 	mc := membership.DefaultMemberConfig()
 	mc.Client, mc.Job, mc.ID, mc.Addr, mc.Group = lc.cli, job, id, id+".host:7000", "g-"+id
 	mc.WantQuorum = true
 	mc.LeaseTTL = 2 * time.Second
+	if mut != nil {
+		mut(&mc)
+	}
 	m, err := membership.Join(testutil.Ctx(t, 10*time.Second), mc)
 	if err != nil {
 		t.Fatal(err)
