@@ -38,8 +38,9 @@ const (
 	// the values.
 	EventSettings
 	// EventPromoted: this spare (Config.Spare) was promoted into Epoch:
-	// the job ran below its target. Reason says whose place it takes;
-	// the replica then reconfigures and heals like a joiner.
+	// the job ran below its target. Reason says where it lands (its rank
+	// in the FT comm, of how many) and whose place it takes; the replica
+	// then reconfigures and heals like a joiner.
 	EventPromoted
 )
 

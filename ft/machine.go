@@ -1075,7 +1075,9 @@ func (m *machine) reconfigure(now time.Time, q membership.Quorum, v view) {
 	m.target, m.tview, m.reconfAt, m.rollback = q, v, now, nil
 	m.reconfSince = true
 	if slices.Contains(q.Promoted, m.cfg.id) {
-		m.emit(Event{Kind: EventPromoted, Epoch: q.Epoch, Reason: q.Reason})
+		// Where it lands: its rank in the FT comm it is about to form.
+		m.emit(Event{Kind: EventPromoted, Epoch: q.Epoch, Participants: v.groups,
+			Reason: fmt.Sprintf("rank %d of %d (%s)", v.ftRank, len(v.ft), q.Reason)})
 	}
 	m.spare, m.cfg.spare = false, false // a replica from now on
 	m.prevGroup = m.group
