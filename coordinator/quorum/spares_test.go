@@ -1,7 +1,10 @@
 package quorum
 
 import (
+	"maps"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,5 +46,29 @@ func TestUnusableSparesAreListedNotPromoted(t *testing.T) {
 	dec := s.m.Advance(s.now.Add(10 * time.Second))
 	if dec.Quorum == nil || !slices.Equal(dec.Quorum.Promoted, []string{"s"}) {
 		t.Fatalf("decision %+v", dec)
+	}
+}
+
+// The waiting spares and the previous quorum's group sizes, kept as
+// records change, equal those made anew from every member (rebuild),
+// after every command of the spares script.
+func TestSpareAggregatesMatchRebuild(t *testing.T) {
+	data, err := os.ReadFile("testdata/spares.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &quorumScript{t: t, now: time.Unix(1000, 0)}
+	for i, line := range strings.Split(string(data), "\n") {
+		cmd, ok := strings.CutPrefix(line, "> ")
+		if !ok {
+			continue
+		}
+		s.run(cmd)
+		kept, keptSizes, keptReady := maps.Clone(s.m.agg.spares), maps.Clone(s.m.agg.prevSizes), maps.Clone(s.m.agg.ready)
+		s.m.rebuild()
+		if !maps.Equal(kept, s.m.agg.spares) || !maps.Equal(keptSizes, s.m.agg.prevSizes) || !maps.Equal(keptReady, s.m.agg.ready) {
+			t.Fatalf("line %d (%s): spares %v ready %v sizes %v, made anew %v %v %v", i+1, cmd, kept, keptReady, keptSizes,
+				s.m.agg.spares, s.m.agg.ready, s.m.agg.prevSizes)
+		}
 	}
 }
