@@ -7,10 +7,16 @@
 // restarted, a 2|2 partition, one replica cut off, a slow link), checks
 // the invariants over the recorded timeline while it runs and at the end,
 // and writes a report (report.json, report.txt, faults.json,
-// events.jsonl, timeline.png).
+// events.jsonl, timeline.png). With Config.Spares (-spares) a pool of
+// spare processes (ft.Config.Spare) waits beside the replicas, the faults
+// targeting them too: a spare contributes to no step before its
+// promotion, a loss with a spare ready is followed by the job at full
+// size within Config.SpareBound, and no quorum is larger than
+// Config.Replicas (spares.go).
 //
 //	go test -race -v ./test/chaos                # the CI mix (TestChaosMix), 2–3 minutes
 //	go run ./test/chaos -duration 30m -mtbf 15s  # a soak; -h lists the flags
+//	go run ./test/chaos -spares 2 -faults kill,stop,partition,cut  # a soak with spares
 //	go run ./test/chaos show -dir DIR -fault 7   # a recorded run's timeline around a fault
 //
 // Partitions and slow links use network namespaces joined by veth pairs

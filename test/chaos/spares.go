@@ -191,9 +191,9 @@ func checkSpares(in checkInput, touched func(string, int64) bool, bad func(int64
 		if q.Kind != evQuorum || len(q.Removed) == 0 || (in.EndAt != 0 && q.T >= in.EndAt) {
 			continue
 		}
-		target := q.Target
+		target := in.Target // the configured size (the quorum's grows with a violation of invTarget)
 		if target == 0 {
-			target = in.Target
+			target = q.Target
 		}
 		size := replicaGroups(q.Members)
 		if size >= target {
