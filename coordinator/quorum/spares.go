@@ -256,8 +256,10 @@ func (m *Machine) promote(now time.Time, lost []string, failed bool) (wakeAt tim
 	}
 	switch {
 	case len(lost) > 0 || failed:
-		// The loss goes first, unless no quorum forms without a spare.
-		if len(lost) == 0 || have+len(joining) >= m.minReplicas() {
+		// The loss goes first, unless no quorum forms without a spare
+		// (min replicas counts ranks).
+		ranks := len(m.prev.Participants) - len(lost) + len(m.agg.joining) - m.agg.shortJoin
+		if len(lost) == 0 || ranks >= m.minReplicas() {
 			return time.Time{}
 		}
 	case m.agg.formed < len(m.prev.Participants):
