@@ -283,19 +283,32 @@ def capacity(recs: Sequence[dict], killed_at: float, full: int, survivors: Seque
     - survivor_commit_s: kill → the survivors' first commit without the dead;
     - capacity_back_s: kill → the first step committed at full size again;
     - stall_s: each survivor rank's stall, kill → its first commit after it;
-    - gpu_s_lost: the survivors' stalls plus each of the dead group's
+    - grow_stall_s: each survivor rank's wait in the grow that brought the
+      job back to full size: its first step at full size took that much
+      longer than its median step before the kill;
+    - gpu_s_lost: the survivors' stalls (both) plus each of the dead group's
       dead_gpus GPUs missing until full size (GPU-seconds; one GPU a rank).
     Values are None where the run never got there."""
     after = [r for r in recs if r["committed"] and r["t"] > killed_at]
     shrunk = [r["t"] for r in after if r["participants"] < full]
     back = [r["t"] for r in after if r["participants"] >= full]
     out = {"survivor_commit_s": min(shrunk) - killed_at if shrunk else None,
-           "capacity_back_s": min(back) - killed_at if back else None, "stall_s": {}}
+           "capacity_back_s": min(back) - killed_at if back else None, "stall_s": {}, "grow_stall_s": {}}
     for w in survivors:
-        ts = [r["t"] for r in after if r["who"] == w]
-        out["stall_s"][w] = min(ts) - killed_at if ts else None
-    if out["capacity_back_s"] is not None and all(v is not None for v in out["stall_s"].values()):
-        out["gpu_s_lost"] = sum(out["stall_s"].values()) + dead_gpus * out["capacity_back_s"]
+        mine = sorted(r["t"] for r in recs if r["committed"] and r["who"] == w)
+        ts = [t for t in mine if t > killed_at]
+        out["stall_s"][w] = ts[0] - killed_at if ts else None
+        before = [b - a for a, b in zip(mine, mine[1:]) if b <= killed_at]
+        full_t = [r["t"] for r in after if r["who"] == w and r["participants"] >= full]
+        if before and full_t:
+            prev = [t for t in mine if t < full_t[0]]
+            step = sorted(before)[len(before) // 2]
+            out["grow_stall_s"][w] = max(0.0, full_t[0] - prev[-1] - step) if prev else None
+        else:
+            out["grow_stall_s"][w] = None
+    stalls = list(out["stall_s"].values()) + list(out["grow_stall_s"].values())
+    if out["capacity_back_s"] is not None and all(v is not None for v in stalls):
+        out["gpu_s_lost"] = sum(stalls) + dead_gpus * out["capacity_back_s"]
     else:
         out["gpu_s_lost"] = None
     return out

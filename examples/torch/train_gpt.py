@@ -260,7 +260,7 @@ def report(args, runs: dict, out_dir: str) -> None:
         lines.append("  capacity back (full size committed)  %s after the kill" % common.fmt_s(c["capacity_back_s"]))
         lines.append("  GPU-seconds lost                     %s (stalls %s + 1 GPU missing until full size)" % (
             "n/a" if c["gpu_s_lost"] is None else "%.3f" % c["gpu_s_lost"],
-            ", ".join("%s %s" % (w, common.fmt_s(v)) for w, v in sorted(c["stall_s"].items()))))
+            ", ".join("%s %s + grow %s" % (w, common.fmt_s(v), common.fmt_s(c["grow_stall_s"].get(w))) for w, v in sorted(c["stall_s"].items()))))
         if f["promoted"]:
             lines.append("  %s promoted in its place, first commit at step %d; the restarted %s %s" % (
                 f["promoted"]["who"], f["promoted"]["step"], victim,
