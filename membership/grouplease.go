@@ -451,6 +451,8 @@ func (m *Member) followLeader(g groupLease, seen int64) followEnd {
 		if m.groupFollows() {
 			onRecord = m.applyForwarded
 		}
+		m.setLinked(true)
+		defer m.setLinked(false)
 		m.pingLink(c, bufio.NewReader(c), timeout, nil, onRecord)
 	}()
 	select {
@@ -472,6 +474,12 @@ func (m *Member) followLeader(g groupLease, seen int64) followEnd {
 		<-linkEnded
 		return membershipOver
 	}
+}
+
+func (m *Member) setLinked(up bool) {
+	m.mu.Lock()
+	m.linked = up
+	m.mu.Unlock()
 }
 
 // takeoverTurn is a member's place in line to take its group's lease over

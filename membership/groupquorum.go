@@ -123,7 +123,7 @@ func (m *Member) seedForward(ctx context.Context) (int64, error) {
 	changed := false
 	for _, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
-			c, _ := m.applyKV(kv)
+			c, _ := m.applyKV(kv, viaRead)
 			changed = changed || c
 			m.fwdLog = append(m.fwdLog, encodeLinkRecord(kv))
 		}
@@ -142,7 +142,7 @@ func (m *Member) seedForward(ctx context.Context) (int64, error) {
 // holds. A view it cannot apply makes it read the record from etcd.
 func (m *Member) applyForwarded(kv *mvccpb.KeyValue) {
 	m.mu.Lock()
-	changed, needFull := m.applyLocked(kv)
+	changed, needFull := m.applyLocked(kv, viaLink)
 	if changed {
 		m.notifyLocked()
 	}

@@ -202,6 +202,8 @@ type Member struct {
 	groupRev    int64
 	groupSeen   int64
 	links       map[net.Conn]*groupLink // the group links this member serves
+	linked      bool                    // a member that does not lead: its link to the leader is up
+	delivered   [vias]uint64            // the newest epoch of a quorum record received by each way (State)
 	fwdLog      [][]byte                // what a group's leader replays to a member that links (groupquorum.go)
 	rec         MemberRecord
 	dirty       bool
