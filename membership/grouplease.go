@@ -355,18 +355,38 @@ func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, ou
 // member gone. Fenced on the incarnation the hello named and on the
 // group's lease: a hello naming a member of another group (or a stranger's
 // that knew the lease) can delete no registration but one on this lease.
+//
+// It tries until etcd answers, while this member leads: the registration
+// is bound to the lease this member renews, so nothing else removes it
+// (the group's other members run no gossip, and a peer's blame may come
+// after the coordinator revoked the epoch, and be dropped). A death whose
+// delete etcd refused once (shedding load under a mass death's burst of
+// takeovers) otherwise stayed registered, and the job waited for it for
+// ever. When this member stops leading, the registration is on a lease
+// no one renews, and expires with it.
 func (m *Member) reportGroupDeath(h linkHello) {
 	k := m.keys.Member(m.cfg.Job, h.ID)
-	ctx, cancel := context.WithTimeout(m.life, 5*time.Second)
-	defer cancel()
-	tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", h.Incarnation),
-		clientv3.Compare(clientv3.LeaseValue(k), "=", clientv3.LeaseID(h.Lease))).
-		Then(clientv3.OpDelete(k)).Commit()
-	switch {
-	case err != nil:
-		m.lg.Warn("could not remove a group member whose link ended; left to the collectives and the coordinator", zap.String("peer", h.ID), zap.Error(err))
-	case tr.Succeeded:
-		m.lg.Info("group member's link ended without a goodbye: removed its registration", zap.String("peer", h.ID), zap.Int64("incarnation", h.Incarnation))
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
+	for try := 1; m.life.Err() == nil && m.holdsLease(); try++ {
+		ctx, cancel := context.WithTimeout(m.life, 5*time.Second)
+		tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", h.Incarnation),
+			clientv3.Compare(clientv3.LeaseValue(k), "=", clientv3.LeaseID(h.Lease))).
+			Then(clientv3.OpDelete(k)).Commit()
+		cancel()
+		switch {
+		case err == nil && tr.Succeeded:
+			m.lg.Info("group member's link ended without a goodbye: removed its registration", zap.String("peer", h.ID),
+				zap.Int64("incarnation", h.Incarnation), zap.Int("tries", try))
+			return
+		case err == nil:
+			return // gone already, or moved to another lease: not this group's to remove
+		}
+		m.lg.Warn("could not remove a group member whose link ended; trying again", zap.String("peer", h.ID), zap.Int("tries", try), zap.Error(err))
+		select {
+		case <-time.After(bo.NextBackOff()):
+		case <-m.life.Done():
+		}
 	}
 }
 
