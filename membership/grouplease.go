@@ -65,10 +65,23 @@ var errGroupMoved = errors.New("membership: the group's lease moved")
 
 // The link protocol: a hello line (JSON linkHello) from the member, then
 // single bytes both ways: linkPing every GroupLinkInterval, linkBye before
-// an orderly close.
+// an orderly close (a member that leaves, or that links elsewhere). A
+// leader that does not hold the lease a hello names answers linkRefuse
+// and closes: it is alive, so the member links again rather than take the
+// lease over (which would delete a live leader's registration).
 const (
-	linkPing byte = 'p'
-	linkBye  byte = 'b'
+	linkPing   byte = 'p'
+	linkBye    byte = 'b'
+	linkRefuse byte = 'n'
+)
+
+// linkEnd is how a group link ended.
+type linkEnd int
+
+const (
+	linkBroken  linkEnd = iota // closed or silent without a goodbye: the peer's death
+	linkGoodbye                // the peer said goodbye
+	linkRefused                // the leader refused the hello (linkRefuse)
 )
 
 type linkHello struct {
@@ -264,42 +277,55 @@ func (m *Member) serveGroupLink(c net.Conn) {
 	}
 	m.mu.Unlock()
 	if !ok {
-		return // not this group's current lease: the member reads the record again
+		// Not the lease this member holds: not yet (it is taking the
+		// group over, and the member saw the record move before this
+		// member's transaction returned) or not any more. Say so: a link
+		// that ends without a word is the leader's death.
+		if m.life.Err() == nil {
+			c.SetWriteDeadline(time.Now().Add(timeout))
+			c.Write([]byte{linkRefuse})
+		}
+		return
 	}
-	bye := m.pingLink(c, r, timeout, out, nil)
+	end := m.pingLink(c, r, timeout, out, nil)
 	m.mu.Lock()
 	delete(m.links, c)
 	leading := m.holds
 	m.mu.Unlock()
-	if !bye && leading && m.life.Err() == nil {
+	switch {
+	case end == linkGoodbye:
+		m.lg.Debug("a group member ended its link with a goodbye", zap.String("peer", h.ID))
+	case leading && m.life.Err() == nil:
 		m.reportGroupDeath(h)
 	}
 }
 
 // pingLink sends a ping every GroupLinkInterval and reads the peer's until
-// the link ends: bye is true when the peer said goodbye. At the end of
-// the membership this end says goodbye (unless crashed) and closes. At
-// the leader's end, out holds the records to forward (groupquorum.go); at
-// a member's, onRecord takes those the leader forwards (nil: a record
-// ends the link).
-func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, out *groupLink, onRecord func(*mvccpb.KeyValue)) (bye bool) {
-	got := make(chan bool, 1)
+// the link ends, and says how it ended. At the end of the membership this
+// end says goodbye (unless crashed) and closes. At the leader's end, out
+// holds the records to forward (groupquorum.go); at a member's, onRecord
+// takes those the leader forwards (nil: a record ends the link).
+func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, out *groupLink, onRecord func(*mvccpb.KeyValue)) linkEnd {
+	got := make(chan linkEnd, 1)
 	go func() { // exits when c is closed or the peer goes quiet
 		for {
 			c.SetReadDeadline(time.Now().Add(timeout))
 			b, err := r.ReadByte()
 			if err != nil {
-				got <- false
+				got <- linkBroken
 				return
 			}
 			switch {
 			case b == linkBye:
-				got <- true
+				got <- linkGoodbye
+				return
+			case b == linkRefuse:
+				got <- linkRefused
 				return
 			case b == linkRecord:
 				kv, err := readLinkRecord(r)
 				if err != nil {
-					got <- false
+					got <- linkBroken
 					return
 				}
 				if onRecord != nil { // else not for this end: dropped
@@ -316,9 +342,9 @@ func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, ou
 	}
 	for {
 		select {
-		case bye = <-got:
+		case end := <-got:
 			c.Close()
-			return bye
+			return end
 		case <-wake:
 			m.mu.Lock()
 			frames := out.queue
@@ -345,7 +371,7 @@ func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, ou
 			}
 			c.Close()
 			<-got
-			return true
+			return linkGoodbye
 		}
 	}
 }
@@ -414,6 +440,8 @@ func (m *Member) followGroup() {
 			}
 		case recordMoved:
 			err = m.rebind()
+		case leaderRefused:
+			err = errLinkRefused // link again, after a pause
 		}
 		if err == nil {
 			bo.Reset()
@@ -435,7 +463,10 @@ const (
 	membershipOver followEnd = iota
 	leaderGone               // the link ended: take over
 	recordMoved              // the group's record changed: bind to it
+	leaderRefused            // the leader is alive but refused the hello: link again
 )
+
+var errLinkRefused = errors.New("the group's leader refused the link: it does not hold the lease the record names, yet or any more")
 
 // followLeader links to the leader g names and watches the group's record
 // after seen (a revision at which it was still g) until one of them ends.
@@ -452,6 +483,8 @@ func (m *Member) followLeader(g groupLease, seen int64) followEnd {
 		}
 	}()
 	linkEnded := make(chan struct{})
+	// end is how the link ended (read after linkEnded).
+	var end linkEnd
 	go func() { // exits when the link ends, at the latest with the membership
 		defer close(linkEnded)
 		timeout := m.cfg.GroupLinkTimeout
@@ -466,14 +499,24 @@ func (m *Member) followLeader(g groupLease, seen int64) followEnd {
 			c.Close()
 			return
 		}
-		go func() { <-ctx.Done(); c.SetReadDeadline(time.Now()) }() // a moved record ends the link
+		go func() {
+			// A moved record (or a broken watch of it) ends the link by
+			// this member's choice: it says goodbye, or the leader, alive,
+			// would take it for dead and delete its registration.
+			<-ctx.Done()
+			if m.life.Err() == nil {
+				c.SetWriteDeadline(time.Now().Add(timeout))
+				c.Write([]byte{linkBye})
+			}
+			c.SetReadDeadline(time.Now())
+		}()
 		var onRecord func(*mvccpb.KeyValue)
 		if m.groupFollows() {
 			onRecord = m.applyForwarded
 		}
 		m.setLinked(true)
 		defer m.setLinked(false)
-		m.pingLink(c, bufio.NewReader(c), timeout, nil, onRecord)
+		end = m.pingLink(c, bufio.NewReader(c), timeout, nil, onRecord)
 	}()
 	select {
 	case <-linkEnded:
@@ -484,8 +527,11 @@ func (m *Member) followLeader(g groupLease, seen int64) followEnd {
 		case <-moved:
 			return recordMoved
 		default:
-			return leaderGone
 		}
+		if end == linkRefused {
+			return leaderRefused
+		}
+		return leaderGone
 	case <-moved:
 		cancel()
 		<-linkEnded

@@ -1,8 +1,19 @@
 package membership_test
 
 import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 	"github.com/ftcomm/ftcomm/internal/clustertest"
@@ -20,6 +31,12 @@ import (
 func groupMember(c *membership.MemberConfig) {
 	c.Group, c.GroupLease, c.GroupLinkAddr = "g", true, "127.0.0.1:0"
 	c.LeaseTTL = 30 * time.Second
+}
+
+// debugLogger logs to the test and keeps what it logged, debug included.
+func debugLogger(t *testing.T) (*zap.Logger, *observer.ObservedLogs) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	return zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core)), logs
 }
 
 // A group member's death is removed even when etcd did not take the
@@ -56,4 +73,154 @@ func TestGroupDeathRemovedAfterAFailedDelete(t *testing.T) {
 		return err == nil && len(r.Kvs) == 0
 	})
 	clustertest.WaitQuorum(t, ms[2], 0, "g.0", "g.2")
+}
+
+// refusingLeader serves a group's link port as a live leader that does
+// not hold the lease a hello names: it answers each hello with a refusal
+// and closes. hellos receives each hello it read.
+func refusingLeader(t *testing.T) (addr string, hellos <-chan string) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	ch := make(chan string, 100)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err == nil {
+				c.Write([]byte{'n'}) // the refusal (membership's linkRefuse)
+				select {
+				case ch <- strings.TrimSpace(line):
+				default:
+				}
+			}
+			c.Close()
+		}
+	}()
+	return l.Addr().String(), ch
+}
+
+// A leader that answers a member's link but refuses its hello is alive:
+// it does not hold the lease the hello names yet (it is taking the group
+// over, and the member saw the record move before the leader's
+// transaction returned) or any more. The member links again; it does not
+// take the lease over from a live leader — which would delete that
+// leader's registration, and a survivor would be counted among the dead.
+func TestGroupLinkRefusedIsNoDeath(t *testing.T) {
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
+	ctx := clustertest.Ctx(t, 30*time.Second)
+	link, hellos := refusingLeader(t)
+	// The group's record names a leader "g.0" that refuses every hello,
+	// on a lease the test keeps alive.
+	lr, err := tj.Client.Grant(ctx, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tj.Client.KeepAlive(ctx, lr.ID); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := json.Marshal(map[string]any{"lease": fmt.Sprint(int64(lr.ID)), "leader": "g.0", "link": link, "since": time.Now()})
+	gkey := keys.Layout{}.GroupLease(tj.Name, "g")
+	put, err := tj.Client.Put(ctx, gkey, string(rec), clientv3.WithLease(lr.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := tj.Join("g.1", func(c *membership.MemberConfig) {
+		groupMember(c)
+		c.GroupLinkInterval, c.GroupLinkTimeout = 100*time.Millisecond, time.Second
+	})
+	for i := range 3 {
+		select {
+		case h := <-hellos:
+			if !strings.Contains(h, `"g.1"`) {
+				t.Fatalf("hello %q", h)
+			}
+		case <-ctx.Done():
+			t.Fatalf("the member did not link again after %d refusals; it holds: %s", i, m.State())
+		}
+	}
+	r, err := tj.Client.Get(ctx, gkey)
+	if err != nil || len(r.Kvs) != 1 || r.Kvs[0].ModRevision != put.Header.Revision {
+		t.Fatalf("the group's record after refusals: %v, %v; want it unchanged at revision %d (the member took the lease over from a live leader)",
+			r, err, put.Header.Revision)
+	}
+	if s := m.State(); s.Leads || s.Lease != int64(lr.ID) || s.Err != nil {
+		t.Fatalf("the member after refusals: %s; want it following g.0 on lease %x", s, int64(lr.ID))
+	}
+}
+
+// A leader refuses a hello that names a lease it does not hold, and says
+// so (the refusal above), rather than closing the link as a dead
+// leader's would end.
+func TestGroupLeaderSaysItRefuses(t *testing.T) {
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
+	leader := tj.Join("g.0", groupMember)
+	ctx := clustertest.Ctx(t, 20*time.Second)
+	r, err := tj.Client.Get(ctx, keys.Layout{}.GroupLease(tj.Name, "g"))
+	if err != nil || len(r.Kvs) != 1 {
+		t.Fatalf("the group's record: %v, %v", r, err)
+	}
+	var g struct {
+		Link string `json:"link"`
+	}
+	json.Unmarshal(r.Kvs[0].Value, &g)
+	c, err := net.Dial("tcp", g.Link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, `{"id":"g.1","inc":1,"lease":"%d"}`+"\n", leader.Record().Lease+1)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b := make([]byte, 1)
+	if _, err := c.Read(b); err != nil || b[0] != 'n' {
+		t.Fatalf("the leader's answer to a hello for another lease: %q, %v; want a refusal", b, err)
+	}
+}
+
+// A member that ends its link to a live leader by its own choice (the
+// group's record moved, or its watch of it broke) says goodbye: the
+// leader removes only a member whose link ended without one. Here the
+// record is rewritten unchanged, so both followers relink to the same
+// leader; neither may lose its registration.
+func TestGroupRelinkKeepsTheRegistration(t *testing.T) {
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
+	lg, logs := debugLogger(t)
+	leader := tj.Join("g.0", func(c *membership.MemberConfig) { groupMember(c); c.Logger = lg })
+	ms := []*membership.Member{leader, tj.Join("g.1", groupMember), tj.Join("g.2", groupMember)}
+	for _, m := range ms {
+		clustertest.WaitQuorum(t, m, 0, "g.0", "g.1", "g.2")
+	}
+	ctx := clustertest.Ctx(t, 30*time.Second)
+	gkey := keys.Layout{}.GroupLease(tj.Name, "g")
+	moved, err := tj.Client.Put(ctx, gkey, "", clientv3.WithIgnoreValue(), clientv3.WithIgnoreLease())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Both links end at the leader, one way or the other.
+	testutil.WaitFor(t, ctx, "both links' ends handled at the leader", func() bool {
+		n := 0
+		for _, e := range logs.All() {
+			if e.Message == "group member's link ended without a goodbye: removed its registration" || e.Message == "a group member ended its link with a goodbye" {
+				n++
+			}
+		}
+		return n >= 2
+	})
+	if n := logs.FilterMessage("group member's link ended without a goodbye: removed its registration").Len(); n > 0 {
+		t.Fatalf("the leader removed %d live members that relinked", n)
+	}
+	for _, m := range ms[1:] {
+		testutil.WaitFor(t, ctx, m.ID()+" linked again under the moved record", func() bool {
+			s := m.State()
+			return s.Err != nil || s.Linked && s.GroupRev == moved.Header.Revision
+		})
+		if s := m.State(); s.Err != nil {
+			t.Fatalf("%s: %s", m.ID(), s)
+		}
+	}
 }
