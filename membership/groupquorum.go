@@ -139,7 +139,10 @@ func (m *Member) seedForward(ctx context.Context) (int64, error) {
 
 // applyForwarded takes a record the group's leader forwarded, as one read
 // from etcd (applyLocked): verified, never older than what the member
-// holds. A view it cannot apply makes it read the record from etcd.
+// holds. A view it cannot apply makes it read the record from etcd; one
+// that comes while a read is under way makes it read once more after it
+// (the read under way may predate that view's epoch, and the leader
+// forwards each view once).
 func (m *Member) applyForwarded(kv *mvccpb.KeyValue) {
 	m.mu.Lock()
 	changed, needFull := m.applyLocked(kv, viaLink)
@@ -147,16 +150,32 @@ func (m *Member) applyForwarded(kv *mvccpb.KeyValue) {
 		m.notifyLocked()
 	}
 	m.mu.Unlock()
-	if needFull && m.readingFull.CompareAndSwap(false, true) {
-		m.spawn(func() {
-			defer m.readingFull.Store(false)
-			ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
-			defer cancel()
-			if err := m.readFull(ctx, 0); err != nil && m.life.Err() == nil {
-				m.lg.Info("reading the quorum record failed; the next forward tries again", zap.Error(err))
-			}
-		})
+	if !needFull {
+		return
 	}
+	m.readAgain.Store(true)
+	if !m.readingFull.CompareAndSwap(false, true) {
+		return // the read under way reads again
+	}
+	m.spawn(func() {
+		for {
+			for m.readAgain.Swap(false) && m.life.Err() == nil {
+				ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
+				err := m.readFull(ctx, 0)
+				cancel()
+				if err != nil && m.life.Err() == nil {
+					m.lg.Info("reading the quorum record failed; the next forward tries again", zap.Error(err))
+					m.readAgain.Store(false)
+				}
+			}
+			m.readingFull.Store(false)
+			// A view that came between the last Swap and the Store found
+			// the read under way: read for it here.
+			if !m.readAgain.Load() || !m.readingFull.CompareAndSwap(false, true) {
+				return
+			}
+		}
+	})
 }
 
 // leadEpochs is what a member that now leads its group does for the

@@ -176,8 +176,10 @@ type Member struct {
 	// link listens for the group's liveness links (MemberConfig.GroupLease).
 	link    net.Listener
 	crashed atomic.Bool // Crash: links end without saying goodbye
-	// readingFull: a read of the whole list for a forwarded view is under way.
+	// readingFull: a read of the whole list for a forwarded view is under
+	// way; readAgain: a view came that it may predate.
 	readingFull atomic.Bool
+	readAgain   atomic.Bool
 	watching    atomic.Int32 // watchEpochs runs (a group's follower does not watch)
 
 	life   context.Context // ends at Leave, Close or loss
