@@ -82,6 +82,7 @@ const (
 	linkBroken  linkEnd = iota // closed or silent without a goodbye: the peer's death
 	linkGoodbye                // the peer said goodbye
 	linkRefused                // the leader refused the hello (linkRefuse)
+	linkOver                   // this end's membership ended
 )
 
 type linkHello struct {
@@ -371,7 +372,7 @@ func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, ou
 			}
 			c.Close()
 			<-got
-			return linkGoodbye
+			return linkOver
 		}
 	}
 }
