@@ -456,3 +456,40 @@ def blocked_all_reduce(rank, addr, key):
         return {"ok": False, "type": type(e).__name__, "dist": isinstance(e, ftcomm.distributed.DistBackendError),
                 "peer_failed": isinstance(e, ftcomm.PeerFailedError), "ranks": list(getattr(e, "ranks", ())),
                 "msg": str(e), "took": time.monotonic() - t0}
+
+
+def refused(rank):
+    """One rank's call is refused (a bad argument there), the other's is
+    valid: for each step, what each rank's call raised, and the sum of an
+    all-reduce right after (the group goes on)."""
+    size = dist.get_world_size()
+    out = []
+
+    def outcome(f):
+        t0 = time.monotonic()
+        try:
+            f()
+            return {"kind": "ok"}
+        except ftcomm.PeerRefusedError as e:
+            return {"kind": "PeerRefusedError", "rank": e.rank, "ranks": list(e.ranks), "reason": e.reason,
+                    "dist": isinstance(e, ftcomm.distributed.DistBackendError), "took": time.monotonic() - t0}
+        except ftcomm.InvalidArgumentError as e:
+            return {"kind": "InvalidArgumentError", "msg": str(e), "took": time.monotonic() - t0}
+
+    t = lambda v=1.0: torch.full((4,), float(v))  # noqa: E731
+    steps = [
+        ("broadcast from a rank outside the group", 1,
+         lambda: dist.broadcast(t(), src=size + 3 if rank == 1 else 0)),
+        ("all_reduce with a bitwise op on floats", 0,
+         lambda: dist.all_reduce(t(), op=dist.ReduceOp.BAND if rank == 0 else dist.ReduceOp.SUM)),
+        ("all_gather into a list of the wrong length", 1,
+         lambda: dist.all_gather([t() for _ in range(size + (1 if rank == 1 else 0))], t())),
+        ("send to a rank outside the group", 0,
+         lambda: dist.send(t(), size + 1) if rank == 0 else dist.recv(t(0), 0)),
+    ]
+    for what, culprit, call in steps:
+        res = outcome(call)
+        y = torch.full((8,), float(rank + 1))
+        dist.all_reduce(y)
+        out.append({"step": what, "culprit": culprit, "res": res, "after": float(y[0])})
+    return out
