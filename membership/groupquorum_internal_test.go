@@ -130,13 +130,15 @@ func TestTakeoverTurn(t *testing.T) {
 
 // readKV is an etcd KV whose Get answers with the quorum record the test
 // holds then, and calls during (a forward that arrives while the answer is
-// on its way) before answering.
+// on its way) before answering; the reads numbered in fail get an error
+// instead (etcd shedding load, or out of reach).
 type readKV struct {
 	clientv3.KV
 	mu     sync.Mutex
 	record *mvccpb.KeyValue
 	reads  int
 	during func(read int)
+	fail   map[int]bool
 }
 
 func (k *readKV) Get(ctx context.Context, key string, _ ...clientv3.OpOption) (*clientv3.GetResponse, error) {
@@ -146,6 +148,9 @@ func (k *readKV) Get(ctx context.Context, key string, _ ...clientv3.OpOption) (*
 	k.mu.Unlock()
 	if k.during != nil {
 		k.during(n)
+	}
+	if k.fail[n] {
+		return nil, errors.New("etcdserver: too many requests")
 	}
 	return &clientv3.GetResponse{Header: &etcdserverpb.ResponseHeader{}, Kvs: []*mvccpb.KeyValue{rec}}, nil
 }
@@ -200,4 +205,48 @@ func TestForwardedViewDuringARead(t *testing.T) {
 		t.Fatalf("epoch %d, want 8", q.Epoch)
 	}
 	m.wg.Wait()
+}
+
+// A member that follows its group's leader ends on the epoch of a view it
+// could not apply even when etcd fails the reads of the record that view
+// made it try: the leader forwards each view once, so nothing else would
+// bring that epoch (the last of a burst of deaths has no successor).
+func TestForwardedViewReadFailing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lay := keys.Layout{}
+	rev := int64(10)
+	kv := func(key string, raw []byte) *mvccpb.KeyValue {
+		rev++
+		return &mvccpb.KeyValue{Key: []byte(key), Value: raw, ModRevision: rev}
+	}
+	q5, q6, q7 := viewQuorum(5, "a", "b", "c", "d"), viewQuorum(6, "a", "b", "c"), viewQuorum(7, "a", "b")
+	raw5, err := EncodeQuorumRecord(q5, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw7, err := EncodeQuorumRecord(q7, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	view7, err := EncodeQuorumView(&q6, q7, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &readKV{record: kv(lay.Quorum("j"), raw7), fail: map[int]bool{1: true, 2: true}}
+	m := &Member{cfg: MemberConfig{Job: "j", LeaseTTL: 5 * time.Second}, cli: &clientv3.Client{KV: store}, keys: lay, lg: zap.NewNop(),
+		revocations: map[uint64]Revocation{}, changed: make(chan struct{}), revokedCh: map[uint64]chan struct{}{}, life: ctx}
+	m.applyForwarded(kv(lay.Quorum("j"), raw5))
+	m.applyForwarded(kv(lay.QuorumView("j"), view7)) // the member missed epoch 6: it reads the record
+	q, err := m.NextQuorum(ctx, 5)
+	if err != nil {
+		t.Fatalf("%v; it holds: %s", err, m.State())
+	}
+	if q.Epoch != 7 {
+		t.Fatalf("epoch %d, want 7", q.Epoch)
+	}
+	m.wg.Wait()
+	if store.reads != 3 {
+		t.Errorf("%d reads, want 3 (two failed, one answered)", store.reads)
+	}
 }
