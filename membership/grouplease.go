@@ -698,7 +698,19 @@ func (m *Member) takeOver(old groupLease, rev int64) error {
 			[]clientv3.Op{clientv3.OpDelete(lk)}, nil))
 	}
 	tr, err := m.cli.Txn(ctx).If(cmp, clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc)).Then(then...).Commit()
-	if err != nil || !tr.Succeeded {
+	won, at := err == nil && tr.Succeeded, int64(0)
+	if err == nil {
+		at = tr.Header.Revision
+	} else if m.life.Err() == nil {
+		// No answer is not a refusal: etcd may have applied the
+		// transaction and the answer come too late (a loaded etcd, past
+		// ctx). Revoking the lease then would delete the group's record
+		// and this member's registration, now bound to it: a survivor
+		// counted dead, and the group's other members moved to a lease
+		// that is gone.
+		won, at = m.tookOver(lr.ID)
+	}
+	if !won {
 		m.writeM.Unlock()
 		if gsp != nil {
 			gsp.Close()
@@ -714,7 +726,7 @@ func (m *Member) takeOver(old groupLease, rev int64) error {
 	// its lease's would end their link (and make one of them take over
 	// from this member).
 	m.mu.Lock()
-	m.group, m.groupRev, m.groupSeen = g, tr.Header.Revision, tr.Header.Revision
+	m.group, m.groupRev, m.groupSeen = g, at, at
 	m.lease, m.holds, m.gsp = lr.ID, true, gsp
 	m.rec.Lease, m.rec.Gossip = rec.Lease, rec.Gossip
 	m.mu.Unlock()
@@ -736,4 +748,30 @@ func (m *Member) takeOver(old groupLease, rev int64) error {
 		}
 	}
 	return nil
+}
+
+// tookOver finds out whether a takeover whose transaction got no answer
+// took effect: whether the group's record names lease (the one that
+// transaction granted), reading it until etcd answers, for at most a
+// LeaseTTL (past it, a lease no one renewed has expired, and the record
+// with it) or until the membership ends. at is the record's revision.
+func (m *Member) tookOver(lease clientv3.LeaseID) (won bool, at int64) {
+	ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
+	defer cancel()
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, time.Second, 0
+	var resp *clientv3.GetResponse
+	read := func() (err error) {
+		resp, err = m.cli.Get(ctx, m.groupKey())
+		return err
+	}
+	if backoff.Retry(read, backoff.WithContext(bo, ctx)) != nil || len(resp.Kvs) == 0 {
+		return false, 0
+	}
+	var g groupLease
+	if json.Unmarshal(resp.Kvs[0].Value, &g) != nil || g.Lease != int64(lease) {
+		return false, 0
+	}
+	m.lg.Info("a takeover whose transaction got no answer took effect", zap.Int64("lease", g.Lease))
+	return true, resp.Kvs[0].ModRevision
 }

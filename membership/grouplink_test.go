@@ -2,10 +2,12 @@ package membership_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -222,5 +224,78 @@ func TestGroupRelinkKeepsTheRegistration(t *testing.T) {
 		if s := m.State(); s.Err != nil {
 			t.Fatalf("%s: %s", m.ID(), s)
 		}
+	}
+}
+
+// lostAnswerKV passes every request to etcd, but answers the first
+// transaction that writes key, once etcd applied it, with the error of a
+// caller whose deadline passed first (a loaded etcd's late answer).
+type lostAnswerKV struct {
+	clientv3.KV
+	key  string
+	lost atomic.Bool
+}
+
+func (k *lostAnswerKV) Txn(ctx context.Context) clientv3.Txn {
+	return &lostAnswerTxn{Txn: k.KV.Txn(ctx), kv: k}
+}
+
+type lostAnswerTxn struct {
+	clientv3.Txn
+	kv     *lostAnswerKV
+	writes bool
+}
+
+func (t *lostAnswerTxn) If(cs ...clientv3.Cmp) clientv3.Txn { t.Txn = t.Txn.If(cs...); return t }
+
+func (t *lostAnswerTxn) Then(ops ...clientv3.Op) clientv3.Txn {
+	for _, op := range ops {
+		t.writes = t.writes || op.IsPut() && string(op.KeyBytes()) == t.kv.key
+	}
+	t.Txn = t.Txn.Then(ops...)
+	return t
+}
+
+func (t *lostAnswerTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+
+func (t *lostAnswerTxn) Commit() (*clientv3.TxnResponse, error) {
+	r, err := t.Txn.Commit()
+	if err == nil && r.Succeeded && t.writes && t.kv.lost.CompareAndSwap(false, true) {
+		return nil, context.DeadlineExceeded
+	}
+	return r, err
+}
+
+// A member that took its group's lease over leads it even when etcd's
+// answer to the takeover never came: the transaction may have been
+// applied, binding the group's record and the member's registration to
+// the lease it granted, and dropping that lease would count a survivor
+// among the dead.
+func TestGroupTakeoverWithoutAnswerLeads(t *testing.T) {
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
+	kv := &lostAnswerKV{key: keys.Layout{}.GroupLease(tj.Name, "g")}
+	ms := []*membership.Member{
+		tj.Join("g.0", groupMember),
+		tj.Join("g.1", func(c *membership.MemberConfig) { // the first in line to take over
+			groupMember(c)
+			kv.KV, c.Client.KV = c.Client.KV, kv
+		}),
+		tj.Join("g.2", groupMember),
+	}
+	for _, m := range ms {
+		clustertest.WaitQuorum(t, m, 0, "g.0", "g.1", "g.2")
+	}
+	ms[0].Crash()
+	for _, m := range ms[1:] {
+		clustertest.WaitQuorum(t, m, 0, "g.1", "g.2")
+	}
+	if !kv.lost.Load() {
+		t.Fatal("no takeover's answer was lost: the test tested nothing")
+	}
+	if s := ms[1].State(); s.Err != nil || !s.Leads {
+		t.Fatalf("g.1 after its takeover's answer was lost: %s; want it leading the group", s)
+	}
+	if s := ms[2].State(); s.Err != nil || s.Lease != ms[1].State().Lease {
+		t.Fatalf("g.2: %s; want it on g.1's lease", s)
 	}
 }
