@@ -67,19 +67,24 @@ nofile=$(ulimit -n)
 } >"$out/machine.txt"
 cat "$out/machine.txt"
 
-# run NAME LIMIT_S CMD...: one run, its log and its JSON line.
-run() {
-	local name=$1 limit=$2
-	shift 2
-	# A run's processes (100,000 members closing) may outlive it by a
-	# while; a run started beside them measures them too (a 100K run
-	# started at load 173 after another collapsed, docs/capacity.md).
+# settle waits (at most 120 s) for an earlier run's processes to exit: a
+# run's processes (100,000 members closing) may outlive it by a while, and
+# a run started beside them measures them too (a 100K run started at load
+# 173 after another collapsed, docs/capacity.md).
+settle() {
 	local waited=0
 	while pgrep -f "$bin/ftload" >/dev/null && [ "$waited" -lt 120 ]; do
 		sleep 1
 		waited=$((waited + 1))
 	done
 	[ "$waited" -gt 0 ] && echo "   waited ${waited}s for an earlier run's processes to exit"
+}
+
+# run NAME LIMIT_S CMD...: one run, its log and its JSON line.
+run() {
+	local name=$1 limit=$2
+	shift 2
+	settle
 	echo "== $name ($(date -u +%T), load $(cut -d' ' -f1-3 /proc/loadavg), limit ${limit}s): $*"
 	(cd "$out" && timeout -k 15 "$limit" "$@") >"$out/$name.log" 2>&1
 	local rc=$?
@@ -106,6 +111,7 @@ if [ -n "${FTLOAD_MASS_RUNS:-}" ]; then
 	export FTLOAD_MEMBER_LOGS=1
 	ran=0
 	for k in $(seq 1 "$runs"); do
+		settle # before the budget is read: the wait is the run's time too
 		left=$((budget - (SECONDS - start)))
 		if [ "$left" -lt 75 ]; then
 			echo "== out of budget: runs $k-$runs not started (FTLOAD_MASS_RUNS=$((runs - k + 1)) in another call)"
