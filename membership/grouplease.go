@@ -409,7 +409,9 @@ func (m *Member) reportGroupDeath(h linkHello) {
 		case err == nil:
 			return // gone already, or moved to another lease: not this group's to remove
 		}
-		m.lg.Warn("could not remove a group member whose link ended; trying again", zap.String("peer", h.ID), zap.Int("tries", try), zap.Error(err))
+		if try == 1 || try%10 == 0 { // a drowning etcd fails thousands of them at once
+			m.lg.Warn("could not remove a group member whose link ended; trying again", zap.String("peer", h.ID), zap.Int("tries", try), zap.Error(err))
+		}
 		select {
 		case <-time.After(bo.NextBackOff()):
 		case <-m.life.Done():
