@@ -203,7 +203,9 @@
 // gossip run there only); the others bind their registrations to it and
 // hold a TCP link to the leader, pinged both ways (GroupLinkInterval,
 // GroupLinkTimeout). A link that ends without a goodbye is a death: the
-// leader deletes the registration of a member whose link ended; a member
+// leader deletes the registration of a member whose link ended (trying
+// until etcd answers: nothing else removes a registration on the lease
+// it renews); a member
 // whose link to the leader ended takes the lease over in one transaction
 // fenced on the group's record (a new lease, its registration moved, the
 // old leader's deleted), and the others move their registrations to the
@@ -212,7 +214,12 @@
 // yet last), a GroupLinkInterval apart, each watching the record while it
 // waits: the first goes at once, and a group whose leader died costs etcd
 // one new lease rather than one per member. Either way the coordinator sees
-// one member gone. A member watches the group's record from the revision
+// one member gone. A member that ends its link by choice (the record
+// moved, or its watch of it broke) says goodbye, and a leader that does
+// not hold the lease a hello names (not yet: its takeover's transaction
+// has not returned; or not any more) refuses it out loud: the member
+// links again after a pause rather than take the lease over, and so a
+// live member is never counted dead. A member watches the group's record from the revision
 // at which its last fenced write (its registration, a move) found the
 // record unchanged, not from the record's own revision, which may be as
 // old as the group: etcd serves a watch that starts in the past from its

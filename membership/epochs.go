@@ -143,20 +143,31 @@ func (m *Member) notifyLocked() {
 	}
 }
 
+// via is how a record reached the member: its own watch of etcd, its
+// group's leader over the link, or a read of etcd (MemberState).
+type via int
+
+const (
+	viaWatch via = iota
+	viaLink
+	viaRead
+	vias
+)
+
 // applyLocked takes a quorum view, the quorum record (the whole list) or a
-// revocation record, from etcd or from the group's leader. needFull: a
+// revocation record, from etcd or from the group's leader (how: v). needFull: a
 // view the member could not apply (a change of an epoch it does not
 // hold); read the record (readFull). A group's leader forwards what
 // changed its state to the group (groupquorum.go). Called with mu held.
-func (m *Member) applyLocked(kv *mvccpb.KeyValue) (changed, needFull bool) {
-	changed, needFull = m.applyKV(kv)
+func (m *Member) applyLocked(kv *mvccpb.KeyValue, v via) (changed, needFull bool) {
+	changed, needFull = m.applyKV(kv, v)
 	if changed {
 		m.forwardLocked(kv)
 	}
 	return changed, needFull
 }
 
-func (m *Member) applyKV(kv *mvccpb.KeyValue) (changed, needFull bool) {
+func (m *Member) applyKV(kv *mvccpb.KeyValue, v via) (changed, needFull bool) {
 	k := string(kv.Key)
 	record := k == m.keys.Quorum(m.cfg.Job)
 	switch {
@@ -169,6 +180,7 @@ func (m *Member) applyKV(kv *mvccpb.KeyValue) (changed, needFull bool) {
 			m.lg.Warn("ignored a quorum record", zap.Int64("revision", kv.ModRevision), zap.Error(err))
 			return false, false
 		}
+		m.delivered[v] = max(m.delivered[v], h.Epoch)
 		if m.quorum != nil && h.Epoch <= m.quorum.Epoch {
 			return false, false
 		}
@@ -192,6 +204,7 @@ func (m *Member) applyKV(kv *mvccpb.KeyValue) (changed, needFull bool) {
 			m.lg.Warn("ignored a quorum record", zap.Int64("revision", kv.ModRevision), zap.Error(err))
 			return false, false
 		}
+		m.delivered[v] = max(m.delivered[v], q.Epoch)
 		if m.quorum == nil || q.Epoch > m.quorum.Epoch {
 			q = compact(q)
 			m.quorum = &q
@@ -258,7 +271,7 @@ func (m *Member) loadEpochs(ctx context.Context) (int64, error) {
 	changed, needFull := false, false
 	for _, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
-			c, f := m.applyLocked(kv)
+			c, f := m.applyLocked(kv, viaRead)
 			changed, needFull = changed || c, needFull || f
 		}
 	}
@@ -317,7 +330,7 @@ func (m *Member) watchEpochs(rev int64) {
 			changed, needFull := false, false
 			for _, ev := range wr.Events {
 				if ev.Type == mvccpb.PUT {
-					c, f := m.applyLocked(ev.Kv)
+					c, f := m.applyLocked(ev.Kv, viaWatch)
 					changed, needFull = changed || c, needFull || f
 				}
 			}
@@ -395,7 +408,7 @@ func (m *Member) applyAll(kvs []*mvccpb.KeyValue) bool {
 	defer m.mu.Unlock()
 	changed := false
 	for _, kv := range kvs {
-		c, _ := m.applyLocked(kv)
+		c, _ := m.applyLocked(kv, viaRead)
 		changed = changed || c
 	}
 	if changed {

@@ -65,10 +65,24 @@ var errGroupMoved = errors.New("membership: the group's lease moved")
 
 // The link protocol: a hello line (JSON linkHello) from the member, then
 // single bytes both ways: linkPing every GroupLinkInterval, linkBye before
-// an orderly close.
+// an orderly close (a member that leaves, or that links elsewhere). A
+// leader that does not hold the lease a hello names answers linkRefuse
+// and closes: it is alive, so the member links again rather than take the
+// lease over (which would delete a live leader's registration).
 const (
-	linkPing byte = 'p'
-	linkBye  byte = 'b'
+	linkPing   byte = 'p'
+	linkBye    byte = 'b'
+	linkRefuse byte = 'n'
+)
+
+// linkEnd is how a group link ended.
+type linkEnd int
+
+const (
+	linkBroken  linkEnd = iota // closed or silent without a goodbye: the peer's death
+	linkGoodbye                // the peer said goodbye
+	linkRefused                // the leader refused the hello (linkRefuse)
+	linkOver                   // this end's membership ended
 )
 
 type linkHello struct {
@@ -264,42 +278,55 @@ func (m *Member) serveGroupLink(c net.Conn) {
 	}
 	m.mu.Unlock()
 	if !ok {
-		return // not this group's current lease: the member reads the record again
+		// Not the lease this member holds: not yet (it is taking the
+		// group over, and the member saw the record move before this
+		// member's transaction returned) or not any more. Say so: a link
+		// that ends without a word is the leader's death.
+		if m.life.Err() == nil {
+			c.SetWriteDeadline(time.Now().Add(timeout))
+			c.Write([]byte{linkRefuse})
+		}
+		return
 	}
-	bye := m.pingLink(c, r, timeout, out, nil)
+	end := m.pingLink(c, r, timeout, out, nil)
 	m.mu.Lock()
 	delete(m.links, c)
 	leading := m.holds
 	m.mu.Unlock()
-	if !bye && leading && m.life.Err() == nil {
+	switch {
+	case end == linkGoodbye:
+		m.lg.Debug("a group member ended its link with a goodbye", zap.String("peer", h.ID))
+	case leading && m.life.Err() == nil:
 		m.reportGroupDeath(h)
 	}
 }
 
 // pingLink sends a ping every GroupLinkInterval and reads the peer's until
-// the link ends: bye is true when the peer said goodbye. At the end of
-// the membership this end says goodbye (unless crashed) and closes. At
-// the leader's end, out holds the records to forward (groupquorum.go); at
-// a member's, onRecord takes those the leader forwards (nil: a record
-// ends the link).
-func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, out *groupLink, onRecord func(*mvccpb.KeyValue)) (bye bool) {
-	got := make(chan bool, 1)
+// the link ends, and says how it ended. At the end of the membership this
+// end says goodbye (unless crashed) and closes. At the leader's end, out
+// holds the records to forward (groupquorum.go); at a member's, onRecord
+// takes those the leader forwards (nil: a record ends the link).
+func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, out *groupLink, onRecord func(*mvccpb.KeyValue)) linkEnd {
+	got := make(chan linkEnd, 1)
 	go func() { // exits when c is closed or the peer goes quiet
 		for {
 			c.SetReadDeadline(time.Now().Add(timeout))
 			b, err := r.ReadByte()
 			if err != nil {
-				got <- false
+				got <- linkBroken
 				return
 			}
 			switch {
 			case b == linkBye:
-				got <- true
+				got <- linkGoodbye
+				return
+			case b == linkRefuse:
+				got <- linkRefused
 				return
 			case b == linkRecord:
 				kv, err := readLinkRecord(r)
 				if err != nil {
-					got <- false
+					got <- linkBroken
 					return
 				}
 				if onRecord != nil { // else not for this end: dropped
@@ -316,9 +343,9 @@ func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, ou
 	}
 	for {
 		select {
-		case bye = <-got:
+		case end := <-got:
 			c.Close()
-			return bye
+			return end
 		case <-wake:
 			m.mu.Lock()
 			frames := out.queue
@@ -345,7 +372,7 @@ func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, ou
 			}
 			c.Close()
 			<-got
-			return true
+			return linkOver
 		}
 	}
 }
@@ -355,18 +382,40 @@ func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, ou
 // member gone. Fenced on the incarnation the hello named and on the
 // group's lease: a hello naming a member of another group (or a stranger's
 // that knew the lease) can delete no registration but one on this lease.
+//
+// It tries until etcd answers, while this member leads: the registration
+// is bound to the lease this member renews, so nothing else removes it
+// (the group's other members run no gossip, and a peer's blame may come
+// after the coordinator revoked the epoch, and be dropped). A death whose
+// delete etcd refused once (shedding load under a mass death's burst of
+// takeovers) otherwise stayed registered, and the job waited for it for
+// ever. When this member stops leading, the registration is on a lease
+// no one renews, and expires with it.
 func (m *Member) reportGroupDeath(h linkHello) {
 	k := m.keys.Member(m.cfg.Job, h.ID)
-	ctx, cancel := context.WithTimeout(m.life, 5*time.Second)
-	defer cancel()
-	tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", h.Incarnation),
-		clientv3.Compare(clientv3.LeaseValue(k), "=", clientv3.LeaseID(h.Lease))).
-		Then(clientv3.OpDelete(k)).Commit()
-	switch {
-	case err != nil:
-		m.lg.Warn("could not remove a group member whose link ended; left to the collectives and the coordinator", zap.String("peer", h.ID), zap.Error(err))
-	case tr.Succeeded:
-		m.lg.Info("group member's link ended without a goodbye: removed its registration", zap.String("peer", h.ID), zap.Int64("incarnation", h.Incarnation))
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
+	for try := 1; m.life.Err() == nil && m.holdsLease(); try++ {
+		ctx, cancel := context.WithTimeout(m.life, 5*time.Second)
+		tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", h.Incarnation),
+			clientv3.Compare(clientv3.LeaseValue(k), "=", clientv3.LeaseID(h.Lease))).
+			Then(clientv3.OpDelete(k)).Commit()
+		cancel()
+		switch {
+		case err == nil && tr.Succeeded:
+			m.lg.Info("group member's link ended without a goodbye: removed its registration", zap.String("peer", h.ID),
+				zap.Int64("incarnation", h.Incarnation), zap.Int("tries", try))
+			return
+		case err == nil:
+			return // gone already, or moved to another lease: not this group's to remove
+		}
+		if try == 1 || try%10 == 0 { // a drowning etcd fails thousands of them at once
+			m.lg.Warn("could not remove a group member whose link ended; trying again", zap.String("peer", h.ID), zap.Int("tries", try), zap.Error(err))
+		}
+		select {
+		case <-time.After(bo.NextBackOff()):
+		case <-m.life.Done():
+		}
 	}
 }
 
@@ -394,6 +443,8 @@ func (m *Member) followGroup() {
 			}
 		case recordMoved:
 			err = m.rebind()
+		case leaderRefused:
+			err = errLinkRefused // link again, after a pause
 		}
 		if err == nil {
 			bo.Reset()
@@ -415,7 +466,10 @@ const (
 	membershipOver followEnd = iota
 	leaderGone               // the link ended: take over
 	recordMoved              // the group's record changed: bind to it
+	leaderRefused            // the leader is alive but refused the hello: link again
 )
+
+var errLinkRefused = errors.New("the group's leader refused the link: it does not hold the lease the record names, yet or any more")
 
 // followLeader links to the leader g names and watches the group's record
 // after seen (a revision at which it was still g) until one of them ends.
@@ -432,6 +486,8 @@ func (m *Member) followLeader(g groupLease, seen int64) followEnd {
 		}
 	}()
 	linkEnded := make(chan struct{})
+	// end is how the link ended (read after linkEnded).
+	var end linkEnd
 	go func() { // exits when the link ends, at the latest with the membership
 		defer close(linkEnded)
 		timeout := m.cfg.GroupLinkTimeout
@@ -446,12 +502,24 @@ func (m *Member) followLeader(g groupLease, seen int64) followEnd {
 			c.Close()
 			return
 		}
-		go func() { <-ctx.Done(); c.SetReadDeadline(time.Now()) }() // a moved record ends the link
+		go func() {
+			// A moved record (or a broken watch of it) ends the link by
+			// this member's choice: it says goodbye, or the leader, alive,
+			// would take it for dead and delete its registration.
+			<-ctx.Done()
+			if m.life.Err() == nil {
+				c.SetWriteDeadline(time.Now().Add(timeout))
+				c.Write([]byte{linkBye})
+			}
+			c.SetReadDeadline(time.Now())
+		}()
 		var onRecord func(*mvccpb.KeyValue)
 		if m.groupFollows() {
 			onRecord = m.applyForwarded
 		}
-		m.pingLink(c, bufio.NewReader(c), timeout, nil, onRecord)
+		m.setLinked(true)
+		defer m.setLinked(false)
+		end = m.pingLink(c, bufio.NewReader(c), timeout, nil, onRecord)
 	}()
 	select {
 	case <-linkEnded:
@@ -462,8 +530,11 @@ func (m *Member) followLeader(g groupLease, seen int64) followEnd {
 		case <-moved:
 			return recordMoved
 		default:
-			return leaderGone
 		}
+		if end == linkRefused {
+			return leaderRefused
+		}
+		return leaderGone
 	case <-moved:
 		cancel()
 		<-linkEnded
@@ -472,6 +543,12 @@ func (m *Member) followLeader(g groupLease, seen int64) followEnd {
 		<-linkEnded
 		return membershipOver
 	}
+}
+
+func (m *Member) setLinked(up bool) {
+	m.mu.Lock()
+	m.linked = up
+	m.mu.Unlock()
 }
 
 // takeoverTurn is a member's place in line to take its group's lease over
@@ -623,7 +700,19 @@ func (m *Member) takeOver(old groupLease, rev int64) error {
 			[]clientv3.Op{clientv3.OpDelete(lk)}, nil))
 	}
 	tr, err := m.cli.Txn(ctx).If(cmp, clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc)).Then(then...).Commit()
-	if err != nil || !tr.Succeeded {
+	won, at := err == nil && tr.Succeeded, int64(0)
+	if err == nil {
+		at = tr.Header.Revision
+	} else if m.life.Err() == nil {
+		// No answer is not a refusal: etcd may have applied the
+		// transaction and the answer come too late (a loaded etcd, past
+		// ctx). Revoking the lease then would delete the group's record
+		// and this member's registration, now bound to it: a survivor
+		// counted dead, and the group's other members moved to a lease
+		// that is gone.
+		won, at = m.tookOver(lr.ID)
+	}
+	if !won {
 		m.writeM.Unlock()
 		if gsp != nil {
 			gsp.Close()
@@ -639,7 +728,7 @@ func (m *Member) takeOver(old groupLease, rev int64) error {
 	// its lease's would end their link (and make one of them take over
 	// from this member).
 	m.mu.Lock()
-	m.group, m.groupRev, m.groupSeen = g, tr.Header.Revision, tr.Header.Revision
+	m.group, m.groupRev, m.groupSeen = g, at, at
 	m.lease, m.holds, m.gsp = lr.ID, true, gsp
 	m.rec.Lease, m.rec.Gossip = rec.Lease, rec.Gossip
 	m.mu.Unlock()
@@ -661,4 +750,30 @@ func (m *Member) takeOver(old groupLease, rev int64) error {
 		}
 	}
 	return nil
+}
+
+// tookOver finds out whether a takeover whose transaction got no answer
+// took effect: whether the group's record names lease (the one that
+// transaction granted), reading it until etcd answers, for at most a
+// LeaseTTL (past it, a lease no one renewed has expired, and the record
+// with it) or until the membership ends. at is the record's revision.
+func (m *Member) tookOver(lease clientv3.LeaseID) (won bool, at int64) {
+	ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
+	defer cancel()
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, time.Second, 0
+	var resp *clientv3.GetResponse
+	read := func() (err error) {
+		resp, err = m.cli.Get(ctx, m.groupKey())
+		return err
+	}
+	if backoff.Retry(read, backoff.WithContext(bo, ctx)) != nil || len(resp.Kvs) == 0 {
+		return false, 0
+	}
+	var g groupLease
+	if json.Unmarshal(resp.Kvs[0].Value, &g) != nil || g.Lease != int64(lease) {
+		return false, 0
+	}
+	m.lg.Info("a takeover whose transaction got no answer took effect", zap.Int64("lease", g.Lease))
+	return true, resp.Kvs[0].ModRevision
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -123,7 +124,7 @@ func (m *Member) seedForward(ctx context.Context) (int64, error) {
 	changed := false
 	for _, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
-			c, _ := m.applyKV(kv)
+			c, _ := m.applyKV(kv, viaRead)
 			changed = changed || c
 			m.fwdLog = append(m.fwdLog, encodeLinkRecord(kv))
 		}
@@ -139,23 +140,58 @@ func (m *Member) seedForward(ctx context.Context) (int64, error) {
 
 // applyForwarded takes a record the group's leader forwarded, as one read
 // from etcd (applyLocked): verified, never older than what the member
-// holds. A view it cannot apply makes it read the record from etcd.
+// holds. A view it cannot apply makes it read the record from etcd, again
+// and again (backoff) until etcd answers or the membership ends: the
+// leader forwards each view once, so a read given up would leave the
+// member on the older epoch until the next one (a burst's last epoch has
+// none). A view that comes while a read is under way makes it read once
+// more after it: the read under way may predate that view's epoch.
 func (m *Member) applyForwarded(kv *mvccpb.KeyValue) {
 	m.mu.Lock()
-	changed, needFull := m.applyLocked(kv)
+	changed, needFull := m.applyLocked(kv, viaLink)
 	if changed {
 		m.notifyLocked()
 	}
 	m.mu.Unlock()
-	if needFull && m.readingFull.CompareAndSwap(false, true) {
-		m.spawn(func() {
-			defer m.readingFull.Store(false)
-			ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
-			defer cancel()
-			if err := m.readFull(ctx, 0); err != nil && m.life.Err() == nil {
-				m.lg.Info("reading the quorum record failed; the next forward tries again", zap.Error(err))
+	if !needFull {
+		return
+	}
+	m.readAgain.Store(true)
+	if !m.readingFull.CompareAndSwap(false, true) {
+		return // the read under way reads again
+	}
+	m.spawn(m.readForForwards)
+}
+
+// readForForwards reads the whole record for the forwarded views that
+// asked for it (readAgain) until none is left, each read retried until
+// etcd answers; it exits then, or when the membership ends. It runs while
+// readingFull is held, at most once at a time.
+func (m *Member) readForForwards() {
+	read := func() error {
+		ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
+		defer cancel()
+		return m.readFull(ctx, 0)
+	}
+	retried := func(err error, next time.Duration) {
+		m.lg.Info("reading the quorum record for a forwarded view failed; trying again", zap.Error(err), zap.Duration("in", next))
+	}
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
+	for {
+		for m.readAgain.Swap(false) {
+			bo.Reset()
+			if backoff.RetryNotify(read, backoff.WithContext(bo, m.life), retried) != nil {
+				m.readingFull.Store(false)
+				return // the membership ended
 			}
-		})
+		}
+		m.readingFull.Store(false)
+		// A view that came between the last Swap and the Store found the
+		// read under way: read for it here.
+		if !m.readAgain.Load() || !m.readingFull.CompareAndSwap(false, true) {
+			return
+		}
 	}
 }
 

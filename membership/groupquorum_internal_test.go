@@ -6,9 +6,13 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"sync"
 	"testing"
+	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/internal/keys"
@@ -121,5 +125,128 @@ func TestTakeoverTurn(t *testing.T) {
 	}
 	if got := takeoverTurn(nil, "a", "a.1", "a.0"); got != 0 {
 		t.Errorf("no quorum held: turn %d, want 0 (nothing known to wait for)", got)
+	}
+}
+
+// readKV is an etcd KV whose Get answers with the quorum record the test
+// holds then, and calls during (a forward that arrives while the answer is
+// on its way) before answering; the reads numbered in fail get an error
+// instead (etcd shedding load, or out of reach).
+type readKV struct {
+	clientv3.KV
+	mu     sync.Mutex
+	record *mvccpb.KeyValue
+	reads  int
+	during func(read int)
+	fail   map[int]bool
+}
+
+func (k *readKV) Get(ctx context.Context, key string, _ ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	k.mu.Lock()
+	k.reads++
+	n, rec := k.reads, k.record
+	k.mu.Unlock()
+	if k.during != nil {
+		k.during(n)
+	}
+	if k.fail[n] {
+		return nil, errors.New("etcdserver: too many requests")
+	}
+	return &clientv3.GetResponse{Header: &etcdserverpb.ResponseHeader{}, Kvs: []*mvccpb.KeyValue{rec}}, nil
+}
+
+// A member that follows its group's leader ends on the newest epoch the
+// leader forwarded, even when a view it cannot apply arrives while it
+// reads the record for the one before: the read under way may predate
+// that view's epoch, and the leader forwards each view once.
+func TestForwardedViewDuringARead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lay := keys.Layout{}
+	rev := int64(10)
+	kv := func(key string, raw []byte) *mvccpb.KeyValue {
+		rev++
+		return &mvccpb.KeyValue{Key: []byte(key), Value: raw, ModRevision: rev}
+	}
+	record := func(q Quorum) *mvccpb.KeyValue {
+		raw, err := EncodeQuorumRecord(q, nil, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kv(lay.Quorum(q.Job), raw)
+	}
+	view := func(prev, q Quorum) *mvccpb.KeyValue {
+		raw, err := EncodeQuorumView(&prev, q, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kv(lay.QuorumView(q.Job), raw)
+	}
+	q5, q6, q7, q8 := viewQuorum(5, "a", "b", "c", "d"), viewQuorum(6, "a", "b", "c"), viewQuorum(7, "a", "b"), viewQuorum(8, "a")
+	store := &readKV{record: record(q7)}
+	m := &Member{cfg: MemberConfig{Job: "j", LeaseTTL: 5 * time.Second}, cli: &clientv3.Client{KV: store}, keys: lay, lg: zap.NewNop(),
+		revocations: map[uint64]Revocation{}, changed: make(chan struct{}), revokedCh: map[uint64]chan struct{}{}, life: ctx}
+	m.applyForwarded(record(q5))
+	rec8 := record(q8)
+	store.during = func(read int) {
+		if read == 1 { // etcd answered with epoch 7; epoch 8 is written and forwarded meanwhile
+			store.mu.Lock()
+			store.record = rec8
+			store.mu.Unlock()
+			m.applyForwarded(view(q7, q8))
+		}
+	}
+	m.applyForwarded(view(q6, q7)) // the member missed epoch 6: it reads the record
+	q, err := m.NextQuorum(ctx, 7)
+	if err != nil {
+		t.Fatalf("%v; it holds: %s", err, m.State())
+	}
+	if q.Epoch != 8 {
+		t.Fatalf("epoch %d, want 8", q.Epoch)
+	}
+	m.wg.Wait()
+}
+
+// A member that follows its group's leader ends on the epoch of a view it
+// could not apply even when etcd fails the reads of the record that view
+// made it try: the leader forwards each view once, so nothing else would
+// bring that epoch (the last of a burst of deaths has no successor).
+func TestForwardedViewReadFailing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lay := keys.Layout{}
+	rev := int64(10)
+	kv := func(key string, raw []byte) *mvccpb.KeyValue {
+		rev++
+		return &mvccpb.KeyValue{Key: []byte(key), Value: raw, ModRevision: rev}
+	}
+	q5, q6, q7 := viewQuorum(5, "a", "b", "c", "d"), viewQuorum(6, "a", "b", "c"), viewQuorum(7, "a", "b")
+	raw5, err := EncodeQuorumRecord(q5, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw7, err := EncodeQuorumRecord(q7, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	view7, err := EncodeQuorumView(&q6, q7, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &readKV{record: kv(lay.Quorum("j"), raw7), fail: map[int]bool{1: true, 2: true}}
+	m := &Member{cfg: MemberConfig{Job: "j", LeaseTTL: 5 * time.Second}, cli: &clientv3.Client{KV: store}, keys: lay, lg: zap.NewNop(),
+		revocations: map[uint64]Revocation{}, changed: make(chan struct{}), revokedCh: map[uint64]chan struct{}{}, life: ctx}
+	m.applyForwarded(kv(lay.Quorum("j"), raw5))
+	m.applyForwarded(kv(lay.QuorumView("j"), view7)) // the member missed epoch 6: it reads the record
+	q, err := m.NextQuorum(ctx, 5)
+	if err != nil {
+		t.Fatalf("%v; it holds: %s", err, m.State())
+	}
+	if q.Epoch != 7 {
+		t.Fatalf("epoch %d, want 7", q.Epoch)
+	}
+	m.wg.Wait()
+	if store.reads != 3 {
+		t.Errorf("%d reads, want 3 (two failed, one answered)", store.reads)
 	}
 }

@@ -189,8 +189,10 @@ type Member struct {
 	// link listens for the group's liveness links (MemberConfig.GroupLease).
 	link    net.Listener
 	crashed atomic.Bool // Crash: links end without saying goodbye
-	// readingFull: a read of the whole list for a forwarded view is under way.
+	// readingFull: a read of the whole list for a forwarded view is under
+	// way; readAgain: a view came that it may predate.
 	readingFull atomic.Bool
+	readAgain   atomic.Bool
 	watching    atomic.Int32 // watchEpochs runs (a group's follower does not watch)
 
 	life   context.Context // ends at Leave, Close or loss
@@ -215,6 +217,8 @@ type Member struct {
 	groupRev    int64
 	groupSeen   int64
 	links       map[net.Conn]*groupLink // the group links this member serves
+	linked      bool                    // a member that does not lead: its link to the leader is up
+	delivered   [vias]uint64            // the newest epoch of a quorum record received by each way (State)
 	fwdLog      [][]byte                // what a group's leader replays to a member that links (groupquorum.go)
 	rec         MemberRecord
 	dirty       bool

@@ -86,6 +86,7 @@ type options struct {
 	shareQuorums, linkIPs     bool
 	linkInterval, linkTimeout time.Duration
 	etcdStats                 time.Duration
+	waitTimeout               time.Duration
 
 	// children
 	name, clientAddr, peerAddr, initialCluster, dataDir, endpoints string
@@ -120,6 +121,7 @@ func main() {
 	flag.DurationVar(&o.linkInterval, "link-interval", 200*time.Millisecond, "group links' ping interval (MemberConfig.GroupLinkInterval)")
 	flag.DurationVar(&o.linkTimeout, "link-timeout", time.Second, "group links' silence that is a death (MemberConfig.GroupLinkTimeout; a killed process's link resets at once)")
 	flag.DurationVar(&o.etcdStats, "etcd-stats", 0, "print each etcd member's load every this often (apply's lag behind commit, unsynced watchers, lease renewals and revocations, slow applies, CPU; 0: never)")
+	flag.DurationVar(&o.waitTimeout, "wait-timeout", time.Minute, "how long a phase waits for every member to see its quorum before it fails, naming the members it waited for, what each held, and what the coordinator's record holds")
 	flag.BoolVar(&o.linkIPs, "link-ips", true, "spread the group links' listeners over 127.1.x.1 (one loopback address has 64K ports)")
 	flag.StringVar(&o.ranks, "ranks", "", "child members: the global member indices it simulates (\"0-99,150\")")
 	flag.StringVar(&o.name, "name", "", "child: etcd member name")
@@ -494,10 +496,19 @@ func runLoad(o options) error {
 	}
 	// waitShards waits for a condition at every live shard: decided is
 	// the latest Created of the quorums, seen when the last member saw it.
+	// A wait that fails says which members it waited for and what they
+	// held (each shard's answer), and what the coordinator's record holds
+	// against what the wait wanted. The shards end their waits first, so
+	// that their answers come back before the run's own deadline.
+	gone := map[string]bool{} // the victims of the phases so far
 	waitShards := func(req shardReq) (decided, seen time.Time, epoch uint64, err error) {
-		rs, err := all(ctx, live(), shardReq{Op: "wait", After: req.After, Size: req.Size, Without: req.Without})
+		timeout := o.waitTimeout
+		if d, ok := ctx.Deadline(); ok {
+			timeout = min(timeout, time.Until(d)-20*time.Second)
+		}
+		rs, err := all(ctx, live(), shardReq{Op: "wait", After: req.After, Size: req.Size, Without: req.Without, Timeout: max(timeout, time.Second)})
 		if err != nil {
-			return decided, seen, 0, err
+			return decided, seen, 0, fmt.Errorf("%w; %s", err, recordAgainst(admin, jobName(0), o.members, req.Size, gone))
 		}
 		for _, r := range rs {
 			if r.Decided > decided.UnixNano() {
@@ -530,9 +541,6 @@ func runLoad(o options) error {
 	fig("join.seconds", joined.Sub(start).Seconds(), "%.2f s to register %d members", joined.Sub(start).Seconds(), n)
 	decided, seenAll, epoch, err := waitShards(shardReq{Size: o.members})
 	if err != nil {
-		if q, qerr := coordinator.NewAdmin(admin, "").Quorum(context.Background(), jobName(0)); qerr == nil {
-			err = fmt.Errorf("%w; the record of job 0: epoch %d, %d participants, %s", err, q.Epoch, len(q.Participants), q.Reason)
-		}
 		return fmt.Errorf("first quorum: %w", err)
 	}
 	wb := watchBytes() - b0
@@ -630,6 +638,7 @@ func runLoad(o options) error {
 		}
 	}
 	size--
+	gone[victimID] = true
 	decided, seenAll, epoch, err = waitShards(shardReq{After: cur, Size: size, Without: []string{victimID}})
 	if err != nil {
 		return fmt.Errorf("quorum after the death: %w", err)
@@ -654,6 +663,7 @@ func runLoad(o options) error {
 		killed := time.Now()
 		ls.kill()
 		size--
+		gone[leaderID] = true
 		followed := make(chan error, 1)
 		var followedAt atomic.Int64
 		go func() {
@@ -693,6 +703,9 @@ func runLoad(o options) error {
 			}
 		}
 		size -= len(ids)
+		for _, id := range ids {
+			gone[id] = true
+		}
 		decided, seenAll, epoch, err = waitShards(shardReq{After: cur, Size: size, Without: ids})
 		if err != nil {
 			return fmt.Errorf("quorum after the mass death: %w", err)
@@ -811,12 +824,17 @@ func acceptAll(l net.Listener) {
 
 // waitAll waits until every member's quorum satisfies ok, noting when each
 // saw it; it returns the latest Created of those quorums (when the
-// coordinator decided it).
+// coordinator decided it). It ends early, with why, when ctx ends or a
+// member's membership does (the quorum will not hold it again: waiting on
+// would only run into ctx's end).
 func waitAll(ctx context.Context, sims []*sim, ok func(membership.Quorum, bool) bool) (time.Time, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var decided time.Time
-	failed := make(chan error, 1)
+	var pending atomic.Int64
+	pending.Store(int64(len(sims)))
 	for _, s := range sims {
 		wg.Add(1)
 		go func() {
@@ -830,53 +848,76 @@ func waitAll(ctx context.Context, sims []*sim, ok func(membership.Quorum, bool) 
 						decided = q.Created
 					}
 					mu.Unlock()
+					pending.Add(-1)
 					return
 				}
 				select {
 				case <-ch:
 				case <-s.m.Done():
-					select {
-					case failed <- fmt.Errorf("member %s: %w", s.m.ID(), s.m.Err()):
-					default:
-					}
+					cancel(fmt.Errorf("member %s ended while waited for: %w", s.m.ID(), s.m.Err()))
 					return
 				case <-ctx.Done():
-					select {
-					case failed <- ctx.Err():
-					default:
-					}
 					return
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	select {
-	case err := <-failed:
-		return time.Time{}, fmt.Errorf("%w (%s)", err, stragglers(sims))
-	default:
+	if pending.Load() > 0 {
+		return time.Time{}, context.Cause(ctx)
 	}
 	return decided, nil
 }
 
-// stragglers says which members had not seen what they waited for, and
-// what they held.
-func stragglers(sims []*sim) string {
-	byEpoch := map[uint64]int{}
-	var some []string
-	n := 0
-	for _, s := range sims {
-		if s.seen.Load() != 0 {
-			continue
-		}
-		n++
-		q, _ := s.m.Quorum()
-		byEpoch[q.Epoch]++
-		if len(some) < 5 {
-			some = append(some, fmt.Sprintf("%s (epoch %d, %d participants)", s.m.ID(), q.Epoch, len(q.Participants)))
+// recordAgainst says what the coordinator's quorum record of job holds
+// against what a wait wanted (want participants, none of gone, every
+// other of the job's members ids m000000…): its epoch and size, the
+// victims still in it and the survivors missing from it, each with its
+// registration in etcd.
+func recordAgainst(cli *clientv3.Client, job string, members, want int, gone map[string]bool) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	q, err := coordinator.NewAdmin(cli, "").Quorum(ctx, job)
+	if err != nil {
+		return fmt.Sprintf("the coordinator's record of %s: unread (%v)", job, err)
+	}
+	in := map[string]bool{}
+	for _, p := range q.Participants {
+		in[p.ID] = true
+	}
+	var victims, missing []string
+	for i := range members {
+		id := memberID(i)
+		switch {
+		case gone[id] && in[id]:
+			victims = append(victims, id)
+		case !gone[id] && !in[id]:
+			missing = append(missing, id)
 		}
 	}
-	return fmt.Sprintf("%d of %d members had not seen it; by the epoch they held: %v; e.g. %s", n, len(sims), byEpoch, strings.Join(some, ", "))
+	reg := func(id string) string {
+		r, err := cli.Get(ctx, keys.Layout{}.Member(job, id))
+		switch {
+		case err != nil:
+			return id + " (registration unread)"
+		case len(r.Kvs) == 0:
+			return id + " (no registration)"
+		}
+		return fmt.Sprintf("%s (registered, incarnation %d, lease %x: %s)", id, r.Kvs[0].CreateRevision, r.Kvs[0].Lease, leaseTTL(ctx, cli, r.Kvs[0].Lease))
+	}
+	list := func(ids []string) string {
+		var out []string
+		for i, id := range ids {
+			if i == laggardsNamed {
+				out = append(out, fmt.Sprintf("and %d more", len(ids)-i))
+				break
+			}
+			out = append(out, reg(id))
+		}
+		return strings.Join(out, ", ")
+	}
+	return fmt.Sprintf("the coordinator's record of %s: epoch %d, %d participants (the wait wanted %d), reason %q; %d victims still in it: %s; %d survivors missing from it: %s",
+		job, q.Epoch, len(q.Participants), want, q.Reason, len(victims), list(victims), len(missing), list(missing))
 }
 
 func latest(sims []*sim) time.Time {

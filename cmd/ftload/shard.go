@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -25,6 +26,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 
+	"github.com/ftcomm/ftcomm/internal/keys"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -43,10 +45,13 @@ type shardReq struct {
 	// 0), wave 1 the others.
 	Wave int `json:"wave,omitempty"`
 	// wait: until every member's quorum has an epoch above After, Size
-	// participants (0: any) and none of Without.
-	After   uint64   `json:"after,omitempty"`
-	Size    int      `json:"size,omitempty"`
-	Without []string `json:"without,omitempty"`
+	// participants (0: any) and none of Without, for at most Timeout (0:
+	// no bound): a wait that ends unseen answers with the members it
+	// still waited for and what each held.
+	After   uint64        `json:"after,omitempty"`
+	Size    int           `json:"size,omitempty"`
+	Without []string      `json:"without,omitempty"`
+	Timeout time.Duration `json:"timeout,omitempty"`
 	// follow: until the shard's members of Group are bound to one lease
 	// other than NotLease.
 	Group    string `json:"group,omitempty"`
@@ -197,7 +202,7 @@ func (s *shardServer) handle(ctx context.Context, req shardReq) shardResp {
 		// victims once per epoch.
 		var mu sync.Mutex
 		clean := map[string]bool{}
-		r, err = s.wait(ctx, without, func(q membership.Quorum, ok bool) bool {
+		r, err = s.wait(ctx, without, req.Timeout, func(q membership.Quorum, ok bool) bool {
 			if !ok || q.Epoch <= req.After || req.Size > 0 && len(q.Participants) != req.Size {
 				return false
 			}
@@ -316,24 +321,32 @@ func (s *shardServer) join(ctx context.Context, wave int) (int64, error) {
 func memberID(idx int) string { return fmt.Sprintf("m%06d", idx) }
 
 // wait waits until every live member's quorum satisfies ok (see
-// waitAll), but for the members of skip (the victims).
-func (s *shardServer) wait(ctx context.Context, skip map[string]bool, ok func(membership.Quorum, bool) bool) (shardResp, error) {
+// waitAll), but for the members of skip (the victims), for at most
+// timeout (0: until ctx ends). A wait that fails says which members it
+// still waited for and what each held (laggards).
+func (s *shardServer) wait(ctx context.Context, skip map[string]bool, timeout time.Duration, ok func(membership.Quorum, bool) bool) (shardResp, error) {
 	var live []*sim
 	for _, sm := range s.sims {
 		if sm.m != nil && sm.m.Err() != nil && !skip[sm.m.ID()] {
 			// Its registration is gone (a link silent past its timeout, a
 			// lease that lapsed: an overloaded host): the quorum will not
 			// hold it again. Say so rather than wait.
-			return shardResp{}, fmt.Errorf("member %s ended before the wait: %w", sm.m.ID(), sm.m.Err())
+			return shardResp{}, fmt.Errorf("member %s ended before the wait: %w (%s)", sm.m.ID(), sm.m.Err(), s.laggards([]*sim{sm}, ok))
 		}
 		if sm.m != nil && sm.m.Err() == nil && !skip[sm.m.ID()] {
 			sm.seen.Store(0)
 			live = append(live, sm)
 		}
 	}
-	decided, err := waitAll(ctx, live, ok)
+	wctx := ctx
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeoutCause(ctx, timeout, fmt.Errorf("not seen within %v", timeout))
+		defer cancel()
+	}
+	decided, err := waitAll(wctx, live, ok)
 	if err != nil {
-		return shardResp{}, fmt.Errorf("%w (%s)", err, laggards(live, ok))
+		return shardResp{}, fmt.Errorf("%w (%s)", err, s.laggards(live, ok))
 	}
 	r := shardResp{Seen: latest(live).UnixNano(), Decided: decided.UnixNano(), Members: len(live)}
 	for _, sm := range live {
@@ -343,29 +356,115 @@ func (s *shardServer) wait(ctx context.Context, skip map[string]bool, ok func(me
 	return r, nil
 }
 
-// laggards says which of live a wait that ended early still waited for:
-// how many, and a few with the quorum each holds, or why it ended.
-func laggards(live []*sim, ok func(membership.Quorum, bool) bool) string {
-	var n int
-	var some []string
+// laggardsNamed is how many of the members a failed wait still waited for
+// it describes one by one (the rest are counted).
+const laggardsNamed = 8
+
+// laggards says which of live a wait that failed still waited for: how
+// many, by the epoch and role each held, and for a few of them what the
+// member holds (membership.MemberState) and what etcd holds for it — its
+// registration (incarnation, lease and whether the lease is alive) and
+// its group's record.
+func (s *shardServer) laggards(live []*sim, ok func(membership.Quorum, bool) bool) string {
+	var behind []*sim
+	kinds := map[string]int{}
 	for _, sm := range live {
-		q, has := sm.m.Quorum()
-		if ok(q, has) {
+		if q, has := sm.m.Quorum(); ok(q, has) {
 			continue
 		}
-		n++
-		if len(some) < 5 {
-			switch {
-			case sm.m.Err() != nil:
-				some = append(some, fmt.Sprintf("%s ended: %v", sm.m.ID(), sm.m.Err()))
-			case !has:
-				some = append(some, sm.m.ID()+" holds no quorum")
-			default:
-				some = append(some, fmt.Sprintf("%s holds epoch %d of %d participants", sm.m.ID(), q.Epoch, len(q.Participants)))
+		behind = append(behind, sm)
+		st := sm.m.State()
+		role := "no group lease"
+		switch {
+		case st.Err != nil:
+			role = "ended"
+		case st.GroupLease && st.Leads:
+			role = "leads"
+		case st.GroupLease && st.Linked:
+			role = "follows, linked"
+		case st.GroupLease:
+			role = "follows, not linked"
+		}
+		in := ""
+		if st.Epoch > 0 && !st.InQuorum {
+			in = ", not in it"
+		}
+		kinds[fmt.Sprintf("epoch %d of %d%s, %s", st.Epoch, st.Participants, in, role)]++
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d of %d members still waited for; by what they held: ", len(behind), len(live))
+	ks := slices.Sorted(maps.Keys(kinds))
+	for i, k := range ks {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%d at %s", kinds[k], k)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, sm := range behind {
+		if i == laggardsNamed {
+			fmt.Fprintf(&b, " | and %d more", len(behind)-i)
+			break
+		}
+		fmt.Fprintf(&b, " | %s; in etcd: %s", sm.m.State(), s.registration(ctx, sm))
+	}
+	return b.String()
+}
+
+// registration says what etcd holds for a member: its registration (is it
+// this incarnation's, on which lease, is the lease alive) and its group's
+// record.
+func (s *shardServer) registration(ctx context.Context, sm *sim) string {
+	cli := s.clients[0]
+	k := keys.Layout{}.Member(jobName(sm.job), sm.m.ID())
+	resp, err := cli.Get(ctx, k)
+	var b strings.Builder
+	switch {
+	case err != nil:
+		fmt.Fprintf(&b, "registration unread (%v)", err)
+	case len(resp.Kvs) == 0:
+		b.WriteString("no registration")
+	default:
+		kv := resp.Kvs[0]
+		who := "this incarnation"
+		if kv.CreateRevision != sm.m.Incarnation() {
+			who = fmt.Sprintf("another incarnation (%d, this one %d)", kv.CreateRevision, sm.m.Incarnation())
+		}
+		fmt.Fprintf(&b, "registered as %s on lease %x (%s)", who, kv.Lease, leaseTTL(ctx, cli, kv.Lease))
+	}
+	if g := sm.m.Record().Group; g != "" && s.cfg.groupLease {
+		resp, err := cli.Get(ctx, keys.Layout{}.GroupLease(jobName(sm.job), g))
+		switch {
+		case err != nil:
+			fmt.Fprintf(&b, "; group record unread (%v)", err)
+		case len(resp.Kvs) == 0:
+			fmt.Fprintf(&b, "; group %s has no record", g)
+		default:
+			var rec struct { // membership's group record, as any reader of the job's keys sees it
+				Lease  int64  `json:"lease,string"`
+				Leader string `json:"leader"`
 			}
+			json.Unmarshal(resp.Kvs[0].Value, &rec)
+			fmt.Fprintf(&b, "; group %s's record (rev %d) names leader %s on lease %x (%s)", g, resp.Kvs[0].ModRevision, rec.Leader, rec.Lease, leaseTTL(ctx, cli, rec.Lease))
 		}
 	}
-	return fmt.Sprintf("%d of %d members still waiting: %s", n, len(live), strings.Join(some, "; "))
+	return b.String()
+}
+
+// leaseTTL says whether a lease is alive and for how long.
+func leaseTTL(ctx context.Context, cli *clientv3.Client, lease int64) string {
+	if lease == 0 {
+		return "no lease"
+	}
+	r, err := cli.TimeToLive(ctx, clientv3.LeaseID(lease))
+	switch {
+	case err != nil:
+		return fmt.Sprintf("TTL unread: %v", err)
+	case r.TTL < 0:
+		return "expired"
+	}
+	return fmt.Sprintf("%d s left", r.TTL)
 }
 
 // follow waits until the shard's live members of group are bound to one

@@ -154,7 +154,7 @@ func WaitQuorum(t testing.TB, m *membership.Member, after uint64, ids ...string)
 	for {
 		q, err := m.NextQuorum(ctx, after)
 		if err != nil {
-			t.Fatalf("%s waiting for quorum %v after epoch %d: %v", m.ID(), ids, after, err)
+			t.Fatalf("%s waiting for quorum %v after epoch %d: %v; it holds: %s", m.ID(), ids, after, err, m.State())
 		}
 		if fmt.Sprint(ParticipantIDs(q)) == fmt.Sprint(ids) {
 			return q
