@@ -515,7 +515,7 @@ func (h *harness) settle(ctx context.Context) {
 		h.cl.startCoord(i)
 	}
 	since := time.Now()
-	h.logf("settling: waiting for %d replicas to commit together", h.cfg.Replicas)
+	h.logf("settling: waiting for %d replicas (or more) to commit together", h.cfg.Replicas)
 	var job []string
 	if !h.rec.wait(time.Now().Add(2*time.Minute), func(r *recorder) bool {
 		job = r.fullSize(h.cfg.Replicas, since)

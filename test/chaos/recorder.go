@@ -128,17 +128,20 @@ func (r *recorder) startedSince(names []string, since time.Time) bool {
 	return true
 }
 
-// fullSize returns the n replicas whose latest commits, all since t, are
-// in one epoch of n participants (the job at full size), or nil.
+// fullSize returns the replicas whose latest commits, all since t, are in
+// one epoch of n participants or more, every one of them (the job at full
+// size; above it, a violation the checker reports), or nil.
 func (r *recorder) fullSize(n int, since time.Time) []string {
 	byEpoch := map[uint64][]string{}
+	size := map[uint64]int{}
 	for name, c := range r.lastCommit {
-		if c.T >= since.UnixNano() && c.N == n {
+		if c.T >= since.UnixNano() && c.N >= n {
 			byEpoch[c.Epoch] = append(byEpoch[c.Epoch], name)
+			size[c.Epoch] = c.N
 		}
 	}
-	for _, names := range byEpoch {
-		if len(names) == n {
+	for epoch, names := range byEpoch {
+		if len(names) == size[epoch] {
 			sort.Strings(names)
 			return names
 		}
