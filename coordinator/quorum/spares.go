@@ -229,6 +229,17 @@ func sizeList(sizes map[int]int) string {
 // again if it waits (zero: no wait). lost are the previous participants
 // that do not survive; failed says the current epoch failed.
 func (m *Machine) promote(now time.Time, lost []string, failed bool) (wakeAt time.Time) {
+	// Decided afresh at each decision: a promotion not published yet is
+	// taken back first, so that a replica that comes back (or a joiner
+	// that arrives) while the quorum waits is counted, and the job never
+	// grows past its target by both.
+	for id, inc := range m.promoted {
+		if r, ok := m.members[id]; ok && r.Incarnation == inc && (m.prev == nil || !m.inPrev(id, inc)) {
+			m.recount(id, func() { delete(m.promoted, id) })
+		} else if !ok || r.Incarnation != inc {
+			delete(m.promoted, id)
+		}
+	}
 	if m.prev == nil || len(m.agg.ready) == 0 || m.final > 0 || m.agg.shrinking > 0 {
 		return time.Time{}
 	}
