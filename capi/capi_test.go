@@ -43,6 +43,15 @@ func TestClassify(t *testing.T) {
 	if rb := classify(&ft.RollbackError{FromStep: 3, ToStep: 4, Step: 4, Epoch: 7}).Rollback; rb == nil || *rb != (rollback{3, 4, 4, 7}) {
 		t.Errorf("rollback details: %+v", rb)
 	}
+	// A peer's refusal: its own kind (not invalid_argument: this rank's
+	// arguments were fine), the rank, and why.
+	ref := fmt.Errorf("comm t rank 0: broadcast #3: %w", &comm.RankError{Rank: 1, Op: comm.OpBroadcast,
+		Err: fmt.Errorf("gloo: %w", &comm.Refusal{Rank: 1, Op: comm.OpBroadcast, Reason: "root 5 outside [0, 2)"})})
+	info := classify(ref)
+	if info.Status != errPeerRefused || !slices.Equal(info.Kinds, []string{"peer_refused"}) || !slices.Equal(info.Ranks, []int{1}) ||
+		info.Refused == nil || *info.Refused != (refused{Rank: 1, Op: "broadcast", Reason: "root 5 outside [0, 2)"}) {
+		t.Errorf("refusal: %+v (refused %+v)", info, info.Refused)
+	}
 }
 
 // A handle is freed once: the second free, and any use after it, is

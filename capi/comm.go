@@ -444,7 +444,7 @@ func ftcomm_comm_op(h C.uint64_t, kind C.int32_t, out unsafe.Pointer, outCount C
 		}
 		a, err := makeArgs(kind, out, outCount, in, inCount, dtype, device, redop, root, stream, timeoutNs, flags)
 		if err != nil {
-			return err
+			return refuseArgs(o.c, int32(kind), int(root), nil, err)
 		}
 		return runOp(o.can, o.c, &a, work)
 	})
@@ -470,18 +470,19 @@ func ftcomm_comm_opv(h C.uint64_t, kind C.int32_t, out unsafe.Pointer, outCount 
 		switch kind {
 		case opAllGatherV, opReduceScatterV, opAllToAllV:
 		default:
-			return fmt.Errorf("%w: ftcomm_comm_opv: op kind %d has no counts", comm.ErrInvalidArgument, kind)
+			return refuseArgs(o.c, int32(kind), 0, nil,
+				fmt.Errorf("%w: ftcomm_comm_opv: op kind %d has no counts", comm.ErrInvalidArgument, kind))
 		}
 		a, err := makeArgs(kind, out, outCount, in, inCount, dtype, device, redop, 0, stream, timeoutNs, flags)
 		if err != nil {
-			return err
+			return refuseArgs(o.c, int32(kind), 0, nil, err)
 		}
 		if a.counts, err = ints(counts, n, "counts"); err != nil {
-			return err
+			return refuseArgs(o.c, int32(kind), 0, nil, err)
 		}
 		if kind == opAllToAllV {
 			if a.inCounts, err = ints(inCounts, nIn, "in_counts"); err != nil {
-				return err
+				return refuseArgs(o.c, int32(kind), 0, nil, err)
 			}
 		}
 		return runOp(o.can, o.c, &a, work)
@@ -515,27 +516,37 @@ func ftcomm_comm_batch(h C.uint64_t, n C.int64_t, kinds *C.int32_t, ptrs *unsafe
 			return err
 		}
 		if n <= 0 || n > 1<<20 || kinds == nil || ptrs == nil || counts == nil || dtypes == nil || peers == nil {
-			return fmt.Errorf("%w: ftcomm_comm_batch: %d entries", comm.ErrInvalidArgument, n)
+			// Whom it concerns cannot be read: a refusal that names no peer.
+			return refuseArgs(o.c, opBatch, 0, []comm.P2POp{{Kind: comm.P2PSend, Peer: -1}},
+				fmt.Errorf("%w: ftcomm_comm_batch: %d entries", comm.ErrInvalidArgument, n))
 		}
 		a := opArgs{kind: opBatch, stream: uintptr(stream), device: device >= 0, timeout: time.Duration(timeoutNs),
 			async: flags&flagAsync != 0, p2p: make([]comm.P2POp, int(n))}
 		ks, ps := unsafe.Slice((*int32)(unsafe.Pointer(kinds)), int(n)), unsafe.Slice(ptrs, int(n))
 		cs, ds := unsafe.Slice((*int64)(unsafe.Pointer(counts)), int(n)), unsafe.Slice((*int32)(unsafe.Pointer(dtypes)), int(n))
 		peer := unsafe.Slice((*int32)(unsafe.Pointer(peers)), int(n))
+		var bad error
 		for i := range a.p2p {
+			a.p2p[i].Peer = int(peer[i])
 			switch ks[i] {
 			case p2pSend:
 				a.p2p[i].Kind = comm.P2PSend
 			case p2pRecv:
 				a.p2p[i].Kind = comm.P2PRecv
 			default:
-				return fmt.Errorf("%w: ftcomm_comm_batch: entry %d: kind %d", comm.ErrInvalidArgument, i, ks[i])
+				if bad == nil {
+					bad = fmt.Errorf("%w: ftcomm_comm_batch: entry %d: kind %d", comm.ErrInvalidArgument, i, ks[i])
+				}
+				continue
 			}
 			t, err := tensor(ps[i], cs[i], ds[i], int32(device))
-			if err != nil {
-				return fmt.Errorf("ftcomm_comm_batch: entry %d: %w", i, err)
+			if err != nil && bad == nil {
+				bad = fmt.Errorf("ftcomm_comm_batch: entry %d: %w", i, err)
 			}
-			a.p2p[i].Tensor, a.p2p[i].Peer = t, int(peer[i])
+			a.p2p[i].Tensor = t
+		}
+		if bad != nil {
+			return refuseArgs(o.c, opBatch, 0, a.p2p, bad)
 		}
 		return runOp(o.can, o.c, &a, work)
 	})
@@ -560,11 +571,12 @@ func ftcomm_comm_run(h C.uint64_t, desc C.uint64_t, ptr unsafe.Pointer, count C.
 		switch a.kind {
 		case opAllReduce, opBroadcast, opReduce, opSend, opRecv:
 			if a.out, err = tensor(ptr, int64(count), int32(d>>8&0xff), -1); err != nil {
-				return err
+				return refuseArgs(o.c, a.kind, a.root, nil, err)
 			}
 		case opBarrier:
 		default:
-			return fmt.Errorf("%w: ftcomm_comm_run: op kind %d takes two tensors", comm.ErrInvalidArgument, a.kind)
+			return refuseArgs(o.c, a.kind, a.root, nil,
+				fmt.Errorf("%w: ftcomm_comm_run: op kind %d takes two tensors", comm.ErrInvalidArgument, a.kind))
 		}
 		ctx := o.can.enter()
 		_, err = a.issue(ctx, o.c)
@@ -578,7 +590,7 @@ func ftcomm_comm_run(h C.uint64_t, desc C.uint64_t, ptr unsafe.Pointer, count C.
 func runOp(can *canceler, c *comm.Comm, a *opArgs, work *C.uint64_t) error {
 	if a.async {
 		if work == nil {
-			return fmt.Errorf("%w: async op without a work pointer", comm.ErrInvalidArgument)
+			return refuseArgs(c, a.kind, a.root, a.p2p, fmt.Errorf("%w: async op without a work pointer", comm.ErrInvalidArgument))
 		}
 		wk := newWork(can, a)
 		w, err := a.issue(wk.ctx, c)
@@ -602,6 +614,76 @@ func runOp(can *canceler, c *comm.Comm, a *opArgs, work *C.uint64_t) error {
 	}
 	_, err := a.issue(ctx, c)
 	return interrupted(ctx, err)
+}
+
+// opTypes maps the ABI's op kinds to comm's.
+var opTypes = map[int32]comm.OpType{
+	opAllReduce: comm.OpAllReduce, opReduceScatter: comm.OpReduceScatter, opAllGather: comm.OpAllGather,
+	opBroadcast: comm.OpBroadcast, opReduce: comm.OpReduce, opScatter: comm.OpScatter, opGather: comm.OpGather,
+	opAllToAll: comm.OpAllToAll, opBarrier: comm.OpBarrier, opSend: comm.OpSend, opRecv: comm.OpRecv,
+	opAllGatherV: comm.OpAllGatherV, opReduceScatterV: comm.OpReduceScatterV, opAllToAllV: comm.OpAllToAllV,
+	opBatch: comm.OpBatchP2P,
+}
+
+// refuseArgs fails an op whose arguments the ABI itself refused (err, an
+// invalid argument), as comm.Comm fails one it validates: through
+// Comm.Refuse, which takes the op's place in the order and tells the
+// peers (see comm.Refuser), so that their matching op fails at once
+// instead of at its deadline. root is the root, or the peer of a send or
+// receive; p2p a batch's entries. An op kind the ABI does not know
+// concerns no peer.
+func refuseArgs(c *comm.Comm, kind int32, root int, p2p []comm.P2POp, err error) error {
+	k, ok := opTypes[kind]
+	if !ok || !errors.Is(err, comm.ErrInvalidArgument) {
+		return err
+	}
+	return c.Refuse(context.Background(), comm.Op{Kind: k, Root: root, Peer: root, P2P: p2p}, err)
+}
+
+// ftcomm_comm_refuse refuses an op that the caller will not issue because
+// its own checks found an argument invalid (the Python package's, say):
+// the op takes its place in the comm's order, and the peers' matching op
+// fails at once with FTCOMM_ERR_PEER_REFUSED naming this rank and
+// reason, instead of waiting for its deadline (on gloo; nccl cannot tell
+// its peers). kind is FTCOMM_OP_*, or 100 for a batch; root is the root
+// of a rooted collective or the peer of a send or receive; a batch's n
+// entries are kinds (FTCOMM_P2P_*) and peers (either may be NULL when n is
+// 0). It returns FTCOMM_OK once the refusal is queued (the caller raises
+// its own error): it never waits for the ops ahead of it.
+//
+//export ftcomm_comm_refuse
+func ftcomm_comm_refuse(h C.uint64_t, kind, root C.int32_t, n C.int64_t, kinds, peers *C.int32_t, reason *C.char) C.int32_t {
+	return guard(func() error {
+		o, err := lookup[*commObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		k, ok := opTypes[int32(kind)]
+		if !ok {
+			return fmt.Errorf("%w: ftcomm_comm_refuse: op kind %d", comm.ErrInvalidArgument, kind)
+		}
+		if n < 0 || n > 1<<20 || (n > 0 && (kinds == nil || peers == nil)) {
+			return fmt.Errorf("%w: ftcomm_comm_refuse: %d entries", comm.ErrInvalidArgument, n)
+		}
+		var p2p []comm.P2POp
+		if n > 0 {
+			ks := unsafe.Slice((*int32)(unsafe.Pointer(kinds)), int(n))
+			ps := unsafe.Slice((*int32)(unsafe.Pointer(peers)), int(n))
+			p2p = make([]comm.P2POp, int(n))
+			for i := range p2p {
+				p2p[i].Peer = int(ps[i])
+				switch ks[i] {
+				case p2pSend:
+					p2p[i].Kind = comm.P2PSend
+				case p2pRecv:
+					p2p[i].Kind = comm.P2PRecv
+				}
+			}
+		}
+		o.c.Refuse(context.Background(), comm.Op{Kind: k, Root: int(root), Peer: int(root), P2P: p2p},
+			errors.New(defaultStr(goString(reason), "refused by the caller")))
+		return nil
+	})
 }
 
 // ftcomm_comm_loop runs a sync all-reduce of count elements of dtype at

@@ -16,12 +16,20 @@
 // in status.go, one per Go sentinel: timeout, revoked, peer failed,
 // mismatch, invalid argument, closed, rolled back, …). On an error the
 // calling OS thread's last error is set: ftcomm_last_error copies it, as
-// JSON ({"status", "kinds", "message", "ranks", "rollback"}), into a
+// JSON ({"status", "kinds", "message", "ranks", "rollback", "finished",
+// "refused"}), into a
 // buffer the caller owns, and clears it. It is per thread, like errno:
 // read it on the thread that got the status, before that thread's next
 // failing call. "kinds" lists every sentinel the error matches (a peer's
 // death seen at a deadline is both peer_failed and timeout); "ranks" are
-// the failed ranks (comm.FailedRanks).
+// the ranks the error names (comm.FailedRanks: the failed peers, or the
+// peer that refused the op); "refused" ({"rank", "op", "reason"}) is set
+// when a peer refused the op (peer_refused, comm.Refusal).
+//
+// An op whose arguments are invalid (found by the ABI, by comm.Comm, or by
+// the caller, which then calls ftcomm_comm_refuse instead of the op) is
+// refused in its place in the comm's order: on gloo the peers' matching op
+// fails at once with FTCOMM_ERR_PEER_REFUSED and every comm stays usable.
 //
 // Values cross the boundary as integers, C strings, and buffers the
 // caller owns; no Go pointer ever does (cgo's rules). Objects are named

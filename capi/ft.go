@@ -8,6 +8,7 @@ import "C"
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -255,6 +256,30 @@ func ftcomm_ft_finish(h C.uint64_t, timeoutNs C.int64_t) C.int32_t {
 	})
 }
 
+// ftcomm_ft_refuse refuses a collective of the step that the caller will
+// not issue because its own checks found an argument invalid, as
+// ftcomm_comm_refuse does on a comm: on the FT data comm, in the op's
+// place, so that the other replicas' matching op fails at once
+// (FTCOMM_ERR_PEER_REFUSED; on gloo). The failure is recorded for the
+// commit. It returns FTCOMM_OK once the refusal is queued.
+//
+//export ftcomm_ft_refuse
+func ftcomm_ft_refuse(h C.uint64_t, kind, root C.int32_t, reason *C.char) C.int32_t {
+	return guard(func() error {
+		f, err := lookup[*ftObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		k, ok := opTypes[int32(kind)]
+		if !ok {
+			return fmt.Errorf("%w: ftcomm_ft_refuse: op kind %d", comm.ErrInvalidArgument, kind)
+		}
+		f.c.Refuse(context.Background(), comm.Op{Kind: k, Root: int(root)},
+			errors.New(defaultStr(goString(reason), "refused by the caller")))
+		return nil
+	})
+}
+
 // ftcomm_ft_op runs one collective of the step on the FT comm (all-reduce,
 // reduce-scatter, all-gather, broadcast or all-to-all; arguments as
 // ftcomm_comm_op). Its failure is recorded for the commit; a sync call
@@ -270,6 +295,9 @@ func ftcomm_ft_op(h C.uint64_t, kind C.int32_t, out unsafe.Pointer, outCount C.i
 		}
 		a, err := makeArgs(kind, out, outCount, in, inCount, dtype, device, redop, root, stream, timeoutNs, flags)
 		if err != nil {
+			if k, ok := opTypes[int32(kind)]; ok && errors.Is(err, comm.ErrInvalidArgument) {
+				return f.c.Refuse(context.Background(), comm.Op{Kind: k, Root: int(root)}, err)
+			}
 			return err
 		}
 		var issue func(ctx context.Context) *comm.Work

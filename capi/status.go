@@ -27,7 +27,8 @@ enum {
 	FTCOMM_ERR_SHORT_BUFFER = -16,
 	FTCOMM_ERR_INTERNAL = -17,
 	FTCOMM_ERR_OTHER = -18,
-	FTCOMM_ERR_FINISHED = -19
+	FTCOMM_ERR_FINISHED = -19,
+	FTCOMM_ERR_PEER_REFUSED = -20
 };
 
 // Ops of ftcomm_comm_op and ftcomm_ft_op.
@@ -81,7 +82,7 @@ import (
 
 // ABIVersion is what ftcomm_abi_version returns; it changes whenever an
 // entry point's signature or meaning does.
-const ABIVersion = 2
+const ABIVersion = 3 // 3: FTCOMM_ERR_PEER_REFUSED, "refused" in the error JSON, ftcomm_comm_refuse, ftcomm_ft_refuse
 
 // Statuses. The order of kinds below is their priority: a call's status
 // is the first kind its error matches; the JSON lists all of them.
@@ -108,6 +109,7 @@ const (
 	errInternal         = -17
 	errOther            = -18
 	errFinished         = -19
+	errPeerRefused      = -20
 )
 
 // Sentinels of the ABI itself.
@@ -163,6 +165,7 @@ func is(target error) func(error) bool { return func(err error) bool { return er
 var kinds = []kind{
 	{errBadHandle, "bad_handle", is(ErrBadHandle)},
 	{errInvalidArgument, "invalid_argument", is(comm.ErrInvalidArgument)},
+	{errPeerRefused, "peer_refused", is(comm.ErrPeerRefused)},
 	{errInterrupted, "interrupted", is(ErrInterrupted)},
 	{errRolledBack, "rolled_back", is(ft.ErrRolledBack)},
 	{errFinished, "finished", is(ft.ErrFinished)},
@@ -191,6 +194,14 @@ type errInfo struct {
 	Ranks    []int     `json:"ranks,omitempty"`
 	Rollback *rollback `json:"rollback,omitempty"`
 	Finished *finished `json:"finished,omitempty"`
+	Refused  *refused  `json:"refused,omitempty"`
+}
+
+// refused is a comm.Refusal: a peer refused the op.
+type refused struct {
+	Rank   int    `json:"rank"`   // the rank that refused
+	Op     string `json:"op"`     // its op, as comm.OpType names it
+	Reason string `json:"reason"` // what it found wrong
 }
 
 type finished struct {
@@ -225,6 +236,10 @@ func classify(err error) errInfo {
 	var fe *ft.FinishedError
 	if errors.As(err, &fe) {
 		info.Finished = &finished{Final: fe.Final, Step: fe.Step}
+	}
+	var rf *comm.Refusal
+	if errors.As(err, &rf) {
+		info.Refused = &refused{Rank: rf.Rank, Op: rf.Op.String(), Reason: rf.Reason}
 	}
 	return info
 }

@@ -152,6 +152,28 @@ type Revoker interface {
 	Revoke(cause error)
 }
 
+// Refuser is a backend that can tell its peers that this rank refused an
+// op, so that their side of it fails at once with ErrPeerRefused instead
+// of waiting for its deadline, and no comm breaks. Comm calls Refuse in
+// the op's place in the issue order, for every collective and
+// point-to-point op whose arguments failed validation here (and for
+// Comm.Refuse): the op takes its place in the backend's sequence of
+// ops, so every rank's next op runs as usual. op carries the refused
+// op's kind and whatever of its arguments the backend needs to reach
+// the peers it concerns (Root, Peer, the Kind and Peer of each P2P
+// entry); nothing in it has been validated, and Refuse touches no
+// tensor. Refuse returns once the peers have been told (it never waits
+// for them to read it); an error means the backend broke (a dead peer,
+// an abort), as any op's error would.
+//
+// What the peers see: each rank's matching op fails with a *RankError
+// naming the refusing rank and wrapping ErrPeerRefused, with no buffer
+// of a collective written; the backend's documentation says how
+// point-to-point ops are matched.
+type Refuser interface {
+	Refuse(ctx context.Context, op Op, reason error) error
+}
+
 // CtxWatcher is a backend whose ops watch their ctx themselves: an op that
 // is blocked, or polling, when its ctx ends returns promptly with an error
 // (within microseconds, as it would on Abort), from every wait it can be

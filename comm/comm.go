@@ -53,6 +53,7 @@ type Comm struct {
 	timerAt  time.Time   // when timer fires (zero: stopped)
 	worker   bool        // the worker goroutine is running
 	enq      Enqueuer    // b, when it can start ops before earlier ones complete
+	refuser  Refuser     // b, when it can tell its peers of a refused op
 	ownCtx   bool        // b watches each op's ctx itself (CtxWatcher): no callback per op
 	pending  int         // ops started on enq and not yet completed
 	inflight chan *Work  // started ops, in order, to the completer goroutine
@@ -87,6 +88,9 @@ func wrap(b Backend, opts Options) *Comm {
 	}
 	if cw, ok := b.(CtxWatcher); ok {
 		c.ownCtx = cw.WatchesCtx()
+	}
+	if r, ok := b.(Refuser); ok {
+		c.refuser = r
 	}
 	c.timer = time.AfterFunc(time.Hour, c.onDeadline)
 	c.timer.Stop()
@@ -221,10 +225,26 @@ func FailedWork(err error) *Work {
 
 var workPool = sync.Pool{New: func() any { return new(Work) }}
 
+// check returns nil if d is valid here. Otherwise it returns the
+// error to fail the op with at once, or sets d.refused and returns nil
+// when the op must still take its place in the order to tell the peers
+// (a Refuser backend, a collective or point-to-point op).
+func (c *Comm) check(d *opDesc) error {
+	err := validate(d, c.opts.Rank, c.opts.Size, c.b.Memory())
+	if err == nil {
+		return nil
+	}
+	if c.refuser == nil || !d.peerOp() {
+		return c.wrapErr(d, 0, err)
+	}
+	d.refused = err
+	return nil
+}
+
 // do runs d synchronously and returns its error.
 func (c *Comm) do(ctx context.Context, d opDesc) (Backend, error) {
-	if err := validate(&d, c.opts.Rank, c.opts.Size, c.b.Memory()); err != nil {
-		return nil, c.wrapErr(&d, 0, err)
+	if err := c.check(&d); err != nil {
+		return nil, err
 	}
 	w := workPool.Get().(*Work)
 	*w = Work{c: c, d: d, ctx: ctx}
@@ -232,6 +252,9 @@ func (c *Comm) do(ctx context.Context, d opDesc) (Backend, error) {
 	if c.state == stateClosed {
 		c.mu.Unlock()
 		workPool.Put(w)
+		if d.refused != nil {
+			return nil, c.wrapErr(&d, 0, d.refused)
+		}
 		return nil, c.wrapErr(&d, 0, ErrClosed)
 	}
 	now := c.enqueueLocked(w)
@@ -258,15 +281,24 @@ func (c *Comm) do(ctx context.Context, d opDesc) (Backend, error) {
 // start queues d and returns its Work.
 func (c *Comm) start(ctx context.Context, d opDesc) *Work {
 	w := &Work{c: c, d: d, ctx: ctx, done: make(chan struct{})}
-	if err := validate(&w.d, c.opts.Rank, c.opts.Size, c.b.Memory()); err != nil {
-		w.err = c.wrapErr(&w.d, 0, err)
+	if err := c.check(&w.d); err != nil {
+		w.err = err
 		close(w.done)
 		return w
 	}
+	return c.submit(w)
+}
+
+// submit queues w, whose op is validated (or refused), and returns it.
+func (c *Comm) submit(w *Work) *Work {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.state == stateClosed {
-		w.err = c.wrapErr(&w.d, 0, ErrClosed)
+		err := ErrClosed
+		if w.d.refused != nil {
+			err = w.d.refused
+		}
+		w.err = c.wrapErr(&w.d, 0, err)
 		close(w.done)
 		return w
 	}
@@ -346,7 +378,7 @@ func (c *Comm) work() {
 			w := c.queue[0]
 			c.queue[0] = nil
 			c.queue = c.queue[1:]
-			if c.enq != nil && c.enq.CanStart(w.d.kind) {
+			if c.enq != nil && w.d.refused == nil && c.enq.CanStart(w.d.kind) {
 				c.mu.Unlock()
 				c.startOn(w)
 				continue
@@ -451,10 +483,15 @@ func (c *Comm) execute(w *Work) {
 	c.mu.Lock()
 	if err := c.refuseLocked(&w.d); err != nil {
 		c.mu.Unlock()
+		if w.d.refused != nil {
+			err = w.d.refused // the caller's own mistake comes first
+		}
 		c.finish(w, err)
 		return
 	}
-	if err := w.ctx.Err(); err != nil { // gave up while queued: nothing was sent
+	// A refused op is told to the peers even when its ctx has ended: they
+	// wait for it.
+	if err := w.ctx.Err(); err != nil && w.d.refused == nil { // gave up while queued: nothing was sent
 		c.mu.Unlock()
 		c.finish(w, fmt.Errorf("not started: %w", context.Cause(w.ctx)))
 		return
@@ -480,7 +517,7 @@ func (c *Comm) execute(w *Work) {
 	// A backend that watches the ctx itself returns promptly when it ends,
 	// and the check below then breaks the comm: no callback is needed.
 	var stop func() bool
-	if !c.ownCtx && w.ctx.Done() != nil {
+	if !c.ownCtx && w.ctx.Done() != nil && w.d.refused == nil {
 		seq := w.seq // w may be recycled before a late callback runs: match by seq
 		stop = context.AfterFunc(w.ctx, func() { c.onCtxDone(seq) })
 	}
@@ -500,6 +537,13 @@ func (c *Comm) execute(w *Work) {
 	err = c.classifyLocked(w, err, wasActive)
 	if err != nil && w.timedOut != nil && !errors.Is(err, ErrTimeout) {
 		err = fmt.Errorf("%w (backend: %w)", w.timedOut, err)
+	}
+	if w.d.refused != nil {
+		if err == nil {
+			err = w.d.refused
+		} else {
+			err = fmt.Errorf("%w (and telling the peers failed: %w)", w.d.refused, err)
+		}
 	}
 	c.mu.Unlock()
 	if abort != nil {
@@ -535,8 +579,9 @@ func (c *Comm) classifyLocked(w *Work, err error, wasActive bool) error {
 	switch {
 	case !wasActive:
 		// a failed Shrink or Grow leaves the broken comm as it was
-	case errors.Is(err, ErrInvalidArgument):
-		// found before anything was sent; the comm is still good
+	case errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrPeerRefused):
+		// refused, here or by a peer, before any data moved: the backend
+		// (a Refuser) kept every rank in step, and the comm is still good
 	case errors.Is(err, ErrRevoked):
 		c.breakLocked(stateRevoked, err)
 	default:
@@ -671,6 +716,12 @@ func (c *Comm) ctxBreakLocked(w *Work) error {
 
 func (c *Comm) dispatch(w *Work) error {
 	d, ctx, b := &w.d, w.ctx, c.b
+	if d.refused != nil {
+		// Bounded by the comm's deadline, not by a ctx the caller may have
+		// given up on: the peers wait for this.
+		return c.refuser.Refuse(context.WithoutCancel(ctx), Op{Kind: d.kind, Out: d.t, In: d.in, ReduceOp: d.op,
+			Root: d.root, Peer: d.peer, Counts: d.counts, InCounts: d.inCounts, P2P: d.p2p}, d.refused)
+	}
 	switch d.kind {
 	case OpAllReduce:
 		return b.AllReduce(ctx, d.t, d.op)
@@ -728,6 +779,32 @@ func (c *Comm) dispatch(w *Work) error {
 		return err
 	}
 	return invalidf("unknown op %s", d.kind)
+}
+
+// Refuse fails an op that this rank's caller refused before issuing it,
+// as an op whose arguments fail validation here is failed: a layer above
+// Comm that checks arguments of its own (the Python API does) calls
+// Refuse instead of the op, so that the peers learn of it. op names the
+// op (Kind: a collective or point-to-point op) and whom it concerns
+// (Root; Peer; the Kind and Peer of each P2P entry; tensors are
+// ignored). Refuse returns at once with the op's error, reason wrapped in
+// ErrInvalidArgument; on a Refuser backend the refusal takes the op's
+// place in the issue order, as an async op would, and the peers' matching
+// op fails with ErrPeerRefused naming this rank. On other backends it
+// does nothing more.
+func (c *Comm) Refuse(ctx context.Context, op Op, reason error) error {
+	if reason == nil {
+		reason = errors.New("refused by the caller")
+	}
+	if !errors.Is(reason, ErrInvalidArgument) {
+		reason = fmt.Errorf("%w: %w", ErrInvalidArgument, reason)
+	}
+	d := opDesc{kind: op.Kind, root: op.Root, peer: op.Peer, p2p: op.P2P, refused: reason}
+	if c.refuser == nil || !d.peerOp() {
+		return c.wrapErr(&d, 0, reason)
+	}
+	w := c.submit(&Work{c: c, d: d, ctx: ctx, done: make(chan struct{})})
+	return c.wrapErr(&d, w.seq, reason)
 }
 
 // Abort aborts the comm: the executing op fails at once, and the comm

@@ -73,16 +73,31 @@
 // # Errors
 //
 // Errors wrap the sentinels ErrTimeout, ErrAborted, ErrRevoked,
-// ErrPeerFailed, ErrMismatch, ErrInvalidArgument, ErrBackendUnavailable and
-// ErrClosed, for errors.Is (ErrPeerClosed beside ErrPeerFailed marks a
+// ErrPeerFailed, ErrMismatch, ErrInvalidArgument, ErrPeerRefused,
+// ErrBackendUnavailable and ErrClosed, for errors.Is (ErrPeerClosed beside ErrPeerFailed marks a
 // peer that closed its comm in an orderly way: alive, not crashed);
 // failures tied to a rank are *RankError, for errors.As, and FailedRanks
 // lists them. An op ended by Abort, Revoke,
 // Close or its deadline matches that cause and also what its backend saw
 // (a peer that had died meanwhile stays in FailedRanks). A Shrink or Grow
 // keeps Options.Timeout too, on a broken comm as well; Close while one
-// completes gets the new comm closed and ErrClosed. ErrInvalidArgument is
-// returned before anything reaches the backend and leaves the comm usable.
+// completes gets the new comm closed and ErrClosed.
+//
+// # Refused ops
+//
+// An op whose arguments are invalid here fails with ErrInvalidArgument
+// and leaves the comm usable. A collective or point-to-point op refused so
+// concerns the peers too, whose matching op would otherwise wait for its
+// deadline and break their comm. On a backend that implements Refuser
+// (gloo) the refused op therefore still takes its place in the issue
+// order, sends nothing of its data, and tells the peers: each peer's
+// matching op fails at once with a *RankError naming this rank and
+// wrapping ErrPeerRefused and a *Refusal that says why, with no buffer of a
+// collective written, and every comm stays usable — the next op runs as
+// usual on every rank. Comm.Refuse does the same for an op that a layer
+// above rejected before issuing it. On other backends (nccl) nothing
+// reaches the backend and the peers are not told; see their docs. Shrink,
+// Grow and Split with invalid arguments fail here only.
 //
 // # Observability
 //

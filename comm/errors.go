@@ -30,6 +30,13 @@ var (
 	// ErrInvalidArgument: a caller error found before anything was sent;
 	// the comm stays usable.
 	ErrInvalidArgument = errors.New("comm: invalid argument")
+	// ErrPeerRefused: a peer refused its side of the op (its arguments
+	// were invalid there: ErrInvalidArgument at that rank), so the op
+	// failed here without moving data; found inside a *RankError that
+	// names the refusing rank, with a *Refusal that says why. Like
+	// ErrInvalidArgument it leaves the comm usable: every rank's next op
+	// runs as usual (on backends that implement Refuser; see Refuser).
+	ErrPeerRefused = errors.New("comm: a peer refused the op")
 	// ErrBackendUnavailable: the backend cannot run here (no library, no
 	// device, unknown name, missing capability).
 	ErrBackendUnavailable = errors.New("comm: backend unavailable")
@@ -42,7 +49,7 @@ type RankError struct {
 	Rank  int    // the peer's rank in the comm's numbering at the time
 	Op    OpType // the op that saw the failure (OpNone outside an op)
 	Epoch uint64 // the comm's epoch
-	Err   error  // usually wraps ErrPeerFailed or ErrMismatch
+	Err   error  // usually wraps ErrPeerFailed, ErrMismatch or ErrPeerRefused
 }
 
 func (e *RankError) Error() string {
@@ -50,6 +57,21 @@ func (e *RankError) Error() string {
 }
 
 func (e *RankError) Unwrap() error { return e.Err }
+
+// Refusal is why a peer refused an op: inside the *RankError (naming that
+// rank) of an error that wraps ErrPeerRefused, for errors.As.
+type Refusal struct {
+	Rank   int    // the rank that refused
+	Op     OpType // the op as that rank issued it
+	Reason string // what it found wrong (its ErrInvalidArgument's message)
+}
+
+func (r *Refusal) Error() string {
+	return fmt.Sprintf("%v: rank %d refused its %s: %s", ErrPeerRefused, r.Rank, r.Op, r.Reason)
+}
+
+// Unwrap makes a Refusal match ErrPeerRefused.
+func (r *Refusal) Unwrap() error { return ErrPeerRefused }
 
 // FailedRanks lists the ranks named by every *RankError inside err
 // (following errors.Join and wrapping), without duplicates, in order found.

@@ -177,3 +177,26 @@ func countBelow(xs []int, r int) int {
 	}
 	return n
 }
+
+// refuser adds Refuse to fake: it records each refused op in the order
+// (as OpNone) with its kind and reason, and fails it if failRefuse is set.
+type refuser struct {
+	*fake
+	refused    []comm.Op
+	reasons    []error
+	failRefuse error
+}
+
+func (r *refuser) Refuse(ctx context.Context, op comm.Op, reason error) error {
+	r.mu.Lock()
+	r.order = append(r.order, comm.OpNone)
+	r.refused = append(r.refused, op)
+	r.reasons = append(r.reasons, reason)
+	fail := r.failRefuse
+	r.mu.Unlock()
+	if fail != nil {
+		r.fake.Abort(fail)
+		return fail
+	}
+	return nil
+}

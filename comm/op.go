@@ -18,6 +18,16 @@ type opDesc struct {
 	key      int    // Split
 	reconfig bool   // Shrink/Grow: allowed on a broken comm
 	newComm  Backend
+	// refused: why this rank refuses the op (validation, or Comm.Refuse);
+	// set, the op runs in its place in the order only to tell the peers
+	// (Refuser) and fails with it.
+	refused error
+}
+
+// peerOp reports whether d is a collective or point-to-point op: one
+// whose refusal its peers must learn of.
+func (d *opDesc) peerOp() bool {
+	return d.kind != OpNone && (d.kind < OpShrink || d.kind == OpReduceScatterV)
 }
 
 func (d *opDesc) dtype() DType {

@@ -373,6 +373,17 @@ func (c *Comm) AllToAll(ctx context.Context, out, in comm.Tensor) *comm.Work {
 	return c.forward(func(x *comm.Comm) *comm.Work { return x.AllToAllAsync(ctx, out, in) })
 }
 
+// Refuse fails an op of the step that this replica's caller refused
+// before issuing it (checks of its own found an argument invalid: the
+// Python API's), as an op whose arguments the FT comm refuses is failed:
+// in the op's place on the FT data comm (comm.Comm.Refuse), so that on
+// gloo the other replicas' matching op fails at once with
+// comm.ErrPeerRefused instead of waiting for its deadline. The failure is
+// recorded for Commit, like any op's; Refuse returns it.
+func (c *Comm) Refuse(ctx context.Context, op comm.Op, reason error) error {
+	return c.forward(func(x *comm.Comm) *comm.Work { return comm.FailedWork(x.Refuse(ctx, op, reason)) }).Err()
+}
+
 // Finish ends the run at this replica's committed step: the coordinator
 // publishes it as the run's end (membership.Quorum.Final), so that every
 // other replica's Step returns a *FinishedError (ErrFinished) rather than

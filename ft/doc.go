@@ -300,8 +300,10 @@
 // a peer will never post its part of an op (a peer that moved to a new
 // epoch, or whose control link failed, just stops calling), so when a new
 // epoch appears in the middle of a step ft stops that step's device ops
-// (the data comms of the replicate dimension and of the replica group,
-// never the control comms that carry the group's vote): the step fails
+// on the replicate dimension's data comm (never the control comms that
+// carry the group's vote, nor the replica group's data comm, whose ranks
+// started the step together at the group's gate; a group-mate that is
+// gone stops the group's comms as well): the step fails
 // within milliseconds rather than at the op's Timeout, and the next Step
 // reconfigures. The group's own device ops (Group()) count in its vote: a
 // failed one fails the step at every rank of the group. Registered device

@@ -694,3 +694,36 @@ func TestNewRefusesMisconfiguration(t *testing.T) {
 		})
 	}
 }
+
+// An op the caller refused before issuing it (Refuse: the Python API's
+// checks) fails the step like an op with an invalid argument: Refuse
+// returns comm.ErrInvalidArgument, the commit does not go through, and the
+// next step commits.
+func TestRefusedOpFailsTheStep(t *testing.T) {
+	j := newJob(t, quick(), 1)
+	r := j.open("a", 0, 1)
+	defer r.c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := 0; ; i++ {
+		if err := r.c.Step(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			err := r.c.Refuse(ctx, comm.Op{Kind: comm.OpBroadcast, Root: 7}, errors.New("root 7 outside [0, 1)"))
+			if !errors.Is(err, comm.ErrInvalidArgument) || !strings.Contains(err.Error(), "root 7") {
+				t.Fatalf("Refuse: %v", err)
+			}
+		}
+		ok, err := r.c.Commit(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 && ok {
+			t.Fatal("the step with the refused op committed")
+		}
+		if i > 0 && ok {
+			return
+		}
+	}
+}

@@ -815,19 +815,17 @@ func (m *machine) onQuorum(now time.Time, q membership.Quorum) {
 	if m.holds(dimGroup) && gone(m.view.group) {
 		m.revoke(dimGroup, partBoth, cause)
 	}
-	// A new epoch in the middle of a step: peers that had not started it
-	// move on and never post their part of its ops. gloo sees that as a
+	// A new epoch in the middle of a step: FT peers that had not started
+	// it move on and never post their part of its ops. gloo sees that as a
 	// mismatch, but a device comm waits for them until the op's Timeout,
-	// so the step's device ops stop now. Only the data comms: the control
-	// comms keep the replica group's vote whole (a vote cut at one rank
-	// but not the other would split the group's commit).
-	if m.phase == phaseInStep {
-		cause := fmt.Sprintf("ft: epoch %d began mid-step: the old epoch's device ops may wait for peers that moved on", q.Epoch)
-		for _, d := range []dim{dimFT, dimGroup} {
-			if m.split[d] {
-				m.revoke(d, partData, cause)
-			}
-		}
+	// so the step's device ops stop now. Only the FT data comm: the
+	// control comms keep the replica group's vote whole (a vote cut at one
+	// rank but not the other would split the group's commit), and the
+	// group's ranks started this step together (the gate), so a group-mate
+	// still here posts its part of the group's ops (one that is gone
+	// revoked the group's comms above).
+	if m.phase == phaseInStep && m.split[dimFT] {
+		m.revoke(dimFT, partData, fmt.Sprintf("ft: epoch %d began mid-step: the old epoch's device ops may wait for peers that moved on", q.Epoch))
 	}
 }
 

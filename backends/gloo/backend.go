@@ -110,6 +110,19 @@ type Backend struct {
 	left0         resyncNote // what else they say: the epoch left and the ranks a Shrink excluded
 	ctxStop       func() bool
 
+	// refusals (refuse.go): readers and the op goroutine; rmu is taken
+	// after a link's mu, never before
+	rmu          sync.Mutex
+	refColl      []*collRefusal // refused collectives not forgotten yet (rmu)
+	nRefColl     atomic.Int32   // len(refColl)
+	opColl       atomic.Uint64  // number of the collective the op in progress runs, 0 if none
+	halted       atomic.Bool    // haltErr is set
+	haltErr      error          // a peer refused the collective in progress (rmu)
+	haltRef      collRefusal    // which, and why (rmu)
+	opRefusal    error          // a peer refused a send or receive of the op in progress (rmu)
+	anyOpRefusal atomic.Bool    // opRefusal may be set
+	strays       atomic.Int32   // stray refusals kept on the links
+
 	mu     sync.Mutex
 	fault  *faultInfo // the first failure
 	revoke *faultInfo // a revocation (local or remote), if any
@@ -135,6 +148,7 @@ var (
 	_ comm.CtxWatcher      = (*Backend)(nil)
 	_ comm.FailureNotifier = (*Backend)(nil)
 	_ comm.SilenceReporter = (*Backend)(nil)
+	_ comm.Refuser         = (*Backend)(nil)
 )
 
 // WatchesCtx implements comm.CtxWatcher: every wait of an op selects on

@@ -81,7 +81,8 @@
 // failed, mismatch; origin and subject ranks, cause text), resync (start of
 // an epoch on a reused connection: the new epoch's size, rank and
 // membership hash, the epoch left, and the ranks a Shrink excluded — up to
-// 1015 listed), bye.
+// 1015 listed), bye, refused (an op this rank refused, or gave up because a
+// peer refused it: see Refused ops).
 //
 // Every collective first agrees on its descriptor: a dissemination round
 // (⌈log₂ n⌉ steps of header-only frames, folded into the data exchange of
@@ -218,6 +219,47 @@
 // with an error naming the peer; nothing panics. After any failure the
 // backend runs no further collectives: only Shrink, Grow, Split, Abort and
 // Close.
+//
+// # Refused ops
+//
+// A refused op is no failure: the Backend is a comm.Refuser, so an op that
+// one rank refuses (its arguments are invalid there: comm.Comm validates
+// every op, and Comm.Refuse serves layers with checks of their own) still
+// takes its place in that rank's sequence, and the peers' matching op
+// fails within a round trip with a *comm.RankError naming the refusing
+// rank and wrapping comm.ErrPeerRefused, with a *comm.Refusal giving the
+// refusing rank's reason ("rank 1 refused its broadcast: root 5 outside
+// [0, 2)"). Nothing
+// breaks and nothing is aborted: every rank's next op runs as usual. The
+// refusing rank sends a refused frame on its links, on the data path (the
+// socket or the shared-memory ring), in the op's place among its op frames.
+//
+//   - Collectives (all of them, Barrier included): every rank fails its op
+//     of that number — at once if it runs, at its start if it has not
+//     started yet — and before it sends anything of a later op it passes a
+//     refused frame of its own to every peer, so on each link one such
+//     frame separates the refused op's frames from the next op's. Frames of
+//     the refused op are dropped unread; no user buffer is written (no
+//     rank's op can complete without the refusing rank). A rank reads a
+//     shared-memory ring only while it runs an op: one that is idle learns
+//     of a refusal when its next op starts waiting.
+//   - Point-to-point: messages are numbered per pair and direction. A
+//     refused send consumes its number, and the peer's receive of it
+//     (running or still to come) fails, its buffer unwritten. A refused
+//     receive consumes its number and drops the message, and the peer's
+//     send of it fails unless it has already handed all its data to the
+//     transport (a send completes then, as always; the data is dropped).
+//     In a batch only the refused sends and receives fail: the batch's
+//     other entries complete, then the batch returns the refusal; a refused
+//     batch refuses all its entries. A send refused for its peer (outside
+//     the comm, or this rank) names no rank to tell: every peer is told,
+//     and each one's next receive from the refusing rank of the number it
+//     would have had fails, giving the number back (the rank the send was
+//     meant for fails whenever it gets to that receive; another rank fails
+//     its next receive from that rank once, and a retry receives the next
+//     message). A receive refused for its peer tells no one: a send meant
+//     for it waits for a receive (its data, once sent, is what the next
+//     receive from that sender gets), bounded by the op's deadline.
 //
 // # Concurrency
 //

@@ -12,17 +12,17 @@ import (
 // Wire format of a frame (all integers little-endian):
 //
 //	0  magic   u8   0xF7
-//	1  type    u8   frameOp, frameHeartbeat, frameNotice, frameResync, frameBye, frameWake
-//	2  op      u8   comm.OpType of the collective (OpSend for point-to-point)
+//	1  type    u8   frameOp, frameHeartbeat, frameNotice, frameResync, frameBye, frameWake, frameRefused
+//	2  op      u8   comm.OpType of the collective (OpSend for point-to-point; a frameRefused's refused op)
 //	3  dtype   u8   comm.DType (0 for ops without a tensor)
 //	4  redop   u8   comm.ReduceOp (0 where none)
 //	5  algo    u8   Algorithm
 //	6  flags   u16  must be 0
 //	8  length  u32  payload bytes
-//	12 tag     u32  step of the algorithm
+//	12 tag     u32  step of the algorithm (a frameRefused's kind: refusedColl, …)
 //	16 seq     u64  collective sequence number, point-to-point message number, or epoch
 //	24 count   u64  element count of the op's descriptor
-//	32 root    i32  root of the op, or -1
+//	32 root    i32  root of the op, or -1 (a frameRefused's refusing rank)
 //	36 aux     u32  descriptor extra (hash of AllGatherV counts)
 //	40 payload
 //	   trailer u8   0xA5 complete, 0x5A abandoned (payload is filler)
@@ -48,6 +48,7 @@ const (
 	frameResync    frameType = 4 // marks the start of a new epoch on a reused connection
 	frameBye       frameType = 5 // the sender closed its end
 	frameWake      frameType = 6 // the sender published shared-memory positions, and the receiver's waiter on lane tag was parked
+	frameRefused   frameType = 7 // an op was refused (refuse.go); on the data path, ordered with frameOp; payload the reason
 )
 
 func (t frameType) String() string {
@@ -64,6 +65,8 @@ func (t frameType) String() string {
 		return "bye"
 	case frameWake:
 		return "wake"
+	case frameRefused:
+		return "refused"
 	}
 	return fmt.Sprintf("frame(%d)", uint8(t))
 }
@@ -166,6 +169,10 @@ func decodeHeader(b []byte) (header, error) {
 		}
 		if h.length > 0 && (h.d.dtype == 0 || int(h.length)%h.d.dtype.Size() != 0) {
 			return h, fmt.Errorf("%w: payload of %d bytes is not a whole number of %s elements", errMalformed, h.length, h.d.dtype)
+		}
+	case frameRefused:
+		if h.length > maxNoticeLen || h.tag > refusedStray || !refusable(h.d.op) || h.d.root < 0 {
+			return h, fmt.Errorf("%w: refusal of %s (kind %d, rank %d) with %d bytes", errMalformed, h.d.op, h.tag, h.d.root, h.length)
 		}
 	case frameHeartbeat, frameBye:
 		if h.length != 0 {

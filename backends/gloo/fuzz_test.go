@@ -27,6 +27,9 @@ func seedFrames() [][]byte {
 		frameBytes(header{typ: frameNotice, seq: 0}, nt[:n], trailerOK),
 		frameBytes(header{typ: frameResync, seq: 3}, rs[:], trailerOK),
 		frameBytes(header{typ: frameBye}, nil, trailerOK),
+		frameBytes(header{typ: frameRefused, d: desc{op: comm.OpAllReduce, root: 1}, tag: refusedColl, seq: 1}, []byte("root 9 outside [0, 2)"), trailerOK),
+		frameBytes(header{typ: frameRefused, d: desc{op: comm.OpSend, root: 1}, tag: refusedRecv, seq: 0}, []byte("no tensor"), trailerOK),
+		frameBytes(header{typ: frameRefused, d: desc{op: comm.OpSend, root: 1}, tag: refusedStray, seq: 0}, nil, trailerOK),
 	}
 }
 

@@ -30,7 +30,7 @@ import (
 // process the other is; the MACs cover them.
 const (
 	handshakeMagic   = "FTGLOOHS"
-	protocolVersion  = 3
+	protocolVersion  = 4 // 4: frameRefused
 	nonceLen         = 32
 	macLen           = sha256.Size
 	maxJobLen        = 256

@@ -21,8 +21,9 @@ import (
 type entryMode uint8
 
 const (
-	modeCopy   entryMode = iota + 1 // dst = payload
-	modeReduce                      // dst = src ⊕ payload (src nil: dst ⊕= payload)
+	modeCopy    entryMode = iota + 1 // dst = payload
+	modeReduce                       // dst = src ⊕ payload (src nil: dst ⊕= payload)
+	modeDiscard                      // the payload is dropped (shared memory: the rest of a frame whose op failed)
 )
 
 // entry is a receive posted by the op goroutine: the frames that fill it
@@ -34,7 +35,8 @@ type entry struct {
 	mode entryMode
 	dst  []byte
 	src  []byte
-	done int // bytes filled so far
+	done int         // bytes filled so far
+	ref  *p2pRefusal // a receive the peer refused: completes empty, in its turn (refuse.go)
 }
 
 type rxMode uint8
@@ -102,6 +104,15 @@ type link struct {
 	maxGap   atomic.Int64 // longest recent gap between arrivals, ns (decays; see decayGap)
 	rstate   atomic.Int32
 	departed atomic.Bool // the peer closed its comm, and everything it sent was delivered (set under mu)
+
+	// refused point-to-point messages (refuse.go)
+	rxRef     []*p2pRefusal // (mu) receives refused by the peer, not yet posted; stray ones
+	txRef     []*p2pRefusal // (mu) this rank's messages the peer refused to receive
+	nTxRef    atomic.Int32  // len(txRef)
+	nStray    atomic.Int32  // stray refusals in rxRef
+	strayFrom uint64        // (mu) the lowest receive number a stray refusal took in this op
+	strayTook atomic.Bool   // (set under mu) a stray refusal took receives of this op
+	dropBelow atomic.Uint64 // messages from the peer numbered below this were refused here: dropped
 
 	// reader-private
 	rbuf       []byte
@@ -367,6 +378,25 @@ func (l *link) readLoop() error {
 				l.poisoned = false
 				l.onNotice(h.seq, nt)
 			}
+		case frameRefused:
+			if l.poisoned {
+				return fmt.Errorf("%w: refusal after an abandoned frame without a notice", errMalformed)
+			}
+			if l.shm != nil {
+				return fmt.Errorf("%w: refusal on the socket of a shared-memory link", errMalformed)
+			}
+			if err := l.fill(int(h.length) + 1); err != nil {
+				return err
+			}
+			reason := decodeReason(l.rbuf[l.rpos : l.rpos+int(h.length)])
+			l.rpos += int(h.length)
+			t, err := l.trailer()
+			if err != nil {
+				return err
+			}
+			if t == trailerOK {
+				l.onRefused(&h, reason)
+			}
 		case frameResync, frameOp:
 			if h.typ == frameOp && l.poisoned {
 				return fmt.Errorf("%w: op frame after an abandoned frame without a notice", errMalformed)
@@ -464,6 +494,10 @@ func (l *link) dispatch(h *header) error {
 			l.mu.Unlock()
 			return nil
 		}
+		if h.typ == frameOp && l.staleLocked(h) {
+			l.mu.Unlock()
+			return l.skip(int(h.length) + 1)
+		}
 		if h.typ == frameResync {
 			// The peer reconfigured before this end did: hold the frame
 			// for this end's Shrink or Grow. Any op of this comm that
@@ -515,6 +549,12 @@ func (l *link) admitLocked(h *header) (e entry, ok bool, mis error) {
 	if l.phead < len(l.posts) {
 		e = l.posts[l.phead]
 		if err := matchFrame(h, &e); err != nil {
+			if e.d.op != comm.OpSend && b != nil && b.collRefused(e.seq) {
+				// A later op's frame, from a peer that has given up a
+				// refused collective this rank still runs: held until
+				// this rank gives it up too (refuse.go).
+				return entry{}, false, nil
+			}
 			return entry{}, false, err
 		}
 		l.active = true
@@ -610,6 +650,9 @@ func (l *link) finishLocked(n int, poke bool) {
 		l.phead++
 		if l.phead == len(l.posts) {
 			l.posts, l.phead = l.posts[:0], 0
+		}
+		if l.phead < len(l.posts) && l.posts[l.phead].ref != nil && l.completeRefusedLocked() {
+			poke = true
 		}
 	}
 	b := l.owner
@@ -721,8 +764,12 @@ func (l *link) post(e entry) bool {
 		clear(l.posts[k:])
 		l.posts, l.phead = l.posts[:k], 0
 	}
+	l.refuseEntryLocked(&e)
 	l.posts = append(l.posts, e)
 	l.planLeft--
+	if e.ref != nil {
+		l.completeRefusedLocked()
+	}
 	departed := l.departed.Load() // under mu: peerClosed sees this entry, or this sees its mark
 	l.mu.Unlock()
 	l.poke()
@@ -730,14 +777,23 @@ func (l *link) post(e entry) bool {
 }
 
 // cancelPosts drops every posted entry and returns once the reader is no
-// longer writing into any of them.
-func (l *link) cancelPosts() {
+// longer writing into any of them. keep: the stream goes on (a refused
+// op, refuse.go), so the rest of a frame half delivered over shared
+// memory is consumed and dropped by the next delivery, instead of losing
+// the stream's place until a resync (as after a failure). Over TCP the
+// reader skips the rest of such a frame either way.
+func (l *link) cancelPosts(keep bool) {
 	l.mu.Lock()
 	clear(l.posts)
 	l.posts, l.phead, l.planLeft = l.posts[:0], 0, 0
 	if l.shm != nil {
 		// The op goroutine is the consumer: nothing else writes the entries.
-		l.shmCancelLocked()
+		if keep && l.shm.cur.on {
+			l.shm.cur.e = entry{mode: modeDiscard}
+			l.active = false
+		} else {
+			l.shmCancelLocked()
+		}
 		l.mu.Unlock()
 		return
 	}
@@ -917,6 +973,11 @@ func (l *link) takeover(nb *Backend, peer int, want resyncInfo) {
 	l.mode, l.want = rxSync, want
 	clear(l.posts)
 	l.posts, l.phead, l.planLeft = l.posts[:0], 0, 0
+	// Refusals are of the old epoch's ops (message numbers go on).
+	l.rxRef, l.txRef = nil, nil
+	l.strayTook.Store(false)
+	l.nTxRef.Store(0)
+	l.nStray.Store(0)
 	select {
 	case <-l.syncCh:
 	default:

@@ -75,8 +75,8 @@ func (b *Backend) allReduceOneShot(ctx context.Context, d desc, t []byte) error 
 			sp.reset()
 			continue
 		}
-		if b.isBroken() {
-			return b.err()
+		if err := b.stopped(); err != nil {
+			return err
 		}
 		if err := b.shmIdle(ctx, &w, &sp); err != nil {
 			return err

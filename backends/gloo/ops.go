@@ -82,9 +82,22 @@ func (b *Backend) begin(ctx context.Context, op comm.OpType) error {
 		return b.err()
 	}
 	b.curOp.Store(uint32(op))
+	if op != comm.OpSend && op != comm.OpRecv && op != comm.OpBatchP2P && b.size > 1 {
+		// A collective: a peer may have refused it already (refuse.go).
+		seq := b.collSeq + 1
+		b.opColl.Store(seq)
+		if b.nRefColl.Load() > 0 {
+			if err := b.refusedAtBegin(ctx, seq); err != nil {
+				return err
+			}
+		}
+	}
 	for p, l := range b.links {
 		if l != nil {
 			b.exp[p] = rxMark{l.rxBytes.Load(), l.rxDone.Load()}
+			if l.nTxRef.Load() > 0 {
+				l.pruneTx()
+			}
 		}
 	}
 	b.active.Store(true)
@@ -113,13 +126,20 @@ func ctxEnded(ctx context.Context) error {
 
 // end finishes an op. On failure it makes sure b is broken (so peers learn
 // of it), takes every posted receive back from the readers before the
-// caller's buffers are returned, and reports the root cause.
+// caller's buffers are returned, and reports the root cause. An op that a
+// peer refused (refuse.go) breaks nothing: a collective gives its
+// receives back and tells every peer it has given the op up; a
+// point-to-point op fails once the rest of it is done.
 func (b *Backend) end(err error) error {
 	if b.ctxStop != nil {
 		b.ctxStop()
 		b.ctxStop = nil
 	}
 	b.curColl.Store(0)
+	refused, halt := b.settleOp()
+	if refused != nil && !b.isBroken() && (err == nil || halt != nil) {
+		return b.endRefused(refused, halt)
+	}
 	if err != nil {
 		if !b.isBroken() {
 			b.breakWith(faultInfo{
@@ -129,16 +149,43 @@ func (b *Backend) end(err error) error {
 		}
 		for _, l := range b.links {
 			if l != nil {
-				l.cancelPosts()
+				l.cancelPosts(false)
 			}
 		}
 		err = b.err()
 	}
+	b.clearStrays()
 	b.active.Store(false)
 	if peer := b.left.Load(); peer > 0 {
 		b.peerGone(int(peer-1), false) // see peerClosed
 	}
 	return err
+}
+
+// endRefused ends an op that a peer refused: a collective (halt) takes
+// its receives back, keeping every stream in step, and tells every peer
+// it has given the collective up, before anything of a later op is sent.
+func (b *Backend) endRefused(refused error, halt *collRefusal) error {
+	if halt != nil {
+		for _, l := range b.links {
+			if l != nil {
+				l.cancelPosts(true)
+			}
+		}
+		b.settleColl(halt.seq)
+		if err := b.sendRefusals(context.Background(), halt.op, halt.seq, halt.origin, halt.reason); err != nil {
+			refused = err
+		}
+	}
+	b.clearStrays()
+	b.active.Store(false)
+	if peer := b.left.Load(); peer > 0 {
+		b.peerGone(int(peer-1), false) // see peerClosed
+	}
+	if err := b.err(); err != nil {
+		return err
+	}
+	return refused
 }
 
 // collective numbers a collective, plans the entries each link will
@@ -187,6 +234,11 @@ func (b *Backend) waitRx(ctx context.Context, p int, bytes, done int64) error {
 		return b.waitRxShm(ctx, p, bytes, done)
 	}
 	for l.rxBytes.Load() < bytes || l.rxDone.Load() < done {
+		if b.halted.Load() {
+			if err := b.haltError(); err != nil {
+				return err // a peer refused the collective
+			}
+		}
 		select {
 		case <-b.notify:
 		case <-b.broken:
@@ -211,6 +263,11 @@ func (b *Backend) waitAll(ctx context.Context) error {
 }
 
 func (b *Backend) sendFrame(ctx context.Context, p int, h *header, payload []byte) error {
+	if b.halted.Load() {
+		if err := b.haltError(); err != nil {
+			return err // a peer refused the collective: nothing more of it is sent
+		}
+	}
 	if ctx.Err() != nil {
 		// An op that streams without ever waiting still stops within a
 		// frame of its ctx's end (comm.CtxWatcher; an atomic load).
@@ -1104,7 +1161,7 @@ func (b *Backend) Send(ctx context.Context, t comm.Tensor, peer int) error {
 	l := b.links[peer]
 	seq := l.p2pTx
 	l.p2pTx++
-	return b.end(b.sendData(ctx, peer, opHeader(p2pDesc(t), seq, 0), t.Bytes()))
+	return b.end(b.sendMessage(ctx, peer, seq, t))
 }
 
 // Recv implements comm.Backend.
@@ -1137,7 +1194,7 @@ func (b *Backend) BatchP2P(ctx context.Context, ops []comm.P2POp) error {
 			l := b.links[o.Peer]
 			seq := l.p2pTx
 			l.p2pTx++
-			if err := b.sendData(ctx, o.Peer, opHeader(p2pDesc(o.Tensor), seq, 0), o.Tensor.Bytes()); err != nil {
+			if err := b.sendMessage(ctx, o.Peer, seq, o.Tensor); err != nil {
 				return b.end(err)
 			}
 		}

@@ -144,6 +144,9 @@ func FuzzShmReader(f *testing.F) {
 	f.Add(good, uint64(len(good))+shmMinRing)
 	f.Add(shmFrame(header{typ: frameHeartbeat}, nil), uint64(headerSize))
 	f.Add(shmFrame(header{typ: frameOp, d: d, seq: 1, tag: 0}, make([]byte, 7)), uint64(headerSize+8))
+	refused := append(shmFrame(header{typ: frameRefused, d: desc{op: comm.OpAllReduce, root: 1}, tag: refusedColl, seq: 1}, []byte("root 9")),
+		shmFrame(header{typ: frameOp, d: d, seq: 1, tag: 0}, make([]byte, 64))...)
+	f.Add(refused, uint64(len(refused)))
 	f.Fuzz(func(t *testing.T, data []byte, head uint64) {
 		if len(data) > shmMinRing {
 			data = data[:shmMinRing]

@@ -463,13 +463,36 @@ func (l *link) shmProgressLocked() (moved bool, mis *rxMismatch, err error) {
 		if err != nil {
 			return moved, nil, err
 		}
-		if h.typ != frameOp {
+		if h.typ != frameOp && h.typ != frameRefused {
 			return moved, nil, fmt.Errorf("%w: %s frame in shared memory", errMalformed, h.typ)
 		}
 		l.mu.Lock()
 		if l.mode != rxNormal || s.skipSet.Load() {
 			l.mu.Unlock()
 			continue // a resync arrived meanwhile: the frame is the old epoch's
+		}
+		if h.typ == frameRefused {
+			l.mu.Unlock()
+			need := uint64(headerSize + pad8(int(h.length)))
+			if avail < need {
+				return moved, nil, nil // the rest of it is on its way
+			}
+			reason := decodeReason(l.shmPayload(int(h.length), make([]byte, h.length)))
+			l.rxConsume(need)
+			l.heard()
+			l.onRefused(&h, reason)
+			moved = true
+			continue
+		}
+		if l.staleLocked(&h) {
+			// Of a refused op: consumed and dropped, as it comes.
+			l.mu.Unlock()
+			l.rxConsume(headerSize)
+			l.heard()
+			n := uint64(h.length)
+			s.cur = rxFrame{on: true, n: n, need: uint64(pad8(int(n))), e: entry{mode: modeDiscard}}
+			moved = true
+			continue
 		}
 		e, ok, why := l.admitLocked(&h)
 		if !ok {
@@ -524,6 +547,12 @@ func (l *link) shmDeliver() (uint64, error) {
 			return took, nil
 		}
 		chunk := s.rx.data[off : off+k]
+		if e.mode == modeDiscard {
+			l.rxConsume(k)
+			c.done += k
+			took += k
+			continue
+		}
 		d := e.dst[e.done+int(c.done) : e.done+int(c.done+k)]
 		switch {
 		case e.mode == modeCopy:
@@ -537,9 +566,12 @@ func (l *link) shmDeliver() (uint64, error) {
 		c.done += k
 		took += k
 	}
-	n := c.n
+	n, discard := c.n, e.mode == modeDiscard
 	*c = rxFrame{}
 	l.heard()
+	if discard {
+		return took, nil // delivered nowhere: no entry is finished
+	}
 	l.mu.Lock()
 	l.active = false
 	l.finishLocked(int(n), false)
@@ -607,7 +639,7 @@ func (l *link) shmPeekLocked(seq uint64, d *desc, t []byte) (int, *rxMismatch, e
 		return peekNone, nil, nil
 	}
 	l.mu.Lock()
-	waiting := l.mode != rxNormal || s.lost
+	waiting, b := l.mode != rxNormal || s.lost, l.owner
 	l.mu.Unlock()
 	if waiting {
 		return peekNone, nil, nil
@@ -624,14 +656,25 @@ func (l *link) shmPeekLocked(seq uint64, d *desc, t []byte) (int, *rxMismatch, e
 	if err != nil {
 		return peekNone, nil, err
 	}
+	if h.typ == frameRefused {
+		return peekNone, nil, nil // the delivery path takes it (progressShm)
+	}
 	if h.typ != frameOp {
 		return peekNone, nil, fmt.Errorf("%w: %s frame in shared memory", errMalformed, h.typ)
 	}
 	if h.d.op == comm.OpSend {
 		return peekNone, nil, nil // a message nobody has received yet: held, as by the receive path
 	}
+	if b != nil && b.collRefused(h.seq) {
+		return peekNone, nil, nil // of a refused collective: the delivery path drops it
+	}
 	e := entry{seq: seq, tag: 0, d: *d, dst: t}
 	if why := matchFrame(&h, &e); why != nil {
+		if b != nil && b.collRefused(seq) {
+			// A later op's frame from a peer that has given up this
+			// refused collective: held, as by the receive path.
+			return peekNone, nil, nil
+		}
 		l.mu.Lock()
 		mis := &rxMismatch{l.owner, l.peer, l.epoch, why}
 		l.mu.Unlock()
@@ -727,8 +770,8 @@ func (b *Backend) waitRxShm(ctx context.Context, p int, bytes, done int64) error
 			sp.reset()
 			continue
 		}
-		if b.isBroken() {
-			return b.err()
+		if err := b.stopped(); err != nil {
+			return err
 		}
 		if err := b.shmIdle(ctx, &w, &sp); err != nil {
 			// As a past write deadline does for TCP: the comm is aborted
@@ -771,7 +814,9 @@ func (b *Backend) shmIdle(ctx context.Context, w *shmWait, sp *spinner) error {
 	// look sees the word and sends a wake frame.
 	b.setAsleep(1)
 	parked := false
-	if !w.ready() && !b.progressShm() && !b.isBroken() {
+	// A refused collective stops a receive at once; a write goes on to the
+	// frame's end (its peer drops it) and parks as usual.
+	if !w.ready() && !b.progressShm() && !b.isBroken() && (w.tx != nil || !b.halted.Load()) {
 		parked = true
 		select {
 		case <-b.notify:

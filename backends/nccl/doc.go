@@ -202,6 +202,23 @@
 // split). A data comm split with splitShare 1 saved none of it and hung a
 // later shrink; it is not used.
 //
+// # Refused ops
+//
+// The Backend is not a comm.Refuser: an op that one rank refuses (its
+// arguments fail comm.Comm's validation, or this backend's own checks of
+// a tensor's device, dtype or counts, or the Python API's) fails there at
+// once with comm.ErrInvalidArgument and never reaches NCCL, but its peers
+// are not told. Their matching op is already on their streams by then
+// (NCCL offers no header to send ahead of a collective, and waiting for a
+// host-side agreement before every op would cost each op a round trip),
+// so each peer's op waits for its deadline, fails with comm.ErrTimeout
+// and aborts its comm, and the refusing rank's next collective then waits
+// for peers that no longer run it, until its own deadline. A refusal on
+// nccl thus costs the job a deadline and a reconfiguration, as any hang
+// does; gloo keeps the comm (see its package documentation). In an ft job
+// the step fails and the next epoch forms new comms. Check arguments the
+// same way on every rank before a GPU collective.
+//
 // # Host copies and health
 //
 // The Backend is a comm.HostCopier: PinnedHost hands out page-locked

@@ -48,6 +48,7 @@ from .errors import (
     MismatchError,
     NotParticipatingError,
     PeerFailedError,
+    PeerRefusedError,
     RevokedError,
     RolledBackError,
     FinishedError,
@@ -93,7 +94,7 @@ __all__ = [
     "CommOptions", "BatchSendRecv", "BatchP2POptions", "P2POp", "P2POpType", "objcol", "is_backend_built",
     "built_backends", "Store", "interrupt", "live_handles", "library_path",
     "errors", "FtcommError", "InvalidArgumentError", "InvalidTypeError", "CommTimeoutError", "RevokedError",
-    "PeerFailedError", "MismatchError", "AbortedError", "ClosedError", "BackendUnavailableError",
+    "PeerFailedError", "PeerRefusedError", "MismatchError", "AbortedError", "ClosedError", "BackendUnavailableError",
     "RolledBackError", "FinishedError", "GroupDivergedError", "NotParticipatingError", "TooManyCommitFailuresError",
     "MembershipLostError", "BadHandleError", "InternalError", "InterruptedOpError", "ForkError",
 ]

@@ -16,7 +16,7 @@ from typing import Optional
 
 from . import errors
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 # Statuses (libftcomm.h).
 OK = 0
@@ -40,6 +40,7 @@ OP_RECV = 11
 OP_ALL_GATHER_V = 12  # ftcomm_comm_opv
 OP_REDUCE_SCATTER_V = 13
 OP_ALL_TO_ALL_V = 14
+OP_BATCH = 100  # ftcomm_comm_refuse
 P2P_SEND = 1  # ftcomm_comm_batch
 P2P_RECV = 2
 ASYNC = 1
@@ -69,6 +70,7 @@ _SIGNATURES = {
     "ftcomm_nccl_info": (_buf, _i32),
     "ftcomm_comm_run": ([_u64, _u64, _vp, _i64], _i32),
     "ftcomm_comm_loop": ([_u64, _vp, _i64, _i32, _i32, _i64, _pi64], _i32),
+    "ftcomm_comm_refuse": ([_u64, _i32, _i32, _i64, _pi32, _pi32, _cp], _i32),
     "ftcomm_comm_revoke": ([_u64, _cp], _i32),
     "ftcomm_comm_abort": ([_u64, _cp], _i32),
     "ftcomm_comm_shrink": ([_u64, _pi64, _i64, _i64, _i64, _pu64], _i32),
@@ -91,6 +93,7 @@ _SIGNATURES = {
     "ftcomm_ft_commit": ([_u64, _i64, _pi32], _i32),
     "ftcomm_ft_finish": ([_u64, _i64], _i32),
     "ftcomm_ft_op": (_opargs, _i32),
+    "ftcomm_ft_refuse": ([_u64, _i32, _i32, _cp], _i32),
     "ftcomm_ft_info": ([_u64, _pu64, _pi64, _pi64, _pi64], _i32),
     "ftcomm_ft_events": ([_u64] + _buf, _i32),
     "ftcomm_ft_free": ([_u64], _i32),

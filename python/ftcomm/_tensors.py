@@ -166,6 +166,46 @@ def current_stream(device: int) -> int:
     return _raw_stream(device)
 
 
+def stream_object(device: int):
+    """PyTorch's current stream on device, as a torch.cuda.Stream: where an
+    async op's after step is queued (run_on_stream)."""
+    return _torch.cuda.current_stream(device)
+
+
+def _record(x: Any, stream) -> None:
+    """Record every CUDA tensor in x (nested tuples and lists) on stream for
+    the caching allocator: its memory is not handed out again, once freed,
+    before the work queued on stream so far has run."""
+    if isinstance(x, (tuple, list)):
+        for y in x:
+            _record(y, stream)
+    elif _torch is not None and isinstance(x, _torch.Tensor) and x.is_cuda:
+        x.record_stream(stream)
+
+
+def run_on_stream(stream, fn, tensors):
+    """Run fn (an async op's after step, which queues CUDA work) with stream
+    current, record tensors (what fn uses) on it, and return a CUDA event
+    recorded behind what fn queued."""
+    torch = _torch
+    with torch.cuda.stream(stream):
+        fn()
+        _record(tensors, stream)
+        ev = torch.cuda.Event()
+        ev.record(stream)
+    return ev
+
+
+def stream_wait(stream, event) -> None:
+    """Make the current stream of stream's device wait for event."""
+    _torch.cuda.current_stream(stream.device).wait_event(event)
+
+
+def event_done(event) -> bool:
+    """Whether the work event was recorded behind has run."""
+    return event.query()
+
+
 def empty_like_flat(t: Any, n: int):
     """A new contiguous 1-D tensor (or array) of n elements, t's dtype and device."""
     if is_torch(t):
@@ -207,17 +247,59 @@ def itemsize(dt: int) -> int:
     return _ITEMSIZE[dt]
 
 
+def torch_dtype_code(dtype) -> Any:
+    """The dtype code of a torch dtype (None for one ftcomm does not move)."""
+    if _torch is None:
+        _load_torch()
+    return _torch_dtypes.get(dtype)
+
+
+def check_factor(factor: Any, dt: int) -> None:
+    """Refuse a PREMUL_SUM tensor factor that is not one element of the
+    data's dtype dt (a number is taken for every floating-point dtype).
+
+    NCCL reads a PreMulSum factor as a value of the data's type, so torch's
+    NCCL backend reads a tensor factor as its data's type T
+    (``const_data_ptr<T>()``, which raises for any other dtype) and so does
+    torchcomms' (an assertion). ftcomm refuses the same tensors rather
+    than convert the factor silently: code that runs on ftcomm then runs on
+    those backends, and no factor is rounded where the caller did not see
+    it. (torch's NCCL up to at least 2.11 is the exception that proves the
+    rule: it reads a bfloat16 op's factor as float32, asks a float32
+    tensor and hands NCCL the wrong two bytes of it, pytorch/pytorch#190745;
+    docs/python.md.)"""
+    torch = _torch or _load_torch()
+    np = _np or _load_numpy()
+    if torch is not None and isinstance(factor, torch.Tensor):
+        fdt, name, n = _torch_dtypes.get(factor.dtype), str(factor.dtype).replace("torch.", ""), factor.numel()
+    elif np is not None and isinstance(factor, np.ndarray):
+        fdt, name, n = _np_dtypes.get(factor.dtype), str(factor.dtype), int(factor.size)
+    else:
+        return
+    if n != 1:
+        raise _inv("PREMUL_SUM factor: a tensor of %d elements; want one element (or a number)" % n)
+    if fdt != dt:
+        hint = ""
+        if dt == BFLOAT16 and fdt == FLOAT32:
+            hint = (" (torch's NCCL up to 2.11 asks float32 for bfloat16 data, then reads the wrong half of it: "
+                    "pytorch/pytorch#190745)")
+        want = DTYPE_NAMES[dt]
+        raise _inv("PREMUL_SUM factor: a %s tensor for %s data; a tensor factor must be of the data's dtype, as "
+                   "torch's NCCL and torchcomms require it: make it with dtype=%s, or pass a number%s"
+                   % (name, want, want, hint))
+
+
 def _factor_for(t: Any, factor: Any):
     """A PREMUL_SUM factor as NCCL applies it to t: in t's dtype. NCCL takes
     the factor as a value of the data's type T (torch's NCCL backend passes
     T(factor): a double reaches float16 and bfloat16 through float) and
     multiplies each element by it in T, rounding once. So a number becomes
-    the nearest value of t's dtype, and a tensor factor (one element)
-    becomes a scalar of t's dtype on t's device, or a CPU scalar, which
-    torch passes to a CUDA kernel by value: a CUDA factor costs no host
-    sync. Multiplying by that value rounds once to t's dtype, as NCCL does
-    (the exact product of two float16 or bfloat16 values fits in float32,
-    where torch multiplies them)."""
+    the nearest value of t's dtype, and a tensor factor (one element of
+    t's dtype: check_factor) becomes a scalar on t's device, or a CPU
+    scalar, which torch passes to a CUDA kernel by value: a CUDA factor
+    costs no host sync. Multiplying by that value rounds once to t's
+    dtype, as NCCL does (the exact product of two float16 or bfloat16
+    values fits in float32, where torch multiplies them)."""
     if is_torch(t):
         torch = _torch
         if is_torch(factor):

@@ -2,17 +2,19 @@
 TorchComm's collectives, point-to-point ops (single and batched),
 split, reconfigure, and ftcomm's shrink, grow and revoke.
 
-Every argument is checked before anything is sent, and the checks depend
-only on what every rank passes alike (sizes, dtypes, ops, roots, rank
-lists), so a refused call is refused on every rank and the communicator
-stays usable. Arguments only the root has (scatter's inputs, gather's
-outputs) are checked at the root alone; a root that refuses its own
-arguments leaves the other ranks to the op's deadline.
+Every argument is checked before anything is sent. A call refused on one
+rank (InvalidArgumentError, or anything else that stops it before the op
+reaches the library) is refused on the communicator too, in the op's place
+in its order: on gloo the other ranks' matching op then fails at once with
+PeerRefusedError naming this rank and its reason, and the communicator
+stays usable everywhere (see docs/python.md; nccl cannot tell its peers,
+which wait for the op's deadline).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -34,6 +36,44 @@ _SUM = 1
 
 def _inv(msg: str) -> InvalidArgumentError:
     return InvalidArgumentError("ftcomm: " + msg, kinds=("invalid_argument",))
+
+
+# Whether the op the calling thread is in has reached the library (or has
+# been refused there): a failure before that is refused on the comm.
+_issuing = threading.local()
+
+
+def _int32(x) -> int:
+    """x as a C int32 if it is an int in range, else -1 (a rank no comm has)."""
+    if isinstance(x, int) and not isinstance(x, bool) and -(1 << 31) <= x < (1 << 31):
+        return x
+    return -1
+
+
+def _refusing(kind: int, peer: Optional[str] = None, at: int = 1):
+    """Decorator of a Communicator op: if the op fails before it reaches the
+    library (its own checks raise InvalidArgumentError, or anything else
+    goes wrong first), it is refused on the comm in its place in the order
+    (ftcomm_comm_refuse), so that the peers' matching op fails at once with
+    PeerRefusedError rather than wait for its deadline; then the error is
+    raised as it was. peer names the argument (keyword, or positional
+    index at after self) that holds the peer of a send or receive."""
+
+    def deco(f):
+        @functools.wraps(f)
+        def op(self, *args, **kwargs):
+            _issuing.done = False
+            try:
+                return f(self, *args, **kwargs)
+            except Exception as e:
+                if not getattr(_issuing, "done", True):
+                    p = kwargs.get(peer, args[at] if len(args) > at else -1) if peer else 0
+                    self._refuse(kind, e, _int32(p))
+                raise
+
+        return op
+
+    return deco
 
 
 def _device_index(device) -> Optional[int]:
@@ -126,15 +166,34 @@ class BatchSendRecv:
 
     def issue(self, async_op: bool = False, options: Optional[BatchP2POptions] = None, timeout=None) -> Work:
         c = self._comm
-        if options is not None and timeout is None:
-            timeout = options.timeout
-        if not self.ops:
-            raise _inv("batch: no sends or receives")
-        entries = []
-        for i, p in enumerate(self.ops):
-            ptr, n, dt = c._check_tensor(p.tensor, "batch[%d]" % i)
-            entries.append((_lib.P2P_SEND if p.type == P2POpType.SEND else _lib.P2P_RECV, ptr, n, dt, c._peer(p.peer)))
-        return c._batch(entries, async_op, timeout, [p.tensor for p in self.ops])
+        _issuing.done = False
+        try:
+            if options is not None and timeout is None:
+                timeout = options.timeout
+            if not self.ops:
+                raise _inv("batch: no sends or receives")
+            entries = []
+            for i, p in enumerate(self.ops):
+                ptr, n, dt = c._check_tensor(p.tensor, "batch[%d]" % i)
+                entries.append((_lib.P2P_SEND if p.type == P2POpType.SEND else _lib.P2P_RECV, ptr, n, dt, c._peer(p.peer)))
+            return c._batch(entries, async_op, timeout, [p.tensor for p in self.ops])
+        except Exception as e:
+            if not getattr(_issuing, "done", True):
+                c._refuse(_lib.OP_BATCH, e, 0, self._refused_entries())
+            raise
+
+    def _refused_entries(self) -> List[tuple]:
+        """(kind, peer) of the entries a refused batch concerns: all but
+        those known to be empty, which neither side sends (see _batch)."""
+        out = []
+        for p in self.ops:
+            try:
+                if _tensors.numel(p.tensor) == 0:
+                    continue
+            except Exception:
+                pass
+            out.append((_lib.P2P_SEND if p.type == P2POpType.SEND else _lib.P2P_RECV, _int32(p.peer)))
+        return out
 
 
 class _Generations:
@@ -347,6 +406,7 @@ class Communicator:
         if t is RedOpType.PREMUL_SUM:
             if dt not in FLOATS:
                 raise _inv("PREMUL_SUM is defined for floating-point tensors only (got %s)" % name)
+            _tensors.check_factor(r._factor, dt)
             return _SUM, r._factor
         if t in (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR):
             if dt in FLOATS:
@@ -373,6 +433,7 @@ class Communicator:
         t = _lib.timeout_ns(timeout)
         L = _lib._lib
         adt = abi_dtype(dt)
+        _issuing.done = True
         if not async_op:
             st = L.ftcomm_comm_op(h, kind, optr, on, iptr, inn, adt, dev, redop, root, stream, t, 0, None)
             if st:
@@ -382,11 +443,20 @@ class Communicator:
         st = L.ftcomm_comm_op(h, kind, optr, on, iptr, inn, adt, dev, redop, root, stream, t, _lib.ASYNC, byref(w))
         if st:
             _lib.fail(st)
-        return Work(self._inflight.add(w.value, keep, after), self._inflight)
+        return Work(self._inflight.add(w.value, keep, after, self._after_stream(after)), self._inflight)
+
+    def _after_stream(self, after):
+        """The stream an async op's after step is queued on: the one it is
+        issued on (CUDA), not the one current where it is seen to end."""
+        if after is None or self._dev < 0:
+            return None
+        return _tensors.stream_object(self._dev)
 
     def _synced(self, after) -> Work:
-        """A sync op has returned: run its after step, and settle the async
-        ops before it (ops end in issue order)."""
+        """A sync op has returned: run its after step (on CUDA, on the
+        current stream, which waits for the op), and settle the async ops
+        before it (ops end in issue order; their after steps go to their
+        own streams)."""
         if after is not None:
             after()
         if self._inflight._q:
@@ -403,6 +473,7 @@ class Communicator:
         dev = self._dev
         stream = _tensors.current_stream(dev) if dev >= 0 else 0
         w = c_uint64()
+        _issuing.done = True
         st = _lib.lib().ftcomm_comm_opv(h, kind, out[0], out[1], inp[0], inp[1], abi_dtype(dt), dev, redop, c,
                                         len(counts), ic, len(in_counts) if in_counts is not None else 0, stream,
                                         _lib.timeout_ns(timeout), _lib.ASYNC if async_op else 0,
@@ -410,7 +481,7 @@ class Communicator:
         if st:
             _lib.fail(st)
         if async_op:
-            return Work(self._inflight.add(w.value, keep, after), self._inflight)
+            return Work(self._inflight.add(w.value, keep, after, self._after_stream(after)), self._inflight)
         return self._synced(after)
 
     def _batch(self, entries: List[tuple], async_op: bool, timeout, keep) -> Work:
@@ -419,6 +490,7 @@ class Communicator:
         h = self._handle()
         entries = [e for e in entries if e[2] > 0]
         if not entries:
+            _issuing.done = True  # nothing to send or receive, at either end
             return DONE
         if self._inflight._q:
             self._inflight.reap()
@@ -431,6 +503,7 @@ class Communicator:
         dev = self._dev
         stream = _tensors.current_stream(dev) if dev >= 0 else 0
         w = c_uint64()
+        _issuing.done = True
         st = _lib.lib().ftcomm_comm_batch(h, n, kinds, ptrs, counts, dtypes, peers, dev, stream, _lib.timeout_ns(timeout),
                                           _lib.ASYNC if async_op else 0, byref(w) if async_op else None)
         if st:
@@ -445,12 +518,35 @@ class Communicator:
         q = self._inflight._q
         if q:
             self._inflight.reap()
+        _issuing.done = True
         st = _lib._lib.ftcomm_comm_run(h, kind | d[2] << 8 | op << 16 | (root & 0xffffffff) << 24, d[0], d[1])
         if st:
             _lib.fail(st)
         if q:
             self._inflight.reap()
         return True
+
+    def _refuse(self, kind: int, exc: BaseException, root: int = 0, entries: Sequence[tuple] = ()) -> None:
+        """Refuse an op of kind that failed here before it reached the
+        library (see _refusing): in its place in the comm's order, the peers
+        it concerns learn why. Never raises: the caller's error is what the
+        caller sees."""
+        _issuing.done = True
+        h = self._h
+        if h is None or _lib.forked or self._finalized:
+            return
+        reason = exc.message if isinstance(exc, FtcommError) else "%s: %s" % (type(exc).__name__, exc)
+        if reason.startswith("ftcomm: "):
+            reason = reason[len("ftcomm: "):]
+        n = len(entries)
+        kinds = (c_int32 * n)(*[k for k, _ in entries]) if n else None
+        peers = (c_int32 * n)(*[p for _, p in entries]) if n else None
+        try:
+            st = _lib.lib().ftcomm_comm_refuse(h, kind, root, n, kinds, peers, reason.encode("utf-8", "replace"))
+            if st:
+                _lib.last_error(st)  # clear it: the caller's error is the one raised
+        except Exception:
+            pass
 
     # ---- collectives ----
 
@@ -478,12 +574,17 @@ class Communicator:
                 if q:
                     self._inflight.reap()
                 return DONE
+        return self._all_reduce(tensor, op, async_op, timeout)
+
+    @_refusing(_lib.OP_ALL_REDUCE)
+    def _all_reduce(self, tensor, op, async_op, timeout) -> Work:
         ptr, n, dt = self._check_tensor(tensor, "tensor")
         code, factor = self._reduction(op, dt)
         if factor is not None:
             _tensors.scale_(tensor, factor)
         return self._op(_lib.OP_ALL_REDUCE, (ptr, n), None, dt, code, 0, async_op, timeout, tensor)
 
+    @_refusing(_lib.OP_REDUCE)
     def reduce(self, tensor, root: int, op=ReduceOp.SUM, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Reduce tensor into root's tensor; other ranks' tensors are unchanged."""
         ptr, n, dt = self._check_tensor(tensor, "tensor")
@@ -504,6 +605,10 @@ class Communicator:
             d = _tensors.host(tensor)
             if d is not None and self._run(_lib.OP_BROADCAST, d, _SUM, root):
                 return DONE
+        return self._broadcast(tensor, root, async_op, timeout)
+
+    @_refusing(_lib.OP_BROADCAST)
+    def _broadcast(self, tensor, root, async_op, timeout) -> Work:
         ptr, n, dt = self._check_tensor(tensor, "tensor")
         return self._op(_lib.OP_BROADCAST, (ptr, n), None, dt, _SUM, self._root(root), async_op, timeout, tensor)
 
@@ -514,6 +619,7 @@ class Communicator:
             raise _inv("%s: output is %s, input %s" % (what, _tensors.DTYPE_NAMES[odt], _tensors.DTYPE_NAMES[idt]))
         return (optr, on), (iptr, inn), odt
 
+    @_refusing(_lib.OP_ALL_GATHER)
     def all_gather_single(self, output, input, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Gather every rank's input into output (size × input elements) in rank order."""
         o, i, dt = self._pair(output, input, "all_gather_single")
@@ -535,6 +641,7 @@ class Communicator:
         return (self._check_tensor(buf, "output")[0], total), lambda: _tensors.copy_blocks(buf, tensors, counts), \
             (buf, tensors)
 
+    @_refusing(_lib.OP_ALL_GATHER)
     def all_gather(self, tensor_list: Sequence, tensor, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Gather every rank's tensor into tensor_list[rank]."""
         ptr, n, dt = self._check_tensor(tensor, "tensor")
@@ -542,6 +649,7 @@ class Communicator:
         out, after, kept = self._landing(outs, tensor_list, dt, tensor)
         return self._op(_lib.OP_ALL_GATHER, out, (ptr, n), dt, _SUM, 0, async_op, timeout, (tensor, kept), after)
 
+    @_refusing(_lib.OP_ALL_GATHER_V)
     def all_gather_v(self, tensor_list: Sequence, tensor, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Gather every rank's tensor into tensor_list[rank]; the ranks'
         tensors may differ in size (tensor_list[r] has rank r's size)."""
@@ -553,6 +661,7 @@ class Communicator:
         return self._opv(_lib.OP_ALL_GATHER_V, out, (ptr, n), dt, _SUM, [k for _, k in outs], None, async_op, timeout,
                          (tensor, kept), after)
 
+    @_refusing(_lib.OP_REDUCE_SCATTER)
     def reduce_scatter_single(self, output, input, op=ReduceOp.SUM, async_op: bool = False, hints=None,
                               timeout=None) -> Work:
         """Reduce input (size × output elements) and leave block rank in output."""
@@ -579,6 +688,7 @@ class Communicator:
             _tensors.scale_(buf, factor)
         return (self._check_tensor(buf, "input_list")[0], total), buf
 
+    @_refusing(_lib.OP_REDUCE_SCATTER)
     def reduce_scatter(self, output, input_list: Sequence, op=ReduceOp.SUM, async_op: bool = False, hints=None,
                        timeout=None) -> Work:
         """Reduce input_list[r] across ranks into rank r's output."""
@@ -588,6 +698,7 @@ class Communicator:
         joined, kept = self._joined(ins, input_list, factor, dt)
         return self._op(_lib.OP_REDUCE_SCATTER, (optr, n), joined, dt, code, 0, async_op, timeout, (output, kept))
 
+    @_refusing(_lib.OP_REDUCE_SCATTER_V)
     def reduce_scatter_v(self, output, input_list: Sequence, op=ReduceOp.SUM, async_op: bool = False, hints=None,
                          timeout=None) -> Work:
         """Reduce input_list[r] across ranks into rank r's output; the blocks
@@ -601,6 +712,7 @@ class Communicator:
         return self._opv(_lib.OP_REDUCE_SCATTER_V, (optr, n), joined, dt, code, [k for _, k in ins], None, async_op,
                          timeout, (output, kept))
 
+    @_refusing(_lib.OP_ALL_TO_ALL)
     def all_to_all_single(self, output, input, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Send block r of input to rank r; receive rank r's block into block r of output."""
         o, i, dt = self._pair(output, input, "all_to_all_single")
@@ -608,6 +720,7 @@ class Communicator:
             raise _inv("all_to_all_single: %d and %d elements; want equal counts divisible by %d" % (o[1], i[1], self._size))
         return self._op(_lib.OP_ALL_TO_ALL, o, i, dt, _SUM, 0, async_op, timeout, (output, input))
 
+    @_refusing(_lib.OP_ALL_TO_ALL_V)
     def all_to_all_v_single(self, output, input, output_split_sizes: Optional[Sequence[int]],
                             input_split_sizes: Optional[Sequence[int]], async_op: bool = False, hints=None,
                             timeout=None) -> Work:
@@ -620,6 +733,7 @@ class Communicator:
         in_counts = _rows(input, input_split_sizes, self._size, "all_to_all_v_single: input")
         return self._opv(_lib.OP_ALL_TO_ALL_V, o, i, dt, _SUM, out_counts, in_counts, async_op, timeout, (output, input))
 
+    @_refusing(_lib.OP_ALL_TO_ALL_V)
     def all_to_all(self, output_tensor_list: Sequence, input_tensor_list: Sequence, async_op: bool = False, hints=None,
                    timeout=None) -> Work:
         """Send input_tensor_list[r] to rank r and receive rank r's tensor
@@ -633,6 +747,7 @@ class Communicator:
         return self._opv(_lib.OP_ALL_TO_ALL_V, out, joined, dt, _SUM, [k for _, k in outs], [k for _, k in ins],
                          async_op, timeout, (kept_in, kept_out), after)
 
+    @_refusing(_lib.OP_SCATTER)
     def scatter(self, output_tensor, input_tensor_list: Optional[Sequence], root: int, async_op: bool = False,
                 hints=None, timeout=None) -> Work:
         """Send input_tensor_list[r] of root to rank r's output_tensor."""
@@ -644,6 +759,7 @@ class Communicator:
         joined, kept = self._joined(ins, input_tensor_list, None, dt)
         return self._op(_lib.OP_SCATTER, (optr, n), joined, dt, _SUM, root, async_op, timeout, (output_tensor, kept))
 
+    @_refusing(_lib.OP_GATHER)
     def gather(self, output_tensor_list: Optional[Sequence], input_tensor, root: int, async_op: bool = False,
                hints=None, timeout=None) -> Work:
         """Collect every rank's input_tensor into root's output_tensor_list."""
@@ -655,6 +771,7 @@ class Communicator:
         out, after, kept = self._landing(outs, output_tensor_list, dt, input_tensor)
         return self._op(_lib.OP_GATHER, out, (iptr, n), dt, _SUM, root, async_op, timeout, (input_tensor, kept), after)
 
+    @_refusing(_lib.OP_GATHER)
     def gather_single(self, output, input, root: int, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Collect every rank's input into root's output (size × input
         elements, rank order); output is ignored off root."""
@@ -667,15 +784,18 @@ class Communicator:
             raise _inv("gather_single: output has %d elements, want %d × %d" % (o[1], self._size, n))
         return self._op(_lib.OP_GATHER, o, i, dt, _SUM, root, async_op, timeout, (output, input))
 
+    @_refusing(_lib.OP_BARRIER)
     def barrier(self, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Return once every rank has entered the barrier."""
         return self._op(_lib.OP_BARRIER, (None, 0), None, _tensors.FLOAT32, _SUM, 0, async_op, timeout, None)
 
+    @_refusing(_lib.OP_SEND, "dst")
     def send(self, tensor, dst: int, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Send tensor to rank dst, which posts a matching recv."""
         ptr, n, dt = self._check_tensor(tensor, "tensor")
         return self._op(_lib.OP_SEND, (ptr, n), None, dt, _SUM, self._peer(dst), async_op, timeout, tensor)
 
+    @_refusing(_lib.OP_RECV, "src")
     def recv(self, tensor, src: int, async_op: bool = False, hints=None, timeout=None) -> Work:
         """Receive into tensor from rank src."""
         ptr, n, dt = self._check_tensor(tensor, "tensor")

@@ -36,6 +36,12 @@ What it promises:
   ``exception()``.
 - Deadlines: every op runs under the group's timeout (init_process_group's
   ``timeout``); past it the op fails and its comm is broken.
+- A call refused on one rank (an argument the group or the communicator
+  finds invalid there, InvalidArgumentError) is refused on the group's
+  comm for its tensors' device, in the op's place: on CPU (gloo) every
+  other rank's matching call fails at once with ``PeerRefusedError`` (a
+  ``DistBackendError``) naming that rank and its reason, and the group goes
+  on; on CUDA (NCCL) the others wait for the op's deadline.
 - Failures are torch's distributed errors: every ftcomm error leaves the
   group as an instance of ``torch.distributed.DistBackendError`` (on torch
   versions that have it; :class:`DistBackendError` here otherwise) that is
@@ -52,9 +58,13 @@ What it promises:
   reduce-scatter of a list, of a tensor and coalesced), on CPU and CUDA
   tensors of a floating-point dtype, as torch's NCCL backend runs it: each
   rank's input is multiplied by the factor in its dtype, then summed. The
-  factor (a number, or a one-element tensor, read on its device) comes from
-  the op's pickled state, which torch >= 2.0 has; on torch 1.13 such an op
-  is refused with an ``InvalidArgumentError`` that says so.
+  factor (a number, or a one-element tensor of the data's dtype, read on
+  its device; a tensor of another dtype is refused, as torch's NCCL
+  refuses it) comes from the op's pickled state, which torch >= 2.0 has;
+  on torch 1.13 such an op is refused with an ``InvalidArgumentError``
+  that says so. On bfloat16 data torch's own NCCL backend (up to at least
+  2.11) hands NCCL a wrong factor (pytorch/pytorch#190745; docs/python.md):
+  there ftcomm's result is the right one, not torch's.
 
 What it does not do (each raises a clear error, never hangs): receiving from
 any source (``recv`` without ``src``), a ``PREMUL_SUM`` made by torch 1.13
@@ -68,6 +78,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import functools
 import os
 import queue
 import secrets
@@ -78,6 +89,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from . import _lib, _tensors
+from . import comm as _comm
 from .comm import Communicator, new_comm
 from .errors import FtcommError, InvalidArgumentError
 from .reduce_op import ReduceOp
@@ -173,6 +186,45 @@ def dist_error(e: BaseException, pg: Optional["ProcessGroupFtcomm"] = None) -> B
 
 def _unsupported(what: str) -> BaseException:
     return InvalidArgumentError("ftcomm process group: %s" % what, kinds=("invalid_argument",))
+
+
+def _tensors_in(args) -> List[torch.Tensor]:
+    """The torch tensors among args and the lists in them (one level)."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    out.append(b)
+                elif isinstance(b, (list, tuple)):
+                    out.extend(x for x in b if isinstance(x, torch.Tensor))
+    return out
+
+
+def _refusing(kind: int):
+    """Decorator of a ProcessGroupFtcomm collective: if it fails before the
+    op reaches its communicator (the group's own checks, or anything else
+    first), the op is refused on the comm of its tensors' device, so that
+    the peers' matching call fails at once (PeerRefusedError) instead of
+    waiting for its deadline. The communicator's own ops do the same for
+    what they check (ftcomm.comm._refusing)."""
+
+    def deco(f):
+        @functools.wraps(f)
+        def op(self, *args, **kwargs):
+            _comm._issuing.done = False
+            try:
+                return f(self, *args, **kwargs)
+            except Exception as e:
+                if not getattr(_comm._issuing, "done", True):
+                    self._refuse(kind, e, _tensors_in(args) + _tensors_in(kwargs.values()))
+                raise
+
+        return op
+
+    return deco
 
 
 # ---------------------------------------------------------------- reduce ops
@@ -740,6 +792,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         try:
             if self._pending:
                 self._flush_p2p()
+                _comm._issuing.done = False  # that was the held sends and receives; this op is still to come
             comm = self._comm_for(dev, True)
             if dev.type == "cpu":
                 w = run(comm, True)
@@ -781,15 +834,35 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             ev.record(s)
         return _CudaWork(self, comm, dev, result, ev)
 
+    def _refuse(self, kind: int, exc: BaseException, tensors: Sequence[torch.Tensor], peer: int = 0) -> None:
+        """Refuse an op of kind that failed here before it reached a
+        communicator, on the comm of its tensors' device (the CPU comm, or
+        the only one, when no tensor says)."""
+        c = None
+        if tensors:
+            c = self._comms.get(self._key(tensors[0].device))
+        if c is None:
+            c = self._comms.get("cpu") or (next(iter(self._comms.values())) if len(self._comms) == 1 else None)
+        if c is not None:
+            c._refuse(kind, exc, peer)
+
     # ---- point to point: held, then issued as one batch ----
 
     def _p2p(self, kind: str, tensors: List[torch.Tensor], peer: int) -> _Work:
-        if len(tensors) != 1:
-            raise _unsupported("%s takes one tensor (got %d)" % (kind, len(tensors)))
-        t = tensors[0]
-        dev = _device_of([t])
-        if not 0 <= peer < self._n or peer == self._r:
-            raise _unsupported("%s: peer %d (this is rank %d of %d)" % (kind, peer, self._r, self._n))
+        try:
+            if len(tensors) != 1:
+                raise _unsupported("%s takes one tensor (got %d)" % (kind, len(tensors)))
+            t = tensors[0]
+            dev = _device_of([t])
+            if not 0 <= peer < self._n or peer == self._r:
+                raise _unsupported("%s: peer %d (this is rank %d of %d)" % (kind, peer, self._r, self._n))
+        except Exception as e:
+            # After the sends and receives held before it, in their order.
+            if self._pending:
+                self._flush_p2p()
+            self._refuse(_lib.OP_SEND if kind == "send" else _lib.OP_RECV, e, _tensors_in([tensors]),
+                         _comm._int32(peer))
+            raise
         try:
             comm = self._comm_for(dev, False)
         except FtcommError as e:
@@ -866,27 +939,37 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
 
     # ---- collectives (torch's ProcessGroup methods) ----
 
-    def _reduction(self, opts) -> ReduceOp:
+    def _reduction(self, opts, tensors: Sequence[torch.Tensor] = ()) -> ReduceOp:
         """ftcomm's ReduceOp for the options of a reduction (their reduceOp;
         opts may be torch's op itself), refused as torch's distributed
-        error."""
+        error. A PREMUL_SUM's tensor factor is checked against every tensor
+        of the call here, before any of its ops is issued (a coalesced call
+        is several)."""
         try:
-            return _reduce_op(opts.reduceOp if hasattr(opts, "reduceOp") else opts)
+            op = _reduce_op(opts.reduceOp if hasattr(opts, "reduceOp") else opts)
+            if op.factor is not None:
+                for dt in {t.dtype for t in tensors}:
+                    code = _tensors.torch_dtype_code(dt)
+                    if code is not None:
+                        _tensors.check_factor(op.factor, code)
+            return op
         except FtcommError as e:
             raise dist_error(e, self) from None
 
+    @_refusing(_lib.OP_ALL_REDUCE)
     def allreduce(self, tensors, opts=None):
         tensors = _listed(tensors)
         if len(tensors) == 1:
-            op = self._reduction(opts)
+            op = self._reduction(opts, tensors)
             t = tensors[0]
             u, post = _dense(t, True)
             return self._issue([t], lambda c, a: c.all_reduce(u, op, async_op=a), [t], [post],
                                [u] + _factor_tensor(op, t.device), opts)
         return self.allreduce_coalesced(tensors, opts)
 
+    @_refusing(_lib.OP_ALL_REDUCE)
     def allreduce_coalesced(self, tensors, opts=None):
-        op = self._reduction(opts)
+        op = self._reduction(opts, tensors)
         if not tensors:
             return _DoneWork(self, [])
         dev = _device_of(tensors)
@@ -915,6 +998,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                                      [u] + _factor_tensor(op, dev), opts))
         return _Group(self, works, list(tensors))
 
+    @_refusing(_lib.OP_BROADCAST)
     def broadcast(self, tensors, opts=None):
         tensors = _listed(tensors)
         root = opts if isinstance(opts, int) else getattr(opts, "rootRank", 0)
@@ -925,8 +1009,9 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         u, post = _dense(t, True)
         return self._issue([t], lambda c, a: c.broadcast(u, root, async_op=a), [t], [post], [u], opts)
 
+    @_refusing(_lib.OP_REDUCE)
     def reduce(self, tensors, opts=None):
-        op = self._reduction(opts)
+        op = self._reduction(opts, tensors)
         root = getattr(opts, "rootRank", 0)
         if len(tensors) != 1:
             raise _unsupported("reduce takes one tensor (got %d)" % len(tensors))
@@ -935,6 +1020,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         return self._issue([t], lambda c, a: c.reduce(u, root, op, async_op=a), [t], [post],
                            [u] + _factor_tensor(op, t.device), opts)
 
+    @_refusing(_lib.OP_ALL_GATHER)
     def allgather(self, output_tensors, input_tensors, opts=None):
         if len(input_tensors) != 1 or len(output_tensors) != 1:
             raise _unsupported("allgather takes one input tensor and one output list (got %d, %d)" % (
@@ -948,6 +1034,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         return self._issue([inp] + outs, lambda c, a: c.all_gather(us, i, async_op=a), outs,
                            [d[1] for d in dense], us + [i], opts)
 
+    @_refusing(_lib.OP_ALL_GATHER)
     def _allgather_base(self, output, input, opts=None):
         o, post = _dense(output, True)
         i, _ = _dense(input, False)
@@ -966,8 +1053,9 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
+    @_refusing(_lib.OP_REDUCE_SCATTER)
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        op = self._reduction(opts)
+        op = self._reduction(opts, list(output_tensors) + [t for ts in input_tensors for t in ts])
         if len(output_tensors) != 1 or len(input_tensors) != 1:
             raise _unsupported("reduce_scatter takes one output tensor and one input list")
         out, ins = output_tensors[0], list(input_tensors[0])
@@ -978,8 +1066,9 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         return self._issue([out] + ins, lambda c, a: c.reduce_scatter(o, us, op, async_op=a), [out], [post],
                            [o] + us + _factor_tensor(op, out.device), opts)
 
+    @_refusing(_lib.OP_REDUCE_SCATTER)
     def _reduce_scatter_base(self, output, input, opts=None):
-        op = self._reduction(opts)
+        op = self._reduction(opts, [output, input])
         o, post = _dense(output, True)
         i, _ = _dense(input, False)
         return self._issue([output, input], lambda c, a: c.reduce_scatter_single(o, i, op, async_op=a), [output],
@@ -988,11 +1077,13 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        self._reduction(opts, list(outputs) + list(inputs))  # refused before any op is issued
         works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
         return _Group(self, works, list(outputs))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
+    @_refusing(_lib.OP_ALL_TO_ALL)
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         o, post = _dense(output, True)
         i, _ = _dense(input, False)
@@ -1005,6 +1096,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
 
     all_to_all_single = alltoall_base
 
+    @_refusing(_lib.OP_ALL_TO_ALL_V)
     def alltoall(self, output_tensors, input_tensors, opts=None):
         outs = [_dense(t, True) for t in output_tensors]
         ins = [_dense(t, False)[0] for t in input_tensors]
@@ -1012,6 +1104,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         return self._issue(list(output_tensors) + list(input_tensors), lambda c, a: c.all_to_all(uo, ins, async_op=a),
                            list(output_tensors), [d[1] for d in outs], uo + ins, opts)
 
+    @_refusing(_lib.OP_GATHER)
     def gather(self, output_tensors, input_tensors, opts=None):
         root = getattr(opts, "rootRank", 0)
         if len(input_tensors) != 1:
@@ -1028,6 +1121,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                                [d[1] for d in dense], us + [i], opts)
         return self._issue([inp], lambda c, a: c.gather(None, i, root, async_op=a), [], (), [i], opts)
 
+    @_refusing(_lib.OP_SCATTER)
     def scatter(self, output_tensors, input_tensors, opts=None):
         root = getattr(opts, "rootRank", 0)
         if len(output_tensors) != 1:

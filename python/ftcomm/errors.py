@@ -62,6 +62,19 @@ class MismatchError(FtcommError):
     """Ranks disagree on an op's kind, dtype, count or root (comm.ErrMismatch)."""
 
 
+class PeerRefusedError(FtcommError):
+    """A peer refused its side of the op: its arguments were invalid there
+    (it raised InvalidArgumentError). The op moved no data, and the
+    communicator stays usable: the next op runs as usual (gloo; see
+    docs/python.md for nccl). Attributes ``rank`` (the rank that refused;
+    also ``ranks``), ``op`` (its op, e.g. ``"broadcast"``) and ``reason``
+    (what it found wrong)."""
+
+    rank: int = -1
+    op: str = ""
+    reason: str = ""
+
+
 class AbortedError(FtcommError):
     """The communicator was aborted (comm.ErrAborted)."""
 
@@ -127,6 +140,7 @@ _BY_KIND: Dict[str, Type[FtcommError]] = {
     "rolled_back": RolledBackError,
     "finished": FinishedError,
     "group_diverged": GroupDivergedError,
+    "peer_refused": PeerRefusedError,
     "peer_failed": PeerFailedError,
     "mismatch": MismatchError,
     "revoked": RevokedError,
@@ -181,5 +195,8 @@ def from_json(text: bytes, status: int) -> FtcommError:
     fin: Optional[dict] = info.get("finished")
     if fin:
         extra = {"final": fin["final"], "step": fin["step"]}
+    ref: Optional[dict] = info.get("refused")
+    if ref:
+        extra = {"rank": ref["rank"], "op": ref["op"], "reason": ref["reason"]}
     cls = _class_for(kinds)
     return cls(info.get("message", ""), kinds=kinds, ranks=info.get("ranks") or (), status=info.get("status", status), **extra)

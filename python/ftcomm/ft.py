@@ -261,25 +261,40 @@ class Comm:
         h = self._handle()
         if self._inflight:
             self._inflight.reap()
-        optr, on, dt, dev = describe(out, "output" if inp is not None else "tensor")
-        if dev != self._dev:
-            raise InvalidArgumentError("ftcomm: tensor on %s; this ft.Comm's data backend takes %s tensors" % (
-                "cpu" if dev < 0 else "cuda:%d" % dev, "CPU" if self._dev < 0 else "cuda:%d" % self._dev),
-                kinds=("invalid_argument",))
-        iptr, inn = None, 0
-        if inp is not None:
-            iptr, inn, idt, idev = describe(inp, "input")
-            if idt != dt or idev != dev:
-                raise InvalidArgumentError("ftcomm: input and output differ in dtype or device", kinds=("invalid_argument",))
-        r = as_reduce_op(op)
-        if r.factor is not None or dt == _tensors.BOOL:
-            raise InvalidArgumentError("ftcomm: ft collectives take SUM, PRODUCT, MIN, MAX, AVG or a bitwise op on "
-                                       "non-bool tensors (got %r on %s)" % (r, _tensors.DTYPE_NAMES[dt]),
-                                       kinds=("invalid_argument",))
-        stream = _tensors.current_stream(dev) if dev >= 0 else 0
+        try:
+            optr, on, dt, dev = describe(out, "output" if inp is not None else "tensor")
+            if dev != self._dev:
+                raise InvalidArgumentError("ftcomm: tensor on %s; this ft.Comm's data backend takes %s tensors" % (
+                    "cpu" if dev < 0 else "cuda:%d" % dev, "CPU" if self._dev < 0 else "cuda:%d" % self._dev),
+                    kinds=("invalid_argument",))
+            iptr, inn = None, 0
+            if inp is not None:
+                iptr, inn, idt, idev = describe(inp, "input")
+                if idt != dt or idev != dev:
+                    raise InvalidArgumentError("ftcomm: input and output differ in dtype or device",
+                                               kinds=("invalid_argument",))
+            r = as_reduce_op(op)
+            if r.factor is not None or dt == _tensors.BOOL:
+                raise InvalidArgumentError("ftcomm: ft collectives take SUM, PRODUCT, MIN, MAX, AVG or a bitwise op on "
+                                           "non-bool tensors (got %r on %s)" % (r, _tensors.DTYPE_NAMES[dt]),
+                                           kinds=("invalid_argument",))
+            stream = _tensors.current_stream(dev) if dev >= 0 else 0
+            t = _lib.timeout_ns(timeout)
+        except Exception as e:
+            # Refused here: refused on the FT comm too, in the op's place,
+            # so the other replicas' op fails at once (PeerRefusedError).
+            reason = e.message if isinstance(e, FtcommError) else "%s: %s" % (type(e).__name__, e)
+            try:
+                st = _lib.lib().ftcomm_ft_refuse(h, kind, root if isinstance(root, int) else -1,
+                                                 reason.encode("utf-8", "replace"))
+                if st:
+                    _lib.last_error(st)
+            except Exception:
+                pass
+            raise
         w = c_uint64()
-        st = _lib.lib().ftcomm_ft_op(h, kind, optr, on, iptr, inn, dt, dev, r._code, root, stream,
-                                     _lib.timeout_ns(timeout), _lib.ASYNC, byref(w))
+        st = _lib.lib().ftcomm_ft_op(h, kind, optr, on, iptr, inn, dt, dev, r._code, root, stream, t, _lib.ASYNC,
+                                     byref(w))
         if st < 0:
             _lib.fail(st)  # refused before it ran: a bad argument
         work = FTWork(self._inflight.add(w.value, keep), self._inflight)

@@ -34,10 +34,12 @@ class ReduceOp:
     number of ranks (an integer dtype's division truncates toward zero, as
     NCCL's ncclAvg); BAND, BOR, BXOR on integer and bool dtypes (gloo only:
     NCCL has no bitwise reductions); ``PREMUL_SUM(factor)`` multiplies each
-    rank's input by factor (a number, or a one-element tensor) and sums, on
-    floating-point dtypes, as NCCL's PreMulSum: the factor taken as a value
-    of the input's dtype, each product rounded once. On bool tensors SUM and MAX are a logical or,
-    PRODUCT and MIN a logical and.
+    rank's input by factor (a number, or a one-element tensor of the
+    input's dtype: another dtype is refused, as torch's NCCL and torchcomms
+    refuse it) and sums, on floating-point dtypes, as NCCL's PreMulSum: the
+    factor taken as a value of the input's dtype, each product rounded
+    once. On bool tensors SUM and MAX are a logical or, PRODUCT and MIN a
+    logical and.
     """
 
     __slots__ = ("_type", "_factor", "_code")

@@ -14,6 +14,17 @@ when it is seen to have succeeded (the list collectives copy a scratch
 buffer into the caller's tensors there). A dropped Work's op still runs to
 the end; its outputs are complete once a later op on the same comm has
 completed, or the comm is finalized.
+
+On CUDA the after step is queued on the stream the op was issued on, not
+on whatever stream is current where the op happens to be seen to end (the
+next op's, or the stream a ``wait`` runs under), and an event is recorded
+behind it: ``wait`` makes the caller's current stream wait for that event
+(also when the op was settled before, by another op), ``is_completed`` is
+true once it has passed, and the tensors the step uses (the scratch buffer,
+the caller's tensors) are recorded on that stream for PyTorch's caching
+allocator, so the scratch buffer is not handed out again while the copy
+may still read it. For a dropped Work, the copy is ordered on the issuing
+stream behind the call that saw the op end.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ import time
 from ctypes import byref, c_int32
 from typing import Any, Callable, Optional
 
-from . import _lib
+from . import _lib, _tensors
 from .errors import CommTimeoutError, FtcommError
 
 _WAIT_SLICE_NS = 200_000_000  # a blocked wait returns to Python this often (signals)
@@ -43,13 +54,16 @@ class WorkStatus(enum.Enum):
 
 class _Op:
     """One async op in flight: its library handle (0 once settled), what
-    keeps its tensors alive, what to run once it has succeeded, and its
-    outcome once settled."""
+    keeps its tensors alive, what to run once it has succeeded, the CUDA
+    stream it was issued on (None on the host, or with no after step), and
+    its outcome once settled: err, and event, the CUDA event recorded behind
+    the after step on that stream (None when nothing was queued there)."""
 
-    __slots__ = ("h", "keep", "after", "done", "err")
+    __slots__ = ("h", "keep", "after", "stream", "done", "err", "event")
 
-    def __init__(self, h: int, keep: Any, after: Optional[Callable[[], None]] = None):
-        self.h, self.keep, self.after, self.done, self.err = h, keep, after, False, None
+    def __init__(self, h: int, keep: Any, after: Optional[Callable[[], None]] = None, stream: Any = None):
+        self.h, self.keep, self.after, self.stream = h, keep, after, stream
+        self.done, self.err, self.event = False, None, None
 
 
 class InFlight:
@@ -66,15 +80,18 @@ class InFlight:
     def __bool__(self) -> bool:
         return bool(self._q)
 
-    def add(self, h: int, keep: Any, after: Optional[Callable[[], None]] = None) -> _Op:
-        op = _Op(h, keep, after)
+    def add(self, h: int, keep: Any, after: Optional[Callable[[], None]] = None, stream: Any = None) -> _Op:
+        """Record an async op; stream: the CUDA stream (a torch.cuda.Stream)
+        its after step is to be queued on, the one it was issued on."""
+        op = _Op(h, keep, after, stream if after is not None else None)
         with self._lock:
             self._q.append(op)
         return op
 
     def settle(self, op: _Op, status: int) -> None:
         """Record the outcome of op, which has ended (status of a wait on
-        it, on this thread), run its after step if it succeeded, free its
+        it, on this thread), run its after step if it succeeded (on CUDA:
+        queued on the op's stream, an event recorded behind it), free its
         handle and release its tensors."""
         err = _lib.last_error(status) if status < 0 else None
         with self._lock:
@@ -86,16 +103,20 @@ class InFlight:
                 self._q.remove(op)
             except ValueError:
                 pass
+        event = None
         if err is None and after is not None:
             try:
-                after()
+                if op.stream is not None:
+                    event = _tensors.run_on_stream(op.stream, after, keep)
+                else:
+                    after()
             except Exception as e:  # noqa: BLE001 - the op's error now
                 err = e
         del keep
         if not _lib.forked:
             _lib.lib().ftcomm_work_free(h)
         with self._lock:
-            op.err, op.done = err, True
+            op.err, op.event, op.done = err, event, True
             self._settled.notify_all()
 
     def await_settled(self, op: _Op) -> None:
@@ -141,7 +162,9 @@ class Work:
     if it failed (a timeout raises CommTimeoutError and leaves the op
     running); ``wait_blocking()`` is the same (the host always waits here,
     also for CUDA ops: work queued on the current stream afterwards sees the
-    result); ``is_completed()`` says whether it is done; ``exception()`` is
+    result, the copy into the caller's tensors of a list op included, which
+    is queued on the stream the op was issued on); ``is_completed()`` says
+    whether it is done (that copy included); ``exception()`` is
     the error of a completed op, or None. Dropping a Work does not cancel or
     orphan its op: the communicator keeps the op's tensors alive until it
     ends. Ctrl-C in ``wait`` cancels the op (its communicator is aborted: a
@@ -163,15 +186,19 @@ class Work:
 
     def is_completed(self) -> bool:
         op = self._op
-        if op is None or op.done:
+        if op is None:
             return True
-        h = op.h
-        if h:  # (0: being settled by another thread; done soon)
-            done = c_int32()
-            st = _lib.lib().ftcomm_work_test(h, byref(done))
-            if st == 0 and done.value:
-                self._inflight.settle(op, _lib.lib().ftcomm_work_wait(h, 0))
-        return op.done
+        if not op.done:
+            h = op.h
+            if h:  # (0: being settled by another thread; done soon)
+                done = c_int32()
+                st = _lib.lib().ftcomm_work_test(h, byref(done))
+                if st == 0 and done.value:
+                    self._inflight.settle(op, _lib.lib().ftcomm_work_wait(h, 0))
+            if not op.done:
+                return False
+        ev = op.event  # the copy into the caller's tensors, queued on the op's stream
+        return ev is None or _tensors.event_done(ev)
 
     def is_success(self) -> bool:
         """True once the op has completed without an error."""
@@ -195,6 +222,12 @@ class Work:
         err = self._err
         if err is not None:
             raise err
+        op = self._op
+        if op is not None and op.event is not None:
+            # Settled here or earlier (by another op, under another stream):
+            # the copy into the caller's tensors is queued on the op's
+            # stream; what the caller queues next waits for it.
+            _tensors.stream_wait(op.stream, op.event)
         return True
 
     def wait_blocking(self, timeout=None) -> bool:

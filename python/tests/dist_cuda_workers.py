@@ -5,6 +5,7 @@ FSDP2's gradient divide factor). Rank r uses cuda:r."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
@@ -235,8 +236,8 @@ def premul_ops(rank):
     torch's NCCL: all-reduce (sync, async, coalesced, through the coalescing
     manager), reduce to each root, reduce-scatter of a list, of a tensor
     (sync, async) and coalesced; float32, bfloat16, float16, float64;
-    scalar factors and tensor factors (of the data's dtype on its device, as
-    torch's NCCL takes them, 0-d and [1]).
+    scalar factors and tensor factors (of the data's dtype on its device,
+    as torch's NCCL takes them, 0-d and [1]).
 
     Integer-valued inputs. With factors that are powers of two every
     product is exact, so ftcomm's results must equal NCCL's bit for bit
@@ -247,16 +248,33 @@ def premul_ops(rank):
     rounding of a product where its kernel fuses the multiply into the sum
     (one fma); ``near`` names the results that differ from NCCL's, and
     ``bad`` those that differ by more than 1 ulp. A tensor factor is read
-    on the device: the calls run in torch's sync debug mode "error"."""
+    on the device: the calls run in torch's sync debug mode "error". A
+    tensor factor of another dtype than the data's is refused.
+
+    bfloat16 on a torch whose NCCL misreads a bfloat16 PREMUL_SUM's factor
+    (torch <= 2.11: it hands NCCL 2 bytes of a float32, 0 for a power of
+    two; its tensor factor must be float32: pytorch/pytorch#190745; see
+    stream_stress.nccl_bf16_premul_ok): the reference is what NCCL's
+    PreMulSum kernel computes, run on torch's NCCL — each input multiplied
+    by the factor's bfloat16 value in bfloat16 (NCCL's __hmul2: the exact
+    product rounded once), then a SUM — and ``notes`` says so.
+
+    Returns (bad, near, notes)."""
+    from stream_stress import nccl_bf16_premul_ok
     size = dist.get_world_size()
     nccl = STATE["nccl"]
-    bad, near = [], []
+    bad, near, notes = [], [], []
     n = 96 * size
     dev = torch.device("cuda", rank)
     third = 1 / 3
     warm = torch.ones(4, device=dev)
     dist.all_reduce(warm)  # the group's NCCL comm is made outside the sync checks
     cm = getattr(dist, "_coalescing_manager", None)
+    bf16_ok = nccl_bf16_premul_ok(nccl, dev)
+    if not bf16_ok:
+        notes.append("torch %s's NCCL misreads a bfloat16 PREMUL_SUM's factor (pytorch/pytorch#190745): bfloat16 "
+                     "checked against NCCL's PreMulSum arithmetic on torch's NCCL (inputs x factor in bfloat16, "
+                     "then SUM)" % torch.__version__)
 
     def vals(r, k, dt):
         return _vals(r, k, torch.float64).to(dt)
@@ -274,24 +292,36 @@ def premul_ops(rank):
             ("1/3", third, False),
             ("tensor 1/3", torch.tensor(third, dtype=dt, device=dev), False),
         ]
+        by_hand = dt == torch.bfloat16 and not bf16_ok
         for fname, f, exact in factors:
             fT = f.reshape(()) if isinstance(f, torch.Tensor) else torch.tensor(f, dtype=fdt, device=dev).to(dt)
             op = _premul(f)
             name = "%s %s" % (dt, fname)
 
-            def both(what, fn, make, expect=None, sync_check=False):
+            def both(what, fn, make, expect=None, sync_check=False, root=None):
+                """fn(tensors, group, op) on ftcomm (group None) and on
+                torch's NCCL; root: a reduce's, whose other ranks' tensors
+                are only read."""
                 a, b = make(), make()
                 try:
                     if sync_check:
                         torch.cuda.set_sync_debug_mode("error")
                     try:
-                        ra = fn(a, None)
+                        ra = fn(a, None, op)
                     finally:
                         torch.cuda.set_sync_debug_mode("default")
                 except RuntimeError as e:
                     bad.append("%s %s: %s" % (what, name, e))
                     return
-                rb = fn(b, nccl)
+                try:
+                    if by_hand:
+                        b = [x * fT for x in b] if isinstance(b, list) else b * fT
+                        rb = fn(b, nccl, dist.ReduceOp.SUM)
+                    else:
+                        rb = fn(b, nccl, op)
+                except RuntimeError as e:  # torch's NCCL refused the op (on every rank): no reference
+                    bad.append("%s %s: torch's NCCL raised %s" % (what, name, e))
+                    return
                 torch.cuda.synchronize()
                 xs = ra if ra is not None else a
                 ys = rb if rb is not None else b
@@ -302,11 +332,13 @@ def premul_ops(rank):
                     if e is not None and not torch.equal(x, e):
                         bad.append("%s %s: not NCCL's PreMulSum formula" % (what, name))
                         return
+                    if by_hand and root is not None and rank != root:
+                        continue  # the reference read a multiplied copy; x is checked against e
                     if torch.equal(x, y):
                         continue
                     d = (x.double() - y.double()).abs()
                     ulp = torch.finfo(dt).eps * y.double().abs()
-                    if exact or not bool((d <= ulp).all()):
+                    if exact or by_hand or not bool((d <= ulp).all()):
                         bad.append("%s %s: max diff %g" % (what, name, d.max().item()))
                         return
                     near.append("%s %s" % (what, name))
@@ -315,38 +347,40 @@ def premul_ops(rank):
             mine = lambda k=n: vals(rank, k, dt)  # noqa: E731
             full = lambda k=n: want(dt, fT, k)  # noqa: E731
             block = lambda k=n: full(k).chunk(size)[rank]  # noqa: E731
-            both("all_reduce", lambda t, g: dist.all_reduce(t, op=op, group=g), mine, lambda: [full()], True)
-            both("all_reduce async", lambda t, g: dist.all_reduce(t, op=op, group=g, async_op=True).wait() and None,
+            both("all_reduce", lambda t, g, o: dist.all_reduce(t, op=o, group=g), mine, lambda: [full()], True)
+            both("all_reduce async", lambda t, g, o: dist.all_reduce(t, op=o, group=g, async_op=True).wait() and None,
                  mine, lambda: [full()], True)
             for root in range(size):
-                both("reduce to %d" % root, lambda t, g: dist.reduce(t, root, op=op, group=g), mine,
-                     lambda: [full() if rank == root else mine()])
-            both("reduce_scatter", lambda t, g: (lambda o: (dist.reduce_scatter(o, list(t.chunk(size)), op=op, group=g),
-                                                            o)[1])(torch.zeros(n // size, dtype=dt, device=dev)),
+                both("reduce to %d" % root, lambda t, g, o: dist.reduce(t, root, op=o, group=g), mine,
+                     lambda: [full() if rank == root else mine()], root=root)
+            both("reduce_scatter",
+                 lambda t, g, o: (lambda out: (dist.reduce_scatter(out, list(t.chunk(size)), op=o, group=g),
+                                               out)[1])(torch.zeros(n // size, dtype=dt, device=dev)),
                  mine, lambda: [block()])
-            both("reduce_scatter_tensor", lambda t, g: (lambda o: (dist.reduce_scatter_tensor(o, t, op=op, group=g),
-                                                                   o)[1])(torch.zeros(n // size, dtype=dt, device=dev)),
+            both("reduce_scatter_tensor",
+                 lambda t, g, o: (lambda out: (dist.reduce_scatter_tensor(out, t, op=o, group=g),
+                                               out)[1])(torch.zeros(n // size, dtype=dt, device=dev)),
                  mine, lambda: [block()], True)
             both("reduce_scatter_tensor async",
-                 lambda t, g: (lambda o: (dist.reduce_scatter_tensor(o, t, op=op, group=g, async_op=True).wait(),
-                                          o)[1])(torch.zeros(n // size, dtype=dt, device=dev)),
+                 lambda t, g, o: (lambda out: (dist.reduce_scatter_tensor(out, t, op=o, group=g, async_op=True).wait(),
+                                               out)[1])(torch.zeros(n // size, dtype=dt, device=dev)),
                  mine, lambda: [block()], True)
             if hasattr(dist, "all_reduce_coalesced"):
-                both("all_reduce_coalesced", lambda ts, g: (dist.all_reduce_coalesced(ts, op=op, group=g), ts)[1],
+                both("all_reduce_coalesced", lambda ts, g, o: (dist.all_reduce_coalesced(ts, op=o, group=g), ts)[1],
                      lambda: [mine(), mine(2 * size)], lambda: [full(), full(2 * size)])
             if cm is not None:
-                def coalesced_all_reduce(ts, g):
+                def coalesced_all_reduce(ts, g, o):
                     with cm(group=g, async_ops=True) as c:
                         for t in ts:
-                            dist.all_reduce(t, op=op, group=g)
+                            dist.all_reduce(t, op=o, group=g)
                     c.wait()
                     return ts
 
-                def coalesced_reduce_scatter(ts, g):
+                def coalesced_reduce_scatter(ts, g, o):
                     outs = [torch.zeros(t.numel() // size, dtype=dt, device=dev) for t in ts]
                     with cm(group=g, async_ops=True) as c:
-                        for o, t in zip(outs, ts):
-                            dist.reduce_scatter_tensor(o, t, op=op, group=g)
+                        for out, t in zip(outs, ts):
+                            dist.reduce_scatter_tensor(out, t, op=o, group=g)
                     c.wait()
                     return outs
 
@@ -354,8 +388,20 @@ def premul_ops(rank):
                      lambda: [full(), full(2 * size)])
                 both("coalesced reduce_scatter_tensor", coalesced_reduce_scatter, lambda: [mine(), mine(2 * size)],
                      lambda: [block(), block(2 * size)])
+    # A tensor factor of another dtype than the data's (what torch <= 2.11's
+    # NCCL asks for bfloat16 data) is refused, never converted silently.
+    for fdt, dt in ((torch.float32, torch.bfloat16), (torch.float64, torch.float32)):
+        t = vals(rank, n, dt)
+        try:
+            dist.all_reduce(t, op=_premul(torch.full((1,), 0.5, dtype=fdt, device=dev)))
+            bad.append("a %s factor for %s data: not refused" % (fdt, dt))
+        except Exception as e:  # noqa: B902
+            if not isinstance(e, ftcomm.InvalidArgumentError) or "for %s data" % str(dt)[6:] not in str(e):
+                bad.append("a %s factor for %s data: %s: %s" % (fdt, dt, type(e).__name__, e))
+        if not torch.equal(t, vals(rank, n, dt)):
+            bad.append("a %s factor for %s data: the tensor changed" % (fdt, dt))
     dist.barrier()
-    return bad, near
+    return bad, near, notes
 
 
 def _fsdp2_api():
@@ -371,32 +417,80 @@ def _fsdp2_api():
     return fully_shard, MixedPrecisionPolicy
 
 
+@contextlib.contextmanager
+def _bf16_premul_by_hand(group, calls: list):
+    """While inside, torch.distributed.reduce_scatter_tensor on group with
+    a bfloat16 PREMUL_SUM (FSDP2's reduce-scatter with reduce_dtype
+    bfloat16 and a divide factor) runs as NCCL's PreMulSum kernel computes
+    it: the input multiplied by the factor's bfloat16 value in bfloat16
+    (__hmul2: the exact product rounded once), then a SUM on torch's NCCL.
+    For a torch whose NCCL misreads that factor (pytorch/pytorch#190745).
+    Each such call's factor is appended to calls, so a reference that never
+    went through here is seen."""
+    orig = dist.reduce_scatter_tensor
+
+    def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):  # noqa: A002
+        st = ftcomm.distributed._op_state(op)
+        if group is not want_group or input.dtype != torch.bfloat16 or st is None or \
+                ftcomm.distributed._type_name(st[0]) != "PREMUL_SUM":
+            return orig(output, input, op=op, group=group, async_op=async_op)
+        f = st[1]
+        if isinstance(f, torch.Tensor):
+            fT = f.reshape(()).to(device=input.device, dtype=torch.bfloat16)
+        else:
+            fT = torch.tensor(float(f), dtype=torch.float32).to(torch.bfloat16).to(input.device)
+        calls.append(float(fT))
+        return orig(output, input * fT, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
+
+    want_group = group
+    dist.reduce_scatter_tensor = reduce_scatter_tensor
+    try:
+        yield
+    finally:
+        dist.reduce_scatter_tensor = orig
+
+
 def fsdp2_divide_factor(rank, addr):
     """FSDP2 over ftcomm.device_mesh and over a mesh of torch's NCCL group,
     the same model and batches, with set_gradient_divide_factor(f) on every
     FSDP module (FSDP2 reduce-scatters with PREMUL_SUM(1/f), or AVG where f
-    is the world size) for several f, in float32 and with bfloat16 reduction,
-    and with set_force_sum_reduction_for_comms(True) (SUM, then a division):
-    every local gradient shard after backward.
+    is the world size; on any backend: FSDP2 does not look at it) for
+    several f, in float32 and with bfloat16 reduction, and with
+    set_force_sum_reduction_for_comms(True) (SUM, then a division): every
+    local gradient shard after backward.
 
-    Returns {case: [(max |ftcomm - NCCL|, tolerance) per parameter]} (a
-    tolerance of 0 asks bit for bit), or {case: "skipped: why"}. Where 1/f
-    is a power of two, or every op is a SUM, each product is exact and both
-    must agree bit for bit. With f = 3 the products round; ftcomm rounds
-    each product, then the sum, while NCCL's kernel may fuse its multiply
-    into the sum (one fma), which moves a result by at most half an ulp of
-    one rank's product plus the sum's own rounding: under 4 eps of the
-    largest product. The tolerance is 8 eps(reduce dtype) B / f per
-    parameter, B the largest |local gradient| of any rank (measured on an
-    unsharded copy of the model, hence the margin of 2)."""
+    Returns {case: {"ref": what the reference is, "params": [(max |ftcomm -
+    ref|, tolerance, max |ftcomm|, max |ref|) per parameter]}} (a tolerance
+    of 0 asks bit for bit), or {case: "skipped: why"}, or {case: "error:
+    why"}. Where 1/f is a power of two, or every op is a SUM, each product
+    is exact and both must agree bit for bit. With f = 3 the products
+    round; ftcomm rounds each product, then the sum, while NCCL's kernel
+    may fuse its multiply into the sum (one fma), which moves a result by
+    at most half an ulp of one rank's product plus the sum's own rounding:
+    under 4 eps of the largest product. The tolerance is 8 eps(reduce
+    dtype) B / f per parameter, B the largest |local gradient| of any rank
+    (measured on an unsharded copy of the model, hence the margin of 2).
+
+    bfloat16 reduction on a torch whose NCCL misreads a bfloat16 PREMUL_SUM's
+    factor (torch <= 2.11: 0 for 1/4, -3.0e-13 for 1/3, so its gradients
+    are zeros or near it; pytorch/pytorch#190745): the reference is FSDP2
+    over torch's NCCL with its reduce-scatter run as NCCL's PreMulSum
+    computes it (_bf16_premul_by_hand), and the tolerance is 0: ftcomm does
+    that same arithmetic (each rank's bfloat16 gradient times the same
+    bfloat16 factor, the exact product rounded once, then NCCL's SUM of 2
+    ranks, one rounding of a commutative sum)."""
     from torch.distributed.device_mesh import DeviceMesh
+    from stream_stress import nccl_bf16_premul_ok
     import ftcomm.device_mesh as fdm
     fully_shard, MixedPrecisionPolicy = _fsdp2_api()
     size = dist.get_world_size()
-    comm = ftcomm.new_comm("nccl", torch.device("cuda", rank), name="fsdp2-premul", store=addr, rank=rank, size=size)
+    dev = torch.device("cuda", rank)
+    comm = ftcomm.new_comm("nccl", dev, name="fsdp2-premul", store=addr, rank=rank, size=size)
     STATE["fsdp2_comm"] = comm
     mesh = fdm.init_device_mesh(mesh_dim_comms=(comm,), mesh_dim_names=("dp",))
-    ref_mesh = DeviceMesh.from_group(STATE["nccl"], "cuda")
+    ref_group = STATE["nccl"]
+    ref_mesh = DeviceMesh.from_group(ref_group, "cuda")
+    bf16_ok = nccl_bf16_premul_ok(ref_group, dev)
     gen = torch.Generator().manual_seed(100 + rank)
     x = torch.randn(8, 64, generator=gen).cuda()
 
@@ -404,14 +498,18 @@ def fsdp2_divide_factor(rank, addr):
     plain = _model()
     plain(x).pow(2).sum().backward()
     bound = torch.stack([p.grad.abs().max() for p in plain.parameters()])
-    dist.all_reduce(bound, op=dist.ReduceOp.MAX, group=STATE["nccl"])
+    dist.all_reduce(bound, op=dist.ReduceOp.MAX, group=ref_group)
 
     cases = [("f=%g" % f, f, False, None) for f in sorted({1.0, 2.0, float(size), 3.0, 4.0})]
-    cases += [("f=3 bf16 reduce", 3.0, False, torch.bfloat16), ("force sum", None, True, None),
-              ("force sum f=3", 3.0, True, None)]
+    cases += [("f=3 bf16 reduce", 3.0, False, torch.bfloat16), ("f=4 bf16 reduce", 4.0, False, torch.bfloat16),
+              ("force sum", None, True, None), ("force sum f=3", 3.0, True, None)]
     out = {}
     for case, f, force, reduce_dtype in cases:
         grads = {}
+        # FSDP2 reduce-scatters with PREMUL_SUM(1/f) unless f is the world size (AVG) or every op is a SUM.
+        premul = f is not None and not force and f != size
+        by_hand = premul and reduce_dtype == torch.bfloat16 and not bf16_ok
+        calls: list = []
         for which, m_ in (("ftcomm", mesh), ("nccl", ref_mesh)):
             m = _model()
             kw = {}
@@ -434,17 +532,33 @@ def fsdp2_divide_factor(rank, addr):
                     break
                 for mod in mods:
                     mod.set_force_sum_reduction_for_comms(True)
-            m(x).pow(2).sum().backward()
-            torch.cuda.synchronize()
+            ctx = _bf16_premul_by_hand(ref_group, calls) if which == "nccl" and by_hand else contextlib.nullcontext()
+            with ctx:
+                m(x).pow(2).sum().backward()
+                torch.cuda.synchronize()
             grads[which] = [p.grad.to_local().detach().clone() for p in m.parameters()]
         if len(grads) < 2:
             out[case] = "skipped: this torch's FSDP2 lacks MixedPrecisionPolicy, set_gradient_divide_factor or " \
                         "set_force_sum_reduction_for_comms"
             continue
+        if by_hand and not calls:
+            out[case] = "error: torch %s's NCCL misreads a bfloat16 PREMUL_SUM's factor, and FSDP2's reduce-scatter " \
+                        "did not go through torch.distributed.reduce_scatter_tensor, where the reference computes " \
+                        "it by hand: no reference" % torch.__version__
+            continue
+        if by_hand:
+            ref = "FSDP2 over torch's NCCL, its bfloat16 PREMUL_SUM run by hand (torch's NCCL misreads the factor, " \
+                  "pytorch/pytorch#190745): %d reduce-scatters by %s" % (len(calls), sorted(set(calls)))
+        else:
+            ref = "FSDP2 over torch's NCCL"
         exact = force or f is None or (1 / f) == 2.0 ** round(math.log2(1 / f))
         eps = torch.finfo(reduce_dtype or torch.float32).eps
-        out[case] = [((a - b).abs().max().item() if a.numel() else 0.0, 0.0 if exact else 8 * eps * bi / f)
-                     for a, b, bi in zip(grads["ftcomm"], grads["nccl"], bound.tolist())]
+        params = []
+        for a, b, bi in zip(grads["ftcomm"], grads["nccl"], bound.tolist()):
+            amax = lambda t: t.abs().max().item() if t.numel() else 0.0  # noqa: E731
+            params.append(((a - b).abs().max().item() if a.numel() else 0.0,
+                           0.0 if exact or by_hand else 8 * eps * bi / f, amax(a), amax(b)))
+        out[case] = {"ref": ref, "params": params}
     torch.cuda.synchronize()
     return out
 

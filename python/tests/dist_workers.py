@@ -246,9 +246,11 @@ def premul(rank):
         if w is not None:
             w.wait()
 
-    for f in (2.0, 0.5, torch.tensor([0.25]), torch.tensor(0.5, dtype=torch.float64)):
-        fv = float(f.reshape(-1)[0]) if isinstance(f, torch.Tensor) else f
+    # Numbers, and tensors of the data's dtype ([1] and 0-d), which is what
+    # torch's NCCL takes (premul_factor_dtype_refused: any other dtype).
+    for fv, shape in ((2.0, None), (0.5, None), (0.25, (1,)), (0.5, ())):
         for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            f = fv if shape is None else torch.full(shape, fv, dtype=dt)
             name = "%s %s" % (dt, "tensor %s" % fv if isinstance(f, torch.Tensor) else fv)
             op = premul_op(f)
             mine = lambda k=n: _vals(rank, k, dt)  # noqa: E731
@@ -259,10 +261,12 @@ def premul(rank):
             ts = [mine(3), mine(5)]
             done(pg.allreduce(ts, Opts(op)))
             check("allreduce of 2 tensors " + name, torch.cat(ts), torch.cat([want(3), want(5)]))
-            ts = [mine(3), mine(4).to(torch.float32)]
+            # Two dtypes in one call take a number (a tensor factor has one dtype).
+            other = torch.float32 if shape is None else dt
+            ts = [mine(3), mine(4).to(other)]
             done(pg.allreduce_coalesced(ts, Opts(op)))
             check("allreduce_coalesced " + name, torch.cat([ts[0].double(), ts[1].double()]),
-                  torch.cat([want(3).double(), want(4).to(torch.float32).double()]))
+                  torch.cat([want(3).double(), want(4).to(other).double()]))
             for root in range(size):
                 t = mine()
                 done(pg.reduce([t], Opts(op, root)))
@@ -297,6 +301,70 @@ def premul(rank):
             out = torch.zeros(n // size, dtype=dt)
             dist.reduce_scatter_tensor(out, mine(), op=op)
             check("dist.reduce_scatter_tensor " + name, out, want().chunk(size)[rank])
+    return bad
+
+
+def premul_factor_dtype_refused(rank):
+    """A PREMUL_SUM whose tensor factor is of another dtype than the data's
+    (or not one element), on every reduction of the group: refused on every
+    rank before anything is issued, as torch's NCCL refuses it, with an
+    InvalidArgumentError that is torch's distributed error and names both
+    dtypes; the tensors untouched and the group usable after. Returns what
+    was not so."""
+    pg = dist.distributed_c10d._get_default_group()
+    size = dist.get_world_size()
+    n = 2 * size
+    bad = []
+    bf, f32, f64 = torch.bfloat16, torch.float32, torch.float64
+
+    def refused(what, call, tensors, want_in_msg):
+        before = [t.clone() for t in tensors]
+        try:
+            w = call()
+            if w is not None and hasattr(w, "wait"):
+                w.wait()
+            bad.append("%s: not refused" % what)
+            return
+        except Exception as e:  # noqa: B902
+            if not (isinstance(e, ftcomm.distributed.DistBackendError) and isinstance(e, ftcomm.InvalidArgumentError)):
+                bad.append("%s: %s: %s" % (what, type(e).__name__, e))
+            elif any(m not in str(e) for m in want_in_msg):
+                bad.append("%s: message %r does not name %s" % (what, str(e), want_in_msg))
+        for t, b in zip(tensors, before):
+            if not torch.equal(t, b):
+                bad.append("%s: a tensor changed" % what)
+
+    for fdt, dt in ((f32, bf), (f64, f32), (bf, torch.float16), (f32, f64)):
+        op = premul_op(torch.tensor([0.5], dtype=fdt))
+        names = ["a %s tensor for %s data" % (str(fdt)[6:], str(dt)[6:])]
+        name = "factor %s, data %s" % (fdt, dt)
+        t = _vals(rank, n).to(dt)
+        refused("allreduce " + name, lambda: pg.allreduce([t], Opts(op)), [t], names)
+        refused("reduce " + name, lambda: pg.reduce([t], Opts(op, 1)), [t], names)
+        out, ins = torch.zeros(2, dtype=dt), list(t.chunk(size))
+        refused("reduce_scatter " + name, lambda: pg.reduce_scatter([out], [ins], Opts(op)), [out, t], names)
+        refused("_reduce_scatter_base " + name, lambda: pg._reduce_scatter_base(out, t, Opts(op)), [out, t], names)
+        # The factor's own dtype first, then another: nothing is issued at all.
+        a = _vals(rank, n).to(fdt)
+        refused("allreduce_coalesced " + name, lambda: pg.allreduce_coalesced([a, t], Opts(op)), [a, t], names)
+        oa = torch.zeros(2, dtype=fdt)
+        refused("reduce_scatter_tensor_coalesced " + name,
+                lambda: pg.reduce_scatter_tensor_coalesced([oa, out], [a, t], Opts(op)), [oa, out, a, t], names)
+        if TORCH_OPS_PICKLE:
+            refused("dist.all_reduce " + name, lambda: dist.all_reduce(t, op=op), [t], names)
+            refused("dist.reduce_scatter_tensor " + name, lambda: dist.reduce_scatter_tensor(out, t, op=op),
+                    [out, t], names)
+    try:
+        op = premul_op(torch.tensor([0.5, 0.5]))
+    except Exception:  # noqa: B902 - a torch that refuses to make such an op itself
+        op = None
+    if op is not None:
+        t = _vals(rank, n)
+        refused("allreduce, a factor of 2 elements", lambda: pg.allreduce([t], Opts(op)), [t], ["2 elements"])
+    t = _vals(rank, 4)
+    dist.all_reduce(t)
+    if not torch.equal(t, sum(_vals(r, 4) for r in range(size))):
+        bad.append("SUM after the refusals: %s" % t.tolist())
     return bad
 
 
@@ -388,3 +456,40 @@ def blocked_all_reduce(rank, addr, key):
         return {"ok": False, "type": type(e).__name__, "dist": isinstance(e, ftcomm.distributed.DistBackendError),
                 "peer_failed": isinstance(e, ftcomm.PeerFailedError), "ranks": list(getattr(e, "ranks", ())),
                 "msg": str(e), "took": time.monotonic() - t0}
+
+
+def refused(rank):
+    """One rank's call is refused (a bad argument there), the other's is
+    valid: for each step, what each rank's call raised, and the sum of an
+    all-reduce right after (the group goes on)."""
+    size = dist.get_world_size()
+    out = []
+
+    def outcome(f):
+        t0 = time.monotonic()
+        try:
+            f()
+            return {"kind": "ok"}
+        except ftcomm.PeerRefusedError as e:
+            return {"kind": "PeerRefusedError", "rank": e.rank, "ranks": list(e.ranks), "reason": e.reason,
+                    "dist": isinstance(e, ftcomm.distributed.DistBackendError), "took": time.monotonic() - t0}
+        except ftcomm.InvalidArgumentError as e:
+            return {"kind": "InvalidArgumentError", "msg": str(e), "took": time.monotonic() - t0}
+
+    t = lambda v=1.0: torch.full((4,), float(v))  # noqa: E731
+    steps = [
+        ("broadcast from a rank outside the group", 1,
+         lambda: dist.broadcast(t(), src=size + 3 if rank == 1 else 0)),
+        ("all_reduce with a bitwise op on floats", 0,
+         lambda: dist.all_reduce(t(), op=dist.ReduceOp.BAND if rank == 0 else dist.ReduceOp.SUM)),
+        ("all_gather into a list of the wrong length", 1,
+         lambda: dist.all_gather([t() for _ in range(size + (1 if rank == 1 else 0))], t())),
+        ("send to a rank outside the group", 0,
+         lambda: dist.send(t(), size + 1) if rank == 0 else dist.recv(t(0), 0)),
+    ]
+    for what, culprit, call in steps:
+        res = outcome(call)
+        y = torch.full((8,), float(rank + 1))
+        dist.all_reduce(y)
+        out.append({"step": what, "culprit": culprit, "res": res, "after": float(y[0])})
+    return out

@@ -15,24 +15,36 @@ later ops, on another stream, through get_future(), by polling).
 Each op runs twice on identical inputs: through ftcomm (its Communicator
 API, or its torch.distributed backend, ProcessGroupFtcomm, through
 torch.distributed's functions with a group made for ftcomm), and through
-torch's backend (the reference, on a stream of its own). On CUDA the
-inputs of ftcomm's op are written by the last kernel queued on the issuing
-stream before the op, behind a busy kernel (torch.cuda._sleep or matmuls),
-and its outputs are read (a copy) and modified (+1) by kernels queued right
-after it, so an op that does not wait for the stream, or a stream that does
-not wait for the op, leaves a wrong value. Inputs are small integers, exact
-in every dtype, so no order of reduction can change a bit; results are
-compared with torch.equal at checkpoints, after torch.cuda.synchronize().
-Now and then a comm is finalized (a process group destroyed) right after a
-sync op, and made again. Ops that move no element at all run on ftcomm
-only (there is nothing to compare, and torch's gloo crashes on some).
+torch's backend (the reference). On CUDA the inputs of ftcomm's op are
+written by the last kernel queued on the issuing stream before the op,
+behind a busy kernel (torch.cuda._sleep or matmuls), and its outputs are
+read (a copy) and modified (+1) by kernels queued right after it, so an op
+that does not wait for the stream, or a stream that does not wait for the
+op, leaves a wrong value. Inputs are small integers computed from the seed
+(the reference reads those values, not ftcomm's tensors), exact in every
+dtype, so no order of reduction can change a bit.
+
+The ops run in windows of 8 to 64 (every rank draws the same lengths):
+every op of a window through ftcomm, then, with all of them completed and
+the device synchronized, the window's reference ops on a stream of their
+own, then (synchronized again) the comparison with torch.equal. ftcomm's
+NCCL kernels and torch's never run at once: two NCCL comms whose kernels
+run in different orders on different ranks can deadlock (NCCL's rule for
+comms used concurrently), and the busy kernels make the orders differ. For
+the same reason ftcomm's two comms (the Communicator's, the group's) take
+turns: an op switching from one to the other first completes the other's
+ops and synchronizes. Now and then a comm is finalized (a process group
+destroyed) right after a sync op, and made again. Ops that move no element
+at all run on ftcomm only (there is nothing to compare, and torch's gloo
+crashes on some).
 
     python3 python/tests/stream_stress.py --ops 10000 --runs 5 --seed 1   # one process per GPU
     python3 python/tests/stream_stress.py --minutes 10 --nproc 4
     torchrun --nproc_per_node 2 python/tests/stream_stress.py --ops 10000
     python3 python/tests/stream_stress.py --device cpu --ops 500         # ftcomm's gloo vs torch's gloo
 
-One line per run (ops, mismatches, seed, time); the exit status is nonzero
+One line per run (ops, mismatches, seed, time), and rank 0's progress
+every --progress seconds (10); the exit status is nonzero
 on any mismatch or error, and each rank's first mismatch is printed with
 what reproduces it: seed, op index, the op, the rank, where values differ.
 The same module is the GPU test test_cuda.py::test_cuda_stream_order_stress
@@ -72,11 +84,13 @@ _C10D = torch._C._distributed_c10d  # the options of the ProcessGroup methods (A
 
 # ---------------------------------------------------------------- choices
 
-# Element counts (per rank, per block): (weight, low, high). "Large" is
-# smaller on CPU, where torch's gloo and 2 shared cores are slow.
+# Element counts (per rank, per block: an op's tensors hold up to size
+# blocks of n): (weight, low, high). ~1M elements in about 1 op of 14, ~16M
+# in about 1 of 350 (the costliest ops: their values, copies and checks);
+# "large" is smaller on CPU, where torch's gloo and 2 shared cores are slow.
 SIZES = {
     "cuda": [(5, 0, 0), (30, 1, 7), (15, 8, 300), (20, 900, 1100), (10, 30_000, 70_000),
-             (12, 900_000, 1_100_000), (3, 15_000_000, 17_000_000)],
+             (6, 900_000, 1_100_000), (0.25, 15_000_000, 17_000_000)],
     "cpu": [(5, 0, 0), (30, 1, 7), (15, 8, 300), (25, 900, 1100), (8, 30_000, 70_000)],
 }
 DTYPES = [(30, torch.float32), (12, torch.float16), (12, torch.bfloat16), (12, torch.int32), (8, torch.int64),
@@ -84,6 +98,9 @@ DTYPES = [(30, torch.float32), (12, torch.float16), (12, torch.bfloat16), (12, t
 FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 PREMUL_FACTORS = (0.5, 2.0, 0.25, 4.0)  # powers of two: every product exact
 JUNK = -77  # what a tensor holds before an op writes it (201 in uint8): no op result can be it
+
+
+_ITEMSIZE = {dt: torch.empty(0, dtype=dt).element_size() for _, dt in DTYPES}
 
 
 def _junk(dtype) -> int:
@@ -102,15 +119,15 @@ def _pick(rng: random.Random, weighted: Sequence[Tuple[int, Any]]):
 
 class Red:
     """A reduction: name (SUM, AVG, PRODUCT, MIN, MAX, PREMUL_SUM) and, for
-    PREMUL_SUM, a factor (a number; as a one-element tensor to the
-    Communicator when tensor_factor)."""
+    PREMUL_SUM, a factor (a number; as a one-element tensor of the data's
+    dtype to the Communicator when tensor_factor)."""
 
-    def __init__(self, name: str, factor: Optional[float] = None, tensor_factor: bool = False):
-        self.name, self.factor, self.tensor_factor = name, factor, tensor_factor
+    def __init__(self, name: str, factor: Optional[float] = None, tensor_factor: bool = False, dtype=None):
+        self.name, self.factor, self.tensor_factor, self.dtype = name, factor, tensor_factor, dtype
 
     def comm(self, device) -> ReduceOp:
         if self.name == "PREMUL_SUM":
-            f = torch.tensor([self.factor], device=device) if self.tensor_factor else self.factor
+            f = torch.tensor([self.factor], dtype=self.dtype, device=device) if self.tensor_factor else self.factor
             return ReduceOp.PREMUL_SUM(f)
         return getattr(ReduceOp, self.name)
 
@@ -145,6 +162,21 @@ def _values(n: int, dtype, device, salt: int, lo: int, hi: int) -> torch.Tensor:
     i = torch.arange(n, dtype=torch.int64, device=device)
     v = (i * 2654435761 + salt * 40503 + 12345) % 1000003 % (hi - lo + 1) + lo
     return v.to(dtype)
+
+
+def nccl_bf16_premul_ok(group=None, device=None) -> bool:
+    """Whether torch's NCCL backend multiplies a bfloat16 PREMUL_SUM by its
+    factor: a collective of the group's ranks (all get the same answer).
+    torch up to at least 2.11 does not (pytorch/pytorch#190745): it holds
+    the factor as a float32 and NCCL reads 2 bytes of it as the bfloat16
+    factor, the float's low mantissa bits (0 for 2.0, so this all-reduce
+    of ones gives 0, not 2 x the world size)."""
+    make = getattr(dist, "_make_nccl_premul_sum", None)
+    if make is None:
+        return False
+    t = torch.ones(4, dtype=torch.bfloat16, device=device)
+    dist.all_reduce(t, op=make(2.0), group=group)
+    return bool((t == 2.0 * dist.get_world_size(group)).all())
 
 
 def torch_premul_supported() -> bool:
@@ -194,12 +226,13 @@ class Streams:
         if force_cycles:
             torch.cuda._sleep(force_cycles)
             return "sleep(%d)" % force_cycles
-        k = _pick(rng, [(30, "none"), (45, "sleep"), (10, "long sleep"), (15, "matmul")])
+        k = _pick(rng, [(30, "none"), (48, "sleep"), (5, "long sleep"), (17, "matmul")])
         if k in ("sleep", "long sleep"):
-            # ~0.5 µs to 1 ms; now and then 1 to 10 ms, so that a copy
+            # ~0.5 µs to 1 ms; now and then 1 to 5 ms, so that a copy
             # queued behind it still waits when later ops look at the
-            # results (cycles at ~2 GHz).
-            lo, hi = (1e3, 2e6) if k == "sleep" else (2e6, 2e7)
+            # results (cycles at ~2 GHz). A collective waits for the
+            # slowest rank: each rank's long sleeps add to every op's time.
+            lo, hi = (1e3, 2e6) if k == "sleep" else (2e6, 1e7)
             cycles = int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
             torch.cuda._sleep(cycles)
             return "sleep(%d)" % cycles
@@ -211,12 +244,12 @@ class Streams:
             return "matmul x%d" % m
         return ""
 
-    def reference(self, issuing):
-        """Where the reference runs: its own stream, behind what the
-        issuing stream has queued (the inputs)."""
+    def reference(self):
+        """Where the reference ops run: a stream of their own (they run
+        after ftcomm's ops of their window have completed, device
+        synchronized; their inputs are values computed from the seed)."""
         if not self.cuda:
             return contextlib.nullcontext()
-        self.ref.wait_stream(issuing if issuing is not None else torch.cuda.current_stream())
         return torch.cuda.stream(self.ref)
 
     def synchronize(self) -> None:
@@ -233,12 +266,28 @@ class TorchRef:
 
     def __init__(self, group, rank: int, size: int):
         self.g, self.rank, self.size = group, rank, size
+        self.bf16_premul = True  # False where torch's NCCL misreads a bfloat16 PREMUL_SUM's factor
+
+    def _prep(self, red: Red, ts: List[torch.Tensor]) -> Tuple[Any, List[torch.Tensor]]:
+        """torch's op for red, and the inputs: a bfloat16 PREMUL_SUM on a
+        torch whose NCCL misreads its factor (nccl_bf16_premul_ok) is run
+        as NCCL's PreMulSum computes it, each input multiplied by the factor
+        in bfloat16 (exact: the factors are powers of two), then a SUM."""
+        if red.name == "PREMUL_SUM" and not self.bf16_premul and ts and ts[0].dtype == torch.bfloat16:
+            return dist.ReduceOp.SUM, [t * red.factor for t in ts]
+        return red.torch(), ts
 
     def all_reduce(self, t, red: Red):
-        dist.all_reduce(t, red.torch(), group=self.g)
+        op, (u,) = self._prep(red, [t])
+        dist.all_reduce(u, op, group=self.g)
+        if u is not t:
+            t.copy_(u)
 
     def reduce(self, t, root: int, red: Red):
-        dist.reduce(t, root, red.torch(), group=self.g)
+        op, (u,) = self._prep(red, [t])
+        dist.reduce(u, root, op, group=self.g)
+        if u is not t and self.rank == root:
+            t.copy_(u)
 
     def broadcast(self, t, root: int):
         dist.broadcast(t, root, group=self.g)
@@ -255,10 +304,12 @@ class TorchRef:
             self.broadcast(outs[r], r)
 
     def reduce_scatter(self, out, ins, red: Red):
-        dist.reduce_scatter(out, list(ins), red.torch(), group=self.g)
+        op, ins = self._prep(red, list(ins))
+        dist.reduce_scatter(out, ins, op, group=self.g)
 
     def reduce_scatter_tensor(self, out, x, red: Red):
-        _RS_TENSOR(out, x, red.torch(), group=self.g)
+        op, (x,) = self._prep(red, [x])
+        _RS_TENSOR(out, x, op, group=self.g)
 
     def reduce_scatter_v(self, out, ins, red: Red):
         flat = torch.cat([t.reshape(-1) for t in ins])
@@ -398,7 +449,16 @@ class Op:
         S, L = h.shared, h.local
         self.desc: List[str] = [kind.name]
         self.local_desc: List[str] = []
-        self.api = S.choice(kind.apis) if len(kind.apis) > 1 else kind.apis[0]
+        # The API (shared): mostly the previous op's, so that async ops
+        # complete later across several ops of one comm (ops switching
+        # between the Communicator and the process group, two NCCL comms,
+        # first let the other's complete: Harness.use_api).
+        if len(kind.apis) == 1:
+            self.api = kind.apis[0]
+        elif h.last_api in kind.apis and S.random() < 0.8:
+            self.api = h.last_api
+        else:
+            self.api = S.choice(kind.apis)
         if h.only_api and h.only_api in kind.apis:
             self.api = h.only_api
         self.dt = _pick(S, DTYPES)
@@ -406,6 +466,7 @@ class Op:
         self.moved = 0  # elements the op moves, over all ranks (from the shared choices)
         self.bufs: List[Buf] = []
         self.checks: List[Check] = []
+        self.ref_run: Optional[Callable[[TorchRef], None]] = None  # the reference op, run at the window's end
         self.recreated = False
         self.stream_name, self.stream = "", None
         # sync, or async and completed now or after later ops; how: wait(),
@@ -422,10 +483,12 @@ class Op:
     def _size_class(self) -> Tuple[int, int]:
         return _pick(self.h.shared, [(w, (lo, hi)) for w, lo, hi in self.h.sizes])
 
-    def count(self) -> int:
+    def count(self, blocks: int = 1) -> int:
+        """n, drawn from a size class; the op's tensors hold blocks blocks
+        of n (the description says so: n=4x1094118)."""
         lo, hi = self._size_class()
         n = self.h.shared.randint(lo, hi)
-        self.desc.append("n=%d" % n)
+        self.desc.append("n=%s%d" % ("%dx" % blocks if blocks > 1 else "", n))
         self.moved += n
         return n
 
@@ -458,7 +521,7 @@ class Op:
         name = S.choice(names)
         red = Red(name)
         if name == "PREMUL_SUM":
-            red = Red(name, S.choice(PREMUL_FACTORS), not dist_only and S.random() < 0.3)
+            red = Red(name, S.choice(PREMUL_FACTORS), not dist_only and S.random() < 0.3, dt)
             if self.api == "dist" and (red.tensor_factor or not self.h.torch_premul):
                 self.api = "comm"  # torch's PREMUL_SUM is not taken by the backend (yet): the Communicator's
         self.desc.append(repr(red))
@@ -547,6 +610,7 @@ class Op:
         torch.distributed, dist_(group, async_op)), then its completion now
         or later, and what is queued after it."""
         h = self.h
+        h.use_api(self.api)
         if self.api == "comm" and self.how == "future":
             self.how = "wait"  # the Communicator's Work has no future
         self.local_desc.append(h.streams.busy(h.local, h.busy_cycles))
@@ -614,17 +678,20 @@ class Op:
                     break
 
     def reference(self, run: Callable[[TorchRef], None]) -> None:
-        """Run the op through torch's backend, on the reference's stream;
-        not when it moves no element at all (every rank knows)."""
-        if not self.moved:
-            return
-        with self.h.streams.reference(self.stream):
-            run(self.h.ref)
+        """The op through torch's backend, run(ref), on the inputs' values
+        (vals: computed from the seed, never changed): kept for the end of
+        the window, when every ftcomm op of the window has completed (two
+        NCCL comms must not have kernels on a GPU at once in orders that
+        differ between ranks). Not when the op moves no element at all
+        (every rank knows)."""
+        if self.moved:
+            self.ref_run = run
 
     def bytes(self) -> int:
-        """About what the op's tensors hold until it is checked (values,
-        ftcomm's, the reference's, the copy after)."""
-        return sum(b.vals.numel() * b.vals.element_size() * 4 for b in self.bufs)
+        """About what the op's tensors hold at any rank until it is checked
+        (values, ftcomm's, the reference's, the copy after), from the
+        shared choices only: every rank ends a window at the same op."""
+        return self.moved * _ITEMSIZE[self.dt] * (self.size + 1) * 4
 
     def describe(self) -> str:
         local = [d for d in self.local_desc if d]
@@ -681,7 +748,7 @@ def k_all_gather(o: Op):
 
 
 def k_all_gather_single(o: Op):
-    n = o.count()
+    n = o.count(o.size)
     out = o.buf("out", (o.size * n,), "out")
     if out.layout == "contig" and o.h.local.random() < 0.3:
         # In place (FSDP2's): the input is this rank's block of the output.
@@ -715,7 +782,7 @@ def k_reduce_scatter(o: Op):
 
 def k_reduce_scatter_single(o: Op):
     red = o.reduction()
-    n = o.count()
+    n = o.count(o.size)
     x = o.buf("x", (o.size * n,), "in", red)
     out = o.buf("out", (n,), "out")
     o.issue(comm=lambda c, a: c.reduce_scatter_single(out.t, x.t, red.comm(o.dev), async_op=a),
@@ -733,7 +800,7 @@ def k_reduce_scatter_v(o: Op):
 
 
 def k_all_to_all_single(o: Op):
-    n = o.count()
+    n = o.count(o.size)
     x = o.buf("x", (o.size * n,), "in")
     out = o.buf("out", (o.size * n,), "out")
     o.issue(comm=lambda c, a: c.all_to_all_single(out.t, x.t, async_op=a),
@@ -783,7 +850,7 @@ def k_gather(o: Op):
 
 def k_gather_single(o: Op):
     root = o.root()
-    n = o.count()
+    n = o.count(o.size)
     x = o.buf("x", (n,), "in")
     out = o.buf("out", (o.size * n,), "out") if o.rank == root else None
     o.issue(comm=lambda c, a: c.gather_single(out.t if out else None, x.t, root, async_op=a))
@@ -955,7 +1022,7 @@ class Config:
                  kinds: Optional[Sequence[str]] = None,
                  api: str = "", finalize_every: int = 150, checkpoint_every: Tuple[int, int] = (8, 64),
                  max_held_bytes: int = 0, timeout_s: float = 120.0, stall_s: float = 300.0, stall_exit: bool = False,
-                 inject: str = "", verbose: bool = False, huge: bool = True):
+                 inject: str = "", verbose: bool = False, huge: bool = True, progress_s: float = 0.0):
         self.ops, self.device, self.minutes = ops, device, minutes
         self.kinds = list(kinds) if kinds else list(KIND_NAMES)
         unknown = set(self.kinds) - set(KIND_NAMES)
@@ -963,17 +1030,31 @@ class Config:
             raise ValueError("unknown op kinds %s (kinds: %s)" % (sorted(unknown), ", ".join(KIND_NAMES)))
         self.api = api  # "comm" or "dist": only that API where a kind has it
         self.finalize_every = finalize_every
-        self.checkpoint_every = checkpoint_every
+        self.checkpoint_every = checkpoint_every  # a window's ops: (least, most)
         self.max_held_bytes = max_held_bytes or ((8 << 30) if device == "cuda" else (256 << 20))
         self.timeout_s, self.stall_s, self.stall_exit = timeout_s, stall_s, stall_exit
         self.inject = inject  # "corrupt:I" (a result changed after op I, rank 0) or "unordered" (CUDA)
         self.verbose, self.huge = verbose, huge
+        self.progress_s = progress_s  # rank 0 prints where the run is this often (0: never)
 
 
 class Harness:
     """One rank's stress: its comms (an ftcomm Communicator, an ftcomm
-    process group, torch's reference group), its streams, and the ops in
-    flight and awaiting their checks."""
+    process group, torch's reference group), its streams, and the ops of
+    the current window.
+
+    The ops run in windows of 8 to 64 (a length every rank draws alike):
+    first every op of the window through ftcomm, with every stream, sync,
+    async, busy-kernel and finalize choice, then (every async op completed,
+    the device synchronized) the window's reference ops through torch's
+    backend, on their own stream, then (synchronized again) the checks.
+    ftcomm's NCCL kernels and torch's never share the GPU: two NCCL comms
+    whose kernels a GPU runs in different orders on different ranks (one
+    rank's ftcomm op behind a long busy kernel while its torch op runs,
+    another's the other way round) may deadlock, as NCCL documents for
+    comms used concurrently. For the same reason ftcomm's own two comms
+    take turns: an op of the Communicator after ops of the process group
+    (or the other way round) first completes those and synchronizes."""
 
     def __init__(self, cfg: Config, rank: int, size: int, store, device: torch.device):
         self.cfg, self.rank, self.size, self.store, self.device = cfg, rank, size, store, device
@@ -987,12 +1068,20 @@ class Harness:
         self.torch_premul = torch_premul_supported()
         self.streams = Streams(device)
         self.ref = (TorchRef if self.cuda else GlooRef)(None, rank, size)
+        if self.cuda:
+            self.ref.bf16_premul = nccl_bf16_premul_ok(None, device)
+            if not self.ref.bf16_premul and rank == 0:
+                print("note: torch %s's NCCL misreads a bfloat16 PREMUL_SUM's factor (pytorch/pytorch#190745): "
+                      "bfloat16 PREMUL_SUM is checked against its inputs multiplied in bfloat16, then summed by "
+                      "torch's NCCL" % torch.__version__, file=sys.stderr, flush=True)
         self.busy_cycles = 20_000_000 if cfg.inject == "unordered" else 0
         self.comm = self._new_comm()
         self.group = self._new_group()
         self.pending: List[Tuple[int, Op, list]] = []
-        self.held: List[Op] = []
-        self.held_bytes = 0
+        self.window: List[Op] = []
+        self.window_bytes = 0
+        self.last_api = ""  # the API of the last op (shared: every rank's is the same)
+        self.active_api = ""  # the ftcomm comm that may have work on the device ("": none)
         self.progress = (time.monotonic(), -1, "setup")
         self.corrupt_at: Optional[int] = None
 
@@ -1010,15 +1099,27 @@ class Harness:
 
     def recreate(self, api: str) -> None:
         """Finalize the comm (destroy the group) the last op ran on, right
-        after that op returned, and make a new one."""
+        after that op returned, and make a new one (once the device has
+        finished with the old one: one NCCL comm at work at a time)."""
         if api == "comm":
             self.comm.finalize()
+            self.streams.synchronize()
             self.comm = self._new_comm()
         else:
             g = self.group
             dist.destroy_process_group(g)
             g.shutdown()
+            self.streams.synchronize()
             self.group = self._new_group()
+
+    def use_api(self, api: str) -> None:
+        """Before an op through api ("comm": the Communicator; "dist": the
+        process group): if the other comm may still have work on the
+        device, complete its async ops and synchronize."""
+        if self.active_api and self.active_api != api:
+            self.drain()
+            self.streams.synchronize()
+        self.active_api = api
 
     def close(self) -> None:
         self.drain()
@@ -1031,30 +1132,44 @@ class Harness:
 
     def run(self, seed: int) -> dict:
         """cfg.ops ops from seed (with cfg.minutes, until that long has
-        passed too); this rank's counts, and its first mismatch."""
+        passed too), in windows; this rank's counts, and its first
+        mismatch."""
         ops, minutes = self.cfg.ops, self.cfg.minutes
         self.seed = seed
         self.shared = random.Random(seed)
         self.local = random.Random("%d/%d" % (seed, self.rank))
+        self.last_api = ""
         self.corrupt_at = None
         if self.cfg.inject.startswith("corrupt:"):
             self.corrupt_at = int(self.cfg.inject.split(":", 1)[1])
         res = {"rank": self.rank, "seed": seed, "ops": 0, "mismatches": 0, "checks": 0, "first": None,
-               "kinds": {}, "apis": {}, "modes": {}, "recreated": 0}
+               "kinds": {}, "apis": {}, "modes": {}, "recreated": 0, "windows": 0,
+               "ftcomm_s": 0.0, "reference_s": 0.0, "check_s": 0.0}
         self.res = res
-        t0 = time.monotonic()
-        next_check = self.local.randint(*self.cfg.checkpoint_every)
+        t0 = last_print = time.monotonic()
         i = 0
         while not ops or i < ops:
-            if minutes and i % 100 == 0 and self._agree_stop(t0, minutes):
+            # Between windows nothing is in flight: rank 0's word on the
+            # time goes through the reference group.
+            if minutes and self._agree_stop(t0, minutes):
                 break
-            self.step(i)
-            i += 1
-            if i >= next_check or self.held_bytes > self.cfg.max_held_bytes:
-                self.checkpoint()
-                next_check = i + self.local.randint(*self.cfg.checkpoint_every)
-        self.drain()
-        self.checkpoint()
+            end = i + self.shared.randint(*self.cfg.checkpoint_every)
+            if ops:
+                end = min(end, ops)
+            self.window, self.window_bytes = [], 0
+            tw = time.monotonic()
+            while i < end and self.window_bytes <= self.cfg.max_held_bytes:
+                self.step(i)
+                i += 1
+            self.end_window(tw)
+            res["ops"] = i
+            now = time.monotonic()
+            if self.cfg.progress_s and self.rank == 0 and now - last_print >= self.cfg.progress_s:
+                last_print = now
+                print("stream_stress: seed %d: %d%s ops, %.1f s (ftcomm %.1f s, reference %.1f s, checks %.1f s), "
+                      "%d mismatches at rank 0" % (seed, i, "/%d" % ops if ops else "", now - t0, res["ftcomm_s"],
+                                                   res["reference_s"], res["check_s"], res["mismatches"]),
+                      flush=True)
         res["ops"] = i
         res["seconds"] = time.monotonic() - t0
         return res
@@ -1067,6 +1182,7 @@ class Harness:
         return bool(flag.item())
 
     def step(self, i: int) -> None:
+        """Op i through ftcomm (its reference waits for the window's end)."""
         kind = _pick(self.shared, [(k.weight, k) for k in self.kinds])
         o = Op(self, i, kind)
         if o.api == "dist" and kind.dist_now and o.when == "later":
@@ -1086,10 +1202,11 @@ class Harness:
         except Exception as e:  # noqa: BLE001 - reported with the op
             raise StressError("rank %d, seed %d: %s raised %s: %s\n%s" % (
                 self.rank, self.seed, o.describe(), type(e).__name__, e, traceback.format_exc())) from e
+        self.last_api = o.api
         if self.cfg.verbose:
             print("[r%d] %s" % (self.rank, o.describe()), file=sys.stderr, flush=True)
-        self.held.append(o)
-        self.held_bytes += o.bytes()
+        self.window.append(o)
+        self.window_bytes += o.bytes()
         r = self.res
         r["kinds"][kind.name] = r["kinds"].get(kind.name, 0) + 1
         r["apis"][o.api] = r["apis"].get(o.api, 0) + 1
@@ -1124,17 +1241,39 @@ class Harness:
             raise StressError("rank %d, seed %d: completing %s raised %s: %s\n%s" % (
                 self.rank, self.seed, o.describe(), type(e).__name__, e, traceback.format_exc())) from e
 
-    def checkpoint(self) -> None:
-        """Wait for the device, then compare the results of every op
-        completed so far with the reference's (ops still pending wait for
-        a later checkpoint)."""
+    def end_window(self, t_start: float) -> None:
+        """Complete every ftcomm op of the window and wait for the device;
+        then run the window's reference ops, in op order, and wait again;
+        then compare."""
+        ops, self.window = self.window, []
+        self.drain()
         self.streams.synchronize()
-        held, self.held, self.held_bytes = self.held, [], 0
-        waiting = {id(p[1]) for p in self.pending}
-        for o in held:
-            if id(o) in waiting:
-                self.held.append(o)  # not completed yet: checked at a later checkpoint
-                continue
+        self.active_api = ""
+        t1 = time.monotonic()
+        with self.streams.reference():
+            for o in ops:
+                if o.ref_run is None:
+                    continue
+                self.progress = (time.monotonic(), o.i, "the reference of " + o.kind.name)
+                try:
+                    o.ref_run(self.ref)
+                except Exception as e:  # noqa: BLE001
+                    raise StressError("rank %d, seed %d: the reference (torch's %s) of %s raised %s: %s\n%s" % (
+                        self.rank, self.seed, self.backend, o.describe(), type(e).__name__, e,
+                        traceback.format_exc())) from e
+        self.streams.synchronize()
+        t2 = time.monotonic()
+        self.check(ops)
+        r = self.res
+        r["windows"] += 1
+        r["ftcomm_s"] += t1 - t_start
+        r["reference_s"] += t2 - t1
+        r["check_s"] += time.monotonic() - t2
+
+    def check(self, ops: List[Op]) -> None:
+        """Compare the results of ops (every one completed, device
+        synchronized) with the reference's."""
+        for o in ops:
             bad = None
             for c in o.checks:
                 self.res["checks"] += 1
@@ -1147,7 +1286,6 @@ class Harness:
                     self.res["first"] = {"op": o.i, "report": "rank %d, seed %d: %s\n  %s: %s" % (
                         self.rank, self.seed, o.describe(), bad[0].label, bad[1])}
                     print("stream_stress: MISMATCH " + self.res["first"]["report"], file=sys.stderr, flush=True)
-        self.held_bytes = sum(o.bytes() for o in self.held)
 
 
 def _differ(c: Check) -> Optional[str]:
@@ -1211,8 +1349,11 @@ def setup(rank: int, size: int, device: str, store=None, timeout_s: float = 120.
         dist.init_process_group(backend, **kw)  # torchrun's environment
         store = dist.distributed_c10d._get_default_store()
     # A collective first: torch's NCCL group then has its comm before a
-    # send/recv that not every rank takes part in.
+    # send/recv that not every rank takes part in. Done before ftcomm's
+    # comms are made (torch's and ftcomm's kernels never run at once).
     dist.all_reduce(torch.zeros(1, device=dev))
+    if device == "cuda":
+        torch.cuda.synchronize(dev)
     return store, dev
 
 
@@ -1262,7 +1403,8 @@ def _main_rank(rank: int, size: int, args, store=None) -> int:
     cfg = Config(ops=args.ops, device=args.device, minutes=args.minutes,
                  kinds=args.kinds.split(",") if args.kinds else None,
                  api=args.api, finalize_every=args.finalize_every, timeout_s=args.timeout, stall_s=args.stall,
-                 stall_exit=True, inject=args.inject, verbose=args.verbose, huge=not args.no_huge)
+                 stall_exit=True, inject=args.inject, verbose=args.verbose, huge=not args.no_huge,
+                 progress_s=args.progress)
     h = Harness(cfg, rank, size, store, dev)
     stop = threading.Event()
     threading.Thread(target=_watchdog, args=(h, stop), daemon=True).start()
@@ -1288,6 +1430,8 @@ def _main_rank(rank: int, size: int, args, store=None) -> int:
             if args.stats:
                 print("stream_stress:   kinds %s; apis %s; modes %s" % (res["kinds"], res["apis"], res["modes"]),
                       flush=True)
+                print("stream_stress:   rank 0: %d windows; ftcomm %.1f s, reference %.1f s, checks %.1f s" % (
+                    res["windows"], res["ftcomm_s"], res["reference_s"], res["check_s"]), flush=True)
     h.close()
     stop.set()
     dist.destroy_process_group()
@@ -1322,7 +1466,9 @@ def main(argv=None) -> int:
                     help="test the harness: corrupt:I (rank 0 changes a result after op I) or unordered (ops "
                          "issued on a stream that did not wait for the kernels writing their inputs)")
     ap.add_argument("--no-huge", action="store_true", help="no ~16M-element ops")
-    ap.add_argument("--stats", action="store_true", help="print what each run covered")
+    ap.add_argument("--stats", action="store_true", help="print what each run covered and where its time went")
+    ap.add_argument("--progress", type=float, default=10.0,
+                    help="print where a run is about this often, s (0: never)")
     ap.add_argument("--verbose", action="store_true", help="print every op (stderr)")
     args = ap.parse_args(argv)
     if args.seed is None:

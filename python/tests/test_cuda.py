@@ -40,6 +40,20 @@ def test_cuda_no_memory_growth(two, store, name):
         print("RSS growth %d bytes, %.1f µs per 4 KiB all-reduce" % (grow, per_op * 1e6))
 
 
+@needs_cuda
+def test_cuda_async_list_op_copy_is_ordered_on_its_stream(two, store, name):
+    # An async all_gather/all_to_all into outputs that are not one buffer,
+    # seen to end by the next op on another, busy stream: the copy into the
+    # outputs goes to the issuing stream, wait() or is_completed() under a
+    # third stream orders that stream after it, and the scratch buffer is
+    # not reused on its stream before the copy has read it.
+    for r in two.run(workers.cuda_list_copy_order, store.address, name, timeout=300):
+        for key, v in r.items():
+            assert v["read"] == v["want"], (key, v)
+            assert v["final"] == v["want"], (key, v)
+        print(r)
+
+
 # torchcomms' API on NCCL (test_torchcomms_api.py runs the same on gloo).
 
 @needs_cuda

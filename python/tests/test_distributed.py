@@ -48,6 +48,27 @@ def test_ddp_comm_hook_chains_on_futures(group):
     assert two.run(dist_workers.ddp_comm_hook) == [0.0, 0.0]
 
 
+def test_refused_call_fails_the_peer_fast_and_the_group_goes_on(group):
+    """A call one rank refuses (a bad argument there, found by torch's
+    layer of ftcomm or by the communicator) fails the other rank's matching
+    call at once with a DistBackendError that is PeerRefusedError naming
+    the refusing rank, and the next all-reduce runs on both."""
+    import dist_workers
+    two, _ = group
+    outs = two.run(dist_workers.refused)
+    for i, step in enumerate(outs[0]):
+        for rank in range(2):
+            s = outs[rank][i]
+            res = s["res"]
+            if rank == step["culprit"]:
+                assert res["kind"] == "InvalidArgumentError", (s, rank)
+            else:
+                assert res["kind"] == "PeerRefusedError" and res["dist"], (s, rank)
+                assert res["rank"] == step["culprit"] and res["ranks"] == [step["culprit"]] and res["reason"], (s, rank)
+            assert res["took"] < 5, (s, rank)  # the group's deadline is 20 s
+            assert s["after"] == 3.0, (s, rank)
+
+
 def test_premul_sum_from_torch_on_every_reduction(group):
     """Every reduction of the group with a PREMUL_SUM built by torch (on
     torch 1.13, whose op hides its factor, an op that pickles as torch 2's
@@ -56,6 +77,18 @@ def test_premul_sum_from_torch_on_every_reduction(group):
     import dist_workers
     two, _ = group
     assert two.run(dist_workers.premul) == [[], []]
+
+
+def test_premul_sum_factor_of_another_dtype_is_refused(group):
+    """A PREMUL_SUM whose tensor factor is not of the data's dtype (float32
+    for bfloat16 data, as torch's NCCL up to 2.11 wants it, float64 for
+    float32, ...) or not one element, on every reduction of the group:
+    refused on every rank before anything is issued (a coalesced call
+    included), with a DistBackendError that is an InvalidArgumentError
+    naming both dtypes, the tensors untouched, the group usable after."""
+    import dist_workers
+    two, _ = group
+    assert two.run(dist_workers.premul_factor_dtype_refused) == [[], []]
 
 
 def test_premul_sum_from_torch_1_13_is_refused_on_every_rank(group):

@@ -83,3 +83,86 @@ def test_premul_factor_in_the_tensor_dtype():
         y = x.copy()
         _tensors.scale_(y, third)
         assert (y == want).all() and (_tensors.scaled(x, third) == want).all(), dt
+
+
+class _FakeWorkLib:
+    """The library's Work calls, for InFlight without a comm: the ops in
+    done have ended."""
+
+    def __init__(self, log):
+        self.done, self.log = set(), log
+
+    def ftcomm_work_wait(self, h, timeout_ns):
+        return 0 if h in self.done else _lib.PENDING
+
+    def ftcomm_work_test(self, h, out):
+        out._obj.value = int(h in self.done)
+        return 0
+
+    def ftcomm_work_free(self, h):
+        self.log.append(("free", h))
+
+
+def test_async_after_step_is_queued_on_the_issuing_stream(monkeypatch):
+    """A list op's copy-out (its after step) goes to the stream the op was
+    issued on, whichever stream is current where the op is seen to end (the
+    next op's, here B); its tensors are recorded on that stream before they
+    are released; wait() under any stream (C) makes that stream wait for
+    the copy, also when the op was settled before; is_completed() is true
+    once the copy has run. Streams and events are stand-ins: the logic
+    without a GPU (test_cuda.py checks it on one)."""
+    from ftcomm import _tensors, work
+    log, cur, ran = [], ["B"], set()
+    fake = _FakeWorkLib(log)
+    monkeypatch.setattr(_lib, "lib", lambda: fake)
+
+    def run_on_stream(stream, fn, tensors):
+        prev, cur[0] = cur[0], stream
+        try:
+            fn()
+            log.append(("record", stream, tensors))
+        finally:
+            cur[0] = prev
+        return ("event", stream)
+
+    monkeypatch.setattr(_tensors, "run_on_stream", run_on_stream)
+    monkeypatch.setattr(_tensors, "stream_wait", lambda stream, ev: log.append(("wait", cur[0], ev)))
+    monkeypatch.setattr(_tensors, "event_done", lambda ev: ev in ran)
+    inflight = work.InFlight()
+
+    # Settled by the next op (reap under stream B), then waited for under C.
+    op = inflight.add(1, ("tmp", "outs"), lambda: log.append(("copy", cur[0])), "A")
+    w = work.Work(op, inflight)
+    inflight.reap()
+    assert log == [] and not w.is_completed()
+    fake.done.add(1)
+    inflight.reap()
+    assert log == [("copy", "A"), ("record", "A", ("tmp", "outs")), ("free", 1)]
+    assert not inflight and not w.is_completed()  # the copy has not run yet
+    ran.add(("event", "A"))
+    assert w.is_completed()
+    cur[0] = "C"
+    assert w.wait()
+    assert log[-1] == ("wait", "C", ("event", "A"))
+
+    # Settled by its own wait() under C: the copy still goes to its stream.
+    del log[:]
+    op = inflight.add(2, "tmp2", lambda: log.append(("copy", cur[0])), "A2")
+    fake.done.add(2)
+    work.Work(op, inflight).wait()
+    assert log == [("copy", "A2"), ("record", "A2", "tmp2"), ("free", 2), ("wait", "C", ("event", "A2"))]
+
+    # On the host (no stream) the step runs where it is settled; no event.
+    del log[:]
+    op = inflight.add(3, None, lambda: log.append(("copy", cur[0])), None)
+    fake.done.add(3)
+    w = work.Work(op, inflight)
+    assert w.is_completed() and w.wait()
+    assert log == [("copy", "C"), ("free", 3)]
+
+    # No after step: no stream kept, nothing queued.
+    del log[:]
+    op = inflight.add(4, None, None, "A")
+    assert op.stream is None
+    fake.done.add(4)
+    assert work.Work(op, inflight).wait() and log == [("free", 4)]

@@ -408,6 +408,13 @@ def bad_input(rank, store, name):
         "not a tensor": lambda: c.all_reduce([1.0, 2.0]),
         "bitwise on floats": lambda: c.all_reduce(torch.ones(4), ReduceOp.BOR),
         "premul on ints": lambda: c.all_reduce(torch.ones(4, dtype=torch.int32), ReduceOp.PREMUL_SUM(2.0)),
+        # A tensor factor of another dtype than the data's (torch's NCCL and
+        # torchcomms refuse it too), or of two elements.
+        "premul factor dtype": lambda: c.all_reduce(torch.ones(4, dtype=torch.bfloat16),
+                                                    ReduceOp.PREMUL_SUM(torch.tensor([0.5]))),
+        "premul factor dtype, reduce_scatter": lambda: c.reduce_scatter_single(
+            torch.ones(2), torch.ones(4), ReduceOp.PREMUL_SUM(torch.tensor(0.5, dtype=torch.float64))),
+        "premul factor of 2 elements": lambda: c.all_reduce(torch.ones(4), ReduceOp.PREMUL_SUM(torch.ones(2))),
         "avg on bool": lambda: c.all_reduce(torch.ones(4, dtype=torch.bool), ReduceOp.AVG),
         "split duplicates": lambda: c.split([0, 1, 0]),
         "split without self": lambda: c.split([1 - rank]),
@@ -445,6 +452,42 @@ def bad_input(rank, store, name):
     y = torch.full((4,), float(rank + 1))
     c.all_reduce(y)
     got["after"] = float(y[0])
+    finalize(rank, name)
+    return got
+
+
+def indivisible_all_to_all(rank, store, name, size=3):
+    """all_to_all_single of a count that does not divide by the number of
+    ranks (7 elements on 3): every rank refuses it alike and at once with
+    InvalidArgumentError (the check reads only what every rank passes), sync
+    or async, through the Python API and through the C ABI (Go's check);
+    nothing is sent, and the comm then runs an all_to_all_single of 9."""
+    import torch
+    c = comm(rank, store, name, size)
+    L = ftcomm._lib.lib()
+    o7, i7 = np.zeros(7, dtype=np.float32), np.ones(7, dtype=np.float32)
+    cases = {
+        "sync": lambda: c.all_to_all_single(torch.zeros(7), torch.ones(7)),
+        "async": lambda: c.all_to_all_single(torch.zeros(7), torch.ones(7), async_op=True).wait(),
+        "numpy": lambda: c.all_to_all_single(np.zeros(7, dtype=np.float32), np.ones(7, dtype=np.float32)),
+        "v with equal splits": lambda: c.all_to_all_v_single(torch.zeros(7), torch.ones(7), None, None),
+        "go": lambda: ftcomm._lib.check(L.ftcomm_comm_op(c._h, ftcomm._lib.OP_ALL_TO_ALL, o7.ctypes.data, 7,
+                                                         i7.ctypes.data, 7, 1, -1, 1, 0, 0, 0, 0, None)),
+    }
+    got, slowest = {}, 0.0
+    for what, f in cases.items():
+        t0 = time.monotonic()
+        try:
+            f()
+            got[what] = "no error"
+        except Exception as e:  # noqa: BLE001 - the kind is the result
+            got[what] = type(e).__name__
+        slowest = max(slowest, time.monotonic() - t0)
+    x = torch.arange(9, dtype=torch.float32) + 10 * rank
+    y = torch.full((9,), -1.0)
+    c.all_to_all_single(y, x)
+    got["after"] = y.tolist()
+    got["slowest_s"] = slowest
     finalize(rank, name)
     return got
 
@@ -514,6 +557,71 @@ def cuda_timeout(rank, store, name):
         mark(store, name + "/done")
     else:
         wait_mark(store, name + "/done")
+    finalize(rank, name)
+    return out
+
+
+def cuda_list_copy_order(rank, store, name, n=1 << 20):
+    """An async list op whose outputs are not one buffer (all_gather and
+    all_to_all into two reversed views of one buffer: the op lands in a
+    scratch buffer, copied into the outputs once it is seen to end), seen to
+    end by the next op, which is issued on another stream (b) behind a
+    ~0.2 s kernel. The copy must go to the issuing stream (a): wait(), or
+    is_completed() turning true, under a third stream (s3) must leave that
+    stream ordered after the copy (read at once there: the values), and the
+    scratch buffer, freed once the op settles, must not be handed out on a
+    (allocated there and filled with -5) before the copy has read it (the
+    values after a device synchronize). Before the fix the copy went to b,
+    behind the kernel: the read on s3 saw -1 (the outputs' fill) and the
+    final values were -5."""
+    import torch
+    from ctypes import byref, c_int32
+    dev = torch.device("cuda", rank)
+    c = comm(rank, store, name, 2, "nccl", dev)
+    L = ftcomm._lib.lib()
+    a, b, s3 = torch.cuda.Stream(dev), torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+    out = {}
+    for kind in ("all_gather", "all_to_all"):
+        for how in ("wait", "is_completed"):
+            with torch.cuda.stream(a):
+                base = torch.full((2 * n,), -1.0, device=dev)
+                outs = [base[n:], base[:n]]  # rank 0's block, then rank 1's: reversed, not one buffer
+                if kind == "all_gather":
+                    x = torch.full((n,), float(rank + 1), device=dev)
+                    w = c.all_gather(outs, x, async_op=True)
+                else:
+                    ins = [torch.full((n,), float(10 * rank + r + 1), device=dev) for r in range(2)]
+                    w = c.all_to_all(outs, ins, async_op=True)
+            assert w._op.after is not None, "the outputs were one buffer: no copy to order"
+            done = c_int32()
+            deadline = time.monotonic() + 60
+            while not done.value:  # the op ends; nothing here sees it (no settle)
+                assert L.ftcomm_work_test(w._op.h, byref(done)) == 0
+                assert time.monotonic() < deadline, "the op never ended"
+                time.sleep(0.001)
+            with torch.cuda.stream(b):
+                torch.cuda._sleep(400_000_000)  # ~0.2 s
+                y = torch.ones(8, device=dev)
+                c.all_reduce(y)  # sees the list op end (settles it) under b
+            with torch.cuda.stream(a):
+                junk = torch.empty(2 * n, device=dev)  # the scratch buffer's size, on its stream
+                junk.fill_(-5.0)
+            with torch.cuda.stream(s3):
+                if how == "wait":
+                    w.wait()
+                else:
+                    while not w.is_completed():
+                        time.sleep(0.001)
+                read = torch.cat([o.clone() for o in outs])
+            torch.cuda.synchronize(dev)
+            key = "%s/%s" % (kind, how)
+            if kind == "all_gather":
+                want = [1.0, 2.0]  # outs[r] = rank r's x
+            else:
+                want = [float(10 * r + rank + 1) for r in range(2)]  # outs[r] = rank r's ins[rank]
+            out[key] = {"read": [sorted(set(read[:n].tolist())), sorted(set(read[n:].tolist()))],
+                        "final": [sorted(set(t.tolist())) for t in outs], "want": [[v] for v in want]}
+            del junk, y
     finalize(rank, name)
     return out
 
