@@ -388,7 +388,21 @@ func (c *Comm) work() {
 			}
 			c.mu.Unlock()
 			c.execute(w)
+			// With nothing queued behind it, go idle before the op is
+			// done, as an inline op does: a caller whose ops are all done
+			// finds the comm idle, and its next sync op runs inline.
+			// (Nothing is pending: only this goroutine starts ops.)
+			c.mu.Lock()
+			last := len(c.queue) == 0
+			if last {
+				c.busy = false
+				c.idle.Broadcast()
+			}
+			c.mu.Unlock()
 			close(w.done)
+			if last {
+				break
+			}
 		}
 	}
 }

@@ -101,8 +101,11 @@ func TestDeathByLeaseExpiry(t *testing.T) {
 	}
 }
 
+// A member that stops without a word is found by gossip (its lease would
+// last a minute), published dead, and its registration deleted so that it
+// comes back at once; its healthy peers stay.
 func TestDeathByGossip(t *testing.T) {
-	tj := clustertest.StartJob(t, quorum.DefaultConfig(), true)
+	tj := clustertest.StartJobGossip(t, quorum.DefaultConfig(), clustertest.SteadyGossip())
 	long := func(c *membership.MemberConfig) { c.LeaseTTL = time.Minute } // gossip must find it
 	a, b, c := tj.Join("a", long), tj.Join("b", long), tj.Join("c", long)
 	q := clustertest.WaitQuorum(t, a, 0, "a", "b", "c")

@@ -263,15 +263,17 @@ func (b *Backend) form(ctx context.Context, reuse []*link) error {
 		}
 		return reuse[p]
 	}
-	wantFrom := make([]bool, n)
+	wantFrom, resyncFrom := make([]bool, n), make([]bool, n)
 	accepts := 0
 	for p := r + 1; p < n; p++ {
 		if reused(p) == nil {
 			wantFrom[p] = true
 			accepts++
+		} else {
+			resyncFrom[p] = true
 		}
 	}
-	reg, err := b.node.register(b.prefix, b.epoch, r, n, wantFrom)
+	reg, err := b.node.register(b.prefix, b.epoch, r, n, wantFrom, resyncFrom)
 	if err != nil {
 		return err
 	}

@@ -110,7 +110,11 @@ func TestFormationNamesAbsentPeers(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			// Long enough for ranks 0 and 1 to connect to each other
+			// first, or they would rightly name each other too: forming
+			// 3 ranks took up to 0.5 s on 2 cores beside a CPU hog under
+			// -race, half of the 1 s this was.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			errs[r] = form(ctx, r)
 		}()

@@ -40,7 +40,9 @@
 // connections to surviving peers: each end sends a resync frame for the new
 // epoch after whatever the failed op left unfinished, and discards the
 // other's frames until it sees that marker, so no stale data reaches the new
-// epoch. Connections that are gone are replaced through the Store. Joiners
+// epoch. Connections that are gone are replaced through the Store: the
+// higher rank dials again, and the lower, if it has yet to see its end of
+// the old one break, has it retry until then. Joiners
 // of a Grow call comm.New with Rank ≥ the old size, the new Size and the same
 // Prefix and Epoch, and dial in. Split exchanges colors and keys with an
 // all-gather and connects each new comm afresh under its own prefix. The

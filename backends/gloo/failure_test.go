@@ -71,6 +71,12 @@ func startChild(t *testing.T, storeURL string, rank, size, count int, peerTimeou
 
 // processJob is a job whose rank childRank runs in a child process.
 func processJob(t *testing.T, n, childRank, count int, peerTimeout time.Duration) (*child, []*comm.Comm, *memstore.Store) {
+	return processJobWith(t, n, childRank, count, peerTimeout, nil)
+}
+
+// processJobWith is processJob whose in-process ranks' config mut may
+// change (the child's is the default with peerTimeout).
+func processJobWith(t *testing.T, n, childRank, count int, peerTimeout time.Duration, mut func(*Config)) (*child, []*comm.Comm, *memstore.Store) {
 	store := memstore.New()
 	srv := storeServer(store)
 	t.Cleanup(srv.Close)
@@ -78,6 +84,9 @@ func processJob(t *testing.T, n, childRank, count int, peerTimeout time.Duration
 	ch := startChild(t, srv.URL, childRank, n, count, peerTimeout)
 	cfg := testConfig()
 	cfg.PeerTimeout = peerTimeout
+	if mut != nil {
+		mut(cfg)
+	}
 	comms := make([]*comm.Comm, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup

@@ -50,7 +50,7 @@ const (
 	refuseEpoch     refusal = 3 // no comm with this prefix and epoch awaits this rank here (stale or future)
 	refuseRank      refusal = 4 // rank out of range, or already connected
 	refuseAuth      refusal = 5 // wrong secret
-	refuseBusy      refusal = 6 // too many handshakes in progress
+	refuseBusy      refusal = 6 // too many handshakes in progress, or the rank's old connection still in use
 	refuseMalformed refusal = 7 // could not parse the hello
 )
 
@@ -85,7 +85,9 @@ func (e *errRefused) Error() string {
 }
 
 // retryable reports whether a later attempt may succeed (the peer has not
-// reached the epoch yet, or was busy).
+// reached the epoch yet, or was busy: with other handshakes, or with the
+// connection of the comm before, which the dialer has dropped and it has
+// yet to see closed).
 func (e *errRefused) retryable() bool { return e.code == refuseEpoch || e.code == refuseBusy }
 
 // hello is the dialer's first message.

@@ -353,3 +353,57 @@ func TestHandshakeFinishingAfterFormationGaveUp(t *testing.T) {
 		t.Errorf("rank 1: got %v, want ErrPeerFailed naming rank 0", err)
 	}
 }
+
+// A rank whose connection of the comm before broke at its end first dials
+// while the listener still resynchronises its own end of it (Shrink reuses
+// the survivors' connections, and each end learns of a break from its own
+// reader): the listener refuses the dial for now and lets it in once its
+// end breaks too. Before, the refusal ("already connected") was final: the
+// dialer's Shrink failed at once and the listener's waited out its
+// deadline (TestShrinkReconnectsBrokenLink, 1 run in 300 beside a CPU hog).
+func TestDialWhileOldConnectionResyncs(t *testing.T) {
+	cfg := testConfig()
+	listener, err := newNode(cfg, zap.NewNop(), "job1", []byte("s3cret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.release()
+	dialer, err := newNode(cfg, zap.NewNop(), "job1", []byte("s3cret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dialer.release()
+	// Rank 0 of epoch 1 resynchronises its connection to rank 1.
+	reg, err := listener.register("jobs/job1/comm", 1, 0, 2, []bool{false, false}, []bool{false, true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.unregister(reg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type dialed struct {
+		c   *net.TCPConn
+		seg *shmSeg
+		err error
+	}
+	done := make(chan dialed, 1)
+	go func() {
+		c, _, seg, err := dialer.dial(ctx, listener.addr, hello{job: "job1", prefix: "jobs/job1/comm", epoch: 1, from: 1, to: 0, size: 2})
+		done <- dialed{c, seg, err}
+	}()
+	waitFor(t, "rank 1's dial refused while the old connection resyncs", func() bool { return listener.refused.Load() > 0 })
+	listener.expect(reg, 1) // rank 0's end of the old connection broke
+	d := <-done
+	if d.err != nil {
+		t.Fatalf("rank 1's dial after rank 0 saw its old connection break: %v", d.err)
+	}
+	defer d.c.Close()
+	defer d.seg.unmap()
+	select {
+	case in := <-reg.ch:
+		in.conn.Close()
+		in.shm.unmap()
+	case <-ctx.Done():
+		t.Fatal("rank 0 was not handed the new connection")
+	}
+}

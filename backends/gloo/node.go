@@ -59,7 +59,11 @@ type registration struct {
 	key  regKey
 	size int
 	want []bool // ranks still expected to dial (guarded by node.mu)
-	ch   chan inbound
+	// resync: ranks that would dial but whose connection of the comm
+	// being replaced is resynchronised instead, until it breaks (expect)
+	// (guarded by node.mu).
+	resync []bool
+	ch     chan inbound
 }
 
 type inbound struct {
@@ -119,14 +123,14 @@ func (n *node) release() {
 	n.wg.Wait()
 }
 
-func (n *node) register(prefix string, epoch uint64, rank, size int, want []bool) (*registration, error) {
+func (n *node) register(prefix string, epoch uint64, rank, size int, want, resync []bool) (*registration, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	k := regKey{prefix, epoch, rank}
 	if _, dup := n.regs[k]; dup {
 		return nil, fmt.Errorf("gloo: rank %d of %s epoch %d is already forming here", rank, prefix, epoch)
 	}
-	r := &registration{key: k, size: size, want: want, ch: make(chan inbound, size)}
+	r := &registration{key: k, size: size, want: want, resync: resync, ch: make(chan inbound, size)}
 	n.regs[k] = r
 	return r, nil
 }
@@ -135,6 +139,7 @@ func (n *node) register(prefix string, epoch uint64, rank, size int, want []bool
 func (n *node) expect(reg *registration, from int) {
 	n.mu.Lock()
 	reg.want[from] = true
+	reg.resync[from] = false
 	n.mu.Unlock()
 }
 
@@ -276,7 +281,16 @@ func (n *node) serve(c *net.TCPConn) {
 		return
 	}
 	if !reg.want[h.from] {
+		resyncing := reg.resync[h.from]
 		n.mu.Unlock()
+		if resyncing {
+			// The dialer has dropped the connection this end still
+			// resynchronises (it broke there first); this end drops it
+			// once it reads the close, and expects the dialer then: a
+			// refusal to try again, not to give up on the comm.
+			n.refuse(c, refuseBusy, fmt.Sprintf("rank %d's connection of the comm before is still being resynchronised here", h.from), fields...)
+			return
+		}
 		n.refuse(c, refuseRank, fmt.Sprintf("rank %d is already connected", h.from), fields...)
 		return
 	}

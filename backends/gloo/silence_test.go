@@ -18,9 +18,18 @@ import (
 // one is one-shot, and the stopped rank, which loops on all-reduces, may
 // have sent its whole part before it stopped, so the survivors' op ended
 // without waiting on it (2 runs in 6 failed so before).
+//
+// The survivors' monitors tick every second, not every 100 ms (the
+// default): SilentPeers names nobody while this process's timers run late
+// (a tick more than half an interval late marks them so for a second or
+// more), and on 2 cores beside a CPU hog under -race a 100 ms ticker was
+// late in 87% of samples, for up to 7 s in a row — longer than the 5 s
+// between the naming and the liveness check's verdict, so the test could
+// miss its window; a 1 s ticker was late in none.
 func TestSilentPeers(t *testing.T) {
 	const n, victim, count = 3, 2, 1 << 15
-	ch, comms, _ := processJob(t, n, victim, count, 10*time.Second) // named after 5 s, failed after 10 s
+	ch, comms, _ := processJobWith(t, n, victim, count, 10*time.Second, // named after 5 s, failed after 10 s
+		func(c *Config) { c.HeartbeatInterval = time.Second })
 	silent := func(r int) []int { return comms[r].Backend().(comm.SilenceReporter).SilentPeers() }
 	ctx := testutil.Ctx(t, 60*time.Second)
 	if err := ch.cmd.Process.Signal(syscall.SIGSTOP); err != nil {

@@ -69,12 +69,40 @@ func StartJob(t *testing.T, qc quorum.Config, gossip bool) *Job {
 // StartJobTTL is StartJob with the coordinators' session TTL.
 func StartJobTTL(t *testing.T, qc quorum.Config, gossip bool, sessionTTL time.Duration) *Job {
 	t.Helper()
-	j := &Job{T: t, Etcd: StartEtcd(t), Name: "job1", SessionTTL: sessionTTL}
-	j.Client = NewClient(t, j.Etcd)
+	var g *membership.GossipConfig
 	if gossip {
-		g := membership.DefaultGossipConfig()
-		j.Gossip = &g
+		d := membership.DefaultGossipConfig()
+		g = &d
 	}
+	return startJob(t, qc, g, sessionTTL)
+}
+
+// StartJobGossip is StartJob with gossip configured by g (for the
+// coordinator and every member Join adds).
+func StartJobGossip(t *testing.T, qc quorum.Config, g membership.GossipConfig) *Job {
+	t.Helper()
+	return startJob(t, qc, &g, 2*time.Second)
+}
+
+// SteadyGossip is a gossip profile for tests that say which member dies:
+// a member is declared dead 8 s after it is first suspected (the default
+// profile: 0.4 s). A gossip death ends the member's registration, and the
+// members, the coordinator and their gossip nodes of such a test all run
+// in one process, whose goroutines a loaded machine (2 cores, -race, other
+// packages beside it) can hold up for seconds: with the default profile a
+// healthy member is then declared dead because nobody ran to refute.
+// A stopped member is still found in about 10 s.
+func SteadyGossip() membership.GossipConfig {
+	g := membership.DefaultGossipConfig()
+	g.ProbeInterval, g.ProbeTimeout = time.Second, 500*time.Millisecond
+	g.SuspicionMult, g.SuspicionMaxTimeoutMult = 8, 1
+	return g
+}
+
+func startJob(t *testing.T, qc quorum.Config, g *membership.GossipConfig, sessionTTL time.Duration) *Job {
+	t.Helper()
+	j := &Job{T: t, Etcd: StartEtcd(t), Name: "job1", SessionTTL: sessionTTL, Gossip: g}
+	j.Client = NewClient(t, j.Etcd)
 	j.Coord = j.StartCoordinator("c0", qc)
 	WaitLeader(t, j.Coord)
 	return j
