@@ -40,7 +40,11 @@ func TestSimulationKillRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The revoked comm's aborted op was queued on its stream with x: x is
+	// freed below only once that comm has released its stream.
+	revoked := ranks[0].c
 	ranks[0].c = nc
+	revoked.Close()
 
 	w.Restart(1)
 	if w.Killed(1) {
@@ -58,6 +62,11 @@ func TestSimulationKillRestart(t *testing.T) {
 	ranks[1] = nil
 	closeJob(t, ranks[:1])
 	ranks[0] = nil
+	select {
+	case <-revoked.Backend().(*Backend).Released():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the revoked comm did not release its stream")
+	}
 	x.b.Free()
 
 	again := startJob(t, ctx, w.Library(), devs(2), 3, "job2", nil)
