@@ -246,7 +246,14 @@ func TestLeaderKillAmongThree(t *testing.T) {
 	for _, id := range []string{"a", "b", "c"} {
 		mc := membership.DefaultMemberConfig()
 		mc.Client, mc.Job, mc.ID, mc.Addr, mc.WantQuorum = cli, "job", id, id+":1", true
+		// No member dies here: the test is the coordinators' failover. A
+		// suspicion is declared a death only after 8 s (0.4 s by default),
+		// so that a loaded machine holding this process up does not evict
+		// a live member (member a "evicted: registration deleted" in a CI
+		// run beside other load).
 		g := membership.DefaultGossipConfig()
+		g.ProbeInterval, g.ProbeTimeout = time.Second, 500*time.Millisecond
+		g.SuspicionMult, g.SuspicionMaxTimeoutMult = 8, 1
 		mc.Gossip = &g
 		creds.ApplyMember(&mc) // quorum verification, gossip key
 		m, err := membership.Join(ctx, mc)
