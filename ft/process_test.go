@@ -25,7 +25,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -573,27 +572,6 @@ func TestProcessWholeGroupKilled(t *testing.T) {
 // it saw that.
 func (j *procJob) awaitUnregistered(id string) time.Time {
 	j.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: j.endpoints, DialTimeout: 5 * time.Second})
-	if err != nil {
-		j.t.Fatal(err)
-	}
-	defer cli.Close()
-	key := keys.Layout{}.Member("proc", id)
-	for {
-		r, err := cli.Get(ctx, key)
-		if err != nil {
-			j.t.Fatalf("waiting for %s's registration to end: %v", id, err)
-		}
-		if len(r.Kvs) == 0 {
-			return time.Now()
-		}
-		wc := cli.Watch(ctx, key, clientv3.WithRev(r.Header.Revision+1), clientv3.WithFilterPut())
-		select {
-		case <-wc:
-		case <-ctx.Done():
-			j.t.Fatalf("%s's registration did not end", id)
-		}
-	}
+	j.watchKey(keys.Layout{}.Member("proc", id), id+"'s registration to end", func(_ []byte, exists bool) bool { return !exists })
+	return time.Now()
 }

@@ -127,9 +127,9 @@ func (j *procJob) cpuTime(id string) time.Duration {
 // (a spare that did everything before its first Step).
 func (j *procJob) awaitReady(id string) {
 	j.t.Helper()
-	j.watchKey(keys.Layout{}.Member("proc", id), "member "+id+" ready", func(v []byte) bool {
+	j.watchKey(keys.Layout{}.Member("proc", id), "member "+id+" ready", func(v []byte, ok bool) bool {
 		var r membership.MemberRecord
-		return json.Unmarshal(v, &r) == nil && r.WantQuorum
+		return ok && json.Unmarshal(v, &r) == nil && r.WantQuorum
 	})
 }
 
@@ -137,7 +137,10 @@ func (j *procJob) awaitReady(id string) {
 func (j *procJob) quorum() membership.Quorum {
 	j.t.Helper()
 	var q membership.Quorum
-	j.watchKey(keys.Layout{}.Quorum("proc"), "the quorum", func(v []byte) bool {
+	j.watchKey(keys.Layout{}.Quorum("proc"), "the quorum", func(v []byte, ok bool) bool {
+		if !ok {
+			return false
+		}
 		var err error
 		q, err = membership.DecodeQuorumRecord(v, nil)
 		return err == nil
@@ -169,8 +172,8 @@ func (j *procJob) spareCommittedFrom(id string, t0 time.Time) {
 	}
 }
 
-// watchKey waits until key's value satisfies ok.
-func (j *procJob) watchKey(key, what string, ok func([]byte) bool) {
+// watchKey waits until key's value (exists false: no key) satisfies ok.
+func (j *procJob) watchKey(key, what string, ok func(v []byte, exists bool) bool) {
 	j.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -184,7 +187,11 @@ func (j *procJob) watchKey(key, what string, ok func([]byte) bool) {
 		if err != nil {
 			j.t.Fatalf("waiting for %s: %v", what, err)
 		}
-		if len(r.Kvs) == 1 && ok(r.Kvs[0].Value) {
+		var v []byte
+		if len(r.Kvs) == 1 {
+			v = r.Kvs[0].Value
+		}
+		if ok(v, len(r.Kvs) == 1) {
 			return
 		}
 		wc := cli.Watch(ctx, key, clientv3.WithRev(r.Header.Revision+1))
