@@ -89,6 +89,18 @@
 // its peers wait about one of their own steps for it, well within their
 // bound. See docs/quorum.md, "Stalls".
 //
+// # Spares
+//
+// A process with Config.Spare registers as a warm standby: it builds what
+// a replica builds, and its first Step waits, taking part in nothing,
+// until the coordinator promotes it because the job runs below its target
+// size (the most replica groups of the run, or the job setting
+// ftcomm.target_replicas). It is promoted in the epoch after the one that
+// removed the dead (the survivors shrink first), heals from its peers like
+// a joiner, and Step returns with EventPromoted reported; Comm.Spare says
+// whether it still waits. A replica restarted after a spare took its
+// group's place waits as the next spare. See docs/spares.md.
+//
 // # The end of a run
 //
 // When the training loop is done it calls Finish, then Close: the
