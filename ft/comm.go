@@ -42,8 +42,9 @@ type Comm struct {
 	close   sync.Once
 
 	// Owned by the training goroutine.
-	state  []registered
-	cur    stepComms // the comms of the step in progress
+	state    []registered
+	samplers []*Sampler // NewSampler's: told of each step's start and end
+	cur      stepComms  // the comms of the step in progress
 	works  []*comm.Work
 	stepAt time.Time // when Step returned, until the step's time is reported
 }
@@ -73,6 +74,9 @@ type reply struct {
 	err   error
 	ok    bool
 	comms stepComms
+	// target is the step's quorum's target size (membership.Quorum.Target;
+	// 0: unknown), for the samplers.
+	target int
 }
 
 // comms are one dimension's communicators at one epoch: data carries the
@@ -264,6 +268,9 @@ func (c *Comm) Step(ctx context.Context) error {
 	c.works = c.works[:0]
 	c.cur = stepComms{}
 	c.stepAt = time.Time{}
+	for _, s := range c.samplers {
+		s.end(false) // a step begun and not committed gives its samples back
+	}
 	r, err := c.ask(ctx, stepCalled{state: c.state}, func(err error) input { return stepCancelled{err} })
 	if err != nil {
 		return err
@@ -273,8 +280,26 @@ func (c *Comm) Step(ctx context.Context) error {
 		if c.cur.ft.data != nil {
 			c.stepAt = time.Now()
 		}
+		c.beginSamplers(r.target)
 	}
 	return r.err
+}
+
+// beginSamplers gives each sampler the step that started: its rank among
+// the step's participants (the FT comm's: what every participant knows
+// alike), the quorum's target and the settings in force.
+func (c *Comm) beginSamplers(target int) {
+	if len(c.samplers) == 0 {
+		return
+	}
+	rank, n := -1, 0
+	if d := c.cur.ft.data; d != nil {
+		rank, n = d.Rank(), d.Size()
+	}
+	step, settings := c.CommittedStep()+1, c.Settings()
+	for _, s := range c.samplers {
+		s.begin(step, rank, n, target, settings)
+	}
 }
 
 // quorumAsker is a membership whose registration takes part in quorums
@@ -332,6 +357,9 @@ func (c *Comm) Commit(ctx context.Context) (bool, error) {
 	c.works = c.works[:0]
 	r, err := c.ask(ctx, commitCalled{errs: errs}, func(err error) input { return commitCancelled{err} })
 	c.cur = stepComms{}
+	for _, s := range c.samplers {
+		s.end(err == nil && r.ok)
+	}
 	if err != nil {
 		return false, err
 	}

@@ -389,7 +389,7 @@ func (d *driver) exec(a action) {
 			d.log.Info(a.msg)
 		}
 	case stepDone:
-		d.answer(reply{err: a.err, comms: d.stepComms()})
+		d.answer(reply{err: a.err, comms: d.stepComms(), target: d.mach.stepTarget()})
 	case commitDone:
 		d.answer(reply{ok: a.ok, err: a.err})
 	case stopped:

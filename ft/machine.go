@@ -1041,6 +1041,15 @@ func (m *machine) sitOut(q membership.Quorum) {
 	m.emit(Event{Kind: EventSatOut, Epoch: q.Epoch, Reason: q.Reason})
 }
 
+// stepTarget is the target size (membership.Quorum.Target) of the quorum
+// whose epoch this rank takes part in, 0 when it sits out.
+func (m *machine) stepTarget() int {
+	if m.target.Epoch != m.epoch || m.view.ftRank < 0 {
+		return 0
+	}
+	return m.target.Target
+}
+
 // enter makes epoch the current one, with nothing of it formed yet.
 func (m *machine) enter(epoch uint64, v view) {
 	m.epoch, m.view = epoch, v

@@ -53,6 +53,12 @@ type Setting struct {
 // coordinator's: an unknown one, or a value it cannot use, is refused.
 const SettingTargetReplicas = "ftcomm.target_replicas"
 
+// SettingBatchPolicy is the key of the job's global-batch policy, which
+// ft's samplers read (ft.SamplerConfig.Policy): "replica" (every rank
+// keeps its batch; the global batch follows the participants) or
+// "global" (the survivors take more micro-batches to keep it).
+const SettingBatchPolicy = "ftcomm.batch_policy"
+
 // Limits of a settings document.
 const (
 	MaxSettings      = 128  // keys
@@ -377,6 +383,12 @@ func checkReserved(key string, t SettingType, v string) error {
 			return settingErr("%s: want an int of at least 1 (replica groups), got %s %q", key, t, v)
 		}
 		return nil
+	case SettingBatchPolicy:
+		if t != SettingString || (v != "replica" && v != "global") {
+			return settingErr("%s: want the string replica or global, got %s %q", key, t, v)
+		}
+		return nil
 	}
-	return settingErr("%q: keys under \"ftcomm.\" are the coordinator's, and it knows %s only", key, SettingTargetReplicas)
+	return settingErr("%q: keys under \"ftcomm.\" are the coordinator's, and it knows %s and %s only", key,
+		SettingTargetReplicas, SettingBatchPolicy)
 }

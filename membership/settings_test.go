@@ -54,6 +54,10 @@ func TestSettingsApply(t *testing.T) {
 		{[]string{"-nosuch"}, "no such setting"},
 		{[]string{"nesterov=maybe"}, "not true or false"},
 		{[]string{"x:complex=1"}, "unknown type"},
+		{[]string{"ftcomm.batch_policy=half"}, "want the string replica or global"},
+		{[]string{"ftcomm.batch_policy:int=1"}, "want the string replica or global"},
+		{[]string{"ftcomm.target_replicas=0"}, "want an int of at least 1"},
+		{[]string{"ftcomm.nosuch=1"}, "it knows ftcomm.target_replicas and ftcomm.batch_policy only"},
 	} {
 		cs, err := ParseSettingChanges(c.args)
 		if err == nil {
@@ -62,6 +66,9 @@ func TestSettingsApply(t *testing.T) {
 		if !errors.Is(err, comm.ErrInvalidArgument) || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%v: %v, want an invalid argument saying %q", c.args, err, c.says)
 		}
+	}
+	if s, err := s1.Apply(mustChanges(t, "ftcomm.batch_policy=global")); err != nil || s.Values[SettingBatchPolicy] != (Setting{SettingString, "global"}) {
+		t.Errorf("the batch policy: %+v %v", s.Values, err)
 	}
 	s2, err := s1.Apply(mustChanges(t, "-name", "sync_every:float=2.5"))
 	if err != nil || s2.Values["sync_every"] != (Setting{SettingFloat, "2.5"}) || len(s2.Values) != 5 {

@@ -1,0 +1,522 @@
+package ft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"github.com/ftcomm/ftcomm/comm"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// An epoch's permutation is a bijection of 0..Size-1 for every size, and
+// differs with the epoch and the seed.
+func TestPermutationIsABijection(t *testing.T) {
+	check := func(size int64, seed uint64, epoch int64) []int64 {
+		t.Helper()
+		p := newPermutation(size, seed, epoch, false)
+		seen := make([]bool, size)
+		out := make([]int64, size)
+		for i := range size {
+			x := p.at(i)
+			if x < 0 || x >= size || seen[x] {
+				t.Fatalf("size %d seed %d epoch %d: position %d maps to %d, out of range or seen before", size, seed, epoch, i, x)
+			}
+			seen[x], out[i] = true, x
+		}
+		return out
+	}
+	for size := int64(1); size <= 600; size++ {
+		check(size, uint64(size)*31, size%3)
+	}
+	for _, size := range []int64{1 << 16, 1<<16 + 1, 999_983, 1 << 20} {
+		a := check(size, 7, 0)
+		b := check(size, 7, 1)
+		c := check(size, 8, 0)
+		if slices.Equal(a, b) || slices.Equal(a, c) {
+			t.Fatalf("size %d: the epochs' or seeds' permutations are equal", size)
+		}
+		// Not the identity, nor close to it: few fixed points.
+		fixed := 0
+		for i, x := range a {
+			if int64(i) == x {
+				fixed++
+			}
+		}
+		if fixed > 20 {
+			t.Errorf("size %d: %d fixed points (a shuffle has about 1)", size, fixed)
+		}
+	}
+	// A huge dataset costs no memory: spot-check a few positions.
+	p := newPermutation(1e12, 1, 0, false)
+	for i := int64(0); i < 1000; i++ {
+		if x := p.at(i * 999_999_937); x < 0 || x >= 1e12 {
+			t.Fatalf("1e12 samples: %d", x)
+		}
+	}
+	if q := newPermutation(10, 1, 0, true); q.at(3) != 3 {
+		t.Fatal("Sequential reads in order")
+	}
+}
+
+// How a step is cut: the global batch per policy, every rank's share
+// (contiguous, the group's ranks splitting their group's), the weights
+// and the learning-rate scale.
+func TestCutStep(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		cfg           SamplerConfig
+		shape         stepShape
+		samples, k    int
+		lrScale       float64
+		firstRankSize int
+	}{
+		{"replica at target", SamplerConfig{Batch: 8, Accum: 2}, stepShape{4, 4, 1, KeepReplicaBatch}, 64, 2, 1, 16},
+		{"replica below target", SamplerConfig{Batch: 8, Accum: 2}, stepShape{3, 4, 1, KeepReplicaBatch}, 48, 2, 0.75, 16},
+		{"replica, groups of 2", SamplerConfig{Batch: 8, Accum: 1}, stepShape{2, 4, 2, KeepReplicaBatch}, 32, 1, 0.5, 8},
+		{"global at target", SamplerConfig{Batch: 8, Accum: 1, MaxAccum: 4}, stepShape{4, 4, 1, KeepGlobalBatch}, 32, 1, 1, 8},
+		{"global, 3 of 4", SamplerConfig{Batch: 8, Accum: 1, MaxAccum: 4}, stepShape{3, 4, 1, KeepGlobalBatch}, 32, 2, 1, 11},
+		{"global past the limit", SamplerConfig{Batch: 8, Accum: 1, MaxAccum: 2}, stepShape{1, 4, 1, KeepGlobalBatch}, 16, 2, 0.5, 16},
+		{"global above target", SamplerConfig{Batch: 8, Accum: 1, MaxAccum: 4}, stepShape{6, 4, 1, KeepGlobalBatch}, 32, 1, 1, 6},
+		{"global, groups of 2, 1 of 2", SamplerConfig{Batch: 4, Accum: 2, MaxAccum: 8}, stepShape{1, 2, 2, KeepGlobalBatch}, 32, 4, 1, 16},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := c.cfg
+			cfg.Size = 1000
+			cfg = cfg.withDefaults()
+			pl := planner{cfg: cfg}
+			x := cutStep(cfg, c.shape)
+			if x.samples != c.samples || x.micro != c.k {
+				t.Fatalf("cut %+v, want %d samples in %d micro-batches per rank", x, c.samples, c.k)
+			}
+			var all []int64
+			var weights float64
+			for r := range c.shape.participants {
+				for g := range c.shape.groupSize {
+					p := pl.plan(1, 0, c.shape, r, g)
+					if r == 0 && g == 0 && len(p.Indices()) != c.firstRankSize {
+						t.Errorf("rank 0 reads %d, want %d", len(p.Indices()), c.firstRankSize)
+					}
+					if len(p.Micro) != c.k || p.Samples != c.samples || p.LRScale != c.lrScale {
+						t.Errorf("rank %d.%d: %d micro-batches, %d samples, scale %v", r, g, len(p.Micro), p.Samples, p.LRScale)
+					}
+					for _, m := range p.Micro {
+						if c.shape.policy == KeepReplicaBatch && len(m.Indices) != cfg.Batch {
+							t.Errorf("rank %d.%d: a micro-batch of %d, want %d", r, g, len(m.Indices), cfg.Batch)
+						}
+						if len(m.Indices) > cfg.Batch {
+							t.Errorf("rank %d.%d: a micro-batch of %d, over Batch %d", r, g, len(m.Indices), cfg.Batch)
+						}
+						weights += m.Weight
+					}
+					all = append(all, p.Indices()...)
+				}
+			}
+			// The ranks in slot order read the step's positions in order.
+			for i, x := range all {
+				if want := pl.index(int64(i)); x != want {
+					t.Fatalf("sample %d of the step is %d, want %d (positions in rank order)", i, x, want)
+				}
+			}
+			if ranks := float64(c.shape.participants * c.shape.groupSize); math.Abs(weights-ranks) > 1e-9 {
+				t.Errorf("the weights sum to %v over %v ranks, want one per rank (the mean over the step's samples)", weights, ranks)
+			}
+		})
+	}
+}
+
+// policySettings are settings with ftcomm.batch_policy set to p ("": unset).
+func policySettings(p BatchPolicy) Settings {
+	if p == "" {
+		return Settings{}
+	}
+	return Settings{JobSettings: membership.JobSettings{Values: map[string]membership.Setting{
+		SettingBatchPolicy: {Type: membership.SettingString, Value: string(p)}}}}
+}
+
+// modelRank is one rank of the property test's job: a real Sampler on a
+// Comm that only holds its configuration, and the steps it committed.
+type modelRank struct {
+	g    *modelGroup
+	s    *Sampler
+	step int64
+	ver  int // the round that committed its newest step (the epoch: ties go to the newest)
+	hist []committedSlice
+}
+
+// modelGroup is a replica group's ranks.
+type modelGroup struct{ ranks []*modelRank }
+
+// committedSlice is what one rank read in a committed step.
+type committedSlice struct {
+	step     int64
+	position int64
+	samples  int
+	shape    stepShape
+	slot     int
+	indices  []int64
+}
+
+func newModelRank(t *testing.T, cfg SamplerConfig, groupRank, groupSize int) *modelRank {
+	t.Helper()
+	c := &Comm{cfg: Config{GroupRank: groupRank, GroupSize: groupSize}}
+	s, err := NewSampler(c, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.state) != 1 || c.state[0].name != "ftcomm.sampler/data" {
+		t.Fatalf("registered %+v", c.state)
+	}
+	return &modelRank{s: s}
+}
+
+// healFrom copies src's registered state and history, as ft's heal does.
+func (r *modelRank) healFrom(src *modelRank) {
+	copy(r.s.state, src.s.state)
+	r.step, r.ver, r.hist = src.step, src.ver, slices.Clone(src.hist)
+}
+
+// Property: over random histories of commits, failed steps, commits that
+// reach only some ranks, shrinks, grows, deaths, restarts (fresh state)
+// and heals (the agreement's rule: the most advanced step, the newest
+// epoch on a tie), under both policies switched at run time and a moving
+// target, the job's history — what the most advanced replica holds —
+// reads the epochs' permutations from position 0 on with no gap: every
+// sample of every finished epoch exactly once, and of the epoch in
+// progress none twice.
+func TestSamplerExactlyOnceProperty(t *testing.T) {
+	for seed := uint64(1); seed <= 60; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 99))
+		groupSize := 1 + rng.IntN(3)
+		cfg := SamplerConfig{Size: int64(50 + rng.IntN(400)), Seed: seed, Batch: 1 + rng.IntN(7), Accum: 1 + rng.IntN(3)}
+		cfg.MaxAccum = cfg.Accum * (1 + rng.IntN(4))
+		newGroup := func() *modelGroup {
+			g := &modelGroup{}
+			for r := range groupSize {
+				m := newModelRank(t, cfg, r, groupSize)
+				m.g = g
+				g.ranks = append(g.ranks, m)
+			}
+			return g
+		}
+		live := []*modelGroup{newGroup(), newGroup(), newGroup(), newGroup()}
+		target := 4
+		for round := 1; round <= 300; round++ {
+			switch x := rng.IntN(20); {
+			case x == 0 && len(live) > 1: // a death
+				i := rng.IntN(len(live))
+				live = slices.Delete(live, i, i+1)
+			case x == 1 && len(live) < 6: // a restart or a spare: fresh state
+				live = append(live, newGroup())
+			case x == 2:
+				target = 1 + rng.IntN(6)
+			}
+			// The quorum: a random subset of the live groups, in a random order.
+			parts := slices.Clone(live)
+			rng.Shuffle(len(parts), func(i, j int) { parts[i], parts[j] = parts[j], parts[i] })
+			parts = parts[:1+rng.IntN(len(parts))]
+			// The agreement: everyone heals to the most advanced rank's
+			// state (a group's ranks hold one step).
+			best := parts[0].ranks[0]
+			for _, g := range parts {
+				for _, r := range g.ranks {
+					if r.step > best.step || (r.step == best.step && r.ver > best.ver) {
+						best = r
+					}
+				}
+			}
+			for _, g := range parts {
+				for gr, r := range g.ranks {
+					// Rank gr heals from rank gr of the most advanced group.
+					if src := best.g.ranks[gr]; r != src {
+						r.healFrom(src)
+					}
+				}
+			}
+			policy := [...]BatchPolicy{"", KeepReplicaBatch, KeepGlobalBatch}[rng.IntN(3)]
+			settings := policySettings(policy)
+			var step int64 = best.step + 1
+			var plans [][]Plan
+			for rank, g := range parts {
+				var ps []Plan
+				for _, r := range g.ranks {
+					r.s.begin(step, rank, len(parts), target, settings)
+					p, err := r.s.Plan()
+					if err != nil {
+						t.Fatalf("seed %d round %d: %v", seed, round, err)
+					}
+					ps = append(ps, p)
+				}
+				plans = append(plans, ps)
+			}
+			// Every rank of the step read the step's positions, in slot order.
+			pos, n := plans[0][0].Position, plans[0][0].Samples
+			var all []int64
+			for _, ps := range plans {
+				for _, p := range ps {
+					if p.Position != pos || p.Samples != n {
+						t.Fatalf("seed %d round %d: ranks disagree on the step: %d+%d and %d+%d", seed, round, pos, n, p.Position, p.Samples)
+					}
+					all = append(all, p.Indices()...)
+				}
+			}
+			if len(all) != n {
+				t.Fatalf("seed %d round %d: the ranks read %d samples of a step of %d", seed, round, len(all), n)
+			}
+			// Who commits: everyone, no one, or some (the vote completed
+			// at some ranks only; a group's ranks commit alike).
+			commits := make([]bool, len(parts))
+			switch x := rng.IntN(10); {
+			case x < 6:
+				for i := range commits {
+					commits[i] = true
+				}
+			case x < 8:
+			default:
+				for i := range commits {
+					commits[i] = rng.IntN(2) == 0
+				}
+			}
+			for i, g := range parts {
+				for gr, r := range g.ranks {
+					if commits[i] {
+						p := plans[i][gr]
+						r.hist = append(r.hist, committedSlice{step: step, position: p.Position, samples: p.Samples,
+							shape: stepShape{p.Participants, p.Target, groupSize, p.Policy}, slot: i*groupSize + gr,
+							indices: p.Indices()})
+						r.step, r.ver = step, round
+					}
+					r.s.end(commits[i])
+					if _, err := r.s.Plan(); !errors.Is(err, ErrNoStep) {
+						t.Fatalf("after the commit: %v", err)
+					}
+				}
+			}
+		}
+		// The job's history: the most advanced live group's (each rank's
+		// history is its slices; the group's ranks together read the
+		// step's share of their group, and the other groups' shares come
+		// from their own ranks, which healed alike: recompute them).
+		var best *modelRank
+		for _, g := range live {
+			for _, r := range g.ranks {
+				if best == nil || r.step > best.step || (r.step == best.step && r.ver > best.ver) {
+					best = r
+				}
+			}
+		}
+		checkCoverage(t, fmt.Sprintf("seed %d (groups of %d, %d samples, batch %d×%d)", seed, groupSize, cfg.Size, cfg.Batch, cfg.Accum),
+			cfg, best.hist, best.s.Position())
+	}
+}
+
+// checkCoverage checks a history of committed steps (slices of ranks, in
+// step order; one or more per step): steps 1, 2, … with no gap, each starting where the one before ended,
+// from 0 to end; each slice is its slot's share of the step; and the
+// slots of every step together — recomputed from the step's shape — read
+// its positions, so the history covers each finished epoch exactly once
+// and the one in progress with no sample twice.
+func checkCoverage(t *testing.T, what string, cfg SamplerConfig, hist []committedSlice, end int64) {
+	t.Helper()
+	cfg = cfg.withDefaults()
+	pl := planner{cfg: cfg}
+	var pos, last int64
+	seen := map[int64]int{}
+	for _, h := range hist {
+		g := h.shape.groupSize
+		if own := pl.plan(h.step, h.position, h.shape, h.slot/g, h.slot%g).Indices(); !slices.Equal(own, h.indices) {
+			t.Fatalf("%s: step %d slot %d read %v, its share is %v", what, h.step, h.slot, h.indices, own)
+		}
+		if h.step == last {
+			continue // another rank's slice of the step: its slot's share, checked
+		}
+		if h.step != last+1 || h.position != pos {
+			t.Fatalf("%s: step %d (position %d) follows step %d ending at %d", what, h.step, h.position, last, pos)
+		}
+		last = h.step
+		for slot := range h.shape.participants * g {
+			for _, x := range pl.plan(h.step, h.position, h.shape, slot/g, slot%g).Indices() {
+				e := pos / cfg.Size
+				if want := pl.index(pos); x != want {
+					t.Fatalf("%s: step %d slot %d reads %d at position %d, the permutation has %d", what, h.step, slot, x, pos, want)
+				}
+				seen[e*cfg.Size+x]++
+				pos++
+			}
+		}
+		if pos != h.position+int64(h.samples) {
+			t.Fatalf("%s: step %d's slots read %d samples, not %d", what, h.step, pos-h.position, h.samples)
+		}
+	}
+	if pos != end {
+		t.Fatalf("%s: the history ends at position %d, the sampler holds %d", what, pos, end)
+	}
+	for k, n := range seen {
+		if n != 1 {
+			t.Fatalf("%s: sample %d of epoch %d read %d times", what, k%cfg.Size, k/cfg.Size, n)
+		}
+	}
+	if int64(len(seen)) != end {
+		t.Fatalf("%s: %d distinct samples in %d positions", what, len(seen), end)
+	}
+}
+
+// dataLedger keeps what every rank read in the steps it committed.
+type dataLedger struct {
+	mu    sync.Mutex
+	steps map[int64][]committedSlice
+}
+
+func (l *dataLedger) add(s committedSlice) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.steps[s.step] = append(l.steps[s.step], s)
+}
+
+// check asserts that the committed steps 1..last read the epochs exactly
+// once (checkCoverage), every rank that committed a step agreeing on it
+// and reading its own slot's share.
+func (l *dataLedger) check(t *testing.T, cfg SamplerConfig, end int64) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var hist []committedSlice
+	for s := int64(1); s <= int64(len(l.steps)); s++ {
+		got := l.steps[s]
+		if len(got) == 0 {
+			t.Fatalf("no rank committed step %d of %d", s, len(l.steps))
+		}
+		for _, x := range got[1:] {
+			if x.position != got[0].position || x.samples != got[0].samples || x.shape != got[0].shape {
+				t.Fatalf("step %d: ranks committed it as %+v and %+v", s, got[0], x)
+			}
+		}
+		hist = append(hist, got...)
+	}
+	checkCoverage(t, "the job", cfg, hist, end)
+}
+
+// trainData is replica.train with a sampler: each step's gradient depends
+// on the samples its ranks read, so the ledger's state check also says
+// that every replica that committed a step applied the same data.
+func (r *replica) trainData(ctx context.Context, l *ledger, dl *dataLedger, s *Sampler) {
+	defer close(r.done)
+	grads := make([]float32, len(r.params))
+	for {
+		if err := r.c.Step(ctx); err != nil && !errors.Is(err, ErrRolledBack) {
+			r.setErr(err)
+			return
+		}
+		p, err := s.Plan()
+		if err != nil && !errors.Is(err, ErrNotParticipating) {
+			r.setErr(err)
+			return
+		}
+		var sum float32
+		for _, x := range p.Indices() {
+			sum += float32(x % 97)
+		}
+		for i := range grads {
+			grads[i] = sum * float32(i%5) / 64
+		}
+		r.c.AllReduce(ctx, comm.Float32s(grads), comm.Sum)
+		ok, err := r.c.Commit(ctx)
+		if err != nil {
+			r.setErr(err)
+			return
+		}
+		if ok {
+			for i := range r.params {
+				r.params[i] -= 0.001 * grads[i]
+			}
+			l.commit(r.id, r.c.CommittedStep(), r.params)
+			dl.add(committedSlice{step: p.Step, position: p.Position, samples: p.Samples,
+				shape: stepShape{p.Participants, p.Target, max(r.c.cfg.GroupSize, 1), p.Policy},
+				slot:  r.c.Rank()*max(r.c.cfg.GroupSize, 1) + r.c.cfg.GroupRank, indices: p.Indices()})
+			r.mu.Lock()
+			r.commits = append(r.commits, commitRecord{r.c.CommittedStep(), r.c.Participants(), r.c.Epoch()})
+			r.mu.Unlock()
+			select {
+			case r.progress <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// A job of real Comms (memcoord, inproc transport) reads its data exactly
+// once through a death, a restart that heals the position, a late joiner
+// and, under KeepGlobalBatch, steps of fewer replicas with more
+// micro-batches each.
+func TestSamplerFollowsTheQuorum(t *testing.T) {
+	for _, policy := range []BatchPolicy{KeepReplicaBatch, KeepGlobalBatch} {
+		t.Run(string(policy), func(t *testing.T) {
+			j := newJob(t, quick(), 1)
+			j.nParams = 64
+			cfg := SamplerConfig{Size: 1000, Seed: 5, Batch: 3, Accum: 2, Policy: policy, Replicas: 3}
+			dl := &dataLedger{steps: map[int64][]committedSlice{}}
+			var samplers = map[*replica]*Sampler{}
+			start := func(g string) *replica {
+				r := j.open(g, 0, 1)
+				s, err := NewSampler(r.c, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				samplers[r] = s
+				ctx, cancel := context.WithCancel(context.Background())
+				r.cancel = cancel
+				go r.trainData(ctx, j.ledger, dl, s)
+				return r
+			}
+			a, b, c := start("a"), start("b"), start("c")
+			a.waitParticipants(3)
+			a.waitStep(a.c.CommittedStep() + 10)
+			j.kill(c)
+			a.waitParticipants(2)
+			a.waitStep(a.c.CommittedStep() + 10)
+			c2 := start("c")
+			c2.waitParticipants(3)
+			d := start("d") // a fourth: the job above its target
+			d.waitParticipants(4)
+			a.waitStep(a.c.CommittedStep() + 10)
+			j.stopAll(a, b, c2, d)
+			if t.Failed() {
+				return
+			}
+			end := samplers[a].Position()
+			for _, r := range []*replica{b, c2, d} {
+				if p := samplers[r].Position(); r.c.CommittedStep() == a.c.CommittedStep() && p != end {
+					t.Errorf("%s holds position %d at step %d, a %d", r.id, p, r.c.CommittedStep(), end)
+				}
+			}
+			if first := c2.records()[0].step; first <= 1 {
+				t.Fatalf("the restarted replica did not heal: first commit %d", first)
+			}
+			// The steps with 2 participants read 2/3 of a full step's
+			// samples under KeepReplicaBatch, all of it under KeepGlobalBatch.
+			var two int
+			for _, x := range dl.steps {
+				if x[0].shape.participants == 2 {
+					two++
+					want := 12
+					if policy == KeepGlobalBatch {
+						want = 18
+					}
+					if x[0].samples != want {
+						t.Fatalf("a step of 2 of 3 replicas read %d samples, want %d", x[0].samples, want)
+					}
+				}
+			}
+			if two == 0 {
+				t.Fatal("no step committed with 2 participants")
+			}
+			dl.check(t, cfg, end)
+			t.Logf("%s: %d steps, position %d (epoch %d)", policy, len(dl.steps), end, samplers[a].Epoch())
+		})
+	}
+}
