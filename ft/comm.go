@@ -45,8 +45,8 @@ type Comm struct {
 	state    []registered
 	samplers []*Sampler // NewSampler's: told of each step's start and end
 	cur      stepComms  // the comms of the step in progress
-	works  []*comm.Work
-	stepAt time.Time // when Step returned, until the step's time is reported
+	works    []*comm.Work
+	stepAt   time.Time // when Step returned, until the step's time is reported
 }
 
 // stepTimer is what a membership offers to carry each step's compute time
