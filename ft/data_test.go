@@ -130,6 +130,62 @@ func TestCutStep(t *testing.T) {
 	}
 }
 
+// A replica whose sampler is configured otherwise than the job's learns
+// it when it heals the job's position (its plans would read other
+// samples): Plan fails with a *SamplerMismatchError, an invalid argument,
+// and the replica reads nothing. Bad configurations are refused at
+// NewSampler, registering nothing.
+func TestSamplerMismatchIsRefused(t *testing.T) {
+	j := newJob(t, quick(), 1)
+	j.nParams = 64
+	cfg := SamplerConfig{Size: 100, Seed: 5, Batch: 2}
+	dl := &dataLedger{steps: map[int64][]committedSlice{}}
+	a := j.open("a", 0, 1)
+	s, err := NewSampler(a.c, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	go a.trainData(ctx, j.ledger, dl, s)
+	a.waitStep(3)
+
+	for _, bad := range []SamplerConfig{{Size: 0, Batch: 1}, {Size: 10}, {Size: 10, Batch: 1, Policy: "half"},
+		{Size: 10, Batch: 1, Accum: 4, MaxAccum: 2}, {Size: 10, Batch: 1, Position: -1}} {
+		b := j.open("x", 0, 1)
+		if _, err := NewSampler(b.c, bad); !errors.Is(err, comm.ErrInvalidArgument) || len(b.c.state) != 1 {
+			t.Errorf("%+v: %v, registered %d", bad, err, len(b.c.state))
+		}
+		b.c.Close()
+	}
+
+	other := cfg
+	other.Seed++
+	b := j.open("b", 0, 1)
+	sb, err := NewSampler(b.c, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewSampler(b.c, other); !errors.Is(err, comm.ErrInvalidArgument) {
+		t.Errorf("a second sampler of one name: %v", err)
+	}
+	if err := b.c.Step(context.Background()); err != nil && !errors.Is(err, ErrRolledBack) {
+		t.Fatal(err)
+	}
+	var mm *SamplerMismatchError
+	if _, err := sb.Plan(); !errors.As(err, &mm) || !errors.Is(err, comm.ErrInvalidArgument) {
+		t.Fatalf("the healed replica's plan: %v, want a *SamplerMismatchError", err)
+	}
+	if _, err := b.c.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.Plan(); !errors.Is(err, ErrNoStep) {
+		t.Fatalf("after the commit: %v, want ErrNoStep", err)
+	}
+	j.stopAll(a)
+	b.c.Close()
+}
+
 // policySettings are settings with ftcomm.batch_policy set to p ("": unset).
 func policySettings(p BatchPolicy) Settings {
 	if p == "" {
