@@ -101,6 +101,21 @@
 // whether it still waits. A replica restarted after a spare took its
 // group's place waits as the next spare. See docs/spares.md.
 //
+// # Data
+//
+// NewSampler ties what each rank reads to the job's committed steps: the
+// job's position (the samples its committed steps consumed) is registered
+// state, so it heals with the model; between Step and Commit,
+// Sampler.Plan cuts the step's global batch — the next positions of the
+// epoch's permutation — among the step's participants by FT rank (and
+// among a group's ranks by group rank), and the position moves only when
+// Commit returns true. Across commits, failed steps, shrinks, grows and
+// heals the job's committed steps read every sample of every epoch
+// exactly once. SamplerConfig.Policy (or the job setting
+// ftcomm.batch_policy, at run time) keeps either the per-replica batch
+// (Plan.LRScale says how the global batch moved) or the global batch
+// (survivors take more micro-batches, up to MaxAccum). See docs/data.md.
+//
 // # The end of a run
 //
 // When the training loop is done it calls Finish, then Close: the
@@ -284,7 +299,8 @@
 //     come from another (a signal handler): it cancels a reconfiguring
 //     Step, which returns ErrClosed.
 //   - Treat a *RollbackError from Step as a started step whose registered
-//     state moved to the job's history (rewind the data position).
+//     state moved to the job's history (a Sampler's position moved with
+//     it; rewind any data position of your own).
 //   - At the end of the run call Finish, then Close (it may wait for
 //     replicas behind to heal from this one: do not write the registered
 //     state between the two); a *FinishedError from Step means another
