@@ -1,6 +1,6 @@
 """The quorum-aware sampler through Python (ftcomm.ft.Sampler, the loaders,
-register_stateful): its API and errors on one replica, and a mismatched
-sampler healing from a peer."""
+register_stateful, OptimizerWrapper's learning-rate scaling): its API and
+errors on one replica, and a mismatched sampler healing from a peer."""
 
 import os
 import threading
@@ -276,6 +276,42 @@ def test_stateful_saves_on_commit_and_rewinds_a_failed_step(coord):
         with pytest.raises(ftcomm.InvalidArgumentError, match="after the first Step"):
             ftcomm.ft.register_stateful(c, "late", Counter())
         assert c._after_step == [] and c._after_commit == []
+
+
+@needs_torch
+def test_optimizer_wrapper_scales_the_lr_for_its_step_only(coord):
+    from ftcomm.ft_torch import OptimizerWrapper
+    with solo(coord) as c:
+        # A job of one replica made for two: under "replica" each step reads
+        # half the global batch, lr_scale 0.5.
+        s = ftcomm.ft.Sampler(c, size=100, batch=2, replicas=2)
+        w = torch.nn.Parameter(torch.zeros(1))
+        sgd = torch.optim.SGD([w], lr=1.0)
+        sched = torch.optim.lr_scheduler.StepLR(sgd, step_size=1, gamma=0.5)
+        opt = OptimizerWrapper(c, sgd, sampler=s)
+        assert opt.lr_scaling == "linear"
+        lrs = []
+        for i in range(3):
+            opt.zero_grad()
+            assert opt.plan.lr_scale == 0.5 and opt.plan.samples == 2
+            lr = sgd.param_groups[0]["lr"]
+            lrs.append(lr)
+            before = w.item()
+            w.grad = torch.ones(1)
+            assert opt.step()
+            assert w.item() == pytest.approx(before - lr * 0.5)
+            assert sgd.param_groups[0]["lr"] is lr, "the lr was not put back exactly"
+            sched.step()
+        assert lrs == [1.0, 0.5, 0.25], "the scheduler did not compose"
+        none = OptimizerWrapper(c, sgd, sampler=s, lr_scaling="none")
+        none.zero_grad()
+        before, lr = w.item(), sgd.param_groups[0]["lr"]
+        w.grad = torch.ones(1)
+        assert none.step() and w.item() == pytest.approx(before - lr)
+    with pytest.raises(ftcomm.InvalidArgumentError):
+        OptimizerWrapper(c, sgd, sampler=s, lr_scaling="sqrt")
+    with pytest.raises(ftcomm.InvalidArgumentError):
+        OptimizerWrapper(c, sgd, lr_scaling="linear")
 
 
 @needs_torch
