@@ -1,16 +1,25 @@
 """The quorum-aware sampler through Python (ftcomm.ft.Sampler, the loaders,
 register_stateful, OptimizerWrapper's learning-rate scaling): its API and
-errors on one replica, and a mismatched sampler healing from a peer."""
+errors on one replica, a mismatched sampler healing from a peer, and a job
+of replica processes through a refused step, the batch policy switched at
+run time, a SIGKILL and a restart, whose committed steps read every sample
+of every epoch exactly once."""
 
+import json
 import os
+import queue
+import signal
 import threading
+import time
+import urllib.request
 
 import pytest
 
 import ftcomm
 import ftcomm.coordinator
 import ftcomm.ft
-from conftest import needs_torch
+from conftest import child_env, needs_torch
+from test_ft import Replica
 
 torch = pytest.importorskip("torch")
 
@@ -363,3 +372,195 @@ def test_a_replica_configured_otherwise_gets_a_mismatch(coord):
             stop.set()
             t.join(60)
         assert not errs, errs
+
+
+# ---------------------------------------------------------------- a job of processes
+
+SIZE = 200  # 24 samples a step at full size: an epoch ends inside a step
+
+
+def post_settings(co, job, *changes):
+    """`ftcoord job set` through the coordinator's API."""
+    req = urllib.request.Request(co.url + "/api/v1/jobs/%s/settings" % job, method="POST",
+                                 data=json.dumps({"changes": list(changes), "by": "pytest"}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def drive(reps, out, until, log, cmd=lambda r: "step", timeout=60):
+    """Keep each replica of reps stepping, one step in flight each, until
+    until(replica, msg) holds; every message goes to log."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for r in reps:
+            if not r.pending:
+                r.step(cmd(r))
+        try:
+            r, msg = out.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError("condition not reached in %ss; last: %s; stderr:\n%s" % (
+                timeout, log[-6:], "\n".join(x.group + ": " + x.stderr() for x in reps)))
+        if msg is None:
+            if r in reps:
+                raise AssertionError("%s exited: %s" % (r.group, r.stderr()))
+            continue  # the replica the test killed
+        r.pending = False
+        log.append(msg)
+        if until(r, msg):
+            return
+
+
+def check_history(log, ref, group_size=1):
+    """The job's committed steps: 1, 2, … with none missing, each starting
+    where the one before ended, every replica that committed a step agreeing
+    on it and having read its slot's share as Go's semantics make it; the
+    slots of a step together read its positions; so each finished epoch is
+    read exactly once and the one in progress with no sample twice.
+    Returns the steps' shapes and the history's end."""
+    steps = {}
+    for m in log:
+        if not m["committed"]:
+            continue
+        p = m["plan"]
+        assert p is not None and p["step"] == m["step"], m
+        shape = (p["position"], p["samples"], p["participants"], p["target"], p["policy"])
+        got = steps.setdefault(p["step"], {"shape": shape, "slots": {}})
+        assert got["shape"] == shape, "step %d committed as %s and %s" % (p["step"], got["shape"], shape)
+        want, samples = ref.slot(p["position"], p["participants"], p["target"], p["policy"], m["rank"], group_size)
+        assert p["micro"] == want, "step %d slot %d read %s, its share is %s" % (p["step"], m["rank"], p["micro"], want)
+        assert samples == p["samples"]
+        assert sum(p["weights"]) == pytest.approx(sum(len(x) for x in want) * p["participants"] / samples)
+        got["slots"][m["rank"]] = [i for x in p["micro"] for i in x]
+    pos, seen = 0, {}
+    for s in range(1, max(steps) + 1):
+        assert s in steps, "no replica committed step %d" % s
+        position, samples, participants, target, policy = steps[s]["shape"]
+        assert position == pos, "step %d starts at %d, the one before ended at %d" % (s, position, pos)
+        read = []
+        for slot in range(participants * group_size):
+            ids = [i for x in ref.slot(position, participants, target, policy, slot, group_size)[0] for i in x]
+            assert steps[s]["slots"].get(slot, ids) == ids
+            read += ids
+        assert read == [ref.index(position + i) for i in range(samples)]
+        for i, x in enumerate(read):
+            key = ((position + i) // ref.size, x)
+            seen[key] = seen.get(key, 0) + 1
+        pos += samples
+    assert all(n == 1 for n in seen.values()), [k for k, n in seen.items() if n > 1]
+    for e in range(pos // ref.size):
+        assert sorted(x for (ep, x) in seen if ep == e) == list(range(ref.size)), "epoch %d not read whole" % e
+    return steps, pos
+
+
+@needs_torch
+def test_job_reads_each_sample_once_through_a_kill_a_failure_and_a_policy_switch():
+    with ftcomm.coordinator.serve(log_level="off") as co:
+        job = "pytest-data-%d" % os.getpid()
+        env = child_env(FTCOMM_CREDENTIALS=co.credentials, FTCOMM_SECRET="pytest-secret", FTCOMM_TEST_JOB=job,
+                        FTCOMM_TEST_SIZE=str(SIZE))
+        out, log = queue.Queue(), []
+        reps = [Replica("r%d" % i, env, out, script="data_replica.py") for i in range(3)]
+        r0, r1, r2 = reps
+        t_start = time.monotonic()
+        try:
+            def full(n):
+                counts = {}
+
+                def until(r, m):
+                    if m["committed"] and m["participants"] == 3:
+                        counts[r.group] = counts.get(r.group, 0) + 1
+                    return len(counts) == 3 and min(counts.values()) >= n
+                return until
+
+            drive(reps, out, full(3), log)
+
+            # A step refused by r0: it fails everywhere and gives its samples back.
+            fail = {"sent": False}
+
+            def cmd(r):
+                if r is r0 and not fail["sent"]:
+                    fail["sent"] = True
+                    return "step fail"
+                return "step"
+
+            drive(reps, out, lambda r, m: m.get("refused"), log, cmd=cmd)
+            failed = log[-1]["plan"]
+            drive(reps, out, lambda r, m: r is r0 and m["committed"], log)
+            redo = log[-1]["plan"]
+            assert (redo["step"], redo["position"]) == (failed["step"], failed["position"])
+
+            # KeepGlobalBatch from the job setting, at run time.
+            posted = queue.Queue()
+            threading.Thread(target=lambda: posted.put(post_settings(co, job, "ftcomm.batch_policy=global")),
+                             daemon=True).start()
+            drive(reps, out, lambda r, m: m["committed"] and m["plan"]["policy"] == "global"
+                  and m["participants"] == 3, log)
+            assert posted.get(timeout=30)["settings"]["version"] >= 1
+            drive(reps, out, full(2), log)
+
+            # r2 SIGKILLed while stepping; r0 and r1 go on with the global batch.
+            r2.p.send_signal(signal.SIGKILL)
+            r2.p.wait()
+            drive([r0, r1], out, lambda r, m: r is r1 and m["committed"] and m["participants"] == 2, log)
+            two = log[-1]["plan"]
+            assert (two["policy"], two["samples"], len(two["micro"]), two["lr_scale"]) == ("global", 24, 3, 1.0), two
+            drive([r0, r1], out, lambda r, m: r is r0 and m["committed"] and m["participants"] == 2, log)
+
+            # r2 restarted (r0 and r1 stepping while it starts, as a
+            # launcher's restart would find them): it heals the position
+            # and the stateful object.
+            started = queue.Queue()
+
+            def start():
+                try:
+                    started.put(Replica("r2", env, out, script="data_replica.py"))
+                except BaseException as e:  # noqa: B902 - raised below
+                    started.put(e)
+
+            threading.Thread(target=start, daemon=True).start()
+            drive([r0, r1], out, lambda r, m: not started.empty(), log)
+            r2 = started.get()
+            if isinstance(r2, BaseException):
+                raise r2
+            reps[2] = r2
+            r2.msgs = []
+
+            def healed(r, m):
+                if r is r2:
+                    r2.msgs.append(m)
+                return r is r2 and m["committed"] and m["participants"] == 3
+
+            drive(reps, out, healed, log)
+            first = r2.msgs[0]
+            assert "healed" in first["events"], first
+            assert first["loads"] >= 1, "the stateful object was not loaded after the heal"
+            back = log[-1]
+
+            def peers_of_back():
+                return [m for m in log if m["group"] != "r2" and m["committed"] and m["step"] == back["step"]]
+
+            if len(peers_of_back()) < 2:  # their answers of the step may come after r2's
+                drive(reps, out, lambda r, m: len(peers_of_back()) == 2, log)
+            peers = peers_of_back()
+            assert all(m["progress"] == back["progress"] and m["state"] == back["state"] for m in peers), (
+                back, peers)
+            assert back["progress"]["steps"] == back["step"] and back["progress"]["position"] == back["position"]
+
+            # On until two epochs are read, with r2 back.
+            drive(reps, out, lambda r, m: m["committed"] and m["position"] >= 2 * SIZE + 10, log)
+        finally:
+            for r in reps:
+                r.stop()
+        took = time.monotonic() - t_start
+        steps, end = check_history(log, Reference(SIZE, 4, 2, seed=7))
+        # Every replica's committed steps agree with the job's, and its
+        # stateful object followed the job's steps.
+        for m in log:
+            if m["committed"]:
+                assert m["progress"]["steps"] == m["step"] and m["progress"]["position"] == m["position"], m
+                assert m["position"] == m["plan"]["position"] + m["plan"]["samples"]
+        kinds = {(s["shape"][2], s["shape"][4]) for s in steps.values()}
+        assert (3, "replica") in kinds and (3, "global") in kinds and (2, "global") in kinds, kinds
+        print("%d committed steps, %d samples (%.1f epochs) read exactly once, participants/policy %s; %.1f s" % (
+            len(steps), end, end / SIZE, sorted(kinds), took))
