@@ -52,6 +52,22 @@
 // comm they are called on and return a new handle; the old handle must
 // still be freed.
 //
+// # The sampler
+//
+// ftcomm_ft_sampler_new makes an ft handle's quorum-aware sampler
+// (ft.NewSampler; settings as JSON) and returns a sampler handle, freed
+// with ftcomm_sampler_free; it registers the sampler's position as state,
+// so it comes before the first step, like ftcomm_ft_register. Between a
+// step and its commit, ftcomm_sampler_plan copies this rank's plan: its
+// meta as JSON and its indices into the caller's int64 array;
+// ftcomm_sampler_position reads the position and epoch. Step, commit and
+// sampler_new are the training loop's, one at a time (a second while one
+// runs gets FTCOMM_ERR_INVALID_ARGUMENT); the sampler's getters read what
+// the last of them left and may be called from any thread. Outside a step
+// the plan is FTCOMM_ERR_NO_STEP; a sampler whose healed state came from
+// a sampler configured otherwise gets FTCOMM_ERR_INVALID_ARGUMENT with the
+// kind "sampler_mismatch" as well.
+//
 // # Tensor memory: the rule
 //
 // The memory of a tensor passed to an op is the caller's, and the library

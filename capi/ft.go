@@ -69,6 +69,33 @@ type ftObj struct {
 	mu      sync.Mutex
 	events  []ftEvent
 	dropped int64
+
+	// loop is held by the training loop's calls that change what the
+	// samplers report (step, commit, sampler_new): one at a time, as
+	// ft.Comm wants them, and a sampler's Go object is read by nobody else.
+	loop     sync.Mutex
+	smu      sync.Mutex
+	samplers []*samplerObj // ftcomm_ft_sampler_new's, until freed
+}
+
+// lockLoop takes the loop lock, or says that another call of the training
+// loop is in progress (ft.Comm's Step and Commit refuse the same).
+func (f *ftObj) lockLoop() error {
+	if !f.loop.TryLock() {
+		return fmt.Errorf("%w: ft: a step, commit or sampler call is in progress on another thread (call them from one thread)", comm.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// refreshSamplers copies each sampler's plan and position for its getters,
+// at the end of a step or commit (under the loop lock).
+func (f *ftObj) refreshSamplers() {
+	f.smu.Lock()
+	ss := append([]*samplerObj(nil), f.samplers...)
+	f.smu.Unlock()
+	for _, s := range ss {
+		s.refresh()
+	}
 }
 
 // ftEvent is an ft.Event as ftcomm_ft_events reports it.
@@ -220,6 +247,11 @@ func ftcomm_ft_step(h C.uint64_t, timeoutNs C.int64_t) C.int32_t {
 		if err != nil {
 			return err
 		}
+		if err := f.lockLoop(); err != nil {
+			return err
+		}
+		defer f.loop.Unlock()
+		defer f.refreshSamplers()
 		return f.call(timeoutNs, f.c.Step)
 	})
 }
@@ -233,6 +265,11 @@ func ftcomm_ft_commit(h C.uint64_t, timeoutNs C.int64_t, ok *C.int32_t) C.int32_
 		if err != nil {
 			return err
 		}
+		if err := f.lockLoop(); err != nil {
+			return err
+		}
+		defer f.loop.Unlock()
+		defer f.refreshSamplers()
 		return f.call(timeoutNs, func(ctx context.Context) error {
 			c, err := f.c.Commit(ctx)
 			*ok = 0
@@ -434,6 +471,12 @@ func ftcomm_ft_free(h C.uint64_t) C.int32_t {
 		}
 		f.can.release()
 		err = f.c.Close()
+		f.smu.Lock()
+		for _, s := range f.samplers {
+			s.close()
+		}
+		f.samplers = nil
+		f.smu.Unlock()
 		f.log.Sync()
 		return err
 	})

@@ -28,7 +28,8 @@ enum {
 	FTCOMM_ERR_INTERNAL = -17,
 	FTCOMM_ERR_OTHER = -18,
 	FTCOMM_ERR_FINISHED = -19,
-	FTCOMM_ERR_PEER_REFUSED = -20
+	FTCOMM_ERR_PEER_REFUSED = -20,
+	FTCOMM_ERR_NO_STEP = -21
 };
 
 // Ops of ftcomm_comm_op and ftcomm_ft_op.
@@ -82,7 +83,7 @@ import (
 
 // ABIVersion is what ftcomm_abi_version returns; it changes whenever an
 // entry point's signature or meaning does.
-const ABIVersion = 4 // 3: FTCOMM_ERR_PEER_REFUSED, "refused" in the error JSON, ftcomm_comm_refuse, ftcomm_ft_refuse; 4: ft settings "spare" and "host", the "promoted" event
+const ABIVersion = 5 // 3: FTCOMM_ERR_PEER_REFUSED, "refused" in the error JSON, ftcomm_comm_refuse, ftcomm_ft_refuse; 4: ft settings "spare" and "host", the "promoted" event; 5: the sampler (ftcomm_ft_sampler_new, ftcomm_sampler_*), FTCOMM_ERR_NO_STEP, the kind "sampler_mismatch"
 
 // Statuses. The order of kinds below is their priority: a call's status
 // is the first kind its error matches; the JSON lists all of them.
@@ -110,6 +111,7 @@ const (
 	errOther            = -18
 	errFinished         = -19
 	errPeerRefused      = -20
+	errNoStep           = -21
 )
 
 // Sentinels of the ABI itself.
@@ -165,6 +167,13 @@ func is(target error) func(error) bool { return func(err error) bool { return er
 var kinds = []kind{
 	{errBadHandle, "bad_handle", is(ErrBadHandle)},
 	{errInvalidArgument, "invalid_argument", is(comm.ErrInvalidArgument)},
+	// A refinement of invalid_argument (which comes first, so it is never
+	// a status of its own): the sampler's state came from another config.
+	{errInvalidArgument, "sampler_mismatch", func(err error) bool {
+		var m *ft.SamplerMismatchError
+		return errors.As(err, &m)
+	}},
+	{errNoStep, "no_step", is(ft.ErrNoStep)},
 	{errPeerRefused, "peer_refused", is(comm.ErrPeerRefused)},
 	{errInterrupted, "interrupted", is(ErrInterrupted)},
 	{errRolledBack, "rolled_back", is(ft.ErrRolledBack)},

@@ -57,6 +57,70 @@ def batch(data: torch.Tensor, gen: torch.Generator, batch: int, block: int, devi
     return x.to(device), y.to(device)
 
 
+# ---- the data, read through ftcomm's quorum-aware sampler ----
+
+def sequences(data: torch.Tensor, block: int) -> int:
+    """The samples of the training text: its windows of block bytes (and
+    the byte after each, the last target), one after another."""
+    return (len(data) - 1) // block
+
+
+def sample_batch(data: torch.Tensor, indices: Sequence[int], block: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The sequences of a micro-batch (a plan's indices): inputs and targets."""
+    x = torch.stack([data[i * block:(i + 1) * block] for i in indices])
+    y = torch.stack([data[i * block + 1:(i + 1) * block + 1] for i in indices])
+    return x.to(device), y.to(device)
+
+
+class Coverage:
+    """What a job's committed steps read, as its replicas report it: each
+    its slot of every step it committed (rank × group size + group rank,
+    its indices, and the step's position and samples). The steps must
+    follow one another from position 0, and no sample of an epoch may be
+    read twice."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.steps: Dict[int, dict] = {}
+
+    def add(self, step: int, position: int, samples: int, slot: int, indices: Sequence[int]) -> None:
+        st = self.steps.setdefault(step, {"position": position, "samples": samples, "slots": {}})
+        if (st["position"], st["samples"]) != (position, samples):
+            st["disagree"] = True
+        st["slots"][slot] = list(indices)
+
+    def summary(self) -> dict:
+        """end (the position after the last step), epoch and in_epoch,
+        steps, whole (steps every slot of which was reported), contiguous
+        (no step missing, each starting where the one before ended),
+        twice (samples read twice in an epoch: 0 for exactly once)."""
+        pos, seen, twice, whole, contiguous = 0, set(), 0, 0, True
+        for s in range(1, max(self.steps, default=0) + 1):
+            st = self.steps.get(s)
+            if st is None or st["position"] != pos or st.get("disagree"):
+                contiguous = False
+                if st is None:
+                    continue
+            read = [i for _, ids in sorted(st["slots"].items()) for i in ids]
+            if len(read) == st["samples"]:  # every slot reported: the positions are known
+                whole += 1
+                for k, x in enumerate(read):
+                    key = ((st["position"] + k) // self.size, x)
+                    twice += key in seen
+                    seen.add(key)
+            pos = st["position"] + st["samples"]
+        return {"end": pos, "epoch": pos // self.size, "in_epoch": pos % self.size, "size": self.size,
+                "steps": len(self.steps), "whole": whole, "contiguous": contiguous, "twice": twice}
+
+    @staticmethod
+    def line(c: dict) -> str:
+        once = "each exactly once" if c["twice"] == 0 and c["contiguous"] else "NOT exactly once (%d read twice%s)" % (
+            c["twice"], "" if c["contiguous"] else ", steps missing or out of order")
+        return "samples of the epoch covered by committed steps: %d of %d (epoch %d; %d in all), %s (%d of %d steps " \
+               "with every slot reported)" % (c["in_epoch"], c["size"], c["epoch"], c["end"], once, c["whole"],
+                                              c["steps"])
+
+
 # ---- the model ----
 
 class Block(nn.Module):

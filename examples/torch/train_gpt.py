@@ -5,15 +5,22 @@ ftcomm.ft.Comm, with one replica SIGKILLed midway. A spare (--spares, default
 its first step) is promoted in its place, heals from its peers, and the job
 is back at full size; the killed replica, restarted by the launcher as a
 plain replica, waits as the next spare. With --spares 0 the restarted
-replica heals and rejoins instead. One command runs the job twice, without
-and with the failure, and plots both losses:
+replica heals and rejoins instead. The data follows the quorum
+(ftcomm.ft.Sampler): each committed step reads the next sequences of the
+epoch's permutation of the text, so the committed steps read each one once;
+--batch-policy says what a step of fewer replicas does: "replica" keeps each
+replica's batch (the learning rate scaled by the global batch, the linear
+rule), "global" keeps the global batch (the survivors take more
+micro-batches). One command runs the job twice, without and with the
+failure, and plots both losses:
 
     python3 examples/torch/train_gpt.py                 # CPU, 2 replicas (gloo) + 1 spare
     python3 examples/torch/train_gpt.py --device cuda   # one replica per GPU (nccl); the spare on the last one's GPU
 
 Writes torch-report/loss.svg, capacity.svg (replicas per step, both runs)
-and summary.txt (besides the losses: the survivors' first commit, capacity
-back — kill → the first step committed at full size again — and the
+and summary.txt (besides the losses: the samples of the epoch the committed
+steps covered, checked to be each read once, the survivors' first commit,
+capacity back — kill → the first step committed at full size again — and the
 GPU-seconds the kill cost).
 """
 
@@ -56,6 +63,10 @@ def replica(args) -> None:
     c.register("adam.m", opt.m)
     c.register("adam.v", opt.v)
     c.register("adam.t", opt.t)
+    # The data follows the quorum: each step reads the next samples of the
+    # epoch's permutation, its position healed with the model.
+    sampler = ftcomm.ft.Sampler(c, size=common.sequences(train, args.block), batch=args.batch, seed=args.seed,
+                                policy=args.batch_policy, replicas=args.replicas)
     common.emit(ready=True, params=flat.n)
     sys.stdin.readline()  # the launcher's go: every replica is registered
     ended = False
@@ -69,18 +80,31 @@ def replica(args) -> None:
             ended = True
             break  # another replica ended the run: no one steps again
         s = c.committed_step
-        g = torch.Generator().manual_seed(args.seed * 1_000_003 + s * 1009 + args.replica)
-        x, y = common.batch(train, g, args.batch, args.block, device)
+        try:
+            plan = sampler.plan()
+        except ftcomm.NotParticipatingError:
+            plan = None  # sitting out: the commit fails
         flat.grads.zero_()
-        loss = model(x, y)
-        loss.backward()
+        loss_sum, n = 0.0, 0
+        for m in plan.micro if plan else ():
+            if not m.indices:
+                continue
+            x, y = common.sample_batch(train, m.indices, args.block, device)
+            loss = model(x, y)
+            (loss * m.weight).backward()  # the step's gradient: the mean over its samples
+            loss_sum, n = loss_sum + loss.item() * len(m.indices), n + len(m.indices)
         c.all_reduce(flat.grads, ReduceOp.AVG)
         ok = c.commit()
         if ok:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step(flat.params, flat.grads, common.lr_at(s, args.steps, args.lr))
-        out = dict(step=c.committed_step, committed=ok, loss=loss.item(), participants=c.participants,
-                   epoch=c.epoch, rank=c.rank, t=time.time(), dt=time.monotonic() - t0)
+            # OptimizerWrapper's lr_scaling="linear" for this flat AdamW:
+            # the learning rate follows the step's global batch.
+            opt.step(flat.params, flat.grads, common.lr_at(s, args.steps, args.lr) * (plan.lr_scale if plan else 1.0))
+        out = dict(step=c.committed_step, committed=ok, loss=loss_sum / n if n else float("nan"),
+                   participants=c.participants, epoch=c.epoch, rank=c.rank, t=time.time(), dt=time.monotonic() - t0)
+        if plan is not None:
+            out["plan"] = dict(position=plan.position, samples=plan.samples, slot=c.rank, ix=plan.indices,
+                               policy=plan.policy, lr_scale=plan.lr_scale)
         evs = [{"kind": e.kind, "text": e.text, "bytes": e.bytes, "took": e.took_s} for e in c.events()]
         if evs:
             out["events"] = evs
@@ -127,7 +151,9 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
     victim = "r%d" % (args.replicas - 1)
     kill_step = int(args.steps * args.kill_at)
     res = {"loss": {}, "val": {}, "events": [], "kill_step": None, "restart_step": None, "r0": [], "recs": [],
-           "promoted": None, "spares": len(names) - args.replicas}
+           "promoted": None, "spares": len(names) - args.replicas, "policies": {}}
+    train, _ = common.load_corpus(args.corpus, args.corpus_bytes)
+    cover = common.Coverage(common.sequences(train, args.block))
     killed_at = restarted = None
     killed = set()  # Proc objects the launcher killed: their end is no one's done
     done, finished = set(), set()
@@ -169,6 +195,11 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
                     continue
                 res["recs"].append({"who": n, "step": m["step"], "committed": m["committed"],
                                     "participants": m["participants"], "t": m["t"]})
+                if m["committed"] and "plan" in m:
+                    pl = m["plan"]
+                    cover.add(m["step"], pl["position"], pl["samples"], pl["slot"], pl["ix"])
+                    k = "%s/%d" % (pl["policy"], m["participants"])
+                    res["policies"][k] = res["policies"].get(k, 0) + (m.get("rank") == 0)
                 for e in m.get("events", []):
                     res["events"].append(dict(e, replica=n, step=m["step"], t=m["t"] - t_start))
                     if e["kind"] == "promoted" and res["promoted"] is None:
@@ -207,6 +238,7 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
         p.close()
     res["seconds"] = time.time() - t_start
     res["final_val"] = res["val"].get(args.steps)
+    res["coverage"] = cover.summary()
     if killed_at is not None:
         res["capacity"] = common.capacity(res["recs"], killed_at, args.replicas,
                                           ["r%d" % i for i in range(args.replicas - 1)], 1)
@@ -245,10 +277,13 @@ def report(args, runs: dict, out_dir: str) -> None:
     common.svg_plot(os.path.join(out_dir, "capacity.svg"), cap, vlines,
                     title="Capacity: replicas per committed step, %d replicas + %d spare(s)" % (args.replicas, args.spares),
                     xlabel="committed step", ylabel="replicas")
-    lines = ["train_gpt: %d replicas + %d spare(s) on %s, %d steps, batch %d × %d bytes per replica" % (
-        args.replicas, args.spares, args.device, args.steps, args.batch, args.block)]
+    lines = ["train_gpt: %d replicas + %d spare(s) on %s, %d steps, batch %d × %d bytes per replica, batch policy %s" % (
+        args.replicas, args.spares, args.device, args.steps, args.batch, args.block, args.batch_policy)]
     for name, r in runs.items():
         lines.append("%-34s final validation loss %.4f  (%.1f s)" % (name, r["final_val"] or float("nan"), r["seconds"]))
+        lines.append("%-34s %s" % ("", common.Coverage.line(r["coverage"])))
+        lines.append("%-34s steps by batch policy/replicas: %s" % ("", ", ".join(
+            "%s %d" % kv for kv in sorted(r["policies"].items()))))
     if f and "no failure" in runs and runs["no failure"]["final_val"] and f["final_val"]:
         a, b = runs["no failure"]["final_val"], f["final_val"]
         lines.append("difference: %+.2f %% (target: within 2 %%)" % (100 * (b - a) / a))
@@ -302,6 +337,9 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=None, help="bytes per sequence (64 CPU, 128 CUDA)")
     ap.add_argument("--layers", type=int, default=None, help="2 CPU, 4 CUDA")
     ap.add_argument("--d", type=int, default=None, help="model width (64 CPU, 256 CUDA)")
+    ap.add_argument("--batch-policy", choices=["replica", "global"], default="replica",
+                    help="with fewer replicas: keep each replica's batch (the lr scaled by the global batch) or the "
+                         "global batch (the survivors take more micro-batches)")
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=1)

@@ -3,9 +3,12 @@
 text: replica groups of G ranks, FSDP2 (``fully_shard``) within each group
 over the group's own ftcomm communicator (ftcomm.device_mesh), the
 replicate dimension across groups through ftcomm.ft.Comm (FSDP2's all-reduce
-hook, ftcomm.ft_torch.apply_hsdp), an OptimizerWrapper that steps only on
-committed steps, and register_state for the sharded parameters and AdamW's
-state. A spare group (--spares, default 1; 0: none) starts with the job:
+hook, ftcomm.ft_torch.apply_hsdp), the data read through the quorum-aware
+sampler (ftcomm.ft.Sampler: each committed step reads the next sequences of
+the epoch's permutation; --batch-policy replica or global), an
+OptimizerWrapper that steps only on committed steps with the learning rate
+scaled by the step's global batch, and register_state for the sharded
+parameters and AdamW's state. A spare group (--spares, default 1; 0: none) starts with the job:
 G processes that build their model, FSDP2 and optimizer and wait in their
 first step. One rank of the last group is SIGKILLed after 40 % of the
 steps; the launcher ends the rest of that group and restarts it whole as a
@@ -22,7 +25,8 @@ The CPU mode runs on torch 1.13 (no FSDP2 there): each replica is one
 process, its model in torch's DistributedDataParallel with the gradient
 buckets averaged by ft.Comm (ftcomm.ft_torch.ft_ddp). Writes
 hsdp-report/loss.svg (kill and promotion marked), capacity.svg (groups per
-step, both runs) and summary.txt: the surviving groups' first commit,
+step, both runs) and summary.txt: the samples of the epoch the committed
+steps covered (checked to be each read once), the surviving groups' first commit,
 capacity back (kill → the first step committed at full size again) and the
 GPU-seconds the kill cost.
 """
@@ -76,7 +80,14 @@ def rank_main(args) -> None:
         net = model
     else:
         net = ft_ddp(model, c)
-    opt = OptimizerWrapper(c, torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01))
+    # The data follows the quorum (ftcomm.ft.Sampler): each step reads the
+    # next sequences of the epoch's permutation, cut among the step's groups
+    # and a group's ranks; the wrapper scales the learning rate by the
+    # step's global batch (lr_scaling "linear").
+    sampler = ftcomm.ft.Sampler(c, size=common.sequences(train, args.block), batch=args.batch, seed=args.seed,
+                                policy=args.batch_policy, replicas=args.groups)
+    opt = OptimizerWrapper(c, torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01),
+                           sampler=sampler)
     names = register_state(c, model, opt)
     nbytes = sum(t.numel() * t.element_size() for t in _registered(model, opt))
     common.emit(ready=True, registered=len(names), bytes=nbytes)
@@ -91,13 +102,22 @@ def rank_main(args) -> None:
         lr = common.lr_at(s, args.steps, args.lr)
         for pg in opt.param_groups:
             pg["lr"] = lr
-        gen = torch.Generator().manual_seed(args.seed * 1_000_003 + s * 1009 + g * 31 + i)
-        x, y = common.batch(train, gen, args.batch, args.block, device)
-        loss = net(x, y)
-        loss.backward()
-        ok = opt.step()  # commit; AdamW only if the step counts
-        out = dict(step=c.committed_step, committed=ok, loss=loss.item(), participants=c.participants,
-                   epoch=c.epoch, rank=c.rank, t=time.time(), dt=time.monotonic() - t0)
+        plan = opt.plan  # None while this group sits out: the commit fails
+        loss_sum, n = 0.0, 0
+        for m in plan.micro if plan else ():
+            if not m.indices:
+                continue
+            x, y = common.sample_batch(train, m.indices, args.block, device)
+            loss = net(x, y)
+            (loss * m.weight).backward()  # each backward's all-reduce is linear: the step's mean gradient
+            loss_sum, n = loss_sum + loss.item() * len(m.indices), n + len(m.indices)
+        rank = c.rank
+        ok = opt.step()  # commit; AdamW (lr × plan.lr_scale) only if the step counts
+        out = dict(step=c.committed_step, committed=ok, loss=loss_sum / n if n else float("nan"),
+                   participants=c.participants, epoch=c.epoch, rank=c.rank, t=time.time(), dt=time.monotonic() - t0)
+        if plan is not None:
+            out["plan"] = dict(position=plan.position, samples=plan.samples, slot=rank * G + i, ix=plan.indices,
+                               policy=plan.policy, lr_scale=plan.lr_scale)
         evs = [{"kind": e.kind, "text": e.text, "bytes": e.bytes, "took": e.took_s} for e in c.events()]
         if evs:
             out["events"] = evs
@@ -198,7 +218,9 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
     victim_group, victim_rank = args.groups - 1, args.group_size - 1
     kill_step = int(args.steps * args.kill_at)
     res = {"loss": {}, "val": {}, "events": [], "kill_step": None, "restart_step": None, "r0": [], "recs": [],
-           "promoted": None, "spares": spares, "state_bytes": j.ready_bytes}
+           "promoted": None, "spares": spares, "state_bytes": j.ready_bytes, "policies": {}}
+    train, _ = common.load_corpus(args.corpus, args.corpus_bytes)
+    cover = common.Coverage(common.sequences(train, args.block))
     killed_at = restarted = None
     killed = set()  # Proc objects the launcher killed: their end is no one's done
     done, finished = set(), set()
@@ -233,6 +255,12 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
                     continue
                 res["recs"].append({"who": j.label(k), "step": m["step"], "committed": m["committed"],
                                     "participants": m["participants"], "t": m["t"]})
+                if m["committed"] and "plan" in m:
+                    pl = m["plan"]
+                    cover.add(m["step"], pl["position"], pl["samples"], pl["slot"], pl["ix"])
+                    if pl["slot"] == 0:
+                        key = "%s/%d" % (pl["policy"], m["participants"])
+                        res["policies"][key] = res["policies"].get(key, 0) + 1
                 for e in m.get("events", []):
                     res["events"].append(dict(e, rank=j.label(k), step=m["step"], t=m["t"] - t_start))
                     if e["kind"] == "promoted" and res["promoted"] is None:
@@ -276,6 +304,7 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
     j.close()
     res["seconds"] = time.time() - t_start
     res["final_val"] = res["val"].get(args.steps)
+    res["coverage"] = cover.summary()
     if killed_at is not None:
         survivors = ["g%d.%d" % (g, i) for g in range(args.groups - 1) for i in range(args.group_size)]
         res["capacity"] = common.capacity(res["recs"], killed_at, args.groups, survivors, args.group_size)
@@ -318,10 +347,14 @@ def report(args, runs: dict, out_dir: str) -> None:
                     title="Capacity: replica groups per committed step, %d groups + %d spare group(s)" % (
                         args.groups, args.spares),
                     xlabel="committed step", ylabel="replica groups")
-    lines = ["train_hsdp: %s, %d groups x %d ranks + %d spare group(s) on %s, %d steps, batch %d x %d bytes per rank" % (
-        what, args.groups, args.group_size, args.spares, args.device, args.steps, args.batch, args.block)]
+    lines = ["train_hsdp: %s, %d groups x %d ranks + %d spare group(s) on %s, %d steps, batch %d x %d bytes per rank, "
+             "batch policy %s" % (what, args.groups, args.group_size, args.spares, args.device, args.steps, args.batch,
+                                  args.block, args.batch_policy)]
     for name, r in runs.items():
         lines.append("%-38s final validation loss %.4f  (%.1f s)" % (name, r["final_val"] or float("nan"), r["seconds"]))
+        lines.append("%-38s %s" % ("", common.Coverage.line(r["coverage"])))
+        lines.append("%-38s steps by batch policy/groups: %s" % ("", ", ".join(
+            "%s %d" % kv for kv in sorted(r["policies"].items()))))
     if f and "no failure" in runs and runs["no failure"]["final_val"] and f["final_val"]:
         a, b = runs["no failure"]["final_val"], f["final_val"]
         lines.append("difference: %+.2f %% (target: within 2 %%)" % (100 * (b - a) / a))
@@ -382,6 +415,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="2 CPU, 8 CUDA")
     ap.add_argument("--d", type=int, default=None, help="model width (64 CPU, 512 CUDA)")
     ap.add_argument("--heads", type=int, default=None, help="4 CPU, 8 CUDA")
+    ap.add_argument("--batch-policy", choices=["replica", "global"], default="replica",
+                    help="with fewer groups: keep each rank's batch (the lr scaled by the global batch) or the global "
+                         "batch (the survivors take more micro-batches)")
     ap.add_argument("--lr", type=float, default=None, help="3e-3 CPU, 1e-3 CUDA")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)

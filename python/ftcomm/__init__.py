@@ -46,12 +46,14 @@ from .errors import (
     InvalidTypeError,
     MembershipLostError,
     MismatchError,
+    NoStepError,
     NotParticipatingError,
     PeerFailedError,
     PeerRefusedError,
     RevokedError,
     RolledBackError,
     FinishedError,
+    SamplerMismatchError,
     TooManyCommitFailuresError,
 )
 from .store import Store
@@ -96,5 +98,6 @@ __all__ = [
     "errors", "FtcommError", "InvalidArgumentError", "InvalidTypeError", "CommTimeoutError", "RevokedError",
     "PeerFailedError", "PeerRefusedError", "MismatchError", "AbortedError", "ClosedError", "BackendUnavailableError",
     "RolledBackError", "FinishedError", "GroupDivergedError", "NotParticipatingError", "TooManyCommitFailuresError",
-    "MembershipLostError", "BadHandleError", "InternalError", "InterruptedOpError", "ForkError",
+    "NoStepError", "SamplerMismatchError", "MembershipLostError", "BadHandleError", "InternalError",
+    "InterruptedOpError", "ForkError",
 ]

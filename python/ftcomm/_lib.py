@@ -16,7 +16,7 @@ from typing import Optional
 
 from . import errors
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 # Statuses (libftcomm.h).
 OK = 0
@@ -97,6 +97,10 @@ _SIGNATURES = {
     "ftcomm_ft_info": ([_u64, _pu64, _pi64, _pi64, _pi64], _i32),
     "ftcomm_ft_events": ([_u64] + _buf, _i32),
     "ftcomm_ft_free": ([_u64], _i32),
+    "ftcomm_ft_sampler_new": ([_u64, _cp, _pu64], _i32),
+    "ftcomm_sampler_plan": ([_u64, _vp, _i64, _pi64, _vp, _i64, _pi64], _i32),
+    "ftcomm_sampler_position": ([_u64, _pi64, _pi64], _i32),
+    "ftcomm_sampler_free": ([_u64], _i32),
     "ftcomm_coordinator_start": ([_cp, _pu64], _i32),
     "ftcomm_coordinator_info": ([_u64] + _buf, _i32),
     "ftcomm_coordinator_free": ([_u64], _i32),

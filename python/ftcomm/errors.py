@@ -108,6 +108,19 @@ class NotParticipatingError(FtcommError):
     """This replica is not in the current epoch (ft.ErrNotParticipating)."""
 
 
+class NoStepError(FtcommError):
+    """A sampler's plan was asked for outside a step: before step(), after
+    commit(), or after a step() that failed (ft.ErrNoStep)."""
+
+
+class SamplerMismatchError(InvalidArgumentError):
+    """The sampler's state healed from the job's replicas was made by a
+    sampler configured otherwise (size, seed, sequential, batch, accum,
+    policy, max_accum or replicas differ: ft.SamplerMismatchError); its
+    plans would read other samples than its peers'. Configure every replica
+    alike."""
+
+
 class TooManyCommitFailuresError(FtcommError):
     """Too many commits in a row failed (ft.ErrTooManyCommitFailures)."""
 
@@ -147,6 +160,8 @@ _BY_KIND: Dict[str, Type[FtcommError]] = {
     "timeout": CommTimeoutError,
     "closed": ClosedError,
     "not_participating": NotParticipatingError,
+    "no_step": NoStepError,
+    "sampler_mismatch": SamplerMismatchError,
     "too_many_commit_failures": TooManyCommitFailuresError,
     "membership_lost": MembershipLostError,
     "backend_unavailable": BackendUnavailableError,
@@ -163,9 +178,11 @@ def _class_for(kinds: List[str]) -> Type[FtcommError]:
         c = _BY_KIND.get(k)
         if c is not None and c not in bases:
             bases.append(c)
-    # An abort that comes with a more telling kind says nothing more.
+    # An abort that comes with a more telling kind says nothing more, nor
+    # does a kind that another refines (invalid_argument, sampler_mismatch).
     if len(bases) > 1 and AbortedError in bases:
         bases.remove(AbortedError)
+    bases = [b for b in bases if not any(o is not b and issubclass(o, b) for o in bases)]
     if not bases:
         return FtcommError
     if len(bases) == 1:

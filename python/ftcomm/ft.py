@@ -33,7 +33,19 @@ from .errors import FtcommError, InvalidArgumentError, RolledBackError
 from .reduce_op import ReduceOp, as_reduce_op
 from .work import InFlight, Work
 
-__all__ = ["Comm", "Event", "Settings", "Work"]
+__all__ = ["Comm", "Event", "Settings", "Work", "Sampler", "Plan", "MicroBatch", "BatchSampler", "StepLoader",
+           "register_stateful", "StatefulState", "StateCapacityError"]
+
+_DATA = frozenset(__all__[4:])
+
+
+def __getattr__(name: str):
+    # The data API (ftcomm.data) is imported on first use: it imports torch
+    # when there is one, which ``import ftcomm`` does not.
+    if name in _DATA:
+        from . import data
+        return getattr(data, name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +198,14 @@ class Comm:
         self._keep: List[Any] = []
         self._inflight = InFlight()
         self._on_event = on_event
+        # What register_stateful hooks in: called after a step() that
+        # started the step (healed, rolled back or not) and after a
+        # commit() with its outcome.
+        self._after_step: List[Callable[[], None]] = []
+        self._after_commit: List[Callable[[bool], None]] = []
+        # Counts the calls that change what a sampler reports (step,
+        # commit, close): a Sampler's plan is cached for one value.
+        self._gen = 0
         backend = {"cuda": "nccl"}.get(backend, backend)
         secret = secret if secret is not None else os.environ.get("FTCOMM_SECRET", "")
         settings = {"job": job, "group": group, "group_rank": group_rank, "group_size": group_size,
@@ -252,13 +272,20 @@ class Comm:
         ended the run. A spare's first step waits until it is promoted
         (or the run ends: FinishedError)."""
         try:
+            self._gen += 1
             _lib.check(_lib.lib().ftcomm_ft_step(self._handle(), _lib.timeout_ns(timeout)))
             self._spare = False
         except RolledBackError:
             self._spare = False  # the step has started: a participant
+            self._started()
             raise
         finally:
             self._deliver()
+        self._started()
+
+    def _started(self) -> None:
+        for f in self._after_step:
+            f()
 
     @property
     def spare(self) -> bool:
@@ -271,10 +298,17 @@ class Comm:
         """Vote on the step: True if it committed (apply the optimizer step),
         False if it rolled back (skip it; the next step reconfigures)."""
         ok = c_int32()
+        self._gen += 1
         try:
             _lib.check(_lib.lib().ftcomm_ft_commit(self._handle(), _lib.timeout_ns(timeout), byref(ok)))
+        except BaseException:
+            for f in self._after_commit:
+                f(False)  # it did not commit
+            raise
         finally:
             self._deliver()
+        for f in self._after_commit:
+            f(bool(ok.value))
         return bool(ok.value)
 
     def finish(self, timeout=None) -> None:
@@ -390,6 +424,7 @@ class Comm:
         """Leave the job and release everything (with CUDA data: once no GPU
         work of this Comm uses the registered tensors). Safe to call twice."""
         h, self._h = self._h, None
+        self._gen += 1
         if h is not None and not _lib.forked:
             st = _lib.lib().ftcomm_ft_free(h)
             self._inflight.release()  # its comms are closed: every op has ended

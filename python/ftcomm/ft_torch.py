@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from .errors import FinishedError, FtcommError, RolledBackError
+from .errors import FinishedError, FtcommError, InvalidArgumentError, NotParticipatingError, RolledBackError
 from .reduce_op import ReduceOp
 
 __all__ = ["register_state", "OptimizerWrapper", "ft_ddp", "ddp_comm_hook", "hsdp_all_reduce_hook",
@@ -151,19 +151,45 @@ class OptimizerWrapper:
     Everything else is the wrapped optimizer's (``param_groups``,
     ``state``, ``state_dict``...). ``FinishedError`` from the ft step (a
     peer ended the run) goes to the caller.
+
+    With a ``sampler`` (ftcomm.ft.Sampler), ``plan`` is the step's plan
+    (taken in zero_grad(); None while this replica sits out) and
+    ``lr_scaling="linear"`` (the default with a sampler) multiplies every
+    param group's learning rate by ``plan.lr_scale`` for the optimizer's
+    step alone — the linear scaling rule for a global batch that follows
+    the participants — and puts the exact previous value back after it, so
+    learning-rate schedulers see and set their own values. ``"none"``
+    leaves the learning rate alone.
     """
 
-    def __init__(self, comm, optim: torch.optim.Optimizer):
+    def __init__(self, comm, optim: torch.optim.Optimizer, sampler=None, lr_scaling: Optional[str] = None):
+        if lr_scaling is None:
+            lr_scaling = "linear" if sampler is not None else "none"
+        if lr_scaling not in ("linear", "none"):
+            raise InvalidArgumentError("ftcomm: OptimizerWrapper: lr_scaling %r: want 'linear' or 'none'" % (
+                lr_scaling,), kinds=("invalid_argument",))
+        if lr_scaling == "linear" and sampler is None:
+            raise InvalidArgumentError("ftcomm: OptimizerWrapper: lr_scaling 'linear' needs a sampler (its plan's "
+                                       "lr_scale)", kinds=("invalid_argument",))
         self.comm = comm
         self.optim = optim
+        self.sampler = sampler
+        self.lr_scaling = lr_scaling
+        self.plan = None
         self.last_committed: Optional[bool] = None
         self.rolled_back = 0
 
     def start_step(self) -> None:
+        self.plan = None
         try:
             self.comm.step()
         except RolledBackError:
             self.rolled_back += 1
+        if self.sampler is not None:
+            try:
+                self.plan = self.sampler.plan()
+            except NotParticipatingError:
+                pass  # sitting out: the commit fails
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.start_step()
@@ -173,7 +199,17 @@ class OptimizerWrapper:
         ok = self.comm.commit()
         self.last_committed = ok
         if ok:
-            self.optim.step(closure) if closure is not None else self.optim.step()
+            scale = self.plan.lr_scale if self.lr_scaling == "linear" and self.plan is not None else 1.0
+            saved = [g["lr"] for g in self.optim.param_groups] if scale != 1.0 else None
+            try:
+                if saved is not None:
+                    for g, lr in zip(self.optim.param_groups, saved):
+                        g["lr"] = lr * scale
+                self.optim.step(closure) if closure is not None else self.optim.step()
+            finally:
+                if saved is not None:
+                    for g, lr in zip(self.optim.param_groups, saved):
+                        g["lr"] = lr
         return ok
 
     @property

@@ -22,17 +22,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Replica:
-    """A replica process. Its step results go to the test's shared queue
-    (out): replicas step on their own, as training loops do, so that one
-    replica's reconfiguration never waits for another the test holds back."""
+    """A replica process (script: ft_replica.py, or one of its protocol).
+    Its step results go to the test's shared queue (out): replicas step on
+    their own, as training loops do, so that one replica's reconfiguration
+    never waits for another the test holds back."""
 
-    def __init__(self, group, env, out):
+    def __init__(self, group, env, out, script="ft_replica.py"):
         self.group = group
         self.out = out
         # stderr to a file: a pipe nobody reads would block the replica
         # once its logs filled it.
         self.err = tempfile.TemporaryFile(mode="w+")
-        self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "ft_replica.py"), group], env=env,
+        self.p = subprocess.Popen([sys.executable, os.path.join(HERE, script), group], env=env,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True)
         self.ready = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -57,8 +58,8 @@ class Replica:
         self.err.seek(0)
         return self.err.read()[-4000:]
 
-    def step(self):
-        self.p.stdin.write("step\n")
+    def step(self, cmd="step"):
+        self.p.stdin.write(cmd + "\n")
         self.p.stdin.flush()
         self.pending = True
 
