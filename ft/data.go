@@ -33,9 +33,11 @@ const (
 	// participants; Plan.LRScale says by how much (a training loop scales
 	// its learning rate by it: Python's OptimizerWrapper does).
 	KeepReplicaBatch BatchPolicy = "replica"
-	// KeepGlobalBatch: the step's global batch stays the target's; the
-	// survivors take more micro-batches each (gradient accumulation), at
-	// most MaxAccum, beyond which the batch shrinks (LRScale below 1).
+	// KeepGlobalBatch: the step's global batch stays the target's
+	// (rounded down to a multiple of the step's ranks, so that they all
+	// read as many); the survivors take more micro-batches each
+	// (gradient accumulation), at most MaxAccum, beyond which the batch
+	// shrinks (LRScale says by how much).
 	KeepGlobalBatch BatchPolicy = "global"
 )
 
@@ -190,9 +192,8 @@ type Plan struct {
 	// training loop that keeps the learning rate per sample (the linear
 	// scaling rule) multiplies its learning rate by it.
 	LRScale float64
-	// Micro are this rank's micro-batches, in order. Under
-	// KeepGlobalBatch with a job above twice its target one can be empty
-	// (Weight 0).
+	// Micro are this rank's micro-batches, in order: every rank of the
+	// step takes as many, none empty, of at most Batch samples.
 	Micro []MicroBatch
 }
 
@@ -212,41 +213,34 @@ type stepShape struct {
 }
 
 // cut is a step's division: the global batch, how many micro-batches each
-// rank takes, and where rank slot j's samples start and how many.
+// rank takes, and how many samples: every rank slot reads the same count
+// (a slot's samples start at slot × perRank), so no rank's micro-batch is
+// empty and the ranks' work is even.
 type cut struct {
 	samples, micro int
-	perRank, extra int // rank slot j takes perRank (+1 if j < extra)
+	perRank        int
 	fullBatch      int // the global batch at the target size
 }
 
-// cutStep divides a step (pure: every rank computes the same).
+// cutStep divides a step (pure: every rank computes the same). Under
+// KeepGlobalBatch the global batch is the target's rounded down to a
+// multiple of the step's ranks (so that it divides evenly: 3 of 4
+// replicas read 30 of 32 samples, LRScale 0.9375), at least one sample
+// per rank, at most MaxAccum micro-batches of Batch per rank; each rank
+// then takes as few micro-batches as hold its share.
 func cutStep(c SamplerConfig, s stepShape) cut {
-	p, g := int64(s.participants), int64(s.groupSize)
+	ranks := int64(s.participants) * int64(s.groupSize)
 	t := int64(max(s.target, 1))
-	full := t * g * int64(c.Accum) * int64(c.Batch)
-	var k, samples int64
+	b := int64(c.Batch)
+	full := t * int64(s.groupSize) * int64(c.Accum) * b
+	var per int64
 	switch s.policy {
 	case KeepGlobalBatch:
-		k = min(int64(c.MaxAccum), max(1, (t*int64(c.Accum)+p-1)/p))
-		samples = min(full, p*g*k*int64(c.Batch))
+		per = min(max(full/ranks, 1), int64(c.MaxAccum)*b)
 	default:
-		k = int64(c.Accum)
-		samples = p * g * k * int64(c.Batch)
+		per = int64(c.Accum) * b
 	}
-	ranks := p * g
-	return cut{samples: int(samples), micro: int(k), perRank: int(samples / ranks), extra: int(samples % ranks),
-		fullBatch: int(full)}
-}
-
-// slot returns rank slot j's first sample (from the step's start) and
-// count.
-func (x cut) slot(j int) (off, n int) {
-	off = j*x.perRank + min(j, x.extra)
-	n = x.perRank
-	if j < x.extra {
-		n++
-	}
-	return off, n
+	return cut{samples: int(per * ranks), micro: int((per + b - 1) / b), perRank: int(per), fullBatch: int(full)}
 }
 
 // permutation maps an epoch's positions to the dataset's samples: a
@@ -324,7 +318,8 @@ func (pl *planner) index(pos int64) int64 {
 // group rank), starting at position pos.
 func (pl *planner) plan(step, pos int64, s stepShape, replicaRank, groupRank int) Plan {
 	x := cutStep(pl.cfg, s)
-	off, n := x.slot(replicaRank*s.groupSize + groupRank)
+	n := x.perRank
+	off := (replicaRank*s.groupSize + groupRank) * n
 	p := Plan{Step: step, Position: pos, Epoch: pos / pl.cfg.Size, Samples: x.samples, Participants: s.participants,
 		Target: max(s.target, 1), Policy: s.policy, LRScale: float64(x.samples) / float64(x.fullBatch)}
 	ranks := float64(s.participants * s.groupSize)
@@ -334,11 +329,9 @@ func (pl *planner) plan(step, pos int64, s stepShape, replicaRank, groupRank int
 	}
 	p.Micro = make([]MicroBatch, x.micro)
 	for m := range p.Micro {
-		// Even cuts: micro-batch m of n samples in k.
+		// Even cuts of the rank's n samples into k (of Batch each when
+		// n is k × Batch).
 		lo, hi := m*n/x.micro, (m+1)*n/x.micro
-		if s.policy != KeepGlobalBatch {
-			lo, hi = min(m*pl.cfg.Batch, n), min((m+1)*pl.cfg.Batch, n)
-		}
 		p.Micro[m] = MicroBatch{Indices: all[lo:hi:hi], Weight: float64(hi-lo) * ranks / float64(x.samples)}
 	}
 	return p

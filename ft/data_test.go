@@ -80,9 +80,11 @@ func TestCutStep(t *testing.T) {
 		{"replica below target", SamplerConfig{Batch: 8, Accum: 2}, stepShape{3, 4, 1, KeepReplicaBatch}, 48, 2, 0.75, 16},
 		{"replica, groups of 2", SamplerConfig{Batch: 8, Accum: 1}, stepShape{2, 4, 2, KeepReplicaBatch}, 32, 1, 0.5, 8},
 		{"global at target", SamplerConfig{Batch: 8, Accum: 1, MaxAccum: 4}, stepShape{4, 4, 1, KeepGlobalBatch}, 32, 1, 1, 8},
-		{"global, 3 of 4", SamplerConfig{Batch: 8, Accum: 1, MaxAccum: 4}, stepShape{3, 4, 1, KeepGlobalBatch}, 32, 2, 1, 11},
+		{"global, 3 of 4", SamplerConfig{Batch: 8, Accum: 1, MaxAccum: 4}, stepShape{3, 4, 1, KeepGlobalBatch}, 30, 2, 0.9375, 10},
 		{"global past the limit", SamplerConfig{Batch: 8, Accum: 1, MaxAccum: 2}, stepShape{1, 4, 1, KeepGlobalBatch}, 16, 2, 0.5, 16},
-		{"global above target", SamplerConfig{Batch: 8, Accum: 1, MaxAccum: 4}, stepShape{6, 4, 1, KeepGlobalBatch}, 32, 1, 1, 6},
+		{"global above target", SamplerConfig{Batch: 8, Accum: 1, MaxAccum: 4}, stepShape{6, 4, 1, KeepGlobalBatch}, 30, 1, 0.9375, 5},
+		{"global, batch 1, 3 of 4", SamplerConfig{Batch: 1, Accum: 8, MaxAccum: 32}, stepShape{3, 4, 1, KeepGlobalBatch}, 30, 10, 0.9375, 10},
+		{"global, more ranks than samples", SamplerConfig{Batch: 1, Accum: 1, MaxAccum: 4}, stepShape{5, 2, 1, KeepGlobalBatch}, 5, 1, 2.5, 1},
 		{"global, groups of 2, 1 of 2", SamplerConfig{Batch: 4, Accum: 2, MaxAccum: 8}, stepShape{1, 2, 2, KeepGlobalBatch}, 32, 4, 1, 16},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -106,6 +108,9 @@ func TestCutStep(t *testing.T) {
 						t.Errorf("rank %d.%d: %d micro-batches, %d samples, scale %v", r, g, len(p.Micro), p.Samples, p.LRScale)
 					}
 					for _, m := range p.Micro {
+						if len(m.Indices) == 0 {
+							t.Errorf("rank %d.%d: an empty micro-batch", r, g)
+						}
 						if c.shape.policy == KeepReplicaBatch && len(m.Indices) != cfg.Batch {
 							t.Errorf("rank %d.%d: a micro-batch of %d, want %d", r, g, len(m.Indices), cfg.Batch)
 						}

@@ -57,7 +57,8 @@ class MicroBatch:
     batch_sampler yields) and ``weight``, the factor of the micro-batch's
     mean loss that makes the step's gradient, averaged over the participants
     (ReduceOp.AVG), the mean over the step's samples (1/accum when every
-    rank takes accum full micro-batches; 0 for an empty one)."""
+    rank takes accum full micro-batches). Every rank of a step takes as
+    many micro-batches, none empty."""
 
     indices: List[int]
     weight: float
@@ -239,9 +240,9 @@ class Sampler:
 
 class BatchSampler(_TorchSampler):
     """A batch sampler for ``DataLoader(dataset, batch_sampler=...)``: each
-    iteration yields the step in progress's micro-batches (index lists,
-    empty ones left out), taking the plan when its first batch is asked
-    for. Iterate the DataLoader anew after every ``comm.step()``: one pass
+    iteration yields the step in progress's micro-batches (index lists;
+    every rank of the step yields as many, none empty), taking the plan
+    when its first batch is asked for. Iterate the DataLoader anew after every ``comm.step()``: one pass
     is one step.
 
     DataLoader workers (and its prefetching) cannot read ahead into the
@@ -256,20 +257,19 @@ class BatchSampler(_TorchSampler):
 
     def __iter__(self) -> Iterator[List[int]]:
         for m in self.sampler.plan().micro:
-            if m.indices:
-                yield m.indices
+            yield m.indices
 
     def __len__(self) -> int:
-        return sum(1 for m in self.sampler.plan().micro if m.indices)
+        return len(self.sampler.plan().micro)
 
 
 class StepLoader:
     """The step's data: iterated after ``comm.step()``, it yields
     ``(batch, weight)`` for each of this rank's micro-batches of the step,
     where batch is ``collate_fn([dataset[i] for i in indices])`` and weight
-    the micro-batch's factor of the mean loss (MicroBatch.weight); an empty
-    micro-batch (the "global" policy with the job above twice its target)
-    is left out. With ``num_workers`` > 0 (and any other DataLoader
+    the micro-batch's factor of the mean loss (MicroBatch.weight); every
+    rank of the step yields as many (a loop that all-reduces per backward
+    stays in step with its peers). With ``num_workers`` > 0 (and any other DataLoader
     argument) the samples are loaded by a torch DataLoader over a
     BatchSampler, its workers kept between steps (persistent_workers);
     within a step they prefetch, across steps they cannot (BatchSampler
@@ -297,7 +297,7 @@ class StepLoader:
                                                        **dataloader_kwargs)
 
     def __iter__(self) -> Iterator[Tuple[Any, float]]:
-        micro = [m for m in self.sampler.plan().micro if m.indices]
+        micro = self.sampler.plan().micro
         if self.loader is None:
             for m in micro:
                 yield self.collate_fn([self.dataset[i] for i in m.indices]), m.weight
@@ -307,7 +307,7 @@ class StepLoader:
             yield batch, m.weight
 
     def __len__(self) -> int:
-        return sum(1 for m in self.sampler.plan().micro if m.indices)
+        return len(self.sampler.plan().micro)
 
 
 # ---------------------------------------------------------------- stateful objects

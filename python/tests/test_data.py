@@ -84,20 +84,15 @@ class Reference:
         p, g, t = participants, group_size, max(target, 1)
         full = t * g * self.accum * self.batch
         if policy == "global":
-            k = min(self.max_accum, max(1, (t * self.accum + p - 1) // p))
-            samples = min(full, p * g * k * self.batch)
+            per = min(max(full // (p * g), 1), self.max_accum * self.batch)
         else:
-            k = self.accum
-            samples = p * g * k * self.batch
-        per, extra = divmod(samples, p * g)
-        off, n = slot * per + min(slot, extra), per + (1 if slot < extra else 0)
+            per = self.accum * self.batch
+        samples, k = per * p * g, -(-per // self.batch)
+        off, n = slot * per, per
         ids = [self.index(position + off + i) for i in range(n)]
         micro = []
         for m in range(k):
-            if policy == "global":
-                lo, hi = m * n // k, (m + 1) * n // k
-            else:
-                lo, hi = min(m * self.batch, n), min((m + 1) * self.batch, n)
+            lo, hi = m * n // k, (m + 1) * n // k
             micro.append(ids[lo:hi])
         return micro, samples
 
