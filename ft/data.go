@@ -371,6 +371,10 @@ func NewSampler(c *Comm, cfg SamplerConfig) (*Sampler, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if c.started.Load() {
+		return nil, fmt.Errorf("%w: ft: sampler %q made after the first Step: its position is state a healing replica "+
+			"receives, registered before the first Step on every replica", comm.ErrInvalidArgument, cfg.Name)
+	}
 	cfg = cfg.withDefaults()
 	s := &Sampler{c: c, cfg: cfg, fp: cfg.fingerprint(), pl: planner{cfg: cfg}, curErr: ErrNoStep}
 	s.state = []int64{samplerMagic, s.fp, cfg.Position}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -186,6 +187,10 @@ func TestSamplerMismatchIsRefused(t *testing.T) {
 	}
 	if _, err := sb.Plan(); !errors.Is(err, ErrNoStep) {
 		t.Fatalf("after the commit: %v, want ErrNoStep", err)
+	}
+	if _, err := NewSampler(b.c, SamplerConfig{Name: "late", Size: 10, Batch: 1}); !errors.Is(err, comm.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "after the first Step") {
+		t.Errorf("a sampler made after the first Step: %v", err)
 	}
 	j.stopAll(a)
 	b.c.Close()

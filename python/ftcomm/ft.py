@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from . import _lib, _tensors
 from ._tensors import describe
 from .comm import _device_index, _device_type
-from .errors import FtcommError, InvalidArgumentError, RolledBackError
+from .errors import ClosedError, FtcommError, InvalidArgumentError, RolledBackError
 from .reduce_op import ReduceOp, as_reduce_op
 from .work import InFlight, Work
 
@@ -248,7 +248,7 @@ class Comm:
         if _lib.forked:
             raise _lib._fork_error()
         if self._h is None:
-            raise FtcommError("ftcomm: ft.Comm is closed", kinds=("closed",))
+            raise ClosedError("ftcomm: ft.Comm is closed", kinds=("closed",))
         return self._h
 
     def register(self, name: str, tensor) -> None:
