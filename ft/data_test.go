@@ -520,3 +520,37 @@ func TestSamplerFollowsTheQuorum(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkSamplerPlan is what a rank's plan costs at each Step: 4
+// replicas × 4 micro-batches × 256 samples, this rank's quarter (1024
+// samples) per op, the position moving on by the step's 4096 samples
+// (across epochs of 10^7 samples). ns/sample is the figure to hold under
+// 1 µs.
+func BenchmarkSamplerPlan(b *testing.B) {
+	for _, sequential := range []bool{false, true} {
+		name := "shuffled"
+		if sequential {
+			name = "sequential"
+		}
+		b.Run(name, func(b *testing.B) {
+			const ranks = 4
+			c := &Comm{cfg: Config{GroupSize: 1}}
+			s, err := NewSampler(c, SamplerConfig{Size: 10_000_000, Seed: 1, Sequential: sequential, Batch: 256, Accum: 4})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var perRank int
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				s.begin(int64(i+1), i%ranks, ranks, ranks, Settings{})
+				p, err := s.Plan()
+				if err != nil {
+					b.Fatal(err)
+				}
+				perRank = len(p.Micro) * len(p.Micro[0].Indices)
+				s.end(true)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(perRank), "ns/sample")
+		})
+	}
+}
