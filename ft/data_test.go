@@ -105,6 +105,9 @@ func TestCutStep(t *testing.T) {
 					if len(p.Micro) != c.k || p.Samples != c.samples || p.LRScale != c.lrScale {
 						t.Errorf("rank %d.%d: %d micro-batches, %d samples, scale %v", r, g, len(p.Micro), p.Samples, p.LRScale)
 					}
+					if p.First != int64(len(all)) {
+						t.Errorf("rank %d.%d: First %d, after %d samples of the ranks before it", r, g, p.First, len(all))
+					}
 					for _, m := range p.Micro {
 						if c.shape.policy == KeepReplicaBatch && len(m.Indices) != cfg.Batch {
 							t.Errorf("rank %d.%d: a micro-batch of %d, want %d", r, g, len(m.Indices), cfg.Batch)
