@@ -172,10 +172,14 @@ func appendRecord(f *os.File, r planRecord) error {
 // Coverage is what a job's committed syncs read, checked from the plans
 // the replicas recorded.
 type Coverage struct {
-	Size     int64 // samples in the training set (an epoch)
-	Syncs    int64 // committed syncs, 1…Syncs, each recorded by a replica
-	Samples  int64 // positions the committed syncs handed out: the job's position at the end
-	Recorded int64 // of them, recorded by the replicas that read them
+	Size    int64 // samples in the training set (an epoch)
+	Syncs   int64 // committed syncs, 1…Syncs, each recorded by a replica
+	Samples int64 // positions the committed syncs handed out: the job's position at the end
+	// Recorded is how many of them the replicas recorded. The rest were
+	// handed to replicas that did not see their sync commit — killed
+	// before they recorded it, or whose commit failed where the others'
+	// succeeded — and never read them.
+	Recorded int64
 	Twice    int64 // samples recorded more than once in an epoch (want 0)
 	// Lone is the commits of killed replicas that completed there alone
 	// (their peers failed the sync and took it again without them): not
@@ -200,7 +204,7 @@ func (c Coverage) String() string {
 		s += ", each once"
 	}
 	if u := c.Samples - c.Recorded; u > 0 {
-		s += fmt.Sprintf(" (%d unrecorded: the share of a replica killed before it recorded the sync)", u)
+		s += fmt.Sprintf(" (%d unread: the shares of replicas that did not see their sync commit)", u)
 	}
 	return s
 }

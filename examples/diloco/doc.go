@@ -58,8 +58,10 @@
 // Each replica appends its committed syncs' plans to plans/ in the report
 // folder (one line per sync, written before the sync is reported), and
 // the summary checks from them that the committed syncs read each sample
-// they handed out once ("samples the committed syncs read"), the share of
-// a replica killed before it recorded a sync counted from the sync's size.
+// they handed out once ("samples the committed syncs read"). The share of
+// a replica that did not see its sync commit (killed before it recorded
+// it, or its commit failed where the others' succeeded) is counted from
+// the sync's size, and reported unread.
 //
 // # Roles
 //
