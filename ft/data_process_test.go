@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -191,7 +192,8 @@ func (j *procJob) pid(id string) int {
 
 // Three replica processes read a dataset through ft's Sampler and record
 // what each committed step gave them. Through a SIGKILL and a restart, a
-// step that fails at every participant, and the job's batch policy
+// step refused by one replica (so it fails wherever it ran, and no one
+// commits it in its epoch), and the job's batch policy
 // switched to "global" through the coordinator while it runs, then
 // another SIGKILL, the job's committed history — steps 1, 2, … with no
 // gap, each starting at the position where the one before ended — reads
@@ -254,23 +256,16 @@ func TestProcessDataFollowsTheQuorum(t *testing.T) {
 		return ev.Kind == "" && ev.Pid == restarted
 	})
 
-	// A step fails at every participant: a refuses its all-reduce.
+	// A step fails wherever it ran: a refuses its all-reduce, so the
+	// others' fails too (a replica that had not begun it when the epoch
+	// was revoked begins it in the next). The job takes the step again in
+	// a later epoch.
 	j.send("a.0", "refuse")
-	failedBy := map[int64]map[string]bool{}
-	var failedStep int64
-	j.await("a step failing at a, b and c", func(ev childEvent) bool {
-		if ev.Kind == "failed" {
-			if failedBy[ev.Step] == nil {
-				failedBy[ev.Step] = map[string]bool{}
-			}
-			failedBy[ev.Step][ev.ID] = true
-			if len(failedBy[ev.Step]) == 3 {
-				failedStep = ev.Step
-			}
-		}
-		return failedStep != 0
+	refused := j.await("a's refused step", func(ev childEvent) bool { return ev.Kind == "failed" && ev.ID == "a.0" })
+	j.await("the refused step committed in a later epoch", func(ev childEvent) bool {
+		return ev.Kind == "" && ev.Step == refused.Step && ev.Epoch > refused.Epoch
 	})
-
+	failedStep := refused.Step
 	// The job's batch policy becomes "global" while it runs.
 	changes, err := membership.ParseSettingChanges([]string{SettingBatchPolicy + "=global"})
 	if err != nil {
@@ -317,8 +312,20 @@ func TestProcessDataFollowsTheQuorum(t *testing.T) {
 			first.step, first.position, own, before.step, before.position+int64(before.samples))
 	}
 
-	// The failed step gave its samples back: the step of that number that
-	// committed starts where the failed one did.
+	// No replica committed the refused step in its epoch, and it gave its
+	// samples back: the step of that number that committed starts where
+	// the failed one did.
+	failedAt := map[string]bool{}
+	for _, ev := range j.all {
+		if ev.Step == failedStep && ev.Epoch == refused.Epoch {
+			switch ev.Kind {
+			case "":
+				t.Errorf("%s committed step %d in epoch %d, which a refused", ev.ID, ev.Step, ev.Epoch)
+			case "failed":
+				failedAt[ev.ID] = true
+			}
+		}
+	}
 	for _, l := range logs {
 		for _, f := range l.failed {
 			if f.Step == failedStep && steps[f.Step].position != f.Position {
@@ -344,8 +351,8 @@ func TestProcessDataFollowsTheQuorum(t *testing.T) {
 	if seen[KeepReplicaBatch] == 0 || seen[KeepGlobalBatch] == 0 {
 		t.Errorf("steps of 2 of 3 replicas by policy: %v, want some under each", seen)
 	}
-	t.Logf("%d committed steps, position %d (epoch %d); step %d failed everywhere and was taken again from position %d; "+
+	t.Logf("%d committed steps, position %d (epoch %d); step %d failed at %v in epoch %d, taken again from position %d; "+
 		"c restarted at its own position %d resumed at the job's %d (step %d); 2-of-3 steps by policy %v",
 		last.step, last.position+int64(last.samples), (last.position+int64(last.samples))/cfg.Size, failedStep,
-		steps[failedStep].position, own, first.position, first.step, seen)
+		slices.Sorted(maps.Keys(failedAt)), refused.Epoch, steps[failedStep].position, own, first.position, first.step, seen)
 }

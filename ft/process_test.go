@@ -202,7 +202,7 @@ func runChild() int {
 			return 1
 		}
 		data.begin(c)
-		step := c.CommittedStep()
+		step, epoch := c.CommittedStep(), c.Epoch()
 		for i := range grads {
 			grads[i] = float32((int(step)*7+i+own)%13) / 8
 		}
@@ -227,7 +227,7 @@ func runChild() int {
 				fmt.Fprintln(os.Stderr, "child:", err)
 				return 1
 			}
-			out.Encode(childEvent{Kind: "failed", ID: id, Pid: os.Getpid(), Step: c.CommittedStep() + 1, Epoch: c.Epoch(),
+			out.Encode(childEvent{Kind: "failed", ID: id, Pid: os.Getpid(), Step: step + 1, Epoch: epoch,
 				Participants: c.Participants(), UnixNano: time.Now().UnixNano()})
 			continue
 		}
