@@ -138,8 +138,8 @@ func runChild() int {
 	}
 	// The parent holds our stdin: a line "finish" ends the run after the
 	// next commit (Comm.Finish), "refuse" fails the next step (its
-	// all-reduce refused: every participant's fails); when stdin goes, so
-	// do we.
+	// all-reduce refused: so is it wherever the step runs); when stdin
+	// goes, so do we.
 	var finish, refuse atomic.Bool
 	go func() {
 		sc := bufio.NewScanner(os.Stdin)
