@@ -184,6 +184,11 @@ type Plan struct {
 	Epoch int64
 	// Samples is the step's global batch: every rank's micro-batches.
 	Samples int
+	// First is the position of this rank's first sample: its samples are
+	// positions First to First+len(Indices())-1 of the step's (the ranks
+	// read the step's positions in rank order), so a reader that records
+	// them can check what a step covered without the other ranks'.
+	First int64
 	// Participants and Target are the step's replica groups and the size
 	// the global batch is made for; Policy is the one in force.
 	Participants, Target int
@@ -320,7 +325,8 @@ func (pl *planner) plan(step, pos int64, s stepShape, replicaRank, groupRank int
 	x := cutStep(pl.cfg, s)
 	n := x.perRank
 	off := (replicaRank*s.groupSize + groupRank) * n
-	p := Plan{Step: step, Position: pos, Epoch: pos / pl.cfg.Size, Samples: x.samples, Participants: s.participants,
+	p := Plan{Step: step, Position: pos, Epoch: pos / pl.cfg.Size, Samples: x.samples, First: pos + int64(off),
+		Participants: s.participants,
 		Target: max(s.target, 1), Policy: s.policy, LRScale: float64(x.samples) / float64(x.fullBatch)}
 	ranks := float64(s.participants * s.groupSize)
 	all := make([]int64, n)

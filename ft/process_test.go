@@ -55,7 +55,7 @@ func TestMain(m *testing.M) {
 }
 
 type childEvent struct {
-	Kind         string `json:"kind,omitempty"` // "" (a commit) or "rollback"
+	Kind         string `json:"kind,omitempty"` // "" (a commit), "rollback", "failed" (Commit returned false), …
 	From         int64  `json:"from,omitempty"` // rollback: the discarded steps
 	To           int64  `json:"to,omitempty"`
 	ID           string `json:"id"`
@@ -127,14 +127,28 @@ func runChild() int {
 		fmt.Fprintln(os.Stderr, "child: new:", err)
 		return 2
 	}
+	// DATA: a folder where the replica records what its Sampler gave it
+	// (childData), registered before the params.
+	var data *childData
+	if dir := env("DATA"); dir != "" {
+		if data, err = openChildData(c, dir, id, env("DATA_POSITION")); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			return 2
+		}
+	}
 	// The parent holds our stdin: a line "finish" ends the run after the
-	// next commit (Comm.Finish); when stdin goes, so do we.
-	var finish atomic.Bool
+	// next commit (Comm.Finish), "refuse" fails the next step (its
+	// all-reduce refused: so is it wherever the step runs); when stdin
+	// goes, so do we.
+	var finish, refuse atomic.Bool
 	go func() {
 		sc := bufio.NewScanner(os.Stdin)
 		for sc.Scan() {
-			if sc.Text() == "finish" {
+			switch sc.Text() {
+			case "finish":
 				finish.Store(true)
+			case "refuse":
+				refuse.Store(true)
 			}
 		}
 		os.Exit(0)
@@ -176,6 +190,10 @@ func runChild() int {
 		if err := c.Step(ctx); errors.Is(err, ErrFinished) {
 			return finished() // another replica ended the run
 		} else if errors.As(err, &rb) {
+			if err := data.rolledBack(rb); err != nil {
+				fmt.Fprintln(os.Stderr, "child:", err)
+				return 1
+			}
 			out.Encode(childEvent{Kind: "rollback", From: rb.FromStep, To: rb.ToStep, ID: id, Pid: os.Getpid(),
 				Step: rb.Step, Epoch: rb.Epoch, UnixNano: time.Now().UnixNano()})
 		} else if err != nil {
@@ -183,11 +201,15 @@ func runChild() int {
 			out.Encode(childEvent{Kind: "error", ID: id, Pid: os.Getpid(), Err: err.Error(), UnixNano: time.Now().UnixNano()})
 			return 1
 		}
-		step := c.CommittedStep()
+		data.begin(c)
+		step, epoch := c.CommittedStep(), c.Epoch()
 		for i := range grads {
 			grads[i] = float32((int(step)*7+i+own)%13) / 8
 		}
-		if dev == nil {
+		if dev == nil && refuse.CompareAndSwap(true, false) {
+			c.Refuse(ctx, comm.Op{Kind: comm.OpAllReduce, Out: comm.Float32s(grads), ReduceOp: comm.Avg},
+				errors.New("the test refused this step"))
+		} else if dev == nil {
 			c.AllReduce(ctx, comm.Float32s(grads), comm.Avg)
 		} else if err := dev.stepIn(ctx, params, grads); err != nil { // the state may have healed
 			fmt.Fprintln(os.Stderr, "child:", err)
@@ -201,7 +223,20 @@ func runChild() int {
 			return 1
 		}
 		if !ok {
+			if err := data.failed(); err != nil {
+				fmt.Fprintln(os.Stderr, "child:", err)
+				return 1
+			}
+			out.Encode(childEvent{Kind: "failed", ID: id, Pid: os.Getpid(), Step: step + 1, Epoch: epoch,
+				Participants: c.Participants(), UnixNano: time.Now().UnixNano()})
 			continue
+		}
+		// What the step read is recorded before anything says it
+		// committed: a SIGKILL from here on leaves a slot of the step
+		// unrecorded, never a reported commit without its record.
+		if err := data.committed(); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			return 1
 		}
 		if dev != nil {
 			if err := dev.stepOut(ctx, grads); err != nil { // the all-reduced gradients
@@ -240,6 +275,7 @@ func runChild() int {
 type procJob struct {
 	t         *testing.T
 	endpoints []string
+	coord     *coordinator.Coordinator // in this process (nil when the test runs ftcoord)
 	events    chan childEvent
 	mu        sync.Mutex
 	procs     map[string]*exec.Cmd
@@ -282,7 +318,7 @@ func newProcJobAt(t *testing.T, clientAddr string, withGossip bool) *procJob {
 		coord.Run(cctx)
 	}()
 	t.Cleanup(func() { stop(); <-done; cli.Close() })
-	j := &procJob{t: t, endpoints: e.Endpoints(), events: make(chan childEvent, 10000),
+	j := &procJob{t: t, endpoints: e.Endpoints(), coord: coord, events: make(chan childEvent, 10000),
 		procs: map[string]*exec.Cmd{}, stdins: map[string]io.WriteCloser{}}
 	t.Cleanup(j.stopAll)
 	return j

@@ -76,7 +76,9 @@ type jobState struct {
 	procs        []*proc
 	pending      []Failure // failures still to inject
 	kills        []*kill
-	settingsSeen map[int64]bool // syncs from which new job settings were taken (ftcoord job set)
+	settingsSeen map[int64]bool  // syncs from which new job settings were taken (ftcoord job set)
+	plansLogs    []string        // every replica process's plans log
+	killedLogs   map[string]bool // the plans logs of the processes killed
 	started      time.Time
 	finished     time.Time
 
@@ -157,6 +159,7 @@ type demo struct {
 	evals   chan evalReq
 	results chan evalRes
 	val     []uint8
+	samples int64 // the training set's samples (ft.SamplerConfig.Size)
 	bars    *mpb.Progress
 	wg      sync.WaitGroup // reader goroutines of the replicas' pipes
 }
@@ -190,7 +193,8 @@ type JobSummary struct {
 	Method           string
 	StatesAgree      bool
 	Spares           int
-	Timeline         string // participants per committed sync, as runs ("1-64: 4, 65: 3, 66-161: 4")
+	Timeline         string   // participants per committed sync, as runs ("1-64: 4, 65: 3, 66-161: 4")
+	Data             Coverage // what the committed syncs read, from the replicas' plans logs
 }
 
 func newDemo(cfg Config, stdout io.Writer, log *zap.Logger) (*demo, error) {
@@ -217,7 +221,7 @@ func goSourceDir() (string, error) {
 // prepare loads the corpus, writes the token files and run.json.
 func (d *demo) prepare(endpoints []string, credentials string) error {
 	dir := d.cfg.Report
-	for _, sub := range []string{"data", "snapshots", "logs"} {
+	for _, sub := range []string{"data", "snapshots", "logs", "plans"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
 			return err
 		}
@@ -234,6 +238,7 @@ func (d *demo) prepare(endpoints []string, credentials string) error {
 		return err
 	}
 	d.val = corpus.Val
+	d.samples = samplerConfig(d.cfg, corpus.Train).Size
 	fmt.Fprintf(d.out, "corpus: %s — %d KB of training text (%d files), %d KB of validation text (%d other files)\n",
 		root, len(corpus.Train)>>10, corpus.Files[0], len(corpus.Val)>>10, corpus.Files[1])
 	train, val := filepath.Join(dir, "data", "train.tok"), filepath.Join(dir, "data", "val.tok")
@@ -247,7 +252,8 @@ func (d *demo) prepare(endpoints []string, credentials string) error {
 	if _, err := rand.Read(secret); err != nil {
 		return err
 	}
-	d.run = runFile{Config: d.cfg, Endpoints: endpoints, Credentials: credentials, Secret: secret, Train: abs(train), Val: abs(val), Snapshots: abs(filepath.Join(dir, "snapshots"))}
+	d.run = runFile{Config: d.cfg, Endpoints: endpoints, Credentials: credentials, Secret: secret, Train: abs(train), Val: abs(val), Snapshots: abs(filepath.Join(dir, "snapshots")),
+		Plans: abs(filepath.Join(dir, "plans"))}
 	b, err := json.MarshalIndent(d.run, "", "  ")
 	if err != nil {
 		return err
@@ -267,7 +273,7 @@ func abs(p string) string {
 func (d *demo) newJob(name string, faulty bool, spares int) *jobState {
 	j := &jobState{name: name, faulty: faulty, procs: make([]*proc, d.cfg.Replicas+spares), trainLoss: map[int64][]float64{},
 		done: map[int]event{}, failedSyncs: map[int64]bool{}, epochs: map[uint64]bool{}, finalHashes: map[string]int{},
-		capacity: map[int64]int{}, lastEvent: "starting"}
+		capacity: map[int64]int{}, killedLogs: map[string]bool{}, lastEvent: "starting"}
 	if faulty {
 		j.pending = slices.Clone(d.cfg.Failures)
 		slices.SortFunc(j.pending, func(a, b Failure) int { return int((a.At - b.At) * 1e6) })
@@ -307,6 +313,7 @@ func (d *demo) spawn(j *jobState, r, restart int) error {
 	}
 	p := &proc{job: j, replica: r, restart: restart, cmd: cmd, stdin: stdin, started: time.Now(), log: logf, spare: spare}
 	j.procs[r] = p
+	j.plansLogs = append(j.plansLogs, plansLog(d.run.Plans, j.name, d.cfg.replicaName(r), restart))
 	d.wg.Add(1)
 	go func() { // reads the replica's events; exits at its EOF
 		defer d.wg.Done()
@@ -571,6 +578,7 @@ func (d *demo) maybeKill(j *jobState) {
 	j.pending = j.pending[1:]
 	p.killed = true
 	p.cmd.Process.Signal(syscall.SIGKILL)
+	j.killedLogs[plansLog(d.run.Plans, j.name, d.cfg.replicaName(f.Replica), p.restart)] = true
 	k := &kill{Failure: f, KilledAt: time.Now(), KilledStep: j.step}
 	if f.Down >= 0 {
 		k.RestartAt = k.KilledAt.Add(f.Down)

@@ -65,6 +65,11 @@ func TestDemoSmall(t *testing.T) {
 		if j.Committed != s.Syncs || !j.StatesAgree || j.FinalValLoss <= 0 || j.FinalValLoss > 4.6 {
 			t.Errorf("%s: %+v", j.Name, j)
 		}
+		// The committed syncs read each sample they handed out once: a
+		// full sync 3 × 20 micro-batches of 16, fewer while one is down.
+		if d := j.Data; !d.ExactlyOnce() || d.Syncs != s.Syncs || d.Samples < (s.Syncs-10)*3*20*16 || d.Recorded < d.Samples-3*20*16 {
+			t.Errorf("%s's data: %+v", j.Name, d)
+		}
 	}
 	if len(faulty.Kills) != 1 || len(base.Kills) != 0 {
 		t.Fatalf("kills: %+v / %+v", faulty.Kills, base.Kills)
@@ -80,7 +85,7 @@ func TestDemoSmall(t *testing.T) {
 		t.Errorf("capacity timeline %q (spares %d): want the job at full size at its end", faulty.Timeline, faulty.Spares)
 	}
 	t.Logf("capacity back %v (survivors' commit %v)", k.CapacityBack, k.SurvivorsCommit)
-	for _, want := range []string{"Summary", "spare s0 promoted", "capacity back", "capacity timeline", "same number of syncs"} {
+	for _, want := range []string{"Summary", "spare s0 promoted", "capacity back", "capacity timeline", "same number of syncs", "each once"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q", want)
 		}

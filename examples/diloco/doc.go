@@ -23,7 +23,45 @@
 // Every replica takes the new values at the same sync (the first of the
 // epoch that carries them); the demo notes it. A run changed so no longer
 // ends where the run without failures ends, unless that job gets the same
-// changes at the same sync.
+// changes at the same sync. ftcomm.batch_policy=global makes a sync with
+// fewer replicas keep the global batch (see Data).
+//
+// # Data
+//
+// The replicas read the training text through ft's Sampler
+// (ft.NewSampler, registered with the model, so a replica that heals
+// takes the job's position with the global parameters): sample i is the
+// text position Context+i, each epoch a permutation of them (-seed). A
+// sync is one ft step, and its plan is what the replica's inner steps
+// read from the sync's commit to the next commit: H/F micro-batches of
+// -batch samples at the job's size (SamplerConfig.Accum = H/F, Replicas =
+// -replicas), one per inner step. From the commit, not from the sync's
+// start: the position advances only when a sync commits, while DiLoCo
+// keeps the local progress of a sync that does not — inner steps that read
+// a plan before its sync committed would, if it failed, read again the
+// samples the retried sync hands out. After a sync that did not commit
+// here the inner steps read nothing until the next commit (they pass on to
+// it at once), and the τ inner steps before the first commit read nothing.
+// So each sample a committed sync hands out goes to one replica, once; what
+// a replica read since its last sync is lost with its local progress when
+// it dies or heals, as DiLoCo loses it; the plan of the run's last sync is
+// handed out and not read (the run ends there).
+//
+// Under the job setting ftcomm.batch_policy=global a sync of fewer
+// replicas keeps the global batch: each survivor's plan has more
+// micro-batches, spread evenly over the window's inner steps (some steps
+// take two, their gradients averaged by size); a plan with fewer leaves
+// some steps idle, and a window that sync_every made longer or shorter
+// spreads its plan the same way. Learning rates are not scaled by
+// Plan.LRScale: an inner step's batch stays the replica's own.
+//
+// Each replica appends its committed syncs' plans to plans/ in the report
+// folder (one line per sync, written before the sync is reported), and
+// the summary checks from them that the committed syncs read each sample
+// they handed out once ("samples the committed syncs read"). The share of
+// a replica that did not see its sync commit (killed before it recorded
+// it, or its commit failed where the others' succeeded) is counted from
+// the sync's size, and reported unread.
 //
 // # Roles
 //

@@ -10,7 +10,6 @@ import (
 	"hash/fnv"
 	"io"
 	"math"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"time"
@@ -48,6 +47,7 @@ type runFile struct {
 	Train       string // token files
 	Val         string
 	Snapshots   string // folder for the global parameters the demo evaluates
+	Plans       string // folder for the replicas' plans logs (what committed syncs gave them to read)
 }
 
 // event is one JSON line a replica writes to its stdout for the demo.
@@ -174,18 +174,30 @@ func runReplica(spec replicaSpec) int {
 	if err != nil {
 		return fail(err)
 	}
-	tr := charlm.NewTrainer(model, cfg.Batch)
+	tr := newInnerTrainer(model, cfg.Batch)
 	opt := charlm.NewAdamW(len(model.Params))
-	dcfg := cfg.DiLoCo
-	dcfg.Logger = log
-	d, err := diloco.New(c, model.Params, dcfg)
+	// The data: the job's position in the training set is registered with
+	// the model (healed with it); DiLoCo drives the Comm through pc, which
+	// keeps each sync's plan.
+	sampler, err := ft.NewSampler(c, samplerConfig(cfg, train))
 	if err != nil {
 		return fail(err)
 	}
-	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(spec.Replica)<<32|uint64(spec.Restart)))
+	pc := &plannedComm{Comm: c, s: sampler}
+	plans, err := os.OpenFile(plansLog(run.Plans, spec.Job, name, spec.Restart), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fail(err)
+	}
+	defer plans.Close()
+	dcfg := cfg.DiLoCo
+	dcfg.Logger = log
+	d, err := diloco.New(pc, model.Params, dcfg)
+	if err != nil {
+		return fail(err)
+	}
 	lr := charlm.Schedule{Peak: float32(cfg.LR), Warmup: 100, Total: int64(cfg.Steps), Final: 0.1}
-	pos := make([]int, cfg.Batch)
 	target := cfg.Syncs()
+	every := cfg.H / cfg.F // inner steps between two syncs
 	// Registered: tell the demo, and wait for its go, so that a job's
 	// first quorum has all its replicas (a restarted one gets it at once).
 	emit(event{Kind: "start", Method: d.Method()})
@@ -204,6 +216,7 @@ func runReplica(spec replicaSpec) int {
 	finished := false   // another replica ended the run (ft.ErrFinished)
 	var settings uint64 // the job's settings version this replica follows
 	tookPart := false   // committed a sync: a spare or a replaced replica's restart may never
+	var win window      // what the inner steps read until the next commit
 	for c.CommittedStep() < target {
 		o, err := d.Tick(ctx) // a spare's first waits until it is promoted
 		if errors.Is(err, ft.ErrFinished) {
@@ -214,18 +227,45 @@ func runReplica(spec replicaSpec) int {
 		if err != nil {
 			return fail(err)
 		}
+		if rb := pc.rollback; rb != nil {
+			// The heal replaced syncs this replica had committed: so are
+			// their plans, in its log.
+			pc.rollback = nil
+			if err := appendRecord(plans, planRecord{Kind: "rollback", From: rb.FromStep, To: rb.ToStep}); err != nil {
+				return fail(err)
+			}
+		}
 		if st := c.Settings(); st.Version != settings {
 			// The job's settings changed (ftcoord job set): every replica
 			// sees the new version from the same sync, right after its
 			// Tick, and retunes there alike.
 			settings = st.Version
-			followSettings(st, d, &lr, log)
+			if h, ok := st.Int("sync_every"); followSettings(st, d, &lr, log) && ok && h > 0 {
+				every = int(h) / cfg.F
+			}
 			emit(event{Kind: "settings", Step: st.FromStep, Epoch: st.Epoch, Method: st.Summary()})
 		}
 		if o.Synced {
 			tookPart = tookPart || o.Committed
 			if o.Healed {
 				opt.Reset() // its moments belong to parameters that are gone
+			}
+			// Until the next commit the inner steps read this sync's plan
+			// if it committed; after one that did not, nothing (its
+			// samples go to the sync that takes its place).
+			win = window{}
+			if o.Committed {
+				p, ok := pc.plan(o.Step)
+				if !ok {
+					return fail(fmt.Errorf("sync %d committed without a plan", o.Step))
+				}
+				// Recorded before anything says it committed: a SIGKILL
+				// from here on leaves the plan unrecorded, never a
+				// reported sync without its record.
+				if err := appendRecord(plans, recordOf(p)); err != nil {
+					return fail(err)
+				}
+				win = window{plan: p, steps: every}
 			}
 			e := event{Kind: "sync", Step: o.Step, Inner: d.InnerStep(), Epoch: o.Epoch, Participants: o.Participants,
 				Committed: o.Committed, Healed: o.Healed, Fragment: o.Fragment, Contributors: o.Contributors,
@@ -247,11 +287,18 @@ func runReplica(spec replicaSpec) int {
 				break
 			}
 		}
+		mbs := win.next()
+		if len(mbs) == 0 {
+			continue // nothing to read: the sync before did not commit here
+		}
 		t0 := time.Now()
-		charlm.Sample(rng, train, model.Context, pos)
-		lossSum += float64(tr.Step(train, pos))
+		loss, grads, n := tr.grads(train, mbs)
+		if n == 0 {
+			continue // empty micro-batches (a job above its size, keeping the global batch)
+		}
+		lossSum += loss
 		lossN++
-		opt.Step(model.Params, tr.Grads, lr.At(d.InnerStep()))
+		opt.Step(model.Params, grads, lr.At(d.InnerStep()))
 		trainTime += time.Since(t0)
 	}
 	if !finished {
@@ -277,10 +324,10 @@ func runReplica(spec replicaSpec) int {
 
 // followSettings applies the job's settings the example reads: lr (the
 // peak inner learning rate), outer_lr and sync_every (H, inner steps
-// between two syncs of the same parameter). A value the run cannot take
-// (an H the fragments do not divide) is refused the same way at every
-// replica, and logged.
-func followSettings(st ft.Settings, d *diloco.DiLoCo, lr *charlm.Schedule, log *zap.Logger) {
+// between two syncs of the same parameter), and reports whether it did.
+// A value the run cannot take (an H the fragments do not divide) is
+// refused the same way at every replica, and logged.
+func followSettings(st ft.Settings, d *diloco.DiLoCo, lr *charlm.Schedule, log *zap.Logger) bool {
 	if v, ok := st.Float("lr"); ok && v > 0 {
 		lr.Peak = float32(v)
 	}
@@ -288,8 +335,9 @@ func followSettings(st ft.Settings, d *diloco.DiLoCo, lr *charlm.Schedule, log *
 	h, _ := st.Int("sync_every")
 	if err := d.Retune(outer, int(h)); err != nil {
 		log.Warn("job settings not applied", zap.Uint64("version", st.Version), zap.Error(err))
-		return
+		return false
 	}
 	log.Info("following the job's settings", zap.Uint64("version", st.Version), zap.Int64("from_step", st.FromStep),
 		zap.String("settings", st.Summary()))
+	return true
 }

@@ -2,8 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"math"
 	"os"
@@ -23,7 +25,10 @@ func (d *demo) summarize() (*Summary, error) {
 		js := JobSummary{Name: j.name, Faulty: j.faulty, Committed: j.step, Wall: j.finished.Sub(j.started),
 			FinalValLoss: j.finalLoss, Kills: j.kills, FailedSyncs: len(j.failedSyncs), Epochs: len(j.epochs),
 			PeakPayloadBytes: j.peakPayload, Method: j.method, StatesAgree: len(j.finalHashes) == 1,
-			Spares: j.spares(), Timeline: timeline(j.capacity)}
+			Spares: j.spares(), Timeline: timeline(j.capacity), Data: d.coverage(j)}
+		if !js.Data.ExactlyOnce() {
+			j.errors = append(j.errors, "the committed syncs' data: "+js.Data.String())
+		}
 		if j.syncEvents > 0 {
 			js.WirePerSync = float64(j.wire) / float64(j.syncEvents)
 		}
@@ -52,6 +57,23 @@ func (d *demo) summarize() (*Summary, error) {
 	}
 	js, _ := json.MarshalIndent(s, "", "  ")
 	return s, os.WriteFile(filepath.Join(d.cfg.Report, "summary.json"), js, 0o644)
+}
+
+// coverage checks what j's committed syncs read, from its replicas' plans
+// logs.
+func (d *demo) coverage(j *jobState) Coverage {
+	logs := map[string][]planRecord{}
+	for _, path := range j.plansLogs {
+		recs, err := readPlansLog(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // the process ended before it opened its log
+		}
+		if err != nil {
+			return Coverage{Problems: []string{err.Error()}}
+		}
+		logs[path] = recs
+	}
+	return checkCoverage(d.samples, j.step, logs, j.killedLogs)
 }
 
 // timeline writes participants per committed sync as runs of equal
@@ -98,6 +120,7 @@ func (s *Summary) write(w io.Writer, cfg Config) {
 	row("syncs committed", func(j JobSummary) string { return fmt.Sprintf("%d of %d", j.Committed, s.Syncs) })
 	row("wall time", func(j JobSummary) string { return j.Wall.Round(100 * time.Millisecond).String() })
 	row("final validation loss", func(j JobSummary) string { return fmt.Sprintf("%.4f nats/char", j.FinalValLoss) })
+	row("samples the committed syncs read", func(j JobSummary) string { return j.Data.String() })
 	row("replicas killed", func(j JobSummary) string { return fmt.Sprint(len(j.Kills)) })
 	row("spares", func(j JobSummary) string { return fmt.Sprint(j.Spares) })
 	row("syncs that failed somewhere", func(j JobSummary) string { return fmt.Sprint(j.FailedSyncs) })
