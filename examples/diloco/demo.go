@@ -48,6 +48,7 @@ type kill struct {
 	Failure
 	KilledAt        time.Time
 	KilledStep      int64
+	KilledEpoch     uint64 // the newest epoch seen at the kill
 	RestartAt       time.Time // when it is (was) started again; zero: not yet
 	Restarted       bool
 	SurvivorsCommit time.Duration // kill → the survivors' first commit without it
@@ -511,7 +512,10 @@ func (d *demo) syncEvent(j *jobState, e event, t time.Time) {
 			k.SurvivorsCommit = t.Sub(k.KilledAt)
 			d.note(j, "r%d killed → survivors committed sync %d with %d replicas after %v", k.Replica, e.Step, e.Participants, k.SurvivorsCommit.Round(time.Millisecond))
 		}
-		if k.CapacityBack == 0 && t.After(k.KilledAt) && e.Participants >= d.cfg.Replicas {
+		// Full size again: a sync of an epoch formed after the kill (the
+		// others' commits of the epoch the victim was in can reach the
+		// demo after the kill).
+		if k.CapacityBack == 0 && t.After(k.KilledAt) && e.Epoch > k.KilledEpoch && e.Participants >= d.cfg.Replicas {
 			k.CapacityBack = t.Sub(k.KilledAt)
 			d.note(j, "r%d killed → capacity back: sync %d committed by %d replicas %v after the kill", k.Replica, e.Step, e.Participants, k.CapacityBack.Round(time.Millisecond))
 		}
@@ -579,7 +583,7 @@ func (d *demo) maybeKill(j *jobState) {
 	p.killed = true
 	p.cmd.Process.Signal(syscall.SIGKILL)
 	j.killedLogs[plansLog(d.run.Plans, j.name, d.cfg.replicaName(f.Replica), p.restart)] = true
-	k := &kill{Failure: f, KilledAt: time.Now(), KilledStep: j.step}
+	k := &kill{Failure: f, KilledAt: time.Now(), KilledStep: j.step, KilledEpoch: j.epoch}
 	if f.Down >= 0 {
 		k.RestartAt = k.KilledAt.Add(f.Down)
 	}

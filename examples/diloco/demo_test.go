@@ -84,6 +84,9 @@ func TestDemoSmall(t *testing.T) {
 	if faulty.Spares != 1 || !strings.Contains(faulty.Timeline, fmt.Sprintf("%d: %d", s.Syncs, 3)) {
 		t.Errorf("capacity timeline %q (spares %d): want the job at full size at its end", faulty.Timeline, faulty.Spares)
 	}
+	if k.CapacityBack < k.SurvivorsCommit {
+		t.Errorf("capacity back %v, before the survivors' commit %v: a commit of the victim's epoch counted as full size again", k.CapacityBack, k.SurvivorsCommit)
+	}
 	t.Logf("capacity back %v (survivors' commit %v)", k.CapacityBack, k.SurvivorsCommit)
 	for _, want := range []string{"Summary", "spare s0 promoted", "capacity back", "capacity timeline", "same number of syncs", "each once"} {
 		if !strings.Contains(out.String(), want) {
