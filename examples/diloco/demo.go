@@ -48,7 +48,7 @@ type kill struct {
 	Failure
 	KilledAt        time.Time
 	KilledStep      int64
-	KilledEpoch     uint64 // the newest epoch seen at the kill
+	KilledEpoch     uint64    // the newest epoch seen at the kill
 	RestartAt       time.Time // when it is (was) started again; zero: not yet
 	Restarted       bool
 	SurvivorsCommit time.Duration // kill → the survivors' first commit without it
