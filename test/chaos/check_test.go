@@ -609,6 +609,34 @@ func TestCheckSpareContributesBeforePromotion(t *testing.T) {
 	expect(t, s.check(false, false), invSpare, invSpare)
 }
 
+// A spare promoted into an epoch it never formed (cut off) is promoted
+// all the same: removed and back, it joins as the replica it now is, with
+// no EventPromoted (the soak of 2026-11-29 saw it), and contributes from
+// then on.
+func TestCheckSparePromotedWhileCutOff(t *testing.T) {
+	s := newSim(t)
+	s.target = 3
+	s.quorum(1, []string{"a", "b", "c"}, nil, nil, nil)
+	s.start("a#1", "b#1", "c#1")
+	s.commit(1, 0b111, "a#1", "b#1", "c#1")
+	s.spawnSpare("e#1")
+	s.quorum(2, []string{"a", "b"}, []string{"c"}, nil, nil)
+	s.commit(2, 0b011, "a#1", "b#1")
+	s.quorum(3, []string{"a", "b", "e"}, nil, []string{"e"}, []string{"c"}) // e cut off: it never forms epoch 3
+	s.quorum(4, []string{"a", "b"}, []string{"e"}, nil, []string{"c"})
+	s.commit(4, 0b011, "a#1", "b#1")
+	s.quorum(5, []string{"a", "b", "e"}, nil, nil, []string{"c"}) // joined e
+	s.heal(5, "e#1", "a#1")
+	s.commit(5, 0b10011, "a#1", "b#1", "e#1")
+	s.final("a#1", "b#1", "e#1")
+	expect(t, s.check(false, false))
+
+	// Its commit before the promotion it missed is still one too early.
+	s.evs = slices.DeleteFunc(s.evs, func(e Event) bool { return e.Kind == evQuorum && e.Epoch == 3 })
+	s.quorum(6, []string{"a", "b", "e"}, nil, []string{"e"}, []string{"c"})
+	expect(t, s.check(false, false), invSpare, invSpare)
+}
+
 // With a spare ready, the job at full size again within the bound after a
 // loss; late, the capacity invariant reports the loss with the times,
 // unless another fault overlaps it or the spare was not ready (a fault
