@@ -343,6 +343,35 @@ func (pl *planner) plan(step, pos int64, s stepShape, replicaRank, groupRank int
 	return p
 }
 
+// PlanFor recomputes one rank's plan of a step from what every rank of
+// the step knows alike — what its Plan records (Step, Position,
+// Participants, Target, Policy) and the group size — for the rank at
+// replicaRank among the participants (its FT comm rank) and groupRank in
+// its group: the Plan that rank's Sampler returned, configured as cfg. A
+// tool that checks a job's data after the fact uses it for the ranks that
+// recorded nothing. policy "" is cfg's.
+func PlanFor(cfg SamplerConfig, step, position int64, participants, target, groupSize int, policy BatchPolicy,
+	replicaRank, groupRank int) (Plan, error) {
+	if err := cfg.Validate(); err != nil {
+		return Plan{}, err
+	}
+	cfg = cfg.withDefaults()
+	if policy == "" {
+		policy = cfg.Policy
+	}
+	if _, err := ParseBatchPolicy(string(policy)); err != nil {
+		return Plan{}, err
+	}
+	if participants < 1 || target < 1 || groupSize < 1 || position < 0 || replicaRank < 0 || replicaRank >= participants ||
+		groupRank < 0 || groupRank >= groupSize {
+		return Plan{}, fmt.Errorf("%w: ft: plan of rank %d.%d at position %d: %d participants, target %d, groups of %d",
+			comm.ErrInvalidArgument, replicaRank, groupRank, position, participants, target, groupSize)
+	}
+	pl := planner{cfg: cfg}
+	shape := stepShape{participants: participants, target: target, groupSize: groupSize, policy: policy}
+	return pl.plan(step, position, shape, replicaRank, groupRank), nil
+}
+
 // SettingBatchPolicy is the job setting that overrides
 // SamplerConfig.Policy at run time (membership.SettingBatchPolicy).
 const SettingBatchPolicy = membership.SettingBatchPolicy

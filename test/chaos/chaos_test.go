@@ -47,6 +47,9 @@ func runChaos(t *testing.T, cfg Config) (*Report, []*Fault) {
 	for _, v := range rep.Violations {
 		t.Errorf("%s: %s", v.Invariant, v.Detail)
 	}
+	if d := rep.Data; !d.Checked || d.Samples == 0 {
+		t.Errorf("the data invariant followed no history: %+v", d)
+	}
 	_, faults, err := loadRun(cfg.Dir)
 	if err != nil {
 		t.Fatal(err)
@@ -60,14 +63,26 @@ func runChaos(t *testing.T, cfg Config) (*Report, []*Fault) {
 // every ftcoord down, etcd restarted, a 2|2 partition, one replica cut
 // off, a slow link), then every replica to one final state. Partitions
 // and slow links need root (network namespaces) and run through the
-// fault-injecting proxy otherwise. It fails on any broken invariant; the
-// figures (step efficiency, detection and failure-to-commit times) are
-// logged, not asserted.
+// fault-injecting proxy otherwise. It fails on any broken invariant, and
+// if the job's history did not read a whole epoch of its dataset (the
+// data invariant checks little then); the figures (step efficiency,
+// detection and failure-to-commit times) are logged, not asserted.
 func TestChaosMix(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Duration = 9*cfg.MTBF + 5*time.Second // 9 faults: one of each kind
 	cfg.Seed = uint64(time.Now().UnixNano())
-	runChaos(t, cfg)
+	rep, _ := runChaos(t, cfg)
+	wholeEpochs(t, rep)
+}
+
+// wholeEpochs fails the test if the job's history read no whole epoch.
+func wholeEpochs(t *testing.T, rep *Report) {
+	t.Helper()
+	d := rep.Data
+	t.Logf("data: %d steps read %d samples, %d whole epochs", d.Steps, d.Samples, d.Epochs)
+	if d.Epochs < 1 {
+		t.Errorf("the job's history read no whole epoch of its dataset (%d samples of %s): the data invariant checked no epoch's end", d.Samples, rep.Settings.Data)
+	}
 }
 
 // Partitions and kills with DurableCommit: no step may ever be committed
@@ -194,9 +209,9 @@ func TestChaosStarve(t *testing.T) {
 // The seed is fixed, and with it the schedule (the nemesis's choices): a
 // stop of spare e, a 2|3 cut, kills of c and a (replicas in the job
 // unless an earlier fault moved them to the pool), a partition; the run
-// must promote a spare at least once. The capacity figures (kill → the
-// first commit at full size again) are logged. About 70 s beside the
-// build of ftcoord.
+// must promote a spare at least once, and read a whole epoch of its
+// dataset. The capacity figures (kill → the first commit at full size
+// again) are logged. About 75 s beside the build of ftcoord.
 func TestChaosSpares(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Replicas, cfg.Spares, cfg.Topology, cfg.Random = 3, 2, "embedded", false
@@ -211,4 +226,5 @@ func TestChaosSpares(t *testing.T) {
 	if rep.Promotions == 0 {
 		t.Errorf("no spare was promoted")
 	}
+	wholeEpochs(t, rep)
 }

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/ftcomm/ftcomm/ft"
 )
 
 // The invariants, checked over a run's timeline (pure: the same events
@@ -24,8 +26,13 @@ const (
 	invFencing    = "fencing"     // a zombie (stopped past its lease) commits nothing more in its old epoch
 	invRollback   = "rollback"    // a rollback names only steps the job's history has from another epoch
 	invSettings   = "settings"    // the replicas of an epoch take its settings version from one step
-	// invSpare and invCapacity: the spare pool's (spares.go).
+	// invSpare, invCapacity and invTarget: the spare pool's (spares.go);
+	// invData: the data the job read (data.go).
 )
+
+// invariants are every invariant's name, in the order reports list them.
+var invariants = []string{invDeadline, invMonotonic, invAgreement, invUncommit, invSplitBrain, invReplay, invReconfig,
+	invErrKind, invFalseDeath, invLiveness, invFencing, invRollback, invSettings, invSpare, invCapacity, invTarget, invData}
 
 // Violation is one broken invariant.
 type Violation struct {
@@ -60,6 +67,9 @@ type checkInput struct {
 	// with a spare ready (the capacity invariant; 0: not checked).
 	Target     int
 	SpareBound time.Duration
+	// Data is the replicas' sampler (Config.Data; Size 0: none, the data
+	// invariant unchecked).
+	Data ft.SamplerConfig
 }
 
 // analysis is the checker's verdict and what the report needs from it.
@@ -87,6 +97,8 @@ type analysis struct {
 	// Peer deaths (SIGKILL) and how the survivors' pending ops failed.
 	KillErrors map[string]int // error kind (peer-failed naming the victim: "peer-failed(victim)")
 	Unmapped   int            // peer-failed errors whose ranks could not be mapped to replicas
+	// Data: what the job's history read (the final check's).
+	Data DataCoverage
 }
 
 type stepEpoch struct {
@@ -468,6 +480,9 @@ func check(in checkInput) *analysis {
 	}
 
 	checkSpares(in, touched, bad)
+	dc := &dataChecker{in: in, bad: bad}
+	defer dc.finish(a)
+	dc.events()
 
 	if !in.Final {
 		return a
@@ -530,6 +545,7 @@ func check(in checkInput) *analysis {
 		}
 		return true
 	})
+	a.Data = dc.history(chain, finals)
 	// Steps committed outside that history: a minority's commit that a
 	// newer epoch redid. Every holder must have been told (a rollback
 	// covering it) unless it died holding it; with DurableCommit it must

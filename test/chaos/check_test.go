@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/ft"
 )
 
 // sim writes made-up histories for the checker: replica processes ("a#1")
@@ -25,13 +26,17 @@ type sim struct {
 	// capacity invariant unchecked).
 	target int
 	bound  time.Duration
+	// data is the replicas' sampler (Size 0: none); pos their positions.
+	data ft.SamplerConfig
+	pos  map[string]int64
 }
 
 const simParams = 8
 
 func newSim(t *testing.T) *sim {
 	return &sim{t: t, now: time.Unix(1000, 0).UnixNano(), state: map[string][]float32{}, step: map[string]int64{},
-		index: map[string]int{"a": 0, "b": 1, "c": 2, "d": 3, "e": 4}}
+		index: map[string]int{"a": 0, "b": 1, "c": 2, "d": 3, "e": 4},
+		data:  ft.SamplerConfig{Size: 13, Seed: 7, Batch: 2}, pos: map[string]int64{}}
 }
 
 func (s *sim) tick() int64 { s.now += int64(10 * time.Millisecond); return s.now }
@@ -53,8 +58,8 @@ func (s *sim) start(who ...string) {
 	for _, w := range who {
 		st := make([]float32, simParams)
 		initState(st)
-		s.state[w], s.step[w] = st, 0
-		s.add(w, Event{Kind: evStart, Hash: stateHash(st)})
+		s.state[w], s.step[w], s.pos[w] = st, 0, 0
+		s.add(w, Event{Kind: evStart, Hash: stateHash(st), Pos: s.position(w)})
 	}
 }
 
@@ -82,26 +87,51 @@ func (s *sim) commit(epoch uint64, mask uint32, who ...string) {
 		}
 		apply(st, sum, n)
 		s.step[w] = step
-		s.add(w, Event{Kind: evCommit, Step: step, Epoch: epoch, Prev: prev, Hash: stateHash(st), Mask: mask, Ranks: ranks, N: n})
+		e := Event{Kind: evCommit, Step: step, Epoch: epoch, Prev: prev, Hash: stateHash(st), Mask: mask, Ranks: ranks, N: n}
+		if r, _ := split(w); s.data.Size > 0 {
+			e.Data = s.read(step, s.pos[w], n, ranks[s.index[r]])
+			s.pos[w] += int64(e.Data.Samples)
+			e.Pos = s.position(w)
+		}
+		s.add(w, e)
 	}
+}
+
+// read is what the sampler of the replica of rank rank among n reads in
+// step from position pos.
+func (s *sim) read(step, pos int64, n, rank int) *DataRead {
+	p, err := ft.PlanFor(s.data, step, pos, n, n, 1, "", rank, 0)
+	if err != nil {
+		s.t.Fatalf("step %d rank %d of %d: %v", step, rank, n, err)
+	}
+	return readOf(p, rank)
+}
+
+// position is who's sampler's position, as events record it.
+func (s *sim) position(who string) *int64 {
+	if s.data.Size == 0 {
+		return nil
+	}
+	p := s.pos[who]
+	return &p
 }
 
 func (s *sim) heal(epoch uint64, to, from string) {
 	copy(s.state[to], s.state[from])
-	s.step[to] = s.step[from]
-	s.add(to, Event{Kind: evHeal, Epoch: epoch, Step: s.step[to], Hash: stateHash(s.state[to])})
+	s.step[to], s.pos[to] = s.step[from], s.pos[from]
+	s.add(to, Event{Kind: evHeal, Epoch: epoch, Step: s.step[to], Hash: stateHash(s.state[to]), Pos: s.position(to)})
 }
 
 func (s *sim) final(who ...string) {
 	for _, w := range who {
-		s.add(w, Event{Kind: evFinal, Step: s.step[w], Hash: stateHash(s.state[w])})
+		s.add(w, Event{Kind: evFinal, Step: s.step[w], Hash: stateHash(s.state[w]), Pos: s.position(w)})
 	}
 }
 
 func (s *sim) check(durable, strict bool) *analysis {
 	return check(checkInput{Events: s.evs, Faults: s.faults, Durable: durable, Timeout: 5 * time.Second,
 		Margin: 2 * time.Second, Linger: 9 * time.Second, Params: simParams, Index: s.index, Final: true, StrictDeaths: strict,
-		Target: s.target, SpareBound: s.bound})
+		Target: s.target, SpareBound: s.bound, Data: s.data})
 }
 
 // expect asserts the violations' invariants, in order of time.
@@ -228,6 +258,7 @@ func TestCheckRedoneByDeadHolder(t *testing.T) {
 
 func TestCheckEpochDisagreement(t *testing.T) {
 	s := newSim(t)
+	s.data = ft.SamplerConfig{} // b contributes to no slot: nothing a sampler could plan
 	s.start("a#1", "b#1")
 	s.commit(1, 0b11, "a#1")
 	s.commit(1, 0b01, "b#1") // same step and epoch, other contributors
@@ -265,6 +296,7 @@ func TestCheckMonotonic(t *testing.T) {
 
 func TestCheckReplayDiffers(t *testing.T) {
 	s := newSim(t)
+	s.data = ft.SamplerConfig{} // the misreport would contradict the step's cut too (the data invariant's)
 	s.start("a#1", "b#1")
 	s.commit(1, 0b11, "a#1", "b#1")
 	s.commit(1, 0b11, "a#1", "b#1")
@@ -577,6 +609,34 @@ func TestCheckSpareContributesBeforePromotion(t *testing.T) {
 	expect(t, s.check(false, false), invSpare, invSpare)
 }
 
+// A spare promoted into an epoch it never formed (cut off) is promoted
+// all the same: removed and back, it joins as the replica it now is, with
+// no EventPromoted (the soak of 2026-11-29 saw it), and contributes from
+// then on.
+func TestCheckSparePromotedWhileCutOff(t *testing.T) {
+	s := newSim(t)
+	s.target = 3
+	s.quorum(1, []string{"a", "b", "c"}, nil, nil, nil)
+	s.start("a#1", "b#1", "c#1")
+	s.commit(1, 0b111, "a#1", "b#1", "c#1")
+	s.spawnSpare("e#1")
+	s.quorum(2, []string{"a", "b"}, []string{"c"}, nil, nil)
+	s.commit(2, 0b011, "a#1", "b#1")
+	s.quorum(3, []string{"a", "b", "e"}, nil, []string{"e"}, []string{"c"}) // e cut off: it never forms epoch 3
+	s.quorum(4, []string{"a", "b"}, []string{"e"}, nil, []string{"c"})
+	s.commit(4, 0b011, "a#1", "b#1")
+	s.quorum(5, []string{"a", "b", "e"}, nil, nil, []string{"c"}) // joined e
+	s.heal(5, "e#1", "a#1")
+	s.commit(5, 0b10011, "a#1", "b#1", "e#1")
+	s.final("a#1", "b#1", "e#1")
+	expect(t, s.check(false, false))
+
+	// Its commit before the promotion it missed is still one too early.
+	s.evs = slices.DeleteFunc(s.evs, func(e Event) bool { return e.Kind == evQuorum && e.Epoch == 3 })
+	s.quorum(6, []string{"a", "b", "e"}, nil, []string{"e"}, []string{"c"})
+	expect(t, s.check(false, false), invSpare, invSpare)
+}
+
 // With a spare ready, the job at full size again within the bound after a
 // loss; late, the capacity invariant reports the loss with the times,
 // unless another fault overlaps it or the spare was not ready (a fault
@@ -680,5 +740,175 @@ func TestCheckSparesGrowTheJob(t *testing.T) {
 	expect(t, a, invTarget)
 	if d := a.Violations[0].Detail; !strings.Contains(d, "epoch 4 has 4 replica groups [a.0 b.0 e.0 c.0], above the job's target 3") {
 		t.Fatalf("detail: %s", d)
+	}
+}
+
+// The data invariant: the job's history — through a shrink, a restart
+// that heals its position with the state, a grow, steps across epochs'
+// ends, and a minority's step that another epoch redid — reads every
+// sample of every finished epoch once; the coverage counts the history's
+// samples, not the redone step's.
+func TestCheckDataCoverage(t *testing.T) {
+	s := newSim(t)
+	s.start("a#1", "b#1", "c#1")
+	for range 5 {
+		s.commit(1, 0b111, "a#1", "b#1", "c#1") // 6 samples a step
+	}
+	for range 4 {
+		s.commit(2, 0b011, "a#1", "b#1") // c killed: 4 a step
+	}
+	s.start("c#2")
+	s.heal(3, "c#2", "a#1")
+	for range 6 {
+		s.commit(3, 0b111, "a#1", "b#1", "c#2")
+	}
+	s.final("a#1", "b#1", "c#2")
+	a := s.check(false, false)
+	expect(t, a)
+	if want := (DataCoverage{Checked: true, Steps: 15, Samples: 82, Epochs: 6, InProgress: 4}); a.Data != want {
+		t.Fatalf("coverage %+v, want %+v", a.Data, want)
+	}
+
+	s = newSim(t)
+	partialCommit(s, true) // a and b's step 4 is not the job's: c and d's is
+	a = s.check(false, false)
+	expect(t, a)
+	if want := (DataCoverage{Checked: true, Steps: 5, Samples: 3*8 + 4 + 8, Epochs: 2, InProgress: 10}); a.Data != want {
+		t.Fatalf("coverage %+v, want %+v", a.Data, want)
+	}
+	// Not told: the split-brain invariant's violation, not the data's too.
+	s = newSim(t)
+	partialCommit(s, false)
+	expect(t, s.check(false, false), invSplitBrain, invSplitBrain)
+}
+
+// invariants lists the violations' invariants.
+func dataViolations(a *analysis) []string {
+	var out []string
+	for _, v := range a.Violations {
+		if v.Invariant == invData {
+			out = append(out, v.Detail)
+		}
+	}
+	return out
+}
+
+// What breaks the data invariant, each seen where it happens: a restart
+// whose position did not come with the state (read twice), a position
+// that moved without a commit (skipped), a failed step that moved it, a
+// replica reading another slot's share or the same slot as another, a
+// state loaded at another position than it was committed at.
+func TestCheckDataViolations(t *testing.T) {
+	// f breaks the run after step 3 of a and b and returns who goes on;
+	// they commit steps 4 and 5 in epoch 4.
+	run := func(name string, want []string, f func(s *sim) []string) {
+		t.Run(name, func(t *testing.T) {
+			s := newSim(t)
+			s.start("a#1", "b#1")
+			for range 3 {
+				s.commit(1, 0b11, "a#1", "b#1")
+			}
+			who := f(s)
+			for range 2 {
+				s.commit(4, 0b11, who...)
+			}
+			s.final(who...)
+			got := dataViolations(s.check(false, false))
+			ok := len(got) == len(want)
+			for i := range got {
+				ok = ok && strings.Contains(got[i], want[i])
+			}
+			if !ok {
+				t.Fatalf("data violations:\n%s\nwant (containing):\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+		})
+	}
+	at := func(p int64) *int64 { return &p }
+	run("the position not healed", []string{
+		"a#2 healed to step 3 (state",
+		"epoch 4 committed step 4 as step 4 positions 0..3 (0 of 2 participants, target 2, replica) at a#2 and as step 4 positions 12..15",
+		"a#2 ended at position 8; the job's history at 20",
+	}, func(s *sim) []string {
+		s.start("a#2") // a#1 killed
+		s.heal(3, "a#2", "b#1")
+		s.pos["a#2"] = 0 // its sampler's position did not come with the state
+		s.evs[len(s.evs)-1].Pos = at(0)
+		return []string{"a#2", "b#1"}
+	})
+	run("a position moved without a commit", []string{
+		"a#1 committed step 4 reading from position 14, but its sampler held 12",
+		"the job's step 4 read step 4 positions 14..17 (0 of 2 participants, target 2, replica); its steps before ended at position 12",
+		"b#1 committed step 4 reading from position 14, but its sampler held 12",
+	}, func(s *sim) []string {
+		s.pos["a#1"] += 2
+		s.pos["b#1"] += 2
+		return []string{"a#1", "b#1"}
+	})
+	run("a failed step moved the position", []string{
+		"a#1: its sampler holds position 16 after a step that did not commit (4), but 12 before it",
+	}, func(s *sim) []string {
+		s.add("a#1", Event{Kind: evFail, Epoch: 1, Step: 3, Pos: at(16)})
+		s.add("a#1", Event{Kind: evHeal, Epoch: 4, Step: 3, Hash: stateHash(s.state["a#1"]), Pos: at(12)})
+		return []string{"a#1", "b#1"}
+	})
+	run("a state loaded at another position", []string{
+		"a#1 healed to step 3 (state",
+		"b#1 healed to step 3 (state",
+		"the job's step 4 read step 4 positions 4..7",
+	}, func(s *sim) []string {
+		for _, w := range []string{"a#1", "b#1"} { // both load step 3 with position 4
+			s.pos[w] = 4
+			s.add(w, Event{Kind: evHeal, Epoch: 4, Step: 3, Hash: stateHash(s.state[w]), Pos: at(4)})
+		}
+		return []string{"a#1", "b#1"}
+	})
+	run("another slot's share", []string{
+		"the job read sample 9 of epoch 1 twice: at positions 13 and 15 (step 4, slot 1)",
+		"b#1 committed step 4 positions 12..15 (1 of 2 participants, target 2, replica) reading [4 9]; the slot's share is [6 0]",
+		"the job read sample 4 of epoch 1 twice: at positions 14 and 18 (step 5, slot 1)",
+	}, func(s *sim) []string {
+		s.commit(4, 0b11, "a#1", "b#1")
+		s.evs[len(s.evs)-1].Data.Indices = slices.Clone(s.evs[len(s.evs)-2].Data.Indices)
+		return []string{"a#1", "b#1"}
+	})
+	run("two replicas read one slot", []string{
+		"a#1 and b#1 both read slot 0 of step 4 in epoch 4",
+	}, func(s *sim) []string {
+		s.commit(4, 0b11, "a#1", "b#1")
+		s.evs[len(s.evs)-1].Data = s.read(4, 12, 2, 0)
+		return []string{"a#1", "b#1"}
+	})
+}
+
+// A finished epoch that missed a sample says which.
+func TestCheckDataEpochSkipped(t *testing.T) {
+	s := newSim(t)
+	s.start("a#1")
+	for range 8 { // 2 samples a step: epoch 0 is positions 0..12
+		s.commit(1, 0b1, "a#1")
+		if e := &s.evs[len(s.evs)-1]; e.Step == 3 {
+			e.Data.Indices[1] = e.Data.Indices[0] // position 5 reads position 4's sample again
+		}
+	}
+	s.final("a#1")
+	got := dataViolations(s.check(false, false))
+	if len(got) != 3 || !strings.Contains(got[2], "the job's epoch 0 ended with 1 samples never read") {
+		t.Fatalf("data violations:\n%s\nwant the slot's, the sample read twice, the sample never read", strings.Join(got, "\n"))
+	}
+}
+
+// A sampler gone wrong at every step says so in the first violations and
+// one more that counts the rest.
+func TestCheckDataViolationsCapped(t *testing.T) {
+	s := newSim(t)
+	s.start("a#1", "b#1")
+	for range 30 {
+		s.commit(1, 0b11, "a#1", "b#1")
+		s.evs[len(s.evs)-1].Data.Indices[0]++
+	}
+	s.final("a#1", "b#1")
+	got := dataViolations(s.check(false, false))
+	if len(got) != maxDataViolations+1 || !strings.HasPrefix(got[len(got)-1], "… and ") {
+		t.Fatalf("%d data violations, the last %q; want %d, the last counting the rest", len(got), got[len(got)-1], maxDataViolations+1)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/ftcomm/ftcomm/ft"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -71,6 +72,10 @@ type Config struct {
 	// (ft.Config.Member.Stragglers; the zero value: the coordinator's,
 	// off).
 	Stragglers membership.StragglerPolicy
+	// Data is the dataset every replica reads through an ft.Sampler (the
+	// data invariant: the job's committed steps read each sample of each
+	// epoch exactly once); Seed 0: the run's Seed.
+	Data ft.SamplerConfig
 
 	Dir     string // logs, events, report and plot go here
 	Ftcoord string // the ftcoord binary; empty: built with go build
@@ -84,6 +89,9 @@ func DefaultConfig() Config {
 		Topology: "cluster", Network: "auto", Params: 1 << 16, StepTime: 50 * time.Millisecond,
 		Timeout: 5 * time.Second, LeaseTTL: 2 * time.Second, Margin: 2 * time.Second,
 		Compute: "sleep", StarveLoops: 4,
+		// 16 samples a step at 4 replicas: an epoch every ~190 steps
+		// (10 s), its ends falling inside steps.
+		Data: ft.SamplerConfig{Size: 3000, Batch: 2, Accum: 2},
 	}
 }
 
@@ -115,6 +123,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("chaos: fault length %v, starve loops %d, starve quota %g, tail %v", c.FaultLength, c.StarveLoops, c.StarveQuota, c.Tail)
 	case c.Dir == "":
 		return fmt.Errorf("chaos: no output directory")
+	}
+	if err := c.Data.Validate(); err != nil {
+		return fmt.Errorf("chaos: data: %w", err)
 	}
 	return c.Stragglers.Validate()
 }

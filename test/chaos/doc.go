@@ -12,7 +12,10 @@
 // targeting them too: a spare contributes to no step before its
 // promotion, a loss with a spare ready is followed by the job at full
 // size within Config.SpareBound, and no quorum is larger than
-// Config.Replicas (spares.go).
+// Config.Replicas (spares.go). Every replica reads a dataset through an
+// ft.Sampler (Config.Data) and records its reads with its commits: the
+// job's committed history reads every sample of every epoch exactly once
+// (data.go).
 //
 //	go test -race -v ./test/chaos                # the CI mix (TestChaosMix), 2–3 minutes
 //	go run ./test/chaos -duration 30m -mtbf 15s  # a soak; -h lists the flags

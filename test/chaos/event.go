@@ -44,6 +44,11 @@ type Event struct {
 	Reason  string `json:"reason,omitempty"`
 	// settings: the job's settings version in force from step From.
 	Version uint64 `json:"ver,omitempty"`
+	// commit: what the replica's sampler read in the step (nil: it had
+	// no plan, Err says why). start, commit, fail, heal, final: the
+	// sampler's position after it (nil: no sampler).
+	Data *DataRead `json:"data,omitempty"`
+	Pos  *int64    `json:"pos,omitempty"`
 
 	// Harness events: a fault (its id, targets), a quorum (participants,
 	// removed).
@@ -106,6 +111,9 @@ func (e Event) String() string {
 	switch e.Kind {
 	case evCommit:
 		add("step %d epoch %d n %d mask %04b hash %016x prev %016x", e.Step, e.Epoch, e.N, e.Mask, e.Hash, e.Prev)
+		if d := e.Data; d != nil {
+			add("read %d+%d slot %d", d.Pos, d.Samples, d.Slot)
+		}
 	case evFail:
 		add("step %d epoch %d: %s", e.Step+1, e.Epoch, e.Reason)
 	case evOp, evCommitD:
@@ -117,6 +125,9 @@ func (e Event) String() string {
 		add("epoch %d %s rank %d of %d", e.Epoch, e.How, e.Rank, e.N)
 	case evHeal:
 		add("epoch %d to step %d hash %016x (%d bytes)", e.Epoch, e.Step, e.Hash, e.Bytes)
+		if e.Pos != nil {
+			add("position %d", *e.Pos)
+		}
 	case evRollback:
 		add("epoch %d steps %d..%d now at %d", e.Epoch, e.From, e.To, e.Step)
 	case evFault, evHealed:

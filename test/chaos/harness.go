@@ -92,6 +92,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	h := &harness{cfg: cfg, self: self, index: map[string]int{}, reps: map[string]*replica{},
 		printed: map[string]bool{}, quorums: map[uint64]bool{}, start: time.Now(),
 		rng: mrand.New(mrand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))}
+	if h.cfg.Data.Seed == 0 {
+		h.cfg.Data.Seed = cfg.Seed
+	}
 	h.secret = make([]byte, 32)
 	rand.Read(h.secret)
 	for i := range cfg.Replicas + cfg.Spares {
@@ -237,7 +240,8 @@ func (h *harness) checkInput(evs []Event, final bool) checkInput {
 	}
 	return checkInput{Events: evs, Faults: faults, Durable: h.cfg.Durable,
 		Timeout: h.cfg.Timeout, Margin: h.cfg.Margin, Linger: h.linger(), Params: h.cfg.Params, Index: h.index,
-		EndAt: h.endAt, Final: final, StrictDeaths: h.cfg.StrictDeaths, Target: h.cfg.Replicas, SpareBound: h.cfg.spareBound()}
+		EndAt: h.endAt, Final: final, StrictDeaths: h.cfg.StrictDeaths, Target: h.cfg.Replicas, SpareBound: h.cfg.spareBound(),
+		Data: h.cfg.Data}
 }
 
 // linger is how long after a fault was undone its effects may still show:
@@ -303,7 +307,7 @@ func (h *harness) spawn(name string) error {
 		GlooListen: r.place.glooListen, GlooAdvertise: r.place.glooAdvertise, Gossip: r.place.gossip, GossipTuning: h.cfg.Gossip,
 		Params: h.cfg.Params, StepTime: h.cfg.StepTime, Timeout: h.cfg.Timeout, LeaseTTL: h.cfg.LeaseTTL,
 		MinReplicas: 1, Durable: h.cfg.Durable, Secret: h.secret, SlowOp: h.cfg.Timeout / 2, Work: h.work, Stragglers: h.cfg.Stragglers,
-		Spare: r.spare}
+		Spare: r.spare, Data: h.cfg.Data}
 	b, _ := json.Marshal(spec)
 	cmd := r.place.command(h.self)
 	cmd.Env = append(append(os.Environ(), replicaEnv+"="+string(b)), r.place.env...)

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/ftcomm/ftcomm/ft"
 )
 
 func main() {
@@ -131,6 +133,11 @@ func soak(args []string) int {
 	fs.Float64Var(&cfg.Stragglers.Factor, "straggler-factor", 0, "the replicas' straggler policy: out while their step time stays above this many times the others' median (0: off)")
 	fs.DurationVar(&cfg.Stragglers.Window, "straggler-window", 0, "the straggler policy's window (0: membership's default)")
 	fs.DurationVar(&cfg.Stragglers.Probation, "straggler-probation", 0, "the straggler policy's probation (0: membership's default)")
+	fs.Int64Var(&cfg.Data.Size, "data-size", cfg.Data.Size, "samples in the dataset the replicas read through an ft.Sampler (the data invariant)")
+	fs.IntVar(&cfg.Data.Batch, "data-batch", cfg.Data.Batch, "samples of a replica's micro-batch")
+	fs.IntVar(&cfg.Data.Accum, "data-accum", cfg.Data.Accum, "micro-batches per replica and step")
+	policy := fs.String("data-policy", "replica", "the sampler's batch policy: replica (the global batch follows the participants) or global")
+	fs.Uint64Var(&cfg.Data.Seed, "data-seed", 0, "the dataset's shuffle seed (0: -seed)")
 	fs.StringVar(&cfg.Dir, "dir", "", "output directory (default: a new one under the system's temporary directory)")
 	fs.StringVar(&cfg.Ftcoord, "ftcoord", "", "ftcoord binary (default: built with go build)")
 	if err := fs.Parse(args); err != nil {
@@ -138,6 +145,10 @@ func soak(args []string) int {
 	}
 	var err error
 	if cfg.Faults, err = ParseFaults(*faults); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	if cfg.Data.Policy, err = ft.ParseBatchPolicy(*policy); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}

@@ -62,6 +62,8 @@ type replicaSpec struct {
 	// Spare: a warm standby (ft.Config.Spare), its first Step waiting
 	// for its promotion.
 	Spare bool
+	// Data is the dataset its sampler reads.
+	Data ft.SamplerConfig
 }
 
 // errKind names the kind an op's error carries, the first that applies.
@@ -164,14 +166,19 @@ func runReplica(specJSON string) int {
 	params := make([]float32, spec.Params)
 	initState(params)
 	var c *ft.Comm
+	var sampler *ft.Sampler
+	position := func() *int64 {
+		p := sampler.Position()
+		return &p
+	}
 	var failReason string         // the last failed commit's, from ft's event
 	onEvent := func(e ft.Event) { // on the training goroutine, inside Step and Commit
 		ev := Event{Epoch: e.Epoch, Step: e.Step, N: e.Participants, Reason: e.Reason}
 		switch e.Kind {
 		case ft.EventReconfigured:
 			ev.Kind, ev.How, ev.Rank, ev.Dur = evReconf, e.How, e.Rank, int64(e.Took)
-		case ft.EventHealed:
-			ev.Kind, ev.Hash, ev.From, ev.Bytes, ev.Dur = evHeal, stateHash(params), e.FromStep, e.Bytes, int64(e.Took)
+		case ft.EventHealed: // the sampler's position came with the state
+			ev.Kind, ev.Hash, ev.From, ev.Bytes, ev.Dur, ev.Pos = evHeal, stateHash(params), e.FromStep, e.Bytes, int64(e.Took), position()
 		case ft.EventRolledBack:
 			ev.Kind, ev.From, ev.To = evRollback, e.FromStep, e.ToStep
 		case ft.EventSatOut:
@@ -202,12 +209,15 @@ func runReplica(specJSON string) int {
 	if err := c.Register("params", comm.Float32s(params)); err != nil {
 		return fatal(err)
 	}
-	emit(Event{Kind: evStart, Hash: stateHash(params)})
+	if sampler, err = ft.NewSampler(c, spec.Data); err != nil {
+		return fatal(err)
+	}
+	emit(Event{Kind: evStart, Hash: stateHash(params), Pos: position()})
 
 	buf := make([]float32, spec.Params+maxReplicas) // gradient, then one slot per replica
 	for {
 		if t := target.Load(); t > 0 && c.CommittedStep() >= t {
-			emit(Event{Kind: evFinal, Step: c.CommittedStep(), Epoch: c.Epoch(), Hash: stateHash(params)})
+			emit(Event{Kind: evFinal, Step: c.CommittedStep(), Epoch: c.Epoch(), Hash: stateHash(params), Pos: position()})
 			if err := c.Close(); err != nil {
 				log.Warn("close", zap.Error(err))
 			}
@@ -218,6 +228,13 @@ func runReplica(specJSON string) int {
 		var rb *ft.RollbackError
 		if err := c.Step(ctx); err != nil && !errors.As(err, &rb) {
 			return fatal(fmt.Errorf("step: %w", err))
+		}
+		// What this replica reads in the step: ErrNotParticipating while
+		// it sits the epoch out (its ops fail, the step does not commit).
+		plan, planErr := sampler.Plan()
+		var mismatch *ft.SamplerMismatchError
+		if errors.As(planErr, &mismatch) {
+			return fatal(planErr)
 		}
 		prev := stateHash(params)
 		step := c.CommittedStep() + 1
@@ -249,7 +266,7 @@ func runReplica(specJSON string) int {
 			return fatal(fmt.Errorf("commit: %w", err))
 		}
 		if !ok {
-			emit(Event{Kind: evFail, Epoch: epoch, Step: step - 1, Reason: failReason})
+			emit(Event{Kind: evFail, Epoch: epoch, Step: step - 1, Reason: failReason, Pos: position()})
 			failReason = ""
 			continue
 		}
@@ -264,8 +281,15 @@ func runReplica(specJSON string) int {
 			}
 		}
 		apply(params, buf[:spec.Params], n)
-		emit(Event{Kind: evCommit, Step: c.CommittedStep(), Epoch: epoch, Prev: prev, Hash: stateHash(params),
-			Mask: mask, Ranks: ranks, N: c.Participants(), Rank: rank})
+		// The step's reads go out with its commit, in one write.
+		ev := Event{Kind: evCommit, Step: c.CommittedStep(), Epoch: epoch, Prev: prev, Hash: stateHash(params),
+			Mask: mask, Ranks: ranks, N: c.Participants(), Rank: rank, Pos: position()}
+		if planErr == nil {
+			ev.Data = readOf(plan, rank)
+		} else {
+			ev.Err = "plan: " + planErr.Error()
+		}
+		emit(ev)
 	}
 }
 

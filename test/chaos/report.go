@@ -11,6 +11,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/ftcomm/ftcomm/ft"
 )
 
 // Report is what a run measured and whether it kept its invariants.
@@ -91,6 +93,8 @@ type Report struct {
 	KillsInJob     int         `json:"killsInJob,omitempty"`
 	KillsWithSpare int         `json:"killsWithSpare,omitempty"`
 	CapacityBack   Percentiles `json:"capacityBack"`
+	// Data: what the job's committed history read (the data invariant).
+	Data DataCoverage `json:"data"`
 
 	Violations []Violation `json:"violations"`
 }
@@ -114,6 +118,7 @@ type Settings struct {
 	Hog      int         `json:"hog"`
 	Gossip   string      `json:"gossip"`
 	CPUs     int         `json:"cpus"`
+	Data     string      `json:"data,omitempty"`
 }
 
 // Percentiles summarise durations (seconds).
@@ -344,12 +349,12 @@ func buildReport(cfg Config, network string, evs []Event, faults []*Fault, a *an
 		Settings: Settings{Replicas: cfg.Replicas, Spares: cfg.Spares, Duration: cfg.Duration.String(), MTBF: cfg.MTBF.String(), Random: cfg.Random,
 			Faults: cfg.Faults, Seed: cfg.Seed, Topology: cfg.Topology, Durable: cfg.Durable, Params: cfg.Params,
 			StepTime: cfg.StepTime.String(), Timeout: cfg.Timeout.String(), LeaseTTL: cfg.LeaseTTL.String(),
-			Margin: cfg.Margin.String(), Hog: cfg.Hog, CPUs: hogs(), Gossip: gossipString(cfg.Gossip)},
+			Margin: cfg.Margin.String(), Hog: cfg.Hog, CPUs: hogs(), Gossip: gossipString(cfg.Gossip), Data: dataString(cfg)},
 		Network: network, FaultsByKind: map[FaultKind]int{}, ByKind: map[FaultKind]KindStat{},
 		Attempts: a.Attempts, Commits: a.Commits, Lost: a.Lost, FinalStep: a.FinalStep, Rollbacks: a.Rollbacks,
 		RolledBackSteps: a.RolledBack, MaxRollback: a.MaxRollback,
 		Redone: a.Redone, Forks: a.Forks, ForkDepth: a.ForkDepth, KillErrors: a.KillErrors, Violations: a.Violations, FalseDeaths: a.FalseDeaths,
-		OutageRemovals: a.OutageRemovals,
+		OutageRemovals: a.OutageRemovals, Data: a.Data,
 		NemesisSeconds: nemesisEnd.Sub(nemesisStart).Seconds(),
 	}
 	if r.Violations == nil {
@@ -508,6 +513,15 @@ func (r *Report) Table() string {
 		fmt.Fprintf(&b, "  spares: %d; %d promotions; %d kills of a replica in the job, %d of them with a spare ready; capacity back (kill → first commit at full size), kills no other fault overlapped: n %d, p50 %.2fs, p99 %.2fs, max %.2fs\n",
 			s.Spares, r.Promotions, r.KillsInJob, r.KillsWithSpare, c.N, c.P50, c.P99, c.Max)
 	}
+	if s.Data != "" {
+		d := r.Data
+		if d.Checked {
+			fmt.Fprintf(&b, "  data (%s): the job's %d steps read %d samples: every sample of %d epochs exactly once, %d of the next with none twice; %d data violations\n",
+				s.Data, d.Steps, d.Samples, d.Epochs, d.InProgress, r.violations(invData))
+		} else {
+			fmt.Fprintf(&b, "  data (%s): the job's history could not be followed (%d data violations)\n", s.Data, r.violations(invData))
+		}
+	}
 	if r.SettingsChanges > 0 {
 		fmt.Fprintf(&b, "  settings changes (ftcoord job set): %d; in force at every replica from one step: %d; steps committed after the command returned, before that step: p50 %d, max %d\n",
 			r.SettingsChanges, r.SettingsAllAtOnce, r.SettingsLagP50, r.SettingsLagMax)
@@ -536,6 +550,12 @@ func (r *Report) Table() string {
 	b.WriteString("  (detect: fault → the coordinator's epoch without the replica; to commit: fault → the first commit of a newer epoch,\n")
 	b.WriteString("   for coordinator and slow-link faults the first commit at all; rejoin: fault undone → the replica's first commit;\n")
 	b.WriteString("   alone: the faults no other fault began during, until they were over)\n\n")
+	var by []string
+	for _, inv := range invariants {
+		if s.Spares > 0 || (inv != invSpare && inv != invCapacity && inv != invTarget) {
+			by = append(by, fmt.Sprintf("%s %d", inv, r.violations(inv)))
+		}
+	}
 	if len(r.Violations) == 0 {
 		b.WriteString("invariants: all kept (0 violations)\n")
 	} else {
@@ -544,7 +564,32 @@ func (r *Report) Table() string {
 			fmt.Fprintf(&b, "  %.3fs %s: %s\n", time.Unix(0, v.T).Sub(r.Started).Seconds(), v.Invariant, v.Detail)
 		}
 	}
+	fmt.Fprintf(&b, "  by invariant: %s\n", strings.Join(by, ", "))
 	return b.String()
+}
+
+// violations counts the violations of invariant inv.
+func (r *Report) violations(inv string) int {
+	n := 0
+	for _, v := range r.Violations {
+		if v.Invariant == inv {
+			n++
+		}
+	}
+	return n
+}
+
+// dataString describes the replicas' dataset.
+func dataString(cfg Config) string {
+	d := cfg.Data
+	if d.Size == 0 {
+		return ""
+	}
+	pol := d.Policy
+	if pol == "" {
+		pol = ft.KeepReplicaBatch
+	}
+	return fmt.Sprintf("%d samples, seed %d, batch %d × %d per replica, policy %s", d.Size, d.Seed, d.Batch, max(d.Accum, 1), pol)
 }
 
 // write saves report.json, report.txt, faults.json and timeline.png in dir.

@@ -40,6 +40,12 @@ type spareLaunch struct {
 	epoch     uint64 // the epoch it was promoted into
 	exited    int64  // 0: alive at the end
 	lastEpoch uint64 // the newest epoch when it exited (MaxUint64: alive)
+	// missed: the first quorum that promoted it while it lived (its time
+	// and epoch). A spare cut off when it is promoted never forms that
+	// epoch, so ft reports no EventPromoted; removed and back, it joins
+	// as the replica it now is.
+	missed      int64
+	missedEpoch uint64
 }
 
 // waiting reports whether l waited, ready, at t: started as a spare,
@@ -66,6 +72,13 @@ func spareLaunches(evs []Event) []*spareLaunch {
 			for _, g := range e.Replaced {
 				replaced[g] = true
 			}
+			for _, m := range e.Promoted {
+				for _, l := range out {
+					if l.name == replicaOfMember(m) && l.ready != 0 && l.ready < e.T && l.exited == 0 && l.missed == 0 {
+						l.missed, l.missedEpoch = e.T, e.Epoch
+					}
+				}
+			}
 		case evSpawn:
 			if e.Reason == "spare" || replaced[e.Replica] {
 				l := &spareLaunch{who: e.who(), name: e.Replica, spawned: true, newest: newest, lastEpoch: math.MaxUint64}
@@ -90,6 +103,21 @@ func spareLaunches(evs []Event) []*spareLaunch {
 			if l := byWho[e.who()]; l != nil {
 				l.exited, l.lastEpoch = e.T, newest
 			}
+		}
+	}
+	// A promotion it missed (it took no part in that epoch) counts from
+	// the coordinator's record; one it took part in, from when it learned
+	// of it (its EventPromoted).
+	for _, e := range evs {
+		if e.Kind == evCommit || e.Kind == evReconf || e.Kind == evPromoted {
+			if l := byWho[e.who()]; l != nil && l.missed != 0 && e.Epoch == l.missedEpoch {
+				l.missed = 0 // it took part: not missed
+			}
+		}
+	}
+	for _, l := range out {
+		if l.missed != 0 && (l.promoted == 0 || l.missedEpoch < l.epoch) {
+			l.promoted, l.epoch = l.missed, l.missedEpoch
 		}
 	}
 	return out
