@@ -1083,10 +1083,22 @@ func (m *machine) reconfigure(now time.Time, q membership.Quorum, v view) {
 	}
 	m.target, m.tview, m.reconfAt, m.rollback = q, v, now, nil
 	m.reconfSince = true
-	if slices.Contains(q.Promoted, m.cfg.id) {
-		// Where it lands: its rank in the FT comm it is about to form.
-		m.emit(Event{Kind: EventPromoted, Epoch: q.Epoch, Participants: v.groups,
-			Reason: fmt.Sprintf("rank %d of %d (%s)", v.ftRank, len(v.ft), q.Reason)})
+	if promoted := slices.Contains(q.Promoted, m.cfg.id); promoted || m.spare {
+		// Where it lands: its rank in the FT comm it is about to form. A
+		// spare that takes part unnamed was promoted in an epoch it never
+		// saw or never formed (cut off then).
+		var why []string
+		if !promoted {
+			why = append(why, "promoted in an earlier epoch this spare did not take part in")
+		}
+		if q.Reason != "" {
+			why = append(why, q.Reason)
+		}
+		where := fmt.Sprintf("rank %d of %d", v.ftRank, len(v.ft))
+		if len(why) > 0 {
+			where += " (" + strings.Join(why, "; ") + ")"
+		}
+		m.emit(Event{Kind: EventPromoted, Epoch: q.Epoch, Participants: v.groups, Reason: where})
 	}
 	m.spare, m.cfg.spare = false, false // a replica from now on
 	m.prevGroup = m.group

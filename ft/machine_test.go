@@ -139,6 +139,8 @@ func (s *machineScript) run(line string) []string {
 				cfg.linger, _ = time.ParseDuration(v)
 			case "initial":
 				cfg.initialStep, _ = strconv.ParseInt(v, 10, 64)
+			case "spare":
+				cfg.spare = true
 			}
 		}
 		s.m = newMachine(cfg, inc)
@@ -165,6 +167,14 @@ func (s *machineScript) run(line string) []string {
 			}
 			if r, ok := strings.CutPrefix(a, "runstep="); ok {
 				q.RunStep, _ = strconv.ParseInt(r, 10, 64)
+				continue
+			}
+			if p, ok := strings.CutPrefix(a, "promoted="); ok {
+				q.Promoted = strings.Split(p, ",")
+				continue
+			}
+			if r, ok := strings.CutPrefix(a, "replaced="); ok {
+				q.Replaced = strings.Split(r, ",")
 				continue
 			}
 			if v, ok := strings.CutPrefix(a, "settings="); ok {

@@ -42,8 +42,9 @@ type spareLaunch struct {
 	lastEpoch uint64 // the newest epoch when it exited (MaxUint64: alive)
 	// missed: the first quorum that promoted it while it lived (its time
 	// and epoch). A spare cut off when it is promoted never forms that
-	// epoch, so ft reports no EventPromoted; removed and back, it joins
-	// as the replica it now is.
+	// epoch: ft reports its EventPromoted only in the first epoch it
+	// takes part in, later (removed and back, it joins as the replica
+	// it now is); the promotion counts from the coordinator's record.
 	missed      int64
 	missedEpoch uint64
 }
