@@ -327,7 +327,7 @@ func (pl *planner) plan(step, pos int64, s stepShape, replicaRank, groupRank int
 	off := (replicaRank*s.groupSize + groupRank) * n
 	p := Plan{Step: step, Position: pos, Epoch: pos / pl.cfg.Size, Samples: x.samples, First: pos + int64(off),
 		Participants: s.participants,
-		Target: max(s.target, 1), Policy: s.policy, LRScale: float64(x.samples) / float64(x.fullBatch)}
+		Target:       max(s.target, 1), Policy: s.policy, LRScale: float64(x.samples) / float64(x.fullBatch)}
 	ranks := float64(s.participants * s.groupSize)
 	all := make([]int64, n)
 	for i := range all {
