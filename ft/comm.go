@@ -168,6 +168,14 @@ func New(ctx context.Context, cfg Config) (*Comm, error) {
 		c.link.snap.Store(&snapshot{rank: -1, spare: true})
 	}
 	c.d = newDriver(cfg, c.log, id, c.link, server, met, m, own)
+	if cfg.SnapshotEvery > 0 {
+		if c.d.snaps, err = newSnapshots(cfg, c.log, met); err != nil {
+			met.unregister()
+			server.Close()
+			m.Close()
+			return nil, err
+		}
+	}
 	go c.d.run()
 	return c, nil
 }

@@ -236,6 +236,21 @@ type Config struct {
 	// conflict is detected when the replicas meet again and reported as a
 	// rollback (EventRolledBack, *RollbackError, ftcomm_ft_rollbacks_total).
 	DurableCommit bool
+	// SnapshotEvery turns on peer snapshots, fault tolerance for a replica
+	// group whose shards have no copy in another group (an FSDP job whose
+	// one group spans every GPU): every SnapshotEvery committed steps
+	// (steps 0, K, 2K, …) each rank copies its registered state into its
+	// own host memory and into its buddy's, a rank of the group on
+	// another host, in the background of the next step. When a rank of
+	// the group is replaced (its restarted process or a spare holds
+	// nothing), the replacement restores the dead rank's state from its
+	// buddy's copy and every other rank rolls back to the same snapshot
+	// from its own (Step returns a *RollbackError there): at most
+	// SnapshotEvery steps are lost. See the package doc, "Peer
+	// snapshots". 0: off. Needs GroupSize > 1; not with DurableCommit (a
+	// restore discards committed steps, which DurableCommit promises
+	// never to do).
+	SnapshotEvery int
 	// OnEvent, if set, is called from the training goroutine (inside Step
 	// and Commit) with each reconfiguration, heal, rollback, sit-out and
 	// failed commit. It must not call the Comm's Step, Commit, collectives
@@ -283,6 +298,12 @@ func (c *Config) Validate() error {
 		return bad("negative StallMin %v or InitialStep %d", c.StallMin, c.InitialStep)
 	case c.HealChunkSize < 0 || c.HealStreams < 0:
 		return bad("negative heal chunk size or streams")
+	case c.SnapshotEvery < 0:
+		return bad("negative SnapshotEvery %d", c.SnapshotEvery)
+	case c.SnapshotEvery > 0 && c.GroupSize < 2:
+		return bad("SnapshotEvery with GroupSize %d: peer snapshots keep a replica group's shards on its other ranks (replicas of one rank heal from each other)", c.GroupSize)
+	case c.SnapshotEvery > 0 && c.DurableCommit:
+		return bad("SnapshotEvery with DurableCommit: a snapshot restore rolls committed steps back, which DurableCommit promises never to do")
 	case c.Device < 0:
 		return bad("negative Device %d", c.Device)
 	}

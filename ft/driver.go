@@ -61,6 +61,8 @@ type driver struct {
 	splitKnown [2]bool
 	healed     recovery.Progress // a heal cut short keeps its progress
 
+	snaps *peerSnapshots // Config.SnapshotEvery; nil: off
+
 	relMu     sync.Mutex
 	releasing []releaser // device comms whose release Close waits for
 
@@ -119,7 +121,7 @@ type releaser interface {
 
 func newDriver(cfg Config, log *zap.Logger, id string, l *link, server *recovery.Server, met *metrics, m Membership, own bool) *driver {
 	mc := machineConfig{id: id, spare: cfg.Spare, group: cfg.Group, groupRank: cfg.GroupRank, groupSize: cfg.GroupSize,
-		minReplicas: cfg.MinReplicas, durable: cfg.DurableCommit, maxCommitFailures: cfg.MaxCommitFailures,
+		minReplicas: cfg.MinReplicas, durable: cfg.DurableCommit, snapshots: cfg.SnapshotEvery > 0, maxCommitFailures: cfg.MaxCommitFailures,
 		stallFactor: cfg.StallFactor, stallMin: cfg.StallMin, linger: cfg.Timeout, initialStep: cfg.InitialStep}
 	return &driver{link: l, cfg: cfg, log: log, id: id, server: server, metrics: met, mach: newMachine(mc, m.Incarnation()), m: m, own: own,
 		comms: map[commKey]comms{}, cancels: map[int]context.CancelCauseFunc{}, reports: newReporter(log, cfg.Timeout)}
@@ -289,6 +291,10 @@ func (d *driver) exec(a action) {
 		})
 	case checkGroup:
 		ctl := d.comms[commKey{dimGroup, a.epoch}].ctl
+		if d.snaps != nil {
+			d.checkSnapshots(a, ctl)
+			return
+		}
 		d.spawn(a.task, func(ctx context.Context) taskResult {
 			v := []int64{a.step, -a.step}
 			err := ctl.AllReduce(ctx, comm.Int64s(v), comm.Max)
@@ -296,6 +302,23 @@ func (d *driver) exec(a action) {
 		})
 	case castVote:
 		ctl := d.comms[commKey{dimGroup, a.epoch}].ctl
+		if d.snaps != nil {
+			// The vote also says the newest snapshot every rank holds its
+			// source's copy of: that snapshot is complete.
+			snaps := d.snaps
+			d.spawn(a.task, func(ctx context.Context) taskResult {
+				v := []int64{0, snaps.heldStep()}
+				if a.yes {
+					v[0] = 1
+				}
+				err := ctl.AllReduce(ctx, comm.Int64s(v), comm.Min)
+				if err == nil && v[1] >= 0 {
+					snaps.learned(v[1])
+				}
+				return taskResult{in: voted{task: a.task, yes: v[0] == 1, err: err}}
+			})
+			return
+		}
 		d.spawn(a.task, func(ctx context.Context) taskResult {
 			v := []int32{0}
 			if a.yes {
@@ -319,11 +342,19 @@ func (d *driver) exec(a action) {
 	case withdrawState:
 		// Without reads in flight (every step but one that serves a
 		// healer) the withdrawal is done at once: no task.
-		if d.server.Withdraw(expired) == nil {
+		if (d.snaps == nil || !d.snaps.copyInFlight()) && d.server.Withdraw(expired) == nil {
 			d.later = append(d.later, withdrawn{task: a.task})
 			return
 		}
+		snaps := d.snaps
 		d.spawn(a.task, func(ctx context.Context) taskResult {
+			if snaps != nil {
+				// The snapshot's copy of the state must be in place before
+				// the optimizer writes it. Its own failure fails no step.
+				if err := snaps.waitCopied(ctx); err != nil {
+					return taskResult{in: withdrawn{task: a.task, err: err}}
+				}
+			}
 			return taskResult{in: withdrawn{task: a.task, err: d.server.Withdraw(ctx)}}
 		})
 	case offerState:
@@ -331,6 +362,9 @@ func (d *driver) exec(a action) {
 			d.histBytes, d.histOf = a.hist.encode(), a.hist
 		}
 		d.server.OfferWithMeta(a.step, d.histBytes, d.blobs)
+		if d.snaps != nil && d.blobs != nil && d.snaps.due(a.step) {
+			d.snaps.take(a.step, d.histBytes, d.blobs)
+		}
 	case reportFormed:
 		d.report("reporting the formed epoch", func(ctx context.Context, m Membership) error { return m.ReportFormed(ctx, a.epoch) })
 	case reportFailure:
@@ -656,7 +690,11 @@ func (d *driver) shutdown() error {
 	m := d.link.member()
 	lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()
-	err := errors.Join(m.Leave(lctx), m.Close(), d.server.Close())
+	var serr error
+	if d.snaps != nil {
+		serr = d.snaps.close() // before the device comms go: its copies use them
+	}
+	err := errors.Join(m.Leave(lctx), m.Close(), d.server.Close(), serr)
 	deadline := time.Now().Add(d.cfg.Timeout)
 	if d.staging != nil {
 		// After the server: no chunk is staged any more.

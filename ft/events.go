@@ -42,6 +42,11 @@ const (
 	// in the FT comm, of how many) and whose place it takes; the replica
 	// then reconfigures and heals like a joiner.
 	EventPromoted
+	// EventRestored: the replica group restored its peer snapshot of Step
+	// (Config.SnapshotEvery): this rank held FromStep; Bytes came from
+	// its buddy (0: from its own copy). A rank whose FromStep was newer
+	// also reports EventRolledBack.
+	EventRestored
 )
 
 func (k EventKind) String() string {
@@ -62,6 +67,8 @@ func (k EventKind) String() string {
 		return "settings"
 	case EventPromoted:
 		return "promoted"
+	case EventRestored:
+		return "restored"
 	}
 	return fmt.Sprintf("event(%d)", int(k))
 }
@@ -94,6 +101,9 @@ func (e Event) String() string {
 		return fmt.Sprintf("epoch %d: rolled back steps %d..%d, now at %d", e.Epoch, e.FromStep, e.ToStep, e.Step)
 	case EventSettings:
 		return fmt.Sprintf("epoch %d: settings version %d from step %d", e.Epoch, e.Version, e.FromStep)
+	case EventRestored:
+		return fmt.Sprintf("epoch %d: restored the peer snapshot of step %d (held %d; %d bytes from its buddy in %v)",
+			e.Epoch, e.Step, e.FromStep, e.Bytes, e.Took.Round(time.Millisecond))
 	}
 	s := fmt.Sprintf("epoch %d: %s", e.Epoch, e.Kind)
 	if e.Reason != "" {
@@ -119,9 +129,17 @@ type RollbackError struct {
 	// Epoch is the epoch that committed step FromStep in the job's
 	// history (0 when the job's history no longer says).
 	Epoch uint64
+	// Snapshot: the replica group restored its peer snapshot of Step
+	// (Config.SnapshotEvery) after one of its ranks was replaced; the
+	// steps after it are lost to every rank of the group alike.
+	Snapshot bool
 }
 
 func (e *RollbackError) Error() string {
+	if e.Snapshot {
+		return fmt.Sprintf("ft: committed steps %d..%d rolled back: the replica group restored its peer snapshot of step %d after a rank was replaced",
+			e.FromStep, e.ToStep, e.Step)
+	}
 	if e.Epoch == 0 {
 		return fmt.Sprintf("ft: committed steps %d..%d rolled back: the job's history has other contents for them; state healed to step %d",
 			e.FromStep, e.ToStep, e.Step)

@@ -164,6 +164,10 @@ type (
 		task   int
 		lo, hi int64
 		err    error
+		// With peer snapshots: what the group restored (nil: nothing),
+		// or why it could not (a *SnapshotLostError).
+		restored *restored
+		lost     error
 	}
 	// voted: the group's vote (every rank yes).
 	voted struct {
@@ -494,6 +498,9 @@ type machineConfig struct {
 	// (Config.InitialStep: restored from a checkpoint; 0: the initial
 	// state).
 	initialStep int64
+	// snapshots: peer snapshots (Config.SnapshotEvery); the group's step
+	// check restores a snapshot where its ranks' steps differ.
+	snapshots bool
 }
 
 // machine is the step protocol of one rank. Not safe for concurrent use.
@@ -1214,7 +1221,7 @@ func (m *machine) onGathered(now time.Time, in recordsGathered) {
 		return
 	}
 	m.agreed = agree(in.recs)
-	if m.agreed.Step == 0 && m.target.RunStep > 0 {
+	if m.agreed.Step == 0 && m.target.RunStep > 0 && !m.cfg.snapshots {
 		// No participant holds any step of a run that reached one: going
 		// on would restart the run's history from step 0 under its name.
 		m.logf(true, "the job's run reached step %d, and no participant holds any step of it", m.target.RunStep)
@@ -1322,6 +1329,15 @@ func (m *machine) onGroupChecked(now time.Time, in groupChecked) {
 	switch {
 	case in.err != nil:
 		m.failReconfig(now, fmt.Errorf("ft: the group's step check in epoch %d: %w", m.epoch, in.err), in)
+	case in.lost != nil:
+		m.logf(true, "%v", in.lost)
+		m.fatal = in.lost
+	case in.restored != nil:
+		m.onRestored(now, in.restored)
+	case m.cfg.snapshots && m.step == 0 && m.target.RunStep > 0:
+		// No rank of the group holds any step, and no snapshot either.
+		m.logf(true, "the job's run reached step %d, and no rank of the group holds any step of it or a snapshot", m.target.RunStep)
+		m.fatal = &StaleRunError{Step: m.target.RunStep}
 	case in.lo != in.hi:
 		m.logf(true, "the replica group's ranks stand at steps %d..%d (this rank %d) and no replica holds the lagging shard's step",
 			in.lo, in.hi, m.step)
@@ -1331,6 +1347,26 @@ func (m *machine) onGroupChecked(now time.Time, in groupChecked) {
 	default:
 		m.reconfigured(now)
 	}
+}
+
+// onRestored: the group restored a peer snapshot (Config.SnapshotEvery).
+// A rank that held a newer step lost the steps after the snapshot's: the
+// training loop hears it as a rollback.
+func (m *machine) onRestored(now time.Time, r *restored) {
+	from := m.step
+	m.hist, m.step = r.hist, r.step
+	m.do(setStep{step: m.step})
+	m.logf(true, "restored the group's peer snapshot of step %d (this rank held step %d; %d bytes from its buddy) in %v",
+		r.step, from, r.bytes, r.took.Round(time.Millisecond))
+	m.emit(Event{Kind: EventRestored, Epoch: m.epoch, FromStep: from, Bytes: r.bytes, Took: r.took})
+	m.do(reportHeartbeat{})
+	if from > r.step {
+		m.do(observe{what: metricRollback, value: float64(from - r.step)})
+		m.emit(Event{Kind: EventRolledBack, Epoch: m.epoch, FromStep: r.step + 1, ToStep: from,
+			Reason: fmt.Sprintf("the group restored its peer snapshot of step %d", r.step)})
+		m.rollback = &RollbackError{FromStep: r.step + 1, ToStep: from, Step: r.step, Snapshot: true}
+	}
+	m.reconfigured(now)
 }
 
 func (m *machine) reconfigured(now time.Time) {

@@ -25,6 +25,14 @@ type metrics struct {
 	rollbacks       prometheus.Counter
 	rolledBackSteps prometheus.Counter
 	spare           prometheus.Gauge
+	// Peer snapshots (Config.SnapshotEvery).
+	snapshotBytes   *prometheus.GaugeVec
+	snapshotStep    prometheus.Gauge
+	snapshotSeconds prometheus.Observer
+	snapshotPulled  prometheus.Counter
+	snapshotSkipped prometheus.Counter
+	restores        prometheus.Counter
+	restoreSeconds  prometheus.Observer
 	// comm receives the op metrics of this Comm's communicators
 	// (ftcomm_comm_*); nil without a registerer.
 	comm comm.Metrics
@@ -58,12 +66,26 @@ func newMetrics(reg prometheus.Registerer, job, member string) (*metrics, error)
 		Help: "Times this replica found committed steps of its own outside the job's history and rolled them back.", ConstLabels: labels})
 	m.rolledBackSteps = prometheus.NewCounter(prometheus.CounterOpts{Name: "ftcomm_ft_rolled_back_steps_total",
 		Help: "Committed steps rolled back.", ConstLabels: labels})
-	m.collectors = append(m.collectors, m.commits, m.reconfigs, m.healedBytes, m.rollbacks, m.rolledBackSteps)
+	m.snapshotBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_ft_snapshot_bytes",
+		Help: "Host memory held by peer snapshots (Config.SnapshotEvery), by copy: own (this rank's state) or held (its source rank's).",
+		ConstLabels: labels}, []string{"copy"})
+	m.snapshotStep = gauge("ftcomm_ft_snapshot_step", "Newest peer snapshot step known complete (-1: none).")
+	m.snapshotStep.Set(-1)
+	m.snapshotPulled = prometheus.NewCounter(prometheus.CounterOpts{Name: "ftcomm_ft_snapshot_pulled_bytes_total",
+		Help: "Bytes of the source rank's snapshots copied into this rank's memory.", ConstLabels: labels})
+	m.snapshotSkipped = prometheus.NewCounter(prometheus.CounterOpts{Name: "ftcomm_ft_snapshot_skipped_total",
+		Help: "Snapshot steps skipped because the previous snapshot's copies were still in transit.", ConstLabels: labels})
+	m.restores = prometheus.NewCounter(prometheus.CounterOpts{Name: "ftcomm_ft_snapshot_restores_total",
+		Help: "Peer snapshot restores this rank took part in.", ConstLabels: labels})
+	m.collectors = append(m.collectors, m.commits, m.reconfigs, m.healedBytes, m.rollbacks, m.rolledBackSteps,
+		m.snapshotBytes, m.snapshotPulled, m.snapshotSkipped, m.restores)
 	m.reconfigSeconds = hist("ftcomm_ft_reconfiguration_seconds", "Time to move to a new epoch once its quorum is known, healing included.")
 	m.recoverySeconds = hist("ftcomm_ft_failure_to_commit_seconds", "From the first failure seen (op error, failed commit or reconfiguration) to the next committed step.")
 	m.detectSeconds = hist("ftcomm_ft_detection_seconds", "From the first failure this rank saw to its learning of the epoch that resolves it.")
 	m.stepSeconds = hist("ftcomm_ft_step_seconds", "From Step to a successful Commit.")
 	m.healSeconds = hist("ftcomm_ft_heal_seconds", "Duration of each heal.")
+	m.snapshotSeconds = hist("ftcomm_ft_snapshot_copy_seconds", "Copying the registered state into this rank's own snapshot (in the background of a step).")
+	m.restoreSeconds = hist("ftcomm_ft_snapshot_restore_seconds", "A peer snapshot restore at this rank, from the decision to the group's barrier.")
 	if reg == nil {
 		return m, nil
 	}

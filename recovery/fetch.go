@@ -269,8 +269,47 @@ type httpStatusError struct{ msg string }
 
 func (e *httpStatusError) Error() string { return e.msg }
 
+// BlobInfo is a blob as a source describes it.
+type BlobInfo struct {
+	Name string
+	Size int
+}
+
+// Describe waits until source serves step (as Fetch does) and returns the
+// layout it serves: for a caller that sizes its buffers to the source's.
+func Describe(ctx context.Context, cfg FetchConfig, step int64, source string) ([]BlobInfo, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	transport := &http.Transport{DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext, DisableCompression: true}
+	defer transport.CloseIdleConnections()
+	f := &fetcher{cfg: cfg, step: step, sources: []string{source}, client: &http.Client{Transport: transport}}
+	m, err := f.waitManifest(ctx, 0)
+	if err != nil {
+		return nil, err
+	}
+	if m.Job != cfg.Job {
+		return nil, fmt.Errorf("%w: recovery: %s serves job %q, not %q", comm.ErrMismatch, source, m.Job, cfg.Job)
+	}
+	out := make([]BlobInfo, len(m.Blobs))
+	for i, b := range m.Blobs {
+		out[i] = BlobInfo{Name: b.Name, Size: b.Size}
+	}
+	return out, nil
+}
+
 // checkManifest waits until source src serves step and checks its layout.
 func (f *fetcher) checkManifest(ctx context.Context, src int) error {
+	m, err := f.waitManifest(ctx, src)
+	if err != nil {
+		return err
+	}
+	return f.layoutCheck(m, src)
+}
+
+// waitManifest waits until source src serves step and returns what it says.
+func (f *fetcher) waitManifest(ctx context.Context, src int) (manifest, error) {
 	var m manifest
 	var last error
 	unreachable := 0
@@ -303,11 +342,15 @@ func (f *fetcher) checkManifest(ctx context.Context, src int) error {
 		return nil
 	}, backoff.WithContext(f.cfg.Retry(), ctx))
 	if err != nil && ctx.Err() != nil && last != nil {
-		return fmt.Errorf("%w (last answer: %v)", err, last)
+		return manifest{}, fmt.Errorf("%w (last answer: %v)", err, last)
 	}
 	if err != nil {
-		return err
+		return manifest{}, err
 	}
+	return m, nil
+}
+
+func (f *fetcher) layoutCheck(m manifest, src int) error {
 	if m.Job != f.cfg.Job || len(m.Blobs) != len(f.dst) {
 		return fmt.Errorf("%w: recovery: %s serves %d blobs of job %q, want %d of %q", comm.ErrMismatch, f.sources[src], len(m.Blobs), m.Job, len(f.dst), f.cfg.Job)
 	}
