@@ -139,17 +139,31 @@ func New(ctx context.Context, cfg Config) (*Comm, error) {
 		server.Close()
 		return nil, fmt.Errorf("%w: ft: recovery address %q is longer than %d bytes", comm.ErrInvalidArgument, server.Addr(), maxAddrLen)
 	}
+	m, own := cfg.Membership, cfg.Membership == nil
+	var slotted *etcdMember
+	if cfg.GroupRank == AnyRank {
+		// A slot spare: it waits here for a place, then is that rank.
+		var rank int
+		if slotted, rank, err = claimSlot(ctx, cfg, server.Addr()); err != nil {
+			server.Close()
+			return nil, err
+		}
+		cfg.GroupRank, cfg.Spare, m = rank, false, slotted
+	}
 	id := memberID(cfg.Group, cfg.GroupRank)
 	met, err := newMetrics(cfg.Registerer, cfg.Job, id)
 	if err != nil {
+		if slotted != nil {
+			slotted.Leave(context.Background())
+			slotted.Close()
+		}
 		server.Close()
 		return nil, err
 	}
 	if cfg.Spare {
 		met.spare.Set(1)
 	}
-	m, own := cfg.Membership, cfg.Membership == nil
-	if own {
+	if own && slotted == nil {
 		m, err = joinCoordinator(ctx, cfg, id, server.Addr())
 		if err != nil {
 			met.unregister()
@@ -523,6 +537,10 @@ func (c *Comm) Spare() bool { return c.snap.Load().spare }
 // CommittedStep is the number of steps this replica has committed (or
 // healed to).
 func (c *Comm) CommittedStep() int64 { return c.step.Load() }
+
+// GroupRank is this process's rank in its replica group: Config.GroupRank,
+// or, for a slot spare (AnyRank), the rank whose place it took.
+func (c *Comm) GroupRank() int { return c.cfg.GroupRank }
 
 // Close leaves the job, closes the comms and the recovery server, and stops
 // the Comm's goroutines. With a device data backend it then waits until

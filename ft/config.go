@@ -86,6 +86,9 @@ type durableCommitter interface {
 // backend keeps device memory.
 const DefaultControlBackend = "gloo"
 
+// AnyRank as Config.GroupRank (with Spare) makes a slot spare.
+const AnyRank = -1
+
 // The stall bound's defaults (Config.StallFactor, Config.StallMin).
 const (
 	DefaultStallFactor = 10
@@ -100,6 +103,11 @@ type Config struct {
 	Group string // this replica group's id ("g3")
 	// GroupRank and GroupSize place this process in its replica group (the
 	// shard dimension of HSDP); 0 and 1 for plain data parallelism.
+	// GroupRank AnyRank, with Spare, makes a slot spare: New waits until
+	// a rank of Group dies (its registration is removed) and takes its
+	// place, as that rank's restarted process would — for a group with no
+	// replica (SnapshotEvery), whose replacement restores the dead rank's
+	// shard. Comm.GroupRank says which rank it became.
 	GroupRank, GroupSize int
 
 	// Coordinator lists the etcd endpoints of the ftcoord cluster.
@@ -282,7 +290,9 @@ func (c *Config) Validate() error {
 		// ft would not pass it on: a Membership of the caller's was
 		// registered (in its run) before New.
 		return bad("run %q with a Membership of your own: its registration names the run (membership.MemberConfig.Run), not ft", c.Run)
-	case c.GroupSize < 0 || c.GroupRank < 0 || (c.GroupSize > 0 && c.GroupRank >= c.GroupSize) || (c.GroupSize == 0 && c.GroupRank > 0):
+	case c.GroupRank == AnyRank && (!c.Spare || c.GroupSize < 2 || c.Membership != nil):
+		return bad("GroupRank AnyRank (a slot spare) needs Spare, GroupSize > 1 and the Coordinator (not a Membership of your own)")
+	case c.GroupSize < 0 || (c.GroupRank < 0 && c.GroupRank != AnyRank) || (c.GroupSize > 0 && c.GroupRank >= c.GroupSize) || (c.GroupSize == 0 && c.GroupRank > 0):
 		return bad("group rank %d outside [0, %d)", c.GroupRank, max(c.GroupSize, 1))
 	case c.Membership == nil && len(c.Coordinator) == 0 && c.Credentials == "" && os.Getenv(membership.CredentialsEnv) == "":
 		return bad("neither Coordinator endpoints, Credentials nor a Membership")

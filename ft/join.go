@@ -44,6 +44,60 @@ const rendezvousRoot = "comm/"
 // joinCoordinator connects to the coordinator's etcd and registers this
 // rank as a new incarnation asking to take part.
 func joinCoordinator(ctx context.Context, cfg Config, id, addr string) (Membership, error) {
+	cli, err := connectCoordinator(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	m, err := registerWhenFree(ctx, cfg, cli, id, addr)
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	m.cli = cli
+	return m, nil
+}
+
+// claimSlot is a slot spare's registration (Config.GroupRank AnyRank): it
+// waits until a rank of cfg.Group leaves a place free
+// (membership.WaitVacancy) and registers in it, as that rank's restarted
+// process would; when another process took the place first it waits for
+// the next.
+func claimSlot(ctx context.Context, cfg Config, addr string) (*etcdMember, int, error) {
+	cli, err := connectCoordinator(ctx, cfg)
+	if err != nil {
+		return nil, -1, err
+	}
+	root := cfg.Member.Root
+	if root == "" {
+		root = membership.DefaultMemberConfig().Root
+	}
+	cfg.Logger.Info("slot spare: waiting for a rank of the group to leave a place free", zap.String("group", cfg.Group), zap.Int("size", cfg.GroupSize))
+	for {
+		r, err := membership.WaitVacancy(ctx, cli, root, cfg.Job, cfg.Group, cfg.GroupSize)
+		if err != nil {
+			cli.Close()
+			return nil, -1, fmt.Errorf("ft: slot spare: %w", err)
+		}
+		c := cfg
+		c.GroupRank, c.Spare = r, false
+		id := memberID(cfg.Group, r)
+		m, err := register(ctx, c, cli, id, addr)
+		if errors.Is(err, membership.ErrDuplicateMember) {
+			cfg.Logger.Info("slot spare: another process took the free place first; waiting for the next", zap.String("member", id))
+			continue
+		}
+		if err != nil {
+			cli.Close()
+			return nil, -1, err
+		}
+		cfg.Logger.Info("slot spare: took the free place", zap.String("member", id))
+		m.cli = cli
+		return m, r, nil
+	}
+}
+
+// connectCoordinator makes the etcd client of Config's coordinator.
+func connectCoordinator(ctx context.Context, cfg Config) (*clientv3.Client, error) {
 	creds, err := membership.LoadCredentialsOrEnv(cfg.Credentials) // nil: none
 	if err != nil {
 		return nil, fmt.Errorf("ft: %w", err)
@@ -69,13 +123,7 @@ func joinCoordinator(ctx context.Context, cfg Config, id, addr string) (Membersh
 		// when cli is closed.
 		go creds.Follow(cli.Ctx(), cli, path, cfg.Logger)
 	}
-	m, err := registerWhenFree(ctx, cfg, cli, id, addr)
-	if err != nil {
-		cli.Close()
-		return nil, err
-	}
-	m.cli = cli
-	return m, nil
+	return cli, nil
 }
 
 // credentialsPath is the credentials file Config names, or "".

@@ -67,7 +67,7 @@ func newMetrics(reg prometheus.Registerer, job, member string) (*metrics, error)
 	m.rolledBackSteps = prometheus.NewCounter(prometheus.CounterOpts{Name: "ftcomm_ft_rolled_back_steps_total",
 		Help: "Committed steps rolled back.", ConstLabels: labels})
 	m.snapshotBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ftcomm_ft_snapshot_bytes",
-		Help: "Host memory held by peer snapshots (Config.SnapshotEvery), by copy: own (this rank's state) or held (its source rank's).",
+		Help:        "Host memory held by peer snapshots (Config.SnapshotEvery), by copy: own (this rank's state) or held (its source rank's).",
 		ConstLabels: labels}, []string{"copy"})
 	m.snapshotStep = gauge("ftcomm_ft_snapshot_step", "Newest peer snapshot step known complete (-1: none).")
 	m.snapshotStep.Set(-1)

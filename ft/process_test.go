@@ -113,6 +113,9 @@ func runChild() int {
 			out.Encode(childEvent{Kind: "waiting", ID: id, Pid: os.Getpid(), Step: e.Step, Epoch: e.Epoch, UnixNano: e.Time.UnixNano()})
 		case EventPromoted:
 			out.Encode(childEvent{Kind: "promoted", ID: id, Pid: os.Getpid(), Step: e.Step, Epoch: e.Epoch, UnixNano: e.Time.UnixNano()})
+		case EventRestored:
+			out.Encode(childEvent{Kind: "restored", ID: id, Pid: os.Getpid(), Step: e.Step, From: e.FromStep, Epoch: e.Epoch,
+				UnixNano: e.Time.UnixNano(), Bytes: e.Bytes, TookNs: int64(e.Took)})
 		case EventHealed:
 			out.Encode(childEvent{Kind: "heal", ID: id, Pid: os.Getpid(), Step: e.Step, Epoch: e.Epoch, UnixNano: e.Time.UnixNano(),
 				Bytes: e.Bytes, TookNs: int64(e.Took)})
@@ -122,10 +125,15 @@ func runChild() int {
 		Coordinator: endpoints, Member: mc, Backend: backend, BackendConfig: bcfg, Device: atoi("DEVICE"),
 		ControlBackend: "gloo", ControlBackendConfig: gcfg, Secret: []byte("proc-secret"),
 		RecoveryAddr: net.JoinHostPort(host, "0"), DurableCommit: env("DURABLE") == "1", Run: env("RUN"), RankLeases: env("RANK_LEASES") == "1",
-		MinReplicas: 1, Timeout: 5 * time.Second, Logger: log.Named(env("GROUP")), Spare: env("SPARE") == "1"})
+		MinReplicas: 1, Timeout: 5 * time.Second, Logger: log.Named(env("GROUP")), Spare: env("SPARE") == "1",
+		SnapshotEvery: atoi("SNAPSHOT_EVERY"), Host: env("NODE")})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child: new:", err)
 		return 2
+	}
+	id = memberID(env("GROUP"), c.GroupRank()) // a slot spare's place
+	if atoi("SNAPSHOT_EVERY") > 0 {
+		return runShardChild(ctx, c, out, atoi("PARAMS"))
 	}
 	// DATA: a folder where the replica records what its Sampler gave it
 	// (childData), registered before the params.
@@ -355,6 +363,11 @@ func (j *procJob) spawnCmd(cmd *exec.Cmd, group string, groupRank, groupSize, pa
 		j.t.Fatal(err)
 	}
 	id := memberID(group, groupRank)
+	for _, e := range env {
+		if k, ok := strings.CutPrefix(e, "FTCOMM_FT_KEY="); ok {
+			id = k // the test's name for a process whose id is not known yet (a slot spare)
+		}
+	}
 	j.mu.Lock()
 	j.procs[id], j.stdins[id] = cmd, stdin
 	j.mu.Unlock()
@@ -378,7 +391,7 @@ func (j *procJob) spawnCmd(cmd *exec.Cmd, group string, groupRank, groupSize, pa
 			// What befell its registration, as events: the replica
 			// says so in its log alone.
 			for _, e := range []struct{ msg, kind string }{{"registration lost", "lapsed"}, {"renewal lapsed", "lapsed"},
-				{"registered again", "registered"}} {
+				{"registered again", "registered"}, {"took the free place", "claimed"}} {
 				if strings.Contains(line, e.msg) {
 					j.events <- childEvent{Kind: e.kind, ID: id, Pid: cmd.Process.Pid, UnixNano: time.Now().UnixNano()}
 				}

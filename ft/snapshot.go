@@ -672,10 +672,11 @@ type restored struct {
 }
 
 // restore carries out plan at this rank: it serves its held copy where a
-// slot restores from it, obtains its own copy of the plan's step (from its
-// buddy when it has none), writes it into the registered state, and waits
-// until every rank of the group has (an all-reduce on the group's control
-// comm) before the step may start.
+// slot restores from it and obtains its own copy of the plan's step (from
+// its buddy when it has none); once every rank of the group has its copy
+// (an all-reduce on the group's control comm — a rank or holder that dies
+// now fails it everywhere, and nothing has been written), it writes the
+// copy into the registered state.
 func (s *peerSnapshots) restore(ctx context.Context, ctl *comm.Comm, server *recovery.Server, plan restorePlan, invs []snapInventory,
 	step int64, blobs []recovery.Blob) (restored, error) {
 	start := time.Now()
@@ -703,8 +704,8 @@ func (s *peerSnapshots) restore(ctx context.Context, ctl *comm.Comm, server *rec
 		s.mu.Unlock()
 	}
 	res := restored{step: plan.Step, from: step}
+	var hist history
 	err := func() error {
-		want := layoutOf(blobs)
 		if h := plan.From[s.rank]; h >= 0 {
 			c := s.slotFor(&s.own, s.ownSrv, plan.Step, s.rank, stateBytes(blobs))
 			st, err := recovery.Fetch(ctx, s.fc, plan.Step, []string{invs[h].HeldAddr}, []recovery.Blob{{Name: snapshotBlob, Data: c.buf}})
@@ -721,34 +722,19 @@ func (s *peerSnapshots) restore(ctx context.Context, ctl *comm.Comm, server *rec
 		if mine == nil {
 			return fmt.Errorf("ft: this rank's copy of step %d is gone", plan.Step)
 		}
-		if len(mine.meta) < 8 || binary.LittleEndian.Uint64(mine.meta) != want || len(mine.buf) != stateBytes(blobs) {
+		if len(mine.meta) < 8 || binary.LittleEndian.Uint64(mine.meta) != layoutOf(blobs) || len(mine.buf) != stateBytes(blobs) {
 			return fmt.Errorf("%w: ft: the snapshot of slot %d (%d bytes) does not match the state registered here (%d bytes): register the same tensors on every incarnation of a slot",
 				comm.ErrInvalidArgument, s.rank, len(mine.buf), stateBytes(blobs))
 		}
-		hist, err := decodeHistory(mine.meta[8:])
-		if err != nil {
+		var err error
+		if hist, err = decodeHistory(mine.meta[8:]); err != nil {
 			return fmt.Errorf("the snapshot's history: %w", err)
 		}
-		// Nobody may read the registered state while it is written.
-		if err := server.Withdraw(ctx); err != nil {
-			return err
-		}
-		off := 0
-		for _, b := range blobs {
-			n := b.Len()
-			if b.Mem == nil {
-				copy(b.Data, mine.buf[off:off+n])
-			} else if err := copyToMemory(ctx, b.Mem, mine.buf[off:off+n]); err != nil {
-				return fmt.Errorf("writing %q: %w", b.Name, err)
-			}
-			off += n
-		}
-		res.hist = hist
 		return nil
 	}()
-	// Every rank waits for every other: a holder keeps serving until the
-	// rank restoring from it is done, and no rank starts the step on a
-	// half-restored group.
+	// Every rank waits for every other to hold its copy: a holder keeps
+	// serving until the rank restoring from it is done, and no rank
+	// writes its state unless the whole group can.
 	v := []int64{1}
 	if err != nil {
 		v[0] = 0
@@ -763,8 +749,24 @@ func (s *peerSnapshots) restore(ctx context.Context, ctl *comm.Comm, server *rec
 	case aerr != nil:
 		return restored{}, fmt.Errorf("ft: the group's restore barrier: %w", aerr)
 	case v[0] == 0:
-		return restored{}, errors.New("ft: another rank of the group could not restore the snapshot")
+		return restored{}, errors.New("ft: another rank of the group could not obtain its copy of the snapshot")
 	}
+	// Nobody may read the registered state while it is written.
+	if err := server.Withdraw(ctx); err != nil {
+		return restored{}, err
+	}
+	off := 0
+	for _, b := range blobs {
+		n := b.Len()
+		if b.Mem == nil {
+			copy(b.Data, mine.buf[off:off+n])
+		} else if err := copyToMemory(ctx, b.Mem, mine.buf[off:off+n]); err != nil {
+			// The state is half written: this rank cannot go on.
+			return restored{}, fmt.Errorf("%w: ft: writing the snapshot into %q: %v", errRestoreBroken, b.Name, err)
+		}
+		off += n
+	}
+	res.hist = hist
 	// The restored step is the group's newest complete snapshot now;
 	// copies of other steps are of another history (newer ones) or of
 	// no use (older ones).
@@ -785,6 +787,11 @@ func (s *peerSnapshots) restore(ctx context.Context, ctl *comm.Comm, server *rec
 	res.took = time.Since(start)
 	return res, nil
 }
+
+// errRestoreBroken: a restore failed while writing the registered state
+// (a device copy failed): the rank's state is neither its step's nor the
+// snapshot's.
+var errRestoreBroken = errors.New("ft: the state is half restored")
 
 func findCopy(list []*snapCopy, step int64, slot int) *snapCopy {
 	for _, c := range list {
@@ -836,6 +843,9 @@ func (d *driver) checkSnapshots(a checkGroup, ctl *comm.Comm) {
 		}
 		log.Info("peer snapshot: "+describePlan(plan, invs), zap.Int64("held", a.step))
 		res, err := snaps.restore(ctx, ctl, server, plan, invs, a.step, blobs)
+		if errors.Is(err, errRestoreBroken) {
+			return taskResult{in: groupChecked{task: a.task, lo: a.step, hi: a.step, lost: err}}
+		}
 		if err != nil {
 			return taskResult{in: groupChecked{task: a.task, err: fmt.Errorf("ft: peer snapshot restore of step %d: %w", plan.Step, err)}}
 		}

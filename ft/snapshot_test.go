@@ -125,8 +125,8 @@ const (
 	shardLen   = 1024
 )
 
-func shardInit(slot int) []float32 {
-	p := make([]float32, shardLen)
+func shardInit(slot, n int) []float32 {
+	p := make([]float32, n)
 	for i := range p {
 		p[i] = float32(slot + 1)
 	}
@@ -145,10 +145,10 @@ func shardApply(p, u []float32) {
 	}
 }
 
-// shardAt is slot's shard after committed step step.
-func shardAt(slot int, step int64) []float32 {
-	p := shardInit(slot)
-	u, v := make([]float32, shardLen), make([]float32, shardLen)
+// shardAt is slot's shard of n elements after committed step step.
+func shardAt(slot int, step int64, n int) []float32 {
+	p := shardInit(slot, n)
+	u, v := make([]float32, n), make([]float32, n)
 	for s := int64(0); s < step; s++ {
 		clear(u)
 		for r := range shardSlots {
@@ -180,7 +180,7 @@ type shardRank struct {
 
 func startShard(t *testing.T, coord *memcoord.Coordinator, cluster *inproc.Cluster, slot int, every int, until int64) *shardRank {
 	id := memberID("fsdp", slot)
-	r := &shardRank{t: t, slot: slot, params: shardInit(slot), done: make(chan struct{}), commit: make(chan int64, 1024)}
+	r := &shardRank{t: t, slot: slot, params: shardInit(slot, shardLen), done: make(chan struct{}), commit: make(chan int64, 1024)}
 	r.m = joinAs(coord, id, shardSlots)
 	cfg := Config{Job: "toy", Group: "fsdp", GroupRank: slot, GroupSize: shardSlots, Backend: "inproc", BackendConfig: cluster,
 		Secret: []byte("k"), MinReplicas: 1, Timeout: 10 * time.Second, HealChunkSize: 1024, SnapshotEvery: every,
@@ -349,7 +349,7 @@ func TestSnapshotRestoresAReplacedRank(t *testing.T) {
 				}
 			}
 			for _, r := range rs {
-				if want := shardAt(r.slot, r.c.CommittedStep()); !slices.Equal(r.params, want) {
+				if want := shardAt(r.slot, r.c.CommittedStep(), shardLen); !slices.Equal(r.params, want) {
 					t.Errorf("slot %d at step %d differs from the run without the failure", r.slot, r.c.CommittedStep())
 				}
 			}
@@ -415,7 +415,7 @@ func TestSnapshotLostWhenBothCopiesDie(t *testing.T) {
 		}
 	}
 	// Nothing was restored: the survivor holds its own committed state.
-	if held := rs[0].c.CommittedStep(); !slices.Equal(rs[0].params, shardAt(0, held)) {
+	if held := rs[0].c.CommittedStep(); !slices.Equal(rs[0].params, shardAt(0, held, shardLen)) {
 		t.Fatalf("the survivor's state is not its committed step %d's", held)
 	}
 	if ev := rs[0].eventsOf(EventRestored); len(ev) != 0 {

@@ -1,0 +1,243 @@
+package ft
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ftcomm/ftcomm/comm"
+)
+
+// runShardChild is the replica process of the snapshot tests
+// (FTCOMM_FT_SNAPSHOT_EVERY): one rank of a group with no replica, holding
+// a shard of its own (shardInit) that every step changes by the group's
+// all-reduce (shardContribution, shardApply), so the parent can say what
+// each shard must be at each step. It reports every commit with its
+// shard's hash, and its restores and rollbacks.
+func runShardChild(ctx context.Context, c *Comm, out *json.Encoder, n int) int {
+	slot := c.GroupRank()
+	id := memberID(c.cfg.Group, slot)
+	params := shardInit(slot, n)
+	if err := c.Register("shard", comm.Float32s(params)); err != nil {
+		fmt.Fprintln(os.Stderr, "child: register:", err)
+		return 2
+	}
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+		}
+		os.Exit(0)
+	}()
+	v := make([]float32, n)
+	for {
+		var rb *RollbackError
+		if err := c.Step(ctx); errors.As(err, &rb) {
+			out.Encode(childEvent{Kind: "rollback", From: rb.FromStep, To: rb.ToStep, ID: id, Pid: os.Getpid(),
+				Step: rb.Step, UnixNano: time.Now().UnixNano()})
+		} else if err != nil {
+			fmt.Fprintln(os.Stderr, "child: step:", err)
+			out.Encode(childEvent{Kind: "error", ID: id, Pid: os.Getpid(), Err: err.Error(), UnixNano: time.Now().UnixNano()})
+			return 1
+		}
+		shardContribution(c.CommittedStep(), slot, v)
+		if g := c.Group(); g != nil {
+			g.AllReduce(ctx, comm.Float32s(v), comm.Sum) // a failure fails the group's vote
+		}
+		ok, err := c.Commit(ctx)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "child: commit:", err)
+			return 1
+		}
+		if !ok {
+			continue
+		}
+		shardApply(params, v)
+		out.Encode(childEvent{ID: id, Pid: os.Getpid(), Step: c.CommittedStep(), Epoch: c.Epoch(),
+			Participants: c.Participants(), Hash: shardHash(params), UnixNano: time.Now().UnixNano()})
+	}
+}
+
+func shardHash(p []float32) uint64 {
+	h := fnv.New64a()
+	b := make([]byte, 4*len(p))
+	for i, x := range p {
+		u := math.Float32bits(x)
+		b[4*i], b[4*i+1], b[4*i+2], b[4*i+3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+	}
+	h.Write(b)
+	return h.Sum64()
+}
+
+// shardHashes are slot's shard hashes after steps 0..upto.
+func shardHashes(slot int, upto int64, n int) []uint64 {
+	p := shardInit(slot, n)
+	u, v := make([]float32, n), make([]float32, n)
+	out := []uint64{shardHash(p)}
+	for s := int64(0); s < upto; s++ {
+		clear(u)
+		for r := range shardSlots {
+			shardContribution(s, r, v)
+			for i := range u {
+				u[i] += v[i]
+			}
+		}
+		shardApply(p, u)
+		out = append(out, shardHash(p))
+	}
+	return out
+}
+
+// snapJob is a group of shardSlots rank processes with peer snapshots
+// every K steps, on one host.
+func (j *procJob) spawnShards(every, n int) {
+	for s := range shardSlots {
+		j.spawnCmd(childCmd(), "fsdp", s, shardSlots, n, "FTCOMM_FT_SNAPSHOT_EVERY="+strconv.Itoa(every))
+	}
+}
+
+func (j *procJob) spawnSlotSpare(key string, every, n int) {
+	j.spawnCmd(childCmd(), "fsdp", AnyRank, shardSlots, n, "FTCOMM_FT_SNAPSHOT_EVERY="+strconv.Itoa(every),
+		"FTCOMM_FT_SPARE=1", "FTCOMM_FT_KEY="+key)
+}
+
+// checkShards asserts that every commit any process reported holds the
+// shard the run without failures holds at that step, bit for bit.
+func (j *procJob) checkShards(n int) {
+	j.t.Helper()
+	for drained := false; !drained; {
+		select {
+		case ev := <-j.events:
+			j.all = append(j.all, ev)
+		default:
+			drained = true
+		}
+	}
+	var top int64
+	for _, ev := range j.all {
+		top = max(top, ev.Step)
+	}
+	want := make([][]uint64, shardSlots)
+	for s := range want {
+		want[s] = shardHashes(s, top, n)
+	}
+	commits := 0
+	for _, ev := range j.all {
+		if ev.Kind != "" {
+			continue
+		}
+		_, slot, _ := parseMemberID(ev.ID)
+		if ev.Hash != want[slot][ev.Step] {
+			j.t.Errorf("%s (pid %d) committed step %d with a shard that differs from the run without failures", ev.ID, ev.Pid, ev.Step)
+		}
+		commits++
+	}
+	if commits == 0 {
+		j.t.Fatal("no commits")
+	}
+}
+
+// A rank of a group with no replica is SIGKILLed; a slot spare, waiting
+// beside the job, takes its place and restores its shard from the buddy's
+// copy, the survivors roll back to the same snapshot, and every shard of
+// every commit before and after is the one of the run without the
+// failure. A second death — the first spare, killed as it takes the place,
+// before or during its restore — costs another spare's restore, never a
+// wrong shard.
+func TestProcessSnapshotSpareRestoresTheDead(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	const every, n = 5, 1 << 16
+	j := newProcJob(t)
+	j.spawnShards(every, n)
+	j.spawnSlotSpare("spare-a", every, n)
+	j.spawnSlotSpare("spare-b", every, n)
+	for s := range shardSlots {
+		j.await(fmt.Sprintf("fsdp.%d at step 30", s), func(ev childEvent) bool { return ev.Kind == "" && ev.ID == memberID("fsdp", s) && ev.Step >= 30 })
+	}
+	t0 := j.kill("fsdp.1")
+	claimed := j.await("a spare to take the place", func(ev childEvent) bool { return ev.Kind == "claimed" })
+	t.Logf("%s took the dead rank's place %v after the kill", claimed.ID, time.Unix(0, claimed.UnixNano).Sub(t0))
+	j.kill(claimed.ID) // as it takes the place: before or during its restore
+	var resumed time.Time
+	restored := map[string]childEvent{}
+	for len(restored) < shardSlots || resumed.IsZero() {
+		ev := j.await("the group to restore and commit", func(ev childEvent) bool {
+			return ev.Kind == "restored" && ev.Pid != claimed.Pid || ev.Kind == "" && time.Unix(0, ev.UnixNano).After(t0) && ev.Participants > 0
+		})
+		if ev.Kind == "restored" {
+			restored[ev.ID] = ev
+			continue
+		}
+		if len(restored) == shardSlots && resumed.IsZero() {
+			resumed = time.Unix(0, ev.UnixNano)
+		}
+	}
+	var step int64 = -1
+	for id, ev := range restored {
+		if step >= 0 && ev.Step != step {
+			t.Errorf("%s restored step %d, another rank %d", id, ev.Step, step)
+		}
+		step = ev.Step
+		if id == "fsdp.1" && ev.Bytes != 4*n {
+			t.Errorf("the new fsdp.1 received %d bytes, want its shard's %d", ev.Bytes, 4*n)
+		}
+		if id != "fsdp.1" && ev.Bytes != 0 {
+			t.Errorf("%s received %d bytes: survivors restore their own copy", id, ev.Bytes)
+		}
+	}
+	if step%every != 0 || step < 30-2*every {
+		t.Errorf("restored step %d: want the newest complete snapshot (every %d) near the kill", step, every)
+	}
+	t.Logf("kill → all restored to step %d and committing again at full size: %v", step, resumed.Sub(t0))
+	for s := range shardSlots {
+		j.await(fmt.Sprintf("fsdp.%d past the restore", s), func(ev childEvent) bool {
+			return ev.Kind == "" && ev.ID == memberID("fsdp", s) && ev.Step >= step+2*every
+		})
+	}
+	j.stopAll()
+	j.checkShards(n)
+}
+
+// A rank and its buddy (slot 1 and slot 2 on one host) die together: the
+// shard of slot 1 has no copy left. Their restarted processes join, and
+// every rank of the group fails with the error naming the fallback; the
+// survivor's state is left as it committed it.
+func TestProcessSnapshotLostWithItsBuddy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	const every, n = 3, 1024
+	j := newProcJob(t)
+	j.spawnShards(every, n)
+	for s := range shardSlots {
+		j.await(fmt.Sprintf("fsdp.%d at step 20", s), func(ev childEvent) bool { return ev.Kind == "" && ev.ID == memberID("fsdp", s) && ev.Step >= 20 })
+	}
+	j.kill("fsdp.1")
+	j.kill("fsdp.2")
+	for _, s := range []int{1, 2} {
+		j.spawnCmd(childCmd(), "fsdp", s, shardSlots, n, "FTCOMM_FT_SNAPSHOT_EVERY="+strconv.Itoa(every))
+	}
+	failed := map[string]bool{}
+	for len(failed) < shardSlots {
+		ev := j.await("every rank to fail", func(ev childEvent) bool { return ev.Kind == "error" || ev.Kind == "restored" })
+		if ev.Kind == "restored" {
+			t.Fatalf("%s restored step %d with slot 1's copies gone", ev.ID, ev.Step)
+		}
+		if !strings.Contains(ev.Err, "restore the job from your checkpoint") || !strings.Contains(ev.Err, "ranks [1]") {
+			t.Errorf("%s: %s", ev.ID, ev.Err)
+		}
+		failed[ev.ID] = true
+	}
+	j.stopAll()
+	j.checkShards(n)
+}
