@@ -40,7 +40,7 @@ func TestClassify(t *testing.T) {
 			t.Errorf("%v: status %d kinds %v ranks %v; want %d %v %v", tc.err, info.Status, info.Kinds, info.Ranks, tc.status, tc.kinds, tc.ranks)
 		}
 	}
-	if rb := classify(&ft.RollbackError{FromStep: 3, ToStep: 4, Step: 4, Epoch: 7}).Rollback; rb == nil || *rb != (rollback{3, 4, 4, 7}) {
+	if rb := classify(&ft.RollbackError{FromStep: 3, ToStep: 4, Step: 4, Epoch: 7}).Rollback; rb == nil || *rb != (rollback{3, 4, 4, 7, false}) {
 		t.Errorf("rollback details: %+v", rb)
 	}
 	// A peer's refusal: its own kind (not invalid_argument: this rank's

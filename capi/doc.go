@@ -68,6 +68,18 @@
 // a sampler configured otherwise gets FTCOMM_ERR_INVALID_ARGUMENT with the
 // kind "sampler_mismatch" as well.
 //
+// # Peer snapshots and slot spares
+//
+// The ft setting "snapshot_every" (ft.Config.SnapshotEvery) keeps copies
+// of a replica group's registered state in its ranks' host memory; when a
+// rank of the group is replaced the group restores one (the event
+// "restored"; a rank that lost steps gets FTCOMM_ERR_ROLLED_BACK with
+// "snapshot": true in the rollback JSON), and when both copies of a shard
+// are gone every step returns FTCOMM_ERR_SNAPSHOT_LOST. A slot spare
+// (group_rank -1 with spare) waits in ftcomm_ft_new, unbounded but
+// interruptible, until a rank of its group leaves a place free, and
+// ftcomm_ft_group_rank says which place it took.
+//
 // # Tensor memory: the rule
 //
 // The memory of a tensor passed to an op is the caller's, and the library

@@ -45,6 +45,7 @@ type ftSettings struct {
 	InitialStep       int64    `json:"initial_step"`
 	Spare             bool     `json:"spare"` // ft.Config.Spare: wait as a warm standby until promoted
 	Host              string   `json:"host"`  // ft.Config.Host: placement hint for spares; default the host name
+	SnapshotEvery     int      `json:"snapshot_every"` // ft.Config.SnapshotEvery: peer snapshots every K steps (0: off)
 	DisableHealth     bool     `json:"disable_health_watch"`
 	LeaseTTLS         float64  `json:"lease_ttl_s"`
 	HeartbeatS        float64  `json:"heartbeat_s"`
@@ -134,7 +135,7 @@ func (s *ftSettings) config(obj *ftObj) (ft.Config, error) {
 		MaxCommitFailures: s.MaxCommitFailures, RecoveryAddr: s.RecoveryAddr, HealChunkSize: s.HealChunkSize,
 		HealStreams: s.HealStreams, DurableCommit: s.DurableCommit, DisableHealthWatch: s.DisableHealth,
 		StallFactor: s.StallFactor, StallMin: seconds(s.StallMinS), InitialStep: s.InitialStep,
-		Spare: s.Spare, Host: s.Host, Logger: obj.log, OnEvent: obj.onEvent}
+		Spare: s.Spare, Host: s.Host, SnapshotEvery: s.SnapshotEvery, Logger: obj.log, OnEvent: obj.onEvent}
 	// Python shards over comms of its own (FT-HSDP: FSDP2 over its device
 	// mesh) and has no Group(): the group's one comm is a host comm that
 	// carries ft's group messages, with no device comm made for it.
@@ -161,7 +162,9 @@ func (s *ftSettings) config(obj *ftObj) (ft.Config, error) {
 }
 
 // ftcomm_ft_new registers this replica with the job's coordinator and
-// returns an ft handle (ft.New; interruptible, bounded by timeout_s).
+// returns an ft handle (ft.New; interruptible, bounded by timeout_s). A
+// slot spare (group_rank -1 with spare) waits here, unbounded, until a
+// rank of its group leaves a place free, and takes it.
 //
 //export ftcomm_ft_new
 func ftcomm_ft_new(settings *C.char, out *C.uint64_t) C.int32_t {
@@ -190,7 +193,12 @@ func ftcomm_ft_new(settings *C.char, out *C.uint64_t) C.int32_t {
 		if cfg.Timeout > limit {
 			limit = cfg.Timeout
 		}
-		ctx, cancel := context.WithTimeout(ctx, limit)
+		cancel := context.CancelFunc(func() {})
+		if cfg.GroupRank != ft.AnyRank {
+			// A slot spare waits for a place as long as it takes
+			// (interruptible); a registration is bounded.
+			ctx, cancel = context.WithTimeout(ctx, limit)
+		}
 		defer cancel()
 		c, err := ft.New(ctx, cfg)
 		if err != nil {
@@ -400,6 +408,22 @@ func ftcomm_ft_info(h C.uint64_t, epoch *C.uint64_t, participants, rank *C.int64
 		*participants = C.int64_t(f.c.Participants())
 		*rank = C.int64_t(f.c.Rank())
 		*committed = C.int64_t(f.c.CommittedStep())
+		return nil
+	})
+}
+
+// ftcomm_ft_group_rank stores this process's rank in its replica group:
+// the setting group_rank, or the place a slot spare (group_rank -1 with
+// spare) took.
+//
+//export ftcomm_ft_group_rank
+func ftcomm_ft_group_rank(h C.uint64_t, rank *C.int64_t) C.int32_t {
+	return guard(func() error {
+		f, err := lookup[*ftObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		*rank = C.int64_t(f.c.GroupRank())
 		return nil
 	})
 }

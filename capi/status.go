@@ -29,7 +29,8 @@ enum {
 	FTCOMM_ERR_OTHER = -18,
 	FTCOMM_ERR_FINISHED = -19,
 	FTCOMM_ERR_PEER_REFUSED = -20,
-	FTCOMM_ERR_NO_STEP = -21
+	FTCOMM_ERR_NO_STEP = -21,
+	FTCOMM_ERR_SNAPSHOT_LOST = -22
 };
 
 // Ops of ftcomm_comm_op and ftcomm_ft_op.
@@ -83,7 +84,7 @@ import (
 
 // ABIVersion is what ftcomm_abi_version returns; it changes whenever an
 // entry point's signature or meaning does.
-const ABIVersion = 5 // 3: FTCOMM_ERR_PEER_REFUSED, "refused" in the error JSON, ftcomm_comm_refuse, ftcomm_ft_refuse; 4: ft settings "spare" and "host", the "promoted" event; 5: the sampler (ftcomm_ft_sampler_new, ftcomm_sampler_*), FTCOMM_ERR_NO_STEP, the kind "sampler_mismatch"
+const ABIVersion = 6 // 6: peer snapshots (ft setting "snapshot_every", FTCOMM_ERR_SNAPSHOT_LOST, the "restored" event, "snapshot" in the rollback JSON), slot spares (group_rank -1 with spare; ftcomm_ft_group_rank); 3: FTCOMM_ERR_PEER_REFUSED, "refused" in the error JSON, ftcomm_comm_refuse, ftcomm_ft_refuse; 4: ft settings "spare" and "host", the "promoted" event; 5: the sampler (ftcomm_ft_sampler_new, ftcomm_sampler_*), FTCOMM_ERR_NO_STEP, the kind "sampler_mismatch"
 
 // Statuses. The order of kinds below is their priority: a call's status
 // is the first kind its error matches; the JSON lists all of them.
@@ -112,6 +113,7 @@ const (
 	errFinished         = -19
 	errPeerRefused      = -20
 	errNoStep           = -21
+	errSnapshotLost     = -22
 )
 
 // Sentinels of the ABI itself.
@@ -179,6 +181,7 @@ var kinds = []kind{
 	{errRolledBack, "rolled_back", is(ft.ErrRolledBack)},
 	{errFinished, "finished", is(ft.ErrFinished)},
 	{errGroupDiverged, "group_diverged", is(ft.ErrGroupDiverged)},
+	{errSnapshotLost, "snapshot_lost", is(ft.ErrSnapshotLost)},
 	{errPeerFailed, "peer_failed", is(comm.ErrPeerFailed)},
 	{errMismatch, "mismatch", is(comm.ErrMismatch)},
 	{errRevoked, "revoked", is(comm.ErrRevoked)},
@@ -223,6 +226,8 @@ type rollback struct {
 	ToStep   int64  `json:"to_step"`
 	Step     int64  `json:"step"`
 	Epoch    uint64 `json:"epoch"`
+	// Snapshot: the replica group restored its peer snapshot of Step.
+	Snapshot bool `json:"snapshot,omitempty"`
 }
 
 func classify(err error) errInfo {
@@ -240,7 +245,7 @@ func classify(err error) errInfo {
 	}
 	var rb *ft.RollbackError
 	if errors.As(err, &rb) {
-		info.Rollback = &rollback{FromStep: rb.FromStep, ToStep: rb.ToStep, Step: rb.Step, Epoch: rb.Epoch}
+		info.Rollback = &rollback{FromStep: rb.FromStep, ToStep: rb.ToStep, Step: rb.Step, Epoch: rb.Epoch, Snapshot: rb.Snapshot}
 	}
 	var fe *ft.FinishedError
 	if errors.As(err, &fe) {

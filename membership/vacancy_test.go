@@ -1,0 +1,78 @@
+package membership_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ftcomm/ftcomm/etcdhost"
+	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/membership"
+)
+
+// WaitVacancy reports a rank of the group whose registration it saw and
+// then saw deleted; a rank absent from the start (still launching), another
+// group's members (also one whose name extends the group's), ranks outside
+// the group's size and other keys are no vacancy.
+func TestWaitVacancy(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e, err := etcdhost.StartEmbedded(ctx, etcdhost.DefaultEmbeddedConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	cli, err := membership.NewClient(e.Endpoints(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	k := keys.Layout{Root: keys.DefaultRoot}
+	put := func(id string) {
+		if _, err := cli.Put(ctx, k.Member("job", id), "{}"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	del := func(id string) {
+		if _, err := cli.Delete(ctx, k.Member("job", id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("g.x.0")
+	put("g.x.1") // rank 2 of g.x has not registered yet
+	put("g.x.extra.0")
+	put("other.1")
+	got := make(chan int, 1)
+	go func() {
+		r, err := membership.WaitVacancy(ctx, cli, keys.DefaultRoot, "job", "g.x", 3)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- r
+	}()
+	// Noise the waiter must ignore, then the vacancy; the waiter may start
+	// watching after some of it (a Get then shows it), which changes
+	// nothing: none of it is a vacancy of g.x.
+	del("g.x.extra.0")
+	del("other.1")
+	put("g.x.5") // outside the group's size
+	del("g.x.5")
+	put("g.x.2") // the late rank arrives …
+	select {
+	case r := <-got:
+		t.Fatalf("vacancy %d before any rank of the group left", r)
+	default:
+	}
+	del("g.x.1") // … and rank 1 dies
+	select {
+	case r := <-got:
+		if r != 1 {
+			t.Fatalf("vacancy %d, want 1", r)
+		}
+	case <-ctx.Done():
+		t.Fatal("no vacancy reported")
+	}
+	if _, err := membership.WaitVacancy(ctx, cli, keys.DefaultRoot, "job", "g x", 3); err == nil {
+		t.Fatal("an invalid group name was accepted")
+	}
+}
