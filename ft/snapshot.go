@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -87,7 +88,9 @@ type peerSnapshots struct {
 	srcAddr  string
 	copying  chan struct{} // closed when the own copy in flight is in place
 	fetching context.CancelFunc
+	free     map[*[]*snapCopy]*snapCopy // per list, a buffer for the next copy
 	latest   int64 // the newest snapshot step taken (-1: none); pending while > complete
+	dirty    bool  // a restore wrote the registered state and did not complete
 	skipping bool  // logged that snapshot steps are skipped
 }
 
@@ -105,8 +108,10 @@ func newSnapshots(cfg Config, log *zap.Logger, met *metrics) (*peerSnapshots, er
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	close(done)
-	return &peerSnapshots{every: int64(cfg.SnapshotEvery), rank: cfg.GroupRank, host: cfg.Host, log: log, fc: cfg.fetchConfig(),
-		met: met, ownSrv: own, heldSrv: held, ctx: ctx, cancel: cancel, complete: -1, latest: -1, source: -1, copying: done}, nil
+	p := &peerSnapshots{every: int64(cfg.SnapshotEvery), rank: cfg.GroupRank, host: cfg.Host, log: log, fc: cfg.fetchConfig(),
+		met: met, ownSrv: own, heldSrv: held, ctx: ctx, cancel: cancel, complete: -1, latest: -1, source: -1, copying: done}
+	p.free = map[*[]*snapCopy]*snapCopy{}
+	return p, nil
 }
 
 // close stops the transfers and the servers.
@@ -207,18 +212,11 @@ func (s *peerSnapshots) take(step int64, hist []byte, blobs []recovery.Blob) {
 // always kept.
 func (s *peerSnapshots) slotFor(list *[]*snapCopy, srv *recovery.Server, step int64, slot, size int) *snapCopy {
 	s.mu.Lock()
+	s.retireLocked(list, func(c *snapCopy) bool { return c.step == s.complete && c.done && c.slot == slot })
 	var reuse *snapCopy
-	kept := (*list)[:0]
-	for _, c := range *list {
-		if c.step == s.complete && c.done && c.slot == slot {
-			kept = append(kept, c)
-			continue
-		}
-		if reuse == nil && len(c.buf) == size {
-			reuse = c
-		}
+	if f := s.free[list]; f != nil && len(f.buf) == size {
+		reuse, s.free[list] = f, nil
 	}
-	*list = kept
 	served := reuse != nil && reuse.served
 	s.mu.Unlock()
 	if served {
@@ -284,9 +282,25 @@ func copyToMemory(ctx context.Context, m recovery.Memory, src []byte) error {
 
 func (s *peerSnapshots) drop(list *[]*snapCopy, c *snapCopy) {
 	s.mu.Lock()
-	*list = slices.DeleteFunc(*list, func(x *snapCopy) bool { return x == c })
+	s.retireLocked(list, func(x *snapCopy) bool { return x != c })
 	s.updateGaugesLocked()
 	s.mu.Unlock()
+}
+
+// retireLocked removes from list the copies keep refuses. One buffer of
+// each list is kept for the next copy (memory already mapped: a fresh
+// buffer costs a page fault per page on its first copy), so a rank holds
+// at most two buffers of each kind.
+func (s *peerSnapshots) retireLocked(list *[]*snapCopy, keep func(*snapCopy) bool) {
+	*list = slices.DeleteFunc(*list, func(c *snapCopy) bool {
+		if keep(c) {
+			return false
+		}
+		if f := s.free[list]; f == nil || len(f.buf) < len(c.buf) {
+			s.free[list] = c
+		}
+		return true
+	})
 }
 
 // pull fetches the source's copy of step into a held buffer, in the
@@ -393,9 +407,9 @@ func (s *peerSnapshots) learned(step int64) {
 		return
 	}
 	s.complete = step
-	older := func(c *snapCopy) bool { return c.step < step }
-	s.own = slices.DeleteFunc(s.own, older)
-	s.held = slices.DeleteFunc(s.held, older)
+	current := func(c *snapCopy) bool { return c.step >= step }
+	s.retireLocked(&s.own, current)
+	s.retireLocked(&s.held, current)
 	s.met.snapshotStep.Set(float64(step))
 	s.updateGaugesLocked()
 }
@@ -407,6 +421,12 @@ func (s *peerSnapshots) updateGaugesLocked() {
 	}
 	for _, c := range s.held {
 		held += len(c.buf)
+	}
+	if f := s.free[&s.own]; f != nil {
+		own += len(f.buf)
+	}
+	if f := s.free[&s.held]; f != nil {
+		held += len(f.buf)
 	}
 	s.met.snapshotBytes.WithLabelValues("own").Set(float64(own))
 	s.met.snapshotBytes.WithLabelValues("held").Set(float64(held))
@@ -433,6 +453,9 @@ const inventoryRecordSize = 2048
 func (s *peerSnapshots) inventory(step int64) snapInventory {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.dirty {
+		step = -1 // a restore wrote the state and did not complete: it is no step's
+	}
 	inv := snapInventory{Rank: s.rank, Step: step, Host: s.host, HeldSlot: -1, Complete: s.complete,
 		OwnAddr: s.ownSrv.Addr(), HeldAddr: s.heldSrv.Addr()}
 	for _, c := range s.own {
@@ -630,8 +653,8 @@ func (s *peerSnapshots) settle(invs []snapInventory) {
 		s.met.snapshotStep.Set(float64(newest))
 	}
 	s.complete, s.latest = newest, newest
-	s.own = slices.DeleteFunc(s.own, func(c *snapCopy) bool { return c.step != newest })
-	s.held = slices.DeleteFunc(s.held, func(c *snapCopy) bool { return c.step != newest || c.slot != s.source })
+	s.retireLocked(&s.own, func(c *snapCopy) bool { return c.step == newest })
+	s.retireLocked(&s.held, func(c *snapCopy) bool { return c.step == newest && c.slot == s.source })
 	s.updateGaugesLocked()
 }
 
@@ -705,29 +728,41 @@ func (s *peerSnapshots) restore(ctx context.Context, ctl *comm.Comm, server *rec
 	}
 	res := restored{step: plan.Step, from: step}
 	var hist history
+	fetched := false
 	err := func() error {
+		meta := []byte(nil)
 		if h := plan.From[s.rank]; h >= 0 {
-			c := s.slotFor(&s.own, s.ownSrv, plan.Step, s.rank, stateBytes(blobs))
-			st, err := recovery.Fetch(ctx, s.fc, plan.Step, []string{invs[h].HeldAddr}, []recovery.Blob{{Name: snapshotBlob, Data: c.buf}})
-			if err != nil {
-				s.drop(&s.own, c)
-				return fmt.Errorf("fetching this rank's copy of step %d from rank %d: %w", plan.Step, h, err)
+			// This rank holds nothing of the group's run (its state has
+			// no value to lose): its copy goes straight into the
+			// registered state, memory already mapped (a fresh host
+			// buffer would cost a page fault per page), through pinned
+			// staging buffers for device state.
+			if err := server.Withdraw(ctx); err != nil { // nobody reads what is written
+				return err
 			}
 			s.mu.Lock()
-			c.meta, c.done = st.Meta, true
+			s.dirty = true // written before the barrier: worth nothing until a restore completes
 			s.mu.Unlock()
-			res.bytes = st.Bytes
-			mine = c
-		}
-		if mine == nil {
+			st, err := s.fetchInto(ctx, plan.Step, invs[h].HeldAddr, blobs)
+			if err != nil {
+				return fmt.Errorf("fetching this rank's copy of step %d from rank %d: %w", plan.Step, h, err)
+			}
+			res.bytes, meta, fetched = st.Bytes, st.Meta, true
+		} else if mine != nil {
+			if len(mine.buf) != stateBytes(blobs) {
+				return fmt.Errorf("%w: ft: the snapshot of slot %d (%d bytes) does not match the state registered here (%d bytes): register the same tensors on every incarnation of a slot",
+					comm.ErrInvalidArgument, s.rank, len(mine.buf), stateBytes(blobs))
+			}
+			meta = mine.meta
+		} else {
 			return fmt.Errorf("ft: this rank's copy of step %d is gone", plan.Step)
 		}
-		if len(mine.meta) < 8 || binary.LittleEndian.Uint64(mine.meta) != layoutOf(blobs) || len(mine.buf) != stateBytes(blobs) {
-			return fmt.Errorf("%w: ft: the snapshot of slot %d (%d bytes) does not match the state registered here (%d bytes): register the same tensors on every incarnation of a slot",
-				comm.ErrInvalidArgument, s.rank, len(mine.buf), stateBytes(blobs))
+		if len(meta) < 8 || binary.LittleEndian.Uint64(meta) != layoutOf(blobs) {
+			return fmt.Errorf("%w: ft: the snapshot of slot %d does not match the state registered here (names and sizes): register the same tensors on every incarnation of a slot",
+				comm.ErrInvalidArgument, s.rank)
 		}
 		var err error
-		if hist, err = decodeHistory(mine.meta[8:]); err != nil {
+		if hist, err = decodeHistory(meta[8:]); err != nil {
 			return fmt.Errorf("the snapshot's history: %w", err)
 		}
 		return nil
@@ -751,20 +786,22 @@ func (s *peerSnapshots) restore(ctx context.Context, ctl *comm.Comm, server *rec
 	case v[0] == 0:
 		return restored{}, errors.New("ft: another rank of the group could not obtain its copy of the snapshot")
 	}
-	// Nobody may read the registered state while it is written.
-	if err := server.Withdraw(ctx); err != nil {
-		return restored{}, err
-	}
-	off := 0
-	for _, b := range blobs {
-		n := b.Len()
-		if b.Mem == nil {
-			copy(b.Data, mine.buf[off:off+n])
-		} else if err := copyToMemory(ctx, b.Mem, mine.buf[off:off+n]); err != nil {
-			// The state is half written: this rank cannot go on.
-			return restored{}, fmt.Errorf("%w: ft: writing the snapshot into %q: %v", errRestoreBroken, b.Name, err)
+	if !fetched {
+		// Nobody may read the registered state while it is written.
+		if err := server.Withdraw(ctx); err != nil {
+			return restored{}, err
 		}
-		off += n
+		off := 0
+		for _, b := range blobs {
+			n := b.Len()
+			if b.Mem == nil {
+				copy(b.Data, mine.buf[off:off+n])
+			} else if err := copyToMemory(ctx, b.Mem, mine.buf[off:off+n]); err != nil {
+				// The state is half written: this rank cannot go on.
+				return restored{}, fmt.Errorf("%w: ft: writing the snapshot into %q: %v", errRestoreBroken, b.Name, err)
+			}
+			off += n
+		}
 	}
 	res.hist = hist
 	// The restored step is the group's newest complete snapshot now;
@@ -772,20 +809,112 @@ func (s *peerSnapshots) restore(ctx context.Context, ctl *comm.Comm, server *rec
 	// no use (older ones).
 	s.mu.Lock()
 	s.complete, s.latest = plan.Step, plan.Step
-	other := func(c *snapCopy) bool { return c.step != plan.Step }
-	s.own = slices.DeleteFunc(s.own, other)
-	s.held = slices.DeleteFunc(s.held, other)
-	mine.served = true
+	restoredStep := func(c *snapCopy) bool { return c.step == plan.Step }
+	s.retireLocked(&s.own, restoredStep)
+	s.retireLocked(&s.held, restoredStep)
+	s.dirty = false
 	s.met.snapshotStep.Set(float64(plan.Step))
 	s.updateGaugesLocked()
 	s.mu.Unlock()
-	// Its buddy may lack this rank's copy (this rank is new, or the
-	// group's hosts changed): serve it and pull the source's.
+	res.took = time.Since(start)
+	if fetched {
+		// Its own copy of the step, for a later rollback and for its
+		// buddy, is taken like any snapshot: in the background, the
+		// next Commit waiting for it. The buddy pulls it then.
+		s.mu.Lock()
+		s.latest = plan.Step - 1 // take it, though the step is complete
+		s.mu.Unlock()
+		return res, nil
+	}
+	// Its buddy may lack this rank's copy (the group's hosts changed):
+	// serve it, and pull the source's.
+	s.mu.Lock()
+	mine.served = true
+	s.mu.Unlock()
 	s.ownSrv.OfferWithMeta(plan.Step, mine.meta, []recovery.Blob{{Name: snapshotBlob, Data: mine.buf}})
 	s.wg.Add(1)
 	go func() { defer s.wg.Done(); s.pull(plan.Step) }()
-	res.took = time.Since(start)
 	return res, nil
+}
+
+// fetchInto fetches the copy of step served at addr straight into blobs
+// (the registered state), seen as the one concatenated blob a snapshot
+// server serves.
+func (s *peerSnapshots) fetchInto(ctx context.Context, step int64, addr string, blobs []recovery.Blob) (recovery.Stats, error) {
+	return recovery.Fetch(ctx, s.fc, step, []string{addr}, []recovery.Blob{{Name: snapshotBlob, Mem: newConcatMemory(blobs)}})
+}
+
+// concatMemory shows blobs (host or device memory) as one recovery.Memory,
+// in order, for a fetch of a snapshot's one blob into them.
+type concatMemory struct {
+	blobs []recovery.Blob
+	offs  []int // offs[i]: where blob i starts
+	n     int
+	host  sync.Pool // chunk buffers when no blob is device memory
+}
+
+func newConcatMemory(blobs []recovery.Blob) *concatMemory {
+	m := &concatMemory{blobs: blobs}
+	for _, b := range blobs {
+		m.offs = append(m.offs, m.n)
+		m.n += b.Len()
+	}
+	return m
+}
+
+func (m *concatMemory) Len() int { return m.n }
+
+func (m *concatMemory) Buffer(ctx context.Context, n int) ([]byte, func(), error) {
+	for _, b := range m.blobs {
+		if b.Mem != nil {
+			return b.Mem.Buffer(ctx, n) // pinned staging, for device copies
+		}
+	}
+	if p, ok := m.host.Get().(*[]byte); ok && len(*p) >= n {
+		return (*p)[:n], func() { m.host.Put(p) }, nil
+	}
+	p := make([]byte, n)
+	return p, func() { m.host.Put(&p) }, nil
+}
+
+// span calls f for each piece of [off, off+len(p)) within one blob.
+func (m *concatMemory) span(p []byte, off int, f func(b recovery.Blob, q []byte, boff int) error) error {
+	i := max(sort.SearchInts(m.offs, off+1)-1, 0)
+	for len(p) > 0 && i < len(m.blobs) {
+		boff := off - m.offs[i]
+		k := min(len(p), m.blobs[i].Len()-boff)
+		if k > 0 {
+			if err := f(m.blobs[i], p[:k], boff); err != nil {
+				return err
+			}
+			p, off = p[k:], off+k
+		}
+		i++
+	}
+	if len(p) > 0 {
+		return fmt.Errorf("%w: ft: %d bytes past the registered state's end", comm.ErrInvalidArgument, len(p))
+	}
+	return nil
+}
+
+func (m *concatMemory) ReadAt(ctx context.Context, p []byte, off int) error {
+	return m.span(p, off, func(b recovery.Blob, q []byte, boff int) error {
+		if b.Mem == nil {
+			copy(q, b.Data[boff:])
+			return nil
+		}
+		return b.Mem.ReadAt(ctx, q, boff)
+	})
+}
+
+func (m *concatMemory) WriteAt(ctx context.Context, p []byte, off int) error {
+	return m.span(p, off, func(b recovery.Blob, q []byte, boff int) error {
+		if b.Mem == nil {
+			copy(b.Data[boff:], q)
+			return nil
+		}
+		return b.Mem.WriteAt(ctx, q, boff)
+	})
 }
 
 // errRestoreBroken: a restore failed while writing the registered state

@@ -156,7 +156,9 @@ func TestProcessSnapshotSpareRestoresTheDead(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	const every, n = 5, 1 << 16
+	// FTCOMM_FT_SNAPSHOT_FLOATS: each rank's shard, in float32s (a figure's size).
+	n := envInts(t, "FTCOMM_FT_SNAPSHOT_FLOATS", []int{1 << 16})[0]
+	const every = 5
 	j := newProcJob(t)
 	j.spawnShards(every, n)
 	j.spawnSlotSpare("spare-a", every, n)
@@ -188,7 +190,7 @@ func TestProcessSnapshotSpareRestoresTheDead(t *testing.T) {
 			t.Errorf("%s restored step %d, another rank %d", id, ev.Step, step)
 		}
 		step = ev.Step
-		if id == "fsdp.1" && ev.Bytes != 4*n {
+		if id == "fsdp.1" && ev.Bytes != int64(4*n) {
 			t.Errorf("the new fsdp.1 received %d bytes, want its shard's %d", ev.Bytes, 4*n)
 		}
 		if id != "fsdp.1" && ev.Bytes != 0 {
@@ -198,7 +200,9 @@ func TestProcessSnapshotSpareRestoresTheDead(t *testing.T) {
 	if step%every != 0 || step < 30-2*every {
 		t.Errorf("restored step %d: want the newest complete snapshot (every %d) near the kill", step, every)
 	}
-	t.Logf("kill → all restored to step %d and committing again at full size: %v", step, resumed.Sub(t0))
+	t.Logf("kill → all restored to step %d and committing again at full size: %v; the new fsdp.1 restored %d MiB in %v (%.2f GB/s)",
+		step, resumed.Sub(t0), restored["fsdp.1"].Bytes>>20, time.Duration(restored["fsdp.1"].TookNs).Round(time.Millisecond),
+		float64(restored["fsdp.1"].Bytes)/time.Duration(restored["fsdp.1"].TookNs).Seconds()/1e9)
 	for s := range shardSlots {
 		j.await(fmt.Sprintf("fsdp.%d past the restore", s), func(ev childEvent) bool {
 			return ev.Kind == "" && ev.ID == memberID("fsdp", s) && ev.Step >= step+2*every
