@@ -89,9 +89,9 @@ type peerSnapshots struct {
 	copying  chan struct{} // closed when the own copy in flight is in place
 	fetching context.CancelFunc
 	free     map[*[]*snapCopy]*snapCopy // per list, a buffer for the next copy
-	latest   int64 // the newest snapshot step taken (-1: none); pending while > complete
-	dirty    bool  // a restore wrote the registered state and did not complete
-	skipping bool  // logged that snapshot steps are skipped
+	latest   int64                      // the newest snapshot step taken (-1: none); pending while > complete
+	dirty    bool                       // a restore wrote the registered state and did not complete
+	skipping bool                       // logged that snapshot steps are skipped
 }
 
 func newSnapshots(cfg Config, log *zap.Logger, met *metrics) (*peerSnapshots, error) {
