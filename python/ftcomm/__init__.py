@@ -54,6 +54,7 @@ from .errors import (
     RolledBackError,
     FinishedError,
     SamplerMismatchError,
+    SnapshotLostError,
     TooManyCommitFailuresError,
 )
 from .store import Store
@@ -98,6 +99,6 @@ __all__ = [
     "errors", "FtcommError", "InvalidArgumentError", "InvalidTypeError", "CommTimeoutError", "RevokedError",
     "PeerFailedError", "PeerRefusedError", "MismatchError", "AbortedError", "ClosedError", "BackendUnavailableError",
     "RolledBackError", "FinishedError", "GroupDivergedError", "NotParticipatingError", "TooManyCommitFailuresError",
-    "NoStepError", "SamplerMismatchError", "MembershipLostError", "BadHandleError", "InternalError",
+    "NoStepError", "SamplerMismatchError", "SnapshotLostError", "MembershipLostError", "BadHandleError", "InternalError",
     "InterruptedOpError", "ForkError",
 ]

@@ -378,9 +378,11 @@ class StatefulState:
         _, _, step, tag = _HEADER.unpack(self.buf[:_HEADER.size].tobytes())
         return step, tag
 
-    def _after_step(self) -> None:
-        # A heal (or a rollback) copied the job's state over ours.
-        if self.buf[:_HEADER.size].tobytes() != self._header:
+    def _after_step(self, replaced: bool) -> None:
+        # A heal, a rollback or a peer-snapshot restore wrote the
+        # registered state: the step's events say so, and a header this
+        # object did not write shows it too.
+        if replaced or self.buf[:_HEADER.size].tobytes() != self._header:
             self._load()
 
     def _after_commit(self, ok: bool) -> None:
@@ -397,15 +399,19 @@ def register_stateful(comm, name: str, obj, capacity: int = 65536) -> StatefulSt
     heals with the model: it is pickled into a registered buffer of
     ``capacity`` bytes after every committed step (never between step and
     commit, when ft serves registered state to healing peers), loaded back
-    into obj after a step() that healed this replica (or rolled it back),
-    and after a commit() that failed (the step's data is given back, so is
+    into obj after a step() that healed this replica, rolled it back or
+    restored its group's peer snapshot (ft.Comm's snapshot_every), and
+    after a commit() that failed (the step's data is given back, so is
     the object's). A state over capacity raises StateCapacityError (here,
     or from the commit() that made it).
 
     The state must be job-global: every replica's object holds the same
     state at every committed step (the job's position, not a replica's
     own), as a restarted replica resumes from its peers' state, never its
-    own. Returns the StatefulState (``version``, ``loads``)."""
+    own. Under peer snapshots, in a group with no replica, each rank's
+    object may hold a state of its own (its data shard's reader): a rank's
+    replacement restores the dead rank's copy. Returns the StatefulState
+    (``version``, ``loads``)."""
     if not isinstance(name, str) or not name:
         raise InvalidArgumentError("ftcomm: register_stateful: name %r: want a non-empty str" % (name,),
                                    kinds=("invalid_argument",))

@@ -91,7 +91,13 @@ class RolledBackError(FtcommError):
     """Committed steps turned out not to be part of the job's history
     (ft.RollbackError): the replica healed to the job's state of ``step`` and
     the step has started; rewind what you keep outside the registered state.
-    Attributes ``from_step``, ``to_step``, ``step``, ``epoch``."""
+    Attributes ``from_step``, ``to_step``, ``step``, ``epoch``, and
+    ``snapshot``: True when the replica group restored its peer snapshot of
+    ``step`` after one of its ranks was replaced (ft.Comm's
+    ``snapshot_every``), so steps ``from_step``..``to_step`` are lost to
+    every rank of the group alike."""
+
+    snapshot: bool = False
 
 
 class FinishedError(FtcommError):
@@ -102,6 +108,14 @@ class FinishedError(FtcommError):
 
 class GroupDivergedError(FtcommError):
     """The replica group's shards stand at different steps (ft.ErrGroupDiverged)."""
+
+
+class SnapshotLostError(FtcommError):
+    """The replica group cannot restore a peer snapshot (ft.ErrSnapshotLost):
+    a rank was replaced and both copies of its shard are gone (the rank and
+    its buddy died together), or no snapshot was complete yet. Every rank of
+    the group gets it from step(), before anything was written: the state
+    stays as the rank last committed it. Restore the job from a checkpoint."""
 
 
 class NotParticipatingError(FtcommError):
@@ -153,6 +167,7 @@ _BY_KIND: Dict[str, Type[FtcommError]] = {
     "rolled_back": RolledBackError,
     "finished": FinishedError,
     "group_diverged": GroupDivergedError,
+    "snapshot_lost": SnapshotLostError,
     "peer_refused": PeerRefusedError,
     "peer_failed": PeerFailedError,
     "mismatch": MismatchError,
@@ -208,7 +223,8 @@ def from_json(text: bytes, status: int) -> FtcommError:
     extra = {}
     rb: Optional[dict] = info.get("rollback")
     if rb:
-        extra = {"from_step": rb["from_step"], "to_step": rb["to_step"], "step": rb["step"], "epoch": rb["epoch"]}
+        extra = {"from_step": rb["from_step"], "to_step": rb["to_step"], "step": rb["step"], "epoch": rb["epoch"],
+                 "snapshot": bool(rb.get("snapshot", False))}
     fin: Optional[dict] = info.get("finished")
     if fin:
         extra = {"final": fin["final"], "step": fin["step"]}

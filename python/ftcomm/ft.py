@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import os
 from ctypes import POINTER, byref, c_int32, c_int64, c_uint64, c_void_p
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -29,14 +30,22 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from . import _lib, _tensors
 from ._tensors import describe
 from .comm import _device_index, _device_type
-from .errors import ClosedError, FtcommError, InvalidArgumentError, RolledBackError
+from .errors import ClosedError, FtcommError, InvalidArgumentError, InvalidTypeError, RolledBackError
 from .reduce_op import ReduceOp, as_reduce_op
 from .work import InFlight, Work
 
-__all__ = ["Comm", "Event", "Settings", "Work", "Sampler", "Plan", "MicroBatch", "BatchSampler", "StepLoader",
-           "register_stateful", "StatefulState", "StateCapacityError"]
+_DATA = frozenset(["Sampler", "Plan", "MicroBatch", "BatchSampler", "StepLoader", "register_stateful",
+                   "StatefulState", "StateCapacityError"])
 
-_DATA = frozenset(__all__[4:])
+__all__ = ["Comm", "Event", "Settings", "Work", "ANY_RANK"] + sorted(_DATA)
+
+# group_rank of a slot spare (Go's ft.AnyRank): with spare=True, Comm()
+# waits until a rank of its group dies and takes that rank's place.
+ANY_RANK = -1
+
+# The events after which a step's registered state is not the one this
+# process last wrote: register_stateful reloads its objects.
+_STATE_REPLACED = frozenset(("healed", "rolled back", "restored"))
 
 
 def __getattr__(name: str):
@@ -53,9 +62,13 @@ class Event:
     """Something that happened to this replica (ft.Event): kind is
     "reconfigured", "sat out", "healed", "rolled back", "commit failed",
     "waiting", "settings" (the job's settings version ``version`` is in
-    force from step ``from_step``, at every replica of ``epoch`` alike) or
+    force from step ``from_step``, at every replica of ``epoch`` alike),
     "promoted" (this spare takes part from ``epoch``; ``reason`` says whose
-    place it takes)."""
+    place it takes) or "restored" (with ``snapshot_every``: the replica
+    group restored its peer snapshot of step ``step`` after one of its ranks
+    was replaced; this rank held ``from_step``, and ``bytes`` came from its
+    buddy's copy — the replacement's — or 0 from its own; a rank whose
+    ``from_step`` was newer also reports "rolled back")."""
 
     kind: str
     time: float
@@ -127,6 +140,15 @@ def _duration_s(s: str) -> float:
     return sign * total
 
 
+def _index(name: str, v: Any) -> int:
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        return operator.index(v)
+    except TypeError:
+        raise InvalidTypeError("ftcomm: %s %r is not an int" % (name, v), kinds=("invalid_argument",)) from None
+
+
 def _settings_fn():
     fn = _lib.lib().ftcomm_ft_settings
     fn.argtypes = [c_uint64, c_void_p, c_int64, POINTER(c_int64)]
@@ -177,6 +199,27 @@ class Comm:
     first. A dead replica restarted as a plain replica after a spare took
     its place waits as a spare by itself.
 
+    snapshot_every=K turns on peer snapshots (ft.Config.SnapshotEvery), for
+    a replica group with no replica — an FSDP job whose one group spans
+    every rank (group_size > 1; not with durable_commit): every K committed
+    steps each rank copies its registered state into its own host memory
+    and into a buddy rank's. When a rank of the group is replaced (its
+    restarted process, or a slot spare), the group restores the newest
+    complete snapshot before the step starts: the new rank receives the
+    dead rank's state from the buddy's copy, every other rank rolls back to
+    the same step (step() raises RolledBackError with ``snapshot`` True),
+    and each reports a "restored" event; at most K steps are lost. When a
+    rank and its buddy die together their copies go with them: step()
+    raises SnapshotLostError at every rank. ftcomm.ft_torch.protect_shards
+    registers a rank's shards, optimizer state and data position in one
+    call.
+
+    group_rank=ANY_RANK with spare=True makes a slot spare: Comm() itself
+    waits — unbounded; ftcomm.interrupt() or Ctrl-C ends it — until a rank
+    of the group dies, then takes that rank's place as its restarted
+    process would (``group_rank`` says which; ``spare`` is False from then
+    on). Register that rank's shards after Comm() returns.
+
     Making a Comm registers the replica with the coordinator; it asks to
     take part at its first step(): build the model, shard it and register
     its state after this call, the job does not wait for it meanwhile.
@@ -191,17 +234,30 @@ class Comm:
                  heartbeat=None, gossip: bool = False, control_backend: Optional[str] = None,
                  log_level: Optional[str] = None, on_event: Optional[Callable[[Event], None]] = None,
                  stall_factor: Optional[float] = None, stall_min=None, initial_step: int = 0,
-                 spare: bool = False, host: Optional[str] = None):
+                 spare: bool = False, host: Optional[str] = None, snapshot_every: int = 0):
         if _lib.forked:
             raise _lib._fork_error()
+        group_rank, group_size = _index("group_rank", group_rank), _index("group_size", group_size)
+        snapshot_every = _index("snapshot_every", snapshot_every)
+        if group_rank == ANY_RANK and not spare:
+            raise InvalidArgumentError("ftcomm: group_rank ANY_RANK makes a slot spare: it needs spare=True",
+                                       kinds=("invalid_argument",))
+        if snapshot_every and group_size < 2:
+            raise InvalidArgumentError(
+                "ftcomm: snapshot_every %d with group_size %d: peer snapshots keep a rank's state on another rank of "
+                "its replica group, and a group of one rank has none (replicas heal from each other)" % (
+                    snapshot_every, group_size), kinds=("invalid_argument",))
         self._h: Optional[int] = None
         self._keep: List[Any] = []
         self._inflight = InFlight()
         self._on_event = on_event
         # What register_stateful hooks in: called after a step() that
-        # started the step (healed, rolled back or not) and after a
-        # commit() with its outcome.
-        self._after_step: List[Callable[[], None]] = []
+        # started the step, with whether the step replaced the registered
+        # state (healed, rolled back, restored), and after a commit() with
+        # its outcome.
+        self._after_step: List[Callable[[bool], None]] = []
+        # Events taken from the library for the hooks, not yet handed out.
+        self._events: List[Event] = []
         self._after_commit: List[Callable[[bool], None]] = []
         # Counts the calls that change what a sampler reports (step,
         # commit, close): a Sampler's plan is cached for one value.
@@ -230,7 +286,8 @@ class Comm:
                          ("max_commit_failures", max_commit_failures), ("recovery_addr", recovery_addr),
                          ("heal_chunk_size", heal_chunk_size), ("heal_streams", heal_streams),
                          ("control_backend", control_backend), ("log_level", log_level),
-                         ("stall_factor", stall_factor), ("initial_step", initial_step or None), ("host", host)):
+                         ("stall_factor", stall_factor), ("initial_step", initial_step or None), ("host", host),
+                         ("snapshot_every", snapshot_every or None)):
             if val is not None:
                 settings[key] = val
         for key, val in (("timeout_s", timeout), ("lease_ttl_s", lease_ttl), ("heartbeat_s", heartbeat),
@@ -242,7 +299,8 @@ class Comm:
         _lib.check(_lib.lib().ftcomm_ft_new(json.dumps(settings).encode(), byref(h)))
         self._h = h.value
         self.job, self.group = job, group
-        self._spare = bool(spare)
+        self._group_size, self._snapshot_every = group_size, snapshot_every
+        self._spare = bool(spare) and group_rank != ANY_RANK  # a slot spare holds its place now
 
     def _handle(self) -> int:
         if _lib.forked:
@@ -268,24 +326,36 @@ class Comm:
     def step(self, timeout=None) -> None:
         """Start a step: join the epoch's quorum, reconfigure, heal if behind.
         Raises RolledBackError (with the step started) if this replica's
-        committed steps were rolled back, FinishedError once a replica
-        ended the run. A spare's first step waits until it is promoted
-        (or the run ends: FinishedError)."""
+        committed steps were rolled back (``snapshot`` True: its group
+        restored a peer snapshot), SnapshotLostError when its group cannot
+        restore one, FinishedError once a replica ended the run. A spare's
+        first step waits until it is promoted (or the run ends:
+        FinishedError)."""
+        self._gen += 1
+        started = False
         try:
-            self._gen += 1
-            _lib.check(_lib.lib().ftcomm_ft_step(self._handle(), _lib.timeout_ns(timeout)))
-            self._spare = False
-        except RolledBackError:
-            self._spare = False  # the step has started: a participant
-            self._started()
-            raise
+            try:
+                _lib.check(_lib.lib().ftcomm_ft_step(self._handle(), _lib.timeout_ns(timeout)))
+            except RolledBackError:
+                started = True
+                raise
+            started = True
         finally:
+            if started:  # a participant now; the hooks see the step's events before on_event takes them
+                self._spare = False
+                self._started()
             self._deliver()
-        self._started()
 
     def _started(self) -> None:
+        if not self._after_step:
+            return
+        # Whether the step replaced the registered state, from its events
+        # (kept for events() and on_event).
+        new = self._take_events()
+        self._events.extend(new)
+        replaced = any(e.kind in _STATE_REPLACED for e in new)
         for f in self._after_step:
-            f()
+            f(replaced)
 
     @property
     def spare(self) -> bool:
@@ -405,6 +475,24 @@ class Comm:
         """Steps this replica has committed (or healed to)."""
         return self._info()[3]
 
+    @property
+    def group_rank(self) -> int:
+        """This process's rank in its replica group: the group_rank it was
+        made with, or the place a slot spare (ANY_RANK) took."""
+        r = c_int64()
+        _lib.check(_lib.lib().ftcomm_ft_group_rank(self._handle(), byref(r)))
+        return r.value
+
+    @property
+    def group_size(self) -> int:
+        """The ranks of this replica group (the shard dimension)."""
+        return self._group_size
+
+    @property
+    def snapshot_every(self) -> int:
+        """The committed steps between peer snapshots (0: off)."""
+        return self._snapshot_every
+
     def settings(self) -> Settings:
         """The job's settings in force for this replica's current step. They
         change only inside step(), at the first step of an epoch that every
@@ -416,7 +504,11 @@ class Comm:
 
     def events(self) -> List[Event]:
         """The events since the last call (reconfigurations, heals, rollbacks,
-        failed commits), oldest first."""
+        restores, failed commits), oldest first."""
+        out, self._events = self._events, []
+        return out + self._take_events()
+
+    def _take_events(self) -> List[Event]:
         d = json.loads(_lib.get_bytes(_lib.lib().ftcomm_ft_events, self._handle()))
         return [Event(**e) for e in d["events"]]
 

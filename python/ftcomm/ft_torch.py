@@ -7,6 +7,10 @@ Three pieces, each usable alone:
   ft.Comm, so that a returning replica heals them from its peers. Sharded
   parameters (FSDP2's DTensors) register their local shard: with replica
   groups, shard rank i heals from shard rank i of a live group.
+  :func:`protect_shards` is its form for a group with no replica (FSDP over
+  every rank, ft.Comm's ``snapshot_every``): it registers a rank's shards,
+  optimizer state, data position and extra tensors for its peer
+  snapshots, and refuses a Comm that takes none.
 - :class:`OptimizerWrapper` — ``zero_grad()`` starts the ft step (quorum,
   reconfiguration, healing), ``step()`` commits it and steps the optimizer
   only if the step committed.
@@ -42,10 +46,12 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from .errors import FinishedError, FtcommError, InvalidArgumentError, NotParticipatingError, RolledBackError
+from .data import register_stateful
+from .errors import (FinishedError, FtcommError, InvalidArgumentError, InvalidTypeError, NotParticipatingError,
+                     RolledBackError)
 from .reduce_op import ReduceOp
 
-__all__ = ["register_state", "OptimizerWrapper", "ft_ddp", "ddp_comm_hook", "hsdp_all_reduce_hook",
+__all__ = ["register_state", "protect_shards", "OptimizerWrapper", "ft_ddp", "ddp_comm_hook", "hsdp_all_reduce_hook",
            "SoloProcessGroup", "local_tensor"]
 
 
@@ -136,6 +142,59 @@ def register_state(comm, module: Optional[torch.nn.Module] = None, optimizer: Op
                         raise FtcommError("ftcomm: register_state: the optimizer's state %r of %s is a %s, not a "
                                           "tensor: it cannot be healed" % (k, pname, type(v).__name__),
                                           kinds=("invalid_argument",))
+    return names
+
+
+def protect_shards(comm, module: Optional[torch.nn.Module] = None, optimizer: Optional[Any] = None, *,
+                   stateful: Optional[Dict[str, Any]] = None,
+                   tensors: Optional[Dict[str, torch.Tensor]] = None) -> List[str]:
+    """Register everything a rank of a replica group with no replica holds
+    with its ftcomm.ft.Comm (before its first step), so that the group's
+    peer snapshots (``snapshot_every``) carry it: when the rank dies, its
+    replacement (a slot spare, or its restarted process) restores it from
+    the buddy's copy and the other ranks roll back to the same step.
+    Returns the names registered, in order.
+
+    - module and optimizer: register_state's — the module's parameters and
+      buffers as this rank's local shards (FSDP2's DTensors), the
+      optimizer's state made now;
+    - stateful: name -> an object with ``state_dict()`` and
+      ``load_state_dict()`` (a data loader's reader, an RNG), each through
+      register_stateful with its default capacity (loaded back after a
+      restore; call register_stateful for another capacity);
+      ftcomm.ft.Sampler registers its position itself;
+    - tensors: name -> a tensor this rank keeps besides (a flat parameter
+      shard, a hand-written optimizer's state), registered as its local
+      memory.
+
+    Every rank registers the same names with the same shapes in the same
+    order (a replacement's state must have the dead rank's layout: pad
+    shards to one size). Raises InvalidArgumentError when the Comm takes no
+    peer snapshots (``snapshot_every`` 0) or its group has one rank, where
+    nothing would keep a copy of the state registered here.
+    """
+    if comm.group_size < 2:
+        raise InvalidArgumentError("ftcomm: protect_shards: the Comm's replica group has %d rank: peer snapshots keep "
+                                   "a rank's state on another rank of its group (a group of one heals from its "
+                                   "replicas: use register_state)" % comm.group_size, kinds=("invalid_argument",))
+    if comm.snapshot_every <= 0:
+        raise InvalidArgumentError("ftcomm: protect_shards: the Comm takes no peer snapshots: make it with "
+                                   "snapshot_every=K (a copy of every rank's state every K committed steps)",
+                                   kinds=("invalid_argument",))
+    names = register_state(comm, module, optimizer)
+    for name, t in (tensors or {}).items():
+        if not isinstance(t, torch.Tensor):
+            raise InvalidTypeError("ftcomm: protect_shards: tensors[%r] is a %s, not a tensor" % (
+                name, type(t).__name__), kinds=("invalid_argument",))
+        lt = local_tensor(t)
+        if not lt.is_contiguous():
+            raise InvalidArgumentError("ftcomm: protect_shards: tensors[%r] is not contiguous: its memory cannot be "
+                                       "restored in place" % name, kinds=("invalid_argument",))
+        comm.register("tensor/" + name, lt)
+        names.append("tensor/" + name)
+    for name, obj in (stateful or {}).items():
+        register_stateful(comm, name, obj)
+        names.append("ftcomm.stateful/" + name)
     return names
 
 
