@@ -101,6 +101,29 @@
 // whether it still waits. A replica restarted after a spare took its
 // group's place waits as the next spare. See docs/spares.md.
 //
+// # Peer snapshots
+//
+// A replica group whose shards have no copy in another group (an FSDP job
+// whose one group spans every GPU) sets Config.SnapshotEvery = K: at the
+// start of the step after every K-th committed step, each rank copies its
+// registered state into host memory of its own, in the background of the
+// step (Commit waits for the copy), and its buddy — another rank of the
+// group, on another host where the group spans hosts — pulls that copy
+// into its host memory. The group learns in its commit vote that every
+// copy arrived: that snapshot is complete, and the next starts only then.
+// When a rank is replaced — by its restarted process, or by a slot spare
+// (Config.GroupRank AnyRank with Spare: New waits until a rank of its
+// group dies and takes its place) — the group's ranks find at their
+// reconfiguration that their steps differ, and restore the newest
+// complete snapshot of which every rank has a copy: the new rank from its
+// buddy's, the others from their own, once every rank holds its copy (a
+// barrier), so that a death during the restore leaves every survivor's
+// state as it was. Step reports EventRestored, and a *RollbackError with
+// Snapshot set where steps were lost (at most K, more while transfers lag
+// behind K steps). When a shard has no copy left (a rank died with its
+// buddy) every rank's Step returns a *SnapshotLostError, before anything
+// was written. See docs/snapshots.md.
+//
 // # Data
 //
 // NewSampler ties what each rank reads to the job's committed steps: the
@@ -300,7 +323,9 @@
 //     Step, which returns ErrClosed.
 //   - Treat a *RollbackError from Step as a started step whose registered
 //     state moved to the job's history (a Sampler's position moved with
-//     it; rewind any data position of your own).
+//     it; rewind any data position of your own). With SnapshotEvery,
+//     register all of a rank's training state — parameters, optimizer
+//     state, data position — or what is left out is not rolled back.
 //   - At the end of the run call Finish, then Close (it may wait for
 //     replicas behind to heal from this one: do not write the registered
 //     state between the two); a *FinishedError from Step means another

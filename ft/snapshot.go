@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -228,7 +229,7 @@ func (s *peerSnapshots) slotFor(list *[]*snapCopy, srv *recovery.Server, step in
 	if reuse != nil {
 		c.buf = reuse.buf
 	} else {
-		c.buf = make([]byte, size)
+		c.buf = prefaulted(size)
 	}
 	s.mu.Lock()
 	*list = append(*list, c)
@@ -257,6 +258,28 @@ func (s *peerSnapshots) copyOwn(step int64, hist []byte, blobs []recovery.Blob) 
 	s.updateGaugesLocked()
 	s.mu.Unlock()
 	return c, nil
+}
+
+// prefaulted returns n bytes of new memory, each page touched by several
+// goroutines at once: a fresh buffer's first copy page-faults once per
+// page, which one thread does at about 1.3 GB/s (an H200 host: a 4 GiB
+// snapshot took 3.3 s against 0.32 s into mapped memory).
+func prefaulted(n int) []byte {
+	b := make([]byte, n)
+	const page = 4096
+	workers := min(runtime.GOMAXPROCS(0), 8)
+	per := (n/workers + page - 1) / page * page
+	var wg sync.WaitGroup
+	for w := range workers {
+		lo, hi := min(w*per, n), min((w+1)*per, n)
+		wg.Go(func() {
+			for i := lo; i < hi; i += page {
+				b[i] = 0
+			}
+		})
+	}
+	wg.Wait()
+	return b
 }
 
 // snapChunk bounds one device copy of a snapshot.
