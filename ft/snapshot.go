@@ -1,17 +1,12 @@
 package ft
 
 import (
-	"cmp"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"runtime"
 	"slices"
-	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -260,49 +255,6 @@ func (s *peerSnapshots) copyOwn(step int64, hist []byte, blobs []recovery.Blob) 
 	return c, nil
 }
 
-// prefaulted returns n bytes of new memory, each page touched by several
-// goroutines at once: a fresh buffer's first copy page-faults once per
-// page, which one thread does at about 1.3 GB/s (an H200 host: a 4 GiB
-// snapshot took 3.3 s against 0.32 s into mapped memory).
-func prefaulted(n int) []byte {
-	b := make([]byte, n)
-	const page = 4096
-	workers := min(runtime.GOMAXPROCS(0), 8)
-	per := (n/workers + page - 1) / page * page
-	var wg sync.WaitGroup
-	for w := range workers {
-		lo, hi := min(w*per, n), min((w+1)*per, n)
-		wg.Go(func() {
-			for i := lo; i < hi; i += page {
-				b[i] = 0
-			}
-		})
-	}
-	wg.Wait()
-	return b
-}
-
-// snapChunk bounds one device copy of a snapshot.
-const snapChunk = 64 << 20
-
-func copyFromMemory(ctx context.Context, dst []byte, m recovery.Memory) error {
-	for off := 0; off < len(dst); off += snapChunk {
-		if err := m.ReadAt(ctx, dst[off:min(off+snapChunk, len(dst))], off); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func copyToMemory(ctx context.Context, m recovery.Memory, src []byte) error {
-	for off := 0; off < len(src); off += snapChunk {
-		if err := m.WriteAt(ctx, src[off:min(off+snapChunk, len(src))], off); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 func (s *peerSnapshots) drop(list *[]*snapCopy, c *snapCopy) {
 	s.mu.Lock()
 	s.retireLocked(list, func(x *snapCopy) bool { return x != c })
@@ -455,24 +407,6 @@ func (s *peerSnapshots) updateGaugesLocked() {
 	s.met.snapshotBytes.WithLabelValues("held").Set(float64(held))
 }
 
-// snapInventory is what one rank of a group holds, all-gathered at every
-// reconfiguration of the group.
-type snapInventory struct {
-	Rank     int     `json:"r"`
-	Step     int64   `json:"s"` // the committed step it holds
-	Host     string  `json:"h"`
-	Own      []int64 `json:"o,omitempty"` // steps of its complete own copies
-	HeldSlot int     `json:"hs"`          // whose copies Held are (-1: none)
-	Held     []int64 `json:"hd,omitempty"`
-	Complete int64   `json:"c"` // newest step it knows complete (-1: none)
-	OwnAddr  string  `json:"oa"`
-	HeldAddr string  `json:"ha"`
-}
-
-// inventoryRecordSize bounds an encoded inventory (two addresses, a host
-// name of up to 253 bytes and four steps fit well within it).
-const inventoryRecordSize = 2048
-
 func (s *peerSnapshots) inventory(step int64) snapInventory {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -493,166 +427,6 @@ func (s *peerSnapshots) inventory(step int64) snapInventory {
 		}
 	}
 	return inv
-}
-
-func gatherInventories(ctx context.Context, ctl *comm.Comm, mine snapInventory) ([]snapInventory, error) {
-	b, err := json.Marshal(mine)
-	if err != nil {
-		return nil, err
-	}
-	if len(b)+4 > inventoryRecordSize {
-		return nil, fmt.Errorf("%w: ft: snapshot inventory of %d bytes (host name too long?)", comm.ErrInvalidArgument, len(b))
-	}
-	rec := make([]byte, inventoryRecordSize)
-	binary.LittleEndian.PutUint32(rec, uint32(len(b)))
-	copy(rec[4:], b)
-	all := make([]byte, inventoryRecordSize*ctl.Size())
-	if err := ctl.AllGather(ctx, comm.Uint8s(all), comm.Uint8s(rec)); err != nil {
-		return nil, err
-	}
-	invs := make([]snapInventory, ctl.Size())
-	for r := range invs {
-		x := all[r*inventoryRecordSize : (r+1)*inventoryRecordSize]
-		n := int(binary.LittleEndian.Uint32(x))
-		if n > inventoryRecordSize-4 {
-			return nil, fmt.Errorf("%w: ft: rank %d's snapshot inventory is malformed", comm.ErrMismatch, r)
-		}
-		if err := json.Unmarshal(x[4:4+n], &invs[r]); err != nil {
-			return nil, fmt.Errorf("%w: ft: rank %d's snapshot inventory: %v", comm.ErrMismatch, r, err)
-		}
-		if invs[r].Rank != r {
-			return nil, fmt.Errorf("%w: ft: the group's rank %d says it is slot %d", comm.ErrMismatch, r, invs[r].Rank)
-		}
-	}
-	return invs, nil
-}
-
-// buddies maps each slot of a group to its buddy, the slot that holds a
-// copy of its snapshots: a permutation, so every rank holds one copy.
-// Slots are ordered by host (then slot) and each is sent as many places on
-// as the largest host has ranks, so a layout of equal hosts puts every
-// copy on the next host; one host alone pairs each slot with the next.
-func buddies(hosts []string) []int {
-	n := len(hosts)
-	order := make([]int, n)
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(hosts[a], hosts[b]) })
-	per := map[string]int{}
-	most := 0
-	for _, h := range hosts {
-		per[h]++
-		most = max(most, per[h])
-	}
-	shift := most
-	if shift >= n {
-		shift = 1
-	}
-	out := make([]int, n)
-	for i, slot := range order {
-		out[slot] = order[(i+shift)%n]
-	}
-	return out
-}
-
-// restorePlan is the group's decision at a reconfiguration.
-type restorePlan struct {
-	Restore bool
-	Step    int64 // the snapshot step every rank restores
-	// From[r] is the rank whose held copy slot r restores from; -1: its
-	// own copy.
-	From []int
-}
-
-// ErrSnapshotLost is matched by a *SnapshotLostError.
-var ErrSnapshotLost = errors.New("ft: the peer snapshots of a shard are lost")
-
-// SnapshotLostError is returned by Step at every rank of a replica group
-// whose ranks hold different steps when no complete peer snapshot has a
-// copy of every shard (Config.SnapshotEvery): both copies of a shard were
-// lost (the rank and its buddy died), or no snapshot was complete yet.
-// Nothing was restored; restore the job from your own checkpoint. Step
-// keeps returning it.
-type SnapshotLostError struct {
-	Group string
-	Slots []int // the group ranks whose shard has no copy
-	Steps []int64
-	// Newest is the newest snapshot step known complete (-1: none).
-	Newest int64
-}
-
-func (e *SnapshotLostError) Error() string {
-	what := fmt.Sprintf("no copy of the shards of ranks %v at snapshot step %d (a rank and its buddy both lost)", e.Slots, e.Newest)
-	if e.Newest < 0 {
-		what = fmt.Sprintf("no peer snapshot was complete yet (ranks %v hold nothing)", e.Slots)
-	}
-	return fmt.Sprintf("ft: group %s: its ranks stand at steps %v and %s; nothing was restored: restore the job from your checkpoint",
-		e.Group, e.Steps, what)
-}
-
-func (e *SnapshotLostError) Unwrap() error { return ErrSnapshotLost }
-
-// decideRestore is the group's decision from every rank's inventory (in
-// slot order): a pure function, so every rank decides alike. Ranks whose
-// steps agree restore nothing. Otherwise the newest snapshot step up to
-// the newest known complete (by any rank: it learned that every rank held
-// its source's copy; a newer one may be half taken) of which every slot
-// has a copy — its own, or, for a rank that lacks it, one held by another
-// rank — is restored everywhere.
-func decideRestore(group string, invs []snapInventory) (restorePlan, error) {
-	steps := make([]int64, len(invs))
-	same := true
-	for i, in := range invs {
-		steps[i] = in.Step
-		same = same && in.Step == invs[0].Step
-	}
-	if same {
-		return restorePlan{}, nil
-	}
-	newest := int64(-1)
-	for _, in := range invs {
-		newest = max(newest, in.Complete)
-	}
-	// Candidates: the steps of the copies the ranks hold, up to the
-	// newest known complete (a newer one may be half taken).
-	var cands []int64
-	for _, in := range invs {
-		for _, st := range slices.Concat(in.Own, in.Held) {
-			if st <= newest && !slices.Contains(cands, st) {
-				cands = append(cands, st)
-			}
-		}
-	}
-	slices.Sort(cands)
-	slices.Reverse(cands)
-	var lacking []int
-	for _, step := range cands {
-		from := make([]int, len(invs))
-		lacking = lacking[:0]
-		for r, in := range invs {
-			if slices.Contains(in.Own, step) && in.Step >= step {
-				from[r] = -1
-				continue
-			}
-			h := slices.IndexFunc(invs, func(x snapInventory) bool { return x.HeldSlot == r && slices.Contains(x.Held, step) })
-			if h < 0 {
-				lacking = append(lacking, r)
-			}
-			from[r] = h
-		}
-		if len(lacking) == 0 {
-			return restorePlan{Restore: true, Step: step, From: from}, nil
-		}
-	}
-	if len(cands) == 0 {
-		for r, in := range invs {
-			if in.Step < slices.Max(steps) {
-				lacking = append(lacking, r)
-			}
-		}
-	}
-	return restorePlan{}, &SnapshotLostError{Group: group, Slots: slices.Clone(lacking), Steps: steps, Newest: newest}
 }
 
 // settle makes the group's ranks agree again after a reconfiguration in
@@ -867,79 +641,6 @@ func (s *peerSnapshots) fetchInto(ctx context.Context, step int64, addr string, 
 	return recovery.Fetch(ctx, s.fc, step, []string{addr}, []recovery.Blob{{Name: snapshotBlob, Mem: newConcatMemory(blobs)}})
 }
 
-// concatMemory shows blobs (host or device memory) as one recovery.Memory,
-// in order, for a fetch of a snapshot's one blob into them.
-type concatMemory struct {
-	blobs []recovery.Blob
-	offs  []int // offs[i]: where blob i starts
-	n     int
-	host  sync.Pool // chunk buffers when no blob is device memory
-}
-
-func newConcatMemory(blobs []recovery.Blob) *concatMemory {
-	m := &concatMemory{blobs: blobs}
-	for _, b := range blobs {
-		m.offs = append(m.offs, m.n)
-		m.n += b.Len()
-	}
-	return m
-}
-
-func (m *concatMemory) Len() int { return m.n }
-
-func (m *concatMemory) Buffer(ctx context.Context, n int) ([]byte, func(), error) {
-	for _, b := range m.blobs {
-		if b.Mem != nil {
-			return b.Mem.Buffer(ctx, n) // pinned staging, for device copies
-		}
-	}
-	if p, ok := m.host.Get().(*[]byte); ok && len(*p) >= n {
-		return (*p)[:n], func() { m.host.Put(p) }, nil
-	}
-	p := make([]byte, n)
-	return p, func() { m.host.Put(&p) }, nil
-}
-
-// span calls f for each piece of [off, off+len(p)) within one blob.
-func (m *concatMemory) span(p []byte, off int, f func(b recovery.Blob, q []byte, boff int) error) error {
-	i := max(sort.SearchInts(m.offs, off+1)-1, 0)
-	for len(p) > 0 && i < len(m.blobs) {
-		boff := off - m.offs[i]
-		k := min(len(p), m.blobs[i].Len()-boff)
-		if k > 0 {
-			if err := f(m.blobs[i], p[:k], boff); err != nil {
-				return err
-			}
-			p, off = p[k:], off+k
-		}
-		i++
-	}
-	if len(p) > 0 {
-		return fmt.Errorf("%w: ft: %d bytes past the registered state's end", comm.ErrInvalidArgument, len(p))
-	}
-	return nil
-}
-
-func (m *concatMemory) ReadAt(ctx context.Context, p []byte, off int) error {
-	return m.span(p, off, func(b recovery.Blob, q []byte, boff int) error {
-		if b.Mem == nil {
-			copy(q, b.Data[boff:])
-			return nil
-		}
-		return b.Mem.ReadAt(ctx, q, boff)
-	})
-}
-
-func (m *concatMemory) WriteAt(ctx context.Context, p []byte, off int) error {
-	return m.span(p, off, func(b recovery.Blob, q []byte, boff int) error {
-		if b.Mem == nil {
-			copy(b.Data[boff:], q)
-			return nil
-		}
-		return b.Mem.WriteAt(ctx, q, boff)
-	})
-}
-
 // errRestoreBroken: a restore failed while writing the registered state
 // (a device copy failed): the rank's state is neither its step's nor the
 // snapshot's.
@@ -952,21 +653,6 @@ func findCopy(list []*snapCopy, step int64, slot int) *snapCopy {
 		}
 	}
 	return nil
-}
-
-// describePlan is the restore's log line.
-func describePlan(p restorePlan, invs []snapInventory) string {
-	var parts []string
-	for r, h := range p.From {
-		if h >= 0 {
-			parts = append(parts, fmt.Sprintf("rank %d from rank %d's copy", r, h))
-		}
-	}
-	steps := make([]string, len(invs))
-	for i, in := range invs {
-		steps[i] = fmt.Sprint(in.Step)
-	}
-	return fmt.Sprintf("restoring snapshot step %d (ranks at steps %s; %s)", p.Step, strings.Join(steps, ","), strings.Join(parts, ", "))
 }
 
 // checkSnapshots runs, in place of the group's step check, the group's
