@@ -88,6 +88,7 @@ type peerSnapshots struct {
 	latest   int64                      // the newest snapshot step taken (-1: none); pending while > complete
 	dirty    bool                       // a restore wrote the registered state and did not complete
 	skipping bool                       // logged that snapshot steps are skipped
+	testHook func(phase string)         // tests: called at points of a restore; nil in a job
 }
 
 func newSnapshots(cfg Config, log *zap.Logger, met *metrics) (*peerSnapshots, error) {
@@ -545,6 +546,9 @@ func (s *peerSnapshots) restore(ctx context.Context, ctl *comm.Comm, server *rec
 				return fmt.Errorf("fetching this rank's copy of step %d from rank %d: %w", plan.Step, h, err)
 			}
 			res.bytes, meta, fetched = st.Bytes, st.Meta, true
+			if s.testHook != nil {
+				s.testHook("fetched") // tests: a death between the fetch and the barrier
+			}
 		} else if mine != nil {
 			if len(mine.buf) != stateBytes(blobs) {
 				return fmt.Errorf("%w: ft: the snapshot of slot %d (%d bytes) does not match the state registered here (%d bytes): register the same tensors on every incarnation of a slot",

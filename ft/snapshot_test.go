@@ -179,6 +179,13 @@ type shardRank struct {
 }
 
 func startShard(t *testing.T, coord *memcoord.Coordinator, cluster *inproc.Cluster, slot int, every int, until int64) *shardRank {
+	return startShardWith(t, coord, cluster, slot, every, until, nil)
+}
+
+// startShardWith is startShard; prepare (if set) sees the rank before it
+// trains.
+func startShardWith(t *testing.T, coord *memcoord.Coordinator, cluster *inproc.Cluster, slot int, every int, until int64,
+	prepare func(*shardRank)) *shardRank {
 	id := memberID("fsdp", slot)
 	r := &shardRank{t: t, slot: slot, params: shardInit(slot, shardLen), done: make(chan struct{}), commit: make(chan int64, 1024)}
 	r.m = joinAs(coord, id, shardSlots)
@@ -200,6 +207,9 @@ func startShard(t *testing.T, coord *memcoord.Coordinator, cluster *inproc.Clust
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
+	if prepare != nil {
+		prepare(r)
+	}
 	go r.train(ctx, until)
 	return r
 }
@@ -375,6 +385,57 @@ func TestSnapshotRestoresAReplacedRank(t *testing.T) {
 				t.Logf("slot %d: held step %d, restored %d", r.slot, ev[0].FromStep, step)
 			}
 		})
+	}
+}
+
+// The replacement dies after it fetched its copy, before the group's
+// barrier: no survivor has written anything (each still holds the state
+// of its own committed step), and the next replacement restores the
+// group; every shard ends as in the run without failures.
+func TestSnapshotReplacementDiesDuringRestore(t *testing.T) {
+	coord, cluster := memcoord.New("toy", quick()), inproc.NewCluster()
+	t.Cleanup(coord.Close)
+	rs := make([]*shardRank, shardSlots)
+	for s := range rs {
+		rs[s] = startShard(t, coord, cluster, s, 4, forever)
+	}
+	rs[0].waitSnapshot(8)
+	rs[1].kill(coord)
+	fetched := make(chan struct{})
+	doomed := startShardWith(t, coord, cluster, 1, 4, forever, func(r *shardRank) {
+		r.c.d.snaps.testHook = func(phase string) {
+			if phase == "fetched" {
+				close(fetched)
+				<-r.done // held here until the test has killed it
+			}
+		}
+	})
+	select {
+	case <-fetched:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the replacement never fetched its copy")
+	}
+	go doomed.kill(coord) // its loop ends once its Step gives up
+	for _, r := range []*shardRank{rs[0], rs[2]} {
+		if ev := r.eventsOf(EventRestored); len(ev) != 0 {
+			t.Fatalf("slot %d restored %v with its replacement gone before the barrier", r.slot, ev)
+		}
+		if held := r.c.CommittedStep(); !slices.Equal(r.params, shardAt(r.slot, held, shardLen)) {
+			t.Fatalf("slot %d's state is not its committed step %d's", r.slot, held)
+		}
+	}
+	rs[1] = startShard(t, coord, cluster, 1, 4, forever)
+	target := rs[0].c.CommittedStep() + 10
+	for _, r := range rs {
+		r.waitStep(target)
+	}
+	for _, r := range rs {
+		if err := r.stop(); err != nil {
+			t.Errorf("slot %d: %v", r.slot, err)
+		}
+		if want := shardAt(r.slot, r.c.CommittedStep(), shardLen); !slices.Equal(r.params, want) {
+			t.Errorf("slot %d at step %d differs from the run without the failure", r.slot, r.c.CommittedStep())
+		}
 	}
 }
 
