@@ -105,6 +105,12 @@ func runChild() int {
 		}
 		backend, bcfg = "nccl", &nccl.Config{Library: dev.lib}
 	}
+	// A group of ranks sharing one GPU (the snapshot tests) shards over a
+	// host comm: NCCL takes one rank per GPU.
+	groupBackend, groupConfig := "", any(nil)
+	if atoi("SNAPSHOT_EVERY") > 0 && backend == "nccl" {
+		groupBackend, groupConfig = "gloo", gcfg
+	}
 	out := json.NewEncoder(os.Stdout)
 	id := memberID(env("GROUP"), atoi("GROUP_RANK"))
 	onEvent := func(e Event) {
@@ -126,14 +132,14 @@ func runChild() int {
 		ControlBackend: "gloo", ControlBackendConfig: gcfg, Secret: []byte("proc-secret"),
 		RecoveryAddr: net.JoinHostPort(host, "0"), DurableCommit: env("DURABLE") == "1", Run: env("RUN"), RankLeases: env("RANK_LEASES") == "1",
 		MinReplicas: 1, Timeout: 5 * time.Second, Logger: log.Named(env("GROUP")), Spare: env("SPARE") == "1",
-		SnapshotEvery: atoi("SNAPSHOT_EVERY"), Host: env("NODE")})
+		SnapshotEvery: atoi("SNAPSHOT_EVERY"), Host: env("NODE"), GroupBackend: groupBackend, GroupBackendConfig: groupConfig})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child: new:", err)
 		return 2
 	}
 	id = memberID(env("GROUP"), c.GroupRank()) // a slot spare's place
 	if atoi("SNAPSHOT_EVERY") > 0 {
-		return runShardChild(ctx, c, out, atoi("PARAMS"))
+		return runShardChild(ctx, c, out, atoi("PARAMS"), dev)
 	}
 	// DATA: a folder where the replica records what its Sampler gave it
 	// (childData), registered before the params.

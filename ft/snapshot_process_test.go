@@ -23,11 +23,24 @@ import (
 // all-reduce (shardContribution, shardApply), so the parent can say what
 // each shard must be at each step. It reports every commit with its
 // shard's hash, and its restores and rollbacks.
-func runShardChild(ctx context.Context, c *Comm, out *json.Encoder, n int) int {
+//
+// With dev (BACKEND=nccl) the shard registered is device memory: the loop
+// keeps a host mirror, read back from the device at every step (a restore
+// writes the device) and written to it after every commit, so the hashes
+// it reports are of what the device held.
+func runShardChild(ctx context.Context, c *Comm, out *json.Encoder, n int, dev *childDevice) int {
 	slot := c.GroupRank()
 	id := memberID(c.cfg.Group, slot)
 	params := shardInit(slot, n)
-	if err := c.Register("shard", comm.Float32s(params)); err != nil {
+	state := comm.Float32s(params)
+	if dev != nil {
+		if err := dev.load(ctx, params); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			return 2
+		}
+		state = dev.params.Tensor(comm.Float32)
+	}
+	if err := c.Register("shard", state); err != nil {
 		fmt.Fprintln(os.Stderr, "child: register:", err)
 		return 2
 	}
@@ -48,6 +61,14 @@ func runShardChild(ctx context.Context, c *Comm, out *json.Encoder, n int) int {
 			out.Encode(childEvent{Kind: "error", ID: id, Pid: os.Getpid(), Err: err.Error(), UnixNano: time.Now().UnixNano()})
 			return 1
 		}
+		if dev != nil {
+			b := make([]byte, 4*n)
+			if err := dev.params.CopyToHost(ctx, b); err != nil {
+				fmt.Fprintln(os.Stderr, "child:", err)
+				return 1
+			}
+			copy(params, f32s(b))
+		}
 		shardContribution(c.CommittedStep(), slot, v)
 		if g := c.Group(); g != nil {
 			g.AllReduce(ctx, comm.Float32s(v), comm.Sum) // a failure fails the group's vote
@@ -61,6 +82,12 @@ func runShardChild(ctx context.Context, c *Comm, out *json.Encoder, n int) int {
 			continue
 		}
 		shardApply(params, v)
+		if dev != nil {
+			if err := dev.load(ctx, params); err != nil {
+				fmt.Fprintln(os.Stderr, "child:", err)
+				return 1
+			}
+		}
 		out.Encode(childEvent{ID: id, Pid: os.Getpid(), Step: c.CommittedStep(), Epoch: c.Epoch(),
 			Participants: c.Participants(), Hash: shardHash(params), UnixNano: time.Now().UnixNano()})
 	}
@@ -241,6 +268,53 @@ func TestProcessSnapshotLostWithItsBuddy(t *testing.T) {
 			t.Errorf("%s: %s", ev.ID, ev.Err)
 		}
 		failed[ev.ID] = true
+	}
+	j.stopAll()
+	j.checkShards(n)
+}
+
+// TestGPUSnapshotProcesses is TestProcessSnapshotSpareRestoresTheDead
+// with each rank's shard in GPU memory (BACKEND=nccl: a one-rank NCCL comm
+// per process, the group's comm on gloo, every process on GPU 0): the
+// spare's restore writes the device, and every commit's hash is of what
+// the device held, compared bit for bit with the run without failures.
+func TestGPUSnapshotProcesses(t *testing.T) {
+	gpuOnly(t)
+	if os.Getenv(gpuEnv) == "sim" {
+		t.Skip("spawns processes on a real GPU")
+	}
+	n := envInts(t, "FTCOMM_FT_SNAPSHOT_FLOATS", []int{1 << 20})[0]
+	const every = 5
+	j := newProcJob(t)
+	gpu := []string{"FTCOMM_FT_BACKEND=nccl", "FTCOMM_FT_DEVICE=0", "FTCOMM_FT_SNAPSHOT_EVERY=" + strconv.Itoa(every)}
+	for s := range shardSlots {
+		j.spawnCmd(childCmd(), "fsdp", s, shardSlots, n, gpu...)
+	}
+	j.spawnCmd(childCmd(), "fsdp", AnyRank, shardSlots, n, append(gpu, "FTCOMM_FT_SPARE=1", "FTCOMM_FT_KEY=spare")...)
+	for s := range shardSlots {
+		j.await(fmt.Sprintf("fsdp.%d at step 30", s), func(ev childEvent) bool { return ev.Kind == "" && ev.ID == memberID("fsdp", s) && ev.Step >= 30 })
+	}
+	t0 := j.kill("fsdp.1")
+	restored := map[string]childEvent{}
+	var resumed time.Time
+	for len(restored) < shardSlots || resumed.IsZero() {
+		ev := j.await("the group to restore and commit", func(ev childEvent) bool {
+			return ev.Kind == "restored" || ev.Kind == "" && time.Unix(0, ev.UnixNano).After(t0)
+		})
+		if ev.Kind == "restored" {
+			restored[ev.ID] = ev
+		} else if len(restored) == shardSlots {
+			resumed = time.Unix(0, ev.UnixNano)
+		}
+	}
+	r := restored["fsdp.1"]
+	t.Logf("FIGURE GPU shards of %d MiB, 3 ranks + a slot spare on one GPU: kill → every rank restored to step %d and committing: %v; the spare's restore %d MiB in %v (%.2f GB/s)",
+		4*n>>20, r.Step, resumed.Sub(t0).Round(time.Millisecond), r.Bytes>>20, time.Duration(r.TookNs).Round(time.Millisecond),
+		float64(r.Bytes)/time.Duration(r.TookNs).Seconds()/1e9)
+	for s := range shardSlots {
+		j.await(fmt.Sprintf("fsdp.%d past the restore", s), func(ev childEvent) bool {
+			return ev.Kind == "" && ev.ID == memberID("fsdp", s) && ev.Step >= r.Step+2*every
+		})
 	}
 	j.stopAll()
 	j.checkShards(n)
