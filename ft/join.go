@@ -81,7 +81,14 @@ func claimSlot(ctx context.Context, cfg Config, addr string) (*etcdMember, int, 
 		c := cfg
 		c.GroupRank, c.Spare = r, false
 		id := memberID(cfg.Group, r)
-		m, err := register(ctx, c, cli, id, addr)
+		// A spare is built already: it asks to take part at once. So the
+		// coordinator forms the group with it now, and should it die
+		// before its first Step the group's formation blames it (its
+		// closed port removes it) instead of waiting for it for ever:
+		// ranks sharing the group's lease are watched through their
+		// links to its leader, which a process killed right after it
+		// registered never opened.
+		m, err := registerIn(ctx, c, cli, id, addr, c.Run != "", true)
 		if errors.Is(err, membership.ErrDuplicateMember) {
 			cfg.Logger.Info("slot spare: another process took the free place first; waiting for the next", zap.String("member", id))
 			continue
