@@ -179,12 +179,15 @@ def evaluate(model: nn.Module, val: torch.Tensor, batch_size: int, block: int, d
 class Flat:
     """The model's parameters as views into one buffer, their gradients into
     another: one all-reduce per step, and a replica's state is a few
-    registered tensors."""
+    registered tensors. With multiple > 1 both buffers are padded with
+    zeros to a multiple of it (n), so that they cut into that many equal
+    shards; used counts the parameters."""
 
-    def __init__(self, model: nn.Module, device):
+    def __init__(self, model: nn.Module, device, multiple: int = 1):
         ps = [p for p in model.parameters()]
-        n = sum(p.numel() for p in ps)
-        self.params = torch.empty(n, device=device)
+        used = sum(p.numel() for p in ps)
+        n = -(-used // multiple) * multiple
+        self.params = torch.zeros(n, device=device)
         self.grads = torch.zeros(n, device=device)
         off = 0
         with torch.no_grad():
@@ -194,7 +197,7 @@ class Flat:
                 p.data = self.params[off:off + k].view_as(p)
                 p.grad = self.grads[off:off + k].view_as(p)
                 off += k
-        self.n = n
+        self.n, self.used = n, used
 
 
 class AdamW:
