@@ -218,7 +218,10 @@ class Comm:
     waits — unbounded; ftcomm.interrupt() or Ctrl-C ends it — until a rank
     of the group dies, then takes that rank's place as its restarted
     process would (``group_rank`` says which; ``spare`` is False from then
-    on). Register that rank's shards after Comm() returns.
+    on). It asks to take part as it takes the place, so the group waits for
+    its first step(): build the expensive parts (imports, model, optimizer)
+    before Comm(), and what depends on the rank (its shard) and the
+    registrations right after.
 
     Making a Comm registers the replica with the coordinator; it asks to
     take part at its first step(): build the model, shard it and register
