@@ -254,7 +254,11 @@ func New(ctx context.Context, o comm.Options) (*Backend, error) {
 	}
 	L := cfg.Library
 	if L == nil {
-		if L, err = Open(cfg.LibraryConfig); err != nil {
+		lc := cfg.LibraryConfig
+		if lc.Logger == nil {
+			lc.Logger = o.Logger
+		}
+		if L, err = Open(lc); err != nil {
 			return nil, err
 		}
 		cfg.Library = L

@@ -135,6 +135,15 @@ static void* ft_dlopen(const char* path, char** err) {
 
 static int ft_dlsym_present(void* h, const char* name) { return h && dlsym(h, name) != NULL; }
 
+// ft_cudart_driver_version is cudaDriverGetVersion through a libcudart
+// handle (0 if absent or failing): the newest CUDA the driver supports.
+static int ft_cudart_driver_version(void* h) {
+	int (*f)(int*) = (int (*)(int*))dlsym(h, "cudaDriverGetVersion");
+	int v = 0;
+	if (f == NULL || f(&v) != 0) return 0;
+	return v;
+}
+
 #define FT_SYM(h, field, name, required) do { \
 	*(void**)(&L->field) = dlsym(h, name); \
 	if ((required) && L->field == NULL && *missing == NULL) *missing = name; \
@@ -448,6 +457,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"unsafe"
 
 	"github.com/ftcomm/ftcomm/comm"
@@ -513,38 +523,54 @@ func cudartCandidates() []string {
 	return out
 }
 
+// openCUDART opens the CUDA runtime at path, or the first of
+// cudartCandidates that loads.
+func openCUDART(path string) (unsafe.Pointer, string, error) {
+	if path != "" {
+		h, err := dlopen(path)
+		return h, path, err
+	}
+	var first error
+	for _, cand := range cudartCandidates() {
+		h, err := dlopen(cand)
+		if err == nil {
+			return h, cand, nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return nil, "", fmt.Errorf("%w (also tried the CUDA install directories; set FTCOMM_CUDART_LIB)", first)
+}
+
+// probeDriverCUDA is the newest CUDA version the driver supports
+// (cudaDriverGetVersion, e.g. 13000), or 0 if the runtime does not load.
+// The runtime stays loaded, as openLibrary loads it anyway.
+func probeDriverCUDA(cudartPath string) int {
+	h, _, err := openCUDART(cudartPath)
+	if err != nil {
+		return 0
+	}
+	return int(C.ft_cudart_driver_version(h))
+}
+
 // openLibrary opens NCCL and the CUDA runtime. An empty path means the
-// default search.
+// default search. A libnccl that does not load or lacks a required entry
+// point is an *ncclLoadError.
 func openLibrary(ncclPath, cudartPath string) (*dlLibrary, error) {
 	if unsafe.Sizeof(collArgs{}) != C.sizeof_ft_gop {
 		return nil, fmt.Errorf("nccl: internal error: collArgs is %d bytes, ft_gop %d", unsafe.Sizeof(collArgs{}), C.sizeof_ft_gop)
 	}
 	if ncclPath == "" {
-		ncclPath = "libnccl.so.2"
+		ncclPath = ncclSoname
 	}
 	hn, err := dlopen(ncclPath)
 	if err != nil {
-		return nil, err
+		return nil, &ncclLoadError{err}
 	}
-	var hc unsafe.Pointer
-	if cudartPath != "" {
-		if hc, err = dlopen(cudartPath); err != nil {
-			return nil, err
-		}
-	} else {
-		var first error
-		for _, cand := range cudartCandidates() {
-			if hc, err = dlopen(cand); err == nil {
-				cudartPath = cand
-				break
-			}
-			if first == nil {
-				first = err
-			}
-		}
-		if hc == nil {
-			return nil, fmt.Errorf("%w (also tried the CUDA install directories; set FTCOMM_CUDART_LIB)", first)
-		}
+	hc, cudartPath, err := openCUDART(cudartPath)
+	if err != nil {
+		return nil, err
 	}
 	L := (*C.ft_lib)(C.calloc(1, C.sizeof_ft_lib))
 	L.nccl, L.cudart = hn, hc
@@ -553,7 +579,11 @@ func openLibrary(ncclPath, cudartPath string) (*dlLibrary, error) {
 	if missing != nil {
 		name := C.GoString(missing)
 		C.free(unsafe.Pointer(L))
-		return nil, fmt.Errorf("nccl: %w: symbol %s not found in %s or %s", comm.ErrBackendUnavailable, name, ncclPath, cudartPath)
+		err := fmt.Errorf("nccl: %w: symbol %s not found in %s or %s", comm.ErrBackendUnavailable, name, ncclPath, cudartPath)
+		if strings.HasPrefix(name, "nccl") {
+			return nil, &ncclLoadError{err}
+		}
+		return nil, err
 	}
 	d := &dlLibrary{L: L, ncclPath: ncclPath, cudartPath: cudartPath, syms: map[string]bool{}}
 	d.ver = int(C.ft_get_version(L))

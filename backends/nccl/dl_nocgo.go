@@ -17,3 +17,5 @@ type dlLibrary struct {
 func openLibrary(ncclPath, cudartPath string) (*dlLibrary, error) {
 	return nil, fmt.Errorf("nccl: %w: built without cgo (CGO_ENABLED=0), so libnccl cannot be loaded", comm.ErrBackendUnavailable)
 }
+
+func probeDriverCUDA(string) int { return 0 }

@@ -1,14 +1,19 @@
 package nccl
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
 )
@@ -21,10 +26,25 @@ const (
 
 // LibraryConfig says where to load NCCL and the CUDA runtime from, and
 // how NCCL sets up connections. Empty paths fall back to the environment
-// (EnvNCCLLib, EnvCUDARTLib) and then to the default search.
+// (EnvNCCLLib, EnvCUDARTLib) and then to the default search: for NCCL, the
+// newest of the system's and those bundled in Python environments (see
+// the package doc, Loading).
 type LibraryConfig struct {
+	// NCCLPath names the libnccl to load (a path, or a soname the loader
+	// resolves: "libnccl.so.2" is the loader's choice, as before the
+	// search existed). A named library is the only one tried: if it does
+	// not load, Open fails.
 	NCCLPath        string
 	CUDARuntimePath string
+
+	// Logger receives the choice of library: every candidate considered,
+	// its version and why it was or was not chosen, and what the chosen
+	// one offers. nil: no logging (New passes comm.Options.Logger).
+	Logger *zap.Logger
+	// Registerer, if set, gets the library's info metric (see
+	// Library.Collector). Registering an identical one again is not an
+	// error.
+	Registerer prometheus.Registerer
 
 	// LazyConnect leaves NCCL's default of connecting each algorithm on
 	// its first use (NCCL_RUNTIME_CONNECT=1). By default Open sets
@@ -80,15 +100,65 @@ type Features struct {
 	Scatter  bool // ncclScatter (2.28.3+), else grouped send/recv
 }
 
+// Recovery is how a comm on this library gets from a failed peer to a
+// working comm of the survivors, as far as the library allows: the gate
+// on its version and entry points (Features.Shrink, Features.Revoke).
+// Which one a comm takes also follows its Config (Config.Revoke,
+// DisableNativeShrink) and the other ranks' libraries (see Shrink).
+type Recovery uint8
+
+const (
+	// RecoveryFreshInit: no ncclCommShrink (NCCL < 2.27.3): the survivors
+	// initialise a new comm; a native Revoke aborts.
+	RecoveryFreshInit Recovery = iota
+	// RecoveryShrinkAbort: ncclCommShrink with NCCL_SHRINK_ABORT ends the
+	// failed comm's kernels and shrinks it (2.27.3+); no ncclCommRevoke.
+	RecoveryShrinkAbort
+	// RecoveryRevokeShrink: ncclCommRevoke too (2.28.7+), so a native
+	// revoke quiesces the comm at the failure and the Shrink that follows
+	// uses NCCL_SHRINK_DEFAULT. The shrink does not reuse the parent's
+	// connections: NCCL shares no resources with a revoked parent (see
+	// the package doc, Facts relied on).
+	RecoveryRevokeShrink
+)
+
+func (r Recovery) String() string {
+	switch r {
+	case RecoveryFreshInit:
+		return "fresh-init"
+	case RecoveryShrinkAbort:
+		return "shrink-abort"
+	case RecoveryRevokeShrink:
+		return "revoke+shrink"
+	}
+	return fmt.Sprintf("recovery(%d)", uint8(r))
+}
+
+// recoveryOf is the gate: what the features allow.
+func recoveryOf(f Features) Recovery {
+	switch {
+	case f.Shrink && f.Revoke:
+		return RecoveryRevokeShrink
+	case f.Shrink:
+		return RecoveryShrinkAbort
+	}
+	return RecoveryFreshInit
+}
+
 // Info describes a loaded library.
 type Info struct {
-	NCCLPath        string
+	NCCLPath string
+	// NCCLSource says how NCCLPath was chosen; Candidates are the
+	// libraries the search considered (none when one was named).
+	NCCLSource      NCCLSource
+	Candidates      []NCCLCandidate
 	CUDARuntimePath string
 	NCCL            Version
 	CUDARuntime     int // cudaRuntimeGetVersion, e.g. 13000
 	CUDADriver      int // cudaDriverGetVersion
 	Symbols         map[string]bool
 	Features        Features
+	Recovery        Recovery
 	// EagerConnect: NCCL_RUNTIME_CONNECT was 0 when the library was
 	// opened (see LibraryConfig.LazyConnect).
 	EagerConnect bool
@@ -105,8 +175,9 @@ func (i Info) String() string {
 	}
 	sort.Strings(present)
 	sort.Strings(absent)
-	return fmt.Sprintf("NCCL %s (%s), CUDA runtime %d (%s), driver %d; eager connect %v; optional symbols present %v, absent %v; features %+v",
-		i.NCCL, i.NCCLPath, i.CUDARuntime, i.CUDARuntimePath, i.CUDADriver, i.EagerConnect, present, absent, i.Features)
+	return fmt.Sprintf("NCCL %s (%s, source %s), CUDA runtime %d (%s), driver %d; eager connect %v; recovery %s; optional symbols present %v, absent %v; features %+v",
+		i.NCCL, i.NCCLPath, i.NCCLSource, i.CUDARuntime, i.CUDARuntimePath, i.CUDADriver, i.EagerConnect, i.Recovery,
+		present, absent, i.Features)
 }
 
 // Library is a loaded NCCL + CUDA runtime. It is safe for concurrent use
@@ -128,13 +199,19 @@ type Library struct {
 	orphansDone *sync.Cond // signalled when orphans drops
 }
 
-// Open loads NCCL and the CUDA runtime with dlopen. Without them (or
-// without cgo) it returns an error wrapping comm.ErrBackendUnavailable and
-// the loader's message.
+// Open loads NCCL and the CUDA runtime with dlopen. The NCCL is the one
+// LibraryConfig.NCCLPath or EnvNCCLLib names, else the newest found (see
+// the package doc, Loading). Without them (or without cgo) it returns an
+// error wrapping comm.ErrBackendUnavailable and the loader's message.
 func Open(cfg LibraryConfig) (*Library, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
 	np, cp := cfg.NCCLPath, cfg.CUDARuntimePath
+	src := SourceConfig
 	if np == "" {
-		np = os.Getenv(EnvNCCLLib)
+		np, src = os.Getenv(EnvNCCLLib), SourceEnv
 	}
 	if cp == "" {
 		cp = os.Getenv(EnvCUDARTLib)
@@ -148,11 +225,133 @@ func Open(cfg LibraryConfig) (*Library, error) {
 			return nil, fmt.Errorf("nccl: set %s: %w", envRuntimeConnect, err)
 		}
 	}
-	d, err := openLibrary(np, cp)
-	if err != nil {
+	var d *dlLibrary
+	var cands []NCCLCandidate
+	var err error
+	if np != "" {
+		if d, err = openLibrary(np, cp); err != nil {
+			log.Warn("the NCCL named does not load (no other is tried)", zap.String("path", np),
+				zap.String("named_by", string(src)), zap.Error(err))
+			return nil, err
+		}
+	} else if d, src, cands, err = openNewest(defaultSearch(), cp, log); err != nil {
 		return nil, err
 	}
-	return newLibrary(d, d.ncclPath, d.cudartPath, cfg.CopyStreams, os.Getenv(envRuntimeConnect) == "0"), nil
+	l := newLibrary(d, d.ncclPath, d.cudartPath, cfg.CopyStreams, os.Getenv(envRuntimeConnect) == "0")
+	l.info.NCCLSource, l.info.Candidates = src, cands
+	if err := l.announce(log, cfg.Registerer); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// openNewest loads the newest libnccl search finds (chooseNCCL), trying
+// the next best where one does not load, and the loader's own choice
+// (libnccl.so.2) where none could be read. Every candidate and why it was
+// or was not chosen is logged.
+func openNewest(search ncclSearch, cudartPath string, log *zap.Logger) (*dlLibrary, NCCLSource, []NCCLCandidate, error) {
+	cands := search.candidates()
+	driver := 0
+	for _, c := range cands {
+		if c.CUDA > 0 {
+			driver = probeDriverCUDA(cudartPath) // the CUDA version the driver supports, 0 if unknown
+			break
+		}
+	}
+	ranked := chooseNCCL(cands, driver)
+	defer func() {
+		for _, c := range cands {
+			f := []zap.Field{zap.String("path", c.Path), zap.String("source", string(c.Source)),
+				zap.String("found_by", c.Where), zap.Bool("chosen", c.Chosen), zap.String("reason", c.Reason)}
+			if c.Err == nil {
+				f = append(f, zap.Stringer("version", c.Version))
+			}
+			if c.CUDA > 0 {
+				f = append(f, zap.String("built_for_cuda", fmt.Sprintf("%d.%d", c.CUDA/1000, c.CUDA%1000/10)))
+			}
+			log.Info("NCCL library candidate", f...)
+		}
+	}()
+	var first error
+	for k, i := range ranked {
+		c := &cands[i]
+		d, err := openLibrary(c.Path, cudartPath)
+		if err == nil {
+			if got := versionFromCode(d.version()); got != c.Version {
+				log.Warn("NCCL reports another version than its file says", zap.String("path", c.Path),
+					zap.Stringer("file", c.Version), zap.Stringer("ncclGetVersion", got))
+			}
+			return d, c.Source, cands, nil
+		}
+		var le *ncclLoadError
+		if !errors.As(err, &le) {
+			return nil, "", cands, err // not this candidate's fault (the CUDA runtime, say)
+		}
+		first = cmp.Or(first, err)
+		c.Chosen, c.Reason = false, "chosen, but does not load: "+err.Error()
+		if k+1 < len(ranked) {
+			next := &cands[ranked[k+1]]
+			next.Chosen, next.Reason = true, "the newest that loads"
+		}
+	}
+	if first != nil {
+		return nil, "", cands, first
+	}
+	// Nothing found, or no version read: the loader decides, as it did
+	// before the search existed.
+	d, err := openLibrary(ncclSoname, cudartPath)
+	if err != nil {
+		return nil, "", cands, err
+	}
+	return d, SourceLoader, cands, nil
+}
+
+// ncclLoadError is a libnccl that dlopen refused or that lacks a required
+// entry point: the next candidate may do better.
+type ncclLoadError struct{ err error }
+
+func (e *ncclLoadError) Error() string { return e.err.Error() }
+func (e *ncclLoadError) Unwrap() error { return e.err }
+
+// announce logs what was loaded and registers its info metric.
+func (l *Library) announce(log *zap.Logger, reg prometheus.Registerer) error {
+	i := l.info
+	log.Info("NCCL library", zap.String("path", i.NCCLPath), zap.Stringer("version", i.NCCL),
+		zap.String("source", string(i.NCCLSource)), zap.Stringer("recovery", i.Recovery),
+		zap.String("cudart", i.CUDARuntimePath), zap.Int("cuda_runtime", i.CUDARuntime), zap.Int("cuda_driver", i.CUDADriver),
+		zap.Bool("eager_connect", i.EagerConnect))
+	if reg == nil {
+		return nil
+	}
+	if err := reg.Register(l.Collector()); err != nil {
+		if are := (prometheus.AlreadyRegisteredError{}); errors.As(err, &are) {
+			return nil // the same library, already reported
+		}
+		return fmt.Errorf("nccl: register the library's metric: %w", err)
+	}
+	return nil
+}
+
+// Collector is the library's Prometheus info metric, for a caller's
+// registry (or LibraryConfig.Registerer):
+//
+//	ftcomm_nccl_library_info{path,version,source,recovery} 1
+//
+// path, version and source say which libnccl was loaded and how it was
+// chosen (NCCLSource); recovery is what it allows after a failure
+// (Recovery: fresh-init, shrink-abort or revoke+shrink). Every call
+// returns an equal collector: registering a second one for the same
+// library is prometheus.AlreadyRegisteredError.
+func (l *Library) Collector() prometheus.Collector {
+	i := l.info
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "ftcomm_nccl_library_info",
+		Help: "The NCCL library loaded (always 1): its path, version, how it was chosen and how a comm on it recovers from a failure.",
+		ConstLabels: prometheus.Labels{"path": i.NCCLPath, "version": i.NCCL.String(), "source": string(i.NCCLSource),
+			"recovery": i.Recovery.String()},
+	})
+	g.Set(1)
+	return g
 }
 
 func newLibrary(lib library, ncclPath, cudartPath string, copyStreams int, eager bool) *Library {
@@ -178,6 +377,7 @@ func newLibrary(lib library, ncclPath, cudartPath string, copyStreams int, eager
 		Gather:   has["ncclGather"] && v.AtLeast(2, 28, 3),
 		Scatter:  has["ncclScatter"] && v.AtLeast(2, 28, 3),
 	}
+	l.info.Recovery = recoveryOf(l.info.Features)
 	return l
 }
 
@@ -188,6 +388,7 @@ func (l *Library) Info() Info {
 	for k, v := range l.info.Symbols {
 		i.Symbols[k] = v
 	}
+	i.Candidates = slices.Clone(l.info.Candidates)
 	return i
 }
 

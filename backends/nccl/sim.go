@@ -11,6 +11,8 @@ import (
 	"sync"
 	"unsafe"
 
+	"go.uber.org/zap"
+
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/reduce"
 )
@@ -220,16 +222,28 @@ func (w *Simulation) SetInProgressPolls(n int) {
 // its own: a Library's copy pools and its wait for abandoned copies are
 // per process.
 func (w *Simulation) Library() *Library {
-	return newLibrary(w, "sim-libnccl", "sim-libcudart", 0, true)
+	l := newLibrary(w, "sim-libnccl", "sim-libcudart", 0, true)
+	l.info.NCCLSource = SourceSimulation
+	return l
 }
 
-// LibraryWith is Library with cfg's CopyStreams and LazyConnect (paths are
-// ignored).
+// LibraryWith is Library with cfg's CopyStreams and LazyConnect; it logs
+// the library to cfg.Logger and registers its metric with cfg.Registerer
+// as Open does (paths are ignored: the version is WithVersion's).
 func (w *Simulation) LibraryWith(cfg LibraryConfig) (*Library, error) {
 	if cfg.CopyStreams < 0 || cfg.CopyStreams > 64 {
 		return nil, fmt.Errorf("nccl: %w: CopyStreams %d outside [0, 64]", comm.ErrInvalidArgument, cfg.CopyStreams)
 	}
-	return newLibrary(w, "sim-libnccl", "sim-libcudart", cfg.CopyStreams, !cfg.LazyConnect), nil
+	l := newLibrary(w, "sim-libnccl", "sim-libcudart", cfg.CopyStreams, !cfg.LazyConnect)
+	l.info.NCCLSource = SourceSimulation
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if err := l.announce(log, cfg.Registerer); err != nil {
+		return nil, err
+	}
+	return l, nil
 }
 
 // Devices is the number of simulated GPUs.
