@@ -66,6 +66,9 @@ type Backend struct {
 	dataBlocking bool // data was made with blocking = 1
 	quiescent    bool // a native revoke completed: Shrink needs no NCCL_SHRINK_ABORT
 	splits       int  // Split calls so far (they are collective, so every rank counts alike)
+	// revokeNative: Revoke runs the native revoke (Config.Revoke resolved
+	// against the library's Recovery).
+	revokeNative bool
 	// abortQ hands the watchdog a data comm to abort (Shrink after a
 	// failure takes it out of service at once, then shrinks ctl while
 	// the watchdog aborts it).
@@ -325,6 +328,7 @@ func newBackend(L *Library, cfg Config, o comm.Options, rank, size int, epoch ui
 		wake: make(chan struct{}), revokeReq: make(chan struct{}, 1), abortQ: make(chan commHandle, 1),
 		closing: make(chan struct{}), released: make(chan struct{}),
 		ctlBlocking: cfg.Mode == ModeBlocking, dataBlocking: cfg.Mode == ModeBlocking || separateData(cfg.Mode, size),
+		revokeNative: cfg.Revoke.nativeRevoke(L.info.Recovery),
 	}
 	b.log = log.With(zap.String("backend", "nccl"), zap.String("comm", o.Name), zap.Int("rank", rank),
 		zap.Int("size", size), zap.Uint64("epoch", epoch), zap.Int("device", o.Device))
@@ -361,7 +365,8 @@ func (b *Backend) start(ctx context.Context, h commHandle) error {
 		}
 	}
 	b.made.DataSplit, b.made.WarmUp = t1.Sub(t0), time.Since(t1)
-	b.log.Debug("comm ready", zap.Stringer("mode", b.cfg.Mode), zap.Duration("data_split", t1.Sub(t0)),
+	b.log.Debug("comm ready", zap.Stringer("mode", b.cfg.Mode), zap.Bool("native_revoke", b.revokeNative),
+		zap.Stringer("recovery", b.L.info.Recovery), zap.Duration("data_split", t1.Sub(t0)),
 		zap.Duration("warm_up", time.Since(t1)))
 	return nil
 }
@@ -458,7 +463,7 @@ func (b *Backend) Revoke(cause error) {
 		return
 	}
 	b.log.Info("revoked", zap.Error(cause))
-	if b.cfg.Revoke == RevokeNative {
+	if b.revokeNative {
 		select {
 		case b.revokeReq <- struct{}{}:
 		default:

@@ -26,6 +26,14 @@ const (
 	// older NCCL it calls ncclCommAbort instead, and Shrink falls back to a
 	// fresh init among the survivors. ncclCommRevoke took 0.51 s on 2×H200.
 	RevokeNative
+	// RevokeAuto: RevokeNative where the library's Recovery is
+	// RecoveryRevokeShrink (ncclCommRevoke and ncclCommShrink, 2.28.7+),
+	// RevokeDeferred otherwise, so an older NCCL keeps the
+	// NCCL_SHRINK_ABORT path instead of RevokeNative's abort and fresh
+	// init. Not the default: the native revoke costs ≈0.5 s before the
+	// next Shrink can start (the package doc, Facts relied on), where the
+	// deferred path reached a working comm in 24–27 ms.
+	RevokeAuto
 )
 
 func (m RevokeMode) String() string {
@@ -34,8 +42,17 @@ func (m RevokeMode) String() string {
 		return "deferred"
 	case RevokeNative:
 		return "native"
+	case RevokeAuto:
+		return "auto"
 	}
 	return fmt.Sprintf("revokemode(%d)", uint8(m))
+}
+
+// nativeRevoke says whether Revoke runs the native revoke (or, where the
+// library has none, the abort RevokeNative falls back to) on a library
+// that offers recovery r.
+func (m RevokeMode) nativeRevoke(r Recovery) bool {
+	return m == RevokeNative || (m == RevokeAuto && r == RecoveryRevokeShrink)
 }
 
 // Mode says how a Backend uses NCCL communicators.
@@ -181,7 +198,7 @@ func (c *Config) Validate() error {
 	switch {
 	case c.Mode > ModeBlocking:
 		return bad("unknown mode %d", c.Mode)
-	case c.Revoke > RevokeNative:
+	case c.Revoke > RevokeAuto:
 		return bad("unknown revoke mode %d", c.Revoke)
 	case c.SpinWait < 0 || c.YieldWait < 0:
 		return bad("negative SpinWait %s or YieldWait %s", c.SpinWait, c.YieldWait)

@@ -114,9 +114,9 @@ const (
 	// RecoveryShrinkAbort: ncclCommShrink with NCCL_SHRINK_ABORT ends the
 	// failed comm's kernels and shrinks it (2.27.3+); no ncclCommRevoke.
 	RecoveryShrinkAbort
-	// RecoveryRevokeShrink: ncclCommRevoke too (2.28.7+), so a native
-	// revoke quiesces the comm at the failure and the Shrink that follows
-	// uses NCCL_SHRINK_DEFAULT. The shrink does not reuse the parent's
+	// RecoveryRevokeShrink: ncclCommRevoke too (2.28.7+), so RevokeAuto
+	// revokes natively at the failure and the Shrink that follows uses
+	// NCCL_SHRINK_DEFAULT. The shrink does not reuse the parent's
 	// connections: NCCL shares no resources with a revoked parent (see
 	// the package doc, Facts relied on).
 	RecoveryRevokeShrink

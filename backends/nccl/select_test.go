@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -19,6 +20,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 )
 
 // The choice is the newest readable candidate the driver can run, the
@@ -458,6 +460,71 @@ func TestRecoveryGate(t *testing.T) {
 		if got := L.Info().Recovery; got != tc.want {
 			t.Errorf("NCCL %d with %v: %s, want %s", tc.code, tc.syms, got, tc.want)
 		}
+	}
+	for _, tc := range []struct {
+		m    RevokeMode
+		r    Recovery
+		want bool
+	}{
+		{RevokeDeferred, RecoveryRevokeShrink, false},
+		{RevokeNative, RecoveryShrinkAbort, true}, // its own fallback: abort
+		{RevokeAuto, RecoveryRevokeShrink, true},
+		{RevokeAuto, RecoveryShrinkAbort, false},
+		{RevokeAuto, RecoveryFreshInit, false},
+	} {
+		if got := tc.m.nativeRevoke(tc.r); got != tc.want {
+			t.Errorf("%s on %s: native %v", tc.m, tc.r, got)
+		}
+	}
+}
+
+// RevokeAuto takes the revoke + shrink path where the library allows it
+// (ncclCommRevoke at Revoke, then NCCL_SHRINK_DEFAULT) and the deferred
+// path where it does not (nothing at Revoke, then NCCL_SHRINK_ABORT):
+// either way the survivor's stuck op ends and its shrunk comm works.
+func TestRevokeAuto(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		code   int
+		native bool
+	}{{"2.28.9", 22809, true}, {"2.28.3", 22803, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			w := newFakeWorld(t, 2).WithVersion(tc.code, "ncclCommSplit", "ncclCommShrink", "ncclCommRevoke",
+				"ncclAlltoAll", "ncclGather", "ncclScatter")
+			ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+				c.Revoke = RevokeAuto
+				c.ReleaseTimeout = 50 * time.Millisecond
+			})
+			if b := ranks[0].c.Backend().(*Backend); b.revokeNative != tc.native {
+				t.Fatalf("native revoke %v on NCCL %s", b.revokeNative, tc.name)
+			}
+			work, _ := stuckAllReduce(t, ctx, w, ranks)
+			ranks[0].c.Revoke(errors.New("test"))
+			if err := work.Wait(ctx); !errors.Is(err, comm.ErrRevoked) {
+				t.Fatalf("op after Revoke: %v", err)
+			}
+			if tc.native {
+				testutil.WaitFor(t, ctx, "the native revoke to quiesce the comm", func() bool {
+					b := ranks[0].c.Backend().(*Backend)
+					b.hmu.Lock()
+					defer b.hmu.Unlock()
+					return b.quiescent
+				})
+			}
+			nc, err := ranks[0].c.Shrink(ctx, []int{1}, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			revokes, def, abort := w.Calls("ncclCommRevoke"), w.Calls("ncclCommShrink"), w.Calls("ncclCommShrink(abort)")
+			if tc.native && (revokes != 1 || def != 1 || abort != 0) || !tc.native && (revokes != 0 || def != 0 || abort != 1) {
+				t.Errorf("ncclCommRevoke %d, ncclCommShrink default %d, abort %d", revokes, def, abort)
+			}
+			if err := nc.Barrier(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 
