@@ -5,16 +5,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/ftcomm/ftcomm/comm"
 )
 
 // GPU tests that need one GPU (FTCOMM_NCCL_GPU=1): single-rank comms in
 // every Mode, the launch cost of each mode, the host copier and the NVML
-// watch. FTCOMM_NCCL_LIB picks the libnccl (e.g. PyTorch's 2.28.9).
+// watch, and the choice of library. FTCOMM_NCCL_LIB picks the libnccl
+// (e.g. PyTorch's 2.28.9); without it Open loads the newest found.
 
 var allModes = []Mode{ModeBlockingData, ModeNonblocking, ModeBlocking}
 
@@ -283,4 +289,59 @@ func TestGPUWatchHealth(t *testing.T) {
 	case <-time.After(1500 * time.Millisecond):
 		t.Logf("watching device 0 (%s): no health events in 1.5 s (as expected)", bus)
 	}
+}
+
+// TestGPULibrarySelection opens NCCL with nothing named (FTCOMM_NCCL_LIB
+// unset), logs every candidate the search found and the path a comm on
+// the chosen one takes, and checks what the choice promises: the chosen
+// file is the newest usable candidate, its version as read from the file
+// is what ncclGetVersion says, and RevokeAuto revokes natively exactly
+// where the library's Recovery allows it.
+func TestGPULibrarySelection(t *testing.T) {
+	if os.Getenv(gpuEnv) == "" {
+		t.Skip(gpuSkip)
+	}
+	t.Setenv(EnvNCCLLib, "")
+	t0 := time.Now()
+	L, err := Open(LibraryConfig{Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))})
+	if err != nil {
+		t.Fatalf("Open with nothing named: %v", err)
+	}
+	figure(t, "library search and open", time.Since(t0))
+	i := L.Info()
+	for _, c := range i.Candidates {
+		t.Logf("candidate %s", c)
+	}
+	t.Logf("FIGURE library chosen: NCCL %s from %s (source %s), recovery %s; %d candidates", i.NCCL, i.NCCLPath,
+		i.NCCLSource, i.Recovery, len(i.Candidates))
+	if i.NCCLSource != SourceLoader {
+		var chosen *NCCLCandidate
+		for k := range i.Candidates {
+			if c := &i.Candidates[k]; c.Chosen {
+				if chosen != nil {
+					t.Errorf("two candidates chosen: %s and %s", chosen.Path, c.Path)
+				}
+				chosen = c
+			}
+		}
+		if chosen == nil || chosen.Path != i.NCCLPath || chosen.Source != i.NCCLSource {
+			t.Fatalf("the loaded library %s is not the candidate marked chosen (%v)", i.NCCLPath, chosen)
+		}
+		if chosen.Version != i.NCCL {
+			t.Errorf("the file says NCCL %s, ncclGetVersion %s", chosen.Version, i.NCCL)
+		}
+		for _, c := range i.Candidates {
+			if c.Err == nil && c.Version.Code() > i.NCCL.Code() && !strings.HasPrefix(c.Reason, "built for CUDA") &&
+				!strings.Contains(c.Reason, "does not load") {
+				t.Errorf("%s is newer than the chosen one and was not ruled out", c)
+			}
+		}
+	}
+	ranks := startJob(t, testCtx(t), L, []int{0}, 1, "gpu-select", func(c *Config, o *comm.Options) { c.Revoke = RevokeAuto })
+	defer closeJob(t, ranks)
+	b := ranks[0].c.Backend().(*Backend)
+	if want := i.Recovery == RecoveryRevokeShrink; b.revokeNative != want {
+		t.Errorf("RevokeAuto on recovery %s: native revoke %v, want %v", i.Recovery, b.revokeNative, want)
+	}
+	t.Logf("FIGURE library path: RevokeAuto on NCCL %s revokes natively: %v", i.NCCL, b.revokeNative)
 }

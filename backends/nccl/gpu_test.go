@@ -175,11 +175,11 @@ func TestGPUPeerNeverPosts(t *testing.T) {
 	collectiveSuite(t, ctx, again, []comm.DType{comm.Float32}, 1031, 31)
 }
 
-// TestGPURevoke compares the two Revoke modes on a peer that never posts
-// (in one process): Revoke → op failed → Shrink → first collective.
+// TestGPURevoke compares the Revoke modes on a peer that never posts (in
+// one process): Revoke → op failed → Shrink → first collective.
 func TestGPURevoke(t *testing.T) {
 	L := gpuLib(t, 2)
-	modes := []RevokeMode{RevokeDeferred}
+	modes := []RevokeMode{RevokeDeferred, RevokeAuto} // Auto: native or deferred, as the library allows
 	if L.Info().Features.Revoke {
 		modes = append(modes, RevokeNative)
 	} else {

@@ -8,6 +8,11 @@
 #   bash .gpu/nccl/gpurun.sh run-bench
 #   bash .gpu/nccl/gpurun.sh run1                # there, one GPU
 #
+# Unless FTCOMM_NCCL_LIB names one, Open loads the newest NCCL it finds
+# (here PyTorch's); the runs below name the one they measure: the system's
+# by its soname (libnccl.so.2, the loader's choice), PyTorch's by path.
+# TestGPULibrarySelection (in run-tests and run1) shows the choice itself.
+#
 # run-tests: every GPU test with the system NCCL (collectives vs host
 # references, peer that never posts, revoke modes, SIGKILL + shrink + grow
 # across processes, a second death during shrink (3+ GPUs) and grow,
@@ -53,7 +58,7 @@ run-tests)
 	n=$(nvidia-smi -L | wc -l)
 	echo "== $n GPUs; $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
 	echo "== tests (default mode, system NCCL)"
-	FTCOMM_NCCL_RANKS=$n FTCOMM_NCCL_CYCLES=10 timeout 560 ./nccl.test -test.run GPU -test.v -test.timeout 550s >"$OUT/tests.log" 2>&1
+	FTCOMM_NCCL_LIB="${FTCOMM_NCCL_LIB:-libnccl.so.2}" FTCOMM_NCCL_RANKS=$n FTCOMM_NCCL_CYCLES=10 timeout 560 ./nccl.test -test.run GPU -test.v -test.timeout 550s >"$OUT/tests.log" 2>&1
 	echo "rc=$?"
 	grep -E '^(--- |FAIL|ok|PASS)|FIGURE|per op|    [a-z_0-9]+\.go:[0-9]+:' "$OUT/tests.log" | grep -v -- '--- PASS: .*/'
 	;;
@@ -91,7 +96,12 @@ run1)
 	echo "== $(nvidia-smi -L | head -1); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
 	lib="$(torch_nccl)"
 	echo "PyTorch's NCCL: ${lib:-none found}"
+	echo "== the library Open chooses when none is named"
+	timeout 60 ./nccl.test -test.run 'GPULibrarySelection' -test.v >"$OUT/tests-select.log" 2>&1
+	echo "rc=$?"
+	grep -E '^(--- |FAIL|ok|PASS)|FIGURE|candidate' "$OUT/tests-select.log" | cut -c1-400
 	for which in system torch; do
+		export FTCOMM_NCCL_LIB=libnccl.so.2
 		if [ "$which" = torch ]; then
 			[ -n "$lib" ] || continue
 			export FTCOMM_NCCL_LIB="$lib"
