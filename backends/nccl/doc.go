@@ -4,23 +4,57 @@
 //
 // # Loading
 //
-// The first New (or Open) loads libnccl.so.2 and the CUDA runtime
+// The first New (or Open) loads libnccl and the CUDA runtime
 // (libcudart.so.13, then .12, from the loader's path and the usual CUDA
-// directories) with dlopen. EnvNCCLLib (FTCOMM_NCCL_LIB) and EnvCUDARTLib
-// (FTCOMM_CUDART_LIB), or Config.LibraryConfig, choose other files (e.g.
-// PyTorch's libnccl under site-packages/nvidia/nccl/lib). The NCCL version
-// is read with ncclGetVersion and optional entry points are probed;
-// Library.Info reports both. Where a native call is missing the backend
-// falls back: ncclCommShrink (2.27.3+) → a fresh init among the survivors,
-// ncclCommRevoke (2.28.7+) → abort, ncclCommGrow (2.29.2+) → a fresh init
-// with a new unique id, ncclAlltoAll/ncclGather/ncclScatter (2.28.3+) →
-// grouped send/recv. Whether a Shrink or Grow runs natively is decided for
-// all ranks at once (every rank that holds the comm votes through the
-// Store, rank 0 decides): a rank whose comm failed, whose library lacks
-// the call or whose Config disables it makes every rank init fresh.
-// Without the libraries (or without cgo) every call
-// returns an error wrapping comm.ErrBackendUnavailable and the loader's
-// message. Libraries are never unloaded (NCCL's threads outlive comms).
+// directories) with dlopen. Which libnccl:
+//
+//   - the one LibraryConfig.NCCLPath, else EnvNCCLLib (FTCOMM_NCCL_LIB),
+//     names, alone: if it does not load, Open fails (a path, or a soname
+//     for the loader: "libnccl.so.2" is the loader's choice);
+//   - otherwise the newest of: a libnccl this process has loaded already
+//     (/proc/self/maps: PyTorch's, where torch was imported first); the
+//     system's (the file dlopen("libnccl.so.2") would open:
+//     LD_LIBRARY_PATH, /etc/ld.so.cache, the system library directories);
+//     and those bundled in Python environments (nvidia/nccl/lib/libnccl.so*
+//     in the site-packages of VIRTUAL_ENV, CONDA_PREFIX, PYTHONPATH's
+//     entries, every python3 on PATH, the process's own interpreter and
+//     /usr/bin/python3, and the user's site: the nvidia-nccl-cu12/-cu13
+//     wheel PyTorch depends on). The search reads directories and files
+//     only; it runs no interpreter and loads no library but the one chosen.
+//     Each file's version is read from NCCL's version string in its
+//     read-only data (else a versioned file name); a file that cannot be
+//     read, or that was built for a newer CUDA major than the driver
+//     supports, is passed over; a tie goes to the one loaded already, then
+//     to the system's. If the chosen file does not load, the next is tried;
+//     if none was found, the loader chooses by soname, as before the
+//     search existed. Reading the versions and choosing took no measurable
+//     time beside the load itself (≈0.25 s either way on an H200 host,
+//     2026-11-29: system 2.28.3, PyTorch's 2.28.9 chosen).
+//
+// Every candidate, its version and why it was or was not chosen go to
+// LibraryConfig.Logger (New passes comm.Options.Logger); Info reports the
+// chosen path, version and NCCLSource and the Candidates. Ranks of one
+// comm must load the same NCCL version (NCCL refuses to initialise
+// otherwise, "Mismatched NCCL version"): on hosts whose environments
+// differ, name the library. CUDARuntimePath and EnvCUDARTLib
+// (FTCOMM_CUDART_LIB) choose the CUDA runtime.
+//
+// The NCCL version is read with ncclGetVersion and optional entry points
+// are probed; Library.Info reports both, and Info.Recovery the gate on
+// them: how a comm gets past a failed peer (fresh-init, shrink-abort,
+// revoke+shrink; see Faults). Library.Collector (registered by Open with
+// LibraryConfig.Registerer) exports it all as
+// ftcomm_nccl_library_info{path,version,source,recovery}. Where a native
+// call is missing the backend falls back: ncclCommShrink (2.27.3+) → a
+// fresh init among the survivors, ncclCommRevoke (2.28.7+) → abort,
+// ncclCommGrow (2.29.2+) → a fresh init with a new unique id,
+// ncclAlltoAll/ncclGather/ncclScatter (2.28.3+) → grouped send/recv.
+// Whether a Shrink or Grow runs natively is decided for all ranks at once
+// (every rank that holds the comm votes through the Store, rank 0
+// decides): a rank whose comm failed, whose library lacks the call or
+// whose Config disables it makes every rank init fresh. Without the
+// libraries (or without cgo) every call returns an error wrapping
+// comm.ErrBackendUnavailable and the loader's message. Libraries are never unloaded (NCCL's threads outlive comms).
 // Open sets NCCL_RUNTIME_CONNECT=0 unless the environment sets it or
 // LibraryConfig.LazyConnect is true (see Modes); NCCL reads it once per
 // process.
@@ -142,6 +176,29 @@
 //     marks the comm revoked, and in a job synchronises its streams, stops
 //     its proxy and lowers the flags; nccl.h: once the comm is quiescent,
 //     destroy, split and shrink can proceed.
+//   - Neither that shrink nor a split reuses the parent's connections: a
+//     child of a revoked parent never shares its resources
+//     (ncclCommInitChildComm: shareResources = !revokedFlag && …, every
+//     release 2.28.7–2.30.7; nccl.h: "resource sharing via
+//     splitShare/shrinkShare is disabled while revoked"), nor does a shrink
+//     with NCCL_SHRINK_ABORT (shrinkShare is ignored). A shrink after a
+//     failure thus always connects the survivors anew; shrinkShare applies
+//     only to a NCCL_SHRINK_DEFAULT shrink of a comm never revoked, whose
+//     child then shares the parent's abort flag (so aborting the parent
+//     would stop the child): this backend does not use it.
+//   - ncclCommRevoke and ncclCommAbort each take ≈0.5 s after a failure
+//     (0.51 s measured): with the abort flag raised ncclProxyStop sends
+//     its proxy no stop message, and the proxy's service threads see the
+//     stop only when their poll(…, 500 ms) returns (src/proxy.cc,
+//     2.28.3–2.28.9). So a native revoke delays a Shrink that follows
+//     within 0.5 s; RevokeDeferred (NCCL_SHRINK_ABORT, 24–27 ms to a
+//     working comm) stays the default, and RevokeAuto is the native revoke
+//     where the library has it (Recovery revoke+shrink), the deferred path
+//     where not.
+//   - Version strings: every libnccl 2.x keeps "NCCL version
+//     <major>.<minor>.<patch><suffix>+cuda<major>.<minor>" in its read-only
+//     data (VERSION_STRING, src/init.cc: "so that running strings on the
+//     lib can quickly reveal the version"); the library search reads it.
 //   - NCCL_COMM_BLOCKING overrides ncclConfig_t.blocking for every comm of
 //     the process (parseCommConfig); New refuses it where it contradicts
 //     the mode.
@@ -187,8 +244,9 @@
 // GPU work is cancelled off that path: by the next Shrink
 // (ncclCommShrink with NCCL_SHRINK_ABORT on the control comm, ncclCommAbort
 // of the data comm), or by ncclCommAbort on Close or Config.AbortDelay
-// after the failure; with Config.Revoke = RevokeNative, Revoke runs
-// ncclCommRevoke at once. A Shrink, Grow, Split or New whose peers do not
+// after the failure; with Config.Revoke = RevokeNative (or RevokeAuto on
+// a library whose Recovery is revoke+shrink), Revoke runs ncclCommRevoke
+// at once. A Shrink, Grow, Split or New whose peers do not
 // come (a second rank dies meanwhile) returns at its ctx's deadline; the
 // control comm's job is stopped when the comm is closed.
 //
