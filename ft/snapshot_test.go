@@ -3,6 +3,7 @@ package ft
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -191,7 +192,7 @@ func startShardWith(t *testing.T, coord *memcoord.Coordinator, cluster *inproc.C
 	r.m = joinAs(coord, id, shardSlots)
 	cfg := Config{Job: "toy", Group: "fsdp", GroupRank: slot, GroupSize: shardSlots, Backend: "inproc", BackendConfig: cluster,
 		Secret: []byte("k"), MinReplicas: 1, Timeout: 10 * time.Second, HealChunkSize: 1024, SnapshotEvery: every,
-		Membership: r.m, Logger: zaptest.NewLogger(t).Named(id)}
+		Membership: r.m, Logger: zaptest.NewLogger(t).Named(fmt.Sprintf("%s#%d", id, r.m.Incarnation()))}
 	cfg.OnEvent = func(e Event) {
 		r.mu.Lock()
 		r.events = append(r.events, e)
@@ -415,7 +416,8 @@ func TestSnapshotReplacementDiesDuringRestore(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("the replacement never fetched its copy")
 	}
-	go doomed.kill(coord) // its loop ends once its Step gives up
+	killed := make(chan struct{})
+	go func() { doomed.kill(coord); close(killed) }() // its loop ends once its Step gives up
 	for _, r := range []*shardRank{rs[0], rs[2]} {
 		if ev := r.eventsOf(EventRestored); len(ev) != 0 {
 			t.Fatalf("slot %d restored %v with its replacement gone before the barrier", r.slot, ev)
@@ -424,6 +426,7 @@ func TestSnapshotReplacementDiesDuringRestore(t *testing.T) {
 			t.Fatalf("slot %d's state is not its committed step %d's", r.slot, held)
 		}
 	}
+	<-killed // before its place is taken: the kill removes "fsdp.1"
 	rs[1] = startShard(t, coord, cluster, 1, 4, forever)
 	target := rs[0].c.CommittedStep() + 10
 	for _, r := range rs {
