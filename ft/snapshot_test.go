@@ -294,7 +294,11 @@ func (r *shardRank) waitSnapshot(step int64) int64 {
 // kill ends r as a process death would: its loop stops mid-step, its
 // comms fail at its peers, its memory (state, snapshot copies, servers) is
 // gone, and the coordinator removes it.
-func (r *shardRank) kill(coord *memcoord.Coordinator) {
+func (r *shardRank) kill(coord *memcoord.Coordinator) { r.killThen(coord, nil) }
+
+// killThen is kill; removed (if set) runs once the coordinator removed
+// the rank, before its loop is waited for.
+func (r *shardRank) killThen(coord *memcoord.Coordinator, removed func()) {
 	if g := r.c.Group(); g != nil {
 		g.Backend().(*inproc.Backend).Fail()
 	}
@@ -303,6 +307,9 @@ func (r *shardRank) kill(coord *memcoord.Coordinator) {
 	}
 	r.cancel()
 	coord.Remove(r.m.ID(), quorum.PortClosed)
+	if removed != nil {
+		removed()
+	}
 	<-r.done
 	r.c.d.server.Close()
 	r.c.d.snaps.close()
@@ -402,12 +409,12 @@ func TestSnapshotReplacementDiesDuringRestore(t *testing.T) {
 	}
 	rs[0].waitSnapshot(8)
 	rs[1].kill(coord)
-	fetched := make(chan struct{})
+	fetched, dead := make(chan struct{}), make(chan struct{})
 	doomed := startShardWith(t, coord, cluster, 1, 4, forever, func(r *shardRank) {
 		r.c.d.snaps.testHook = func(phase string) {
 			if phase == "fetched" {
 				close(fetched)
-				<-r.done // held here until the test has killed it
+				<-dead // held here until the test has killed it: its restore goes no further
 			}
 		}
 	})
@@ -417,7 +424,7 @@ func TestSnapshotReplacementDiesDuringRestore(t *testing.T) {
 		t.Fatal("the replacement never fetched its copy")
 	}
 	killed := make(chan struct{})
-	go func() { doomed.kill(coord); close(killed) }() // its loop ends once its Step gives up
+	go func() { doomed.killThen(coord, func() { close(dead) }); close(killed) }()
 	for _, r := range []*shardRank{rs[0], rs[2]} {
 		if ev := r.eventsOf(EventRestored); len(ev) != 0 {
 			t.Fatalf("slot %d restored %v with its replacement gone before the barrier", r.slot, ev)
