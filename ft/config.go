@@ -253,9 +253,11 @@ type Config struct {
 	// the group is replaced (its restarted process or a spare holds
 	// nothing), the replacement restores the dead rank's state from its
 	// buddy's copy and every other rank rolls back to the same snapshot
-	// from its own (Step returns a *RollbackError there): at most
-	// SnapshotEvery steps are lost. See the package doc, "Peer
-	// snapshots". 0: off. Needs GroupSize > 1; not with DurableCommit (a
+	// from its own (Step returns a *RollbackError there): the steps since
+	// the newest complete snapshot are lost — up to SnapshotEvery, more
+	// when copies take longer than that to reach the buddies (a snapshot
+	// step is skipped while the previous one travels). See the package
+	// doc, "Peer snapshots". 0: off. Needs GroupSize > 1; not with DurableCommit (a
 	// restore discards committed steps, which DurableCommit promises
 	// never to do).
 	SnapshotEvery int

@@ -72,8 +72,9 @@ func claimSlot(ctx context.Context, cfg Config, addr string) (*etcdMember, int, 
 		root = membership.DefaultMemberConfig().Root
 	}
 	cfg.Logger.Info("slot spare: waiting for a rank of the group to leave a place free", zap.String("group", cfg.Group), zap.Int("size", cfg.GroupSize))
+	seen := make([]bool, cfg.GroupSize) // what it saw registered, across its tries
 	for {
-		r, err := membership.WaitVacancy(ctx, cli, root, cfg.Job, cfg.Group, cfg.GroupSize)
+		r, err := membership.WaitVacancy(ctx, cli, root, cfg.Job, cfg.Group, cfg.GroupSize, seen)
 		if err != nil {
 			cli.Close()
 			return nil, -1, fmt.Errorf("ft: slot spare: %w", err)

@@ -21,9 +21,18 @@ import (
 // (ft.Config.GroupRank ft.AnyRank), then register in the free place;
 // several spares may see the same vacancy, and the registration decides
 // (ErrDuplicateMember for all but one).
-func WaitVacancy(ctx context.Context, cli *clientv3.Client, root, job, group string, size int) (int, error) {
-	if size < 1 || !ValidName(job) || !ValidName(group) {
+//
+// seen (of length size, or nil) carries what the caller saw registered
+// from one call to the next: a spare that lost the race for one free
+// place calls again with it and gets at once another place that was
+// freed meanwhile (two ranks that died together), which it saw
+// registered before.
+func WaitVacancy(ctx context.Context, cli *clientv3.Client, root, job, group string, size int, seen []bool) (int, error) {
+	if size < 1 || !ValidName(job) || !ValidName(group) || (seen != nil && len(seen) != size) {
 		return -1, fmt.Errorf("%w: membership: wait for a vacancy in job %q group %q of size %d", comm.ErrInvalidArgument, job, group, size)
+	}
+	if seen == nil {
+		seen = make([]bool, size)
 	}
 	prefix := keys.Layout{Root: root}.Members(job)
 	rankOf := func(key []byte) (int, bool) {
@@ -42,7 +51,7 @@ func WaitVacancy(ctx context.Context, cli *clientv3.Client, root, job, group str
 		}
 		return n, true
 	}
-	present := make([]bool, size)
+	present := seen
 	for {
 		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 		if err != nil {
@@ -56,10 +65,11 @@ func WaitVacancy(ctx context.Context, cli *clientv3.Client, root, job, group str
 		}
 		for r := range size {
 			if present[r] && !now[r] {
-				return r, nil // deleted while the watch was re-established
+				present[r] = false
+				return r, nil // deleted while no watch was on
 			}
 		}
-		present = now
+		copy(present, now)
 		wctx, cancel := context.WithCancel(ctx)
 		wch := cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 		for wr := range wch {
@@ -74,6 +84,7 @@ func WaitVacancy(ctx context.Context, cli *clientv3.Client, root, job, group str
 				if ev.Type == clientv3.EventTypePut {
 					present[r] = true
 				} else if present[r] {
+					present[r] = false
 					cancel()
 					return r, nil
 				}

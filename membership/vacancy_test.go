@@ -2,6 +2,7 @@ package membership_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -44,7 +45,7 @@ func TestWaitVacancy(t *testing.T) {
 	put("other.1")
 	got := make(chan int, 1)
 	go func() {
-		r, err := membership.WaitVacancy(ctx, cli, keys.DefaultRoot, "job", "g.x", 3)
+		r, err := membership.WaitVacancy(ctx, cli, keys.DefaultRoot, "job", "g.x", 3, nil)
 		if err != nil {
 			t.Error(err)
 		}
@@ -72,7 +73,48 @@ func TestWaitVacancy(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("no vacancy reported")
 	}
-	if _, err := membership.WaitVacancy(ctx, cli, keys.DefaultRoot, "job", "g x", 3); err == nil {
+	if _, err := membership.WaitVacancy(ctx, cli, keys.DefaultRoot, "job", "g x", 3, nil); err == nil {
 		t.Fatal("an invalid group name was accepted")
+	}
+}
+
+// Two ranks die together; a spare that lost the race for the first free
+// place asks again with what it saw, and gets the second at once.
+func TestWaitVacancyRemembersWhatItSaw(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e, err := etcdhost.StartEmbedded(ctx, etcdhost.DefaultEmbeddedConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	cli, err := membership.NewClient(e.Endpoints(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	k := keys.Layout{Root: keys.DefaultRoot}
+	for _, id := range []string{"g.0", "g.1", "g.2"} {
+		if _, err := cli.Put(ctx, k.Member("job", id), "{}"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := []bool{true, true, true} // as a waiter that watched all three register
+	for _, id := range []string{"g.1", "g.2"} {
+		if _, err := cli.Delete(ctx, k.Member("job", id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := membership.WaitVacancy(ctx, cli, keys.DefaultRoot, "job", "g", 3, seen)
+	if err != nil || (r != 1 && r != 2) {
+		t.Fatalf("first vacancy %d, %v", r, err)
+	}
+	// Another spare took that place; the other is still free.
+	if _, err := cli.Put(ctx, k.Member("job", "g."+strconv.Itoa(r)), "{}"); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := membership.WaitVacancy(ctx, cli, keys.DefaultRoot, "job", "g", 3, seen)
+	if err != nil || r2 != 3-r {
+		t.Fatalf("second vacancy %d, %v; want %d", r2, err, 3-r)
 	}
 }
