@@ -231,6 +231,12 @@ def rank_main(args) -> None:
         if evs:
             out["events"] = evs
         common.emit(**out)
+        if args.die_after is not None and ok and c.committed_step >= args.die_after:
+            # The victim: it waits here for the launcher's SIGKILL, so the
+            # death comes after this step whatever the launcher's lag
+            # (a fast group would otherwise end the run first); its peers
+            # wait for it in their next step, as for a rank that died.
+            sys.stdin.readline()
     if c.committed_step >= args.steps and not ended:
         try:  # the final parameters, for the final evaluation
             shards.of(c.epoch).all_gather_single(flat.params, shard)
@@ -258,8 +264,12 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
     base = [sys.executable, os.path.abspath(__file__)] + args.passthrough + [
         "--job", job, "--store", store.address, "--snapshot-every", str(every)]
 
+    kill_step = int(args.steps * args.kill_at)
+    victim = "fsdp.%d" % (N - 1)
+
     def launch(label, rank):
-        return common.Proc(label, base + ["--rank", str(rank)], env, os.path.join(out_dir, "%s-%s.log" % (job, label)))
+        die = ["--die-after", str(kill_step)] if kill and label == victim else []
+        return common.Proc(label, base + ["--rank", str(rank)] + die, env, os.path.join(out_dir, "%s-%s.log" % (job, label)))
 
     def started(p):
         m = p.q.get(timeout=300)
@@ -276,8 +286,6 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
         started(p)
     for p in ranks.values():
         p.send("go")
-    victim = "fsdp.%d" % (N - 1)
-    kill_step = int(args.steps * args.kill_at)
     res = {"loss": {}, "val": {}, "dt": {}, "events": [], "rollbacks": {}, "kill_step": None, "killed_at": None,
            "state_bytes": ready["fsdp.0"]["bytes"], "params": ready["fsdp.0"]["params"], "commits": []}
     train, _ = common.load_corpus(args.corpus, args.corpus_bytes)
@@ -495,6 +503,7 @@ def main() -> None:
     ap.add_argument("--corpus-bytes", type=int, default=2 << 20)
     ap.add_argument("--out", default="fsdp-report")
     ap.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)  # -1: a slot spare
+    ap.add_argument("--die-after", type=int, default=None, help=argparse.SUPPRESS)  # the victim: wait for the kill
     ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--job", default="fsdp", help=argparse.SUPPRESS)
     args = ap.parse_args()
