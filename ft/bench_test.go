@@ -216,7 +216,8 @@ func BenchmarkDurableCommit(b *testing.B) {
 // step (Commit waits for what is left of it), the buddy's pull over
 // loopback TCP across the following steps.
 func BenchmarkSnapshotStep(b *testing.B) {
-	const ranks, floats = 3, 4 << 20
+	const ranks = 3
+	floats := envInts(b, "FTCOMM_FT_SNAPSHOT_BENCH_FLOATS", []int{4 << 20})[0]
 	for _, every := range []int{0, 20, 5, 1} {
 		name := "off"
 		if every > 0 {
@@ -273,7 +274,7 @@ func BenchmarkSnapshotStep(b *testing.B) {
 				wg.Wait()
 			}
 			run(3) // the group forms; the first snapshots map their buffers
-			b.SetBytes(4 * floats)
+			b.SetBytes(int64(4 * floats))
 			b.ResetTimer()
 			run(b.N)
 		})

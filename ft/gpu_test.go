@@ -70,7 +70,7 @@ func gpuOnly(t *testing.T) *nccl.Library {
 	return lib
 }
 
-func envInts(t *testing.T, name string, def []int) []int {
+func envInts(t testing.TB, name string, def []int) []int {
 	t.Helper()
 	v := os.Getenv(name)
 	if v == "" {
