@@ -188,7 +188,7 @@ def fsdp2_device_mesh(rank, addr, steps=3):
     fully_shard = _fully_shard()
     comm = ftcomm.new_comm("nccl", torch.device("cuda", rank), name="fsdp2", store=addr, rank=rank, size=2)
     STATE["fsdp2_comm"] = comm
-    mesh = fdm.init_device_mesh(mesh_dim_comms=(comm,), mesh_dim_names=("dp",))
+    mesh = _mesh_of(comm)
     ref_mesh = DeviceMesh.from_group(STATE["nccl"], "cuda")
     res = {}
     for which, m_ in (("ftcomm", mesh), ("nccl", ref_mesh)):
@@ -487,7 +487,7 @@ def fsdp2_divide_factor(rank, addr):
     dev = torch.device("cuda", rank)
     comm = ftcomm.new_comm("nccl", dev, name="fsdp2-premul", store=addr, rank=rank, size=size)
     STATE["fsdp2_comm"] = comm
-    mesh = fdm.init_device_mesh(mesh_dim_comms=(comm,), mesh_dim_names=("dp",))
+    mesh = _mesh_of(comm)
     ref_group = STATE["nccl"]
     ref_mesh = DeviceMesh.from_group(ref_group, "cuda")
     bf16_ok = nccl_bf16_premul_ok(ref_group, dev)
@@ -563,9 +563,36 @@ def fsdp2_divide_factor(rank, addr):
     return out
 
 
+def _mesh_of(comm):
+    """ftcomm.device_mesh's mesh over comm (dimension "dp"). Its group
+    becomes torch.distributed's WORLD, as torchcomms' init_device_mesh
+    makes it: the worker's own default group is kept for finalize_fsdp2 to
+    put back, or the tests after this one would run on a finalized comm."""
+    import ftcomm.device_mesh as fdm
+    STATE.setdefault("world", dist.distributed_c10d.GroupMember.WORLD)
+    return fdm.init_device_mesh(mesh_dim_comms=(comm,), mesh_dim_names=("dp",))
+
+
 def finalize_fsdp2(rank):
     c = STATE.pop("fsdp2_comm", None)
     if c is not None:
         torch.cuda.synchronize()
+        if "world" in STATE:
+            dist.distributed_c10d.GroupMember.WORLD = STATE.pop("world")
+        # The mesh's group, registered under "dp": unregistered, so the
+        # next mesh can take the name.
+        w = dist.distributed_c10d._world
+        for pg in [g for g, n in w.pg_names.items() if n == "dp"]:
+            for table in (w.pg_map, w.pg_names, w.pg_group_ranks, w.pg_backend_config, w.pg_to_tag):
+                table.pop(pg, None)
+            for pgs in w.tags_to_pg.values():
+                if pg in pgs:
+                    pgs.remove(pg)
+        unreg = getattr(dist.distributed_c10d, "_unregister_process_group", None)
+        if unreg is not None:
+            try:
+                unreg("dp")
+            except Exception:  # noqa: B902 - a torch that never registered it
+                pass
         c.finalize()
     return True
