@@ -43,8 +43,8 @@ type ftSettings struct {
 	StallFactor       float64  `json:"stall_factor"`
 	StallMinS         float64  `json:"stall_min_s"`
 	InitialStep       int64    `json:"initial_step"`
-	Spare             bool     `json:"spare"` // ft.Config.Spare: wait as a warm standby until promoted
-	Host              string   `json:"host"`  // ft.Config.Host: placement hint for spares; default the host name
+	Spare             bool     `json:"spare"`          // ft.Config.Spare: wait as a warm standby until promoted
+	Host              string   `json:"host"`           // ft.Config.Host: placement hint for spares; default the host name
 	SnapshotEvery     int      `json:"snapshot_every"` // ft.Config.SnapshotEvery: peer snapshots every K steps (0: off)
 	DisableHealth     bool     `json:"disable_health_watch"`
 	LeaseTTLS         float64  `json:"lease_ttl_s"`
