@@ -106,20 +106,8 @@ func shardHash(p []float32) uint64 {
 
 // shardHashes are slot's shard hashes after steps 0..upto.
 func shardHashes(slot int, upto int64, n int) []uint64 {
-	p := shardInit(slot, n)
-	u, v := make([]float32, n), make([]float32, n)
-	out := []uint64{shardHash(p)}
-	for s := int64(0); s < upto; s++ {
-		clear(u)
-		for r := range shardSlots {
-			shardContribution(s, r, v)
-			for i := range u {
-				u[i] += v[i]
-			}
-		}
-		shardApply(p, u)
-		out = append(out, shardHash(p))
-	}
+	var out []uint64
+	shardRun(slot, upto, n, func(p []float32) { out = append(out, shardHash(p)) })
 	return out
 }
 

@@ -148,9 +148,18 @@ func shardApply(p, u []float32) {
 
 // shardAt is slot's shard of n elements after committed step step.
 func shardAt(slot int, step int64, n int) []float32 {
+	return shardRun(slot, step, n, nil)
+}
+
+// shardRun replays the run without failures for slot up to committed
+// step upto, calling each (if set) with the shard after every step from 0.
+func shardRun(slot int, upto int64, n int, each func(p []float32)) []float32 {
 	p := shardInit(slot, n)
 	u, v := make([]float32, n), make([]float32, n)
-	for s := int64(0); s < step; s++ {
+	if each != nil {
+		each(p)
+	}
+	for s := int64(0); s < upto; s++ {
 		clear(u)
 		for r := range shardSlots {
 			shardContribution(s, r, v)
@@ -159,6 +168,9 @@ func shardAt(slot int, step int64, n int) []float32 {
 			}
 		}
 		shardApply(p, u)
+		if each != nil {
+			each(p)
+		}
 	}
 	return p
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/internal/keys"
 	"github.com/ftcomm/ftcomm/membership"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // WaitVacancy reports a rank of the group whose registration it saw and
@@ -16,18 +17,7 @@ import (
 // group's members (also one whose name extends the group's), ranks outside
 // the group's size and other keys are no vacancy.
 func TestWaitVacancy(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	e, err := etcdhost.StartEmbedded(ctx, etcdhost.DefaultEmbeddedConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	cli, err := membership.NewClient(e.Endpoints(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	ctx, cli := vacancyEtcd(t)
 	k := keys.Layout{Root: keys.DefaultRoot}
 	put := func(id string) {
 		if _, err := cli.Put(ctx, k.Member("job", id), "{}"); err != nil {
@@ -81,18 +71,7 @@ func TestWaitVacancy(t *testing.T) {
 // Two ranks die together; a spare that lost the race for the first free
 // place asks again with what it saw, and gets the second at once.
 func TestWaitVacancyRemembersWhatItSaw(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	e, err := etcdhost.StartEmbedded(ctx, etcdhost.DefaultEmbeddedConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	cli, err := membership.NewClient(e.Endpoints(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	ctx, cli := vacancyEtcd(t)
 	k := keys.Layout{Root: keys.DefaultRoot}
 	for _, id := range []string{"g.0", "g.1", "g.2"} {
 		if _, err := cli.Put(ctx, k.Member("job", id), "{}"); err != nil {
@@ -117,4 +96,22 @@ func TestWaitVacancyRemembersWhatItSaw(t *testing.T) {
 	if err != nil || r2 != 3-r {
 		t.Fatalf("second vacancy %d, %v; want %d", r2, err, 3-r)
 	}
+}
+
+// vacancyEtcd starts an embedded etcd for the test and returns a client
+// and a context that ends with the test (30 s at most).
+func vacancyEtcd(t *testing.T) (context.Context, *clientv3.Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	e, err := etcdhost.StartEmbedded(ctx, etcdhost.DefaultEmbeddedConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	cli, err := membership.NewClient(e.Endpoints(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return ctx, cli
 }
