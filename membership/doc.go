@@ -205,7 +205,17 @@
 // GroupLinkTimeout). A link that ends without a goodbye is a death: the
 // leader deletes the registration of a member whose link ended (trying
 // until etcd answers: nothing else removes a registration on the lease
-// it renews); a member
+// it renews). Every registration on the lease is linked to the leader or
+// was within a bound, LeaseTTL + 4 GroupLinkTimeouts: the leader also
+// deletes one that has had no link to it that long since it appeared on
+// the lease or since its last link ended with a goodbye (a member that
+// died before it linked, to this leader or, after a takeover, to the new
+// one). Each write that binds a registration to the lease says so at
+// <root>/<job>/groupjoined/<group>, which the leader watches from the
+// revision at which it took the lease; a hello still being read holds
+// such removals back, and a member whose hello comes after its removal
+// was sent finds its registration deleted and its membership ends
+// (ErrEvicted), as any removed member's does. A member
 // whose link to the leader ended takes the lease over in one transaction
 // fenced on the group's record (a new lease, its registration moved, the
 // old leader's deleted), and the others move their registrations to the
@@ -267,7 +277,8 @@
 // watch, the watch of its own key, the dials of the peers it blamed
 // (Reached),
 // heartbeats and gossip, and with GroupLease the group's links (at the
-// leader one per linked member, at the others the link, a watch of the
+// leader one per linked member, a watch of the group's joined record and
+// one per removal under way; at the others the link, a watch of the
 // group's record and, for a forwarded view it cannot apply, one read of the
 // record); they exit at Leave or Close, or soon after the
 // membership is lost (Close waits for them); its gossip node runs one

@@ -2,6 +2,7 @@ package membership
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/internal/gossip"
@@ -41,3 +42,13 @@ func (m *Member) GroupWatchFrom() int64 {
 	defer m.mu.Unlock()
 	return max(m.groupRev, m.groupSeen)
 }
+
+// HoldLinks makes the member cfg configures hold its group links back
+// until release is closed (never, if it is not): it registers on its
+// group's lease and follows the group's record, moving its registration
+// when the lease moves, but links to no leader.
+func HoldLinks(cfg *MemberConfig, release <-chan struct{}) { cfg.linkHeld = release }
+
+// UnlinkedBound is how long the leader of a group whose members cfg
+// configures lets a registration on its lease go without a link.
+func UnlinkedBound(cfg MemberConfig) time.Duration { return cfg.unlinkedBound() }

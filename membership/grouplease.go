@@ -35,6 +35,11 @@ import (
 //   - the leader deletes the registration of a member whose link ended
 //     (fenced on its incarnation): the coordinator sees one member gone and
 //     takes the group out in one epoch;
+//   - the leader deletes a registration on its lease that has had no link
+//     to it for MemberConfig.unlinkedBound (LeaseTTL and four
+//     GroupLinkTimeouts) since it appeared there or since its last link
+//     ended with a goodbye — a member that died before it linked, to this
+//     leader or, after a takeover, to the new one (grouproll.go);
 //   - a member whose link to the leader ended takes the lease over: one
 //     transaction, fenced on the group record it knew, grants the group a
 //     new lease, names itself leader, moves its own registration to the new
@@ -197,18 +202,19 @@ func (m *Member) enterGroup(ctx context.Context) error {
 
 // groupBinding is what registering adds for the group lease: a leader
 // creates the group's record (none may exist), a member checks that the
-// record it binds under is still current.
-func (m *Member) groupBinding() (clientv3.Cmp, *clientv3.Op) {
+// record it binds under is still current and tells the leader that it
+// joined the lease (grouproll.go).
+func (m *Member) groupBinding() (clientv3.Cmp, []clientv3.Op) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	k := m.groupKey()
 	if !m.holds {
-		return clientv3.Compare(clientv3.ModRevision(k), "=", m.groupRev), nil
+		return clientv3.Compare(clientv3.ModRevision(k), "=", m.groupRev), []clientv3.Op{m.joinedOp(0, m.lease)}
 	}
 	m.group = groupLease{Lease: int64(m.lease), Leader: m.cfg.ID, Link: m.link.Addr().String(), Since: time.Now()}
 	val, _ := json.Marshal(m.group)
 	op := clientv3.OpPut(k, string(val), clientv3.WithLease(m.lease))
-	return clientv3.Compare(clientv3.CreateRevision(k), "=", 0), &op
+	return clientv3.Compare(clientv3.CreateRevision(k), "=", 0), []clientv3.Op{op}
 }
 
 // groupMoved reports whether the group's record (kvs: as read when a
@@ -239,6 +245,8 @@ func (m *Member) listenGroupLink() error {
 	}
 	m.link = l
 	m.links = map[net.Conn]*groupLink{}
+	m.roll = newGroupRoll(m.cfg.ID, m.cfg.unlinkedBound())
+	m.rollWake = make(chan struct{}, 1)
 	return nil
 }
 
@@ -257,26 +265,36 @@ func (m *Member) acceptGroupLinks() {
 
 // serveGroupLink is the leader's end of one member's link. A link that
 // ends without a goodbye while this member leads is that member's death.
+// The roll (grouproll.go) counts the link from its hello to its end, and
+// a hello being read holds its removals back.
 func (m *Member) serveGroupLink(c net.Conn) {
 	defer c.Close()
+	m.mu.Lock()
+	m.roll.helloOpened()
+	m.mu.Unlock()
 	timeout := m.cfg.GroupLinkTimeout
 	c.SetReadDeadline(time.Now().Add(timeout))
 	r := bufio.NewReader(c)
 	line, err := r.ReadBytes('\n')
 	var h linkHello
-	if err != nil || json.Unmarshal(line, &h) != nil {
-		return
-	}
+	read := err == nil && json.Unmarshal(line, &h) == nil
+	key := rollKey{h.ID, h.Incarnation}
 	out := newGroupLink()
 	m.mu.Lock()
-	ok := m.holds && h.Lease == int64(m.lease) && m.life.Err() == nil
+	m.roll.helloRead()
+	ok := read && m.holds && h.Lease == int64(m.lease) && m.life.Err() == nil
 	if ok {
 		m.links[c] = out
+		m.roll.linked(key, time.Now())
 		if m.groupForwards() {
 			out.push(m.fwdLog...) // what the leader holds, first
 		}
 	}
 	m.mu.Unlock()
+	m.pokeRoll()
+	if !read {
+		return
+	}
 	if !ok {
 		// Not the lease this member holds: not yet (it is taking the
 		// group over, and the member saw the record move before this
@@ -291,13 +309,18 @@ func (m *Member) serveGroupLink(c net.Conn) {
 	end := m.pingLink(c, r, timeout, out, nil)
 	m.mu.Lock()
 	delete(m.links, c)
+	m.roll.unlinked(key, time.Now())
 	leading := m.holds
 	m.mu.Unlock()
+	m.pokeRoll()
 	switch {
 	case end == linkGoodbye:
 		m.lg.Debug("a group member ended its link with a goodbye", zap.String("peer", h.ID))
 	case leading && m.life.Err() == nil:
 		m.reportGroupDeath(h)
+		m.mu.Lock()
+		m.roll.settled(key)
+		m.mu.Unlock()
 	}
 }
 
@@ -379,23 +402,34 @@ func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, ou
 
 // reportGroupDeath deletes the registration of a member whose link ended:
 // the group's own failure detection, seen by the coordinator as that
-// member gone. Fenced on the incarnation the hello named and on the
-// group's lease: a hello naming a member of another group (or a stranger's
-// that knew the lease) can delete no registration but one on this lease.
-//
-// It tries until etcd answers, while this member leads: the registration
-// is bound to the lease this member renews, so nothing else removes it
-// (the group's other members run no gossip, and a peer's blame may come
-// after the coordinator revoked the epoch, and be dropped). A death whose
-// delete etcd refused once (shedding load under a mass death's burst of
-// takeovers) otherwise stayed registered, and the job waited for it for
-// ever. When this member stops leading, the registration is on a lease
-// no one renews, and expires with it.
+// member gone (removeFromLease).
 func (m *Member) reportGroupDeath(h linkHello) {
+	if removed, tries := m.removeFromLease(h, "link ended", func() bool { return true }); removed {
+		m.lg.Info("group member's link ended without a goodbye: removed its registration", zap.String("peer", h.ID),
+			zap.Int64("incarnation", h.Incarnation), zap.Int("tries", tries))
+	}
+}
+
+// removeFromLease deletes the registration h names, fenced on the
+// incarnation it names and on the group's lease: a hello naming a member
+// of another group (or a stranger's that knew the lease) can delete no
+// registration but one on this lease. why says what happened to the
+// member, for the log of a try that failed.
+//
+// It tries until etcd answers, while this member leads and still()
+// holds: the registration is bound to the lease this member renews, so
+// nothing else removes it (the group's other members run no gossip, and a
+// peer's blame may come after the coordinator revoked the epoch, and be
+// dropped). A death whose delete etcd refused once (shedding load under a
+// mass death's burst of takeovers) otherwise stayed registered, and the
+// job waited for it for ever. When this member stops leading, the
+// registration is on a lease no one renews, and expires with it. removed
+// says whether it deleted the registration, tries how many tries it took.
+func (m *Member) removeFromLease(h linkHello, why string, still func() bool) (removed bool, tries int) {
 	k := m.keys.Member(m.cfg.Job, h.ID)
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
-	for try := 1; m.life.Err() == nil && m.holdsLease(); try++ {
+	for try := 1; m.life.Err() == nil && m.holdsLease() && still(); try++ {
 		ctx, cancel := context.WithTimeout(m.life, 5*time.Second)
 		tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", h.Incarnation),
 			clientv3.Compare(clientv3.LeaseValue(k), "=", clientv3.LeaseID(h.Lease))).
@@ -403,20 +437,19 @@ func (m *Member) reportGroupDeath(h linkHello) {
 		cancel()
 		switch {
 		case err == nil && tr.Succeeded:
-			m.lg.Info("group member's link ended without a goodbye: removed its registration", zap.String("peer", h.ID),
-				zap.Int64("incarnation", h.Incarnation), zap.Int("tries", try))
-			return
+			return true, try
 		case err == nil:
-			return // gone already, or moved to another lease: not this group's to remove
+			return false, try // gone already, or moved to another lease: not this group's to remove
 		}
 		if try == 1 || try%10 == 0 { // a drowning etcd fails thousands of them at once
-			m.lg.Warn("could not remove a group member whose link ended; trying again", zap.String("peer", h.ID), zap.Int("tries", try), zap.Error(err))
+			m.lg.Warn("could not remove a group member whose "+why+"; trying again", zap.String("peer", h.ID), zap.Int("tries", try), zap.Error(err))
 		}
 		select {
 		case <-time.After(bo.NextBackOff()):
 		case <-m.life.Done():
 		}
 	}
+	return false, 0
 }
 
 // followGroup is a non-leader's side of the group: it links to the leader
@@ -490,6 +523,13 @@ func (m *Member) followLeader(g groupLease, seen int64) followEnd {
 	var end linkEnd
 	go func() { // exits when the link ends, at the latest with the membership
 		defer close(linkEnded)
+		if m.cfg.linkHeld != nil {
+			select {
+			case <-m.cfg.linkHeld:
+			case <-ctx.Done():
+				return
+			}
+		}
 		timeout := m.cfg.GroupLinkTimeout
 		d := net.Dialer{Timeout: timeout}
 		c, err := d.DialContext(ctx, "tcp", g.Link)
@@ -641,7 +681,8 @@ func (m *Member) rebind() error {
 	val, _ := json.Marshal(rec)
 	tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc),
 		clientv3.Compare(clientv3.ModRevision(m.groupKey()), "=", rev)).
-		Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(clientv3.LeaseID(g.Lease)))).Commit()
+		Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(clientv3.LeaseID(g.Lease))),
+			m.joinedOp(m.inc, clientv3.LeaseID(g.Lease))).Commit()
 	if err != nil {
 		return fmt.Errorf("move to the group's new lease: %w", err)
 	}
@@ -740,6 +781,7 @@ func (m *Member) takeOver(old groupLease, rev int64) error {
 	m.lg.Info("took the group's lease over", zap.String("previous_leader", old.Leader), zap.Int64("lease", int64(lr.ID)))
 	m.spawn(func() { m.renew(lr.ID, ka) })
 	m.spawn(m.leadEpochs) // the group now takes the quorum from this member
+	m.spawn(func() { m.rollGroup(at) })
 	if m.cfg.HeartbeatInterval > 0 {
 		m.spawn(m.heartbeats)
 	}

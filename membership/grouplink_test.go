@@ -4,13 +4,16 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -297,5 +300,197 @@ func TestGroupTakeoverWithoutAnswerLeads(t *testing.T) {
 	}
 	if s := ms[2].State(); s.Err != nil || s.Lease != ms[1].State().Lease {
 		t.Fatalf("g.2: %s; want it on g.1's lease", s)
+	}
+}
+
+// rollMember is a member of replica group "g" on the group's lease whose
+// leader lets a registration go without a link for 6 s (LeaseTTL 2 s and
+// four GroupLinkTimeouts of 1 s).
+func rollMember(c *membership.MemberConfig) {
+	c.Group, c.GroupLease, c.GroupLinkAddr = "g", true, "127.0.0.1:0"
+	c.LeaseTTL, c.GroupLinkInterval, c.GroupLinkTimeout = 2*time.Second, 100*time.Millisecond, time.Second
+}
+
+// rollBound is the bound rollMember's leader holds registrations to.
+func rollBound() time.Duration {
+	c := membership.DefaultMemberConfig()
+	rollMember(&c)
+	return membership.UnlinkedBound(c)
+}
+
+// registration reads member id's registration (nil: none).
+func registration(t *testing.T, ctx context.Context, cli *clientv3.Client, job, id string) *mvccpb.KeyValue {
+	t.Helper()
+	r, err := cli.Get(ctx, keys.Layout{}.Member(job, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Kvs) == 0 {
+		return nil
+	}
+	return r.Kvs[0]
+}
+
+// Every registration on a group's lease is linked to the group's leader,
+// or was within the bound: a member killed after it registered on the
+// lease and before it linked is removed by the leader, no sooner than
+// the bound after it registered — though no link of its ever ended and
+// the lease it is bound to lives on.
+func TestGroupUnlinkedDeathRemoved(t *testing.T) {
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
+	leader := tj.Join("g.0", rollMember)
+	bound := rollBound()
+	start := time.Now()
+	p := startMemberProc(t, tj.Etcd.Endpoints(), tj.Name, "g.1", 2*time.Second, false, "FTCOMM_TEST_GROUP=g", "FTCOMM_TEST_HOLDLINK=1")
+	ctx := clustertest.Ctx(t, 3*bound+20*time.Second)
+	if kv := registration(t, ctx, tj.Client, tj.Name, "g.1"); kv == nil || kv.CreateRevision != p.inc || kv.Lease != leader.Record().Lease {
+		t.Fatalf("g.1's registration %v; want incarnation %d on the group's lease %x", kv, p.inc, leader.Record().Lease)
+	}
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+	testutil.WaitFor(t, ctx, "the unlinked dead member's registration removed", func() bool {
+		return registration(t, ctx, tj.Client, tj.Name, "g.1") == nil
+	})
+	took := time.Since(start)
+	t.Logf("FIGURE a member killed before it linked → its registration removed: %v (bound %v)", took.Round(time.Millisecond), bound)
+	if took < bound {
+		t.Fatalf("removed %v after it registered, within the bound %v", took, bound)
+	}
+	if s := leader.State(); s.Err != nil || !s.Leads {
+		t.Fatalf("the leader: %s", s)
+	}
+}
+
+// A member that links late, but within the bound, stays registered.
+// Another member, registered after it and never linking, is the clock:
+// once the leader has removed that one, the first one's bound has
+// passed too.
+func TestGroupLateLinkKept(t *testing.T) {
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
+	leader := tj.Join("g.0", rollMember)
+	bound := rollBound()
+	release := make(chan struct{})
+	late := tj.Join("g.1", func(c *membership.MemberConfig) { rollMember(c); membership.HoldLinks(c, release) })
+	joined := time.Now()
+	never := tj.Join("g.2", func(c *membership.MemberConfig) { rollMember(c); membership.HoldLinks(c, make(chan struct{})) })
+	ctx := clustertest.Ctx(t, 3*bound+20*time.Second)
+	// Late by half the bound: a member slowed down by its host.
+	stall := time.AfterFunc(bound/2, func() { close(release) })
+	t.Cleanup(func() { stall.Stop() })
+	testutil.WaitFor(t, ctx, "g.1 linked", func() bool { return late.State().Linked })
+	t.Logf("g.1 linked %v after it joined (bound %v)", time.Since(joined).Round(time.Millisecond), bound)
+	select {
+	case <-never.Done():
+	case <-ctx.Done():
+		t.Fatalf("g.2, which never linked, is still a member: %s", never.State())
+	}
+	if !errors.Is(never.Err(), membership.ErrEvicted) {
+		t.Fatalf("g.2 ended with %v, want its registration deleted (ErrEvicted)", never.Err())
+	}
+	if s := late.State(); s.Err != nil || !s.Linked {
+		t.Fatalf("g.1, linked late within the bound: %s", s)
+	}
+	if kv := registration(t, ctx, tj.Client, tj.Name, "g.1"); kv == nil || kv.CreateRevision != late.Incarnation() || kv.Lease != leader.Record().Lease {
+		t.Fatalf("g.1's registration %v; want incarnation %d on the group's lease %x", kv, late.Incarnation(), leader.Record().Lease)
+	}
+}
+
+// A member that takes the group's lease over holds the registrations on
+// it to the same rule: one that moved to the new lease but never links to
+// the new leader is removed (and, alive, sees its membership end); one
+// that links to it stays.
+func TestGroupTakeoverRemovesUnlinked(t *testing.T) {
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
+	old := tj.Join("g.0", rollMember)
+	linked := []*membership.Member{tj.Join("g.1", rollMember)}
+	held := tj.Join("g.2", func(c *membership.MemberConfig) { rollMember(c); membership.HoldLinks(c, make(chan struct{})) })
+	linked = append(linked, tj.Join("g.3", rollMember))
+	ctx := clustertest.Ctx(t, 3*rollBound()+30*time.Second)
+	testutil.WaitFor(t, ctx, "g.1 and g.3 linked to g.0", func() bool { return linked[0].State().Linked && linked[1].State().Linked })
+	old.Crash()
+	// g.1 or g.3 takes the lease over (whichever's turn comes first: the
+	// turns follow the quorum each holds), and g.2 moves to the new lease.
+	var heir, other *membership.Member
+	testutil.WaitFor(t, ctx, "g.1 or g.3 leading on a new lease, g.2 moved to it", func() bool {
+		s := held.State()
+		for i, m := range linked {
+			if h := m.State(); h.Leads && s.Lease == h.Lease {
+				heir, other = m, linked[1-i]
+				return true
+			}
+		}
+		return s.Err != nil
+	})
+	if s := held.State(); s.Err != nil {
+		t.Fatalf("g.2 ended before it moved to the new lease: %s", s)
+	}
+	moved := time.Now()
+	select {
+	case <-held.Done():
+	case <-ctx.Done():
+		t.Fatalf("g.2, which never linked to the new leader %s, is still a member: %s", heir.ID(), held.State())
+	}
+	t.Logf("g.2 removed %v after it moved to %s's lease (bound %v)", time.Since(moved).Round(time.Millisecond), heir.ID(), rollBound())
+	if !errors.Is(held.Err(), membership.ErrEvicted) {
+		t.Fatalf("g.2 ended with %v, want its registration deleted (ErrEvicted)", held.Err())
+	}
+	if registration(t, ctx, tj.Client, tj.Name, "g.2") != nil {
+		t.Fatal("g.2 still registered")
+	}
+	if s := other.State(); s.Err != nil || !s.Linked || s.Lease != heir.State().Lease {
+		t.Fatalf("%s, linked to the new leader: %s; want it linked on lease %x", other.ID(), s, heir.State().Lease)
+	}
+	clustertest.WaitQuorum(t, heir, 0, "g.1", "g.3")
+}
+
+// deafWatcher passes every watch to etcd but the first of key, which
+// hears nothing and breaks when broken is closed (as a watch breaks when
+// etcd loses its leader or compacts past it).
+type deafWatcher struct {
+	clientv3.Watcher
+	key    string
+	broken chan struct{}
+	deaf   atomic.Bool
+}
+
+func (w *deafWatcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	if key != w.key || !w.deaf.CompareAndSwap(false, true) {
+		return w.Watcher.Watch(ctx, key, opts...)
+	}
+	ch := make(chan clientv3.WatchResponse)
+	go func() {
+		defer close(ch)
+		select {
+		case <-w.broken:
+		case <-ctx.Done():
+		}
+	}()
+	return ch
+}
+
+// A leader whose watch of its group's registrations broke reads what is
+// on its lease before it watches again: a registration whose joined
+// record the broken watch never delivered is held to the bound all the
+// same.
+func TestGroupRollReadAfterBrokenWatch(t *testing.T) {
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
+	w := &deafWatcher{key: keys.Layout{}.GroupJoined(tj.Name, "g"), broken: make(chan struct{})}
+	tj.Join("g.0", func(c *membership.MemberConfig) {
+		rollMember(c)
+		w.Watcher, c.Client.Watcher = c.Client.Watcher, w
+	})
+	held := tj.Join("g.1", func(c *membership.MemberConfig) { rollMember(c); membership.HoldLinks(c, make(chan struct{})) })
+	if !w.deaf.Load() {
+		t.Fatal("the leader did not watch its group's joined record")
+	}
+	close(w.broken)
+	ctx := clustertest.Ctx(t, 3*rollBound()+20*time.Second)
+	select {
+	case <-held.Done():
+	case <-ctx.Done():
+		t.Fatalf("g.1, which never linked, is still a member: %s", held.State())
+	}
+	if !errors.Is(held.Err(), membership.ErrEvicted) {
+		t.Fatalf("g.1 ended with %v, want its registration deleted (ErrEvicted)", held.Err())
 	}
 }

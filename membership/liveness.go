@@ -42,11 +42,8 @@ func (m *Member) register(ctx context.Context) error {
 		then := []clientv3.Op{clientv3.OpPut(m.key, string(val), clientv3.WithLease(lease))}
 		els := []clientv3.Op{clientv3.OpGet(m.key), clientv3.OpGet(keepOut), clientv3.OpGet(runKey)}
 		if m.cfg.GroupLease {
-			c, op := m.groupBinding()
-			cmps, els = append(cmps, c), append(els, clientv3.OpGet(m.groupKey()))
-			if op != nil {
-				then = append(then, *op)
-			}
+			c, ops := m.groupBinding()
+			cmps, els, then = append(cmps, c), append(els, clientv3.OpGet(m.groupKey())), append(then, ops...)
 		}
 		tr, err := m.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 		if err != nil {

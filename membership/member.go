@@ -84,6 +84,9 @@ type MemberConfig struct {
 	// (default: Addr's host, a port from the OS); the links ping every
 	// GroupLinkInterval (default 200 ms) and end after GroupLinkTimeout
 	// of silence (default 1 s).
+	// The leader also removes a registration on its lease that has had
+	// no link to it for LeaseTTL + 4 GroupLinkTimeouts (a member that died
+	// before it linked; see the package doc).
 	GroupLease                          bool
 	GroupLinkAddr                       string
 	GroupLinkInterval, GroupLinkTimeout time.Duration
@@ -111,6 +114,11 @@ type MemberConfig struct {
 	WaitForDuplicate bool
 	// Logger (nil: none).
 	Logger *zap.Logger
+
+	// linkHeld, when set, holds the member's group links back until it
+	// is closed: a member registered on its group's lease that has not
+	// linked yet (for the tests, export_test.go).
+	linkHeld <-chan struct{}
 }
 
 // maxHostLen bounds MemberConfig.Host: a DNS name's length.
@@ -217,6 +225,8 @@ type Member struct {
 	groupRev    int64
 	groupSeen   int64
 	links       map[net.Conn]*groupLink // the group links this member serves
+	roll        groupRoll               // the registrations on the lease this member leads (grouproll.go)
+	rollWake    chan struct{}           // the roll changed: rollGroup looks again
 	linked      bool                    // a member that does not lead: its link to the leader is up
 	delivered   [vias]uint64            // the newest epoch of a quorum record received by each way (State)
 	fwdLog      [][]byte                // what a group's leader replays to a member that links (groupquorum.go)
@@ -365,6 +375,12 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	if cfg.GroupLease {
 		m.spawn(m.acceptGroupLinks)
 		m.spawn(m.followGroup)
+		if m.holdsLease() {
+			m.mu.Lock()
+			created := m.groupRev
+			m.mu.Unlock()
+			m.spawn(func() { m.rollGroup(created) })
+		}
 	}
 	m.lg.Info("joined", zap.Int64("incarnation", m.inc), zap.String("addr", cfg.Addr))
 	return m, nil

@@ -39,7 +39,9 @@ func TestMain(m *testing.M) {
 
 // memberProcess joins as the member described by the environment, prints
 // "joined <incarnation>", and stays until SIGTERM (then prints its gossip
-// stats and leaves) or until its membership is lost (exit 3).
+// stats and leaves) or until its membership is lost (exit 3). With
+// FTCOMM_TEST_GROUP it joins that replica group on the group's lease, and
+// with FTCOMM_TEST_HOLDLINK it does not link to the group's leader.
 func memberProcess() int {
 	env := os.Getenv
 	cli, err := membership.NewClient(strings.Split(env("FTCOMM_TEST_ETCD"), ","), nil)
@@ -56,6 +58,12 @@ func memberProcess() int {
 	if env("FTCOMM_TEST_GOSSIP") != "" {
 		g := membership.DefaultGossipConfig()
 		cfg.Gossip = &g
+	}
+	if g := env("FTCOMM_TEST_GROUP"); g != "" {
+		cfg.Group, cfg.GroupLease, cfg.GroupLinkAddr = g, true, "127.0.0.1:0"
+	}
+	if env("FTCOMM_TEST_HOLDLINK") != "" {
+		membership.HoldLinks(&cfg, make(chan struct{}))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	m, err := membership.Join(ctx, cfg)
@@ -96,7 +104,9 @@ type memberProc struct {
 	done chan struct{}
 }
 
-func startMemberProc(t testing.TB, etcd []string, job, id string, ttl time.Duration, gossip bool) *memberProc {
+// startMemberProc starts member id in a process of its own and waits
+// until it joined; env adds to its environment (memberProcess).
+func startMemberProc(t testing.TB, etcd []string, job, id string, ttl time.Duration, gossip bool, env ...string) *memberProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "FTCOMM_TEST_MEMBER="+id, "FTCOMM_TEST_JOB="+job,
@@ -104,6 +114,7 @@ func startMemberProc(t testing.TB, etcd []string, job, id string, ttl time.Durat
 	if gossip {
 		cmd.Env = append(cmd.Env, "FTCOMM_TEST_GOSSIP=1")
 	}
+	cmd.Env = append(cmd.Env, env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,8 @@ import (
 //	<root>/<job>/commits/<step>                      durable commit records of the run (RecordCommit)
 //	<root>/<job>/run                                 the job's current run (RunRecord)
 //	<root>/<job>/claims/<id>                         a new incarnation asks the coordinator to confirm the old one dead
+//	<root>/<job>/groups/<group>                      a replica group's shared lease (membership's GroupLease)
+//	<root>/<job>/groupjoined/<group>                 the last registration bound to that lease, for the group's leader to watch
 //	<root>/_coordinator/jobs/<job>/quorum            the current quorum: the whole list, compact
 //	<root>/_coordinator/jobs/<job>/view              a change of the previous epoch: what members watch
 //	<root>/_coordinator/jobs/<job>/viewfull          old layout (the whole list beside a JSON record): deleted at each publication
@@ -86,6 +88,11 @@ func (k Layout) Settings(job string) string               { return k.Coordinator
 // GroupLease is where a replica group's shared lease is recorded
 // (membership.MemberConfig.GroupLease).
 func (k Layout) GroupLease(job, group string) string { return k.Job(job) + "groups/" + group }
+
+// GroupJoined names the last member that bound its registration to a
+// replica group's shared lease; it is bound to that lease too. The group's
+// leader watches it to hold every registration on its lease to a link.
+func (k Layout) GroupJoined(job, group string) string { return k.Job(job) + "groupjoined/" + group }
 
 // RendezvousPrefix is the rendezvous store's prefix of one epoch of a job.
 func (k Layout) RendezvousPrefix(job string, e uint64) string {

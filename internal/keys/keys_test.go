@@ -12,6 +12,8 @@ func TestParse(t *testing.T) {
 		{k.Member("j", "a.0"), "j", "members", "a.0"},
 		{k.Revocation("j", 7), "j", "epoch", "revoked/00000000000000000007"},
 		{k.Run("j"), "j", "run", ""},
+		{k.GroupLease("j", "g"), "j", "groups", "g"},
+		{k.GroupJoined("j", "g"), "j", "groupjoined", "g"},
 		{k.Quorum("j"), "j", "_quorum", ""},
 		{k.QuorumView("j"), "j", "_view", ""},
 		{k.HistoryEntry("j", 3), "j", "_history", "00000000000000000003"},
