@@ -604,6 +604,8 @@ func (m *machine) onSettings(in settingsPut) {
 	j.settings = &doc
 	j.m.SetSettings(doc.Ref())
 	j.m.SetTarget(targetReplicas(doc))
+	on, set := doc.Bool(membership.SettingPreparedGrow)
+	j.m.SetPreparedGrow(on || !set)
 	j.dirty = true
 	m.log(false, "job settings changed", field{"job", in.job}, field{"version", doc.Version}, field{"settings", doc.Summary()})
 }

@@ -289,6 +289,8 @@ func (d *driver) exec(a action) {
 			err := ctl.AllReduce(ctx, comm.Int64s(v), comm.Max)
 			return taskResult{in: stepAgreed{task: a.task, known: uint64(v[0]), ready: v[1] == 0, same: v[2] == -v[3], err: err}}
 		})
+	case agreeSwitch:
+		d.agreeSwitch(a)
 	case checkGroup:
 		ctl := d.comms[commKey{dimGroup, a.epoch}].ctl
 		if d.snaps != nil {

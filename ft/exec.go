@@ -26,7 +26,7 @@ import (
 func (d *driver) form(a formComms) {
 	oldKey := commKey{a.dim, a.from}
 	var old comms
-	if a.how != freshComm {
+	if !a.how.fresh() {
 		old = d.comms[oldKey]
 		delete(d.comms, oldKey)
 	}
@@ -44,7 +44,7 @@ func (d *driver) form(a formComms) {
 		}
 		r := taskResult{key: commKey{a.dim, a.epoch}, formed: x, oldKey: oldKey,
 			in: commsFormed{task: a.task, dim: a.dim, epoch: a.epoch, split: x.ok() && x.ctl != x.data, failed: failed, err: err}}
-		if err != nil && a.how != freshComm {
+		if err != nil && !a.how.fresh() {
 			r.old = old // as a failed Shrink or Grow left it: the machine closes it
 		}
 		return r
@@ -72,6 +72,29 @@ func (d *driver) keepGroup(a keepGroup) {
 		v := []int64{yes, int64(a.into), -int64(a.into)}
 		err := x.ctl.AllReduce(tctx, comm.Int64s(v), comm.Min)
 		return taskResult{in: groupKept{task: a.task, ok: err == nil && v[0] == 1 && v[1] == -v[2], err: err}}
+	})
+}
+
+// agreeSwitch runs a prepared epoch's agreement on when to move to it:
+// the first op on its new control comm at every rank, an all-reduce of
+// max over the committed step (read as it is posted: a survivor steps on
+// meanwhile), the slowest recent step and the epoch (both ways, so that a
+// rank of another epoch fails it). The joiners wait in it until every
+// survivor formed the comms in the background.
+func (d *driver) agreeSwitch(a agreeSwitch) {
+	ctl := d.comms[commKey{dimFT, a.epoch}].ctl
+	step := &d.link.step
+	timeout := d.cfg.Timeout
+	d.spawn(a.task, func(ctx context.Context) taskResult {
+		if ctl == nil {
+			return taskResult{in: switchAgreed{task: a.task, err: fmt.Errorf("%w: ft: no control comm of epoch %d", comm.ErrClosed, a.epoch)}}
+		}
+		v := []int64{max(a.step, step.Load()), int64(a.slowest), int64(a.epoch), -int64(a.epoch)}
+		err := ctl.AllReduce(ctx, comm.Int64s(v), comm.Max)
+		if err == nil && v[2] != -v[3] {
+			err = fmt.Errorf("%w: ft: ranks of epochs %d to %d agreeing when to move to epoch %d", comm.ErrMismatch, -v[3], v[2], a.epoch)
+		}
+		return taskResult{in: switchAgreed{task: a.task, at: switchStep(v[0], time.Duration(v[1]), timeout), err: err}}
 	})
 }
 

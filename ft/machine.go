@@ -169,6 +169,13 @@ type (
 		restored *restored
 		lost     error
 	}
+	// switchAgreed: the ranks of a prepared epoch agreed to move to it
+	// once they committed step at (and not before).
+	switchAgreed struct {
+		task int
+		at   int64
+		err  error
+	}
 	// voted: the group's vote (every rank yes).
 	voted struct {
 		task int
@@ -216,6 +223,7 @@ func (groupKept) isInput()       {}
 func (stepAgreed) isInput()      {}
 func (groupChecked) isInput()    {}
 func (voted) isInput()           {}
+func (switchAgreed) isInput()    {}
 func (commitRecorded) isInput()  {}
 func (outcomeShared) isInput()   {}
 func (withdrawn) isInput()       {}
@@ -235,6 +243,17 @@ type (
 		exclude    []int
 		from       uint64
 		rank, size int
+		background bool // a prepared grow's survivor forms them beside its steps
+	}
+	// agreeSwitch: the ranks of prepared epoch agree, over its new FT
+	// control comm, on the step after which they move to it (switchAgreed
+	// answers). step is this rank's committed step, slowest its slowest
+	// recent step (0: not known).
+	agreeSwitch struct {
+		task    int
+		epoch   uint64
+		step    int64
+		slowest time.Duration
 	}
 	// keepGroup asks the replica group's ranks, on the group control comm
 	// of epoch, whether every one of them keeps the group comms it holds
@@ -368,6 +387,7 @@ type (
 )
 
 func (formComms) isAction()        {}
+func (agreeSwitch) isAction()      {}
 func (keepGroup) isAction()        {}
 func (agreeStep) isAction()        {}
 func (closeComms) isAction()       {}
@@ -422,6 +442,7 @@ const (
 	stageNone stage = iota
 	stageFormGroup
 	stageFormFT
+	stageSwitch // a prepared epoch's ranks agree on the step to move at
 	stageGather
 	stageLastCommit
 	stageHeal
@@ -586,6 +607,10 @@ type machine struct {
 
 	settings *membership.SettingsRef // the job's settings in force
 
+	// prep is the prepared grow this rank forms in the background while it
+	// steps on in its epoch (nil: none).
+	prep *preparation
+
 	// spare: this rank waits as a spare — registered as one, or its
 	// group's place was taken by a promoted spare (Quorum.Replaced) —
 	// until a quorum takes it in.
@@ -635,12 +660,21 @@ func (m *machine) handle(now time.Time, in input) []action {
 				m.lingerUntil = now.Add(m.cfg.linger)
 			}
 			m.cancel(ErrClosed)
+			m.dropPrep(ErrClosed)
 		}
 	case commFailed:
 		m.onCommFailed(in)
 	case commsFormed:
 		if m.done(in.task, formStage(in.dim)) {
 			m.onFormed(now, in)
+		} else if m.prepDone(in.task, stageFormFT) {
+			m.onPrepFormed(now, in)
+		}
+	case switchAgreed:
+		if m.done(in.task, stageSwitch) {
+			m.onSwitchAgreed(now, in)
+		} else if m.prepDone(in.task, stageSwitch) {
+			m.onPrepAgreed(now, in)
 		}
 	case recordsGathered:
 		if m.done(in.task, stageGather) {
@@ -806,7 +840,10 @@ func (m *machine) onQuorum(now time.Time, q membership.Quorum) {
 	m.latest = &q
 	m.final = max(m.final, q.Final)
 	m.do(observe{what: metricEpochSeen, value: float64(q.Epoch)})
-	if m.task != 0 && m.stage.reconfiguring() && q.Epoch > m.target.Epoch {
+	if m.prep != nil {
+		m.dropPrep(fmt.Errorf("ft: epoch %d superseded by %d", m.prep.epoch, q.Epoch))
+	}
+	if m.task != 0 && m.stage.reconfiguring() && q.Epoch > m.target.Epoch && !m.growsFormed(q) {
 		m.cancel(fmt.Errorf("ft: epoch %d superseded by %d", m.target.Epoch, q.Epoch))
 	}
 	if q.Epoch <= m.epoch {
@@ -827,6 +864,9 @@ func (m *machine) onQuorum(now time.Time, q membership.Quorum) {
 	}
 	if m.holds(dimGroup) && gone(m.view.group) {
 		m.revoke(dimGroup, partBoth, cause)
+	}
+	if m.prepare(now, q) {
+		return // the step in flight goes on: its peers step on too
 	}
 	// A new epoch in the middle of a step: FT peers that had not started
 	// it move on and never post their part of its ops. gloo sees that as a
@@ -856,6 +896,10 @@ func (m *machine) onRevocation(r membership.Revocation) {
 // gossip or its lease. A failed control comm fails the step; a peer that
 // merely closed its comm after the ops that needed it fails nothing.
 func (m *machine) onCommFailed(in commFailed) {
+	if m.prep != nil && in.dim == dimFT && in.epoch == m.prep.epoch {
+		m.prepBroken(in)
+		return
+	}
 	if m.life != running || in.epoch != m.commsEpoch(in.dim) || !m.holds(in.dim) {
 		return
 	}
@@ -933,8 +977,8 @@ func (m *machine) advance(now time.Time) {
 		m.cancelled = nil
 	}
 	if m.life != running {
-		if m.lingering(now) {
-			return
+		if m.lingering(now) || m.prep != nil {
+			return // a preparation in flight may hold comms: its answer closes them
 		}
 		m.finishClose()
 		return
@@ -968,7 +1012,9 @@ func (m *machine) advance(now time.Time) {
 		m.phase = phaseIdle
 		m.do(stepDone{err: &FinishedError{Final: m.final, Step: m.step}})
 		return
-	case m.comms == commsReady && m.latest != nil && m.latest.Epoch == m.epoch:
+	case m.comms == commsReady && m.latest != nil && (m.latest.Epoch == m.epoch || m.stepsBeside() || m.gated && m.gateGo):
+		// (A group that agreed to start the step in its epoch does, even
+		// if a prepared epoch's answer came meanwhile: it moves next Step.)
 		if m.gate(true) {
 			return
 		}
@@ -1017,7 +1063,7 @@ func (m *machine) gate(ready bool) bool {
 		return false
 	}
 	known := m.epoch
-	if m.latest != nil {
+	if m.latest != nil && !m.stepsBeside() {
 		known = max(known, m.latest.Epoch)
 	}
 	m.do(agreeStep{task: m.start(stageAgree), epoch: m.group, known: known, now: m.epoch, ready: ready})
@@ -1155,9 +1201,18 @@ func (m *machine) onGroupKept(now time.Time, in groupKept) {
 }
 
 func (m *machine) formFT() {
+	if m.prep != nil && m.prep.epoch == m.epoch && !m.prep.dropped {
+		m.joinPrep(m.reconfAt)
+		return
+	}
 	how, exclude := planFor(m.target.Base, m.held, m.tview, m.cfg.id, m.inc)
+	if m.target.Prepared {
+		// As its survivors do in the background: the same comms, made
+		// the same way, and the same agreement on them.
+		how, exclude = preparedGrow, nil
+	}
 	from := uint64(0)
-	if how == freshComm {
+	if how.fresh() {
 		if m.held.epoch != 0 && m.held.ftRank >= 0 {
 			m.do(closeComms{dim: dimFT, epoch: m.held.epoch})
 		}
@@ -1187,7 +1242,7 @@ func (m *machine) onFormed(now time.Time, in commsFormed) {
 	if in.err != nil {
 		// A failed Shrink or Grow leaves the old comms as they were;
 		// a failed fresh formation closed them already.
-		if m.how != freshComm && oldEpoch != 0 {
+		if !m.how.fresh() && oldEpoch != 0 {
 			m.do(closeComms{dim: dimFT, epoch: oldEpoch})
 		}
 		m.held = view{epoch: in.epoch, ftRank: -1}
@@ -1200,7 +1255,18 @@ func (m *machine) onFormed(now time.Time, in commsFormed) {
 		m.failReconfig(now, m.cancelled, commsFormed{})
 		return
 	}
-	m.do(reportFormed{epoch: in.epoch})
+	m.announceFormed(now, in.epoch, oldEpoch)
+	if m.how == preparedGrow {
+		m.do(agreeSwitch{task: m.start(stageSwitch), epoch: m.epoch, step: m.step, slowest: m.slowestStep()})
+		return
+	}
+	m.gatherRecords()
+}
+
+// announceFormed says that this rank holds epoch's FT comms (formed from
+// those of oldEpoch, or anew).
+func (m *machine) announceFormed(now time.Time, epoch, oldEpoch uint64) {
+	m.do(reportFormed{epoch: epoch})
 	m.do(observe{what: metricReconfigs, value: 1, label: m.how.String()})
 	if oldEpoch != 0 && m.tview.ftRank == 0 {
 		m.do(forgetRendezvous{dim: dimFT, epoch: oldEpoch})
@@ -1208,10 +1274,14 @@ func (m *machine) onFormed(now time.Time, in commsFormed) {
 	if m.prevGroup != 0 && m.prevGroup != m.group && m.cfg.groupRank == 0 {
 		m.do(forgetRendezvous{dim: dimGroup, epoch: m.prevGroup})
 	}
-	m.logf(false, "reconfigured to epoch %d (base %d): %s, rank %d of %d, %d groups", in.epoch, m.target.Base, m.how,
+	m.logf(false, "reconfigured to epoch %d (base %d): %s, rank %d of %d, %d groups", epoch, m.target.Base, m.how,
 		m.view.ftRank, len(m.view.ft), m.view.groups)
-	m.emit(Event{Kind: EventReconfigured, Epoch: in.epoch, Participants: m.view.groups, How: m.how.String(),
+	m.emit(Event{Kind: EventReconfigured, Epoch: epoch, Participants: m.view.groups, How: m.how.String(),
 		Took: now.Sub(m.reconfAt), Reason: m.target.Reason})
+}
+
+// gatherRecords starts the step agreement on the epoch's FT comms.
+func (m *machine) gatherRecords() {
 	m.do(gatherRecords{task: m.start(stageGather), epoch: m.epoch, step: m.step, last: m.hist.last()})
 }
 
@@ -1372,6 +1442,9 @@ func (m *machine) onRestored(now time.Time, r *restored) {
 func (m *machine) reconfigured(now time.Time) {
 	if m.comms != commsBroken { // a comm that broke meanwhile stays broken
 		m.comms = commsReady
+	}
+	if m.latest != nil && m.latest.Epoch > m.epoch {
+		m.prepare(now, *m.latest) // a grow of this epoch came while it formed
 	}
 	if s := m.target.Settings; s != nil && (m.settings == nil || *m.settings != *s) {
 		// Every participant of the epoch agreed on this step: the
@@ -1701,7 +1774,10 @@ func describe(a action) string {
 	switch a := a.(type) {
 	case formComms:
 		s := fmt.Sprintf("form %s e%d %s rank=%d size=%d", a.dim, a.epoch, a.how, a.rank, a.size)
-		if a.how != freshComm {
+		if a.background {
+			s += " in the background"
+		}
+		if !a.how.fresh() {
 			s += fmt.Sprintf(" from=e%d", a.from)
 		}
 		if len(a.exclude) > 0 {
@@ -1724,6 +1800,8 @@ func describe(a action) string {
 		return fmt.Sprintf("keep group e%d into e%d", a.epoch, a.into)
 	case agreeStep:
 		return fmt.Sprintf("agree group e%d known=e%d now=e%d ready=%v", a.epoch, a.known, a.now, a.ready)
+	case agreeSwitch:
+		return fmt.Sprintf("agree switch e%d step=%d slowest=%v", a.epoch, a.step, a.slowest)
 	case checkGroup:
 		return fmt.Sprintf("check group e%d step=%d", a.epoch, a.step)
 	case castVote:

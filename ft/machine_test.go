@@ -63,6 +63,7 @@ type machineScript struct {
 	task  int // the task in flight, as the last action that started one said
 	kind  string
 	agree agreeStep // the last group agreement asked for
+	prep  int       // the background preparation's task in flight
 }
 
 func (s *machineScript) parseErr(args []string) error {
@@ -153,6 +154,10 @@ func (s *machineScript) run(line string) []string {
 				q.Base, _ = strconv.ParseUint(b, 10, 64)
 				continue
 			}
+			if a == "prepared" {
+				q.Prepared = true
+				continue
+			}
 			if f, ok := strings.CutPrefix(a, "final="); ok {
 				q.Final, _ = strconv.ParseInt(f, 10, 64)
 				continue
@@ -229,6 +234,29 @@ func (s *machineScript) run(line string) []string {
 			rest = args[2:]
 		}
 		in = commsFormed{task: s.task, dim: d, epoch: s.m.epoch, split: split, err: s.parseErr(rest)}
+	case "prep-formed":
+		// The background formation of the epoch being prepared answered.
+		split := len(args) > 0 && args[0] == "split"
+		if split {
+			args = args[1:]
+		}
+		e := uint64(0)
+		if s.m.prep != nil {
+			e = s.m.prep.epoch
+		}
+		in = commsFormed{task: s.prep, dim: dimFT, epoch: e, split: split, err: s.parseErr(args)}
+	case "prep-agreed", "switch-agreed":
+		// prep-agreed AT | prep-agreed err…: the background agreement's
+		// answer; switch-agreed: the one of a reconfiguration.
+		t := s.task
+		if cmd == "prep-agreed" {
+			t = s.prep
+		}
+		if at, err := strconv.ParseInt(args[0], 10, 64); err == nil {
+			in = switchAgreed{task: t, at: at}
+		} else {
+			in = switchAgreed{task: t, err: s.parseErr(args)}
+		}
 	case "failed":
 		e, _ := strconv.ParseUint(args[1], 10, 64)
 		p := map[string]part{"data": partData, "ctl": partCtl, "both": partBoth}[args[2]]
@@ -337,10 +365,25 @@ func (s *machineScript) run(line string) []string {
 	}
 	s.now = s.now.Add(time.Millisecond)
 	var out []string
+	defer func() {
+		if s.m.task != 0 && s.m.task == s.prep {
+			s.task = s.prep // a reconfiguration took the preparation's task over
+		}
+	}()
 	for _, a := range s.m.handle(s.now, in) {
 		switch a := a.(type) {
 		case formComms:
-			s.task, s.kind = a.task, "form"
+			if a.background {
+				s.prep = a.task
+			} else {
+				s.task, s.kind = a.task, "form"
+			}
+		case agreeSwitch:
+			if s.m.prep != nil && s.m.prep.task == a.task {
+				s.prep = a.task
+			} else {
+				s.task, s.kind = a.task, "switch"
+			}
 		case agreeStep:
 			s.task, s.kind, s.agree = a.task, "agree", a
 		case gatherRecords, readLastCommit, fetchState, keepGroup, checkGroup, castVote, recordCommit, shareOutcome, withdrawState:
@@ -383,6 +426,8 @@ func (s *machineScript) taskError(err error) input {
 		return commsFormed{task: t, dim: dimGroup, epoch: s.m.epoch, err: err}
 	case stageFormFT:
 		return commsFormed{task: t, dim: dimFT, epoch: s.m.epoch, err: err}
+	case stageSwitch:
+		return switchAgreed{task: t, err: err}
 	case stageGather:
 		return recordsGathered{task: t, err: err}
 	case stageLastCommit:
@@ -511,6 +556,30 @@ func runMachineScript(t *testing.T, file string) {
 	if *rewrite {
 		if err := os.WriteFile(file, []byte(strings.Join(out, "\n")+"\n"), 0o644); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestSwitchStep: the step a prepared grow's ranks move after leaves a
+// margin of two steps and the slack, and falls back to at once where the
+// steps are not known or would keep the joiners waiting near the op
+// timeout.
+func TestSwitchStep(t *testing.T) {
+	for _, tc := range []struct {
+		max              int64
+		slowest, timeout time.Duration
+		want             int64
+	}{
+		{100, 0, 30 * time.Second, 0},                       // not known
+		{100, time.Millisecond, 0, 0},                       // no timeout
+		{100, time.Millisecond, 30 * time.Second, 127},      // 2 + 25 ms of 1 ms steps
+		{100, 50 * time.Millisecond, 30 * time.Second, 103}, // 2 + one step of slack
+		{100, 10 * time.Second, 30 * time.Second, 0},        // 4 steps of 10 s pass 15 s
+		{100, 3 * time.Second, 30 * time.Second, 103},       // 4 steps of 3 s: 12 s
+		{7, 4 * time.Second, 30 * time.Second, 0},           // 16 s
+	} {
+		if got := switchStep(tc.max, tc.slowest, tc.timeout); got != tc.want {
+			t.Errorf("switchStep(%d, %v, %v) = %d, want %d", tc.max, tc.slowest, tc.timeout, got, tc.want)
 		}
 	}
 }

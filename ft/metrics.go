@@ -59,7 +59,7 @@ func newMetrics(reg prometheus.Registerer, job, member string) (*metrics, error)
 	m.commits = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_ft_commits_total",
 		Help: "Commit votes, by result (ok, failed).", ConstLabels: labels}, []string{"result"})
 	m.reconfigs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_ft_reconfigurations_total",
-		Help: "Moves to a new epoch, by kind (shrink, grow, fresh).", ConstLabels: labels}, []string{"how"})
+		Help: "Moves to a new epoch, by kind (shrink, grow, fresh, prepared: a grow formed in the background).", ConstLabels: labels}, []string{"how"})
 	m.healedBytes = prometheus.NewCounter(prometheus.CounterOpts{Name: "ftcomm_ft_healed_bytes_total",
 		Help: "State bytes received from peers while healing.", ConstLabels: labels})
 	m.rollbacks = prometheus.NewCounter(prometheus.CounterOpts{Name: "ftcomm_ft_rollbacks_total",

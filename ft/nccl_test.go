@@ -819,7 +819,9 @@ func TestNCCLKillShrinkGrowHeal(t *testing.T) {
 			c.waitCommits(2, 3, 0)
 			for _, r := range []*gpuReplica{a, b} {
 				r.waitCommits(1, 3, grownFrom)
-				if !slices.ContainsFunc(r.eventsOf(EventReconfigured), func(e Event) bool { return e.How == "grow" && e.Participants == 3 }) {
+				// A prepared grow: the survivors formed epoch 3's comms in
+				// the background (held here, they had stepped on).
+				if !slices.ContainsFunc(r.eventsOf(EventReconfigured), func(e Event) bool { return e.How == "prepared" && e.Participants == 3 }) {
 					t.Errorf("%s did not grow to 3: %v", r.id, r.eventsOf(EventReconfigured))
 				}
 			}

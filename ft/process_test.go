@@ -68,6 +68,7 @@ type childEvent struct {
 	Err          string `json:"err,omitempty"`   // kind "error": why Step failed
 	Bytes        int64  `json:"bytes,omitempty"` // kind "heal": bytes received
 	TookNs       int64  `json:"took,omitempty"`  // kind "heal": how long it took
+	How          string `json:"how,omitempty"`   // kind "reconfigured": shrink, grow, fresh or prepared
 }
 
 func runChild() int {
@@ -119,6 +120,9 @@ func runChild() int {
 			out.Encode(childEvent{Kind: "waiting", ID: id, Pid: os.Getpid(), Step: e.Step, Epoch: e.Epoch, UnixNano: e.Time.UnixNano()})
 		case EventPromoted:
 			out.Encode(childEvent{Kind: "promoted", ID: id, Pid: os.Getpid(), Step: e.Step, Epoch: e.Epoch, UnixNano: e.Time.UnixNano()})
+		case EventReconfigured:
+			out.Encode(childEvent{Kind: "reconfigured", ID: id, Pid: os.Getpid(), Step: e.Step, Epoch: e.Epoch, UnixNano: e.Time.UnixNano(),
+				How: e.How, Participants: e.Participants, TookNs: int64(e.Took)})
 		case EventRestored:
 			out.Encode(childEvent{Kind: "restored", ID: id, Pid: os.Getpid(), Step: e.Step, From: e.FromStep, Epoch: e.Epoch,
 				UnixNano: e.Time.UnixNano(), Bytes: e.Bytes, TookNs: int64(e.Took)})

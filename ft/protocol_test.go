@@ -55,7 +55,7 @@ func (s *planSim) start(id string) {
 	s.inc++
 	g, _, _ := parseMemberID(id)
 	s.ranks[id] = &simRank{id: id, inc: s.inc, held: view{ftRank: -1}}
-	s.m.Upsert(s.now, membership.MemberRecord{ID: id, Group: g, Incarnation: s.inc, WantQuorum: true})
+	s.m.Upsert(s.now, membership.MemberRecord{ID: id, Group: g, GroupSize: s.groupSize, Incarnation: s.inc, WantQuorum: true})
 }
 
 func (s *planSim) record(id string) (membership.MemberRecord, bool) { return s.m.Member(id) }
@@ -209,6 +209,16 @@ func (s *planSim) checkFTComm(q membership.Quorum, ps []participant, gr int) {
 	if len(reuse) > 1 {
 		s.fail(q, "FT comm %d: ranks chose differently: %v", gr, choices)
 	}
+	if q.Prepared {
+		// A prepared epoch is a pure grow of Base: every rank holding
+		// Base's comm would grow it (none shrinks it), the others are
+		// joiners; every rank forms it anew and the survivors may do so
+		// in the background (ft/prepare.go).
+		if len(reuse) != 1 || reuse[0].how != growTo {
+			s.fail(q, "FT comm %d: epoch %d is prepared, but its ranks would move from epoch %d by %v", gr, q.Epoch, q.Base, choices)
+		}
+		s.choices["prepared"]++
+	}
 	for c := range choices {
 		s.choices[c.how.String()] += len(choices[c])
 	}
@@ -260,7 +270,7 @@ func TestPlanRandomHistories(t *testing.T) {
 				}
 			}
 			// The simulation must exercise every kind of move, or it proves little.
-			for _, how := range []string{"shrink", "grow", "fresh"} {
+			for _, how := range []string{"shrink", "grow", "fresh", "prepared"} {
 				if total[how] == 0 {
 					t.Errorf("no rank chose %s in any history: %v", how, total)
 				}

@@ -76,6 +76,7 @@ func TestProcessSpareTakesTheDeadsPlace(t *testing.T) {
 	// compare epochs, not the order they were printed in.
 	j.awaitSeen("the spare's promotion", func(ev childEvent) bool { return ev.Kind == "promoted" && ev.ID == "s.0" })
 	j.spareCommittedFrom("s.0", t0)
+	j.grewWithoutStopping([]string{"a.0", "b.0"}, "s.0")
 	t.Logf("FIGURE SIGKILL of a replica, one spare: survivors' next commit %v, capacity back (first commit at full size) %v",
 		shrunk.Round(time.Millisecond), full.Round(time.Millisecond))
 	if shrunk == 0 {
@@ -99,6 +100,47 @@ func TestProcessSpareTakesTheDeadsPlace(t *testing.T) {
 	j.spareCommittedFrom("c.0", t1)
 	j.stopAll()
 	j.check()
+}
+
+// grewWithoutStopping checks that the spare's promotion cost the
+// survivors no step: each moved to the promotion's epoch as a prepared
+// grow (its comms formed in the background), and none failed a step from
+// its first commit without the dead until its first at full size.
+func (j *procJob) grewWithoutStopping(survivors []string, spare string) {
+	j.t.Helper()
+	i := slices.IndexFunc(j.all, func(ev childEvent) bool { return ev.Kind == "promoted" && ev.ID == spare })
+	if i < 0 {
+		j.t.Fatalf("%s was never promoted", spare)
+	}
+	promoted := j.all[i].Epoch
+	for _, id := range survivors {
+		// A process's events keep their order in j.all: its first commit
+		// in the shrunk epoch (the one before the promotion's), its move,
+		// its first commit at full size.
+		var moved *childEvent
+		shrunk, full := -1, -1
+		for k, ev := range j.all {
+			switch {
+			case ev.ID != id:
+			case ev.Kind == "reconfigured" && ev.Epoch == promoted:
+				moved = &j.all[k]
+			case ev.Kind == "" && ev.Epoch == promoted-1 && shrunk < 0:
+				shrunk = k
+			case ev.Kind == "" && ev.Epoch == promoted && full < 0:
+				full = k
+			}
+		}
+		if moved == nil || moved.How != "prepared" {
+			j.t.Errorf("%s moved to the spare's epoch %d by %+v, want a prepared grow", id, promoted, moved)
+			continue
+		}
+		j.t.Logf("FIGURE %s moved to the grown epoch %d in %v (its comms formed in the background)", id, promoted, time.Duration(moved.TookNs))
+		for k := shrunk; shrunk >= 0 && k < full; k++ {
+			if ev := j.all[k]; ev.ID == id && ev.Kind == "failed" {
+				j.t.Errorf("%s failed step %d in epoch %d while the spare joined: %s", id, ev.Step, ev.Epoch, ev.Err)
+			}
+		}
+	}
 }
 
 // cpuTime is the CPU time (user and system) process id has used so far,

@@ -39,12 +39,9 @@ const stallLookEvery = 250 * time.Millisecond
 // stallBound returns the stall bound, or 0 when it is off or not known
 // yet.
 func (m *machine) stallBound() time.Duration {
-	if m.cfg.stallFactor <= 0 || m.cycleN < stallMinSteps {
+	slowest := m.slowestStep()
+	if m.cfg.stallFactor <= 0 || slowest == 0 {
 		return 0
-	}
-	var slowest time.Duration
-	for _, c := range m.cycles[:min(m.cycleN, stallWindow)] {
-		slowest = max(slowest, c)
 	}
 	return max(m.cfg.stallMin, time.Duration(m.cfg.stallFactor*float64(slowest)))
 }
@@ -74,7 +71,7 @@ func (m *machine) lookAt(now time.Time) {
 // formingAt: a task that waits for every peer of the epoch (forming
 // comms, the step agreement) began.
 func formingStage(s stage) bool {
-	return s == stageFormFT || s == stageFormGroup || s == stageGather || s == stageAgree
+	return s == stageFormFT || s == stageFormGroup || s == stageSwitch || s == stageGather || s == stageAgree
 }
 
 // onTick looks at the step: whether it stalled, and (after Finish, in

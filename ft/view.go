@@ -112,11 +112,18 @@ const (
 	shrinkTo  reconfig = iota // drop the excluded ranks
 	growTo                    // existing ranks keep theirs; joiners follow
 	freshComm                 // everyone creates a new comm
+	// preparedGrow: a grow (membership.Quorum.Prepared) whose comms every
+	// rank makes anew, the survivors in the background of their steps,
+	// and whose ranks then agree on the step at which they move to them.
+	preparedGrow
 )
 
 func (r reconfig) String() string {
-	return [...]string{"shrink", "grow", "fresh"}[r]
+	return [...]string{"shrink", "grow", "fresh", "prepared"}[r]
 }
+
+// fresh says whether r makes new comms (nothing is taken from the old).
+func (r reconfig) fresh() bool { return r == freshComm || r == preparedGrow }
 
 // plan decides how to move from the members of the current comm (nil if
 // there is none) to next. It depends only on what every rank knows alike —

@@ -59,6 +59,13 @@ const SettingTargetReplicas = "ftcomm.target_replicas"
 // "global" (the survivors take more micro-batches to keep it).
 const SettingBatchPolicy = "ftcomm.batch_policy"
 
+// SettingPreparedGrow is the key of whether the coordinator marks grows
+// prepared (Quorum.Prepared: the survivors form the grown epoch's comms
+// in the background and move at an agreed step; ft "Grows"): a bool,
+// true when unset. false makes every grow stop the survivors while the
+// comms are made, as before prepared grows.
+const SettingPreparedGrow = "ftcomm.prepared_grow"
+
 // Limits of a settings document.
 const (
 	MaxSettings      = 128  // keys
@@ -388,7 +395,12 @@ func checkReserved(key string, t SettingType, v string) error {
 			return settingErr("%s: want the string replica or global, got %s %q", key, t, v)
 		}
 		return nil
+	case SettingPreparedGrow:
+		if t != SettingBool {
+			return settingErr("%s: want a bool, got %s %q", key, t, v)
+		}
+		return nil
 	}
-	return settingErr("%q: keys under \"ftcomm.\" are the coordinator's, and it knows %s and %s only", key,
-		SettingTargetReplicas, SettingBatchPolicy)
+	return settingErr("%q: keys under \"ftcomm.\" are the coordinator's, and it knows %s, %s and %s only", key,
+		SettingTargetReplicas, SettingBatchPolicy, SettingPreparedGrow)
 }

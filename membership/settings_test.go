@@ -57,7 +57,8 @@ func TestSettingsApply(t *testing.T) {
 		{[]string{"ftcomm.batch_policy=half"}, "want the string replica or global"},
 		{[]string{"ftcomm.batch_policy:int=1"}, "want the string replica or global"},
 		{[]string{"ftcomm.target_replicas=0"}, "want an int of at least 1"},
-		{[]string{"ftcomm.nosuch=1"}, "it knows ftcomm.target_replicas and ftcomm.batch_policy only"},
+		{[]string{"ftcomm.nosuch=1"}, "it knows ftcomm.target_replicas, ftcomm.batch_policy and ftcomm.prepared_grow only"},
+		{[]string{"ftcomm.prepared_grow=2"}, "want a bool"},
 	} {
 		cs, err := ParseSettingChanges(c.args)
 		if err == nil {
@@ -69,6 +70,11 @@ func TestSettingsApply(t *testing.T) {
 	}
 	if s, err := s1.Apply(mustChanges(t, "ftcomm.batch_policy=global")); err != nil || s.Values[SettingBatchPolicy] != (Setting{SettingString, "global"}) {
 		t.Errorf("the batch policy: %+v %v", s.Values, err)
+	}
+	if s, err := s1.Apply(mustChanges(t, "ftcomm.prepared_grow=false")); err != nil {
+		t.Errorf("prepared grows off: %v", err)
+	} else if on, ok := s.Bool(SettingPreparedGrow); !ok || on {
+		t.Errorf("prepared grows off: %+v", s.Values)
 	}
 	s2, err := s1.Apply(mustChanges(t, "-name", "sync_every:float=2.5"))
 	if err != nil || s2.Values["sync_every"] != (Setting{SettingFloat, "2.5"}) || len(s2.Values) != 5 {

@@ -145,6 +145,13 @@ type Quorum struct {
 	// succeed at some ranks and fail at others), so the choice is made
 	// here, once, from the reports, and every rank follows it.
 	Base uint64 `json:"base,omitempty"`
+	// Prepared says that this epoch only adds whole replica groups to Base
+	// (every participant of Base continues, in its place; nothing else
+	// changes): a grow. Its survivors form this epoch's communicators in
+	// the background while they keep stepping in Base, and move to them at
+	// a step they agree on, so the joiners' start-up (a process's first
+	// NCCL comm, its connections) costs them no stall (ft: "Grows").
+	Prepared bool `json:"prepared,omitempty"`
 	// Final, when above 0, says the run ended at that step: a member
 	// finished it there (MemberRecord.Finished). Every later quorum of the
 	// run keeps it; a replica that reads it stops (ft: ErrFinished)

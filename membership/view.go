@@ -52,12 +52,13 @@ type quorumView struct {
 	// when Revoked fires.
 	Revocation *Revocation `json:"revocation,omitempty"`
 	// Created, Reason (capped at maxViewReason), Removed, Departed, Base,
-	// Final, Run and PublishedBy are the quorum's.
+	// Prepared, Final, Run and PublishedBy are the quorum's.
 	Created     time.Time `json:"created"`
 	Reason      string    `json:"reason,omitempty"`
 	Removed     []string  `json:"removed,omitempty"`
 	Departed    []string  `json:"departed,omitempty"`
 	Base        uint64    `json:"base,omitempty"`
+	Prepared    bool      `json:"prepared,omitempty"`
 	Final       int64     `json:"final,omitempty"`
 	FinalFrom   []string  `json:"finalFrom,omitempty"`
 	Run         string    `json:"run,omitempty"`
@@ -94,7 +95,7 @@ func EncodeQuorumView(prev *Quorum, q Quorum, rev *Revocation, sign func(msg []b
 // is a whole list or the settings changed since prev.
 func EncodeQuorumViewWith(prev *Quorum, q Quorum, rev *Revocation, settings *JobSettings, sign func(msg []byte) *QuorumSignature) ([]byte, error) {
 	v := quorumView{Job: q.Job, Epoch: q.Epoch, N: len(q.Participants), MaxStep: q.MaxStep, Revocation: rev,
-		Created: q.Created, Reason: q.Reason, Departed: q.Departed, Base: q.Base, Final: q.Final, FinalFrom: q.FinalFrom,
+		Created: q.Created, Reason: q.Reason, Departed: q.Departed, Base: q.Base, Prepared: q.Prepared, Final: q.Final, FinalFrom: q.FinalFrom,
 		Run: q.Run, RunStep: q.RunStep, PublishedBy: q.PublishedBy, Settings: q.Settings,
 		Target: q.Target, Promoted: q.Promoted, Replaced: q.Replaced}
 	if q.Settings != nil && settings != nil && (prev == nil || prev.Settings == nil || *prev.Settings != *q.Settings) {
@@ -355,7 +356,7 @@ func applyView(h quorumView, added []Participant, cur *Quorum) (Quorum, bool) {
 		return Quorum{}, false
 	}
 	return Quorum{Job: h.Job, Epoch: h.Epoch, Participants: ps, MaxStep: h.MaxStep, Created: h.Created, Reason: h.Reason,
-		Removed: h.Removed, Added: addedIDs, Departed: h.Departed, PublishedBy: h.PublishedBy, Base: h.Base, Final: h.Final,
+		Removed: h.Removed, Added: addedIDs, Departed: h.Departed, PublishedBy: h.PublishedBy, Base: h.Base, Prepared: h.Prepared, Final: h.Final,
 		FinalFrom: h.FinalFrom, Run: h.Run, RunStep: h.RunStep, Settings: h.Settings,
 		Target: h.Target, Promoted: h.Promoted, Replaced: h.Replaced}, true
 }

@@ -11,7 +11,7 @@ import (
 )
 
 func viewQuorum(epoch uint64, ids ...string) Quorum {
-	q := Quorum{Job: "j", Epoch: epoch, MaxStep: 7, Created: time.Unix(100, 0).UTC(), Reason: "why", Base: epoch - 1, Run: "r1"}
+	q := Quorum{Job: "j", Epoch: epoch, MaxStep: 7, Created: time.Unix(100, 0).UTC(), Reason: "why", Base: epoch - 1, Prepared: true, Run: "r1"}
 	for i, id := range ids {
 		q.Participants = append(q.Participants, Participant{ID: id, Addr: id + ":1", Group: "g" + id[:1], Step: 7, Incarnation: int64(100 + 3*i)})
 	}
@@ -52,7 +52,7 @@ func TestQuorumViewRoundTrip(t *testing.T) {
 	}
 	got, ok = decodeApply(t, raw, nil, &got)
 	if want := compact(q2); !ok || !slices.Equal(got.Participants, want.Participants) || !slices.Equal(got.Removed, []string{"b", "c"}) ||
-		!slices.Equal(got.Added, []string{"c", "e"}) || !slices.Equal(got.Departed, []string{"b"}) || got.Epoch != 2 || got.Base != 1 {
+		!slices.Equal(got.Added, []string{"c", "e"}) || !slices.Equal(got.Departed, []string{"b"}) || got.Epoch != 2 || got.Base != 1 || !got.Prepared {
 		t.Fatalf("change:\n got %+v\nwant %+v", got, want)
 	}
 	if _, ok := decodeApply(t, raw, nil, nil); ok {

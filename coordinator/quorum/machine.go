@@ -138,11 +138,13 @@ type Machine struct {
 	pol *membership.StragglerPolicy // the job's straggler policy, nil until policy computes it again
 
 	// Spares (spares.go).
-	target   int                 // the job's setting (SetTarget); 0: natural
-	natural  int                 // the most replica groups a quorum of the run had
-	promoted map[string]int64    // spares promoted for the next quorum: id → incarnation
-	replaced map[string]struct{} // groups whose new processes wait as spares
-	vacant   []vacancy           // groups lost and not refilled, oldest first
+	target int // the job's setting (SetTarget); 0: natural
+	// noPrepared: the job's settings turned prepared grows off (SetPreparedGrow).
+	noPrepared bool
+	natural    int                 // the most replica groups a quorum of the run had
+	promoted   map[string]int64    // spares promoted for the next quorum: id → incarnation
+	replaced   map[string]struct{} // groups whose new processes wait as spares
+	vacant     []vacancy           // groups lost and not refilled, oldest first
 }
 
 // setPrev makes q the previous quorum, with its index: the rules ask
@@ -876,6 +878,7 @@ func (m *Machine) advance(now time.Time) Decision {
 	}) {
 		q.Base = m.prev.Epoch
 	}
+	q.Prepared = m.prepared(q, survivors, admitted, len(gone) > 0 || len(departed) > 0 || epochFailed || finalNew || settingsNew || newRun)
 	why := ending(reasons())
 	if joined := q.Added; len(joined) > len(q.Promoted) && m.prev != nil {
 		if len(q.Promoted) > 0 {
@@ -895,6 +898,46 @@ func (m *Machine) advance(now time.Time) Decision {
 	m.formBound = nAdmitted > 0 && len(gone) == 0 && !epochFailed && !finalNew && !settingsNew &&
 		m.cfg.formWindow() > 0 && now.Before(m.lastArrival.Add(m.cfg.formWindow()))
 	return Decision{Quorum: q, Revocation: rev, WakeAt: wakeAt}
+}
+
+// prepared says whether q only adds whole replica groups to the previous
+// epoch, every participant of which continues with the comms it formed
+// (Quorum.Prepared): its survivors may form q's comms in the background
+// and move to them at a step they agree on, instead of stopping for the
+// joiners. changed says that something else moved at q (a loss, a
+// failed epoch, the run's end, new settings, a new run): those take
+// effect at q's first step.
+func (m *Machine) prepared(q *membership.Quorum, survivors, admitted []membership.Participant, changed bool) bool {
+	if changed || m.noPrepared || m.prev == nil || q.Base != m.prev.Epoch || len(admitted) == 0 ||
+		!slices.EqualFunc(survivors, m.prev.Participants, func(a, b membership.Participant) bool {
+			return a.ID == b.ID && a.Incarnation == b.Incarnation
+		}) {
+		return false
+	}
+	// A joiner beside a survivor of its own group changes that group's
+	// comms: not a grow of the others'. And a joiner whose group is not
+	// complete sits out: unless some group comes in whole, no FT comm
+	// grows.
+	whole := false
+	for _, j := range admitted {
+		if j.Group != "" && slices.ContainsFunc(survivors, func(s membership.Participant) bool { return s.Group == j.Group }) {
+			return false
+		}
+		r := m.members[j.ID]
+		whole = whole || r == nil || !grouped(r) ||
+			r.GroupSize == countFunc(admitted, func(o membership.Participant) bool { return o.Group == r.Group })
+	}
+	return whole
+}
+
+func countFunc[T any](s []T, f func(T) bool) int {
+	n := 0
+	for _, v := range s {
+		if f(v) {
+			n++
+		}
+	}
+	return n
 }
 
 // wholeGroups leaves out the survivors of a replica group that lost a rank

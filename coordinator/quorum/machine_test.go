@@ -184,6 +184,8 @@ func (s *quorumScript) run(line string) []string {
 	case "target":
 		n, _ := strconv.Atoi(args[0])
 		s.m.SetTarget(n)
+	case "prepared-grow":
+		s.m.SetPreparedGrow(args[0] == "on")
 	case "run":
 		s.runID = args[0]
 	case "reload":
@@ -314,6 +316,9 @@ func (s *quorumScript) run(line string) []string {
 			head := fmt.Sprintf("epoch %d [%s] maxstep=%d", q.Epoch, strings.Join(ids, " "), q.MaxStep)
 			if q.Base != 0 {
 				head += fmt.Sprintf(" base=%d", q.Base)
+			}
+			if q.Prepared {
+				head += " prepared"
 			}
 			if q.Final != 0 {
 				head += fmt.Sprintf(" final=%d", q.Final)

@@ -112,6 +112,10 @@ func (m *Machine) recount(id string, f func()) {
 // replica groups a quorum of the run had.
 func (m *Machine) SetTarget(n int) { m.target = max(n, 0) }
 
+// SetPreparedGrow sets whether grows are marked prepared (the job setting
+// SettingPreparedGrow; on when unset).
+func (m *Machine) SetPreparedGrow(on bool) { m.noPrepared = !on }
+
 // Target is the job's target size in replica groups (0: none yet).
 func (m *Machine) Target() int {
 	if m.target > 0 {

@@ -35,7 +35,8 @@ func (m *Machine) stalls(candidate func(string) bool, out map[string]string) {
 	e := m.prev.Epoch
 	waiter := map[int64]string{} // step → the first survivor that waits in it
 	for id := range m.agg.stalling {
-		if s := m.members[id].Stall; s.Waiting && s.Epoch == e && m.survives(id) {
+		// While a prepared grow forms, its survivors step on in its Base.
+		if s := m.members[id].Stall; s.Waiting && (s.Epoch == e || m.prev.Prepared && s.Epoch == m.prev.Base) && m.survives(id) {
 			if w, ok := waiter[s.Step]; !ok || id < w {
 				waiter[s.Step] = id
 			}

@@ -434,6 +434,9 @@ func check(in checkInput) *analysis {
 		switch {
 		case len(hows["shrink"]) > 0 && len(hows) > 1:
 			bad(rs[0].t, invReconfig, "epoch %d: some ranks shrank, others did not: %s", epoch, desc())
+		case len(hows["prepared"]) > 0 && len(hows) > 1:
+			// A prepared grow's comms are made alike by every rank.
+			bad(rs[0].t, invReconfig, "epoch %d: some ranks moved to a prepared grow, others did not: %s", epoch, desc())
 		case len(hows["grow"]) > 0:
 			// Joiners (fresh) must come after every rank that grew.
 			maxGrow, minFresh := -1, 1<<30
