@@ -110,15 +110,18 @@
 // background while its loop steps on in the old epoch (no step is
 // revoked); once every rank of the new epoch holds them, the ranks agree,
 // in one all-reduce on the new control comm, on a step a little ahead
-// of the most advanced survivor (2 steps plus 25 ms of them), and every
-// survivor moves at its first Step after committing it: it closes the old
+// of the most advanced survivor (2 steps, more where steps are shorter
+// than 25 ms), and every survivor moves at its first Step after
+// committing it: it closes the old
 // comms and gathers the step records on the new ones, where the joiners
 // wait, and the joiners heal as any joiner does. So the joiner's start-up
 // — a new process's first NCCL comm and its connections, a second on
 // GPUs — costs the survivors nothing; they move in the time of a step
-// record exchange. Where the steps are not known yet, or the steps up to
-// the move would keep the joiners waiting near Config.Timeout, the ranks
-// move at once (a survivor's step in flight fails, as at any new epoch).
+// record exchange. The ranks move at once instead (a survivor's step in
+// flight fails, as at any new epoch) where that costs less — the
+// survivors are no more than the joiners, who would idle through a step
+// or two — or where the steps are not known yet, or the steps up to the
+// move would keep the joiners waiting near Config.Timeout.
 // A survivor that cannot prepare (its comms broke, it was still
 // reconfiguring) forms the same comms and joins the same agreement when it
 // reconfigures, so every rank runs the same collectives on the new comms.

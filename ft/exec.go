@@ -94,7 +94,7 @@ func (d *driver) agreeSwitch(a agreeSwitch) {
 		if err == nil && v[2] != -v[3] {
 			err = fmt.Errorf("%w: ft: ranks of epochs %d to %d agreeing when to move to epoch %d", comm.ErrMismatch, -v[3], v[2], a.epoch)
 		}
-		return taskResult{in: switchAgreed{task: a.task, at: switchStep(v[0], time.Duration(v[1]), timeout), err: err}}
+		return taskResult{in: switchAgreed{task: a.task, at: switchStep(v[0], time.Duration(v[1]), timeout, a.survivors, a.joiners), err: err}}
 	})
 }
 

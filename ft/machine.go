@@ -250,10 +250,11 @@ type (
 	// answers). step is this rank's committed step, slowest its slowest
 	// recent step (0: not known).
 	agreeSwitch struct {
-		task    int
-		epoch   uint64
-		step    int64
-		slowest time.Duration
+		task               int
+		epoch              uint64
+		step               int64
+		slowest            time.Duration
+		survivors, joiners int // the epoch's FT ranks that continue from its Base, and that join
 	}
 	// keepGroup asks the replica group's ranks, on the group control comm
 	// of epoch, whether every one of them keeps the group comms it holds
@@ -1257,7 +1258,7 @@ func (m *machine) onFormed(now time.Time, in commsFormed) {
 	}
 	m.announceFormed(now, in.epoch, oldEpoch)
 	if m.how == preparedGrow {
-		m.do(agreeSwitch{task: m.start(stageSwitch), epoch: m.epoch, step: m.step, slowest: m.slowestStep()})
+		m.do(m.agreeSwitch(m.start(stageSwitch), m.epoch))
 		return
 	}
 	m.gatherRecords()
@@ -1801,7 +1802,7 @@ func describe(a action) string {
 	case agreeStep:
 		return fmt.Sprintf("agree group e%d known=e%d now=e%d ready=%v", a.epoch, a.known, a.now, a.ready)
 	case agreeSwitch:
-		return fmt.Sprintf("agree switch e%d step=%d slowest=%v", a.epoch, a.step, a.slowest)
+		return fmt.Sprintf("agree switch e%d step=%d slowest=%v survivors=%d joiners=%d", a.epoch, a.step, a.slowest, a.survivors, a.joiners)
 	case checkGroup:
 		return fmt.Sprintf("check group e%d step=%d", a.epoch, a.step)
 	case castVote:

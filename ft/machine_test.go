@@ -64,6 +64,7 @@ type machineScript struct {
 	kind  string
 	agree agreeStep // the last group agreement asked for
 	prep  int       // the background preparation's task in flight
+	lastQ []string  // the participants of the last quorum fed (Quorum.Added is the change)
 }
 
 func (s *machineScript) parseErr(args []string) error {
@@ -144,7 +145,7 @@ func (s *machineScript) run(line string) []string {
 				cfg.spare = true
 			}
 		}
-		s.m = newMachine(cfg, inc)
+		s.m, s.lastQ = newMachine(cfg, inc), nil
 		return nil
 	case "quorum":
 		e, _ := strconv.ParseUint(args[0], 10, 64)
@@ -156,6 +157,10 @@ func (s *machineScript) run(line string) []string {
 			}
 			if a == "prepared" {
 				q.Prepared = true
+				continue
+			}
+			if ids, ok := strings.CutPrefix(a, "added="); ok {
+				q.Added = strings.Split(ids, ",")
 				continue
 			}
 			if f, ok := strings.CutPrefix(a, "final="); ok {
@@ -194,6 +199,17 @@ func (s *machineScript) run(line string) []string {
 			}
 			g, _, _ := parseMemberID(id)
 			q.Participants = append(q.Participants, membership.Participant{ID: id, Group: g, Incarnation: inc})
+		}
+		// Added: as given, else the change since the last quorum fed.
+		given := q.Added != nil
+		for _, p := range q.Participants {
+			if !given && s.lastQ != nil && !slices.Contains(s.lastQ, p.ID) {
+				q.Added = append(q.Added, p.ID)
+			}
+		}
+		s.lastQ = s.lastQ[:0]
+		for _, p := range q.Participants {
+			s.lastQ = append(s.lastQ, p.ID)
 		}
 		in = quorumSeen{q}
 	case "revocation":
@@ -561,25 +577,33 @@ func runMachineScript(t *testing.T, file string) {
 }
 
 // TestSwitchStep: the step a prepared grow's ranks move after leaves a
-// margin of two steps and the slack, and falls back to at once where the
-// steps are not known or would keep the joiners waiting near the op
-// timeout.
+// margin of two steps (more where steps are shorter than the slack), and
+// falls back to at once where the steps are not known, would keep the
+// joiners waiting near the op timeout, or where the survivors are no more
+// than the joiners (each loses at most a step; the joiners would idle
+// through one or two).
 func TestSwitchStep(t *testing.T) {
+	const s = 30 * time.Second
 	for _, tc := range []struct {
-		max              int64
-		slowest, timeout time.Duration
-		want             int64
+		max                int64
+		slowest, timeout   time.Duration
+		survivors, joiners int
+		want               int64
 	}{
-		{100, 0, 30 * time.Second, 0},                       // not known
-		{100, time.Millisecond, 0, 0},                       // no timeout
-		{100, time.Millisecond, 30 * time.Second, 127},      // 2 + 25 ms of 1 ms steps
-		{100, 50 * time.Millisecond, 30 * time.Second, 103}, // 2 + one step of slack
-		{100, 10 * time.Second, 30 * time.Second, 0},        // 4 steps of 10 s pass 15 s
-		{100, 3 * time.Second, 30 * time.Second, 103},       // 4 steps of 3 s: 12 s
-		{7, 4 * time.Second, 30 * time.Second, 0},           // 16 s
+		{100, 0, s, 3, 1, 0},                       // not known
+		{100, time.Millisecond, 0, 3, 1, 0},        // no timeout
+		{100, time.Millisecond, s, 3, 1, 126},      // 2 + the rest of 25 ms of 1 ms steps
+		{100, 10 * time.Millisecond, s, 3, 1, 104}, // 2 + 2
+		{100, 25 * time.Millisecond, s, 3, 1, 102},
+		{100, 50 * time.Millisecond, s, 3, 1, 102},
+		{100, 4 * time.Second, s, 3, 1, 102},     // 3 steps of 4 s: 12 s
+		{100, 6 * time.Second, s, 3, 1, 0},       // 18 s: past half the timeout
+		{100, 50 * time.Millisecond, s, 1, 1, 0}, // one survivor, one joiner
+		{100, 50 * time.Millisecond, s, 2, 2, 0},
+		{100, 50 * time.Millisecond, s, 3, 2, 102},
 	} {
-		if got := switchStep(tc.max, tc.slowest, tc.timeout); got != tc.want {
-			t.Errorf("switchStep(%d, %v, %v) = %d, want %d", tc.max, tc.slowest, tc.timeout, got, tc.want)
+		if got := switchStep(tc.max, tc.slowest, tc.timeout, tc.survivors, tc.joiners); got != tc.want {
+			t.Errorf("switchStep(%d, %v, %v, %d, %d) = %d, want %d", tc.max, tc.slowest, tc.timeout, tc.survivors, tc.joiners, got, tc.want)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package ft
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ftcomm/ftcomm/membership"
@@ -33,9 +34,10 @@ import (
 // together are at most one step apart, and each reads its committed step
 // as it posts the agreement, so when the agreement completes none has
 // committed more than the maximum plus one, and none has started the step
-// after maximum + switchMargin. switchSlack more, in steps, leaves time for
-// the answer to reach each rank's driver before it needs it, on a loaded
-// host too.
+// after maximum + switchMargin: a rank hears the answer a step before it
+// needs it. Where steps are shorter than switchSlack, the margin grows to
+// about switchSlack of them, time for the answer to reach each rank's
+// driver on a loaded host too.
 const (
 	switchMargin = 2
 	switchSlack  = 25 * time.Millisecond
@@ -43,16 +45,25 @@ const (
 
 // switchStep is the step after which the ranks of a prepared epoch move
 // to it, from the maximum over them of their committed step and of their
-// slowest recent step (0 where not known), and the op timeout: the
-// joiners wait for the survivors in a collective bounded by that timeout,
-// so where the steps up to the switch could come near it, or their length
-// is not known, the ranks move at once (0: a survivor in a step fails it,
-// as when any new epoch begins mid-step).
-func switchStep(maxStep int64, slowest, timeout time.Duration) int64 {
-	if slowest <= 0 || timeout <= 0 {
+// slowest recent step (0 where not known), the op timeout, and how many
+// of the epoch's FT ranks survive from its Base and how many join. 0
+// means at once: a survivor's step in flight fails, as when any new epoch
+// begins mid-step. The joiners wait for the survivors in a collective
+// bounded by the timeout, so the ranks move at once where the steps up to
+// the move could come near it, or their length is not known. And they
+// move at once where that costs less than waiting: the joiners idle
+// through 1 to switchMargin steps while the survivors step on, where at
+// once each survivor loses at most the step it is in — so at once when
+// the survivors are no more than the joiners (a job of two replicas, one
+// of them replaced).
+func switchStep(maxStep int64, slowest, timeout time.Duration, survivors, joiners int) int64 {
+	if slowest <= 0 || timeout <= 0 || survivors <= joiners {
 		return 0
 	}
-	margin := switchMargin + int64((switchSlack+slowest-1)/slowest)
+	margin := int64(switchMargin)
+	if slowest < switchSlack {
+		margin += int64((switchSlack+slowest-1)/slowest) - 1
+	}
 	if time.Duration(margin+1)*slowest > timeout/2 {
 		return 0
 	}
@@ -161,7 +172,7 @@ func (m *machine) onPrepFormed(now time.Time, in commsFormed) {
 		return
 	}
 	p.formed, p.split = true, in.split
-	m.do(agreeSwitch{task: m.startPrep(stageSwitch), epoch: p.epoch, step: m.step, slowest: m.slowestStep()})
+	m.do(m.agreeSwitch(m.startPrep(stageSwitch), p.epoch))
 }
 
 func (m *machine) onPrepAgreed(now time.Time, in switchAgreed) {
@@ -176,12 +187,15 @@ func (m *machine) onPrepAgreed(now time.Time, in switchAgreed) {
 		return
 	}
 	p.at = in.at
-	m.logf(false, "epoch %d formed in the background in %v; moving to it after step %d (committed: %d)",
-		p.epoch, now.Sub(p.since).Round(time.Millisecond), p.at, m.step)
+	when := fmt.Sprintf("after step %d (committed: %d)", p.at, m.step)
+	if p.at == 0 {
+		when = "at once"
+	}
+	m.logf(false, "epoch %d formed in the background in %v; moving to it %s", p.epoch, now.Sub(p.since).Round(time.Millisecond), when)
 	if m.phase == phaseInStep && m.step >= p.at {
 		// This rank's step is past the agreed one: its peers will not
 		// take it in this epoch.
-		m.revoke(dimFT, partData, fmt.Sprintf("ft: moving to epoch %d after step %d; its peers take no later step in epoch %d", p.epoch, p.at, m.epoch))
+		m.revoke(dimFT, partData, fmt.Sprintf("ft: moving to epoch %d %s; its peers take no later step in epoch %d", p.epoch, when, m.epoch))
 	}
 }
 
@@ -248,6 +262,25 @@ func (m *machine) onSwitchAgreed(now time.Time, in switchAgreed) {
 		return
 	}
 	m.gatherRecords()
+}
+
+// agreeSwitch is the agreement on when to move to prepared epoch (the
+// newest quorum): this rank's committed step and slowest recent step, and
+// how many of the epoch's FT ranks join (their ids are the quorum's Added,
+// alike at every rank).
+func (m *machine) agreeSwitch(task int, epoch uint64) agreeSwitch {
+	a := agreeSwitch{task: task, epoch: epoch, step: m.step, slowest: m.slowestStep()}
+	if q := m.latest; q != nil && q.Epoch == epoch {
+		if v, err := deriveView(q.Epoch, participantsOf(*q), m.cfg.group, m.cfg.groupRank, m.cfg.groupSize); err == nil {
+			for _, p := range v.ft {
+				if slices.Contains(q.Added, p.ID) {
+					a.joiners++
+				}
+			}
+			a.survivors = len(v.ft) - a.joiners
+		}
+	}
+	return a
 }
 
 // slowestStep is the slowest of this rank's recent steps, 0 while too few

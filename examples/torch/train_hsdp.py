@@ -206,6 +206,16 @@ class Job:
             s.close()
 
 
+def post_settings(co, job: str, *changes: str) -> dict:
+    """`ftcoord job set` through the coordinator's API."""
+    import urllib.request
+    req = urllib.request.Request(co.url + "/api/v1/jobs/%s/settings" % job, method="POST",
+                                 data=json.dumps({"changes": list(changes), "by": "train_hsdp"}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
 def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
     j = Job(args, co, job, out_dir)
     # The spare groups only in the run with the failure: in the other they
@@ -409,6 +419,8 @@ def main() -> None:
     ap.add_argument("--spares", type=int, default=1,
                     help="spare groups started with the job, promoted when a group dies (0: none; the restart rejoins)")
     ap.add_argument("--no-gossip", dest="gossip", action="store_false")
+    ap.add_argument("--no-prepared-grow", dest="prepared_grow", action="store_false",
+                    help="job setting ftcomm.prepared_grow=false: a grow stops the survivors while its comms are made")
     ap.add_argument("--no-baseline", action="store_true", help="only the run with the failure")
     ap.add_argument("--batch", type=int, default=None, help="sequences per rank and step (8 CPU, 16 CUDA)")
     ap.add_argument("--block", type=int, default=None, help="bytes per sequence (64 CPU, 256 CUDA)")
@@ -463,6 +475,9 @@ def main() -> None:
             runs["no failure"] = run_job(args, co, "hsdp-baseline", False, args.out)
         print("job 2: a rank of group %d killed after %d%% of the steps, its group restarted; %d spare group(s)" % (
             args.groups - 1, 100 * args.kill_at, args.spares), flush=True)
+        if not args.prepared_grow:
+            post_settings(co, "hsdp-failure", "ftcomm.prepared_grow=false")
+            print("  prepared grows off (ftcomm.prepared_grow=false)", flush=True)
         runs[FAILURE] = run_job(args, co, "hsdp-failure", True, args.out)
     report(args, runs, args.out)
 
