@@ -615,13 +615,26 @@ func TestProcessWholeGroupKilled(t *testing.T) {
 	for r := range 2 {
 		j.spawn("b", r, 2, params)
 	}
-	back := map[string]bool{}
+	back := map[string]uint64{}
 	j.await("group b healed and committing with group a", func(ev childEvent) bool {
-		if ev.Kind == "" && ev.Participants == 2 && (ev.ID == "b.0" || ev.ID == "b.1") {
-			back[ev.ID] = true
+		if _, ok := back[ev.ID]; !ok && ev.Kind == "" && ev.Participants == 2 && (ev.ID == "b.0" || ev.ID == "b.1") {
+			back[ev.ID] = ev.Epoch
 		}
 		return len(back) == 2
 	})
+	// Group b came back whole: a prepared grow, which both ranks of group
+	// a moved to together (their group's gate), on the comms they formed
+	// in the background.
+	for _, id := range []string{"a.0", "a.1"} {
+		j.awaitSeen(id+"'s move to group b's epoch", func(ev childEvent) bool {
+			return ev.Kind == "reconfigured" && ev.ID == id && ev.Epoch == back["b.0"]
+		})
+		if i := slices.IndexFunc(j.all, func(ev childEvent) bool {
+			return ev.Kind == "reconfigured" && ev.ID == id && ev.Epoch == back["b.0"]
+		}); j.all[i].How != "prepared" {
+			t.Errorf("%s moved to epoch %d (group b back) by %q, want a prepared grow", id, back["b.0"], j.all[i].How)
+		}
+	}
 	j.stopAll()
 	j.check()
 }
