@@ -140,11 +140,16 @@ func New(ctx context.Context, cfg Config) (*Comm, error) {
 		return nil, fmt.Errorf("%w: ft: recovery address %q is longer than %d bytes", comm.ErrInvalidArgument, server.Addr(), maxAddrLen)
 	}
 	m, own := cfg.Membership, cfg.Membership == nil
+	var warm *warmer
+	if cfg.Spare {
+		warm = startWarmUp(cfg, cfg.Logger)
+	}
 	var slotted *etcdMember
 	if cfg.GroupRank == AnyRank {
 		// A slot spare: it waits here for a place, then is that rank.
 		var rank int
 		if slotted, rank, err = claimSlot(ctx, cfg, server.Addr()); err != nil {
+			warm.stop()
 			server.Close()
 			return nil, err
 		}
@@ -157,6 +162,7 @@ func New(ctx context.Context, cfg Config) (*Comm, error) {
 			slotted.Leave(context.Background())
 			slotted.Close()
 		}
+		warm.stop()
 		server.Close()
 		return nil, err
 	}
@@ -167,12 +173,14 @@ func New(ctx context.Context, cfg Config) (*Comm, error) {
 		m, err = joinCoordinator(ctx, cfg, id, server.Addr())
 		if err != nil {
 			met.unregister()
+			warm.stop()
 			server.Close()
 			return nil, err
 		}
 	}
 	if _, ok := m.(durableCommitter); cfg.DurableCommit && !ok {
 		met.unregister()
+		warm.stop()
 		server.Close()
 		m.Close()
 		return nil, fmt.Errorf("%w: ft: config: DurableCommit needs a Membership with RecordCommit and LastCommit", comm.ErrInvalidArgument)
@@ -182,6 +190,8 @@ func New(ctx context.Context, cfg Config) (*Comm, error) {
 		c.link.snap.Store(&snapshot{rank: -1, spare: true})
 	}
 	c.d = newDriver(cfg, c.log, id, c.link, server, met, m, own)
+	c.d.warm = warm
+	warm.report(met.warmUp)
 	if cfg.SnapshotEvery > 0 {
 		if c.d.snaps, err = newSnapshots(cfg, c.log, met); err != nil {
 			met.unregister()

@@ -92,7 +92,9 @@
 // # Spares
 //
 // A process with Config.Spare registers as a warm standby: it builds what
-// a replica builds, and its first Step waits, taking part in nothing,
+// a replica builds (and ft warms its data backend up: a one-rank comm made
+// and closed in New's background, so NCCL's one-time set-up — loading its
+// kernels — is not paid in the promotion), and its first Step waits, taking part in nothing,
 // until the coordinator promotes it because the job runs below its target
 // size (the most replica groups of the run, or the job setting
 // ftcomm.target_replicas). It is promoted in the epoch after the one that

@@ -47,6 +47,7 @@ type driver struct {
 	stopped bool
 	reports *reporter
 	rereg   sync.WaitGroup // a registration in flight
+	warm    *warmer        // a spare's warm-up (nil: none): stopped and awaited at shutdown
 	stopReg context.CancelFunc
 
 	histBytes []byte  // the history offered with the state, encoded
@@ -687,6 +688,10 @@ func (d *driver) shutdown() error {
 		d.stopReg()
 	}
 	d.rereg.Wait()
+	d.warm.stop()
+	if d.warm != nil && d.warm.comm != nil {
+		d.track(d.warm.comm) // its device release is awaited below
+	}
 	d.reports.stop()
 	defer d.metrics.unregister()
 	m := d.link.member()

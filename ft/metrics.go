@@ -25,6 +25,7 @@ type metrics struct {
 	rollbacks       prometheus.Counter
 	rolledBackSteps prometheus.Counter
 	spare           prometheus.Gauge
+	warmUp          prometheus.Gauge
 	// Peer snapshots (Config.SnapshotEvery).
 	snapshotBytes   *prometheus.GaugeVec
 	snapshotStep    prometheus.Gauge
@@ -55,6 +56,7 @@ func newMetrics(reg prometheus.Registerer, job, member string) (*metrics, error)
 	m.epochSeen = gauge("ftcomm_ft_epoch", "Newest quorum epoch seen.")
 	m.step = gauge("ftcomm_ft_committed_step", "Steps committed (or healed to).")
 	m.spare = gauge("ftcomm_ft_spare", "1 while this process waits as a spare (Config.Spare), 0 once promoted or for a replica.")
+	m.warmUp = gauge("ftcomm_ft_spare_warm_up_seconds", "How long a spare's one-rank comm of the data backend took to make and close while it waited (its library's one-time set-up: NCCL's kernels); 0 before.")
 	m.healThroughput = gauge("ftcomm_ft_heal_bytes_per_second", "Throughput of the last heal.")
 	m.commits = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_ft_commits_total",
 		Help: "Commit votes, by result (ok, failed).", ConstLabels: labels}, []string{"result"})

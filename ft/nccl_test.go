@@ -1256,3 +1256,42 @@ func TestNCCLGroupStepsApartAreReported(t *testing.T) {
 	}
 	j.stop(a0, a1, b0)
 }
+
+// A spare warms its data backend up while it waits: a one-rank NCCL comm
+// made and closed (NCCL loads its kernels with a process's first comm),
+// so that the grow that promotes it does not pay for that. The comm is
+// released, nothing else of the job is touched, and Close waits for it.
+func TestNCCLSpareWarmsUp(t *testing.T) {
+	sim := nccl.NewSimulation(1)
+	coord := memcoord.New("toy", quick())
+	t.Cleanup(coord.Close)
+	reg := prometheus.NewRegistry()
+	cfg := Config{Job: "toy", Group: "s", Backend: "nccl", ControlBackend: "gloo", Secret: []byte("k"), MinReplicas: 1,
+		Timeout: 10 * time.Second, Spare: true, Registerer: reg, Logger: zaptest.NewLogger(t),
+		BackendConfig: &nccl.Config{Library: sim.Library(), NVML: sim.NVML()}}
+	cfg.Membership = coord.JoinSpare("s.0", "s", 1)
+	c, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := c.d.warm
+	<-w.done
+	if w.took <= 0 || w.comm == nil {
+		t.Fatalf("the spare's warm-up did not make its comm (took %v)", w.took)
+	}
+	if n := sim.Calls("ncclCommInitRankConfig"); n != 1 {
+		t.Errorf("%d NCCL comms made while the spare waited, want the warm-up's one", n)
+	}
+	if v := gaugeValue(t, reg, "ftcomm_ft_spare_warm_up_seconds", nil); v != w.took.Seconds() {
+		t.Errorf("ftcomm_ft_spare_warm_up_seconds = %v after a warm-up of %v", v, w.took)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := sim.LiveComms(); n != 0 {
+		t.Errorf("%d NCCL comms live after Close", n)
+	}
+	for _, f := range sim.Faults() {
+		t.Errorf("simulated NCCL: %s", f)
+	}
+}
