@@ -437,3 +437,45 @@ func startHealSource(t *testing.T) (string, error) {
 		return "", fmt.Errorf("heal source %d did not serve within 2 minutes", cmd.Process.Pid)
 	}
 }
+
+// TestGPUSpareWarmUp: what a spare's warm-up pays for it while it waits.
+// In a fresh process (run it alone), a spare's Comm makes its one-rank
+// NCCL comm in the background (the process's first: NCCL loads its
+// kernels); then a second one-rank comm is made as a promotion's would
+// be, now warm. Both times are printed (FIGURE): their difference is what
+// the warm-up takes off the promotion.
+func TestGPUSpareWarmUp(t *testing.T) {
+	lib := gpuOnly(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	coord := memcoord.New("gpu", quick())
+	defer coord.Close()
+	cfg := Config{Job: "gpu", Group: "s", Backend: "nccl", BackendConfig: &nccl.Config{Library: lib},
+		ControlBackend: "gloo", Secret: []byte("k"), Membership: coord.JoinSpare("s.0", "s", 1), Timeout: time.Minute,
+		Spare: true, Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))}
+	c, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	<-c.d.warm.done
+	cold := c.d.warm.took
+	if cold <= 0 {
+		t.Fatal("the spare's warm-up failed (see its log line)")
+	}
+	var warm []time.Duration
+	for range 3 {
+		t0 := time.Now()
+		x, err := comm.New(ctx, "nccl", comm.Options{Name: "after-warm-up", Rank: 0, Size: 1, Epoch: 1, JobID: "gpu",
+			Secret: []byte("k"), Timeout: time.Minute, BackendConfig: &nccl.Config{Library: lib}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := x.Close(); err != nil {
+			t.Fatal(err)
+		}
+		warm = append(warm, time.Since(t0))
+	}
+	t.Logf("FIGURE a one-rank NCCL comm made and closed: the process's first (the spare's warm-up) %v, then %v (NCCL %s)",
+		cold.Round(10*time.Microsecond), warm, lib.Info().NCCL)
+}
