@@ -19,9 +19,9 @@ import (
 // Comm is a training loop's fault-tolerant communicator: per-step quorum,
 // reconfiguration, commit and live healing (see the package doc).
 //
-// Step, Commit, Register and the collectives are called by the training
-// goroutine, one at a time; Epoch, Participants, Rank, CommittedStep, Group,
-// ReportHealth and Close are safe from any goroutine.
+// Step, Commit, FailStep, Register and the collectives are called by the
+// training goroutine, one at a time; Epoch, Participants, Rank,
+// CommittedStep, Group, ReportHealth and Close are safe from any goroutine.
 //
 // A Comm runs one goroutine of its own, the driver, which owns every comm
 // it forms and the step protocol's state (the step machine, machine.go):
@@ -232,7 +232,7 @@ func (c *Comm) Register(name string, t comm.Tensor) error {
 // the driver answers promptly, once the task it cancelled ended.
 func (c *Comm) ask(ctx context.Context, in input, cancel func(error) input) (reply, error) {
 	if !c.busy.CompareAndSwap(false, true) {
-		return reply{}, fmt.Errorf("%w: ft: Step or Commit called while another is in progress (call them from one goroutine)", comm.ErrInvalidArgument)
+		return reply{}, fmt.Errorf("%w: ft: Step, Commit, FailStep or Finish called while another is in progress (call them from one goroutine)", comm.ErrInvalidArgument)
 	}
 	defer c.busy.Store(false)
 	defer c.deliver()
@@ -371,11 +371,12 @@ func (c *Comm) stepTime() {
 }
 
 // Commit ends the step: it waits for the step's collectives and votes.
-// The step commits only if none of them failed, at least MinReplicas
-// replica groups took part, (with GroupSize > 1) every rank of the group
-// voted yes, and (with DurableCommit) no other epoch recorded the step
-// first. On true the caller applies its optimizer step; on false it must
-// not (the step is rolled back), and the next Step moves to a new epoch.
+// The step commits only if none of them failed, the loop did not fail it
+// (FailStep), at least MinReplicas replica groups took part, (with
+// GroupSize > 1) every rank of the group voted yes, and (with
+// DurableCommit) no other epoch recorded the step first. On true the
+// caller applies its optimizer step; on false it must not (the step is
+// rolled back), and the next Step moves to a new epoch.
 // After MaxCommitFailures failures in a row Commit returns
 // ErrTooManyCommitFailures.
 func (c *Comm) Commit(ctx context.Context) (bool, error) {
@@ -449,6 +450,52 @@ func (c *Comm) AllToAll(ctx context.Context, out, in comm.Tensor) *comm.Work {
 // recorded for Commit, like any op's; Refuse returns it.
 func (c *Comm) Refuse(ctx context.Context, op comm.Op, reason error) error {
 	return c.forward(func(x *comm.Comm) *comm.Work { return comm.FailedWork(x.Refuse(ctx, op, reason)) }).Err()
+}
+
+// FailStep fails the step in progress for a reason the training loop
+// found outside ft: a NaN in its loss, an op that failed on a comm of its
+// own (an FSDP shard comm), a data loader's error. Call it between Step
+// and Commit, on the training goroutine, then Commit as usual: Commit
+// returns false, and reason — an error wrapping ErrStepFailed — is the
+// step's first error, in the log and the EventCommitFailed (and in the
+// ErrTooManyCommitFailures error when it was the last of them).
+//
+// So that no other replica commits the step either, FailStep tells the
+// peers as a failed collective of the step does, with no collective of
+// its own: it revokes this replica's FT comms at once (the next Step moves
+// to a new epoch; the coordinator forces one when Commit reports the
+// failure). A peer's FT op of the step that needs this replica's part
+// fails when the revocation reaches it (on gloo within a round trip), and
+// so does the peer's commit; with GroupSize > 1 the group's vote carries
+// the no to the rest of each group whose rank saw it. This replica's own
+// later ops of the step fail at once (comm.ErrRevoked); issuing them is
+// harmless. The replica group's comms are not revoked (the group's vote
+// says no over them).
+//
+// What a peer has completed cannot be taken back: a peer whose FT ops of
+// the step all completed before the revocation reached it commits the
+// step, and this replica heals to it at the next epoch. A peer can only be
+// told through a collective, or through the coordinator once Commit has
+// reported the failure. An all-reduce, reduce-scatter, all-gather or
+// all-to-all needs every participant's part, so call FailStep before
+// issuing the one that would carry what is wrong (check the loss before
+// the gradient all-reduce): then no replica commits the step.
+//
+// Outside a started step (before Step or a Step that failed, after
+// Commit) FailStep returns an error wrapping comm.ErrInvalidArgument and
+// changes nothing; after Close, ErrClosed. Calling it twice in one step
+// is harmless.
+func (c *Comm) FailStep(reason string) error {
+	err := ErrStepFailed
+	if reason != "" {
+		err = fmt.Errorf("%w: %s", ErrStepFailed, reason)
+	}
+	// The driver answers at once (no task runs for it): nothing to cancel.
+	r, aerr := c.ask(context.Background(), stepFailed{err: err}, func(error) input { return nil })
+	if aerr != nil {
+		return aerr
+	}
+	return r.err
 }
 
 // Finish ends the run at this replica's committed step: the coordinator

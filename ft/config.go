@@ -28,6 +28,11 @@ var (
 	// ErrMembershipLost: the registration ended and could not be renewed
 	// (a Membership supplied in Config is not re-created).
 	ErrMembershipLost = errors.New("ft: membership lost")
+	// ErrStepFailed: the training loop failed its step (Comm.FailStep).
+	// The step's first error wraps it, with the loop's reason; so does
+	// the ErrTooManyCommitFailures error when that step was the last to
+	// fail.
+	ErrStepFailed = errors.New("ft: the training loop failed the step")
 )
 
 // Membership is what ft.Comm needs of the membership service: one

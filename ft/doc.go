@@ -8,6 +8,7 @@
 //	for {
 //		if err := c.Step(ctx); err != nil { … }    // quorum; reconfigure; heal if behind
 //		grads := forwardBackward(batch)
+//		if hasNaN(grads) { c.FailStep("loss is NaN") }   // before the all-reduce: no replica commits the step
 //		c.AllReduce(ctx, comm.Float32s(grads), comm.Avg) // an error here is recorded, not raised
 //		if ok, err := c.Commit(ctx); ok { optimizer.Step() } else if err != nil { … }
 //	}
@@ -71,6 +72,25 @@
 // every heartbeat): when one rank's op fails on a cut link, the others'
 // end by the revocation, and this way the coordinator still sees the cut
 // from both sides at once and keeps one of them.
+//
+// A step can also fail for a reason the training loop finds outside ft: a
+// NaN in its loss, an error on a comm of its own (an FSDP shard comm), a
+// data loader's failure. Between Step and Commit the loop calls FailStep:
+// this rank votes no (the reason, wrapping ErrStepFailed, is the step's
+// first error) and revokes its FT comms at once, as a failed collective
+// of the step does, so that each peer's FT op of the step that needs this
+// rank's part fails, and the peer's commit with it; with GroupSize > 1
+// the group's vote carries the no to the rest of each group whose rank
+// saw it. It costs no collective: across replica groups there is no vote
+// to carry it (one would cost every step a round trip, and could itself
+// complete at some ranks only), and a revocation is what any failure of
+// the step sends already. A peer learns of it only through a collective,
+// or through the coordinator once Commit has reported the failure, so a
+// peer whose FT ops of the step all completed before the revocation
+// reached it commits the step (this rank heals to it). The loop therefore
+// fails the step before issuing the FT collective that would carry what
+// is wrong — an all-reduce, reduce-scatter, all-gather or all-to-all
+// needs every participant's part — and then no replica commits it.
 //
 // # Stalls
 //
@@ -188,9 +208,9 @@
 // # What Commit promises
 //
 // Commit votes: the step commits only if none of its collectives failed,
-// at least MinReplicas replica groups took part and, with GroupSize > 1,
-// every rank of the group voted yes (an all-reduce of min over the group's
-// control comm). A failed commit rolls the step back (the caller skips its
+// the loop did not fail it (FailStep), at least MinReplicas replica groups
+// took part and, with GroupSize > 1, every rank of the group voted yes (an
+// all-reduce of min over the group's control comm). A failed commit rolls the step back (the caller skips its
 // optimizer step), is reported to the coordinator, which forces the next
 // epoch, and counts toward MaxCommitFailures. Avg divides by the
 // participants of the step.
@@ -348,6 +368,10 @@
 //     device tensors with a device data backend.
 //   - Between Step and Commit do not write the registered state (it is
 //     being served to healers); write it only after Commit returns true.
+//   - Fail a step that went wrong outside ft (a NaN loss, a failed op on
+//     a comm of the loop's own) with FailStep, before the FT collective
+//     that would carry it; after it the step's remaining FT ops may be
+//     issued (they fail at once) or skipped.
 //   - Call Step, the collectives and Commit from one goroutine. Close may
 //     come from another (a signal handler): it cancels a reconfiguring
 //     Step, which returns ErrClosed.

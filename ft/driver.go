@@ -452,6 +452,8 @@ func (d *driver) exec(a action) {
 		d.report("reporting the run's end", func(ctx context.Context, m Membership) error { return m.Finish(ctx, a.step) })
 	case finishDone:
 		d.answer(reply{err: a.err})
+	case failStepDone:
+		d.answer(reply{err: a.err})
 	case applySettings:
 		d.applySettings(a)
 	}

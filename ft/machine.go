@@ -87,6 +87,9 @@ type (
 	// finishCalled: the training loop called Finish (between Commit and
 	// Step).
 	finishCalled struct{}
+	// stepFailed: the training loop failed its step (Comm.FailStep); err
+	// wraps ErrStepFailed with its reason.
+	stepFailed struct{ err error }
 	// tick: the time the machine asked for (armTimer) came. pending is
 	// when the oldest op of the epoch's comms still running was issued
 	// (zero: none), silent the FT ranks its backend hears nothing from.
@@ -213,6 +216,7 @@ func (commitCalled) isInput()    {}
 func (commitCancelled) isInput() {}
 func (closeCalled) isInput()     {}
 func (finishCalled) isInput()    {}
+func (stepFailed) isInput()      {}
 func (tick) isInput()            {}
 func (commsFormed) isInput()     {}
 func (commFailed) isInput()      {}
@@ -378,6 +382,8 @@ type (
 	reportFinish struct{ step int64 }
 	// finishDone answers Finish.
 	finishDone struct{ err error }
+	// failStepDone answers FailStep.
+	failStepDone struct{ err error }
 	// applySettings: the job's settings ref are in force from step from
 	// (the epoch's first step).
 	applySettings struct {
@@ -420,6 +426,7 @@ func (armTimer) isAction()         {}
 func (reportStall) isAction()      {}
 func (reportFinish) isAction()     {}
 func (finishDone) isAction()       {}
+func (failStepDone) isAction()     {}
 func (applySettings) isAction()    {}
 
 // metric names what an observe action measures.
@@ -650,6 +657,8 @@ func (m *machine) handle(now time.Time, in input) []action {
 		m.onCommit(now, in.errs)
 	case finishCalled:
 		m.onFinish(now)
+	case stepFailed:
+		m.onStepFailed(now, in.err)
 	case tick:
 		m.onTick(now, in)
 	case commitCancelled:
@@ -1550,6 +1559,30 @@ func (m *machine) onCommit(now time.Time, errs []error) {
 	m.afterVote(now)
 }
 
+// onStepFailed: the training loop failed its step for a reason of its own
+// (Comm.FailStep). This rank's vote is no, with err as the step's error;
+// and, as when a collective of the step fails, the FT comms are revoked at
+// once: a peer's op of the step that still needs this rank's part fails
+// instead of completing, and fails the peer's commit (with GroupSize > 1,
+// the peer's group vote carries that to its group). The group comms are
+// not revoked: the group's vote says no on them, and the group keeps them
+// into the next epoch.
+func (m *machine) onStepFailed(now time.Time, err error) {
+	switch {
+	case m.life != running:
+		m.do(failStepDone{err: ErrClosed})
+		return
+	case m.phase != phaseInStep:
+		m.do(failStepDone{err: fmt.Errorf("%w: ft: FailStep without a started step (call it between Step and Commit)", comm.ErrInvalidArgument)})
+		return
+	}
+	m.stepErrs = append(m.stepErrs, err)
+	m.noteFailure(now)
+	m.logf(true, "the training loop failed step %d in epoch %d: %v", m.step+1, m.epoch, err)
+	m.revoke(dimFT, partBoth, err.Error())
+	m.do(failStepDone{})
+}
+
 func (m *machine) onVoted(now time.Time, in voted) {
 	if in.err != nil {
 		m.groupErrs = append(m.groupErrs, in.err)
@@ -1681,7 +1714,14 @@ func (m *machine) onWithdrawn(now time.Time, in withdrawn) {
 	case gaveUp != nil:
 		err = fmt.Errorf("ft: commit: %w", gaveUp)
 	case m.failedCommits >= m.cfg.maxCommitFailures:
-		err = fmt.Errorf("%w: %d in a row, last: %s", ErrTooManyCommitFailures, m.failedCommits, reason)
+		// The loop's own failure (FailStep) stays typed; other step errors
+		// stay text, or their kinds would change the error's class (the C
+		// ABI's status is its first kind).
+		var last error = errors.New(reason)
+		if len(m.stepErrs) > 0 && errors.Is(m.stepErrs[0], ErrStepFailed) && reason == m.stepErrs[0].Error() {
+			last = m.stepErrs[0]
+		}
+		err = fmt.Errorf("%w: %d in a row, last: %w", ErrTooManyCommitFailures, m.failedCommits, last)
 	}
 	m.do(commitDone{err: err})
 }
@@ -1871,6 +1911,11 @@ func describe(a action) string {
 			return fmt.Sprintf("finish returns: %v", a.err)
 		}
 		return "finish returns"
+	case failStepDone:
+		if a.err != nil {
+			return fmt.Sprintf("fail-step returns: %v", a.err)
+		}
+		return "fail-step returns"
 	case applySettings:
 		return fmt.Sprintf("settings v%d from step %d (e%d)", a.ref.Version, a.from, a.epoch)
 	}

@@ -33,6 +33,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of ft/tes
 //	commit [silent=R,…] [err…] | cancel-commit   the training loop calls Commit (its ops' errors;
 //	                                the FT ranks its backend hears nothing from)
 //	finish                          the training loop calls Finish
+//	fail-step [reason…]             the training loop calls FailStep
 //	look [pending=D] [silent=R,…]   the machine's timer fires: an op of the epoch has been
 //	                                running for D (none: no op runs)
 //	close                           Close
@@ -228,6 +229,12 @@ func (s *machineScript) run(line string) []string {
 		in = commitCalled{errs: errs, silent: silent}
 	case "finish":
 		in = finishCalled{}
+	case "fail-step":
+		err := ErrStepFailed
+		if len(args) > 0 {
+			err = fmt.Errorf("%w: %s", ErrStepFailed, strings.Join(args, " "))
+		}
+		in = stepFailed{err: err}
 	case "look":
 		t := tick{}
 		t.silent, args = parseSilent(args)
