@@ -33,6 +33,9 @@ func TestClassify(t *testing.T) {
 		{&ft.FinishedError{Final: 9, Step: 8}, errFinished, []string{"finished"}, nil},
 		{context.DeadlineExceeded, errTimeout, []string{"timeout"}, nil},
 		{ft.ErrClosed, errClosed, []string{"closed"}, nil},
+		// A step the loop failed (ftcomm_ft_fail_step) stays too many failures.
+		{fmt.Errorf("%w: 2 in a row, last: %w", ft.ErrTooManyCommitFailures, fmt.Errorf("%w: nan", ft.ErrStepFailed)),
+			errTooManyFailures, []string{"too_many_commit_failures"}, nil},
 		{errors.New("something else"), errOther, []string{"other"}, nil},
 	} {
 		info := classify(tc.err)

@@ -68,6 +68,22 @@
 // a sampler configured otherwise gets FTCOMM_ERR_INVALID_ARGUMENT with the
 // kind "sampler_mismatch" as well.
 //
+// # Failing a step
+//
+// ftcomm_ft_fail_step (ABI 7; ft.Comm.FailStep) is how a training loop
+// fails its step for a reason found outside ft — a NaN loss, an error on
+// a comm of its own (an FSDP shard comm), a data loader's failure —
+// without issuing an op the ft handle refuses: between a step and its
+// commit, it makes this replica's commit vote no, with the reason in the
+// "commit failed" event, and revokes its FT comms at once, so that every
+// other replica's FT op of the step that still needs this replica's part
+// fails, and its commit with it (with group_size > 1 the group's vote
+// carries the no to the rest of the group). A replica whose FT ops of
+// the step all completed before the revocation reached it commits the
+// step: call it before the FT collective that would carry what is wrong.
+// Outside a started step it returns FTCOMM_ERR_INVALID_ARGUMENT and
+// changes nothing.
+//
 // # Peer snapshots and slot spares
 //
 // The ft setting "snapshot_every" (ft.Config.SnapshotEvery) keeps copies

@@ -328,6 +328,32 @@ func ftcomm_ft_refuse(h C.uint64_t, kind, root C.int32_t, reason *C.char) C.int3
 	})
 }
 
+// ftcomm_ft_fail_step fails the step in progress for a reason the caller
+// found outside ft (ft.Comm.FailStep: a NaN loss, a failed op on a comm of
+// its own, a data loader's error): this replica's commit votes no, with
+// reason in the "commit failed" event, and its FT comms are revoked at
+// once, so that another replica's FT op of the step that needs this
+// replica's part fails, and so does its commit. Call it between a step
+// and its commit, before issuing the FT collective that would carry what
+// is wrong; then call the commit as usual (it stores 0). Outside a started
+// step it returns FTCOMM_ERR_INVALID_ARGUMENT and changes nothing; with a
+// step or commit running on another thread, FTCOMM_ERR_INVALID_ARGUMENT.
+//
+//export ftcomm_ft_fail_step
+func ftcomm_ft_fail_step(h C.uint64_t, reason *C.char) C.int32_t {
+	return guard(func() error {
+		f, err := lookup[*ftObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		if err := f.lockLoop(); err != nil {
+			return err
+		}
+		defer f.loop.Unlock()
+		return f.c.FailStep(goString(reason))
+	})
+}
+
 // ftcomm_ft_op runs one collective of the step on the FT comm (all-reduce,
 // reduce-scatter, all-gather, broadcast or all-to-all; arguments as
 // ftcomm_comm_op). Its failure is recorded for the commit; a sync call

@@ -22,7 +22,8 @@ ft.Comm under a name that carries the epoch, and closed after a failed
 step, before the next step() may restore into the shards), forward and
 backward on this rank's micro-batches of the step's plan, reduce-scatter
 the gradient (average), and after a commit update this rank's slice with
-its AdamW. A failed collective fails the step's commit at every rank.
+its AdamW. A failed collective fails the step's commit at every rank (the
+loop tells its ft.Comm with fail_step: the shard communicator is its own).
 
 One command runs the job twice: without snapshots and without a failure
 (the baseline, so the snapshots' overhead shows), then with both:
@@ -86,18 +87,6 @@ class ShardComm:
                 self.comm.abort(why)
             self.comm.finalize()
         self.comm, self.epoch = None, None
-
-
-def fail_step(c) -> None:
-    """Make this rank's commit vote no. A collective on the shard
-    communicator is not one of the ft.Comm's, so its failure is not on the
-    ft.Comm's record: an ft op the ft.Comm refuses is (any rank's no fails
-    the group's vote)."""
-    import ftcomm
-    try:
-        c.all_reduce(torch.zeros(1, dtype=torch.bool))  # refused here: recorded as the step's failure
-    except ftcomm.InvalidArgumentError:
-        pass
 
 
 def wait_for_place(args):
@@ -211,7 +200,10 @@ def rank_main(args) -> None:
             sc.all_reduce(stats, ReduceOp.SUM)
         except ftcomm.FtcommError as e:  # a peer died, or an op timed out: the step cannot count
             shards.close("the step failed: %s" % type(e).__name__)
-            fail_step(c)
+            # The shard communicator is not the ft.Comm's: its failure is
+            # not on the ft.Comm's record unless the loop says so (any
+            # rank's no fails the group's vote).
+            c.fail_step("shard communicator: %s" % e)
             out["failed"] = type(e).__name__
         ok = c.commit()
         if ok:

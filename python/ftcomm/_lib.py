@@ -16,7 +16,7 @@ from typing import Optional
 
 from . import errors
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 # Statuses (libftcomm.h).
 OK = 0
@@ -94,6 +94,7 @@ _SIGNATURES = {
     "ftcomm_ft_finish": ([_u64, _i64], _i32),
     "ftcomm_ft_op": (_opargs, _i32),
     "ftcomm_ft_refuse": ([_u64, _i32, _i32, _cp], _i32),
+    "ftcomm_ft_fail_step": ([_u64, _cp], _i32),
     "ftcomm_ft_info": ([_u64, _pu64, _pi64, _pi64, _pi64], _i32),
     "ftcomm_ft_group_rank": ([_u64, _pi64], _i32),
     "ftcomm_ft_events": ([_u64] + _buf, _i32),

@@ -384,6 +384,22 @@ class Comm:
             f(bool(ok.value))
         return bool(ok.value)
 
+    def fail_step(self, reason: str = "") -> None:
+        """Fail the step in progress for a reason found outside ft: a NaN
+        loss, an error on a communicator of the loop's own (an FSDP shard
+        comm), a data loader's failure. Between step() and commit(); then
+        call commit() as usual: it returns False, with reason in the "commit
+        failed" event. This replica's FT comms are revoked at once, so every
+        other replica's ft op of the step that still needs this replica's
+        part fails, and its commit with it (with group_size > 1 the group's
+        vote tells the rest of the group); this replica's later ft ops of the
+        step fail at once. A replica whose ft ops of the step all completed
+        before the revocation reached it commits the step: call fail_step
+        before the ft collective that would carry what is wrong. Raises
+        InvalidArgumentError outside a started step (changing nothing),
+        ClosedError once closed."""
+        _lib.check(_lib.lib().ftcomm_ft_fail_step(self._handle(), str(reason).encode("utf-8", "replace")))
+
     def finish(self, timeout=None) -> None:
         """End the run at this replica's committed step: the other replicas'
         next step() raises FinishedError instead of going on without it.

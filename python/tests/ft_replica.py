@@ -1,6 +1,8 @@
 """One replica of test_ft.py's job: a step per "step" line on stdin, one
-JSON line per step on stdout. FTCOMM_TEST_SPARE=1 makes it a spare,
-FTCOMM_TEST_MIN_REPLICAS sets min_replicas (default 2)."""
+JSON line per step on stdout. A "fail" line is a step whose gradient is
+NaN: the loop finds it before the all-reduce and fails the step
+(fail_step), then issues the all-reduce anyway. FTCOMM_TEST_SPARE=1 makes
+it a spare, FTCOMM_TEST_MIN_REPLICAS sets min_replicas (default 2)."""
 
 import hashlib
 import json
@@ -24,7 +26,8 @@ with ftcomm.ft.Comm(job="pytest-ft", group=group, min_replicas=min_replicas, tim
     c.register("params", params)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
-        if line.strip() != "step":
+        cmd = line.strip()
+        if cmd not in ("step", "fail"):
             break
         out = {}
         try:
@@ -33,11 +36,17 @@ with ftcomm.ft.Comm(job="pytest-ft", group=group, min_replicas=min_replicas, tim
             out["rolled_back"] = [e.from_step, e.to_step]
         s = c.committed_step
         grad = torch.full((256,), float(s + 1)) * (rid + 1)
-        c.all_reduce(grad, ReduceOp.AVG)
+        if cmd == "fail":
+            grad[0] = float("nan")
+            c.fail_step("loss is NaN")
+            e = c.all_reduce(grad, ReduceOp.AVG).exception()  # revoked already: fails here
+            out["after_fail_step"] = sorted(e.kinds) if e is not None else []
+        else:
+            c.all_reduce(grad, ReduceOp.AVG)
         ok = c.commit()
         if ok:
             params.add_(grad, alpha=0.01)
         out.update(committed=ok, step=c.committed_step, epoch=c.epoch, participants=c.participants, t=time.time(),
-                   state=hashlib.sha1(params.numpy().tobytes()).hexdigest()[:12],
+                   state=hashlib.sha1(params.numpy().tobytes()).hexdigest()[:12], finite=bool(params.isfinite().all()),
                    events=[e.kind for e in c.events()], spare=c.spare)
         print(json.dumps(out), flush=True)
