@@ -91,6 +91,10 @@ func claimSlot(ctx context.Context, cfg Config, addr string) (*etcdMember, int, 
 		// registered never opened.
 		m, err := registerIn(ctx, c, cli, id, addr, c.Run != "", true)
 		if errors.Is(err, membership.ErrDuplicateMember) {
+			// The winner holds the place now: it was seen registered.
+			// Should it die before the next read, its place is free again
+			// though nothing was deleted while this spare watched.
+			seen[r] = true
 			cfg.Logger.Info("slot spare: another process took the free place first; waiting for the next", zap.String("member", id))
 			continue
 		}

@@ -105,28 +105,37 @@ func shardHash(p []float32) uint64 {
 }
 
 // shardHashes are slot's shard hashes after steps 0..upto.
-func shardHashes(slot int, upto int64, n int) []uint64 {
+func shardHashes(slot, slots int, upto int64, n int) []uint64 {
 	var out []uint64
-	shardRun(slot, upto, n, func(p []float32) { out = append(out, shardHash(p)) })
+	shardRun(slot, slots, upto, n, func(p []float32) { out = append(out, shardHash(p)) })
 	return out
 }
 
 // snapJob is a group of shardSlots rank processes with peer snapshots
 // every K steps, on one host.
-func (j *procJob) spawnShards(every, n int) {
-	for s := range shardSlots {
-		j.spawnCmd(childCmd(), "fsdp", s, shardSlots, n, "FTCOMM_FT_SNAPSHOT_EVERY="+strconv.Itoa(every))
+func (j *procJob) spawnShards(every, n int) { j.spawnGroup(shardSlots, every, n) }
+
+// spawnGroup starts a group of slots rank processes with peer snapshots.
+func (j *procJob) spawnGroup(slots, every, n int) {
+	for s := range slots {
+		j.spawnCmd(childCmd(), "fsdp", s, slots, n, "FTCOMM_FT_SNAPSHOT_EVERY="+strconv.Itoa(every))
 	}
 }
 
-func (j *procJob) spawnSlotSpare(key string, every, n int) {
-	j.spawnCmd(childCmd(), "fsdp", AnyRank, shardSlots, n, "FTCOMM_FT_SNAPSHOT_EVERY="+strconv.Itoa(every),
+func (j *procJob) spawnSlotSpare(key string, every, n int) { j.spawnSlotSpareOf(shardSlots, key, every, n) }
+
+// spawnSlotSpareOf starts a slot spare of a group of slots ranks.
+func (j *procJob) spawnSlotSpareOf(slots int, key string, every, n int) {
+	j.spawnCmd(childCmd(), "fsdp", AnyRank, slots, n, "FTCOMM_FT_SNAPSHOT_EVERY="+strconv.Itoa(every),
 		"FTCOMM_FT_SPARE=1", "FTCOMM_FT_KEY="+key)
 }
 
 // checkShards asserts that every commit any process reported holds the
 // shard the run without failures holds at that step, bit for bit.
-func (j *procJob) checkShards(n int) {
+func (j *procJob) checkShards(n int) { j.checkShardsOf(shardSlots, n) }
+
+// checkShardsOf is checkShards for a group of slots ranks.
+func (j *procJob) checkShardsOf(slots, n int) {
 	j.t.Helper()
 	for drained := false; !drained; {
 		select {
@@ -140,9 +149,9 @@ func (j *procJob) checkShards(n int) {
 	for _, ev := range j.all {
 		top = max(top, ev.Step)
 	}
-	want := make([][]uint64, shardSlots)
+	want := make([][]uint64, slots)
 	for s := range want {
-		want[s] = shardHashes(s, top, n)
+		want[s] = shardHashes(s, slots, top, n)
 	}
 	commits := 0
 	for _, ev := range j.all {
@@ -306,4 +315,61 @@ func TestGPUSnapshotProcesses(t *testing.T) {
 	}
 	j.stopAll()
 	j.checkShards(n)
+}
+
+// Two ranks of a group of four die at once, neither the other's buddy
+// (slots 0 and 2: their copies are at 1 and 3): two slot spares take the
+// two places, each restores its shard from the dead rank's buddy, the
+// survivors restore their own copies, and every commit holds the shards
+// of the run without failures.
+func TestProcessSnapshotTwoDeathsTwoSpares(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	const slots, every, n = 4, 5, 1 << 12
+	j := newProcJob(t)
+	j.spawnGroup(slots, every, n)
+	j.spawnSlotSpareOf(slots, "spare-a", every, n)
+	j.spawnSlotSpareOf(slots, "spare-b", every, n)
+	for s := range slots {
+		j.await(fmt.Sprintf("fsdp.%d at step 30", s), func(ev childEvent) bool { return ev.Kind == "" && ev.ID == memberID("fsdp", s) && ev.Step >= 30 })
+	}
+	t0 := j.kill("fsdp.0")
+	j.kill("fsdp.2")
+	claimed := map[string]bool{}
+	restored := map[string]childEvent{}
+	for len(restored) < slots {
+		ev := j.await("both spares in and the group restored", func(ev childEvent) bool {
+			return ev.Kind == "claimed" || ev.Kind == "restored" && time.Unix(0, ev.UnixNano).After(t0)
+		})
+		if ev.Kind == "claimed" {
+			claimed[ev.ID] = true
+			continue
+		}
+		restored[ev.ID] = ev
+	}
+	if len(claimed) != 2 {
+		t.Errorf("spares that took a place: %v, want both", claimed)
+	}
+	var step int64 = -1
+	for id, ev := range restored {
+		if step >= 0 && ev.Step != step {
+			t.Errorf("%s restored step %d, another rank %d", id, ev.Step, step)
+		}
+		step = ev.Step
+		newRank := id == "fsdp.0" || id == "fsdp.2"
+		if newRank && ev.Bytes != int64(4*n) || !newRank && ev.Bytes != 0 {
+			t.Errorf("%s received %d bytes (new rank: %v; a shard is %d)", id, ev.Bytes, newRank, 4*n)
+		}
+	}
+	if step%every != 0 || step < 30-2*every {
+		t.Errorf("restored step %d: want the newest complete snapshot (every %d) near the kill", step, every)
+	}
+	for s := range slots {
+		j.await(fmt.Sprintf("fsdp.%d past the restore", s), func(ev childEvent) bool {
+			return ev.Kind == "" && ev.ID == memberID("fsdp", s) && ev.Step >= step+2*every
+		})
+	}
+	j.stopAll()
+	j.checkShardsOf(slots, n)
 }

@@ -148,12 +148,13 @@ func shardApply(p, u []float32) {
 
 // shardAt is slot's shard of n elements after committed step step.
 func shardAt(slot int, step int64, n int) []float32 {
-	return shardRun(slot, step, n, nil)
+	return shardRun(slot, shardSlots, step, n, nil)
 }
 
-// shardRun replays the run without failures for slot up to committed
-// step upto, calling each (if set) with the shard after every step from 0.
-func shardRun(slot int, upto int64, n int, each func(p []float32)) []float32 {
+// shardRun replays the run without failures of a group of slots ranks for
+// slot up to committed step upto, calling each (if set) with the shard
+// after every step from 0.
+func shardRun(slot, slots int, upto int64, n int, each func(p []float32)) []float32 {
 	p := shardInit(slot, n)
 	u, v := make([]float32, n), make([]float32, n)
 	if each != nil {
@@ -161,7 +162,7 @@ func shardRun(slot int, upto int64, n int, each func(p []float32)) []float32 {
 	}
 	for s := int64(0); s < upto; s++ {
 		clear(u)
-		for r := range shardSlots {
+		for r := range slots {
 			shardContribution(s, r, v)
 			for i := range u {
 				u[i] += v[i]
