@@ -140,9 +140,9 @@
 // — a new process's first NCCL comm and its connections, a second on
 // GPUs — costs the survivors nothing; they move in the time of a step
 // record exchange. The ranks move at once instead (a survivor's step in
-// flight fails, as at any new epoch) where that costs less — the
-// survivors are no more than the joiners, who would idle through a step
-// or two — or where the steps are not known yet, or the steps up to the
+// flight fails, as at any new epoch) where that costs less device time —
+// the survivors are at most three times the joiners, who would idle
+// through a step and a half — or where the steps are not known yet, or the steps up to the
 // move would keep the joiners waiting near Config.Timeout.
 // A survivor that cannot prepare (its comms broke, it was still
 // reconfiguring) forms the same comms and joins the same agreement when it

@@ -66,6 +66,32 @@ type replica struct {
 	progress chan struct{} // signalled after every commit
 	satOut   chan struct{} // signalled when the replica sits an epoch out
 	compute  atomic.Int64  // the loop's compute time per step (ns): a sleep between Step and the all-reduce
+	events   *eventLog     // what its Comm reported
+}
+
+// eventLog keeps a Comm's events (Config.OnEvent).
+type eventLog struct {
+	mu  sync.Mutex
+	evs []Event
+}
+
+func (l *eventLog) add(e Event) {
+	l.mu.Lock()
+	l.evs = append(l.evs, e)
+	l.mu.Unlock()
+}
+
+// of returns the events of kind k.
+func (l *eventLog) of(k EventKind) []Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Event
+	for _, e := range l.evs {
+		if e.Kind == k {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 type commitRecord struct {
@@ -115,7 +141,9 @@ func (j *job) openWith(join func(id, group string, minReplicas int) *memcoord.Me
 	m := join(memberID(group, groupRank), group, cfg.MinReplicas*groupSize)
 	cfg.Membership = m
 	satOut := make(chan struct{}, 1)
+	events := &eventLog{}
 	cfg.OnEvent = func(e Event) {
+		events.add(e)
 		if e.Kind == EventSatOut {
 			select {
 			case satOut <- struct{}{}:
@@ -128,7 +156,7 @@ func (j *job) openWith(join func(id, group string, minReplicas int) *memcoord.Me
 		j.t.Fatal(err)
 	}
 	r := &replica{t: j.t, id: memberID(group, groupRank), c: c, m: m, params: make([]float32, j.nParams), done: make(chan struct{}),
-		progress: make(chan struct{}, 1), satOut: satOut}
+		progress: make(chan struct{}, 1), satOut: satOut, events: events}
 	for i := range r.params {
 		r.params[i] = 1
 	}
@@ -782,4 +810,41 @@ func TestSpareWaitsThenTakesAPlace(t *testing.T) {
 		t.Errorf("the spare's first commit was step %d: it did not heal to the job's step (above %d)", first, at)
 	}
 	j.stopAll(rs[0], rs[1], s)
+}
+
+// A replica joins four that train: a prepared grow with four survivors
+// for one joiner, so the survivors do not move at once — they form the
+// grown epoch's comms in the background, step on in their epoch up to
+// the step they agreed on, and move after it. None of their steps fails;
+// each moves to the joiner's epoch as a prepared grow; the joiner heals
+// and commits with them.
+func TestPreparedGrowLetsTheSurvivorsStepOn(t *testing.T) {
+	j := newJob(t, quick(), 1)
+	var rs []*replica
+	for _, g := range []string{"a", "b", "c", "d"} {
+		r := j.start(g, 0, 1, forever)
+		r.compute.Store(int64(2 * time.Millisecond)) // steps long enough to be known and short next to the timeout
+		rs = append(rs, r)
+	}
+	rs[0].waitParticipants(4)
+	rs[0].waitStep(rs[0].c.CommittedStep() + 5) // a few steps' length known (the stall window's minimum)
+	e := j.start("e", 0, 1, forever)
+	e.waitParticipants(5)
+	for _, r := range rs {
+		r.waitParticipants(5)
+		grown := r.c.Epoch()
+		var moved []Event
+		for _, ev := range r.events.of(EventReconfigured) {
+			if ev.Participants == 5 {
+				moved = append(moved, ev)
+			}
+		}
+		if len(moved) != 1 || moved[0].How != "prepared" {
+			t.Errorf("%s reached 5 participants (epoch %d) by %+v, want one prepared grow", r.id, grown, moved)
+		}
+		if failed := r.events.of(EventCommitFailed); len(failed) > 0 {
+			t.Errorf("%s failed %d steps around the joiner's arrival (first: %s), want none", r.id, len(failed), failed[0].Reason)
+		}
+	}
+	j.stopAll(append(rs, e)...)
 }

@@ -586,9 +586,9 @@ func runMachineScript(t *testing.T, file string) {
 // TestSwitchStep: the step a prepared grow's ranks move after leaves a
 // margin of two steps (more where steps are shorter than the slack), and
 // falls back to at once where the steps are not known, would keep the
-// joiners waiting near the op timeout, or where the survivors are no more
-// than the joiners (each loses at most a step; the joiners would idle
-// through one or two).
+// joiners waiting near the op timeout, or where the survivors are at most
+// three times the joiners (each loses half a step on average; the joiners
+// would idle through one and a half).
 func TestSwitchStep(t *testing.T) {
 	const s = 30 * time.Second
 	for _, tc := range []struct {
@@ -597,17 +597,18 @@ func TestSwitchStep(t *testing.T) {
 		survivors, joiners int
 		want               int64
 	}{
-		{100, 0, s, 3, 1, 0},                       // not known
-		{100, time.Millisecond, 0, 3, 1, 0},        // no timeout
-		{100, time.Millisecond, s, 3, 1, 126},      // 2 + the rest of 25 ms of 1 ms steps
-		{100, 10 * time.Millisecond, s, 3, 1, 104}, // 2 + 2
-		{100, 25 * time.Millisecond, s, 3, 1, 102},
-		{100, 50 * time.Millisecond, s, 3, 1, 102},
-		{100, 4 * time.Second, s, 3, 1, 102},     // 3 steps of 4 s: 12 s
-		{100, 6 * time.Second, s, 3, 1, 0},       // 18 s: past half the timeout
+		{100, 0, s, 4, 1, 0},                       // not known
+		{100, time.Millisecond, 0, 4, 1, 0},        // no timeout
+		{100, time.Millisecond, s, 4, 1, 126},      // 2 + the rest of 25 ms of 1 ms steps
+		{100, 10 * time.Millisecond, s, 4, 1, 104}, // 2 + 2
+		{100, 25 * time.Millisecond, s, 4, 1, 102},
+		{100, 50 * time.Millisecond, s, 4, 1, 102},
+		{100, 4 * time.Second, s, 4, 1, 102},     // 3 steps of 4 s: 12 s
+		{100, 6 * time.Second, s, 4, 1, 0},       // 18 s: past half the timeout
 		{100, 50 * time.Millisecond, s, 1, 1, 0}, // one survivor, one joiner
-		{100, 50 * time.Millisecond, s, 2, 2, 0},
-		{100, 50 * time.Millisecond, s, 3, 2, 102},
+		{100, 50 * time.Millisecond, s, 3, 1, 0}, // three: still at once
+		{100, 50 * time.Millisecond, s, 6, 2, 0},
+		{100, 50 * time.Millisecond, s, 7, 2, 102},
 	} {
 		if got := switchStep(tc.max, tc.slowest, tc.timeout, tc.survivors, tc.joiners); got != tc.want {
 			t.Errorf("switchStep(%d, %v, %v, %d, %d) = %d, want %d", tc.max, tc.slowest, tc.timeout, tc.survivors, tc.joiners, got, tc.want)

@@ -51,13 +51,14 @@ const (
 // begins mid-step. The joiners wait for the survivors in a collective
 // bounded by the timeout, so the ranks move at once where the steps up to
 // the move could come near it, or their length is not known. And they
-// move at once where that costs less than waiting: the joiners idle
-// through 1 to switchMargin steps while the survivors step on, where at
-// once each survivor loses at most the step it is in — so at once when
-// the survivors are no more than the joiners (a job of two replicas, one
-// of them replaced).
+// move at once where that costs less device time than waiting: waiting,
+// the joiners idle from the agreement to the move, 1 to switchMargin
+// steps (1.5 on average); at once, each survivor loses the part of its
+// step in flight it had done (half a step on average) — so at once while
+// the survivors are at most three times the joiners (the jobs of 2 to 4
+// replicas one of which is replaced), waiting for larger ones.
 func switchStep(maxStep int64, slowest, timeout time.Duration, survivors, joiners int) int64 {
-	if slowest <= 0 || timeout <= 0 || survivors <= joiners {
+	if slowest <= 0 || timeout <= 0 || survivors <= 3*joiners {
 		return 0
 	}
 	margin := int64(switchMargin)
