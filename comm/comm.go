@@ -667,7 +667,9 @@ func (c *Comm) onDeadline() {
 		c.mu.Unlock()
 		return
 	}
-	if c.state == stateClosed || (c.state != stateActive && (!w.d.reconfig || w.timedOut != nil)) {
+	// A refusal that Close lets finish keeps its deadline.
+	closing := c.state == stateClosed && w.d.refused != nil && w.timedOut == nil
+	if !closing && (c.state == stateClosed || (c.state != stateActive && (!w.d.reconfig || w.timedOut != nil))) {
 		c.mu.Unlock()
 		return
 	}
@@ -676,8 +678,8 @@ func (c *Comm) onDeadline() {
 	if c.state == stateActive {
 		c.breakLocked(stateFailed, fmt.Errorf("%w after %w", ErrAborted, cause))
 	} else {
-		// A Shrink or Grow repairing a broken comm: its deadline holds
-		// too, and the comm stays as broken as it was.
+		// A Shrink or Grow repairing a broken comm, or a refusal Close
+		// waits for: its deadline holds too, and the comm stays as it was.
 		w.timedOut = cause
 	}
 	seq, kind := w.seq, w.d.kind
@@ -861,8 +863,11 @@ func (c *Comm) Revoke(cause error) {
 }
 
 // Close aborts any executing op, fails queued ops with ErrClosed, waits for
-// the executor to go idle, stops the worker and closes the backend. Safe to
-// call twice; the second call returns nil.
+// the executor to go idle, stops the worker and closes the backend. A
+// refusal (Refuse) that is executing is not aborted but finishes, under its
+// deadline: the peers wait for it, its caller has no Work to wait on, and
+// aborting the backend would abort the peers' comms too. Safe to call
+// twice; the second call returns nil.
 func (c *Comm) Close() error {
 	c.mu.Lock()
 	if c.state == stateClosed {
@@ -870,7 +875,7 @@ func (c *Comm) Close() error {
 		c.shutdown() // waits for a shutdown in progress (a Shrink or Grow that replaced c)
 		return nil
 	}
-	running := c.cur != nil || c.pending > 0
+	running := (c.cur != nil && c.cur.d.refused == nil) || c.pending > 0
 	if c.state == stateActive {
 		close(c.broken)
 	}

@@ -95,7 +95,9 @@
 // wrapping ErrPeerRefused and a *Refusal that says why, with no buffer of a
 // collective written, and every comm stays usable — the next op runs as
 // usual on every rank. Comm.Refuse does the same for an op that a layer
-// above rejected before issuing it. On other backends (nccl) nothing
+// above rejected before issuing it; Close lets a refusal that is being told
+// finish (under its deadline) rather than abort it, which would abort the
+// peers' comms. On other backends (nccl) nothing
 // reaches the backend and the peers are not told; see their docs. Shrink,
 // Grow and Split with invalid arguments fail here only.
 //

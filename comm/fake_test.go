@@ -180,11 +180,17 @@ func countBelow(xs []int, r int) int {
 
 // refuser adds Refuse to fake: it records each refused op in the order
 // (as OpNone) with its kind and reason, and fails it if failRefuse is set.
+// When hold is non-nil, Refuse closes holding and waits for hold to close
+// (it returns nil) or for an abort (it returns the abort's error); heldErr
+// is what it returned.
 type refuser struct {
 	*fake
 	refused    []comm.Op
 	reasons    []error
 	failRefuse error
+	hold       chan struct{}
+	holding    chan struct{}
+	heldErr    error
 }
 
 func (r *refuser) Refuse(ctx context.Context, op comm.Op, reason error) error {
@@ -192,11 +198,26 @@ func (r *refuser) Refuse(ctx context.Context, op comm.Op, reason error) error {
 	r.order = append(r.order, comm.OpNone)
 	r.refused = append(r.refused, op)
 	r.reasons = append(r.reasons, reason)
-	fail := r.failRefuse
+	fail, hold, abort := r.failRefuse, r.hold, r.abort
 	r.mu.Unlock()
 	if fail != nil {
 		r.fake.Abort(fail)
 		return fail
 	}
-	return nil
+	if hold == nil {
+		return nil
+	}
+	close(r.holding)
+	var err error
+	select {
+	case <-hold:
+	case <-abort:
+		r.mu.Lock()
+		err = r.abortErr
+		r.mu.Unlock()
+	}
+	r.mu.Lock()
+	r.heldErr = err
+	r.mu.Unlock()
+	return err
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ftcomm/ftcomm/comm"
 )
@@ -177,5 +178,71 @@ func TestPeerRefusalKeepsTheComm(t *testing.T) {
 	}
 	if err := c.Barrier(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Close lets a refusal that is being told to the peers finish rather than
+// abort the backend: the peers wait for it, its caller has no Work to wait
+// on, and an abort would reach the peers' comms too.
+func TestCloseLetsARunningRefusalFinish(t *testing.T) {
+	f := &refuser{fake: newFake(0, 2), hold: make(chan struct{}), holding: make(chan struct{})}
+	c := newComm(t, f, comm.Options{})
+	if err := c.Refuse(context.Background(), comm.Op{Kind: comm.OpBatchP2P}, errors.New("batch: no sends or receives")); !errors.Is(err, comm.ErrInvalidArgument) {
+		t.Fatalf("Refuse: %v", err)
+	}
+	waitClosed(t, f.holding, "refusal reached the backend")
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	waitClosed(t, c.Broken(), "Close began")
+	close(f.hold)
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+	case <-time.After(30 * time.Second): // a hang, not a slow machine
+		t.Fatal("Close did not return once the refusal finished")
+	}
+	f.mu.Lock()
+	err, closes := f.heldErr, f.closed
+	f.mu.Unlock()
+	if err != nil || closes != 1 {
+		t.Fatalf("refusal ended with %v, backend closed %d times; want it finished, then closed once", err, closes)
+	}
+}
+
+// A refusal that Close waits for keeps its deadline (Options.Timeout): a
+// peer that never takes it cannot hold Close up.
+func TestCloseWaitsForARefusalOnlyUntilItsDeadline(t *testing.T) {
+	f := &refuser{fake: newFake(0, 2), hold: make(chan struct{}), holding: make(chan struct{})}
+	c := newComm(t, f, comm.Options{Timeout: 300 * time.Millisecond})
+	if err := c.Refuse(context.Background(), comm.Op{Kind: comm.OpSend, Peer: 1}, errors.New("tensor is on the wrong device")); !errors.Is(err, comm.ErrInvalidArgument) {
+		t.Fatalf("Refuse: %v", err)
+	}
+	waitClosed(t, f.holding, "refusal reached the backend")
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+	case <-time.After(30 * time.Second): // a hang, not a slow machine
+		t.Fatal("Close still waited for a refusal 30 s after its 300 ms deadline")
+	}
+	f.mu.Lock()
+	err := f.heldErr
+	f.mu.Unlock()
+	if !errors.Is(err, comm.ErrTimeout) || errors.Is(err, comm.ErrClosed) {
+		t.Fatalf("refusal ended with %v; want it aborted at its deadline (ErrTimeout), not by Close", err)
+	}
+}
+
+func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no %s within 30 s", what)
 	}
 }
