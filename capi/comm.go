@@ -163,8 +163,12 @@ func ncclConfigWith(L *nccl.Library) *nccl.Config {
 
 // ftcomm_nccl_info copies what NCCL and CUDA runtime this process's nccl
 // comms use (JSON: nccl.Info, with "loaded": false before the first nccl
-// comm) into buf. NCCL is dlopened by soname: in a process where PyTorch
-// loaded its own libnccl.so.2 and libcudart, these are PyTorch's.
+// comm) into buf: the library chosen ("nccl_path", "nccl_source": config,
+// env, process (already loaded in it), system or python — the newest NCCL
+// on the machine unless one was named, nccl.Open), every candidate the
+// search considered
+// ("candidates": path, source, where, version), and the fault path the
+// version allows ("recovery": fresh-init, shrink-abort or revoke+shrink).
 //
 //export ftcomm_nccl_info
 func ftcomm_nccl_info(buf unsafe.Pointer, capacity C.int64_t, n *C.int64_t) C.int32_t {
@@ -176,7 +180,12 @@ func ftcomm_nccl_info(buf unsafe.Pointer, capacity C.int64_t, n *C.int64_t) C.in
 			return putJSON(map[string]any{"loaded": false}, buf, capacity, n)
 		}
 		i := L.Info()
+		cands := make([]map[string]any, len(i.Candidates))
+		for k, c := range i.Candidates {
+			cands[k] = map[string]any{"path": c.Path, "source": c.Source, "where": c.Where, "version": c.Version.String()}
+		}
 		return putJSON(map[string]any{"loaded": true, "nccl": i.NCCL.String(), "nccl_path": i.NCCLPath,
+			"nccl_source": i.NCCLSource, "candidates": cands, "recovery": i.Recovery.String(),
 			"cudart_path": i.CUDARuntimePath, "cuda_runtime": i.CUDARuntime, "cuda_driver": i.CUDADriver,
 			"features": i.Features, "eager_connect": i.EagerConnect}, buf, capacity, n)
 	})

@@ -66,9 +66,11 @@ __version__ = "0.1.0"
 
 
 def nccl_info() -> dict:
-    """Which NCCL and CUDA runtime ftcomm's nccl comms use (loaded by soname
-    at the first nccl comm: PyTorch's own when torch is imported first), and
-    the libraries mapped into this process."""
+    """Which NCCL and CUDA runtime ftcomm's nccl comms use (chosen at the
+    first nccl comm: the newest NCCL on the machine — the system's, the
+    process's, a Python environment's nvidia-nccl wheel — unless one is
+    named; "nccl_source", "candidates" and "recovery" say which and why),
+    and the libraries mapped into this process."""
     import json
     info = json.loads(_lib.get_bytes(_lib.lib().ftcomm_nccl_info))
     maps = set()

@@ -11,6 +11,10 @@ def test_cuda_every_collective(two, store, name):
     res = two.run(workers.cuda_suite, store.address, name, timeout=300)
     for bad, info in res:
         assert bad == []
+        # Which NCCL, why, and the fault path its version allows.
+        assert info["loaded"] and info["nccl_path"] and info["nccl_source"], info
+        assert any(c["path"] == info["nccl_path"] for c in info["candidates"]) or info["nccl_source"] in ("config", "env"), info
+        assert info["recovery"] in ("fresh-init", "shrink-abort", "revoke+shrink"), info
     print("NCCL used:", res[0][1])
 
 
