@@ -122,7 +122,9 @@ func (j *procJob) spawnGroup(slots, every, n int) {
 	}
 }
 
-func (j *procJob) spawnSlotSpare(key string, every, n int) { j.spawnSlotSpareOf(shardSlots, key, every, n) }
+func (j *procJob) spawnSlotSpare(key string, every, n int) {
+	j.spawnSlotSpareOf(shardSlots, key, every, n)
+}
 
 // spawnSlotSpareOf starts a slot spare of a group of slots ranks.
 func (j *procJob) spawnSlotSpareOf(slots int, key string, every, n int) {
