@@ -111,45 +111,45 @@
 //
 // # Spares
 //
-// A process with Config.Spare registers as a warm standby: it builds what
-// a replica builds (and ft warms its data backend up: a one-rank comm made
+// A process with Config.Spare registers as a warm standby: it builds what a
+// replica builds (and ft warms its data backend up: a one-rank comm made
 // and closed in New's background, so NCCL's one-time set-up — loading its
-// kernels — is not paid in the promotion), and its first Step waits, taking part in nothing,
-// until the coordinator promotes it because the job runs below its target
-// size (the most replica groups of the run, or the job setting
-// ftcomm.target_replicas). It is promoted in the epoch after the one that
-// removed the dead (the survivors shrink first), a prepared grow (below),
-// heals from its peers like a joiner, and Step returns with EventPromoted
-// reported; Comm.Spare says whether it still waits. A replica restarted after a spare took its
-// group's place waits as the next spare. See docs/spares.md.
+// kernels — is not paid in the promotion), and its first Step waits, taking
+// part in nothing, until the coordinator promotes it because the job runs
+// below its target size (the most replica groups of the run, or the job
+// setting ftcomm.target_replicas). It is promoted in the epoch after the
+// one that removed the dead (the survivors shrink first), a prepared grow
+// (below), heals from its peers like a joiner, and Step returns with
+// EventPromoted reported; Comm.Spare says whether it still waits. A replica
+// restarted after a spare took its group's place waits as the next spare.
+// See docs/spares.md.
 //
 // # Grows
 //
 // A grow — a spare promoted, a replica group restarted or joining — is
 // prepared (membership.Quorum.Prepared, when the epoch only adds whole
-// replica groups to the one before and nothing else changes): the
-// survivors do not stop for it. Each forms the new epoch's FT comms in the
-// background while its loop steps on in the old epoch (no step is
-// revoked); once every rank of the new epoch holds them, the ranks agree,
-// in one all-reduce on the new control comm, on a step a little ahead
-// of the most advanced survivor (2 steps, more where steps are shorter
-// than 25 ms), and every survivor moves at its first Step after
-// committing it: it closes the old
+// replica groups to the one before and nothing else changes): the survivors
+// do not stop for it. Each forms the new epoch's FT comms in the background
+// while its loop steps on in the old epoch (no step is revoked); once every
+// rank of the new epoch holds them, the ranks agree, in one all-reduce on
+// the new control comm, on a step a little ahead of the most advanced
+// survivor (2 steps, more where steps are shorter than 25 ms), and every
+// survivor moves at its first Step after committing it: it closes the old
 // comms and gathers the step records on the new ones, where the joiners
-// wait, and the joiners heal as any joiner does. So the joiner's start-up
-// — a new process's first NCCL comm and its connections, a second on
-// GPUs — costs the survivors nothing; they move in the time of a step
-// record exchange. The ranks move at once instead (a survivor's step in
-// flight fails, as at any new epoch) where that costs less device time —
-// the survivors are at most three times the joiners, who would idle
-// through a step and a half — or where the steps are not known yet, or the steps up to the
-// move would keep the joiners waiting near Config.Timeout.
-// A survivor that cannot prepare (its comms broke, it was still
+// wait, and the joiners heal as any joiner does. So the joiner's start-up —
+// a new process's first NCCL comm and its connections, a second on GPUs —
+// costs the survivors nothing; they move in the time of a step record
+// exchange. The ranks move at once instead (a survivor's step in flight
+// fails, as at any new epoch) where that costs less device time — the
+// survivors are at most three times the joiners, who would idle through a
+// step and a half — or where the steps are not known yet, or the steps up
+// to the move would keep the joiners waiting near Config.Timeout. A
+// survivor that cannot prepare (its comms broke, it was still
 // reconfiguring) forms the same comms and joins the same agreement when it
 // reconfigures, so every rank runs the same collectives on the new comms.
-// The new epoch is reported formed only when a survivor moves, and a
-// newer epoch drops the preparation. The job setting ftcomm.prepared_grow
-// = false turns prepared grows off. See docs/spares.md, "Prepared grows".
+// The new epoch is reported formed only when a survivor moves, and a newer
+// epoch drops the preparation. The job setting ftcomm.prepared_grow = false
+// turns prepared grows off. See docs/spares.md, "Prepared grows".
 //
 // # Peer snapshots
 //
