@@ -62,17 +62,7 @@ func (r *replica) trainOrFail(ctx context.Context, l *ledger, p *failPlan, faile
 		if !ok {
 			continue
 		}
-		for i := range r.params {
-			r.params[i] -= 0.01 * grads[i]
-		}
-		l.commit(r.id, r.c.CommittedStep(), r.params)
-		r.mu.Lock()
-		r.commits = append(r.commits, commitRecord{r.c.CommittedStep(), r.c.Participants(), r.c.Epoch()})
-		r.mu.Unlock()
-		select {
-		case r.progress <- struct{}{}:
-		default:
-		}
+		r.applyCommit(l, grads)
 	}
 }
 

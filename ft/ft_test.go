@@ -190,18 +190,24 @@ func (r *replica) train(ctx context.Context, l *ledger, until int64) {
 		}
 		r.checkDeadlines()
 		if ok {
-			for i := range r.params {
-				r.params[i] -= 0.01 * grads[i]
-			}
-			l.commit(r.id, r.c.CommittedStep(), r.params)
-			r.mu.Lock()
-			r.commits = append(r.commits, commitRecord{r.c.CommittedStep(), r.c.Participants(), r.c.Epoch()})
-			r.mu.Unlock()
-			select {
-			case r.progress <- struct{}{}:
-			default:
-			}
+			r.applyCommit(l, grads)
 		}
+	}
+}
+
+// applyCommit applies a committed step's update, records it in the
+// ledger and the replica's commits, and signals progress.
+func (r *replica) applyCommit(l *ledger, grads []float32) {
+	for i := range r.params {
+		r.params[i] -= 0.01 * grads[i]
+	}
+	l.commit(r.id, r.c.CommittedStep(), r.params)
+	r.mu.Lock()
+	r.commits = append(r.commits, commitRecord{r.c.CommittedStep(), r.c.Participants(), r.c.Epoch()})
+	r.mu.Unlock()
+	select {
+	case r.progress <- struct{}{}:
+	default:
 	}
 }
 
