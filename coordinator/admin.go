@@ -7,7 +7,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -19,12 +19,12 @@ import (
 // any coordinator instance (leader or not). Safe for concurrent use.
 type Admin struct {
 	cli  *clientv3.Client
-	keys keys.Layout
+	keys etcdkeys.Layout
 }
 
-// NewAdmin returns an Admin over the keys under root ("" : keys.DefaultRoot).
+// NewAdmin returns an Admin over the keys under root ("" : etcdkeys.DefaultRoot).
 func NewAdmin(cli *clientv3.Client, root string) *Admin {
-	return &Admin{cli: cli, keys: keys.Layout{Root: root}}
+	return &Admin{cli: cli, keys: etcdkeys.Layout{Root: root}}
 }
 
 // JobSummary is one line of Jobs.

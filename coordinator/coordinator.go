@@ -11,10 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
-	"github.com/ftcomm/ftcomm/internal/gossip"
+	"github.com/ftcomm/ftcomm/membership/gossip"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,7 +31,7 @@ import (
 type Config struct {
 	// Client is the etcd client (required; the caller closes it).
 	Client *clientv3.Client
-	// Root is the key prefix (default keys.DefaultRoot).
+	// Root is the key prefix (default etcdkeys.DefaultRoot).
 	Root string
 	// Name tells coordinator instances apart (default host-pid).
 	Name string
@@ -69,7 +69,7 @@ type Config struct {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
-		Root:         keys.DefaultRoot,
+		Root:         etcdkeys.DefaultRoot,
 		Name:         fmt.Sprintf("%s-%d", host, os.Getpid()),
 		Quorum:       quorum.DefaultConfig(),
 		SessionTTL:   3 * time.Second,
@@ -107,7 +107,7 @@ func (c Config) Validate() error {
 type Coordinator struct {
 	cfg     Config
 	cli     *clientv3.Client
-	keys    keys.Layout
+	keys    etcdkeys.Layout
 	lg      *zap.Logger
 	metrics *coordMetrics
 	gsp     *gossip.Node
@@ -177,7 +177,7 @@ func New(cfg Config) (*Coordinator, error) {
 	c := &Coordinator{
 		cfg:      cfg,
 		cli:      cfg.Client,
-		keys:     keys.Layout{Root: cfg.Root},
+		keys:     etcdkeys.Layout{Root: cfg.Root},
 		lg:       cfg.Logger,
 		status:   map[string]JobStatus{},
 		leadCh:   make(chan struct{}),

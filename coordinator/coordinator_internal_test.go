@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -70,7 +70,7 @@ func TestFencedPublish(t *testing.T) {
 // one) are its own, not a foreign write: no false alarm, no repair.
 func TestOwnLateQuorumEventIsNotForeign(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
-	c := &Coordinator{keys: keys.Layout{}, lg: zap.New(core), cfg: DefaultConfig()}
+	c := &Coordinator{keys: etcdkeys.Layout{}, lg: zap.New(core), cfg: DefaultConfig()}
 	m, err := newCoordMetrics(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +80,7 @@ func TestOwnLateQuorumEventIsNotForeign(t *testing.T) {
 	ctx := testutil.Ctx(t, 5*time.Second)
 	j := l.m.job("j")
 	j.quorumRev = 20 // the leader's newest write
-	key := []byte(keys.Layout{}.Quorum("j"))
+	key := []byte(etcdkeys.Layout{}.Quorum("j"))
 	feed := func(ev *clientv3.Event) {
 		if err := l.feed(ctx, time.Now(), l.event(ev)); err != nil {
 			t.Fatal(err)

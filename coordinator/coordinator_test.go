@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 	"github.com/ftcomm/ftcomm/internal/testutil"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
@@ -17,8 +17,8 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/ftcomm/ftcomm/coordinator"
-	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 func TestCoordinatorFormsQuorumAndMembersLeave(t *testing.T) {
@@ -132,7 +132,7 @@ func TestCoordinatorFailover(t *testing.T) {
 		t.Fatal("two leaders")
 	}
 	// Stop the leader's session as a crash would: revoke its lease.
-	resp, err := tj.Client.Get(clustertest.Ctx(t, 5*time.Second), keys.Layout{}.Election()+"/", clientv3.WithFirstCreate()...)
+	resp, err := tj.Client.Get(clustertest.Ctx(t, 5*time.Second), etcdkeys.Layout{}.Election()+"/", clientv3.WithFirstCreate()...)
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatal(resp, err)
 	}
@@ -159,7 +159,7 @@ func TestRestartedInstanceEndsItsPreviousSession(t *testing.T) {
 	e := clustertest.StartEtcd(t)
 	cli := clustertest.NewClient(t, e)
 	ctx := clustertest.Ctx(t, 60*time.Second)
-	election := keys.Layout{}.Election()
+	election := etcdkeys.Layout{}.Election()
 	// c1's previous process led, then vanished; its lease lives a minute.
 	old, err := concurrency.NewSession(cli, concurrency.WithTTL(60))
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 )
 
 // The tests of this package that need its internals cannot use
-// internal/clustertest (it imports this package): these are theirs.
+// test/clustertest (it imports this package): these are theirs.
 
 // startEtcd starts a single-member embedded etcd for one test and stops it
 // when the test ends.

@@ -6,15 +6,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 // An evicted member used to register again at once (ft
@@ -41,7 +41,7 @@ func TestEvictKeepsOut(t *testing.T) {
 		t.Fatalf("rejoin: %v", err)
 	}
 	// The record goes with its lease; then b may come back.
-	k := keys.Layout{}.Evicted(tj.Name, "b")
+	k := etcdkeys.Layout{}.Evicted(tj.Name, "b")
 	resp, err := tj.Client.Get(ctx, k)
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("keep-out record: %v %v", resp, err)

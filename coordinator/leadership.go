@@ -13,9 +13,9 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 
-	"github.com/ftcomm/ftcomm/internal/gossip"
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/membership/gossip"
 )
 
 // leadership is one term of leading: the machine's driver. It reads every
@@ -398,7 +398,7 @@ func (l *leadership) publish(ctx context.Context, a publish) (written, error) {
 // a coordinator of the old encoding kept apart (…/viewfull: the record is
 // that list now). At 100,000 participants they are about 0.7 MB, under
 // etcd's default request limit (TestEpochTxnFitsEtcdDefaults).
-func publishOps(k keys.Layout, historyLimit int, a publish, sign func([]byte) *membership.QuorumSignature) ([]clientv3.Op, []byte, error) {
+func publishOps(k etcdkeys.Layout, historyLimit int, a publish, sign func([]byte) *membership.QuorumSignature) ([]clientv3.Op, []byte, error) {
 	job := a.job
 	var ops []clientv3.Op
 	if r := a.revocation; r != nil {

@@ -12,8 +12,8 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
-	"github.com/ftcomm/ftcomm/internal/gossip"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/membership/gossip"
 )
 
 // This file is the leading coordinator's decisions as a state machine with

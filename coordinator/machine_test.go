@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
-	"github.com/ftcomm/ftcomm/internal/gossip"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/membership/gossip"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of coordinator/testdata/machine scripts")

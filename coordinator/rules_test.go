@@ -6,15 +6,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/coordinator"
-	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 // waitStatus waits, up to d, until the leader's view of the job satisfies
@@ -126,7 +126,7 @@ func TestFinishedRunOutlivesTheLeader(t *testing.T) {
 	if q2.Final != 42 {
 		t.Fatalf("epoch %d: final %d", q2.Epoch, q2.Final)
 	}
-	resp, err := tj.Client.Get(ctx, keys.Layout{}.Election()+"/", clientv3.WithFirstCreate()...)
+	resp, err := tj.Client.Get(ctx, etcdkeys.Layout{}.Election()+"/", clientv3.WithFirstCreate()...)
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatal(resp, err)
 	}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -37,7 +37,7 @@ func (s *leaderSim) feed(in input) {
 		var w *written
 		switch a := acts[i].(type) {
 		case publish:
-			_, val, err := publishOps(keys.Layout{}, 100, a, nil)
+			_, val, err := publishOps(etcdkeys.Layout{}, 100, a, nil)
 			if err != nil {
 				s.b.Fatal(err)
 			}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
@@ -17,8 +17,8 @@ import (
 
 	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/etcdhost"
-	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 // A quorum record written by someone who is not the
@@ -32,16 +32,13 @@ func TestForgedQuorumIgnoredAndRepaired(t *testing.T) {
 	q := clustertest.WaitQuorum(t, a, 0, "a", "b")
 	clustertest.WaitQuorum(t, b, 0, "a", "b")
 	ctx := clustertest.Ctx(t, 30*time.Second)
-	k := keys.Layout{}
+	k := etcdkeys.Layout{}
 	resp, err := sj.CoordClient.Get(ctx, k.Quorum(sj.Name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	good := resp.Kvs[0].Value
-	rootCreds, err := sj.Etcd.Credentials(etcdhost.UserRoot)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rootCreds := clustertest.Credentials(t, sj.Etcd, etcdhost.UserRoot)
 	root, err := rootCreds.NewClient(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -101,17 +98,14 @@ func TestForgedQuorumIgnoredAndRepaired(t *testing.T) {
 // the deletion (the leader's own) raises no second alarm.
 func TestForgedQuorumOfUnknownJobDeleted(t *testing.T) {
 	sj := clustertest.StartSecureJob(t)
-	rootCreds, err := sj.Etcd.Credentials(etcdhost.UserRoot)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rootCreds := clustertest.Credentials(t, sj.Etcd, etcdhost.UserRoot)
 	root, err := rootCreds.NewClient(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer root.Close()
 	ctx := clustertest.Ctx(t, 20*time.Second)
-	k := keys.Layout{}.Quorum("ghost")
+	k := etcdkeys.Layout{}.Quorum("ghost")
 	put, err := root.Put(ctx, k, `{"job":"ghost","epoch":9}`)
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +134,7 @@ func TestForgedQuorumRepairedWithoutSignatures(t *testing.T) {
 	forged := q
 	forged.Epoch, forged.Participants, forged.Reason = q.Epoch+5, q.Participants[:1], "forged"
 	v, _ := json.Marshal(forged)
-	if _, err := tj.Client.Put(clustertest.Ctx(t, 5*time.Second), keys.Layout{}.Quorum(tj.Name), string(v)); err != nil {
+	if _, err := tj.Client.Put(clustertest.Ctx(t, 5*time.Second), etcdkeys.Layout{}.Quorum(tj.Name), string(v)); err != nil {
 		t.Fatal(err)
 	}
 	q2 := clustertest.WaitQuorum(t, b, q.Epoch+5, "a", "b")
@@ -177,11 +171,8 @@ func TestCoordinatorLoadsRecordsOfTheOldEncoding(t *testing.T) {
 	q := clustertest.WaitQuorum(t, a, 0, "a", "b")
 	clustertest.WaitQuorum(t, b, 0, "a", "b")
 	ctx := clustertest.Ctx(t, 40*time.Second)
-	k := keys.Layout{}
-	rootCreds, err := sj.Etcd.Credentials(etcdhost.UserRoot)
-	if err != nil {
-		t.Fatal(err)
-	}
+	k := etcdkeys.Layout{}
+	rootCreds := clustertest.Credentials(t, sj.Etcd, etcdhost.UserRoot)
 	root, err := rootCreds.NewClient(nil)
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/etcdhost"
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
@@ -43,7 +43,7 @@ func TestEpochTxnFitsEtcdDefaults(t *testing.T) {
 	}
 	prev := membership.Quorum{Job: "big", Epoch: 1, Participants: q.Participants[:1]}
 	rev := &membership.Revocation{Epoch: 1, Reason: "joiners", By: "coordinator c0", At: time.Now()}
-	k := keys.Layout{}
+	k := etcdkeys.Layout{}
 	for _, c := range []struct {
 		name string
 		a    publish
@@ -110,7 +110,7 @@ func BenchmarkPublishOpsDeath100K(b *testing.B) {
 	a := publish{job: "big", quorum: &q, revocation: rev, prev: &prev, viewRev: rev}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if _, _, err := publishOps(keys.Layout{}, 100, a, nil); err != nil {
+		if _, _, err := publishOps(etcdkeys.Layout{}, 100, a, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -263,7 +263,7 @@ func checkEtcdSecured(t *testing.T, ctx context.Context, credsFile string, endpo
 	defer cli.Close()
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err = cli.Put(wctx, keys.Layout{Root: creds.Root}.Quorum("demo-job"), "{}")
+	_, err = cli.Put(wctx, etcdkeys.Layout{Root: creds.Root}.Quorum("demo-job"), "{}")
 	if err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("a trainer wrote a quorum: %v", err)
 	}

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -27,7 +27,7 @@ const (
 //     records, the election or the coordinators' keys, which live under
 //     <root>/_coordinator/ (job names cannot start with '_').
 func AuthRanges(root string) (all, trainerWrite [][2]string) {
-	p := keys.Layout{Root: root}.Prefix()
+	p := etcdkeys.Layout{Root: root}.Prefix()
 	end := clientv3.GetPrefixRangeEnd(p)
 	all = [][2]string{{p, end}}
 	// '_' + 1 is '`': the two ranges leave out exactly <root>/_….

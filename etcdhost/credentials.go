@@ -1,21 +1,41 @@
 package etcdhost
 
 import (
-	"encoding/json"
+	"fmt"
 
-	"github.com/ftcomm/ftcomm/membership"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/internal/etcdclient"
 )
 
-// WriteCredentials stores c at path, readable by the owner only, with
-// the format version membership.LoadCredentials reads. The file is
-// replaced through a temporary file and a rename, so a reader never sees
-// it half written.
-func WriteCredentials(path string, c *membership.Credentials) error {
-	cc := *c
-	cc.Version = membership.CredentialsVersion
-	b, err := json.MarshalIndent(cc, "", "  ")
+// Access is what a client needs to reach an etcd server as one of its
+// users: the endpoints, the key root, and on a Secure server the CA that
+// signs the server's certificate and the user's client certificate and
+// key (PEM). It is the etcd part of a trainer's membership.Credentials,
+// which this package does not import: the member client does not link
+// the etcd server, and the etcd host knows nothing of members.
+type Access struct {
+	Endpoints []string
+	Root      string
+	CACert    string
+	Cert      string
+	Key       string
+}
+
+// NewClient connects as this user, with the client settings every ftcomm
+// process uses (membership.ClientConfig). lg nil: it logs nothing.
+func (a *Access) NewClient(lg *zap.Logger) (*clientv3.Client, error) {
+	cfg := etcdclient.ClientConfig(a.Endpoints, lg)
+	tc, err := etcdclient.TLS(a.CACert, a.Cert, a.Key)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("%w: etcdhost: access: %v", comm.ErrInvalidArgument, err)
 	}
-	return writeFileAtomic(path, append(b, '\n'), 0o600)
+	cfg.TLS = tc
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("etcdhost: connect to %v: %w", cfg.Endpoints, err)
+	}
+	return cli, nil
 }

@@ -20,9 +20,13 @@
 //     never quorums, history, keep-out records or the election. The
 //     certificate's common name is the etcd user. Without Secure (the
 //     default) anyone who reaches the port can rewrite every job.
-//   - Embedded.Credentials mints a user's membership.Credentials, and
-//     WriteCredentials stores them for trainers (0600); ftcoord adds the
-//     coordinators' quorum keys and the gossip key first.
+//   - Embedded.Access mints what a user needs to reach the server
+//     (endpoints, root, CA, client certificate and key). ftcoord turns the
+//     trainers' into membership.Credentials, adds the coordinators' quorum
+//     keys and the gossip key, and stores them with
+//     membership.WriteCredentials (0600). This package does not import
+//     membership: the member client links no etcd server, and the etcd
+//     host knows nothing of members.
 //   - For an external etcd, secure it as etcd documents (TLS, client
 //     certificates, authentication): WritePKI makes the certificates, and
 //     ConfigureAuth, run once as etcd's root, creates ftcomm's roles and

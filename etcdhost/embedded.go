@@ -16,7 +16,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdclient"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -29,7 +30,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ftcomm/ftcomm/comm"
-	"github.com/ftcomm/ftcomm/membership"
 )
 
 // EmbeddedConfig configures an etcd server run inside this process.
@@ -93,7 +93,7 @@ type EmbeddedConfig struct {
 	// when ClientAddr's host is unspecified (0.0.0.0, ::).
 	AdvertiseClientAddr string
 	// Root is the ftcomm key prefix the roles of a Secure server cover
-	// (default keys.DefaultRoot).
+	// (default etcdkeys.DefaultRoot).
 	Root string
 }
 
@@ -351,17 +351,17 @@ func (m *Embedded) removeTemp() {
 // configureAuth sets up ftcomm's roles and users as root, on the
 // listening address (the advertised one may not resolve here).
 func (m *Embedded) configureAuth(ctx context.Context) error {
-	c, err := m.Credentials(UserRoot)
+	a, err := m.Access(UserRoot)
 	if err != nil {
 		return err
 	}
 	for _, u := range m.etcd.Config().ListenClientUrls {
-		c.Endpoints = []string{u.Host}
+		a.Endpoints = []string{u.Host}
 		if ip := net.ParseIP(u.Hostname()); ip != nil && ip.IsUnspecified() {
-			c.Endpoints = []string{net.JoinHostPort("127.0.0.1", u.Port())}
+			a.Endpoints = []string{net.JoinHostPort("127.0.0.1", u.Port())}
 		}
 	}
-	cli, err := c.NewClient(nil)
+	cli, err := a.NewClient(nil)
 	if err != nil {
 		return err
 	}
@@ -512,16 +512,16 @@ func (m *Embedded) Dir() string { return m.etcd.Config().Dir }
 // Secure reports whether the server requires TLS and authentication.
 func (m *Embedded) Secure() bool { return m.pki != nil }
 
-// Credentials returns what a client needs to act as user
-// (UserCoordinator, UserTrainer or UserRoot) on this server: its
-// endpoints and key root and, when Secure, the CA and the user's client
-// certificate and key. Add the coordinators' quorum keys and the gossip
-// key before handing a trainer's out (ftcoord does).
-func (m *Embedded) Credentials(user string) (*membership.Credentials, error) {
-	root := strings.TrimSuffix(keys.Layout{Root: m.cfg.Root}.Prefix(), "/")
-	c := &membership.Credentials{Version: membership.CredentialsVersion, Endpoints: m.Endpoints(), Root: root}
+// Access returns what a client needs to act as user (UserCoordinator,
+// UserTrainer or UserRoot) on this server: its endpoints and key root
+// and, when Secure, the CA and the user's client certificate and key.
+// A trainer's membership.Credentials are these plus the coordinators'
+// quorum keys and the gossip key (ftcoord adds them).
+func (m *Embedded) Access(user string) (*Access, error) {
+	root := strings.TrimSuffix(etcdkeys.Layout{Root: m.cfg.Root}.Prefix(), "/")
+	a := &Access{Endpoints: m.Endpoints(), Root: root}
 	if m.pki == nil {
-		return c, nil
+		return a, nil
 	}
 	switch user {
 	case UserRoot, UserCoordinator, UserTrainer:
@@ -532,8 +532,8 @@ func (m *Embedded) Credentials(user string) (*membership.Credentials, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.CACert, c.Cert, c.Key = string(m.pki.caPEM), string(cert), string(key)
-	return c, nil
+	a.CACert, a.Cert, a.Key = string(m.pki.caPEM), string(cert), string(key)
+	return a, nil
 }
 
 // Client returns a client of this server, created at the first call and
@@ -554,11 +554,11 @@ func (m *Embedded) Client() (*clientv3.Client, error) {
 // NewClient returns a new client of this server, as UserCoordinator
 // on a Secure one; the caller closes it.
 func (m *Embedded) NewClient(lg *zap.Logger) (*clientv3.Client, error) {
-	c, err := m.Credentials(UserCoordinator)
+	a, err := m.Access(UserCoordinator)
 	if err != nil {
 		return nil, err
 	}
-	return c.NewClient(lg)
+	return a.NewClient(lg)
 }
 
 // Close stops the server (closing the client Client returned) and removes
@@ -772,7 +772,7 @@ func (c *EmbeddedCluster) Endpoints() []string {
 
 // NewClient returns a client of the whole cluster; the caller closes it.
 func (c *EmbeddedCluster) NewClient(lg *zap.Logger) (*clientv3.Client, error) {
-	return membership.NewClient(c.Endpoints(), lg)
+	return etcdclient.NewClient(c.Endpoints(), lg)
 }
 
 // Close stops every member. Safe to call twice.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -90,7 +90,7 @@ func TestEmbeddedRestartKeepsEndpoints(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := cli.Get(ctx, keys.DefaultRoot+"/k"); err != nil {
+			if _, err := cli.Get(ctx, etcdkeys.DefaultRoot+"/k"); err != nil {
 				t.Fatal(err)
 			}
 			e.Close()

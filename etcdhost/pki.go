@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/google/renameio/v2"
 )
 
 // The etcd users of a secured embedded etcd. Each has a client
@@ -225,34 +227,6 @@ func loadPair(certFile, keyFile string) (*x509.Certificate, *ecdsa.PrivateKey, [
 	return cert, key, cb, nil
 }
 
-// writeFileAtomic writes data to path through a temporary file in the
-// same directory and a rename, with the given permissions.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("etcdhost: write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(perm)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if e := f.Close(); err == nil {
-		err = e
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("etcdhost: write %s: %w", path, err)
-	}
-	return nil
-}
-
 // certHosts returns the names a server certificate needs for a listen
 // address: its host (every local address and the host name when it is
 // unspecified), loopback, and extra.
@@ -281,4 +255,13 @@ func certHosts(listenHost string, extra []string) []string {
 		add(h)
 	}
 	return hosts
+}
+
+// writeFileAtomic writes data to path through a temporary file in the
+// same directory, a sync and a rename, with the given permissions.
+func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	if err := renameio.WriteFile(path, data, perm); err != nil {
+		return fmt.Errorf("etcdhost: write %s: %w", path, err)
+	}
+	return nil
 }

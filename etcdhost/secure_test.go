@@ -10,13 +10,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/etcdhost"
-	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 // The embedded etcd of a secure deployment accepts only clients with a
@@ -27,7 +27,7 @@ func TestSecureEmbeddedAccessControl(t *testing.T) {
 	a := sj.Join("a")
 	clustertest.WaitQuorum(t, a, 0, "a")
 	ctx := clustertest.Ctx(t, 30*time.Second)
-	k := keys.Layout{}
+	k := etcdkeys.Layout{}
 	// Members read the signed view (a member with a verifier refuses an
 	// unsigned one); the record beside it is signed too.
 	resp, err := sj.CoordClient.Get(ctx, k.Quorum(sj.Name))
@@ -120,7 +120,7 @@ func TestCredentialsFile(t *testing.T) {
 	sj := clustertest.StartSecureJob(t)
 	sj.Trainer.GossipKey = bytes.Repeat([]byte{7}, 32)
 	path := filepath.Join(t.TempDir(), "creds.json")
-	if err := etcdhost.WriteCredentials(path, sj.Trainer); err != nil {
+	if err := membership.WriteCredentials(path, sj.Trainer); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv(membership.CredentialsEnv, path)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 	"github.com/ftcomm/ftcomm/internal/testutil"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -138,7 +138,7 @@ func TestEtcdJoinerAsksAtItsFirstStep(t *testing.T) {
 	defer cli.Close()
 	ctx := testutil.Ctx(t, time.Minute)
 	record := func() membership.MemberRecord {
-		resp, err := cli.Get(ctx, keys.Layout{}.Member("toy", "c.0"))
+		resp, err := cli.Get(ctx, etcdkeys.Layout{}.Member("toy", "c.0"))
 		if err != nil || len(resp.Kvs) != 1 {
 			t.Fatalf("c's registration: %v (%d keys)", err, len(resp.Kvs))
 		}
@@ -254,7 +254,7 @@ func TestEtcdRestartWhileOldLeaseLives(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, _ := json.Marshal(membership.MemberRecord{Job: "toy", ID: "a.0", Group: "a", Addr: "127.0.0.1:1", Lease: int64(lease.ID)})
-	if _, err := cli.Put(ctx, keys.Layout{}.Member("toy", "a.0"), string(rec), clientv3.WithLease(lease.ID)); err != nil {
+	if _, err := cli.Put(ctx, etcdkeys.Layout{}.Member("toy", "a.0"), string(rec), clientv3.WithLease(lease.ID)); err != nil {
 		t.Fatal(err)
 	}
 	a := j.start("a", forever, 256) // New returns once the old lease is gone
@@ -280,7 +280,7 @@ func TestEtcdRegisteredAgainWithItsStep(t *testing.T) {
 	}
 	defer cli.Close()
 	ctx := testutil.Ctx(t, 30*time.Second)
-	key := keys.Layout{}.Member("toy", "a.0")
+	key := etcdkeys.Layout{}.Member("toy", "a.0")
 	before := a.c.CommittedStep()
 	resp, err := cli.Delete(ctx, key, clientv3.WithPrevKV())
 	if err != nil || len(resp.PrevKvs) != 1 {

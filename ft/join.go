@@ -7,7 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"github.com/cenkalti/backoff/v4"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -228,7 +228,7 @@ func registerIn(ctx context.Context, cfg Config, cli *clientv3.Client, id, addr 
 	if err != nil {
 		return nil, fmt.Errorf("ft: register %s with the coordinator: %w", id, err)
 	}
-	keys := keys.Layout{Root: mc.Root}
+	keys := etcdkeys.Layout{Root: mc.Root}
 	return &etcdMember{Member: mem, store: membership.NewStore(cli, keys.Rendezvous(cfg.Job)+rendezvousRoot)}, nil
 }
 

@@ -33,7 +33,7 @@ import (
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/coordinator"
 	"github.com/ftcomm/ftcomm/etcdhost"
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -644,6 +644,6 @@ func TestProcessWholeGroupKilled(t *testing.T) {
 // it saw that.
 func (j *procJob) awaitUnregistered(id string) time.Time {
 	j.t.Helper()
-	j.watchKey(keys.Layout{}.Member("proc", id), id+"'s registration to end", func(_ []byte, exists bool) bool { return !exists })
+	j.watchKey(etcdkeys.Layout{}.Member("proc", id), id+"'s registration to end", func(_ []byte, exists bool) bool { return !exists })
 	return time.Now()
 }

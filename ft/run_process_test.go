@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -116,7 +116,7 @@ func testNewRunOfAnOldJob(t *testing.T, mode ...string) {
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	gone := cli.Watch(ctx, keys.Layout{}.Members("proc"), clientv3.WithPrefix())
+	gone := cli.Watch(ctx, etcdkeys.Layout{}.Members("proc"), clientv3.WithPrefix())
 	for {
 		_, err := coordinator.NewAdmin(cli, "").NewRun(ctx, "proc", "third", "test")
 		if err == nil {
@@ -151,7 +151,7 @@ func awaitReportedStep(t *testing.T, endpoints []string, job string, step int64)
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	prefix := keys.Layout{}.Members(job)
+	prefix := etcdkeys.Layout{}.Members(job)
 	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
 	if err != nil {
 		t.Fatal(err)

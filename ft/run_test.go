@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -51,7 +51,7 @@ func waitJob(t *testing.T, cli *clientv3.Client, job, what string, cond func(coo
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	admin := coordinator.NewAdmin(cli, "")
-	changes := cli.Watch(ctx, keys.Layout{}.Members(job), clientv3.WithPrefix())
+	changes := cli.Watch(ctx, etcdkeys.Layout{}.Members(job), clientv3.WithPrefix())
 	recheck := time.NewTicker(100 * time.Millisecond)
 	defer recheck.Stop()
 	for {
@@ -89,7 +89,7 @@ func TestEtcdDurableWaitIsShown(t *testing.T) {
 	// A step far ahead, recorded by a holder none of them can reach.
 	ghost := membership.CommitRecord{Step: 1 << 20, Epoch: 1, By: "ghost.0", At: time.Now()}
 	val, _ := json.Marshal(ghost)
-	if _, err := cli.Put(ctx, keys.Layout{}.Commit("toy", ghost.Step), string(val)); err != nil {
+	if _, err := cli.Put(ctx, etcdkeys.Layout{}.Commit("toy", ghost.Step), string(val)); err != nil {
 		t.Fatal(err)
 	}
 	// The next epoch's agreement gives a's and b's step, below it.
@@ -105,7 +105,7 @@ func TestEtcdDurableWaitIsShown(t *testing.T) {
 	})
 
 	// The record goes and c leaves: the next epoch lets a and b go on.
-	if _, err := cli.Delete(ctx, keys.Layout{}.Commit("toy", ghost.Step)); err != nil {
+	if _, err := cli.Delete(ctx, etcdkeys.Layout{}.Commit("toy", ghost.Step)); err != nil {
 		t.Fatal(err)
 	}
 	c.cancel()

@@ -14,7 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -175,7 +175,7 @@ func (j *procJob) cpuTime(id string) time.Duration {
 // (a spare that did everything before its first Step).
 func (j *procJob) awaitReady(id string) {
 	j.t.Helper()
-	j.watchKey(keys.Layout{}.Member("proc", id), "member "+id+" ready", func(v []byte, ok bool) bool {
+	j.watchKey(etcdkeys.Layout{}.Member("proc", id), "member "+id+" ready", func(v []byte, ok bool) bool {
 		var r membership.MemberRecord
 		return ok && json.Unmarshal(v, &r) == nil && r.WantQuorum
 	})
@@ -185,7 +185,7 @@ func (j *procJob) awaitReady(id string) {
 func (j *procJob) quorum() membership.Quorum {
 	j.t.Helper()
 	var q membership.Quorum
-	j.watchKey(keys.Layout{}.Quorum("proc"), "the quorum", func(v []byte, ok bool) bool {
+	j.watchKey(etcdkeys.Layout{}.Quorum("proc"), "the quorum", func(v []byte, ok bool) bool {
 		if !ok {
 			return false
 		}

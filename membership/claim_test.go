@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
-	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 // claimLease is longer than every wait of these tests: a registration that

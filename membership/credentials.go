@@ -3,18 +3,19 @@ package membership
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"os"
 	"slices"
 	"time"
 
+	"github.com/google/renameio/v2"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/internal/etcdclient"
 )
 
 // CredentialsEnv names the environment variable that holds the path of a
@@ -98,6 +99,23 @@ func LoadCredentialsOrEnv(path string) (*Credentials, error) {
 	return LoadCredentials(path)
 }
 
+// WriteCredentials stores c at path, readable by the owner only, with
+// the format version LoadCredentials reads. The file is replaced through
+// a temporary file and a rename, so a reader (a member following it)
+// never sees it half written.
+func WriteCredentials(path string, c *Credentials) error {
+	cc := *c
+	cc.Version = CredentialsVersion
+	b, err := json.MarshalIndent(cc, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := renameio.WriteFile(path, append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("membership: write credentials: %w", err)
+	}
+	return nil
+}
+
 // Validate says what is wrong with the credentials, if anything.
 func (c *Credentials) Validate() error {
 	bad := func(f string, a ...any) error {
@@ -128,23 +146,9 @@ func (c *Credentials) Validate() error {
 // TLS returns the client TLS configuration (nil when the credentials
 // hold neither a CA nor a client certificate).
 func (c *Credentials) TLS() (*tls.Config, error) {
-	if c.CACert == "" && c.Cert == "" {
-		return nil, nil
-	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if c.CACert != "" {
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM([]byte(c.CACert)) {
-			return nil, fmt.Errorf("%w: membership: credentials: caCert holds no PEM certificate", comm.ErrInvalidArgument)
-		}
-		tc.RootCAs = pool
-	}
-	if c.Cert != "" {
-		cert, err := tls.X509KeyPair([]byte(c.Cert), []byte(c.Key))
-		if err != nil {
-			return nil, fmt.Errorf("%w: membership: credentials: client certificate: %v", comm.ErrInvalidArgument, err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
+	tc, err := etcdclient.TLS(c.CACert, c.Cert, c.Key)
+	if err != nil {
+		return nil, fmt.Errorf("%w: membership: credentials: %v", comm.ErrInvalidArgument, err)
 	}
 	return tc, nil
 }

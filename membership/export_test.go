@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/comm"
-	"github.com/ftcomm/ftcomm/internal/gossip"
+	"github.com/ftcomm/ftcomm/membership/gossip"
 )
 
 // Crash stops m as a killed process would: no key deletion, no lease

@@ -8,12 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"go.uber.org/zap/zaptest"
 
 	"github.com/ftcomm/ftcomm/etcdhost"
-	"github.com/ftcomm/ftcomm/internal/clustertest"
+	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 // A client whose etcd moved (restarted on another port, the credentials
@@ -30,11 +31,8 @@ func TestCredentialsFollow(t *testing.T) {
 				t.Fatal(err)
 			}
 			path := filepath.Join(t.TempDir(), "credentials.json")
-			creds, err := e.Credentials(etcdhost.UserTrainer)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := etcdhost.WriteCredentials(path, creds); err != nil {
+			creds := clustertest.Credentials(t, e, etcdhost.UserTrainer)
+			if err := membership.WriteCredentials(path, creds); err != nil {
 				t.Fatal(err)
 			}
 			cli, err := creds.NewClient(nil)
@@ -48,7 +46,7 @@ func TestCredentialsFollow(t *testing.T) {
 				creds.Follow(cli.Ctx(), cli, path, zaptest.NewLogger(t))
 			}()
 			defer func() { cli.Close(); <-followed }()
-			key := keys.DefaultRoot + "/job/k"
+			key := etcdkeys.DefaultRoot + "/job/k"
 			if _, err := cli.Put(ctx, key, "v"); err != nil {
 				t.Fatal(err)
 			}
@@ -65,11 +63,8 @@ func TestCredentialsFollow(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer e.Close()
-			moved, err := e.Credentials(etcdhost.UserTrainer)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := etcdhost.WriteCredentials(path, moved); err != nil {
+			moved := clustertest.Credentials(t, e, etcdhost.UserTrainer)
+			if err := membership.WriteCredentials(path, moved); err != nil {
 				t.Fatal(err)
 			}
 			resp, err := cli.Get(clustertest.Ctx(t, 20*time.Second), key)

@@ -1,6 +1,6 @@
 package membership
 
-import "github.com/ftcomm/ftcomm/internal/gossip"
+import "github.com/ftcomm/ftcomm/membership/gossip"
 
 // GossipConfig configures failure detection by gossip (SWIM:
 // hashicorp/memberlist with Lifeguard) among the members of jobs and the

@@ -14,11 +14,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/ftcomm/ftcomm/internal/gossip"
+	"github.com/ftcomm/ftcomm/membership/gossip"
 )
 
 // A replica group's members share one lease (MemberConfig.GroupLease).
-// The group's record, at keys.Layout.GroupLease and bound to the lease itself,
+// The group's record, at etcdkeys.Layout.GroupLease and bound to the lease itself,
 // names the lease, the member that keeps it alive (the group's leader:
 // whichever member created the record) and where the leader serves the
 // group's liveness links. Every member keeps its own registration, bound

@@ -8,15 +8,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 // joinGroup joins members ids of replica group "g" on the group's shared
@@ -34,7 +34,7 @@ func joinGroup(tj *clustertest.Job, ids ...string) []*membership.Member {
 // memberLeases counts the leases bound to the job's member keys.
 func memberLeases(t *testing.T, cli *clientv3.Client, job string) map[int64]int {
 	t.Helper()
-	resp, err := cli.Get(clustertest.Ctx(t, 10*time.Second), keys.Layout{}.Members(job), clientv3.WithPrefix())
+	resp, err := cli.Get(clustertest.Ctx(t, 10*time.Second), etcdkeys.Layout{}.Members(job), clientv3.WithPrefix())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestGroupFollowerWatchesFromItsRegistration(t *testing.T) {
 	lead := joinGroup(tj, "g.0")[0]
 	ctx := clustertest.Ctx(t, 30*time.Second)
 	created := int64(0)
-	if r, err := tj.Client.Get(ctx, keys.Layout{}.GroupLease(tj.Name, "g")); err != nil || len(r.Kvs) != 1 {
+	if r, err := tj.Client.Get(ctx, etcdkeys.Layout{}.GroupLease(tj.Name, "g")); err != nil || len(r.Kvs) != 1 {
 		t.Fatalf("the group's record: %v, %v", r, err)
 	} else {
 		created = r.Kvs[0].ModRevision
@@ -195,7 +195,7 @@ func TestGroupLeaseLinkStrangers(t *testing.T) {
 	other := tj.Join("h.0", func(c *membership.MemberConfig) { c.Group = "h" })
 	q := clustertest.WaitQuorum(t, ms[0], 0, "g.0", "g.1", "h.0")
 	ctx := clustertest.Ctx(t, 20*time.Second)
-	resp, err := tj.Client.Get(ctx, keys.Layout{}.GroupLease(tj.Name, "g"))
+	resp, err := tj.Client.Get(ctx, etcdkeys.Layout{}.GroupLease(tj.Name, "g"))
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("the group's lease record: %v (%d keys)", err, len(resp.Kvs))
 	}

@@ -21,10 +21,10 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
-	"github.com/ftcomm/ftcomm/internal/clustertest"
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 // What a group's links promise, whatever the load: a member is removed
@@ -66,7 +66,7 @@ func TestGroupDeathRemovedAfterAFailedDelete(t *testing.T) {
 	for _, m := range ms {
 		clustertest.WaitQuorum(t, m, 0, "g.0", "g.1", "g.2")
 	}
-	key := keys.Layout{}.Member(tj.Name, "g.1")
+	key := etcdkeys.Layout{}.Member(tj.Name, "g.1")
 
 	proxy.setCut(true) // the leader's deletes fail until healed
 	ms[1].Crash()
@@ -130,7 +130,7 @@ func TestGroupLinkRefusedIsNoDeath(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, _ := json.Marshal(map[string]any{"lease": fmt.Sprint(int64(lr.ID)), "leader": "g.0", "link": link, "since": time.Now()})
-	gkey := keys.Layout{}.GroupLease(tj.Name, "g")
+	gkey := etcdkeys.Layout{}.GroupLease(tj.Name, "g")
 	put, err := tj.Client.Put(ctx, gkey, string(rec), clientv3.WithLease(lr.ID))
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +166,7 @@ func TestGroupLeaderSaysItRefuses(t *testing.T) {
 	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	leader := tj.Join("g.0", groupMember)
 	ctx := clustertest.Ctx(t, 20*time.Second)
-	r, err := tj.Client.Get(ctx, keys.Layout{}.GroupLease(tj.Name, "g"))
+	r, err := tj.Client.Get(ctx, etcdkeys.Layout{}.GroupLease(tj.Name, "g"))
 	if err != nil || len(r.Kvs) != 1 {
 		t.Fatalf("the group's record: %v, %v", r, err)
 	}
@@ -201,7 +201,7 @@ func TestGroupRelinkKeepsTheRegistration(t *testing.T) {
 		clustertest.WaitQuorum(t, m, 0, "g.0", "g.1", "g.2")
 	}
 	ctx := clustertest.Ctx(t, 30*time.Second)
-	gkey := keys.Layout{}.GroupLease(tj.Name, "g")
+	gkey := etcdkeys.Layout{}.GroupLease(tj.Name, "g")
 	moved, err := tj.Client.Put(ctx, gkey, "", clientv3.WithIgnoreValue(), clientv3.WithIgnoreLease())
 	if err != nil {
 		t.Fatal(err)
@@ -276,7 +276,7 @@ func (t *lostAnswerTxn) Commit() (*clientv3.TxnResponse, error) {
 // among the dead.
 func TestGroupTakeoverWithoutAnswerLeads(t *testing.T) {
 	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
-	kv := &lostAnswerKV{key: keys.Layout{}.GroupLease(tj.Name, "g")}
+	kv := &lostAnswerKV{key: etcdkeys.Layout{}.GroupLease(tj.Name, "g")}
 	ms := []*membership.Member{
 		tj.Join("g.0", groupMember),
 		tj.Join("g.1", func(c *membership.MemberConfig) { // the first in line to take over
@@ -321,7 +321,7 @@ func rollBound() time.Duration {
 // registration reads member id's registration (nil: none).
 func registration(t *testing.T, ctx context.Context, cli *clientv3.Client, job, id string) *mvccpb.KeyValue {
 	t.Helper()
-	r, err := cli.Get(ctx, keys.Layout{}.Member(job, id))
+	r, err := cli.Get(ctx, etcdkeys.Layout{}.Member(job, id))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,7 +474,7 @@ func (w *deafWatcher) Watch(ctx context.Context, key string, opts ...clientv3.Op
 // same.
 func TestGroupRollReadAfterBrokenWatch(t *testing.T) {
 	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
-	w := &deafWatcher{key: keys.Layout{}.GroupJoined(tj.Name, "g"), broken: make(chan struct{})}
+	w := &deafWatcher{key: etcdkeys.Layout{}.GroupJoined(tj.Name, "g"), broken: make(chan struct{})}
 	tj.Join("g.0", func(c *membership.MemberConfig) {
 		rollMember(c)
 		w.Watcher, c.Client.Watcher = c.Client.Watcher, w

@@ -15,7 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 )
 
 // A record forwarded by the group's leader is taken only as one read from
@@ -31,9 +31,9 @@ func TestForwardedQuorumFenced(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	m := &Member{cfg: MemberConfig{Job: "j", QuorumVerifier: NewQuorumVerifier(k)}, keys: keys.Layout{}, lg: zap.NewNop(),
+	m := &Member{cfg: MemberConfig{Job: "j", QuorumVerifier: NewQuorumVerifier(k)}, keys: etcdkeys.Layout{}, lg: zap.NewNop(),
 		revocations: map[uint64]Revocation{}, changed: make(chan struct{}), revokedCh: map[uint64]chan struct{}{}, life: ctx}
-	lay := keys.Layout{}
+	lay := etcdkeys.Layout{}
 	rev := int64(10)
 	kv := func(key string, raw []byte) *mvccpb.KeyValue {
 		rev++
@@ -162,7 +162,7 @@ func (k *readKV) Get(ctx context.Context, key string, _ ...clientv3.OpOption) (*
 func TestForwardedViewDuringARead(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	lay := keys.Layout{}
+	lay := etcdkeys.Layout{}
 	rev := int64(10)
 	kv := func(key string, raw []byte) *mvccpb.KeyValue {
 		rev++
@@ -214,7 +214,7 @@ func TestForwardedViewDuringARead(t *testing.T) {
 func TestForwardedViewReadFailing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	lay := keys.Layout{}
+	lay := etcdkeys.Layout{}
 	rev := int64(10)
 	kv := func(key string, raw []byte) *mvccpb.KeyValue {
 		rev++

@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
-	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 // waitWatching waits until m watches etcd's epochs (want) or not.

@@ -22,7 +22,7 @@ import (
 //
 // So each write that binds a registration to a group's lease (a member's
 // registration, its move to a lease taken over) also writes the group's
-// joined key (keys.Layout.GroupJoined), naming the member, bound to the
+// joined key (etcdkeys.Layout.GroupJoined), naming the member, bound to the
 // same lease. The leader watches that key from the revision at which it
 // took the lease (created it, or took it over), so it sees every
 // registration on its lease but its own; it keeps a roll of them and of
@@ -56,7 +56,7 @@ func (c MemberConfig) unlinkedBound() time.Duration {
 	return c.LeaseTTL + 4*c.GroupLinkTimeout
 }
 
-// groupJoined is the record at keys.Layout.GroupJoined.
+// groupJoined is the record at etcdkeys.Layout.GroupJoined.
 type groupJoined struct {
 	ID string `json:"id"`
 	// Incarnation is the registration's; 0: the revision of the write of

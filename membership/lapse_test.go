@@ -13,10 +13,10 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ftcomm/ftcomm/etcdhost"
-	"github.com/ftcomm/ftcomm/internal/clustertest"
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 // observedLogger logs to the test and keeps what it logged.
@@ -77,7 +77,7 @@ func TestRegistrationOutlivesEtcdRestart(t *testing.T) {
 		t.Fatalf("membership ended: %v", err)
 	}
 	admin := clustertest.NewClient(t, e)
-	key := keys.Layout{}.Member("j", "a")
+	key := etcdkeys.Layout{}.Member("j", "a")
 	resp, err := admin.Get(ctx, key)
 	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != m.Incarnation() {
 		t.Fatalf("the registration after the restart: %+v, %v (incarnation %d)", resp, err, m.Incarnation())

@@ -16,7 +16,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/ftcomm/ftcomm/internal/gossip"
+	"github.com/ftcomm/ftcomm/membership/gossip"
 )
 
 // A member's liveness: its registration under a lease (its own, or its
@@ -93,7 +93,7 @@ func (m *Member) register(ctx context.Context) error {
 }
 
 // Claim asks the coordinator to confirm that the incarnation holding a
-// member id is dead (at keys.Layout.Claim): a new process of the member
+// member id is dead (at etcdkeys.Layout.Claim): a new process of the member
 // found its id taken, most often by its own previous process, killed a
 // moment ago, whose lease has not expired yet. The coordinator dials the
 // holder's address; a refused connection (no process listens there) ends

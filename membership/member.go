@@ -10,13 +10,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
-	"github.com/ftcomm/ftcomm/internal/gossip"
+	"github.com/ftcomm/ftcomm/membership/gossip"
 )
 
 // MemberConfig configures a member: one replica group's leader of a job.
@@ -127,7 +127,7 @@ const maxHostLen = 253
 // DefaultMemberConfig returns the defaults of the optional fields; fill
 // Client, Job, ID and Addr.
 func DefaultMemberConfig() MemberConfig {
-	return MemberConfig{Root: keys.DefaultRoot, LeaseTTL: 5 * time.Second, HeartbeatInterval: 10 * time.Second,
+	return MemberConfig{Root: etcdkeys.DefaultRoot, LeaseTTL: 5 * time.Second, HeartbeatInterval: 10 * time.Second,
 		GroupLinkInterval: 200 * time.Millisecond, GroupLinkTimeout: time.Second}
 }
 
@@ -183,7 +183,7 @@ func (c MemberConfig) Validate() error {
 type Member struct {
 	cfg  MemberConfig
 	cli  *clientv3.Client
-	keys keys.Layout
+	keys etcdkeys.Layout
 	key  string
 	inc  int64
 	// run is the run the member joined, runRev the revision of its
@@ -270,7 +270,7 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	m := &Member{
 		cfg:         cfg,
 		cli:         cfg.Client,
-		keys:        keys.Layout{Root: cfg.Root},
+		keys:        etcdkeys.Layout{Root: cfg.Root},
 		lg:          cfg.Logger,
 		revocations: map[uint64]Revocation{},
 		changed:     make(chan struct{}),

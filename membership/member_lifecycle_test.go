@@ -8,15 +8,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 
-	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 func joinLifecycle(t *testing.T, cli *clientv3.Client, id string) *membership.Member {
@@ -108,7 +108,7 @@ func TestLeaveAfterWriteInFlight(t *testing.T) {
 	}
 	defer cli.Close()
 	m := joinLifecycle(t, cli, "m0")
-	key := keys.Layout{Root: keys.DefaultRoot}.Member("job1", "m0")
+	key := etcdkeys.Layout{Root: etcdkeys.DefaultRoot}.Member("job1", "m0")
 	wctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	wch := clustertest.NewClient(t, e).Watch(wctx, key, clientv3.WithRev(m.Incarnation()+1), clientv3.WithPrevKV(), clientv3.WithFilterPut())

@@ -12,10 +12,10 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/ftcomm/ftcomm/internal/clustertest"
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 func TestMemberDuplicateID(t *testing.T) {
@@ -121,7 +121,7 @@ func TestDeathByGossip(t *testing.T) {
 	// publication): b comes back without waiting out its minute's lease.
 	ctx := clustertest.Ctx(t, 20*time.Second)
 	testutil.WaitFor(t, ctx, "b's registration deleted", func() bool {
-		resp, err := tj.Client.Get(ctx, keys.Layout{}.Member(tj.Name, "b"))
+		resp, err := tj.Client.Get(ctx, etcdkeys.Layout{}.Member(tj.Name, "b"))
 		return err == nil && len(resp.Kvs) == 0
 	})
 	b2 := tj.Join("b", long)

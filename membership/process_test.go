@@ -17,10 +17,10 @@ import (
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
-	"github.com/ftcomm/ftcomm/internal/clustertest"
-	"github.com/ftcomm/ftcomm/internal/gossip"
 	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/membership/gossip"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 // The test binary doubles as a member process (FTCOMM_TEST_MEMBER) and as a

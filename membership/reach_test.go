@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
-	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/internal/testutil"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 // A member that blamed a peer dials it, and says in its record once the

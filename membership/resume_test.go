@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 // cutProxy forwards TCP to a backend and can cut every connection and
@@ -109,7 +109,7 @@ func TestMemberWatchResumesAfterCompaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	keys := keys.Layout{}
+	keys := etcdkeys.Layout{}
 	put := func(epoch uint64) int64 {
 		// What a coordinator writes: the record and its view.
 		q := membership.Quorum{Job: "j", Epoch: epoch, Participants: []membership.Participant{{ID: "a", Incarnation: m.Incarnation()}}}

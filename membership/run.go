@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -98,7 +98,7 @@ func newRunID() string {
 
 // currentRun reads the job's run record: the record and its mod revision
 // (0: none, the default run).
-func currentRun(ctx context.Context, cli *clientv3.Client, layout keys.Layout, job string) (RunRecord, int64, error) {
+func currentRun(ctx context.Context, cli *clientv3.Client, layout etcdkeys.Layout, job string) (RunRecord, int64, error) {
 	resp, err := cli.Get(ctx, layout.Run(job))
 	if err != nil {
 		return RunRecord{}, 0, fmt.Errorf("membership: read the run of job %s: %w", job, ctxErr(ctx, err))
@@ -134,7 +134,7 @@ func StartRun(ctx context.Context, cli *clientv3.Client, root, job, id, by strin
 	if err := checkName("run", id); err != nil {
 		return RunRecord{}, err
 	}
-	layout := keys.Layout{Root: root}
+	layout := etcdkeys.Layout{Root: root}
 	for {
 		cur, rev, err := currentRun(ctx, cli, layout, job)
 		if err != nil {
@@ -154,7 +154,7 @@ func StartRun(ctx context.Context, cli *clientv3.Client, root, job, id, by strin
 // run id, clearing the commit records, if the job has no live member; it
 // returns the new record and its revision. ok false: the run record
 // changed meanwhile (read it again).
-func startRun(ctx context.Context, cli *clientv3.Client, layout keys.Layout, job, id, by string, cur RunRecord, rev int64) (_ RunRecord, newRev int64, ok bool, _ error) {
+func startRun(ctx context.Context, cli *clientv3.Client, layout etcdkeys.Layout, job, id, by string, cur RunRecord, rev int64) (_ RunRecord, newRev int64, ok bool, _ error) {
 	ended := cur.Ended
 	if rev != 0 || cur.ID != "" {
 		ended = append([]string{cur.ID}, ended...)
@@ -191,7 +191,7 @@ func startRun(ctx context.Context, cli *clientv3.Client, layout keys.Layout, job
 // nameFirstRun records a job's first run, with a fresh id, if the job has
 // no run record (ok false: it has one now). Unlike startRun it keeps the
 // commit records: they are this run's.
-func nameFirstRun(ctx context.Context, cli *clientv3.Client, layout keys.Layout, job, by string) (_ RunRecord, rev int64, ok bool, _ error) {
+func nameFirstRun(ctx context.Context, cli *clientv3.Client, layout etcdkeys.Layout, job, by string) (_ RunRecord, rev int64, ok bool, _ error) {
 	r := RunRecord{ID: newRunID(), Started: time.Now(), By: by}
 	val, _ := json.Marshal(r)
 	rk := layout.Run(job)

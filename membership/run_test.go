@@ -5,12 +5,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
-	"github.com/ftcomm/ftcomm/internal/clustertest"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 // A job's runs: the first member names the run; a new run starts only
@@ -67,7 +67,7 @@ func TestRuns(t *testing.T) {
 	}
 	// A member whose registration is gone (a lost lease) while run r3
 	// starts can record nothing, read nothing and not register again.
-	if _, err := tj.Client.Delete(ctx, keys.Layout{}.Member(tj.Name, "b")); err != nil {
+	if _, err := tj.Client.Delete(ctx, etcdkeys.Layout{}.Member(tj.Name, "b")); err != nil {
 		t.Fatal(err)
 	}
 	<-b.Done()

@@ -19,7 +19,7 @@ import (
 // A job's settings are a small document of typed keys and values that an
 // operator changes while the job runs (`ftcoord job set`, the coordinator's
 // API): a learning rate, DiLoCo's sync period. The coordinator keeps it
-// (keys.Layout.Settings, signed like its quorums), numbers its versions,
+// (etcdkeys.Layout.Settings, signed like its quorums), numbers its versions,
 // and names the version in force in every quorum (Quorum.Settings); a
 // change is published as a new epoch, so every replica of the epoch takes
 // it from the same step — the first of the epoch, which its participants

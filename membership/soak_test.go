@@ -12,9 +12,9 @@ import (
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
 	"github.com/ftcomm/ftcomm/coordinator"
-	"github.com/ftcomm/ftcomm/internal/clustertest"
-	"github.com/ftcomm/ftcomm/internal/gossip"
 	"github.com/ftcomm/ftcomm/membership"
+	"github.com/ftcomm/ftcomm/membership/gossip"
+	"github.com/ftcomm/ftcomm/test/clustertest"
 )
 
 var (

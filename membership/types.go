@@ -175,7 +175,7 @@ type Quorum struct {
 	RunStep int64 `json:"runStep,omitempty"`
 	// Settings names the job's settings document in force from this
 	// epoch's first step (nil: none was ever set). The document is at
-	// keys.Layout.Settings; its digest, covered by the quorum's
+	// etcdkeys.Layout.Settings; its digest, covered by the quorum's
 	// signature, proves which one.
 	Settings *SettingsRef `json:"settings,omitempty"`
 	// Target is the most replica groups a quorum of this run had: the

@@ -9,7 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ftcomm/ftcomm/comm"
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 )
 
 // WaitVacancy waits until a rank of a replica group leaves a place free:
@@ -34,7 +34,7 @@ func WaitVacancy(ctx context.Context, cli *clientv3.Client, root, job, group str
 	if seen == nil {
 		seen = make([]bool, size)
 	}
-	prefix := keys.Layout{Root: root}.Members(job)
+	prefix := etcdkeys.Layout{Root: root}.Members(job)
 	rankOf := func(key []byte) (int, bool) {
 		id, ok := strings.CutPrefix(string(key), prefix)
 		if !ok {

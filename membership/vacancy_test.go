@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/etcdhost"
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 	"github.com/ftcomm/ftcomm/membership"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -18,7 +18,7 @@ import (
 // the group's size and other keys are no vacancy.
 func TestWaitVacancy(t *testing.T) {
 	ctx, cli := vacancyEtcd(t)
-	k := keys.Layout{Root: keys.DefaultRoot}
+	k := etcdkeys.Layout{Root: etcdkeys.DefaultRoot}
 	put := func(id string) {
 		if _, err := cli.Put(ctx, k.Member("job", id), "{}"); err != nil {
 			t.Fatal(err)
@@ -35,7 +35,7 @@ func TestWaitVacancy(t *testing.T) {
 	put("other.1")
 	got := make(chan int, 1)
 	go func() {
-		r, err := membership.WaitVacancy(ctx, cli, keys.DefaultRoot, "job", "g.x", 3, nil)
+		r, err := membership.WaitVacancy(ctx, cli, etcdkeys.DefaultRoot, "job", "g.x", 3, nil)
 		if err != nil {
 			t.Error(err)
 		}
@@ -63,7 +63,7 @@ func TestWaitVacancy(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("no vacancy reported")
 	}
-	if _, err := membership.WaitVacancy(ctx, cli, keys.DefaultRoot, "job", "g x", 3, nil); err == nil {
+	if _, err := membership.WaitVacancy(ctx, cli, etcdkeys.DefaultRoot, "job", "g x", 3, nil); err == nil {
 		t.Fatal("an invalid group name was accepted")
 	}
 }
@@ -72,7 +72,7 @@ func TestWaitVacancy(t *testing.T) {
 // place asks again with what it saw, and gets the second at once.
 func TestWaitVacancyRemembersWhatItSaw(t *testing.T) {
 	ctx, cli := vacancyEtcd(t)
-	k := keys.Layout{Root: keys.DefaultRoot}
+	k := etcdkeys.Layout{Root: etcdkeys.DefaultRoot}
 	for _, id := range []string{"g.0", "g.1", "g.2"} {
 		if _, err := cli.Put(ctx, k.Member("job", id), "{}"); err != nil {
 			t.Fatal(err)
@@ -84,7 +84,7 @@ func TestWaitVacancyRemembersWhatItSaw(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r, err := membership.WaitVacancy(ctx, cli, keys.DefaultRoot, "job", "g", 3, seen)
+	r, err := membership.WaitVacancy(ctx, cli, etcdkeys.DefaultRoot, "job", "g", 3, seen)
 	if err != nil || (r != 1 && r != 2) {
 		t.Fatalf("first vacancy %d, %v", r, err)
 	}
@@ -92,7 +92,7 @@ func TestWaitVacancyRemembersWhatItSaw(t *testing.T) {
 	if _, err := cli.Put(ctx, k.Member("job", "g."+strconv.Itoa(r)), "{}"); err != nil {
 		t.Fatal(err)
 	}
-	r2, err := membership.WaitVacancy(ctx, cli, keys.DefaultRoot, "job", "g", 3, seen)
+	r2, err := membership.WaitVacancy(ctx, cli, etcdkeys.DefaultRoot, "job", "g", 3, seen)
 	if err != nil || r2 != 3-r {
 		t.Fatalf("second vacancy %d, %v; want %d", r2, err, 3-r)
 	}

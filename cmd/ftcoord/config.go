@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
@@ -88,7 +88,7 @@ func defaultServeConfig() serveConfig {
 		DataDir:            "./ftcoord-data",
 		EtcdClientAddr:     "127.0.0.1:0",
 		EtcdPeerAddr:       "127.0.0.1:0",
-		Root:               keys.DefaultRoot,
+		Root:               etcdkeys.DefaultRoot,
 		Name:               defaultName(os.Hostname),
 		MinReplicas:        cc.Quorum.MinReplicas,
 		JoinTimeout:        cc.Quorum.JoinTimeout,

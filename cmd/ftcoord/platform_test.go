@@ -14,7 +14,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -166,7 +165,7 @@ func TestSetupCommands(t *testing.T) {
 		t.Fatalf("credentials before serve: %d %q", code, msg)
 	}
 	c := &membership.Credentials{Endpoints: []string{"etcd-0:2379"}, Root: "/ftcomm"}
-	if err := etcdhost.WriteCredentials(credsFile, c); err != nil {
+	if err := membership.WriteCredentials(credsFile, c); err != nil {
 		t.Fatal(err)
 	}
 	want, _ := os.ReadFile(credsFile)

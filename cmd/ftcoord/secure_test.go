@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -63,7 +63,7 @@ func TestServeProcessForgedQuorum(t *testing.T) {
 	waitParticipants(t, b, 2)
 	ctx := testutil.Ctx(t, 60*time.Second)
 	short := func() context.Context { return testutil.Ctx(t, 2*time.Second) }
-	k := keys.Layout{}
+	k := etcdkeys.Layout{}
 
 	// Someone who merely reaches the port gets nothing.
 	plain, err := membership.NewClient(creds.Endpoints, nil)

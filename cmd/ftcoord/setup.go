@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -162,7 +162,7 @@ type etcdInitConfig struct {
 }
 
 func defaultEtcdInitConfig() etcdInitConfig {
-	return etcdInitConfig{Root: keys.DefaultRoot, Timeout: 30 * time.Second}
+	return etcdInitConfig{Root: etcdkeys.DefaultRoot, Timeout: 30 * time.Second}
 }
 
 func (c *etcdInitConfig) flags(fs *flag.FlagSet) {

@@ -49,7 +49,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
 
@@ -401,7 +401,7 @@ func runLoad(o options) error {
 		return err
 	}
 	defer coord.stop()
-	keys := keys.Layout{}
+	keys := etcdkeys.Layout{}
 	for {
 		resp, err := admin.Get(ctx, keys.Election(), clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err == nil && resp.Count > 0 {
@@ -896,7 +896,7 @@ func recordAgainst(cli *clientv3.Client, job string, members, want int, gone map
 		}
 	}
 	reg := func(id string) string {
-		r, err := cli.Get(ctx, keys.Layout{}.Member(job, id))
+		r, err := cli.Get(ctx, etcdkeys.Layout{}.Member(job, id))
 		switch {
 		case err != nil:
 			return id + " (registration unread)"

@@ -26,7 +26,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -417,7 +417,7 @@ func (s *shardServer) laggards(live []*sim, ok func(membership.Quorum, bool) boo
 // record.
 func (s *shardServer) registration(ctx context.Context, sm *sim) string {
 	cli := s.clients[0]
-	k := keys.Layout{}.Member(jobName(sm.job), sm.m.ID())
+	k := etcdkeys.Layout{}.Member(jobName(sm.job), sm.m.ID())
 	resp, err := cli.Get(ctx, k)
 	var b strings.Builder
 	switch {
@@ -434,7 +434,7 @@ func (s *shardServer) registration(ctx context.Context, sm *sim) string {
 		fmt.Fprintf(&b, "registered as %s on lease %x (%s)", who, kv.Lease, leaseTTL(ctx, cli, kv.Lease))
 	}
 	if g := sm.m.Record().Group; g != "" && s.cfg.groupLease {
-		resp, err := cli.Get(ctx, keys.Layout{}.GroupLease(jobName(sm.job), g))
+		resp, err := cli.Get(ctx, etcdkeys.Layout{}.GroupLease(jobName(sm.job), g))
 		switch {
 		case err != nil:
 			fmt.Fprintf(&b, "; group record unread (%v)", err)

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -66,7 +66,7 @@ func startLiveCoordinator(t *testing.T, token string, gossip bool) *liveCoordina
 		t.Fatal("coordinator did not lead")
 	}
 	a := &api{admin: coordinator.NewAdmin(cli, ""), coord: coord, cli: cli, token: token, gatherer: reg, lg: cc.Logger,
-		keepOut: coordinator.DefaultEvictKeepOut, healthKey: keys.DefaultRoot + "/_health"}
+		keepOut: coordinator.DefaultEvictKeepOut, healthKey: etcdkeys.DefaultRoot + "/_health"}
 	srv := httptest.NewServer(a.handler())
 	t.Cleanup(srv.Close)
 	return &liveCoordinator{etcd: e, cli: cli, coord: coord, srv: srv, token: token}

@@ -329,16 +329,18 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		}
 		lg.Info("embedded etcd running", zap.Strings("endpoints", s.embedded.Endpoints()), zap.String("data-dir", cfg.DataDir),
 			zap.Bool("tls", s.embedded.Secure()))
-		own, err := s.embedded.Credentials(etcdhost.UserCoordinator)
+		own, err := s.embedded.Access(etcdhost.UserCoordinator)
 		if err != nil {
 			return nil, err
 		}
-		if ccfg, err = own.ClientConfig(nil, clientLog); err != nil {
+		if ccfg, err = credentialsOf(own).ClientConfig(nil, clientLog); err != nil {
 			return nil, err
 		}
-		if trainer, err = s.embedded.Credentials(etcdhost.UserTrainer); err != nil {
+		ta, err := s.embedded.Access(etcdhost.UserTrainer)
+		if err != nil {
 			return nil, err
 		}
+		trainer = credentialsOf(ta)
 	} else {
 		var endpoints []string
 		for _, ep := range cfg.Etcd {
@@ -374,7 +376,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			trainer.QuorumKeys = []membership.QuorumKey{signer.PublicKey()}
 		}
 		trainer.GossipKey = gossipKey
-		if err := etcdhost.WriteCredentials(s.creds, trainer); err != nil {
+		if err := membership.WriteCredentials(s.creds, trainer); err != nil {
 			return nil, err
 		}
 		lg.Info("trainer credentials written: give trainers this file ("+membership.CredentialsEnv+"=<file>, or ft.Config.Credentials)",
@@ -487,6 +489,13 @@ func isLoopback(host string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// credentialsOf are the member credentials that carry an embedded etcd's
+// access for one of its users.
+func credentialsOf(a *etcdhost.Access) *membership.Credentials {
+	return &membership.Credentials{Version: membership.CredentialsVersion, Endpoints: a.Endpoints, Root: a.Root,
+		CACert: a.CACert, Cert: a.Cert, Key: a.Key}
 }
 
 // externalTrainerCredentials are the trainers' credentials for an

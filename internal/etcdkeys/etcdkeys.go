@@ -1,10 +1,10 @@
-// Package keys is the etcd key layout of ftcomm's jobs: the private
+// Package etcdkeys is the etcd key layout of ftcomm's jobs: the private
 // contract between the members (package membership), the coordinators
 // (package coordinator) and the tools of this module (the etcd host's
 // roles, ftcoord, the load generator). Trainers never name a key: they
 // read and write through membership.Member, and tools read jobs through
 // coordinator.Admin.
-package keys
+package etcdkeys
 
 import (
 	"fmt"

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/keys"
+	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -59,10 +59,7 @@ func StartSecureJob(t *testing.T) *SecureJob {
 	}
 	sj := &SecureJob{T: t, Etcd: e, Signer: signer, Name: "job1"}
 	sj.CoordClient = NewClient(t, e)
-	sj.Trainer, err = e.Credentials(etcdhost.UserTrainer)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sj.Trainer = Credentials(t, e, etcdhost.UserTrainer)
 	sj.Trainer.QuorumKeys = []membership.QuorumKey{signer.PublicKey()}
 	sj.StartCoordinator("c0")
 	return sj
@@ -140,7 +137,7 @@ func (sj *SecureJob) WaitRecord(want []byte) {
 	t := sj.T
 	t.Helper()
 	ctx := Ctx(t, 20*time.Second)
-	k := keys.Layout{}.Quorum(sj.Name)
+	k := etcdkeys.Layout{}.Quorum(sj.Name)
 	for {
 		resp, err := sj.CoordClient.Get(ctx, k)
 		if err != nil {
@@ -156,4 +153,17 @@ func (sj *SecureJob) WaitRecord(want []byte) {
 			t.Fatalf("the quorum record was not restored")
 		}
 	}
+}
+
+// Credentials are a member's credentials for user (etcdhost.UserTrainer,
+// UserCoordinator or UserRoot) of e, as ftcoord writes them for trainers
+// (without quorum or gossip keys).
+func Credentials(t testing.TB, e *etcdhost.Embedded, user string) *membership.Credentials {
+	t.Helper()
+	a, err := e.Access(user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &membership.Credentials{Version: membership.CredentialsVersion, Endpoints: a.Endpoints, Root: a.Root,
+		CACert: a.CACert, Cert: a.Cert, Key: a.Key}
 }

@@ -16,7 +16,7 @@ var gossipCell = flag.Int("gossip.cell", 0, "nodes in the gossip cell detection 
 // TestGossipCellDetection: a cell of N gossip nodes in this process; one
 // stops without leaving; how long until the others declare it dead.
 //
-//	go test -run TestGossipCellDetection ./internal/gossip -args -gossip.cell=256
+//	go test -run TestGossipCellDetection ./membership/gossip -args -gossip.cell=256
 func TestGossipCellDetection(t *testing.T) {
 	if *gossipCell == 0 {
 		t.Skip("gossip cell test: enable with -gossip.cell=256")
