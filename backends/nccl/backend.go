@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ftcomm/ftcomm/backends/nccl/internal/libapi"
 	"github.com/ftcomm/ftcomm/comm"
 )
 
@@ -40,7 +41,7 @@ const scratchBytes = 256
 // lifecycle and the concurrency rules.
 type Backend struct {
 	L     *Library
-	lib   library
+	lib   libapi.Library
 	cfg   Config
 	log   *zap.Logger
 	opts  comm.Options // as given, for the comms Shrink, Grow and Split make
@@ -50,8 +51,8 @@ type Backend struct {
 	dev   int
 	epoch uint64
 
-	stream  streamHandle // every op of this comm runs on it
-	scratch uintptr      // scratchBytes of device memory
+	stream  libapi.Stream // every op of this comm runs on it
+	scratch uintptr       // scratchBytes of device memory
 
 	// hmu serialises every use of the NCCL handles (enqueues, Shrink,
 	// Grow, Split, the watchdog's reads) with their abort.
@@ -61,7 +62,7 @@ type Backend struct {
 	// collectives are enqueued: a blocking comm split from ctl in
 	// ModeBlockingData with two or more ranks (see separateData), ctl
 	// itself otherwise. 0 once aborted.
-	ctl, data    commHandle
+	ctl, data    libapi.Comm
 	ctlBlocking  bool // ctl was made with blocking = 1 (ModeBlocking)
 	dataBlocking bool // data was made with blocking = 1
 	quiescent    bool // a native revoke completed: Shrink needs no NCCL_SHRINK_ABORT
@@ -72,7 +73,7 @@ type Backend struct {
 	// abortQ hands the watchdog a data comm to abort (Shrink after a
 	// failure takes it out of service at once, then shrinks ctl while
 	// the watchdog aborts it).
-	abortQ chan commHandle
+	abortQ chan libapi.Comm
 
 	fmu     sync.Mutex
 	failErr error     // the first failure; the comm refuses ops from then on
@@ -85,7 +86,7 @@ type Backend struct {
 	opActive atomic.Bool
 	// evMu guards the pool of completion events of started ops.
 	evMu     sync.Mutex
-	events   []eventHandle
+	events   []libapi.Event
 	evClosed bool
 
 	// opMu is held while an op uses the stream (launch and wait), so the
@@ -106,7 +107,7 @@ type Backend struct {
 	released  chan struct{} // closed when the watchdog has released everything
 	relErr    error         // what the release ran into; read after released
 
-	group []collArgs // reused by grouped ops (ops never overlap, by contract)
+	group []libapi.CollArgs // reused by grouped ops (ops never overlap, by contract)
 
 	stats opStats
 	made  Creation // written before the Backend is returned, read-only after
@@ -325,7 +326,7 @@ func newBackend(L *Library, cfg Config, o comm.Options, rank, size int, epoch ui
 	}
 	b := &Backend{
 		L: L, lib: L.lib, cfg: cfg, opts: o, rank: rank, size: size, dev: o.Device, epoch: epoch,
-		wake: make(chan struct{}), revokeReq: make(chan struct{}, 1), abortQ: make(chan commHandle, 1),
+		wake: make(chan struct{}), revokeReq: make(chan struct{}, 1), abortQ: make(chan libapi.Comm, 1),
 		closing: make(chan struct{}), released: make(chan struct{}),
 		ctlBlocking: cfg.Mode == ModeBlocking, dataBlocking: cfg.Mode == ModeBlocking || separateData(cfg.Mode, size),
 		revokeNative: cfg.Revoke.nativeRevoke(L.info.Recovery),
@@ -336,11 +337,11 @@ func newBackend(L *Library, cfg Config, o comm.Options, rank, size int, epoch ui
 		b.store = comm.WithPrefix(o.Store, o.Prefix)
 	}
 	var err error
-	if b.stream, err = b.lib.streamCreate(b.dev); err != nil {
+	if b.stream, err = b.lib.StreamCreate(b.dev); err != nil {
 		return nil, fmt.Errorf("nccl: %w: %w", comm.ErrBackendUnavailable, err)
 	}
-	if b.scratch, err = b.lib.malloc(b.dev, scratchBytes); err != nil {
-		_ = b.lib.streamDestroy(b.dev, b.stream)
+	if b.scratch, err = b.lib.Malloc(b.dev, scratchBytes); err != nil {
+		_ = b.lib.StreamDestroy(b.dev, b.stream)
 		return nil, fmt.Errorf("nccl: %w: %w", comm.ErrBackendUnavailable, err)
 	}
 	return b, nil
@@ -348,7 +349,7 @@ func newBackend(L *Library, cfg Config, o comm.Options, rank, size int, epoch ui
 
 // start adopts the NCCL comm h as the control comm, starts the watchdog,
 // splits the data comm off it (see separateData) and warms the comm up.
-func (b *Backend) start(ctx context.Context, h commHandle) error {
+func (b *Backend) start(ctx context.Context, h libapi.Comm) error {
 	b.ctl, b.data = h, h
 	b.started = true
 	go b.watchdog()
@@ -388,8 +389,8 @@ func separateData(mode Mode, size int) bool { return mode == ModeBlockingData &&
 func (b *Backend) splitData(ctx context.Context) error {
 	b.hmu.Lock()
 	defer b.hmu.Unlock()
-	cell := b.lib.newCell()
-	r := b.lib.commSplit(b.ctl, 0, b.rank, cell, splitConfig{blocking: true})
+	cell := b.lib.NewCell()
+	r := b.lib.CommSplit(b.ctl, 0, b.rank, cell, libapi.SplitConfig{Blocking: true})
 	nh, err := b.awaitChild(ctx, b.ctl, cell, "ncclCommSplit (data comm)", r)
 	if err == nil && nh == 0 {
 		err = fmt.Errorf("nccl: %w: ncclCommSplit (data comm) finished without a new comm", comm.ErrAborted)
@@ -408,8 +409,8 @@ func (b *Backend) discard() {
 		<-b.released
 		return
 	}
-	_ = b.lib.free(b.dev, b.scratch)
-	_ = b.lib.streamDestroy(b.dev, b.stream)
+	_ = b.lib.Free(b.dev, b.scratch)
+	_ = b.lib.StreamDestroy(b.dev, b.stream)
 	close(b.released)
 }
 
@@ -539,18 +540,18 @@ func (b *Backend) orderedBound() time.Duration {
 
 // ncclError turns a failed NCCL result into an error the comm layer can
 // branch on, with NCCL's own last-error text.
-func (b *Backend) ncclError(h commHandle, what string, r result) error {
-	msg := b.lib.errorString(r)
+func (b *Backend) ncclError(h libapi.Comm, what string, r libapi.Result) error {
+	msg := b.lib.ErrorString(r)
 	if h != 0 {
-		if last := b.lib.lastError(h); last != "" {
+		if last := b.lib.LastError(h); last != "" {
 			msg += ": " + last
 		}
 	}
 	sentinel := comm.ErrAborted
 	switch r {
-	case resRemoteError:
+	case libapi.RemoteError:
 		sentinel = comm.ErrPeerFailed
-	case resTimeout:
+	case libapi.Timeout:
 		sentinel = comm.ErrTimeout
 	}
 	return fmt.Errorf("nccl: %w: %s: %s (%s)", sentinel, what, r, msg)
@@ -611,11 +612,11 @@ func (b *Backend) checkAsync() {
 	}
 	var err error
 	for _, h := range b.handles() {
-		a, r := b.lib.commGetAsyncError(h)
+		a, r := b.lib.CommGetAsyncError(h)
 		switch {
-		case r != resSuccess:
+		case r != libapi.Success:
 			err = b.ncclError(h, "ncclCommGetAsyncError", r)
-		case a != resSuccess && a != resInProgress:
+		case a != libapi.Success && a != libapi.InProgress:
 			err = b.ncclError(h, "asynchronous error", a)
 		}
 		if err != nil {
@@ -629,8 +630,8 @@ func (b *Backend) checkAsync() {
 }
 
 // handles lists the live NCCL comms, data first. Called with hmu held.
-func (b *Backend) handles() []commHandle {
-	var hs []commHandle
+func (b *Backend) handles() []libapi.Comm {
+	var hs []libapi.Comm
 	if b.data != 0 {
 		hs = append(hs, b.data)
 	}
@@ -665,14 +666,14 @@ func (b *Backend) nativeRevoke() {
 		return
 	}
 	t0 := time.Now()
-	r := b.lib.commRevoke(h)
-	if r == resSuccess || r == resInProgress {
+	r := b.lib.CommRevoke(h)
+	if r == libapi.Success || r == libapi.InProgress {
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.ReleaseTimeout)
 		defer cancel()
 		r = b.pollAsync(ctx, h, b.closing)
 	}
-	if r != resSuccess {
-		b.log.Warn("ncclCommRevoke failed", zap.Stringer("result", r), zap.String("nccl", b.lib.lastError(h)))
+	if r != libapi.Success {
+		b.log.Warn("ncclCommRevoke failed", zap.Stringer("result", r), zap.String("nccl", b.lib.LastError(h)))
 		return
 	}
 	b.quiescent = true
@@ -682,16 +683,16 @@ func (b *Backend) nativeRevoke() {
 
 // pollAsync waits until the comm's async state leaves ncclInProgress and
 // returns it, or ncclInProgress if ctx ended or stop closed first.
-func (b *Backend) pollAsync(ctx context.Context, h commHandle, stop <-chan struct{}) result {
-	state := resInProgress
+func (b *Backend) pollAsync(ctx context.Context, h libapi.Comm, stop <-chan struct{}) libapi.Result {
+	state := libapi.InProgress
 	_ = pollDone(ctx, stop, func() (bool, error) {
-		a, r := b.lib.commGetAsyncError(h)
-		if r != resSuccess {
+		a, r := b.lib.CommGetAsyncError(h)
+		if r != libapi.Success {
 			state = r
 			return true, nil
 		}
 		state = a
-		return a != resInProgress, nil
+		return a != libapi.InProgress, nil
 	})
 	return state
 }
@@ -705,7 +706,7 @@ func (b *Backend) abortComms(why string) {
 	b.hmu.Unlock()
 	for _, h := range hs {
 		t0 := time.Now()
-		r := b.lib.commAbort(h)
+		r := b.lib.CommAbort(h)
 		b.log.Info("ncclCommAbort", zap.String("why", why), zap.Stringer("result", r), zap.Duration("took", time.Since(t0)))
 	}
 	b.dirty.Store(false)
@@ -715,9 +716,9 @@ func (b *Backend) abortComms(why string) {
 // longer names it). ncclCommAbort first raises the comm's abort flag,
 // which its kernels poll, so a kernel stuck on a dead peer exits at once;
 // freeing the comm takes longer (≈0.5 s after a peer's death on 2×H200).
-func (b *Backend) abortData(h commHandle, why string) {
+func (b *Backend) abortData(h libapi.Comm, why string) {
 	t0 := time.Now()
-	r := b.lib.commAbort(h)
+	r := b.lib.CommAbort(h)
 	b.log.Info("ncclCommAbort (data comm)", zap.String("why", why), zap.Stringer("result", r), zap.Duration("took", time.Since(t0)))
 	b.hmu.Lock()
 	shrunk := b.ctl == 0 || b.quiescent
@@ -740,7 +741,7 @@ func (b *Backend) release() error {
 	b.hmu.Unlock()
 	select {
 	case h := <-b.abortQ: // handed over by Shrink, not yet aborted
-		hs = append([]commHandle{h}, hs...)
+		hs = append([]libapi.Comm{h}, hs...)
 	default:
 	}
 	// ncclCommAbort rather than finalize+destroy: it is local and cannot
@@ -752,7 +753,7 @@ func (b *Backend) release() error {
 	for i, h := range hs {
 		wg.Go(func() {
 			t0 := time.Now()
-			if r := b.lib.commAbort(h); r != resSuccess {
+			if r := b.lib.CommAbort(h); r != libapi.Success {
 				errs[i] = fmt.Errorf("nccl: ncclCommAbort: %s", r)
 			}
 			b.log.Debug("released NCCL comm", zap.Duration("abort", time.Since(t0)))
@@ -761,18 +762,18 @@ func (b *Backend) release() error {
 	wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.ReleaseTimeout)
 	defer cancel()
-	if err := pollDone(ctx, nil, func() (bool, error) { return b.lib.streamQuery(b.dev, b.stream) }); err != nil {
+	if err := pollDone(ctx, nil, func() (bool, error) { return b.lib.StreamQuery(b.dev, b.stream) }); err != nil {
 		b.log.Error("stream did not drain after abort; leaking it and the scratch memory", zap.Error(err))
 		return errors.Join(append(errs, fmt.Errorf("nccl: stream did not drain: %w", err))...)
 	}
 	b.dropOrdered()
 	b.evMu.Lock()
 	for _, ev := range b.events {
-		errs = append(errs, b.lib.eventDestroy(b.dev, ev))
+		errs = append(errs, b.lib.EventDestroy(b.dev, ev))
 	}
 	b.events, b.evClosed = nil, true
 	b.evMu.Unlock()
-	errs = append(errs, b.lib.free(b.dev, b.scratch), b.lib.streamDestroy(b.dev, b.stream))
+	errs = append(errs, b.lib.Free(b.dev, b.scratch), b.lib.StreamDestroy(b.dev, b.stream))
 	return errors.Join(errs...)
 }
 
@@ -786,35 +787,23 @@ func (b *Backend) usable() error {
 	return nil
 }
 
-// pointToPoint reports whether an NCCL call is built from sends and
-// receives (ncclAlltoAll, ncclGather and ncclScatter are, inside NCCL):
-// their connections are made on first use of each peer, whatever
-// NCCL_RUNTIME_CONNECT says.
-func pointToPoint(k collKind) bool {
-	switch k {
-	case kSend, kRecv, kAllToAll, kGather, kScatter:
-		return true
-	}
-	return false
-}
-
 // launch issues one NCCL call (a) or a group (ops) on the comm's stream
 // and waits until NCCL has accepted it. Collectives go to the data comm;
 // in ModeBlockingData point-to-point calls go to the nonblocking control
 // comm, since connecting to a peer on a blocking comm would wait for the
 // peer inside NCCL. Both comms enqueue on the one stream, so their work
 // runs in issue order.
-func (b *Backend) launch(ctx context.Context, what string, a *collArgs, ops []collArgs) error {
+func (b *Backend) launch(ctx context.Context, what string, a *libapi.CollArgs, ops []libapi.CollArgs) error {
 	if err := b.usable(); err != nil {
 		return err
 	}
 	p2p := false
 	if b.cfg.Mode == ModeBlockingData {
 		if a != nil {
-			p2p = pointToPoint(a.kind)
+			p2p = a.Kind.PointToPoint()
 		}
 		for i := range ops {
-			p2p = p2p || pointToPoint(ops[i].kind)
+			p2p = p2p || ops[i].Kind.PointToPoint()
 		}
 	}
 	b.hmu.Lock()
@@ -827,17 +816,17 @@ func (b *Backend) launch(ctx context.Context, what string, a *collArgs, ops []co
 		return b.failure()
 	}
 	t0 := time.Now()
-	var r result
+	var r libapi.Result
 	if ops != nil {
-		r = b.lib.group(b.dev, h, b.stream, ops)
+		r = b.lib.Group(b.dev, h, b.stream, ops)
 	} else {
-		r = b.lib.enqueue(b.dev, h, b.stream, a)
+		r = b.lib.Enqueue(b.dev, h, b.stream, a)
 	}
 	t1 := time.Now()
 	var err error
 	if blocking {
 		// A blocking comm's call returns its final result.
-		if r != resSuccess {
+		if r != libapi.Success {
 			err = b.ncclError(h, what, r)
 			b.fail(err)
 		}
@@ -854,30 +843,30 @@ func (b *Backend) launch(ctx context.Context, what string, a *collArgs, ops []co
 // settle checks an NCCL call's result and, as a nonblocking comm
 // requires after every call, polls ncclCommGetAsyncError until it leaves
 // ncclInProgress. Called with hmu held.
-func (b *Backend) settle(ctx context.Context, h commHandle, what string, r result) error {
-	if r != resSuccess && r != resInProgress {
+func (b *Backend) settle(ctx context.Context, h libapi.Comm, what string, r libapi.Result) error {
+	if r != libapi.Success && r != libapi.InProgress {
 		err := b.ncclError(h, what, r)
 		b.fail(err)
 		return err
 	}
-	if r == resInProgress {
+	if r == libapi.InProgress {
 		b.stats.inProgress.Add(1)
 	}
 	var start time.Time
 	for i := 0; ; i++ {
-		a, cr := b.lib.commGetAsyncError(h)
+		a, cr := b.lib.CommGetAsyncError(h)
 		b.stats.settlePolls.Add(1)
-		if i == 1 && r != resInProgress {
+		if i == 1 && r != libapi.InProgress {
 			b.stats.inProgress.Add(1)
 		}
 		switch {
-		case cr != resSuccess:
+		case cr != libapi.Success:
 			err := b.ncclError(h, "ncclCommGetAsyncError", cr)
 			b.fail(err)
 			return err
-		case a == resSuccess:
+		case a == libapi.Success:
 			return nil
-		case a != resInProgress:
+		case a != libapi.InProgress:
 			err := b.ncclError(h, what, a)
 			b.fail(err)
 			return err
@@ -912,7 +901,7 @@ func (b *Backend) settle(ctx context.Context, h commHandle, what string, r resul
 func (b *Backend) waitStream(ctx context.Context, what string) error { return b.waitFor(ctx, what, 0) }
 
 // waitFor is waitStream for the work before event ev (0: the whole stream).
-func (b *Backend) waitFor(ctx context.Context, what string, ev eventHandle) error {
+func (b *Backend) waitFor(ctx context.Context, what string, ev libapi.Event) error {
 	b.opActive.Store(true)
 	t0 := time.Now()
 	polls := int64(0)
@@ -928,9 +917,9 @@ func (b *Backend) waitFor(ctx context.Context, what string, ev eventHandle) erro
 		var ok bool
 		var err error
 		if ev != 0 {
-			ok, err = b.lib.eventQuery(ev)
+			ok, err = b.lib.EventQuery(ev)
 		} else {
-			ok, err = b.lib.streamQuery(b.dev, b.stream)
+			ok, err = b.lib.StreamQuery(b.dev, b.stream)
 		}
 		polls++
 		if err != nil {
@@ -990,7 +979,7 @@ func (b *Backend) waitFor(ctx context.Context, what string, ev eventHandle) erro
 
 // run issues one call and waits for it; with a StreamOrder (not Async)
 // it returns once the call is enqueued.
-func (b *Backend) run(ctx context.Context, what string, a collArgs) error {
+func (b *Backend) run(ctx context.Context, what string, a libapi.CollArgs) error {
 	b.opMu.Lock()
 	defer b.opMu.Unlock()
 	so, ordered := streamOrderOf(ctx)
@@ -1005,7 +994,7 @@ func (b *Backend) run(ctx context.Context, what string, a collArgs) error {
 	if err := b.launch(ctx, what, &a, nil); err != nil {
 		return err
 	}
-	if ordered && !so.Async && !pointToPoint(a.kind) {
+	if ordered && !so.Async && !a.Kind.PointToPoint() {
 		return b.signal(ctx, so.Stream, what)
 	}
 	return b.waitStream(ctx, what)
@@ -1026,7 +1015,7 @@ func (b *Backend) runGroup(ctx context.Context, what string, copyDst, copySrc ui
 		}
 	}
 	if copyBytes > 0 {
-		if err := b.lib.copyDtoD(b.dev, copyDst, copySrc, copyBytes, b.stream); err != nil {
+		if err := b.lib.CopyDtoD(b.dev, copyDst, copySrc, copyBytes, b.stream); err != nil {
 			err = fmt.Errorf("nccl: %w: %s: %w", comm.ErrAborted, what, err)
 			b.fail(err)
 			return err
@@ -1043,8 +1032,8 @@ func (b *Backend) runGroup(ctx context.Context, what string, copyDst, copySrc ui
 // allReduceScratch sums one int32 of scratch across the comm (warm-up and
 // Barrier).
 func (b *Backend) allReduceScratch(ctx context.Context) error {
-	return b.run(ctx, "barrier", collArgs{kind: kAllReduce, dtype: ncclInt32, redop: ncclSum,
-		send: b.scratch, recv: b.scratch, count: 1})
+	return b.run(ctx, "barrier", libapi.CollArgs{Kind: libapi.AllReduce, Type: libapi.Int32, Op: libapi.Sum,
+		Send: b.scratch, Recv: b.scratch, Count: 1})
 }
 
 // CanStart implements comm.Enqueuer: the collectives that are one NCCL call
@@ -1062,7 +1051,7 @@ func (b *Backend) CanStart(kind comm.OpType) bool {
 // event, so comm.Comm can keep the stream full (nccl-tests' pipelined
 // latency instead of one op's round trip).
 func (b *Backend) Start(ctx context.Context, op comm.Op) (comm.Completion, error) {
-	var a collArgs
+	var a libapi.CollArgs
 	var err error
 	what := op.Kind.String()
 	switch op.Kind {
@@ -1082,7 +1071,7 @@ func (b *Backend) Start(ctx context.Context, op comm.Op) (comm.Completion, error
 	if err != nil {
 		return nil, err
 	}
-	if a.count == 0 {
+	if a.Count == 0 {
 		return doneCompletion{}, nil
 	}
 	b.opMu.Lock()
@@ -1101,9 +1090,9 @@ func (b *Backend) Start(ctx context.Context, op comm.Op) (comm.Completion, error
 	}
 	ev, err := b.event()
 	if err == nil {
-		err = b.lib.eventRecord(b.dev, ev, b.stream)
+		err = b.lib.EventRecord(b.dev, ev, b.stream)
 		if err == nil && ordered && !so.Async {
-			err = b.lib.streamWaitEvent(b.dev, streamHandle(so.Stream), ev)
+			err = b.lib.StreamWaitEvent(b.dev, libapi.Stream(so.Stream), ev)
 		}
 		if err != nil {
 			b.putEvent(ev)
@@ -1120,7 +1109,7 @@ func (b *Backend) Start(ctx context.Context, op comm.Op) (comm.Completion, error
 // started is an op enqueued by Start.
 type started struct {
 	b    *Backend
-	ev   eventHandle
+	ev   libapi.Event
 	what string
 }
 
@@ -1135,7 +1124,7 @@ type doneCompletion struct{}
 func (doneCompletion) Wait(context.Context) error { return nil }
 
 // event takes a completion event from the pool (or makes one).
-func (b *Backend) event() (eventHandle, error) {
+func (b *Backend) event() (libapi.Event, error) {
 	b.evMu.Lock()
 	if n := len(b.events); n > 0 {
 		ev := b.events[n-1]
@@ -1144,15 +1133,15 @@ func (b *Backend) event() (eventHandle, error) {
 		return ev, nil
 	}
 	b.evMu.Unlock()
-	return b.lib.eventCreate(b.dev, false)
+	return b.lib.EventCreate(b.dev, false)
 }
 
 // putEvent returns ev to the pool, or destroys it once the comm is released.
-func (b *Backend) putEvent(ev eventHandle) {
+func (b *Backend) putEvent(ev libapi.Event) {
 	b.evMu.Lock()
 	defer b.evMu.Unlock()
 	if b.evClosed {
-		b.lib.eventDestroy(b.dev, ev)
+		b.lib.EventDestroy(b.dev, ev)
 		return
 	}
 	b.events = append(b.events, ev)
@@ -1166,7 +1155,7 @@ func (b *Backend) putEvent(ev eventHandle) {
 // one goroutine.
 func (b *Backend) EnqueueAllReduce(ctx context.Context, t comm.Tensor, op comm.ReduceOp) error {
 	a, err := b.allReduceArgs(t, op)
-	if err != nil || a.count == 0 {
+	if err != nil || a.Count == 0 {
 		return err
 	}
 	b.opMu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/ftcomm/ftcomm/backends/nccl/internal/libapi"
 	"github.com/ftcomm/ftcomm/comm"
 )
 
@@ -11,7 +12,7 @@ import (
 // these checks repeat what a direct caller could get wrong about device
 // memory (host tensors, tensors on another GPU) and the dtype/op mapping.
 
-func (b *Backend) checkTensor(t comm.Tensor, name string) (int32, error) {
+func (b *Backend) checkTensor(t comm.Tensor, name string) (libapi.DataType, error) {
 	switch {
 	case t.IsZero():
 		return 0, fmt.Errorf("nccl: %w: %s: no tensor", comm.ErrInvalidArgument, name)
@@ -22,14 +23,14 @@ func (b *Backend) checkTensor(t comm.Tensor, name string) (int32, error) {
 	case t.Count() > 0 && t.Ptr() == 0:
 		return 0, fmt.Errorf("nccl: %w: %s: nil device pointer", comm.ErrInvalidArgument, name)
 	}
-	dt, ok := ncclDType(t.DType())
+	dt, ok := libapi.DataTypeOf(t.DType())
 	if !ok {
 		return 0, fmt.Errorf("nccl: %w: %s: dtype %s has no NCCL type", comm.ErrInvalidArgument, name, t.DType())
 	}
 	return dt, nil
 }
 
-func (b *Backend) checkPair(out, in comm.Tensor) (int32, error) {
+func (b *Backend) checkPair(out, in comm.Tensor) (libapi.DataType, error) {
 	dt, err := b.checkTensor(out, "out")
 	if err != nil {
 		return 0, err
@@ -43,54 +44,54 @@ func (b *Backend) checkPair(out, in comm.Tensor) (int32, error) {
 	return dt, nil
 }
 
-func redOp(op comm.ReduceOp, dt comm.DType) (int32, error) {
-	r, ok := ncclRedOp(op)
+func redOp(op comm.ReduceOp, dt comm.DType) (libapi.RedOp, error) {
+	r, ok := libapi.RedOpOf(op)
 	if !ok || !op.Supports(dt) {
 		return 0, fmt.Errorf("nccl: %w: reduce op %s on %s", comm.ErrInvalidArgument, op, dt)
 	}
 	return r, nil
 }
 
-func (b *Backend) allReduceArgs(t comm.Tensor, op comm.ReduceOp) (collArgs, error) {
+func (b *Backend) allReduceArgs(t comm.Tensor, op comm.ReduceOp) (libapi.CollArgs, error) {
 	dt, err := b.checkTensor(t, "tensor")
 	if err != nil {
-		return collArgs{}, err
+		return libapi.CollArgs{}, err
 	}
 	rop, err := redOp(op, t.DType())
 	if err != nil {
-		return collArgs{}, err
+		return libapi.CollArgs{}, err
 	}
-	return collArgs{kind: kAllReduce, dtype: dt, redop: rop, send: t.Ptr(), recv: t.Ptr(), count: uint64(t.Count())}, nil
+	return libapi.CollArgs{Kind: libapi.AllReduce, Type: dt, Op: rop, Send: t.Ptr(), Recv: t.Ptr(), Count: uint64(t.Count())}, nil
 }
 
 // AllReduce implements comm.Backend (Avg is ncclAvg).
 func (b *Backend) AllReduce(ctx context.Context, t comm.Tensor, op comm.ReduceOp) error {
 	a, err := b.allReduceArgs(t, op)
-	if err != nil || a.count == 0 {
+	if err != nil || a.Count == 0 {
 		return err
 	}
 	return b.run(ctx, "allreduce", a)
 }
 
-func (b *Backend) reduceScatterArgs(out, in comm.Tensor, op comm.ReduceOp) (collArgs, error) {
+func (b *Backend) reduceScatterArgs(out, in comm.Tensor, op comm.ReduceOp) (libapi.CollArgs, error) {
 	dt, err := b.checkPair(out, in)
 	if err != nil {
-		return collArgs{}, err
+		return libapi.CollArgs{}, err
 	}
 	rop, err := redOp(op, out.DType())
 	if err != nil {
-		return collArgs{}, err
+		return libapi.CollArgs{}, err
 	}
 	if in.Count() != out.Count()*b.size {
-		return collArgs{}, fmt.Errorf("nccl: %w: reducescatter: in has %d elements, want %d", comm.ErrInvalidArgument, in.Count(), out.Count()*b.size)
+		return libapi.CollArgs{}, fmt.Errorf("nccl: %w: reducescatter: in has %d elements, want %d", comm.ErrInvalidArgument, in.Count(), out.Count()*b.size)
 	}
-	return collArgs{kind: kReduceScatter, dtype: dt, redop: rop, send: in.Ptr(), recv: out.Ptr(), count: uint64(out.Count())}, nil
+	return libapi.CollArgs{Kind: libapi.ReduceScatter, Type: dt, Op: rop, Send: in.Ptr(), Recv: out.Ptr(), Count: uint64(out.Count())}, nil
 }
 
 // ReduceScatter implements comm.Backend.
 func (b *Backend) ReduceScatter(ctx context.Context, out, in comm.Tensor, op comm.ReduceOp) error {
 	a, err := b.reduceScatterArgs(out, in, op)
-	if err != nil || a.count == 0 {
+	if err != nil || a.Count == 0 {
 		return err
 	}
 	return b.run(ctx, "reducescatter", a)
@@ -123,28 +124,28 @@ func (b *Backend) ReduceScatterV(ctx context.Context, out, in comm.Tensor, count
 			if r == b.rank {
 				recv = out.Ptr()
 			}
-			b.group = append(b.group, collArgs{kind: kReduce, dtype: dt, redop: rop, peer: int32(r), send: in.Ptr() + uintptr(off)*es, recv: recv, count: uint64(c)})
+			b.group = append(b.group, libapi.CollArgs{Kind: libapi.Reduce, Type: dt, Op: rop, Peer: int32(r), Send: in.Ptr() + uintptr(off)*es, Recv: recv, Count: uint64(c)})
 		}
 		off += c
 	}
 	return b.runGroup(ctx, "reducescatterv", 0, 0, 0)
 }
 
-func (b *Backend) allGatherArgs(out, in comm.Tensor) (collArgs, error) {
+func (b *Backend) allGatherArgs(out, in comm.Tensor) (libapi.CollArgs, error) {
 	dt, err := b.checkPair(out, in)
 	if err != nil {
-		return collArgs{}, err
+		return libapi.CollArgs{}, err
 	}
 	if out.Count() != in.Count()*b.size {
-		return collArgs{}, fmt.Errorf("nccl: %w: allgather: out has %d elements, want %d", comm.ErrInvalidArgument, out.Count(), in.Count()*b.size)
+		return libapi.CollArgs{}, fmt.Errorf("nccl: %w: allgather: out has %d elements, want %d", comm.ErrInvalidArgument, out.Count(), in.Count()*b.size)
 	}
-	return collArgs{kind: kAllGather, dtype: dt, send: in.Ptr(), recv: out.Ptr(), count: uint64(in.Count())}, nil
+	return libapi.CollArgs{Kind: libapi.AllGather, Type: dt, Send: in.Ptr(), Recv: out.Ptr(), Count: uint64(in.Count())}, nil
 }
 
 // AllGather implements comm.Backend.
 func (b *Backend) AllGather(ctx context.Context, out, in comm.Tensor) error {
 	a, err := b.allGatherArgs(out, in)
-	if err != nil || a.count == 0 {
+	if err != nil || a.Count == 0 {
 		return err
 	}
 	return b.run(ctx, "allgather", a)
@@ -173,25 +174,25 @@ func (b *Backend) AllGatherV(ctx context.Context, out, in comm.Tensor, counts []
 			if r == b.rank {
 				src = in.Ptr()
 			}
-			b.group = append(b.group, collArgs{kind: kBroadcast, dtype: dt, peer: int32(r), send: src, recv: dst, count: uint64(c)})
+			b.group = append(b.group, libapi.CollArgs{Kind: libapi.Broadcast, Type: dt, Peer: int32(r), Send: src, Recv: dst, Count: uint64(c)})
 		}
 		off += c
 	}
 	return b.runGroup(ctx, "allgatherv", 0, 0, 0)
 }
 
-func (b *Backend) broadcastArgs(t comm.Tensor, root int) (collArgs, error) {
+func (b *Backend) broadcastArgs(t comm.Tensor, root int) (libapi.CollArgs, error) {
 	dt, err := b.checkTensor(t, "tensor")
 	if err != nil {
-		return collArgs{}, err
+		return libapi.CollArgs{}, err
 	}
-	return collArgs{kind: kBroadcast, dtype: dt, peer: int32(root), send: t.Ptr(), recv: t.Ptr(), count: uint64(t.Count())}, nil
+	return libapi.CollArgs{Kind: libapi.Broadcast, Type: dt, Peer: int32(root), Send: t.Ptr(), Recv: t.Ptr(), Count: uint64(t.Count())}, nil
 }
 
 // Broadcast implements comm.Backend.
 func (b *Backend) Broadcast(ctx context.Context, t comm.Tensor, root int) error {
 	a, err := b.broadcastArgs(t, root)
-	if err != nil || a.count == 0 {
+	if err != nil || a.Count == 0 {
 		return err
 	}
 	return b.run(ctx, "broadcast", a)
@@ -200,26 +201,26 @@ func (b *Backend) Broadcast(ctx context.Context, t comm.Tensor, root int) error 
 // reduceArgs: off root the receive buffer is NULL (nccl.h: "recvbuff may
 // be NULL on all calls except for root"), so NCCL only reads t there and
 // non-root buffers stay unchanged.
-func (b *Backend) reduceArgs(t comm.Tensor, op comm.ReduceOp, root int) (collArgs, error) {
+func (b *Backend) reduceArgs(t comm.Tensor, op comm.ReduceOp, root int) (libapi.CollArgs, error) {
 	dt, err := b.checkTensor(t, "tensor")
 	if err != nil {
-		return collArgs{}, err
+		return libapi.CollArgs{}, err
 	}
 	rop, err := redOp(op, t.DType())
 	if err != nil {
-		return collArgs{}, err
+		return libapi.CollArgs{}, err
 	}
 	var recv uintptr
 	if b.rank == root {
 		recv = t.Ptr()
 	}
-	return collArgs{kind: kReduce, dtype: dt, redop: rop, peer: int32(root), send: t.Ptr(), recv: recv, count: uint64(t.Count())}, nil
+	return libapi.CollArgs{Kind: libapi.Reduce, Type: dt, Op: rop, Peer: int32(root), Send: t.Ptr(), Recv: recv, Count: uint64(t.Count())}, nil
 }
 
 // Reduce implements comm.Backend; non-root buffers stay unchanged.
 func (b *Backend) Reduce(ctx context.Context, t comm.Tensor, op comm.ReduceOp, root int) error {
 	a, err := b.reduceArgs(t, op, root)
-	if err != nil || a.count == 0 {
+	if err != nil || a.Count == 0 {
 		return err
 	}
 	return b.run(ctx, "reduce", a)
@@ -251,17 +252,17 @@ func (b *Backend) Scatter(ctx context.Context, out, in comm.Tensor, root int) er
 		src = in.Ptr()
 	}
 	if b.native(b.L.info.Features.Scatter) {
-		return b.run(ctx, "scatter", collArgs{kind: kScatter, dtype: dt, peer: int32(root), send: src, recv: out.Ptr(), count: uint64(n)})
+		return b.run(ctx, "scatter", libapi.CollArgs{Kind: libapi.Scatter, Type: dt, Peer: int32(root), Send: src, Recv: out.Ptr(), Count: uint64(n)})
 	}
 	bytes := uintptr(out.NumBytes())
 	b.group = b.group[:0]
 	if b.rank != root {
-		b.group = append(b.group, collArgs{kind: kRecv, dtype: dt, peer: int32(root), recv: out.Ptr(), count: uint64(n)})
+		b.group = append(b.group, libapi.CollArgs{Kind: libapi.Recv, Type: dt, Peer: int32(root), Recv: out.Ptr(), Count: uint64(n)})
 		return b.runGroup(ctx, "scatter", 0, 0, 0)
 	}
 	for r := 0; r < b.size; r++ {
 		if r != root {
-			b.group = append(b.group, collArgs{kind: kSend, dtype: dt, peer: int32(r), send: src + uintptr(r)*bytes, count: uint64(n)})
+			b.group = append(b.group, libapi.CollArgs{Kind: libapi.Send, Type: dt, Peer: int32(r), Send: src + uintptr(r)*bytes, Count: uint64(n)})
 		}
 	}
 	return b.runGroup(ctx, "scatter", out.Ptr(), src+uintptr(root)*bytes, out.NumBytes())
@@ -291,17 +292,17 @@ func (b *Backend) Gather(ctx context.Context, out, in comm.Tensor, root int) err
 		dst = out.Ptr()
 	}
 	if b.native(b.L.info.Features.Gather) {
-		return b.run(ctx, "gather", collArgs{kind: kGather, dtype: dt, peer: int32(root), send: in.Ptr(), recv: dst, count: uint64(n)})
+		return b.run(ctx, "gather", libapi.CollArgs{Kind: libapi.Gather, Type: dt, Peer: int32(root), Send: in.Ptr(), Recv: dst, Count: uint64(n)})
 	}
 	bytes := uintptr(in.NumBytes())
 	b.group = b.group[:0]
 	if b.rank != root {
-		b.group = append(b.group, collArgs{kind: kSend, dtype: dt, peer: int32(root), send: in.Ptr(), count: uint64(n)})
+		b.group = append(b.group, libapi.CollArgs{Kind: libapi.Send, Type: dt, Peer: int32(root), Send: in.Ptr(), Count: uint64(n)})
 		return b.runGroup(ctx, "gather", 0, 0, 0)
 	}
 	for r := 0; r < b.size; r++ {
 		if r != root {
-			b.group = append(b.group, collArgs{kind: kRecv, dtype: dt, peer: int32(r), recv: dst + uintptr(r)*bytes, count: uint64(n)})
+			b.group = append(b.group, libapi.CollArgs{Kind: libapi.Recv, Type: dt, Peer: int32(r), Recv: dst + uintptr(r)*bytes, Count: uint64(n)})
 		}
 	}
 	return b.runGroup(ctx, "gather", dst+uintptr(root)*bytes, in.Ptr(), in.NumBytes())
@@ -322,7 +323,7 @@ func (b *Backend) AllToAll(ctx context.Context, out, in comm.Tensor) error {
 		return nil
 	}
 	if b.native(b.L.info.Features.AllToAll) {
-		return b.run(ctx, "alltoall", collArgs{kind: kAllToAll, dtype: dt, send: in.Ptr(), recv: out.Ptr(), count: uint64(n)})
+		return b.run(ctx, "alltoall", libapi.CollArgs{Kind: libapi.AllToAll, Type: dt, Send: in.Ptr(), Recv: out.Ptr(), Count: uint64(n)})
 	}
 	bytes := uintptr(n * in.DType().Size())
 	b.group = b.group[:0]
@@ -331,8 +332,8 @@ func (b *Backend) AllToAll(ctx context.Context, out, in comm.Tensor) error {
 			continue
 		}
 		b.group = append(b.group,
-			collArgs{kind: kSend, dtype: dt, peer: int32(r), send: in.Ptr() + uintptr(r)*bytes, count: uint64(n)},
-			collArgs{kind: kRecv, dtype: dt, peer: int32(r), recv: out.Ptr() + uintptr(r)*bytes, count: uint64(n)})
+			libapi.CollArgs{Kind: libapi.Send, Type: dt, Peer: int32(r), Send: in.Ptr() + uintptr(r)*bytes, Count: uint64(n)},
+			libapi.CollArgs{Kind: libapi.Recv, Type: dt, Peer: int32(r), Recv: out.Ptr() + uintptr(r)*bytes, Count: uint64(n)})
 	}
 	return b.runGroup(ctx, "alltoall", out.Ptr()+uintptr(b.rank)*bytes, in.Ptr()+uintptr(b.rank)*bytes, int(bytes))
 }
@@ -365,10 +366,10 @@ func (b *Backend) AllToAllV(ctx context.Context, out comm.Tensor, outCounts []in
 			selfDst, selfSrc = dst, src
 		default:
 			if ic > 0 {
-				b.group = append(b.group, collArgs{kind: kSend, dtype: dt, peer: int32(r), send: src, count: uint64(ic)})
+				b.group = append(b.group, libapi.CollArgs{Kind: libapi.Send, Type: dt, Peer: int32(r), Send: src, Count: uint64(ic)})
 			}
 			if oc > 0 {
-				b.group = append(b.group, collArgs{kind: kRecv, dtype: dt, peer: int32(r), recv: dst, count: uint64(oc)})
+				b.group = append(b.group, libapi.CollArgs{Kind: libapi.Recv, Type: dt, Peer: int32(r), Recv: dst, Count: uint64(oc)})
 			}
 		}
 		inOff += ic
@@ -393,7 +394,7 @@ func (b *Backend) Send(ctx context.Context, t comm.Tensor, peer int) error {
 	if err := b.checkPeer(peer); err != nil {
 		return err
 	}
-	return b.run(ctx, "send", collArgs{kind: kSend, dtype: dt, peer: int32(peer), send: t.Ptr(), count: uint64(t.Count())})
+	return b.run(ctx, "send", libapi.CollArgs{Kind: libapi.Send, Type: dt, Peer: int32(peer), Send: t.Ptr(), Count: uint64(t.Count())})
 }
 
 // Recv implements comm.Backend.
@@ -405,7 +406,7 @@ func (b *Backend) Recv(ctx context.Context, t comm.Tensor, peer int) error {
 	if err := b.checkPeer(peer); err != nil {
 		return err
 	}
-	return b.run(ctx, "recv", collArgs{kind: kRecv, dtype: dt, peer: int32(peer), recv: t.Ptr(), count: uint64(t.Count())})
+	return b.run(ctx, "recv", libapi.CollArgs{Kind: libapi.Recv, Type: dt, Peer: int32(peer), Recv: t.Ptr(), Count: uint64(t.Count())})
 }
 
 func (b *Backend) checkPeer(peer int) error {
@@ -433,9 +434,9 @@ func (b *Backend) BatchP2P(ctx context.Context, ops []comm.P2POp) error {
 		}
 		switch p.Kind {
 		case comm.P2PSend:
-			b.group = append(b.group, collArgs{kind: kSend, dtype: dt, peer: int32(p.Peer), send: p.Tensor.Ptr(), count: n})
+			b.group = append(b.group, libapi.CollArgs{Kind: libapi.Send, Type: dt, Peer: int32(p.Peer), Send: p.Tensor.Ptr(), Count: n})
 		case comm.P2PRecv:
-			b.group = append(b.group, collArgs{kind: kRecv, dtype: dt, peer: int32(p.Peer), recv: p.Tensor.Ptr(), count: n})
+			b.group = append(b.group, libapi.CollArgs{Kind: libapi.Recv, Type: dt, Peer: int32(p.Peer), Recv: p.Tensor.Ptr(), Count: n})
 		default:
 			return fmt.Errorf("nccl: %w: batch[%d]: kind %d", comm.ErrInvalidArgument, i, p.Kind)
 		}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ftcomm/ftcomm/backends/nccl/internal/libapi"
 	"github.com/ftcomm/ftcomm/comm"
 )
 
@@ -24,8 +25,8 @@ import (
 // copyPool is one device's copy streams; idle holds those free to use.
 type copyPool struct {
 	dev  int
-	idle chan streamHandle
-	all  []streamHandle
+	idle chan libapi.Stream
+	all  []libapi.Stream
 }
 
 // pool returns dev's copy pool, creating its streams on first use.
@@ -35,12 +36,12 @@ func (l *Library) pool(dev int) (*copyPool, error) {
 	if p := l.pools[dev]; p != nil {
 		return p, nil
 	}
-	p := &copyPool{dev: dev, idle: make(chan streamHandle, l.nCopies)}
+	p := &copyPool{dev: dev, idle: make(chan libapi.Stream, l.nCopies)}
 	for range l.nCopies {
-		s, err := l.lib.streamCreate(dev)
+		s, err := l.lib.StreamCreate(dev)
 		if err != nil {
 			for _, s := range p.all {
-				_ = l.lib.streamDestroy(dev, s)
+				_ = l.lib.StreamDestroy(dev, s)
 			}
 			return nil, fmt.Errorf("nccl: copy streams on device %d: %w", dev, err)
 		}
@@ -76,7 +77,7 @@ func checkRange(t comm.Tensor, name string, off, n int) error {
 // until the stream is done or ctx ends. A copy abandoned by its ctx keeps
 // its stream (and counts as an orphan, which PinnedHost's free waits for)
 // until the GPU has finished it.
-func (l *Library) runCopy(ctx context.Context, dev int, what string, bytes int, issue func(s streamHandle) error) error {
+func (l *Library) runCopy(ctx context.Context, dev int, what string, bytes int, issue func(s libapi.Stream) error) error {
 	if ctx.Err() != nil {
 		return ctxError(ctx, what)
 	}
@@ -84,7 +85,7 @@ func (l *Library) runCopy(ctx context.Context, dev int, what string, bytes int, 
 	if err != nil {
 		return err
 	}
-	var s streamHandle
+	var s libapi.Stream
 	select {
 	case s = <-p.idle:
 	case <-ctx.Done():
@@ -119,7 +120,7 @@ const copyPeak = 60e9 // bytes per second
 // polls, yielding the processor, until twice the copy's shortest time (at
 // least 2 ms); past that (copies sharing the engine) it sleeps between
 // polls.
-func (l *Library) waitCopy(ctx context.Context, dev int, s streamHandle, bytes int) (bool, error) {
+func (l *Library) waitCopy(ctx context.Context, dev int, s libapi.Stream, bytes int) (bool, error) {
 	start := time.Now()
 	shortest := time.Duration(float64(bytes) / copyPeak * float64(time.Second))
 	var timer *time.Timer
@@ -144,7 +145,7 @@ func (l *Library) waitCopy(ctx context.Context, dev int, s streamHandle, bytes i
 	}
 	yieldFor := max(2*shortest, 2*time.Millisecond)
 	for {
-		ok, err := l.lib.streamQuery(dev, s)
+		ok, err := l.lib.StreamQuery(dev, s)
 		if err != nil {
 			return true, fmt.Errorf("nccl: %w: copy: %w", comm.ErrAborted, err)
 		}
@@ -166,12 +167,12 @@ func (l *Library) waitCopy(ctx context.Context, dev int, s streamHandle, bytes i
 
 // orphan keeps s out of the pool until the GPU is done with it. The
 // goroutine it starts exits then (a copy cannot outlast the GPU).
-func (l *Library) orphan(p *copyPool, s streamHandle) {
+func (l *Library) orphan(p *copyPool, s libapi.Stream) {
 	l.mu.Lock()
 	l.orphans++
 	l.mu.Unlock()
 	go func() {
-		_ = pollDone(context.Background(), nil, func() (bool, error) { return l.lib.streamQuery(p.dev, s) })
+		_ = pollDone(context.Background(), nil, func() (bool, error) { return l.lib.StreamQuery(p.dev, s) })
 		p.idle <- s
 		l.mu.Lock()
 		l.orphans--
@@ -192,7 +193,7 @@ func (l *Library) PinnedHost(dev, n int) ([]byte, func(), error) {
 	if n == 0 {
 		return []byte{}, func() {}, nil
 	}
-	buf, err := l.lib.hostAlloc(dev, n)
+	buf, err := l.lib.HostAlloc(dev, n)
 	if err != nil {
 		return nil, nil, fmt.Errorf("nccl: pinned memory: %w", err)
 	}
@@ -204,7 +205,7 @@ func (l *Library) PinnedHost(dev, n int) ([]byte, func(), error) {
 				l.orphansDone.Wait()
 			}
 			l.mu.Unlock()
-			_ = l.lib.hostFree(buf)
+			_ = l.lib.HostFree(buf)
 		})
 	}, nil
 }
@@ -221,8 +222,8 @@ func (l *Library) CopyToHost(ctx context.Context, dst []byte, src comm.Tensor, o
 	if len(dst) == 0 {
 		return nil
 	}
-	return l.runCopy(ctx, src.Device(), "copy to host", len(dst), func(s streamHandle) error {
-		return l.lib.copyDtoH(src.Device(), dst, src.Ptr()+uintptr(off), s)
+	return l.runCopy(ctx, src.Device(), "copy to host", len(dst), func(s libapi.Stream) error {
+		return l.lib.CopyDtoH(src.Device(), dst, src.Ptr()+uintptr(off), s)
 	})
 }
 
@@ -235,8 +236,8 @@ func (l *Library) CopyFromHost(ctx context.Context, dst comm.Tensor, off int, sr
 	if len(src) == 0 {
 		return nil
 	}
-	return l.runCopy(ctx, dst.Device(), "copy from host", len(src), func(s streamHandle) error {
-		return l.lib.copyHtoD(dst.Device(), dst.Ptr()+uintptr(off), src, s)
+	return l.runCopy(ctx, dst.Device(), "copy from host", len(src), func(s libapi.Stream) error {
+		return l.lib.CopyHtoD(dst.Device(), dst.Ptr()+uintptr(off), src, s)
 	})
 }
 
@@ -272,13 +273,13 @@ func (l *Library) Memset(ctx context.Context, t comm.Tensor, v byte) error {
 	if t.NumBytes() == 0 {
 		return nil
 	}
-	return l.runCopy(ctx, t.Device(), "memset", 0, func(s streamHandle) error {
-		return l.lib.memset(t.Device(), t.Ptr(), v, t.NumBytes(), s)
+	return l.runCopy(ctx, t.Device(), "memset", 0, func(s libapi.Stream) error {
+		return l.lib.Memset(t.Device(), t.Ptr(), v, t.NumBytes(), s)
 	})
 }
 
-func (l *Library) syncStream(ctx context.Context, dev int, s streamHandle) error {
-	return pollDone(ctx, nil, func() (bool, error) { return l.lib.streamQuery(dev, s) })
+func (l *Library) syncStream(ctx context.Context, dev int, s libapi.Stream) error {
+	return pollDone(ctx, nil, func() (bool, error) { return l.lib.StreamQuery(dev, s) })
 }
 
 // Release destroys the copy streams. Call it when no copy runs (it fails,
@@ -295,7 +296,7 @@ func (l *Library) Release() error {
 		}
 		for _, s := range p.all {
 			<-p.idle
-			errs = append(errs, l.lib.streamDestroy(dev, s))
+			errs = append(errs, l.lib.StreamDestroy(dev, s))
 		}
 		delete(l.pools, dev)
 	}

@@ -366,20 +366,20 @@ func BenchmarkHostCopyRaw(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer free()
-	s, err := L.lib.streamCreate(0)
+	s, err := L.lib.StreamCreate(0)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer L.lib.streamDestroy(0, s)
+	defer L.lib.StreamDestroy(0, s)
 	for _, chunk := range []int{4 << 20, 16 << 20, 32 << 20, 64 << 20} {
 		b.Run(fmt.Sprintf("d2h/chunk=%dMiB", chunk>>20), func(b *testing.B) {
 			b.SetBytes(int64(chunk))
 			for range b.N {
-				if err := L.lib.copyDtoH(0, pin[:chunk], devBuf.Ptr(), s); err != nil {
+				if err := L.lib.CopyDtoH(0, pin[:chunk], devBuf.Ptr(), s); err != nil {
 					b.Fatal(err)
 				}
 				for {
-					ok, err := L.lib.streamQuery(0, s)
+					ok, err := L.lib.StreamQuery(0, s)
 					if err != nil {
 						b.Fatal(err)
 					}

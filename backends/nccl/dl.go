@@ -57,7 +57,7 @@ static void ft_cell_free(uintptr_t cell) {
 	free(c);
 }
 
-// One enqueue call (layout mirrored by collArgs in lib.go).
+// One enqueue call (layout mirrored by libapi.CollArgs (internal/libapi)).
 typedef struct {
 	int32_t kind, dtype, redop, peer;
 	uintptr_t send, recv;
@@ -460,6 +460,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/ftcomm/ftcomm/backends/nccl/internal/libapi"
 	"github.com/ftcomm/ftcomm/comm"
 )
 
@@ -483,7 +484,7 @@ type dlLibrary struct {
 	syms       map[string]bool
 }
 
-var _ library = (*dlLibrary)(nil)
+var _ libapi.Library = (*dlLibrary)(nil)
 
 func dlopen(path string) (unsafe.Pointer, error) {
 	cpath := C.CString(path)
@@ -558,8 +559,8 @@ func probeDriverCUDA(cudartPath string) int {
 // default search. A libnccl that does not load or lacks a required entry
 // point is an *ncclLoadError.
 func openLibrary(ncclPath, cudartPath string) (*dlLibrary, error) {
-	if unsafe.Sizeof(collArgs{}) != C.sizeof_ft_gop {
-		return nil, fmt.Errorf("nccl: internal error: collArgs is %d bytes, ft_gop %d", unsafe.Sizeof(collArgs{}), C.sizeof_ft_gop)
+	if unsafe.Sizeof(libapi.CollArgs{}) != C.sizeof_ft_gop {
+		return nil, fmt.Errorf("nccl: internal error: libapi.CollArgs is %d bytes, ft_gop %d", unsafe.Sizeof(libapi.CollArgs{}), C.sizeof_ft_gop)
 	}
 	if ncclPath == "" {
 		ncclPath = ncclSoname
@@ -595,36 +596,36 @@ func openLibrary(ncclPath, cudartPath string) (*dlLibrary, error) {
 	return d, nil
 }
 
-func (d *dlLibrary) version() int               { return d.ver }
-func (d *dlLibrary) hasSymbol(name string) bool { return d.syms[name] }
+func (d *dlLibrary) Version() int               { return d.ver }
+func (d *dlLibrary) HasSymbol(name string) bool { return d.syms[name] }
 
-func (d *dlLibrary) getUniqueID(id *uniqueID) result {
-	return result(C.ft_get_uid(d.L, unsafe.Pointer(id)))
+func (d *dlLibrary) GetUniqueID(id *libapi.UniqueID) libapi.Result {
+	return libapi.Result(C.ft_get_uid(d.L, unsafe.Pointer(id)))
 }
 
-func (d *dlLibrary) commInitRank(dev int, out cellHandle, nranks int, id *uniqueID, rank int, cfg commConfig) result {
-	return result(C.ft_comm_init(d.L, C.int(dev), C.uintptr_t(out), C.int(nranks), unsafe.Pointer(id), C.int(rank), cbool(cfg.blocking)))
+func (d *dlLibrary) CommInitRank(dev int, out libapi.Cell, nranks int, id *libapi.UniqueID, rank int, cfg libapi.CommConfig) libapi.Result {
+	return libapi.Result(C.ft_comm_init(d.L, C.int(dev), C.uintptr_t(out), C.int(nranks), unsafe.Pointer(id), C.int(rank), cbool(cfg.Blocking)))
 }
 
-func (d *dlLibrary) commSplit(c commHandle, color, key int, out cellHandle, cfg splitConfig) result {
+func (d *dlLibrary) CommSplit(c libapi.Comm, color, key int, out libapi.Cell, cfg libapi.SplitConfig) libapi.Result {
 	blocking := C.int(-1)
-	if !cfg.inherit {
-		blocking = cbool(cfg.blocking)
+	if !cfg.Inherit {
+		blocking = cbool(cfg.Blocking)
 	}
-	return result(C.ft_comm_split(d.L, C.uintptr_t(c), C.int(color), C.int(key), C.uintptr_t(out), blocking))
+	return libapi.Result(C.ft_comm_split(d.L, C.uintptr_t(c), C.int(color), C.int(key), C.uintptr_t(out), blocking))
 }
 
-func (d *dlLibrary) commShrink(c commHandle, exclude []int32, out cellHandle, flags int) result {
+func (d *dlLibrary) CommShrink(c libapi.Comm, exclude []int32, out libapi.Cell, flags int) libapi.Result {
 	// The list is copied to C memory: a nonblocking NCCL may read it after
 	// the call returns.
 	n := len(exclude)
 	p := (*C.int)(C.malloc(C.size_t(max(n, 1)) * C.sizeof_int))
 	copy(unsafe.Slice((*int32)(unsafe.Pointer(p)), max(n, 1)), exclude)
 	d.attach(out, unsafe.Pointer(p)) // freed with the cell
-	return result(C.ft_comm_shrink(d.L, C.uintptr_t(c), p, C.int(n), C.uintptr_t(out), C.int(flags)))
+	return libapi.Result(C.ft_comm_shrink(d.L, C.uintptr_t(c), p, C.int(n), C.uintptr_t(out), C.int(flags)))
 }
 
-func (d *dlLibrary) commGrow(dev int, c commHandle, nranks int, id *uniqueID, rank int, out cellHandle, cfg commConfig) result {
+func (d *dlLibrary) CommGrow(dev int, c libapi.Comm, nranks int, id *libapi.UniqueID, rank int, out libapi.Cell, cfg libapi.CommConfig) libapi.Result {
 	var idp unsafe.Pointer
 	if id != nil {
 		cid := C.malloc(C.size_t(len(id)))
@@ -632,72 +633,72 @@ func (d *dlLibrary) commGrow(dev int, c commHandle, nranks int, id *uniqueID, ra
 		d.attach(out, cid)
 		idp = cid
 	}
-	return result(C.ft_comm_grow(d.L, C.int(dev), C.uintptr_t(c), C.int(nranks), idp, C.int(rank), C.uintptr_t(out), cbool(cfg.blocking)))
+	return libapi.Result(C.ft_comm_grow(d.L, C.int(dev), C.uintptr_t(c), C.int(nranks), idp, C.int(rank), C.uintptr_t(out), cbool(cfg.Blocking)))
 }
 
-func (d *dlLibrary) commGetUniqueID(c commHandle, id *uniqueID) result {
-	return result(C.ft_comm_get_uid(d.L, C.uintptr_t(c), unsafe.Pointer(id)))
+func (d *dlLibrary) CommGetUniqueID(c libapi.Comm, id *libapi.UniqueID) libapi.Result {
+	return libapi.Result(C.ft_comm_get_uid(d.L, C.uintptr_t(c), unsafe.Pointer(id)))
 }
 
-func (d *dlLibrary) commCount(c commHandle) (int, result) {
+func (d *dlLibrary) CommCount(c libapi.Comm) (int, libapi.Result) {
 	var n C.int
-	r := result(C.ft_comm_count(d.L, C.uintptr_t(c), &n))
+	r := libapi.Result(C.ft_comm_count(d.L, C.uintptr_t(c), &n))
 	return int(n), r
 }
 
-func (d *dlLibrary) commUserRank(c commHandle) (int, result) {
+func (d *dlLibrary) CommUserRank(c libapi.Comm) (int, libapi.Result) {
 	var n C.int
-	r := result(C.ft_comm_user_rank(d.L, C.uintptr_t(c), &n))
+	r := libapi.Result(C.ft_comm_user_rank(d.L, C.uintptr_t(c), &n))
 	return int(n), r
 }
 
-func (d *dlLibrary) commRevoke(c commHandle) result {
-	return result(C.ft_comm_revoke(d.L, C.uintptr_t(c)))
+func (d *dlLibrary) CommRevoke(c libapi.Comm) libapi.Result {
+	return libapi.Result(C.ft_comm_revoke(d.L, C.uintptr_t(c)))
 }
 
-func (d *dlLibrary) commAbort(c commHandle) result {
-	return result(C.ft_comm_abort(d.L, C.uintptr_t(c)))
+func (d *dlLibrary) CommAbort(c libapi.Comm) libapi.Result {
+	return libapi.Result(C.ft_comm_abort(d.L, C.uintptr_t(c)))
 }
 
-func (d *dlLibrary) commGetAsyncError(c commHandle) (async, r result) {
+func (d *dlLibrary) CommGetAsyncError(c libapi.Comm) (async, r libapi.Result) {
 	var a C.int
-	r = result(C.ft_async_error(d.L, C.uintptr_t(c), &a))
-	return result(a), r
+	r = libapi.Result(C.ft_async_error(d.L, C.uintptr_t(c), &a))
+	return libapi.Result(a), r
 }
 
-func (d *dlLibrary) errorString(r result) string {
+func (d *dlLibrary) ErrorString(r libapi.Result) string {
 	return C.GoString(C.ft_error_string(d.L, C.int(r)))
 }
 
-func (d *dlLibrary) lastError(c commHandle) string {
+func (d *dlLibrary) LastError(c libapi.Comm) string {
 	return C.GoString(C.ft_last_error(d.L, C.uintptr_t(c)))
 }
 
-func (d *dlLibrary) enqueue(dev int, c commHandle, s streamHandle, a *collArgs) result {
-	return result(C.ft_enqueue_on(d.L, C.int(dev), C.uintptr_t(c), C.uintptr_t(s), (*C.ft_gop)(unsafe.Pointer(a))))
+func (d *dlLibrary) Enqueue(dev int, c libapi.Comm, s libapi.Stream, a *libapi.CollArgs) libapi.Result {
+	return libapi.Result(C.ft_enqueue_on(d.L, C.int(dev), C.uintptr_t(c), C.uintptr_t(s), (*C.ft_gop)(unsafe.Pointer(a))))
 }
 
-func (d *dlLibrary) group(dev int, c commHandle, s streamHandle, ops []collArgs) result {
+func (d *dlLibrary) Group(dev int, c libapi.Comm, s libapi.Stream, ops []libapi.CollArgs) libapi.Result {
 	if len(ops) == 0 {
-		return resSuccess
+		return libapi.Success
 	}
-	return result(C.ft_group(d.L, C.int(dev), C.uintptr_t(c), C.uintptr_t(s), (*C.ft_gop)(unsafe.Pointer(&ops[0])), C.int(len(ops))))
+	return libapi.Result(C.ft_group(d.L, C.int(dev), C.uintptr_t(c), C.uintptr_t(s), (*C.ft_gop)(unsafe.Pointer(&ops[0])), C.int(len(ops))))
 }
 
-func (d *dlLibrary) newCell() cellHandle { return cellHandle(C.ft_cell_new()) }
+func (d *dlLibrary) NewCell() libapi.Cell { return libapi.Cell(C.ft_cell_new()) }
 
 // attach ties p (C memory) to cell: it is freed with the cell.
-func (d *dlLibrary) attach(cell cellHandle, p unsafe.Pointer) {
+func (d *dlLibrary) attach(cell libapi.Cell, p unsafe.Pointer) {
 	if C.ft_cell_attach(C.uintptr_t(cell), p) != 0 {
 		panic("nccl: cell attachments exhausted") // programming error: at most two per cell
 	}
 }
 
-func (d *dlLibrary) loadCell(cell cellHandle) commHandle {
-	return commHandle(C.ft_cell_load(C.uintptr_t(cell)))
+func (d *dlLibrary) LoadCell(cell libapi.Cell) libapi.Comm {
+	return libapi.Comm(C.ft_cell_load(C.uintptr_t(cell)))
 }
 
-func (d *dlLibrary) freeCell(cell cellHandle) { C.ft_cell_free(C.uintptr_t(cell)) }
+func (d *dlLibrary) FreeCell(cell libapi.Cell) { C.ft_cell_free(C.uintptr_t(cell)) }
 
 func cbool(b bool) C.int {
 	if b {
@@ -712,13 +713,13 @@ func (d *dlLibrary) cudaErr(op string, e C.int) error {
 	if e == 0 {
 		return nil
 	}
-	return &cudaError{Op: op, Code: int(e), Msg: C.GoString(C.ft_cuda_error(d.L, e))}
+	return &libapi.CUDAError{Op: op, Code: int(e), Msg: C.GoString(C.ft_cuda_error(d.L, e))}
 }
 
-func (d *dlLibrary) runtimeVersion() int { return int(C.ft_runtime_version(d.L)) }
-func (d *dlLibrary) driverVersion() int  { return int(C.ft_driver_version(d.L)) }
+func (d *dlLibrary) RuntimeVersion() int { return int(C.ft_runtime_version(d.L)) }
+func (d *dlLibrary) DriverVersion() int  { return int(C.ft_driver_version(d.L)) }
 
-func (d *dlLibrary) deviceCount() (int, error) {
+func (d *dlLibrary) DeviceCount() (int, error) {
 	var n C.int
 	if err := d.cudaErr("cudaGetDeviceCount", C.ft_device_count(d.L, &n)); err != nil {
 		return 0, err
@@ -726,7 +727,7 @@ func (d *dlLibrary) deviceCount() (int, error) {
 	return int(n), nil
 }
 
-func (d *dlLibrary) malloc(dev int, n int) (uintptr, error) {
+func (d *dlLibrary) Malloc(dev int, n int) (uintptr, error) {
 	var p C.uintptr_t
 	if err := d.cudaErr("cudaMalloc", C.ft_malloc(d.L, C.int(dev), C.size_t(n), &p)); err != nil {
 		return 0, err
@@ -734,11 +735,11 @@ func (d *dlLibrary) malloc(dev int, n int) (uintptr, error) {
 	return uintptr(p), nil
 }
 
-func (d *dlLibrary) free(dev int, p uintptr) error {
+func (d *dlLibrary) Free(dev int, p uintptr) error {
 	return d.cudaErr("cudaFree", C.ft_free(d.L, C.int(dev), C.uintptr_t(p)))
 }
 
-func (d *dlLibrary) copyHtoD(dev int, dst uintptr, src []byte, s streamHandle) error {
+func (d *dlLibrary) CopyHtoD(dev int, dst uintptr, src []byte, s libapi.Stream) error {
 	if len(src) == 0 {
 		return nil
 	}
@@ -747,7 +748,7 @@ func (d *dlLibrary) copyHtoD(dev int, dst uintptr, src []byte, s streamHandle) e
 	return d.cudaErr("cudaMemcpyAsync(HtoD)", e)
 }
 
-func (d *dlLibrary) copyDtoH(dev int, dst []byte, src uintptr, s streamHandle) error {
+func (d *dlLibrary) CopyDtoH(dev int, dst []byte, src uintptr, s libapi.Stream) error {
 	if len(dst) == 0 {
 		return nil
 	}
@@ -756,15 +757,15 @@ func (d *dlLibrary) copyDtoH(dev int, dst []byte, src uintptr, s streamHandle) e
 	return d.cudaErr("cudaMemcpyAsync(DtoH)", e)
 }
 
-func (d *dlLibrary) copyDtoD(dev int, dst, src uintptr, n int, s streamHandle) error {
+func (d *dlLibrary) CopyDtoD(dev int, dst, src uintptr, n int, s libapi.Stream) error {
 	return d.cudaErr("cudaMemcpyAsync(DtoD)", C.ft_memcpy(d.L, C.int(dev), C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), 3, C.uintptr_t(s)))
 }
 
-func (d *dlLibrary) memset(dev int, p uintptr, v byte, n int, s streamHandle) error {
+func (d *dlLibrary) Memset(dev int, p uintptr, v byte, n int, s libapi.Stream) error {
 	return d.cudaErr("cudaMemsetAsync", C.ft_memset(d.L, C.int(dev), C.uintptr_t(p), C.int(v), C.size_t(n), C.uintptr_t(s)))
 }
 
-func (d *dlLibrary) hostAlloc(dev int, n int) ([]byte, error) {
+func (d *dlLibrary) HostAlloc(dev int, n int) ([]byte, error) {
 	var p unsafe.Pointer
 	if err := d.cudaErr("cudaHostAlloc", C.ft_host_alloc(d.L, C.int(dev), C.size_t(n), &p)); err != nil {
 		return nil, err
@@ -772,11 +773,11 @@ func (d *dlLibrary) hostAlloc(dev int, n int) ([]byte, error) {
 	return unsafe.Slice((*byte)(p), n), nil
 }
 
-func (d *dlLibrary) hostFree(buf []byte) error {
+func (d *dlLibrary) HostFree(buf []byte) error {
 	return d.cudaErr("cudaFreeHost", C.ft_free_host(d.L, unsafe.Pointer(unsafe.SliceData(buf))))
 }
 
-func (d *dlLibrary) pciBusID(dev int) (string, error) {
+func (d *dlLibrary) PCIBusID(dev int) (string, error) {
 	var buf [64]C.char
 	if err := d.cudaErr("cudaDeviceGetPCIBusId", C.ft_pci_bus_id(d.L, C.int(dev), &buf[0], C.int(len(buf)))); err != nil {
 		return "", err
@@ -784,19 +785,19 @@ func (d *dlLibrary) pciBusID(dev int) (string, error) {
 	return C.GoString(&buf[0]), nil
 }
 
-func (d *dlLibrary) streamCreate(dev int) (streamHandle, error) {
+func (d *dlLibrary) StreamCreate(dev int) (libapi.Stream, error) {
 	var s C.uintptr_t
 	if err := d.cudaErr("cudaStreamCreateWithFlags", C.ft_stream_create(d.L, C.int(dev), &s)); err != nil {
 		return 0, err
 	}
-	return streamHandle(s), nil
+	return libapi.Stream(s), nil
 }
 
-func (d *dlLibrary) streamDestroy(dev int, s streamHandle) error {
+func (d *dlLibrary) StreamDestroy(dev int, s libapi.Stream) error {
 	return d.cudaErr("cudaStreamDestroy", C.ft_stream_destroy(d.L, C.int(dev), C.uintptr_t(s)))
 }
 
-func (d *dlLibrary) streamQuery(dev int, s streamHandle) (bool, error) {
+func (d *dlLibrary) StreamQuery(dev int, s libapi.Stream) (bool, error) {
 	switch e := C.ft_stream_query(d.L, C.uintptr_t(s)); e {
 	case 0:
 		return true, nil
@@ -807,27 +808,27 @@ func (d *dlLibrary) streamQuery(dev int, s streamHandle) (bool, error) {
 	}
 }
 
-func (d *dlLibrary) eventCreate(dev int, timing bool) (eventHandle, error) {
+func (d *dlLibrary) EventCreate(dev int, timing bool) (libapi.Event, error) {
 	var ev C.uintptr_t
 	if err := d.cudaErr("cudaEventCreateWithFlags", C.ft_event_create(d.L, C.int(dev), cbool(timing), &ev)); err != nil {
 		return 0, err
 	}
-	return eventHandle(ev), nil
+	return libapi.Event(ev), nil
 }
 
-func (d *dlLibrary) eventDestroy(dev int, ev eventHandle) error {
+func (d *dlLibrary) EventDestroy(dev int, ev libapi.Event) error {
 	return d.cudaErr("cudaEventDestroy", C.ft_event_destroy(d.L, C.int(dev), C.uintptr_t(ev)))
 }
 
-func (d *dlLibrary) eventRecord(dev int, ev eventHandle, s streamHandle) error {
+func (d *dlLibrary) EventRecord(dev int, ev libapi.Event, s libapi.Stream) error {
 	return d.cudaErr("cudaEventRecord", C.ft_event_record(d.L, C.int(dev), C.uintptr_t(ev), C.uintptr_t(s)))
 }
 
-func (d *dlLibrary) streamWaitEvent(dev int, s streamHandle, ev eventHandle) error {
+func (d *dlLibrary) StreamWaitEvent(dev int, s libapi.Stream, ev libapi.Event) error {
 	return d.cudaErr("cudaStreamWaitEvent", C.ft_stream_wait_event(d.L, C.int(dev), C.uintptr_t(s), C.uintptr_t(ev)))
 }
 
-func (d *dlLibrary) eventQuery(ev eventHandle) (bool, error) {
+func (d *dlLibrary) EventQuery(ev libapi.Event) (bool, error) {
 	switch e := C.ft_event_query(d.L, C.uintptr_t(ev)); e {
 	case 0:
 		return true, nil
@@ -838,7 +839,7 @@ func (d *dlLibrary) eventQuery(ev eventHandle) (bool, error) {
 	}
 }
 
-func (d *dlLibrary) eventElapsed(start, end eventHandle) (float32, error) {
+func (d *dlLibrary) EventElapsed(start, end libapi.Event) (float32, error) {
 	var ms C.float
 	if err := d.cudaErr("cudaEventElapsedTime", C.ft_event_elapsed(d.L, C.uintptr_t(start), C.uintptr_t(end), &ms)); err != nil {
 		return 0, err

@@ -5,12 +5,13 @@ package nccl
 import (
 	"fmt"
 
+	"github.com/ftcomm/ftcomm/backends/nccl/internal/libapi"
 	"github.com/ftcomm/ftcomm/comm"
 )
 
 // dlLibrary does not exist without cgo; openLibrary says so.
 type dlLibrary struct {
-	library
+	libapi.Library
 	ncclPath, cudartPath string
 }
 

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/ftcomm/ftcomm/backends/nccl/internal/libapi"
 	"github.com/ftcomm/ftcomm/comm"
 )
 
@@ -68,18 +69,18 @@ func TestGPUOneRank(t *testing.T) {
 // nonblocking comm) and waited for; enqueue: the enqueue+settle part of
 // that; b2b: ops enqueued back to back, one wait at the end.
 func launchCost(ctx context.Context, b *Backend, buf uintptr, n int) (waited, enqueue, b2b time.Duration, err error) {
-	ops := []collArgs{
-		{kind: kSend, dtype: ncclUint8, peer: 0, send: buf, count: 8},
-		{kind: kRecv, dtype: ncclUint8, peer: 0, recv: buf + 8, count: 8},
+	ops := []libapi.CollArgs{
+		{Kind: libapi.Send, Type: libapi.Uint8, Peer: 0, Send: buf, Count: 8},
+		{Kind: libapi.Recv, Type: libapi.Uint8, Peer: 0, Recv: buf + 8, Count: 8},
 	}
 	one := func() (time.Duration, error) {
 		b.hmu.Lock()
 		defer b.hmu.Unlock()
 		t0 := time.Now()
-		r := b.lib.group(b.dev, b.data, b.stream, ops)
+		r := b.lib.Group(b.dev, b.data, b.stream, ops)
 		var err error
 		if b.dataBlocking {
-			if r != resSuccess {
+			if r != libapi.Success {
 				err = b.ncclError(b.data, "self send/recv", r)
 			}
 		} else {
@@ -270,7 +271,7 @@ func TestGPUWatchHealth(t *testing.T) {
 	ctx := testCtx(t)
 	ranks := startJob(t, ctx, L, []int{0}, 1, "gpu-health", nil)
 	b := ranks[0].c.Backend().(*Backend)
-	bus, err := b.lib.pciBusID(0)
+	bus, err := b.lib.PCIBusID(0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/ftcomm/ftcomm/backends/nccl/internal/libapi"
 	"github.com/ftcomm/ftcomm/comm"
 )
 
@@ -186,7 +187,7 @@ func (i Info) String() string {
 // communicator, so the libraries stay loaded; the streams the copy helpers
 // use are released by Release.
 type Library struct {
-	lib     library
+	lib     libapi.Library
 	info    Info
 	nCopies int // streams per device in a copy pool
 
@@ -277,7 +278,7 @@ func openNewest(search ncclSearch, cudartPath string, log *zap.Logger) (*dlLibra
 		c := &cands[i]
 		d, err := openLibrary(c.Path, cudartPath)
 		if err == nil {
-			if got := versionFromCode(d.version()); got != c.Version {
+			if got := versionFromCode(d.Version()); got != c.Version {
 				log.Warn("NCCL reports another version than its file says", zap.String("path", c.Path),
 					zap.Stringer("file", c.Version), zap.Stringer("ncclGetVersion", got))
 			}
@@ -354,18 +355,18 @@ func (l *Library) Collector() prometheus.Collector {
 	return g
 }
 
-func newLibrary(lib library, ncclPath, cudartPath string, copyStreams int, eager bool) *Library {
+func newLibrary(lib libapi.Library, ncclPath, cudartPath string, copyStreams int, eager bool) *Library {
 	if copyStreams == 0 {
 		copyStreams = 4
 	}
 	l := &Library{lib: lib, nCopies: copyStreams, pools: map[int]*copyPool{}}
 	l.orphansDone = sync.NewCond(&l.mu)
-	l.info = Info{NCCLPath: ncclPath, CUDARuntimePath: cudartPath, NCCL: versionFromCode(lib.version()),
-		CUDARuntime: lib.runtimeVersion(), CUDADriver: lib.driverVersion(), Symbols: map[string]bool{},
+	l.info = Info{NCCLPath: ncclPath, CUDARuntimePath: cudartPath, NCCL: versionFromCode(lib.Version()),
+		CUDARuntime: lib.RuntimeVersion(), CUDADriver: lib.DriverVersion(), Symbols: map[string]bool{},
 		EagerConnect: eager}
 	for _, s := range []string{"ncclCommSplit", "ncclCommShrink", "ncclCommRevoke", "ncclCommGrow",
 		"ncclCommGetUniqueId", "ncclAlltoAll", "ncclGather", "ncclScatter", "ncclGetLastError"} {
-		l.info.Symbols[s] = lib.hasSymbol(s)
+		l.info.Symbols[s] = lib.HasSymbol(s)
 	}
 	v, has := l.info.NCCL, l.info.Symbols
 	l.info.Features = Features{
@@ -393,18 +394,7 @@ func (l *Library) Info() Info {
 }
 
 // DeviceCount is the number of CUDA devices visible to this process.
-func (l *Library) DeviceCount() (int, error) { return l.lib.deviceCount() }
-
-// cudaError is a failed CUDA runtime call.
-type cudaError struct {
-	Op   string
-	Code int
-	Msg  string
-}
-
-func (e *cudaError) Error() string {
-	return fmt.Sprintf("nccl: %s: cuda error %d: %s", e.Op, e.Code, e.Msg)
-}
+func (l *Library) DeviceCount() (int, error) { return l.lib.DeviceCount() }
 
 // ---- device memory ----
 
@@ -424,7 +414,7 @@ func (l *Library) Alloc(dev, n int) (*DeviceBuffer, error) {
 	if n < 0 || dev < 0 {
 		return nil, fmt.Errorf("nccl: %w: alloc %d bytes on device %d", comm.ErrInvalidArgument, n, dev)
 	}
-	p, err := l.lib.malloc(dev, max(n, 1))
+	p, err := l.lib.Malloc(dev, max(n, 1))
 	if err != nil {
 		return nil, err
 	}
@@ -476,7 +466,7 @@ func (b *DeviceBuffer) Free() error {
 		return nil
 	}
 	b.freed = true
-	return b.l.lib.free(b.dev, b.ptr)
+	return b.l.lib.Free(b.dev, b.ptr)
 }
 
 // ---- streams and events ----
@@ -485,12 +475,12 @@ func (b *DeviceBuffer) Free() error {
 type Stream struct {
 	l   *Library
 	dev int
-	s   streamHandle
+	s   libapi.Stream
 }
 
 // NewStream creates a stream on device dev.
 func (l *Library) NewStream(dev int) (*Stream, error) {
-	s, err := l.lib.streamCreate(dev)
+	s, err := l.lib.StreamCreate(dev)
 	if err != nil {
 		return nil, err
 	}
@@ -504,7 +494,7 @@ func (s *Stream) Handle() uintptr { return uintptr(s.s) }
 func (s *Stream) Device() int { return s.dev }
 
 // Done reports whether all work queued on the stream has completed.
-func (s *Stream) Done() (bool, error) { return s.l.lib.streamQuery(s.dev, s.s) }
+func (s *Stream) Done() (bool, error) { return s.l.lib.StreamQuery(s.dev, s.s) }
 
 // Synchronize waits until the stream's work has completed or ctx is done.
 func (s *Stream) Synchronize(ctx context.Context) error {
@@ -520,23 +510,23 @@ func (s *Stream) CopyToDevice(dst comm.Tensor, src []byte) error {
 	if len(src) < dst.NumBytes() {
 		return fmt.Errorf("nccl: %w: %d host bytes for a %d-byte tensor", comm.ErrInvalidArgument, len(src), dst.NumBytes())
 	}
-	return s.l.lib.copyHtoD(s.dev, dst.Ptr(), src[:dst.NumBytes()], s.s)
+	return s.l.lib.CopyHtoD(s.dev, dst.Ptr(), src[:dst.NumBytes()], s.s)
 }
 
 // Close destroys the stream.
-func (s *Stream) Close() error { return s.l.lib.streamDestroy(s.dev, s.s) }
+func (s *Stream) Close() error { return s.l.lib.StreamDestroy(s.dev, s.s) }
 
 // Event is a CUDA event.
 type Event struct {
 	l   *Library
 	dev int
-	ev  eventHandle
+	ev  libapi.Event
 }
 
 // NewEvent creates an event on device dev; timing events can be passed to
 // Elapsed, others are cheaper to record and query.
 func (l *Library) NewEvent(dev int, timing bool) (*Event, error) {
-	ev, err := l.lib.eventCreate(dev, timing)
+	ev, err := l.lib.EventCreate(dev, timing)
 	if err != nil {
 		return nil, err
 	}
@@ -544,19 +534,19 @@ func (l *Library) NewEvent(dev int, timing bool) (*Event, error) {
 }
 
 // Record captures the work queued on s so far.
-func (e *Event) Record(s *Stream) error { return e.l.lib.eventRecord(e.dev, e.ev, s.s) }
+func (e *Event) Record(s *Stream) error { return e.l.lib.EventRecord(e.dev, e.ev, s.s) }
 
 // Done reports whether the captured work has completed.
-func (e *Event) Done() (bool, error) { return e.l.lib.eventQuery(e.ev) }
+func (e *Event) Done() (bool, error) { return e.l.lib.EventQuery(e.ev) }
 
 // Wait waits until the captured work has completed or ctx is done.
 func (e *Event) Wait(ctx context.Context) error {
-	return pollDone(ctx, nil, func() (bool, error) { return e.l.lib.eventQuery(e.ev) })
+	return pollDone(ctx, nil, func() (bool, error) { return e.l.lib.EventQuery(e.ev) })
 }
 
 // Elapsed is the GPU time from start's record to e's (both timing events).
 func (e *Event) Elapsed(start *Event) (time.Duration, error) {
-	ms, err := e.l.lib.eventElapsed(start.ev, e.ev)
+	ms, err := e.l.lib.EventElapsed(start.ev, e.ev)
 	if err != nil {
 		return 0, err
 	}
@@ -564,7 +554,7 @@ func (e *Event) Elapsed(start *Event) (time.Duration, error) {
 }
 
 // Close destroys the event.
-func (e *Event) Close() error { return e.l.lib.eventDestroy(e.dev, e.ev) }
+func (e *Event) Close() error { return e.l.lib.EventDestroy(e.dev, e.ev) }
 
 // pollDone calls done until it reports true, fails, ctx ends or wake is
 // closed: busy at first, then yielding, then sleeping in growing steps.

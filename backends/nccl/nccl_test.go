@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/backends/nccl/internal/libapi"
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/memstore"
 	"github.com/ftcomm/ftcomm/internal/testutil"
@@ -120,7 +121,7 @@ func TestVersionFeatures(t *testing.T) {
 }
 
 func TestRecord(t *testing.T) {
-	var id uniqueID
+	var id libapi.UniqueID
 	for i := range id {
 		id[i] = byte(i)
 	}
@@ -374,7 +375,7 @@ func TestAsyncErrorFailsOp(t *testing.T) {
 		c.ReleaseTimeout = 50 * time.Millisecond
 	})
 	work, _ := stuckAllReduce(t, ctx, w, ranks)
-	w.injectAsyncError(0, resRemoteError)
+	w.injectAsyncError(0, libapi.RemoteError)
 	if err := work.Wait(ctx); !errors.Is(err, comm.ErrPeerFailed) {
 		t.Fatalf("op after ncclRemoteError: %v, want ErrPeerFailed", err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ftcomm/ftcomm/backends/nccl/internal/libapi"
 	"github.com/ftcomm/ftcomm/comm"
 )
 
@@ -19,12 +20,12 @@ import (
 const (
 	recInit byte = 1 // join with ncclCommInitRankConfig
 	recGrow byte = 2 // join with ncclCommGrow (the id came from ncclCommGetUniqueId)
-	recLen       = 4 + 1 + 4 + len(uniqueID{})
+	recLen       = 4 + 1 + 4 + len(libapi.UniqueID{})
 )
 
 func uidKey(epoch uint64) string { return fmt.Sprintf("epoch/%d/nccl-uid", epoch) }
 
-func encodeRecord(kind byte, size int, id *uniqueID) []byte {
+func encodeRecord(kind byte, size int, id *libapi.UniqueID) []byte {
 	out := make([]byte, 0, recLen)
 	out = append(out, "FTN1"...)
 	out = append(out, kind)
@@ -32,7 +33,7 @@ func encodeRecord(kind byte, size int, id *uniqueID) []byte {
 	return append(out, id[:]...)
 }
 
-func decodeRecord(v []byte) (kind byte, size int, id uniqueID, err error) {
+func decodeRecord(v []byte) (kind byte, size int, id libapi.UniqueID, err error) {
 	if len(v) != recLen || string(v[:4]) != "FTN1" || (v[4] != recInit && v[4] != recGrow) {
 		return 0, 0, id, fmt.Errorf("nccl: %w: the rendezvous key does not hold an ftcomm NCCL id (%d bytes)", comm.ErrMismatch, len(v))
 	}
@@ -43,12 +44,12 @@ func decodeRecord(v []byte) (kind byte, size int, id uniqueID, err error) {
 // rendezvous creates the NCCL comm of (rank, size) at epoch: rank 0 makes a
 // unique id and publishes it; the others read it and join, by init or, if
 // the record says so, as joiners of a native Grow.
-func (b *Backend) rendezvous(ctx context.Context, rank, size int, epoch uint64) (commHandle, error) {
+func (b *Backend) rendezvous(ctx context.Context, rank, size int, epoch uint64) (libapi.Comm, error) {
 	t0 := time.Now()
-	var id uniqueID
+	var id libapi.UniqueID
 	kind := recInit
 	if rank == 0 {
-		if r := b.lib.getUniqueID(&id); r != resSuccess {
+		if r := b.lib.GetUniqueID(&id); r != libapi.Success {
 			return 0, b.ncclError(0, "ncclGetUniqueId", r)
 		}
 		if size > 1 {
@@ -80,23 +81,23 @@ func (b *Backend) rendezvous(ctx context.Context, rank, size int, epoch uint64) 
 	}
 	// The cell (handle and config) lives until init is over: NCCL 2.18+
 	// fills and reads them before returning, older ones from their job.
-	cell := b.lib.newCell()
-	r := b.lib.commInitRank(b.dev, cell, size, &id, rank, commConfig{blocking: b.ctlBlocking})
+	cell := b.lib.NewCell()
+	r := b.lib.CommInitRank(b.dev, cell, size, &id, rank, libapi.CommConfig{Blocking: b.ctlBlocking})
 	call := time.Since(t0)
-	h := b.lib.loadCell(cell)
-	if r != resSuccess && r != resInProgress {
+	h := b.lib.LoadCell(cell)
+	if r != libapi.Success && r != libapi.InProgress {
 		if h != 0 {
-			b.lib.commAbort(h)
+			b.lib.CommAbort(h)
 		}
-		b.lib.freeCell(cell)
+		b.lib.FreeCell(cell)
 		return 0, b.ncclError(0, "ncclCommInitRankConfig", r)
 	}
 	if h == 0 {
-		b.lib.freeCell(cell)
+		b.lib.FreeCell(cell)
 		return 0, fmt.Errorf("nccl: %w: ncclCommInitRankConfig returned no comm", comm.ErrAborted)
 	}
 	h, err := b.awaitComm(ctx, h, "ncclCommInitRankConfig")
-	b.lib.freeCell(cell)
+	b.lib.FreeCell(cell)
 	if b.made.How == "" {
 		b.made.How = "ncclCommInitRankConfig"
 	}
@@ -106,18 +107,18 @@ func (b *Backend) rendezvous(ctx context.Context, rank, size int, epoch uint64) 
 
 // awaitComm waits until a new comm has finished initialising. If it fails
 // or ctx ends first, the comm is aborted.
-func (b *Backend) awaitComm(ctx context.Context, h commHandle, what string) (commHandle, error) {
+func (b *Backend) awaitComm(ctx context.Context, h libapi.Comm, what string) (libapi.Comm, error) {
 	st := b.pollAsync(ctx, h, nil)
-	if st == resSuccess {
+	if st == libapi.Success {
 		return h, nil
 	}
 	var err error
-	if st == resInProgress {
+	if st == libapi.InProgress {
 		err = ctxError(ctx, what+" did not finish")
 	} else {
 		err = b.ncclError(h, what, st)
 	}
-	b.lib.commAbort(h)
+	b.lib.CommAbort(h)
 	return 0, err
 }
 
@@ -128,24 +129,24 @@ func (b *Backend) awaitComm(ctx context.Context, h commHandle, what string) (com
 // write the cell, the cell is leaked rather than freed under it, and the
 // parent stays in progress until it is aborted (Close does that; the
 // abort also stops the child's initialisation).
-func (b *Backend) awaitChild(ctx context.Context, h commHandle, cell cellHandle, what string, r result) (commHandle, error) {
-	if r != resSuccess && r != resInProgress {
-		b.lib.freeCell(cell)
+func (b *Backend) awaitChild(ctx context.Context, h libapi.Comm, cell libapi.Cell, what string, r libapi.Result) (libapi.Comm, error) {
+	if r != libapi.Success && r != libapi.InProgress {
+		b.lib.FreeCell(cell)
 		return 0, b.ncclError(h, what, r)
 	}
 	switch st := b.pollAsync(ctx, h, b.closing); st {
-	case resSuccess:
-	case resInProgress:
+	case libapi.Success:
+	case libapi.InProgress:
 		if ctx.Err() == nil {
 			return 0, fmt.Errorf("nccl: %w: %s abandoned: the comm was closed", comm.ErrClosed, what)
 		}
 		return 0, ctxError(ctx, what+" did not finish")
 	default:
-		b.lib.freeCell(cell)
+		b.lib.FreeCell(cell)
 		return 0, b.ncclError(h, what, st)
 	}
-	nh := b.lib.loadCell(cell)
-	b.lib.freeCell(cell)
+	nh := b.lib.LoadCell(cell)
+	b.lib.FreeCell(cell)
 	if nh == 0 {
 		return 0, nil
 	}
@@ -154,11 +155,11 @@ func (b *Backend) awaitChild(ctx context.Context, h commHandle, cell cellHandle,
 
 // child makes the Backend of a comm created by Shrink, Grow or Split;
 // mk is how it was made so far (a fresh init's phases are added here).
-func (b *Backend) child(ctx context.Context, o comm.Options, rank, size int, epoch uint64, h commHandle, mk Creation) (*Backend, error) {
+func (b *Backend) child(ctx context.Context, o comm.Options, rank, size int, epoch uint64, h libapi.Comm, mk Creation) (*Backend, error) {
 	nb, err := newBackend(b.L, b.cfg, o, rank, size, epoch)
 	if err != nil {
 		if h != 0 {
-			b.lib.commAbort(h)
+			b.lib.CommAbort(h)
 		}
 		return nil, err
 	}
@@ -196,7 +197,7 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 	}
 	newSize := b.size - len(exclude)
 	t0 := time.Now()
-	var h commHandle
+	var h libapi.Comm
 	mk := Creation{How: "fresh init"}
 	native, err := b.agreeNative(ctx, epoch, newRank, newSize,
 		b.L.info.Features.Shrink && !b.cfg.DisableNativeShrink && b.holdsComm())
@@ -223,7 +224,7 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 // call itself took: with NCCL_SHRINK_ABORT it raises the comm's abort
 // flags and synchronises its device stream before it starts the child's
 // initialisation as the comm's job (ncclCommShrink, src/init.cc).
-func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (h commHandle, mode string, call, ready time.Duration, err error) {
+func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (h libapi.Comm, mode string, call, ready time.Duration, err error) {
 	b.hmu.Lock()
 	defer b.hmu.Unlock()
 	h = b.ctl
@@ -233,11 +234,11 @@ func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (h commHandle
 		// lost during one.
 		return 0, "ncclCommShrink", 0, 0, b.failure()
 	}
-	flags := shrinkDefault
+	flags := libapi.ShrinkDefault
 	mode = "ncclCommShrink"
 	ownKernels := b.data == h // no separate data comm: the abort below ends every kernel of this Backend
 	if b.failed.Load() && !b.quiescent {
-		flags, mode = shrinkAbort, "ncclCommShrink(NCCL_SHRINK_ABORT)"
+		flags, mode = libapi.ShrinkAbort, "ncclCommShrink(NCCL_SHRINK_ABORT)"
 		// NCCL_SHRINK_ABORT stops the control comm's kernels; a separate
 		// data comm's are its own: the watchdog aborts it meanwhile.
 		if d := b.data; d != 0 && d != h {
@@ -249,9 +250,9 @@ func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (h commHandle
 	for i, e := range exclude {
 		ex[i] = int32(e)
 	}
-	cell := b.lib.newCell()
+	cell := b.lib.NewCell()
 	t0 := time.Now()
-	r := b.lib.commShrink(h, ex, cell, flags)
+	r := b.lib.CommShrink(h, ex, cell, flags)
 	call = time.Since(t0)
 	nh, err := b.awaitChild(ctx, h, cell, mode, r)
 	ready = time.Since(t0) - call
@@ -261,7 +262,7 @@ func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (h commHandle
 	if nh == 0 {
 		return 0, mode, call, ready, fmt.Errorf("nccl: %w: %s finished without a new comm", comm.ErrAborted, mode)
 	}
-	if flags == shrinkAbort && ownKernels {
+	if flags == libapi.ShrinkAbort && ownKernels {
 		b.dirty.Store(false) // the parent's kernels were terminated
 	}
 	return nh, mode, call, ready, nil
@@ -279,7 +280,7 @@ func (b *Backend) Grow(ctx context.Context, size int, epoch uint64) (comm.Backen
 		return nil, fmt.Errorf("nccl: %w: grow to %d ranks from %d", comm.ErrInvalidArgument, size, b.size)
 	}
 	t0 := time.Now()
-	var h commHandle
+	var h libapi.Comm
 	mk := Creation{How: "fresh init"}
 	native, err := b.agreeNative(ctx, epoch, b.rank, b.size,
 		b.L.info.Features.Grow && !b.cfg.DisableNativeGrow && !b.failed.Load() && b.holdsComm())
@@ -389,21 +390,21 @@ func (b *Backend) agreeNative(ctx context.Context, epoch uint64, rank, holders i
 	return all, nil
 }
 
-func (b *Backend) nativeGrow(ctx context.Context, size int, epoch uint64) (commHandle, error) {
+func (b *Backend) nativeGrow(ctx context.Context, size int, epoch uint64) (libapi.Comm, error) {
 	b.hmu.Lock()
 	defer b.hmu.Unlock()
 	h := b.ctl
 	if h == 0 {
 		return 0, b.failure()
 	}
-	var idp *uniqueID
+	var idp *libapi.UniqueID
 	if b.rank == 0 {
-		var id uniqueID
-		r := b.lib.commGetUniqueID(h, &id)
-		if r == resSuccess || r == resInProgress {
+		var id libapi.UniqueID
+		r := b.lib.CommGetUniqueID(h, &id)
+		if r == libapi.Success || r == libapi.InProgress {
 			r = b.pollAsync(ctx, h, nil)
 		}
-		if r != resSuccess {
+		if r != libapi.Success {
 			return 0, b.ncclError(h, "ncclCommGetUniqueId", r)
 		}
 		if b.store == nil {
@@ -414,8 +415,8 @@ func (b *Backend) nativeGrow(ctx context.Context, size int, epoch uint64) (commH
 		}
 		idp = &id
 	}
-	cell := b.lib.newCell()
-	r := b.lib.commGrow(b.dev, h, size, idp, -1, cell, commConfig{})
+	cell := b.lib.NewCell()
+	r := b.lib.CommGrow(b.dev, h, size, idp, -1, cell, libapi.CommConfig{})
 	nh, err := b.awaitChild(ctx, h, cell, "ncclCommGrow", r)
 	if err == nil && nh == 0 {
 		err = fmt.Errorf("nccl: %w: ncclCommGrow finished without a new comm", comm.ErrAborted)
@@ -424,22 +425,22 @@ func (b *Backend) nativeGrow(ctx context.Context, size int, epoch uint64) (commH
 }
 
 // joinGrow is a joiner's side of a native Grow.
-func (b *Backend) joinGrow(ctx context.Context, rank, size int, id *uniqueID) (commHandle, error) {
-	cell := b.lib.newCell()
-	r := b.lib.commGrow(b.dev, 0, size, id, rank, cell, commConfig{blocking: b.ctlBlocking})
-	if r != resSuccess && r != resInProgress {
-		b.lib.freeCell(cell)
+func (b *Backend) joinGrow(ctx context.Context, rank, size int, id *libapi.UniqueID) (libapi.Comm, error) {
+	cell := b.lib.NewCell()
+	r := b.lib.CommGrow(b.dev, 0, size, id, rank, cell, libapi.CommConfig{Blocking: b.ctlBlocking})
+	if r != libapi.Success && r != libapi.InProgress {
+		b.lib.FreeCell(cell)
 		return 0, b.ncclError(0, "ncclCommGrow (joiner)", r)
 	}
-	var h commHandle
+	var h libapi.Comm
 	err := pollDone(ctx, nil, func() (bool, error) {
-		h = b.lib.loadCell(cell)
+		h = b.lib.LoadCell(cell)
 		return h != 0, nil
 	})
 	if err != nil {
 		return 0, ctxError(ctx, "ncclCommGrow (joiner) produced no comm") // the cell is leaked: NCCL may still write it
 	}
-	b.lib.freeCell(cell)
+	b.lib.FreeCell(cell)
 	return b.awaitComm(ctx, h, "ncclCommGrow (joiner)")
 }
 
@@ -460,10 +461,10 @@ func (b *Backend) Split(ctx context.Context, color, key int) (comm.Backend, erro
 	if err != nil || nh == 0 {
 		return nil, err
 	}
-	cnt, r := b.lib.commCount(nh)
-	rank, r2 := b.lib.commUserRank(nh)
-	if r != resSuccess || r2 != resSuccess {
-		b.lib.commAbort(nh)
+	cnt, r := b.lib.CommCount(nh)
+	rank, r2 := b.lib.CommUserRank(nh)
+	if r != libapi.Success || r2 != libapi.Success {
+		b.lib.CommAbort(nh)
 		return nil, fmt.Errorf("nccl: %w: split: ncclCommCount %s, ncclCommUserRank %s", comm.ErrAborted, r, r2)
 	}
 	o := b.opts
@@ -475,7 +476,7 @@ func (b *Backend) Split(ctx context.Context, color, key int) (comm.Backend, erro
 	return nb, err
 }
 
-func (b *Backend) split(ctx context.Context, color, key int) (commHandle, int, error) {
+func (b *Backend) split(ctx context.Context, color, key int) (libapi.Comm, int, error) {
 	b.hmu.Lock()
 	defer b.hmu.Unlock()
 	h := b.ctl
@@ -483,8 +484,8 @@ func (b *Backend) split(ctx context.Context, color, key int) (commHandle, int, e
 		return 0, 0, b.failure()
 	}
 	b.splits++
-	cell := b.lib.newCell()
-	r := b.lib.commSplit(h, color, key, cell, splitConfig{inherit: true})
+	cell := b.lib.NewCell()
+	r := b.lib.CommSplit(h, color, key, cell, libapi.SplitConfig{Inherit: true})
 	nh, err := b.awaitChild(ctx, h, cell, "ncclCommSplit", r)
 	if err != nil {
 		err = fmt.Errorf("nccl: split (color %d): %w", color, err)
@@ -494,7 +495,7 @@ func (b *Backend) split(ctx context.Context, color, key int) (commHandle, int, e
 		return 0, 0, err
 	}
 	if color == comm.NoColor && nh != 0 {
-		b.lib.commAbort(nh)
+		b.lib.CommAbort(nh)
 		nh = 0
 	}
 	return nh, b.splits, nil

@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ftcomm/ftcomm/backends/nccl/internal/libapi"
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/reduce"
 )
@@ -83,13 +84,13 @@ type Simulation struct {
 	// stallAborts holds ncclCommAbort of the comms on these devices.
 	stallAborts map[int]bool
 	hostAllocs  int // live page-locked allocations
-	comms       map[commHandle]*simComm
-	streams     map[streamHandle]*simStream
-	nullStreams map[int]streamHandle // device → its legacy default stream (handle 0)
-	events      map[eventHandle]*simEvent
-	cells       map[cellHandle]commHandle
-	inits       map[uniqueID]*simRdv
-	growIDs     map[uniqueID]*simRdv
+	comms       map[libapi.Comm]*simComm
+	streams     map[libapi.Stream]*simStream
+	nullStreams map[int]libapi.Stream // device → its legacy default stream (handle 0)
+	events      map[libapi.Event]*simEvent
+	cells       map[libapi.Cell]libapi.Comm
+	inits       map[libapi.UniqueID]*simRdv
+	growIDs     map[libapi.UniqueID]*simRdv
 	dead        map[int]bool
 	killOn      map[string]int // call name → device (+1) whose process dies as it makes the call
 	faults      []string
@@ -100,10 +101,10 @@ type Simulation struct {
 	nvml *simNVML // made by the first NVML call
 }
 
-var _ library = (*Simulation)(nil)
+var _ libapi.Library = (*Simulation)(nil)
 
 type simGrowCell struct {
-	cell cellHandle
+	cell libapi.Cell
 	rdv  *simRdv
 	key  int
 }
@@ -139,13 +140,13 @@ type simClique struct {
 }
 
 type simComm struct {
-	h        commHandle
+	h        libapi.Comm
 	cl       *simClique
 	rank     int
 	dev      int
 	blocking bool
 	dataComm bool // split off with a blocking config of its own
-	state    result
+	state    libapi.Result
 	pending  *simPending
 	seq      uint64 // collectives issued
 	rseq     uint64 // Shrink/Split/Grow calls
@@ -156,7 +157,7 @@ type simComm struct {
 type simPending struct {
 	polls int
 	ready func() bool
-	done  func() result
+	done  func() libapi.Result
 }
 
 // simRdv is a rendezvous of several calls (init, shrink, split, grow).
@@ -168,7 +169,7 @@ type simRdv struct {
 }
 
 type simMsg struct {
-	dtype int32
+	dtype libapi.DataType
 	data  []byte
 }
 
@@ -184,9 +185,9 @@ func NewSimulation(devices int) *Simulation {
 		ver: 22803, nDev: devices, inProgressPolls: 1, next: 0x1000,
 		syms: map[string]bool{"ncclGetLastError": true, "ncclCommSplit": true, "ncclCommShrink": true,
 			"ncclAlltoAll": true, "ncclGather": true, "ncclScatter": true},
-		allocs: map[uintptr]*simAlloc{}, comms: map[commHandle]*simComm{}, streams: map[streamHandle]*simStream{},
-		events: map[eventHandle]*simEvent{}, cells: map[cellHandle]commHandle{}, inits: map[uniqueID]*simRdv{},
-		growIDs: map[uniqueID]*simRdv{}, dead: map[int]bool{}, calls: map[string]int{},
+		allocs: map[uintptr]*simAlloc{}, comms: map[libapi.Comm]*simComm{}, streams: map[libapi.Stream]*simStream{},
+		events: map[libapi.Event]*simEvent{}, cells: map[libapi.Cell]libapi.Comm{}, inits: map[libapi.UniqueID]*simRdv{},
+		growIDs: map[libapi.UniqueID]*simRdv{}, dead: map[int]bool{}, calls: map[string]int{},
 		pinned: map[*byte]*simPinned{}, killOn: map[string]int{}, stallAborts: map[int]bool{},
 	}
 	w.cond = sync.NewCond(&w.mu)
@@ -388,7 +389,7 @@ func (w *Simulation) Restart(dev int) {
 // InjectAsyncError makes every live comm on GPU dev report the
 // ncclResult_t code (e.g. 6, ncclRemoteError) from ncclCommGetAsyncError.
 func (w *Simulation) InjectAsyncError(dev int, code int) {
-	w.injectAsyncError(dev, result(code))
+	w.injectAsyncError(dev, libapi.Result(code))
 }
 
 // ReadDevice returns a copy of the bytes of device tensor t, read directly
@@ -453,7 +454,7 @@ func (w *Simulation) dies(c *simComm, name string) bool {
 }
 
 // injectAsyncError makes every live comm on dev report r.
-func (w *Simulation) injectAsyncError(dev int, r result) {
+func (w *Simulation) injectAsyncError(dev int, r libapi.Result) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, c := range w.comms {
@@ -464,7 +465,7 @@ func (w *Simulation) injectAsyncError(dev int, r result) {
 }
 
 // streamIdle reports whether s has nothing queued (or was destroyed).
-func (w *Simulation) streamIdle(s streamHandle) bool {
+func (w *Simulation) streamIdle(s libapi.Stream) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st := w.streams[s]
@@ -495,20 +496,20 @@ func (w *Simulation) mem(p uintptr, n int, what string) []byte {
 	return nil
 }
 
-// ---- ncclAPI ----
+// ---- libapi.NCCL ----
 
-func (w *Simulation) version() int               { return w.ver }
-func (w *Simulation) hasSymbol(name string) bool { return w.syms[name] }
+func (w *Simulation) Version() int               { return w.ver }
+func (w *Simulation) HasSymbol(name string) bool { return w.syms[name] }
 
-func (w *Simulation) getUniqueID(id *uniqueID) result {
+func (w *Simulation) GetUniqueID(id *libapi.UniqueID) libapi.Result {
 	if _, err := rand.Read(id[:]); err != nil {
-		return resSystemError
+		return libapi.SystemError
 	}
-	return resSuccess
+	return libapi.Success
 }
 
 func (w *Simulation) newComm(cl *simClique, rank, dev int, blocking bool) *simComm {
-	c := &simComm{h: commHandle(w.handle()), cl: cl, rank: rank, dev: dev, blocking: blocking}
+	c := &simComm{h: libapi.Comm(w.handle()), cl: cl, rank: rank, dev: dev, blocking: blocking}
 	w.comms[c.h] = c
 	return c
 }
@@ -518,10 +519,10 @@ func (w *Simulation) newComm(cl *simClique, rank, dev int, blocking bool) *simCo
 func (w *Simulation) begin(c *simComm, what string) bool {
 	if c.pending != nil {
 		w.faultf("%s on comm %#x (rank %d) before the previous operation returned ncclSuccess", what, c.h, c.rank)
-		c.state, c.pending = resInvalidUsage, nil
+		c.state, c.pending = libapi.InvalidUsage, nil
 		return false
 	}
-	if c.state != resSuccess {
+	if c.state != libapi.Success {
 		return false
 	}
 	return true
@@ -530,7 +531,7 @@ func (w *Simulation) begin(c *simComm, what string) bool {
 // settleLater leaves c in progress for inProgressPolls polls, then until
 // ready, then in done's state. A blocking comm instead waits in the call
 // until ready (called with mu held).
-func (w *Simulation) settleLater(c *simComm, ready func() bool, done func() result) result {
+func (w *Simulation) settleLater(c *simComm, ready func() bool, done func() libapi.Result) libapi.Result {
 	if c.blocking {
 		for ready != nil && !ready() {
 			w.cond.Wait()
@@ -541,15 +542,15 @@ func (w *Simulation) settleLater(c *simComm, ready func() bool, done func() resu
 		return c.state
 	}
 	c.pending = &simPending{polls: w.inProgressPolls, ready: ready, done: done}
-	return resInProgress
+	return libapi.InProgress
 }
 
-func (w *Simulation) commInitRank(dev int, out cellHandle, nranks int, id *uniqueID, rank int, cfg commConfig) result {
+func (w *Simulation) CommInitRank(dev int, out libapi.Cell, nranks int, id *libapi.UniqueID, rank int, cfg libapi.CommConfig) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["ncclCommInitRankConfig"]++
 	if dev < 0 || dev >= w.nDev || rank < 0 || rank >= nranks {
-		return resInvalidArgument
+		return libapi.InvalidArgument
 	}
 	rdv := w.inits[*id]
 	if rdv == nil {
@@ -560,26 +561,26 @@ func (w *Simulation) commInitRank(dev int, out cellHandle, nranks int, id *uniqu
 	}
 	if rdv.want != nranks {
 		w.faultf("init: rank %d says %d ranks, others %d", rank, nranks, rdv.want)
-		return resInvalidArgument
+		return libapi.InvalidArgument
 	}
 	if _, dup := rdv.arrived[rank]; dup {
 		w.faultf("init: rank %d joined twice", rank)
-		return resInvalidArgument
+		return libapi.InvalidArgument
 	}
 	cl := rdv.children[-1].cl
-	c := w.newComm(cl, rank, dev, cfg.blocking)
+	c := w.newComm(cl, rank, dev, cfg.Blocking)
 	cl.members[rank] = c
 	rdv.arrived[rank] = nil
 	if len(rdv.arrived) == nranks {
 		rdv.complete = true
 	}
 	w.cells[out] = c.h
-	c.state = resSuccess
+	c.state = libapi.Success
 	w.cond.Broadcast()
-	return w.settleLater(c, func() bool { return rdv.complete }, func() result { return resSuccess })
+	return w.settleLater(c, func() bool { return rdv.complete }, func() libapi.Result { return libapi.Success })
 }
 
-func (w *Simulation) comm(h commHandle, what string) *simComm {
+func (w *Simulation) comm(h libapi.Comm, what string) *simComm {
 	c := w.comms[h]
 	if c == nil {
 		w.faultf("%s: comm %#x is not a live communicator (aborted or never made)", what, h)
@@ -587,45 +588,45 @@ func (w *Simulation) comm(h commHandle, what string) *simComm {
 	return c
 }
 
-func (w *Simulation) commGetAsyncError(h commHandle) (async, r result) {
+func (w *Simulation) CommGetAsyncError(h libapi.Comm) (async, r libapi.Result) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	c := w.comm(h, "ncclCommGetAsyncError")
 	if c == nil {
-		return 0, resInvalidArgument
+		return 0, libapi.InvalidArgument
 	}
 	if p := c.pending; p != nil {
 		switch {
 		case p.polls > 0:
 			p.polls--
-			return resInProgress, resSuccess
+			return libapi.InProgress, libapi.Success
 		case p.ready != nil && !p.ready():
-			return resInProgress, resSuccess
+			return libapi.InProgress, libapi.Success
 		}
 		c.pending = nil
 		if p.done != nil {
 			c.state = p.done()
 		}
 	}
-	return c.state, resSuccess
+	return c.state, libapi.Success
 }
 
-func (w *Simulation) commCount(h commHandle) (int, result) {
+func (w *Simulation) CommCount(h libapi.Comm) (int, libapi.Result) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if c := w.comm(h, "ncclCommCount"); c != nil {
-		return c.cl.size, resSuccess
+		return c.cl.size, libapi.Success
 	}
-	return 0, resInvalidArgument
+	return 0, libapi.InvalidArgument
 }
 
-func (w *Simulation) commUserRank(h commHandle) (int, result) {
+func (w *Simulation) CommUserRank(h libapi.Comm) (int, libapi.Result) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if c := w.comm(h, "ncclCommUserRank"); c != nil {
-		return c.rank, resSuccess
+		return c.rank, libapi.Success
 	}
-	return 0, resInvalidArgument
+	return 0, libapi.InvalidArgument
 }
 
 // terminate completes every outstanding item of c at once (its kernels
@@ -643,34 +644,34 @@ func (w *Simulation) outstanding(c *simComm) bool {
 	return false
 }
 
-func (w *Simulation) commAbort(h commHandle) result {
+func (w *Simulation) CommAbort(h libapi.Comm) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["ncclCommAbort"]++
 	c := w.comm(h, "ncclCommAbort")
 	if c == nil {
-		return resInvalidArgument
+		return libapi.InvalidArgument
 	}
 	for w.stallAborts[c.dev] {
 		w.cond.Wait()
 	}
 	w.terminate(c)
 	delete(w.comms, h)
-	return resSuccess
+	return libapi.Success
 }
 
-func (w *Simulation) commRevoke(h commHandle) result {
+func (w *Simulation) CommRevoke(h libapi.Comm) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["ncclCommRevoke"]++
 	c := w.comm(h, "ncclCommRevoke")
 	if c == nil || !w.syms["ncclCommRevoke"] {
-		return resInvalidUsage
+		return libapi.InvalidUsage
 	}
 	w.terminate(c)
 	c.revoked = true
 	c.pending = nil
-	return w.settleLater(c, nil, func() result { return resSuccess })
+	return w.settleLater(c, nil, func() libapi.Result { return libapi.Success })
 }
 
 func (w *Simulation) reconfRdv(c *simComm, want int) *simRdv {
@@ -683,30 +684,30 @@ func (w *Simulation) reconfRdv(c *simComm, want int) *simRdv {
 	return rdv
 }
 
-func (w *Simulation) commShrink(h commHandle, exclude []int32, out cellHandle, flags int) result {
+func (w *Simulation) CommShrink(h libapi.Comm, exclude []int32, out libapi.Cell, flags int) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	name := "ncclCommShrink"
-	if flags&shrinkAbort != 0 {
+	if flags&libapi.ShrinkAbort != 0 {
 		name = "ncclCommShrink(abort)"
 	}
 	w.calls[name]++
 	c := w.comm(h, name)
 	if c == nil || !w.syms["ncclCommShrink"] {
-		return resInvalidUsage
+		return libapi.InvalidUsage
 	}
 	if c.pending != nil {
 		w.faultf("%s on comm %#x before the previous operation returned ncclSuccess", name, h)
-		return resInvalidUsage
+		return libapi.InvalidUsage
 	}
 	if w.dies(c, "ncclCommShrink") {
-		return resInProgress
+		return libapi.InProgress
 	}
-	if flags&shrinkAbort != 0 {
+	if flags&libapi.ShrinkAbort != 0 {
 		w.terminate(c)
 	} else if w.outstanding(c) && !c.revoked {
 		w.faultf("ncclCommShrink without NCCL_SHRINK_ABORT while ops are outstanding (rank %d)", c.rank)
-		return resInvalidUsage
+		return libapi.InvalidUsage
 	}
 	ex := map[int]bool{}
 	for _, e := range exclude {
@@ -737,31 +738,31 @@ func (w *Simulation) commShrink(h commHandle, exclude []int32, out cellHandle, f
 		rdv.complete = true
 	}
 	rank := c.rank
-	c.state = resSuccess
+	c.state = libapi.Success
 	w.cond.Broadcast()
 	// The new comm appears only when the parent's job has finished.
-	return w.settleLater(c, func() bool { return rdv.complete }, func() result {
+	return w.settleLater(c, func() bool { return rdv.complete }, func() libapi.Result {
 		w.cells[out] = rdv.children[rank].h
-		return resSuccess
+		return libapi.Success
 	})
 }
 
-func (w *Simulation) commSplit(h commHandle, color, key int, out cellHandle, cfg splitConfig) result {
+func (w *Simulation) CommSplit(h libapi.Comm, color, key int, out libapi.Cell, cfg libapi.SplitConfig) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["ncclCommSplit"]++
 	c := w.comm(h, "ncclCommSplit")
 	if c == nil || !w.begin(c, "ncclCommSplit") {
-		return resInvalidUsage
+		return libapi.InvalidUsage
 	}
 	if w.dies(c, "ncclCommSplit") {
-		return resInProgress
+		return libapi.InProgress
 	}
 	rdv := w.reconfRdv(c, c.cl.size)
 	child := -1 // inherit
-	if !cfg.inherit {
+	if !cfg.Inherit {
 		child = 0
-		if cfg.blocking {
+		if cfg.Blocking {
 			child = 1
 		}
 	}
@@ -800,23 +801,23 @@ func (w *Simulation) commSplit(h commHandle, color, key int, out cellHandle, cfg
 	}
 	rank := c.rank
 	w.cond.Broadcast()
-	return w.settleLater(c, func() bool { return rdv.complete }, func() result {
+	return w.settleLater(c, func() bool { return rdv.complete }, func() libapi.Result {
 		if nc := rdv.children[rank]; nc != nil {
 			w.cells[out] = nc.h
 		}
-		return resSuccess
+		return libapi.Success
 	})
 }
 
-func (w *Simulation) commGetUniqueID(h commHandle, id *uniqueID) result {
+func (w *Simulation) CommGetUniqueID(h libapi.Comm, id *libapi.UniqueID) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	c := w.comm(h, "ncclCommGetUniqueId")
 	if c == nil || !w.syms["ncclCommGetUniqueId"] || !w.begin(c, "ncclCommGetUniqueId") {
-		return resInvalidUsage
+		return libapi.InvalidUsage
 	}
 	if _, err := rand.Read(id[:]); err != nil {
-		return resSystemError
+		return libapi.SystemError
 	}
 	rdv := c.cl.reconf[c.rseq]
 	if rdv == nil {
@@ -824,21 +825,21 @@ func (w *Simulation) commGetUniqueID(h commHandle, id *uniqueID) result {
 		c.cl.reconf[c.rseq] = rdv
 	}
 	w.growIDs[*id] = rdv
-	return resSuccess
+	return libapi.Success
 }
 
-func (w *Simulation) commGrow(dev int, h commHandle, nranks int, id *uniqueID, rank int, out cellHandle, cfg commConfig) result {
+func (w *Simulation) CommGrow(dev int, h libapi.Comm, nranks int, id *libapi.UniqueID, rank int, out libapi.Cell, cfg libapi.CommConfig) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["ncclCommGrow"]++
 	if !w.syms["ncclCommGrow"] {
-		return resInvalidUsage
+		return libapi.InvalidUsage
 	}
 	var rdv *simRdv
 	var c *simComm
 	if h != 0 {
 		if c = w.comm(h, "ncclCommGrow"); c == nil || !w.begin(c, "ncclCommGrow") {
-			return resInvalidUsage
+			return libapi.InvalidUsage
 		}
 		rdv = w.reconfRdv(c, nranks)
 		rdv.want = nranks
@@ -847,7 +848,7 @@ func (w *Simulation) commGrow(dev int, h commHandle, nranks int, id *uniqueID, r
 	} else {
 		if rdv = w.growIDs[*id]; rdv == nil {
 			w.faultf("ncclCommGrow: joiner with an unknown id")
-			return resInvalidArgument
+			return libapi.InvalidArgument
 		}
 		rdv.want = nranks
 		rdv.arrived[rank+1<<20] = dev
@@ -877,31 +878,31 @@ func (w *Simulation) commGrow(dev int, h commHandle, nranks int, id *uniqueID, r
 	w.cond.Broadcast()
 	if c != nil {
 		rank := c.rank
-		return w.settleLater(c, func() bool { complete(); return rdv.complete }, func() result {
+		return w.settleLater(c, func() bool { complete(); return rdv.complete }, func() libapi.Result {
 			w.cells[out] = rdv.children[rank].h
-			return resSuccess
+			return libapi.Success
 		})
 	}
 	// A joiner's comm appears in its cell when the grow completes; the test
 	// world resolves that whenever the cell is read.
 	w.growCells = append(w.growCells, simGrowCell{out, rdv, rank + 1<<20})
-	return resInProgress
+	return libapi.InProgress
 }
 
-func (w *Simulation) errorString(r result) string { return "sim: " + r.String() }
-func (w *Simulation) lastError(c commHandle) string {
+func (w *Simulation) ErrorString(r libapi.Result) string { return "sim: " + r.String() }
+func (w *Simulation) LastError(c libapi.Comm) string {
 	return ""
 }
 
-func (w *Simulation) newCell() cellHandle {
+func (w *Simulation) NewCell() libapi.Cell {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	cell := cellHandle(w.handle())
+	cell := libapi.Cell(w.handle())
 	w.cells[cell] = 0
 	return cell
 }
 
-func (w *Simulation) loadCell(cell cellHandle) commHandle {
+func (w *Simulation) LoadCell(cell libapi.Cell) libapi.Comm {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i, gc := range w.growCells {
@@ -914,7 +915,7 @@ func (w *Simulation) loadCell(cell cellHandle) commHandle {
 	return w.cells[cell]
 }
 
-func (w *Simulation) freeCell(cell cellHandle) {
+func (w *Simulation) FreeCell(cell libapi.Cell) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.cells, cell)
@@ -922,49 +923,49 @@ func (w *Simulation) freeCell(cell cellHandle) {
 
 // ---- enqueue ----
 
-func (w *Simulation) enqueue(dev int, h commHandle, s streamHandle, a *collArgs) result {
-	return w.group(dev, h, s, []collArgs{*a})
+func (w *Simulation) Enqueue(dev int, h libapi.Comm, s libapi.Stream, a *libapi.CollArgs) libapi.Result {
+	return w.Group(dev, h, s, []libapi.CollArgs{*a})
 }
 
-func (w *Simulation) group(dev int, h commHandle, s streamHandle, ops []collArgs) result {
+func (w *Simulation) Group(dev int, h libapi.Comm, s libapi.Stream, ops []libapi.CollArgs) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, a := range ops {
-		w.calls[a.kind.String()]++
+		w.calls[a.Kind.String()]++
 	}
 	c := w.comm(h, "enqueue")
 	st := w.streams[s]
 	if c == nil || st == nil {
-		return resInvalidArgument
+		return libapi.InvalidArgument
 	}
 	if c.blocking {
 		w.calls["enqueue(blocking)"]++
 	} else {
 		w.calls["enqueue(nonblocking)"]++
 	}
-	if !w.begin(c, ops[0].kind.String()) {
+	if !w.begin(c, ops[0].Kind.String()) {
 		return c.state
 	}
 	if c.revoked {
-		return resInvalidUsage
+		return libapi.InvalidUsage
 	}
 	if st.dev != c.dev || dev != c.dev {
 		w.faultf("enqueue on device %d, stream of device %d, for a comm on device %d", dev, st.dev, c.dev)
-		return resInvalidArgument
+		return libapi.InvalidArgument
 	}
 	if c.dataComm {
 		for _, a := range ops {
-			if pointToPoint(a.kind) {
-				w.faultf("%s on the blocking data comm (rank %d): NCCL would connect to the peer inside the call", a.kind, c.rank)
+			if a.Kind.PointToPoint() {
+				w.faultf("%s on the blocking data comm (rank %d): NCCL would connect to the peer inside the call", a.Kind, c.rank)
 			}
 		}
 	}
 	for _, a := range ops {
-		switch a.kind {
-		case kAllToAll, kGather, kScatter:
-			if !w.syms[map[collKind]string{kAllToAll: "ncclAlltoAll", kGather: "ncclGather", kScatter: "ncclScatter"}[a.kind]] {
-				w.faultf("%s called on a library without it", a.kind)
-				return resInvalidUsage
+		switch a.Kind {
+		case libapi.AllToAll, libapi.Gather, libapi.Scatter:
+			if !w.syms[map[libapi.CollKind]string{libapi.AllToAll: "ncclAlltoAll", libapi.Gather: "ncclGather", libapi.Scatter: "ncclScatter"}[a.Kind]] {
+				w.faultf("%s called on a library without it", a.Kind)
+				return libapi.InvalidUsage
 			}
 		}
 	}
@@ -979,7 +980,7 @@ func (w *Simulation) group(dev int, h commHandle, s streamHandle, ops []collArgs
 // simCollItem is one NCCL call or group on a stream.
 type simCollItem struct {
 	c       *simComm
-	ops     []collArgs
+	ops     []libapi.CollArgs
 	arrived bool
 	rounds  []*simRound
 	got     []bool // per op: a receive has its data
@@ -987,7 +988,7 @@ type simCollItem struct {
 
 // simRound is one collective across the ranks of a clique.
 type simRound struct {
-	args     []*collArgs
+	args     []*libapi.CollArgs
 	in       [][]byte
 	arrived  int
 	complete bool
@@ -1005,7 +1006,7 @@ func (it *simCollItem) waiting() bool {
 		}
 	}
 	for i, a := range it.ops {
-		if a.kind == kRecv && !it.got[i] {
+		if a.Kind == libapi.Recv && !it.got[i] {
 			return true
 		}
 	}
@@ -1022,14 +1023,14 @@ func (it *simCollItem) step(w *Simulation) bool {
 		it.got = make([]bool, len(it.ops))
 		for i := range it.ops {
 			a := &it.ops[i]
-			switch a.kind {
-			case kSend:
-				es := simDType(a.dtype).Size()
-				data := slices.Clone(w.mem(a.send, int(a.count)*es, "ncclSend"))
-				key := [2]int{c.rank, int(a.peer)}
-				c.cl.mail[key] = append(c.cl.mail[key], simMsg{dtype: a.dtype, data: data})
+			switch a.Kind {
+			case libapi.Send:
+				es := a.Type.DType().Size()
+				data := slices.Clone(w.mem(a.Send, int(a.Count)*es, "ncclSend"))
+				key := [2]int{c.rank, int(a.Peer)}
+				c.cl.mail[key] = append(c.cl.mail[key], simMsg{dtype: a.Type, data: data})
 				it.got[i] = true
-			case kRecv:
+			case libapi.Recv:
 			default:
 				it.rounds = append(it.rounds, w.arrive(c, a))
 			}
@@ -1041,10 +1042,10 @@ func (it *simCollItem) step(w *Simulation) bool {
 	}
 	for i := range it.ops {
 		a := &it.ops[i]
-		if a.kind != kRecv || it.got[i] {
+		if a.Kind != libapi.Recv || it.got[i] {
 			continue
 		}
-		key := [2]int{int(a.peer), c.rank}
+		key := [2]int{int(a.Peer), c.rank}
 		q := c.cl.mail[key]
 		if len(q) == 0 {
 			done = false
@@ -1052,47 +1053,29 @@ func (it *simCollItem) step(w *Simulation) bool {
 		}
 		m := q[0]
 		c.cl.mail[key] = q[1:]
-		es := simDType(a.dtype).Size()
-		if m.dtype != a.dtype || len(m.data) != int(a.count)*es {
-			w.faultf("recv from %d: %d bytes of type %d, expected %d of type %d", a.peer, len(m.data), m.dtype, int(a.count)*es, a.dtype)
+		es := a.Type.DType().Size()
+		if m.dtype != a.Type || len(m.data) != int(a.Count)*es {
+			w.faultf("recv from %d: %d bytes of type %d, expected %d of type %d", a.Peer, len(m.data), m.dtype, int(a.Count)*es, a.Type)
 		}
-		copy(w.mem(a.recv, int(a.count)*es, "ncclRecv"), m.data)
+		copy(w.mem(a.Recv, int(a.Count)*es, "ncclRecv"), m.data)
 		it.got[i] = true
 	}
 	return done
 }
 
-func simDType(d int32) comm.DType {
-	for _, dt := range []comm.DType{comm.Float32, comm.Float64, comm.Float16, comm.BFloat16, comm.Int8, comm.Uint8, comm.Int32, comm.Int64} {
-		if n, _ := ncclDType(dt); n == d {
-			return dt
-		}
-	}
-	return 0
-}
-
-func simRedOp(o int32) comm.ReduceOp {
-	for _, op := range []comm.ReduceOp{comm.Sum, comm.Prod, comm.Min, comm.Max, comm.Avg} {
-		if n, _ := ncclRedOp(op); n == o {
-			return op
-		}
-	}
-	return 0
-}
-
 // simInputBytes is how much of a rank's send buffer a collective reads.
-func simInputBytes(a *collArgs, rank, size int) int {
-	n := int(a.count) * simDType(a.dtype).Size()
-	switch a.kind {
-	case kReduceScatter, kAllToAll:
+func simInputBytes(a *libapi.CollArgs, rank, size int) int {
+	n := int(a.Count) * a.Type.DType().Size()
+	switch a.Kind {
+	case libapi.ReduceScatter, libapi.AllToAll:
 		return n * size
-	case kScatter:
-		if rank == int(a.peer) {
+	case libapi.Scatter:
+		if rank == int(a.Peer) {
 			return n * size
 		}
 		return 0
-	case kBroadcast:
-		if rank != int(a.peer) {
+	case libapi.Broadcast:
+		if rank != int(a.Peer) {
 			return 0
 		}
 	}
@@ -1101,17 +1084,17 @@ func simInputBytes(a *collArgs, rank, size int) int {
 
 // arrive adds c's part of its next collective to the round and completes
 // the round when every rank is there.
-func (w *Simulation) arrive(c *simComm, a *collArgs) *simRound {
+func (w *Simulation) arrive(c *simComm, a *libapi.CollArgs) *simRound {
 	seq := c.seq
 	c.seq++
 	r := c.cl.rounds[seq]
 	size := c.cl.size
 	if r == nil {
-		r = &simRound{args: make([]*collArgs, size), in: make([][]byte, size)}
+		r = &simRound{args: make([]*libapi.CollArgs, size), in: make([][]byte, size)}
 		c.cl.rounds[seq] = r
 	}
 	r.args[c.rank] = a
-	r.in[c.rank] = slices.Clone(w.mem(a.send, simInputBytes(a, c.rank, size), a.kind.String()))
+	r.in[c.rank] = slices.Clone(w.mem(a.Send, simInputBytes(a, c.rank, size), a.Kind.String()))
 	r.arrived++
 	if r.arrived == size {
 		w.compute(r, size)
@@ -1124,14 +1107,14 @@ func (w *Simulation) arrive(c *simComm, a *collArgs) *simRound {
 func (w *Simulation) compute(r *simRound, size int) {
 	a0 := r.args[0]
 	for i, a := range r.args {
-		if a.kind != a0.kind || a.count != a0.count || a.dtype != a0.dtype || a.redop != a0.redop || a.peer != a0.peer {
+		if a.Kind != a0.Kind || a.Count != a0.Count || a.Type != a0.Type || a.Op != a0.Op || a.Peer != a0.Peer {
 			w.faultf("ranks disagree on a collective: rank 0 %+v, rank %d %+v", *a0, i, *a)
 			return
 		}
 	}
-	dt, op := simDType(a0.dtype), simRedOp(a0.redop)
-	n := int(a0.count) * dt.Size()
-	root := int(a0.peer)
+	dt, op := a0.Type.DType(), a0.Op.ReduceOp()
+	n := int(a0.Count) * dt.Size()
+	root := int(a0.Peer)
 	sum := func(parts [][]byte) []byte {
 		acc := slices.Clone(parts[0])
 		for _, p := range parts[1:] {
@@ -1142,44 +1125,44 @@ func (w *Simulation) compute(r *simRound, size int) {
 		}
 		return acc
 	}
-	out := func(rank, bytes int) []byte { return w.mem(r.args[rank].recv, bytes, a0.kind.String()) }
-	switch a0.kind {
-	case kAllReduce:
+	out := func(rank, bytes int) []byte { return w.mem(r.args[rank].Recv, bytes, a0.Kind.String()) }
+	switch a0.Kind {
+	case libapi.AllReduce:
 		res := sum(r.in)
 		for j := range size {
 			copy(out(j, n), res)
 		}
-	case kBroadcast:
+	case libapi.Broadcast:
 		for j := range size {
 			copy(out(j, n), r.in[root])
 		}
-	case kReduce:
+	case libapi.Reduce:
 		copy(out(root, n), sum(r.in))
-	case kAllGather:
+	case libapi.AllGather:
 		for j := range size {
 			dst := out(j, n*size)
 			for k := range size {
 				copy(dst[k*n:], r.in[k])
 			}
 		}
-	case kReduceScatter:
+	case libapi.ReduceScatter:
 		res := sum(r.in)
 		for j := range size {
 			copy(out(j, n), res[j*n:(j+1)*n])
 		}
-	case kAllToAll:
+	case libapi.AllToAll:
 		for j := range size {
 			dst := out(j, n*size)
 			for k := range size {
 				copy(dst[k*n:(k+1)*n], r.in[k][j*n:(j+1)*n])
 			}
 		}
-	case kGather:
+	case libapi.Gather:
 		dst := out(root, n*size)
 		for k := range size {
 			copy(dst[k*n:], r.in[k])
 		}
-	case kScatter:
+	case libapi.Scatter:
 		for j := range size {
 			copy(out(j, n), r.in[root][j*n:(j+1)*n])
 		}
@@ -1226,22 +1209,22 @@ func (w *Simulation) progress(s *simStream) {
 	}
 }
 
-// ---- cudaAPI ----
+// ---- libapi.CUDA ----
 
-func (w *Simulation) runtimeVersion() int { return 13000 }
-func (w *Simulation) driverVersion() int  { return 13000 }
-func (w *Simulation) deviceCount() (int, error) {
+func (w *Simulation) RuntimeVersion() int { return 13000 }
+func (w *Simulation) DriverVersion() int  { return 13000 }
+func (w *Simulation) DeviceCount() (int, error) {
 	return w.nDev, nil
 }
 
 func (w *Simulation) checkDev(dev int) error {
 	if dev < 0 || dev >= w.nDev {
-		return &cudaError{Op: "cudaSetDevice", Code: 101, Msg: "invalid device ordinal"}
+		return &libapi.CUDAError{Op: "cudaSetDevice", Code: 101, Msg: "invalid device ordinal"}
 	}
 	return nil
 }
 
-func (w *Simulation) malloc(dev int, n int) (uintptr, error) {
+func (w *Simulation) Malloc(dev int, n int) (uintptr, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := w.checkDev(dev); err != nil {
@@ -1254,18 +1237,18 @@ func (w *Simulation) malloc(dev int, n int) (uintptr, error) {
 	return base, nil
 }
 
-func (w *Simulation) free(dev int, p uintptr) error {
+func (w *Simulation) Free(dev int, p uintptr) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if a := w.allocs[p]; a == nil || a.dev != dev {
 		w.faultf("cudaFree(%#x) of memory not allocated on device %d", p, dev)
-		return &cudaError{Op: "cudaFree", Code: 1, Msg: "invalid argument"}
+		return &libapi.CUDAError{Op: "cudaFree", Code: 1, Msg: "invalid argument"}
 	}
 	for _, s := range w.streams {
 		for _, it := range s.items {
 			if ci, ok := it.(*simCollItem); ok && !ci.c.killed {
 				for _, a := range ci.ops {
-					if w.allocs[p].contains(a.send) || w.allocs[p].contains(a.recv) {
+					if w.allocs[p].contains(a.Send) || w.allocs[p].contains(a.Recv) {
 						w.faultf("cudaFree(%#x) while a queued NCCL op still uses it", p)
 					}
 				}
@@ -1278,7 +1261,7 @@ func (w *Simulation) free(dev int, p uintptr) error {
 
 func (a *simAlloc) contains(p uintptr) bool { return p >= a.base && p < a.base+uintptr(len(a.mem)) }
 
-func (w *Simulation) stream(dev int, s streamHandle, what string) (*simStream, error) {
+func (w *Simulation) stream(dev int, s libapi.Stream, what string) (*simStream, error) {
 	if s == 0 {
 		// The legacy default stream of dev (PyTorch's default stream is
 		// this handle): a plain stream here, made on first use.
@@ -1286,11 +1269,11 @@ func (w *Simulation) stream(dev int, s streamHandle, what string) (*simStream, e
 			return nil, err
 		}
 		if w.nullStreams == nil {
-			w.nullStreams = map[int]streamHandle{}
+			w.nullStreams = map[int]libapi.Stream{}
 		}
 		h, ok := w.nullStreams[dev]
 		if !ok {
-			h = streamHandle(w.handle())
+			h = libapi.Stream(w.handle())
 			w.streams[h] = &simStream{dev: dev}
 			w.nullStreams[dev] = h
 		}
@@ -1299,7 +1282,7 @@ func (w *Simulation) stream(dev int, s streamHandle, what string) (*simStream, e
 	st := w.streams[s]
 	if st == nil {
 		w.faultf("%s: unknown stream %#x", what, s)
-		return nil, &cudaError{Op: what, Code: 400, Msg: "invalid resource handle"}
+		return nil, &libapi.CUDAError{Op: what, Code: 400, Msg: "invalid resource handle"}
 	}
 	return st, nil
 }
@@ -1348,7 +1331,7 @@ func (it *simHostCopyItem) step(w *Simulation) bool {
 	return true
 }
 
-func (w *Simulation) copyHtoD(dev int, dst uintptr, src []byte, s streamHandle) error {
+func (w *Simulation) CopyHtoD(dev int, dst uintptr, src []byte, s libapi.Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st, err := w.stream(dev, s, "cudaMemcpyAsync")
@@ -1356,7 +1339,7 @@ func (w *Simulation) copyHtoD(dev int, dst uintptr, src []byte, s streamHandle) 
 		return err
 	}
 	if w.mem(dst, len(src), "cudaMemcpyAsync(HtoD)") == nil {
-		return &cudaError{Op: "cudaMemcpyAsync", Code: 1, Msg: "invalid argument"}
+		return &libapi.CUDAError{Op: "cudaMemcpyAsync", Code: 1, Msg: "invalid argument"}
 	}
 	if pa := w.pinnedOf(src); pa != nil {
 		st.items = append(st.items, &simHostCopyItem{pin: pa, host: src, dev: dst})
@@ -1366,7 +1349,7 @@ func (w *Simulation) copyHtoD(dev int, dst uintptr, src []byte, s streamHandle) 
 	return nil
 }
 
-func (w *Simulation) copyDtoH(dev int, dst []byte, src uintptr, s streamHandle) error {
+func (w *Simulation) CopyDtoH(dev int, dst []byte, src uintptr, s libapi.Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st, err := w.stream(dev, s, "cudaMemcpyAsync")
@@ -1374,7 +1357,7 @@ func (w *Simulation) copyDtoH(dev int, dst []byte, src uintptr, s streamHandle) 
 		return err
 	}
 	if w.mem(src, len(dst), "cudaMemcpyAsync(DtoH)") == nil {
-		return &cudaError{Op: "cudaMemcpyAsync", Code: 1, Msg: "invalid argument"}
+		return &libapi.CUDAError{Op: "cudaMemcpyAsync", Code: 1, Msg: "invalid argument"}
 	}
 	if pa := w.pinnedOf(dst); pa != nil {
 		st.items = append(st.items, &simHostCopyItem{pin: pa, host: dst, dev: src, toHost: true})
@@ -1388,7 +1371,7 @@ func (w *Simulation) copyDtoH(dev int, dst []byte, src uintptr, s streamHandle) 
 	return nil
 }
 
-func (w *Simulation) copyDtoD(dev int, dst, src uintptr, n int, s streamHandle) error {
+func (w *Simulation) CopyDtoD(dev int, dst, src uintptr, n int, s libapi.Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st, err := w.stream(dev, s, "cudaMemcpyAsync")
@@ -1399,7 +1382,7 @@ func (w *Simulation) copyDtoD(dev int, dst, src uintptr, n int, s streamHandle) 
 	return nil
 }
 
-func (w *Simulation) memset(dev int, p uintptr, v byte, n int, s streamHandle) error {
+func (w *Simulation) Memset(dev int, p uintptr, v byte, n int, s libapi.Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if _, err := w.stream(dev, s, "cudaMemsetAsync"); err != nil {
@@ -1412,7 +1395,7 @@ func (w *Simulation) memset(dev int, p uintptr, v byte, n int, s streamHandle) e
 	return nil
 }
 
-func (w *Simulation) hostAlloc(dev int, n int) ([]byte, error) {
+func (w *Simulation) HostAlloc(dev int, n int) ([]byte, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := w.checkDev(dev); err != nil {
@@ -1427,13 +1410,13 @@ func (w *Simulation) hostAlloc(dev int, n int) ([]byte, error) {
 	return buf, nil
 }
 
-func (w *Simulation) hostFree(buf []byte) error {
+func (w *Simulation) HostFree(buf []byte) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	pa := w.pinned[unsafe.SliceData(buf)]
 	if pa == nil {
 		w.faultf("cudaFreeHost of memory cudaHostAlloc did not return")
-		return &cudaError{Op: "cudaFreeHost", Code: 1, Msg: "invalid argument"}
+		return &libapi.CUDAError{Op: "cudaFreeHost", Code: 1, Msg: "invalid argument"}
 	}
 	for _, st := range w.streams {
 		for _, it := range st.items {
@@ -1448,25 +1431,25 @@ func (w *Simulation) hostFree(buf []byte) error {
 	return nil
 }
 
-func (w *Simulation) pciBusID(dev int) (string, error) {
+func (w *Simulation) PCIBusID(dev int) (string, error) {
 	if err := w.checkDev(dev); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("0000:%02x:00.0", simBus(dev)), nil
 }
 
-func (w *Simulation) streamCreate(dev int) (streamHandle, error) {
+func (w *Simulation) StreamCreate(dev int) (libapi.Stream, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := w.checkDev(dev); err != nil {
 		return 0, err
 	}
-	s := streamHandle(w.handle())
+	s := libapi.Stream(w.handle())
 	w.streams[s] = &simStream{dev: dev}
 	return s, nil
 }
 
-func (w *Simulation) streamDestroy(dev int, s streamHandle) error {
+func (w *Simulation) StreamDestroy(dev int, s libapi.Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st, err := w.stream(dev, s, "cudaStreamDestroy")
@@ -1480,7 +1463,7 @@ func (w *Simulation) streamDestroy(dev int, s streamHandle) error {
 	return nil
 }
 
-func (w *Simulation) streamQuery(dev int, s streamHandle) (bool, error) {
+func (w *Simulation) StreamQuery(dev int, s libapi.Stream) (bool, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st, err := w.stream(dev, s, "cudaStreamQuery")
@@ -1491,22 +1474,22 @@ func (w *Simulation) streamQuery(dev int, s streamHandle) (bool, error) {
 	return len(st.items) == 0, nil
 }
 
-func (w *Simulation) eventCreate(dev int, timing bool) (eventHandle, error) {
+func (w *Simulation) EventCreate(dev int, timing bool) (libapi.Event, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	ev := eventHandle(w.handle())
+	ev := libapi.Event(w.handle())
 	w.events[ev] = &simEvent{}
 	return ev, nil
 }
 
-func (w *Simulation) eventDestroy(dev int, ev eventHandle) error {
+func (w *Simulation) EventDestroy(dev int, ev libapi.Event) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.events, ev)
 	return nil
 }
 
-func (w *Simulation) eventRecord(dev int, ev eventHandle, s streamHandle) error {
+func (w *Simulation) EventRecord(dev int, ev libapi.Event, s libapi.Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st, err := w.stream(dev, s, "cudaEventRecord")
@@ -1520,7 +1503,7 @@ func (w *Simulation) eventRecord(dev int, ev eventHandle, s streamHandle) error 
 	return nil
 }
 
-func (w *Simulation) streamWaitEvent(dev int, s streamHandle, ev eventHandle) error {
+func (w *Simulation) StreamWaitEvent(dev int, s libapi.Stream, ev libapi.Event) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st, err := w.stream(dev, s, "cudaStreamWaitEvent")
@@ -1530,7 +1513,7 @@ func (w *Simulation) streamWaitEvent(dev int, s streamHandle, ev eventHandle) er
 	e := w.events[ev]
 	if e == nil {
 		w.faultf("cudaStreamWaitEvent: unknown event %#x", ev)
-		return &cudaError{Op: "cudaStreamWaitEvent", Code: 400, Msg: "invalid resource handle"}
+		return &libapi.CUDAError{Op: "cudaStreamWaitEvent", Code: 400, Msg: "invalid resource handle"}
 	}
 	if e.last != nil && !e.last.fired { // a never-recorded event is complete
 		st.items = append(st.items, &simWaitItem{rec: e.last})
@@ -1538,7 +1521,7 @@ func (w *Simulation) streamWaitEvent(dev int, s streamHandle, ev eventHandle) er
 	return nil
 }
 
-func (w *Simulation) eventQuery(ev eventHandle) (bool, error) {
+func (w *Simulation) EventQuery(ev libapi.Event) (bool, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, st := range w.streams {
@@ -1547,4 +1530,4 @@ func (w *Simulation) eventQuery(ev eventHandle) (bool, error) {
 	return w.events[ev].done, nil
 }
 
-func (w *Simulation) eventElapsed(start, end eventHandle) (float32, error) { return 0.5, nil }
+func (w *Simulation) EventElapsed(start, end libapi.Event) (float32, error) { return 0.5, nil }

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ftcomm/ftcomm/backends/nccl/internal/libapi"
 	"github.com/ftcomm/ftcomm/comm"
 )
 
@@ -54,7 +55,7 @@ func streamOrderOf(ctx context.Context) (StreamOrder, bool) {
 // orderedOp is an op that returned once enqueued (StreamOrder without
 // Async); the watchdog follows it.
 type orderedOp struct {
-	ev       eventHandle
+	ev       libapi.Event
 	deadline time.Time
 	what     string
 }
@@ -65,8 +66,8 @@ type orderedOp struct {
 func (b *Backend) waitOn(s uintptr, what string) error {
 	ev, err := b.event()
 	if err == nil {
-		if err = b.lib.eventRecord(b.dev, ev, streamHandle(s)); err == nil {
-			err = b.lib.streamWaitEvent(b.dev, b.stream, ev)
+		if err = b.lib.EventRecord(b.dev, ev, libapi.Stream(s)); err == nil {
+			err = b.lib.StreamWaitEvent(b.dev, b.stream, ev)
 		}
 		b.putEvent(ev) // the wait took the record; the event may be recorded again
 	}
@@ -82,9 +83,9 @@ func (b *Backend) waitOn(s uintptr, what string) error {
 func (b *Backend) signal(ctx context.Context, s uintptr, what string) error {
 	ev, err := b.event()
 	if err == nil {
-		err = b.lib.eventRecord(b.dev, ev, b.stream)
+		err = b.lib.EventRecord(b.dev, ev, b.stream)
 		if err == nil {
-			err = b.lib.streamWaitEvent(b.dev, streamHandle(s), ev)
+			err = b.lib.StreamWaitEvent(b.dev, libapi.Stream(s), ev)
 		}
 		if err != nil {
 			b.putEvent(ev)
@@ -116,7 +117,7 @@ func (b *Backend) checkOrdered() {
 	defer b.ordMu.Unlock()
 	n := 0
 	for _, o := range b.ordered {
-		done, err := b.lib.eventQuery(o.ev)
+		done, err := b.lib.EventQuery(o.ev)
 		if err != nil && b.fail(fmt.Errorf("nccl: %w: %s: %w", comm.ErrAborted, o.what, err)) {
 			b.dirty.Store(true)
 		}

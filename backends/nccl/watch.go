@@ -24,7 +24,7 @@ func (b *Backend) WatchHealth(ctx context.Context, report func(comm.HealthEvent)
 	if report == nil {
 		return fmt.Errorf("nccl: %w: WatchHealth with a nil report function", comm.ErrInvalidArgument)
 	}
-	bus, err := b.lib.pciBusID(b.dev)
+	bus, err := b.lib.PCIBusID(b.dev)
 	if err != nil {
 		return fmt.Errorf("nccl: %w: PCI address of device %d: %w", comm.ErrBackendUnavailable, b.dev, err)
 	}
