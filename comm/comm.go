@@ -10,58 +10,31 @@ import (
 	"go.uber.org/zap"
 )
 
-type commState uint8
-
-const (
-	stateActive  commState = iota
-	stateFailed            // aborted, timed out or a peer failed: refuses collectives
-	stateRevoked           // revoked here or at a peer: refuses collectives
-	stateClosed            // closed, or replaced by the comm Shrink or Grow returned
-)
-
-func (s commState) String() string {
-	return [...]string{"active", "failed", "revoked", "closed"}[s]
-}
-
 // Comm is one rank's communicator: a Backend wrapped with issue-order
 // execution, per-op deadlines, revocation, validation, a flight recorder,
 // metrics and logs.
 //
 // All methods are safe for concurrent use. Ops run one at a time in the
-// order they were issued (the order their calls took c's lock); a sync op
-// issued while the comm is idle runs on the caller's goroutine, anything
-// else on the comm's worker goroutine, which starts with the first queued op
-// and exits in Close.
+// order they were issued; a sync op issued while the comm is idle runs on
+// the caller's goroutine, anything else on the comm's worker goroutine,
+// which starts with the first queued op and exits in Close. Who runs an op,
+// and whether the comm takes it, is its lifecycle's (see lifecycle): the
+// one place that state and its lock live.
 type Comm struct {
 	b       Backend
 	opts    Options // with defaults; Rank/Size/Epoch track b
 	log     *zap.Logger
 	metrics Metrics
 	rec     *flightRecorder
+	enq     Enqueuer // b, when it can start ops before earlier ones complete
+	refuser Refuser  // b, when it can tell its peers of a refused op
+	ownCtx  bool     // b watches each op's ctx itself (CtxWatcher): no callback per op
 
-	mu       sync.Mutex
-	idle     *sync.Cond // signalled when busy becomes false
-	state    commState
-	refusal  error // why ops are refused, when state != stateActive
-	seq      uint64
-	busy     bool        // an op is executing or the worker owns the queue
-	acting   int         // deadline or ctx callbacks logging and aborting now
-	queue    []*Work     // FIFO of ops waiting for the executor
-	cur      *Work       // the op executing now
-	deadline time.Time   // of the op executing now (zero: none)
-	timer    *time.Timer // fires onDeadline; see armLocked
-	timerAt  time.Time   // when timer fires (zero: stopped)
-	worker   bool        // the worker goroutine is running
-	enq      Enqueuer    // b, when it can start ops before earlier ones complete
-	refuser  Refuser     // b, when it can tell its peers of a refused op
-	ownCtx   bool        // b watches each op's ctx itself (CtxWatcher): no callback per op
-	pending  int         // ops started on enq and not yet completed
-	inflight chan *Work  // started ops, in order, to the completer goroutine
-	wake     chan struct{}
-	quit     chan struct{}
-	wg       sync.WaitGroup
-	shut     sync.Once     // shutdown runs once; a concurrent caller waits for it
-	broken   chan struct{} // closed when state first leaves stateActive
+	life     *lifecycle
+	timer    *deadlineTimer // fires onDeadline
+	inflight chan *Work     // started ops, in order, to the completer goroutine
+	wg       sync.WaitGroup // the worker, completer and backend-watching goroutines
+	shut     sync.Once      // shutdown runs once; a concurrent caller waits for it
 }
 
 // pipelineDepth bounds how many started ops an Enqueuer backend may have
@@ -75,16 +48,14 @@ func wrap(b Backend, opts Options) *Comm {
 		opts:    opts,
 		metrics: opts.Metrics,
 		rec:     newFlightRecorder(opts.FlightRecorder),
-		wake:    make(chan struct{}, 1),
-		quit:    make(chan struct{}),
-		broken:  make(chan struct{}),
 	}
 	c.log = opts.Logger.With(zap.String("comm", opts.Name), zap.String("backend", b.Name()),
 		zap.Int("rank", opts.Rank), zap.Int("size", opts.Size), zap.Uint64("epoch", opts.Epoch))
-	c.idle = sync.NewCond(&c.mu)
+	var startable func(*Work) bool
 	if e, ok := b.(Enqueuer); ok {
 		c.enq = e
 		c.inflight = make(chan *Work, pipelineDepth)
+		startable = func(w *Work) bool { return w.d.refused == nil && e.CanStart(w.d.kind) }
 	}
 	if cw, ok := b.(CtxWatcher); ok {
 		c.ownCtx = cw.WatchesCtx()
@@ -92,14 +63,26 @@ func wrap(b Backend, opts Options) *Comm {
 	if r, ok := b.(Refuser); ok {
 		c.refuser = r
 	}
-	c.timer = time.AfterFunc(time.Hour, c.onDeadline)
-	c.timer.Stop()
+	c.life = newLifecycle(c.log, c.rec, c.spawn, startable)
+	c.timer = newDeadlineTimer(c.onDeadline)
 	if fn, ok := b.(FailureNotifier); ok {
-		// Exits when the backend breaks or the comm shuts down.
+		// Exits when the backend breaks or the comm does (Close included).
 		c.wg.Add(1)
 		go c.watchBackend(fn)
 	}
 	return c
+}
+
+// spawn starts the worker goroutine, and on an Enqueuer the completer; both
+// exit in shutdown. The lifecycle calls it on its first hand-off to the
+// worker.
+func (c *Comm) spawn() {
+	c.wg.Add(1)
+	go c.work()
+	if c.enq != nil {
+		c.wg.Add(1)
+		go c.complete()
+	}
 }
 
 // watchBackend moves the comm out of stateActive the moment its backend
@@ -108,28 +91,14 @@ func (c *Comm) watchBackend(fn FailureNotifier) {
 	defer c.wg.Done()
 	select {
 	case <-fn.Broken():
-	case <-c.quit:
+	case <-c.life.broken(): // broken or closed already: nothing to add
 		return
 	}
 	err := fn.Err()
 	if err == nil {
 		err = errors.New("the backend broke")
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	// An op running now fails with what the backend saw and classifies
-	// its own error; act only on a failure no op found.
-	for c.state == stateActive && (c.busy || c.acting > 0 || c.pending > 0) {
-		c.idle.Wait()
-	}
-	if c.state != stateActive {
-		return
-	}
-	if errors.Is(err, ErrRevoked) {
-		c.breakLocked(stateRevoked, err)
-		return
-	}
-	c.breakLocked(stateFailed, fmt.Errorf("%w: %w", ErrAborted, err))
+	c.life.backendBroke(err)
 }
 
 // Broken is closed once the comm refuses collectives — failed, revoked
@@ -137,7 +106,7 @@ func (c *Comm) watchBackend(fn FailureNotifier) {
 // or the backend saw a peer fail with no op running (FailureNotifier).
 // Err then says why. Layers above select on it to act on a failure at
 // once (ft aborts a step's other comms and blames the dead peer).
-func (c *Comm) Broken() <-chan struct{} { return c.broken }
+func (c *Comm) Broken() <-chan struct{} { return c.life.broken() }
 
 // Rank is this process's rank in the comm.
 func (c *Comm) Rank() int { return c.opts.Rank }
@@ -157,30 +126,26 @@ func (c *Comm) Backend() Backend { return c.b }
 
 // Err returns nil while the comm accepts ops, else the error it refuses
 // them with (wrapping ErrAborted, ErrTimeout, ErrRevoked or ErrClosed).
-func (c *Comm) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.refusal
-}
+func (c *Comm) Err() error { return c.life.err() }
 
 // Work is the handle of an async op.
 type Work struct {
-	c    *Comm
 	seq  uint64
 	d    opDesc
 	ctx  context.Context
 	done chan struct{}
 	err  error
-	t0   time.Time // started
-	at   time.Time // enqueued, when it is executed at once (else zero)
+	at   time.Time // enqueued, when it runs at once on its caller's goroutine (else zero)
 
-	// Started on an Enqueuer: its completion, deadline and whether the comm
-	// was active when it started.
-	cpl       Completion
+	// Set as the op is admitted (lifecycle.begin): when it started, its
+	// deadline (zero: none) and whether the comm was active.
+	t0        time.Time
 	deadline  time.Time
 	wasActive bool
-	// timedOut: a Shrink or Grow on a broken comm passed its deadline and
-	// the backend was aborted (the comm's state, already broken, stays).
+	cpl       Completion // started on an Enqueuer: its completion
+	// timedOut: a Shrink or Grow on a broken comm (or a refusal Close waits
+	// for) passed its deadline and the backend was aborted (the comm's
+	// state stays).
 	timedOut error
 }
 
@@ -247,29 +212,16 @@ func (c *Comm) do(ctx context.Context, d opDesc) (Backend, error) {
 		return nil, err
 	}
 	w := workPool.Get().(*Work)
-	*w = Work{c: c, d: d, ctx: ctx}
-	c.mu.Lock()
-	if c.state == stateClosed {
-		c.mu.Unlock()
+	*w = Work{d: d, ctx: ctx}
+	here, err := c.life.issue(w, true)
+	if err != nil {
 		workPool.Put(w)
-		if d.refused != nil {
-			return nil, c.wrapErr(&d, 0, d.refused)
-		}
-		return nil, c.wrapErr(&d, 0, ErrClosed)
+		return nil, c.wrapErr(&d, 0, refusedFirst(&d, err))
 	}
-	now := c.enqueueLocked(w)
-	if !c.busy && len(c.queue) == 0 {
-		c.busy = true
-		c.mu.Unlock()
-		w.at = now // it starts now: one clock read less per op
+	if here {
 		c.execute(w)
-		c.mu.Lock()
-		c.releaseLocked()
-		c.mu.Unlock()
+		c.life.release()
 	} else {
-		w.done = make(chan struct{})
-		c.pushLocked(w)
-		c.mu.Unlock()
 		<-w.done // bounded: every op ahead has a deadline, and so does this one
 	}
 	nb, err := w.d.newComm, w.err
@@ -280,7 +232,7 @@ func (c *Comm) do(ctx context.Context, d opDesc) (Backend, error) {
 
 // start queues d and returns its Work.
 func (c *Comm) start(ctx context.Context, d opDesc) *Work {
-	w := &Work{c: c, d: d, ctx: ctx, done: make(chan struct{})}
+	w := &Work{d: d, ctx: ctx, done: make(chan struct{})}
 	if err := c.check(&w.d); err != nil {
 		w.err = err
 		close(w.done)
@@ -291,158 +243,56 @@ func (c *Comm) start(ctx context.Context, d opDesc) *Work {
 
 // submit queues w, whose op is validated (or refused), and returns it.
 func (c *Comm) submit(w *Work) *Work {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.state == stateClosed {
-		err := ErrClosed
-		if w.d.refused != nil {
-			err = w.d.refused
-		}
-		w.err = c.wrapErr(&w.d, 0, err)
+	if _, err := c.life.issue(w, false); err != nil {
+		w.err = c.wrapErr(&w.d, 0, refusedFirst(&w.d, err))
 		close(w.done)
-		return w
 	}
-	c.enqueueLocked(w)
-	c.pushLocked(w)
 	return w
 }
 
-func (c *Comm) enqueueLocked(w *Work) time.Time {
-	c.seq++
-	w.seq = c.seq
-	now := time.Now()
-	c.rec.enqueue(w.seq, &w.d, now)
-	return now
+// refusedFirst is the error of an op the comm would not take: this rank's
+// own refusal of it, if any, comes before err.
+func refusedFirst(d *opDesc, err error) error {
+	if d.refused != nil {
+		return d.refused
+	}
+	return err
 }
 
-// pushLocked appends w to the queue and makes sure someone will run it.
-func (c *Comm) pushLocked(w *Work) {
-	c.queue = append(c.queue, w)
-	if !c.busy {
-		c.busy = true
-		c.kickLocked()
-	}
-	c.idle.Broadcast() // a worker waiting for started ops to complete takes new work at once
-}
-
-// releaseLocked is called by an inline executor when its op is done: hand
-// the queue to the worker, or go idle.
-func (c *Comm) releaseLocked() {
-	if len(c.queue) > 0 {
-		c.kickLocked()
-		return
-	}
-	c.busy = false
-	c.idle.Broadcast()
-}
-
-func (c *Comm) kickLocked() {
-	if !c.worker {
-		c.worker = true
-		c.wg.Add(1)
-		go c.work()
-		if c.enq != nil {
-			c.wg.Add(1)
-			go c.complete()
-		}
-	}
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
-}
-
-// work is the worker goroutine: it drains the queue whenever kicked and
-// exits when the comm is closed. On an Enqueuer it starts the ops it can
-// without waiting for them (the completer goroutine finishes them) and runs
-// any other op only once those have completed; it stays busy until then.
+// work is the worker goroutine: it runs the queued ops the lifecycle hands
+// it, starting those it can on an Enqueuer (the completer goroutine ends
+// them), and exits in shutdown.
 func (c *Comm) work() {
 	defer c.wg.Done()
 	for {
-		select {
-		case <-c.wake:
-		case <-c.quit:
+		w, start := c.life.next()
+		switch {
+		case w == nil:
 			return
-		}
-		for {
-			c.mu.Lock()
-			for len(c.queue) == 0 && c.pending > 0 {
-				c.idle.Wait()
-			}
-			if len(c.queue) == 0 {
-				c.busy = false
-				c.idle.Broadcast()
-				c.mu.Unlock()
-				break
-			}
-			w := c.queue[0]
-			c.queue[0] = nil
-			c.queue = c.queue[1:]
-			if c.enq != nil && w.d.refused == nil && c.enq.CanStart(w.d.kind) {
-				c.mu.Unlock()
-				c.startOn(w)
-				continue
-			}
-			for c.pending > 0 {
-				c.idle.Wait()
-			}
-			c.mu.Unlock()
+		case start:
+			c.startOn(w)
+		default:
 			c.execute(w)
-			// With nothing queued behind it, go idle before the op is
-			// done, as an inline op does: a caller whose ops are all done
-			// finds the comm idle, and its next sync op runs inline.
-			// (Nothing is pending: only this goroutine starts ops.)
-			c.mu.Lock()
-			last := len(c.queue) == 0
-			if last {
-				c.busy = false
-				c.idle.Broadcast()
-			}
-			c.mu.Unlock()
+			c.life.ran()
 			close(w.done)
-			if last {
-				break
-			}
 		}
 	}
 }
 
 // startOn starts w on the Enqueuer and hands it to the completer.
 func (c *Comm) startOn(w *Work) {
-	c.mu.Lock()
-	if err := c.refuseLocked(&w.d); err != nil {
-		c.mu.Unlock()
+	now := time.Now()
+	if err := c.life.begin(w, now, c.deadlineAt(w.ctx, now), true); err != nil {
 		c.finish(w, err)
 		close(w.done)
 		return
 	}
-	if err := w.ctx.Err(); err != nil {
-		c.mu.Unlock()
-		c.finish(w, fmt.Errorf("not started: %w", context.Cause(w.ctx)))
-		close(w.done)
-		return
-	}
-	now := time.Now()
-	w.t0, w.wasActive = now, c.state == stateActive
-	if c.opts.Timeout > 0 {
-		w.deadline = now.Add(c.opts.Timeout)
-	}
-	if d, ok := w.ctx.Deadline(); ok && (w.deadline.IsZero() || d.Before(w.deadline)) {
-		w.deadline = d
-	}
 	c.rec.start(w.seq, now)
-	c.pending++
-	c.mu.Unlock()
 	d := &w.d
 	cpl, err := c.enq.Start(w.ctx, Op{Kind: d.kind, Out: d.t, In: d.in, ReduceOp: d.op, Root: d.root, Peer: d.peer,
 		Counts: d.counts, InCounts: d.inCounts, P2P: d.p2p})
 	if err != nil {
-		c.mu.Lock()
-		c.pending--
-		c.idle.Broadcast()
-		err = c.classifyLocked(w, err, w.wasActive)
-		c.mu.Unlock()
-		c.finish(w, err)
+		c.finish(w, c.life.startFailed(w, err))
 		close(w.done)
 		return
 	}
@@ -451,8 +301,8 @@ func (c *Comm) startOn(w *Work) {
 }
 
 // complete is the completer goroutine of an Enqueuer comm: it waits for the
-// started ops in order, each under its deadline, and finishes them. It exits
-// when the comm is closed, after the worker.
+// started ops in order, each under its deadline, and ends them. It exits
+// in shutdown, after the worker.
 func (c *Comm) complete() {
 	defer c.wg.Done()
 	for w := range c.inflight {
@@ -463,22 +313,7 @@ func (c *Comm) complete() {
 		err := w.cpl.Wait(wctx)
 		expired := wctx.Err() != nil // before cancel, which would set it
 		cancel()
-		c.mu.Lock()
-		var abort error
-		if err != nil && w.wasActive && c.state == stateActive {
-			switch {
-			case w.ctx.Err() != nil:
-				abort = c.ctxBreakLocked(w)
-			case expired: // our deadline
-				abort = fmt.Errorf("%w: %s #%d still running at its deadline (%s after start)",
-					ErrTimeout, w.d.kind, w.seq, w.deadline.Sub(w.t0).Round(time.Millisecond))
-				c.breakLocked(stateFailed, fmt.Errorf("%w after %w", ErrAborted, abort))
-			}
-		}
-		err = c.classifyLocked(w, err, w.wasActive)
-		c.pending--
-		c.idle.Broadcast()
-		c.mu.Unlock()
+		err, abort := c.life.end(w, err, expired)
 		if abort != nil {
 			if errors.Is(abort, ErrTimeout) {
 				c.log.Error("op timed out; aborting the comm", zap.Uint64("seq", w.seq), zap.Stringer("op", w.d.kind),
@@ -491,45 +326,22 @@ func (c *Comm) complete() {
 	}
 }
 
-// execute runs one op on the backend under its deadline. The caller owns the
-// executor (busy is set).
+// execute runs one op on the backend under its deadline, on the goroutine
+// of the executor's owner (see lifecycle).
 func (c *Comm) execute(w *Work) {
-	c.mu.Lock()
-	if err := c.refuseLocked(&w.d); err != nil {
-		c.mu.Unlock()
-		if w.d.refused != nil {
-			err = w.d.refused // the caller's own mistake comes first
-		}
-		c.finish(w, err)
-		return
-	}
-	// A refused op is told to the peers even when its ctx has ended: they
-	// wait for it.
-	if err := w.ctx.Err(); err != nil && w.d.refused == nil { // gave up while queued: nothing was sent
-		c.mu.Unlock()
-		c.finish(w, fmt.Errorf("not started: %w", context.Cause(w.ctx)))
-		return
-	}
 	now := w.at
 	if now.IsZero() {
 		now = time.Now()
 	}
-	w.t0 = now
-	c.deadline = time.Time{}
-	if c.opts.Timeout > 0 {
-		c.deadline = now.Add(c.opts.Timeout)
+	if err := c.life.begin(w, now, c.deadlineAt(w.ctx, now), false); err != nil {
+		c.finish(w, err)
+		return
 	}
-	if d, ok := w.ctx.Deadline(); ok && (c.deadline.IsZero() || d.Before(c.deadline)) {
-		c.deadline = d
-	}
-	c.armLocked(now)
-	c.cur = w
-	wasActive := c.state == stateActive
+	c.timer.arm(w.deadline, now)
 	c.rec.start(w.seq, now)
-	c.mu.Unlock()
 
 	// A backend that watches the ctx itself returns promptly when it ends,
-	// and the check below then breaks the comm: no callback is needed.
+	// and the lifecycle then breaks the comm: no callback is needed.
 	var stop func() bool
 	if !c.ownCtx && w.ctx.Done() != nil && w.d.refused == nil {
 		seq := w.seq // w may be recycled before a late callback runs: match by seq
@@ -539,81 +351,24 @@ func (c *Comm) execute(w *Work) {
 	if stop != nil {
 		stop()
 	}
-
-	c.mu.Lock()
-	c.cur = nil // the timer stays armed: see armLocked
-	var abort error
-	if err != nil && wasActive && c.state == stateActive && w.ctx.Err() != nil {
-		// The backend saw the ctx end (before onCtxDone did, or with no
-		// callback armed: a CtxWatcher).
-		abort = c.ctxBreakLocked(w)
-	}
-	err = c.classifyLocked(w, err, wasActive)
-	if err != nil && w.timedOut != nil && !errors.Is(err, ErrTimeout) {
-		err = fmt.Errorf("%w (backend: %w)", w.timedOut, err)
-	}
-	if w.d.refused != nil {
-		if err == nil {
-			err = w.d.refused
-		} else {
-			err = fmt.Errorf("%w (and telling the peers failed: %w)", w.d.refused, err)
-		}
-	}
-	c.mu.Unlock()
+	err, abort := c.life.end(w, err, false)
 	if abort != nil {
 		c.b.Abort(abort)
 	}
 	c.finish(w, err)
 }
 
-// refuseLocked returns why d cannot run now, or nil.
-func (c *Comm) refuseLocked(d *opDesc) error {
-	switch {
-	case c.state == stateActive:
-		return nil
-	case c.state == stateClosed:
-		return c.refusal
-	case d.reconfig:
-		return nil // Shrink and Grow are how a broken comm is repaired
+// deadlineAt is when an op that starts at now must end: Options.Timeout
+// later, or at its ctx's deadline if that is earlier; zero for none.
+func (c *Comm) deadlineAt(ctx context.Context, now time.Time) time.Time {
+	var deadline time.Time
+	if c.opts.Timeout > 0 {
+		deadline = now.Add(c.opts.Timeout)
 	}
-	return c.refusal
-}
-
-// classifyLocked turns a backend error into the op's error and moves the
-// comm to the state the error implies.
-func (c *Comm) classifyLocked(w *Work, err error, wasActive bool) error {
-	if err == nil {
-		return nil
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		deadline = d
 	}
-	if (wasActive && c.state != stateActive) || c.state == stateClosed {
-		// Aborted, revoked or closed while running: that is the cause; what
-		// the backend saw stays matchable (a dead peer's RankError).
-		return fmt.Errorf("%w (backend: %w)", c.refusal, err)
-	}
-	switch {
-	case !wasActive:
-		// a failed Shrink or Grow leaves the broken comm as it was
-	case errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrPeerRefused):
-		// refused, here or by a peer, before any data moved: the backend
-		// (a Refuser) kept every rank in step, and the comm is still good
-	case errors.Is(err, ErrRevoked):
-		c.breakLocked(stateRevoked, err)
-	default:
-		c.breakLocked(stateFailed, fmt.Errorf("%w after %s #%d failed: %w", ErrAborted, w.d.kind, w.seq, err))
-	}
-	return err
-}
-
-// breakLocked moves the comm out of stateActive (or from failed to revoked).
-func (c *Comm) breakLocked(s commState, refusal error) {
-	if c.state == stateClosed || (c.state == stateRevoked && s == stateFailed) {
-		return
-	}
-	if c.state == stateActive {
-		c.log.Warn("comm refuses further collectives", zap.String("state", s.String()), zap.Error(refusal))
-		close(c.broken)
-	}
-	c.state, c.refusal = s, refusal
+	return deadline
 }
 
 func (c *Comm) finish(w *Work, err error) {
@@ -635,99 +390,32 @@ func (c *Comm) wrapErr(d *opDesc, seq uint64, err error) error {
 	return fmt.Errorf("comm %s rank %d epoch %d: %s #%d: %w", c.opts.Name, c.opts.Rank, c.opts.Epoch, d.kind, seq, err)
 }
 
-// armLocked makes sure the timer fires no later than the deadline of the
-// op about to execute. It is lazy: resetting and stopping a runtime timer
-// around every op cost about as much as a small shared-memory all-reduce
-// itself, so the timer is left armed when an op ends, and reset only when
-// the new deadline is earlier than the time it is armed for. Since every
-// op's deadline is its start plus the same Timeout (a ctx may only make it
-// earlier), a steady stream of ops resets nothing; the timer fires about
-// once per Timeout, and onDeadline moves it on to the current op's
-// deadline, or lets it rest when no op runs.
-func (c *Comm) armLocked(now time.Time) {
-	if c.deadline.IsZero() || (!c.timerAt.IsZero() && !c.deadline.Before(c.timerAt)) {
-		return
-	}
-	c.timer.Reset(c.deadline.Sub(now))
-	c.timerAt = c.deadline
-}
-
-// onDeadline runs on the timer's goroutine when the executing op's deadline
+// onDeadline runs on the timer's goroutine when the running op's deadline
 // may have passed.
 func (c *Comm) onDeadline() {
-	c.mu.Lock()
-	c.timerAt = time.Time{}
-	w := c.cur
-	if w == nil || c.deadline.IsZero() {
-		c.mu.Unlock() // no op executes: the timer rests until the next one
+	c.timer.fired()
+	now := time.Now()
+	cause, seq, kind, due := c.life.overdue(now)
+	if cause == nil {
+		c.timer.arm(due, now)
 		return
 	}
-	if now := time.Now(); now.Before(c.deadline) {
-		c.armLocked(now) // an earlier op's deadline, or an early firing
-		c.mu.Unlock()
-		return
-	}
-	// A refusal that Close lets finish keeps its deadline.
-	closing := c.state == stateClosed && w.d.refused != nil && w.timedOut == nil
-	if !closing && (c.state == stateClosed || (c.state != stateActive && (!w.d.reconfig || w.timedOut != nil))) {
-		c.mu.Unlock()
-		return
-	}
-	cause := fmt.Errorf("%w: %s #%d still running at its deadline (%s after start)",
-		ErrTimeout, w.d.kind, w.seq, c.deadline.Sub(w.t0).Round(time.Millisecond))
-	if c.state == stateActive {
-		c.breakLocked(stateFailed, fmt.Errorf("%w after %w", ErrAborted, cause))
-	} else {
-		// A Shrink or Grow repairing a broken comm, or a refusal Close
-		// waits for: its deadline holds too, and the comm stays as it was.
-		w.timedOut = cause
-	}
-	seq, kind := w.seq, w.d.kind
-	c.acting++
-	c.mu.Unlock()
-	defer c.doneActing()
+	defer c.life.doneActing()
 	c.log.Error("op timed out; aborting the comm", zap.Uint64("seq", seq), zap.Stringer("op", kind),
 		zap.ByteString("flight_recorder", c.Dump()))
 	c.b.Abort(cause)
 }
 
-// doneActing ends a callback's action; shutdown waits for it, so nothing
-// logs or touches the backend after Close returns.
-func (c *Comm) doneActing() {
-	c.mu.Lock()
-	c.acting--
-	c.idle.Broadcast()
-	c.mu.Unlock()
-}
-
-// onCtxDone runs when the ctx of the executing op w ends: the op cannot be
+// onCtxDone runs when the ctx of the running op seq ends: the op cannot be
 // abandoned half-way, so the comm is aborted.
 func (c *Comm) onCtxDone(seq uint64) {
-	c.mu.Lock()
-	w := c.cur
-	if w == nil || w.seq != seq || c.state != stateActive {
-		c.mu.Unlock()
+	cause := c.life.ctxEnded(seq)
+	if cause == nil {
 		return
 	}
-	cause := c.ctxBreakLocked(w)
-	c.acting++
-	c.mu.Unlock()
-	defer c.doneActing()
+	defer c.life.doneActing()
 	c.log.Warn("ctx of a running op ended; aborting the comm", zap.Uint64("seq", seq), zap.Error(cause))
 	c.b.Abort(cause)
-}
-
-// ctxBreakLocked breaks the comm because w's ctx ended while it ran and
-// returns the cause to abort the backend with.
-func (c *Comm) ctxBreakLocked(w *Work) error {
-	if errors.Is(w.ctx.Err(), context.DeadlineExceeded) {
-		cause := fmt.Errorf("%w: %s #%d: caller's deadline passed: %w", ErrTimeout, w.d.kind, w.seq, context.Cause(w.ctx))
-		c.breakLocked(stateFailed, fmt.Errorf("%w after %w", ErrAborted, cause))
-		return cause
-	}
-	cause := fmt.Errorf("%w: %s #%d: caller's ctx ended: %w", ErrAborted, w.d.kind, w.seq, context.Cause(w.ctx))
-	c.breakLocked(stateFailed, cause)
-	return cause
 }
 
 func (c *Comm) dispatch(w *Work) error {
@@ -819,7 +507,7 @@ func (c *Comm) Refuse(ctx context.Context, op Op, reason error) error {
 	if c.refuser == nil || !d.peerOp() {
 		return c.wrapErr(&d, 0, reason)
 	}
-	w := c.submit(&Work{c: c, d: d, ctx: ctx, done: make(chan struct{})})
+	w := c.submit(&Work{d: d, ctx: ctx, done: make(chan struct{})})
 	return c.wrapErr(&d, w.seq, reason)
 }
 
@@ -830,11 +518,7 @@ func (c *Comm) Abort(cause error) {
 	if cause == nil {
 		cause = errors.New("abort requested")
 	}
-	c.mu.Lock()
-	c.breakLocked(stateFailed, fmt.Errorf("%w: %w", ErrAborted, cause))
-	closed := c.state == stateClosed
-	c.mu.Unlock()
-	if !closed {
+	if closed := c.life.abort(fmt.Errorf("%w: %w", ErrAborted, cause)); !closed {
 		c.b.Abort(cause)
 	}
 }
@@ -848,13 +532,9 @@ func (c *Comm) Revoke(cause error) {
 	if cause == nil {
 		cause = errors.New("revoke requested")
 	}
-	c.mu.Lock()
-	if c.state == stateClosed || c.state == stateRevoked {
-		c.mu.Unlock()
+	if !c.life.revoke(fmt.Errorf("%w: %w", ErrRevoked, cause)) {
 		return
 	}
-	c.breakLocked(stateRevoked, fmt.Errorf("%w: %w", ErrRevoked, cause))
-	c.mu.Unlock()
 	if r, ok := c.b.(Revoker); ok {
 		r.Revoke(cause)
 	} else {
@@ -869,19 +549,12 @@ func (c *Comm) Revoke(cause error) {
 // aborting the backend would abort the peers' comms too. Safe to call
 // twice; the second call returns nil.
 func (c *Comm) Close() error {
-	c.mu.Lock()
-	if c.state == stateClosed {
-		c.mu.Unlock()
+	first, abort := c.life.close()
+	if !first {
 		c.shutdown() // waits for a shutdown in progress (a Shrink or Grow that replaced c)
 		return nil
 	}
-	running := (c.cur != nil && c.cur.d.refused == nil) || c.pending > 0
-	if c.state == stateActive {
-		close(c.broken)
-	}
-	c.state, c.refusal = stateClosed, ErrClosed
-	c.mu.Unlock()
-	if running {
+	if abort {
 		c.b.Abort(ErrClosed)
 	}
 	return c.shutdown()
@@ -894,17 +567,12 @@ func (c *Comm) Close() error {
 func (c *Comm) shutdown() error {
 	var err error
 	c.shut.Do(func() {
-		c.mu.Lock()
-		for c.busy || c.acting > 0 {
-			c.idle.Wait()
-		}
-		c.mu.Unlock()
-		close(c.quit)
+		c.life.shutdown()
 		if c.inflight != nil {
-			close(c.inflight) // after busy went false the worker sends no more
+			close(c.inflight) // the worker has stopped: it sends no more
 		}
 		c.wg.Wait()
-		c.timer.Stop()
+		c.timer.stop()
 		err = c.b.Close()
 	})
 	return err
@@ -954,18 +622,11 @@ func (c *Comm) reconfigure(ctx context.Context, d opDesc, replace bool) (*Comm, 
 	}
 	nc := wrap(nb, opts)
 	if replace {
-		c.mu.Lock()
-		if c.state == stateClosed {
+		if !c.life.replace(fmt.Errorf("%w: replaced by %s to epoch %d", ErrClosed, d.kind, d.epoch)) {
 			// Close came as the op completed: the new comm is not wanted.
-			c.mu.Unlock()
 			nc.Close()
 			return nil, c.wrapErr(&d, 0, fmt.Errorf("%w while the %s completed", ErrClosed, d.kind))
 		}
-		if c.state == stateActive {
-			close(c.broken)
-		}
-		c.state, c.refusal = stateClosed, fmt.Errorf("%w: replaced by %s to epoch %d", ErrClosed, d.kind, d.epoch)
-		c.mu.Unlock()
 		if err := c.shutdown(); err != nil {
 			c.log.Warn("closing the replaced backend", zap.Error(err))
 		}
@@ -975,11 +636,8 @@ func (c *Comm) reconfigure(ctx context.Context, d opDesc, replace bool) (*Comm, 
 
 // FlightRecord returns the last ops this comm ran, oldest first.
 func (c *Comm) FlightRecord() FlightDump {
-	c.mu.Lock()
-	st := c.state
-	c.mu.Unlock()
 	return FlightDump{Comm: c.opts.Name, Rank: c.opts.Rank, Size: c.opts.Size, Epoch: c.opts.Epoch,
-		State: st.String(), Ops: c.rec.entries()}
+		State: c.life.state().String(), Ops: c.rec.entries()}
 }
 
 // Dump returns FlightRecord as JSON.

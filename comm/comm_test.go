@@ -190,7 +190,7 @@ func TestCallerDeadlineTightensTimeout(t *testing.T) {
 	}
 }
 
-// The deadline timer is left armed between ops (see Comm.armLocked): an
+// The deadline timer is left armed between ops (see deadlineTimer): an
 // op that hangs must still get its own Timeout, counted from its start, not
 // the deadline of an earlier op the timer was armed for.
 func TestTimeoutCountsFromEachOpsStart(t *testing.T) {
