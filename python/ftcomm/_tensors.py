@@ -6,7 +6,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Tuple
 
-from .errors import InvalidArgumentError, InvalidTypeError
+from .errors import InvalidTypeError
+from .errors import invalid_argument as _inv
 
 # comm.DType values, and BOOL: torch.bool and numpy's bool_, which cross the
 # ABI as UINT8 (their bytes are 0 or 1) with the reductions mapped (abi_dtype,
@@ -27,10 +28,6 @@ _torch_dtypes: dict = {}
 _np = None
 _np_dtypes: dict = {}
 _raw_stream = None
-
-
-def _inv(msg: str) -> InvalidArgumentError:
-    return InvalidArgumentError("ftcomm: " + msg, kinds=("invalid_argument",))
 
 
 def _typ(msg: str) -> InvalidTypeError:

@@ -9,100 +9,52 @@ in its order: on gloo the other ranks' matching op then fails at once with
 PeerRefusedError naming this rank and its reason, and the communicator
 stays usable everywhere (see docs/python.md; nccl cannot tell its peers,
 which wait for the op's deadline).
+
+This module is ftcomm's own API: its names are those below (``__all__``),
+also exported by ``ftcomm``. The batch classes are defined in _batch.py,
+how ranks meet in _rendezvous.py, the refusal of an op in _refusal.py;
+torch.distributed's ``"ftcomm"`` backend (ftcomm.distributed) runs its ops
+on these communicators.
 """
 
 from __future__ import annotations
 
 import datetime
-import functools
 import hashlib
 import json
 import os
 import secrets
 import socket
-import threading
 from ctypes import byref, c_int32, c_int64, c_uint64, c_void_p
 from typing import Any, Dict, List, Optional, Sequence, Set, Union
 
-from . import _lib, _tensors
+from . import _devices, _lib, _rendezvous, _tensors
+from ._batch import BatchP2POptions, BatchSendRecv, P2POp, P2POpType
+from ._refusal import c_rank, issuing, refusing
 from ._tensors import BOOL, FLOATS, abi_dtype, describe
-from .errors import ClosedError, FtcommError, InvalidArgumentError, InvalidTypeError
+from .errors import ClosedError, FtcommError
+from .errors import invalid_argument as _inv
 from .reduce_op import RedOpType, ReduceOp, as_reduce_op
-from .store import Store, _is_torch_store, from_environment, through_torch_store
+from .store import Store
 from .work import DONE, InFlight, Work
+
+__all__ = ["new_comm", "Communicator", "TorchComm", "CommOptions", "BatchSendRecv", "BatchP2POptions", "P2POp",
+           "P2POpType"]
 
 _SUM = 1
 
 
-def _inv(msg: str) -> InvalidArgumentError:
-    return InvalidArgumentError("ftcomm: " + msg, kinds=("invalid_argument",))
-
-
-# Whether the op the calling thread is in has reached the library (or has
-# been refused there): a failure before that is refused on the comm.
-_issuing = threading.local()
-
-
-def _int32(x) -> int:
-    """x as a C int32 if it is an int in range, else -1 (a rank no comm has)."""
-    if isinstance(x, int) and not isinstance(x, bool) and -(1 << 31) <= x < (1 << 31):
-        return x
-    return -1
-
-
 def _refusing(kind: int, peer: Optional[str] = None, at: int = 1):
-    """Decorator of a Communicator op: if the op fails before it reaches the
-    library (its own checks raise InvalidArgumentError, or anything else
-    goes wrong first), it is refused on the comm in its place in the order
-    (ftcomm_comm_refuse), so that the peers' matching op fails at once with
-    PeerRefusedError rather than wait for its deadline; then the error is
-    raised as it was. peer names the argument (keyword, or positional
-    index at after self) that holds the peer of a send or receive."""
+    """Decorator of a Communicator op: refused on the comm if it fails
+    before it reaches the library (see ftcomm._refusal). peer names the
+    argument (keyword, or positional index at after self) that holds the
+    peer of a send or receive."""
 
-    def deco(f):
-        @functools.wraps(f)
-        def op(self, *args, **kwargs):
-            _issuing.done = False
-            try:
-                return f(self, *args, **kwargs)
-            except Exception as e:
-                if not getattr(_issuing, "done", True):
-                    p = kwargs.get(peer, args[at] if len(args) > at else -1) if peer else 0
-                    self._refuse(kind, e, _int32(p))
-                raise
+    def refuse(self, kind, e, args, kwargs):
+        p = kwargs.get(peer, args[at] if len(args) > at else -1) if peer else 0
+        self._refuse(kind, e, c_rank(p))
 
-        return op
-
-    return deco
-
-
-def _device_index(device) -> Optional[int]:
-    """The CUDA ordinal device names, None if it names no index."""
-    if isinstance(device, int):
-        return device
-    if isinstance(device, str):
-        return int(device.split(":", 1)[1]) if ":" in device else None
-    return getattr(device, "index", None)
-
-
-def _device_type(device) -> str:
-    if isinstance(device, int):
-        return "cuda"
-    if isinstance(device, str):
-        return device.split(":", 1)[0]
-    t = getattr(device, "type", None)
-    return t if t is not None else str(device).split(":", 1)[0]
-
-
-def _env_int(name: str) -> Optional[int]:
-    v = os.environ.get(name)
-    return int(v) if v not in (None, "") else None
-
-
-def _timedelta(t) -> Optional[datetime.timedelta]:
-    if t is None or isinstance(t, datetime.timedelta):
-        return t
-    return datetime.timedelta(seconds=float(t))
+    return refusing(kind, refuse)
 
 
 class CommOptions:
@@ -112,7 +64,7 @@ class CommOptions:
     def __init__(self, abort_process_on_timeout_or_error: bool = False, timeout=None, store=None, name: str = "",
                  enable_reconfigure: bool = False, hints: Optional[Dict[str, str]] = None):
         self.abort_process_on_timeout_or_error = bool(abort_process_on_timeout_or_error)
-        self.timeout = _timedelta(timeout) if timeout is not None else datetime.timedelta(seconds=60)
+        self.timeout = _rendezvous.as_timedelta(timeout) if timeout is not None else datetime.timedelta(seconds=60)
         self.store = store
         self.name = name
         self.enable_reconfigure = bool(enable_reconfigure)
@@ -121,97 +73,6 @@ class CommOptions:
     def __repr__(self):
         return "CommOptions(name=%r, timeout=%s, abort_process_on_timeout_or_error=%s, enable_reconfigure=%s, hints=%r)" % (
             self.name, self.timeout, self.abort_process_on_timeout_or_error, self.enable_reconfigure, self.hints)
-
-
-class BatchP2POptions:
-    """Options of BatchSendRecv.issue."""
-
-    def __init__(self, timeout=None, hints: Optional[Dict[str, str]] = None):
-        self.timeout = timeout
-        self.hints = dict(hints or {})
-
-
-class P2POpType:
-    SEND = "send"
-    RECV = "recv"
-
-
-class P2POp:
-    """One send or receive of a batch."""
-
-    __slots__ = ("type", "tensor", "peer")
-
-    def __init__(self, type: str, tensor: Any, peer: int):
-        self.type, self.tensor, self.peer = type, tensor, peer
-
-    def __repr__(self):
-        return "P2POp(%s, peer %d)" % (self.type, self.peer)
-
-
-class BatchSendRecv:
-    """Sends and receives issued together and run concurrently
-    (torchcomms' batched point-to-point): ``b = comm.batch_op_create()``,
-    ``b.send(t, dst)``, ``b.recv(t, src)``, then ``b.issue(async_op)``.
-    Every peer posts the matching counterparts in its own batch."""
-
-    def __init__(self, comm: "Communicator"):
-        self._comm = comm
-        self.ops: List[P2POp] = []
-
-    def send(self, tensor, dst: int) -> None:
-        self.ops.append(P2POp(P2POpType.SEND, tensor, dst))
-
-    def recv(self, tensor, src: int) -> None:
-        self.ops.append(P2POp(P2POpType.RECV, tensor, src))
-
-    def issue(self, async_op: bool = False, options: Optional[BatchP2POptions] = None, timeout=None) -> Work:
-        c = self._comm
-        _issuing.done = False
-        try:
-            if options is not None and timeout is None:
-                timeout = options.timeout
-            if not self.ops:
-                raise _inv("batch: no sends or receives")
-            entries = []
-            for i, p in enumerate(self.ops):
-                ptr, n, dt = c._check_tensor(p.tensor, "batch[%d]" % i)
-                entries.append((_lib.P2P_SEND if p.type == P2POpType.SEND else _lib.P2P_RECV, ptr, n, dt, c._peer(p.peer)))
-            return c._batch(entries, async_op, timeout, [p.tensor for p in self.ops])
-        except Exception as e:
-            if not getattr(_issuing, "done", True):
-                c._refuse(_lib.OP_BATCH, e, 0, self._refused_entries())
-            raise
-
-    def _refused_entries(self) -> List[tuple]:
-        """(kind, peer) of the entries a refused batch concerns: all but
-        those known to be empty, which neither side sends (see _batch)."""
-        out = []
-        for p in self.ops:
-            try:
-                if _tensors.numel(p.tensor) == 0:
-                    continue
-            except Exception:
-                pass
-            out.append((_lib.P2P_SEND if p.type == P2POpType.SEND else _lib.P2P_RECV, _int32(p.peer)))
-        return out
-
-
-class _Generations:
-    """How many comms of each name this process made: the n of each comm's
-    key prefix ftcomm/<name>/<n> (ranks make their comms in the same order)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._n: Dict[str, int] = {}
-
-    def next(self, name: str) -> int:
-        with self._lock:
-            g = self._n.get(name, 0)
-            self._n[name] = g + 1
-            return g
-
-
-_generations = _Generations()
 
 
 def _adjacent(parts: Sequence[tuple], es: int) -> bool:
@@ -272,8 +133,8 @@ class Communicator:
         self._rank, self._size, self._epoch, self._dev = 0, 0, 0, -1
         if handle is not None:
             self._load_info()
-        elif _device_type(device) == "cuda":
-            self._dev = _device_index(device)
+        elif _devices.device_type(device) == "cuda":
+            self._dev = _devices.device_index(device)
 
     def _load_info(self) -> None:
         info = json.loads(_lib.get_bytes(_lib.lib().ftcomm_comm_info, self._h))
@@ -433,7 +294,7 @@ class Communicator:
         t = _lib.timeout_ns(timeout)
         L = _lib._lib
         adt = abi_dtype(dt)
-        _issuing.done = True
+        issuing.done = True
         if not async_op:
             st = L.ftcomm_comm_op(h, kind, optr, on, iptr, inn, adt, dev, redop, root, stream, t, 0, None)
             if st:
@@ -473,7 +334,7 @@ class Communicator:
         dev = self._dev
         stream = _tensors.current_stream(dev) if dev >= 0 else 0
         w = c_uint64()
-        _issuing.done = True
+        issuing.done = True
         st = _lib.lib().ftcomm_comm_opv(h, kind, out[0], out[1], inp[0], inp[1], abi_dtype(dt), dev, redop, c,
                                         len(counts), ic, len(in_counts) if in_counts is not None else 0, stream,
                                         _lib.timeout_ns(timeout), _lib.ASYNC if async_op else 0,
@@ -490,7 +351,7 @@ class Communicator:
         h = self._handle()
         entries = [e for e in entries if e[2] > 0]
         if not entries:
-            _issuing.done = True  # nothing to send or receive, at either end
+            issuing.done = True  # nothing to send or receive, at either end
             return DONE
         if self._inflight._q:
             self._inflight.reap()
@@ -503,7 +364,7 @@ class Communicator:
         dev = self._dev
         stream = _tensors.current_stream(dev) if dev >= 0 else 0
         w = c_uint64()
-        _issuing.done = True
+        issuing.done = True
         st = _lib.lib().ftcomm_comm_batch(h, n, kinds, ptrs, counts, dtypes, peers, dev, stream, _lib.timeout_ns(timeout),
                                           _lib.ASYNC if async_op else 0, byref(w) if async_op else None)
         if st:
@@ -518,7 +379,7 @@ class Communicator:
         q = self._inflight._q
         if q:
             self._inflight.reap()
-        _issuing.done = True
+        issuing.done = True
         st = _lib._lib.ftcomm_comm_run(h, kind | d[2] << 8 | op << 16 | (root & 0xffffffff) << 24, d[0], d[1])
         if st:
             _lib.fail(st)
@@ -531,7 +392,7 @@ class Communicator:
         library (see _refusing): in its place in the comm's order, the peers
         it concerns learn why. Never raises: the caller's error is what the
         caller sees."""
-        _issuing.done = True
+        issuing.done = True
         h = self._h
         if h is None or _lib.forked or self._finalized:
             return
@@ -953,7 +814,7 @@ class Communicator:
         return DONE
 
     def _store_get(self, key: str) -> bytes:
-        return self._store.get(key, timeout=_rendezvous_s(self._options.timeout))
+        return self._store.get(key, timeout=_rendezvous.seconds(self._options.timeout))
 
     def _shrunk(self, exclude: List[int], timeout) -> int:
         out = c_uint64()
@@ -985,8 +846,8 @@ class Communicator:
     def _connect(self, rank: int, size: int, prefix: str, epoch: int, joining: bool, timeout) -> int:
         if size > 1 and self._store is None:
             raise _inv("reconfigure: %d members need a store (pass store= to new_comm)" % size)
-        return _connect(self._backend, self._name, rank, size, prefix, epoch, joining, self._store, self._options,
-                        self._dev if self._dev >= 0 else None, self._log_level, timeout)
+        return _rendezvous.connect(self._backend, self._name, rank, size, prefix, epoch, joining, self._store,
+                                   self._options, self._dev if self._dev >= 0 else None, self._log_level, timeout)
 
     def _adopt(self, h: int, members: List[str]) -> None:
         """Become the comm of handle h (the old one, if any, is closed)."""
@@ -1043,49 +904,6 @@ class Communicator:
 TorchComm = Communicator
 
 
-# The least time a rendezvous waits for the other ranks (processes start at
-# different times), whatever the comm's op timeout.
-RENDEZVOUS_FLOOR_S = 60.0
-
-
-def _rendezvous_s(timeout) -> float:
-    return max(_timedelta(timeout).total_seconds() if timeout is not None else 300.0, RENDEZVOUS_FLOOR_S)
-
-
-def _connect(backend: str, name: str, rank: int, size: int, prefix: str, epoch: int, joining: bool,
-             store: Optional[Store], options: CommOptions, device: Optional[int], log_level: Optional[str],
-             timeout=None) -> int:
-    """Make one rank's comm at prefix: rank 0 of a new comm writes the
-    secret that authenticates its links; the others (and joiners) read it."""
-    t = _rendezvous_s(timeout if timeout is not None else options.timeout)
-    secret = ""
-    if store is not None:
-        if rank == 0 and not joining:
-            secret = secrets.token_hex(16)
-            store.set(prefix + "/secret", secret, timeout=t)
-        else:
-            secret = store.get(prefix + "/secret", timeout=t).decode()
-    settings: Dict[str, Any] = {"rank": rank, "size": size, "name": name, "prefix": prefix, "epoch": int(epoch),
-                                "job_id": name, "secret": secret,
-                                "timeout_s": options.timeout.total_seconds(), "rendezvous_timeout_s": t,
-                                "abort_process_on_error": options.abort_process_on_timeout_or_error}
-    if device is not None:
-        settings["device"] = device
-    if log_level:
-        settings["log_level"] = log_level
-    for k, v in options.hints.items():
-        if k == "listen_addr":
-            settings["listen_addr"] = v
-        elif k == "shared_memory":
-            settings["shared_memory"] = v not in ("0", "false", False, 0)
-        elif k in ("revoke", "nccl_lib", "cudart_lib"):
-            settings[k] = v
-    h = c_uint64()
-    _lib.check(_lib.lib().ftcomm_comm_new(backend.encode(), json.dumps(settings).encode(),
-                                          store._h if store is not None else 0, byref(h)))
-    return h.value
-
-
 def new_comm(backend: str, device: Any = "cpu", name: Optional[str] = None,
              abort_process_on_timeout_or_error: Optional[bool] = None, timeout=None,
              is_high_priority_stream: Optional[bool] = None, store=None, enable_reconfigure: bool = False,
@@ -1131,58 +949,22 @@ def new_comm(backend: str, device: Any = "cpu", name: Optional[str] = None,
         raise _inv("backend %r: want 'gloo' or 'nccl'" % (backend,))
     name = name or "main"
     if rank is None:
-        rank = _env_int("RANK")
+        rank = _devices.env_int("RANK")
     if size is None:
-        size = _env_int("WORLD_SIZE")
+        size = _devices.env_int("WORLD_SIZE")
     if rank is None and size is None and (store is None or enable_reconfigure):
         rank, size = 0, 1  # a reconfigurable comm's members are named by reconfigure()
     if rank is None or size is None:
         raise _inv("rank and size: pass them or set RANK and WORLD_SIZE")
     options = CommOptions(abort_process_on_timeout_or_error=bool(abort_process_on_timeout_or_error), timeout=timeout,
                           name=name, enable_reconfigure=enable_reconfigure, hints=hints)
-    dev_settings: Optional[int] = None
-    if backend == "nccl":
-        if _device_type(device) != "cuda":
-            raise _inv("backend nccl takes a CUDA device, got %r" % (device,))
-        idx = _device_index(device)
-        import torch
-        if idx is None:
-            local = _env_int("LOCAL_RANK")
-            idx = local if local is not None else rank
-            if torch.cuda.device_count() > 0:
-                idx %= torch.cuda.device_count()
-        torch.cuda.set_device(idx)
-        device = torch.device("cuda", idx)
-        dev_settings = idx
-    elif _device_type(device) != "cpu":
-        raise _inv("backend gloo takes device 'cpu', got %r" % (device,))
+    device, dev_settings = _devices.choose(backend, device, rank)
     _lib.ensure_interrupt_chain()
 
-    gen = _generations.next(name)
+    gen = _rendezvous.generations.next(name)
     joining = prefix is not None
     pfx = prefix or "ftcomm/%s/%d" % (name, gen)
-    own = False
-    boot = None  # the bootstrap store at MASTER_PORT, released once the comm is formed
-    st: Optional[Store]
-    if size == 1 and store is None and not enable_reconfigure:
-        st = None
-    elif isinstance(store, Store):
-        st = store
-    elif isinstance(store, str):
-        st, own = Store.connect(store), True
-    elif store is not None and _is_torch_store(store):
-        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        st, own = through_torch_store(store, pfx + "/store", rank, host, _rendezvous_s(timeout)), True
-    elif store is None:
-        st, boot = from_environment(rank, size, pfx + "/store", _rendezvous_s(timeout))
-        if st is None:
-            if not enable_reconfigure:
-                raise _inv("no store: pass store= or set MASTER_ADDR and MASTER_PORT (torchrun does)")
-        else:
-            own = True
-    else:
-        raise InvalidTypeError("ftcomm: store %r: want an ftcomm.Store, 'host:port' or a torch.distributed.Store" % (store,),
-                               kinds=("invalid_argument",))
+    st, own, boot = _rendezvous.open_store(store, rank, size, pfx, timeout, enable_reconfigure)
     # The options name the store the comm uses (an ftcomm.Store), not a
     # torch store it was bootstrapped through: holding that would keep its
     # server (MASTER_PORT, often) for as long as the comm lives.
@@ -1194,7 +976,7 @@ def new_comm(backend: str, device: Any = "cpu", name: Optional[str] = None,
         c._boot = boot
         return c
     try:
-        h = _connect(backend, name, rank, size, pfx, epoch, joining, st, options, dev_settings, log_level)
+        h = _rendezvous.connect(backend, name, rank, size, pfx, epoch, joining, st, options, dev_settings, log_level)
     except BaseException:
         if own and st is not None:
             st.close()

@@ -78,7 +78,6 @@ from __future__ import annotations
 
 import collections
 import datetime
-import functools
 import os
 import queue
 import secrets
@@ -90,7 +89,7 @@ import torch
 import torch.distributed as dist
 
 from . import _lib, _tensors
-from . import comm as _comm
+from ._refusal import c_rank, issuing, refusing
 from .comm import Communicator, new_comm
 from .errors import FtcommError, InvalidArgumentError
 from .reduce_op import ReduceOp
@@ -203,28 +202,18 @@ def _tensors_in(args) -> List[torch.Tensor]:
     return out
 
 
+def _refuse_op(pg: "ProcessGroupFtcomm", kind: int, exc: BaseException, args, kwargs) -> None:
+    pg._refuse(kind, exc, _tensors_in(args) + _tensors_in(kwargs.values()))
+
+
 def _refusing(kind: int):
     """Decorator of a ProcessGroupFtcomm collective: if it fails before the
     op reaches its communicator (the group's own checks, or anything else
     first), the op is refused on the comm of its tensors' device, so that
     the peers' matching call fails at once (PeerRefusedError) instead of
     waiting for its deadline. The communicator's own ops do the same for
-    what they check (ftcomm.comm._refusing)."""
-
-    def deco(f):
-        @functools.wraps(f)
-        def op(self, *args, **kwargs):
-            _comm._issuing.done = False
-            try:
-                return f(self, *args, **kwargs)
-            except Exception as e:
-                if not getattr(_comm._issuing, "done", True):
-                    self._refuse(kind, e, _tensors_in(args) + _tensors_in(kwargs.values()))
-                raise
-
-        return op
-
-    return deco
+    what they check: one mechanism, ftcomm._refusal."""
+    return refusing(kind, _refuse_op)
 
 
 # ---------------------------------------------------------------- reduce ops
@@ -792,7 +781,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         try:
             if self._pending:
                 self._flush_p2p()
-                _comm._issuing.done = False  # that was the held sends and receives; this op is still to come
+                issuing.done = False  # that was the held sends and receives; this op is still to come
             comm = self._comm_for(dev, True)
             if dev.type == "cpu":
                 w = run(comm, True)
@@ -861,7 +850,7 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             if self._pending:
                 self._flush_p2p()
             self._refuse(_lib.OP_SEND if kind == "send" else _lib.OP_RECV, e, _tensors_in([tensors]),
-                         _comm._int32(peer))
+                         c_rank(peer))
             raise
         try:
             comm = self._comm_for(dev, False)

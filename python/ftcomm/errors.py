@@ -213,6 +213,12 @@ def _class_for(kinds: List[str]) -> Type[FtcommError]:
     return cls
 
 
+def invalid_argument(msg: str) -> InvalidArgumentError:
+    """The error of an argument ftcomm refuses before calling the library:
+    msg, prefixed "ftcomm: "."""
+    return InvalidArgumentError("ftcomm: " + msg, kinds=("invalid_argument",))
+
+
 def from_json(text: bytes, status: int) -> FtcommError:
     """The exception for a failed call's last-error JSON."""
     try:

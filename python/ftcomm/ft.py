@@ -27,9 +27,8 @@ import os
 from ctypes import POINTER, byref, c_int32, c_int64, c_uint64, c_void_p
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import _lib, _tensors
+from . import _devices, _lib, _tensors
 from ._tensors import describe
-from .comm import _device_index, _device_type
 from .errors import ClosedError, FtcommError, InvalidArgumentError, InvalidTypeError, RolledBackError
 from .reduce_op import ReduceOp, as_reduce_op
 from .work import InFlight, Work
@@ -274,14 +273,14 @@ class Comm:
         self._dev = -1
         if backend == "nccl":
             import torch
-            idx = _device_index(device) if device is not None else None
+            idx = _devices.device_index(device) if device is not None else None
             if idx is None:
                 idx = int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1)
             torch.cuda.set_device(idx)
             settings["device"] = self._dev = idx
             self.device = torch.device("cuda", idx)
         else:
-            if device is not None and _device_type(device) != "cpu":
+            if device is not None and _devices.device_type(device) != "cpu":
                 raise InvalidArgumentError("ftcomm: backend %s takes CPU tensors; device %r" % (backend, device),
                                            kinds=("invalid_argument",))
             self.device = "cpu"

@@ -6,7 +6,7 @@ import pytest
 
 import ftcomm
 from ftcomm import _lib, errors
-from ftcomm.comm import _device_index, _device_type
+from ftcomm._devices import device_index as _device_index, device_type as _device_type
 
 
 def test_device_names():
