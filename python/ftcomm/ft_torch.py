@@ -362,7 +362,7 @@ class SoloProcessGroup(dist.ProcessGroup):
         self._held = collections.OrderedDict()
 
     def _hold(self, w) -> None:
-        from .distributed import hold_work
+        from ._dist_works import hold_work
         hold_work(self._held, w)
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -372,7 +372,7 @@ class SoloProcessGroup(dist.ProcessGroup):
         return "ftcomm-solo"
 
     def _done(self, result):
-        from .distributed import _DoneWork
+        from ._dist_works import _DoneWork
         return _DoneWork(self, result)
 
     def allreduce(self, tensors, opts=None):

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import ftcomm
 import ftcomm.distributed
+from ftcomm import _dist_reduce_ops
 
 STATE: dict = {}
 
@@ -430,9 +431,9 @@ def _bf16_premul_by_hand(group, calls: list):
     orig = dist.reduce_scatter_tensor
 
     def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):  # noqa: A002
-        st = ftcomm.distributed._op_state(op)
+        st = _dist_reduce_ops.op_state(op)
         if group is not want_group or input.dtype != torch.bfloat16 or st is None or \
-                ftcomm.distributed._type_name(st[0]) != "PREMUL_SUM":
+                _dist_reduce_ops.type_name(st[0]) != "PREMUL_SUM":
             return orig(output, input, op=op, group=group, async_op=async_op)
         f = st[1]
         if isinstance(f, torch.Tensor):

@@ -76,7 +76,7 @@ import torch.distributed as dist  # noqa: E402
 
 import ftcomm  # noqa: E402
 import ftcomm.distributed  # noqa: E402,F401 - registers "ftcomm"
-from ftcomm import ReduceOp  # noqa: E402
+from ftcomm import ReduceOp, _dist_reduce_ops  # noqa: E402
 
 _AG_TENSOR = getattr(dist, "all_gather_into_tensor", None) or getattr(dist, "_all_gather_base")
 _RS_TENSOR = getattr(dist, "reduce_scatter_tensor", None) or getattr(dist, "_reduce_scatter_base")
@@ -186,7 +186,7 @@ def torch_premul_supported() -> bool:
     if make is None:
         return False
     try:
-        ftcomm.distributed._reduce_op(make(2.0))
+        _dist_reduce_ops.from_torch(make(2.0))
         return True
     except Exception:  # noqa: BLE001 - refused: not supported yet
         return False

@@ -123,17 +123,19 @@ def test_killed_rank_raises_a_dist_error_naming_it(group, store, name):
 
 
 def test_dist_errors_pickle():
-    """A CUDA Future pickles an exception set on it (to look for tensors):
-    DDP's comm hooks failed with "Can't pickle <class
-    'ftcomm.distributed.PeerFailedError'>". Each ftcomm error made a torch
-    distributed error is kept in ftcomm.distributed, so it pickles."""
+    """Every ftcomm error made a torch distributed error pickles (a CUDA
+    Future pickles an exception set on it, to look for tensors, as DDP's
+    comm hooks' futures are): its class is kept in the module it names
+    (ftcomm._dist_errors), and comes back the same class, message, kinds
+    and ranks."""
     import pickle
 
     import ftcomm.distributed as fd
+    from ftcomm._dist_errors import dist_error
     from ftcomm.errors import CommTimeoutError, PeerFailedError
     for err in (PeerFailedError("comm x: peer failed", kinds=("peer_failed",), ranks=(1,)),
                 CommTimeoutError("comm x: timeout", kinds=("timeout",))):
-        e = fd.dist_error(err)
+        e = dist_error(err)
         back = pickle.loads(pickle.dumps(e))
         assert type(back) is type(e)
         assert isinstance(back, fd.DistBackendError) and isinstance(back, type(err))
@@ -151,35 +153,35 @@ def test_reduce_op_decoding():
 
     import dist_workers
     import ftcomm
-    import ftcomm.distributed as fd
     from dist_workers import StateOp
+    from ftcomm._dist_reduce_ops import from_torch
     from ftcomm import RedOpType, ReduceOp
 
     R = dist.ReduceOp
-    assert fd._reduce_op(None) is ReduceOp.SUM
+    assert from_torch(None) is ReduceOp.SUM
     for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"):
-        assert fd._reduce_op(getattr(R, name)) is getattr(ReduceOp, name)
-        assert fd._reduce_op(getattr(R.RedOpType, name)) is getattr(ReduceOp, name)
-        assert fd._reduce_op(StateOp(None, getattr(R.RedOpType, name))) is getattr(ReduceOp, name)
-    assert fd._reduce_op(dist.AllreduceOptions().reduceOp) is ReduceOp.SUM
+        assert from_torch(getattr(R, name)) is getattr(ReduceOp, name)
+        assert from_torch(getattr(R.RedOpType, name)) is getattr(ReduceOp, name)
+        assert from_torch(StateOp(None, getattr(R.RedOpType, name))) is getattr(ReduceOp, name)
+    assert from_torch(dist.AllreduceOptions().reduceOp) is ReduceOp.SUM
 
-    a, b = fd._reduce_op(StateOp(2.0)), fd._reduce_op(StateOp(0.5))
+    a, b = from_torch(StateOp(2.0)), from_torch(StateOp(0.5))
     assert (a.type, a.factor, b.type, b.factor) == (RedOpType.PREMUL_SUM, 2.0, RedOpType.PREMUL_SUM, 0.5)
-    assert fd._reduce_op(StateOp(3)).factor == 3.0
+    assert from_torch(StateOp(3)).factor == 3.0
     f = torch.tensor([0.25])
-    assert fd._reduce_op(StateOp(f)).factor is f
+    assert from_torch(StateOp(f)).factor is f
     for bad in (torch.tensor([1.0, 2.0]), torch.tensor([2]), "2", None, True):
         with pytest.raises(ftcomm.InvalidArgumentError, match="PREMUL_SUM factor"):
-            fd._reduce_op(StateOp(bad))
+            from_torch(StateOp(bad))
 
     real = dist._make_nccl_premul_sum(2.0)
     if dist_workers.TORCH_OPS_PICKLE:
-        assert fd._reduce_op(real).factor == 2.0
-        t = fd._reduce_op(dist._make_nccl_premul_sum(torch.tensor(0.5))).factor
+        assert from_torch(real).factor == 2.0
+        t = from_torch(dist._make_nccl_premul_sum(torch.tensor(0.5))).factor
         assert isinstance(t, torch.Tensor) and float(t) == 0.5
     else:
         with pytest.raises(ftcomm.InvalidArgumentError) as e:
-            fd._reduce_op(real)
+            from_torch(real)
         msg = str(e.value)
         assert "PREMUL_SUM made by torch " + torch.__version__ in msg, msg
         assert "upgrade torch" in msg and "set_force_sum_reduction_for_comms(True)" in msg, msg
