@@ -41,12 +41,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ftcomm/ftcomm/coordinator/quorum"
-
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/ftcomm/ftcomm/coordinator"
+	"github.com/ftcomm/ftcomm/coordinator/quorum"
 	"github.com/ftcomm/ftcomm/etcdhost"
 	"github.com/ftcomm/ftcomm/membership"
 )
