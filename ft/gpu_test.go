@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/ftcomm/ftcomm/backends/nccl"
+	"github.com/ftcomm/ftcomm/backends/nccl/ncclsim"
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/coordinator/memcoord"
 	"github.com/ftcomm/ftcomm/recovery"
@@ -48,7 +49,7 @@ import (
 const gpuEnv = "FTCOMM_FT_GPU"
 
 // gpuOnly returns the loaded NCCL, or skips the test unless
-// FTCOMM_FT_GPU=1. FTCOMM_FT_GPU=sim runs the tests on nccl.Simulation
+// FTCOMM_FT_GPU=1. FTCOMM_FT_GPU=sim runs the tests on ncclsim.Simulation
 // instead (one simulated GPU per process), to check the tests themselves
 // where there is no GPU.
 func gpuOnly(t *testing.T) *nccl.Library {
@@ -56,7 +57,7 @@ func gpuOnly(t *testing.T) *nccl.Library {
 	switch os.Getenv(gpuEnv) {
 	case "1":
 	case "sim":
-		return nccl.NewSimulation(1).Library()
+		return simLibrary(t, ncclsim.New(1))
 	default:
 		t.Skipf("GPU test: set %s=1 on a machine with a GPU (ft/gpurun.sh)", gpuEnv)
 	}

@@ -21,13 +21,14 @@ import (
 	"github.com/ftcomm/ftcomm/backends/gloo"
 	"github.com/ftcomm/ftcomm/backends/nccl"
 	"github.com/ftcomm/ftcomm/backends/nccl/health"
+	"github.com/ftcomm/ftcomm/backends/nccl/ncclsim"
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/coordinator/memcoord"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
 // ft over the NCCL backend with the simulated NCCL and CUDA
-// (nccl.Simulation): each replica is a goroutine standing for a process
+// (ncclsim.Simulation): each replica is a goroutine standing for a process
 // with its own simulated GPU and its own nccl.Library; the data comms are
 // NCCL comms over device tensors, the control comms gloo over loopback,
 // membership the fake coordinator (membership's real quorum machine). The
@@ -40,7 +41,7 @@ import (
 type gpuJob struct {
 	t       *testing.T
 	coord   *memcoord.Coordinator
-	sim     *nccl.Simulation
+	sim     *ncclsim.Simulation
 	cfg     Config
 	nParams int
 	reg     *prometheus.Registry
@@ -52,8 +53,18 @@ type gpuJob struct {
 	all     []*gpuReplica   // every replica started, for the clean-up of a failed test
 }
 
+// simLibrary opens a nccl.Library on sim for one simulated process.
+func simLibrary(t testing.TB, sim *ncclsim.Simulation) *nccl.Library {
+	t.Helper()
+	lib, err := nccl.OpenSimulation(sim, nccl.LibraryConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lib
+}
+
 func newGPUJob(t *testing.T, devices, minReplicas int) *gpuJob {
-	j := &gpuJob{t: t, coord: memcoord.New("toy", quick()), sim: nccl.NewSimulation(devices), nParams: 2048,
+	j := &gpuJob{t: t, coord: memcoord.New("toy", quick()), sim: ncclsim.New(devices), nParams: 2048,
 		reg: prometheus.NewRegistry(), ledgers: map[int]*ledger{}}
 	ctl := gloo.DefaultConfig()
 	// Peers that die are aborted (their sockets close) by kill; a long
@@ -210,7 +221,7 @@ func (j *gpuJob) prepare(group string, groupRank, groupSize, dev int, poison boo
 	j.t.Helper()
 	id := memberID(group, groupRank)
 	r := &gpuReplica{t: j.t, j: j, id: id, groupRank: groupRank, groupSize: groupSize, dev: dev,
-		lib: j.sim.Library(), done: make(chan struct{}), changed: make(chan struct{})}
+		lib: simLibrary(j.t, j.sim), done: make(chan struct{}), changed: make(chan struct{})}
 	cfg := j.cfg
 	cfg.Group, cfg.GroupRank, cfg.GroupSize, cfg.Device = group, groupRank, groupSize, dev
 	cfg.Logger = zaptest.NewLogger(j.log).Named(id)
@@ -467,7 +478,7 @@ func (r *gpuReplica) train(ctx context.Context) {
 	}
 }
 
-func (r *gpuReplica) sim() *nccl.Simulation { return r.j.sim }
+func (r *gpuReplica) sim() *ncclsim.Simulation { return r.j.sim }
 
 // checkHealed compares the device state a heal left with what the
 // replicas that committed that step recorded.
@@ -1262,13 +1273,13 @@ func TestNCCLGroupStepsApartAreReported(t *testing.T) {
 // so that the grow that promotes it does not pay for that. The comm is
 // released, nothing else of the job is touched, and Close waits for it.
 func TestNCCLSpareWarmsUp(t *testing.T) {
-	sim := nccl.NewSimulation(1)
+	sim := ncclsim.New(1)
 	coord := memcoord.New("toy", quick())
 	t.Cleanup(coord.Close)
 	reg := prometheus.NewRegistry()
 	cfg := Config{Job: "toy", Group: "s", Backend: "nccl", ControlBackend: "gloo", Secret: []byte("k"), MinReplicas: 1,
 		Timeout: 10 * time.Second, Spare: true, Registerer: reg, Logger: zaptest.NewLogger(t),
-		BackendConfig: &nccl.Config{Library: sim.Library(), NVML: sim.NVML()}}
+		BackendConfig: &nccl.Config{Library: simLibrary(t, sim), NVML: sim.NVML()}}
 	cfg.Membership = coord.JoinSpare("s.0", "s", 1)
 	c, err := New(context.Background(), cfg)
 	if err != nil {

@@ -87,7 +87,7 @@ func TestHostCopier(t *testing.T) {
 func TestHostCopierInvalid(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", nil)
+	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", nil)
 	hc := copier(t, ranks[0])
 	dev, err := ranks[0].alloc(comm.Float32, 16) // 64 bytes
 	if err != nil {

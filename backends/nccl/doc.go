@@ -312,29 +312,24 @@
 //
 // # Simulation
 //
-// NewSimulation returns NCCL and the CUDA runtime simulated in Go memory:
-// a machine with some GPUs, whose Library drives this package's code
-// unchanged, so tests here and in other packages (ft's) run whole jobs of
-// GPU ranks in one process with no GPU. It models streams, nonblocking
-// comms and their polling rules, collectives, shrink, grow and split,
-// pinned copies and NVML (for WatchHealth, through Config.NVML); it
-// injects faults (Kill, Restart, KillDuring, InjectAsyncError,
-// StallCopies, InjectXid, AddECCErrors), reads and writes simulated device
-// memory (ReadDevice, WriteDevice), and collects the misuse the real
-// library would punish (Faults), which a test should fail on.
-//
-// The simulator (sim.go, sim_nvml.go, with go-nvml's mock) is built unless
-// the build tag ftcomm_nosim is set; release builds set it (python/setup.py's
-// libftcomm.so, deploy/build-image.sh's binaries), so no production binary
-// carries it. (Without the tag the linker drops it anyway from a binary
-// that never calls NewSimulation: no symbol of go-nvml's mock is in an
-// untagged libftcomm.so either.)
+// Package ncclsim simulates NCCL and the CUDA runtime in Go memory: a
+// machine with some GPUs, on which OpenSimulation opens a Library that
+// drives this package's code unchanged, so tests here and in other
+// packages (ft's) run whole jobs of GPU ranks in one process with no GPU.
+// It models streams, nonblocking comms, collectives, shrink, grow and
+// split, pinned copies and NVML, injects faults, and collects the misuse
+// the real library would punish. Only tests import ncclsim, so no
+// production binary links the simulation (nor go-nvml's mock); it plugs in
+// through OpenSimulation and the seam between this package and the
+// libraries it drives (internal/libapi: a small interface with two
+// implementations, dl.go's dlopen of libnccl and libcudart, and ncclsim's).
 //
 // # Tests on GPUs
 //
-// The unit tests run anywhere against the Simulation. The GPU tests skip unless FTCOMM_NCCL_GPU=1, and each skips on a machine with
-// fewer GPUs than it needs (one for the single-rank tests, two for most,
-// three for TestGPUShrinkSecondDeath). gpurun.sh builds and runs them:
+// The unit tests run anywhere against the simulation. The GPU tests skip
+// unless FTCOMM_NCCL_GPU=1, and each skips on a machine with fewer GPUs
+// than it needs (one for the single-rank tests, two for most, three for
+// TestGPUShrinkSecondDeath). gpurun.sh builds and runs them:
 //
 //	backends/nccl/gpurun.sh build <checkout>     # nccl.test, ncclbench, ftbench into <checkout>/.gpu/nccl
 //	bash .gpu/nccl/gpurun.sh run1                # on a host with one GPU, from the checkout's copy

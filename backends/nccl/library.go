@@ -217,8 +217,8 @@ func Open(cfg LibraryConfig) (*Library, error) {
 	if cp == "" {
 		cp = os.Getenv(EnvCUDARTLib)
 	}
-	if cfg.CopyStreams < 0 || cfg.CopyStreams > 64 {
-		return nil, fmt.Errorf("nccl: %w: CopyStreams %d outside [0, 64]", comm.ErrInvalidArgument, cfg.CopyStreams)
+	if err := checkCopyStreams(cfg.CopyStreams); err != nil {
+		return nil, err
 	}
 	if !cfg.LazyConnect && os.Getenv(envRuntimeConnect) == "" {
 		// Before NCCL's first comm, which is when NCCL reads it.
@@ -244,6 +244,47 @@ func Open(cfg LibraryConfig) (*Library, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+func checkCopyStreams(n int) error {
+	if n < 0 || n > 64 {
+		return fmt.Errorf("nccl: %w: CopyStreams %d outside [0, 64]", comm.ErrInvalidArgument, n)
+	}
+	return nil
+}
+
+// OpenSimulation returns a Library on sim, NCCL and the CUDA runtime
+// simulated in Go memory (a *ncclsim.Simulation), as Open returns one on
+// the real libraries: with cfg's CopyStreams and LazyConnect, logged to
+// cfg.Logger and registered with cfg.Registerer (the paths are ignored:
+// the version is the simulation's). Give each simulated process its own
+// Library, as each real process opens its own: a Library's copy pools
+// and its wait for abandoned copies are per process.
+//
+// It is the hook package ncclsim plugs into. Only tests import ncclsim,
+// so no production binary links the simulation; sim's type is internal
+// to backends/nccl, so ncclsim's is the one implementation.
+func OpenSimulation(sim libapi.Simulator, cfg LibraryConfig) (*Library, error) {
+	if err := checkCopyStreams(cfg.CopyStreams); err != nil {
+		return nil, err
+	}
+	l := simulatedLibrary(sim, cfg.CopyStreams, !cfg.LazyConnect)
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if err := l.announce(log, cfg.Registerer); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// simulatedLibrary is OpenSimulation's Library, neither checked nor
+// announced.
+func simulatedLibrary(sim libapi.Simulator, copyStreams int, eager bool) *Library {
+	l := newLibrary(sim.SimulatedLibrary(), "sim-libnccl", "sim-libcudart", copyStreams, eager)
+	l.info.NCCLSource = SourceSimulation
+	return l
 }
 
 // openNewest loads the newest libnccl search finds (chooseNCCL), trying

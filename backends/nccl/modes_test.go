@@ -29,7 +29,7 @@ func TestModes(t *testing.T) {
 			ctx := testCtx(t)
 			w := newFakeWorld(t, 3)
 			w.SetInProgressPolls(2)
-			ranks := startJob(t, ctx, w.Library(), devs(3), 1, "job", func(c *Config, o *comm.Options) { c.Mode = tc.mode })
+			ranks := startJob(t, ctx, simLibrary(w), devs(3), 1, "job", func(c *Config, o *comm.Options) { c.Mode = tc.mode })
 			if n := w.LiveComms(); n != 3*tc.commsPerRank {
 				t.Errorf("%d NCCL comms for 3 ranks, want %d", n, 3*tc.commsPerRank)
 			}
@@ -77,7 +77,7 @@ func TestCommBlockingEnvRefused(t *testing.T) {
 		{"0", ModeNonblocking, true}, {"1", ModeBlocking, true}, {"", ModeBlockingData, true},
 	} {
 		t.Setenv(envCommBlocking, tc.env)
-		c, err := New(testCtx(t), comm.Options{Rank: 0, Size: 1, BackendConfig: &Config{Library: w.Library(), Mode: tc.mode}})
+		c, err := New(testCtx(t), comm.Options{Rank: 0, Size: 1, BackendConfig: &Config{Library: simLibrary(w), Mode: tc.mode}})
 		if ok := err == nil; ok != tc.ok || (!ok && !errors.Is(err, comm.ErrInvalidArgument)) {
 			t.Errorf("%s=%q, mode %s: %v", envCommBlocking, tc.env, tc.mode, err)
 		}
@@ -99,7 +99,7 @@ func TestBlockingDataFailureShrink(t *testing.T) {
 	w := newFakeWorld(t, 3)
 	var joiner comm.Options // rank 0's, for the joiner of the grow below
 	var joinerCfg Config
-	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond
 		if o.Rank == 0 {
 			joiner, joinerCfg = *o, *c
@@ -124,7 +124,7 @@ func TestBlockingDataFailureShrink(t *testing.T) {
 		t.Errorf("the shrink to one rank split %d data comms, want none", n)
 	}
 	eventually(t, "the old data comm to be aborted", func() bool { return w.Calls("ncclCommAbort") > aborts })
-	eventually(t, "the old comm's stream to drain", func() bool { return w.streamIdle(old.stream) })
+	eventually(t, "the old comm's stream to drain", func() bool { return w.StreamIdle(uintptr(old.stream)) })
 	nb := nc.Backend().(*Backend)
 	if nb.data != nb.ctl || nb.dataBlocking {
 		t.Errorf("one-rank comm: data comm %#x (blocking %v), control comm %#x: want the control comm for both",
@@ -146,7 +146,7 @@ func TestBlockingDataFailureShrink(t *testing.T) {
 	}
 	// A replica comes back: grown to two ranks, the comm splits a data comm again.
 	joiner.Rank, joiner.Size, joiner.Epoch, joiner.Device, joiner.BackendConfig = 1, 2, 3, 2, &joinerCfg
-	grown := []*rank{{r: 0, L: w.Library(), dev: 0}, {r: 1, L: w.Library(), dev: 2}}
+	grown := []*rank{{r: 0, L: simLibrary(w), dev: 0}, {r: 1, L: simLibrary(w), dev: 2}}
 	each(t, grown, func(rk *rank) error {
 		var err error
 		if rk.r == 1 {
@@ -197,7 +197,7 @@ func TestNoHangWhenPeersDieDuringReconfiguration(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testCtx(t)
 			w := newFakeWorld(t, 3)
-			ranks := startJob(t, ctx, w.Library(), devs(3), 1, "job", func(c *Config, o *comm.Options) {
+			ranks := startJob(t, ctx, simLibrary(w), devs(3), 1, "job", func(c *Config, o *comm.Options) {
 				c.ReleaseTimeout = 50 * time.Millisecond
 			})
 			x, err := ranks[0].alloc(comm.Float32, 16)
@@ -246,7 +246,7 @@ func TestNoHangWhenPeersDieDuringReconfiguration(t *testing.T) {
 	t.Run("joiner dies in grow", func(t *testing.T) {
 		ctx := testCtx(t)
 		w := newFakeWorld(t, 2)
-		L := w.Library()
+		L := simLibrary(w)
 		store := memstore.New()
 		defer store.Close()
 		c, err := comm.New(ctx, "nccl", comm.Options{Name: "g", Rank: 0, Size: 1, Epoch: 1, Store: store,
@@ -278,7 +278,7 @@ func TestNoHangWhenPeersDieDuringReconfiguration(t *testing.T) {
 		store := memstore.New()
 		defer store.Close()
 		w.KillDuring("ncclCommSplit", 1)
-		L := w.Library()
+		L := simLibrary(w)
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), deadline)
@@ -306,7 +306,7 @@ func TestCreationReportsPhases(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 3)
 	w.SetInProgressPolls(2)
-	ranks := startJob(t, ctx, w.Library(), devs(3), 1, "job", nil)
+	ranks := startJob(t, ctx, simLibrary(w), devs(3), 1, "job", nil)
 	for _, rk := range ranks {
 		m := rk.c.Backend().(*Backend).Creation()
 		if m.How != "ncclCommInitRankConfig" || m.Call <= 0 || m.DataSplit <= 0 || m.WarmUp <= 0 ||

@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/backends/nccl/internal/libapi"
+	"github.com/ftcomm/ftcomm/backends/nccl/ncclsim"
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/memstore"
 	"github.com/ftcomm/ftcomm/internal/testutil"
 )
 
-// These tests run everywhere: the library is the Simulation (sim.go).
+// These tests run everywhere: the library is the simulation (package ncclsim).
 
 func testCtx(t *testing.T) context.Context { return testutil.Ctx(t, 60*time.Second) }
 
@@ -99,7 +100,7 @@ func TestVersionFeatures(t *testing.T) {
 		{22902, Features{Split: true, Shrink: true, Revoke: true, Grow: true, AllToAll: true, Gather: true, Scatter: true}},
 		{22605, Features{Split: true}},
 	} {
-		L := newFakeWorld(t, 1).WithVersion(tc.code, all...).Library()
+		L := simLibrary(newFakeWorld(t, 1).WithVersion(tc.code, all...))
 		if got := L.Info().Features; got != tc.want {
 			t.Errorf("NCCL %d: features %+v, want %+v", tc.code, got, tc.want)
 		}
@@ -111,7 +112,7 @@ func TestVersionFeatures(t *testing.T) {
 		t.Errorf("versionFromCode(2708) = %v", v)
 	}
 	// A library without symbols gets no features whatever its version.
-	L := newFakeWorld(t, 1).WithVersion(23000).Library()
+	L := simLibrary(newFakeWorld(t, 1).WithVersion(23000))
 	if got := L.Info().Features; got != (Features{}) {
 		t.Errorf("no symbols: %+v", got)
 	}
@@ -137,7 +138,7 @@ func TestRecord(t *testing.T) {
 func TestDeviceMemory(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	L := w.Library()
+	L := simLibrary(w)
 	buf, err := L.Alloc(1, 64)
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +215,7 @@ func TestCollectives(t *testing.T) {
 			if tc.ver != 0 {
 				w.WithVersion(tc.ver, tc.syms...)
 			}
-			ranks := startJob(t, ctx, w.Library(), devs(tc.size), 1, "job", func(c *Config, o *comm.Options) {
+			ranks := startJob(t, ctx, simLibrary(w), devs(tc.size), 1, "job", func(c *Config, o *comm.Options) {
 				c.DisableNativeCollectives = tc.force
 				o.Timeout = 10 * time.Second
 			})
@@ -231,7 +232,7 @@ func TestCollectives(t *testing.T) {
 func TestInvalidArguments(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", nil)
+	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", nil)
 	b := ranks[0].c.Backend().(*Backend)
 	other, err := ranks[1].alloc(comm.Float32, 4)
 	if err != nil {
@@ -271,7 +272,7 @@ func (l *Library) mustScratch(t *testing.T, dev int) comm.Tensor {
 
 // stuckAllReduce starts an all-reduce on rank 0 whose peer (rank 1, on a
 // killed device) never joins, and returns its Work once the op is running.
-func stuckAllReduce(t *testing.T, ctx context.Context, w *Simulation, ranks []*rank) (*comm.Work, *devBuf) {
+func stuckAllReduce(t *testing.T, ctx context.Context, w *ncclsim.Simulation, ranks []*rank) (*comm.Work, *devBuf) {
 	x, err := ranks[0].alloc(comm.Float32, 16)
 	if err != nil {
 		t.Fatal(err)
@@ -293,7 +294,7 @@ func stuckAllReduce(t *testing.T, ctx context.Context, w *Simulation, ranks []*r
 func TestRevokeThenShrink(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond // the dead rank's stream never drains
 	})
 	work, _ := stuckAllReduce(t, ctx, w, ranks)
@@ -322,7 +323,7 @@ func TestRevokeThenShrink(t *testing.T) {
 func TestDeadlineWithoutNotification(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond
 		o.Timeout = 100 * time.Millisecond
 	})
@@ -350,7 +351,7 @@ func TestPeerNeverPosts(t *testing.T) {
 	// cleanly, and the devices serve a new comm.
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	L := w.Library()
+	L := simLibrary(w)
 	ranks := startJob(t, ctx, L, devs(2), 1, "job", func(c *Config, o *comm.Options) { o.Timeout = 100 * time.Millisecond })
 	x, err := ranks[0].alloc(comm.Float32, 8)
 	if err != nil {
@@ -371,11 +372,11 @@ func TestPeerNeverPosts(t *testing.T) {
 func TestAsyncErrorFailsOp(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond
 	})
 	work, _ := stuckAllReduce(t, ctx, w, ranks)
-	w.injectAsyncError(0, libapi.RemoteError)
+	w.InjectAsyncError(0, int(libapi.RemoteError))
 	if err := work.Wait(ctx); !errors.Is(err, comm.ErrPeerFailed) {
 		t.Fatalf("op after ncclRemoteError: %v, want ErrPeerFailed", err)
 	}
@@ -384,7 +385,7 @@ func TestAsyncErrorFailsOp(t *testing.T) {
 func TestAbortDelay(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond
 		c.AbortDelay = 20 * time.Millisecond
 	})
@@ -415,7 +416,7 @@ func TestAbortDelay(t *testing.T) {
 func TestShrinkChoiceIsCollective(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 3)
-	ranks := startJob(t, ctx, w.Library(), devs(3), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, simLibrary(w), devs(3), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond
 		c.AbortDelay = 20 * time.Millisecond
 	})
@@ -449,7 +450,7 @@ func TestShrinkChoiceIsCollective(t *testing.T) {
 func TestNativeRevoke(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2).WithVersion(22809, "ncclCommSplit", "ncclCommShrink", "ncclCommRevoke", "ncclAlltoAll", "ncclGather", "ncclScatter")
-	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.Revoke = RevokeNative
 		c.ReleaseTimeout = 50 * time.Millisecond
 	})
@@ -476,7 +477,7 @@ func TestNativeRevoke(t *testing.T) {
 func TestNativeRevokeUnavailableAborts(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.Revoke = RevokeNative
 		c.ReleaseTimeout = 50 * time.Millisecond
 	})
@@ -501,7 +502,7 @@ func TestShrinkHealthyAndFallback(t *testing.T) {
 		t.Run(map[bool]string{false: "native", true: "fallback"}[fallback], func(t *testing.T) {
 			ctx := testCtx(t)
 			w := newFakeWorld(t, 3)
-			ranks := startJob(t, ctx, w.Library(), devs(3), 1, "job", func(c *Config, o *comm.Options) {
+			ranks := startJob(t, ctx, simLibrary(w), devs(3), 1, "job", func(c *Config, o *comm.Options) {
 				c.DisableNativeShrink = fallback
 			})
 			inits := w.Calls("ncclCommInitRankConfig")
@@ -572,14 +573,14 @@ func TestGrowChoiceIsCollective(t *testing.T) {
 // with ncclCommGrow, when native), lets prepare act on it, grows it to 3
 // ranks at epoch 2 with a joiner as rank 2 and runs the collective suite
 // on the result.
-func growJob(t *testing.T, native bool, cfg func(r int, c *Config), prepare func(ranks []*rank)) (*Simulation, []*rank) {
+func growJob(t *testing.T, native bool, cfg func(r int, c *Config), prepare func(ranks []*rank)) (*ncclsim.Simulation, []*rank) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 3)
 	if native {
 		w.WithVersion(22902, "ncclCommSplit", "ncclCommShrink", "ncclCommRevoke", "ncclCommGrow", "ncclCommGetUniqueId",
 			"ncclAlltoAll", "ncclGather", "ncclScatter")
 	}
-	L := w.Library()
+	L := simLibrary(w)
 	store := memstore.New()
 	t.Cleanup(func() { store.Close() })
 	opts := func(r, size int, epoch uint64) comm.Options {
@@ -622,7 +623,7 @@ func growJob(t *testing.T, native bool, cfg func(r int, c *Config), prepare func
 func TestSplit(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 4)
-	ranks := startJob(t, ctx, w.Library(), devs(4), 1, "job", nil)
+	ranks := startJob(t, ctx, simLibrary(w), devs(4), 1, "job", nil)
 	subs := make([]*comm.Comm, 4)
 	each(t, ranks, func(rk *rank) error {
 		color := rk.r % 2
@@ -650,11 +651,11 @@ func TestInitWaitsForRankZero(t *testing.T) {
 	w := newFakeWorld(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	_, err := New(ctx, comm.Options{Rank: 1, Size: 2, Store: memstore.New(), Device: 1, BackendConfig: &Config{Library: w.Library()}})
+	_, err := New(ctx, comm.Options{Rank: 1, Size: 2, Store: memstore.New(), Device: 1, BackendConfig: &Config{Library: simLibrary(w)}})
 	if !errors.Is(err, comm.ErrTimeout) {
 		t.Fatalf("init without rank 0: %v, want ErrTimeout", err)
 	}
-	if _, err := New(context.Background(), comm.Options{Rank: 0, Size: 1, Device: 7, BackendConfig: &Config{Library: w.Library()}}); !errors.Is(err, comm.ErrInvalidArgument) {
+	if _, err := New(context.Background(), comm.Options{Rank: 0, Size: 1, Device: 7, BackendConfig: &Config{Library: simLibrary(w)}}); !errors.Is(err, comm.ErrInvalidArgument) {
 		t.Errorf("device 7 of 2: %v", err)
 	}
 }
@@ -662,7 +663,7 @@ func TestInitWaitsForRankZero(t *testing.T) {
 func TestConcurrentCloseAndAbort(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond
 	})
 	work, _ := stuckAllReduce(t, ctx, w, ranks)

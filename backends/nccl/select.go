@@ -46,7 +46,7 @@ const (
 	// given the soname libnccl.so.2 and the loader chose (in a process
 	// that already holds a libnccl.so.2, PyTorch's for instance, that one).
 	SourceLoader NCCLSource = "loader"
-	// SourceSimulation: the Simulation.
+	// SourceSimulation: a simulation (OpenSimulation).
 	SourceSimulation NCCLSource = "simulation"
 )
 

@@ -456,7 +456,7 @@ func TestRecoveryGate(t *testing.T) {
 		{22809, []string{"ncclCommRevoke"}, RecoveryFreshInit},
 		{22809, nil, RecoveryFreshInit},
 	} {
-		L := newFakeWorld(t, 1).WithVersion(tc.code, tc.syms...).Library()
+		L := simLibrary(newFakeWorld(t, 1).WithVersion(tc.code, tc.syms...))
 		if got := L.Info().Recovery; got != tc.want {
 			t.Errorf("NCCL %d with %v: %s, want %s", tc.code, tc.syms, got, tc.want)
 		}
@@ -492,7 +492,7 @@ func TestRevokeAuto(t *testing.T) {
 			ctx := testCtx(t)
 			w := newFakeWorld(t, 2).WithVersion(tc.code, "ncclCommSplit", "ncclCommShrink", "ncclCommRevoke",
 				"ncclAlltoAll", "ncclGather", "ncclScatter")
-			ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+			ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 				c.Revoke = RevokeAuto
 				c.ReleaseTimeout = 50 * time.Millisecond
 			})
@@ -535,11 +535,11 @@ func TestLibraryReported(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	w := newFakeWorld(t, 1).WithVersion(22809, "ncclCommShrink", "ncclCommRevoke", "ncclCommSplit")
 	cfg := LibraryConfig{Logger: zap.New(core), Registerer: reg}
-	L, err := w.LibraryWith(cfg)
+	L, err := OpenSimulation(w, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.LibraryWith(cfg); err != nil {
+	if _, err := OpenSimulation(w, cfg); err != nil {
 		t.Fatalf("the same library registered twice: %v", err)
 	}
 	mfs, err := reg.Gather()

@@ -12,7 +12,7 @@ import (
 	"github.com/ftcomm/ftcomm/comm"
 )
 
-// The Simulation's own API, as other packages use it: a killed process,
+// ncclsim.Simulation's own API, as other packages use it: a killed process,
 // a new one on its GPU, device memory read and written directly, NVML.
 
 // A rank's process dies mid-all-reduce; the survivor shrinks; a new
@@ -21,7 +21,7 @@ import (
 func TestSimulationKillRestart(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", nil)
+	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", nil)
 	x, err := ranks[0].alloc(comm.Float32, 16)
 	if err != nil {
 		t.Fatal(err)
@@ -69,14 +69,14 @@ func TestSimulationKillRestart(t *testing.T) {
 	}
 	x.b.Free()
 
-	again := startJob(t, ctx, w.Library(), devs(2), 3, "job2", nil)
+	again := startJob(t, ctx, simLibrary(w), devs(2), 3, "job2", nil)
 	collectiveSuite(t, ctx, again, []comm.DType{comm.Float32}, 8, 3)
 }
 
 func TestSimulationDeviceMemory(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	L := w.Library()
+	L := simLibrary(w)
 	b, err := L.Alloc(1, 64)
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +118,7 @@ func TestSimulationDeviceMemory(t *testing.T) {
 func TestSimulationNVML(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.NVML = w.NVML()
 		c.Health = health.Config{PollInterval: 5 * time.Millisecond, EventWait: 5 * time.Millisecond}
 	})

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/backends/nccl/ncclsim"
 	"github.com/ftcomm/ftcomm/comm"
 )
 
@@ -15,7 +16,7 @@ import (
 func TestStreamOrder(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	L := w.Library()
+	L := simLibrary(w)
 	ranks := startJob(t, ctx, L, devs(2), 1, "job", nil)
 	bufs := make([]*devBuf, 2)
 	for i, rk := range ranks {
@@ -107,7 +108,7 @@ func TestStreamOrder(t *testing.T) {
 func TestStreamOrderDeadline(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	L := w.Library()
+	L := simLibrary(w)
 	ranks := startJob(t, ctx, L, devs(2), 1, "job", nil)
 	buf, err := ranks[0].alloc(comm.Float32, 4)
 	if err != nil {
@@ -139,8 +140,8 @@ func TestStreamOrderDeadline(t *testing.T) {
 // A stream the comm cannot use is refused before anything is enqueued.
 func TestStreamOrderBadStream(t *testing.T) {
 	ctx := testCtx(t)
-	w := NewSimulation(1)
-	ranks := startJob(t, ctx, w.Library(), devs(1), 1, "job", nil)
+	w := ncclsim.New(1)
+	ranks := startJob(t, ctx, simLibrary(w), devs(1), 1, "job", nil)
 	buf, err := ranks[0].alloc(comm.Float32, 4)
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +160,7 @@ func TestStreamOrderBadStream(t *testing.T) {
 func TestCloseSettlesOrderedOps(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	L := w.Library()
+	L := simLibrary(w)
 	ranks := startJob(t, ctx, L, devs(2), 1, "job", nil)
 	bufs := make([]*devBuf, 2)
 	for i, rk := range ranks {
@@ -214,7 +215,7 @@ func TestCloseSettlesOrderedOps(t *testing.T) {
 func TestCloseReportsUnsettledOrderedOps(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
-	L := w.Library()
+	L := simLibrary(w)
 	ranks := startJob(t, ctx, L, devs(2), 1, "job", nil)
 	buf, err := ranks[0].alloc(comm.Float32, 4)
 	if err != nil {

@@ -87,7 +87,7 @@ func TestWatchHealth(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 2)
 	m := newNVMLMachine(2)
-	ranks := startJob(t, ctx, w.Library(), devs(2), 1, "job", func(c *Config, o *comm.Options) {
+	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.NVML = m.lib()
 		c.Health = health.Config{PollInterval: 5 * time.Millisecond, EventWait: 5 * time.Millisecond}
 	})
@@ -151,7 +151,7 @@ func TestWatchHealthErrors(t *testing.T) {
 	m := newNVMLMachine(1)
 	lib := m.lib()
 	lib.InitFunc = func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }
-	ranks := startJob(t, ctx, w.Library(), devs(1), 1, "job", func(c *Config, o *comm.Options) { c.NVML = lib })
+	ranks := startJob(t, ctx, simLibrary(w), devs(1), 1, "job", func(c *Config, o *comm.Options) { c.NVML = lib })
 	hw := ranks[0].c.Backend().(comm.HealthWatcher)
 	if err := hw.WatchHealth(ctx, func(comm.HealthEvent) {}); !errors.Is(err, comm.ErrBackendUnavailable) {
 		t.Errorf("without NVML: %v, want ErrBackendUnavailable", err)

@@ -301,3 +301,11 @@ type CUDAError struct {
 func (e *CUDAError) Error() string {
 	return fmt.Sprintf("nccl: %s: cuda error %d: %s", e.Op, e.Code, e.Msg)
 }
+
+// Simulator is NCCL and the CUDA runtime simulated in Go memory (package
+// ncclsim's Simulation), which nccl.OpenSimulation drives in place of the
+// real libraries.
+type Simulator interface {
+	// SimulatedLibrary is the simulation as the libraries nccl drives.
+	SimulatedLibrary() Library
+}

@@ -1,6 +1,4 @@
-//go:build !ftcomm_nosim
-
-package nccl
+package ncclsim
 
 import (
 	"fmt"

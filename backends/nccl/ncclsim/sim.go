@@ -1,6 +1,4 @@
-//go:build !ftcomm_nosim
-
-package nccl
+package ncclsim
 
 import (
 	"context"
@@ -11,22 +9,20 @@ import (
 	"sync"
 	"unsafe"
 
-	"go.uber.org/zap"
-
 	"github.com/ftcomm/ftcomm/backends/nccl/internal/libapi"
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/reduce"
 )
 
 // Simulation is NCCL and the CUDA runtime simulated in Go memory, for
-// tests that run without a GPU (the package's own, and those of packages
+// tests that run without a GPU (package nccl's own, and those of packages
 // built on it, such as ft's): a machine with some GPUs whose device memory
-// is Go byte slices at made-up addresses. Library returns a *Library that
-// drives it exactly as Open's drives the real libraries, so every comm,
-// copy and health watch of this package works on it unchanged. In the
-// style of memberlist's MockNetwork and go-nvml's mock package, it is an
-// ordinary exported type, so that other packages can run whole jobs of
-// GPU ranks in one process.
+// is Go byte slices at made-up addresses. nccl.OpenSimulation returns a
+// *nccl.Library that drives it exactly as nccl.Open's drives the real
+// libraries, so every comm, copy and health watch of package nccl works
+// on it unchanged. In the style of memberlist's MockNetwork and go-nvml's
+// mock package, it is an ordinary exported type, so that other packages'
+// tests can run whole jobs of GPU ranks in one process.
 //
 // What it models:
 //
@@ -101,7 +97,18 @@ type Simulation struct {
 	nvml *simNVML // made by the first NVML call
 }
 
-var _ libapi.Library = (*Simulation)(nil)
+// library is a Simulation as package nccl sees it: the libapi.Library
+// that nccl.OpenSimulation drives. Its methods are the NCCL and CUDA
+// runtime calls; they are not Simulation's, so that a test reaches the
+// simulated GPUs as a process does, through a nccl.Library, besides the
+// Simulation's own methods that inject faults and inspect its state.
+type library struct{ *Simulation }
+
+var _ libapi.Library = library{}
+
+// SimulatedLibrary returns w as NCCL and the CUDA runtime, for
+// nccl.OpenSimulation (it makes w a libapi.Simulator).
+func (w *Simulation) SimulatedLibrary() libapi.Library { return library{w} }
 
 type simGrowCell struct {
 	cell libapi.Cell
@@ -178,9 +185,9 @@ type simItem interface {
 	step(w *Simulation) bool
 }
 
-// NewSimulation returns a machine with devices simulated GPUs (CUDA
+// New returns a machine with devices simulated GPUs (CUDA
 // ordinals 0 … devices-1) and NCCL 2.28.3.
-func NewSimulation(devices int) *Simulation {
+func New(devices int) *Simulation {
 	w := &Simulation{
 		ver: 22803, nDev: devices, inProgressPolls: 1, next: 0x1000,
 		syms: map[string]bool{"ncclGetLastError": true, "ncclCommSplit": true, "ncclCommShrink": true,
@@ -197,7 +204,7 @@ func NewSimulation(devices int) *Simulation {
 // WithVersion sets the NCCL version code (major*10000+minor*100+patch) and
 // the optional entry points present (e.g. "ncclCommShrink",
 // "ncclCommRevoke", "ncclCommGrow", "ncclCommGetUniqueId"), replacing the
-// defaults. Call it before making a Library. It returns w.
+// defaults. Call it before opening a Library on w. It returns w.
 func (w *Simulation) WithVersion(code int, symbols ...string) *Simulation {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -215,36 +222,6 @@ func (w *Simulation) SetInProgressPolls(n int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.inProgressPolls = n
-}
-
-// Library returns a new Library on the simulation, as Open returns one on
-// the real libraries (with eager connection set-up and the default copy
-// streams). Give each simulated process its own, as each real process has
-// its own: a Library's copy pools and its wait for abandoned copies are
-// per process.
-func (w *Simulation) Library() *Library {
-	l := newLibrary(w, "sim-libnccl", "sim-libcudart", 0, true)
-	l.info.NCCLSource = SourceSimulation
-	return l
-}
-
-// LibraryWith is Library with cfg's CopyStreams and LazyConnect; it logs
-// the library to cfg.Logger and registers its metric with cfg.Registerer
-// as Open does (paths are ignored: the version is WithVersion's).
-func (w *Simulation) LibraryWith(cfg LibraryConfig) (*Library, error) {
-	if cfg.CopyStreams < 0 || cfg.CopyStreams > 64 {
-		return nil, fmt.Errorf("nccl: %w: CopyStreams %d outside [0, 64]", comm.ErrInvalidArgument, cfg.CopyStreams)
-	}
-	l := newLibrary(w, "sim-libnccl", "sim-libcudart", cfg.CopyStreams, !cfg.LazyConnect)
-	l.info.NCCLSource = SourceSimulation
-	log := cfg.Logger
-	if log == nil {
-		log = zap.NewNop()
-	}
-	if err := l.announce(log, cfg.Registerer); err != nil {
-		return nil, err
-	}
-	return l, nil
 }
 
 // Devices is the number of simulated GPUs.
@@ -321,7 +298,7 @@ func (w *Simulation) AwaitQueued(ctx context.Context, dev int) error {
 			}
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("nccl: simulation: no collective queued on GPU %d: %w", dev, context.Cause(ctx))
+			return fmt.Errorf("ncclsim: no collective queued on GPU %d: %w", dev, context.Cause(ctx))
 		}
 		w.cond.Wait()
 	}
@@ -389,7 +366,13 @@ func (w *Simulation) Restart(dev int) {
 // InjectAsyncError makes every live comm on GPU dev report the
 // ncclResult_t code (e.g. 6, ncclRemoteError) from ncclCommGetAsyncError.
 func (w *Simulation) InjectAsyncError(dev int, code int) {
-	w.injectAsyncError(dev, libapi.Result(code))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, c := range w.comms {
+		if c.dev == dev {
+			c.state, c.pending = libapi.Result(code), nil
+		}
+	}
 }
 
 // ReadDevice returns a copy of the bytes of device tensor t, read directly
@@ -415,7 +398,7 @@ func (w *Simulation) WriteDevice(t comm.Tensor, p []byte) error {
 		return err
 	}
 	if len(p) > len(m) {
-		return fmt.Errorf("nccl: simulation: %w: %d bytes into a %d-byte tensor", comm.ErrInvalidArgument, len(p), len(m))
+		return fmt.Errorf("ncclsim: %w: %d bytes into a %d-byte tensor", comm.ErrInvalidArgument, len(p), len(m))
 	}
 	copy(m, p)
 	return nil
@@ -424,7 +407,7 @@ func (w *Simulation) WriteDevice(t comm.Tensor, p []byte) error {
 // lookup returns the simulated memory of device tensor t.
 func (w *Simulation) lookup(t comm.Tensor) ([]byte, error) {
 	if !t.IsDevice() {
-		return nil, fmt.Errorf("nccl: simulation: %w: %s is not a device tensor", comm.ErrInvalidArgument, t)
+		return nil, fmt.Errorf("ncclsim: %w: %s is not a device tensor", comm.ErrInvalidArgument, t)
 	}
 	n, p := t.NumBytes(), t.Ptr()
 	for _, a := range w.allocs {
@@ -433,7 +416,7 @@ func (w *Simulation) lookup(t comm.Tensor) ([]byte, error) {
 			return a.mem[off : off+uintptr(n)], nil
 		}
 	}
-	return nil, fmt.Errorf("nccl: simulation: %w: %s is not allocated memory of device %d", comm.ErrInvalidArgument, t, t.Device())
+	return nil, fmt.Errorf("ncclsim: %w: %s is not allocated memory of device %d", comm.ErrInvalidArgument, t, t.Device())
 }
 
 func (w *Simulation) faultf(format string, args ...any) {
@@ -453,22 +436,13 @@ func (w *Simulation) dies(c *simComm, name string) bool {
 	return true
 }
 
-// injectAsyncError makes every live comm on dev report r.
-func (w *Simulation) injectAsyncError(dev int, r libapi.Result) {
+// StreamIdle reports whether CUDA stream s (the cudaStream_t a comm or a
+// copy holds) has nothing queued, or was destroyed, after advancing it as
+// a poll would.
+func (w *Simulation) StreamIdle(s uintptr) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, c := range w.comms {
-		if c.dev == dev {
-			c.state, c.pending = r, nil
-		}
-	}
-}
-
-// streamIdle reports whether s has nothing queued (or was destroyed).
-func (w *Simulation) streamIdle(s libapi.Stream) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	st := w.streams[s]
+	st := w.streams[libapi.Stream(s)]
 	if st == nil {
 		return true
 	}
@@ -498,10 +472,10 @@ func (w *Simulation) mem(p uintptr, n int, what string) []byte {
 
 // ---- libapi.NCCL ----
 
-func (w *Simulation) Version() int               { return w.ver }
-func (w *Simulation) HasSymbol(name string) bool { return w.syms[name] }
+func (w library) Version() int               { return w.ver }
+func (w library) HasSymbol(name string) bool { return w.syms[name] }
 
-func (w *Simulation) GetUniqueID(id *libapi.UniqueID) libapi.Result {
+func (w library) GetUniqueID(id *libapi.UniqueID) libapi.Result {
 	if _, err := rand.Read(id[:]); err != nil {
 		return libapi.SystemError
 	}
@@ -545,7 +519,7 @@ func (w *Simulation) settleLater(c *simComm, ready func() bool, done func() liba
 	return libapi.InProgress
 }
 
-func (w *Simulation) CommInitRank(dev int, out libapi.Cell, nranks int, id *libapi.UniqueID, rank int, cfg libapi.CommConfig) libapi.Result {
+func (w library) CommInitRank(dev int, out libapi.Cell, nranks int, id *libapi.UniqueID, rank int, cfg libapi.CommConfig) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["ncclCommInitRankConfig"]++
@@ -588,7 +562,7 @@ func (w *Simulation) comm(h libapi.Comm, what string) *simComm {
 	return c
 }
 
-func (w *Simulation) CommGetAsyncError(h libapi.Comm) (async, r libapi.Result) {
+func (w library) CommGetAsyncError(h libapi.Comm) (async, r libapi.Result) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	c := w.comm(h, "ncclCommGetAsyncError")
@@ -611,7 +585,7 @@ func (w *Simulation) CommGetAsyncError(h libapi.Comm) (async, r libapi.Result) {
 	return c.state, libapi.Success
 }
 
-func (w *Simulation) CommCount(h libapi.Comm) (int, libapi.Result) {
+func (w library) CommCount(h libapi.Comm) (int, libapi.Result) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if c := w.comm(h, "ncclCommCount"); c != nil {
@@ -620,7 +594,7 @@ func (w *Simulation) CommCount(h libapi.Comm) (int, libapi.Result) {
 	return 0, libapi.InvalidArgument
 }
 
-func (w *Simulation) CommUserRank(h libapi.Comm) (int, libapi.Result) {
+func (w library) CommUserRank(h libapi.Comm) (int, libapi.Result) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if c := w.comm(h, "ncclCommUserRank"); c != nil {
@@ -644,7 +618,7 @@ func (w *Simulation) outstanding(c *simComm) bool {
 	return false
 }
 
-func (w *Simulation) CommAbort(h libapi.Comm) libapi.Result {
+func (w library) CommAbort(h libapi.Comm) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["ncclCommAbort"]++
@@ -660,7 +634,7 @@ func (w *Simulation) CommAbort(h libapi.Comm) libapi.Result {
 	return libapi.Success
 }
 
-func (w *Simulation) CommRevoke(h libapi.Comm) libapi.Result {
+func (w library) CommRevoke(h libapi.Comm) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["ncclCommRevoke"]++
@@ -684,7 +658,7 @@ func (w *Simulation) reconfRdv(c *simComm, want int) *simRdv {
 	return rdv
 }
 
-func (w *Simulation) CommShrink(h libapi.Comm, exclude []int32, out libapi.Cell, flags int) libapi.Result {
+func (w library) CommShrink(h libapi.Comm, exclude []int32, out libapi.Cell, flags int) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	name := "ncclCommShrink"
@@ -747,7 +721,7 @@ func (w *Simulation) CommShrink(h libapi.Comm, exclude []int32, out libapi.Cell,
 	})
 }
 
-func (w *Simulation) CommSplit(h libapi.Comm, color, key int, out libapi.Cell, cfg libapi.SplitConfig) libapi.Result {
+func (w library) CommSplit(h libapi.Comm, color, key int, out libapi.Cell, cfg libapi.SplitConfig) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["ncclCommSplit"]++
@@ -809,7 +783,7 @@ func (w *Simulation) CommSplit(h libapi.Comm, color, key int, out libapi.Cell, c
 	})
 }
 
-func (w *Simulation) CommGetUniqueID(h libapi.Comm, id *libapi.UniqueID) libapi.Result {
+func (w library) CommGetUniqueID(h libapi.Comm, id *libapi.UniqueID) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	c := w.comm(h, "ncclCommGetUniqueId")
@@ -828,7 +802,7 @@ func (w *Simulation) CommGetUniqueID(h libapi.Comm, id *libapi.UniqueID) libapi.
 	return libapi.Success
 }
 
-func (w *Simulation) CommGrow(dev int, h libapi.Comm, nranks int, id *libapi.UniqueID, rank int, out libapi.Cell, cfg libapi.CommConfig) libapi.Result {
+func (w library) CommGrow(dev int, h libapi.Comm, nranks int, id *libapi.UniqueID, rank int, out libapi.Cell, cfg libapi.CommConfig) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["ncclCommGrow"]++
@@ -889,12 +863,12 @@ func (w *Simulation) CommGrow(dev int, h libapi.Comm, nranks int, id *libapi.Uni
 	return libapi.InProgress
 }
 
-func (w *Simulation) ErrorString(r libapi.Result) string { return "sim: " + r.String() }
-func (w *Simulation) LastError(c libapi.Comm) string {
+func (w library) ErrorString(r libapi.Result) string { return "sim: " + r.String() }
+func (w library) LastError(c libapi.Comm) string {
 	return ""
 }
 
-func (w *Simulation) NewCell() libapi.Cell {
+func (w library) NewCell() libapi.Cell {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	cell := libapi.Cell(w.handle())
@@ -902,7 +876,7 @@ func (w *Simulation) NewCell() libapi.Cell {
 	return cell
 }
 
-func (w *Simulation) LoadCell(cell libapi.Cell) libapi.Comm {
+func (w library) LoadCell(cell libapi.Cell) libapi.Comm {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i, gc := range w.growCells {
@@ -915,7 +889,7 @@ func (w *Simulation) LoadCell(cell libapi.Cell) libapi.Comm {
 	return w.cells[cell]
 }
 
-func (w *Simulation) FreeCell(cell libapi.Cell) {
+func (w library) FreeCell(cell libapi.Cell) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.cells, cell)
@@ -923,11 +897,11 @@ func (w *Simulation) FreeCell(cell libapi.Cell) {
 
 // ---- enqueue ----
 
-func (w *Simulation) Enqueue(dev int, h libapi.Comm, s libapi.Stream, a *libapi.CollArgs) libapi.Result {
+func (w library) Enqueue(dev int, h libapi.Comm, s libapi.Stream, a *libapi.CollArgs) libapi.Result {
 	return w.Group(dev, h, s, []libapi.CollArgs{*a})
 }
 
-func (w *Simulation) Group(dev int, h libapi.Comm, s libapi.Stream, ops []libapi.CollArgs) libapi.Result {
+func (w library) Group(dev int, h libapi.Comm, s libapi.Stream, ops []libapi.CollArgs) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, a := range ops {
@@ -1211,9 +1185,9 @@ func (w *Simulation) progress(s *simStream) {
 
 // ---- libapi.CUDA ----
 
-func (w *Simulation) RuntimeVersion() int { return 13000 }
-func (w *Simulation) DriverVersion() int  { return 13000 }
-func (w *Simulation) DeviceCount() (int, error) {
+func (w library) RuntimeVersion() int { return 13000 }
+func (w library) DriverVersion() int  { return 13000 }
+func (w library) DeviceCount() (int, error) {
 	return w.nDev, nil
 }
 
@@ -1224,7 +1198,7 @@ func (w *Simulation) checkDev(dev int) error {
 	return nil
 }
 
-func (w *Simulation) Malloc(dev int, n int) (uintptr, error) {
+func (w library) Malloc(dev int, n int) (uintptr, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := w.checkDev(dev); err != nil {
@@ -1237,7 +1211,7 @@ func (w *Simulation) Malloc(dev int, n int) (uintptr, error) {
 	return base, nil
 }
 
-func (w *Simulation) Free(dev int, p uintptr) error {
+func (w library) Free(dev int, p uintptr) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if a := w.allocs[p]; a == nil || a.dev != dev {
@@ -1331,7 +1305,7 @@ func (it *simHostCopyItem) step(w *Simulation) bool {
 	return true
 }
 
-func (w *Simulation) CopyHtoD(dev int, dst uintptr, src []byte, s libapi.Stream) error {
+func (w library) CopyHtoD(dev int, dst uintptr, src []byte, s libapi.Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st, err := w.stream(dev, s, "cudaMemcpyAsync")
@@ -1349,7 +1323,7 @@ func (w *Simulation) CopyHtoD(dev int, dst uintptr, src []byte, s libapi.Stream)
 	return nil
 }
 
-func (w *Simulation) CopyDtoH(dev int, dst []byte, src uintptr, s libapi.Stream) error {
+func (w library) CopyDtoH(dev int, dst []byte, src uintptr, s libapi.Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st, err := w.stream(dev, s, "cudaMemcpyAsync")
@@ -1371,7 +1345,7 @@ func (w *Simulation) CopyDtoH(dev int, dst []byte, src uintptr, s libapi.Stream)
 	return nil
 }
 
-func (w *Simulation) CopyDtoD(dev int, dst, src uintptr, n int, s libapi.Stream) error {
+func (w library) CopyDtoD(dev int, dst, src uintptr, n int, s libapi.Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st, err := w.stream(dev, s, "cudaMemcpyAsync")
@@ -1382,7 +1356,7 @@ func (w *Simulation) CopyDtoD(dev int, dst, src uintptr, n int, s libapi.Stream)
 	return nil
 }
 
-func (w *Simulation) Memset(dev int, p uintptr, v byte, n int, s libapi.Stream) error {
+func (w library) Memset(dev int, p uintptr, v byte, n int, s libapi.Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if _, err := w.stream(dev, s, "cudaMemsetAsync"); err != nil {
@@ -1395,7 +1369,7 @@ func (w *Simulation) Memset(dev int, p uintptr, v byte, n int, s libapi.Stream) 
 	return nil
 }
 
-func (w *Simulation) HostAlloc(dev int, n int) ([]byte, error) {
+func (w library) HostAlloc(dev int, n int) ([]byte, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := w.checkDev(dev); err != nil {
@@ -1410,7 +1384,7 @@ func (w *Simulation) HostAlloc(dev int, n int) ([]byte, error) {
 	return buf, nil
 }
 
-func (w *Simulation) HostFree(buf []byte) error {
+func (w library) HostFree(buf []byte) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	pa := w.pinned[unsafe.SliceData(buf)]
@@ -1431,14 +1405,14 @@ func (w *Simulation) HostFree(buf []byte) error {
 	return nil
 }
 
-func (w *Simulation) PCIBusID(dev int) (string, error) {
+func (w library) PCIBusID(dev int) (string, error) {
 	if err := w.checkDev(dev); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("0000:%02x:00.0", simBus(dev)), nil
 }
 
-func (w *Simulation) StreamCreate(dev int) (libapi.Stream, error) {
+func (w library) StreamCreate(dev int) (libapi.Stream, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := w.checkDev(dev); err != nil {
@@ -1449,7 +1423,7 @@ func (w *Simulation) StreamCreate(dev int) (libapi.Stream, error) {
 	return s, nil
 }
 
-func (w *Simulation) StreamDestroy(dev int, s libapi.Stream) error {
+func (w library) StreamDestroy(dev int, s libapi.Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st, err := w.stream(dev, s, "cudaStreamDestroy")
@@ -1463,7 +1437,7 @@ func (w *Simulation) StreamDestroy(dev int, s libapi.Stream) error {
 	return nil
 }
 
-func (w *Simulation) StreamQuery(dev int, s libapi.Stream) (bool, error) {
+func (w library) StreamQuery(dev int, s libapi.Stream) (bool, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st, err := w.stream(dev, s, "cudaStreamQuery")
@@ -1474,7 +1448,7 @@ func (w *Simulation) StreamQuery(dev int, s libapi.Stream) (bool, error) {
 	return len(st.items) == 0, nil
 }
 
-func (w *Simulation) EventCreate(dev int, timing bool) (libapi.Event, error) {
+func (w library) EventCreate(dev int, timing bool) (libapi.Event, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ev := libapi.Event(w.handle())
@@ -1482,14 +1456,14 @@ func (w *Simulation) EventCreate(dev int, timing bool) (libapi.Event, error) {
 	return ev, nil
 }
 
-func (w *Simulation) EventDestroy(dev int, ev libapi.Event) error {
+func (w library) EventDestroy(dev int, ev libapi.Event) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.events, ev)
 	return nil
 }
 
-func (w *Simulation) EventRecord(dev int, ev libapi.Event, s libapi.Stream) error {
+func (w library) EventRecord(dev int, ev libapi.Event, s libapi.Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st, err := w.stream(dev, s, "cudaEventRecord")
@@ -1503,7 +1477,7 @@ func (w *Simulation) EventRecord(dev int, ev libapi.Event, s libapi.Stream) erro
 	return nil
 }
 
-func (w *Simulation) StreamWaitEvent(dev int, s libapi.Stream, ev libapi.Event) error {
+func (w library) StreamWaitEvent(dev int, s libapi.Stream, ev libapi.Event) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st, err := w.stream(dev, s, "cudaStreamWaitEvent")
@@ -1521,7 +1495,7 @@ func (w *Simulation) StreamWaitEvent(dev int, s libapi.Stream, ev libapi.Event) 
 	return nil
 }
 
-func (w *Simulation) EventQuery(ev libapi.Event) (bool, error) {
+func (w library) EventQuery(ev libapi.Event) (bool, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, st := range w.streams {
@@ -1530,4 +1504,4 @@ func (w *Simulation) EventQuery(ev libapi.Event) (bool, error) {
 	return w.events[ev].done, nil
 }
 
-func (w *Simulation) EventElapsed(start, end libapi.Event) (float32, error) { return 0.5, nil }
+func (w library) EventElapsed(start, end libapi.Event) (float32, error) { return 0.5, nil }
