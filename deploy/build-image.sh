@@ -29,7 +29,7 @@ ftcoord=() trainer=()
 for p in ${platforms//,/ }; do
   os=${p%/*} arch=${p#*/}
   echo "== go build $p"
-  CGO_ENABLED=0 GOOS=$os GOARCH=$arch go build -trimpath -buildvcs=false -tags ftcomm_nosim \
+  CGO_ENABLED=0 GOOS=$os GOARCH=$arch go build -trimpath -buildvcs=false \
     -ldflags "-s -w -buildid= -X main.version=$version -X main.revision=$revision" \
     -o "build/bin/$os-$arch/" ./cmd/ftcoord ./examples/trainer
   ftcoord+=("$p=build/bin/$os-$arch/ftcoord")

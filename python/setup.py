@@ -39,7 +39,7 @@ class BuildWithGo(build_py):
         if not go:
             raise SystemExit("ftcomm: building libftcomm.so needs Go 1.26 on PATH (or FTCOMM_GO, or FTCOMM_PREBUILT_LIB)")
         env = dict(os.environ, CGO_ENABLED="1")
-        cmd = [go, "build", "-buildmode=c-shared", "-tags=ftcomm_nosim", "-ldflags=-s -w", "-o", out, "./capi"]
+        cmd = [go, "build", "-buildmode=c-shared", "-ldflags=-s -w", "-o", out, "./capi"]
         self.announce("ftcomm: " + " ".join(cmd), level=2)
         subprocess.check_call(cmd, cwd=repo_root(), env=env)
 
