@@ -12,7 +12,14 @@ Two APIs:
       comm.finalize()
 
 - ``ftcomm.ft.Comm``, the fault-tolerant training loop: per-step quorum,
-  shrink and grow around failed replicas, live healing, commit.
+  shrink and grow around failed replicas, live healing, commit (and
+  ``ftcomm.ft_torch``: its state registration, optimizer wrapper, FT-DDP
+  and FT-HSDP for torch modules).
+
+torch.distributed code has its own entry: ``import ftcomm.distributed``
+registers the backend ``"ftcomm"`` (``dist.init_process_group("ftcomm")``),
+whose groups run their ops on these communicators. Modules whose names
+start with an underscore are private.
 
 See docs/python.md in the repository.
 """

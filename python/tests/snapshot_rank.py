@@ -40,7 +40,7 @@ class RankState:
     """Slot's state, and the one deterministic change per step."""
 
     def __init__(self, slot: int):
-        from ftcomm.ft_torch import _materialize
+        from ftcomm._ft_state import _materialize
         torch.manual_seed(100 + slot)
         self.slot = slot
         self.shard = torch.full((N,), float(slot + 1))
