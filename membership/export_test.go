@@ -14,7 +14,7 @@ func (m *Member) Crash() {
 	m.closeOnce.Do(func() {
 		m.crashed.Store(true)
 		m.finish(fmt.Errorf("%w: member crashed", comm.ErrClosed))
-		if g := m.gossip(); g != nil {
+		if g := m.lease.gossip(); g != nil {
 			g.Close()
 		}
 		m.wg.Wait()
@@ -24,7 +24,7 @@ func (m *Member) Crash() {
 // GossipStats returns the counters of m's gossip node (ok false without
 // gossip).
 func (m *Member) GossipStats() (s gossip.Stats, ok bool) {
-	g := m.gossip()
+	g := m.lease.gossip()
 	if g == nil {
 		return gossip.Stats{}, false
 	}
@@ -33,15 +33,11 @@ func (m *Member) GossipStats() (s gossip.Stats, ok bool) {
 
 // WatchesEpochs reports whether m watches the job's epochs in etcd (a
 // replica group's follower takes them from its leader instead).
-func (m *Member) WatchesEpochs() bool { return m.watching.Load() > 0 }
+func (m *Member) WatchesEpochs() bool { return m.epochs.watching.Load() > 0 }
 
 // GroupWatchFrom returns the revision after which a group member that
 // does not hold the lease watches the group's record.
-func (m *Member) GroupWatchFrom() int64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return max(m.groupRev, m.groupSeen)
-}
+func (m *Member) GroupWatchFrom() int64 { return m.lease.watchFrom() }
 
 // HoldLinks makes the member cfg configures hold its group links back
 // until release is closed (never, if it is not): it registers on its

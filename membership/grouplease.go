@@ -100,20 +100,6 @@ type linkHello struct {
 
 func (m *Member) groupKey() string { return m.keys.GroupLease(m.cfg.Job, m.cfg.Group) }
 
-func (m *Member) holdsLease() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.holds
-}
-
-// leaseShared reports whether other members are bound to the lease this
-// member holds (they linked to it).
-func (m *Member) leaseShared() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.holds && m.cfg.GroupLease && len(m.links) > 0
-}
-
 // ownLease grants this member a lease of its own, keeps it alive from now
 // (registering may wait for a previous incarnation longer than the TTL)
 // and starts gossip under it.
@@ -138,23 +124,19 @@ func (m *Member) ownLease(ctx context.Context) error {
 			return err
 		}
 	}
-	m.mu.Lock()
-	m.lease, m.holds, m.ka, m.gsp = lr.ID, true, ka, g
-	m.rec.Lease = int64(lr.ID)
+	m.lease.own(lr.ID, ka, g)
+	addr := ""
 	if g != nil {
-		m.rec.Gossip = g.Addr()
+		addr = g.Addr()
 	}
-	m.mu.Unlock()
+	m.rec.setLease(lr.ID, addr)
 	return nil
 }
 
 // dropOwnLease undoes ownLease for a Join that did not complete with it.
 func (m *Member) dropOwnLease() {
-	m.mu.Lock()
-	lease, holds, g := m.lease, m.holds, m.gsp
-	m.lease, m.holds, m.ka, m.gsp = 0, false, nil, nil
-	m.rec.Lease, m.rec.Gossip = 0, ""
-	m.mu.Unlock()
+	lease, holds, g := m.lease.drop()
+	m.rec.setLease(0, "")
 	if g != nil {
 		g.Close()
 	}
@@ -183,20 +165,15 @@ func (m *Member) enterGroup(ctx context.Context) error {
 		return fmt.Errorf("membership: join %s/%s: read the group's lease: %w", m.cfg.Job, m.cfg.ID, ctxErr(ctx, err))
 	}
 	if len(resp.Kvs) == 0 {
-		m.mu.Lock()
-		m.group, m.groupRev, m.groupSeen = groupLease{}, 0, 0
-		m.mu.Unlock()
+		m.lease.forgetGroup()
 		return m.ownLease(ctx) // the registration creates the record
 	}
 	var g groupLease
 	if err := json.Unmarshal(resp.Kvs[0].Value, &g); err != nil || g.Lease == 0 {
 		return fmt.Errorf("membership: join %s/%s: unreadable group lease record %s", m.cfg.Job, m.cfg.ID, m.groupKey())
 	}
-	m.mu.Lock()
-	m.group, m.groupRev, m.groupSeen = g, resp.Kvs[0].ModRevision, resp.Header.Revision
-	m.lease, m.holds = clientv3.LeaseID(g.Lease), false
-	m.rec.Lease = g.Lease
-	m.mu.Unlock()
+	m.lease.follow(g, resp.Kvs[0].ModRevision, resp.Header.Revision)
+	m.rec.setLease(clientv3.LeaseID(g.Lease), "")
 	return nil
 }
 
@@ -205,27 +182,17 @@ func (m *Member) enterGroup(ctx context.Context) error {
 // record it binds under is still current and tells the leader that it
 // joined the lease (grouproll.go).
 func (m *Member) groupBinding() (clientv3.Cmp, []clientv3.Op) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	k := m.groupKey()
-	if !m.holds {
-		return clientv3.Compare(clientv3.ModRevision(k), "=", m.groupRev), []clientv3.Op{m.joinedOp(0, m.lease)}
+	lease, holds := m.lease.current()
+	if !holds {
+		_, rev, _ := m.lease.groupRecord()
+		return clientv3.Compare(clientv3.ModRevision(k), "=", rev), []clientv3.Op{m.joinedOp(0, lease)}
 	}
-	m.group = groupLease{Lease: int64(m.lease), Leader: m.cfg.ID, Link: m.link.Addr().String(), Since: time.Now()}
-	val, _ := json.Marshal(m.group)
-	op := clientv3.OpPut(k, string(val), clientv3.WithLease(m.lease))
+	g := groupLease{Lease: int64(lease), Leader: m.cfg.ID, Link: m.link.Addr().String(), Since: time.Now()}
+	m.lease.setGroup(g)
+	val, _ := json.Marshal(g)
+	op := clientv3.OpPut(k, string(val), clientv3.WithLease(lease))
 	return clientv3.Compare(clientv3.CreateRevision(k), "=", 0), []clientv3.Op{op}
-}
-
-// groupMoved reports whether the group's record (kvs: as read when a
-// registration failed) is no longer the one the member bound under.
-func (m *Member) groupMoved(kvs []*mvccpb.KeyValue) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.holds {
-		return len(kvs) > 0
-	}
-	return len(kvs) == 0 || kvs[0].ModRevision != m.groupRev
 }
 
 // listenGroupLink opens the listener for the group's links, on the host
@@ -244,9 +211,7 @@ func (m *Member) listenGroupLink() error {
 		return fmt.Errorf("membership: join %s/%s: group link listener: %w", m.cfg.Job, m.cfg.ID, err)
 	}
 	m.link = l
-	m.links = map[net.Conn]*groupLink{}
-	m.roll = newGroupRoll(m.cfg.ID, m.cfg.unlinkedBound())
-	m.rollWake = make(chan struct{}, 1)
+	m.roll.init(m.cfg.ID, m.cfg.unlinkedBound())
 	return nil
 }
 
@@ -269,9 +234,7 @@ func (m *Member) acceptGroupLinks() {
 // a hello being read holds its removals back.
 func (m *Member) serveGroupLink(c net.Conn) {
 	defer c.Close()
-	m.mu.Lock()
 	m.roll.helloOpened()
-	m.mu.Unlock()
 	timeout := m.cfg.GroupLinkTimeout
 	c.SetReadDeadline(time.Now().Add(timeout))
 	r := bufio.NewReader(c)
@@ -280,18 +243,12 @@ func (m *Member) serveGroupLink(c net.Conn) {
 	read := err == nil && json.Unmarshal(line, &h) == nil
 	key := rollKey{h.ID, h.Incarnation}
 	out := newGroupLink()
-	m.mu.Lock()
-	m.roll.helloRead()
-	ok := read && m.holds && h.Lease == int64(m.lease) && m.life.Err() == nil
+	ok := read && m.life.Err() == nil && m.lease.link(h.Lease)
+	m.roll.helloRead(key, ok)
 	if ok {
-		m.links[c] = out
-		m.roll.linked(key, time.Now())
-		if m.groupForwards() {
-			out.push(m.fwdLog...) // what the leader holds, first
-		}
+		m.epochs.attach(out) // what the leader holds, first
 	}
-	m.mu.Unlock()
-	m.pokeRoll()
+	m.roll.poke()
 	if !read {
 		return
 	}
@@ -307,20 +264,16 @@ func (m *Member) serveGroupLink(c net.Conn) {
 		return
 	}
 	end := m.pingLink(c, r, timeout, out, nil)
-	m.mu.Lock()
-	delete(m.links, c)
-	m.roll.unlinked(key, time.Now())
-	leading := m.holds
-	m.mu.Unlock()
-	m.pokeRoll()
+	m.epochs.detach(out)
+	leading := m.lease.unlink()
+	m.roll.unlinked(key)
+	m.roll.poke()
 	switch {
 	case end == linkGoodbye:
 		m.lg.Debug("a group member ended its link with a goodbye", zap.String("peer", h.ID))
 	case leading && m.life.Err() == nil:
 		m.reportGroupDeath(h)
-		m.mu.Lock()
 		m.roll.settled(key)
-		m.mu.Unlock()
 	}
 }
 
@@ -370,11 +323,7 @@ func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, ou
 			c.Close()
 			return end
 		case <-wake:
-			m.mu.Lock()
-			frames := out.queue
-			out.queue = nil
-			m.mu.Unlock()
-			for _, f := range frames {
+			for _, f := range out.take() {
 				// A large record (the whole list) takes longer than a ping.
 				c.SetWriteDeadline(time.Now().Add(timeout + time.Duration(len(f))*time.Microsecond/64))
 				if _, err := c.Write(f); err != nil {
@@ -404,52 +353,10 @@ func (m *Member) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, ou
 // the group's own failure detection, seen by the coordinator as that
 // member gone (removeFromLease).
 func (m *Member) reportGroupDeath(h linkHello) {
-	if removed, tries := m.removeFromLease(h, "link ended", func() bool { return true }); removed {
+	if removed, tries := m.lease.removeFromLease(h, "link ended", func() bool { return true }); removed {
 		m.lg.Info("group member's link ended without a goodbye: removed its registration", zap.String("peer", h.ID),
 			zap.Int64("incarnation", h.Incarnation), zap.Int("tries", tries))
 	}
-}
-
-// removeFromLease deletes the registration h names, fenced on the
-// incarnation it names and on the group's lease: a hello naming a member
-// of another group (or a stranger's that knew the lease) can delete no
-// registration but one on this lease. why says what happened to the
-// member, for the log of a try that failed.
-//
-// It tries until etcd answers, while this member leads and still()
-// holds: the registration is bound to the lease this member renews, so
-// nothing else removes it (the group's other members run no gossip, and a
-// peer's blame may come after the coordinator revoked the epoch, and be
-// dropped). A death whose delete etcd refused once (shedding load under a
-// mass death's burst of takeovers) otherwise stayed registered, and the
-// job waited for it for ever. When this member stops leading, the
-// registration is on a lease no one renews, and expires with it. removed
-// says whether it deleted the registration, tries how many tries it took.
-func (m *Member) removeFromLease(h linkHello, why string, still func() bool) (removed bool, tries int) {
-	k := m.keys.Member(m.cfg.Job, h.ID)
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
-	for try := 1; m.life.Err() == nil && m.holdsLease() && still(); try++ {
-		ctx, cancel := context.WithTimeout(m.life, 5*time.Second)
-		tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", h.Incarnation),
-			clientv3.Compare(clientv3.LeaseValue(k), "=", clientv3.LeaseID(h.Lease))).
-			Then(clientv3.OpDelete(k)).Commit()
-		cancel()
-		switch {
-		case err == nil && tr.Succeeded:
-			return true, try
-		case err == nil:
-			return false, try // gone already, or moved to another lease: not this group's to remove
-		}
-		if try == 1 || try%10 == 0 { // a drowning etcd fails thousands of them at once
-			m.lg.Warn("could not remove a group member whose "+why+"; trying again", zap.String("peer", h.ID), zap.Int("tries", try), zap.Error(err))
-		}
-		select {
-		case <-time.After(bo.NextBackOff()):
-		case <-m.life.Done():
-		}
-	}
-	return false, 0
 }
 
 // followGroup is a non-leader's side of the group: it links to the leader
@@ -460,10 +367,9 @@ func (m *Member) removeFromLease(h linkHello, why string, still func() bool) (re
 func (m *Member) followGroup() {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, time.Second, 0
-	for m.life.Err() == nil && !m.holdsLease() {
-		m.mu.Lock()
-		g, rev, seen := m.group, m.groupRev, max(m.groupRev, m.groupSeen)
-		m.mu.Unlock()
+	for m.life.Err() == nil && !m.lease.holdsLease() {
+		g, rev, seen := m.lease.groupRecord()
+		seen = max(rev, seen)
 		var err error
 		switch m.followLeader(g, seen) {
 		case leaderGone:
@@ -471,7 +377,7 @@ func (m *Member) followGroup() {
 				err = m.rebind() // another member took it over while this one waited
 				break
 			}
-			if err = m.takeOver(g, rev); err == nil && !m.holdsLease() {
+			if err = m.takeOver(g, rev); err == nil && !m.lease.holdsLease() {
 				err = m.rebind() // another member took it over
 			}
 		case recordMoved:
@@ -554,11 +460,12 @@ func (m *Member) followLeader(g groupLease, seen int64) followEnd {
 			c.SetReadDeadline(time.Now())
 		}()
 		var onRecord func(*mvccpb.KeyValue)
-		if m.groupFollows() {
-			onRecord = m.applyForwarded
+		if m.cfg.GroupLease && !m.cfg.GroupEachWatches && !m.lease.holdsLease() {
+			// It takes the quorum from its leader instead of watching etcd.
+			onRecord = m.epochs.applyForwarded
 		}
-		m.setLinked(true)
-		defer m.setLinked(false)
+		m.lease.setLinked(true)
+		defer m.lease.setLinked(false)
 		end = m.pingLink(c, bufio.NewReader(c), timeout, nil, onRecord)
 	}()
 	select {
@@ -583,12 +490,6 @@ func (m *Member) followLeader(g groupLease, seen int64) followEnd {
 		<-linkEnded
 		return membershipOver
 	}
-}
-
-func (m *Member) setLinked(up bool) {
-	m.mu.Lock()
-	m.linked = up
-	m.mu.Unlock()
 }
 
 // takeoverTurn is a member's place in line to take its group's lease over
@@ -653,9 +554,7 @@ func (m *Member) rebind() error {
 	if len(resp.Kvs) == 0 {
 		// The lease ended, and the registration with it: watchSelf sees
 		// it go. A record gone without it (deleted by hand) is taken over.
-		m.mu.Lock()
-		g := m.group
-		m.mu.Unlock()
+		g, _, _ := m.lease.groupRecord()
 		return m.takeOver(g, 0)
 	}
 	var g groupLease
@@ -663,21 +562,13 @@ func (m *Member) rebind() error {
 		return fmt.Errorf("unreadable group lease record: %w", err)
 	}
 	rev := resp.Kvs[0].ModRevision
-	m.mu.Lock()
-	same := rev == m.groupRev
-	if same {
-		m.groupSeen = max(m.groupSeen, resp.Header.Revision)
-	}
-	m.mu.Unlock()
-	if same {
+	if m.lease.stillAt(rev, resp.Header.Revision) {
 		return errors.New("the group's leader is unreachable and its record has not moved")
 	}
-	m.writeM.Lock()
-	defer m.writeM.Unlock()
-	m.mu.Lock()
-	rec := m.rec
+	unlock := m.rec.lockWrites()
+	defer unlock()
+	rec := m.rec.get()
 	rec.Lease = g.Lease
-	m.mu.Unlock()
 	val, _ := json.Marshal(rec)
 	tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc),
 		clientv3.Compare(clientv3.ModRevision(m.groupKey()), "=", rev)).
@@ -689,9 +580,8 @@ func (m *Member) rebind() error {
 	if !tr.Succeeded {
 		return nil // moved again, or this registration is gone: follow again
 	}
-	m.mu.Lock()
-	m.group, m.groupRev, m.groupSeen, m.lease, m.rec.Lease = g, rev, tr.Header.Revision, clientv3.LeaseID(g.Lease), g.Lease
-	m.mu.Unlock()
+	m.lease.rebound(g, rev, tr.Header.Revision)
+	m.rec.setLease(clientv3.LeaseID(g.Lease), "")
 	m.lg.Info("moved to the group's new lease", zap.String("leader", g.Leader), zap.Int64("lease", g.Lease))
 	return nil
 }
@@ -718,14 +608,12 @@ func (m *Member) takeOver(old groupLease, rev int64) error {
 			return err
 		}
 	}
-	m.writeM.Lock()
-	m.mu.Lock()
-	rec := m.rec
+	unlock := m.rec.lockWrites()
+	rec := m.rec.get()
 	rec.Lease = int64(lr.ID)
 	if gsp != nil {
 		rec.Gossip = gsp.Addr()
 	}
-	m.mu.Unlock()
 	val, _ := json.Marshal(rec)
 	cmp := clientv3.Compare(clientv3.ModRevision(m.groupKey()), "=", rev)
 	if rev == 0 {
@@ -754,7 +642,7 @@ func (m *Member) takeOver(old groupLease, rev int64) error {
 		won, at = m.tookOver(lr.ID)
 	}
 	if !won {
-		m.writeM.Unlock()
+		unlock()
 		if gsp != nil {
 			gsp.Close()
 		}
@@ -768,20 +656,18 @@ func (m *Member) takeOver(old groupLease, rev int64) error {
 	// a round trip or two, and a hello this member does not yet take as
 	// its lease's would end their link (and make one of them take over
 	// from this member).
-	m.mu.Lock()
-	m.group, m.groupRev, m.groupSeen = g, at, at
-	m.lease, m.holds, m.gsp = lr.ID, true, gsp
-	m.rec.Lease, m.rec.Gossip = rec.Lease, rec.Gossip
-	m.mu.Unlock()
-	m.writeM.Unlock()
+	m.epochs.lead()
+	m.lease.lead(g, at, lr.ID, gsp)
+	m.rec.setLease(lr.ID, rec.Gossip)
+	unlock()
 	ka, kerr := m.cli.KeepAlive(m.life, lr.ID)
 	if kerr != nil { // only when the membership is over
 		return nil
 	}
 	m.lg.Info("took the group's lease over", zap.String("previous_leader", old.Leader), zap.Int64("lease", int64(lr.ID)))
 	m.spawn(func() { m.renew(lr.ID, ka) })
-	m.spawn(m.leadEpochs) // the group now takes the quorum from this member
-	m.spawn(func() { m.rollGroup(at) })
+	m.spawn(m.epochs.leadEpochs) // the group now takes the quorum from this member
+	m.spawn(func() { m.roll.rollGroup(at) })
 	if m.cfg.HeartbeatInterval > 0 {
 		m.spawn(m.heartbeats)
 	}

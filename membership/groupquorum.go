@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -48,53 +49,83 @@ const maxLinkRecord = 64 << 20
 // from etcd.
 const forwardLog = 64
 
-// groupLink is the leader's end of one member's link.
+// groupLink is the leader's end of one member's link: the frames to
+// send on it.
 type groupLink struct {
-	queue [][]byte      // frames to send (under Member.mu)
+	mu    sync.Mutex    // guards queue; a leaf: nothing is locked under it
+	queue [][]byte      // frames to send
 	wake  chan struct{} // a frame was queued (capacity 1)
 }
 
 func newGroupLink() *groupLink { return &groupLink{wake: make(chan struct{}, 1)} }
 
-// groupForwards reports whether this member forwards the quorum to its
-// group's links: it leads a group whose members take the quorum from it.
-// Called with mu held.
-func (m *Member) groupForwards() bool {
-	return m.cfg.GroupLease && !m.cfg.GroupEachWatches && m.holds
+// push queues frames f.
+func (l *groupLink) push(f ...[]byte) {
+	l.mu.Lock()
+	l.queue = append(l.queue, f...)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
 }
 
-// groupFollows reports whether this member takes the quorum from its
-// group's leader instead of watching etcd.
-func (m *Member) groupFollows() bool {
-	return m.cfg.GroupLease && !m.cfg.GroupEachWatches && !m.holdsLease()
+// take returns the frames queued and empties the queue.
+func (l *groupLink) take() [][]byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f := l.queue
+	l.queue = nil
+	return f
+}
+
+// lead makes this member forward the quorum to its group's links, when
+// its group's members take the quorum from their leader: it leads the
+// group from now on.
+func (e *epochs) lead() {
+	if !e.cfg.GroupLease || e.cfg.GroupEachWatches {
+		return
+	}
+	e.mu.Lock()
+	e.forwards = true
+	e.mu.Unlock()
+}
+
+// attach adds a link this member serves as its group's leader: it gets
+// what the leader holds (when it forwards), then every record forwarded
+// until detach.
+func (e *epochs) attach(l *groupLink) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.outs[l] = struct{}{}
+	if e.forwards {
+		l.push(e.fwdLog...) // what the leader holds, first
+	}
+}
+
+func (e *epochs) detach(l *groupLink) {
+	e.mu.Lock()
+	delete(e.outs, l)
+	e.mu.Unlock()
 }
 
 // forwardLocked queues kv, which changed what this leader knows, for
 // every linked member and keeps it for members that link later. Called
 // with mu held.
-func (m *Member) forwardLocked(kv *mvccpb.KeyValue) {
-	if !m.groupForwards() {
+func (e *epochs) forwardLocked(kv *mvccpb.KeyValue) {
+	if !e.forwards {
 		return
 	}
 	f := encodeLinkRecord(kv)
-	if string(kv.Key) == m.keys.Quorum(m.cfg.Job) {
-		m.fwdLog = m.fwdLog[:0] // the whole list: what came before is in it
+	if string(kv.Key) == e.keys.Quorum(e.cfg.Job) {
+		e.fwdLog = e.fwdLog[:0] // the whole list: what came before is in it
 	}
-	m.fwdLog = append(m.fwdLog, f)
-	if len(m.fwdLog) > forwardLog {
-		m.fwdLog = append(m.fwdLog[:0], m.fwdLog[len(m.fwdLog)-forwardLog/2:]...)
+	e.fwdLog = append(e.fwdLog, f)
+	if len(e.fwdLog) > forwardLog {
+		e.fwdLog = append(e.fwdLog[:0], e.fwdLog[len(e.fwdLog)-forwardLog/2:]...)
 	}
-	for _, l := range m.links {
+	for l := range e.outs {
 		l.push(f)
-	}
-}
-
-// push queues frame f (mu held).
-func (l *groupLink) push(f ...[]byte) {
-	l.queue = append(l.queue, f...)
-	select {
-	case l.wake <- struct{}{}:
-	default:
 	}
 }
 
@@ -103,37 +134,32 @@ func (l *groupLink) push(f ...[]byte) {
 // to members that link: a member that became leader by taking the lease
 // over held only what the previous leader forwarded. One read of the
 // whole list per new leader.
-func (m *Member) seedForward(ctx context.Context) (int64, error) {
-	m.mu.Lock()
-	var from uint64
-	if m.quorum != nil {
-		from = m.quorum.Epoch
-	}
-	m.mu.Unlock()
-	revs := m.keys.Revocations(m.cfg.Job)
-	resp, err := m.cli.Txn(ctx).Then(
-		clientv3.OpGet(m.keys.Quorum(m.cfg.Job)),
-		clientv3.OpGet(m.keys.Revocation(m.cfg.Job, from), clientv3.WithRange(clientv3.GetPrefixRangeEnd(revs))),
+func (e *epochs) seedForward(ctx context.Context) (int64, error) {
+	from := e.epoch()
+	revs := e.keys.Revocations(e.cfg.Job)
+	resp, err := e.cli.Txn(ctx).Then(
+		clientv3.OpGet(e.keys.Quorum(e.cfg.Job)),
+		clientv3.OpGet(e.keys.Revocation(e.cfg.Job, from), clientv3.WithRange(clientv3.GetPrefixRangeEnd(revs))),
 	).Commit()
 	if err != nil {
-		return 0, fmt.Errorf("membership: read quorum of %s: %w", m.cfg.Job, ctxErr(ctx, err))
+		return 0, fmt.Errorf("membership: read quorum of %s: %w", e.cfg.Job, ctxErr(ctx, err))
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.fwdLog = m.fwdLog[:0]
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.fwdLog = e.fwdLog[:0]
 	changed := false
 	for _, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
-			c, _ := m.applyKV(kv, viaRead)
+			c, _ := e.applyKV(kv, viaRead)
 			changed = changed || c
-			m.fwdLog = append(m.fwdLog, encodeLinkRecord(kv))
+			e.fwdLog = append(e.fwdLog, encodeLinkRecord(kv))
 		}
 	}
-	for _, l := range m.links {
-		l.push(m.fwdLog...)
+	for l := range e.outs {
+		l.push(e.fwdLog...)
 	}
 	if changed {
-		m.notifyLocked()
+		e.notifyLocked()
 	}
 	return resp.Header.Revision, nil
 }
@@ -146,50 +172,50 @@ func (m *Member) seedForward(ctx context.Context) (int64, error) {
 // member on the older epoch until the next one (a burst's last epoch has
 // none). A view that comes while a read is under way makes it read once
 // more after it: the read under way may predate that view's epoch.
-func (m *Member) applyForwarded(kv *mvccpb.KeyValue) {
-	m.mu.Lock()
-	changed, needFull := m.applyLocked(kv, viaLink)
+func (e *epochs) applyForwarded(kv *mvccpb.KeyValue) {
+	e.mu.Lock()
+	changed, needFull := e.applyLocked(kv, viaLink)
 	if changed {
-		m.notifyLocked()
+		e.notifyLocked()
 	}
-	m.mu.Unlock()
+	e.mu.Unlock()
 	if !needFull {
 		return
 	}
-	m.readAgain.Store(true)
-	if !m.readingFull.CompareAndSwap(false, true) {
+	e.readAgain.Store(true)
+	if !e.readingFull.CompareAndSwap(false, true) {
 		return // the read under way reads again
 	}
-	m.spawn(m.readForForwards)
+	e.spawn(e.readForForwards)
 }
 
 // readForForwards reads the whole record for the forwarded views that
 // asked for it (readAgain) until none is left, each read retried until
 // etcd answers; it exits then, or when the membership ends. It runs while
 // readingFull is held, at most once at a time.
-func (m *Member) readForForwards() {
+func (e *epochs) readForForwards() {
 	read := func() error {
-		ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
+		ctx, cancel := context.WithTimeout(e.life, e.cfg.LeaseTTL)
 		defer cancel()
-		return m.readFull(ctx, 0)
+		return e.readFull(ctx, 0)
 	}
 	retried := func(err error, next time.Duration) {
-		m.lg.Info("reading the quorum record for a forwarded view failed; trying again", zap.Error(err), zap.Duration("in", next))
+		e.lg.Info("reading the quorum record for a forwarded view failed; trying again", zap.Error(err), zap.Duration("in", next))
 	}
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
 	for {
-		for m.readAgain.Swap(false) {
+		for e.readAgain.Swap(false) {
 			bo.Reset()
-			if backoff.RetryNotify(read, backoff.WithContext(bo, m.life), retried) != nil {
-				m.readingFull.Store(false)
+			if backoff.RetryNotify(read, backoff.WithContext(bo, e.life), retried) != nil {
+				e.readingFull.Store(false)
 				return // the membership ended
 			}
 		}
-		m.readingFull.Store(false)
+		e.readingFull.Store(false)
 		// A view that came between the last Swap and the Store found the
 		// read under way: read for it here.
-		if !m.readAgain.Load() || !m.readingFull.CompareAndSwap(false, true) {
+		if !e.readAgain.Load() || !e.readingFull.CompareAndSwap(false, true) {
 			return
 		}
 	}
@@ -198,30 +224,30 @@ func (m *Member) readForForwards() {
 // leadEpochs is what a member that now leads its group does for the
 // quorum, until the membership ends: seed what it forwards, then watch
 // etcd (watchEpochs).
-func (m *Member) leadEpochs() {
-	if m.cfg.GroupEachWatches {
+func (e *epochs) leadEpochs() {
+	if e.cfg.GroupEachWatches {
 		return // it watched all along
 	}
 	var rev int64
 	for {
-		ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
+		ctx, cancel := context.WithTimeout(e.life, e.cfg.LeaseTTL)
 		var err error
-		rev, err = m.seedForward(ctx)
+		rev, err = e.seedForward(ctx)
 		cancel()
 		if err == nil {
 			break
 		}
-		if m.life.Err() != nil {
+		if e.life.Err() != nil {
 			return
 		}
-		m.lg.Info("reading the quorum to lead the group failed; trying again", zap.Error(err))
+		e.lg.Info("reading the quorum to lead the group failed; trying again", zap.Error(err))
 		select {
 		case <-time.After(100 * time.Millisecond):
-		case <-m.life.Done():
+		case <-e.life.Done():
 			return
 		}
 	}
-	m.watchEpochs(rev)
+	e.watchEpochs(rev)
 }
 
 func encodeLinkRecord(kv *mvccpb.KeyValue) []byte {

@@ -31,8 +31,7 @@ func TestForwardedQuorumFenced(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	m := &Member{cfg: MemberConfig{Job: "j", QuorumVerifier: NewQuorumVerifier(k)}, keys: etcdkeys.Layout{}, lg: zap.NewNop(),
-		revocations: map[uint64]Revocation{}, changed: make(chan struct{}), revokedCh: map[uint64]chan struct{}{}, life: ctx}
+	m := newMember(&memberEnv{cfg: MemberConfig{Job: "j", QuorumVerifier: NewQuorumVerifier(k)}, keys: etcdkeys.Layout{}, lg: zap.NewNop(), life: ctx})
 	lay := etcdkeys.Layout{}
 	rev := int64(10)
 	kv := func(key string, raw []byte) *mvccpb.KeyValue {
@@ -54,7 +53,7 @@ func TestForwardedQuorumFenced(t *testing.T) {
 		return q.Epoch
 	}
 	q5 := viewQuorum(5, "a", "b", "c")
-	m.applyForwarded(record(q5, sign))
+	m.epochs.applyForwarded(record(q5, sign))
 	if epoch() != 5 {
 		t.Fatalf("a signed whole list: epoch %d, want 5", epoch())
 	}
@@ -65,7 +64,7 @@ func TestForwardedQuorumFenced(t *testing.T) {
 		"another job":      record(Quorum{Job: "other", Epoch: 9, Participants: []Participant{{ID: "a", Incarnation: 1}}}, sign),
 		"not a quorum key": kv("/ftcomm/j/members/a", []byte(`{"epoch":9}`)),
 	} {
-		m.applyForwarded(f)
+		m.epochs.applyForwarded(f)
 		if q, _ := m.Quorum(); q.Epoch != 5 || len(q.Participants) != 3 {
 			t.Fatalf("%s: the member took epoch %d with %d participants", name, q.Epoch, len(q.Participants))
 		}
@@ -76,7 +75,7 @@ func TestForwardedQuorumFenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.applyForwarded(kv(lay.QuorumView("j"), change))
+	m.epochs.applyForwarded(kv(lay.QuorumView("j"), change))
 	if q, _ := m.Quorum(); q.Epoch != 6 || q.Rank("b") >= 0 || q.Rank("c") != 1 {
 		t.Fatalf("a forwarded change of the held epoch: %+v", q)
 	}
@@ -184,19 +183,18 @@ func TestForwardedViewDuringARead(t *testing.T) {
 	}
 	q5, q6, q7, q8 := viewQuorum(5, "a", "b", "c", "d"), viewQuorum(6, "a", "b", "c"), viewQuorum(7, "a", "b"), viewQuorum(8, "a")
 	store := &readKV{record: record(q7)}
-	m := &Member{cfg: MemberConfig{Job: "j", LeaseTTL: 5 * time.Second}, cli: &clientv3.Client{KV: store}, keys: lay, lg: zap.NewNop(),
-		revocations: map[uint64]Revocation{}, changed: make(chan struct{}), revokedCh: map[uint64]chan struct{}{}, life: ctx}
-	m.applyForwarded(record(q5))
+	m := newMember(&memberEnv{cfg: MemberConfig{Job: "j", LeaseTTL: 5 * time.Second}, cli: &clientv3.Client{KV: store}, keys: lay, lg: zap.NewNop(), life: ctx})
+	m.epochs.applyForwarded(record(q5))
 	rec8 := record(q8)
 	store.during = func(read int) {
 		if read == 1 { // etcd answered with epoch 7; epoch 8 is written and forwarded meanwhile
 			store.mu.Lock()
 			store.record = rec8
 			store.mu.Unlock()
-			m.applyForwarded(view(q7, q8))
+			m.epochs.applyForwarded(view(q7, q8))
 		}
 	}
-	m.applyForwarded(view(q6, q7)) // the member missed epoch 6: it reads the record
+	m.epochs.applyForwarded(view(q6, q7)) // the member missed epoch 6: it reads the record
 	q, err := m.NextQuorum(ctx, 7)
 	if err != nil {
 		t.Fatalf("%v; it holds: %s", err, m.State())
@@ -234,10 +232,9 @@ func TestForwardedViewReadFailing(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := &readKV{record: kv(lay.Quorum("j"), raw7), fail: map[int]bool{1: true, 2: true}}
-	m := &Member{cfg: MemberConfig{Job: "j", LeaseTTL: 5 * time.Second}, cli: &clientv3.Client{KV: store}, keys: lay, lg: zap.NewNop(),
-		revocations: map[uint64]Revocation{}, changed: make(chan struct{}), revokedCh: map[uint64]chan struct{}{}, life: ctx}
-	m.applyForwarded(kv(lay.Quorum("j"), raw5))
-	m.applyForwarded(kv(lay.QuorumView("j"), view7)) // the member missed epoch 6: it reads the record
+	m := newMember(&memberEnv{cfg: MemberConfig{Job: "j", LeaseTTL: 5 * time.Second}, cli: &clientv3.Client{KV: store}, keys: lay, lg: zap.NewNop(), life: ctx})
+	m.epochs.applyForwarded(kv(lay.Quorum("j"), raw5))
+	m.epochs.applyForwarded(kv(lay.QuorumView("j"), view7)) // the member missed epoch 6: it reads the record
 	q, err := m.NextQuorum(ctx, 5)
 	if err != nil {
 		t.Fatalf("%v; it holds: %s", err, m.State())

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -75,7 +76,7 @@ func (m *Member) joinedOp(inc int64, lease clientv3.LeaseID) clientv3.Op {
 // lease, other than its own, and of their links. Its rule: a registration
 // without a link for bound is due for removal, unless a hello is unread.
 // Pure: time is an input; the watch, the links and etcd are the caller's
-// (rollGroup, serveGroupLink). The Member holds it under mu.
+// (rollGroup, serveGroupLink). The Member holds it in its leaderRoll.
 type groupRoll struct {
 	self   string // the leader's own id: never on the roll
 	bound  time.Duration
@@ -192,12 +193,88 @@ func (r *groupRoll) due(now time.Time) (out []rollKey, next time.Time) {
 	return out, next
 }
 
-// pokeRoll wakes rollGroup to look at the roll again.
-func (m *Member) pokeRoll() {
+// leaderRoll is a group leader's roll (groupRoll) as the member keeps it:
+// fed by the watch of the joined record and by the links (serveGroupLink),
+// it removes the registrations it finds due (rollGroup) from the lease it
+// reads, and removes from, by the member's leaseBinding.
+type leaderRoll struct {
+	*memberEnv
+	lease *leaseBinding
+
+	mu   sync.Mutex // guards roll
+	roll groupRoll
+	wake chan struct{} // the roll changed: rollGroup looks again (capacity 1)
+}
+
+// init readies the roll of the leader self (MemberConfig.GroupLease).
+func (l *leaderRoll) init(self string, bound time.Duration) {
+	l.roll = newGroupRoll(self, bound)
+	l.wake = make(chan struct{}, 1)
+}
+
+// poke wakes rollGroup to look at the roll again.
+func (l *leaderRoll) poke() {
 	select {
-	case m.rollWake <- struct{}{}:
+	case l.wake <- struct{}{}:
 	default:
 	}
+}
+
+// joined and found: the registrations ks bound themselves to the lease
+// (their joined records), or were read on it (groupRoll.joined, found).
+func (l *leaderRoll) joined(ks ...rollKey) { l.each(ks, (*groupRoll).joined) }
+func (l *leaderRoll) found(ks ...rollKey)  { l.each(ks, (*groupRoll).found) }
+
+func (l *leaderRoll) each(ks []rollKey, f func(*groupRoll, rollKey, time.Time)) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, k := range ks {
+		f(&l.roll, k, now)
+	}
+}
+
+// helloOpened: a link was accepted; helloRead: its hello was read, and
+// named k if linked (the link counts for k from now).
+func (l *leaderRoll) helloOpened() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.roll.helloOpened()
+}
+
+func (l *leaderRoll) helloRead(k rollKey, linked bool) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.roll.helloRead()
+	if linked {
+		l.roll.linked(k, now)
+	}
+}
+
+func (l *leaderRoll) unlinked(k rollKey) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.roll.unlinked(k, now)
+}
+
+func (l *leaderRoll) settled(k rollKey) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.roll.settled(k)
+}
+
+func (l *leaderRoll) unlinkedNow(k rollKey) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.roll.unlinkedNow(k)
+}
+
+func (l *leaderRoll) due(now time.Time) (out []rollKey, next time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.roll.due(now)
 }
 
 // rollGroup keeps the roll of the lease this member took at revision rev
@@ -205,24 +282,24 @@ func (m *Member) pokeRoll() {
 // rev+1 and removes the registrations the roll finds due. It exits when
 // the membership ends; the removals it started run on goroutines of
 // their own, which end with it too.
-func (m *Member) rollGroup(rev int64) {
-	key := m.keys.GroupJoined(m.cfg.Job, m.cfg.Group)
+func (l *leaderRoll) rollGroup(rev int64) {
+	key := l.keys.GroupJoined(l.cfg.Job, l.cfg.Group)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
 	for {
-		ctx, cancel := context.WithCancel(m.life)
-		wch := m.cli.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithRev(rev+1), clientv3.WithFilterDelete())
+		ctx, cancel := context.WithCancel(l.life)
+		wch := l.cli.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithRev(rev+1), clientv3.WithFilterDelete())
 		began := time.Now()
-		m.followRoll(wch, timer)
+		l.followRoll(wch, timer)
 		cancel()
 		if time.Since(began) > bo.MaxInterval {
 			bo.Reset()
 		}
 		select {
 		case <-time.After(bo.NextBackOff()):
-		case <-m.life.Done():
+		case <-l.life.Done():
 			return
 		}
 		// The watch broke (etcd lost its leader, or compacted past it).
@@ -232,7 +309,7 @@ func (m *Member) rollGroup(rev int64) {
 		// of them, one per group, tipped etcd over at 100,000 ranks:
 		// docs/capacity.md): read what is on the lease now instead, and
 		// watch from then.
-		if rev = m.readRollRetrying(); rev == 0 {
+		if rev = l.readRollRetrying(); rev == 0 {
 			return // the membership ended
 		}
 	}
@@ -240,18 +317,18 @@ func (m *Member) rollGroup(rev int64) {
 
 // followRoll feeds the roll from one watch of the joined record and
 // removes what falls due, until the watch or the membership ends.
-func (m *Member) followRoll(wch clientv3.WatchChan, timer *time.Timer) {
+func (l *leaderRoll) followRoll(wch clientv3.WatchChan, timer *time.Timer) {
 	for {
-		m.removeDue(timer)
+		l.removeDue(timer)
 		select {
 		case wr, ok := <-wch:
 			if !ok || wr.Err() != nil {
 				return
 			}
-			m.applyJoined(wr.Events)
+			l.applyJoined(wr.Events)
 		case <-timer.C:
-		case <-m.rollWake:
-		case <-m.life.Done():
+		case <-l.wake:
+		case <-l.life.Done():
 			return
 		}
 	}
@@ -259,33 +336,31 @@ func (m *Member) followRoll(wch clientv3.WatchChan, timer *time.Timer) {
 
 // applyJoined puts on the roll the registrations the joined records of
 // evs bound to the lease this member holds.
-func (m *Member) applyJoined(evs []*clientv3.Event) {
-	now := time.Now()
-	m.mu.Lock()
-	defer m.mu.Unlock()
+func (l *leaderRoll) applyJoined(evs []*clientv3.Event) {
+	lease, _ := l.lease.current()
+	var ks []rollKey
 	for _, ev := range evs {
 		var j groupJoined
-		if ev.Type != mvccpb.PUT || ev.Kv.Lease != int64(m.lease) || json.Unmarshal(ev.Kv.Value, &j) != nil || j.ID == "" {
+		if ev.Type != mvccpb.PUT || ev.Kv.Lease != int64(lease) || json.Unmarshal(ev.Kv.Value, &j) != nil || j.ID == "" {
 			continue // another lease's (this member's group moved on), or unreadable
 		}
 		inc := j.Incarnation
 		if inc == 0 {
 			inc = ev.Kv.ModRevision
 		}
-		m.roll.joined(rollKey{j.ID, inc}, now)
+		ks = append(ks, rollKey{j.ID, inc})
 	}
+	l.joined(ks...)
 }
 
 // removeDue starts the removal of each registration the roll finds due
 // and sets timer for the next.
-func (m *Member) removeDue(timer *time.Timer) {
+func (l *leaderRoll) removeDue(timer *time.Timer) {
 	now := time.Now()
-	m.mu.Lock()
-	due, next := m.roll.due(now)
-	lease := m.lease
-	m.mu.Unlock()
+	due, next := l.due(now)
+	lease, _ := l.lease.current()
 	for _, k := range due {
-		m.spawn(func() { m.removeUnlinked(k, lease) })
+		l.spawn(func() { l.removeUnlinked(k, lease) })
 	}
 	timer.Stop()
 	if !next.IsZero() {
@@ -295,38 +370,32 @@ func (m *Member) removeDue(timer *time.Timer) {
 
 // removeUnlinked removes registration k from lease: it was without a link
 // for the bound. It gives up when a link names k meanwhile.
-func (m *Member) removeUnlinked(k rollKey, lease clientv3.LeaseID) {
-	still := func() bool {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return m.roll.unlinkedNow(k)
-	}
-	removed, tries := m.removeFromLease(linkHello{ID: k.id, Incarnation: k.inc, Lease: int64(lease)}, "registration did not link", still)
-	m.mu.Lock()
-	m.roll.settled(k)
-	m.mu.Unlock()
-	m.pokeRoll()
+func (l *leaderRoll) removeUnlinked(k rollKey, lease clientv3.LeaseID) {
+	still := func() bool { return l.unlinkedNow(k) }
+	removed, tries := l.lease.removeFromLease(linkHello{ID: k.id, Incarnation: k.inc, Lease: int64(lease)}, "registration did not link", still)
+	l.settled(k)
+	l.poke()
 	if removed {
-		m.lg.Warn("group member registered on the group's lease but did not link to its leader in time: removed its registration",
-			zap.String("peer", k.id), zap.Int64("incarnation", k.inc), zap.Duration("bound", m.cfg.unlinkedBound()), zap.Int("tries", tries))
+		l.lg.Warn("group member registered on the group's lease but did not link to its leader in time: removed its registration",
+			zap.String("peer", k.id), zap.Int64("incarnation", k.inc), zap.Duration("bound", l.cfg.unlinkedBound()), zap.Int("tries", tries))
 	}
 }
 
 // readRollRetrying reads the lease's registrations onto the roll
 // (readRoll), trying until etcd answers or the membership ends (then it
 // returns 0).
-func (m *Member) readRollRetrying() int64 {
+func (l *leaderRoll) readRollRetrying() int64 {
 	var rev int64
 	read := func() (err error) {
-		ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
+		ctx, cancel := context.WithTimeout(l.life, l.cfg.LeaseTTL)
 		defer cancel()
-		rev, err = m.readRoll(ctx)
+		rev, err = l.readRoll(ctx)
 		return err
 	}
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
-	if backoff.RetryNotify(read, backoff.WithContext(bo, m.life), func(err error, next time.Duration) {
-		m.lg.Info("reading the registrations on the group's lease failed; trying again", zap.Error(err), zap.Duration("in", next))
+	if backoff.RetryNotify(read, backoff.WithContext(bo, l.life), func(err error, next time.Duration) {
+		l.lg.Info("reading the registrations on the group's lease failed; trying again", zap.Error(err), zap.Duration("in", next))
 	}) != nil {
 		return 0
 	}
@@ -337,19 +406,17 @@ func (m *Member) readRollRetrying() int64 {
 // member holds: the lease's keys, then the records among them. Those
 // bound to it after rev came after the group's joined record was read at
 // rev, and a watch of that record from rev+1 sees them.
-func (m *Member) readRoll(ctx context.Context) (rev int64, err error) {
-	m.mu.Lock()
-	lease := m.lease
-	m.mu.Unlock()
-	jr, err := m.cli.Get(ctx, m.keys.GroupJoined(m.cfg.Job, m.cfg.Group))
+func (l *leaderRoll) readRoll(ctx context.Context) (rev int64, err error) {
+	lease, _ := l.lease.current()
+	jr, err := l.cli.Get(ctx, l.keys.GroupJoined(l.cfg.Job, l.cfg.Group))
 	if err != nil {
 		return 0, err
 	}
-	ttl, err := m.cli.TimeToLive(ctx, lease, clientv3.WithAttachedKeys())
+	ttl, err := l.cli.TimeToLive(ctx, lease, clientv3.WithAttachedKeys())
 	if err != nil {
 		return 0, err
 	}
-	prefix := m.keys.Members(m.cfg.Job)
+	prefix := l.keys.Members(l.cfg.Job)
 	var gets []clientv3.Op
 	for _, k := range ttl.Keys {
 		if strings.HasPrefix(string(k), prefix) {
@@ -358,22 +425,21 @@ func (m *Member) readRoll(ctx context.Context) (rev int64, err error) {
 	}
 	for len(gets) > 0 {
 		n := min(len(gets), 64) // etcd takes 128 operations in a transaction by default
-		resp, err := m.cli.Txn(ctx).Then(gets[:n]...).Commit()
+		resp, err := l.cli.Txn(ctx).Then(gets[:n]...).Commit()
 		if err != nil {
 			return 0, err
 		}
 		gets = gets[n:]
-		now := time.Now()
-		m.mu.Lock()
+		var ks []rollKey
 		for _, r := range resp.Responses {
 			for _, kv := range r.GetResponseRange().Kvs {
 				if kv.Lease == int64(lease) {
-					m.roll.found(rollKey{strings.TrimPrefix(string(kv.Key), prefix), kv.CreateRevision}, now)
+					ks = append(ks, rollKey{strings.TrimPrefix(string(kv.Key), prefix), kv.CreateRevision})
 				}
 			}
 		}
-		m.mu.Unlock()
+		l.found(ks...)
 	}
-	m.pokeRoll()
+	l.poke()
 	return jr.Header.Revision, nil
 }

@@ -30,11 +30,7 @@ var errRunMoved = errors.New("membership: the job's run changed")
 // the job's run is the one the member entered (errRunMoved: it changed).
 func (m *Member) register(ctx context.Context) error {
 	for {
-		m.mu.Lock()
-		m.rec.Lease = int64(m.lease)
-		val, _ := json.Marshal(m.rec)
-		lease := m.lease
-		m.mu.Unlock()
+		val, lease := m.rec.encode()
 		keepOut := m.keys.Evicted(m.cfg.Job, m.cfg.ID)
 		runKey := m.keys.Run(m.cfg.Job)
 		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0), clientv3.Compare(clientv3.CreateRevision(keepOut), "=", 0),
@@ -51,22 +47,16 @@ func (m *Member) register(ctx context.Context) error {
 		}
 		if tr.Succeeded {
 			m.inc = tr.Header.Revision
-			m.rec.Incarnation = m.inc
+			m.rec.update(func(r *MemberRecord) bool { r.Incarnation = m.inc; return false })
 			if m.cfg.GroupLease {
-				m.mu.Lock()
-				if m.holds {
-					m.groupRev = tr.Header.Revision // the record this registration created
-				}
-				// The registration compared the record: still at groupRev here.
-				m.groupSeen = tr.Header.Revision
-				m.mu.Unlock()
+				m.lease.registered(tr.Header.Revision)
 			}
 			return nil
 		}
 		if m.checkRun(tr.Responses[2].GetResponseRange().Kvs) != nil {
 			return errRunMoved
 		}
-		if m.cfg.GroupLease && m.groupMoved(tr.Responses[3].GetResponseRange().Kvs) {
+		if m.cfg.GroupLease && m.lease.moved(tr.Responses[3].GetResponseRange().Kvs) {
 			return errGroupMoved
 		}
 		if kos := tr.Responses[1].GetResponseRange().Kvs; len(kos) > 0 {
@@ -158,14 +148,8 @@ func (m *Member) joinGossip(ctx context.Context) error {
 		}
 	}
 	rand.Shuffle(len(seeds), func(i, j int) { seeds[i], seeds[j] = seeds[j], seeds[i] })
-	_, err = m.gossip().Join(ctx, seeds)
+	_, err = m.lease.gossip().Join(ctx, seeds)
 	return err
-}
-
-func (m *Member) gossip() *gossip.Node {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.gsp
 }
 
 // watchSelf ends the membership when the member key is deleted (eviction,
@@ -267,10 +251,7 @@ func (m *Member) heartbeats() {
 	for {
 		select {
 		case <-t.C:
-			m.mu.Lock()
-			dirty := m.dirty
-			m.mu.Unlock()
-			if dirty {
+			if m.rec.changed() {
 				ctx, cancel := context.WithTimeout(m.life, m.cfg.HeartbeatInterval)
 				if err := m.write(ctx, "heartbeat"); err != nil && !errors.Is(err, ErrEvicted) && m.life.Err() == nil {
 					m.lg.Warn("heartbeat failed", zap.Error(err))
@@ -284,7 +265,7 @@ func (m *Member) heartbeats() {
 }
 
 func (m *Member) drainGossip() {
-	g := m.gossip()
+	g := m.lease.gossip()
 	for {
 		select {
 		case ev := <-g.Events():

@@ -2,7 +2,6 @@ package membership
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -16,7 +15,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
-	"github.com/ftcomm/ftcomm/membership/gossip"
 )
 
 // MemberConfig configures a member: one replica group's leader of a job.
@@ -181,69 +179,106 @@ func (c MemberConfig) Validate() error {
 // Member is a registered member of a job. See the package documentation
 // for its lifecycle. Its methods are safe for concurrent use.
 type Member struct {
-	cfg  MemberConfig
-	cli  *clientv3.Client
-	keys etcdkeys.Layout
-	key  string
-	inc  int64
+	// A Member is composed of parts, each of which owns its state and the
+	// lock that guards it:
+	//
+	//   - end (ending, member.go): why the membership ended;
+	//   - rec (recordDraft, reports.go): the member's record as it will
+	//     next be written, and the order of its writes;
+	//   - lease (leaseBinding, lease.go): the lease the registration is
+	//     bound to, whether this member keeps it alive, and its replica
+	//     group's record and links;
+	//   - roll (leaderRoll, grouproll.go): a group leader's roll of the
+	//     registrations on its lease;
+	//   - epochs (epochs, epochs.go and groupquorum.go): the job's quorums
+	//     and revocations as the member learns them, and what a group's
+	//     leader forwards of them;
+	//   - reach (reachProbe, reach.go): the blamed peers the member dials.
+	//
+	// The Member's own fields and memberEnv's are set by Join before any
+	// goroutine starts, and read without a lock. The Member's methods
+	// drive the parts: joining, liveness (liveness.go), the group lease
+	// (grouplease.go), the writes of the record (reports.go).
+	//
+	// Lock order: the parts' locks do not nest, with two exceptions. The
+	// record's write lock (recordDraft.writeM, held across each write of
+	// the record to etcd) is taken before any other lock. Under the epochs
+	// lock the member takes its QuorumCache's lock and each groupLink's,
+	// which are leaves. Otherwise a part's method takes its own lock only,
+	// and a caller holds no part's lock when it calls another part.
+	*memberEnv
+	key string // the member's key (etcdkeys.Layout.Member)
+	inc int64  // the registration's create revision (Incarnation)
 	// run is the run the member joined, runRev the revision of its
 	// record (0: none, the default run): registration and commit records
 	// are fenced on it.
 	run    string
 	runRev int64
-	lg     *zap.Logger
-	gsp    *gossip.Node // nil without gossip; set before the goroutines start, or under mu by takeOver
-	ka     <-chan *clientv3.LeaseKeepAliveResponse
 	// link listens for the group's liveness links (MemberConfig.GroupLease).
-	link    net.Listener
-	crashed atomic.Bool // Crash: links end without saying goodbye
-	// readingFull: a read of the whole list for a forwarded view is under
-	// way; readAgain: a view came that it may predate.
-	readingFull atomic.Bool
-	readAgain   atomic.Bool
-	watching    atomic.Int32 // watchEpochs runs (a group's follower does not watch)
+	link      net.Listener
+	stop      context.CancelFunc // ends life
+	closeOnce sync.Once          // Leave's, Crash's
+	crashed   atomic.Bool        // Crash: links end without saying goodbye
 
-	life   context.Context // ends at Leave, Close or loss
-	stop   context.CancelFunc
-	wg     sync.WaitGroup
-	writeM sync.Mutex // orders record writes
+	end    ending
+	rec    recordDraft
+	lease  leaseBinding
+	roll   leaderRoll
+	epochs *epochs
+	reach  reachProbe
+}
 
-	mu sync.Mutex
-	// lease is the lease the registration is bound to; holds says
-	// whether this member keeps it alive (always, without GroupLease; the
-	// group's leader, with it). group and groupRev are the group lease
-	// record the registration is bound under and its mod revision;
-	// groupSeen is a revision at which that record was known to be still
-	// at groupRev (a fenced write's), where a follower's watch of it
-	// starts: a watch from groupRev+1, which may be the group's first
-	// revision, is one etcd must catch up from its log, under the lock
-	// its applies take (at 100,000 ranks, tens of thousands of revisions
-	// for each of 87,500 followers).
-	lease       clientv3.LeaseID
-	holds       bool
-	group       groupLease
-	groupRev    int64
-	groupSeen   int64
-	links       map[net.Conn]*groupLink // the group links this member serves
-	roll        groupRoll               // the registrations on the lease this member leads (grouproll.go)
-	rollWake    chan struct{}           // the roll changed: rollGroup looks again
-	linked      bool                    // a member that does not lead: its link to the leader is up
-	delivered   [vias]uint64            // the newest epoch of a quorum record received by each way (State)
-	fwdLog      [][]byte                // what a group's leader replays to a member that links (groupquorum.go)
-	rec         MemberRecord
-	dirty       bool
-	stepTimes   time.Duration // the sum of the step times set since the last write
-	stepTimesN  int64
-	quorum      *Quorum
-	revocations map[uint64]Revocation
-	settings    map[uint64]JobSettings // by version: the documents views carried
-	reach       map[string]reachTarget // blamed peers to dial (reach.go)
-	reachWake   chan struct{}
-	changed     chan struct{}
-	revokedCh   map[uint64]chan struct{}
-	err         error // why the membership ended
-	done        chan struct{}
-	closeOnce   sync.Once
+// memberEnv is what a member's parts share and none of them changes once
+// Join has set it: the configuration, the etcd client and key layout, the
+// logger, and the membership's lifetime and goroutines.
+type memberEnv struct {
+	cfg  MemberConfig
+	cli  *clientv3.Client
+	keys etcdkeys.Layout
+	lg   *zap.Logger
+	life context.Context // ends at Leave, Close or loss
+	wg   sync.WaitGroup  // the goroutines spawn started
+}
+
+// spawn runs f on a goroutine of the membership's (Leave waits for them).
+func (e *memberEnv) spawn(f func()) {
+	e.wg.Add(1)
+	go func() { defer e.wg.Done(); f() }()
+}
+
+// newMember makes a member of env's configuration, its parts empty.
+func newMember(env *memberEnv) *Member {
+	m := &Member{memberEnv: env, epochs: newEpochs(env), end: ending{done: make(chan struct{})}}
+	m.lease.memberEnv = env
+	m.roll.memberEnv, m.roll.lease = env, &m.lease
+	m.reach.init(env)
+	return m
+}
+
+// ending is how the membership ends: the first reason given.
+type ending struct {
+	mu   sync.Mutex    // guards err
+	err  error         // why the membership ended (nil while it lasts)
+	done chan struct{} // closed when err is set
+}
+
+// set records err as why the membership ended, unless it ended already;
+// it reports whether this call ended it.
+func (e *ending) set(err error) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.err != nil {
+		return false
+	}
+	e.err = err
+	close(e.done)
+	return true
+}
+
+func (e *ending) cause() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.err
 }
 
 // Join registers a member bound to a fresh lease and starts its
@@ -267,21 +302,14 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Member{
-		cfg:         cfg,
-		cli:         cfg.Client,
-		keys:        etcdkeys.Layout{Root: cfg.Root},
-		lg:          cfg.Logger,
-		revocations: map[uint64]Revocation{},
-		changed:     make(chan struct{}),
-		revokedCh:   map[uint64]chan struct{}{},
-		reachWake:   make(chan struct{}, 1),
-		done:        make(chan struct{}),
+	lg := cfg.Logger
+	if lg == nil {
+		lg = zap.NewNop()
 	}
-	if m.lg == nil {
-		m.lg = zap.NewNop()
-	}
-	m.lg = m.lg.With(zap.String("job", cfg.Job), zap.String("member", cfg.ID))
+	life, stop := context.WithCancel(context.Background())
+	m := newMember(&memberEnv{cfg: cfg, cli: cfg.Client, keys: etcdkeys.Layout{Root: cfg.Root},
+		lg: lg.With(zap.String("job", cfg.Job), zap.String("member", cfg.ID)), life: life})
+	m.stop = stop
 	m.key = m.keys.Member(cfg.Job, cfg.ID)
 	ok := false
 	defer func() {
@@ -290,16 +318,16 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		}
 	}()
 
-	m.life, m.stop = context.WithCancel(context.Background())
 	now := time.Now()
-	m.rec = MemberRecord{
+	rec := MemberRecord{
 		Job: cfg.Job, ID: cfg.ID, Addr: cfg.Addr, Group: cfg.Group, GroupSize: cfg.GroupSize, Spare: cfg.Spare, Host: cfg.Host, SharedLease: cfg.GroupLease,
 		Step: cfg.Step, WantQuorum: cfg.WantQuorum, MinReplicas: cfg.MinReplicas, Joined: now, Updated: now,
 	}
 	if cfg.Stragglers.Factor > 0 {
 		p := cfg.Stragglers
-		m.rec.Stragglers = &p
+		rec.Stragglers = &p
 	}
+	m.rec.update(func(r *MemberRecord) bool { *r = rec; return false })
 	if cfg.GroupLease {
 		if err := m.listenGroupLink(); err != nil {
 			return nil, err
@@ -314,7 +342,8 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		if err != nil {
 			return nil, err
 		}
-		m.run, m.runRev, m.rec.Run = run.ID, rev, run.ID
+		m.run, m.runRev = run.ID, rev
+		m.rec.update(func(r *MemberRecord) bool { r.Run = run.ID; return false })
 		if cfg.GroupLease {
 			if err := m.shedRetry(ctx, func() error { return m.enterGroup(ctx) }); err != nil {
 				return nil, err
@@ -338,57 +367,53 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	// or for a group's leader the record, which it replays to the members
 	// that link. A group's other member reads nothing: its leader sends it
 	// what it holds as soon as it links (Quorum is empty until then).
+	holds := m.lease.holdsLease()
+	if holds {
+		m.epochs.lead() // before the reads: what it applies, it replays to the members that link
+	}
 	var rev int64
 	var err error
 	switch {
 	case !cfg.GroupLease || cfg.GroupEachWatches:
-		err = m.shedRetry(ctx, func() (err error) { rev, err = m.loadEpochs(ctx); return err })
-	case m.holdsLease():
-		err = m.shedRetry(ctx, func() (err error) { rev, err = m.seedForward(ctx); return err })
+		err = m.shedRetry(ctx, func() (err error) { rev, err = m.epochs.loadEpochs(ctx); return err })
+	case holds:
+		err = m.shedRetry(ctx, func() (err error) { rev, err = m.epochs.seedForward(ctx); return err })
 	}
 	if err != nil {
 		return nil, err
 	}
-	if m.gsp != nil {
+	gsp := m.lease.gossip()
+	if gsp != nil {
 		if err := m.joinGossip(ctx); err != nil {
 			m.lg.Warn("gossip join failed; lease expiry remains the failure detector", zap.Error(err))
 		}
 	}
 	ok = true
-	if m.holdsLease() {
-		m.mu.Lock()
-		lease, ka := m.lease, m.ka
-		m.mu.Unlock()
+	if holds {
+		lease, ka := m.lease.keepAlive()
 		m.spawn(func() { m.renew(lease, ka) })
 	}
-	if !cfg.GroupLease || cfg.GroupEachWatches || m.holdsLease() {
-		m.spawn(func() { m.watchEpochs(rev) }) // a group's leader forwards what it learns
+	if !cfg.GroupLease || cfg.GroupEachWatches || holds {
+		m.spawn(func() { m.epochs.watchEpochs(rev) }) // a group's leader forwards what it learns
 	}
 	m.spawn(m.watchSelf)
-	m.spawn(m.reachPeers)
-	if cfg.HeartbeatInterval > 0 && m.holdsLease() {
+	m.spawn(func() { m.reach.run(m.tellReached) })
+	if cfg.HeartbeatInterval > 0 && holds {
 		m.spawn(m.heartbeats)
 	}
-	if m.gsp != nil {
+	if gsp != nil {
 		m.spawn(m.drainGossip)
 	}
 	if cfg.GroupLease {
 		m.spawn(m.acceptGroupLinks)
 		m.spawn(m.followGroup)
-		if m.holdsLease() {
-			m.mu.Lock()
-			created := m.groupRev
-			m.mu.Unlock()
-			m.spawn(func() { m.rollGroup(created) })
+		if holds {
+			_, created, _ := m.lease.groupRecord()
+			m.spawn(func() { m.roll.rollGroup(created) })
 		}
 	}
 	m.lg.Info("joined", zap.Int64("incarnation", m.inc), zap.String("addr", cfg.Addr))
 	return m, nil
-}
-
-func (m *Member) spawn(f func()) {
-	m.wg.Add(1)
-	go func() { defer m.wg.Done(); f() }()
 }
 
 // Job returns the member's job.
@@ -402,11 +427,7 @@ func (m *Member) ID() string { return m.cfg.ID }
 func (m *Member) Incarnation() int64 { return m.inc }
 
 // Record returns the member's record as it will next be written.
-func (m *Member) Record() MemberRecord {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.rec
-}
+func (m *Member) Record() MemberRecord { return m.rec.get() }
 
 // Store returns the rendezvous store of an epoch of the member's job.
 func (m *Member) Store(epoch uint64) comm.Store {
@@ -415,14 +436,10 @@ func (m *Member) Store(epoch uint64) comm.Store {
 
 // Done is closed when the membership ends: Leave, Close, or loss of the
 // registration (Err then wraps ErrEvicted).
-func (m *Member) Done() <-chan struct{} { return m.done }
+func (m *Member) Done() <-chan struct{} { return m.end.done }
 
 // Err says why the membership ended (nil while it lasts).
-func (m *Member) Err() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.err
-}
+func (m *Member) Err() error { return m.end.cause() }
 
 // lost ends the membership because the registration is gone.
 func (m *Member) lost(err error) {
@@ -433,16 +450,9 @@ func (m *Member) lost(err error) {
 // finish records why the membership ended and stops the goroutines
 // (without waiting for them: it may run on one of them).
 func (m *Member) finish(err error) {
-	m.mu.Lock()
-	if m.err == nil {
-		m.err = err
-		close(m.done)
-		for e, ch := range m.revokedCh {
-			close(ch)
-			delete(m.revokedCh, e)
-		}
+	if m.end.set(err) {
+		m.epochs.end()
 	}
-	m.mu.Unlock()
 	if m.stop != nil {
 		m.stop()
 	}
@@ -466,18 +476,16 @@ func (m *Member) Leave(ctx context.Context) error {
 	var err error
 	m.closeOnce.Do(func() {
 		alive := m.Err() == nil
-		shared := m.leaseShared()
+		shared := m.lease.shared()
 		m.finish(fmt.Errorf("%w: member left", comm.ErrClosed))
 		if alive {
 			// Say "leaving" first so the coordinator tells a leave from
 			// a lease expiry, then drop the lease (and with it the key).
 			// After any write in flight: it must not land after this one.
-			m.writeM.Lock()
-			m.mu.Lock()
-			m.rec.Leaving = true
-			val, _ := json.Marshal(m.rec)
-			lease, holds := m.lease, m.holds
-			m.mu.Unlock()
+			unlock := m.rec.lockWrites()
+			m.rec.update(func(r *MemberRecord) bool { r.Leaving = true; return false })
+			val, lease := m.rec.encode()
+			holds := m.lease.holdsLease()
 			_, e1 := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc)).
 				Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(lease))).Commit()
 			var e2 error
@@ -489,17 +497,17 @@ func (m *Member) Leave(ctx context.Context) error {
 				_, e2 = m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc)).
 					Then(clientv3.OpDelete(m.key)).Commit()
 			}
-			m.writeM.Unlock()
+			unlock()
 			if e1 != nil || e2 != nil {
 				err = fmt.Errorf("membership: leave %s/%s: %w", m.cfg.Job, m.cfg.ID, ctxErr(ctx, errors.Join(e1, e2)))
 			}
-			if g := m.gossip(); g != nil {
+			if g := m.lease.gossip(); g != nil {
 				if e := g.Leave(ctx); e != nil {
 					m.lg.Info("gossip leave", zap.Error(e))
 				}
 			}
 		}
-		if g := m.gossip(); g != nil {
+		if g := m.lease.gossip(); g != nil {
 			g.Close()
 		}
 		if m.link != nil {

@@ -36,54 +36,67 @@ const (
 	reachTimeout = 300 * time.Millisecond
 )
 
-// probeReach adds the peers blamed in epoch to what the prober dials.
-func (m *Member) probeReach(epoch uint64, ids []string) {
+// reachProbe is the part of a member that dials the peers it blamed
+// until they answer (run).
+type reachProbe struct {
+	*memberEnv
+	wake chan struct{} // targets were added (capacity 1)
+
+	mu      sync.Mutex             // guards targets
+	targets map[string]reachTarget // by member id
+}
+
+func (r *reachProbe) init(env *memberEnv) {
+	r.memberEnv, r.wake, r.targets = env, make(chan struct{}, 1), map[string]reachTarget{}
+}
+
+// probe adds the peers blamed in epoch to what the prober dials.
+func (r *reachProbe) probe(epoch uint64, ids []string) {
 	if len(ids) == 0 {
 		return
 	}
-	m.mu.Lock()
-	if m.reach == nil {
-		m.reach = map[string]reachTarget{}
-	}
+	r.mu.Lock()
 	for _, id := range ids {
-		if id == m.cfg.ID {
+		if id == r.cfg.ID {
 			continue
 		}
-		if t, ok := m.reach[id]; !ok || t.epoch < epoch {
-			m.reach[id] = reachTarget{epoch: epoch}
+		if t, ok := r.targets[id]; !ok || t.epoch < epoch {
+			r.targets[id] = reachTarget{epoch: epoch}
 		}
 	}
-	m.mu.Unlock()
+	r.mu.Unlock()
 	select {
-	case m.reachWake <- struct{}{}:
+	case r.wake <- struct{}{}:
 	default:
 	}
 }
 
-// reachPeers is the prober's goroutine; it exits with the membership.
-func (m *Member) reachPeers() {
+// run is the prober's goroutine: it hands the peers it reached to tell
+// (id → the blame's epoch), once each. It exits with the membership.
+func (r *reachProbe) run(tell func(reached map[string]uint64)) {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = reachFirst, reachMax, 0
 	for {
-		m.mu.Lock()
-		targets := maps.Clone(m.reach)
-		m.mu.Unlock()
+		r.mu.Lock()
+		targets := maps.Clone(r.targets)
+		r.mu.Unlock()
 		var wait <-chan time.Time
 		if len(targets) > 0 {
-			reached := m.dialTargets(targets)
+			reached := r.dialTargets(targets)
 			if len(reached) > 0 {
 				bo.Reset()
-				m.tellReached(reached)
+				r.reached(reached)
+				tell(reached)
 			}
 			wait = time.After(bo.NextBackOff())
 		} else {
 			bo.Reset()
 		}
 		select {
-		case <-m.reachWake:
+		case <-r.wake:
 			bo.Reset()
 		case <-wait:
-		case <-m.life.Done():
+		case <-r.life.Done():
 			return
 		}
 	}
@@ -92,8 +105,8 @@ func (m *Member) reachPeers() {
 // dialTargets dials every target once, at the same time, and returns
 // those that answered (id → the blame's epoch). A target no longer
 // registered is dropped: the coordinator decides about it.
-func (m *Member) dialTargets(targets map[string]reachTarget) map[string]uint64 {
-	ctx, cancel := context.WithTimeout(m.life, 2*reachTimeout)
+func (r *reachProbe) dialTargets(targets map[string]reachTarget) map[string]uint64 {
+	ctx, cancel := context.WithTimeout(r.life, 2*reachTimeout)
 	defer cancel()
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -104,34 +117,24 @@ func (m *Member) dialTargets(targets map[string]reachTarget) map[string]uint64 {
 			defer wg.Done()
 			addr := t.addr
 			if addr == "" {
-				resp, err := m.cli.Get(ctx, m.keys.Member(m.cfg.Job, id))
+				resp, err := r.cli.Get(ctx, r.keys.Member(r.cfg.Job, id))
 				if err != nil {
 					return
 				}
-				var r MemberRecord
-				if len(resp.Kvs) == 0 || json.Unmarshal(resp.Kvs[0].Value, &r) != nil || r.Addr == "" {
-					m.dropTarget(id, t.epoch)
+				var rec MemberRecord
+				if len(resp.Kvs) == 0 || json.Unmarshal(resp.Kvs[0].Value, &rec) != nil || rec.Addr == "" {
+					r.drop(id, t.epoch)
 					return
 				}
-				addr = r.Addr
-				m.mu.Lock()
-				if cur, ok := m.reach[id]; ok && cur.epoch == t.epoch {
-					cur.addr = addr
-					m.reach[id] = cur
-				}
-				m.mu.Unlock()
+				addr = rec.Addr
+				r.setAddr(id, t.epoch, addr)
 			}
 			d := net.Dialer{Timeout: reachTimeout}
 			c, err := d.DialContext(ctx, "tcp", addr)
 			if err != nil {
 				// Read its record again next time: it may be gone (then
 				// the coordinator decides) or registered elsewhere.
-				m.mu.Lock()
-				if cur, ok := m.reach[id]; ok && cur.epoch == t.epoch {
-					cur.addr = ""
-					m.reach[id] = cur
-				}
-				m.mu.Unlock()
+				r.setAddr(id, t.epoch, "")
 				return
 			}
 			c.Close()
@@ -144,29 +147,49 @@ func (m *Member) dialTargets(targets map[string]reachTarget) map[string]uint64 {
 	return reached
 }
 
-func (m *Member) dropTarget(id string, epoch uint64) {
-	m.mu.Lock()
-	if cur, ok := m.reach[id]; ok && cur.epoch == epoch {
-		delete(m.reach, id)
+// setAddr records the address of target id, blamed in epoch ("": read
+// it again).
+func (r *reachProbe) setAddr(id string, epoch uint64, addr string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cur, ok := r.targets[id]; ok && cur.epoch == epoch {
+		cur.addr = addr
+		r.targets[id] = cur
 	}
-	m.mu.Unlock()
+}
+
+func (r *reachProbe) drop(id string, epoch uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cur, ok := r.targets[id]; ok && cur.epoch == epoch {
+		delete(r.targets, id)
+	}
+}
+
+// reached drops the targets reached (id → the blame's epoch).
+func (r *reachProbe) reached(reached map[string]uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, e := range reached {
+		if cur, ok := r.targets[id]; ok && cur.epoch == e {
+			delete(r.targets, id)
+		}
+	}
 }
 
 // tellReached records the peers reached and writes the record at once.
 func (m *Member) tellReached(reached map[string]uint64) {
-	m.mu.Lock()
-	if m.rec.Reached == nil {
-		m.rec.Reached = map[string]uint64{}
-	} else {
-		m.rec.Reached = maps.Clone(m.rec.Reached) // the last write's map stays as written
-	}
-	for id, e := range reached {
-		if cur, ok := m.reach[id]; ok && cur.epoch == e {
-			delete(m.reach, id)
+	m.rec.update(func(r *MemberRecord) bool {
+		if r.Reached == nil {
+			r.Reached = map[string]uint64{}
+		} else {
+			r.Reached = maps.Clone(r.Reached) // the last write's map stays as written
 		}
-		m.rec.Reached[id] = e
-	}
-	m.mu.Unlock()
+		for id, e := range reached {
+			r.Reached[id] = e
+		}
+		return true
+	})
 	ctx, cancel := context.WithTimeout(m.life, 5*time.Second)
 	defer cancel()
 	if err := m.write(ctx, "reached"); err != nil && m.life.Err() == nil {

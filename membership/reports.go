@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -15,15 +16,118 @@ import (
 // health, requests, failures, formed epochs, the end of its run), written
 // at once or with the next heartbeat; revocations; durable commit records.
 
+// recordDraft is the member's record as it will next be written, and the
+// order of its writes.
+type recordDraft struct {
+	// writeM orders the writes of the record to etcd: held across each
+	// write's transaction (Member.write, Leave, and the moves of the
+	// registration to another lease), it is taken before any other lock
+	// of the member's.
+	writeM sync.Mutex
+
+	mu         sync.Mutex // guards the fields below
+	rec        MemberRecord
+	dirty      bool          // rec changed since its last write
+	stepTimes  time.Duration // the sum of the step times set since the last write
+	stepTimesN int64
+}
+
+// get returns the record as it will next be written.
+func (d *recordDraft) get() MemberRecord {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.rec
+}
+
+// update changes the record with f, which reports whether it changed
+// what the coordinator reads; so does update. f runs under the draft's
+// lock: it must not call into the member.
+func (d *recordDraft) update(f func(r *MemberRecord) (changed bool)) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return f(&d.rec)
+}
+
+// updateLater is update for a change that travels with the next write
+// (a heartbeat's, when nothing writes sooner).
+func (d *recordDraft) updateLater(f func(r *MemberRecord) (changed bool)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if f(&d.rec) {
+		d.dirty = true
+	}
+}
+
+func (d *recordDraft) addStepTime(t time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.stepTimes += t
+	d.stepTimesN++
+	d.dirty = true
+}
+
+// setLease records the lease the registration is bound to, and the
+// gossip address of the member that keeps it ("": none).
+func (d *recordDraft) setLease(lease clientv3.LeaseID, gossip string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.rec.Lease, d.rec.Gossip = int64(lease), gossip
+}
+
+// encode returns the record as stored and the lease it is bound to.
+func (d *recordDraft) encode() ([]byte, clientv3.LeaseID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	val, _ := json.Marshal(d.rec)
+	return val, clientv3.LeaseID(d.rec.Lease)
+}
+
+// encodeWrite is encode for a write of the record's changes: it stamps
+// the record and folds the step times in, and counts the record written
+// (unwritten undoes that when the write fails).
+func (d *recordDraft) encodeWrite() ([]byte, clientv3.LeaseID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.rec.Updated = time.Now()
+	if d.stepTimesN > 0 {
+		d.rec.StepTime = d.stepTimes / time.Duration(d.stepTimesN)
+		d.stepTimes, d.stepTimesN = 0, 0
+	}
+	val, _ := json.Marshal(d.rec)
+	d.dirty = false
+	return val, clientv3.LeaseID(d.rec.Lease)
+}
+
+// unwritten marks the record's changes as still to write.
+func (d *recordDraft) unwritten() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.dirty = true
+}
+
+// changed reports whether the record changed since its last write.
+func (d *recordDraft) changed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.dirty
+}
+
+// lockWrites holds the writes of the record back until unlock.
+func (d *recordDraft) lockWrites() (unlock func()) {
+	d.writeM.Lock()
+	return d.writeM.Unlock
+}
+
 // SetStep records the member's step locally (no I/O); it travels with the
 // next heartbeat, RequestQuorum or SetHealth.
 func (m *Member) SetStep(step int64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.rec.Step != step {
-		m.rec.Step = step
-		m.dirty = true
-	}
+	m.rec.updateLater(func(r *MemberRecord) bool {
+		if r.Step == step {
+			return false
+		}
+		r.Step = step
+		return true
+	})
 }
 
 // SetStepTime records the member's own compute time of one step (no
@@ -36,11 +140,7 @@ func (m *Member) SetStepTime(d time.Duration) {
 	if d <= 0 {
 		return
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.stepTimes += d
-	m.stepTimesN++
-	m.dirty = true
+	m.rec.addStepTime(d)
 }
 
 // SetHealth reports the member's health at once when it changed. A
@@ -50,10 +150,11 @@ func (m *Member) SetHealth(ctx context.Context, h Health, reason string) error {
 	if h < Healthy || h > Critical {
 		return fmt.Errorf("%w: membership: health %d", comm.ErrInvalidArgument, int(h))
 	}
-	m.mu.Lock()
-	changed := m.rec.Health != h || m.rec.HealthReason != reason
-	m.rec.Health, m.rec.HealthReason = h, reason
-	m.mu.Unlock()
+	changed := m.rec.update(func(r *MemberRecord) bool {
+		changed := r.Health != h || r.HealthReason != reason
+		r.Health, r.HealthReason = h, reason
+		return changed
+	})
 	if !changed {
 		return nil
 	}
@@ -64,9 +165,10 @@ func (m *Member) SetHealth(ctx context.Context, h Health, reason string) error {
 // the member takes part in no further quorum, and the coordinator publishes
 // the run's end (Quorum.Final). Leave after it.
 func (m *Member) Finish(ctx context.Context, step int64) error {
-	m.mu.Lock()
-	m.rec.Step, m.rec.Finished, m.rec.WantQuorum = step, true, false
-	m.mu.Unlock()
+	m.rec.update(func(r *MemberRecord) bool {
+		r.Step, r.Finished, r.WantQuorum = step, true, false
+		return true
+	})
 	return m.write(ctx, "finish")
 }
 
@@ -79,9 +181,10 @@ func (m *Member) Heartbeat(ctx context.Context) error { return m.write(ctx, "hea
 // (from a participant) keeps joiners out of quorums until it calls
 // RequestQuorum(ctx, false).
 func (m *Member) RequestQuorum(ctx context.Context, shrinkOnly bool) error {
-	m.mu.Lock()
-	m.rec.WantQuorum, m.rec.ShrinkOnly = true, shrinkOnly
-	m.mu.Unlock()
+	m.rec.update(func(r *MemberRecord) bool {
+		r.WantQuorum, r.ShrinkOnly = true, shrinkOnly
+		return true
+	})
 	return m.write(ctx, "request")
 }
 
@@ -92,14 +195,17 @@ func (m *Member) RequestQuorum(ctx context.Context, shrinkOnly bool) error {
 // coordinator checks them — a closed port is a death — before it forms the
 // next epoch, so one death costs one epoch.
 func (m *Member) ReportCommitFailure(ctx context.Context, epoch uint64, blamed ...string) error {
-	m.mu.Lock()
-	if epoch < m.rec.CommitFailed || epoch == m.rec.CommitFailed && len(blamed) == 0 {
-		m.mu.Unlock()
+	changed := m.rec.update(func(r *MemberRecord) bool {
+		if epoch < r.CommitFailed || epoch == r.CommitFailed && len(blamed) == 0 {
+			return false
+		}
+		r.CommitFailed, r.Blamed = epoch, blamed
+		return true
+	})
+	if !changed {
 		return nil
 	}
-	m.rec.CommitFailed, m.rec.Blamed = epoch, blamed
-	m.mu.Unlock()
-	m.probeReach(epoch, blamed)
+	m.reach.probe(epoch, blamed)
 	return m.write(ctx, "commit failure")
 }
 
@@ -108,13 +214,16 @@ func (m *Member) ReportCommitFailure(ctx context.Context, epoch uint64, blamed .
 // in a collective for its peers, or (s.Waiting false) not stepping. A
 // report equal to the last one is not written again.
 func (m *Member) ReportStall(ctx context.Context, s StepStall) error {
-	m.mu.Lock()
-	if old := m.rec.Stall; old != nil && old.Epoch == s.Epoch && old.Step == s.Step && old.Waiting == s.Waiting {
-		m.mu.Unlock()
+	changed := m.rec.update(func(r *MemberRecord) bool {
+		if old := r.Stall; old != nil && old.Epoch == s.Epoch && old.Step == s.Step && old.Waiting == s.Waiting {
+			return false
+		}
+		r.Stall = &s
+		return true
+	})
+	if !changed {
 		return nil
 	}
-	m.rec.Stall = &s
-	m.mu.Unlock()
 	return m.write(ctx, "stall")
 }
 
@@ -123,13 +232,16 @@ func (m *Member) ReportStall(ctx context.Context, s StepStall) error {
 // has, the next quorum's Base lets them shrink or grow those instead of
 // forming new ones.
 func (m *Member) ReportFormed(ctx context.Context, epoch uint64) error {
-	m.mu.Lock()
-	if m.rec.Formed == epoch {
-		m.mu.Unlock()
+	changed := m.rec.update(func(r *MemberRecord) bool {
+		if r.Formed == epoch {
+			return false
+		}
+		r.Formed = epoch
+		return true
+	})
+	if !changed {
 		return nil
 	}
-	m.rec.Formed = epoch
-	m.mu.Unlock()
 	return m.write(ctx, "formed")
 }
 
@@ -211,28 +323,17 @@ func (m *Member) write(ctx context.Context, why string) error {
 	if err := m.Err(); err != nil {
 		return err
 	}
-	m.writeM.Lock()
-	defer m.writeM.Unlock()
+	unlock := m.rec.lockWrites()
+	defer unlock()
 	if err := m.Err(); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	m.rec.Updated = time.Now()
-	if m.stepTimesN > 0 {
-		m.rec.StepTime = m.stepTimes / time.Duration(m.stepTimesN)
-		m.stepTimes, m.stepTimesN = 0, 0
-	}
-	val, _ := json.Marshal(m.rec)
-	m.dirty = false
-	lease := m.lease
-	m.mu.Unlock()
+	val, lease := m.rec.encodeWrite()
 	tr, err := m.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc)).
 		Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(lease))).Commit()
 	if err != nil {
-		m.mu.Lock()
-		m.dirty = true
-		m.mu.Unlock()
+		m.rec.unwritten()
 		return fmt.Errorf("membership: %s/%s %s: %w", m.cfg.Job, m.cfg.ID, why, ctxErr(ctx, err))
 	}
 	if !tr.Succeeded {
@@ -247,7 +348,7 @@ func (m *Member) write(ctx context.Context, why string) error {
 // an epoch wins; revoking again is a no-op. The coordinator then forms the
 // next epoch.
 func (m *Member) Revoke(ctx context.Context, epoch uint64, reason string, failed ...string) error {
-	m.probeReach(epoch, failed)
+	m.reach.probe(epoch, failed)
 	r := Revocation{Epoch: epoch, Reason: reason, Failed: failed, By: m.cfg.ID, At: time.Now()}
 	val, _ := json.Marshal(r)
 	k := m.keys.Revocation(m.cfg.Job, epoch)

@@ -261,13 +261,14 @@ func (m *Member) Run() string { return m.run }
 // for people (shown by the coordinator's API, dashboard and metrics).
 // step 0 reports that it no longer waits.
 func (m *Member) SetWaiting(ctx context.Context, step int64, reason string) error {
-	m.mu.Lock()
 	if step == 0 {
 		reason = ""
 	}
-	changed := m.rec.WaitingFor != step || m.rec.Waiting != reason
-	m.rec.WaitingFor, m.rec.Waiting = step, reason
-	m.mu.Unlock()
+	changed := m.rec.update(func(r *MemberRecord) bool {
+		changed := r.WaitingFor != step || r.Waiting != reason
+		r.WaitingFor, r.Waiting = step, reason
+		return changed
+	})
 	if !changed {
 		return nil
 	}

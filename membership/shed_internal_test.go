@@ -14,7 +14,7 @@ import (
 // A join step that etcd refuses while it sheds load is made again; any
 // other failure, and the end of ctx, end it.
 func TestShedRetry(t *testing.T) {
-	m := &Member{lg: zap.NewNop()}
+	m := newMember(&memberEnv{lg: zap.NewNop()})
 	ctx := context.Background()
 	tries := 0
 	err := m.shedRetry(ctx, func() error {

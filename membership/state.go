@@ -2,13 +2,12 @@ package membership
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 )
 
 // MemberState is what a member holds, for a tool that must say why a
 // member has not seen what it waited for (cmd/ftload's waits, a test's):
-// a snapshot under the member's lock, no I/O. What etcd holds for the
+// a snapshot under the member's locks, no I/O. What etcd holds for the
 // member (its registration, its group's record) is the tool's to read.
 type MemberState struct {
 	ID string
@@ -44,15 +43,9 @@ type MemberState struct {
 
 // State returns what the member holds now (see MemberState).
 func (m *Member) State() MemberState {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	s := MemberState{ID: m.cfg.ID, Watched: m.delivered[viaWatch], Forwarded: m.delivered[viaLink], Read: m.delivered[viaRead],
-		Watching: m.watching.Load() > 0, GroupLease: m.cfg.GroupLease, Leads: m.holds, Lease: int64(m.lease),
-		Leader: m.group.Leader, GroupRev: m.groupRev, Linked: m.linked, Links: len(m.links), Err: m.err}
-	if q := m.quorum; q != nil {
-		s.Epoch, s.Participants = q.Epoch, len(q.Participants)
-		s.InQuorum = slices.ContainsFunc(q.Participants, func(p Participant) bool { return p.ID == m.cfg.ID })
-	}
+	s := MemberState{ID: m.cfg.ID, GroupLease: m.cfg.GroupLease, Err: m.Err()}
+	m.epochs.state(&s)
+	m.lease.state(&s)
 	return s
 }
 
