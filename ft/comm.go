@@ -49,14 +49,6 @@ type Comm struct {
 	stepAt   time.Time // when Step returned, until the step's time is reported
 }
 
-// stepTimer is what a membership offers to carry each step's compute time
-// to the coordinator's straggler policy (*membership.Member has it).
-type stepTimer interface{ SetStepTime(time.Duration) }
-
-// memberRef boxes the current registration (it changes when ft registers
-// again).
-type memberRef struct{ m Membership }
-
 // snapshot is what readers on other goroutines see (with step).
 type snapshot struct {
 	epoch        uint64
@@ -178,18 +170,19 @@ func New(ctx context.Context, cfg Config) (*Comm, error) {
 			return nil, err
 		}
 	}
-	if _, ok := m.(durableCommitter); cfg.DurableCommit && !ok {
+	bound := bindMember(m)
+	if cfg.DurableCommit && !bound.keepsRecords {
 		met.unregister()
 		warm.stop()
 		server.Close()
 		m.Close()
 		return nil, fmt.Errorf("%w: ft: config: DurableCommit needs a Membership with RecordCommit and LastCommit", comm.ErrInvalidArgument)
 	}
-	c := &Comm{link: newLink(m), cfg: cfg, id: id, log: cfg.Logger.With(zap.String("job", cfg.Job), zap.String("member", id))}
+	c := &Comm{link: newLink(bound), cfg: cfg, id: id, log: cfg.Logger.With(zap.String("job", cfg.Job), zap.String("member", id))}
 	if cfg.Spare {
 		c.link.snap.Store(&snapshot{rank: -1, spare: true})
 	}
-	c.d = newDriver(cfg, c.log, id, c.link, server, met, m, own)
+	c.d = newDriver(cfg, c.log, id, c.link, server, met, bound, own)
 	c.d.warm = warm
 	warm.report(met.warmUp)
 	if cfg.SnapshotEvery > 0 {
@@ -334,24 +327,13 @@ func (c *Comm) beginSamplers(target int) {
 	}
 }
 
-// quorumAsker is a membership whose registration takes part in quorums
-// only once it asks (*membership.Member): ft registers in New without
-// asking, and asks here, at the first Step.
-type quorumAsker interface {
-	RequestQuorum(ctx context.Context, shrinkOnly bool) error
-}
-
 // askToTakePart asks the coordinator to admit this replica, at its first
 // Step: until then the job does not count on it, so a replica that builds
 // its model after New holds nobody up (a quorum that included it would
 // wait for its first Step in the reconfiguration). A request that fails
 // to reach etcd is carried by the next heartbeat.
 func (c *Comm) askToTakePart(ctx context.Context) {
-	m, ok := c.member().(quorumAsker)
-	if !ok {
-		return // a Membership from Config asks as it was made to
-	}
-	if err := m.RequestQuorum(ctx, false); err != nil {
+	if err := c.member().asker.RequestQuorum(ctx, false); err != nil {
 		c.log.Warn("asking to take part; the next heartbeat carries the request", zap.Error(err))
 	}
 }
@@ -364,9 +346,7 @@ func (c *Comm) stepTime() {
 	if c.stepAt.IsZero() {
 		return
 	}
-	if t, ok := c.member().(stepTimer); ok {
-		t.SetStepTime(time.Since(c.stepAt))
-	}
+	c.member().timer.SetStepTime(time.Since(c.stepAt))
 	c.stepAt = time.Time{}
 }
 

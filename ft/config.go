@@ -1,7 +1,6 @@
 package ft
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -34,58 +33,6 @@ var (
 	// fail.
 	ErrStepFailed = errors.New("ft: the training loop failed the step")
 )
-
-// Membership is what ft.Comm needs of the membership service: one
-// registered member's view of its job. *membership.Member provides it
-// (through a thin adapter for Store); tests may provide another.
-type Membership interface {
-	// ID and Incarnation identify this registration.
-	ID() string
-	Incarnation() int64
-	// Quorum is the latest published quorum; Revocation an epoch's
-	// revocation record. Changed is closed at the next change of either.
-	Quorum() (membership.Quorum, bool)
-	Revocation(epoch uint64) (membership.Revocation, bool)
-	Changed() <-chan struct{}
-	// Done is closed when the registration ends (left, evicted, lost);
-	// Err says why.
-	Done() <-chan struct{}
-	Err() error
-	// SetStep records the committed step; it reaches the coordinator with
-	// the next heartbeat, not now.
-	SetStep(step int64)
-	// ReportCommitFailure tells the coordinator that epoch failed here,
-	// blaming the members whose connections failed; the coordinator checks
-	// those before it forms the next epoch.
-	ReportCommitFailure(ctx context.Context, epoch uint64, blamed ...string) error
-	// Revoke records that epoch must stop, blaming the members whose
-	// connections failed; the coordinator removes a blamed member at once
-	// when its address no longer accepts connections.
-	Revoke(ctx context.Context, epoch uint64, reason string, failed ...string) error
-	// SetHealth reports this member's health now; Critical takes it out
-	// of the next quorum.
-	SetHealth(ctx context.Context, h membership.Health, reason string) error
-	// Finish records that this member's training loop ended the run at
-	// step: the coordinator publishes the run's end (Quorum.Final).
-	Finish(ctx context.Context, step int64) error
-	// ReportFormed tells the coordinator now that this member holds what
-	// epoch asked of it (its comms, or none when it sat out); the next
-	// quorum's Base depends on it (membership.Quorum.Base).
-	ReportFormed(ctx context.Context, epoch uint64) error
-	// Store is the job's rendezvous store (shared by all epochs: a grow's
-	// joiners and existing ranks must meet under the same keys).
-	Store() comm.Store
-	// Leave deregisters gracefully; Close releases what is left.
-	Leave(ctx context.Context) error
-	Close() error
-}
-
-// durableCommitter is what Config.DurableCommit needs of the membership:
-// the job's per-step commit records (*membership.Member has them).
-type durableCommitter interface {
-	RecordCommit(ctx context.Context, step int64, epoch uint64) (membership.CommitRecord, bool, error)
-	LastCommit(ctx context.Context) (membership.CommitRecord, bool, error)
-}
 
 // DefaultControlBackend carries ft's control messages when the data
 // backend keeps device memory.

@@ -36,8 +36,8 @@ type driver struct {
 	metrics *metrics
 	state   []registered // what the training loop registered (stepCalled)
 	mach    *machine
-	m       Membership // the current registration
-	own     bool       // m was made from Config.Coordinator: ft may register again
+	m       *member // the current registration
+	own     bool    // m was made from Config.Coordinator: ft may register again
 	changed <-chan struct{}
 	ended   <-chan struct{} // m.Done(); nil while registering again
 
@@ -120,7 +120,7 @@ type releaser interface {
 	ReleaseErr() error
 }
 
-func newDriver(cfg Config, log *zap.Logger, id string, l *link, server *recovery.Server, met *metrics, m Membership, own bool) *driver {
+func newDriver(cfg Config, log *zap.Logger, id string, l *link, server *recovery.Server, met *metrics, m *member, own bool) *driver {
 	mc := machineConfig{id: id, spare: cfg.Spare, group: cfg.Group, groupRank: cfg.GroupRank, groupSize: cfg.GroupSize,
 		minReplicas: cfg.MinReplicas, durable: cfg.DurableCommit, snapshots: cfg.SnapshotEvery > 0, maxCommitFailures: cfg.MaxCommitFailures,
 		stallFactor: cfg.StallFactor, stallMin: cfg.StallMin, linger: cfg.Timeout, initialStep: cfg.InitialStep}
@@ -190,10 +190,10 @@ func (d *driver) receive(in input) {
 		d.state = in.state
 		d.feed(in)
 	case memberSwap:
-		d.m = in.m
-		d.link.mem.Store(&memberRef{in.m})
-		d.changed, d.ended = in.m.Changed(), in.m.Done()
-		d.feed(reregistered{inc: in.m.Incarnation()})
+		d.m = bindMember(in.m)
+		d.link.mem.Store(d.m)
+		d.changed, d.ended = d.m.Changed(), d.m.Done()
+		d.feed(reregistered{inc: d.m.Incarnation()})
 		d.readMembership()
 	case commFailed:
 		if in.dim == dimFT {
@@ -267,7 +267,7 @@ func (d *driver) exec(a action) {
 	case gatherRecords:
 		d.gather(a)
 	case readLastCommit:
-		dc := d.m.(durableCommitter)
+		dc := d.m.records
 		d.spawn(a.task, func(ctx context.Context) taskResult {
 			rec, ok, err := dc.LastCommit(ctx)
 			return taskResult{in: lastCommitRead{task: a.task, rec: rec, ok: ok, err: err}}
@@ -369,35 +369,27 @@ func (d *driver) exec(a action) {
 			d.snaps.take(a.step, d.histBytes, d.blobs)
 		}
 	case reportFormed:
-		d.report("reporting the formed epoch", func(ctx context.Context, m Membership) error { return m.ReportFormed(ctx, a.epoch) })
+		d.report("reporting the formed epoch", func(ctx context.Context, m *member) error { return m.ReportFormed(ctx, a.epoch) })
 	case reportFailure:
-		d.report("reporting the failed epoch", func(ctx context.Context, m Membership) error {
+		d.report("reporting the failed epoch", func(ctx context.Context, m *member) error {
 			return m.ReportCommitFailure(ctx, a.epoch, a.blamed...)
 		})
 	case revokeEpoch:
 		d.log.Info("blaming failed peers", zap.Uint64("epoch", a.epoch), zap.Strings("blamed", a.blamed), zap.String("reason", a.reason))
-		d.report("reporting failed peers", func(ctx context.Context, m Membership) error {
+		d.report("reporting failed peers", func(ctx context.Context, m *member) error {
 			return m.Revoke(ctx, a.epoch, a.reason, a.blamed...)
 		})
 	case reportHeartbeat:
-		d.report("reporting the healed step", func(ctx context.Context, m Membership) error {
-			if hb, ok := m.(interface{ Heartbeat(context.Context) error }); ok {
-				return hb.Heartbeat(ctx)
-			}
-			return nil
+		d.report("reporting the healed step", func(ctx context.Context, m *member) error {
+			return m.beat.Heartbeat(ctx)
 		})
 	case reportWaiting:
-		d.report("reporting the wait", func(ctx context.Context, m Membership) error {
-			if w, ok := m.(interface {
-				SetWaiting(context.Context, int64, string) error
-			}); ok {
-				return w.SetWaiting(ctx, a.step, a.reason)
-			}
-			return nil
+		d.report("reporting the wait", func(ctx context.Context, m *member) error {
+			return m.waits.SetWaiting(ctx, a.step, a.reason)
 		})
 	case forgetRendezvous:
 		prefix := d.prefix(a.dim)
-		d.report("deleting old rendezvous keys", func(ctx context.Context, m Membership) error {
+		d.report("deleting old rendezvous keys", func(ctx context.Context, m *member) error {
 			var errs []error
 			for _, p := range []string{prefix, prefix + "-ctl"} {
 				errs = append(errs, m.Store().DeletePrefix(ctx, fmt.Sprintf("%s/epoch/%d/", p, a.epoch)))
@@ -440,16 +432,11 @@ func (d *driver) exec(a action) {
 			d.timer.Reset(max(time.Until(a.at), 0))
 		}
 	case reportStall:
-		d.report("reporting a stalled step", func(ctx context.Context, m Membership) error {
-			if r, ok := m.(interface {
-				ReportStall(context.Context, membership.StepStall) error
-			}); ok {
-				return r.ReportStall(ctx, a.s)
-			}
-			return nil
+		d.report("reporting a stalled step", func(ctx context.Context, m *member) error {
+			return m.stalls.ReportStall(ctx, a.s)
 		})
 	case reportFinish:
-		d.report("reporting the run's end", func(ctx context.Context, m Membership) error { return m.Finish(ctx, a.step) })
+		d.report("reporting the run's end", func(ctx context.Context, m *member) error { return m.Finish(ctx, a.step) })
 	case finishDone:
 		d.answer(reply{err: a.err})
 	case failStepDone:
@@ -504,13 +491,7 @@ func (d *driver) silentFT(epoch uint64) []int {
 // applySettings makes the settings document a.ref names the one
 // Comm.Settings returns, from step a.from.
 func (d *driver) applySettings(a applySettings) {
-	src, ok := d.m.(interface {
-		Settings(membership.SettingsRef) (membership.JobSettings, bool)
-	})
-	var doc membership.JobSettings
-	if ok {
-		doc, ok = src.Settings(*a.ref)
-	}
+	doc, ok := d.m.settings.Settings(*a.ref)
 	if !ok {
 		d.log.Warn("the epoch names job settings this member does not hold; keeping the previous ones",
 			zap.Uint64("epoch", a.epoch), zap.Uint64("version", a.ref.Version))
@@ -631,8 +612,8 @@ func (d *driver) prefix(dm dim) string {
 func (d *driver) registrationEnded() {
 	old := d.m
 	cause := old.Err()
-	em, ok := old.(*etcdMember)
-	if !d.own || !ok {
+	em := old.etcd
+	if !d.own || em == nil {
 		d.log.Error("membership ended", zap.Error(cause))
 		d.feed(membershipLost{err: cause})
 		return
@@ -791,7 +772,7 @@ func (d *driver) watchHealth(data *comm.Comm) {
 }
 
 // report queues a best-effort report to the coordinator.
-func (d *driver) report(what string, f func(context.Context, Membership) error) {
+func (d *driver) report(what string, f func(context.Context, *member) error) {
 	m := d.m
 	d.reports.add(what, func(ctx context.Context) error { return f(ctx, m) })
 }

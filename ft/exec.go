@@ -258,7 +258,7 @@ func (d *driver) fetch(a fetchState) {
 // is retried within the op timeout; only "another epoch owns it" is
 // final.
 func (d *driver) record(a recordCommit) {
-	dc := d.m.(durableCommitter)
+	dc := d.m.records
 	timeout := d.cfg.Timeout
 	d.spawn(a.task, func(ctx context.Context) taskResult {
 		rctx, cancel := context.WithTimeout(ctx, timeout)

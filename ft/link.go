@@ -21,7 +21,7 @@ type link struct {
 	closeErr error
 
 	// Published by the driver for readers on any goroutine.
-	mem  atomic.Pointer[memberRef] // the current registration
+	mem  atomic.Pointer[member] // the current registration
 	snap atomic.Pointer[snapshot]
 	step atomic.Int64 // the committed step (it changes every step: not in snap)
 	// settings are the job's settings in force (nil: none yet).
@@ -35,16 +35,16 @@ type link struct {
 	evWake chan struct{}
 }
 
-func newLink(m Membership) *link {
+func newLink(m *member) *link {
 	l := &link{in: make(chan input), replies: make(chan reply, 1), done: make(chan struct{}), released: make(chan struct{}),
 		evWake: make(chan struct{}, 1)}
-	l.mem.Store(&memberRef{m})
+	l.mem.Store(m)
 	l.snap.Store(&snapshot{rank: -1})
 	return l
 }
 
 // member returns the current registration.
-func (l *link) member() Membership { return l.mem.Load().m }
+func (l *link) member() *member { return l.mem.Load() }
 
 // queueEvent is the driver's side of event delivery.
 func (l *link) queueEvent(e Event) {
