@@ -663,39 +663,53 @@ func findCopy(list []*snapCopy, step int64, slot int) *snapCopy {
 // snapshot agreement: the ranks all-gather their inventories, follow their
 // sources, and restore when their steps differ (decideRestore).
 func (d *driver) checkSnapshots(a checkGroup, ctl *comm.Comm) {
-	snaps, server, blobs, log, met, group := d.snaps, d.server, d.blobs, d.log, d.metrics, d.cfg.Group
-	d.spawn(a.task, func(ctx context.Context) taskResult {
-		invs, err := gatherInventories(ctx, ctl, snaps.inventory(a.step))
-		if err != nil {
+	d.spawn(a.task, snapshotCheckTask{checkGroup: a, ctl: ctl, snaps: d.snaps, server: d.server, blobs: d.blobs,
+		log: d.log, met: d.metrics, group: d.cfg.Group}.run)
+}
+
+type snapshotCheckTask struct {
+	checkGroup
+	ctl    *comm.Comm
+	snaps  *peerSnapshots
+	server *recovery.Server
+	blobs  []recovery.Blob
+	log    *zap.Logger
+	met    *metrics
+	group  string
+}
+
+func (t snapshotCheckTask) run(ctx context.Context) taskResult {
+	snaps, a := t.snaps, t.checkGroup
+	invs, err := gatherInventories(ctx, t.ctl, snaps.inventory(a.step))
+	if err != nil {
+		return taskResult{in: groupChecked{task: a.task, err: err}}
+	}
+	snaps.follow(invs)
+	plan, err := decideRestore(t.group, invs)
+	switch {
+	case err != nil:
+		return taskResult{in: groupChecked{task: a.task, lo: a.step, hi: a.step, lost: err}}
+	case !plan.Restore:
+		if err := snaps.waitCopied(ctx); err != nil {
 			return taskResult{in: groupChecked{task: a.task, err: err}}
 		}
-		snaps.follow(invs)
-		plan, err := decideRestore(group, invs)
-		switch {
-		case err != nil:
-			return taskResult{in: groupChecked{task: a.task, lo: a.step, hi: a.step, lost: err}}
-		case !plan.Restore:
-			if err := snaps.waitCopied(ctx); err != nil {
-				return taskResult{in: groupChecked{task: a.task, err: err}}
-			}
-			snaps.settle(invs)
-			return taskResult{in: groupChecked{task: a.task, lo: a.step, hi: a.step}}
-		case blobs == nil:
-			return taskResult{in: groupChecked{task: a.task, err: errors.New("ft: no registered state to restore into")}}
-		}
-		log.Info("peer snapshot: "+describePlan(plan, invs), zap.Int64("held", a.step))
-		res, err := snaps.restore(ctx, ctl, server, plan, invs, a.step, blobs)
-		if errors.Is(err, errRestoreBroken) {
-			return taskResult{in: groupChecked{task: a.task, lo: a.step, hi: a.step, lost: err}}
-		}
-		if err != nil {
-			return taskResult{in: groupChecked{task: a.task, err: fmt.Errorf("ft: peer snapshot restore of step %d: %w", plan.Step, err)}}
-		}
-		met.restores.Inc()
-		met.restoreSeconds.Observe(res.took.Seconds())
-		if res.bytes > 0 {
-			met.healedBytes.Add(float64(res.bytes))
-		}
-		return taskResult{in: groupChecked{task: a.task, lo: res.step, hi: res.step, restored: &res}}
-	})
+		snaps.settle(invs)
+		return taskResult{in: groupChecked{task: a.task, lo: a.step, hi: a.step}}
+	case t.blobs == nil:
+		return taskResult{in: groupChecked{task: a.task, err: errors.New("ft: no registered state to restore into")}}
+	}
+	t.log.Info("peer snapshot: "+describePlan(plan, invs), zap.Int64("held", a.step))
+	res, err := snaps.restore(ctx, t.ctl, t.server, plan, invs, a.step, t.blobs)
+	if errors.Is(err, errRestoreBroken) {
+		return taskResult{in: groupChecked{task: a.task, lo: a.step, hi: a.step, lost: err}}
+	}
+	if err != nil {
+		return taskResult{in: groupChecked{task: a.task, err: fmt.Errorf("ft: peer snapshot restore of step %d: %w", plan.Step, err)}}
+	}
+	t.met.restores.Inc()
+	t.met.restoreSeconds.Observe(res.took.Seconds())
+	if res.bytes > 0 {
+		t.met.healedBytes.Add(float64(res.bytes))
+	}
+	return taskResult{in: groupChecked{task: a.task, lo: res.step, hi: res.step, restored: &res}}
 }
