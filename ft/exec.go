@@ -8,10 +8,10 @@ import (
 )
 
 // exec carries out one action of the machine. Each kind of action has one
-// line here: a method of the driver, or, for a report to the coordinator,
-// the report's send method (reports.go). A method that waits on peers or
-// etcd starts a task, whose work runs on a goroutine of its own
-// (tasks.go, form.go); the rest is done here, on the driver's goroutine.
+// line here, the driver's method that carries it out: done here, on the
+// driver's goroutine; a task, whose work runs on a goroutine of its own
+// (tasks.go, form.go); or a report to the coordinator, queued in order
+// (reports.go).
 func (d *driver) exec(a action) {
 	if d.hook != nil {
 		d.hook(a)
