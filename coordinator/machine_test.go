@@ -5,8 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/coordinator/quorum"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 	"github.com/ftcomm/ftcomm/membership/gossip"
 )
@@ -686,51 +685,15 @@ func (s *machineScript) run(line string) []string {
 // go test -run TestMachineScripts ./coordinator -args -rewrite updates the
 // expected output after a deliberate change; review the diff.
 func TestMachineScripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/machine/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scripts: %v", err)
-	}
-	for _, file := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) {
-			runMachineScript(t, file)
-		})
-	}
-}
-
-func runMachineScript(t *testing.T, file string) {
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &machineScript{t: t}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	var out []string // the file, rewritten
-	for i := 0; i < len(lines); i++ {
-		line := lines[i]
-		out = append(out, line)
-		cmd, isCmd := strings.CutPrefix(line, "> ")
-		if !isCmd {
-			continue
+	testutil.RunScripts(t, "testdata/machine/*.txt", *rewrite, func(t *testing.T) func(string) []string {
+		s := &machineScript{t: t}
+		return func(cmd string) []string {
+			if s.m == nil && !strings.HasPrefix(cmd, "config") {
+				t.Fatalf("the first command must be config, not %q", cmd)
+			}
+			return s.run(cmd)
 		}
-		var want []string
-		for i+1 < len(lines) && lines[i+1] != "" && !strings.HasPrefix(lines[i+1], "> ") && !strings.HasPrefix(lines[i+1], "#") {
-			i++
-			want = append(want, lines[i])
-		}
-		if s.m == nil && !strings.HasPrefix(cmd, "config") {
-			t.Fatalf("%s:%d: the first command must be config", file, i+1)
-		}
-		got := s.run(cmd)
-		out = append(out, got...)
-		if !*rewrite && !slices.Equal(got, want) {
-			t.Errorf("%s:%d: > %s\ngot:\n  %s\nwant:\n  %s", file, i+1, cmd, strings.Join(got, "\n  "), strings.Join(want, "\n  "))
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(file, []byte(strings.Join(out, "\n")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 }
 
 // The leader logs what a job's quorum waits for when the wait begins and

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -537,50 +536,11 @@ func (s *machineScript) state() string {
 // go test -run TestMachineScripts ./ft -args -rewrite updates the expected
 // output after a deliberate change; review the diff.
 func TestMachineScripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/machine/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scripts: %v", err)
-	}
-	for _, file := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) {
-			runMachineScript(t, file)
-		})
-	}
-}
-
-func runMachineScript(t *testing.T, file string) {
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &machineScript{t: t, now: time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)}
-	s.run("config")
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	var out []string // the file, rewritten
-	for i := 0; i < len(lines); i++ {
-		line := lines[i]
-		cmd, isCmd := strings.CutPrefix(line, "> ")
-		if !isCmd {
-			out = append(out, line)
-			continue
-		}
-		out = append(out, line)
-		var want []string
-		for i+1 < len(lines) && lines[i+1] != "" && !strings.HasPrefix(lines[i+1], "> ") && !strings.HasPrefix(lines[i+1], "#") {
-			i++
-			want = append(want, lines[i])
-		}
-		got := s.run(cmd)
-		out = append(out, got...)
-		if !*rewrite && !slices.Equal(got, want) {
-			t.Errorf("%s:%d: > %s\ngot:\n  %s\nwant:\n  %s", file, i+1, cmd, strings.Join(got, "\n  "), strings.Join(want, "\n  "))
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(file, []byte(strings.Join(out, "\n")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	testutil.RunScripts(t, "testdata/machine/*.txt", *rewrite, func(t *testing.T) func(string) []string {
+		s := &machineScript{t: t, now: time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)}
+		s.run("config")
+		return s.run
+	})
 }
 
 // TestSwitchStep: the step a prepared grow's ranks move after leaves a

@@ -4,14 +4,12 @@ import (
 	"flag"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 )
 
@@ -377,48 +375,10 @@ func (s *quorumScript) run(line string) []string {
 // TestQuorumScripts ./coordinator/quorum -args -rewrite updates the expected
 // output after a deliberate change; review the diff.
 func TestQuorumScripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scripts: %v", err)
-	}
-	for _, file := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) {
-			runQuorumScript(t, file)
-		})
-	}
-}
-
-func runQuorumScript(t *testing.T, file string) {
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &quorumScript{t: t, now: time.Unix(1000, 0)}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	var out []string // the file, rewritten
-	for i := 0; i < len(lines); i++ {
-		line := lines[i]
-		out = append(out, line)
-		cmd, isCmd := strings.CutPrefix(line, "> ")
-		if !isCmd {
-			continue
-		}
-		var want []string
-		for i+1 < len(lines) && lines[i+1] != "" && !strings.HasPrefix(lines[i+1], "> ") && !strings.HasPrefix(lines[i+1], "#") {
-			i++
-			want = append(want, lines[i])
-		}
-		got := s.run(cmd)
-		out = append(out, got...)
-		if !*rewrite && !slices.Equal(got, want) {
-			t.Errorf("%s:%d: > %s\ngot:\n  %s\nwant:\n  %s", file, i+1, cmd, strings.Join(got, "\n  "), strings.Join(want, "\n  "))
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(file, []byte(strings.Join(out, "\n")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	testutil.RunScripts(t, "testdata/*.txt", *rewrite, func(t *testing.T) func(string) []string {
+		s := &quorumScript{t: t, now: time.Unix(1000, 0)}
+		return s.run
+	})
 }
 
 func TestQuorumStaleRemoveAndUpsert(t *testing.T) {
