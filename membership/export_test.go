@@ -12,8 +12,8 @@ import (
 // revocation, no gossip leave (for the tests in package membership_test).
 func (m *Member) Crash() {
 	m.closeOnce.Do(func() {
-		m.crashed.Store(true)
-		m.finish(fmt.Errorf("%w: member crashed", comm.ErrClosed))
+		m.end.crashed.Store(true)
+		m.end.finish(fmt.Errorf("%w: member crashed", comm.ErrClosed))
 		if g := m.lease.gossip(); g != nil {
 			g.Close()
 		}

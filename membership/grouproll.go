@@ -67,16 +67,16 @@ type groupJoined struct {
 
 // joinedOp says that this member's registration, incarnation inc (0: the
 // one the same transaction creates), binds to lease.
-func (m *Member) joinedOp(inc int64, lease clientv3.LeaseID) clientv3.Op {
-	val, _ := json.Marshal(groupJoined{ID: m.cfg.ID, Incarnation: inc})
-	return clientv3.OpPut(m.keys.GroupJoined(m.cfg.Job, m.cfg.Group), string(val), clientv3.WithLease(lease))
+func (e *memberEnv) joinedOp(inc int64, lease clientv3.LeaseID) clientv3.Op {
+	val, _ := json.Marshal(groupJoined{ID: e.cfg.ID, Incarnation: inc})
+	return clientv3.OpPut(e.keys.GroupJoined(e.cfg.Job, e.cfg.Group), string(val), clientv3.WithLease(lease))
 }
 
 // groupRoll is a group leader's roll of the registrations bound to its
 // lease, other than its own, and of their links. Its rule: a registration
 // without a link for bound is due for removal, unless a hello is unread.
 // Pure: time is an input; the watch, the links and etcd are the caller's
-// (rollGroup, serveGroupLink). The Member holds it in its leaderRoll.
+// (rollGroup, linkServer.serve). The Member holds it in its leaderRoll.
 type groupRoll struct {
 	self   string // the leader's own id: never on the roll
 	bound  time.Duration
@@ -194,7 +194,7 @@ func (r *groupRoll) due(now time.Time) (out []rollKey, next time.Time) {
 }
 
 // leaderRoll is a group leader's roll (groupRoll) as the member keeps it:
-// fed by the watch of the joined record and by the links (serveGroupLink),
+// fed by the watch of the joined record and by the links (linkServer.serve),
 // it removes the registrations it finds due (rollGroup) from the lease it
 // reads, and removes from, by the member's leaseBinding.
 type leaderRoll struct {

@@ -2,6 +2,8 @@ package membership
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"sync"
 	"time"
 
@@ -16,12 +18,13 @@ import (
 // leaseBinding is the lease a member's registration is bound to: its own,
 // or its replica group's (MemberConfig.GroupLease, grouplease.go), and
 // for a group's lease the group's record it is bound under and the links
-// that hold the group together. Join binds it; a group's member moves it
-// when the group's lease moves (rebind) or takes the lease over
-// (takeOver); while it holds the lease it removes the registrations of
-// dead members from it (removeFromLease).
+// that hold the group together. Join binds it (ownLease, enterGroup); a
+// group's member moves it when the group's lease moves or takes the lease
+// over (groupFollower's rebind and takeOver); while it holds the lease it
+// removes the registrations of dead members from it (removeFromLease).
 type leaseBinding struct {
 	*memberEnv
+	rec *recordDraft // told the lease the registration is bound to
 
 	mu sync.Mutex // guards the fields below
 	// lease is the lease the registration is bound to; holds says
@@ -45,6 +48,105 @@ type leaseBinding struct {
 	groupSeen int64
 	links     int  // the group links this member serves as leader
 	linked    bool // a member that does not lead: its link to the leader is up
+}
+
+// ownLease grants this member a lease of its own, keeps it alive from now
+// (registering may wait for a previous incarnation longer than the TTL)
+// and starts gossip under it.
+func (b *leaseBinding) ownLease(ctx context.Context) error {
+	// The first call to etcd waits for a connection (a member may start
+	// before its coordinator): say what it waits for while it does.
+	stopNotice := waitNotice(b.cli, b.lg, "grant a lease")
+	lr, err := b.cli.Grant(ctx, b.ttlSeconds())
+	stopNotice()
+	if err != nil {
+		return fmt.Errorf("membership: join %s/%s: grant lease: %w", b.cfg.Job, b.cfg.ID, ctxErr(ctx, err))
+	}
+	ka, err := b.cli.KeepAlive(b.life, lr.ID)
+	if err != nil {
+		b.revokeQuietly(lr.ID)
+		return fmt.Errorf("membership: join %s/%s: keepalive: %w", b.cfg.Job, b.cfg.ID, err)
+	}
+	var g *gossip.Node
+	if b.cfg.Gossip != nil {
+		if g, err = gossip.Start(gossip.NodeName(b.cfg.Job, b.cfg.ID, int64(lr.ID)), *b.cfg.Gossip); err != nil {
+			b.revokeQuietly(lr.ID)
+			return err
+		}
+	}
+	b.own(lr.ID, ka, g)
+	addr := ""
+	if g != nil {
+		addr = g.Addr()
+	}
+	b.rec.setLease(lr.ID, addr)
+	return nil
+}
+
+// dropOwnLease undoes ownLease for a Join that did not complete with it.
+func (b *leaseBinding) dropOwnLease() {
+	lease, holds, g := b.drop()
+	b.rec.setLease(0, "")
+	if g != nil {
+		g.Close()
+	}
+	if holds && lease != 0 {
+		b.revokeQuietly(lease)
+	}
+}
+
+// revokeQuietly revokes a lease this member granted and will not use,
+// for at most 2 s, whatever etcd answers.
+func (b *leaseBinding) revokeQuietly(lease clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	b.cli.Revoke(ctx, lease)
+}
+
+// ttlSeconds is LeaseTTL in whole seconds, rounded up: a lease's TTL.
+func (b *leaseBinding) ttlSeconds() int64 {
+	return int64((b.cfg.LeaseTTL + time.Second - 1) / time.Second)
+}
+
+// enterGroup binds the registration to the group's lease: the current
+// one, or a new one this member holds when the group has none.
+func (b *leaseBinding) enterGroup(ctx context.Context) error {
+	stopNotice := waitNotice(b.cli, b.lg, "read the group's lease")
+	resp, err := b.cli.Get(ctx, b.groupKey())
+	stopNotice()
+	if err != nil {
+		return fmt.Errorf("membership: join %s/%s: read the group's lease: %w", b.cfg.Job, b.cfg.ID, ctxErr(ctx, err))
+	}
+	if len(resp.Kvs) == 0 {
+		b.forgetGroup()
+		return b.ownLease(ctx) // the registration creates the record
+	}
+	var g groupLease
+	if err := json.Unmarshal(resp.Kvs[0].Value, &g); err != nil || g.Lease == 0 {
+		return fmt.Errorf("membership: join %s/%s: unreadable group lease record %s", b.cfg.Job, b.cfg.ID, b.groupKey())
+	}
+	b.follow(g, resp.Kvs[0].ModRevision, resp.Header.Revision)
+	b.rec.setLease(clientv3.LeaseID(g.Lease), "")
+	return nil
+}
+
+// groupBinding is what registering adds for the group lease: a leader
+// creates the group's record (none may exist), naming link as where it
+// serves the group's links; a member checks that the record it binds
+// under is still current and tells the leader that it joined the lease
+// (grouproll.go).
+func (b *leaseBinding) groupBinding(link string) (clientv3.Cmp, []clientv3.Op) {
+	k := b.groupKey()
+	lease, holds := b.current()
+	if !holds {
+		_, rev, _ := b.groupRecord()
+		return clientv3.Compare(clientv3.ModRevision(k), "=", rev), []clientv3.Op{b.joinedOp(0, lease)}
+	}
+	g := groupLease{Lease: int64(lease), Leader: b.cfg.ID, Link: link, Since: time.Now()}
+	b.setGroup(g)
+	val, _ := json.Marshal(g)
+	op := clientv3.OpPut(k, string(val), clientv3.WithLease(lease))
+	return clientv3.Compare(clientv3.CreateRevision(k), "=", 0), []clientv3.Op{op}
 }
 
 // current returns the lease and whether this member keeps it alive.

@@ -23,46 +23,62 @@ import (
 // replica group's: grouplease.go), the watch of its own key, lease renewal,
 // heartbeats and gossip. Whichever ends first ends the membership.
 
+// liveness is the part of a member that registers it and keeps the
+// registration alive: Join registers through it and starts its goroutines
+// (renew, heartbeats and drainGossip while the member keeps its lease
+// alive, watchSelf always); a group member that takes the lease over
+// (groupFollower.takeOver) starts them there. It has no state of its own:
+// it drives the record, the lease and, for the group's record, the links'
+// address.
+type liveness struct {
+	*memberEnv
+	end   *ending
+	rec   *recordDraft
+	lease *leaseBinding
+	links *linkServer
+}
+
 // errRunMoved: the job's run changed while the member registered.
 var errRunMoved = errors.New("membership: the job's run changed")
 
 // register creates the member key if no other incarnation holds it and
-// the job's run is the one the member entered (errRunMoved: it changed).
-func (m *Member) register(ctx context.Context) error {
+// the job's run is the one the member entered (errRunMoved: it changed),
+// and returns the registration's incarnation.
+func (l *liveness) register(ctx context.Context) (int64, error) {
 	for {
-		val, lease := m.rec.encode()
-		keepOut := m.keys.Evicted(m.cfg.Job, m.cfg.ID)
-		runKey := m.keys.Run(m.cfg.Job)
-		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0), clientv3.Compare(clientv3.CreateRevision(keepOut), "=", 0),
-			clientv3.Compare(clientv3.ModRevision(runKey), "=", m.runRev)}
-		then := []clientv3.Op{clientv3.OpPut(m.key, string(val), clientv3.WithLease(lease))}
-		els := []clientv3.Op{clientv3.OpGet(m.key), clientv3.OpGet(keepOut), clientv3.OpGet(runKey)}
-		if m.cfg.GroupLease {
-			c, ops := m.groupBinding()
-			cmps, els, then = append(cmps, c), append(els, clientv3.OpGet(m.groupKey())), append(then, ops...)
+		val, lease := l.rec.encode()
+		keepOut := l.keys.Evicted(l.cfg.Job, l.cfg.ID)
+		runKey := l.keys.Run(l.cfg.Job)
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0), clientv3.Compare(clientv3.CreateRevision(keepOut), "=", 0),
+			clientv3.Compare(clientv3.ModRevision(runKey), "=", l.runRev)}
+		then := []clientv3.Op{clientv3.OpPut(l.key, string(val), clientv3.WithLease(lease))}
+		els := []clientv3.Op{clientv3.OpGet(l.key), clientv3.OpGet(keepOut), clientv3.OpGet(runKey)}
+		if l.cfg.GroupLease {
+			c, ops := l.lease.groupBinding(l.links.addr())
+			cmps, els, then = append(cmps, c), append(els, clientv3.OpGet(l.groupKey())), append(then, ops...)
 		}
-		tr, err := m.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+		tr, err := l.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 		if err != nil {
-			return fmt.Errorf("membership: join %s/%s: %w", m.cfg.Job, m.cfg.ID, ctxErr(ctx, err))
+			return 0, fmt.Errorf("membership: join %s/%s: %w", l.cfg.Job, l.cfg.ID, ctxErr(ctx, err))
 		}
 		if tr.Succeeded {
-			m.inc = tr.Header.Revision
-			m.rec.update(func(r *MemberRecord) bool { r.Incarnation = m.inc; return false })
-			if m.cfg.GroupLease {
-				m.lease.registered(tr.Header.Revision)
+			inc := tr.Header.Revision
+			l.rec.update(func(r *MemberRecord) bool { r.Incarnation = inc; return false })
+			if l.cfg.GroupLease {
+				l.lease.registered(inc)
 			}
-			return nil
+			return inc, nil
 		}
-		if m.checkRun(tr.Responses[2].GetResponseRange().Kvs) != nil {
-			return errRunMoved
+		if l.checkRun(tr.Responses[2].GetResponseRange().Kvs) != nil {
+			return 0, errRunMoved
 		}
-		if m.cfg.GroupLease && m.lease.moved(tr.Responses[3].GetResponseRange().Kvs) {
-			return errGroupMoved
+		if l.cfg.GroupLease && l.lease.moved(tr.Responses[3].GetResponseRange().Kvs) {
+			return 0, errGroupMoved
 		}
 		if kos := tr.Responses[1].GetResponseRange().Kvs; len(kos) > 0 {
 			var ko KeepOut
 			_ = json.Unmarshal(kos[0].Value, &ko)
-			return &KeptOutError{Job: m.cfg.Job, ID: m.cfg.ID, By: ko.By, Until: ko.Until}
+			return 0, &KeptOutError{Job: l.cfg.Job, ID: l.cfg.ID, By: ko.By, Until: ko.Until}
 		}
 		kvs := tr.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
@@ -70,14 +86,14 @@ func (m *Member) register(ctx context.Context) error {
 		}
 		var holder MemberRecord
 		_ = json.Unmarshal(kvs[0].Value, &holder)
-		dup := &DuplicateMemberError{Job: m.cfg.Job, ID: m.cfg.ID, Incarnation: kvs[0].CreateRevision, Addr: holder.Addr}
-		m.claim(ctx, dup)
-		if !m.cfg.WaitForDuplicate {
-			return dup
+		dup := &DuplicateMemberError{Job: l.cfg.Job, ID: l.cfg.ID, Incarnation: kvs[0].CreateRevision, Addr: holder.Addr}
+		l.claim(ctx, dup)
+		if !l.cfg.WaitForDuplicate {
+			return 0, dup
 		}
-		m.lg.Info("waiting for the previous incarnation to go", zap.Int64("holder", dup.Incarnation))
-		if err := m.waitDeleted(ctx, tr.Header.Revision+1); err != nil {
-			return fmt.Errorf("%w (waited: %v)", dup, err)
+		l.lg.Info("waiting for the previous incarnation to go", zap.Int64("holder", dup.Incarnation))
+		if err := l.waitDeleted(ctx, tr.Header.Revision+1); err != nil {
+			return 0, fmt.Errorf("%w (waited: %v)", dup, err)
 		}
 	}
 }
@@ -100,23 +116,23 @@ type Claim struct {
 
 // claim writes a Claim for the holder dup names (best effort: the wait
 // for its lease remains the fallback).
-func (m *Member) claim(ctx context.Context, dup *DuplicateMemberError) {
-	if dup.Addr == "" || dup.Addr == m.cfg.Addr {
+func (l *liveness) claim(ctx context.Context, dup *DuplicateMemberError) {
+	if dup.Addr == "" || dup.Addr == l.cfg.Addr {
 		return // the same address: a dial cannot tell the two apart
 	}
-	val, _ := json.Marshal(Claim{Incarnation: dup.Incarnation, Addr: dup.Addr, By: m.cfg.Addr, At: time.Now()})
+	val, _ := json.Marshal(Claim{Incarnation: dup.Incarnation, Addr: dup.Addr, By: l.cfg.Addr, At: time.Now()})
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, err := m.cli.Put(cctx, m.keys.Claim(m.cfg.Job, m.cfg.ID), string(val)); err != nil {
-		m.lg.Info("asking the coordinator to confirm the previous incarnation dead", zap.Error(err))
+	if _, err := l.cli.Put(cctx, l.keys.Claim(l.cfg.Job, l.cfg.ID), string(val)); err != nil {
+		l.lg.Info("asking the coordinator to confirm the previous incarnation dead", zap.Error(err))
 	}
 }
 
 // waitDeleted watches the member key from rev until it is deleted.
-func (m *Member) waitDeleted(ctx context.Context, rev int64) error {
+func (l *liveness) waitDeleted(ctx context.Context, rev int64) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for wr := range m.cli.Watch(wctx, m.key, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
+	for wr := range l.cli.Watch(wctx, l.key, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
 		if err := wr.Err(); err != nil {
 			return nil // compacted or similar: the caller reads again
 		}
@@ -128,55 +144,55 @@ func (m *Member) waitDeleted(ctx context.Context, rev int64) error {
 }
 
 // joinGossip contacts the coordinators and a few members of the job.
-func (m *Member) joinGossip(ctx context.Context) error {
+func (l *liveness) joinGossip(ctx context.Context) error {
 	var seeds []string
-	resp, err := m.cli.Get(ctx, m.keys.CoordinatorGossip(), clientv3.WithPrefix())
+	resp, err := l.cli.Get(ctx, l.keys.CoordinatorGossip(), clientv3.WithPrefix())
 	if err != nil {
 		return err
 	}
 	for _, kv := range resp.Kvs {
 		seeds = append(seeds, string(kv.Value))
 	}
-	resp, err = m.cli.Get(ctx, m.keys.Members(m.cfg.Job), clientv3.WithPrefix(), clientv3.WithLimit(8))
+	resp, err = l.cli.Get(ctx, l.keys.Members(l.cfg.Job), clientv3.WithPrefix(), clientv3.WithLimit(8))
 	if err != nil {
 		return err
 	}
 	for _, kv := range resp.Kvs {
 		var r MemberRecord
-		if json.Unmarshal(kv.Value, &r) == nil && r.Gossip != "" && r.ID != m.cfg.ID {
+		if json.Unmarshal(kv.Value, &r) == nil && r.Gossip != "" && r.ID != l.cfg.ID {
 			seeds = append(seeds, r.Gossip)
 		}
 	}
 	rand.Shuffle(len(seeds), func(i, j int) { seeds[i], seeds[j] = seeds[j], seeds[i] })
-	_, err = m.lease.gossip().Join(ctx, seeds)
+	_, err = l.lease.gossip().Join(ctx, seeds)
 	return err
 }
 
 // watchSelf ends the membership when the member key is deleted (eviction,
 // lease expiry, a coordinator's verdict of death).
-func (m *Member) watchSelf() {
-	rev := m.inc + 1
-	for m.life.Err() == nil {
-		for wr := range m.cli.Watch(m.life, m.key, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
+func (l *liveness) watchSelf() {
+	rev := l.inc + 1
+	for l.life.Err() == nil {
+		for wr := range l.cli.Watch(l.life, l.key, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
 			if wr.Err() != nil {
 				break
 			}
 			if len(wr.Events) > 0 {
-				m.lost(fmt.Errorf("%w: %s/%s: registration deleted", ErrEvicted, m.cfg.Job, m.cfg.ID))
+				l.end.lost(fmt.Errorf("%w: %s/%s: registration deleted", ErrEvicted, l.cfg.Job, l.cfg.ID))
 				return
 			}
 			rev = wr.Header.Revision + 1
 		}
-		if m.life.Err() != nil {
+		if l.life.Err() != nil {
 			return
 		}
 		// Compacted past our revision: look at the key itself.
-		resp, err := m.cli.Get(m.life, m.key)
+		resp, err := l.cli.Get(l.life, l.key)
 		if err != nil {
 			continue
 		}
-		if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != m.inc {
-			m.lost(fmt.Errorf("%w: %s/%s: registration gone", ErrEvicted, m.cfg.Job, m.cfg.ID))
+		if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != l.inc {
+			l.end.lost(fmt.Errorf("%w: %s/%s: registration gone", ErrEvicted, l.cfg.Job, l.cfg.ID))
 			return
 		}
 		rev = resp.Header.Revision + 1
@@ -193,14 +209,14 @@ func (m *Member) watchSelf() {
 // the membership is lost if the lease is gone, and otherwise the same
 // lease is renewed again — the registration and its incarnation hold,
 // and the epoch the member takes part in is not ended by the outage.
-func (m *Member) renew(lease clientv3.LeaseID, ka <-chan *clientv3.LeaseKeepAliveResponse) {
+func (l *liveness) renew(lease clientv3.LeaseID, ka <-chan *clientv3.LeaseKeepAliveResponse) {
 	for ka != nil {
 		for range ka {
 		}
-		if m.life.Err() != nil {
+		if l.life.Err() != nil {
 			return
 		}
-		ka = m.renewAgain(lease)
+		ka = l.renewAgain(lease)
 	}
 }
 
@@ -208,21 +224,21 @@ func (m *Member) renew(lease clientv3.LeaseID, ka <-chan *clientv3.LeaseKeepAliv
 // lease lives after its keepalive lapsed. It returns a new keepalive
 // channel when it does, or nil: the lease is gone (the membership is
 // lost) or the membership ended.
-func (m *Member) renewAgain(lease clientv3.LeaseID) <-chan *clientv3.LeaseKeepAliveResponse {
+func (l *liveness) renewAgain(lease clientv3.LeaseID) <-chan *clientv3.LeaseKeepAliveResponse {
 	since := time.Now()
-	m.lg.Warn("lease renewal lapsed: etcd did not answer for a lease TTL; the registration holds unless etcd says its lease expired",
+	l.lg.Warn("lease renewal lapsed: etcd did not answer for a lease TTL; the registration holds unless etcd says its lease expired",
 		zap.String("lease", fmt.Sprintf("%x", int64(lease))))
-	stopNotice := waitNotice(m.cli, m.lg, "confirm the member's lease")
+	stopNotice := waitNotice(l.cli, l.lg, "confirm the member's lease")
 	defer stopNotice()
 	pause := 50 * time.Millisecond
 	for {
-		ctx, cancel := context.WithTimeout(m.life, m.cfg.LeaseTTL)
-		_, err := m.cli.KeepAliveOnce(ctx, lease)
+		ctx, cancel := context.WithTimeout(l.life, l.cfg.LeaseTTL)
+		_, err := l.cli.KeepAliveOnce(ctx, lease)
 		cancel()
 		if err == nil {
-			ka, kerr := m.cli.KeepAlive(m.life, lease)
+			ka, kerr := l.cli.KeepAlive(l.life, lease)
 			if kerr == nil {
-				m.lg.Info("lease renewed again: etcd kept it, the registration holds",
+				l.lg.Info("lease renewed again: etcd kept it, the registration holds",
 					zap.Duration("lapsed_for", time.Since(since).Round(time.Millisecond)))
 				return ka
 			}
@@ -230,14 +246,14 @@ func (m *Member) renewAgain(lease clientv3.LeaseID) <-chan *clientv3.LeaseKeepAl
 		}
 		switch {
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			m.lost(fmt.Errorf("%w: %s/%s: lease %x expired or revoked", ErrEvicted, m.cfg.Job, m.cfg.ID, int64(lease)))
+			l.end.lost(fmt.Errorf("%w: %s/%s: lease %x expired or revoked", ErrEvicted, l.cfg.Job, l.cfg.ID, int64(lease)))
 			return nil
-		case m.cli.Ctx().Err() != nil: // closed before the member: nothing can be renewed or asked
-			m.lost(fmt.Errorf("%w: %s/%s: lease %x not renewed: the etcd client was closed", ErrEvicted, m.cfg.Job, m.cfg.ID, int64(lease)))
+		case l.cli.Ctx().Err() != nil: // closed before the member: nothing can be renewed or asked
+			l.end.lost(fmt.Errorf("%w: %s/%s: lease %x not renewed: the etcd client was closed", ErrEvicted, l.cfg.Job, l.cfg.ID, int64(lease)))
 			return nil
 		}
 		select {
-		case <-m.life.Done():
+		case <-l.life.Done():
 			return nil
 		case <-time.After(pause):
 		}
@@ -245,34 +261,34 @@ func (m *Member) renewAgain(lease clientv3.LeaseID) <-chan *clientv3.LeaseKeepAl
 	}
 }
 
-func (m *Member) heartbeats() {
-	t := time.NewTicker(m.cfg.HeartbeatInterval)
+func (l *liveness) heartbeats() {
+	t := time.NewTicker(l.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
-			if m.rec.changed() {
-				ctx, cancel := context.WithTimeout(m.life, m.cfg.HeartbeatInterval)
-				if err := m.write(ctx, "heartbeat"); err != nil && !errors.Is(err, ErrEvicted) && m.life.Err() == nil {
-					m.lg.Warn("heartbeat failed", zap.Error(err))
+			if l.rec.changed() {
+				ctx, cancel := context.WithTimeout(l.life, l.cfg.HeartbeatInterval)
+				if err := l.rec.write(ctx, "heartbeat"); err != nil && !errors.Is(err, ErrEvicted) && l.life.Err() == nil {
+					l.lg.Warn("heartbeat failed", zap.Error(err))
 				}
 				cancel()
 			}
-		case <-m.life.Done():
+		case <-l.life.Done():
 			return
 		}
 	}
 }
 
-func (m *Member) drainGossip() {
-	g := m.lease.gossip()
+func (l *liveness) drainGossip() {
+	g := l.lease.gossip()
 	for {
 		select {
 		case ev := <-g.Events():
 			if ev.Kind != gossip.Joined {
-				m.lg.Debug("gossip", zap.Stringer("event", ev.Kind), zap.String("node", ev.Name))
+				l.lg.Debug("gossip", zap.Stringer("event", ev.Kind), zap.String("node", ev.Name))
 			}
-		case <-m.life.Done():
+		case <-l.life.Done():
 			return
 		}
 	}

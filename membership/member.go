@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -180,11 +179,12 @@ func (c MemberConfig) Validate() error {
 // for its lifecycle. Its methods are safe for concurrent use.
 type Member struct {
 	// A Member is composed of parts, each of which owns its state and the
-	// lock that guards it:
+	// lock that guards it, and holds the parts it drives (given by
+	// newMember):
 	//
-	//   - end (ending, member.go): why the membership ended;
+	//   - end (ending, member.go): why and how the membership ended;
 	//   - rec (recordDraft, reports.go): the member's record as it will
-	//     next be written, and the order of its writes;
+	//     next be written, and its writes, in order;
 	//   - lease (leaseBinding, lease.go): the lease the registration is
 	//     bound to, whether this member keeps it alive, and its replica
 	//     group's record and links;
@@ -193,12 +193,18 @@ type Member struct {
 	//   - epochs (epochs, epochs.go and groupquorum.go): the job's quorums
 	//     and revocations as the member learns them, and what a group's
 	//     leader forwards of them;
-	//   - reach (reachProbe, reach.go): the blamed peers the member dials.
+	//   - reach (reachProbe, reach.go): the blamed peers the member dials;
+	//   - live (liveness, liveness.go): the registration, its renewal,
+	//     heartbeats, gossip and the watch of its own key;
+	//   - links (linkServer, grouplink.go): the group's links, at the
+	//     leader's end, and the link protocol;
+	//   - follower (groupFollower, grouplease.go): a group member that
+	//     does not lead: its link to the leader, its moves when the lease
+	//     moves, and its takeover of the lease.
 	//
-	// The Member's own fields and memberEnv's are set by Join before any
-	// goroutine starts, and read without a lock. The Member's methods
-	// drive the parts: joining, liveness (liveness.go), the group lease
-	// (grouplease.go), the writes of the record (reports.go).
+	// memberEnv's fields are set by Join before any goroutine starts, and
+	// read without a lock. The Member's own methods compose the parts:
+	// Join wires them, Leave and Close end them in order.
 	//
 	// Lock order: the parts' locks do not nest, with two exceptions. The
 	// record's write lock (recordDraft.writeM, held across each write of
@@ -207,37 +213,38 @@ type Member struct {
 	// which are leaves. Otherwise a part's method takes its own lock only,
 	// and a caller holds no part's lock when it calls another part.
 	*memberEnv
-	key string // the member's key (etcdkeys.Layout.Member)
-	inc int64  // the registration's create revision (Incarnation)
-	// run is the run the member joined, runRev the revision of its
-	// record (0: none, the default run): registration and commit records
-	// are fenced on it.
-	run    string
-	runRev int64
-	// link listens for the group's liveness links (MemberConfig.GroupLease).
-	link      net.Listener
-	stop      context.CancelFunc // ends life
-	closeOnce sync.Once          // Leave's, Crash's
-	crashed   atomic.Bool        // Crash: links end without saying goodbye
+	closeOnce sync.Once // Leave's, Crash's
 
-	end    ending
-	rec    recordDraft
-	lease  leaseBinding
-	roll   leaderRoll
-	epochs *epochs
-	reach  reachProbe
+	end      ending
+	rec      recordDraft
+	lease    leaseBinding
+	roll     leaderRoll
+	epochs   *epochs
+	reach    reachProbe
+	live     liveness
+	links    linkServer
+	follower groupFollower
 }
 
 // memberEnv is what a member's parts share and none of them changes once
-// Join has set it: the configuration, the etcd client and key layout, the
-// logger, and the membership's lifetime and goroutines.
+// Join has set it (before any goroutine starts): the configuration, the
+// etcd client and key layout, the logger, the membership's lifetime and
+// goroutines, and the registration's key, incarnation and run.
 type memberEnv struct {
 	cfg  MemberConfig
 	cli  *clientv3.Client
 	keys etcdkeys.Layout
 	lg   *zap.Logger
-	life context.Context // ends at Leave, Close or loss
-	wg   sync.WaitGroup  // the goroutines spawn started
+	life context.Context    // ends at Leave, Close or loss
+	stop context.CancelFunc // ends life (nil: a test's env)
+	wg   sync.WaitGroup     // the goroutines spawn started
+	key  string             // the member's key (etcdkeys.Layout.Member)
+	inc  int64              // the registration's create revision (Incarnation)
+	// run is the run the member joined, runRev the revision of its
+	// record (0: none, the default run): registration and commit records
+	// are fenced on it.
+	run    string
+	runRev int64
 }
 
 // spawn runs f on a goroutine of the membership's (Leave waits for them).
@@ -246,17 +253,30 @@ func (e *memberEnv) spawn(f func()) {
 	go func() { defer e.wg.Done(); f() }()
 }
 
-// newMember makes a member of env's configuration, its parts empty.
+// newMember makes a member of env's configuration, its parts empty and
+// wired to each other.
 func newMember(env *memberEnv) *Member {
-	m := &Member{memberEnv: env, epochs: newEpochs(env), end: ending{done: make(chan struct{})}}
-	m.lease.memberEnv = env
+	m := &Member{memberEnv: env, epochs: newEpochs(env)}
+	m.end = ending{memberEnv: env, epochs: m.epochs, done: make(chan struct{})}
+	m.rec.memberEnv, m.rec.end = env, &m.end
+	m.lease.memberEnv, m.lease.rec = env, &m.rec
 	m.roll.memberEnv, m.roll.lease = env, &m.lease
 	m.reach.init(env)
+	m.links = linkServer{memberEnv: env, end: &m.end, lease: &m.lease, roll: &m.roll, epochs: m.epochs}
+	m.live = liveness{memberEnv: env, end: &m.end, rec: &m.rec, lease: &m.lease, links: &m.links}
+	m.follower = groupFollower{memberEnv: env, end: &m.end, rec: &m.rec, lease: &m.lease, roll: &m.roll,
+		epochs: m.epochs, links: &m.links, live: &m.live}
 	return m
 }
 
-// ending is how the membership ends: the first reason given.
+// ending is how the membership ends: the first reason given, and whether
+// it ended as a killed process's would.
 type ending struct {
+	*memberEnv
+	epochs *epochs // ended with the membership
+
+	crashed atomic.Bool // Crash: links end without saying goodbye
+
 	mu   sync.Mutex    // guards err
 	err  error         // why the membership ended (nil while it lasts)
 	done chan struct{} // closed when err is set
@@ -279,6 +299,23 @@ func (e *ending) cause() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.err
+}
+
+// lost ends the membership because the registration is gone.
+func (e *ending) lost(err error) {
+	e.lg.Warn("membership lost", zap.Error(err))
+	e.finish(err)
+}
+
+// finish records why the membership ended and stops the goroutines
+// (without waiting for them: it may run on one of them).
+func (e *ending) finish(err error) {
+	if e.set(err) {
+		e.epochs.end()
+	}
+	if e.stop != nil {
+		e.stop()
+	}
 }
 
 // Join registers a member bound to a fresh lease and starts its
@@ -307,10 +344,9 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		lg = zap.NewNop()
 	}
 	life, stop := context.WithCancel(context.Background())
-	m := newMember(&memberEnv{cfg: cfg, cli: cfg.Client, keys: etcdkeys.Layout{Root: cfg.Root},
-		lg: lg.With(zap.String("job", cfg.Job), zap.String("member", cfg.ID)), life: life})
-	m.stop = stop
-	m.key = m.keys.Member(cfg.Job, cfg.ID)
+	keys := etcdkeys.Layout{Root: cfg.Root}
+	m := newMember(&memberEnv{cfg: cfg, cli: cfg.Client, keys: keys, lg: lg.With(zap.String("job", cfg.Job), zap.String("member", cfg.ID)),
+		life: life, stop: stop, key: keys.Member(cfg.Job, cfg.ID)})
 	ok := false
 	defer func() {
 		if !ok {
@@ -329,10 +365,11 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	}
 	m.rec.update(func(r *MemberRecord) bool { *r = rec; return false })
 	if cfg.GroupLease {
-		if err := m.listenGroupLink(); err != nil {
+		m.roll.init(cfg.ID, cfg.unlinkedBound())
+		if err := m.links.listen(); err != nil {
 			return nil, err
 		}
-	} else if err := m.shedRetry(ctx, func() error { return m.ownLease(ctx) }); err != nil {
+	} else if err := m.shedRetry(ctx, func() error { return m.lease.ownLease(ctx) }); err != nil {
 		return nil, err
 	}
 	for {
@@ -345,13 +382,13 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		m.run, m.runRev = run.ID, rev
 		m.rec.update(func(r *MemberRecord) bool { r.Run = run.ID; return false })
 		if cfg.GroupLease {
-			if err := m.shedRetry(ctx, func() error { return m.enterGroup(ctx) }); err != nil {
+			if err := m.shedRetry(ctx, func() error { return m.lease.enterGroup(ctx) }); err != nil {
 				return nil, err
 			}
 		}
-		err = m.shedRetry(ctx, func() error { return m.register(ctx) })
+		err = m.shedRetry(ctx, func() (err error) { m.inc, err = m.live.register(ctx); return err })
 		if errors.Is(err, errGroupMoved) {
-			m.dropOwnLease()
+			m.lease.dropOwnLease()
 			continue
 		}
 		if !errors.Is(err, errRunMoved) {
@@ -384,29 +421,29 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	}
 	gsp := m.lease.gossip()
 	if gsp != nil {
-		if err := m.joinGossip(ctx); err != nil {
+		if err := m.live.joinGossip(ctx); err != nil {
 			m.lg.Warn("gossip join failed; lease expiry remains the failure detector", zap.Error(err))
 		}
 	}
 	ok = true
 	if holds {
 		lease, ka := m.lease.keepAlive()
-		m.spawn(func() { m.renew(lease, ka) })
+		m.spawn(func() { m.live.renew(lease, ka) })
 	}
 	if !cfg.GroupLease || cfg.GroupEachWatches || holds {
 		m.spawn(func() { m.epochs.watchEpochs(rev) }) // a group's leader forwards what it learns
 	}
-	m.spawn(m.watchSelf)
-	m.spawn(func() { m.reach.run(m.tellReached) })
+	m.spawn(m.live.watchSelf)
+	m.spawn(func() { m.reach.run(m.rec.tellReached) })
 	if cfg.HeartbeatInterval > 0 && holds {
-		m.spawn(m.heartbeats)
+		m.spawn(m.live.heartbeats)
 	}
 	if gsp != nil {
-		m.spawn(m.drainGossip)
+		m.spawn(m.live.drainGossip)
 	}
 	if cfg.GroupLease {
-		m.spawn(m.acceptGroupLinks)
-		m.spawn(m.followGroup)
+		m.spawn(m.links.accept)
+		m.spawn(m.follower.followGroup)
 		if holds {
 			_, created, _ := m.lease.groupRecord()
 			m.spawn(func() { m.roll.rollGroup(created) })
@@ -441,32 +478,11 @@ func (m *Member) Done() <-chan struct{} { return m.end.done }
 // Err says why the membership ended (nil while it lasts).
 func (m *Member) Err() error { return m.end.cause() }
 
-// lost ends the membership because the registration is gone.
-func (m *Member) lost(err error) {
-	m.lg.Warn("membership lost", zap.Error(err))
-	m.finish(err)
-}
-
-// finish records why the membership ended and stops the goroutines
-// (without waiting for them: it may run on one of them).
-func (m *Member) finish(err error) {
-	if m.end.set(err) {
-		m.epochs.end()
-	}
-	if m.stop != nil {
-		m.stop()
-	}
-}
-
 // release frees what Join acquired, for a Join that failed.
 func (m *Member) release() {
-	m.dropOwnLease()
-	if m.link != nil {
-		m.link.Close()
-	}
-	if m.stop != nil {
-		m.stop()
-	}
+	m.lease.dropOwnLease()
+	m.links.close()
+	m.stop()
 }
 
 // Leave deregisters the member gracefully: its key and lease go at once,
@@ -477,7 +493,7 @@ func (m *Member) Leave(ctx context.Context) error {
 	m.closeOnce.Do(func() {
 		alive := m.Err() == nil
 		shared := m.lease.shared()
-		m.finish(fmt.Errorf("%w: member left", comm.ErrClosed))
+		m.end.finish(fmt.Errorf("%w: member left", comm.ErrClosed))
 		if alive {
 			// Say "leaving" first so the coordinator tells a leave from
 			// a lease expiry, then drop the lease (and with it the key).
@@ -510,9 +526,7 @@ func (m *Member) Leave(ctx context.Context) error {
 		if g := m.lease.gossip(); g != nil {
 			g.Close()
 		}
-		if m.link != nil {
-			m.link.Close()
-		}
+		m.links.close()
 		m.wg.Wait()
 	})
 	return err

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"go.uber.org/zap"
 )
 
 // Reaching blamed peers again. A member that blamed peers (a failed
@@ -175,25 +174,4 @@ func (r *reachProbe) reached(reached map[string]uint64) {
 			delete(r.targets, id)
 		}
 	}
-}
-
-// tellReached records the peers reached and writes the record at once.
-func (m *Member) tellReached(reached map[string]uint64) {
-	m.rec.update(func(r *MemberRecord) bool {
-		if r.Reached == nil {
-			r.Reached = map[string]uint64{}
-		} else {
-			r.Reached = maps.Clone(r.Reached) // the last write's map stays as written
-		}
-		for id, e := range reached {
-			r.Reached[id] = e
-		}
-		return true
-	})
-	ctx, cancel := context.WithTimeout(m.life, 5*time.Second)
-	defer cancel()
-	if err := m.write(ctx, "reached"); err != nil && m.life.Err() == nil {
-		m.lg.Info("reporting blamed peers reached again", zap.Error(err))
-	}
-	m.lg.Info("blamed peers reached again", zap.Any("peers", reached))
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
 )
@@ -16,11 +18,14 @@ import (
 // health, requests, failures, formed epochs, the end of its run), written
 // at once or with the next heartbeat; revocations; durable commit records.
 
-// recordDraft is the member's record as it will next be written, and the
-// order of its writes.
+// recordDraft is the member's record as it will next be written, and its
+// writes, in order.
 type recordDraft struct {
+	*memberEnv
+	end *ending // a write that finds the registration gone ends it
+
 	// writeM orders the writes of the record to etcd: held across each
-	// write's transaction (Member.write, Leave, and the moves of the
+	// write's transaction (write, Member.Leave, and the moves of the
 	// registration to another lease), it is taken before any other lock
 	// of the member's.
 	writeM sync.Mutex
@@ -118,6 +123,53 @@ func (d *recordDraft) lockWrites() (unlock func()) {
 	return d.writeM.Unlock
 }
 
+// write stores the record if this incarnation still holds the key.
+func (d *recordDraft) write(ctx context.Context, why string) error {
+	if err := d.end.cause(); err != nil {
+		return err
+	}
+	unlock := d.lockWrites()
+	defer unlock()
+	if err := d.end.cause(); err != nil {
+		return err
+	}
+	val, lease := d.encodeWrite()
+	tr, err := d.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(d.key), "=", d.inc)).
+		Then(clientv3.OpPut(d.key, string(val), clientv3.WithLease(lease))).Commit()
+	if err != nil {
+		d.unwritten()
+		return fmt.Errorf("membership: %s/%s %s: %w", d.cfg.Job, d.cfg.ID, why, ctxErr(ctx, err))
+	}
+	if !tr.Succeeded {
+		d.end.lost(fmt.Errorf("%w: %s/%s: registration gone", ErrEvicted, d.cfg.Job, d.cfg.ID))
+		return d.end.cause()
+	}
+	return nil
+}
+
+// tellReached records the peers reached and writes the record at once
+// (reachProbe.run's tell).
+func (d *recordDraft) tellReached(reached map[string]uint64) {
+	d.update(func(r *MemberRecord) bool {
+		if r.Reached == nil {
+			r.Reached = map[string]uint64{}
+		} else {
+			r.Reached = maps.Clone(r.Reached) // the last write's map stays as written
+		}
+		for id, e := range reached {
+			r.Reached[id] = e
+		}
+		return true
+	})
+	ctx, cancel := context.WithTimeout(d.life, 5*time.Second)
+	defer cancel()
+	if err := d.write(ctx, "reached"); err != nil && d.life.Err() == nil {
+		d.lg.Info("reporting blamed peers reached again", zap.Error(err))
+	}
+	d.lg.Info("blamed peers reached again", zap.Any("peers", reached))
+}
+
 // SetStep records the member's step locally (no I/O); it travels with the
 // next heartbeat, RequestQuorum or SetHealth.
 func (m *Member) SetStep(step int64) {
@@ -158,7 +210,7 @@ func (m *Member) SetHealth(ctx context.Context, h Health, reason string) error {
 	if !changed {
 		return nil
 	}
-	return m.write(ctx, "health")
+	return m.rec.write(ctx, "health")
 }
 
 // Finish records that this member's training loop ended the run at step:
@@ -169,11 +221,11 @@ func (m *Member) Finish(ctx context.Context, step int64) error {
 		r.Step, r.Finished, r.WantQuorum = step, true, false
 		return true
 	})
-	return m.write(ctx, "finish")
+	return m.rec.write(ctx, "finish")
 }
 
 // Heartbeat writes the member's step and health now.
-func (m *Member) Heartbeat(ctx context.Context) error { return m.write(ctx, "heartbeat") }
+func (m *Member) Heartbeat(ctx context.Context) error { return m.rec.write(ctx, "heartbeat") }
 
 // RequestQuorum asks to take part in the next quorum (a joiner, or a
 // member dropped from the last one). It returns once the request is
@@ -185,7 +237,7 @@ func (m *Member) RequestQuorum(ctx context.Context, shrinkOnly bool) error {
 		r.WantQuorum, r.ShrinkOnly = true, shrinkOnly
 		return true
 	})
-	return m.write(ctx, "request")
+	return m.rec.write(ctx, "request")
 }
 
 // ReportCommitFailure tells the coordinator that this member's commit of
@@ -206,7 +258,7 @@ func (m *Member) ReportCommitFailure(ctx context.Context, epoch uint64, blamed .
 		return nil
 	}
 	m.reach.probe(epoch, blamed)
-	return m.write(ctx, "commit failure")
+	return m.rec.write(ctx, "commit failure")
 }
 
 // ReportStall tells the coordinator at once that this member's step has
@@ -224,7 +276,7 @@ func (m *Member) ReportStall(ctx context.Context, s StepStall) error {
 	if !changed {
 		return nil
 	}
-	return m.write(ctx, "stall")
+	return m.rec.write(ctx, "stall")
 }
 
 // ReportFormed tells the coordinator at once that this member formed, and
@@ -242,7 +294,7 @@ func (m *Member) ReportFormed(ctx context.Context, epoch uint64) error {
 	if !changed {
 		return nil
 	}
-	return m.write(ctx, "formed")
+	return m.rec.write(ctx, "formed")
 }
 
 // CommitRecord is a durable commit record: the epoch whose participants
@@ -316,31 +368,6 @@ func (m *Member) LastCommit(ctx context.Context) (rec CommitRecord, ok bool, err
 		return CommitRecord{}, false, fmt.Errorf("membership: commit record %s: %w", kvs[0].Key, err)
 	}
 	return rec, true, nil
-}
-
-// write stores the record if this incarnation still holds the key.
-func (m *Member) write(ctx context.Context, why string) error {
-	if err := m.Err(); err != nil {
-		return err
-	}
-	unlock := m.rec.lockWrites()
-	defer unlock()
-	if err := m.Err(); err != nil {
-		return err
-	}
-	val, lease := m.rec.encodeWrite()
-	tr, err := m.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(m.key), "=", m.inc)).
-		Then(clientv3.OpPut(m.key, string(val), clientv3.WithLease(lease))).Commit()
-	if err != nil {
-		m.rec.unwritten()
-		return fmt.Errorf("membership: %s/%s %s: %w", m.cfg.Job, m.cfg.ID, why, ctxErr(ctx, err))
-	}
-	if !tr.Succeeded {
-		m.lost(fmt.Errorf("%w: %s/%s: registration gone", ErrEvicted, m.cfg.Job, m.cfg.ID))
-		return m.Err()
-	}
-	return nil
 }
 
 // Revoke records that an epoch must stop (e.g. a peer failed in a

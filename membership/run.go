@@ -208,33 +208,33 @@ func nameFirstRun(ctx context.Context, cli *clientv3.Client, layout etcdkeys.Lay
 // enterRun decides the run this member joins (MemberConfig.Run and
 // StartRun) and returns it with the revision of its record, which
 // registration and commit records are fenced on.
-func (m *Member) enterRun(ctx context.Context) (RunRecord, int64, error) {
+func (e *memberEnv) enterRun(ctx context.Context) (RunRecord, int64, error) {
 	for {
-		cur, rev, err := currentRun(ctx, m.cli, m.keys, m.cfg.Job)
+		cur, rev, err := currentRun(ctx, e.cli, e.keys, e.cfg.Job)
 		if err != nil {
 			return RunRecord{}, 0, err
 		}
-		want := m.cfg.Run
+		want := e.cfg.Run
 		switch {
 		case want == "" && rev == 0:
 			// The job's first run: name it, so that a member can later
 			// ask for exactly this run (registering again after a loss).
-			r, newRev, ok, err := nameFirstRun(ctx, m.cli, m.keys, m.cfg.Job, m.cfg.ID)
+			r, newRev, ok, err := nameFirstRun(ctx, e.cli, e.keys, e.cfg.Job, e.cfg.ID)
 			if err != nil || ok {
 				return r, newRev, err
 			}
 			continue
 		case want == "" || want == cur.ID:
 			return cur, rev, nil
-		case !m.cfg.StartRun || slices.Contains(cur.Ended, want):
-			return RunRecord{}, 0, &RunEndedError{Job: m.cfg.Job, Run: want, Current: cur}
+		case !e.cfg.StartRun || slices.Contains(cur.Ended, want):
+			return RunRecord{}, 0, &RunEndedError{Job: e.cfg.Job, Run: want, Current: cur}
 		}
-		r, newRev, ok, err := startRun(ctx, m.cli, m.keys, m.cfg.Job, want, m.cfg.ID, cur, rev)
+		r, newRev, ok, err := startRun(ctx, e.cli, e.keys, e.cfg.Job, want, e.cfg.ID, cur, rev)
 		if err != nil {
 			return RunRecord{}, 0, err
 		}
 		if ok {
-			m.lg.Info("started a new run of the job; its commit records were cleared", zap.String("run", want), zap.String("ended", cur.ID))
+			e.lg.Info("started a new run of the job; its commit records were cleared", zap.String("run", want), zap.String("ended", cur.ID))
 			return r, newRev, nil
 		}
 	}
@@ -242,13 +242,13 @@ func (m *Member) enterRun(ctx context.Context) (RunRecord, int64, error) {
 
 // checkRun returns a *RunEndedError when the job's run record, as read in
 // kvs, is not the one this member joined.
-func (m *Member) checkRun(kvs []*mvccpb.KeyValue) error {
+func (e *memberEnv) checkRun(kvs []*mvccpb.KeyValue) error {
 	cur, rev, err := decodeRun(kvs)
 	if err != nil {
 		return err
 	}
-	if rev != m.runRev {
-		return &RunEndedError{Job: m.cfg.Job, Run: m.run, Current: cur}
+	if rev != e.runRev {
+		return &RunEndedError{Job: e.cfg.Job, Run: e.run, Current: cur}
 	}
 	return nil
 }
@@ -272,7 +272,7 @@ func (m *Member) SetWaiting(ctx context.Context, step int64, reason string) erro
 	if !changed {
 		return nil
 	}
-	return m.write(ctx, "waiting")
+	return m.rec.write(ctx, "waiting")
 }
 
 // checkRunName says what is wrong with a run id ("" is the default run).

@@ -179,7 +179,7 @@ func shed(err error) bool {
 // (50 ms doubling to 2 s, jittered): at 100,000 ranks joining at once a
 // 3-member etcd answered "too many requests" to some joins, which ended
 // them (ftload on the device host, 2026-11-28).
-func (m *Member) shedRetry(ctx context.Context, f func() error) error {
+func (e *memberEnv) shedRetry(ctx context.Context, f func() error) error {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
 	return backoff.RetryNotify(func() error {
@@ -189,6 +189,6 @@ func (m *Member) shedRetry(ctx context.Context, f func() error) error {
 		}
 		return err
 	}, backoff.WithContext(bo, ctx), func(err error, d time.Duration) {
-		m.lg.Debug("etcd sheds load; joining again later", zap.Duration("in", d), zap.Error(err))
+		e.lg.Debug("etcd sheds load; joining again later", zap.Duration("in", d), zap.Error(err))
 	})
 }
