@@ -9,14 +9,17 @@
 // # Pieces
 //
 //   - Member (Join): one member of a job (for ft.Comm, one replica
-//     group's leader). Its code is split by concern, into parts that each
-//     own their state and lock (see Member's fields): member.go (config,
-//     Join, Leave), liveness.go (registration, renewal, heartbeats,
-//     gossip, the watch of its own key), lease.go (the lease the
-//     registration is bound to), grouplease.go and grouproll.go (one
-//     lease per replica group), reports.go (its record, what it tells the
-//     coordinator, commit records), epochs.go and groupquorum.go (the
-//     watch of quorums and revocations), reach.go, run.go (runs).
+//     group's leader). It composes parts that each own their state and
+//     lock, or drive the parts they hold (see Member's fields): member.go
+//     (config, Join, Leave), liveness.go (registration, renewal,
+//     heartbeats, gossip, the watch of its own key), lease.go (the lease
+//     the registration is bound to, and how Join binds it), one lease per
+//     replica group in grouplease.go (a member that follows its leader,
+//     and takes the lease over), grouplink.go (the group's links) and
+//     grouproll.go (the leader's roll), reports.go (its record, what it
+//     tells the coordinator, commit records), epochs.go and
+//     groupquorum.go (the watch of quorums and revocations), reach.go,
+//     run.go (runs).
 //   - Quorum, Revocation, MemberRecord, CommitRecord, KeepOut, RunRecord:
 //     the records in etcd; EncodeQuorumRecord, DecodeQuorumRecord and
 //     EncodeQuorumView: the compact forms of a quorum, signed (record.go,
