@@ -78,7 +78,6 @@ func (e *memberEnv) groupKey() string { return e.keys.GroupLease(e.cfg.Job, e.cf
 // runs. It has no state of its own: it drives the parts it holds.
 type groupFollower struct {
 	*memberEnv
-	end    *ending
 	rec    *recordDraft
 	lease  *leaseBinding
 	roll   *leaderRoll

@@ -264,7 +264,7 @@ func newMember(env *memberEnv) *Member {
 	m.reach.init(env)
 	m.links = linkServer{memberEnv: env, end: &m.end, lease: &m.lease, roll: &m.roll, epochs: m.epochs}
 	m.live = liveness{memberEnv: env, end: &m.end, rec: &m.rec, lease: &m.lease, links: &m.links}
-	m.follower = groupFollower{memberEnv: env, end: &m.end, rec: &m.rec, lease: &m.lease, roll: &m.roll,
+	m.follower = groupFollower{memberEnv: env, rec: &m.rec, lease: &m.lease, roll: &m.roll,
 		epochs: m.epochs, links: &m.links, live: &m.live}
 	return m
 }
