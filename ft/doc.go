@@ -172,7 +172,10 @@
 // Snapshot set where steps were lost (at most K, more while transfers lag
 // behind K steps). When a shard has no copy left (a rank died with its
 // buddy) every rank's Step returns a *SnapshotLostError, before anything
-// was written. See docs/snapshots.md.
+// was written; the ranks pass a barrier before they return it, so one that
+// exits at once does not cut a peer off before it has the inventories and
+// the same decision (a silent peer delays the error up to the op timeout).
+// See docs/snapshots.md.
 //
 // # Data
 //

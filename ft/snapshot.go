@@ -688,6 +688,13 @@ func (t snapshotCheckTask) run(ctx context.Context) taskResult {
 	plan, err := decideRestore(t.group, invs)
 	switch {
 	case err != nil:
+		// Every rank decides this alike from the inventories, and a loop
+		// ends on it (its process often exits at once). A barrier first:
+		// no rank leaves before every other holds the inventories too, or
+		// a peer still receiving its part would see the exchange fail
+		// instead of reaching the same decision, and wait for an epoch
+		// that never comes. Its own failure changes nothing.
+		_ = t.ctl.Barrier(ctx)
 		return taskResult{in: groupChecked{task: a.task, lo: a.step, hi: a.step, lost: err}}
 	case !plan.Restore:
 		if err := snaps.waitCopied(ctx); err != nil {
