@@ -243,6 +243,13 @@ func (d *driver) checkGroup(a checkGroup) {
 func (a checkGroup) exchange(ctx context.Context, ctl *comm.Comm) taskResult {
 	v := []int64{a.step, -a.step}
 	err := ctl.AllReduce(ctx, comm.Int64s(v), comm.Max)
+	if err == nil && -v[1] != v[0] {
+		// Steps that differ may end the loop at every rank alike
+		// (GroupDivergedError), and a process often exits at once: a
+		// barrier first, so none leaves before every other holds the
+		// answer (see snapshotCheckTask). Its own failure changes nothing.
+		_ = ctl.Barrier(ctx)
+	}
 	return taskResult{in: groupChecked{task: a.task, lo: -v[1], hi: v[0], err: err}}
 }
 
