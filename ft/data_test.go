@@ -578,13 +578,7 @@ func (r *replica) trainData(ctx context.Context, l *ledger, dl *dataLedger, s *S
 			dl.add(who, committedSlice{step: p.Step, position: p.Position, samples: p.Samples,
 				shape: stepShape{p.Participants, p.Target, max(r.c.cfg.GroupSize, 1), p.Policy},
 				slot:  r.c.Rank()*max(r.c.cfg.GroupSize, 1) + r.c.cfg.GroupRank, indices: p.Indices()})
-			r.mu.Lock()
-			r.commits = append(r.commits, commitRecord{r.c.CommittedStep(), r.c.Participants(), r.c.Epoch()})
-			r.mu.Unlock()
-			select {
-			case r.progress <- struct{}{}:
-			default:
-			}
+			r.noteCommit()
 		}
 	}
 }

@@ -202,6 +202,12 @@ func (r *replica) applyCommit(l *ledger, grads []float32) {
 		r.params[i] -= 0.01 * grads[i]
 	}
 	l.commit(r.id, r.c.CommittedStep(), r.params)
+	r.noteCommit()
+}
+
+// noteCommit records the replica's commit and tells a test waiting on its
+// progress.
+func (r *replica) noteCommit() {
 	r.mu.Lock()
 	r.commits = append(r.commits, commitRecord{r.c.CommittedStep(), r.c.Participants(), r.c.Epoch()})
 	r.mu.Unlock()
