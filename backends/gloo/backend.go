@@ -123,6 +123,11 @@ type Backend struct {
 	anyOpRefusal atomic.Bool    // opRefusal may be set
 	strays       atomic.Int32   // stray refusals kept on the links
 
+	// testDelivered, tests only (nil in a job): called by a link's
+	// reader once it has completed an entry of collective or message
+	// seq from peer and released the link.
+	testDelivered atomic.Pointer[func(peer int, seq uint64)]
+
 	mu     sync.Mutex
 	fault  *faultInfo // the first failure
 	revoke *faultInfo // a revocation (local or remote), if any

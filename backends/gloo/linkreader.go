@@ -424,8 +424,16 @@ func (l *link) pokeOwner() {
 // finishLocked (l.mu held, released on return) records that n more bytes
 // were delivered into the entry at the head of the posts, and tells the op
 // goroutine (poke) unless it delivered them itself.
+//
+// The counts are raised before l.mu is released: cancelPosts takes l.mu
+// and returns at once when no entry is being filled, and the next op's
+// begin reads the counts as its starting marks. Raised after the unlock,
+// an entry of a cancelled op (a refused collective) could count towards
+// the next op's first receive on this link, which would then "complete"
+// with nothing in it: a silently wrong result.
 func (l *link) finishLocked(n int, poke bool) {
 	p := &l.posts[l.phead]
+	seq := p.seq
 	p.done += n
 	complete := p.done == len(p.dst)
 	if complete {
@@ -438,11 +446,16 @@ func (l *link) finishLocked(n int, poke bool) {
 			poke = true
 		}
 	}
-	b := l.owner
-	l.mu.Unlock()
 	l.rxBytes.Add(int64(n))
 	if complete {
 		l.rxDone.Add(1)
+	}
+	b, peer := l.owner, l.peer
+	l.mu.Unlock()
+	if complete {
+		if h := b.testDelivered.Load(); h != nil {
+			(*h)(peer, seq)
+		}
 	}
 	if poke {
 		b.poke()

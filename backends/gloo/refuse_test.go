@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -272,6 +274,76 @@ func TestRefusedCollective(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// TestRefusedCollectiveDeliveryCountedBeforeNextOp: a peer's frame of a
+// collective that is then refused is delivered, and the reader is held
+// just after it let go of the link; the refused op ends and the next
+// all-reduce posts its receive before the reader goes on. The next op
+// must still wait for its own frame: the delivery of the refused op's one
+// is counted before the link is released, not after (it was once counted
+// after, and a next all-reduce then summed an empty scratch buffer
+// without an error: 8 instead of 10 in TestRefusedCollective beside CPU
+// hogs).
+func TestRefusedCollectiveDeliveryCountedBeforeNextOp(t *testing.T) {
+	const n = 3
+	j := newJob(t, n, func(c *Config) { c.SharedMemory = false })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b2 := backendOf(j.comms[2])
+	refused := b2.collSeq + 1 // the job is idle: no op goroutine runs
+	held, release := make(chan struct{}), make(chan struct{})
+	let := sync.OnceFunc(func() { close(release) })
+	defer let() // a failed wait below must not leave the reader held
+	var once bool
+	hook := func(peer int, seq uint64) {
+		if peer == 1 && seq == refused && !once { // only rank 2's reader of rank 1 calls it
+			once = true
+			close(held)
+			<-release
+		}
+	}
+	b2.testDelivered.Store(&hook)
+	defer b2.testDelivered.Store(nil)
+	ran := make(chan []error, 1)
+	go func() {
+		ran <- j.run(func(r int, c *comm.Comm) error {
+			var err error
+			if r == 0 {
+				select {
+				case <-held: // rank 1's frame reached rank 2 before the refusal
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				err = c.AllReduce(ctx, comm.Tensor{}, comm.Sum)
+			} else {
+				err = c.AllReduce(ctx, comm.Float32s(make([]float32, 16)), comm.Sum)
+			}
+			if want := []error{comm.ErrInvalidArgument, comm.ErrPeerRefused, comm.ErrPeerRefused}[r]; !errors.Is(err, want) {
+				return fmt.Errorf("the refused op: %v, want %v", err, want)
+			}
+			return sumCheck(ctx, c, 16)
+		})
+	}()
+	select {
+	case <-held:
+	case errs := <-ran:
+		t.Fatalf("the ops ended before rank 1's frame reached rank 2: %v", errs)
+	}
+	// Rank 2's op is waiting for rank 0 now; its next op has to post its
+	// receive from rank 1 while the reader is still held.
+	waitFor(t, "rank 2 posted the next all-reduce's receive from rank 1", func() bool {
+		l := b2.links[1]
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return slices.ContainsFunc(l.posts[l.phead:], func(e entry) bool { return e.seq == refused+1 })
+	})
+	let()
+	for r, err := range <-ran {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
 		}
 	}
 }
