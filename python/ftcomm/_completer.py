@@ -7,9 +7,12 @@ hook (its buckets' futures).
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from typing import Callable, Optional
+
+_log = logging.getLogger("ftcomm")
 
 
 class Completer:
@@ -17,8 +20,9 @@ class Completer:
     added, on a thread of its own. The thread starts with the Completer and
     exits at close() (after the completions added before it), or with the
     process (a daemon). A completion waits for its op and sets its future;
-    it must not raise (a raise ends the thread, and later futures never
-    complete)."""
+    it should not raise: one that does is logged (logger "ftcomm", with
+    its traceback), and the next one runs (a raise that ended the thread would
+    leave every later future waiting for good)."""
 
     def __init__(self, name: str):
         self._q: "queue.Queue[Optional[Callable[[], None]]]" = queue.Queue()
@@ -33,7 +37,10 @@ class Completer:
             complete = self._q.get()
             if complete is None:
                 return
-            complete()
+            try:
+                complete()
+            except BaseException:  # noqa: B902 - the later completions must still run
+                _log.exception("ftcomm: %s: a completion raised; the next ones run", threading.current_thread().name)
 
     def close(self) -> None:
         """Let the thread exit once what was added before has run; safe twice."""

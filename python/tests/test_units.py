@@ -166,3 +166,29 @@ def test_async_after_step_is_queued_on_the_issuing_stream(monkeypatch):
     assert op.stream is None
     fake.done.add(4)
     assert work.Work(op, inflight).wait() and log == [("free", 4)]
+
+
+def test_completer_goes_on_after_a_completion_raises(caplog):
+    """A completion that raises is reported, and the ones after it still
+    run in order (a dead thread would leave their futures waiting)."""
+    import threading
+
+    from ftcomm._completer import Completer
+
+    c = Completer("test-completer")
+    ran, done = [], threading.Event()
+
+    def bad():
+        ran.append("bad")
+        raise ValueError("boom")
+
+    c.add(lambda: ran.append(1))
+    c.add(bad)
+    c.add(lambda: ran.append(2))
+    c.add(done.set)
+    c.close()
+    assert done.wait(30), ran
+    assert ran == [1, "bad", 2]
+    bad_logs = [r for r in caplog.records if "a completion raised" in r.getMessage()]
+    assert len(bad_logs) == 1 and bad_logs[0].name == "ftcomm", caplog.records
+    assert "ValueError: boom" in caplog.text, caplog.text
