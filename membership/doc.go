@@ -87,10 +87,19 @@
 //	m.Leave(ctx)                               // or Close
 //
 // Join makes each of its steps again, after a pause (50 ms doubling to
-// 2 s, until ctx ends), when etcd refused it without applying it: "too
-// many requests" (etcd shedding load, as a join storm of 100,000 ranks
-// made it) or no leader. Any other failure ends Join: a request that timed
-// out or lost its connection may have been applied.
+// 2 s, until ctx ends), when etcd refused it without applying it ("too
+// many requests": etcd shedding load, as a join storm of 100,000 ranks
+// made it; no leader) and when its request was lost in transit (gRPC
+// Unavailable: the client's connection broke, as when its keepalive goes
+// unanswered on a starved host). A lost request may have been applied, so
+// every step is one that can be made again: a lease granted unanswered
+// expires unused; the run's and the group's records are read before any
+// conditional write; a registration applied unanswered is found as this
+// Join's own (the same record under the same lease) and kept. A lease that
+// ended before the registration under it (the group leader's, or the
+// member's own, when renewals went unanswered for a TTL) makes Join bind
+// to a lease again. Any other failure ends Join, a request that timed out
+// among them (it may have been applied, and ctx bounds the Join anyway).
 //
 // Steady state costs the coordinator nothing: a member learns a new epoch
 // from its watches (pushed by etcd), not by asking: the quorum's view — a

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -41,6 +42,9 @@ type liveness struct {
 // errRunMoved: the job's run changed while the member registered.
 var errRunMoved = errors.New("membership: the job's run changed")
 
+// errLeaseGone: the lease the member registered under no longer exists.
+var errLeaseGone = errors.New("membership: the lease ended before the registration")
+
 // register creates the member key if no other incarnation holds it and
 // the job's run is the one the member entered (errRunMoved: it changed),
 // and returns the registration's incarnation.
@@ -58,16 +62,23 @@ func (l *liveness) register(ctx context.Context) (int64, error) {
 			cmps, els, then = append(cmps, c), append(els, clientv3.OpGet(l.groupKey())), append(then, ops...)
 		}
 		tr, err := l.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			// The lease ended before the registration: the group's (its
+			// leader's renewals lapsed on a starved host) or this member's
+			// own. Join binds to a lease again.
+			return 0, errLeaseGone
+		}
 		if err != nil {
 			return 0, fmt.Errorf("membership: join %s/%s: %w", l.cfg.Job, l.cfg.ID, ctxErr(ctx, err))
 		}
 		if tr.Succeeded {
-			inc := tr.Header.Revision
-			l.rec.update(func(r *MemberRecord) bool { r.Incarnation = inc; return false })
-			if l.cfg.GroupLease {
-				l.lease.registered(inc)
-			}
-			return inc, nil
+			return l.registered(tr.Header.Revision), nil
+		}
+		if kvs := tr.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 && l.ownRegistration(kvs[0], lease) {
+			// An earlier try of this Join was applied and its answer lost
+			// (joinRetry): the registration is this one, and so is the
+			// group record it may have created in the same transaction.
+			return l.registered(kvs[0].CreateRevision), nil
 		}
 		if l.checkRun(tr.Responses[2].GetResponseRange().Kvs) != nil {
 			return 0, errRunMoved
@@ -96,6 +107,30 @@ func (l *liveness) register(ctx context.Context) (int64, error) {
 			return 0, fmt.Errorf("%w (waited: %v)", dup, err)
 		}
 	}
+}
+
+// registered records the registration made at revision inc (its
+// incarnation) and returns inc.
+func (l *liveness) registered(inc int64) int64 {
+	l.rec.update(func(r *MemberRecord) bool { r.Incarnation = inc; return false })
+	if l.cfg.GroupLease {
+		l.lease.registered(inc)
+	}
+	return inc
+}
+
+// ownRegistration reports whether kv, the member key found registered,
+// is this Join's own registration: written under the lease it registers
+// with, by the same Join (its record's Joined time, address and id).
+// Another incarnation of the id (a process before this one) has another
+// Joined time, even under the same group lease.
+func (l *liveness) ownRegistration(kv *mvccpb.KeyValue, lease clientv3.LeaseID) bool {
+	var holder MemberRecord
+	if kv.Lease != int64(lease) || json.Unmarshal(kv.Value, &holder) != nil {
+		return false
+	}
+	own := l.rec.get()
+	return holder.ID == own.ID && holder.Addr == own.Addr && holder.Joined.Equal(own.Joined)
 }
 
 // Claim asks the coordinator to confirm that the incarnation holding a

@@ -369,26 +369,34 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 		if err := m.links.listen(); err != nil {
 			return nil, err
 		}
-	} else if err := m.shedRetry(ctx, func() error { return m.lease.ownLease(ctx) }); err != nil {
+	} else if err := m.joinRetry(ctx, func() error { return m.lease.ownLease(ctx) }); err != nil {
 		return nil, err
 	}
 	for {
 		var run RunRecord
 		var rev int64
-		err := m.shedRetry(ctx, func() (err error) { run, rev, err = m.enterRun(ctx); return err })
+		err := m.joinRetry(ctx, func() (err error) { run, rev, err = m.enterRun(ctx); return err })
 		if err != nil {
 			return nil, err
 		}
 		m.run, m.runRev = run.ID, rev
 		m.rec.update(func(r *MemberRecord) bool { r.Run = run.ID; return false })
 		if cfg.GroupLease {
-			if err := m.shedRetry(ctx, func() error { return m.lease.enterGroup(ctx) }); err != nil {
+			if err := m.joinRetry(ctx, func() error { return m.lease.enterGroup(ctx) }); err != nil {
 				return nil, err
 			}
 		}
-		err = m.shedRetry(ctx, func() (err error) { m.inc, err = m.live.register(ctx); return err })
-		if errors.Is(err, errGroupMoved) {
+		err = m.joinRetry(ctx, func() (err error) { m.inc, err = m.live.register(ctx); return err })
+		if errors.Is(err, errGroupMoved) || errors.Is(err, errLeaseGone) && cfg.GroupLease {
 			m.lease.dropOwnLease()
+			continue
+		}
+		if errors.Is(err, errLeaseGone) {
+			m.lg.Warn("the member's lease ended before it registered (its renewals went unanswered); joining with a new one")
+			m.lease.dropOwnLease()
+			if err := m.joinRetry(ctx, func() error { return m.lease.ownLease(ctx) }); err != nil {
+				return nil, err
+			}
 			continue
 		}
 		if !errors.Is(err, errRunMoved) {
@@ -412,9 +420,9 @@ func Join(ctx context.Context, cfg MemberConfig) (*Member, error) {
 	var err error
 	switch {
 	case !cfg.GroupLease || cfg.GroupEachWatches:
-		err = m.shedRetry(ctx, func() (err error) { rev, err = m.epochs.loadEpochs(ctx); return err })
+		err = m.joinRetry(ctx, func() (err error) { rev, err = m.epochs.loadEpochs(ctx); return err })
 	case holds:
-		err = m.shedRetry(ctx, func() (err error) { rev, err = m.epochs.seedForward(ctx); return err })
+		err = m.joinRetry(ctx, func() (err error) { rev, err = m.epochs.seedForward(ctx); return err })
 	}
 	if err != nil {
 		return nil, err

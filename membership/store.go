@@ -13,6 +13,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ftcomm/ftcomm/comm"
 )
@@ -174,21 +176,36 @@ func shed(err error) bool {
 	return errors.Is(err, rpctypes.ErrTooManyRequests) || errors.Is(err, rpctypes.ErrNoLeader)
 }
 
-// shedRetry runs f (one step of joining) until it succeeds, fails for
-// another reason, or ctx ends, pausing between tries while etcd sheds load
-// (50 ms doubling to 2 s, jittered): at 100,000 ranks joining at once a
+// lost says whether a request failed in transit: the client's connection
+// to etcd broke before the answer came (gRPC Unavailable: a keepalive ping
+// unanswered on a starved host, an endpoint restarting). etcd may or may
+// not have applied it. A context's end is never lost (ctxErr).
+func lost(err error) bool {
+	return status.Code(err) == codes.Unavailable
+}
+
+// joinRetry runs f (one step of joining) until it succeeds, fails for
+// another reason, or ctx ends, pausing between tries (50 ms doubling to
+// 2 s, jittered) while etcd sheds load (at 100,000 ranks joining at once a
 // 3-member etcd answered "too many requests" to some joins, which ended
-// them (ftload on the device host, 2026-11-28).
-func (e *memberEnv) shedRetry(ctx context.Context, f func() error) error {
+// them: ftload on the device host, 2026-11-28) or a request was lost in
+// transit (10,000 ranks registering on a loaded 2-core host saw a client's
+// keepalive go unanswered, which failed every request in flight and ended
+// the joins: docs/capacity.md). Each step is safe to make again whether or
+// not etcd applied the lost try: a lease granted unanswered expires unused
+// after its TTL; the run's and the group's records are read before any
+// conditional write; a registration applied unanswered is found as this
+// Join's own (liveness.register).
+func (e *memberEnv) joinRetry(ctx context.Context, f func() error) error {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval, bo.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, 0
 	return backoff.RetryNotify(func() error {
 		err := f()
-		if err != nil && !shed(err) {
+		if err != nil && !shed(err) && !lost(err) {
 			return backoff.Permanent(err)
 		}
 		return err
 	}, backoff.WithContext(bo, ctx), func(err error, d time.Duration) {
-		e.lg.Debug("etcd sheds load; joining again later", zap.Duration("in", d), zap.Error(err))
+		e.lg.Debug("etcd sheds load or a request was lost; joining again later", zap.Duration("in", d), zap.Error(err))
 	})
 }
