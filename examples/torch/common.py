@@ -10,9 +10,7 @@ import math
 import os
 import queue
 import subprocess
-import sys
 import threading
-import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch

@@ -189,7 +189,7 @@ def main() -> None:
         for p in procs:
             p.send("go")
         victim, kill_sync = args.replicas - 1, int(args.syncs * args.kill_at)
-        killed = restarted = r0_done = first_finished = None
+        killed = restarted = first_finished = None
         vals, done, finished, t0 = {}, set(), set(), time.time()
         while len(done) < args.replicas:
             if first_finished is not None and time.time() - first_finished > 120:
@@ -219,8 +219,6 @@ def main() -> None:
                     continue
                 if m.get("done"):
                     done.add(i)
-                    if i == 0:
-                        r0_done = time.time()
                     continue
                 for e in m.get("events", []):
                     if e["kind"] in ("healed", "reconfigured", "commit failed"):

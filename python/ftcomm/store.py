@@ -9,7 +9,6 @@ import os
 import socket
 import time
 from ctypes import byref, c_int64, c_uint64
-from typing import Optional
 
 from . import _lib, errors
 from .errors import InvalidArgumentError

@@ -37,7 +37,7 @@ from ctypes import byref, c_int32
 from typing import Any, Callable, Optional
 
 from . import _lib, _tensors
-from .errors import CommTimeoutError, FtcommError
+from .errors import CommTimeoutError
 
 _WAIT_SLICE_NS = 200_000_000  # a blocked wait returns to Python this often (signals)
 

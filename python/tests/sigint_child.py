@@ -1,7 +1,6 @@
 """Rank 0 of a 2-rank comm whose peer never joins its all-reduce: blocks in
 the collective until SIGINT (test_signals.py). Prints what happened."""
 
-import os
 import sys
 import threading
 import time

@@ -3,7 +3,6 @@ outside ft (a NaN loss, its own shard communicator failing). No replica
 commits that step, and the job goes on committing, the step redone; outside
 a started step fail_step is refused and changes nothing."""
 
-import os
 import queue
 
 import pytest

@@ -4,7 +4,6 @@ target size; a replica is SIGKILLed; the spare is promoted ("promoted"
 event), heals from the survivor and the job commits at full size again with
 the survivor's state. The spare commits nothing before its promotion."""
 
-import os
 import queue
 import signal
 import time
