@@ -93,6 +93,24 @@ func (m *Machine) wholeGroups(out map[string]string) {
 const maxJoinedNamed = 16
 
 // joinedWhy is the reason's part for the joiners added.
+// maxLostNamed bounds the losses (and the commit failures) a reason names
+// one by one; the rest are counted. A reason is text for people, stored in
+// the quorum record, its history entry and the revocation of one
+// publication: a burst that took tens of thousands of members at once
+// (their leases lapsing on a starved etcd, ftload at 100,000 ranks) made
+// one of megabytes, which no publication could carry past etcd's request
+// limit, so the coordinator retried it for good and the job never moved on.
+const maxLostNamed = 16
+
+// namedFirst keeps the first n of phrases and counts the rest ("and 84
+// more lost").
+func namedFirst(phrases []string, n int, more string) []string {
+	if len(phrases) <= n {
+		return phrases
+	}
+	return append(phrases[:n:n], fmt.Sprintf("and %d %s", len(phrases)-n, more))
+}
+
 func joinedWhy(added []string) string {
 	if len(added) <= maxJoinedNamed {
 		return "joined " + strings.Join(added, ",")

@@ -274,3 +274,36 @@ func TestQuorumReasonCountsManyJoiners(t *testing.T) {
 		t.Fatalf("reason %q, want %q", q.Reason, want)
 	}
 }
+
+// A quorum that loses many members at once names the first few and counts
+// the rest, in its reason and its revocation's: a reason naming each of
+// tens of thousands of members (leases lapsing on a starved etcd) once made
+// a publication larger than etcd's request limit, which never went through.
+func TestQuorumReasonCountsManyLosses(t *testing.T) {
+	now := time.Unix(0, 0)
+	cfg := DefaultConfig()
+	cfg.FormWindow = -1
+	const n, lost = 10000, 4000
+	m := NewMachine("j", cfg, nil)
+	for i := range n {
+		m.Upsert(now, membership.MemberRecord{ID: fmt.Sprintf("m%05d", i), Incarnation: int64(1 + i), WantQuorum: true})
+	}
+	m.Published(*m.Advance(now).Quorum)
+	for i := range lost {
+		m.Remove(now, fmt.Sprintf("m%05d", 2*i+1), int64(2+2*i), Removal{Cause: LeaseExpired})
+	}
+	var d Decision
+	for at := now; d.Quorum == nil && at.Before(now.Add(time.Minute)); at = at.Add(100 * time.Millisecond) {
+		d = m.Advance(at)
+	}
+	q, rev := d.Quorum, d.Revocation
+	if q == nil || len(q.Participants) != n-lost {
+		t.Fatalf("got %+v, want a quorum of %d", q, n-lost)
+	}
+	if !strings.HasPrefix(q.Reason, "m00001 ") || !strings.Contains(q.Reason, fmt.Sprintf("and %d more lost", lost-maxLostNamed)) || len(q.Reason) > 2048 {
+		t.Fatalf("reason (%d bytes) %.300q, want the first %d losses named and the rest counted", len(q.Reason), q.Reason, maxLostNamed)
+	}
+	if rev == nil || rev.Reason != q.Reason || len(rev.Failed) != lost {
+		t.Fatalf("revocation %+.300v, want the quorum's reason and all %d failed", rev, lost)
+	}
+}
