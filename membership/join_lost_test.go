@@ -52,7 +52,14 @@ func loseOnce(t *testing.T, tj *clustertest.Job, id string, applied bool, lost *
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	cc := membership.ClientConfig(tj.Etcd.Endpoints(), nil)
+	return interceptedClient(t, tj.Etcd.Endpoints(), icpt)
+}
+
+// interceptedClient is a client of endpoints whose unary calls go through
+// icpt, closed when the test ends.
+func interceptedClient(t *testing.T, endpoints []string, icpt grpc.UnaryClientInterceptor) *clientv3.Client {
+	t.Helper()
+	cc := membership.ClientConfig(endpoints, nil)
 	cc.DialOptions = append(cc.DialOptions, grpc.WithChainUnaryInterceptor(icpt))
 	cli, err := clientv3.New(cc)
 	if err != nil {
@@ -153,13 +160,7 @@ func TestJoinLeaseEndsBeforeRegistration(t *testing.T) {
 				}
 				return invoker(ctx, method, req, reply, cc, opts...)
 			}
-			cc := membership.ClientConfig(tj.Etcd.Endpoints(), nil)
-			cc.DialOptions = append(cc.DialOptions, grpc.WithChainUnaryInterceptor(icpt))
-			cli, err := clientv3.New(cc)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { cli.Close() })
+			cli := interceptedClient(t, tj.Etcd.Endpoints(), icpt)
 			mut := func(c *membership.MemberConfig) {
 				if group {
 					c.Group, c.GroupLease, c.GroupLinkAddr = "g", true, "127.0.0.1:0"

@@ -100,14 +100,7 @@ func TestLeaveAfterWriteInFlight(t *testing.T) {
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	cc := membership.ClientConfig(e.Endpoints(), nil)
-	cc.DialOptions = append(cc.DialOptions, grpc.WithChainUnaryInterceptor(icpt))
-	cli, err := clientv3.New(cc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	m := joinLifecycle(t, cli, "m0")
+	m := joinLifecycle(t, interceptedClient(t, e.Endpoints(), icpt), "m0")
 	key := etcdkeys.Layout{Root: etcdkeys.DefaultRoot}.Member("job1", "m0")
 	wctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

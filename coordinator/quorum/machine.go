@@ -468,7 +468,7 @@ func (m *Machine) advance(now time.Time) Decision {
 		}
 		why = namedFirst(why, maxLostNamed, "more lost")
 		if len(failedBy) > 0 {
-			why = append(why, fmt.Sprintf("commit failed in epoch %d (%s)", m.prev.Epoch, strings.Join(namedFirst(failedBy, maxLostNamed, "more"), ",")))
+			why = append(why, fmt.Sprintf("commit failed in epoch %d (%s)", m.prev.Epoch, idList(failedBy, maxLostNamed)))
 		}
 		if m.revokedBy != nil && len(why) == 0 {
 			why = append(why, fmt.Sprintf("epoch %d revoked by %s: %s", m.prev.Epoch, m.revokedBy.By, m.revokedBy.Reason))

@@ -92,7 +92,6 @@ func (m *Machine) wholeGroups(out map[string]string) {
 // reason per epoch in the coordinator's log; Quorum.Added lists them all).
 const maxJoinedNamed = 16
 
-// joinedWhy is the reason's part for the joiners added.
 // maxLostNamed bounds the losses (and the commit failures) a reason names
 // one by one; the rest are counted. A reason is text for people, stored in
 // the quorum record, its history entry and the revocation of one
@@ -111,11 +110,18 @@ func namedFirst(phrases []string, n int, more string) []string {
 	return append(phrases[:n:n], fmt.Sprintf("and %d %s", len(phrases)-n, more))
 }
 
-func joinedWhy(added []string) string {
-	if len(added) <= maxJoinedNamed {
-		return "joined " + strings.Join(added, ",")
+// idList is ids joined by commas, the first n of them named and the rest
+// counted ("a,b,c and 7 more").
+func idList(ids []string, n int) string {
+	if len(ids) <= n {
+		return strings.Join(ids, ",")
 	}
-	return fmt.Sprintf("joined %s and %d more", strings.Join(added[:maxJoinedNamed], ","), len(added)-maxJoinedNamed)
+	return fmt.Sprintf("%s and %d more", strings.Join(ids[:n], ","), len(ids)-n)
+}
+
+// joinedWhy is the reason's part for the joiners added.
+func joinedWhy(added []string) string {
+	return "joined " + idList(added, maxJoinedNamed)
 }
 
 // participant is what a quorum holds of a member.
