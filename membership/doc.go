@@ -217,7 +217,20 @@
 // to join creates and renews it and is the group's leader (heartbeats and
 // gossip run there only); the others bind their registrations to it and
 // hold a TCP link to the leader, pinged both ways (GroupLinkInterval,
-// GroupLinkTimeout). A link that ends without a goodbye is a death: the
+// GroupLinkTimeout). A link that ends without a goodbye is a death. A
+// closed link ends at once; a silent one is judged as the gloo backend
+// judges a silent peer (package internal/silence): each end tells the
+// other its process (the hello; the group's record), and a peer on the
+// same host and in the same pid and network namespaces is looked up in
+// /proc — stopped or gone: dead at GroupLinkTimeout; runnable (starved of
+// CPU, not dead): kept for up to 10 GroupLinkTimeouts; blocked in the
+// kernel for another timeout: dead. Any other peer's timeout stretches
+// with how late this end's own ticks run and with the longest recent gap
+// between its pings, up to 10 GroupLinkTimeouts. A leader that drops a
+// silent member says so on the link, and a member that gives up on a
+// silent leader says goodbye, so that the other end, alive after all,
+// does not take it for dead in turn (a dropped member does not take the
+// lease over; a leader does not delete a member that left it). The
 // leader deletes the registration of a member whose link ended (trying
 // until etcd answers: nothing else removes a registration on the lease
 // it renews). Every registration on the lease is linked to the leader or

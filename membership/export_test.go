@@ -2,6 +2,7 @@ package membership
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/ftcomm/ftcomm/comm"
@@ -44,6 +45,19 @@ func (m *Member) GroupWatchFrom() int64 { return m.lease.watchFrom() }
 // group's lease and follows the group's record, moving its registration
 // when the lease moves, but links to no leader.
 func HoldLinks(cfg *MemberConfig, release <-chan struct{}) { cfg.linkHeld = release }
+
+// MuteLinks makes the member cfg configures send no pings on its group
+// links while muted is true: its process runs, but its links go silent,
+// as a process starved of CPU.
+func MuteLinks(cfg *MemberConfig, muted *atomic.Bool) { cfg.linkMuted = muted }
+
+// SilencesKept counts the times m's group links found their peer silent
+// past the timeout and took it for starved, not dead.
+func SilencesKept(m *Member) int64 { return m.links.kept.Load() }
+
+// SilencesEnded counts the silences SilencesKept counts that ended with
+// the peer heard again.
+func SilencesEnded(m *Member) int64 { return m.links.spoke.Load() }
 
 // UnlinkedBound is how long the leader of a group whose members cfg
 // configures lets a registration on its lease go without a link.

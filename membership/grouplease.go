@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/ftcomm/ftcomm/internal/silence"
 	"github.com/ftcomm/ftcomm/membership/gossip"
 )
 
@@ -29,8 +30,9 @@ import (
 //
 // Failure detection inside the group is the links: each other member
 // holds a TCP connection to the leader, and both ends send a byte every
-// GroupLinkInterval. A link silent for GroupLinkTimeout, or closed without
-// a goodbye, is a death:
+// GroupLinkInterval. A link closed without a goodbye, or silent past
+// GroupLinkTimeout and judged dead (pingLink: a starved peer is given up
+// to 10 timeouts), is a death:
 //
 //   - the leader deletes the registration of a member whose link ended
 //     (fenced on its incarnation): the coordinator sees one member gone and
@@ -62,6 +64,10 @@ type groupLease struct {
 	// Link is where the leader serves the group's liveness links.
 	Link  string    `json:"link"`
 	Since time.Time `json:"since"`
+	// Proc is the leader's process (nil from a leader that did not tell
+	// it): a member on the same host asks its kernel about a leader gone
+	// silent before it takes the lease over (pingLink).
+	Proc *silence.Identity `json:"proc,omitempty"`
 }
 
 // errGroupMoved: the group's lease record changed while the member
@@ -169,7 +175,7 @@ func (f *groupFollower) followLeader(g groupLease, seen int64) followEnd {
 		if err != nil {
 			return
 		}
-		hello, _ := json.Marshal(linkHello{ID: f.cfg.ID, Incarnation: f.inc, Lease: g.Lease})
+		hello, _ := json.Marshal(linkHello{ID: f.cfg.ID, Incarnation: f.inc, Lease: g.Lease, Proc: selfProc()})
 		c.SetWriteDeadline(time.Now().Add(timeout))
 		if _, err := c.Write(append(hello, '\n')); err != nil {
 			c.Close()
@@ -193,7 +199,7 @@ func (f *groupFollower) followLeader(g groupLease, seen int64) followEnd {
 		}
 		f.lease.setLinked(true)
 		defer f.lease.setLinked(false)
-		end = f.links.pingLink(c, bufio.NewReader(c), timeout, nil, onRecord)
+		end, _ = f.links.pingLink(c, bufio.NewReader(c), timeout, g.Proc, nil, onRecord)
 	}()
 	select {
 	case <-linkEnded:
@@ -205,8 +211,8 @@ func (f *groupFollower) followLeader(g groupLease, seen int64) followEnd {
 			return recordMoved
 		default:
 		}
-		if end == linkRefused {
-			return leaderRefused
+		if end == linkRefused || end == linkDropped {
+			return leaderRefused // alive: link again (a dropped member's registration is going)
 		}
 		return leaderGone
 	case <-moved:
@@ -330,7 +336,7 @@ func (f *groupFollower) takeOver(old groupLease, rev int64) error {
 	if err != nil {
 		return fmt.Errorf("take the group's lease over: grant: %w", err)
 	}
-	g := groupLease{Lease: int64(lr.ID), Leader: f.cfg.ID, Link: f.links.addr(), Since: time.Now()}
+	g := groupLease{Lease: int64(lr.ID), Leader: f.cfg.ID, Link: f.links.addr(), Since: time.Now(), Proc: selfProc()}
 	gval, _ := json.Marshal(g)
 	var gsp *gossip.Node
 	if f.cfg.Gossip != nil {

@@ -142,7 +142,7 @@ func (b *leaseBinding) groupBinding(link string) (clientv3.Cmp, []clientv3.Op) {
 		_, rev, _ := b.groupRecord()
 		return clientv3.Compare(clientv3.ModRevision(k), "=", rev), []clientv3.Op{b.joinedOp(0, lease)}
 	}
-	g := groupLease{Lease: int64(lease), Leader: b.cfg.ID, Link: link, Since: time.Now()}
+	g := groupLease{Lease: int64(lease), Leader: b.cfg.ID, Link: link, Since: time.Now(), Proc: selfProc()}
 	b.setGroup(g)
 	val, _ := json.Marshal(g)
 	op := clientv3.OpPut(k, string(val), clientv3.WithLease(lease))

@@ -116,6 +116,9 @@ type MemberConfig struct {
 	// is closed: a member registered on its group's lease that has not
 	// linked yet (for the tests, export_test.go).
 	linkHeld <-chan struct{}
+	// linkMuted, when set and true, keeps the member's group links from
+	// sending pings, as a starved process would (tests).
+	linkMuted *atomic.Bool
 }
 
 // maxHostLen bounds MemberConfig.Host: a DNS name's length.

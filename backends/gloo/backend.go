@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ftcomm/ftcomm/comm"
+	"github.com/ftcomm/ftcomm/internal/silence"
 )
 
 func init() {
@@ -208,7 +209,7 @@ func (b *Backend) start() {
 		}
 		// Nobody heartbeats a connection while its comm forms (a reused
 		// one may have waited for a slow survivor): silence counts from now.
-		l.lastRecv.Store(l.now())
+		l.heardAt.Mark(l.now())
 		// A connection that broke while the mesh was forming was not reported.
 		if l.isClosed() {
 			l.mu.Lock()
@@ -841,7 +842,7 @@ func (b *Backend) SilentPeers() []int {
 			l.inq() > 0 || l.shm != nil && l.shmPending() {
 			continue
 		}
-		if time.Duration(l.now()-l.lastRecv.Load()) > limit {
+		if l.heardAt.Silent(l.now()) > limit {
 			out = append(out, p)
 		}
 	}
@@ -859,7 +860,7 @@ func (b *Backend) monitor() {
 	last := time.Now()
 	var sentFault, sentRevoke, starved []bool
 	var blockedSince []time.Time
-	var health localHealth
+	var health silence.Health
 	for {
 		woken := false
 		select {
@@ -873,9 +874,9 @@ func (b *Backend) monitor() {
 		// If this goroutine itself was starved, silence proves nothing.
 		healthy := now.Sub(last) < 3*iv
 		if !woken {
-			health.tick(now.Sub(last)-iv, iv)
+			health.Tick(now.Sub(last)-iv, iv)
 		}
-		b.late.Store(!healthy || health.score > 0)
+		b.late.Store(!healthy || health.Score() > 0)
 		last = now
 		b.mu.Lock()
 		fault, revoke, links := b.fault, b.revoke, b.links
@@ -899,13 +900,13 @@ func (b *Backend) monitor() {
 			}
 			l.heartbeat(b, iv)
 			if !woken {
-				l.decayGap()
+				l.heardAt.Decay() // once per heartbeat interval: half-life about 44 of them
 			}
 			if !healthy {
 				blockedSince[p] = time.Time{} // looks were missed: start over
 			}
 			if fault == nil && revoke == nil && healthy && b.active.Load() && l.rstate.Load() == rsReading {
-				silent := time.Duration(l.now() - l.lastRecv.Load())
+				silent := l.heardAt.Silent(l.now())
 				if silent <= b.cfg.PeerTimeout {
 					starved[p], blockedSince[p] = false, time.Time{}
 					continue
@@ -913,18 +914,19 @@ func (b *Backend) monitor() {
 				if l.inq() > 0 || l.shm != nil && l.shmPending() || !l.ownedBy(b) {
 					continue
 				}
-				proc := procOf(&b.node.self, &l.peerID)
+				proc := silence.Look(b.node.self.Identity, l.peerID.Identity)
 				var blocked time.Duration
-				if proc != procBlocked {
+				if proc != silence.Blocked {
 					blockedSince[p] = time.Time{}
 				} else if blockedSince[p].IsZero() {
 					blockedSince[p] = now
 				} else {
 					blocked = now.Sub(blockedSince[p])
 				}
-				dead, cause := silenceVerdict(silent, b.cfg.PeerTimeout, time.Duration(l.maxGap.Load()), health.score, proc, blocked)
+				dead, cause := silence.Verdict(silence.Silence{Silent: silent, Base: b.cfg.PeerTimeout, Gap: l.heardAt.Gap(),
+					Health: health.Score(), State: proc, Blocked: blocked})
 				if !dead {
-					if proc == procRunnable && !starved[p] {
+					if proc == silence.Runnable && !starved[p] {
 						starved[p] = true
 						b.log.Debug("gloo: peer silent, but its process is runnable: starved, not failed",
 							zap.Int("peer", p), zap.Duration("silent", silent))

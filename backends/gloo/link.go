@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ftcomm/ftcomm/internal/silence"
 	"go.uber.org/zap"
 )
 
@@ -92,10 +93,9 @@ type link struct {
 	cancel atomic.Bool
 	ack    chan struct{} // the reader dropped its entry (cap 1)
 
-	rxBytes  atomic.Int64 // payload bytes delivered into completed frames
-	rxDone   atomic.Int64 // entries completed
-	lastRecv atomic.Int64 // ns since born
-	maxGap   atomic.Int64 // longest recent gap between arrivals, ns (decays; see decayGap)
+	rxBytes  atomic.Int64     // payload bytes delivered into completed frames
+	rxDone   atomic.Int64     // entries completed
+	heardAt  silence.Arrivals // when the peer was last heard, ns since born
 	rstate   atomic.Int32
 	departed atomic.Bool // the peer closed its comm, and everything it sent was delivered (set under mu)
 
@@ -151,7 +151,7 @@ func newLink(conn net.Conn, owner *Backend, peer int, peerID identity, seg *shmS
 	}
 	l.trailOK[0] = trailerOK
 	now := l.now()
-	l.lastRecv.Store(now)
+	l.heardAt.Mark(now)
 	l.lastSend.Store(now)
 	if seg != nil {
 		l.shm = newShmState(seg)
@@ -163,20 +163,7 @@ func newLink(conn net.Conn, owner *Backend, peer int, peerID identity, seg *shmS
 func (l *link) now() int64 { return int64(time.Since(l.born)) }
 
 // heard records that something arrived from the peer (reader goroutine).
-func (l *link) heard() {
-	now := l.now()
-	if gap := now - l.lastRecv.Swap(now); gap > l.maxGap.Load() {
-		l.maxGap.Store(gap)
-	}
-}
-
-// decayGap lets the longest recent gap fade (monitor, once per heartbeat
-// interval: half-life about 44 intervals).
-func (l *link) decayGap() {
-	if g := l.maxGap.Load(); g > 0 {
-		l.maxGap.CompareAndSwap(g, g-g/64-1)
-	}
-}
+func (l *link) heard() { l.heardAt.Arrived(l.now()) }
 
 func (l *link) poke() {
 	select {

@@ -213,7 +213,7 @@ func (l *link) stallLocked() bool {
 	case <-l.closed:
 		return false
 	}
-	l.lastRecv.Store(l.now())
+	l.heardAt.Mark(l.now())
 	l.rstate.Store(rsBusy)
 	return true
 }

@@ -414,7 +414,7 @@ const shmOfferLen = 1 + 4 + 4 + 4 + 4 + shmTokenLen
 
 // shmWith reports whether a link with peer sets up shared memory.
 func (n *node) shmWith(peer *identity) bool {
-	return n.self.flags&idFlagShm != 0 && peer.flags&idFlagShm != 0 && n.self.sameProcessSpace(peer)
+	return n.self.flags&idFlagShm != 0 && peer.flags&idFlagShm != 0 && n.self.SameProcessSpace(peer.Identity)
 }
 
 // serverShm runs the listener's side of the setup: the segment the link
@@ -469,7 +469,7 @@ func (n *node) clientShm(c net.Conn, peer *identity, to int32) (*shmSeg, error) 
 	var token [shmTokenLen]byte
 	copy(token[:], offer[17:])
 	le := binary.LittleEndian
-	seg, err := openShm(peer.pid, int(le.Uint32(offer[1:])), int(le.Uint32(offer[5:])), int(le.Uint32(offer[9:])), int(le.Uint32(offer[13:])), token)
+	seg, err := openShm(peer.Pid, int(le.Uint32(offer[1:])), int(le.Uint32(offer[5:])), int(le.Uint32(offer[9:])), int(le.Uint32(offer[13:])), token)
 	ans := []byte{0}
 	if err != nil {
 		n.log.Info("gloo: cannot map the shared memory of a link; it uses TCP", zap.Int32("to", to), zap.Error(err))
