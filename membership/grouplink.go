@@ -187,7 +187,7 @@ func (s *linkServer) serve(c net.Conn) {
 // goodbye as it goes, so that a leader merely starved does not take it
 // for dead in turn.
 func (s *linkServer) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, peer *silence.Identity, out *groupLink, onRecord func(*mvccpb.KeyValue)) (linkEnd, string) {
-	ls := newLinkSilence(timeout, peer)
+	ls := newLinkSilence(timeout, s.cfg.GroupLinkInterval, peer)
 	type ended struct {
 		end linkEnd
 		why string
@@ -323,6 +323,7 @@ func (s *linkServer) reportGroupDeath(h linkHello, why string) {
 // ping loop scores how late this process's own ticks run.
 type linkSilence struct {
 	base  time.Duration
+	fresh time.Duration // how old a shared look at the peer's process may be
 	peer  silence.Identity // zero: not told
 	born  time.Time
 	heard silence.Arrivals
@@ -332,8 +333,8 @@ type linkSilence struct {
 	blockedSince time.Time      // the reader's: when looks began to find the peer blocked
 }
 
-func newLinkSilence(base time.Duration, peer *silence.Identity) *linkSilence {
-	ls := &linkSilence{base: base, born: time.Now()}
+func newLinkSilence(base, interval time.Duration, peer *silence.Identity) *linkSilence {
+	ls := &linkSilence{base: base, fresh: interval / 2, born: time.Now()}
 	if peer != nil {
 		ls.peer = *peer
 	}
@@ -364,7 +365,7 @@ func (ls *linkSilence) verdict(late bool) (bool, string) {
 	if late && ls.heard.Silent(ls.now()) <= silence.MaxStretch*ls.base {
 		return false, ""
 	}
-	st := silence.Look(silence.Self(), ls.peer)
+	st := silence.LookShared(silence.Self(), ls.peer, ls.fresh)
 	var blocked time.Duration
 	switch {
 	case st != silence.Blocked:

@@ -276,7 +276,11 @@ func (s *shardServer) join(ctx context.Context, wave int) (int64, error) {
 	sem := make(chan struct{}, s.cfg.parallel)
 	errs := make(chan error, len(s.sims))
 	lg := zap.NewNop()
-	if os.Getenv("FTLOAD_MEMBER_LOGS") != "" {
+	switch os.Getenv("FTLOAD_MEMBER_LOGS") {
+	case "":
+	case "info": // every removal, takeover and move, with its cause
+		lg, _ = zap.NewProduction()
+	default:
 		lg, _ = zap.NewProduction(zap.IncreaseLevel(zapcore.WarnLevel))
 	}
 	for i, sm := range s.sims {

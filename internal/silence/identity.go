@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // Identity says which kernel and which process one end of a connection is,
@@ -203,4 +204,45 @@ func stateOf(state byte) State {
 		return Gone
 	}
 	return Blocked // S, D, I, W, P, K
+}
+
+// looks is the shared cache of LookShared.
+var looks = struct {
+	sync.Mutex
+	m map[Identity]look
+}{m: map[Identity]look{}}
+
+type look struct {
+	state State
+	at    time.Time
+}
+
+// LookShared is Look with one answer per peer process shared by every
+// caller for up to fresh: a process holding thousands of links to a few
+// peer processes (membership's group links at 10,000 members per host)
+// would otherwise read /proc for each link's every look, and on a starved
+// host that work starves it further.
+func LookShared(self, peer Identity, fresh time.Duration) State {
+	if !self.SameProcessSpace(peer) {
+		return Unknown
+	}
+	now := time.Now()
+	looks.Lock()
+	l, ok := looks.m[peer]
+	looks.Unlock()
+	if ok && now.Sub(l.at) < fresh {
+		return l.state
+	}
+	st := Look(self, peer)
+	looks.Lock()
+	defer looks.Unlock()
+	if len(looks.m) >= 4096 {
+		for id, l := range looks.m {
+			if now.Sub(l.at) >= fresh {
+				delete(looks.m, id)
+			}
+		}
+	}
+	looks.m[peer] = look{st, now}
+	return st
 }

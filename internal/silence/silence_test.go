@@ -105,7 +105,7 @@ func waitProc(t *testing.T, self, id Identity, want State) {
 
 // TestProcOf asks the kernel about real processes: one sleeping, stopped,
 // continued, busy and dead.
-func TestProcOf(t *testing.T) {
+func TestLook(t *testing.T) {
 	self := Self()
 	if !self.Known() {
 		t.Skip("no /proc identity on this system")
@@ -228,5 +228,42 @@ func TestLimit(t *testing.T) {
 		if got := Limit(s, c.gap, c.health); got != c.want {
 			t.Errorf("gap %v health %d: %v, want %v", c.gap, c.health, got, c.want)
 		}
+	}
+}
+
+// LookShared answers from one look per process while it is fresh, and
+// looks again after.
+func TestLookShared(t *testing.T) {
+	self := Self()
+	if !self.Known() {
+		t.Skip("no /proc identity on this system")
+	}
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGCONT); cmd.Process.Kill(); cmd.Wait() })
+	s, err := ReadStat(int32(cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := self
+	id.Pid, id.Start = int32(cmd.Process.Pid), s.Start
+	waitProc(t, self, id, Blocked)
+	if got := LookShared(self, id, time.Hour); got != Blocked {
+		t.Fatalf("first shared look: %v", got)
+	}
+	cmd.Process.Signal(syscall.SIGSTOP)
+	waitProc(t, self, id, Stopped)
+	if got := LookShared(self, id, time.Hour); got != Blocked {
+		t.Fatalf("a fresh shared look: %v, want the cached blocked", got)
+	}
+	if got := LookShared(self, id, 0); got != Stopped {
+		t.Fatalf("a look past its freshness: %v, want stopped", got)
+	}
+	other := id
+	other.NetNS = self.NetNS + 1
+	if self.NetNS != 0 && LookShared(self, other, time.Hour) != Unknown {
+		t.Fatal("a process behind another network namespace: not unknown")
 	}
 }
