@@ -87,6 +87,11 @@
 // (without a signer: the one its history agrees with) and restores the
 // newest trusted history entry otherwise. Coordinators publish their key
 // ids and refuse to run beside an instance with another (ErrKeyMismatch).
+// A publication that etcd refuses for its size (--max-request-bytes, or
+// the client's send limit) can never be written as it is: the leader logs
+// it at the error level with its size and participants, and counts it
+// (ftcomm_coordinator_publish_too_large_total); it still retries, as the
+// job's next decision may be smaller.
 //
 // A job's settings (membership.JobSettings) are changed by any instance
 // (Coordinator.SetSettings, the API, `ftcoord job set`): validated whole,

@@ -3,15 +3,19 @@ package coordinator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
 
 	"github.com/ftcomm/ftcomm/internal/etcdkeys"
 	"github.com/ftcomm/ftcomm/membership"
@@ -384,9 +388,41 @@ func (l *leadership) publish(ctx context.Context, a publish) (written, error) {
 	w := l.fencedTxn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(l.c.keys.Quorum(a.job)), "=", a.ifRev)}, ops...)
 	if w.err == nil {
 		l.c.metrics.publishSeconds.Observe(time.Since(start).Seconds())
+	} else if tooLarge(w.err) {
+		// Retrying cannot help: say what would (the machine retries all
+		// the same, as the next decision of the job may be smaller).
+		l.c.metrics.tooLarge.WithLabelValues(a.job).Inc()
+		n := 0
+		if a.quorum != nil {
+			n = len(a.quorum.Participants)
+		}
+		l.c.lg.Error("a quorum publication is larger than etcd takes: it can never be written as it is; raise etcd's --max-request-bytes (and the clients' send limit) or split the job",
+			zap.String("job", a.job), zap.Int("bytes", opsBytes(ops)), zap.Int("participants", n), zap.Error(w.err))
 	}
 	w.value = val
 	return w, nil
+}
+
+// tooLarge reports whether a request failed for its size: refused by
+// etcd (--max-request-bytes) or by the client before it was sent (its
+// gRPC send limit).
+func tooLarge(err error) bool {
+	return errors.Is(err, rpctypes.ErrRequestTooLarge) || errors.Is(err, rpctypes.ErrGRPCRequestTooLarge) ||
+		grpcstatus.Code(err) == codes.ResourceExhausted
+}
+
+// opsBytes is about the size of a transaction of ops: their keys and
+// values.
+func opsBytes(ops []clientv3.Op) int {
+	n := 0
+	for _, op := range ops {
+		n += len(op.KeyBytes()) + len(op.ValueBytes())
+		if op.IsTxn() {
+			_, thenOps, elseOps := op.Txn()
+			n += opsBytes(thenOps) + opsBytes(elseOps)
+		}
+	}
+	return n
 }
 
 // publishOps are the operations of a publication (fenced by the caller),

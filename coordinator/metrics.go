@@ -31,6 +31,7 @@ type coordMetrics struct {
 	stalled                      *prometheus.GaugeVec
 	target, spares               *prometheus.GaugeVec
 	publishSeconds               prometheus.Histogram
+	tooLarge                     *prometheus.CounterVec
 }
 
 // The state label of ftcomm_coordinator_spares: waiting counts every
@@ -61,11 +62,13 @@ func newCoordMetrics(reg prometheus.Registerer) (*coordMetrics, error) {
 			Help: "Spare members per job: waiting (all), ready (of them, asking to take part), unusable (of them, in a spare group that can never be promoted into the job)."}, []string{jobLabel, "state"}),
 		publishSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ftcomm_coordinator_publish_seconds", Help: "Latency of fenced quorum writes.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		tooLarge: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ftcomm_coordinator_publish_too_large_total",
+			Help: "Quorum publications per job that etcd (or the client's send limit) refused for their size: never written as they are."}, []string{jobLabel}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, col := range []prometheus.Collector{m.leader, m.jobs, m.gossipAlive, m.members, m.epoch, m.participants, m.quorums, m.joins, m.removals, m.foreign, m.stalled, m.target, m.spares, m.publishSeconds} {
+	for _, col := range []prometheus.Collector{m.leader, m.jobs, m.gossipAlive, m.members, m.epoch, m.participants, m.quorums, m.joins, m.removals, m.foreign, m.stalled, m.target, m.spares, m.publishSeconds, m.tooLarge} {
 		if err := reg.Register(col); err != nil {
 			return nil, fmt.Errorf("coordinator: register metrics: %w", err)
 		}

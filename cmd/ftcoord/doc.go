@@ -123,7 +123,7 @@
 // Metrics name a job with the label ftcomm_job (not "job", which
 // Prometheus sets to the scrape job and would rename to exported_job):
 // ftcomm_coordinator_{epoch,members,participants,waiting_members}{ftcomm_job},
-// ftcomm_coordinator_{quorums,joins,foreign_quorum_writes}_total{ftcomm_job},
+// ftcomm_coordinator_{quorums,joins,foreign_quorum_writes,publish_too_large}_total{ftcomm_job},
 // ftcomm_coordinator_removals_total{ftcomm_job,cause},
 // ftcomm_coordinator_{leader,jobs,gossip_alive},
 // ftcomm_coordinator_publish_seconds, and
