@@ -181,17 +181,6 @@ func (f *groupFollower) followLeader(g groupLease, seen int64) followEnd {
 			c.Close()
 			return
 		}
-		go func() {
-			// A moved record (or a broken watch of it) ends the link by
-			// this member's choice: it says goodbye, or the leader, alive,
-			// would take it for dead and delete its registration.
-			<-ctx.Done()
-			if f.life.Err() == nil {
-				c.SetWriteDeadline(time.Now().Add(timeout))
-				c.Write([]byte{linkBye})
-			}
-			c.SetReadDeadline(time.Now())
-		}()
 		var onRecord func(*mvccpb.KeyValue)
 		if f.cfg.GroupLease && !f.cfg.GroupEachWatches && !f.lease.holdsLease() {
 			// It takes the quorum from its leader instead of watching etcd.
@@ -199,7 +188,10 @@ func (f *groupFollower) followLeader(g groupLease, seen int64) followEnd {
 		}
 		f.lease.setLinked(true)
 		defer f.lease.setLinked(false)
-		end, _ = f.links.pingLink(c, bufio.NewReader(c), timeout, g.Proc, nil, onRecord)
+		// A moved record (or a broken watch of it) ends the link by this
+		// member's choice (ctx): it says goodbye, or the leader, alive,
+		// would take it for dead and delete its registration.
+		end, _ = f.links.pingLink(c, bufio.NewReader(c), timeout, g.Proc, nil, onRecord, ctx.Done())
 	}()
 	select {
 	case <-linkEnded:

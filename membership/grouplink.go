@@ -44,7 +44,7 @@ const (
 	linkGoodbye                // the peer said goodbye
 	linkRefused                // the leader refused the hello (linkRefuse)
 	linkDropped                // the leader took this member for dead (linkDrop)
-	linkOver                   // this end's membership ended
+	linkOver                   // this end ended it: its membership ended, or it left (pingLink's stop)
 )
 
 type linkHello struct {
@@ -158,7 +158,7 @@ func (s *linkServer) serve(c net.Conn) {
 		}
 		return
 	}
-	end, why := s.pingLink(c, r, timeout, h.Proc, out, nil)
+	end, why := s.pingLink(c, r, timeout, h.Proc, out, nil, nil)
 	s.epochs.detach(out)
 	leading := s.lease.unlink()
 	s.roll.unlinked(key)
@@ -177,7 +177,9 @@ func (s *linkServer) serve(c net.Conn) {
 // judged dead). At the end of the membership this end says goodbye
 // (unless crashed) and closes. At the leader's end, out holds the records
 // to forward (groupquorum.go); at a member's, onRecord takes those the
-// leader forwards (nil: a record ends the link).
+// leader forwards (nil: a record ends the link), and a closed stop ends
+// the link by this member's choice (it says goodbye: the leader is not to
+// take it for dead).
 //
 // A closed connection is the peer's death at once. A silent one is judged
 // by package silence (linkSilence), not by the timeout alone: on a host
@@ -186,7 +188,8 @@ func (s *linkServer) serve(c net.Conn) {
 // process (nil: not told). A member that gives up on a silent leader says
 // goodbye as it goes, so that a leader merely starved does not take it
 // for dead in turn.
-func (s *linkServer) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, peer *silence.Identity, out *groupLink, onRecord func(*mvccpb.KeyValue)) (linkEnd, string) {
+func (s *linkServer) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration, peer *silence.Identity, out *groupLink,
+	onRecord func(*mvccpb.KeyValue), stop <-chan struct{}) (linkEnd, string) {
 	ls := newLinkSilence(timeout, s.cfg.GroupLinkInterval, peer)
 	type ended struct {
 		end linkEnd
@@ -296,6 +299,14 @@ func (s *linkServer) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration
 		case <-s.life.Done():
 			if !s.end.crashed.Load() {
 				c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+				c.Write([]byte{linkBye})
+			}
+			c.Close()
+			<-got
+			return linkOver, ""
+		case <-stop:
+			if s.life.Err() == nil { // else a crash, or the membership's end: the case above
+				c.SetWriteDeadline(time.Now().Add(timeout))
 				c.Write([]byte{linkBye})
 			}
 			c.Close()
