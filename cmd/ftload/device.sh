@@ -108,7 +108,7 @@ fi
 if [ -n "${FTLOAD_MASS_RUNS:-}" ]; then
 	runs=$FTLOAD_MASS_RUNS
 	budget=${FTLOAD_BUDGET:-540}
-	export FTLOAD_MEMBER_LOGS=${FTLOAD_MEMBER_LOGS:-1} # info: every removal and takeover too
+	export FTLOAD_MEMBER_LOGS=${FTLOAD_MEMBER_LOGS:-1} # info: every removal, takeover and publication too
 	ran=0
 	for k in $(seq 1 "$runs"); do
 		settle # before the budget is read: the wait is the run's time too

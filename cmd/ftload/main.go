@@ -177,6 +177,9 @@ func runCoordinator(o options) error {
 	}
 	defer cli.Close()
 	lg, _ := zap.NewProduction(zap.IncreaseLevel(zapcore.WarnLevel))
+	if os.Getenv("FTLOAD_MEMBER_LOGS") == "info" || os.Getenv("FTLOAD_COORD_LOGS") == "info" { // each publication and removal too
+		lg, _ = zap.NewProduction()
+	}
 	cfg := coordinator.DefaultConfig()
 	cfg.Client, cfg.Name, cfg.Logger = cli, "ftload", lg
 	if o.formWindow >= 0 {
