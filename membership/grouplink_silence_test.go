@@ -31,23 +31,19 @@ func joinMuted(tj *clustertest.Job, id string, muted *atomic.Bool) *membership.M
 	})
 }
 
-// waitKept waits until m's links have taken a silent peer for starved n
-// more times than before: with a look every link interval after the
-// first at the timeout, 16 looks are a silence of 4 timeouts.
-func waitKept(t *testing.T, m *membership.Member, n int64) {
+// starveBriefly mutes a member's links (muted) until judge, at the other
+// end, has taken the silence for starvation 16 more times than before —
+// with a look every link interval after the first at the timeout, a
+// silence of 4 timeouts — then unmutes them and waits until judge hears
+// the peer again.
+func starveBriefly(t *testing.T, muted *atomic.Bool, judge *membership.Member) {
 	t.Helper()
-	from := membership.SilencesKept(m)
-	testutil.WaitFor(t, clustertest.Ctx(t, 20*time.Second), "silent link kept", func() bool {
-		return membership.SilencesKept(m) >= from+n
-	})
-}
-
-// waitSpoke waits until a silence m's links kept ended with the peer heard.
-func waitSpoke(t *testing.T, m *membership.Member) {
-	t.Helper()
-	testutil.WaitFor(t, clustertest.Ctx(t, 20*time.Second), "silent peer heard again", func() bool {
-		return membership.SilencesEnded(m) > 0
-	})
+	ctx := clustertest.Ctx(t, 20*time.Second)
+	from := membership.SilencesKept(judge)
+	muted.Store(true)
+	testutil.WaitFor(t, ctx, "silent link kept", func() bool { return membership.SilencesKept(judge) >= from+16 })
+	muted.Store(false)
+	testutil.WaitFor(t, ctx, "silent peer heard again", func() bool { return membership.SilencesEnded(judge) > 0 })
 }
 
 // A group member whose pings stop while its process runs (starved: here
@@ -63,10 +59,7 @@ func TestGroupStarvedMemberKept(t *testing.T) {
 	member := joinMuted(tj, "g.1", &memberMuted)
 	q := clustertest.WaitQuorum(t, leader, 0, "g.0", "g.1")
 
-	memberMuted.Store(true)
-	waitKept(t, leader, 16)
-	memberMuted.Store(false)
-	waitSpoke(t, leader)
+	starveBriefly(t, &memberMuted, leader)
 	if now, _ := leader.Quorum(); now.Epoch != q.Epoch || member.Err() != nil {
 		t.Fatalf("after 4 timeouts of silence from a runnable member: epoch %d (was %d), member err %v", now.Epoch, q.Epoch, member.Err())
 	}
@@ -98,10 +91,7 @@ func TestGroupStarvedLeaderKept(t *testing.T) {
 	member := joinMuted(tj, "g.1", &memberMuted)
 	q := clustertest.WaitQuorum(t, member, 0, "g.0", "g.1")
 
-	leaderMuted.Store(true)
-	waitKept(t, member, 16)
-	leaderMuted.Store(false)
-	waitSpoke(t, member)
+	starveBriefly(t, &leaderMuted, member)
 	if now, _ := member.Quorum(); now.Epoch != q.Epoch || leader.Err() != nil || groupLeader(t, tj) != "g.0" {
 		t.Fatalf("after 4 timeouts of silence from a runnable leader: epoch %d (was %d), leader err %v, group led by %s",
 			now.Epoch, q.Epoch, leader.Err(), groupLeader(t, tj))
