@@ -2,7 +2,10 @@ package membership_test
 
 import (
 	"encoding/json"
+	"fmt"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -11,6 +14,9 @@ import (
 	"github.com/ftcomm/ftcomm/internal/testutil"
 	"github.com/ftcomm/ftcomm/membership"
 	"github.com/ftcomm/ftcomm/test/clustertest"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // The links of these tests ping every 50 ms and time out after 250 ms: a
@@ -118,4 +124,75 @@ func groupLeader(t *testing.T, tj *clustertest.Job) string {
 		t.Fatal(err)
 	}
 	return g.Leader
+}
+
+// waitLine waits until process p has printed line want (after the first
+// `from` lines).
+func waitLine(t *testing.T, p *memberProc, from int, want string) int {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		p.mu.Lock()
+		out, more := p.out, p.more
+		p.mu.Unlock()
+		for i := from; i < len(out); i++ {
+			if out[i] == want {
+				return i + 1
+			}
+		}
+		select {
+		case <-more:
+		case <-p.done:
+			t.Fatalf("member %s exited before %q: %v", p.id, want, p.lines())
+		case <-deadline:
+			t.Fatalf("member %s did not print %q: %v", p.id, want, p.lines())
+		}
+	}
+}
+
+// The verdict across processes, as on a host: the leader (this process)
+// looks a silent member's process up in /proc. A member process whose
+// links go silent while one of its threads spins (runnable: starved, not
+// dead) is kept past the link timeout and goes on when it speaks again;
+// the same process SIGSTOPped is removed at the timeout, the leader
+// naming why, and learns it when continued.
+func TestProcessGroupMemberStarvedThenStopped(t *testing.T) {
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
+	core, logs := observer.New(zapcore.InfoLevel)
+	leader := tj.Join("g.0", func(c *membership.MemberConfig) {
+		c.Group, c.GroupLease, c.GroupLinkAddr = "g", true, "127.0.0.1:0"
+		c.GroupLinkInterval, c.GroupLinkTimeout = 50*time.Millisecond, 300*time.Millisecond
+		c.Logger = zap.New(core)
+	})
+	clustertest.WaitQuorum(t, leader, 0, "g.0")
+	b := startMemberProc(t, tj.Etcd.Endpoints(), tj.Name, "g.1", 30*time.Second, false, "FTCOMM_TEST_GROUP=g", "FTCOMM_TEST_FASTLINK=1")
+	q := clustertest.WaitQuorum(t, leader, 0, "g.0", "g.1")
+
+	ctx := clustertest.Ctx(t, 20*time.Second)
+	kept := membership.SilencesKept(leader)
+	b.cmd.Process.Signal(syscall.SIGUSR2)
+	n := waitLine(t, b, 0, "starved")
+	testutil.WaitFor(t, ctx, "the starved member's silence kept", func() bool { return membership.SilencesKept(leader) >= kept+16 })
+	b.cmd.Process.Signal(syscall.SIGUSR2)
+	waitLine(t, b, n, "fed")
+	testutil.WaitFor(t, ctx, "the starved member heard again", func() bool { return membership.SilencesEnded(leader) > 0 })
+	if now, _ := leader.Quorum(); now.Epoch != q.Epoch {
+		t.Fatalf("after a silence of over 3 timeouts from a runnable member process: epoch %d, was %d (%s)", now.Epoch, q.Epoch, now.Reason)
+	}
+
+	b.cmd.Process.Signal(syscall.SIGSTOP)
+	clustertest.WaitQuorum(t, leader, q.Epoch, "g.0")
+	removed := logs.FilterMessageSnippet("removed its registration").All()
+	if len(removed) != 1 || !strings.Contains(fmt.Sprint(removed[0].ContextMap()["link"]), "process is stopped") {
+		t.Fatalf("the leader's removals: %+v", removed)
+	}
+	b.cmd.Process.Signal(syscall.SIGCONT)
+	select {
+	case <-b.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the continued member did not notice its eviction")
+	}
+	if code := b.cmd.ProcessState.ExitCode(); code != 3 {
+		t.Fatalf("continued member exited %d: %v", code, b.lines())
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -41,7 +42,11 @@ func TestMain(m *testing.M) {
 // "joined <incarnation>", and stays until SIGTERM (then prints its gossip
 // stats and leaves) or until its membership is lost (exit 3). With
 // FTCOMM_TEST_GROUP it joins that replica group on the group's lease, and
-// with FTCOMM_TEST_HOLDLINK it does not link to the group's leader.
+// with FTCOMM_TEST_HOLDLINK it does not link to the group's leader. With
+// FTCOMM_TEST_FASTLINK its links ping every 50 ms and time out after
+// 300 ms, and each SIGUSR2 starves them or ends that: while starved, its
+// links send nothing and a goroutine spins (the process stays runnable,
+// as one starved of CPU); it prints "starved" and "fed".
 func memberProcess() int {
 	env := os.Getenv
 	cli, err := membership.NewClient(strings.Split(env("FTCOMM_TEST_ETCD"), ","), nil)
@@ -64,6 +69,28 @@ func memberProcess() int {
 	}
 	if env("FTCOMM_TEST_HOLDLINK") != "" {
 		membership.HoldLinks(&cfg, make(chan struct{}))
+	}
+	var starved atomic.Bool
+	if env("FTCOMM_TEST_FASTLINK") != "" {
+		cfg.GroupLinkInterval, cfg.GroupLinkTimeout = 50*time.Millisecond, 300*time.Millisecond
+		membership.MuteLinks(&cfg, &starved)
+		usr2 := make(chan os.Signal, 1)
+		signal.Notify(usr2, syscall.SIGUSR2)
+		go func() {
+			for range usr2 {
+				if starved.Load() {
+					starved.Store(false)
+					fmt.Println("fed")
+					continue
+				}
+				starved.Store(true)
+				go func() {
+					for starved.Load() { //lint:ignore SA5002 a thread kept runnable is the point
+					}
+				}()
+				fmt.Println("starved")
+			}
+		}()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	m, err := membership.Join(ctx, cfg)
