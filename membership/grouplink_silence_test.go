@@ -182,6 +182,11 @@ func TestProcessGroupMemberStarvedThenStopped(t *testing.T) {
 
 	b.cmd.Process.Signal(syscall.SIGSTOP)
 	clustertest.WaitQuorum(t, leader, q.Epoch, "g.0")
+	// The leader logs the removal once its delete returned, which the
+	// coordinator may have seen and published first.
+	testutil.WaitFor(t, ctx, "the leader's removal logged", func() bool {
+		return logs.FilterMessageSnippet("removed its registration").Len() > 0
+	})
 	removed := logs.FilterMessageSnippet("removed its registration").All()
 	if len(removed) != 1 || !strings.Contains(fmt.Sprint(removed[0].ContextMap()["link"]), "process is stopped") {
 		t.Fatalf("the leader's removals: %+v", removed)

@@ -480,9 +480,9 @@ func TestGroupRollReadAfterBrokenWatch(t *testing.T) {
 		w.Watcher, c.Client.Watcher = c.Client.Watcher, w
 	})
 	held := tj.Join("g.1", func(c *membership.MemberConfig) { rollMember(c); membership.HoldLinks(c, make(chan struct{})) })
-	if !w.deaf.Load() {
-		t.Fatal("the leader did not watch its group's joined record")
-	}
+	// The leader opens that watch on its own goroutine once it leads:
+	// g.1's Join may return first.
+	testutil.WaitFor(t, clustertest.Ctx(t, 20*time.Second), "the leader's watch of its group's joined record", w.deaf.Load)
 	close(w.broken)
 	ctx := clustertest.Ctx(t, 3*rollBound()+20*time.Second)
 	select {
