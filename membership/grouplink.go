@@ -240,6 +240,9 @@ func (s *linkServer) pingLink(c net.Conn, r *bufio.Reader, timeout time.Duration
 				got <- ended{linkDropped, ""}
 				return
 			case b == linkRecord:
+				// The body gets a timeout of its own: the deadline above
+				// may be a look's short one, or mostly spent.
+				c.SetReadDeadline(time.Now().Add(timeout))
 				kv, err := readLinkRecord(r)
 				if err != nil {
 					got <- ended{linkBroken, ""}
