@@ -10,9 +10,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/silence"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/internal/silence"
 )
 
 // A replica group's links (MemberConfig.GroupLease, grouplease.go): each
@@ -337,7 +338,7 @@ func (s *linkServer) reportGroupDeath(h linkHello, why string) {
 // ping loop scores how late this process's own ticks run.
 type linkSilence struct {
 	base  time.Duration
-	fresh time.Duration // how old a shared look at the peer's process may be
+	fresh time.Duration    // how old a shared look at the peer's process may be
 	peer  silence.Identity // zero: not told
 	born  time.Time
 	heard silence.Arrivals

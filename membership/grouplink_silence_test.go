@@ -126,30 +126,6 @@ func groupLeader(t *testing.T, tj *clustertest.Job) string {
 	return g.Leader
 }
 
-// waitLine waits until process p has printed line want (after the first
-// `from` lines).
-func waitLine(t *testing.T, p *memberProc, from int, want string) int {
-	t.Helper()
-	deadline := time.After(20 * time.Second)
-	for {
-		p.mu.Lock()
-		out, more := p.out, p.more
-		p.mu.Unlock()
-		for i := from; i < len(out); i++ {
-			if out[i] == want {
-				return i + 1
-			}
-		}
-		select {
-		case <-more:
-		case <-p.done:
-			t.Fatalf("member %s exited before %q: %v", p.id, want, p.lines())
-		case <-deadline:
-			t.Fatalf("member %s did not print %q: %v", p.id, want, p.lines())
-		}
-	}
-}
-
 // The verdict across processes, as on a host: the leader (this process)
 // looks a silent member's process up in /proc. A member process whose
 // links go silent while one of its threads spins (runnable: starved, not
@@ -171,10 +147,10 @@ func TestProcessGroupMemberStarvedThenStopped(t *testing.T) {
 	ctx := clustertest.Ctx(t, 20*time.Second)
 	kept := membership.SilencesKept(leader)
 	b.cmd.Process.Signal(syscall.SIGUSR2)
-	n := waitLine(t, b, 0, "starved")
+	n := b.waitOutput(t, 0, `"starved"`, func(l string) bool { return l == "starved" })
 	testutil.WaitFor(t, ctx, "the starved member's silence kept", func() bool { return membership.SilencesKept(leader) >= kept+16 })
 	b.cmd.Process.Signal(syscall.SIGUSR2)
-	waitLine(t, b, n, "fed")
+	b.waitOutput(t, n, `"fed"`, func(l string) bool { return l == "fed" })
 	testutil.WaitFor(t, ctx, "the starved member heard again", func() bool { return membership.SilencesEnded(leader) > 0 })
 	if now, _ := leader.Quorum(); now.Epoch != q.Epoch {
 		t.Fatalf("after a silence of over 3 timeouts from a runnable member process: epoch %d, was %d (%s)", now.Epoch, q.Epoch, now.Reason)
@@ -192,12 +168,5 @@ func TestProcessGroupMemberStarvedThenStopped(t *testing.T) {
 		t.Fatalf("the leader's removals: %+v", removed)
 	}
 	b.cmd.Process.Signal(syscall.SIGCONT)
-	select {
-	case <-b.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the continued member did not notice its eviction")
-	}
-	if code := b.cmd.ProcessState.ExitCode(); code != 3 {
-		t.Fatalf("continued member exited %d: %v", code, b.lines())
-	}
+	b.waitEvicted(t)
 }

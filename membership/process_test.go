@@ -191,23 +191,47 @@ func (p *memberProc) gossipStats(t testing.TB) gossip.Stats {
 	n := len(p.out)
 	p.mu.Unlock()
 	p.cmd.Process.Signal(syscall.SIGUSR1)
-	deadline := time.After(10 * time.Second)
+	var st gossip.Stats
+	p.waitOutput(t, n, "stats", func(l string) (ok bool) { st, ok = parseStats(l); return ok })
+	return st
+}
+
+// waitOutput waits until p prints a line (after its first `from` lines)
+// that match takes, naming what in a failure, and returns how many lines
+// p had printed up to it.
+func (p *memberProc) waitOutput(t testing.TB, from int, what string, match func(string) bool) int {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
 	for {
 		p.mu.Lock()
-		out, more := p.out[n:], p.more
+		out, more := p.out, p.more
 		p.mu.Unlock()
-		for _, l := range out {
-			if st, ok := parseStats(l); ok {
-				return st
+		for i := from; i < len(out); i++ {
+			if match(out[i]) {
+				return i + 1
 			}
 		}
 		select {
 		case <-more:
 		case <-p.done:
-			t.Fatalf("member %s exited", p.id)
+			t.Fatalf("member %s exited before printing %s: %v", p.id, what, p.lines())
 		case <-deadline:
-			t.Fatalf("member %s did not report stats", p.id)
+			t.Fatalf("member %s did not print %s: %v", p.id, what, p.lines())
 		}
+	}
+}
+
+// waitEvicted waits until p, continued after its removal, finds its
+// registration gone and exits with 3.
+func (p *memberProc) waitEvicted(t testing.TB) {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("member %s did not notice its eviction", p.id)
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 3 {
+		t.Fatalf("member %s exited %d: %v", p.id, code, p.lines())
 	}
 }
 
@@ -261,14 +285,7 @@ func TestProcessDeathDetection(t *testing.T) {
 		}
 		// Resumed, b finds its registration gone and says so.
 		b.cmd.Process.Signal(syscall.SIGCONT)
-		select {
-		case <-b.done:
-		case <-time.After(30 * time.Second):
-			t.Fatal("resumed member did not notice its eviction")
-		}
-		if code := b.cmd.ProcessState.ExitCode(); code != 3 {
-			t.Fatalf("resumed member exited %d: %v", code, b.lines())
-		}
+		b.waitEvicted(t)
 		<-c.done
 	}
 	t.Logf("SIGKILL → epoch without it: %s", testutil.Durations(kills))

@@ -8,8 +8,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ftcomm/ftcomm/internal/silence"
 	"go.uber.org/zap"
+
+	"github.com/ftcomm/ftcomm/internal/silence"
 )
 
 // entryMode says what the reader does with the payload of a posted entry.
