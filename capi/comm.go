@@ -61,6 +61,9 @@ type commObj struct {
 	// aborted or revoked the comm itself, which is no reason to abort.
 	abortProcess  bool
 	callerStopped atomic.Bool
+	// borrowed: the comm is another owner's (ftcomm_ft_group_comm's is
+	// ft's); freeing the handle leaves it open.
+	borrowed bool
 }
 
 // watchFatal makes a comm that breaks on a timeout or a failure abort the
@@ -267,6 +270,9 @@ func ftcomm_comm_free(h C.uint64_t) C.int32_t {
 			return err
 		}
 		o.can.release()
+		if o.borrowed {
+			return nil
+		}
 		err = o.c.Close()
 		o.log.Sync()
 		return err

@@ -96,6 +96,17 @@
 // interruptible, until a rank of its group leaves a place free, and
 // ftcomm_ft_group_rank says which place it took.
 //
+// ftcomm_ft_group_comm (ABI 8) returns a comm handle of the replica
+// group's data comm of the current epoch (ft.Comm.Group): the shard group
+// of an FSDP job with no replica. With the ft setting "group_backend"
+// "nccl" it is an NCCL comm on the ft handle's device (ncclCommRevoke where
+// the library has it, else ncclCommAbort 2 s after a failure ends a kernel
+// left waiting for a dead rank); by default it is the host comm that also
+// carries ft's group messages. The comm stays ft's: ft revokes it when a
+// rank of the group dies or fails its step, and closes it when the group
+// is formed again, after which the handle's ops return FTCOMM_ERR_CLOSED;
+// ftcomm_comm_free frees the handle and leaves the comm open.
+//
 // # Tensor memory: the rule
 //
 // The memory of a tensor passed to an op is the caller's, and the library

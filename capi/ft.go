@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ftcomm/ftcomm/backends/nccl"
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/ft"
 	"github.com/ftcomm/ftcomm/membership"
@@ -46,15 +47,25 @@ type ftSettings struct {
 	Spare             bool     `json:"spare"`          // ft.Config.Spare: wait as a warm standby until promoted
 	Host              string   `json:"host"`           // ft.Config.Host: placement hint for spares; default the host name
 	SnapshotEvery     int      `json:"snapshot_every"` // ft.Config.SnapshotEvery: peer snapshots every K steps (0: off)
-	DisableHealth     bool     `json:"disable_health_watch"`
-	LeaseTTLS         float64  `json:"lease_ttl_s"`
-	HeartbeatS        float64  `json:"heartbeat_s"`
-	Gossip            bool     `json:"gossip"`
-	LogLevel          string   `json:"log_level"`
+	// GroupBackend is the backend of the replica group's data comm
+	// (ftcomm_ft_group_comm): "" (the host comm that carries ft's group
+	// messages, for CPU tensors) or "nccl" (a comm on Device beside it,
+	// for an FSDP shard group on the GPUs).
+	GroupBackend  string  `json:"group_backend"`
+	DisableHealth bool    `json:"disable_health_watch"`
+	LeaseTTLS     float64 `json:"lease_ttl_s"`
+	HeartbeatS    float64 `json:"heartbeat_s"`
+	Gossip        bool    `json:"gossip"`
+	LogLevel      string  `json:"log_level"`
 	// nccl data backend
 	NCCLLib   string `json:"nccl_lib"`
 	CUDARTLib string `json:"cudart_lib"`
 }
+
+// groupAbortDelay is the nccl group comm's Config.AbortDelay: how long a
+// kernel of a failed shard-group op may wait for a dead rank on a library
+// without ncclCommRevoke before ncclCommAbort ends it.
+const groupAbortDelay = 2 * time.Second
 
 // maxEvents bounds the events kept for ftcomm_ft_events; older ones are
 // dropped (and counted) when the caller does not read them.
@@ -65,7 +76,10 @@ type ftObj struct {
 	c   *ft.Comm
 	can *canceler
 	dev int // data tensors' device, -1 for host
-	log *zap.Logger
+	// groupDev is the device of the group's data comm (group_backend
+	// "nccl"), -1 for host.
+	groupDev int
+	log      *zap.Logger
 
 	mu      sync.Mutex
 	events  []ftEvent
@@ -136,10 +150,35 @@ func (s *ftSettings) config(obj *ftObj) (ft.Config, error) {
 		HealStreams: s.HealStreams, DurableCommit: s.DurableCommit, DisableHealthWatch: s.DisableHealth,
 		StallFactor: s.StallFactor, StallMin: seconds(s.StallMinS), InitialStep: s.InitialStep,
 		Spare: s.Spare, Host: s.Host, SnapshotEvery: s.SnapshotEvery, Logger: obj.log, OnEvent: obj.onEvent}
-	// Python shards over comms of its own (FT-HSDP: FSDP2 over its device
-	// mesh) and has no Group(): the group's one comm is a host comm that
-	// carries ft's group messages, with no device comm made for it.
+	// FT-HSDP shards over comms of its own (FSDP2 over its device mesh):
+	// by default the group's one comm is a host comm that carries ft's
+	// group messages (and a caller's CPU tensors), with no device comm
+	// made for it. With group_backend "nccl" the group gets a data comm on
+	// the device beside it: an FSDP shard group with no replica, which ft
+	// revokes when a rank of the group dies.
 	cfg.GroupBackend = cmp.Or(cfg.ControlBackend, ft.DefaultControlBackend)
+	switch s.GroupBackend {
+	case "", cfg.GroupBackend:
+	case "nccl":
+		if s.Device < 0 {
+			return cfg, fmt.Errorf("%w: ft: group_backend nccl needs a device (a CUDA ordinal)", comm.ErrInvalidArgument)
+		}
+		L, err := sharedNCCL(ncclLibraryConfig(s.NCCLLib, s.CUDARTLib))
+		if err != nil {
+			return cfg, err
+		}
+		// The shard group's ops run on the training's streams (FSDP's
+		// collectives, which the compute stream then waits for): a kernel
+		// left waiting for a dead rank must end when ft revokes the comm,
+		// or the training's next host sync waits for it. ncclCommRevoke
+		// does that where the library has it (RevokeAuto); elsewhere the
+		// kernel is aborted AbortDelay after the failure.
+		gc := ncclConfigWith(L)
+		gc.Revoke, gc.AbortDelay = nccl.RevokeAuto, groupAbortDelay
+		cfg.GroupBackend, cfg.GroupBackendConfig = "nccl", gc
+	default:
+		return cfg, fmt.Errorf("%w: ft: group_backend %q: want \"\" (host) or \"nccl\"", comm.ErrInvalidArgument, s.GroupBackend)
+	}
 	cfg.Member = membership.DefaultMemberConfig()
 	if s.LeaseTTLS > 0 {
 		cfg.Member.LeaseTTL = seconds(s.LeaseTTLS)
@@ -178,9 +217,12 @@ func ftcomm_ft_new(settings *C.char, out *C.uint64_t) C.int32_t {
 		if err != nil {
 			return err
 		}
-		obj := &ftObj{can: newCanceler(), dev: -1, log: log}
+		obj := &ftObj{can: newCanceler(), dev: -1, groupDev: -1, log: log}
 		if s.Backend == "nccl" {
 			obj.dev = s.Device
+		}
+		if s.GroupBackend == "nccl" {
+			obj.groupDev = s.Device
 		}
 		cfg, err := s.config(obj)
 		if err != nil {
@@ -450,6 +492,35 @@ func ftcomm_ft_group_rank(h C.uint64_t, rank *C.int64_t) C.int32_t {
 			return err
 		}
 		*rank = C.int64_t(f.c.GroupRank())
+		return nil
+	})
+}
+
+// ftcomm_ft_group_comm stores a new comm handle of the replica group's
+// data comm of the current epoch (ft.Comm.Group): the shard group of an
+// FSDP job with no replica. The comm stays ft's: ft revokes it when a rank
+// of the group dies or fails a step, and closes it when the group is
+// formed again (the handle's ops then fail with FTCOMM_ERR_CLOSED);
+// ftcomm_comm_free frees the handle and leaves the comm open. Between
+// step and commit; FTCOMM_ERR_INVALID_ARGUMENT when the replica has no
+// group comm (group_size 1, a spare, no group formed).
+//
+//export ftcomm_ft_group_comm
+func ftcomm_ft_group_comm(h C.uint64_t, out *C.uint64_t) C.int32_t {
+	return guard(func() error {
+		f, err := lookup[*ftObj](uint64(h))
+		if err != nil {
+			return err
+		}
+		g := f.c.Group()
+		if g == nil {
+			return fmt.Errorf("%w: ft: no group comm: the replica group has one rank, this replica is a spare, or its group is not formed (call it between step and commit)", comm.ErrInvalidArgument)
+		}
+		backend, dev := "gloo", -1
+		if g.Backend().Memory() == comm.DeviceMemory {
+			backend, dev = "nccl", f.groupDev
+		}
+		*out = C.uint64_t(abi.put(&commObj{c: g, can: newCanceler(), backend: backend, device: dev, log: f.log, borrowed: true}))
 		return nil
 	})
 }

@@ -292,10 +292,19 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
             else:
                 work = self._cuda(comm, dev, lambda: run(comm, False), touched or tensors, posts, result)
         except FtcommError as e:
-            raise dist_error(e, self) from None
+            err = self._op_failed(dist_error(e, self))
+            if err is not None:
+                raise err from None
+            work = _DoneWork(self, result)  # a failure the group's owner took: the outputs are undefined
         if self._coalescing is not None:
             self._coalescing.append(work)
         return work
+
+    def _op_failed(self, err: BaseException) -> Optional[BaseException]:
+        """What an op's failure raises: err, here. A group whose owner takes
+        its failures (ftcomm.ft_torch.ShardGroup: the step's commit fails)
+        returns None, and the op completes with its outputs undefined."""
+        return err
 
     def _cuda(self, comm, dev, enqueue, touched, posts, result) -> _CudaWork:
         cur = torch.cuda.current_stream(dev)

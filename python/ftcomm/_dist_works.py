@@ -105,6 +105,8 @@ class _HostWork(_Work):
                 err = dist_error(e, self._pg)
             except BaseException as e:  # noqa: B902 - a KeyboardInterrupt ends the op too
                 err = e
+            if isinstance(err, FtcommError):
+                err = self._pg._op_failed(err)
             self._done, self._err = True, err
             self._works = []
             self._posts = []
@@ -182,9 +184,9 @@ class _CudaWork(_Work):
         try:
             why = c.error()
         except FtcommError as e:
-            return dist_error(e, self._pg)
+            return self._pg._op_failed(dist_error(e, self._pg))
         if why:
-            return dist_error(FtcommError("ftcomm: " + why, kinds=("other",)), self._pg)
+            return self._pg._op_failed(dist_error(FtcommError("ftcomm: " + why, kinds=("other",)), self._pg))
         return None
 
     def wait(self, timeout=None) -> bool:

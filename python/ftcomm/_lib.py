@@ -16,7 +16,7 @@ from typing import Optional
 
 from . import errors
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 # Statuses (libftcomm.h).
 OK = 0
@@ -97,6 +97,7 @@ _SIGNATURES = {
     "ftcomm_ft_fail_step": ([_u64, _cp], _i32),
     "ftcomm_ft_info": ([_u64, _pu64, _pi64, _pi64, _pi64], _i32),
     "ftcomm_ft_group_rank": ([_u64, _pi64], _i32),
+    "ftcomm_ft_group_comm": ([_u64, _pu64], _i32),
     "ftcomm_ft_events": ([_u64] + _buf, _i32),
     "ftcomm_ft_free": ([_u64], _i32),
     "ftcomm_ft_sampler_new": ([_u64, _cp, _pu64], _i32),

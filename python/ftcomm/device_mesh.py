@@ -37,12 +37,19 @@ def _create_torchcomm_process_group(comm: Communicator, group_name: str, backend
     """A ProcessGroup over comm, registered with torch.distributed as
     group_name (global rank -> group rank: global_ranks_mapping, default the
     identity)."""
-    c10d = dist.distributed_c10d
     pg = process_group(comm, name=group_name)
+    return _register_group(pg, group_name, backend_str, global_ranks_mapping)
+
+
+def _register_group(pg: ProcessGroupFtcomm, group_name: str, backend_str: str = BACKEND,
+                    global_ranks_mapping: Optional[Dict[int, int]] = None) -> ProcessGroupFtcomm:
+    """Register pg with torch.distributed as group_name (global rank ->
+    group rank: global_ranks_mapping, default the identity)."""
+    c10d = dist.distributed_c10d
     pg._set_group_name(group_name)
     store = dist.HashStore()
     backend = backend_str if backend_str.upper() in getattr(dist.Backend, "_plugins", {}) else BACKEND
-    ranks = dict(global_ranks_mapping) if global_ranks_mapping is not None else {i: i for i in range(comm.get_size())}
+    ranks = dict(global_ranks_mapping) if global_ranks_mapping is not None else {i: i for i in range(pg.size())}
     w = getattr(c10d, "_world", None)
     if w is None:  # torch < 2.0: module-level tables
         c10d._pg_map[pg] = (backend, store)

@@ -222,6 +222,14 @@ class Comm:
     before Comm(), and what depends on the rank (its shard) and the
     registrations right after.
 
+    group_backend="nccl" gives the replica group (group_size > 1) a data
+    comm on this process's GPU (device) beside the host comm that carries
+    ft's group messages: group_comm() returns it, the shard group of an FSDP
+    job with no replica, which ft revokes when a rank of the group dies (so
+    an op on it never waits for the dead) and forms again at each epoch of
+    the group. ftcomm.ft_torch.shard_mesh makes FSDP2's mesh of it. By
+    default group_comm() returns the group's host comm (CPU tensors).
+
     Making a Comm registers the replica with the coordinator; it asks to
     take part at its first step(): build the model, shard it and register
     its state after this call, the job does not wait for it meanwhile.
@@ -236,7 +244,8 @@ class Comm:
                  heartbeat=None, gossip: bool = False, control_backend: Optional[str] = None,
                  log_level: Optional[str] = None, on_event: Optional[Callable[[Event], None]] = None,
                  stall_factor: Optional[float] = None, stall_min=None, initial_step: int = 0,
-                 spare: bool = False, host: Optional[str] = None, snapshot_every: int = 0):
+                 spare: bool = False, host: Optional[str] = None, snapshot_every: int = 0,
+                 group_backend: Optional[str] = None):
         if _lib.forked:
             raise _lib._fork_error()
         group_rank, group_size = _index("group_rank", group_rank), _index("group_size", group_size)
@@ -265,13 +274,19 @@ class Comm:
         # commit, close): a Sampler's plan is cached for one value.
         self._gen = 0
         backend = {"cuda": "nccl"}.get(backend, backend)
+        group_backend = {"cuda": "nccl", "gloo": None, "cpu": None}.get(group_backend, group_backend)
+        if group_backend not in (None, "nccl"):
+            raise InvalidArgumentError("ftcomm: group_backend %r: want None (the group's host comm) or \"nccl\"" % (
+                group_backend,), kinds=("invalid_argument",))
         secret = secret if secret is not None else os.environ.get("FTCOMM_SECRET", "")
         settings = {"job": job, "group": group, "group_rank": group_rank, "group_size": group_size,
                     "secret": secret, "backend": backend, "min_replicas": min_replicas,
                     "durable_commit": durable_commit, "disable_health_watch": disable_health_watch,
                     "gossip": gossip, "device": -1, "spare": bool(spare)}
         self._dev = -1
-        if backend == "nccl":
+        if group_backend is not None:
+            settings["group_backend"] = group_backend
+        if backend == "nccl" or group_backend == "nccl":
             import torch
             idx = _devices.device_index(device) if device is not None else None
             if idx is None:
@@ -279,6 +294,8 @@ class Comm:
             torch.cuda.set_device(idx)
             settings["device"] = self._dev = idx
             self.device = torch.device("cuda", idx)
+            if backend != "nccl":
+                self._dev = -1  # the FT comm's tensors stay on the host; the group's are on the device
         else:
             if device is not None and _devices.device_type(device) != "cpu":
                 raise InvalidArgumentError("ftcomm: backend %s takes CPU tensors; device %r" % (backend, device),
@@ -303,6 +320,9 @@ class Comm:
         self.job, self.group = job, group
         self._group_size, self._snapshot_every = group_size, snapshot_every
         self._spare = bool(spare) and group_rank != ANY_RANK  # a slot spare holds its place now
+        self._group_backend = group_backend or "gloo"
+        self._timeout = timeout
+        self._group_comm: Optional[Any] = None  # group_comm()'s, while it is the group's current comm
 
     def _handle(self) -> int:
         if _lib.forked:
@@ -505,6 +525,37 @@ class Comm:
     def group_size(self) -> int:
         """The ranks of this replica group (the shard dimension)."""
         return self._group_size
+
+    def group_comm(self):
+        """The replica group's data comm of the current epoch (an
+        ftcomm.Communicator of group_size ranks, rank group_rank): the shard
+        group of an FSDP job with no replica. Its backend is group_backend's:
+        "nccl" (CUDA tensors on this Comm's device), or by default the host
+        comm that also carries ft's group messages (CPU tensors).
+
+        The comm is ft's. ft revokes it when a rank of the group dies or
+        fails its step, so an op on it never waits for a dead rank: it
+        raises (RevokedError), and a failed op fails the group's commit (ft
+        watches the comm; call fail_step all the same if the loop goes on
+        past it). ft closes it when the group is formed again; the next
+        step's call returns the new one. Use it between step() and commit(),
+        and from the loop's thread. finalize() releases this handle only.
+        Raises InvalidArgumentError when there is no group comm (group_size
+        1, a spare, outside a step before the group is formed).
+        ftcomm.ft_torch.ShardGroup makes a torch.distributed process group
+        of it that follows the epochs (FSDP2's mesh)."""
+        from .comm import CommOptions, Communicator
+        h = c_uint64()
+        _lib.check(_lib.lib().ftcomm_ft_group_comm(self._handle(), byref(h)))
+        c = Communicator(h.value, None, False, self.device if self._group_backend == "nccl" else "cpu",
+                         self._group_backend, "", CommOptions(timeout=self._timeout, name="ft-group"), None, "ft-group")
+        old = self._group_comm
+        if old is not None and not old._finalized and (old.get_name(), old._epoch) == (
+                c.get_name(), c._epoch) and old.get_rank() == c.get_rank():
+            c._free()  # the same comm: keep the handle already given out
+            return old
+        self._group_comm = c
+        return c
 
     @property
     def snapshot_every(self) -> int:

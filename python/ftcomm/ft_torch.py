@@ -24,6 +24,12 @@ Three pieces, each usable alone:
     is averaged across the replica groups by ft.Comm (FT comm i joins
     shard rank i of every group); the shard dimension runs on the group's
     own process group (ftcomm.device_mesh, or any).
+  - FSDP with no replica (peer snapshots): :class:`ShardGroup` is the
+    process group of the ft.Comm's replica group over ft's group comm of
+    the current epoch (``group_backend="nccl"`` on GPUs), and
+    :func:`shard_mesh` its DeviceMesh for ``fully_shard``: a rank's death
+    fails the step instead of raising into FSDP, and the group follows the
+    epochs (a slot spare's place included).
 
 A failure in a collective is recorded by ft.Comm, not raised; the step's
 commit says whether it counts::
@@ -40,15 +46,17 @@ commit says whether it counts::
 This module is the face of those pieces, one module each: _ft_state.py
 (register_state, protect_shards, local_tensor), _ft_optimizer.py
 (OptimizerWrapper), _ft_ddp.py (ft_ddp, ddp_comm_hook), _solo_group.py
-(SoloProcessGroup), _ft_hsdp.py (hsdp_all_reduce_hook, apply_hsdp). Import
+(SoloProcessGroup), _ft_hsdp.py (hsdp_all_reduce_hook, apply_hsdp),
+_ft_fsdp.py (ShardGroup, shard_mesh). Import
 them from here.
 """
 
 from ._ft_ddp import ddp_comm_hook, ft_ddp
+from ._ft_fsdp import ShardGroup, shard_mesh
 from ._ft_hsdp import apply_hsdp, hsdp_all_reduce_hook
 from ._ft_optimizer import OptimizerWrapper
 from ._ft_state import local_tensor, protect_shards, register_state
 from ._solo_group import SoloProcessGroup
 
 __all__ = ["register_state", "protect_shards", "OptimizerWrapper", "ft_ddp", "ddp_comm_hook", "hsdp_all_reduce_hook",
-           "apply_hsdp", "SoloProcessGroup", "local_tensor"]
+           "apply_hsdp", "SoloProcessGroup", "local_tensor", "ShardGroup", "shard_mesh"]

@@ -91,6 +91,51 @@ class RankState:
         return out
 
 
+class ShardOps:
+    """With FTCOMM_TEST_SHARD_OPS: each step runs collectives over the
+    group's ftcomm.ft_torch.ShardGroup (torch.distributed's calls, sync and
+    async) whose results the step and the ranks decide; run() returns what
+    came out wrong. A fault fails the step instead of raising."""
+
+    def __init__(self, c):
+        from ftcomm.device_mesh import _register_group
+        from ftcomm.ft_torch import ShardGroup
+        self.pg = ShardGroup(c)
+        _register_group(self.pg, "shard-%d" % os.getpid())
+        self.c, self.n, self.r = c, c.group_size, c.group_rank
+
+    def check_comm(self) -> list:
+        """ft's group comm of the step: this rank's place in the group, and
+        the same Communicator for every call within an epoch."""
+        g = self.c.group_comm()
+        wrong = []
+        if (g.get_size(), g.get_rank()) != (self.n, self.r):
+            wrong.append("group comm rank %d of %d" % (g.get_rank(), g.get_size()))
+        if self.c.group_comm() is not g:
+            wrong.append("a second group_comm() gave another Communicator")
+        return wrong
+
+    def run(self, step: int) -> list:
+        import torch.distributed as dist
+        n, r, wrong = self.n, self.r, self.check_comm()
+        x = torch.full((8,), float((r + 1) * (step + 1)))
+        dist.all_reduce(x, group=self.pg)
+        if not torch.equal(x, torch.full((8,), float((step + 1) * n * (n + 1) // 2))):
+            wrong.append("all_reduce %s" % x[:2].tolist())
+        g = torch.empty(2 * n)
+        dist.all_gather_into_tensor(g, torch.tensor([float(r), float(step)]), group=self.pg)
+        want = torch.tensor([v for i in range(n) for v in (float(i), float(step))])
+        if not torch.equal(g, want):
+            wrong.append("all_gather %s" % g.tolist())
+        y = torch.empty(3)
+        w = dist.reduce_scatter_tensor(y, torch.arange(3 * n, dtype=torch.float32) + step, group=self.pg,
+                                       async_op=True)
+        w.wait()
+        if not torch.equal(y, n * (torch.arange(3 * r, 3 * r + 3, dtype=torch.float32) + step)):
+            wrong.append("reduce_scatter %s" % y.tolist())
+        return wrong
+
+
 def emit(**kw) -> None:
     kw.setdefault("pid", os.getpid())
     kw.setdefault("t", time.time())
@@ -122,6 +167,7 @@ def main() -> int:
         emit(kind="claimed", id=who, spare=c.spare)
     st = RankState(slot)
     protect_shards(c, st.module, st.opt, stateful={"counter": st.counter}, tensors={"shard": st.shard})
+    ops = ShardOps(c) if os.environ.get("FTCOMM_TEST_SHARD_OPS") else None
     while True:
         try:
             c.step()
@@ -140,9 +186,17 @@ def main() -> int:
             emit(kind="error", id=who, cls="counter", err="the counter says %d at step %d" % (st.counter.n, step))
             return 1
         st.advance()
+        wrong = ops.run(step) if ops is not None else None
+        failure = ops.pg.failure if ops is not None else None
         if c.commit():
+            if failure is not None or wrong:
+                emit(kind="error", id=who, cls="shard_ops", err="step %d committed with its shard group's ops %s" % (
+                    step, "failed: %r" % failure if failure is not None else "wrong: %s" % wrong))
+                return 1
             st.apply(step)
-            emit(kind="", id=who, step=c.committed_step, epoch=c.epoch, digest=st.digest())
+            emit(kind="", id=who, step=c.committed_step, epoch=c.epoch, digest=st.digest(), ops=ops is not None)
+        elif failure is not None:
+            emit(kind="ops_failed", id=who, step=step, cls=type(failure).__name__, err=str(failure)[:300])
 
 
 if __name__ == "__main__":

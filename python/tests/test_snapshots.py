@@ -75,10 +75,11 @@ class Rank:
 class Job:
     """The rank processes of one job and everything they said."""
 
-    def __init__(self, co, every):
+    def __init__(self, co, every, **env):
         self.env = child_env(FTCOMM_CREDENTIALS=co.credentials, FTCOMM_SECRET="pytest-snapshots",
                              FTCOMM_TEST_JOB="pytest-snap-%d-%d" % (os.getpid(), time.monotonic_ns()),
-                             FTCOMM_TEST_EVERY=str(every), FTCOMM_TEST_GROUP_SIZE=str(SIZE), OMP_NUM_THREADS="1")
+                             FTCOMM_TEST_EVERY=str(every), FTCOMM_TEST_GROUP_SIZE=str(SIZE), OMP_NUM_THREADS="1",
+                             **env)
         self.out = queue.Queue()
         self.ranks = []
         self.log = []
@@ -201,6 +202,51 @@ def test_slot_spare_restores_the_dead_ranks_state_and_the_survivors_roll_back(co
 
 
 @needs_torch
+def test_shard_group_fails_the_step_and_follows_the_epochs(coord):
+    """ftcomm.ft_torch.ShardGroup (FSDP's process group with no replica):
+    every step runs torch.distributed's collectives over it (snapshot_rank
+    ShardOps). A rank SIGKILLed: the survivors' ops of that step do not
+    raise, the group's state says why, and the step does not commit; the
+    group then runs on ft's group comm of the new epoch, the slot spare in
+    the dead rank's place, and every result of a committed step is right
+    (a rank reports an error otherwise, which fails the wait)."""
+    every = 3
+    job = Job(coord, every, FTCOMM_TEST_SHARD_OPS="1")
+    try:
+        for s in range(SIZE):
+            job.start(s)
+        spare = job.start("any")
+        at = {}
+        job.wait("every rank at step 2 snapshots", lambda r, m: m["kind"] == "" and at.update({r.slot: m["step"]})
+                 is None and len(at) == SIZE and min(at.values()) >= 2 * every)
+        assert all(m["ops"] for m in job.commits())
+        job.ranks[2].kill()
+        t0 = time.time()
+        failed = {}
+        done = set()
+
+        def trains_on(r, m):
+            if m["kind"] == "ops_failed":
+                failed[m["id"]] = m
+            if m["kind"] == "" and m["t"] > t0 and m["step"] >= max(at.values()) + 2 * every:
+                done.add(m["id"])
+            return len(done) == SIZE
+        job.wait("the group with the spare 2 snapshots past the kill", trains_on)
+        assert spare.slot == "any" and any(m["id"] == "fsdp.2" and m["t"] > t0 for m in job.commits())
+        # A survivor whose ops of the step met the death says what failed
+        # them (not every survivor need: its ops may have completed before).
+        assert failed, "no survivor's op failed: the kill came between steps"
+        for m in failed.values():
+            assert m["id"] in ("fsdp.0", "fsdp.1") and m["cls"] in (
+                "PeerFailedError", "RevokedError", "ClosedError", "AbortedError", "CommTimeoutError",
+                "PeerRefusedError"), m
+        print("ops failed for the kill: %s" % {k: v["cls"] for k, v in failed.items()})
+    finally:
+        job.close()
+    job.check_states()
+
+
+@needs_torch
 def test_a_rank_and_its_buddy_lost_together_fail_every_rank(coord):
     every = 3
     job = Job(coord, every)
@@ -254,9 +300,16 @@ def test_arguments_are_checked(coord):
         ftcomm.ft.Comm(group="g", group_size=2, snapshot_every=5, durable_commit=True, **kw)
     with pytest.raises(ftcomm.InvalidTypeError):
         ftcomm.ft.Comm(group="g", group_size=2, snapshot_every=2.5, **kw)
+    with pytest.raises(ftcomm.InvalidArgumentError, match="group_backend 'mpi'"):
+        ftcomm.ft.Comm(group="g", group_size=2, group_backend="mpi", **kw)
     with ftcomm.ft.Comm(group="solo", **kw) as c:
         with pytest.raises(ftcomm.InvalidArgumentError, match="group has 1 rank"):
             protect_shards(c, tensors={"x": torch.zeros(4)})
+        with pytest.raises(ftcomm.InvalidArgumentError, match="no group comm"):
+            c.group_comm()
+        from ftcomm.ft_torch import ShardGroup
+        with pytest.raises(ftcomm.InvalidArgumentError, match="nothing to shard over"):
+            ShardGroup(c)
     with ftcomm.ft.Comm(group="off", group_rank=1, group_size=2, **kw) as c:
         assert (c.group_rank, c.group_size, c.snapshot_every) == (1, 2, 0)
         with pytest.raises(ftcomm.InvalidArgumentError, match="snapshot_every=K"):

@@ -192,3 +192,43 @@ def test_completer_goes_on_after_a_completion_raises(caplog):
     bad_logs = [r for r in caplog.records if "a completion raised" in r.getMessage()]
     assert len(bad_logs) == 1 and bad_logs[0].name == "ftcomm", caplog.records
     assert "ValueError: boom" in caplog.text, caplog.text
+
+
+def test_shard_group_takes_faults_and_raises_the_callers_errors():
+    """ShardGroup._op_failed: a fault (revoked, a peer's death, the comm ft
+    closed, a timeout) fails the step once and is not raised; the caller's
+    errors (wrong arguments, sizes across ranks) are; a fault outside a
+    step (fail_step refuses) is still taken (ft's commit fails anyway)."""
+    pytest.importorskip("torch")
+    from ftcomm.ft_torch import ShardGroup
+
+    class FakeFT:
+        group, group_rank, group_size, epoch, committed_step = "g", 1, 3, 4, 10
+        fails = []
+
+        def fail_step(self, reason):
+            self.fails.append(reason)
+            if len(self.fails) > 2:
+                raise errors.InvalidArgumentError("not in a step", kinds=("invalid_argument",))
+
+    ft = FakeFT()
+    pg = ShardGroup(ft)
+    assert (pg.rank(), pg.size(), pg.failure) == (1, 3, None)
+    bad = errors.InvalidArgumentError("all_gather: output of 5 elements", kinds=("invalid_argument",))
+    assert pg._op_failed(bad) is bad
+    mismatch = errors.MismatchError("sizes differ", kinds=("mismatch",))
+    assert pg._op_failed(mismatch) is mismatch
+    assert ft.fails == [] and pg.failure is None
+    dead = errors.PeerFailedError("rank 2: connection reset", kinds=("peer_failed",))
+    assert pg._op_failed(dead) is None
+    assert pg._op_failed(errors.RevokedError("revoked", kinds=("revoked",))) is None
+    assert len(ft.fails) == 1 and "connection reset" in ft.fails[0] and pg.failure is dead
+    ft.committed_step = 11  # the next step: its first fault fails it again
+    assert pg.failure is None
+    closed = errors.ClosedError("closed", kinds=("closed",))
+    assert pg._op_failed(closed) is None and pg.failure is closed and len(ft.fails) == 2
+    ft.epoch = 5
+    assert pg._op_failed(errors.CommTimeoutError("timeout", kinds=("timeout",))) is None  # fail_step refused
+    assert len(ft.fails) == 3
+    with pytest.raises(errors.InvalidArgumentError, match="nothing to shard"):
+        ShardGroup(type("Solo", (FakeFT,), {"group_size": 1})())
