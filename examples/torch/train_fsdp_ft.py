@@ -15,7 +15,7 @@ trains on at full size. The killed rank is restarted as the next slot
 spare. protect_shards registers each rank's shard, AdamW's moments and
 step count.
 
-Each step (CPU, gloo; torch 1.13 is enough): all-gather the flat
+Each step on the CPU (gloo; torch 1.13 is enough): all-gather the flat
 parameters from the shards over the group's shard communicator (an
 ftcomm communicator, ftcomm.new_comm, rebuilt for each epoch of the
 ft.Comm under a name that carries the epoch, and closed after a failed
@@ -25,22 +25,31 @@ the gradient (average), and after a commit update this rank's slice with
 its AdamW. A failed collective fails the step's commit at every rank (the
 loop tells its ft.Comm with fail_step: the shard communicator is its own).
 
+With --device cuda (torch >= 2.4, one rank per GPU) the ranks run FSDP2
+instead: fully_shard on each block and the root over
+ftcomm.ft_torch.shard_mesh(c), a ShardGroup on ft's NCCL group comm of the
+current epoch (group_backend "nccl"), torch's AdamW on the DTensor shards,
+all of it registered with protect_shards. A death fails the step instead
+of raising into FSDP (ShardGroup), the spare takes the place, and the same
+process group runs the next epoch on the new comm. The host waits for the
+step's GPU work before the commit, so a step whose collectives a death cut
+short is never committed. The slot spare has run FSDP2 and AdamW once on
+a copy of the model before it waits (the first fully_shard of a process
+costs seconds), and waits on the GPU of the rank it will replace (on 4
+GPUs: 3 ranks, the spare on the fourth GPU).
+
 One command runs the job twice: without snapshots and without a failure
 (the baseline, so the snapshots' overhead shows), then with both:
 
     python3 examples/torch/train_fsdp_ft.py                       # 3 ranks + 1 slot spare on the CPU
     python3 examples/torch/train_fsdp_ft.py --snapshot-every 5 --ranks 4
+    python3 examples/torch/train_fsdp_ft.py --device cuda         # FSDP2 on 2 GPUs + a slot spare (docs/snapshots.md)
 
 Writes fsdp-report/loss.svg (kill and restore marked) and summary.txt: the
 final validation loss of both runs and their difference, the steps the
 survivors lost, kill → the group committing again at full size, the
 snapshots' overhead per step, the restore's throughput, the snapshots'
 memory, and the samples the committed steps read (each once).
-
-There is no --device cuda mode: FSDP2 (torch >= 2.4) over a process group
-whose communicator is rebuilt at each epoch could not be run where this
-example was written (no GPU, torch 1.13). The same loop runs on GPUs with
-backend "nccl" for the ft.Comm and the shard communicator, untried.
 """
 
 from __future__ import annotations
@@ -115,10 +124,192 @@ def wait_for_place(args):
 
 def comm_of(args, group_rank: int):
     import ftcomm.ft
+    gpu = {}
+    if args.device == "cuda":
+        # ft's data comm and the group's comm (FSDP2's, through
+        # ShardGroup) on this process's GPU.
+        gpu = dict(backend="nccl", device=torch.device("cuda", torch.cuda.current_device()), group_backend="nccl")
     return ftcomm.ft.Comm(job=args.job, group="fsdp", group_rank=group_rank, group_size=args.ranks,
                           spare=group_rank == ftcomm.ft.ANY_RANK, snapshot_every=args.snapshot_every, min_replicas=1,
                           timeout=args.op_timeout, lease_ttl=2, heartbeat=1, gossip=args.gossip,
-                          log_level=os.environ.get("FTCOMM_LOG_LEVEL", "error"))
+                          log_level=os.environ.get("FTCOMM_LOG_LEVEL", "error"), **gpu)
+
+
+def gpu_of(args, rank: int) -> int:
+    """The GPU of a rank (rank -1: a slot spare). With a GPU to spare (4
+    GPUs, 3 ranks) the spare has its own; otherwise it waits on the GPU of
+    the rank the launcher kills (the last), whose place it takes."""
+    n = torch.cuda.device_count()
+    if rank >= 0:
+        return rank % n
+    return args.ranks % n if args.ranks < n else (args.ranks - 1) % n
+
+
+def warm_fsdp2(model, fully_shard, args) -> None:
+    """What a slot spare does before it waits: FSDP2 (fully_shard) and
+    AdamW's first step over DTensors, on a copy of the model sharded over
+    this process alone. The first fully_shard of a process costs seconds
+    (imports, DTensor's first dispatches: 2.3 s on an H200 host, measured
+    in this example), which a spare would otherwise pay after a death; its
+    own sharding needs the place it takes, known only then."""
+    import copy
+
+    from ftcomm.device_mesh import _make_mesh, _register_group
+    from ftcomm.ft_torch import SoloProcessGroup
+    from ftcomm._ft_state import _materialize
+
+    name = "warm-%d" % os.getpid()
+    _register_group(SoloProcessGroup(), name)
+    mesh = _make_mesh("cuda", torch.arange(1, dtype=torch.int), (name,), 0)
+    mesh._dim_group_names = [name]
+    m = copy.deepcopy(model)
+    for b in m.blocks:
+        fully_shard(b, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    opt = torch.optim.AdamW(m.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    _materialize(opt)
+    torch.cuda.synchronize()
+    del opt, m
+
+
+def rank_main_fsdp2(args) -> None:
+    """A rank of the CUDA mode: FSDP2 (fully_shard on each block and the
+    root) over ftcomm.ft_torch.shard_mesh, ft's group comm of each epoch;
+    torch's AdamW on the DTensor shards, all of it registered with
+    protect_shards."""
+    import torch.distributed as dist
+
+    import ftcomm
+    import ftcomm.ft
+    from ftcomm.ft_torch import local_tensor, protect_shards, register_state, shard_mesh
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard  # torch 2.4, 2.5
+
+    torch.cuda.set_device(gpu_of(args, args.rank))
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.manual_seed(args.seed)  # the same initial model on every rank: FSDP keeps each rank's shard of it
+    train, val = common.load_corpus(args.corpus, args.corpus_bytes)
+    model = common.GPT(args.layers, args.d, args.heads, args.block).to(device)
+    params = sum(p.numel() for p in model.parameters())
+    spare = args.rank < 0
+    if spare:
+        # Warm: the process, its CUDA context and the model are ready, and
+        # FSDP2 and AdamW over DTensors have run once (below); the shards
+        # come from the buddy of the rank whose place it takes.
+        warm_fsdp2(model, fully_shard, args)
+        torch.cuda.synchronize()
+        common.emit(waiting=True)
+        c = wait_for_place(args)
+        if c is None:
+            common.emit(done=True)
+            return
+    else:
+        c = comm_of(args, args.rank)
+    setup = [("placed", time.monotonic())]
+    i = c.group_rank
+    mesh = shard_mesh(c)
+    for b in model.blocks:
+        fully_shard(b, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    pg = mesh.get_group()
+    setup.append(("fully_shard", time.monotonic()))
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    sampler = ftcomm.ft.Sampler(c, size=common.sequences(train, args.block), batch=args.batch, seed=args.seed)
+    if c.snapshot_every:
+        protect_shards(c, model, opt)
+    else:  # the baseline: no snapshots, nothing to protect with
+        register_state(c, model, opt)
+    torch.cuda.synchronize()
+    setup.append(("registered", time.monotonic()))
+    state = [local_tensor(p) for p in model.parameters()] + [
+        local_tensor(v) for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    nbytes = sum(t.numel() * t.element_size() for t in state)
+    common.emit(ready=True, id="fsdp.%d" % i, bytes=nbytes, params=params, claimed=spare, t=time.time(),
+                setup={k: round(t - setup[0][1], 4) for k, t in setup[1:]})
+    if not spare:
+        sys.stdin.readline()  # the launcher's go: every rank is registered
+    ended = False
+    while c.committed_step < args.steps:
+        t0 = time.monotonic()
+        out = {}
+        try:
+            c.step()
+        except ftcomm.RolledBackError as e:
+            out["rollback"] = dict(from_step=e.from_step, to_step=e.to_step, step=e.step, snapshot=e.snapshot)
+        except ftcomm.FinishedError:
+            ended = True
+            break
+        except ftcomm.SnapshotLostError as e:
+            common.emit(error=str(e), kind="snapshot_lost")
+            break
+        s = c.committed_step
+        try:
+            plan = sampler.plan()
+        except ftcomm.NotParticipatingError:
+            plan = None  # sitting out: the commit fails
+        lr = common.lr_at(s, args.steps, args.lr) * (plan.lr_scale if plan else 1.0)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad()
+        loss_sum = torch.zeros((), device=device)
+        samples = 0
+        for m in plan.micro if plan else ():
+            x, y = common.sample_batch(train, m.indices, args.block, device)
+            loss = model(x, y)
+            (loss * m.weight).backward()  # FSDP reduce-scatters: the group's mean gradient, this rank's shard
+            loss_sum += loss.detach() * len(m.indices)
+            samples += len(m.indices)
+        # The global gradient norm (the shards' squares, all-reduced over
+        # the group), clipped at 1.
+        grads = [local_tensor(p.grad) for p in model.parameters() if p.grad is not None]
+        sq = torch.zeros((), device=device)
+        for g in grads:
+            sq += g.pow(2).sum()
+        dist.all_reduce(sq, group=pg)
+        coef = torch.clamp(1.0 / (sq.sqrt() + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef)
+        # The host waits for the step's GPU work (FSDP's collectives
+        # included) before it votes: a step whose collective a death cut
+        # short is never committed.
+        loss_v = float(loss_sum / samples) if samples else float("nan")
+        # A fault in any of FSDP's collectives failed the step (ShardGroup):
+        # the commit says so at every rank, and nothing of it is applied.
+        ok = c.commit()
+        if ok:
+            opt.step()
+        else:
+            out["failed"] = type(pg.failure).__name__ if pg.failure is not None else "the commit failed"
+        if ok and (c.committed_step % args.eval_every == 0 or c.committed_step == args.steps):
+            # Every rank evaluates (FSDP gathers the layers); the victim too,
+            # before it waits for its kill.
+            with torch.no_grad():
+                out["val"], out["val_step"] = common.evaluate(model, val, args.batch, args.block, device,
+                                                              args.eval_batches), c.committed_step
+        out.update(id="fsdp.%d" % i, step=c.committed_step, committed=ok, loss=loss_v, epoch=c.epoch, t=time.time(),
+                   dt=time.monotonic() - t0)
+        if plan is not None:
+            out["plan"] = dict(position=plan.position, samples=plan.samples, slot=c.rank * args.ranks + i,
+                               ix=plan.indices)
+        evs = [{"kind": e.kind, "text": e.text, "bytes": e.bytes, "took": e.took_s, "step": e.step,
+                "from_step": e.from_step, "time": e.time} for e in c.events()]
+        if evs:
+            out["events"] = evs
+        common.emit(**out)
+        if args.die_after is not None and ok and c.committed_step >= args.die_after:
+            sys.stdin.readline()  # the victim waits for its SIGKILL (see rank_main)
+    if c.committed_step >= args.steps and not ended:
+        try:  # (the evaluation of the last step is the final one)
+            c.finish()
+        except ftcomm.FtcommError:
+            pass
+    common.emit(finished=True)
+    torch.cuda.synchronize()
+    pg.shutdown()
+    c.close()
+    common.emit(done=True)
 
 
 def rank_main(args) -> None:
@@ -285,10 +476,11 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
     t_start = last_heard = time.time()
     ended = set()  # processes that ended (the killed one too)
     finishing = False  # a rank finished: the run is ending
-    while not all(p in ended for p in ranks.values()):
+    late = []  # spares that took a place a finishing rank left: the run is over for them
+    while not all(p in ended for p in list(ranks.values()) + late):
         if time.time() - last_heard > args.stall:
             raise SystemExit("%s: no rank said anything for %d s; see the logs in %s" % (job, args.stall, out_dir))
-        for p in list(ranks.values()) + spares:
+        for p in list(ranks.values()) + spares + late:
             while p not in ended:
                 try:
                     m = p.q.get(timeout=0.02)
@@ -299,11 +491,17 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
                     ended.add(p)
                     break
                 if m.get("claimed"):  # a slot spare took a place: it is that rank now
-                    ranks[m["id"]] = p
                     spares.remove(p)
-                    if finishing:  # a place a finished rank left: the spare's first step ends the run for it
+                    if finishing or ranks[m["id"]] not in ended:
+                        # A place a finishing rank left, not a dead one's:
+                        # the spare's first step ends the run for it, and
+                        # the rank's last lines (its last step, the final
+                        # evaluation) are still to be read from the rank.
+                        late.append(p)
                         continue
-                    res.setdefault("claimed", {"who": p.name, "as": m["id"], "after_kill_s": m["t"] - res["killed_at"]})
+                    ranks[m["id"]] = p
+                    res.setdefault("claimed", {"who": p.name, "as": m["id"], "after_kill_s": m["t"] - res["killed_at"],
+                                               "setup": m.get("setup")})
                     print("  %s: %s took the place of %s, %.2f s after the kill" % (
                         job, p.name, m["id"], m["t"] - res["killed_at"]), flush=True)
                     continue
@@ -320,6 +518,10 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
                 if "step" not in m:
                     continue
                 res["commits"].append({"who": m["id"], "step": m["step"], "committed": m["committed"], "t": m["t"]})
+                if "failed" in m and res["killed_at"] is not None and "first_failure" not in res:
+                    # A survivor's step that the death failed: when it knew.
+                    res["first_failure"] = {"who": m["id"], "step": m["step"], "error": m["failed"],
+                                            "after_kill_s": m["t"] - res["killed_at"]}
                 if "rollback" in m:
                     res["rollbacks"][m["id"]] = dict(m["rollback"], t=m["t"])
                 for e in m.get("events", []):
@@ -329,7 +531,11 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
                     cover.add(m["step"], pl["position"], pl["samples"], pl["slot"], pl["ix"])
                 if m["id"] == "fsdp.0" and m["committed"]:
                     res["loss"][m["step"]] = m["loss"]
-                    res["dt"][m["step"]] = m["dt"]
+                    # A step's time before any rollback redid it (a step
+                    # taken again after the kill spans the recovery); steps
+                    # with an evaluation are left out of the step times.
+                    if "val" not in m:
+                        res["dt"].setdefault(m["step"], m["dt"])
                     if "val" in m:
                         res["val"][m["val_step"]] = m["val"]
                     if m["step"] % 50 == 0:
@@ -338,6 +544,10 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
                         and m["step"] >= kill_step):
                     res["killed_at"] = time.time()  # the signal, not the end of the process's teardown
                     p.kill()
+                    # The process is reaped once the kernel has torn it down
+                    # (its memory unmapped, then its sockets closed: what
+                    # its peers on other hosts can first see).
+                    res["reaped_s"] = time.time() - res["killed_at"]
                     ended.add(p)
                     res["kill_step"] = m["step"]
                     print("  %s: %s SIGKILLed after committing step %d" % (job, victim, m["step"]), flush=True)
@@ -346,11 +556,13 @@ def run_job(args, co, job: str, kill: bool, out_dir: str) -> dict:
                     break
     for p in spares:
         p.close()  # a spare still waiting: its stdin closes, its wait ends
-    for p in ranks.values():
+    for p in list(ranks.values()) + late:
         p.close()
     store.close()
     res["seconds"] = time.time() - t_start
     res["coverage"] = cover.summary()
+    if "final_val" not in res and args.steps in res["val"]:
+        res["final_val"] = res["val"][args.steps]  # the CUDA mode's evaluation of its last step
     return res
 
 
@@ -383,7 +595,7 @@ def figures(args, runs: dict) -> dict:
         upto = f["kill_step"] or args.steps
 
         def mean(r):
-            xs = [dt for s, dt in r["dt"].items() if 5 < s <= upto and (s - 1) % args.eval_every]
+            xs = [dt for s, dt in r["dt"].items() if 5 < s <= upto]
             return statistics.mean(xs) if xs else None
         out["step_s"] = {"snapshots": mean(f), "baseline": mean(b)}
         if all(out["step_s"].values()):
@@ -393,7 +605,7 @@ def figures(args, runs: dict) -> dict:
         # less than two runs apart: the steps that take a snapshot (the
         # step after a snapshot step) against the others.
         K, upto = args.snapshot_every, f["kill_step"] or args.steps
-        xs = [(s, dt) for s, dt in f["dt"].items() if 5 < s <= upto and (s - 1) % args.eval_every]
+        xs = [(s, dt) for s, dt in f["dt"].items() if 5 < s <= upto]
         taking = [dt for s, dt in xs if (s - 1) % K == 0]
         other = [dt for s, dt in xs if (s - 1) % K]
         if taking and other:
@@ -435,6 +647,12 @@ def report(args, runs: dict, out_dir: str) -> None:
         lines.append("difference: %+.4f %%%s" % (fig["final_diff_pct"], same if fig["final_diff_pct"] == 0 else ""))
     if f and f["kill_step"] is not None:
         lines.append("killed fsdp.%d after its step %d:" % (args.ranks - 1, f["kill_step"]))
+        if f.get("reaped_s") is not None:
+            lines.append("  its process torn down            %.3f s after the kill" % f["reaped_s"])
+        if f.get("first_failure"):
+            ff = f["first_failure"]
+            lines.append("  %s's step %d failed (%s)  %.3f s after the kill" % (
+                ff["who"], ff["step"], ff["error"], ff["after_kill_s"]))
         if f.get("claimed"):
             lines.append("  a slot spare took its place     %.3f s after the kill" % f["claimed"]["after_kill_s"])
         rs = fig.get("restore")
@@ -459,7 +677,7 @@ def report(args, runs: dict, out_dir: str) -> None:
     text = "\n".join(lines)
     with open(os.path.join(out_dir, "summary.txt"), "w") as fh:
         fh.write(text + "\n")
-        kept = {k: {kk: vv for kk, vv in v.items() if kk not in ("loss", "dt", "commits", "val")}
+        kept = {k: {kk: vv for kk, vv in v.items() if kk not in ("loss", "commits", "val")}
                 for k, v in runs.items()}
         fh.write(json.dumps({"figures": fig, "runs": kept}) + "\n")
     print(text)
@@ -468,26 +686,33 @@ def report(args, runs: dict, out_dir: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranks", type=int, default=3, help="ranks of the one replica group (the world)")
+    ap.add_argument("--ranks", type=int, default=None,
+                    help="ranks of the one replica group (the world); default 3 on the CPU, on GPUs 3 with 4 GPUs or "
+                         "more (the spare on a GPU of its own), else 2 (the spare beside the rank it replaces)")
     ap.add_argument("--snapshot-every", type=int, default=10,
                     help="committed steps between peer snapshots (10: a snapshot cost about 50 ms, a third of a "
                          "step, on a 2-core VM; every 10 steps about 3 %%; see docs/python.md)")
-    ap.add_argument("--steps", type=int, default=200, help="committed steps")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="committed steps (default 200; 800 with --device cuda, whose model is larger: 8 layers, "
+                         "d=512, batch 16 x 256 bytes per rank)")
     ap.add_argument("--kill-at", type=float, default=0.4, help="kill the last rank after this fraction of the steps")
     ap.add_argument("--spares", type=int, default=1, help="slot spares started with the job")
     ap.add_argument("--no-restart-spare", dest="restart_spare", action="store_false",
                     help="do not restart the killed rank as the next slot spare")
     ap.add_argument("--no-gossip", dest="gossip", action="store_false")
     ap.add_argument("--no-baseline", action="store_true", help="only the run with snapshots and the failure")
-    ap.add_argument("--batch", type=int, default=8, help="sequences per rank and step")
-    ap.add_argument("--block", type=int, default=64, help="bytes per sequence")
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--d", type=int, default=64, help="model width")
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cpu: a flat shard over gloo (torch 1.13 is enough); cuda: FSDP2 (torch >= 2.4) over the "
+                         "GPUs' NCCL, one rank per GPU")
+    ap.add_argument("--batch", type=int, default=None, help="sequences per rank and step")
+    ap.add_argument("--block", type=int, default=None, help="bytes per sequence")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--d", type=int, default=None, help="model width")
+    ap.add_argument("--heads", type=int, default=None)
+    ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads per rank")
+    ap.add_argument("--eval-every", type=int, default=None)
     ap.add_argument("--eval-batches", type=int, default=16)
     ap.add_argument("--op-timeout", type=float, default=20)
     ap.add_argument("--stall", type=float, default=300, help="give up when no rank says anything for this long (s)")
@@ -499,15 +724,27 @@ def main() -> None:
     ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--job", default="fsdp", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    cuda = args.device == "cuda"
+    for k, cpu, gpu in (("ranks", 3, 2 if torch.cuda.device_count() < 4 else 3), ("steps", 200, 800),
+                        ("batch", 8, 16), ("block", 64, 256), ("layers", 2, 8), ("d", 64, 512), ("heads", 4, 8),
+                        ("lr", 3e-3, 1e-3), ("eval_every", 25, 100), ("threads", 1, 4)):
+        if getattr(args, k) is None:
+            setattr(args, k, gpu if cuda else cpu)
     if args.rank is not None:
-        rank_main(args)
+        (rank_main_fsdp2 if cuda else rank_main)(args)
         return
+    if cuda and torch.cuda.device_count() < 2:
+        raise SystemExit("--device cuda needs 2 GPUs or more; %d here" % torch.cuda.device_count())
+    if cuda and torch.cuda.device_count() < args.ranks:
+        raise SystemExit("%d ranks need %d GPUs; %d here" % (args.ranks, args.ranks, torch.cuda.device_count()))
     if args.ranks < 2 or args.snapshot_every < 1:
         raise SystemExit("--ranks must be at least 2 and --snapshot-every at least 1")
     if args.spares < 1 and not args.restart_spare:
         raise SystemExit("with no slot spare and no restart, no process would take the killed rank's place")
     import ftcomm.coordinator
     args.passthrough = list(sys.argv[1:])
+    for k in ("ranks", "steps", "batch", "block", "layers", "d", "heads", "lr", "eval_every", "threads"):
+        args.passthrough += ["--" + k.replace("_", "-"), str(getattr(args, k))]
     os.makedirs(args.out, exist_ok=True)
     runs = {}
     with ftcomm.coordinator.serve(join_timeout=2, gossip=args.gossip, log_level="off") as co:
