@@ -1,12 +1,15 @@
 package ft
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/ftcomm/ftcomm/backends/nccl"
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/recovery"
 )
@@ -97,4 +100,101 @@ func TestGPUSnapshotThroughput(t *testing.T) {
 			size>>20, round, gbps(own), own.Round(time.Millisecond), b.fc.Streams, gbps(pulled), pulled.Round(time.Millisecond),
 			gbps(restore), restore.Round(time.Millisecond), st.Bytes)
 	}
+}
+
+// TestGPUSnapshotManyTensors times the own copy and the restore of a
+// state made of many device tensors, as a model's is (an 8-layer GPT's
+// parameters and AdamW moments: about 300 tensors, 154 MB per rank of 2):
+// FTCOMM_FT_SNAPSHOT_TENSORS tensors (300) of FTCOMM_FT_SNAPSHOT_MIB MiB in
+// all (160), uneven slices of one buffer. The copies and the restore are
+// checked byte for byte.
+func TestGPUSnapshotManyTensors(t *testing.T) {
+	lib := gpuOnly(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	n := envInts(t, "FTCOMM_FT_SNAPSHOT_TENSORS", []int{300})[0]
+	size := envInts(t, "FTCOMM_FT_SNAPSHOT_MIB", []int{160})[0] << 20
+	copier := libCopier{lib, 0}
+	src, err := lib.Alloc(0, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Free()
+	dst, err := lib.Alloc(0, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Free()
+	if err := fillDevice(ctx, lib, src); err != nil {
+		t.Fatal(err)
+	}
+	pool := newStagingPool(copier, 4<<20, stagingBuffers)
+	defer func() { pool.close(time.Now().Add(time.Minute)) }()
+	// Uneven pieces (multiples of 8 bytes): some small, as a model's
+	// biases and norms are, the last one taking what is left.
+	cuts := []int{0}
+	for i := 1; i < n; i++ {
+		cuts = append(cuts, min(size, cuts[i-1]+(size/n/8*(1+i%3))/2*8))
+	}
+	cuts = append(cuts, size)
+	blobsOf := func(buf *nccl.DeviceBuffer) []recovery.Blob {
+		var bs []recovery.Blob
+		for i := range n {
+			tn := buf.Tensor(comm.Uint8).Slice(cuts[i], cuts[i+1]-cuts[i])
+			bs = append(bs, recovery.Blob{Name: fmt.Sprintf("t%d", i), Mem: &deviceState{copier: copier, t: tn, pool: pool}})
+		}
+		return bs
+	}
+	blobs := blobsOf(src)
+	met, err := newMetrics(nil, "snapmany", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(rank int) *peerSnapshots {
+		s, err := newSnapshots(Config{Job: "snap", Secret: []byte("k"), GroupRank: rank, GroupSize: 2, SnapshotEvery: 1,
+			RecoveryAddr: "127.0.0.1:0"}.withDefaults(), zaptest.NewLogger(t).Named("snap"), met)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.close() })
+		return s
+	}
+	a, b := mk(0), mk(1)
+	b.source, b.srcAddr = 0, a.ownSrv.Addr()
+	want := make([]byte, size)
+	healPattern(want, 0)
+	for step := int64(1); step <= 4; step++ {
+		t0 := time.Now()
+		a.take(step, history{}.encode(), blobs)
+		if err := a.waitCopied(ctx); err != nil {
+			t.Fatal(err)
+		}
+		own := time.Since(t0)
+		if c := findCopy(a.own, step, 0); c == nil || !bytes.Equal(c.buf, want) {
+			t.Fatalf("step %d: the own copy is not the state", step)
+		}
+		t1 := time.Now()
+		b.pull(step)
+		pulled := time.Since(t1)
+		a.learned(step)
+		b.learned(step)
+		t.Logf("FIGURE snapshot %d of %d device tensors, %d MiB: own copy %v (%.2f GB/s), buddy's pull %v (%.2f GB/s)",
+			step, n, size>>20, own.Round(100*time.Microsecond), float64(size)/own.Seconds()/1e9,
+			pulled.Round(100*time.Microsecond), float64(size)/pulled.Seconds()/1e9)
+	}
+	held := findCopy(b.held, 4, 0)
+	if held == nil {
+		t.Fatal("the buddy holds no copy")
+	}
+	b.heldSrv.OfferWithMeta(4, held.meta, []recovery.Blob{{Name: snapshotBlob, Data: held.buf}})
+	t2 := time.Now()
+	if _, err := a.fetchInto(ctx, 4, b.heldSrv.Addr(), blobsOf(dst)); err != nil {
+		t.Fatal(err)
+	}
+	restore := time.Since(t2)
+	if err := checkDevice(ctx, lib, dst); err != nil {
+		t.Fatalf("restored state wrong at %v", err)
+	}
+	t.Logf("FIGURE restore of %d device tensors, %d MiB, from the buddy's copy: %v (%.2f GB/s)", n, size>>20,
+		restore.Round(100*time.Microsecond), float64(size)/restore.Seconds()/1e9)
 }
