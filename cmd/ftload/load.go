@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -352,15 +353,52 @@ func (l *loadRun) live() []*shard {
 // held (each shard's answer), and what the coordinator's record holds
 // against what the wait wanted. The shards end their waits first, so
 // that their answers come back before the run's own deadline.
+// seenSpread says when the members saw what a wait waited for, from t0:
+// the quantiles, and the last few with how each got its quorum (the
+// slowest members each shard named).
+func seenSpread(rs []shardResp, t0 time.Time) string {
+	var at []float64
+	var slow []slowMember
+	for _, r := range rs {
+		for _, ns := range r.SeenAt {
+			at = append(at, time.Unix(0, ns).Sub(t0).Seconds())
+		}
+		slow = append(slow, r.Slowest...)
+	}
+	if len(at) == 0 {
+		return "no member waited for"
+	}
+	slices.Sort(at)
+	q := func(p float64) float64 { return at[min(len(at)-1, int(p*float64(len(at))))] }
+	slices.SortFunc(slow, func(a, b slowMember) int { return cmp.Compare(b.Seen, a.Seen) })
+	var last []string
+	for _, m := range slow[:min(len(slow), 6)] {
+		role := "follows " + m.Leader
+		if m.Leads {
+			role = "leads"
+		}
+		last = append(last, fmt.Sprintf("%s %.3f s (%s; epoch %d: watched %d, forwarded %d, read %d)", m.ID,
+			time.Unix(0, m.Seen).Sub(t0).Seconds(), role, m.Epoch, m.Watched, m.Forwarded, m.Read))
+	}
+	return fmt.Sprintf("%d members saw it: p50 %.3f s, p90 %.3f s, p99 %.3f s, max %.3f s; the last: %s", len(at),
+		q(0.5), q(0.9), q(0.99), at[len(at)-1], strings.Join(last, "; "))
+}
+
 func (l *loadRun) waitShards(ctx context.Context, req shardReq) (decided, seen time.Time, epoch uint64, err error) {
+	decided, seen, epoch, _, err = l.waitShardsAll(ctx, req)
+	return decided, seen, epoch, err
+}
+
+// waitShardsAll is waitShards with every shard's answer.
+func (l *loadRun) waitShardsAll(ctx context.Context, req shardReq) (decided, seen time.Time, epoch uint64, rs []shardResp, err error) {
 	o := l.o
 	timeout := o.waitTimeout
 	if d, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(d)-20*time.Second)
 	}
-	rs, err := all(ctx, l.live(), shardReq{Op: "wait", After: req.After, Size: req.Size, Without: req.Without, Timeout: max(timeout, time.Second)})
+	rs, err = all(ctx, l.live(), shardReq{Op: "wait", After: req.After, Size: req.Size, Without: req.Without, Timeout: max(timeout, time.Second)})
 	if err != nil {
-		return decided, seen, 0, fmt.Errorf("%w; %s", err, recordAgainst(l.admin, jobName(0), o.members, req.Size, l.gone))
+		return decided, seen, 0, nil, fmt.Errorf("%w; %s", err, recordAgainst(l.admin, jobName(0), o.members, req.Size, l.gone))
 	}
 	for _, r := range rs {
 		if r.Decided > decided.UnixNano() {
@@ -371,7 +409,7 @@ func (l *loadRun) waitShards(ctx context.Context, req shardReq) (decided, seen t
 		}
 		epoch = max(epoch, r.Epoch)
 	}
-	return decided, seen, epoch, nil
+	return decided, seen, epoch, rs, nil
 }
 
 // finish reports the end figures and the JSON line.

@@ -226,10 +226,12 @@ func (l *loadRun) massDeath(ctx context.Context) error {
 	for _, id := range ids {
 		l.gone[id] = true
 	}
-	decided, seenAll, epoch, err := l.waitShards(ctx, shardReq{After: cur, Size: l.size, Without: ids})
+	decided, seenAll, epoch, rs, err := l.waitShardsAll(ctx, shardReq{After: cur, Size: l.size, Without: ids})
 	if err != nil {
 		return fmt.Errorf("quorum after the mass death: %w", err)
 	}
+	fmt.Printf("   mass death: the final quorum decided %.3f s after the kill; %s\n", decided.Sub(killed).Seconds(),
+		seenSpread(rs, killed))
 	l.fig("mass_death.ranks", float64(len(ids)), "%d ranks died at once (SIGKILL of their process)", len(ids))
 	l.fig("mass_death.epochs", float64(epoch-cur), "%d epoch(s) to the quorum without them (epoch %d → %d)", epoch-cur, cur, epoch)
 	l.fig("mass_death.decided", decided.Sub(killed).Seconds(), "%.3f s to the final quorum without them", decided.Sub(killed).Seconds())

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -78,6 +79,10 @@ type shardResp struct {
 	Decided int64  `json:"decided,omitempty"`
 	Epoch   uint64 `json:"epoch,omitempty"`
 	Members int    `json:"members,omitempty"`
+	// SeenAt is when each member waited for saw it (unix ns), and
+	// Slowest the last few of them to, with what each held then (wait).
+	SeenAt  []int64      `json:"seenAt,omitempty"`
+	Slowest []slowMember `json:"slowest,omitempty"`
 	// stats
 	WatchBytes int64   `json:"watchBytes,omitempty"`
 	CPU        float64 `json:"cpu,omitempty"` // seconds of this process
@@ -356,8 +361,30 @@ func (s *shardServer) wait(ctx context.Context, skip map[string]bool, timeout ti
 	for _, sm := range live {
 		q, _ := sm.m.Quorum()
 		r.Epoch = max(r.Epoch, q.Epoch)
+		r.SeenAt = append(r.SeenAt, sm.seen.Load())
+	}
+	slow := slices.Clone(live)
+	slices.SortFunc(slow, func(a, b *sim) int { return cmp.Compare(b.seen.Load(), a.seen.Load()) })
+	for _, sm := range slow[:min(len(slow), slowestNamed)] {
+		st := sm.m.State()
+		r.Slowest = append(r.Slowest, slowMember{ID: st.ID, Seen: sm.seen.Load(), Leads: st.Leads, Leader: st.Leader,
+			Watched: st.Watched, Forwarded: st.Forwarded, Read: st.Read, Epoch: st.Epoch})
 	}
 	return r, nil
+}
+
+// slowestNamed is how many of its slowest members a shard's wait names.
+const slowestNamed = 4
+
+// slowMember is one of the last members of a shard to see what a wait
+// waited for: when, and how its quorum came (MemberState).
+type slowMember struct {
+	ID                       string `json:"id"`
+	Seen                     int64  `json:"seen"` // unix ns
+	Leads                    bool   `json:"leads,omitempty"`
+	Leader                   string `json:"leader,omitempty"`
+	Watched, Forwarded, Read uint64
+	Epoch                    uint64 `json:"epoch"`
 }
 
 // laggardsNamed is how many of the members a failed wait still waited for

@@ -2,7 +2,9 @@ package main
 
 import (
 	"slices"
+	"strings"
 	"testing"
+	"time"
 )
 
 // A shard's ranks cross the command line as ranges and come back the same;
@@ -62,5 +64,28 @@ func TestPlanShards(t *testing.T) {
 	}
 	if n := len(p.shards); n != 3+o.shards {
 		t.Fatalf("%d shards, want %d", n, 3+o.shards)
+	}
+}
+
+func TestSeenSpread(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	at := func(s float64) int64 { return t0.Add(time.Duration(s * float64(time.Second))).UnixNano() }
+	var seen []int64
+	for i := range 100 {
+		seen = append(seen, at(float64(i+1)/100)) // 0.01 s .. 1.00 s
+	}
+	rs := []shardResp{
+		{SeenAt: seen[:60], Slowest: []slowMember{{ID: "m000059", Seen: at(0.60), Leader: "m000056", Forwarded: 8, Epoch: 8}}},
+		{SeenAt: seen[60:], Slowest: []slowMember{{ID: "m000099", Seen: at(1.00), Leads: true, Watched: 8, Epoch: 8}}},
+	}
+	got := seenSpread(rs, t0)
+	for _, want := range []string{"100 members saw it", "p50 0.510 s", "p90 0.910 s", "p99 1.000 s", "max 1.000 s",
+		"the last: m000099 1.000 s (leads; epoch 8: watched 8, forwarded 0, read 0); m000059 0.600 s (follows m000056"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("seenSpread: %q lacks %q", got, want)
+		}
+	}
+	if got := seenSpread(nil, t0); got != "no member waited for" {
+		t.Errorf("seenSpread(nil) = %q", got)
 	}
 }
