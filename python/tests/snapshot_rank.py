@@ -113,6 +113,15 @@ class ShardOps:
             wrong.append("group comm rank %d of %d" % (g.get_rank(), g.get_size()))
         if self.c.group_comm() is not g:
             wrong.append("a second group_comm() gave another Communicator")
+        # A handle of ft's comm freed: the handle only (the ops that
+        # follow run on the same comm through g).
+        from ctypes import byref, c_uint64
+
+        from ftcomm import _lib
+        from ftcomm.comm import CommOptions, Communicator
+        h = c_uint64()
+        _lib.check(_lib.lib().ftcomm_ft_group_comm(self.c._handle(), byref(h)))
+        Communicator(h.value, None, False, "cpu", "gloo", "", CommOptions(), None, "extra").finalize()
         return wrong
 
     def run(self, step: int) -> list:
