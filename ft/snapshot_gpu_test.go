@@ -25,42 +25,11 @@ import (
 // GB/s. FTCOMM_FT_GPU=sim runs it on the simulator (no figures worth
 // reading).
 func TestGPUSnapshotThroughput(t *testing.T) {
-	lib := gpuOnly(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	size := healBytes(t)
-	copier := libCopier{lib, 0}
-	src, err := lib.Alloc(0, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Free()
-	dst, err := lib.Alloc(0, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dst.Free()
-	if err := fillDevice(ctx, lib, src); err != nil {
-		t.Fatal(err)
-	}
-	pool := newStagingPool(copier, 4<<20, stagingBuffers)
-	defer func() { pool.close(time.Now().Add(time.Minute)) }()
+	lib, copier, pool, src, dst, a, b := gpuSnapshotPair(ctx, t, size, "snap")
 	blobs := []recovery.Blob{{Name: "state", Mem: &deviceState{copier: copier, t: src.Tensor(comm.Uint8), pool: pool}}}
-	met, err := newMetrics(nil, "snap", "x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mk := func(rank int) *peerSnapshots {
-		s, err := newSnapshots(Config{Job: "snap", Secret: []byte("k"), GroupRank: rank, GroupSize: 2, SnapshotEvery: 1,
-			RecoveryAddr: "127.0.0.1:0"}.withDefaults(), zaptest.NewLogger(t).Named("snap"), met)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.close() })
-		return s
-	}
-	a, b := mk(0), mk(1)
-	b.source, b.srcAddr = 0, a.ownSrv.Addr()
 	gbps := func(d time.Duration) float64 { return float64(size) / d.Seconds() / 1e9 }
 	for round := 1; round <= 3; round++ {
 		step := int64(round)
@@ -109,27 +78,11 @@ func TestGPUSnapshotThroughput(t *testing.T) {
 // all (160), uneven slices of one buffer. The copies and the restore are
 // checked byte for byte.
 func TestGPUSnapshotManyTensors(t *testing.T) {
-	lib := gpuOnly(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	n := envInts(t, "FTCOMM_FT_SNAPSHOT_TENSORS", []int{300})[0]
 	size := envInts(t, "FTCOMM_FT_SNAPSHOT_MIB", []int{160})[0] << 20
-	copier := libCopier{lib, 0}
-	src, err := lib.Alloc(0, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Free()
-	dst, err := lib.Alloc(0, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dst.Free()
-	if err := fillDevice(ctx, lib, src); err != nil {
-		t.Fatal(err)
-	}
-	pool := newStagingPool(copier, 4<<20, stagingBuffers)
-	defer func() { pool.close(time.Now().Add(time.Minute)) }()
+	lib, copier, pool, src, dst, a, b := gpuSnapshotPair(ctx, t, size, "snapmany")
 	// Uneven pieces (multiples of 8 bytes): some small, as a model's
 	// biases and norms are, the last one taking what is left.
 	cuts := []int{0}
@@ -146,21 +99,6 @@ func TestGPUSnapshotManyTensors(t *testing.T) {
 		return bs
 	}
 	blobs := blobsOf(src)
-	met, err := newMetrics(nil, "snapmany", "x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mk := func(rank int) *peerSnapshots {
-		s, err := newSnapshots(Config{Job: "snap", Secret: []byte("k"), GroupRank: rank, GroupSize: 2, SnapshotEvery: 1,
-			RecoveryAddr: "127.0.0.1:0"}.withDefaults(), zaptest.NewLogger(t).Named("snap"), met)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.close() })
-		return s
-	}
-	a, b := mk(0), mk(1)
-	b.source, b.srcAddr = 0, a.ownSrv.Addr()
 	want := make([]byte, size)
 	healPattern(want, 0)
 	for step := int64(1); step <= 4; step++ {
@@ -197,4 +135,45 @@ func TestGPUSnapshotManyTensors(t *testing.T) {
 	}
 	t.Logf("FIGURE restore of %d device tensors, %d MiB, from the buddy's copy: %v (%.2f GB/s)", n, size>>20,
 		restore.Round(100*time.Microsecond), float64(size)/restore.Seconds()/1e9)
+}
+
+// gpuSnapshotPair is what the snapshot GPU tests share: device 0's library
+// and copier, a staging pool, device buffers of size bytes (src filled
+// with healPattern, dst not), and two ranks' snapshot stores (metrics
+// named metName), b pulling a's copies. All is released at the test's end.
+func gpuSnapshotPair(ctx context.Context, t *testing.T, size int, metName string) (*nccl.Library, libCopier, *stagingPool,
+	*nccl.DeviceBuffer, *nccl.DeviceBuffer, *peerSnapshots, *peerSnapshots) {
+	t.Helper()
+	lib := gpuOnly(t)
+	copier := libCopier{lib, 0}
+	var bufs [2]*nccl.DeviceBuffer
+	for i := range bufs {
+		buf, err := lib.Alloc(0, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { buf.Free() })
+		bufs[i] = buf
+	}
+	if err := fillDevice(ctx, lib, bufs[0]); err != nil {
+		t.Fatal(err)
+	}
+	pool := newStagingPool(copier, 4<<20, stagingBuffers)
+	t.Cleanup(func() { pool.close(time.Now().Add(time.Minute)) })
+	met, err := newMetrics(nil, metName, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(rank int) *peerSnapshots {
+		s, err := newSnapshots(Config{Job: "snap", Secret: []byte("k"), GroupRank: rank, GroupSize: 2, SnapshotEvery: 1,
+			RecoveryAddr: "127.0.0.1:0"}.withDefaults(), zaptest.NewLogger(t).Named("snap"), met)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.close() })
+		return s
+	}
+	a, b := mk(0), mk(1)
+	b.source, b.srcAddr = 0, a.ownSrv.Addr()
+	return lib, copier, pool, bufs[0], bufs[1], a, b
 }

@@ -98,6 +98,54 @@ class ShardComm:
         self.comm, self.epoch = None, None
 
 
+def begin_step(c, sampler):
+    """ft's step() and this rank's plan of it: (out, plan, ended). out is
+    the step's record so far (a rollback in it), None when the loop ends
+    here (ended: the run finished; else the snapshot was lost, said);
+    plan is None while the rank sits out (the commit fails)."""
+    import ftcomm
+    out = {}
+    try:
+        c.step()
+    except ftcomm.RolledBackError as e:
+        out["rollback"] = dict(from_step=e.from_step, to_step=e.to_step, step=e.step, snapshot=e.snapshot)
+    except ftcomm.FinishedError:
+        return None, None, True
+    except ftcomm.SnapshotLostError as e:
+        common.emit(error=str(e), kind="snapshot_lost")
+        return None, None, False
+    try:
+        plan = sampler.plan()
+    except ftcomm.NotParticipatingError:
+        plan = None
+    return out, plan, False
+
+
+def emit_step(c, out, plan, ok: bool, loss: float, t0: float, ranks: int) -> None:
+    """The launcher's record of a step: its outcome, loss and time, this
+    rank's part of the data, and ft's events."""
+    i = c.group_rank
+    out.update(id="fsdp.%d" % i, step=c.committed_step, committed=ok, loss=loss, epoch=c.epoch, t=time.time(),
+               dt=time.monotonic() - t0)
+    if plan is not None:
+        out["plan"] = dict(position=plan.position, samples=plan.samples, slot=c.rank * ranks + i, ix=plan.indices)
+    evs = [{"kind": e.kind, "text": e.text, "bytes": e.bytes, "took": e.took_s, "step": e.step,
+            "from_step": e.from_step, "time": e.time} for e in c.events()]
+    if evs:
+        out["events"] = evs
+    common.emit(**out)
+
+
+def place(args):
+    """This process's ft.Comm: a rank's (--rank r), or a slot spare's
+    (--rank -1), which says it waits and waits for a place; None when the
+    launcher ended the wait."""
+    if args.rank >= 0:
+        return comm_of(args, args.rank)
+    common.emit(waiting=True)
+    return wait_for_place(args)
+
+
 def wait_for_place(args):
     """A slot spare's ft.Comm: it waits in the constructor until a rank of
     the group dies. The launcher ends the wait by closing stdin."""
@@ -200,13 +248,10 @@ def rank_main_fsdp2(args) -> None:
         # come from the buddy of the rank whose place it takes.
         warm_fsdp2(model, fully_shard, args)
         torch.cuda.synchronize()
-        common.emit(waiting=True)
-        c = wait_for_place(args)
-        if c is None:
-            common.emit(done=True)
-            return
-    else:
-        c = comm_of(args, args.rank)
+    c = place(args)
+    if c is None:
+        common.emit(done=True)
+        return
     setup = [("placed", time.monotonic())]
     i = c.group_rank
     mesh = shard_mesh(c)
@@ -233,22 +278,10 @@ def rank_main_fsdp2(args) -> None:
     ended = False
     while c.committed_step < args.steps:
         t0 = time.monotonic()
-        out = {}
-        try:
-            c.step()
-        except ftcomm.RolledBackError as e:
-            out["rollback"] = dict(from_step=e.from_step, to_step=e.to_step, step=e.step, snapshot=e.snapshot)
-        except ftcomm.FinishedError:
-            ended = True
-            break
-        except ftcomm.SnapshotLostError as e:
-            common.emit(error=str(e), kind="snapshot_lost")
+        out, plan, ended = begin_step(c, sampler)
+        if out is None:
             break
         s = c.committed_step
-        try:
-            plan = sampler.plan()
-        except ftcomm.NotParticipatingError:
-            plan = None  # sitting out: the commit fails
         lr = common.lr_at(s, args.steps, args.lr) * (plan.lr_scale if plan else 1.0)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -288,16 +321,7 @@ def rank_main_fsdp2(args) -> None:
             with torch.no_grad():
                 out["val"], out["val_step"] = common.evaluate(model, val, args.batch, args.block, device,
                                                               args.eval_batches), c.committed_step
-        out.update(id="fsdp.%d" % i, step=c.committed_step, committed=ok, loss=loss_v, epoch=c.epoch, t=time.time(),
-                   dt=time.monotonic() - t0)
-        if plan is not None:
-            out["plan"] = dict(position=plan.position, samples=plan.samples, slot=c.rank * args.ranks + i,
-                               ix=plan.indices)
-        evs = [{"kind": e.kind, "text": e.text, "bytes": e.bytes, "took": e.took_s, "step": e.step,
-                "from_step": e.from_step, "time": e.time} for e in c.events()]
-        if evs:
-            out["events"] = evs
-        common.emit(**out)
+        emit_step(c, out, plan, ok, loss_v, t0, args.ranks)
         if args.die_after is not None and ok and c.committed_step >= args.die_after:
             sys.stdin.readline()  # the victim waits for its SIGKILL (see rank_main)
     if c.committed_step >= args.steps and not ended:
@@ -326,14 +350,10 @@ def rank_main(args) -> None:
     flat = common.Flat(model, "cpu", multiple=N)  # the gathered parameters, padded to N equal shards
     S = flat.n // N
     spare = args.rank < 0
-    if spare:
-        common.emit(waiting=True)
-        c = wait_for_place(args)
-        if c is None:
-            common.emit(done=True)
-            return
-    else:
-        c = comm_of(args, args.rank)
+    c = place(args)
+    if c is None:
+        common.emit(done=True)
+        return
     i = c.group_rank
     shard = flat.params[i * S:(i + 1) * S].clone()  # this rank's parameters: what it updates and snapshots
     grad = torch.zeros(S)
@@ -356,22 +376,10 @@ def rank_main(args) -> None:
     ended = False
     while c.committed_step < args.steps:
         t0 = time.monotonic()
-        out = {}
-        try:
-            c.step()
-        except ftcomm.RolledBackError as e:
-            out["rollback"] = dict(from_step=e.from_step, to_step=e.to_step, step=e.step, snapshot=e.snapshot)
-        except ftcomm.FinishedError:
-            ended = True
-            break
-        except ftcomm.SnapshotLostError as e:
-            common.emit(error=str(e), kind="snapshot_lost")
+        out, plan, ended = begin_step(c, sampler)
+        if out is None:
             break
         s = c.committed_step
-        try:
-            plan = sampler.plan()
-        except ftcomm.NotParticipatingError:
-            plan = None  # sitting out: the commit fails
         stats = torch.zeros(3)  # loss sum, samples, |grad|² of the shard
         try:
             sc = shards.of(c.epoch)
@@ -404,16 +412,7 @@ def rank_main(args) -> None:
             # The next step is a new epoch: nothing of this one may touch
             # what its step() restores.
             shards.close("the step failed")
-        out.update(id="fsdp.%d" % i, step=c.committed_step, committed=ok,
-                   loss=float(stats[0] / stats[1]) if stats[1] else float("nan"), epoch=c.epoch, t=time.time(),
-                   dt=time.monotonic() - t0)
-        if plan is not None:
-            out["plan"] = dict(position=plan.position, samples=plan.samples, slot=c.rank * N + i, ix=plan.indices)
-        evs = [{"kind": e.kind, "text": e.text, "bytes": e.bytes, "took": e.took_s, "step": e.step,
-                "from_step": e.from_step, "time": e.time} for e in c.events()]
-        if evs:
-            out["events"] = evs
-        common.emit(**out)
+        emit_step(c, out, plan, ok, float(stats[0] / stats[1]) if stats[1] else float("nan"), t0, N)
         if args.die_after is not None and ok and c.committed_step >= args.die_after:
             # The victim: it waits here for the launcher's SIGKILL, so the
             # death comes after this step whatever the launcher's lag
