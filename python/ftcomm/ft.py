@@ -586,6 +586,9 @@ class Comm:
         work of this Comm uses the registered tensors). Safe to call twice."""
         h, self._h = self._h, None
         self._gen += 1
+        g, self._group_comm = getattr(self, "_group_comm", None), None
+        if g is not None and not _lib.forked:
+            g._free()  # the handle group_comm() gave out (ft closes the comm itself)
         if h is not None and not _lib.forked:
             st = _lib.lib().ftcomm_ft_free(h)
             self._inflight.release()  # its comms are closed: every op has ended

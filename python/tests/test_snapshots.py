@@ -351,3 +351,43 @@ def test_a_slot_spare_waits_in_comm_until_interrupted(coord):
                            log_level="off")
     finally:
         t.join()
+
+
+def test_group_comm_is_the_groups_and_released_at_close(coord):
+    """group_comm() between step and commit: the replica group's comm
+    (rank group_rank of group_size, the same object within an epoch); the
+    Comm's close releases the handle it gave out (ft closes the comm)."""
+    from ftcomm import _lib
+    kw = dict(job="pytest-groupcomm-%d" % os.getpid(), group="g", group_size=2, credentials=coord.credentials,
+              secret="s", min_replicas=1, log_level="off")
+    comms, got, errs = [None, None], [None, None], []
+
+    def run(r, f):
+        try:
+            f(r)
+        except Exception as e:  # noqa: B902 - reported below
+            errs.append(e)
+
+    def make(r):
+        comms[r] = ftcomm.ft.Comm(group_rank=r, **kw)
+
+    def step(r):
+        c = comms[r]
+        c.step()
+        got[r] = c.group_comm()
+        assert c.group_comm() is got[r]
+        c.commit()
+
+    for f in (make, step):
+        ts = [threading.Thread(target=run, args=(r, f)) for r in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        assert not errs, errs
+    assert [(g.get_rank(), g.get_size()) for g in got] == [(0, 2), (1, 2)]
+    live = _lib.live_handles()
+    for c in comms:
+        c.close()
+    assert all(g._h is None for g in got)
+    assert _lib.live_handles() == live - 4  # two ft handles and the two group comms' handles
