@@ -353,7 +353,13 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
         try:
             comm = self._comm_for(dev, False)
         except FtcommError as e:
-            raise dist_error(e, self) from None
+            err = self._op_failed(dist_error(e, self))
+            if err is not None:
+                raise err from None
+            w0 = _DoneWork(self, [t])  # a failure the group's owner took
+            if self._coalescing is not None:
+                self._coalescing.append(w0)
+            return w0
         u, post = _dense(t, kind == "recv")
         with self._lock:
             if self._pending and self._pending[0][4] is not comm:
@@ -395,11 +401,14 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                     w._event = cw._event
                     w._p2p = None
         except FtcommError as e:
-            err = dist_error(e, self)
+            err = self._op_failed(dist_error(e, self))
             for _, _, _, w, _ in ops:
                 if isinstance(w, _HostWork):
                     w._works, w._p2p, w._done, w._err = [], None, True, err
-            raise err from None
+                else:
+                    w._p2p = None  # nothing enqueued: its wait has no event to wait for
+            if err is not None:
+                raise err from None
 
     def send(self, tensors, dstRank, tag=0):  # noqa: N803 - torch's names
         return self._p2p("send", _listed(tensors), dstRank)
@@ -641,7 +650,10 @@ class ProcessGroupFtcomm(dist.ProcessGroup):
                 cw = self._cuda(c, dev, lambda: c.barrier(), [], [], [])
                 w = _SyncedCudaWork(self, c, dev, [], cw._event)
         except FtcommError as e:
-            raise dist_error(e, self) from None
+            err = self._op_failed(dist_error(e, self))
+            if err is not None:
+                raise err from None
+            w = _DoneWork(self, [])  # a failure the group's owner took
         return w
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):

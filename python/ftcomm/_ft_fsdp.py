@@ -23,8 +23,9 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ._dist_errors import unsupported
+from ._dist_errors import dist_error, unsupported
 from ._dist_group import ProcessGroupFtcomm
+from ._dist_works import _DoneWork
 from .errors import (BackendUnavailableError, BadHandleError, FtcommError, InternalError, InterruptedOpError,
                      InvalidArgumentError, MismatchError)
 
@@ -93,9 +94,10 @@ class ShardGroup(ProcessGroupFtcomm):
         try:
             self._refresh()
         except FtcommError as e:
-            err = self._op_failed(e)
+            err = self._op_failed(dist_error(e, self))
             if err is not None:
                 raise err from None
+            return _DoneWork(self, [])  # the step failed: nothing to wait for
         return super().barrier(opts)
 
     def _op_failed(self, err: BaseException) -> Optional[BaseException]:

@@ -232,3 +232,35 @@ def test_shard_group_takes_faults_and_raises_the_callers_errors():
     assert len(ft.fails) == 3
     with pytest.raises(errors.InvalidArgumentError, match="nothing to shard"):
         ShardGroup(type("Solo", (FakeFT,), {"group_size": 1})())
+
+
+def test_shard_group_takes_a_fault_in_every_kind_of_op():
+    """A fault met before an op reaches a comm (ft's group comm revoked or
+    closed when the op asks for it) fails the step for a collective, a
+    send, a receive and a barrier alike: a done Work, no exception; a
+    caller's error there (no group comm outside a step) still raises."""
+    torch = pytest.importorskip("torch")
+    from ftcomm.ft_torch import ShardGroup
+
+    class FaultyFT:
+        group, group_rank, group_size, epoch, committed_step = "g", 0, 2, 3, 7
+        fails = []
+        error = errors.RevokedError("revoked: a rank of the group died", kinds=("revoked",))
+
+        def group_comm(self):
+            raise self.error
+
+        def fail_step(self, reason):
+            self.fails.append(reason)
+
+    ft = FaultyFT()
+    pg = ShardGroup(ft)
+    t = torch.zeros(4)
+    for op in (lambda: pg.allreduce([t]), lambda: pg.send([t], 1, 0), lambda: pg.recv([t], 1, 0), lambda: pg.barrier()):
+        w = op()
+        assert w.wait() and w.is_completed()
+    assert len(ft.fails) == 1 and "a rank of the group died" in ft.fails[0]
+    assert isinstance(pg.failure, errors.RevokedError)
+    ft.error = errors.InvalidArgumentError("ft: no group comm", kinds=("invalid_argument",))
+    with pytest.raises(errors.InvalidArgumentError, match="no group comm"):
+        pg.send([t], 1, 0)
