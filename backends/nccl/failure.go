@@ -131,6 +131,11 @@ func (b *Backend) nativeRevoke() {
 		defer cancel()
 		r = b.pollAsync(ctx, h, b.closing)
 	}
+	if r == libapi.InProgress && isClosed(b.closing) {
+		// The comm is being closed: its abort ends the revoke's work.
+		b.log.Info("ncclCommRevoke left to the close's abort", zap.Duration("after", time.Since(t0)))
+		return
+	}
 	if r != libapi.Success {
 		b.log.Warn("ncclCommRevoke failed", zap.Stringer("result", r), zap.String("nccl", b.lib.LastError(h)))
 		return
@@ -138,4 +143,17 @@ func (b *Backend) nativeRevoke() {
 	b.quiescent = true
 	b.dirty.Store(false)
 	b.log.Info("ncclCommRevoke done", zap.Duration("took", time.Since(t0)))
+}
+
+// isClosed says whether ch is closed (nil: no).
+func isClosed(ch <-chan struct{}) bool {
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
