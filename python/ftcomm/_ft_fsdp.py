@@ -56,16 +56,26 @@ class ShardGroup(ProcessGroupFtcomm):
         self._ft = comm
         self._epoch: Optional[int] = None
         self._flock = threading.Lock()
-        self._failed: Optional[tuple] = None  # ((epoch, committed step), the first error of that step)
+        self._failed: Optional[tuple] = None  # (the step's key, the first error of that step)
+
+    def _step_key(self):
+        """Names the step in progress (or the last one, until the next
+        step()): the Comm's count of step() calls; for a stand-in without
+        one, its epoch and committed step."""
+        steps = getattr(self._ft, "_steps", None)
+        if steps is not None:
+            return steps
+        return (self._ft.epoch, self._ft.committed_step)
 
     @property
     def failure(self) -> Optional[BaseException]:
-        """The first fault of the current step's ops, or None."""
+        """The first fault of the ops of the step in progress (or of the
+        last step, until the next step()), or None."""
         f = self._failed
         if f is None:
             return None
         try:
-            key = (self._ft.epoch, self._ft.committed_step)
+            key = self._step_key()
         except FtcommError:
             return f[1]
         return f[1] if f[0] == key else None
@@ -105,7 +115,8 @@ class ShardGroup(ProcessGroupFtcomm):
             return err
         with self._flock:
             try:
-                key = (self._ft.epoch, self._ft.committed_step)
+                key = self._step_key()
+                _ = self._ft.epoch  # raises once the Comm is closed
             except FtcommError:
                 return err  # the Comm is closed: nothing to fail
             if self._failed is not None and self._failed[0] == key:

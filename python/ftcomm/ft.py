@@ -273,6 +273,7 @@ class Comm:
         # Counts the calls that change what a sampler reports (step,
         # commit, close): a Sampler's plan is cached for one value.
         self._gen = 0
+        self._steps = 0  # step() calls
         backend = {"cuda": "nccl"}.get(backend, backend)
         group_backend = {"cuda": "nccl", "gloo": None, "cpu": None}.get(group_backend, group_backend)
         if group_backend not in (None, "nccl"):
@@ -354,6 +355,7 @@ class Comm:
         first step waits until it is promoted (or the run ends:
         FinishedError)."""
         self._gen += 1
+        self._steps += 1  # ShardGroup: the faults of one step are counted once
         started = False
         try:
             try:

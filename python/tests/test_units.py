@@ -264,3 +264,29 @@ def test_shard_group_takes_a_fault_in_every_kind_of_op():
     ft.error = errors.InvalidArgumentError("ft: no group comm", kinds=("invalid_argument",))
     with pytest.raises(errors.InvalidArgumentError, match="no group comm"):
         pg.send([t], 1, 0)
+
+
+def test_shard_group_counts_a_fault_once_per_step_call():
+    """With the Comm's count of step() calls, a step taken again at the
+    same epoch and committed step (its first try's commit failed) is a new
+    step: its first fault fails it again; failure() stays the step's until
+    the next step()."""
+    pytest.importorskip("torch")
+    from ftcomm.ft_torch import ShardGroup
+
+    class FT:
+        group, group_rank, group_size, epoch, committed_step, _steps = "g", 0, 2, 4, 9, 1
+        fails = []
+
+        def fail_step(self, reason):
+            self.fails.append(reason)
+
+    ft = FT()
+    pg = ShardGroup(ft)
+    first = errors.CommTimeoutError("a slow peer", kinds=("timeout",))
+    assert pg._op_failed(first) is None and pg._op_failed(errors.RevokedError("r", kinds=("revoked",))) is None
+    assert len(ft.fails) == 1 and pg.failure is first
+    ft._steps = 2  # the same epoch and committed step, another try
+    assert pg.failure is None
+    again = errors.CommTimeoutError("a slow peer again", kinds=("timeout",))
+    assert pg._op_failed(again) is None and len(ft.fails) == 2 and pg.failure is again
