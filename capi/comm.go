@@ -780,6 +780,12 @@ func reconfigure(h C.uint64_t, timeoutNs C.int64_t, out *C.uint64_t, f func(ctx 
 		if err != nil {
 			return err
 		}
+		if o.borrowed {
+			// ft shrinks, grows and closes its group comm itself; a
+			// reconfiguration here would consume it under ft.
+			return fmt.Errorf("%w: comm %s is ft's group comm (ftcomm_ft_group_comm): ft reconfigures it at each epoch; it cannot be shrunk, grown or split here",
+				comm.ErrInvalidArgument, o.c.Name())
+		}
 		ctx := o.can.enter()
 		defer o.can.leave()
 		if timeoutNs > 0 {

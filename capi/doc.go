@@ -105,7 +105,9 @@
 // carries ft's group messages. The comm stays ft's: ft revokes it when a
 // rank of the group dies or fails its step, and closes it when the group
 // is formed again, after which the handle's ops return FTCOMM_ERR_CLOSED;
-// ftcomm_comm_free frees the handle and leaves the comm open.
+// ftcomm_comm_free frees the handle and leaves the comm open; a shrink,
+// grow, split or reconfigure of it returns FTCOMM_ERR_INVALID_ARGUMENT
+// (ft reconfigures its comm itself).
 //
 // # Tensor memory: the rule
 //

@@ -500,7 +500,8 @@ func ftcomm_ft_group_rank(h C.uint64_t, rank *C.int64_t) C.int32_t {
 // data comm of the current epoch (ft.Comm.Group): the shard group of an
 // FSDP job with no replica. The comm stays ft's: ft revokes it when a rank
 // of the group dies or fails a step, and closes it when the group is
-// formed again (the handle's ops then fail with FTCOMM_ERR_CLOSED);
+// formed again (the handle's ops then fail with FTCOMM_ERR_CLOSED), and
+// refuses to have it reconfigured here (FTCOMM_ERR_INVALID_ARGUMENT);
 // ftcomm_comm_free frees the handle and leaves the comm open. Between
 // step and commit; FTCOMM_ERR_INVALID_ARGUMENT when the replica has no
 // group comm (group_size 1, a spare, no group formed).

@@ -386,6 +386,12 @@ def test_group_comm_is_the_groups_and_released_at_close(coord):
             t.join(60)
         assert not errs, errs
     assert [(g.get_rank(), g.get_size()) for g in got] == [(0, 2), (1, 2)]
+    # ft reconfigures its comm itself: a shrink or a split of it is refused
+    # before anything happens (the peer takes no part).
+    with pytest.raises(ftcomm.InvalidArgumentError, match="ft's group comm"):
+        got[0].shrink([1])
+    with pytest.raises(ftcomm.InvalidArgumentError, match="ft's group comm"):
+        got[1].split([1])
     live = _lib.live_handles()
     for c in comms:
         c.close()
