@@ -114,6 +114,14 @@ class Job:
             if cond(r, m):
                 return r, m
 
+    def every_rank_at(self, step):
+        """Wait until every rank has committed step or later; returns each
+        rank's step then (slot -> step)."""
+        at = {}
+        self.wait("every rank at step %d" % step, lambda r, m: m["kind"] == "" and at.update({r.slot: m["step"]}) is None
+                  and len(at) == SIZE and min(at.values()) >= step)
+        return at
+
     def commits(self):
         return [m for m in self.log if m["kind"] == ""]
 
@@ -153,9 +161,7 @@ def test_slot_spare_restores_the_dead_ranks_state_and_the_survivors_roll_back(co
         for s in range(SIZE):
             job.start(s)
         spare = job.start("any")
-        at = {}
-        job.wait("every rank at step 3 snapshots", lambda r, m: m["kind"] == "" and at.update({r.slot: m["step"]})
-                 is None and len(at) == SIZE and min(at.values()) >= 3 * every)
+        job.every_rank_at(3 * every)
         victim = job.ranks[1]
         victim.kill()
         t0 = time.time()
@@ -216,9 +222,7 @@ def test_shard_group_fails_the_step_and_follows_the_epochs(coord):
         for s in range(SIZE):
             job.start(s)
         spare = job.start("any")
-        at = {}
-        job.wait("every rank at step 2 snapshots", lambda r, m: m["kind"] == "" and at.update({r.slot: m["step"]})
-                 is None and len(at) == SIZE and min(at.values()) >= 2 * every)
+        at = job.every_rank_at(2 * every)
         assert all(m["ops"] for m in job.commits())
         job.ranks[2].kill()
         t0 = time.time()
@@ -253,9 +257,7 @@ def test_a_rank_and_its_buddy_lost_together_fail_every_rank(coord):
     try:
         for s in range(SIZE):
             job.start(s)
-        at = {}
-        job.wait("every rank at step 4 snapshots", lambda r, m: m["kind"] == "" and at.update({r.slot: m["step"]})
-                 is None and len(at) == SIZE and min(at.values()) >= 4 * every)
+        job.every_rank_at(4 * every)
         survivor = job.ranks[0]
         # Rank 1 and the rank that holds its copy (2) die together; their
         # processes restart. (Restarts, not two slot spares: a spare that
