@@ -244,15 +244,20 @@
 // such removals back, and a member whose hello comes after its removal
 // was sent finds its registration deleted and its membership ends
 // (ErrEvicted), as any removed member's does. A member
-// whose link to the leader ended takes the lease over in one transaction
-// fenced on the group's record (a new lease, its registration moved, the
-// old leader's deleted), and the others move their registrations to the
+// whose link to the leader ended takes the lease over in two transactions
+// fenced on the group's record: a claim (the record, still on the old
+// lease, names it as taking over; the old leader's registration deleted),
+// then the takeover (a new lease, the record naming it leader, its
+// registration moved), and the others move their registrations to the
 // new lease keeping their incarnations. The members take their turns by
 // id among the group's members in the quorum they hold (one not in it
 // yet last), a GroupLinkInterval apart, each watching the record while it
-// waits: the first goes at once, and a group whose leader died costs etcd
-// one new lease rather than one per member. Either way the coordinator sees
-// one member gone. A member that ends its link by choice (the record
+// waits: the first goes at once, and the others, seeing its claim, wait
+// for its new lease instead of granting one of their own however slow
+// etcd is (a claimer that has not moved the record a GroupLinkTimeout
+// later is passed over: the next in line takes over from the claimed
+// record). A group whose leader died costs etcd one new lease, and the
+// coordinator sees the leader gone after one write, the claim. A member that ends its link by choice (the record
 // moved, or its watch of it broke) says goodbye, and a leader that does
 // not hold the lease a hello names (not yet: its takeover's transaction
 // has not returned; or not any more) refuses it out loud: the member

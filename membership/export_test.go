@@ -46,6 +46,11 @@ func (m *Member) GroupWatchFrom() int64 { return m.lease.watchFrom() }
 // when the lease moves, but links to no leader.
 func HoldLinks(cfg *MemberConfig, release <-chan struct{}) { cfg.linkHeld = release }
 
+// HoldTakeover makes the member cfg configures stop a takeover of its
+// group's lease after its claim, before it grants the new lease, until
+// release is closed (never, if it is not).
+func HoldTakeover(cfg *MemberConfig, release <-chan struct{}) { cfg.takeoverHeld = release }
+
 // MuteLinks makes the member cfg configures send no pings on its group
 // links while muted is true: its process runs, but its links go silent,
 // as a process starved of CPU.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -42,15 +43,22 @@ import (
 //     GroupLinkTimeouts) since it appeared there or since its last link
 //     ended with a goodbye — a member that died before it linked, to this
 //     leader or, after a takeover, to the new one (grouproll.go);
-//   - a member whose link to the leader ended takes the lease over: one
-//     transaction, fenced on the group record it knew, grants the group a
-//     new lease, names itself leader, moves its own registration to the new
-//     lease and deletes the old leader's registration if it is still on the
-//     old lease. The other members, racing, lose the transaction and see the
-//     record move: each moves its own registration to the new lease (its
-//     incarnation unchanged) and links to the new leader. The coordinator
-//     sees the old leader gone, once; the old lease, unrenewed, expires
-//     holding nothing.
+//   - a member whose link to the leader ended takes the lease over, in
+//     turn (awaitTurn) and in two transactions, each fenced on the group's
+//     record as it last knew it. The claim marks the record, still on the
+//     old lease, as taken over by this member and deletes the old leader's
+//     registration if it is still on the old lease: the coordinator sees
+//     the leader gone after one write, and the group's other members, whose
+//     turns come later, see the record move and wait for the claimer
+//     (awaitClaim) instead of granting leases of their own. The takeover
+//     then grants the group a new lease, names itself leader and moves its
+//     own registration to the new lease. Each other member sees the record
+//     move again: it moves its own registration to the new lease (its
+//     incarnation unchanged) and links to the new leader. A claimer that
+//     has not moved the record a GroupLinkTimeout after a member saw its
+//     claim (it died, or etcd is that slow) is passed over: that member
+//     takes the lease over in its turn, fenced on the claimed record. The
+//     old lease, unrenewed, expires holding nothing.
 //
 // A member that is lost (its registration deleted, the lease expired)
 // registers again as any member does.
@@ -68,6 +76,10 @@ type groupLease struct {
 	// it): a member on the same host asks its kernel about a leader gone
 	// silent before it takes the lease over (pingLink).
 	Proc *silence.Identity `json:"proc,omitempty"`
+	// Claim is the member taking the lease over since its link to Leader
+	// ended: written, still on Lease, before that member grants the new
+	// one ("": none).
+	Claim string `json:"claim,omitempty"`
 }
 
 // errGroupMoved: the group's lease record changed while the member
@@ -104,14 +116,21 @@ func (f *groupFollower) followGroup() {
 		g, rev, seen := f.lease.groupRecord()
 		seen = max(rev, seen)
 		var err error
-		switch f.followLeader(g, seen) {
+		end := leaderGone // this member claimed the takeover: it goes on with it
+		switch {
+		case g.Claim == "":
+			end = f.followLeader(g, seen)
+		case g.Claim != f.cfg.ID:
+			end = f.awaitClaim(g, seen)
+		}
+		switch end {
 		case leaderGone:
-			if f.awaitTurn(g, seen) {
-				err = f.rebind() // another member took it over while this one waited
+			if g.Claim != f.cfg.ID && f.awaitTurn(g, seen) {
+				err = f.rebind() // another member claimed it or took it over while this one waited
 				break
 			}
 			if err = f.takeOver(g, rev); err == nil && !f.lease.holdsLease() {
-				err = f.rebind() // another member took it over
+				err = f.rebind() // another member claimed it or took it over
 			}
 		case recordMoved:
 			err = f.rebind()
@@ -271,8 +290,29 @@ func (f *groupFollower) awaitTurn(g groupLease, seen int64) bool {
 	return false
 }
 
+// awaitClaim waits for the takeover that the group's record g claims for
+// another member (its leader's link ended) to move the record, watching
+// it after seen for a GroupLinkTimeout: recordMoved when it moved (rebind
+// follows), leaderGone when it did not (the claimer is passed over).
+func (f *groupFollower) awaitClaim(g groupLease, seen int64) followEnd {
+	ctx, cancel := context.WithTimeout(f.life, f.cfg.GroupLinkTimeout)
+	defer cancel()
+	for wr := range f.cli.Watch(clientv3.WithRequireLeader(ctx), f.groupKey(), clientv3.WithRev(seen+1)) {
+		if wr.Err() != nil || len(wr.Events) > 0 {
+			return recordMoved
+		}
+	}
+	if f.life.Err() != nil {
+		return membershipOver
+	}
+	f.lg.Info("a claimed takeover of the group's lease did not move the record: passed over", zap.String("claim", g.Claim), zap.Duration("waited", f.cfg.GroupLinkTimeout))
+	return leaderGone
+}
+
 // rebind binds the registration to the group's current record: another
-// member took the lease over. The incarnation stays.
+// member took the lease over. The incarnation stays. A record that moved
+// on the lease the registration is already bound to (a takeover's claim)
+// is only followed.
 func (f *groupFollower) rebind() error {
 	ctx, cancel := context.WithTimeout(f.life, f.cfg.LeaseTTL)
 	defer cancel()
@@ -293,6 +333,10 @@ func (f *groupFollower) rebind() error {
 	rev := resp.Kvs[0].ModRevision
 	if f.lease.stillAt(rev, resp.Header.Revision) {
 		return errors.New("the group's leader is unreachable and its record has not moved")
+	}
+	if lease, _ := f.lease.current(); int64(lease) == g.Lease {
+		f.lease.follow(g, rev, resp.Header.Revision)
+		return nil
 	}
 	unlock := f.rec.lockWrites()
 	defer unlock()
@@ -316,12 +360,27 @@ func (f *groupFollower) rebind() error {
 }
 
 // takeOver makes this member the group's leader after the leader's link
-// ended: a new lease, the group's record naming this member, this
-// member's registration moved to the lease, the old leader's registration
-// deleted if it is still on the old lease — one transaction, fenced on the
-// group record at rev (0: none). Losing the race is not an error: the
-// winner's record moves the others.
+// ended. Unless this member claimed it already (old.Claim), it claims the
+// takeover first (claim: the old leader's registration goes there), then
+// grants a new lease and, in one transaction fenced on the group record
+// at rev (0: none, and no claim), names itself leader on it and moves its
+// registration to it. Losing the race is not an error: the winner's
+// record moves the others.
 func (f *groupFollower) takeOver(old groupLease, rev int64) error {
+	if rev != 0 && old.Claim != f.cfg.ID {
+		won, at, err := f.claim(old, rev)
+		if err != nil || !won {
+			return err
+		}
+		rev = at
+	}
+	if f.cfg.takeoverHeld != nil {
+		select {
+		case <-f.cfg.takeoverHeld:
+		case <-f.life.Done():
+			return nil
+		}
+	}
 	ctx, cancel := context.WithTimeout(f.life, f.cfg.LeaseTTL)
 	defer cancel()
 	lr, err := f.cli.Grant(ctx, f.lease.ttlSeconds())
@@ -348,14 +407,12 @@ func (f *groupFollower) takeOver(old groupLease, rev int64) error {
 	if rev == 0 {
 		cmp = clientv3.Compare(clientv3.CreateRevision(f.groupKey()), "=", 0)
 	}
+	// The old leader's registration went with the claim; a registration
+	// of its id on the old lease now is a new process's, bound under the
+	// claimed record, which moves with the others.
 	then := []clientv3.Op{
 		clientv3.OpPut(f.groupKey(), string(gval), clientv3.WithLease(lr.ID)),
 		clientv3.OpPut(f.key, string(val), clientv3.WithLease(lr.ID)),
-	}
-	if old.Leader != "" && old.Leader != f.cfg.ID {
-		lk := f.keys.Member(f.cfg.Job, old.Leader)
-		then = append(then, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(lk), "=", old.Lease)},
-			[]clientv3.Op{clientv3.OpDelete(lk)}, nil))
 	}
 	tr, err := f.cli.Txn(ctx).If(cmp, clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.inc)).Then(then...).Commit()
 	won, at := err == nil && tr.Succeeded, int64(0)
@@ -368,7 +425,11 @@ func (f *groupFollower) takeOver(old groupLease, rev int64) error {
 		// and this member's registration, now bound to it: a survivor
 		// counted dead, and the group's other members moved to a lease
 		// that is gone.
-		won, at = f.tookOver(lr.ID)
+		var g groupLease
+		g, at = f.readRecord()
+		if won = g.Lease == int64(lr.ID); won {
+			f.lg.Info("a takeover whose transaction got no answer took effect", zap.Int64("lease", g.Lease))
+		}
 	}
 	if !won {
 		unlock()
@@ -409,12 +470,52 @@ func (f *groupFollower) takeOver(old groupLease, rev int64) error {
 	return nil
 }
 
-// tookOver finds out whether a takeover whose transaction got no answer
-// took effect: whether the group's record names lease (the one that
-// transaction granted), reading it until etcd answers, for at most a
-// LeaseTTL (past it, a lease no one renewed has expired, and the record
-// with it) or until the membership ends. at is the record's revision.
-func (f *groupFollower) tookOver(lease clientv3.LeaseID) (won bool, at int64) {
+// claim marks the group's record, at rev and still on the old lease it
+// names, as taken over by this member, and deletes the old leader's
+// registration if it is still on that lease: one transaction, fenced on
+// rev and on this member's registration. It reports whether the claim
+// holds and the record's revision with it; a claim that lost the race is
+// no error (the record moved: rebind follows).
+func (f *groupFollower) claim(old groupLease, rev int64) (won bool, at int64, err error) {
+	ctx, cancel := context.WithTimeout(f.life, f.cfg.LeaseTTL)
+	defer cancel()
+	c := old
+	c.Claim = f.cfg.ID
+	cval, _ := json.Marshal(c)
+	then := []clientv3.Op{clientv3.OpPut(f.groupKey(), string(cval), clientv3.WithLease(clientv3.LeaseID(old.Lease)))}
+	if old.Leader != "" && old.Leader != f.cfg.ID {
+		lk := f.keys.Member(f.cfg.Job, old.Leader)
+		then = append(then, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(lk), "=", old.Lease)},
+			[]clientv3.Op{clientv3.OpDelete(lk)}, nil))
+	}
+	tr, err := f.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(f.groupKey()), "=", rev),
+		clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.inc)).Then(then...).Commit()
+	switch {
+	case err == nil && !tr.Succeeded:
+		return false, 0, nil
+	case err == nil:
+		at = tr.Header.Revision
+	case errors.Is(err, rpctypes.ErrLeaseNotFound) || f.life.Err() != nil:
+		// The old lease expired, and the record with it: rebind takes
+		// the group over afresh.
+		return false, 0, fmt.Errorf("claim the group's lease: %w", err)
+	default:
+		// As for the takeover: the claim may have been applied.
+		var g groupLease
+		if g, at = f.readRecord(); g.Lease != old.Lease || g.Claim != f.cfg.ID {
+			return false, 0, fmt.Errorf("claim the group's lease: %w", err)
+		}
+	}
+	f.lease.follow(c, at, at)
+	f.lg.Info("claimed the group's lease", zap.String("previous_leader", old.Leader), zap.Int64("lease", old.Lease))
+	return true, at, nil
+}
+
+// readRecord reads the group's record and its mod revision, retrying
+// until etcd answers, for at most a LeaseTTL (past it, a lease no one
+// renewed has expired, and the record with it) or until the membership
+// ends; a zero record when there is none or it could not be read.
+func (f *groupFollower) readRecord() (g groupLease, at int64) {
 	ctx, cancel := context.WithTimeout(f.life, f.cfg.LeaseTTL)
 	defer cancel()
 	bo := backoff.NewExponentialBackOff()
@@ -425,12 +526,10 @@ func (f *groupFollower) tookOver(lease clientv3.LeaseID) (won bool, at int64) {
 		return err
 	}
 	if backoff.Retry(read, backoff.WithContext(bo, ctx)) != nil || len(resp.Kvs) == 0 {
-		return false, 0
+		return groupLease{}, 0
 	}
-	var g groupLease
-	if json.Unmarshal(resp.Kvs[0].Value, &g) != nil || g.Lease != int64(lease) {
-		return false, 0
+	if json.Unmarshal(resp.Kvs[0].Value, &g) != nil {
+		return groupLease{}, 0
 	}
-	f.lg.Info("a takeover whose transaction got no answer took effect", zap.Int64("lease", g.Lease))
-	return true, resp.Kvs[0].ModRevision
+	return g, resp.Kvs[0].ModRevision
 }

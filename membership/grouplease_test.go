@@ -286,3 +286,115 @@ func TestGroupTakeoverInTurns(t *testing.T) {
 		t.Logf("%v lease(s) granted for the takeover", n)
 	}
 }
+
+// A takeover is claimed in the group's record before its lease is
+// granted: the claim alone removes the dead leader (the coordinator
+// publishes the quorum without it while the claimer's grant is held up,
+// as by a loaded etcd), and the group's other members, whose turns pass
+// meanwhile, wait for the claimer instead of granting leases of their
+// own: one lease for the whole takeover, however long it takes.
+func TestGroupTakeoverClaimedBeforeItsGrant(t *testing.T) {
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
+	release := make(chan struct{})
+	var ms []*membership.Member
+	for _, id := range []string{"g.0", "g.1", "g.2", "g.3", "g.4"} {
+		ms = append(ms, tj.Join(id, func(c *membership.MemberConfig) {
+			c.Group, c.GroupLease, c.GroupLinkAddr = "g", true, "127.0.0.1:0"
+			// Turns 100 ms apart, and a claim waited for 10 s.
+			c.GroupLinkInterval, c.GroupLinkTimeout = 100*time.Millisecond, 10*time.Second
+			if id == "g.1" { // the first in line
+				membership.HoldTakeover(c, release)
+			}
+		}))
+	}
+	solo := tj.Join("h.0", nil) // watches the epochs itself: the group's followers take them from a leader
+	all := []string{"g.0", "g.1", "g.2", "g.3", "g.4", "h.0"}
+	q := clustertest.WaitQuorum(t, solo, 0, all...)
+	for _, m := range ms {
+		clustertest.WaitQuorum(t, m, 0, all...)
+	}
+	granted := leasesGranted(t)
+	ms[0].Crash()
+	clustertest.WaitQuorum(t, solo, q.Epoch, all[1:]...)
+	ctx := clustertest.Ctx(t, 20*time.Second)
+	for _, m := range ms[2:] {
+		for ctx.Err() == nil && m.State().Claim != "g.1" {
+			waitChange(ctx, m)
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s: %s; want it waiting for g.1's claim", m.ID(), m.State())
+		}
+	}
+	if n := leasesGranted(t) - granted; n != 0 {
+		t.Fatalf("%v leases granted while g.1's takeover was held after its claim, want 0", n)
+	}
+	close(release)
+	for ctx.Err() == nil {
+		l := memberLeases(t, tj.Client, tj.Name)
+		if l[ms[1].Record().Lease] == 4 && ms[1].State().Leads {
+			break
+		}
+		waitChange(ctx, ms[1])
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("member keys by lease %v; g.1: %s", memberLeases(t, tj.Client, tj.Name), ms[1].State())
+	}
+	if n := leasesGranted(t) - granted; n != 1 {
+		t.Errorf("%v leases granted for the takeover, want 1 (g.1's)", n)
+	}
+	for _, m := range ms[1:] {
+		if s := m.State(); s.Err != nil || s.Claim != "" {
+			t.Errorf("%s after the takeover: %s", m.ID(), s)
+		}
+	}
+}
+
+// A claimer that dies between its claim and its takeover (a second
+// failure during recovery) is passed over: the group's other members wait
+// a GroupLinkTimeout for it, then the next in line takes the lease over
+// from the claimed record, and the quorum loses the claimer too.
+func TestGroupTakeoverClaimerDies(t *testing.T) {
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
+	never := make(chan struct{})
+	var ms []*membership.Member
+	for _, id := range []string{"g.0", "g.1", "g.2", "g.3"} {
+		ms = append(ms, tj.Join(id, func(c *membership.MemberConfig) {
+			c.Group, c.GroupLease, c.GroupLinkAddr = "g", true, "127.0.0.1:0"
+			c.GroupLinkInterval, c.GroupLinkTimeout = 100*time.Millisecond, time.Second
+			if id == "g.1" {
+				membership.HoldTakeover(c, never) // held until it dies
+			}
+		}))
+	}
+	solo := tj.Join("h.0", nil)
+	all := []string{"g.0", "g.1", "g.2", "g.3", "h.0"}
+	q := clustertest.WaitQuorum(t, solo, 0, all...)
+	for _, m := range ms {
+		clustertest.WaitQuorum(t, m, 0, all...)
+	}
+	ms[0].Crash()
+	ctx := clustertest.Ctx(t, 20*time.Second)
+	for ctx.Err() == nil && ms[2].State().Claim != "g.1" {
+		waitChange(ctx, ms[2])
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("g.2: %s; want it waiting for g.1's claim", ms[2].State())
+	}
+	ms[1].Crash()
+	clustertest.WaitQuorum(t, solo, q.Epoch, "g.2", "g.3", "h.0")
+	for ctx.Err() == nil {
+		l := memberLeases(t, tj.Client, tj.Name)
+		if l[ms[2].Record().Lease] == 2 && ms[2].State().Leads {
+			break
+		}
+		waitChange(ctx, ms[2])
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("member keys by lease %v; g.2: %s; g.3: %s", memberLeases(t, tj.Client, tj.Name), ms[2].State(), ms[3].State())
+	}
+	for _, m := range ms[2:] {
+		if s := m.State(); s.Err != nil {
+			t.Errorf("%s: %s", m.ID(), s)
+		}
+	}
+}

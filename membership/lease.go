@@ -326,6 +326,9 @@ func (b *leaseBinding) state(s *MemberState) {
 	defer b.mu.Unlock()
 	s.Leads, s.Lease, s.Leader, s.GroupRev = b.holds, int64(b.lease), b.group.Leader, b.groupRev
 	s.Linked, s.Links = b.linked, b.links
+	if !b.holds {
+		s.Claim = b.group.Claim
+	}
 }
 
 // removeFromLease deletes the registration h names, fenced on the

@@ -119,6 +119,10 @@ type MemberConfig struct {
 	// linkMuted, when set and true, keeps the member's group links from
 	// sending pings, as a starved process would (tests).
 	linkMuted *atomic.Bool
+	// takeoverHeld, when set, holds a takeover of the group's lease
+	// between its claim and its lease grant until it is closed: a
+	// takeover slowed by a loaded etcd, or a claimer that dies (tests).
+	takeoverHeld <-chan struct{}
 }
 
 // maxHostLen bounds MemberConfig.Host: a DNS name's length.

@@ -37,6 +37,10 @@ type MemberState struct {
 	GroupRev   int64
 	Linked     bool
 	Links      int
+	// Claim, at a member that does not lead, is the member that claimed
+	// the takeover of the group's lease in that record (its leader's link
+	// ended), whose new lease it waits for ("": none).
+	Claim string
 	// Err is why the membership ended (nil while it lasts).
 	Err error
 }
@@ -71,6 +75,9 @@ func (s MemberState) String() string {
 			link = "linked"
 		}
 		fmt.Fprintf(&b, "; follows %s (%s) on lease %x (record rev %d)", s.Leader, link, s.Lease, s.GroupRev)
+		if s.Claim != "" {
+			fmt.Fprintf(&b, ", taken over by %s (claimed)", s.Claim)
+		}
 	}
 	if s.Err != nil {
 		fmt.Fprintf(&b, "; ended: %v", s.Err)

@@ -475,9 +475,13 @@ func (s *shardServer) registration(ctx context.Context, sm *sim) string {
 			var rec struct { // membership's group record, as any reader of the job's keys sees it
 				Lease  int64  `json:"lease,string"`
 				Leader string `json:"leader"`
+				Claim  string `json:"claim"`
 			}
 			json.Unmarshal(resp.Kvs[0].Value, &rec)
 			fmt.Fprintf(&b, "; group %s's record (rev %d) names leader %s on lease %x (%s)", g, resp.Kvs[0].ModRevision, rec.Leader, rec.Lease, leaseTTL(ctx, cli, rec.Lease))
+			if rec.Claim != "" {
+				fmt.Fprintf(&b, ", taken over by %s (claimed)", rec.Claim)
+			}
 		}
 	}
 	return b.String()
