@@ -80,7 +80,9 @@ func (d *childDevice) stepOut(ctx context.Context, grads []float32) error {
 // replicas). FTCOMM_FT_KILL_WHOLE_GROUP=1 SIGKILLs every rank of a
 // victim's group at once (the killed rank first, then its group-mates),
 // as torchrun's agent ends a worker group, instead of the rest of the
-// group after the survivors' commit.
+// group after the survivors' commit. FTCOMM_FT_NCCL_ONE_RANK=nccl gives a
+// lone survivor an NCCL comm of one rank (ncclCommShrink) instead of the
+// default device copies, for a side-by-side run.
 func TestKillCycles(t *testing.T) {
 	cycles, _ := strconv.Atoi(os.Getenv("FTCOMM_FT_KILL_CYCLES"))
 	if cycles <= 0 {

@@ -104,7 +104,9 @@ func runChild() int {
 			fmt.Fprintln(os.Stderr, "child:", err)
 			return 2
 		}
-		backend, bcfg = "nccl", &nccl.Config{Library: dev.lib}
+		// FTCOMM_FT_NCCL_ONE_RANK=nccl: a lone survivor shrinks to an NCCL
+		// comm of one rank, as before device copies (for side-by-side runs).
+		backend, bcfg = "nccl", &nccl.Config{Library: dev.lib, DisableLocalOneRank: env("NCCL_ONE_RANK") == "nccl"}
 	}
 	// A group of ranks sharing one GPU (the snapshot tests) shards over a
 	// host comm: NCCL takes one rank per GPU.

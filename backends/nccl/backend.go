@@ -64,13 +64,18 @@ type Backend struct {
 	ctlBlocking  bool // ctl was made with blocking = 1 (ModeBlocking)
 	dataBlocking bool // data was made with blocking = 1
 	quiescent    bool // a native revoke completed: Shrink needs no NCCL_SHRINK_ABORT
-	splits       int  // Split calls so far (they are collective, so every rank counts alike)
+	// local: a comm of one rank that a shrink made without NCCL (Shrink):
+	// ctl and data stay 0, and each op is the device copy NCCL would make
+	// of it (launchLocal).
+	local  bool
+	splits int // Split calls so far (they are collective, so every rank counts alike)
 	// revokeNative: Revoke runs the native revoke (Config.Revoke resolved
 	// against the library's Recovery).
 	revokeNative bool
-	// abortQ hands the watchdog a data comm to abort (Shrink after a
-	// failure takes it out of service at once, then shrinks ctl while
-	// the watchdog aborts it).
+	// abortQ hands the watchdog NCCL comms to abort: a data comm (Shrink
+	// after a failure takes it out of service at once, then shrinks ctl
+	// while the watchdog aborts it), or both comms (a shrink to a local
+	// one-rank comm).
 	abortQ chan libapi.Comm
 
 	fmu     sync.Mutex
@@ -324,7 +329,7 @@ func newBackend(L *Library, cfg Config, o comm.Options, rank, size int, epoch ui
 	}
 	b := &Backend{
 		L: L, lib: L.lib, cfg: cfg, opts: o, rank: rank, size: size, dev: o.Device, epoch: epoch,
-		wake: make(chan struct{}), revokeReq: make(chan struct{}, 1), abortQ: make(chan libapi.Comm, 1),
+		wake: make(chan struct{}), revokeReq: make(chan struct{}, 1), abortQ: make(chan libapi.Comm, 2),
 		closing: make(chan struct{}), released: make(chan struct{}),
 		ctlBlocking: cfg.Mode == ModeBlocking, dataBlocking: cfg.Mode == ModeBlocking || separateData(cfg.Mode, size),
 		revokeNative: cfg.Revoke.nativeRevoke(L.info.Recovery),

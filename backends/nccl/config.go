@@ -125,6 +125,10 @@ type Config struct {
 	DisableNativeShrink      bool // fresh init among the survivors
 	DisableNativeGrow        bool // fresh init with a new unique id
 	DisableNativeCollectives bool // AllToAll, Gather, Scatter as grouped send/recv
+	// DisableLocalOneRank: a shrink to one rank makes an NCCL comm of one
+	// rank (ncclCommShrink or a fresh init) rather than running the lone
+	// survivor's ops as device copies (see Shrink).
+	DisableLocalOneRank bool
 
 	// Mode says how NCCL comms are used (default ModeBlockingData; see
 	// the package doc for what each costs and guarantees).

@@ -29,7 +29,9 @@ import (
 // check a collective, and grow back to n with a new victim process. Every
 // rank checks every verified all-reduce is exact, and the 256 MiB
 // all-reduce bandwidth is measured before the first kill and after the
-// last grow.
+// last grow. FTCOMM_NCCL_ONE_RANK=nccl makes a lone survivor's comm an
+// NCCL comm of one rank (ncclCommShrink), as before the default's device
+// copies, for a side-by-side run.
 
 const (
 	cyclesEnv     = "FTCOMM_NCCL_CYCLES"
@@ -210,7 +212,8 @@ func cycleMain(role string) error {
 	rank, _ := strconv.Atoi(os.Getenv(cycleRankEnv))
 	opts := func(rank, size int, epoch uint64) comm.Options {
 		return comm.Options{Name: "cycles", Rank: rank, Size: size, Epoch: epoch, Store: store, Prefix: "comm",
-			Device: rank, Logger: log, BackendConfig: &Config{Library: L}, Timeout: time.Minute}
+			Device: rank, Logger: log, Timeout: time.Minute,
+			BackendConfig: &Config{Library: L, DisableLocalOneRank: os.Getenv("FTCOMM_NCCL_ONE_RANK") == "nccl"}}
 	}
 	dev := rank
 	buf, err := L.Alloc(dev, 64<<20)

@@ -101,6 +101,7 @@ func TestBlockingDataFailureShrink(t *testing.T) {
 	var joinerCfg Config
 	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond
+		c.DisableLocalOneRank = true // the NCCL comm of one rank (TestLocalOneRankShrink: without)
 		if o.Rank == 0 {
 			joiner, joinerCfg = *o, *c
 		}

@@ -296,6 +296,7 @@ func TestRevokeThenShrink(t *testing.T) {
 	w := newFakeWorld(t, 2)
 	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.ReleaseTimeout = 50 * time.Millisecond // the dead rank's stream never drains
+		c.DisableLocalOneRank = true             // ncclCommShrink to one rank, not device copies
 	})
 	work, _ := stuckAllReduce(t, ctx, w, ranks)
 	t0 := time.Now()
@@ -453,6 +454,7 @@ func TestNativeRevoke(t *testing.T) {
 	ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 		c.Revoke = RevokeNative
 		c.ReleaseTimeout = 50 * time.Millisecond
+		c.DisableLocalOneRank = true // ncclCommShrink to one rank, not device copies
 	})
 	work, _ := stuckAllReduce(t, ctx, w, ranks)
 	ranks[0].c.Revoke(errors.New("test"))

@@ -32,6 +32,9 @@ func (b *Backend) launch(ctx context.Context, what string, a *libapi.CollArgs, o
 	if err := b.usable(); err != nil {
 		return err
 	}
+	if b.local {
+		return b.launchLocal(what, a, ops)
+	}
 	p2p := false
 	if b.cfg.Mode == ModeBlockingData {
 		if a != nil {
@@ -406,4 +409,68 @@ func (b *Backend) Synchronize(ctx context.Context) error {
 		return err
 	}
 	return b.waitStream(ctx, "synchronize")
+}
+
+// launchLocal issues an op of a local one-rank comm (Backend.local) as
+// what NCCL makes of a one-rank call: a device-to-device copy on the
+// comm's stream from the send buffer to the receive buffer, none where
+// they are the same (in place) or the op moves nothing. A reduction over
+// one rank is its input, whatever the op; a root or peer can only be
+// rank 0, which the argument checks ensured. The sends and receives of a
+// group pair up in order (NCCL's order for one peer); a send without its
+// receive, which NCCL would leave waiting, is refused.
+func (b *Backend) launchLocal(what string, a *libapi.CollArgs, ops []libapi.CollArgs) error {
+	if a != nil {
+		return b.copyLocal(what, a.Type, a.Recv, a.Send, a.Count)
+	}
+	var sends, recvs []int
+	for i := range ops {
+		switch ops[i].Kind {
+		case libapi.Send:
+			sends = append(sends, i)
+		case libapi.Recv:
+			recvs = append(recvs, i)
+		}
+	}
+	if len(sends) != len(recvs) {
+		return fmt.Errorf("nccl: %w: %s: %d sends and %d receives on a one-rank comm: each send to itself needs its receive in the same group",
+			comm.ErrInvalidArgument, what, len(sends), len(recvs))
+	}
+	for i, si := range sends {
+		s, r := &ops[si], &ops[recvs[i]]
+		if s.Count != r.Count || s.Type != r.Type {
+			return fmt.Errorf("nccl: %w: %s: send %d of %d elements of type %d, its receive %d of type %d",
+				comm.ErrMismatch, what, i, s.Count, s.Type, r.Count, r.Type)
+		}
+	}
+	// Nothing is issued before the whole group is known to be valid.
+	for i := range ops {
+		if k := ops[i].Kind; k != libapi.Send && k != libapi.Recv {
+			if err := b.copyLocal(what, ops[i].Type, ops[i].Recv, ops[i].Send, ops[i].Count); err != nil {
+				return err
+			}
+		}
+	}
+	for i, si := range sends {
+		s, r := &ops[si], &ops[recvs[i]]
+		if err := b.copyLocal(what, s.Type, r.Recv, s.Send, s.Count); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyLocal copies count elements of t from src to dst on the stream.
+func (b *Backend) copyLocal(what string, t libapi.DataType, dst, src uintptr, count uint64) error {
+	b.stats.ops.Add(1)
+	n := count * uint64(t.Size())
+	if n == 0 || dst == src || dst == 0 {
+		return nil
+	}
+	if err := b.lib.CopyDtoD(b.dev, dst, src, int(n), b.stream); err != nil {
+		err = fmt.Errorf("nccl: %w: %s on one rank: %w", comm.ErrAborted, what, err)
+		b.fail(err)
+		return err
+	}
+	return nil
 }

@@ -197,6 +197,15 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 	}
 	newSize := b.size - len(exclude)
 	t0 := time.Now()
+	if newSize == 1 && !b.cfg.DisableLocalOneRank {
+		nb, err := b.shrinkToLocal(epoch)
+		if err != nil {
+			return nil, fmt.Errorf("nccl: shrink to one rank: %w", err)
+		}
+		nb.made.Total = time.Since(t0)
+		nb.logCreation("shrunk", zap.Ints("exclude", exclude), zap.Int("new_rank", 0), zap.Int("new_size", 1))
+		return nb, nil
+	}
 	var h libapi.Comm
 	mk := Creation{How: "fresh init"}
 	native, err := b.agreeNative(ctx, epoch, newRank, newSize,
@@ -218,6 +227,62 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 	nb.made.Total = time.Since(t0)
 	nb.logCreation("shrunk", zap.Ints("exclude", exclude), zap.Int("new_rank", newRank), zap.Int("new_size", newSize))
 	return nb, nil
+}
+
+// localHow is Creation.How of a local one-rank comm.
+const localHow = "one rank: device copies, no NCCL comm"
+
+// shrinkToLocal makes the comm that a shrink leaves a lone survivor
+// without NCCL (Backend.local): a new stream that waits, on the GPU, for
+// everything this comm's stream holds, and ops that are device copies on
+// it. After a failure this comm's NCCL comms go to the watchdog to be
+// aborted: the abort flag ends a kernel waiting for a dead peer, the old
+// stream then drains, and only then does the new stream run, so no work
+// of the old comm can touch a buffer after the survivor's next op begins.
+// Nothing on the survivor's way waits for NCCL: no ncclCommShrink (with
+// NCCL_SHRINK_ABORT it synchronises the old stream on the host, then
+// initialises a child: 50–230 ms on an H100 or H200) and no vote.
+// Without a failure the old comms stay as they are until Close.
+func (b *Backend) shrinkToLocal(epoch uint64) (*Backend, error) {
+	nb, err := newBackend(b.L, b.cfg, b.opts, 0, 1, epoch)
+	if err != nil {
+		return nil, err
+	}
+	nb.local = true
+	if err := b.orderAfter(nb); err != nil {
+		nb.discard()
+		return nil, err
+	}
+	if b.failed.Load() {
+		b.hmu.Lock()
+		hs := b.handles()
+		b.ctl, b.data = 0, 0
+		b.hmu.Unlock()
+		for _, h := range hs { // at most two, and abortQ has room for two
+			b.abortQ <- h
+		}
+	}
+	nb.made = Creation{How: localHow}
+	nb.started = true
+	go nb.watchdog()
+	return nb, nil
+}
+
+// orderAfter makes nb's stream wait, on the GPU, for the work this
+// comm's stream holds now.
+func (b *Backend) orderAfter(nb *Backend) error {
+	ev, err := b.lib.EventCreate(b.dev, false)
+	if err != nil {
+		return fmt.Errorf("nccl: %w: %w", comm.ErrBackendUnavailable, err)
+	}
+	defer b.lib.EventDestroy(b.dev, ev) // CUDA releases it once the wait is over
+	if err := b.lib.EventRecord(b.dev, ev, b.stream); err != nil {
+		return fmt.Errorf("nccl: %w: %w", comm.ErrAborted, err)
+	}
+	if err := b.lib.StreamWaitEvent(nb.dev, nb.stream, ev); err != nil {
+		return fmt.Errorf("nccl: %w: %w", comm.ErrAborted, err)
+	}
+	return nil
 }
 
 // nativeShrink runs ncclCommShrink on this comm. call is how long the
@@ -457,6 +522,9 @@ func (b *Backend) Split(ctx context.Context, color, key int) (comm.Backend, erro
 		return nil, err
 	}
 	t0 := time.Now()
+	if b.local {
+		return b.splitLocal(color, t0)
+	}
 	nh, n, err := b.split(ctx, color, key)
 	if err != nil || nh == 0 {
 		return nil, err
@@ -499,4 +567,30 @@ func (b *Backend) split(ctx context.Context, color, key int) (libapi.Comm, int, 
 		nh = 0
 	}
 	return nh, b.splits, nil
+}
+
+// splitLocal splits a local one-rank comm: NoColor leaves it out (nil),
+// any color gives a local one-rank comm ordered after this one's stream.
+func (b *Backend) splitLocal(color int, t0 time.Time) (comm.Backend, error) {
+	b.hmu.Lock()
+	b.splits++
+	b.hmu.Unlock()
+	if color == comm.NoColor {
+		return nil, nil
+	}
+	o := b.opts
+	o.Prefix = fmt.Sprintf("%s/split%d-%d", b.opts.Prefix, b.splits, color)
+	nb, err := newBackend(b.L, b.cfg, o, 0, 1, b.epoch)
+	if err != nil {
+		return nil, err
+	}
+	nb.local = true
+	if err := b.orderAfter(nb); err != nil {
+		nb.discard()
+		return nil, err
+	}
+	nb.made = Creation{How: localHow, Total: time.Since(t0)}
+	nb.started = true
+	go nb.watchdog()
+	return nb, nil
 }

@@ -123,10 +123,8 @@ func (b *Backend) release() error {
 	hs := b.handles()
 	b.ctl, b.data = 0, 0
 	b.hmu.Unlock()
-	select {
-	case h := <-b.abortQ: // handed over by Shrink, not yet aborted
-		hs = append([]libapi.Comm{h}, hs...)
-	default:
+	for len(b.abortQ) > 0 { // handed over by Shrink, not yet aborted
+		hs = append([]libapi.Comm{<-b.abortQ}, hs...)
 	}
 	// ncclCommAbort rather than finalize+destroy: it is local and cannot
 	// wait on a peer that is gone. The control and data comms share no

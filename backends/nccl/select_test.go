@@ -495,6 +495,7 @@ func TestRevokeAuto(t *testing.T) {
 			ranks := startJob(t, ctx, simLibrary(w), devs(2), 1, "job", func(c *Config, o *comm.Options) {
 				c.Revoke = RevokeAuto
 				c.ReleaseTimeout = 50 * time.Millisecond
+				c.DisableLocalOneRank = true // ncclCommShrink to one rank, not device copies
 			})
 			if b := ranks[0].c.Backend().(*Backend); b.revokeNative != tc.native {
 				t.Fatalf("native revoke %v on NCCL %s", b.revokeNative, tc.name)

@@ -43,13 +43,29 @@ type simWaitItem struct{ rec *simEventItem }
 
 func (it *simWaitItem) step(*Simulation) bool { return it.rec.fired }
 
+// progress advances stream s as far as it goes. A GPU runs every
+// stream at once, so the streams s waits on (cudaStreamWaitEvent) are
+// advanced as well: all of them, until none moves.
 func (w *Simulation) progress(s *simStream) {
-	if w.dead[s.dev] {
-		return
+	for moved := true; moved; {
+		moved = false
+		for _, st := range w.streams {
+			moved = w.advance(st) || moved
+		}
 	}
+	w.advance(s) // a stream already destroyed, or one not yet in the map
+}
+
+// advance runs the ready items at the head of s and reports whether any ran.
+func (w *Simulation) advance(s *simStream) bool {
+	if w.dead[s.dev] {
+		return false
+	}
+	n := len(s.items)
 	for len(s.items) > 0 && s.items[0].step(w) {
 		s.items = s.items[1:]
 	}
+	return len(s.items) != n
 }
 
 func (w library) RuntimeVersion() int { return 13000 }

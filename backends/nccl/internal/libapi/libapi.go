@@ -71,6 +71,22 @@ const (
 	Bfloat16 DataType = 9
 )
 
+// Size is the size of one element of t in bytes (0 for a value nccl.h
+// does not name).
+func (t DataType) Size() int {
+	switch t {
+	case Int8, Uint8:
+		return 1
+	case Float16, Bfloat16:
+		return 2
+	case Int32, Uint32, Float32:
+		return 4
+	case Int64, Uint64, Float64:
+		return 8
+	}
+	return 0
+}
+
 // RedOp is an ncclRedOp_t.
 type RedOp int32
 
