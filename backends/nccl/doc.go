@@ -90,9 +90,10 @@
 //     not come, abandons the call; the abort on Close joins that thread;
 //   - a blocking data comm (blocking = 1), split off the control comm
 //     (ncclCommSplit with a config of its own) when the comm has two or
-//     more ranks; a one-rank comm (the survivor of a two-replica job)
-//     enqueues on its control comm, since a one-rank collective is a local
-//     copy NCCL runs without its group launch. All-reduce, reduce-scatter,
+//     more ranks; a one-rank comm made by New or Grow enqueues on its
+//     control comm, since a one-rank collective is a local copy NCCL runs
+//     without its group launch. A one-rank comm made by Shrink (the lone
+//     survivor of a two-replica job) has no NCCL comm at all (below). All-reduce, reduce-scatter,
 //     all-gather(v), broadcast, reduce and barrier are enqueued on it
 //     directly. With eager connection set-up (NCCL_RUNTIME_CONNECT=0, the
 //     default Open sets) the comm connected every algorithm while it was
@@ -100,7 +101,23 @@
 //     GPU, never the call, and the op fails at Revoke or its deadline.
 //
 // Both comms enqueue on the Backend's one CUDA stream, so their work runs
-// in issue order. ModeNonblocking (one nonblocking comm: every call
+// in issue order.
+//
+// A shrink to one rank makes no NCCL comm (Config.DisableLocalOneRank
+// restores the NCCL comm of one rank): each op of the lone survivor is the
+// device copy NCCL would make of it (a reduction over one rank is its
+// input; sends and receives to itself pair up in a group), on a new stream
+// made to wait (cudaStreamWaitEvent) for everything the old comm's stream
+// holds; after a failure the old NCCL comms go to the watchdog to be
+// aborted, whose abort flag ends a kernel waiting for a dead peer. So no
+// old work can touch a buffer after the survivor's next op begins, and
+// nothing on the survivor's way waits for NCCL. On 2× H200 (NCCL 2.28.9,
+// 2026-11-29, TestGPUKillCycles, 2 × 10 cycles each, alternated) kill →
+// first collective on the shrunk comm took 2.8 ms p50 (2.9 ms max)
+// against 164–184 ms p50 (191–211 ms max) for ncclCommShrink with
+// NCCL_SHRINK_ABORT, which synchronises the old stream on the host and
+// then initialises a one-rank child. A Split of it is local too; a Grow
+// from it is a fresh init, as from any comm without ncclCommGrow. ModeNonblocking (one nonblocking comm: every call
 // abortable, ~50 µs per op) and ModeBlocking (one blocking comm: init,
 // Shrink, Grow and Split cannot be interrupted) are kept for comparison.
 //
@@ -160,6 +177,14 @@
 //     the Backend's handle lock): a blocking call must not wait for peers,
 //     which is what eager connection and the split of work between the two
 //     comms ensure.
+//   - From the CUDA runtime's documentation: work queued on a stream after
+//     cudaStreamWaitEvent waits for the completion of the event's latest
+//     record on another stream, on the device, without the host waiting;
+//     an event destroyed while recorded work is pending is released once
+//     that work completes (cudaEventDestroy), and the wait still holds.
+//     The local one-rank comm's stream rests on both; TestGPUKillCycles
+//     (2 ranks) checks every all-reduce after such a shrink exact, and
+//     TestLocalOneRankOrderedAfterTheOldStream the order in simulation.
 //   - Once connected, a collective's enqueue on a blocking comm plans the
 //     work, uploads it to the work FIFO and launches the kernel. The FIFO
 //     (NCCL_WORK_FIFO_BYTES, 1 MiB) makes the enqueue spin only when full
