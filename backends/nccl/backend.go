@@ -122,8 +122,10 @@ type Backend struct {
 // until the comm was returned.
 type Creation struct {
 	How string // "ncclCommInitRankConfig", "ncclCommShrink", "ncclCommShrink(NCCL_SHRINK_ABORT)", "fresh init", "ncclCommGrow", "ncclCommSplit"
-	// Agree: the vote between NCCL's native shrink or grow and a fresh
-	// init (Store round trips; 0 for New and Split).
+	// Agree: the vote between NCCL's native grow and a fresh init (Store
+	// round trips); for a shrink, the time until a survivor's refusal
+	// sent this rank to a fresh init (0 for New, Split and a shrink
+	// without a refusal).
 	Agree time.Duration
 	// Call: the NCCL call that makes the control comm, until it returns;
 	// for an init, from the start of the unique id's rendezvous through

@@ -49,10 +49,13 @@
 // fresh init among the survivors, ncclCommRevoke (2.28.7+) → abort,
 // ncclCommGrow (2.29.2+) → a fresh init with a new unique id,
 // ncclAlltoAll/ncclGather/ncclScatter (2.28.3+) → grouped send/recv.
-// Whether a Shrink or Grow runs natively is decided for all ranks at once
-// (every rank that holds the comm votes through the Store, rank 0
-// decides): a rank whose comm failed, whose library lacks the call or
-// whose Config disables it makes every rank init fresh. Without the
+// Whether a Shrink or Grow runs natively is decided for all ranks at once:
+// a rank whose comm failed, whose library lacks the call or whose Config
+// disables it makes every rank init fresh. A Grow votes through the Store
+// (every rank that holds the comm, rank 0 decides); a Shrink does not
+// wait for a vote: every survivor that can shrinks natively at once, and
+// one that cannot says so in the Store, at which the others abandon their
+// shrink (which cannot complete without it) for a fresh init together. Without the
 // libraries (or without cgo) every call returns an error wrapping
 // comm.ErrBackendUnavailable and the loader's message. Libraries are never unloaded (NCCL's threads outlive comms).
 // Open sets NCCL_RUNTIME_CONNECT=0 unless the environment sets it or

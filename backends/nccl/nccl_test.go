@@ -412,8 +412,11 @@ func TestAbortDelay(t *testing.T) {
 
 // The survivors choose between ncclCommShrink and a fresh init together:
 // here rank 0's NCCL comm is gone (the watchdog aborted it) while rank
-// 2's is whole. Chosen alone, rank 2 would wait in ncclCommShrink for a
-// rank 0 that initialises a fresh comm, until the Timeout.
+// 2's is whole. Rank 2 shrinks natively at once, as every survivor that
+// can does; rank 0 says it cannot (freshKey), and rank 2 abandons its
+// shrink, which could not complete without rank 0, for a fresh init with
+// it. Had rank 2 not heard, it would wait in ncclCommShrink for a rank 0
+// that initialises a fresh comm, until the Timeout.
 func TestShrinkChoiceIsCollective(t *testing.T) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 3)
@@ -439,8 +442,14 @@ func TestShrinkChoiceIsCollective(t *testing.T) {
 		return err
 	})
 	ranks[2].r = 1
-	if n := w.Calls("ncclCommShrink") + w.Calls("ncclCommShrink(abort)"); n != 0 {
-		t.Errorf("ncclCommShrink called %d times; both survivors should have initialised a fresh comm", n)
+	// Rank 2 shrinks natively at once and abandons it on rank 0's word.
+	for _, rk := range survivors {
+		if how := rk.c.Backend().(*Backend).Creation().How; how != "fresh init" {
+			t.Errorf("survivor %d's comm made by %q; both survivors should have initialised a fresh comm", rk.r, how)
+		}
+	}
+	if n := w.Calls("ncclCommShrink") + w.Calls("ncclCommShrink(abort)"); n > 1 {
+		t.Errorf("ncclCommShrink called %d times: only rank 2 could", n)
 	}
 	if got := w.Calls("ncclCommInitRankConfig") - inits; got != 2 {
 		t.Errorf("%d fresh inits, want 2", got)
@@ -679,4 +688,80 @@ func TestConcurrentCloseAndAbort(t *testing.T) {
 		t.Fatal("op survived Abort/Revoke/Close")
 	}
 	waitReleased(t, b)
+}
+
+// storeCalls counts a Store's calls by key suffix.
+type storeCalls struct {
+	comm.Store
+	mu   sync.Mutex
+	keys []string
+}
+
+func (s *storeCalls) Set(ctx context.Context, key string, v []byte) error {
+	s.mu.Lock()
+	s.keys = append(s.keys, "set "+key)
+	s.mu.Unlock()
+	return s.Store.Set(ctx, key, v)
+}
+
+func (s *storeCalls) Get(ctx context.Context, key string) ([]byte, error) {
+	s.mu.Lock()
+	s.keys = append(s.keys, "get "+key)
+	s.mu.Unlock()
+	return s.Store.Get(ctx, key)
+}
+
+// calls returns the calls so far whose key contains part.
+func (s *storeCalls) calls(part string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, k := range s.keys {
+		if strings.Contains(k, part) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// Survivors that can all shrink natively do so with no Store round trip
+// before ncclCommShrink: no vote is written or awaited (only each one's
+// watch for a refusal, which never comes).
+func TestShrinkWithoutVote(t *testing.T) {
+	ctx := testCtx(t)
+	w := newFakeWorld(t, 3)
+	calls := &storeCalls{}
+	var once sync.Once
+	ranks := startJob(t, ctx, simLibrary(w), devs(3), 1, "job", func(c *Config, o *comm.Options) {
+		c.ReleaseTimeout = 50 * time.Millisecond
+		once.Do(func() { calls.Store = o.Store }) // the job's one store
+		o.Store = calls
+	})
+	work, _ := stuckAllReduce(t, ctx, w, ranks) // rank 1's GPU is dead
+	ranks[0].c.Revoke(errors.New("membership: rank 1 left"))
+	if err := work.Wait(ctx); !errors.Is(err, comm.ErrRevoked) {
+		t.Fatalf("op after Revoke: %v", err)
+	}
+	ranks[2].c.Revoke(errors.New("membership: rank 1 left"))
+	survivors := []*rank{ranks[0], ranks[2]}
+	each(t, survivors, func(rk *rank) error {
+		nc, err := rk.c.Shrink(ctx, []int{1}, 2)
+		if nc != nil {
+			rk.c = nc
+		}
+		return err
+	})
+	ranks[2].r = 1
+	for _, rk := range survivors {
+		if how := rk.c.Backend().(*Backend).Creation().How; how != "ncclCommShrink(NCCL_SHRINK_ABORT)" {
+			t.Errorf("survivor %d's comm made by %q, want ncclCommShrink(NCCL_SHRINK_ABORT)", rk.r, how)
+		}
+	}
+	if got := calls.calls("nccl-native"); len(got) != 0 {
+		t.Errorf("the shrink voted through the Store: %v", got)
+	}
+	if got := calls.calls("set epoch/2/nccl-fresh"); len(got) != 0 {
+		t.Errorf("a survivor refused the native shrink: %v", got)
+	}
+	collectiveSuite(t, ctx, survivors, []comm.DType{comm.Float32}, 3, 9)
 }

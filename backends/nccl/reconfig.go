@@ -177,13 +177,15 @@ func (b *Backend) child(ctx context.Context, o comm.Options, rank, size int, epo
 	return nb, nil
 }
 
-// Shrink implements comm.Shrinker. With ncclCommShrink (NCCL 2.27.3+) at
-// every survivor and no survivor's NCCL comm aborted yet (they agree on it
-// through the Store first, see agreeNative), the survivors shrink the NCCL
-// comm itself, passing NCCL_SHRINK_ABORT when this comm has failed (it
-// cancels the parent's outstanding GPU work); otherwise they initialise a
-// fresh comm with a new unique id published under the new epoch. The new comm is warmed up before it is returned.
-// The old one is released when closed.
+// Shrink implements comm.Shrinker. To one rank it makes no NCCL comm
+// (shrinkToLocal, unless Config.DisableLocalOneRank). With ncclCommShrink
+// (NCCL 2.27.3+) at every survivor and no survivor's NCCL comm aborted
+// yet, the survivors shrink the NCCL comm itself, passing
+// NCCL_SHRINK_ABORT when this comm has failed (it cancels the parent's
+// outstanding GPU work); otherwise they initialise a fresh comm with a new
+// unique id published under the new epoch. They agree without a vote
+// (nativeShrinkUnlessRefused). The new comm is warmed up before it is
+// returned. The old one is released when closed.
 func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm.Backend, error) {
 	if len(exclude) == 0 || !slices.IsSorted(exclude) || exclude[0] < 0 || exclude[len(exclude)-1] >= b.size ||
 		slices.Contains(exclude, b.rank) || len(slices.Compact(slices.Clone(exclude))) != len(exclude) {
@@ -208,17 +210,22 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 	}
 	var h libapi.Comm
 	mk := Creation{How: "fresh init"}
-	native, err := b.agreeNative(ctx, epoch, newRank, newSize,
-		b.L.info.Features.Shrink && !b.cfg.DisableNativeShrink && b.holdsComm())
-	if err != nil {
-		return nil, fmt.Errorf("nccl: shrink to %d ranks: %w", newSize, err)
+	if newSize > 1 && b.store == nil {
+		return nil, fmt.Errorf("nccl: %w: %d ranks reconfiguring need a Store", comm.ErrInvalidArgument, newSize)
 	}
-	mk.Agree = time.Since(t0)
-	if native {
-		h, mk.How, mk.Call, mk.Ready, err = b.nativeShrink(ctx, exclude)
+	if b.L.info.Features.Shrink && !b.cfg.DisableNativeShrink && b.holdsComm() {
+		var err error
+		h, mk.How, mk.Call, mk.Ready, err = b.nativeShrinkUnlessRefused(ctx, exclude, epoch, newSize)
 		if err != nil {
 			return nil, fmt.Errorf("nccl: shrink to %d ranks: %w", newSize, err)
 		}
+		if h == 0 {
+			mk = Creation{How: "fresh init", Agree: time.Since(t0)}
+		}
+	} else if newSize == 1 {
+		// Alone: nobody to tell.
+	} else if err := b.store.Set(ctx, freshKey(epoch), []byte{'1'}); err != nil {
+		return nil, fmt.Errorf("nccl: shrink to %d ranks: tell the others this rank cannot shrink natively: %w", newSize, err)
 	}
 	nb, err := b.child(ctx, b.opts, newRank, newSize, epoch, h, mk)
 	if err != nil {
@@ -283,6 +290,49 @@ func (b *Backend) orderAfter(nb *Backend) error {
 		return fmt.Errorf("nccl: %w: %w", comm.ErrAborted, err)
 	}
 	return nil
+}
+
+// freshKey, under <Prefix>/epoch/<e>/, is set by a survivor that cannot
+// shrink natively (its NCCL has no ncclCommShrink, its configuration
+// forbids it, or its comm was aborted): every survivor then initialises
+// a fresh comm.
+func freshKey(epoch uint64) string { return fmt.Sprintf("epoch/%d/nccl-fresh", epoch) }
+
+// errShrinkRefused ends a native shrink that another survivor cannot join.
+var errShrinkRefused = errors.New("a survivor cannot shrink natively")
+
+// nativeShrinkUnlessRefused shrinks natively at once, with no vote: a
+// survivor that cannot says so at freshKey, and this rank, watching that
+// key while it waits for the shrink, abandons it (abortComms: the abort
+// of the parent ends the child's initialisation) and returns h = 0 for a
+// fresh init. The shrink cannot have completed at any survivor by then:
+// NCCL's child comm forms only once every new rank has called
+// ncclCommShrink, and the refusing one never does. So the survivors agree
+// without a Store round trip where all of them can (the vote of
+// agreeNative cost 53–101 ms at 3 and 4 ranks on 4× H200), and
+// initialise a fresh comm together where one cannot.
+func (b *Backend) nativeShrinkUnlessRefused(ctx context.Context, exclude []int, epoch uint64, size int) (h libapi.Comm, how string, call, ready time.Duration, err error) {
+	if size == 1 {
+		return b.nativeShrink(ctx, exclude)
+	}
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	refused := make(chan struct{})
+	go func() {
+		if _, err := b.store.Get(sctx, freshKey(epoch)); err == nil {
+			close(refused)
+			cancel(errShrinkRefused)
+		}
+	}()
+	h, how, call, ready, err = b.nativeShrink(sctx, exclude)
+	if err != nil && isClosed(refused) {
+		if h != 0 {
+			b.lib.CommAbort(h)
+		}
+		b.abortComms("a survivor cannot shrink natively: the survivors initialise a fresh comm")
+		return 0, how, call, ready, nil
+	}
+	return h, how, call, ready, err
 }
 
 // nativeShrink runs ncclCommShrink on this comm. call is how long the
