@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -264,19 +265,115 @@ func ftcomm_comm_new(backend *C.char, settings *C.char, store C.uint64_t, out *C
 //
 //export ftcomm_comm_free
 func ftcomm_comm_free(h C.uint64_t) C.int32_t {
-	return guard(func() error {
-		o, err := take[*commObj](uint64(h))
-		if err != nil {
-			return err
-		}
-		o.can.release()
-		if o.borrowed {
-			return nil
-		}
-		err = o.c.Close()
-		o.log.Sync()
+	return guard(func() error { return freeComm(uint64(h)) })
+}
+
+// freeComm is ftcomm_comm_free: it closes the comm of handle h. A backend
+// that frees its device resources in the background after Close (nccl's:
+// ncclCommAbort takes about half a second) is not waited for here, which
+// would stall every shrink and grow by as much (the comm it replaces is
+// freed there), but remembered for ftcomm_quiesce.
+func freeComm(h uint64) error {
+	o, err := take[*commObj](h)
+	if err != nil {
 		return err
-	})
+	}
+	o.can.release()
+	if o.borrowed {
+		return nil
+	}
+	b := o.c.Backend()
+	err = o.c.Close()
+	releases.track(b)
+	o.log.Sync()
+	return err
+}
+
+// releaser is a backend that frees its device resources in the background
+// after Close; Released is closed once it has.
+type releaser interface {
+	Released() <-chan struct{}
+	ReleaseErr() error
+}
+
+// releases are the backends of freed comms still releasing their device
+// resources.
+var releases pendingReleases
+
+type pendingReleases struct {
+	mu sync.Mutex
+	rs []releaser
+}
+
+// track remembers b if it releases in the background, and forgets those
+// already released.
+func (p *pendingReleases) track(b comm.Backend) {
+	r, ok := b.(releaser)
+	if !ok {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rs = slices.DeleteFunc(p.rs, func(r releaser) bool { return isDone(r.Released()) })
+	p.rs = append(p.rs, r)
+}
+
+// await waits, bound at most, until every backend tracked so far has
+// released its device resources.
+func (p *pendingReleases) await(bound time.Duration) error {
+	p.mu.Lock()
+	rs := p.rs
+	p.rs = nil
+	p.mu.Unlock()
+	deadline := time.Now().Add(bound)
+	var errs []error
+	for i, r := range rs {
+		if err := awaitReleased(r, time.Until(deadline)); err != nil {
+			errs = append(errs, err)
+			if errors.Is(err, comm.ErrTimeout) {
+				return errors.Join(append(errs, fmt.Errorf("ftcomm: %d more comms not awaited", len(rs)-i-1))...)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func isDone(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// ftcomm_quiesce waits, timeout_ms at most, until every comm freed so far
+// has released its device resources (an NCCL comm frees its NCCL comms in
+// the background after its free). A process calls it before it exits
+// (Python's package does, at exit): CUDA torn down under a release still
+// running crashed the process (SIGSEGV in ncclCommAbort, seen at the end
+// of train_hsdp's spare). FTCOMM_ERR_TIMEOUT when some did not finish.
+//
+//export ftcomm_quiesce
+func ftcomm_quiesce(timeoutMs C.int64_t) C.int32_t {
+	return guard(func() error { return releases.await(time.Duration(timeoutMs) * time.Millisecond) })
+}
+
+// awaitReleased waits, at most bound, until r has released its device
+// resources: a typed timeout past bound.
+func awaitReleased(r releaser, bound time.Duration) error {
+	t := time.NewTimer(max(bound, 0))
+	defer t.Stop()
+	select {
+	case <-r.Released():
+		if err := r.ReleaseErr(); err != nil {
+			return fmt.Errorf("ftcomm: releasing a comm's device resources: %w (its GPU work may still use device memory)", err)
+		}
+		return nil
+	case <-t.C:
+		return fmt.Errorf("ftcomm: %w: a freed comm's device resources were not released within %v: its GPU work may still use device memory",
+			comm.ErrTimeout, bound)
+	}
 }
 
 type commInfo struct {

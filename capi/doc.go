@@ -50,7 +50,13 @@
 // coordinator stops). Freeing twice, or using a freed handle, returns
 // FTCOMM_ERR_BAD_HANDLE and touches nothing. Shrink and Grow close the
 // comm they are called on and return a new handle; the old handle must
-// still be freed.
+// still be freed. An NCCL comm releases its NCCL comms in the background
+// after its free (ncclCommAbort takes about half a second), so that a
+// shrink or grow does not wait for the comm it replaces; ftcomm_quiesce
+// (ABI 9) waits, within a bound, until every comm freed so far has
+// released its device resources, which a process must do before it exits
+// (CUDA torn down under a release crashes it). Python's package calls it
+// at exit; an ft.Comm's free waits for its own comms.
 //
 // # The sampler
 //

@@ -84,7 +84,7 @@ import (
 
 // ABIVersion is what ftcomm_abi_version returns; it changes whenever an
 // entry point's signature or meaning does.
-const ABIVersion = 8 // 8: ftcomm_ft_group_comm, ft setting "group_backend"; 7: ftcomm_ft_fail_step; 6: peer snapshots (ft setting "snapshot_every", FTCOMM_ERR_SNAPSHOT_LOST, the "restored" event, "snapshot" in the rollback JSON), slot spares (group_rank -1 with spare; ftcomm_ft_group_rank); 3: FTCOMM_ERR_PEER_REFUSED, "refused" in the error JSON, ftcomm_comm_refuse, ftcomm_ft_refuse; 4: ft settings "spare" and "host", the "promoted" event; 5: the sampler (ftcomm_ft_sampler_new, ftcomm_sampler_*), FTCOMM_ERR_NO_STEP, the kind "sampler_mismatch"
+const ABIVersion = 9 // 9: ftcomm_quiesce; 8: ftcomm_ft_group_comm, ft setting "group_backend"; 7: ftcomm_ft_fail_step; 6: peer snapshots (ft setting "snapshot_every", FTCOMM_ERR_SNAPSHOT_LOST, the "restored" event, "snapshot" in the rollback JSON), slot spares (group_rank -1 with spare; ftcomm_ft_group_rank); 3: FTCOMM_ERR_PEER_REFUSED, "refused" in the error JSON, ftcomm_comm_refuse, ftcomm_ft_refuse; 4: ft settings "spare" and "host", the "promoted" event; 5: the sampler (ftcomm_ft_sampler_new, ftcomm_sampler_*), FTCOMM_ERR_NO_STEP, the kind "sampler_mismatch"
 
 // Statuses. The order of kinds below is their priority: a call's status
 // is the first kind its error matches; the JSON lists all of them.

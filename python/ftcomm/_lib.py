@@ -6,6 +6,7 @@ as Python.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import datetime
 import os
@@ -16,7 +17,7 @@ from typing import Optional
 
 from . import errors
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 
 # Statuses (libftcomm.h).
 OK = 0
@@ -60,6 +61,7 @@ _SIGNATURES = {
     "ftcomm_blocked_calls": ([], _i64),
     "ftcomm_comm_new": ([_cp, _cp, _u64, _pu64], _i32),
     "ftcomm_comm_free": ([_u64], _i32),
+    "ftcomm_quiesce": ([_i64], _i32),
     "ftcomm_comm_info": ([_u64] + _buf, _i32),
     "ftcomm_comm_dump": ([_u64] + _buf, _i32),
     "ftcomm_comm_op": (_opargs, _i32),
@@ -177,7 +179,17 @@ def _load() -> ctypes.CDLL:
                 kinds=("backend_unavailable",))
         _path = path
         _lib = L
+        atexit.register(_quiesce)
         return L
+
+
+def _quiesce() -> None:
+    """At exit: wait (30 s at most) until every freed comm has released its
+    device resources. An NCCL comm frees its NCCL comms in the background
+    after its free; CUDA torn down under that release crashed the process
+    (SIGSEGV in ncclCommAbort at the end of a spare's run)."""
+    if _lib is not None and not forked:
+        _lib.ftcomm_quiesce(30000)
 
 
 def last_error(status: int) -> errors.FtcommError:
