@@ -225,6 +225,40 @@ class AdamW:
         self.t.zero_()
 
 
+def warm_spare(model: nn.Module, fully_shard, lr: float, batch: int, block: int) -> None:
+    """What a spare does before it waits, on the GPU it will use: on a copy
+    of its model sharded over this process alone (FSDP2's fully_shard on
+    each block and the root), one forward and backward on a batch of zeros
+    and one AdamW step over the DTensor shards. A spare's first iteration
+    otherwise pays, after a death and inside the survivors' first
+    full-size step, for DTensor's first dispatches (the first fully_shard
+    of a process: 2.3 s on an H200 host) and the first CUDA kernels,
+    cuBLAS and AdamW's first step (most of the survivors' 0.32 s wait in
+    train_hsdp on 2x H200); its own sharding needs the place it takes,
+    known only then. The copy is freed before the spare waits."""
+    import copy
+
+    from ftcomm.device_mesh import _make_mesh, _register_group
+    from ftcomm.ft_torch import SoloProcessGroup
+
+    name = "warm-%d" % os.getpid()
+    _register_group(SoloProcessGroup(), name)
+    mesh = _make_mesh("cuda", torch.arange(1, dtype=torch.int), (name,), 0)
+    mesh._dim_group_names = [name]
+    m = copy.deepcopy(model)
+    for b in m.blocks:
+        fully_shard(b, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    opt = torch.optim.AdamW(m.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    dev = next(model.parameters()).device
+    x = torch.zeros(batch, block, dtype=torch.long, device=dev)
+    m(x, x).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    del opt, m
+
+
 def lr_at(step: int, total: int, peak: float, warmup: int = 20) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup

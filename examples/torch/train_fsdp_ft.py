@@ -193,33 +193,6 @@ def gpu_of(args, rank: int) -> int:
     return args.ranks % n if args.ranks < n else (args.ranks - 1) % n
 
 
-def warm_fsdp2(model, fully_shard, args) -> None:
-    """What a slot spare does before it waits: FSDP2 (fully_shard) and
-    AdamW's first step over DTensors, on a copy of the model sharded over
-    this process alone. The first fully_shard of a process costs seconds
-    (imports, DTensor's first dispatches: 2.3 s on an H200 host, measured
-    in this example), which a spare would otherwise pay after a death; its
-    own sharding needs the place it takes, known only then."""
-    import copy
-
-    from ftcomm.device_mesh import _make_mesh, _register_group
-    from ftcomm.ft_torch import SoloProcessGroup
-    from ftcomm._ft_state import _materialize
-
-    name = "warm-%d" % os.getpid()
-    _register_group(SoloProcessGroup(), name)
-    mesh = _make_mesh("cuda", torch.arange(1, dtype=torch.int), (name,), 0)
-    mesh._dim_group_names = [name]
-    m = copy.deepcopy(model)
-    for b in m.blocks:
-        fully_shard(b, mesh=mesh)
-    fully_shard(m, mesh=mesh)
-    opt = torch.optim.AdamW(m.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    _materialize(opt)
-    torch.cuda.synchronize()
-    del opt, m
-
-
 def rank_main_fsdp2(args) -> None:
     """A rank of the CUDA mode: FSDP2 (fully_shard on each block and the
     root) over ftcomm.ft_torch.shard_mesh, ft's group comm of each epoch;
@@ -244,10 +217,10 @@ def rank_main_fsdp2(args) -> None:
     spare = args.rank < 0
     if spare:
         # Warm: the process, its CUDA context and the model are ready, and
-        # FSDP2 and AdamW over DTensors have run once (below); the shards
-        # come from the buddy of the rank whose place it takes.
-        warm_fsdp2(model, fully_shard, args)
-        torch.cuda.synchronize()
+        # FSDP2, a forward and backward and AdamW over DTensors have run
+        # once (common.warm_spare); the shards come from the buddy of the
+        # rank whose place it takes.
+        common.warm_spare(model, fully_shard, args.lr, args.batch, args.block)
     c = place(args)
     if c is None:
         common.emit(done=True)

@@ -64,6 +64,15 @@ def rank_main(args) -> None:
     backend = "nccl" if cuda else "gloo"
     train, val = common.load_corpus(args.corpus, args.corpus_bytes)
     model = common.GPT(args.layers, args.d, args.heads, args.block).to(device)
+    if args.spare and cuda and args.mode == "hsdp":
+        # Warm before it waits: FSDP2, a forward and backward and AdamW have
+        # run once on a copy of the model sharded over this process alone
+        # (common.warm_spare), not in the survivors' first full-size step.
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:
+            from torch.distributed._composable.fsdp import fully_shard  # torch 2.4, 2.5
+        common.warm_spare(model, fully_shard, args.lr, args.batch, args.block)
     name = "s%d" % (g - args.groups) if args.spare else "g%d" % g
     c = ftcomm.ft.Comm(job=args.job, group=name, group_rank=i, group_size=G, backend=backend, device=device,
                        min_replicas=1, timeout=args.op_timeout, lease_ttl=2, heartbeat=1, gossip=args.gossip,
