@@ -64,7 +64,7 @@ def rank_main(args) -> None:
     backend = "nccl" if cuda else "gloo"
     train, val = common.load_corpus(args.corpus, args.corpus_bytes)
     model = common.GPT(args.layers, args.d, args.heads, args.block).to(device)
-    if args.spare and cuda and args.mode == "hsdp":
+    if args.spare and cuda and args.mode == "hsdp" and args.warm_spare:
         # Warm before it waits: FSDP2, a forward and backward and AdamW have
         # run once on a copy of the model sharded over this process alone
         # (common.warm_spare), not in the survivors' first full-size step.
@@ -431,6 +431,8 @@ def main() -> None:
     ap.add_argument("--no-prepared-grow", dest="prepared_grow", action="store_false",
                     help="job setting ftcomm.prepared_grow=false: a grow stops the survivors while its comms are made")
     ap.add_argument("--no-baseline", action="store_true", help="only the run with the failure")
+    ap.add_argument("--no-warm-spare", dest="warm_spare", action="store_false",
+                    help="a CUDA spare waits without its warm-up step (common.warm_spare), for comparison")
     ap.add_argument("--batch", type=int, default=None, help="sequences per rank and step (8 CPU, 16 CUDA)")
     ap.add_argument("--block", type=int, default=None, help="bytes per sequence (64 CPU, 256 CUDA)")
     ap.add_argument("--layers", type=int, default=None, help="2 CPU, 8 CUDA")
