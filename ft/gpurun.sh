@@ -5,6 +5,7 @@
 #   ft/gpurun.sh build <checkout>      # here: ft.test and this script into <checkout>/.gpu/ftgpu
 #   bash .gpu/ftgpu/gpurun.sh run      # there, one GPU, from the checkout's copy
 #   bash .gpu/ftgpu/gpurun.sh kill     # there, two or more GPUs (TestKillCycles over NCCL)
+#   bash .gpu/ftgpu/gpurun.sh kill-onerank  # there, two GPUs: the lone survivor's two paths side by side
 #
 # run: TestGPUFTOneReplica (ft with the NCCL data backend and one replica:
 # a one-rank NCCL comm beside a gloo control comm, a few steps on device
@@ -55,8 +56,27 @@ kill)
 		grep -E 'killcycles_test.go:[0-9]+: (NCCL|cycle|FIGURE)|^(--- |FAIL|ok|PASS)|    [a-z_]+_test.go:[0-9]+: [^a-z0-9{]' "$OUT/kill-$name.log" | grep -v 'test: \(SIGKILL\|stopping\)' | cut -c1-240
 	done
 	;;
+kill-onerank)
+	# The lone survivor's two paths side by side, two replicas on two GPUs,
+	# alternated (docs/measurements.md, "The lone survivor without an NCCL
+	# comm"): FTCOMM_FT_NCCL_ONE_RANK=nccl (an NCCL comm of one rank made
+	# by ncclCommShrink) and the default (device copies, no NCCL comm), 10
+	# kills per run, two runs each, the library Open chooses.
+	cd "$(dirname "$0")" || exit 1
+	OUT="${OUT:-/tmp}"
+	echo "== $(nvidia-smi -L | wc -l) GPUs; $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
+	for i in 1 2; do
+		for path in nccl local; do
+			one=""; [ $path = nccl ] && one=nccl
+			FTCOMM_FT_NCCL_ONE_RANK=$one FTCOMM_FT_KILL_BACKEND=nccl FTCOMM_FT_KILL_CYCLES=10 FTCOMM_FT_KILL_REPLICAS=2 \
+				timeout 150 ./ft.test -test.run '^TestKillCycles$' -test.v -test.count=1 >"$OUT/kill-onerank-$path-$i.log" 2>&1
+			echo "== one rank by $path, run $i: rc=$?"
+			grep -E 'killcycles_test.go:[0-9]+: (NCCL|FIGURE)' "$OUT/kill-onerank-$path-$i.log" | cut -c1-240
+		done
+	done
+	;;
 *)
-	echo "usage: $0 build <main checkout> | run | kill" >&2
+	echo "usage: $0 build <main checkout> | run | kill | kill-onerank" >&2
 	exit 2
 	;;
 esac

@@ -61,6 +61,13 @@ run-tests)
 	FTCOMM_NCCL_LIB="${FTCOMM_NCCL_LIB:-libnccl.so.2}" FTCOMM_NCCL_RANKS=$n FTCOMM_NCCL_CYCLES=10 timeout 560 ./nccl.test -test.run GPU -test.v -test.timeout 550s >"$OUT/tests.log" 2>&1
 	echo "rc=$?"
 	grep -E '^(--- |FAIL|ok|PASS)|FIGURE|per op|    [a-z_0-9]+\.go:[0-9]+:' "$OUT/tests.log" | grep -v -- '--- PASS: .*/'
+	if [ "$n" = 2 ]; then
+		echo "== the lone survivor's shrink side by side: an NCCL comm of one rank (ncclCommShrink), then device copies (the default)"
+		for one in nccl ""; do
+			FTCOMM_NCCL_ONE_RANK=$one FTCOMM_NCCL_CYCLES=10 timeout 120 ./nccl.test -test.run '^TestGPUKillCycles$' -test.v >"$OUT/cycles-onerank-${one:-local}.log" 2>&1
+			grep -E 'kill->first collective|shrinks made by' "$OUT/cycles-onerank-${one:-local}.log"
+		done
+	fi
 	;;
 run-torch)
 	cd "$(dirname "$0")" || exit 1
