@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"regexp"
@@ -92,6 +93,18 @@ func startLauncher(t *testing.T, np int, args ...string) *launched {
 	go func() { // ends at the launcher's exit (EOF)
 		defer wg.Done()
 		sc := bufio.NewScanner(stderr)
+		// A worker that fails at its deadline logs its comm's flight
+		// recorder as one line, over bufio's default 64 KiB: a scanner
+		// stopped there lost the launcher's last words ("rank 0 failed").
+		sc.Buffer(make([]byte, 1<<20), 64<<20)
+		defer func() {
+			if err := sc.Err(); err != nil {
+				l.mu.Lock()
+				l.stderr.WriteString("(test: stderr unread past here: " + err.Error() + ")\n")
+				l.mu.Unlock()
+				io.Copy(io.Discard, stderr) // the launcher must not block on a full pipe
+			}
+		}()
 		for sc.Scan() {
 			line := sc.Text()
 			l.mu.Lock()
