@@ -301,7 +301,14 @@ type procJob struct {
 	procs     map[string]*exec.Cmd
 	stdins    map[string]io.WriteCloser
 	all       []childEvent
+	// logs keeps each replica's last logTail log lines, printed if the
+	// test fails without -v (which prints them as they come): a failure
+	// in CI says what the replicas did.
+	logs map[string][]string
 }
+
+// logTail is how many log lines of each replica a failed test prints.
+const logTail = 400
 
 func newProcJob(t *testing.T) *procJob { return newProcJobAt(t, "", true) }
 
@@ -339,7 +346,8 @@ func newProcJobAt(t *testing.T, clientAddr string, withGossip bool) *procJob {
 	}()
 	t.Cleanup(func() { stop(); <-done; cli.Close() })
 	j := &procJob{t: t, endpoints: e.Endpoints(), coord: coord, events: make(chan childEvent, 10000),
-		procs: map[string]*exec.Cmd{}, stdins: map[string]io.WriteCloser{}}
+		procs: map[string]*exec.Cmd{}, stdins: map[string]io.WriteCloser{}, logs: map[string][]string{}}
+	t.Cleanup(j.printLogsIfFailed) // after stopAll (cleanups run last first): the logs are complete
 	t.Cleanup(j.stopAll)
 	return j
 }
@@ -399,6 +407,11 @@ func (j *procJob) spawnCmd(cmd *exec.Cmd, group string, groupRank, groupSize, pa
 			line := sc.Text()
 			if testing.Verbose() {
 				j.t.Logf("%s: %s", id, line)
+			} else {
+				j.mu.Lock()
+				l := append(j.logs[id], line)
+				j.logs[id] = l[max(0, len(l)-logTail):]
+				j.mu.Unlock()
 			}
 			// What befell its registration, as events: the replica
 			// says so in its log alone.
@@ -410,6 +423,20 @@ func (j *procJob) spawnCmd(cmd *exec.Cmd, group string, groupRank, groupSize, pa
 			}
 		}
 	}()
+}
+
+// printLogsIfFailed prints each replica's last log lines when the test
+// failed (without -v they were kept, not printed).
+func (j *procJob) printLogsIfFailed() {
+	if !j.t.Failed() {
+		return
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	ids := slices.Sorted(maps.Keys(j.logs))
+	for _, id := range ids {
+		j.t.Logf("%s's last %d log lines:\n%s", id, len(j.logs[id]), strings.Join(j.logs[id], "\n"))
+	}
 }
 
 // send writes a line to a replica's stdin (runChild: "finish").
