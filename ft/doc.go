@@ -233,8 +233,11 @@
 //     are not in that history learns it while healing: Step returns a
 //     *RollbackError naming the discarded steps (after healing to the job's
 //     state, with the step started), the Comm reports EventRolledBack, and
-//     ftcomm_ft_rollbacks_total counts it. Never a silent heal over a
-//     committed step. Cost: nothing per step.
+//     ftcomm_ft_rollbacks_total counts it. A newer epoch that supersedes
+//     the one that healed (a quorum arriving as the heal completes) does
+//     not drop it: the next Step returns it all the same, merged with any
+//     later rollback. Never a silent heal over a committed step. Cost:
+//     nothing per step.
 //   - DurableCommit: prevention. Before Commit returns true, each rank
 //     records (step, epoch) in etcd with a transaction that succeeds only
 //     if no other epoch recorded the step first. A replica that reports a

@@ -105,7 +105,7 @@ func (m *machine) onHealed(now time.Time, in stateHealed) {
 			lostFrom, lostTo, m.agreed.Step, m.agreed.Epoch)
 		m.emit(Event{Kind: EventRolledBack, Epoch: m.epoch, FromStep: lostFrom, ToStep: lostTo})
 		epoch, _ := in.hist.epochOf(lostFrom)
-		m.rollback = &RollbackError{FromStep: lostFrom, ToStep: lostTo, Step: m.agreed.Step, Epoch: epoch}
+		m.noteRollback(&RollbackError{FromStep: lostFrom, ToStep: lostTo, Step: m.agreed.Step, Epoch: epoch})
 	}
 	m.checkGroupSteps(now)
 }
@@ -166,9 +166,25 @@ func (m *machine) onRestored(now time.Time, r *restored) {
 		m.do(observe{what: metricRollback, value: float64(from - r.step)})
 		m.emit(Event{Kind: EventRolledBack, Epoch: m.epoch, FromStep: r.step + 1, ToStep: from,
 			Reason: fmt.Sprintf("the group restored its peer snapshot of step %d", r.step)})
-		m.rollback = &RollbackError{FromStep: r.step + 1, ToStep: from, Step: r.step, Snapshot: true}
+		m.noteRollback(&RollbackError{FromStep: r.step + 1, ToStep: from, Step: r.step, Snapshot: true})
 	}
 	m.reconfigured(now)
+}
+
+// noteRollback keeps r for the next Step to return. A rollback still
+// pending (its epoch was superseded before the loop's Step returned: a
+// newer quorum arrived as the heal completed) is merged into it, so that
+// the loop hears of every discarded step, once: from the earliest to the
+// latest, now at r's step.
+func (m *machine) noteRollback(r *RollbackError) {
+	if p := m.rollback; p != nil {
+		if p.FromStep < r.FromStep {
+			r.FromStep, r.Epoch = p.FromStep, p.Epoch
+		}
+		r.ToStep = max(r.ToStep, p.ToStep)
+		r.Snapshot = r.Snapshot || p.Snapshot
+	}
+	m.rollback = r
 }
 
 // errHolderAbsent: with DurableCommit, the job's newest committed step is

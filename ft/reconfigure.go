@@ -69,7 +69,10 @@ func (m *machine) reconfigure(now time.Time, q membership.Quorum, v view) {
 	if !m.failedAt.IsZero() {
 		m.do(observe{what: metricDetect, value: now.Sub(m.failedAt).Seconds()})
 	}
-	m.target, m.tview, m.reconfAt, m.rollback = q, v, now, nil
+	// A rollback not yet returned stays: the heal that made it happened,
+	// whatever became of its epoch, and the loop hears of it at its next
+	// Step (noteRollback).
+	m.target, m.tview, m.reconfAt = q, v, now
 	m.reconfSince = true
 	if promoted := slices.Contains(q.Promoted, m.cfg.id); promoted || m.spare {
 		// Where it lands: its rank in the FT comm it is about to form. A
