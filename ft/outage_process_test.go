@@ -197,6 +197,7 @@ func coordinatorOutageWithADeath(t *testing.T, outage time.Duration) time.Durati
 	}
 	j := &procJob{t: t, endpoints: creds.Endpoints, events: make(chan childEvent, 10000),
 		procs: map[string]*exec.Cmd{}, stdins: map[string]io.WriteCloser{}}
+	t.Cleanup(j.printLogsIfFailed) // after stopAll: the logs are complete
 	t.Cleanup(j.stopAll)
 	ids := []string{"a.0", "b.0", "c.0", "d.0"}
 	for _, g := range []string{"a", "b", "c", "d"} {

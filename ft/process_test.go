@@ -409,6 +409,9 @@ func (j *procJob) spawnCmd(cmd *exec.Cmd, group string, groupRank, groupSize, pa
 				j.t.Logf("%s: %s", id, line)
 			} else {
 				j.mu.Lock()
+				if j.logs == nil {
+					j.logs = map[string][]string{}
+				}
 				l := append(j.logs[id], line)
 				j.logs[id] = l[max(0, len(l)-logTail):]
 				j.mu.Unlock()
