@@ -294,25 +294,10 @@ func TestGroupTakeoverInTurns(t *testing.T) {
 // meanwhile, wait for the claimer instead of granting leases of their
 // own: one lease for the whole takeover, however long it takes.
 func TestGroupTakeoverClaimedBeforeItsGrant(t *testing.T) {
-	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
 	release := make(chan struct{})
-	var ms []*membership.Member
-	for _, id := range []string{"g.0", "g.1", "g.2", "g.3", "g.4"} {
-		ms = append(ms, tj.Join(id, func(c *membership.MemberConfig) {
-			c.Group, c.GroupLease, c.GroupLinkAddr = "g", true, "127.0.0.1:0"
-			// Turns 100 ms apart, and a claim waited for 10 s.
-			c.GroupLinkInterval, c.GroupLinkTimeout = 100*time.Millisecond, 10*time.Second
-			if id == "g.1" { // the first in line
-				membership.HoldTakeover(c, release)
-			}
-		}))
-	}
-	solo := tj.Join("h.0", nil) // watches the epochs itself: the group's followers take them from a leader
+	// A claim waited for 10 s.
+	tj, ms, solo, q := claimJob(t, 5, 10*time.Second, release)
 	all := []string{"g.0", "g.1", "g.2", "g.3", "g.4", "h.0"}
-	q := clustertest.WaitQuorum(t, solo, 0, all...)
-	for _, m := range ms {
-		clustertest.WaitQuorum(t, m, 0, all...)
-	}
 	granted := leasesGranted(t)
 	ms[0].Crash()
 	clustertest.WaitQuorum(t, solo, q.Epoch, all[1:]...)
@@ -354,24 +339,7 @@ func TestGroupTakeoverClaimedBeforeItsGrant(t *testing.T) {
 // a GroupLinkTimeout for it, then the next in line takes the lease over
 // from the claimed record, and the quorum loses the claimer too.
 func TestGroupTakeoverClaimerDies(t *testing.T) {
-	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
-	never := make(chan struct{})
-	var ms []*membership.Member
-	for _, id := range []string{"g.0", "g.1", "g.2", "g.3"} {
-		ms = append(ms, tj.Join(id, func(c *membership.MemberConfig) {
-			c.Group, c.GroupLease, c.GroupLinkAddr = "g", true, "127.0.0.1:0"
-			c.GroupLinkInterval, c.GroupLinkTimeout = 100*time.Millisecond, time.Second
-			if id == "g.1" {
-				membership.HoldTakeover(c, never) // held until it dies
-			}
-		}))
-	}
-	solo := tj.Join("h.0", nil)
-	all := []string{"g.0", "g.1", "g.2", "g.3", "h.0"}
-	q := clustertest.WaitQuorum(t, solo, 0, all...)
-	for _, m := range ms {
-		clustertest.WaitQuorum(t, m, 0, all...)
-	}
+	tj, ms, solo, q := claimJob(t, 4, time.Second, make(chan struct{})) // g.1 held until it dies
 	ms[0].Crash()
 	ctx := clustertest.Ctx(t, 20*time.Second)
 	for ctx.Err() == nil && ms[2].State().Claim != "g.1" {
@@ -397,4 +365,35 @@ func TestGroupTakeoverClaimerDies(t *testing.T) {
 			t.Errorf("%s: %s", m.ID(), s)
 		}
 	}
+}
+
+// claimJob starts group "g" of n members g.0 (its leader) to g.<n-1>,
+// their turns to take the lease over 100 ms apart and a claim waited for
+// claimWait (GroupLinkTimeout), g.1's takeover held after its claim until
+// release is closed, and h.0 beside them, which watches the epochs itself
+// (the group's followers take them from a leader); it returns once every
+// member holds the first quorum.
+func claimJob(t *testing.T, n int, claimWait time.Duration, release chan struct{}) (*clustertest.Job, []*membership.Member, *membership.Member, membership.Quorum) {
+	t.Helper()
+	tj := clustertest.StartJob(t, quorum.DefaultConfig(), false)
+	var ms []*membership.Member
+	var all []string
+	for i := range n {
+		id := fmt.Sprintf("g.%d", i)
+		all = append(all, id)
+		ms = append(ms, tj.Join(id, func(c *membership.MemberConfig) {
+			c.Group, c.GroupLease, c.GroupLinkAddr = "g", true, "127.0.0.1:0"
+			c.GroupLinkInterval, c.GroupLinkTimeout = 100*time.Millisecond, claimWait
+			if id == "g.1" { // the first in line once g.0 dies
+				membership.HoldTakeover(c, release)
+			}
+		}))
+	}
+	solo := tj.Join("h.0", nil)
+	all = append(all, "h.0")
+	q := clustertest.WaitQuorum(t, solo, 0, all...)
+	for _, m := range ms {
+		clustertest.WaitQuorum(t, m, 0, all...)
+	}
+	return tj, ms, solo, q
 }

@@ -70,17 +70,7 @@ func TestLocalOneRankShrink(t *testing.T) {
 	}
 
 	// A replica comes back: a fresh init with the joiner, a data comm again.
-	joiner.Rank, joiner.Size, joiner.Epoch, joiner.Device, joiner.BackendConfig = 1, 2, 3, 2, &joinerCfg
-	grown := []*rank{{r: 0, L: simLibrary(w), dev: 0}, {r: 1, L: simLibrary(w), dev: 2}}
-	each(t, grown, func(rk *rank) error {
-		var err error
-		if rk.r == 1 {
-			rk.c, err = comm.New(ctx, "nccl", joiner)
-		} else {
-			rk.c, err = nc.Grow(ctx, 2, 3)
-		}
-		return err
-	})
+	grown := growWithJoiner(t, ctx, w, nc, joiner, joinerCfg)
 	t.Cleanup(func() { closeJob(t, grown) })
 	collectiveSuite(t, ctx, grown, []comm.DType{comm.Float32}, 4, 13)
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ftcomm/ftcomm/backends/nccl/ncclsim"
 	"github.com/ftcomm/ftcomm/comm"
 	"github.com/ftcomm/ftcomm/comm/memstore"
 )
@@ -146,17 +147,7 @@ func TestBlockingDataFailureShrink(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A replica comes back: grown to two ranks, the comm splits a data comm again.
-	joiner.Rank, joiner.Size, joiner.Epoch, joiner.Device, joiner.BackendConfig = 1, 2, 3, 2, &joinerCfg
-	grown := []*rank{{r: 0, L: simLibrary(w), dev: 0}, {r: 1, L: simLibrary(w), dev: 2}}
-	each(t, grown, func(rk *rank) error {
-		var err error
-		if rk.r == 1 {
-			rk.c, err = comm.New(ctx, "nccl", joiner)
-		} else {
-			rk.c, err = nc.Grow(ctx, 2, 3)
-		}
-		return err
-	})
+	grown := growWithJoiner(t, ctx, w, nc, joiner, joinerCfg)
 	for _, rk := range grown {
 		b := rk.c.Backend().(*Backend)
 		if b.data == 0 || b.data == b.ctl || !b.dataBlocking {
@@ -331,4 +322,23 @@ func TestCreationReportsPhases(t *testing.T) {
 			t.Errorf("rank %d: shrunk comm made %+v", rk.r, m)
 		}
 	}
+}
+
+// growWithJoiner grows the one-rank comm nc back to two ranks at epoch 3
+// with a joiner on device 2, made with rank 0's options and config as the
+// job started them; it returns the two ranks.
+func growWithJoiner(t *testing.T, ctx context.Context, w *ncclsim.Simulation, nc *comm.Comm, joiner comm.Options, cfg Config) []*rank {
+	t.Helper()
+	joiner.Rank, joiner.Size, joiner.Epoch, joiner.Device, joiner.BackendConfig = 1, 2, 3, 2, &cfg
+	grown := []*rank{{r: 0, L: simLibrary(w), dev: 0}, {r: 1, L: simLibrary(w), dev: 2}}
+	each(t, grown, func(rk *rank) error {
+		var err error
+		if rk.r == 1 {
+			rk.c, err = comm.New(ctx, "nccl", joiner)
+		} else {
+			rk.c, err = nc.Grow(ctx, 2, 3)
+		}
+		return err
+	})
+	return grown
 }

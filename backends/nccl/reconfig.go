@@ -251,13 +251,8 @@ const localHow = "one rank: device copies, no NCCL comm"
 // initialises a child: 50–230 ms on an H100 or H200) and no vote.
 // Without a failure the old comms stay as they are until Close.
 func (b *Backend) shrinkToLocal(epoch uint64) (*Backend, error) {
-	nb, err := newBackend(b.L, b.cfg, b.opts, 0, 1, epoch)
+	nb, err := b.localChild(b.opts, epoch)
 	if err != nil {
-		return nil, err
-	}
-	nb.local = true
-	if err := b.orderAfter(nb); err != nil {
-		nb.discard()
 		return nil, err
 	}
 	if b.failed.Load() {
@@ -268,6 +263,21 @@ func (b *Backend) shrinkToLocal(epoch uint64) (*Backend, error) {
 		for _, h := range hs { // at most two, and abortQ has room for two
 			b.abortQ <- h
 		}
+	}
+	return nb, nil
+}
+
+// localChild makes a local one-rank comm (Backend.local) with options o
+// at epoch, its stream ordered after this comm's, its watchdog running.
+func (b *Backend) localChild(o comm.Options, epoch uint64) (*Backend, error) {
+	nb, err := newBackend(b.L, b.cfg, o, 0, 1, epoch)
+	if err != nil {
+		return nil, err
+	}
+	nb.local = true
+	if err := b.orderAfter(nb); err != nil {
+		nb.discard()
+		return nil, err
 	}
 	nb.made = Creation{How: localHow}
 	nb.started = true
@@ -325,10 +335,7 @@ func (b *Backend) nativeShrinkUnlessRefused(ctx context.Context, exclude []int, 
 		}
 	}()
 	h, how, call, ready, err = b.nativeShrink(sctx, exclude)
-	if err != nil && isClosed(refused) {
-		if h != 0 {
-			b.lib.CommAbort(h)
-		}
+	if err != nil && isClosed(refused) { // a failed nativeShrink returns no comm
 		b.abortComms("a survivor cannot shrink natively: the survivors initialise a fresh comm")
 		return 0, how, call, ready, nil
 	}
@@ -630,17 +637,10 @@ func (b *Backend) splitLocal(color int, t0 time.Time) (comm.Backend, error) {
 	}
 	o := b.opts
 	o.Prefix = fmt.Sprintf("%s/split%d-%d", b.opts.Prefix, b.splits, color)
-	nb, err := newBackend(b.L, b.cfg, o, 0, 1, b.epoch)
+	nb, err := b.localChild(o, b.epoch)
 	if err != nil {
 		return nil, err
 	}
-	nb.local = true
-	if err := b.orderAfter(nb); err != nil {
-		nb.discard()
-		return nil, err
-	}
-	nb.made = Creation{How: localHow, Total: time.Since(t0)}
-	nb.started = true
-	go nb.watchdog()
+	nb.made.Total = time.Since(t0)
 	return nb, nil
 }
