@@ -106,7 +106,10 @@ func runChild() int {
 		}
 		// FTCOMM_FT_NCCL_ONE_RANK=nccl: a lone survivor shrinks to an NCCL
 		// comm of one rank, as before device copies (for side-by-side runs).
-		backend, bcfg = "nccl", &nccl.Config{Library: dev.lib, DisableLocalOneRank: env("NCCL_ONE_RANK") == "nccl"}
+		// FTCOMM_FT_NCCL_SHRINK=split: a shrink to two or more ranks splits
+		// the data comm off the shrunk control comm, as before.
+		backend, bcfg = "nccl", &nccl.Config{Library: dev.lib, DisableLocalOneRank: env("NCCL_ONE_RANK") == "nccl",
+			DisableShrinkToData: env("NCCL_SHRINK") == "split"}
 	}
 	// A group of ranks sharing one GPU (the snapshot tests) shards over a
 	// host comm: NCCL takes one rank per GPU.

@@ -60,7 +60,14 @@ type Backend struct {
 	// collectives are enqueued: a blocking comm split from ctl in
 	// ModeBlockingData with two or more ranks (see separateData), ctl
 	// itself otherwise. 0 once aborted.
-	ctl, data    libapi.Comm
+	ctl, data libapi.Comm
+	// ctlDone is closed once ctl is there or will not be: at once, except
+	// for a comm a shrink made with its data comm first, whose control
+	// comm is made in the background (dataChild, makeControl); ctlErr and
+	// ctlTook (written before it closes) say how that went.
+	ctlDone      chan struct{}
+	ctlErr       error
+	ctlTook      time.Duration
 	ctlBlocking  bool // ctl was made with blocking = 1 (ModeBlocking)
 	dataBlocking bool // data was made with blocking = 1
 	quiescent    bool // a native revoke completed: Shrink needs no NCCL_SHRINK_ABORT
@@ -332,10 +339,11 @@ func newBackend(L *Library, cfg Config, o comm.Options, rank, size int, epoch ui
 	b := &Backend{
 		L: L, lib: L.lib, cfg: cfg, opts: o, rank: rank, size: size, dev: o.Device, epoch: epoch,
 		wake: make(chan struct{}), revokeReq: make(chan struct{}, 1), abortQ: make(chan libapi.Comm, 2),
-		closing: make(chan struct{}), released: make(chan struct{}),
+		closing: make(chan struct{}), released: make(chan struct{}), ctlDone: make(chan struct{}),
 		ctlBlocking: cfg.Mode == ModeBlocking, dataBlocking: cfg.Mode == ModeBlocking || separateData(cfg.Mode, size),
 		revokeNative: cfg.Revoke.nativeRevoke(L.info.Recovery),
 	}
+	close(b.ctlDone)
 	b.log = log.With(zap.String("backend", "nccl"), zap.String("comm", o.Name), zap.Int("rank", rank),
 		zap.Int("size", size), zap.Uint64("epoch", epoch), zap.Int("device", o.Device))
 	if o.Store != nil {
@@ -395,7 +403,7 @@ func (b *Backend) splitData(ctx context.Context) error {
 	b.hmu.Lock()
 	defer b.hmu.Unlock()
 	cell := b.lib.NewCell()
-	r := b.lib.CommSplit(b.ctl, 0, b.rank, cell, libapi.SplitConfig{Blocking: true})
+	r := b.lib.CommSplit(b.ctl, 0, b.rank, cell, libapi.ChildConfig{Blocking: true})
 	nh, err := b.awaitChild(ctx, b.ctl, cell, "ncclCommSplit (data comm)", r)
 	if err == nil && nh == 0 {
 		err = fmt.Errorf("nccl: %w: ncclCommSplit (data comm) finished without a new comm", comm.ErrAborted)

@@ -129,6 +129,16 @@ type Config struct {
 	// rank (ncclCommShrink or a fresh init) rather than running the lone
 	// survivor's ops as device copies (see Shrink).
 	DisableLocalOneRank bool
+	// DisableShrinkToData: a shrink (ModeBlockingData, two or more
+	// survivors) makes the control comm and then splits the data comm off
+	// it, both on the survivors' way, rather than making the data comm as
+	// the shrink's child and the control comm in the background (see
+	// Shrink).
+	DisableShrinkToData bool
+
+	// holdControl, set by tests, holds the background init of a shrink's
+	// control comm (makeControl) until it is closed.
+	holdControl chan struct{}
 
 	// Mode says how NCCL comms are used (default ModeBlockingData; see
 	// the package doc for what each costs and guarantees).

@@ -229,10 +229,11 @@ static void ft_config_init(ft_config* c, int blocking) {
 
 static int ft_get_version(ft_lib* L) { int v = 0; if (L->getVersion(&v) != 0) return 0; return v; }
 
-static int ft_comm_init(ft_lib* L, int dev, uintptr_t cell, int nranks, const void* id, int rank, int blocking) {
+static int ft_comm_init(ft_lib* L, int dev, uintptr_t cell, int nranks, const void* id, int rank, int blocking, int splitShare) {
 	ft_cell* c = (ft_cell*)cell;
 	if (ft_use(L, dev) != 0) return 1; // ncclUnhandledCudaError
 	ft_config_init(&c->cfg, blocking);
+	if (splitShare) c->cfg.splitShare = 1;
 	ft_uid uid;
 	memcpy(&uid, id, sizeof uid);
 	return L->commInitRankConfig(&c->comm, nranks, uid, rank, &c->cfg);
@@ -263,9 +264,15 @@ static int ft_comm_split(ft_lib* L, uintptr_t comm, int color, int key, uintptr_
 	return L->commSplit((ft_comm)comm, color, key, &c->comm, cfg);
 }
 
-static int ft_comm_shrink(ft_lib* L, uintptr_t comm, int* exclude, int n, uintptr_t cell, int flags) {
+static int ft_comm_shrink(ft_lib* L, uintptr_t comm, int* exclude, int n, uintptr_t cell, int blocking, int flags) {
+	ft_cell* c = (ft_cell*)cell;
 	if (L->commShrink == NULL) return 5;
-	return L->commShrink((ft_comm)comm, exclude, n, &((ft_cell*)cell)->comm, NULL, flags);
+	ft_config* cfg = NULL;
+	if (blocking >= 0) {
+		ft_config_init(&c->cfg, blocking);
+		cfg = &c->cfg;
+	}
+	return L->commShrink((ft_comm)comm, exclude, n, &c->comm, cfg, flags);
 }
 
 static int ft_comm_revoke(ft_lib* L, uintptr_t comm) {
@@ -604,25 +611,30 @@ func (d *dlLibrary) GetUniqueID(id *libapi.UniqueID) libapi.Result {
 }
 
 func (d *dlLibrary) CommInitRank(dev int, out libapi.Cell, nranks int, id *libapi.UniqueID, rank int, cfg libapi.CommConfig) libapi.Result {
-	return libapi.Result(C.ft_comm_init(d.L, C.int(dev), C.uintptr_t(out), C.int(nranks), unsafe.Pointer(id), C.int(rank), cbool(cfg.Blocking)))
+	return libapi.Result(C.ft_comm_init(d.L, C.int(dev), C.uintptr_t(out), C.int(nranks), unsafe.Pointer(id), C.int(rank), cbool(cfg.Blocking), cbool(cfg.SplitShare)))
 }
 
-func (d *dlLibrary) CommSplit(c libapi.Comm, color, key int, out libapi.Cell, cfg libapi.SplitConfig) libapi.Result {
-	blocking := C.int(-1)
-	if !cfg.Inherit {
-		blocking = cbool(cfg.Blocking)
+func (d *dlLibrary) CommSplit(c libapi.Comm, color, key int, out libapi.Cell, cfg libapi.ChildConfig) libapi.Result {
+	return libapi.Result(C.ft_comm_split(d.L, C.uintptr_t(c), C.int(color), C.int(key), C.uintptr_t(out), childBlocking(cfg)))
+}
+
+// childBlocking is the blocking argument of ft_comm_split and
+// ft_comm_shrink: -1 passes no config (the child inherits the parent's).
+func childBlocking(cfg libapi.ChildConfig) C.int {
+	if cfg.Inherit {
+		return -1
 	}
-	return libapi.Result(C.ft_comm_split(d.L, C.uintptr_t(c), C.int(color), C.int(key), C.uintptr_t(out), blocking))
+	return cbool(cfg.Blocking)
 }
 
-func (d *dlLibrary) CommShrink(c libapi.Comm, exclude []int32, out libapi.Cell, flags int) libapi.Result {
+func (d *dlLibrary) CommShrink(c libapi.Comm, exclude []int32, out libapi.Cell, cfg libapi.ChildConfig, flags int) libapi.Result {
 	// The list is copied to C memory: a nonblocking NCCL may read it after
 	// the call returns.
 	n := len(exclude)
 	p := (*C.int)(C.malloc(C.size_t(max(n, 1)) * C.sizeof_int))
 	copy(unsafe.Slice((*int32)(unsafe.Pointer(p)), max(n, 1)), exclude)
 	d.attach(out, unsafe.Pointer(p)) // freed with the cell
-	return libapi.Result(C.ft_comm_shrink(d.L, C.uintptr_t(c), p, C.int(n), C.uintptr_t(out), C.int(flags)))
+	return libapi.Result(C.ft_comm_shrink(d.L, C.uintptr_t(c), p, C.int(n), C.uintptr_t(out), childBlocking(cfg), C.int(flags)))
 }
 
 func (d *dlLibrary) CommGrow(dev int, c libapi.Comm, nranks int, id *libapi.UniqueID, rank int, out libapi.Cell, cfg libapi.CommConfig) libapi.Result {

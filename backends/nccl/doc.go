@@ -93,7 +93,8 @@
 //     not come, abandons the call; the abort on Close joins that thread;
 //   - a blocking data comm (blocking = 1), split off the control comm
 //     (ncclCommSplit with a config of its own) when the comm has two or
-//     more ranks; a one-rank comm made by New or Grow enqueues on its
+//     more ranks, or made by the Shrink itself (below); a one-rank comm
+//     made by New or Grow enqueues on its
 //     control comm, since a one-rank collective is a local copy NCCL runs
 //     without its group launch. A one-rank comm made by Shrink (the lone
 //     survivor of a two-replica job) has no NCCL comm at all (below). All-reduce, reduce-scatter,
@@ -105,6 +106,24 @@
 //
 // Both comms enqueue on the Backend's one CUDA stream, so their work runs
 // in issue order.
+//
+// A Shrink to two or more ranks makes one comm on the survivors' way,
+// not two: ncclCommShrink of the control comm, with a config that says
+// blocking = 1, gives the survivors their data comm (the call itself stays
+// nonblocking and abandonable, as it follows the parent), and the next
+// collectives run on it at once. Their new control comm is a fresh
+// nonblocking init among them (rank 0 publishes its unique id at
+// <Prefix>/epoch/<e>/nccl-ctl-uid) made in the background; point-to-point
+// ops, Split and the next Shrink wait for it. A second failure before it
+// is there makes it give up, and the next Shrink, finding no control comm
+// at this rank, initialises fresh (every survivor follows, as for any
+// refusal). Config.DisableShrinkToData restores the path before: shrink
+// the control comm, then split the data comm off it, each connecting every
+// algorithm while it is made (0.22–0.63 s each at 2–4 ranks, 4× H200).
+// A native Shrink after a failure also hands the shrunk parent and the
+// old data comm to the watchdog to be aborted, and the new comm's stream
+// waits on the GPU (cudaStreamWaitEvent) for everything the old stream
+// holds, so no kernel of the old comms runs beside the new comm's work.
 //
 // A shrink to one rank makes no NCCL comm (Config.DisableLocalOneRank
 // restores the NCCL comm of one rank): each op of the lone survivor is the
@@ -193,13 +212,31 @@
 //     (NCCL_WORK_FIFO_BYTES, 1 MiB) makes the enqueue spin only when full
 //     (waitWorkFifoAvailable), which the ≤ 64 ops comm.Comm keeps in
 //     flight never fill.
+//   - ncclCommSplit and ncclCommShrink return their own result
+//     (ncclSuccess), not the group's ncclInProgress, even on a nonblocking
+//     parent: the parent's async state says ncclInProgress until the child
+//     is there, and only then is the child in the cell. A child whose
+//     config says blocking = 1 is blocking whatever its parent: a group on
+//     it returns ncclSuccess with no async state left in progress.
+//     TestGPUNCCLBlockingChild, NCCL 2.28.3 and 2.28.9 (2× H200,
+//     2026-11-29).
+//   - A child shares its parent's abort flag only when it shares its
+//     resources (splitShare, or shrinkShare without NCCL_SHRINK_ABORT; 0
+//     by default, as this backend leaves them). Without sharing, aborting
+//     the parent leaves the child working: after both ranks aborted the
+//     parent, the split child's all-reduce was right.
+//     TestGPUNCCLAbortParentKeepsChild, NCCL 2.28.3 and 2.28.9.
 //   - NCCL_SHRINK_ABORT raises the parent's abort flags, synchronises its
 //     device stream and lowers them before shrinking (ncclCommShrink): it
-//     ends the parent's kernels only. The data comm shares no resources
-//     with the control comm (splitShare 0), so Shrink after a failure
-//     hands the data comm to the watchdog, which aborts it (its kernels
-//     end as ncclCommAbort raises its flag) while the control comm
-//     shrinks.
+//     ends the parent's kernels only. A stuck all-reduce of the parent had
+//     ended 15–25 µs after the child was ready; one of another comm on the
+//     same stream (a data comm split off the parent) was still waiting 2 s
+//     later, and ended with that comm's own ncclCommAbort.
+//     TestGPUNCCLShrinkAbortEndsTheParentsKernels, NCCL 2.28.3 and 2.28.9.
+//     The data comm shares no resources with the control comm (splitShare
+//     0), so Shrink after a failure hands the data comm to the watchdog,
+//     which aborts it (its kernels end as ncclCommAbort raises its flag)
+//     while the control comm shrinks.
 //   - ncclCommRevoke (2.28.7+, present in 2.28.9) raises the abort flags,
 //     marks the comm revoked, and in a job synchronises its streams, stops
 //     its proxy and lowers the flags; nccl.h: once the comm is quiescent,
@@ -213,7 +250,10 @@
 //     failure thus always connects the survivors anew; shrinkShare applies
 //     only to a NCCL_SHRINK_DEFAULT shrink of a comm never revoked, whose
 //     child then shares the parent's abort flag (so aborting the parent
-//     would stop the child): this backend does not use it.
+//     would stop the child): this backend does not use it. After
+//     ncclCommRevoke of a parent made with splitShare = 1, its split child
+//     kept working when the parent was aborted:
+//     TestGPUNCCLRevokedParentDoesNotShare, NCCL 2.28.9 (it needs 2.28.7+).
 //   - ncclCommRevoke and ncclCommAbort each take ≈0.5 s after a failure
 //     (0.51 s measured): with the abort flag raised ncclProxyStop sends
 //     its proxy no stop message, and the proxy's service threads see the
@@ -273,7 +313,8 @@
 // or the ctx), or when the watchdog reads an asynchronous NCCL error. The
 // GPU work is cancelled off that path: by the next Shrink
 // (ncclCommShrink with NCCL_SHRINK_ABORT on the control comm, ncclCommAbort
-// of the data comm), or by ncclCommAbort on Close or Config.AbortDelay
+// of the data comm and then of the shrunk parent), or by ncclCommAbort on
+// Close or Config.AbortDelay
 // after the failure; with Config.Revoke = RevokeNative (or RevokeAuto on
 // a library whose Recovery is revoke+shrink), Revoke runs ncclCommRevoke
 // at once. A Shrink, Grow, Split or New whose peers do not
@@ -286,9 +327,15 @@
 // per cycle. On 4× H200 (2026-11-28, docs/measurements.md) connection
 // set-up was most of every comm made — 0.22–0.24 s per comm at 2 ranks,
 // 0.41–0.47 s at 3, 0.56–0.63 s at 4, by NCCL's own init timers — and a
-// shrink makes two (the control comm's shrink, then the data comm's
-// split). A data comm split with splitShare 1 saved none of it and hung a
-// later shrink; it is not used.
+// shrink made two (the control comm's shrink, then the data comm's
+// split); it now makes one on the survivors' way (Modes). A data comm
+// split with splitShare 1 saved none of it and hung a later shrink; it is
+// not used. Connecting lazily (NCCL_RUNTIME_CONNECT=1) would connect only
+// what the next collectives use, but NCCL reads it once per process
+// (ncclParamRuntimeConnect, every release up to 2.30.7, whose config has
+// no per-comm setting), and a blocking data comm that connects inside a
+// collective waits for a silent peer with no timeout: so every comm
+// connects eagerly.
 //
 // # Refused ops
 //
@@ -357,7 +404,10 @@
 // The unit tests run anywhere against the simulation. The GPU tests skip
 // unless FTCOMM_NCCL_GPU=1, and each skips on a machine with fewer GPUs
 // than it needs (one for the single-rank tests, two for most, three for
-// TestGPUShrinkSecondDeath). gpurun.sh builds and runs them:
+// TestGPUShrinkSecondDeath). gpurun.sh builds and runs them, and
+// bench/faultpath.sh produces every figure of the fault path (the phases
+// at each size, kill cycles of the backend and of ft, FT-HSDP, the steady
+// state against the previous build) in one run:
 //
 //	backends/nccl/gpurun.sh build <checkout>     # nccl.test, ncclbench, ftbench into <checkout>/.gpu/nccl
 //	bash .gpu/nccl/gpurun.sh run1                # on a host with one GPU, from the checkout's copy

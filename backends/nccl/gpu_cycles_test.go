@@ -31,7 +31,9 @@ import (
 // all-reduce bandwidth is measured before the first kill and after the
 // last grow. FTCOMM_NCCL_ONE_RANK=nccl makes a lone survivor's comm an
 // NCCL comm of one rank (ncclCommShrink), as before the default's device
-// copies, for a side-by-side run.
+// copies, for a side-by-side run; FTCOMM_NCCL_SHRINK=split makes a shrink
+// to two or more ranks split its data comm off the shrunk control comm,
+// as before the default's data comm made by the shrink itself.
 
 const (
 	cyclesEnv     = "FTCOMM_NCCL_CYCLES"
@@ -213,7 +215,8 @@ func cycleMain(role string) error {
 	opts := func(rank, size int, epoch uint64) comm.Options {
 		return comm.Options{Name: "cycles", Rank: rank, Size: size, Epoch: epoch, Store: store, Prefix: "comm",
 			Device: rank, Logger: log, Timeout: time.Minute,
-			BackendConfig: &Config{Library: L, DisableLocalOneRank: os.Getenv("FTCOMM_NCCL_ONE_RANK") == "nccl"}}
+			BackendConfig: &Config{Library: L, DisableLocalOneRank: os.Getenv("FTCOMM_NCCL_ONE_RANK") == "nccl",
+				DisableShrinkToData: os.Getenv("FTCOMM_NCCL_SHRINK") == "split"}}
 	}
 	dev := rank
 	buf, err := L.Alloc(dev, 64<<20)

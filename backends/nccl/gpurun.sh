@@ -17,7 +17,8 @@
 # references, peer that never posts, revoke modes, SIGKILL + shrink + grow
 # across processes, a second death during shrink (3+ GPUs) and grow,
 # deadline, the kill-shrink-grow soak on every GPU, the NVML watch).
-# run-torch: the fault tests with PyTorch's NCCL (2.28.9: ncclCommRevoke),
+# run-torch: the NCCL behaviours the shrink relies on (TestGPUNCCL*) and the
+# fault tests with PyTorch's NCCL (2.28.9: ncclCommRevoke),
 # and PyTorch's all_reduce over ncclbench's sizes. run-bench: ncclbench
 # sweeps (waited-for and stream-ordered ops, each comm mode) and ftbench's
 # nccl-tests table for the default mode with -async (nccl-tests' method).
@@ -61,6 +62,13 @@ run-tests)
 	FTCOMM_NCCL_LIB="${FTCOMM_NCCL_LIB:-libnccl.so.2}" FTCOMM_NCCL_RANKS=$n FTCOMM_NCCL_CYCLES=10 timeout 560 ./nccl.test -test.run GPU -test.v -test.timeout 550s >"$OUT/tests.log" 2>&1
 	echo "rc=$?"
 	grep -E '^(--- |FAIL|ok|PASS)|FIGURE|per op|    [a-z_0-9]+\.go:[0-9]+:' "$OUT/tests.log" | grep -v -- '--- PASS: .*/'
+	if [ "$n" -ge 3 ]; then
+		echo "== the shrink's data comm side by side: split off the shrunk control comm (before), then made by the shrink itself (the default)"
+		for sh in split ""; do
+			FTCOMM_NCCL_SHRINK=$sh FTCOMM_NCCL_RANKS=$n FTCOMM_NCCL_CYCLES=10 timeout 200 ./nccl.test -test.run '^TestGPUKillCycles$' -test.v >"$OUT/cycles-shrink-${sh:-data}.log" 2>&1
+			grep -E 'kill->first collective|shrinks made by|grow' "$OUT/cycles-shrink-${sh:-data}.log" | head -20
+		done
+	fi
 	if [ "$n" = 2 ]; then
 		echo "== the lone survivor's shrink side by side: an NCCL comm of one rank (ncclCommShrink), then device copies (the default)"
 		for one in nccl ""; do
@@ -76,7 +84,7 @@ run-torch)
 	lib="$(torch_nccl)"
 	echo "== tests with PyTorch's NCCL (${lib:-none found}): revoke, kill, second death"
 	if [ -n "$lib" ]; then
-		FTCOMM_NCCL_LIB="$lib" timeout 300 ./nccl.test -test.run 'GPURevoke|GPUKill(ShrinkGrow|Deadline)|SecondDeath|JoinerDies|GPULaunchCost' -test.v >"$OUT/tests-torch.log" 2>&1
+		FTCOMM_NCCL_LIB="$lib" timeout 300 ./nccl.test -test.run 'GPUNCCL|GPURevoke|GPUKill(ShrinkGrow|Deadline)|SecondDeath|JoinerDies|GPULaunchCost' -test.v >"$OUT/tests-torch.log" 2>&1
 		echo "rc=$?"
 		grep -E '^(--- |FAIL|ok|PASS)|FIGURE|    [a-z_0-9]+\.go:[0-9]+:' "$OUT/tests-torch.log" | grep -v -- '--- PASS: .*/'
 	fi

@@ -182,15 +182,17 @@ func TestNoHangWhenPeersDieDuringReconfiguration(t *testing.T) {
 	for _, tc := range []struct {
 		name, call string // the call in which the second rank dies
 		dev        int
+		split      bool // the shrink splits the data comm off the control comm
 	}{
-		{"second death in shrink", "ncclCommShrink", 1},
-		{"second death in the data comm's split", "ncclCommSplit", 1},
+		{"second death in shrink", "ncclCommShrink", 1, false},
+		{"second death in the data comm's split", "ncclCommSplit", 1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testCtx(t)
 			w := newFakeWorld(t, 3)
 			ranks := startJob(t, ctx, simLibrary(w), devs(3), 1, "job", func(c *Config, o *comm.Options) {
 				c.ReleaseTimeout = 50 * time.Millisecond
+				c.DisableShrinkToData = tc.split
 			})
 			x, err := ranks[0].alloc(comm.Float32, 16)
 			if err != nil {
@@ -317,8 +319,8 @@ func TestCreationReportsPhases(t *testing.T) {
 	ranks[2].c.Close()
 	for _, rk := range survivors {
 		m := rk.c.Backend().(*Backend).Creation()
-		if m.How != "ncclCommShrink" || m.Ready <= 0 || m.DataSplit <= 0 ||
-			m.Total < m.Agree+m.Call+m.Ready+m.DataSplit+m.WarmUp {
+		if m.How != "ncclCommShrink → data comm" || m.Ready <= 0 || m.DataSplit != 0 ||
+			m.Total < m.Agree+m.Call+m.Ready+m.WarmUp {
 			t.Errorf("rank %d: shrunk comm made %+v", rk.r, m)
 		}
 	}

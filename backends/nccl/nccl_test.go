@@ -753,8 +753,8 @@ func TestShrinkWithoutVote(t *testing.T) {
 	})
 	ranks[2].r = 1
 	for _, rk := range survivors {
-		if how := rk.c.Backend().(*Backend).Creation().How; how != "ncclCommShrink(NCCL_SHRINK_ABORT)" {
-			t.Errorf("survivor %d's comm made by %q, want ncclCommShrink(NCCL_SHRINK_ABORT)", rk.r, how)
+		if how := rk.c.Backend().(*Backend).Creation().How; how != "ncclCommShrink(NCCL_SHRINK_ABORT) → data comm" {
+			t.Errorf("survivor %d's comm made by %q, want ncclCommShrink(NCCL_SHRINK_ABORT) → data comm", rk.r, how)
 		}
 	}
 	if got := calls.calls("nccl-native"); len(got) != 0 {

@@ -44,6 +44,11 @@ func (b *Backend) launch(ctx context.Context, what string, a *libapi.CollArgs, o
 			p2p = p2p || ops[i].Kind.PointToPoint()
 		}
 	}
+	if p2p {
+		if err := b.awaitControl(ctx); err != nil {
+			return err
+		}
+	}
 	b.hmu.Lock()
 	defer b.hmu.Unlock()
 	h, blocking := b.data, b.dataBlocking

@@ -46,63 +46,80 @@ func decodeRecord(v []byte) (kind byte, size int, id libapi.UniqueID, err error)
 // the record says so, as joiners of a native Grow.
 func (b *Backend) rendezvous(ctx context.Context, rank, size int, epoch uint64) (libapi.Comm, error) {
 	t0 := time.Now()
-	var id libapi.UniqueID
-	kind := recInit
-	if rank == 0 {
-		if r := b.lib.GetUniqueID(&id); r != libapi.Success {
-			return 0, b.ncclError(0, "ncclGetUniqueId", r)
-		}
-		if size > 1 {
-			if b.store == nil {
-				return 0, fmt.Errorf("nccl: %w: size %d needs a Store", comm.ErrInvalidArgument, size)
-			}
-			if err := b.store.Set(ctx, uidKey(epoch), encodeRecord(recInit, size, &id)); err != nil {
-				return 0, fmt.Errorf("nccl: publish unique id: %w", err)
-			}
-		}
-	} else {
-		if b.store == nil {
-			return 0, fmt.Errorf("nccl: %w: size %d needs a Store", comm.ErrInvalidArgument, size)
-		}
-		v, err := b.store.Get(ctx, uidKey(epoch))
-		if err != nil {
-			return 0, fmt.Errorf("nccl: %w: wait for rank 0's unique id: %w", comm.ErrTimeout, err)
-		}
-		var n int
-		if kind, n, id, err = decodeRecord(v); err != nil {
-			return 0, err
-		}
-		if n != size {
-			return 0, fmt.Errorf("nccl: %w: rank 0 created a comm of %d ranks at epoch %d, this rank expects %d", comm.ErrMismatch, n, epoch, size)
-		}
+	kind, id, err := b.exchangeID(ctx, uidKey(epoch), rank, size, epoch)
+	if err != nil {
+		return 0, err
 	}
 	if kind == recGrow {
 		return b.joinGrow(ctx, rank, size, &id)
 	}
-	// The cell (handle and config) lives until init is over: NCCL 2.18+
-	// fills and reads them before returning, older ones from their job.
-	cell := b.lib.NewCell()
-	r := b.lib.CommInitRank(b.dev, cell, size, &id, rank, libapi.CommConfig{Blocking: b.ctlBlocking})
-	call := time.Since(t0)
-	h := b.lib.LoadCell(cell)
-	if r != libapi.Success && r != libapi.InProgress {
-		if h != 0 {
-			b.lib.CommAbort(h)
-		}
-		b.lib.FreeCell(cell)
-		return 0, b.ncclError(0, "ncclCommInitRankConfig", r)
-	}
-	if h == 0 {
-		b.lib.FreeCell(cell)
-		return 0, fmt.Errorf("nccl: %w: ncclCommInitRankConfig returned no comm", comm.ErrAborted)
-	}
-	h, err := b.awaitComm(ctx, h, "ncclCommInitRankConfig")
-	b.lib.FreeCell(cell)
+	h, call, err := b.initRank(ctx, &id, rank, size, t0)
 	if b.made.How == "" {
 		b.made.How = "ncclCommInitRankConfig"
 	}
 	b.made.Call, b.made.Ready = call, time.Since(t0)-call
 	return h, err
+}
+
+// exchangeID gives every rank the unique id of a new comm of size ranks:
+// rank 0 makes it and publishes it at key (under the Store's prefix);
+// the others wait for it there.
+func (b *Backend) exchangeID(ctx context.Context, key string, rank, size int, epoch uint64) (kind byte, id libapi.UniqueID, err error) {
+	if rank == 0 {
+		if r := b.lib.GetUniqueID(&id); r != libapi.Success {
+			return 0, id, b.ncclError(0, "ncclGetUniqueId", r)
+		}
+		if size > 1 {
+			if b.store == nil {
+				return 0, id, fmt.Errorf("nccl: %w: size %d needs a Store", comm.ErrInvalidArgument, size)
+			}
+			if err := b.store.Set(ctx, key, encodeRecord(recInit, size, &id)); err != nil {
+				return 0, id, fmt.Errorf("nccl: publish unique id: %w", err)
+			}
+		}
+		return recInit, id, nil
+	}
+	if b.store == nil {
+		return 0, id, fmt.Errorf("nccl: %w: size %d needs a Store", comm.ErrInvalidArgument, size)
+	}
+	v, err := b.store.Get(ctx, key)
+	if err != nil {
+		return 0, id, fmt.Errorf("nccl: %w: wait for rank 0's unique id: %w", comm.ErrTimeout, err)
+	}
+	var n int
+	if kind, n, id, err = decodeRecord(v); err != nil {
+		return 0, id, err
+	}
+	if n != size {
+		return 0, id, fmt.Errorf("nccl: %w: rank 0 created a comm of %d ranks at epoch %d, this rank expects %d", comm.ErrMismatch, n, epoch, size)
+	}
+	return kind, id, nil
+}
+
+// initRank joins the comm of id as rank of size with
+// ncclCommInitRankConfig (blocking as the control comm is) and waits until
+// it is ready; call is from t0 until the call returned.
+func (b *Backend) initRank(ctx context.Context, id *libapi.UniqueID, rank, size int, t0 time.Time) (h libapi.Comm, call time.Duration, err error) {
+	// The cell (handle and config) lives until init is over: NCCL 2.18+
+	// fills and reads them before returning, older ones from their job.
+	cell := b.lib.NewCell()
+	r := b.lib.CommInitRank(b.dev, cell, size, id, rank, libapi.CommConfig{Blocking: b.ctlBlocking})
+	call = time.Since(t0)
+	h = b.lib.LoadCell(cell)
+	if r != libapi.Success && r != libapi.InProgress {
+		if h != 0 {
+			b.lib.CommAbort(h)
+		}
+		b.lib.FreeCell(cell)
+		return 0, call, b.ncclError(0, "ncclCommInitRankConfig", r)
+	}
+	if h == 0 {
+		b.lib.FreeCell(cell)
+		return 0, call, fmt.Errorf("nccl: %w: ncclCommInitRankConfig returned no comm", comm.ErrAborted)
+	}
+	h, err = b.awaitComm(ctx, h, "ncclCommInitRankConfig")
+	b.lib.FreeCell(cell)
+	return h, call, err
 }
 
 // awaitComm waits until a new comm has finished initialising. If it fails
@@ -155,8 +172,15 @@ func (b *Backend) awaitChild(ctx context.Context, h libapi.Comm, cell libapi.Cel
 
 // child makes the Backend of a comm created by Shrink, Grow or Split;
 // mk is how it was made so far (a fresh init's phases are added here).
-func (b *Backend) child(ctx context.Context, o comm.Options, rank, size int, epoch uint64, h libapi.Comm, mk Creation) (*Backend, error) {
+// With ordered (a Shrink's) the new comm's stream waits on the GPU for
+// everything this comm's stream holds (orderAfter).
+func (b *Backend) child(ctx context.Context, o comm.Options, rank, size int, epoch uint64, h libapi.Comm, mk Creation, ordered bool) (*Backend, error) {
 	nb, err := newBackend(b.L, b.cfg, o, rank, size, epoch)
+	if err == nil && ordered {
+		if err = b.orderAfter(nb); err != nil {
+			nb.discard()
+		}
+	}
 	if err != nil {
 		if h != 0 {
 			b.lib.CommAbort(h)
@@ -184,7 +208,12 @@ func (b *Backend) child(ctx context.Context, o comm.Options, rank, size int, epo
 // NCCL_SHRINK_ABORT when this comm has failed (it cancels the parent's
 // outstanding GPU work); otherwise they initialise a fresh comm with a new
 // unique id published under the new epoch. They agree without a vote
-// (nativeShrinkUnlessRefused). The new comm is warmed up before it is
+// (nativeShrinkUnlessRefused). In ModeBlockingData the native shrink's
+// child is the survivors' blocking data comm, and their control comm is
+// made in the background (dataChild). The new comm's stream waits on the
+// GPU for everything this comm's stream holds, and after a failure this
+// comm's NCCL comms are aborted meanwhile, so no work of the old comm
+// runs beside the new one's. The new comm is warmed up before it is
 // returned. The old one is released when closed.
 func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm.Backend, error) {
 	if len(exclude) == 0 || !slices.IsSorted(exclude) || exclude[0] < 0 || exclude[len(exclude)-1] >= b.size ||
@@ -213,9 +242,14 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 	if newSize > 1 && b.store == nil {
 		return nil, fmt.Errorf("nccl: %w: %d ranks reconfiguring need a Store", comm.ErrInvalidArgument, newSize)
 	}
+	dataFirst := separateData(b.cfg.Mode, newSize) && !b.cfg.DisableShrinkToData
 	if b.L.info.Features.Shrink && !b.cfg.DisableNativeShrink && b.holdsComm() {
+		cfg := libapi.ChildConfig{Inherit: true}
+		if dataFirst {
+			cfg = libapi.ChildConfig{Blocking: true}
+		}
 		var err error
-		h, mk.How, mk.Call, mk.Ready, err = b.nativeShrinkUnlessRefused(ctx, exclude, epoch, newSize)
+		h, mk.How, mk.Call, mk.Ready, err = b.nativeShrinkUnlessRefused(ctx, exclude, epoch, newSize, cfg)
 		if err != nil {
 			return nil, fmt.Errorf("nccl: shrink to %d ranks: %w", newSize, err)
 		}
@@ -227,13 +261,171 @@ func (b *Backend) Shrink(ctx context.Context, exclude []int, epoch uint64) (comm
 	} else if err := b.store.Set(ctx, freshKey(epoch), []byte{'1'}); err != nil {
 		return nil, fmt.Errorf("nccl: shrink to %d ranks: tell the others this rank cannot shrink natively: %w", newSize, err)
 	}
-	nb, err := b.child(ctx, b.opts, newRank, newSize, epoch, h, mk)
+	b.retireAfterFailure()
+	var nb *Backend
+	var err error
+	if h != 0 && dataFirst {
+		mk.How += " → data comm"
+		nb, err = b.dataChild(ctx, newRank, newSize, epoch, h, mk)
+	} else {
+		nb, err = b.child(ctx, b.opts, newRank, newSize, epoch, h, mk, true)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("nccl: shrink to %d ranks (%s): %w", newSize, mk.How, err)
 	}
 	nb.made.Total = time.Since(t0)
 	nb.logCreation("shrunk", zap.Ints("exclude", exclude), zap.Int("new_rank", newRank), zap.Int("new_size", newSize))
 	return nb, nil
+}
+
+// retireAfterFailure hands this comm's NCCL comms to the watchdog to be
+// aborted, if the comm has failed: the abort flag ends a kernel waiting
+// for a dead peer, so the old stream drains and the shrunk comm's stream,
+// ordered after it, can run. After a native shrink that is the shrunk
+// parent, which its child does not need (it shares no resources with it,
+// TestGPUNCCLAbortParentKeepsChild); NCCL_SHRINK_ABORT has ended the
+// parent's own kernels already. A comm that has not failed keeps its
+// NCCL comms until Close.
+func (b *Backend) retireAfterFailure() {
+	if b.failed.Load() {
+		b.retire()
+	}
+}
+
+// retire hands this comm's NCCL comms to the watchdog to be aborted.
+func (b *Backend) retire() {
+	b.hmu.Lock()
+	hs := b.handles()
+	b.ctl, b.data = 0, 0
+	b.hmu.Unlock()
+	for _, h := range hs { // at most two ever, and abortQ has room for two
+		b.abortQ <- h
+	}
+}
+
+// ctlKey, under <Prefix>/epoch/<e>/, holds the unique id of the control
+// comm that a shrink's data comm gets in the background (dataChild).
+func ctlKey(epoch uint64) string { return fmt.Sprintf("epoch/%d/nccl-ctl-uid", epoch) }
+
+// dataChild makes the Backend of a native shrink whose child h is the
+// blocking data comm (ncclCommShrink of the nonblocking control comm with
+// a config that says blocking = 1; the call itself stays nonblocking, as
+// it follows the parent). Its collectives run at once: the shrink
+// connected every algorithm while it made the child (eager connection).
+// What only the control comm does (point-to-point ops, the next Shrink,
+// Split) waits for it: a fresh nonblocking init among the survivors,
+// with a unique id rank 0 publishes at ctlKey, made in the background
+// (makeControl). So a shrink makes one comm on the survivors' way where
+// it made two, one after the other (the data comm was split off the
+// shrunk control comm), and each connected every algorithm.
+func (b *Backend) dataChild(ctx context.Context, rank, size int, epoch uint64, h libapi.Comm, mk Creation) (*Backend, error) {
+	nb, err := newBackend(b.L, b.cfg, b.opts, rank, size, epoch)
+	if err == nil {
+		if err = b.orderAfter(nb); err != nil {
+			nb.discard()
+		}
+	}
+	if err != nil {
+		b.lib.CommAbort(h)
+		return nil, err
+	}
+	nb.made = mk
+	nb.data = h
+	nb.ctlDone = make(chan struct{})
+	nb.started = true
+	go nb.watchdog()
+	go nb.makeControl()
+	t1 := time.Now()
+	if !nb.cfg.NoWarmUp {
+		if err := nb.allReduceScratch(ctx); err != nil {
+			nb.discard()
+			return nil, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	nb.made.WarmUp = time.Since(t1)
+	return nb, nil
+}
+
+// makeControl makes the control comm of a comm that a shrink made with
+// its data comm only (dataChild), and closes ctlDone. It gives up when
+// the comm fails or is closed meanwhile (a second failure during the
+// recovery: the next Shrink then initialises fresh, since this rank holds
+// no control comm). If it cannot make the comm otherwise, the comm fails
+// with the reason: it could not run point-to-point ops or reconfigure.
+func (b *Backend) makeControl() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-b.closing:
+		case <-b.wake:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	t0 := time.Now()
+	h, err := b.initControl(ctx)
+	b.hmu.Lock()
+	if err == nil {
+		if b.failed.Load() {
+			err = b.failure()
+		} else {
+			b.ctl, h = h, 0
+		}
+	}
+	b.hmu.Unlock()
+	if h != 0 {
+		b.lib.CommAbort(h)
+	}
+	b.ctlErr, b.ctlTook = err, time.Since(t0)
+	close(b.ctlDone)
+	switch {
+	case err == nil:
+		b.log.Info("control comm ready", zap.Duration("took", b.ctlTook))
+	case b.failed.Load():
+		b.log.Info("control comm abandoned: the comm failed or was closed", zap.Error(err), zap.Duration("after", b.ctlTook))
+	default:
+		err = fmt.Errorf("nccl: the control comm could not be made: %w", err)
+		if b.fail(err) {
+			b.log.Warn("control comm failed", zap.Error(err))
+		}
+	}
+}
+
+// initControl is makeControl's init: a comm of this comm's ranks through
+// the unique id at ctlKey.
+func (b *Backend) initControl(ctx context.Context) (libapi.Comm, error) {
+	if hold := b.cfg.holdControl; hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return 0, ctxError(ctx, "control comm held by a test")
+		}
+	}
+	_, id, err := b.exchangeID(ctx, ctlKey(b.epoch), b.rank, b.size, b.epoch)
+	if err != nil {
+		return 0, err
+	}
+	h, _, err := b.initRank(ctx, &id, b.rank, b.size, time.Now())
+	return h, err
+}
+
+// awaitControl waits until a control comm being made in the background
+// (dataChild) is there; it returns at once on any other comm.
+func (b *Backend) awaitControl(ctx context.Context) error {
+	select {
+	case <-b.ctlDone:
+		return nil
+	default:
+	}
+	select {
+	case <-b.ctlDone:
+		return nil
+	case <-b.wake:
+		return b.failure()
+	case <-ctx.Done():
+		return ctxError(ctx, "the control comm is still being made")
+	}
 }
 
 // localHow is Creation.How of a local one-rank comm.
@@ -255,15 +447,7 @@ func (b *Backend) shrinkToLocal(epoch uint64) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	if b.failed.Load() {
-		b.hmu.Lock()
-		hs := b.handles()
-		b.ctl, b.data = 0, 0
-		b.hmu.Unlock()
-		for _, h := range hs { // at most two, and abortQ has room for two
-			b.abortQ <- h
-		}
-	}
+	b.retireAfterFailure()
 	return nb, nil
 }
 
@@ -321,9 +505,9 @@ var errShrinkRefused = errors.New("a survivor cannot shrink natively")
 // without a Store round trip where all of them can (the vote of
 // agreeNative cost 53–101 ms at 3 and 4 ranks on 4× H200), and
 // initialise a fresh comm together where one cannot.
-func (b *Backend) nativeShrinkUnlessRefused(ctx context.Context, exclude []int, epoch uint64, size int) (h libapi.Comm, how string, call, ready time.Duration, err error) {
+func (b *Backend) nativeShrinkUnlessRefused(ctx context.Context, exclude []int, epoch uint64, size int, cfg libapi.ChildConfig) (h libapi.Comm, how string, call, ready time.Duration, err error) {
 	if size == 1 {
-		return b.nativeShrink(ctx, exclude)
+		return b.nativeShrink(ctx, exclude, cfg)
 	}
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -334,9 +518,12 @@ func (b *Backend) nativeShrinkUnlessRefused(ctx context.Context, exclude []int, 
 			cancel(errShrinkRefused)
 		}
 	}()
-	h, how, call, ready, err = b.nativeShrink(sctx, exclude)
+	h, how, call, ready, err = b.nativeShrink(sctx, exclude, cfg)
 	if err != nil && isClosed(refused) { // a failed nativeShrink returns no comm
-		b.abortComms("a survivor cannot shrink natively: the survivors initialise a fresh comm")
+		// The abort of the parent (the watchdog's) ends the child's
+		// initialisation.
+		b.log.Info("a survivor cannot shrink natively: the survivors initialise a fresh comm")
+		b.retire()
 		return 0, how, call, ready, nil
 	}
 	return h, how, call, ready, err
@@ -346,7 +533,7 @@ func (b *Backend) nativeShrinkUnlessRefused(ctx context.Context, exclude []int, 
 // call itself took: with NCCL_SHRINK_ABORT it raises the comm's abort
 // flags and synchronises its device stream before it starts the child's
 // initialisation as the comm's job (ncclCommShrink, src/init.cc).
-func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (h libapi.Comm, mode string, call, ready time.Duration, err error) {
+func (b *Backend) nativeShrink(ctx context.Context, exclude []int, cfg libapi.ChildConfig) (h libapi.Comm, mode string, call, ready time.Duration, err error) {
 	b.hmu.Lock()
 	defer b.hmu.Unlock()
 	h = b.ctl
@@ -374,7 +561,7 @@ func (b *Backend) nativeShrink(ctx context.Context, exclude []int) (h libapi.Com
 	}
 	cell := b.lib.NewCell()
 	t0 := time.Now()
-	r := b.lib.CommShrink(h, ex, cell, flags)
+	r := b.lib.CommShrink(h, ex, cell, cfg, flags)
 	call = time.Since(t0)
 	nh, err := b.awaitChild(ctx, h, cell, mode, r)
 	ready = time.Since(t0) - call
@@ -418,7 +605,7 @@ func (b *Backend) Grow(ctx context.Context, size int, epoch uint64) (comm.Backen
 		}
 		mk.Ready = time.Since(t1)
 	}
-	nb, err := b.child(ctx, b.opts, b.rank, size, epoch, h, mk)
+	nb, err := b.child(ctx, b.opts, b.rank, size, epoch, h, mk, false)
 	if err != nil {
 		return nil, fmt.Errorf("nccl: grow to %d ranks (%s): %w", size, mk.How, err)
 	}
@@ -582,6 +769,9 @@ func (b *Backend) Split(ctx context.Context, color, key int) (comm.Backend, erro
 	if b.local {
 		return b.splitLocal(color, t0)
 	}
+	if err := b.awaitControl(ctx); err != nil {
+		return nil, err
+	}
 	nh, n, err := b.split(ctx, color, key)
 	if err != nil || nh == 0 {
 		return nil, err
@@ -594,7 +784,7 @@ func (b *Backend) Split(ctx context.Context, color, key int) (comm.Backend, erro
 	}
 	o := b.opts
 	o.Prefix = fmt.Sprintf("%s/split%d-%d", b.opts.Prefix, n, color)
-	nb, err := b.child(ctx, o, rank, cnt, b.epoch, nh, Creation{How: "ncclCommSplit", Ready: time.Since(t0)})
+	nb, err := b.child(ctx, o, rank, cnt, b.epoch, nh, Creation{How: "ncclCommSplit", Ready: time.Since(t0)}, false)
 	if err == nil {
 		nb.made.Total = time.Since(t0)
 	}
@@ -610,7 +800,7 @@ func (b *Backend) split(ctx context.Context, color, key int) (libapi.Comm, int, 
 	}
 	b.splits++
 	cell := b.lib.NewCell()
-	r := b.lib.CommSplit(h, color, key, cell, libapi.SplitConfig{Inherit: true})
+	r := b.lib.CommSplit(h, color, key, cell, libapi.ChildConfig{Inherit: true})
 	nh, err := b.awaitChild(ctx, h, cell, "ncclCommSplit", r)
 	if err != nil {
 		err = fmt.Errorf("nccl: split (color %d): %w", color, err)

@@ -144,6 +144,11 @@ func (b *Backend) release() error {
 	wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.ReleaseTimeout)
 	defer cancel()
+	select { // a control comm still being made gives up at the close (makeControl)
+	case <-b.ctlDone:
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("nccl: %w: the control comm's init did not give up", comm.ErrTimeout))
+	}
 	if err := pollDone(ctx, nil, func() (bool, error) { return b.lib.StreamQuery(b.dev, b.stream) }); err != nil {
 		b.log.Error("stream did not drain after abort; leaking it and the scratch memory", zap.Error(err))
 		return errors.Join(append(errs, fmt.Errorf("nccl: stream did not drain: %w", err))...)

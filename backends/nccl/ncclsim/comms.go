@@ -244,7 +244,14 @@ func (w *Simulation) reconfRdv(c *simComm, want int) *simRdv {
 	return rdv
 }
 
-func (w library) CommShrink(h libapi.Comm, exclude []int32, out libapi.Cell, flags int) libapi.Result {
+// simShrinkArrival is one rank's ncclCommShrink: whom it excludes, and
+// the config it gives its child.
+type simShrinkArrival struct {
+	exclude string
+	cfg     libapi.ChildConfig
+}
+
+func (w library) CommShrink(h libapi.Comm, exclude []int32, out libapi.Cell, cfg libapi.ChildConfig, flags int) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	name := "ncclCommShrink"
@@ -274,10 +281,10 @@ func (w library) CommShrink(h libapi.Comm, exclude []int32, out libapi.Cell, fla
 		ex[int(e)] = true
 	}
 	rdv := w.reconfRdv(c, c.cl.size-len(ex))
-	rdv.arrived[c.rank] = fmt.Sprint(exclude)
+	rdv.arrived[c.rank] = simShrinkArrival{fmt.Sprint(exclude), cfg}
 	for r, v := range rdv.arrived {
-		if v != rdv.arrived[c.rank] {
-			w.faultf("shrink: rank %d excludes %v, rank %d %v", c.rank, exclude, r, v)
+		if ex := v.(simShrinkArrival).exclude; ex != fmt.Sprint(exclude) {
+			w.faultf("shrink: rank %d excludes %v, rank %d %v", c.rank, exclude, r, ex)
 		}
 	}
 	if len(rdv.arrived) == rdv.want {
@@ -291,7 +298,13 @@ func (w library) CommShrink(h libapi.Comm, exclude []int32, out libapi.Cell, fla
 			mail: map[[2]int][]simMsg{}, reconf: map[uint64]*simRdv{}}
 		for nr, or := range keep {
 			old := c.cl.members[or]
-			nc := w.newComm(ncl, nr, old.dev, old.blocking)
+			blocking := old.blocking
+			ccfg := rdv.arrived[or].(simShrinkArrival).cfg
+			if !ccfg.Inherit {
+				blocking = ccfg.Blocking
+			}
+			nc := w.newComm(ncl, nr, old.dev, blocking)
+			nc.dataComm = blocking && !ccfg.Inherit
 			ncl.members[nr] = nc
 			rdv.children[or] = nc
 		}
@@ -307,7 +320,7 @@ func (w library) CommShrink(h libapi.Comm, exclude []int32, out libapi.Cell, fla
 	})
 }
 
-func (w library) CommSplit(h libapi.Comm, color, key int, out libapi.Cell, cfg libapi.SplitConfig) libapi.Result {
+func (w library) CommSplit(h libapi.Comm, color, key int, out libapi.Cell, cfg libapi.ChildConfig) libapi.Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls["ncclCommSplit"]++

@@ -212,13 +212,17 @@ type CollArgs struct {
 // CommConfig is what the backend sets in ncclConfig_t.
 type CommConfig struct {
 	Blocking bool
+	// SplitShare lets the comm's ncclCommSplit children share its
+	// resources (splitShare = 1; the backend never sets it, a GPU test of
+	// NCCL's rules does).
+	SplitShare bool
 }
 
-// SplitConfig is the config of a comm made by ncclCommSplit: Inherit
-// passes NULL (the child takes the parent's config); otherwise the child
-// gets Blocking as given. Whether the split call itself blocks follows the
-// parent.
-type SplitConfig struct {
+// ChildConfig is the config of a comm made by ncclCommSplit or
+// ncclCommShrink: Inherit passes NULL (the child takes the parent's
+// config); otherwise the child gets Blocking as given. Whether the call
+// itself blocks follows the parent.
+type ChildConfig struct {
 	Inherit  bool
 	Blocking bool
 }
@@ -233,8 +237,8 @@ type NCCL interface {
 	HasSymbol(name string) bool
 	GetUniqueID(id *UniqueID) Result
 	CommInitRank(dev int, out Cell, nranks int, id *UniqueID, rank int, cfg CommConfig) Result
-	CommSplit(c Comm, color, key int, out Cell, cfg SplitConfig) Result
-	CommShrink(c Comm, exclude []int32, out Cell, flags int) Result
+	CommSplit(c Comm, color, key int, out Cell, cfg ChildConfig) Result
+	CommShrink(c Comm, exclude []int32, out Cell, cfg ChildConfig, flags int) Result
 	// CommGrow: existing ranks pass c and rank -1 (id only at the root);
 	// joiners pass c == 0, id and their rank.
 	CommGrow(dev int, c Comm, nranks int, id *UniqueID, rank int, out Cell, cfg CommConfig) Result
