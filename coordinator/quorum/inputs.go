@@ -260,11 +260,10 @@ func (m *Machine) Published(q membership.Quorum) {
 		}
 	}
 	if dropped > 0 {
-		if _, bound := m.lossBounds(m.lossBurst + dropped); m.lossEpochAt.IsZero() || first.Sub(m.lossEpochAt) > bound {
-			m.lossBurst = 0 // a new burst
+		if !m.inLossBurst(first) {
+			m.lossBurst, m.lossBurstAt = 0, first // a new burst
 		}
 		m.lossBurst += dropped
-		m.lossEpochAt = maxTime(m.lossEpochAt, newest)
 	}
 	if q.Run != "" && q.Run != m.finalRun {
 		m.final, m.finalRun = q.Final, q.Run // a new run

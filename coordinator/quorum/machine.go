@@ -129,7 +129,7 @@ type Machine struct {
 	formBound  bool // the quorum Advance decided only admits joiners, at its bound while joins still arrive (formWait)
 	formStreak int  // published quorums in a row like that (formWait)
 
-	lossEpochAt time.Time // when the newest loss a published quorum dropped happened (lossWait)
+	lossBurstAt time.Time // when the first loss of the current burst happened (lossWait)
 	lossBurst   int       // how many the published quorums of the current burst of losses dropped (lossWait)
 
 	agg aggregates // what decisions need of every member, kept as records change (aggregates.go)
