@@ -79,10 +79,11 @@ type Backend struct {
 	// revokeNative: Revoke runs the native revoke (Config.Revoke resolved
 	// against the library's Recovery).
 	revokeNative bool
-	// abortQ hands the watchdog NCCL comms to abort: a data comm (Shrink
-	// after a failure takes it out of service at once, then shrinks ctl
-	// while the watchdog aborts it), or both comms (a shrink to a local
-	// one-rank comm).
+	// abortQ hands the watchdog NCCL comms to abort, at most two in all: a
+	// data comm (Shrink after a failure takes it out of service at once,
+	// then shrinks ctl while the watchdog aborts it), then the shrunk ctl,
+	// or both comms at once (a shrink to a local one-rank comm, a fresh
+	// one after a failure or a refusal; see retire).
 	abortQ chan libapi.Comm
 
 	fmu     sync.Mutex

@@ -96,14 +96,14 @@ func (b *Backend) abortComms(why string) {
 	b.dirty.Store(false)
 }
 
-// abortData aborts a data comm already taken out of service (b.data no
-// longer names it). ncclCommAbort first raises the comm's abort flag,
+// abortData aborts a comm a Shrink took out of service (b.data and b.ctl
+// no longer name it). ncclCommAbort first raises the comm's abort flag,
 // which its kernels poll, so a kernel stuck on a dead peer exits at once;
 // freeing the comm takes longer (≈0.5 s after a peer's death on 2×H200).
 func (b *Backend) abortData(h libapi.Comm, why string) {
 	t0 := time.Now()
 	r := b.lib.CommAbort(h)
-	b.log.Info("ncclCommAbort (data comm)", zap.String("why", why), zap.Stringer("result", r), zap.Duration("took", time.Since(t0)))
+	b.log.Info("ncclCommAbort (retired by a shrink)", zap.String("why", why), zap.Stringer("result", r), zap.Duration("took", time.Since(t0)))
 	b.hmu.Lock()
 	shrunk := b.ctl == 0 || b.quiescent
 	b.hmu.Unlock()

@@ -28,7 +28,7 @@ func (b *Backend) watchdog() {
 		case <-b.revokeReq:
 			b.nativeRevoke()
 		case h := <-b.abortQ:
-			b.abortData(h, "the control comm is being shrunk after a failure")
+			b.abortData(h, "a shrink retired it")
 		case <-tick.C:
 			ordered := b.nOrdered.Load() > 0
 			if (b.opActive.Load() || ordered) && !b.failed.Load() {
