@@ -269,3 +269,43 @@ func TestShrinkOrderedAfterTheOldStream(t *testing.T) {
 		}
 	}
 }
+
+// A peer that stops (SIGSTOP, or a hung host) during the first collective
+// on a comm a shrink made with its data comm first: the survivors'
+// all-reduce fails with ErrTimeout at its deadline, never hangs inside
+// NCCL. The data comm connected every algorithm while the shrink made it,
+// so the collective only enqueues; nothing on the survivors' way connects
+// to the silent peer.
+func TestShrinkDataCommFirstUseWithASilentPeer(t *testing.T) {
+	ctx := testCtx(t)
+	w := newFakeWorld(t, 4)
+	ranks := startJob(t, ctx, simLibrary(w), devs(4), 1, "job", func(c *Config, o *comm.Options) {
+		c.ReleaseTimeout = 50 * time.Millisecond
+		o.Timeout = 300 * time.Millisecond
+	})
+	survivors := killAndRevoke(t, ctx, w, ranks, 3)
+	shrinkAll(t, ctx, survivors, []int{3}, 2)
+	w.Kill(survivors[2].dev) // stops before its first collective on the shrunk comm
+	errs := make([]error, 2)
+	took := make([]time.Duration, 2)
+	each(t, survivors[:2], func(rk *rank) error {
+		x, err := rk.alloc(comm.Float32, 4)
+		if err != nil {
+			return err
+		}
+		b := rk.c.Backend().(*Backend)
+		t.Cleanup(func() { rk.c.Close(); waitReleased(t, b); x.b.Free() })
+		t0 := time.Now()
+		errs[rk.r] = rk.c.AllReduce(ctx, x.t(), comm.Sum)
+		took[rk.r] = time.Since(t0)
+		return nil
+	})
+	for i, err := range errs {
+		if !errors.Is(err, comm.ErrTimeout) {
+			t.Errorf("survivor %d's first all-reduce with a silent peer: %v, want ErrTimeout", i, err)
+		}
+		if took[i] > 5*time.Second {
+			t.Errorf("survivor %d's all-reduce returned %s after it began, its deadline 300 ms", i, took[i])
+		}
+	}
+}
