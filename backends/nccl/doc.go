@@ -52,7 +52,10 @@
 // Whether a Shrink or Grow runs natively is decided for all ranks at once:
 // a rank whose comm failed, whose library lacks the call or whose Config
 // disables it makes every rank init fresh. A Grow votes through the Store
-// (every rank that holds the comm, rank 0 decides); a Shrink does not
+// (every rank that holds the comm, rank 0 decides) where the library has
+// ncclCommGrow; without it (NCCL before 2.29.2, as 2.28.3 and 2.28.9) no
+// rank has it, since a comm's ranks run one NCCL version, and they
+// initialise fresh with no vote. A Shrink does not
 // wait for a vote: every survivor that can shrinks natively at once, and
 // one that cannot says so in the Store, at which the others abandon their
 // shrink (which cannot complete without it) for a fresh init together. Without the

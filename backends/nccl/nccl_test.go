@@ -549,9 +549,14 @@ func TestShrinkHealthyAndFallback(t *testing.T) {
 func TestGrow(t *testing.T) {
 	for _, native := range []bool{true, false} {
 		t.Run(map[bool]string{true: "native", false: "fallback"}[native], func(t *testing.T) {
-			w, _ := growJob(t, native, nil, nil)
+			w, _, calls := growJob(t, native, nil, nil)
 			if got := w.Calls("ncclCommGrow"); (got > 0) != native {
 				t.Errorf("ncclCommGrow called %d times (native %v)", got, native)
+			}
+			// Without ncclCommGrow anywhere (one NCCL version per comm)
+			// there is nothing to vote on: no Store round trip for it.
+			if votes := calls.calls("nccl-native"); (len(votes) > 0) != native {
+				t.Errorf("the grow's vote through the Store (native %v): %v", native, votes)
 			}
 		})
 	}
@@ -572,7 +577,7 @@ func TestGrowChoiceIsCollective(t *testing.T) {
 		"rank 1 forbids": {cfg: func(r int, c *Config) { c.DisableNativeGrow = r == 1 }},
 	} {
 		t.Run(name, func(t *testing.T) {
-			w, _ := growJob(t, true, tc.cfg, tc.prepare)
+			w, _, _ := growJob(t, true, tc.cfg, tc.prepare)
 			if got := w.Calls("ncclCommGrow"); got != 0 {
 				t.Errorf("ncclCommGrow called %d times; every rank should have initialised a fresh comm", got)
 			}
@@ -583,8 +588,8 @@ func TestGrowChoiceIsCollective(t *testing.T) {
 // growJob makes a job of 2 ranks at epoch 1 (on a simulated NCCL 2.29.2,
 // with ncclCommGrow, when native), lets prepare act on it, grows it to 3
 // ranks at epoch 2 with a joiner as rank 2 and runs the collective suite
-// on the result.
-func growJob(t *testing.T, native bool, cfg func(r int, c *Config), prepare func(ranks []*rank)) (*ncclsim.Simulation, []*rank) {
+// on the result; it returns the calls to the job's Store too.
+func growJob(t *testing.T, native bool, cfg func(r int, c *Config), prepare func(ranks []*rank)) (*ncclsim.Simulation, []*rank, *storeCalls) {
 	ctx := testCtx(t)
 	w := newFakeWorld(t, 3)
 	if native {
@@ -592,8 +597,9 @@ func growJob(t *testing.T, native bool, cfg func(r int, c *Config), prepare func
 			"ncclAlltoAll", "ncclGather", "ncclScatter")
 	}
 	L := simLibrary(w)
-	store := memstore.New()
-	t.Cleanup(func() { store.Close() })
+	mem := memstore.New()
+	t.Cleanup(func() { mem.Close() })
+	store := &storeCalls{Store: mem}
 	opts := func(r, size int, epoch uint64) comm.Options {
 		c := &Config{Library: L}
 		if cfg != nil {
@@ -628,7 +634,7 @@ func growJob(t *testing.T, native bool, cfg func(r int, c *Config), prepare func
 		return err
 	})
 	collectiveSuite(t, ctx, ranks, []comm.DType{comm.Float32}, 3, 5)
-	return w, ranks
+	return w, ranks, store
 }
 
 func TestSplit(t *testing.T) {

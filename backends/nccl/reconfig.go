@@ -591,15 +591,24 @@ func (b *Backend) Grow(ctx context.Context, size int, epoch uint64) (comm.Backen
 	t0 := time.Now()
 	var h libapi.Comm
 	mk := Creation{How: "fresh init"}
-	native, err := b.agreeNative(ctx, epoch, b.rank, b.size,
-		b.L.info.Features.Grow && !b.cfg.DisableNativeGrow && !b.failed.Load() && b.holdsComm())
-	if err != nil {
-		return nil, fmt.Errorf("nccl: grow to %d ranks: %w", size, err)
+	native := false
+	if b.L.info.Features.Grow {
+		// Without ncclCommGrow in this rank's NCCL, no rank has it (the
+		// ranks of a comm run one NCCL version: NCCL refuses to initialise
+		// otherwise), so every one initialises fresh and there is nothing
+		// to vote on.
+		var err error
+		native, err = b.agreeNative(ctx, epoch, b.rank, b.size,
+			!b.cfg.DisableNativeGrow && !b.failed.Load() && b.holdsComm())
+		if err != nil {
+			return nil, fmt.Errorf("nccl: grow to %d ranks: %w", size, err)
+		}
 	}
 	mk.Agree = time.Since(t0)
 	if native {
 		mk.How = "ncclCommGrow"
 		t1 := time.Now()
+		var err error
 		if h, err = b.nativeGrow(ctx, size, epoch); err != nil {
 			return nil, fmt.Errorf("nccl: grow to %d ranks: %w", size, err)
 		}
