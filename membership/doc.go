@@ -180,12 +180,10 @@
 // brain), waiting up to JoinTimeout for stragglers (live members that
 // have not asked); ShrinkOnly keeps joiners out while a participant holds
 // it; joins are batched (FormWindow of quiet, at most FormMaxWait), so a
-// job whose members start together forms in one epoch; losses within
-// LossMaxWait of a burst's first published loss are batched too
-// (LossWindow of quiet, at most LossMaxWait; a burst is measured from its
-// first loss, so deaths a second or two apart are a burst each; for a
-// burst of MassLoss ranks or more, longer than etcd's
-// 500 ms between revocations of expired leases and the TTL/3 over which
+// job whose members start together forms in one epoch; losses that
+// follow a published loss are batched too (LossWindow of quiet, at most
+// LossMaxWait; for MassLoss ranks or more lost within MassLossMaxWait,
+// longer than etcd's 500 ms between revocations of expired leases and the TTL/3 over which
 // leases of ranks that died together expire; the first after a quiet
 // spell is published at once, every epoch revoked at once), so many
 // deaths at once cost two epochs; the

@@ -43,18 +43,13 @@ func (m *Machine) formWait(now time.Time) (string, time.Time) {
 // waits for and until when ("" when it need not). Only losses whose time
 // the machine saw count (a removal), not a member that turned unfit.
 //
-// The first loss of a burst is not held: a single death (the common case,
-// and the one a training job waits on) is published at once. Losses
-// within LossMaxWait of a burst's first published loss are the rest of a
-// mass failure (a rack: links resetting, group leases taken over, each
+// The first loss after a quiet spell is not held: a single death (the
+// common case, and the one a training job waits on) is published at once.
+// Losses that follow a published loss within LossMaxWait are the rest of
+// a mass failure (a rack: links resetting, group leases taken over, each
 // seen a few milliseconds apart), and those are batched: one epoch for
 // the first, one for the rest. A burst of MassLoss ranks or more waits
 // longer (lossBounds): leases that lapse together come in etcd's ticks.
-// A burst is measured from its first loss, not from its latest: deaths
-// that keep coming a second or two apart (a flaky host killed again and
-// again) are a burst each, so they never add up to a mass failure and
-// its long waits (before 2026-11-30 they chained: a kill every 1.5 s
-// waited 600 ms from the 16th on).
 func (m *Machine) lossWait(now time.Time, lost []string) (string, time.Time) {
 	if m.cfg.lossWindow() <= 0 || len(lost) == 0 {
 		return "", time.Time{}
@@ -74,10 +69,10 @@ func (m *Machine) lossWait(now time.Time, lost []string) (string, time.Time) {
 			last = d.at
 		}
 	}
-	if first.IsZero() || !m.inLossBurst(first) {
-		return "", time.Time{} // the first loss of a new burst
+	window, bound := m.lossBounds(m.recentLosses(first) + pending)
+	if first.IsZero() || m.lossEpochAt.IsZero() || first.Sub(m.lossEpochAt) > bound {
+		return "", time.Time{}
 	}
-	window, bound := m.lossBounds(m.lossBurst + pending)
 	at := last.Add(window)
 	if limit := first.Add(bound); limit.Before(at) {
 		at = limit
@@ -88,12 +83,23 @@ func (m *Machine) lossWait(now time.Time, lost []string) (string, time.Time) {
 	return fmt.Sprintf("%d lost: publishing once none was lost for %v", len(lost), window), at
 }
 
-// inLossBurst says whether a loss at t belongs to the current burst: it
-// came within the burst's bound (by the ranks its published quorums
-// dropped so far) of the burst's first loss.
-func (m *Machine) inLossBurst(t time.Time) bool {
-	_, bound := m.lossBounds(m.lossBurst)
-	return !m.lossBurstAt.IsZero() && t.Sub(m.lossBurstAt) <= bound
+// recentLosses is how many losses the published quorums dropped in the
+// MassLossMaxWait before t: with the ones pending, what decides whether
+// this is a mass failure. A rate, not the length of a chain: deaths that
+// keep coming a second or two apart (one replica killed after another)
+// each follow a published loss within LossMaxWait and are batched for
+// LossWindow, but they never add up to MassLoss and its longer quiet
+// (when the chain's whole length counted, a kill every 1.6 s waited
+// 600 ms from the 16th on).
+func (m *Machine) recentLosses(t time.Time) int {
+	since := t.Add(-m.cfg.massLossMaxWait())
+	n := 0
+	for _, at := range m.lossTimes {
+		if !at.Before(since) {
+			n++
+		}
+	}
+	return n
 }
 
 // lossBounds are the quiet a burst of n lost ranks waits for, and the

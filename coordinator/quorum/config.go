@@ -73,9 +73,9 @@ type Config struct {
 	// doubles the next one's (up to 8 times), so a mass join is a few
 	// epochs. 0: DefaultFormMaxWait.
 	FormMaxWait time.Duration
-	// LossWindow batches losses: the first loss of a burst is published
-	// at once (a single death costs nothing more), and losses within
-	// LossMaxWait of the burst's first wait until none was
+	// LossWindow batches losses: the first loss after a quiet spell is
+	// published at once (a single death costs nothing more), and losses
+	// that follow a published one within LossMaxWait wait until none was
 	// lost for this long, so that many deaths at once (a rack, a switch: a
 	// thousand ranks whose links reset, whose groups' leases are taken
 	// over, each seen a few milliseconds apart) cost two epochs, not one
@@ -85,10 +85,10 @@ type Config struct {
 	// LossMaxWait bounds that wait from the first loss it waits for. 0:
 	// DefaultLossMaxWait.
 	LossMaxWait time.Duration
-	// MassLoss is how many ranks lost in one burst (losses within the
-	// wait's bound of the burst's first, those published included) make
-	// a mass failure, whose losses wait for quiet of at least
-	// MassLossWindow, at most MassLossMaxWait: a rack whose leases lapse
+	// MassLoss is how many ranks lost within MassLossMaxWait (those
+	// published included: a rate, so that deaths a second or two apart
+	// never add up to one) make a mass failure, whose losses wait for
+	// quiet of at least MassLossWindow, at most MassLossMaxWait: a rack whose leases lapse
 	// reaches the coordinator as etcd revokes them, every 500 ms (at most
 	// 500 leases a tick), spread over the TTL/3 between the leases'
 	// renewals, and LossWindow's quiet would publish an epoch per tick. A

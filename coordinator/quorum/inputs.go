@@ -245,25 +245,27 @@ func (m *Machine) Published(q membership.Quorum) {
 			delete(m.promoted, id)
 		}
 	}
-	// When the newest loss this quorum drops happened, and how many the
-	// burst it belongs to dropped (lossWait): the departures recorded are
-	// the old quorum's participants'.
-	var first, newest time.Time
+	// When the newest loss this quorum drops happened, and when each did
+	// (lossWait): the departures recorded are the old quorum's
+	// participants'.
+	var newest time.Time
 	dropped := 0
 	for id, d := range m.removed {
 		if _, kept := m.agg.prevPos[id]; !kept && !d.at.IsZero() {
 			dropped++
-			if first.IsZero() || d.at.Before(first) {
-				first = d.at
-			}
 			newest = maxTime(newest, d.at)
 		}
 	}
 	if dropped > 0 {
-		if !m.inLossBurst(first) {
-			m.lossBurst, m.lossBurstAt = 0, first // a new burst
+		for id, d := range m.removed {
+			if _, kept := m.agg.prevPos[id]; !kept && !d.at.IsZero() {
+				m.lossTimes = append(m.lossTimes, d.at)
+			}
 		}
-		m.lossBurst += dropped
+		m.lossEpochAt = maxTime(m.lossEpochAt, newest)
+		// Only the last MassLossMaxWait of them can make a mass failure.
+		horizon := m.lossEpochAt.Add(-m.cfg.massLossMaxWait())
+		m.lossTimes = slices.DeleteFunc(m.lossTimes, func(t time.Time) bool { return t.Before(horizon) })
 	}
 	if q.Run != "" && q.Run != m.finalRun {
 		m.final, m.finalRun = q.Final, q.Run // a new run

@@ -129,8 +129,8 @@ type Machine struct {
 	formBound  bool // the quorum Advance decided only admits joiners, at its bound while joins still arrive (formWait)
 	formStreak int  // published quorums in a row like that (formWait)
 
-	lossBurstAt time.Time // when the first loss of the current burst happened (lossWait)
-	lossBurst   int       // how many the published quorums of the current burst of losses dropped (lossWait)
+	lossEpochAt time.Time   // when the newest loss a published quorum dropped happened (lossWait)
+	lossTimes   []time.Time // when each loss the published quorums dropped happened, the last MassLossMaxWait of them (lossWait)
 
 	agg aggregates // what decisions need of every member, kept as records change (aggregates.go)
 
