@@ -8,14 +8,16 @@
 #                                         # default the last commit before the shrink's data comm)
 #   bash .gpu/faultpath/faultpath.sh run [PART...]   # there, from the checkout root
 #
-# PARTs (default all, in this order; each fits the device tool's 10-minute
-# call on 8 GPUs, so a session can also run them one call each):
+# PARTs (default all, in this order; a session can run them one call each
+# within the device tool's 10 minutes; on 8 GPUs split phases too, e.g.
+# FAULTPATH_SIZES="2 3 4" in one call and FAULTPATH_SIZES=8 in another):
 #   phases  TestGPUKillCycles at every size from 2 to the machine's GPUs (2, 3, 4, 8
 #           where there are that many), 6 cycles each, NCCL's init timers on: the
 #           shrink's data comm made by the shrink (default) and split off the
 #           shrunk control comm (FTCOMM_NCCL_SHRINK=split, the path before),
 #           alternated; at 2 GPUs the lone survivor's two paths instead
-#           (FTCOMM_NCCL_ONE_RANK=nccl is the one before).
+#           (FTCOMM_NCCL_ONE_RANK=nccl is the one before). FAULTPATH_SIZES and
+#           FAULTPATH_RUNS (default 2 per path) choose what runs.
 #   ft      ft's kill cycles over NCCL, one replica per GPU: 20 SIGKILLs, 5 of them
 #           two at once (3+ GPUs), the new path and then the one before (at 2
 #           GPUs the lone survivor's NCCL comm of one rank).
@@ -64,9 +66,9 @@ run)
 		echo "== $part ($(date -u +%T))"
 		case $part in
 		phases)
-			for k in 2 3 4 8; do
+			for k in ${FAULTPATH_SIZES:-2 3 4 8}; do
 				[ "$k" -le "$n" ] || continue
-				for i in 1 2; do
+				for i in $(seq "${FAULTPATH_RUNS:-2}"); do
 					for path in before new; do
 						env=""
 						if [ "$path" = before ]; then
