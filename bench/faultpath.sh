@@ -59,6 +59,7 @@ run)
 	for f in *.gz; do [ -e "$f" ] && gunzip -kf "$f"; done
 	chmod +x nccl.test ft.test ftbench ftbench.prev
 	OUT="${OUT:-/tmp}"
+	mkdir -p "$OUT" || exit 1
 	n=$(nvidia-smi -L | wc -l)
 	parts="${*:-phases ft hsdp steady tests}"
 	echo "== $n GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
