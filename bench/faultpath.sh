@@ -62,6 +62,21 @@ run)
 	mkdir -p "$OUT" || exit 1
 	n=$(nvidia-smi -L | wc -l)
 	parts="${*:-phases ft hsdp steady tests}"
+	# killcycles LABEL LOG BEFORE VAR=VALUE...: ft's kill cycles over NCCL
+	# with the settings given, the new path and then the one before
+	# (BEFORE, a VAR=VALUE, added).
+	killcycles() {
+		local label=$1 name=$2 before=$3 path extra
+		shift 3
+		for path in new before; do
+			extra=""
+			[ "$path" = before ] && extra=$before
+			env $extra FTCOMM_FT_KILL_BACKEND=nccl "$@" \
+				timeout 280 ./ft.test -test.run '^TestKillCycles$' -test.v -test.count=1 -test.timeout 270s >"$OUT/$name-$path.log" 2>&1
+			echo "-- $label, $path path: rc=$?"
+			grep -E 'killcycles_test.go:[0-9]+: (NCCL|FIGURE)' "$OUT/$name-$path.log" | cut -c1-240
+		done
+	}
 	echo "== $n GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
 	for part in $parts; do
 		echo "== $part ($(date -u +%T))"
@@ -88,32 +103,16 @@ run)
 			;;
 		ft)
 			[ "$n" -ge 2 ] || continue
+			before=FTCOMM_FT_NCCL_SHRINK=split
+			[ "$n" = 2 ] && before=FTCOMM_FT_NCCL_ONE_RANK=nccl
 			dbl=0
 			[ "$n" -ge 3 ] && dbl=5
-			for path in new before; do
-				env=""
-				if [ "$path" = before ]; then
-					env="FTCOMM_FT_NCCL_SHRINK=split"
-					[ "$n" = 2 ] && env="FTCOMM_FT_NCCL_ONE_RANK=nccl"
-				fi
-				log="$OUT/ft-$path.log"
-				env $env FTCOMM_FT_KILL_BACKEND=nccl FTCOMM_FT_KILL_CYCLES=20 FTCOMM_FT_KILL_DOUBLE=$dbl FTCOMM_FT_KILL_REPLICAS=$n \
-					timeout 280 ./ft.test -test.run '^TestKillCycles$' -test.v -test.count=1 -test.timeout 270s >"$log" 2>&1
-				echo "-- ft, $n replicas, $path path: rc=$?"
-				grep -E 'killcycles_test.go:[0-9]+: (NCCL|FIGURE)' "$log" | cut -c1-240
-			done
+			killcycles "ft, $n replicas" ft "$before" FTCOMM_FT_KILL_CYCLES=20 FTCOMM_FT_KILL_DOUBLE=$dbl FTCOMM_FT_KILL_REPLICAS=$n
 			;;
 		hsdp)
 			[ "$n" -ge 4 ] || { echo "(needs 4 GPUs)"; continue; }
-			for path in new before; do
-				env=""
-				[ "$path" = before ] && env="FTCOMM_FT_NCCL_SHRINK=split"
-				log="$OUT/hsdp-$path.log"
-				env $env FTCOMM_FT_KILL_BACKEND=nccl FTCOMM_FT_KILL_CYCLES=10 FTCOMM_FT_KILL_GROUP_SIZE=2 FTCOMM_FT_KILL_REPLICAS=$((n / 2)) \
-					timeout 280 ./ft.test -test.run '^TestKillCycles$' -test.v -test.count=1 -test.timeout 270s >"$log" 2>&1
-				echo "-- FT-HSDP $((n / 2)) x 2, $path path: rc=$?"
-				grep -E 'killcycles_test.go:[0-9]+: (NCCL|FIGURE)' "$log" | cut -c1-240
-			done
+			killcycles "FT-HSDP $((n / 2)) x 2" hsdp FTCOMM_FT_NCCL_SHRINK=split \
+				FTCOMM_FT_KILL_CYCLES=10 FTCOMM_FT_KILL_GROUP_SIZE=2 FTCOMM_FT_KILL_REPLICAS=$((n / 2))
 			;;
 		steady)
 			for i in 1 2; do

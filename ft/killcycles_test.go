@@ -82,7 +82,10 @@ func (d *childDevice) stepOut(ctx context.Context, grads []float32) error {
 // as torchrun's agent ends a worker group, instead of the rest of the
 // group after the survivors' commit. FTCOMM_FT_NCCL_ONE_RANK=nccl gives a
 // lone survivor an NCCL comm of one rank (ncclCommShrink) instead of the
-// default device copies, for a side-by-side run.
+// default device copies, and FTCOMM_FT_NCCL_SHRINK=split makes a shrink to
+// two or more ranks split its data comm off the shrunk control comm
+// instead of making it as the shrink's child, for side-by-side runs
+// (bench/faultpath.sh runs both).
 func TestKillCycles(t *testing.T) {
 	cycles, _ := strconv.Atoi(os.Getenv("FTCOMM_FT_KILL_CYCLES"))
 	if cycles <= 0 {

@@ -2,7 +2,9 @@ package nccl
 
 import (
 	"encoding/binary"
+	"errors"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -289,6 +291,46 @@ func factChildNoT(lib libapi.Library, parent libapi.Comm, cell libapi.Cell) liba
 	return h
 }
 
+// factSplitBlocking splits every rank's comm into one child whose config
+// says blocking = 1, and aborts the children at the end of the test.
+func factSplitBlocking(t *testing.T, ranks []*factRank) []libapi.Comm {
+	t.Helper()
+	kids := make([]libapi.Comm, len(ranks))
+	var wg sync.WaitGroup
+	for i, fr := range ranks {
+		wg.Go(func() {
+			cell := fr.lib.NewCell()
+			if r := fr.lib.CommSplit(fr.h, 0, i, cell, libapi.ChildConfig{Blocking: true}); r == libapi.Success || r == libapi.InProgress {
+				kids[i] = factChildNoT(fr.lib, fr.h, cell)
+			}
+		})
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for i, h := range kids {
+			if h != 0 {
+				ranks[i].lib.CommAbort(h)
+			}
+		}
+	})
+	if slices.Contains(kids, 0) {
+		t.Fatalf("split children %v", kids)
+	}
+	return kids
+}
+
+// factAbortParents aborts every rank's comm (at once, as ranks do).
+func factAbortParents(ranks []*factRank) {
+	var wg sync.WaitGroup
+	for _, fr := range ranks {
+		wg.Go(func() { fr.lib.CommAbort(fr.h) })
+	}
+	wg.Wait()
+	for _, fr := range ranks {
+		fr.h = 0
+	}
+}
+
 // Aborting a parent leaves a child that shares no resources with it
 // (splitShare and shrinkShare 0, the default) working: its collectives
 // still run and are right. The backend aborts the old control comm right
@@ -296,37 +338,12 @@ func factChildNoT(lib libapi.Library, parent libapi.Comm, cell libapi.Cell) liba
 // child carries on. Seen with NCCL 2.28.3 and 2.28.9.
 func TestGPUNCCLAbortParentKeepsChild(t *testing.T) {
 	L := gpuLib(t, 2)
-	lib := L.lib
 	if !L.info.Features.Split || !L.info.Features.Shrink {
 		t.Skipf("NCCL %s has no ncclCommSplit or ncclCommShrink", L.info.NCCL)
 	}
 	ranks := factComm(t, L, libapi.CommConfig{})
-	kids := make([]libapi.Comm, 2)
-	var wg sync.WaitGroup
-	for i, fr := range ranks {
-		wg.Go(func() {
-			cell := lib.NewCell()
-			if r := lib.CommSplit(fr.h, 0, i, cell, libapi.ChildConfig{Blocking: true}); r == libapi.Success || r == libapi.InProgress {
-				kids[i] = factChildNoT(lib, fr.h, cell)
-			}
-		})
-	}
-	wg.Wait()
-	if kids[0] == 0 || kids[1] == 0 {
-		t.Fatalf("split children %v", kids)
-	}
-	defer func() {
-		for _, h := range kids {
-			lib.CommAbort(h)
-		}
-	}()
-	for _, fr := range ranks {
-		wg.Go(func() { lib.CommAbort(fr.h) })
-	}
-	wg.Wait()
-	for _, fr := range ranks {
-		fr.h = 0
-	}
+	kids := factSplitBlocking(t, ranks)
+	factAbortParents(ranks)
 	factAllReduce(t, ranks, kids)
 	t.Logf("NCCL %s: the split child's all-reduce is right after both parents were aborted", L.info.NCCL)
 }
@@ -352,28 +369,10 @@ func TestGPUNCCLShrinkAbortEndsTheParentsKernels(t *testing.T) {
 			ranks := factComm(t, L, libapi.CommConfig{})
 			fr := ranks[0]
 			h := fr.h
+			var kids []libapi.Comm
 			if tc.onData {
-				kids := make([]libapi.Comm, 2)
-				var wg sync.WaitGroup
-				for i, r := range ranks {
-					wg.Go(func() {
-						cell := lib.NewCell()
-						if res := lib.CommSplit(r.h, 0, i, cell, libapi.ChildConfig{Blocking: true}); res == libapi.Success || res == libapi.InProgress {
-							kids[i] = factChildNoT(lib, r.h, cell)
-						}
-					})
-				}
-				wg.Wait()
-				if kids[0] == 0 || kids[1] == 0 {
-					t.Fatalf("split children %v", kids)
-				}
-				lib.CommAbort(kids[1]) // rank 1 never posts
+				kids = factSplitBlocking(t, ranks) // rank 1's child never posts
 				h = kids[0]
-				defer func() {
-					if h != 0 {
-						lib.CommAbort(h)
-					}
-				}()
 			}
 			// Rank 1 never posts: rank 0's all-reduce waits for it.
 			a := libapi.CollArgs{Kind: libapi.AllReduce, Type: libapi.Float32, Op: libapi.Sum, Send: fr.buf, Recv: fr.buf, Count: factCount}
@@ -402,7 +401,7 @@ func TestGPUNCCLShrinkAbortEndsTheParentsKernels(t *testing.T) {
 			if !ended {
 				t0 := time.Now()
 				lib.CommAbort(h)
-				h = 0
+				kids[0] = 0 // aborted: not again at the cleanup
 				if _, ended := factStreamDone(lib, fr.dev, fr.s, 5*time.Second); !ended {
 					t.Fatal("the data comm's kernel still runs 5 s after its ncclCommAbort")
 				}
@@ -423,48 +422,23 @@ func TestGPUNCCLRevokedParentDoesNotShare(t *testing.T) {
 		t.Skipf("NCCL %s has no ncclCommRevoke (2.28.7+)", L.info.NCCL)
 	}
 	ranks := factComm(t, L, libapi.CommConfig{SplitShare: true})
-	kids := make([]libapi.Comm, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for i, fr := range ranks {
 		wg.Go(func() {
 			if r := lib.CommRevoke(fr.h); r != libapi.Success && r != libapi.InProgress {
 				errs[i] = factErr("ncclCommRevoke", r)
-				return
-			}
-			if st := factAwait(lib, fr.h); st != libapi.Success {
+			} else if st := factAwait(lib, fr.h); st != libapi.Success {
 				errs[i] = factErr("ncclCommRevoke (async)", st)
-				return
 			}
-			cell := lib.NewCell()
-			if r := lib.CommSplit(fr.h, 0, i, cell, libapi.ChildConfig{Blocking: true}); r != libapi.InProgress && r != libapi.Success {
-				errs[i] = factErr("ncclCommSplit of a revoked comm", r)
-				return
-			}
-			kids[i] = factChildNoT(lib, fr.h, cell)
 		})
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
 	}
-	if kids[0] == 0 || kids[1] == 0 {
-		t.Fatalf("split children of the revoked comm: %v", kids)
-	}
-	defer func() {
-		for _, h := range kids {
-			lib.CommAbort(h)
-		}
-	}()
-	for _, fr := range ranks {
-		wg.Go(func() { lib.CommAbort(fr.h) })
-	}
-	wg.Wait()
-	for _, fr := range ranks {
-		fr.h = 0
-	}
+	kids := factSplitBlocking(t, ranks)
+	factAbortParents(ranks)
 	factAllReduce(t, ranks, kids)
 	t.Logf("NCCL %s: the revoked parent (splitShare 1) aborted, its split child's all-reduce is right", L.info.NCCL)
 }
